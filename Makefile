@@ -1,0 +1,44 @@
+# rbln: the front door. `make demo` shows the stack working, `make test`
+# runs every test. Build products live in target/ and in
+# $(RBLN_CACHE) (default ~/.cache/rbln); see README.md.
+
+SHELL := /bin/bash
+# One clock for every script a make invocation runs (elapsed times in logs).
+export RBLN_T0 := $(shell date +%s)
+
+CARGO ?= cargo
+CMD ?=
+
+.PHONY: all setup kernel kmd host vm test demo clean
+
+all: kmd host
+
+## setup: sysroot (QEMU, kernel toolchain), guest kernel and initramfs; idempotent
+setup:
+	@scripts/setup.sh
+
+kernel: setup
+
+## kmd: kmd/rbln.ko against the guest kernel
+kmd: setup
+	@scripts/build-kmd.sh
+
+## host: the user-space workspace (device model, UMD, runtime, tools)
+host:
+	@$(CARGO) build --release --workspace --quiet
+
+## vm: boot the guest and run CMD in it, e.g. make vm CMD='insmod kmd/rbln.ko'
+vm: kmd host
+	@scripts/vm.sh "$(CMD)"
+
+## test: host tests, then the VM suites; summary on the last line
+test:
+	@scripts/test.sh
+
+## demo: boot the guest and show the stack working
+demo: kmd host
+	@scripts/demo.sh
+
+clean:
+	$(CARGO) clean
+	rm -f kmd/*.o kmd/*.ko kmd/*.mod kmd/*.mod.c kmd/.*.cmd kmd/Module.symvers kmd/modules.order

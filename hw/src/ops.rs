@@ -1,0 +1,562 @@
+//! Compute descriptors: what a COMPUTE packet points at.
+//!
+//! A descriptor starts with an [`OpHeader`] (op code and the descriptor's
+//! size in bytes, which must equal the op's fixed size) followed by the
+//! op's fields. Tensors are dense fp32, row-major, addressed by device VA
+//! (4-byte aligned). Shapes up to rank [`MAX_RANK`]; unused dims must be 0.
+//! Reserved fields must be zero. The device validates every shape against
+//! the sizes and faults with `BadDescriptor` on any inconsistency.
+
+pub const MAX_RANK: usize = 6;
+
+/// Op codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum OpCode {
+    Gemm = 1,
+    Conv2d = 2,
+    Pool = 3,
+    Binary = 4,
+    Unary = 5,
+    Softmax = 6,
+    LayerNorm = 7,
+    Reduce = 8,
+    Transpose = 9,
+    StridedCopy = 10,
+    Gather = 11,
+}
+
+/// Unary functions; codes 0..=7 double as fused activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Unary {
+    /// Identity (no activation).
+    None = 0,
+    Relu = 1,
+    /// Exact GELU: x * Phi(x) (erf form).
+    Gelu = 2,
+    /// GELU, tanh approximation.
+    GeluTanh = 3,
+    Silu = 4,
+    Sigmoid = 5,
+    Tanh = 6,
+    /// clamp(x, param0, param1).
+    Clip = 7,
+    Exp = 8,
+    Log = 9,
+    Sqrt = 10,
+    Neg = 11,
+    Abs = 12,
+    Erf = 13,
+    Reciprocal = 14,
+}
+
+/// Largest unary code usable as a fused activation.
+pub const MAX_ACTIVATION: u32 = Unary::Clip as u32;
+
+impl Unary {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        use Unary::*;
+        Some(match v {
+            0 => None,
+            1 => Relu,
+            2 => Gelu,
+            3 => GeluTanh,
+            4 => Silu,
+            5 => Sigmoid,
+            6 => Tanh,
+            7 => Clip,
+            8 => Exp,
+            9 => Log,
+            10 => Sqrt,
+            11 => Neg,
+            12 => Abs,
+            13 => Erf,
+            14 => Reciprocal,
+            _ => return Option::None,
+        })
+    }
+}
+
+/// Element-wise binary functions (numpy broadcasting).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Binary {
+    Add = 0,
+    Sub = 1,
+    Mul = 2,
+    Div = 3,
+    Max = 4,
+    Min = 5,
+    Pow = 6,
+}
+
+impl Binary {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        use Binary::*;
+        Some(match v {
+            0 => Add,
+            1 => Sub,
+            2 => Mul,
+            3 => Div,
+            4 => Max,
+            5 => Min,
+            6 => Pow,
+            _ => return None,
+        })
+    }
+}
+
+pub const POOL_MAX: u32 = 0;
+pub const POOL_AVG: u32 = 1;
+/// Pool flag: padded positions count in the average's divisor.
+pub const POOL_COUNT_INCLUDE_PAD: u32 = 1 << 0;
+
+pub const REDUCE_SUM: u32 = 0;
+pub const REDUCE_MEAN: u32 = 1;
+pub const REDUCE_MAX: u32 = 2;
+pub const REDUCE_MIN: u32 = 3;
+
+pub const GEMM_TRANS_A: u32 = 1 << 0;
+pub const GEMM_TRANS_B: u32 = 1 << 1;
+/// C = A*B + C instead of C = A*B (before bias and activation).
+pub const GEMM_ACCUMULATE: u32 = 1 << 2;
+pub const GEMM_BIAS: u32 = 1 << 3;
+pub const CONV_BIAS: u32 = 1 << 3;
+pub const LAYERNORM_GAMMA: u32 = 1 << 0;
+pub const LAYERNORM_BETA: u32 = 1 << 1;
+pub const SOFTMAX_LOG: u32 = 1 << 0;
+pub const GATHER_INDEX_I32: u32 = 0;
+pub const GATHER_INDEX_I64: u32 = 1;
+
+wire_struct! {
+    /// First 8 bytes of every descriptor.
+    pub struct OpHeader {
+        pub op: u32,
+        /// Size of the whole descriptor in bytes.
+        pub size: u32,
+    }
+}
+
+wire_struct! {
+    /// `batch` GEMMs: C[m,n] = act(op(A)[m,k] * op(B)[k,n] (+ C) + bias[n]).
+    /// op(A) is A ([m,k]) or, with GEMM_TRANS_A, A^T of a [k,m] matrix; same
+    /// for B. Batch strides are in elements; 0 broadcasts one matrix.
+    pub struct GemmDesc {
+        pub header: OpHeader,
+        pub m: u32,
+        pub n: u32,
+        pub k: u32,
+        pub flags: u32,
+        pub batch: u32,
+        pub activation: u32,
+        pub act_param0: f32,
+        pub act_param1: f32,
+        pub a_batch_stride: u64,
+        pub b_batch_stride: u64,
+        pub c_batch_stride: u64,
+        pub a_va: u64,
+        pub b_va: u64,
+        pub c_va: u64,
+        pub bias_va: u64,
+    }
+}
+
+wire_struct! {
+    /// 2-D convolution, NCHW. Weights [c_out, c_in/groups, kh, kw], bias
+    /// [c_out]; output [n, c_out, oh, ow] with
+    /// oh = (h + pad_top + pad_bottom - dil_h*(kh-1) - 1) / stride_h + 1.
+    pub struct Conv2dDesc {
+        pub header: OpHeader,
+        pub n: u32,
+        pub c_in: u32,
+        pub h: u32,
+        pub w: u32,
+        pub c_out: u32,
+        pub kh: u32,
+        pub kw: u32,
+        pub groups: u32,
+        pub stride_h: u32,
+        pub stride_w: u32,
+        pub dil_h: u32,
+        pub dil_w: u32,
+        pub pad_top: u32,
+        pub pad_left: u32,
+        pub pad_bottom: u32,
+        pub pad_right: u32,
+        pub flags: u32,
+        pub activation: u32,
+        pub act_param0: f32,
+        pub act_param1: f32,
+        pub input_va: u64,
+        pub weight_va: u64,
+        pub bias_va: u64,
+        pub output_va: u64,
+    }
+}
+
+wire_struct! {
+    /// Max or average pooling, NCHW; output size as for Conv2dDesc.
+    pub struct PoolDesc {
+        pub header: OpHeader,
+        pub kind: u32,
+        pub flags: u32,
+        pub n: u32,
+        pub c: u32,
+        pub h: u32,
+        pub w: u32,
+        pub kh: u32,
+        pub kw: u32,
+        pub stride_h: u32,
+        pub stride_w: u32,
+        pub pad_top: u32,
+        pub pad_left: u32,
+        pub pad_bottom: u32,
+        pub pad_right: u32,
+        pub dil_h: u32,
+        pub dil_w: u32,
+        pub input_va: u64,
+        pub output_va: u64,
+    }
+}
+
+wire_struct! {
+    /// out = a (kind) b with numpy broadcasting. Both shapes have `rank`
+    /// dims (pad the shorter with leading 1s); out has the broadcast shape.
+    pub struct BinaryDesc {
+        pub header: OpHeader,
+        pub kind: u32,
+        pub rank: u32,
+        pub a_dims: [u32; 6],
+        pub b_dims: [u32; 6],
+        pub a_va: u64,
+        pub b_va: u64,
+        pub out_va: u64,
+    }
+}
+
+wire_struct! {
+    /// out[i] = f(in[i]) for `count` elements; in and out may be equal.
+    pub struct UnaryDesc {
+        pub header: OpHeader,
+        pub kind: u32,
+        pub reserved: u32,
+        pub param0: f32,
+        pub param1: f32,
+        pub count: u64,
+        pub in_va: u64,
+        pub out_va: u64,
+    }
+}
+
+wire_struct! {
+    /// Softmax (or log-softmax with SOFTMAX_LOG) along `axis`.
+    pub struct SoftmaxDesc {
+        pub header: OpHeader,
+        pub rank: u32,
+        pub axis: u32,
+        pub dims: [u32; 6],
+        pub flags: u32,
+        pub reserved: u32,
+        pub in_va: u64,
+        pub out_va: u64,
+    }
+}
+
+wire_struct! {
+    /// Layer normalisation of `rows` rows of `cols` elements:
+    /// out = (x - mean) / sqrt(var + epsilon) * gamma + beta.
+    pub struct LayerNormDesc {
+        pub header: OpHeader,
+        pub rows: u32,
+        pub cols: u32,
+        pub epsilon: f32,
+        pub flags: u32,
+        pub in_va: u64,
+        pub gamma_va: u64,
+        pub beta_va: u64,
+        pub out_va: u64,
+    }
+}
+
+wire_struct! {
+    /// Reduction along `axis`; out has the input's shape without that axis.
+    pub struct ReduceDesc {
+        pub header: OpHeader,
+        pub kind: u32,
+        pub rank: u32,
+        pub dims: [u32; 6],
+        pub axis: u32,
+        pub reserved: u32,
+        pub in_va: u64,
+        pub out_va: u64,
+    }
+}
+
+wire_struct! {
+    /// out = permute(in, perm): out dim i is in dim perm[i].
+    pub struct TransposeDesc {
+        pub header: OpHeader,
+        pub rank: u32,
+        pub reserved: u32,
+        pub dims: [u32; 6],
+        pub perm: [u32; 6],
+        pub in_va: u64,
+        pub out_va: u64,
+    }
+}
+
+wire_struct! {
+    /// Copy a rank-`rank` box of 4-byte elements: element (i0..ir) goes
+    /// from src_va + 4*sum(i*src_strides) to dst_va + 4*sum(i*dst_strides).
+    pub struct StridedCopyDesc {
+        pub header: OpHeader,
+        pub rank: u32,
+        pub reserved: u32,
+        pub sizes: [u32; 6],
+        pub src_strides: [u64; 6],
+        pub dst_strides: [u64; 6],
+        pub src_va: u64,
+        pub dst_va: u64,
+    }
+}
+
+wire_struct! {
+    /// ONNX Gather along `axis` with `num_indices` flat indices (i32 or
+    /// i64, negative counts from the end): out shape is
+    /// dims[..axis] ++ [num_indices] ++ dims[axis+1..].
+    pub struct GatherDesc {
+        pub header: OpHeader,
+        pub rank: u32,
+        pub axis: u32,
+        pub dims: [u32; 6],
+        pub index_type: u32,
+        pub reserved: u32,
+        pub num_indices: u64,
+        pub data_va: u64,
+        pub indices_va: u64,
+        pub out_va: u64,
+    }
+}
+
+const _: () = assert!(OpHeader::SIZE == 8);
+const _: () = assert!(GemmDesc::SIZE == 96);
+const _: () = assert!(Conv2dDesc::SIZE == 120);
+const _: () = assert!(PoolDesc::SIZE == 88);
+const _: () = assert!(BinaryDesc::SIZE == 88);
+const _: () = assert!(UnaryDesc::SIZE == 48);
+const _: () = assert!(SoftmaxDesc::SIZE == 64);
+const _: () = assert!(LayerNormDesc::SIZE == 56);
+const _: () = assert!(ReduceDesc::SIZE == 64);
+const _: () = assert!(TransposeDesc::SIZE == 80);
+const _: () = assert!(StridedCopyDesc::SIZE == 152);
+const _: () = assert!(GatherDesc::SIZE == 80);
+
+/// A decoded descriptor (fields not yet checked against tensor sizes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Desc {
+    Gemm(GemmDesc),
+    Conv2d(Conv2dDesc),
+    Pool(PoolDesc),
+    Binary(BinaryDesc),
+    Unary(UnaryDesc),
+    Softmax(SoftmaxDesc),
+    LayerNorm(LayerNormDesc),
+    Reduce(ReduceDesc),
+    Transpose(TransposeDesc),
+    StridedCopy(StridedCopyDesc),
+    Gather(GatherDesc),
+}
+
+/// Why a descriptor was rejected before looking at its tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DescError {
+    Truncated,
+    UnknownOp(u32),
+    /// header.size differs from the op's size or from the packet's size.
+    BadSize,
+    /// rank > MAX_RANK, axis >= rank, bad kind, non-zero reserved field,
+    /// unknown flag, unused dim not 0.
+    BadField(&'static str),
+}
+
+fn dims_ok(rank: u32, dims: &[u32]) -> bool {
+    rank as usize <= MAX_RANK && dims[rank as usize..].iter().all(|&d| d == 0)
+}
+
+macro_rules! encode_fn {
+    ($t:ident, $op:ident) => {
+        impl $t {
+            /// Size to put in the header.
+            pub const OP: OpCode = OpCode::$op;
+            /// The descriptor with its header filled in.
+            pub fn with_header(mut self) -> Self {
+                self.header = OpHeader { op: OpCode::$op as u32, size: Self::SIZE as u32 };
+                self
+            }
+        }
+    };
+}
+encode_fn!(GemmDesc, Gemm);
+encode_fn!(Conv2dDesc, Conv2d);
+encode_fn!(PoolDesc, Pool);
+encode_fn!(BinaryDesc, Binary);
+encode_fn!(UnaryDesc, Unary);
+encode_fn!(SoftmaxDesc, Softmax);
+encode_fn!(LayerNormDesc, LayerNorm);
+encode_fn!(ReduceDesc, Reduce);
+encode_fn!(TransposeDesc, Transpose);
+encode_fn!(StridedCopyDesc, StridedCopy);
+encode_fn!(GatherDesc, Gather);
+
+impl Desc {
+    /// Decode and field-check a descriptor occupying exactly `buf`.
+    pub fn decode(buf: &[u8]) -> Result<Desc, DescError> {
+        use DescError::*;
+        let h = OpHeader::read_from(buf).ok_or(Truncated)?;
+        if h.size as usize != buf.len() {
+            return Err(BadSize);
+        }
+        macro_rules! get {
+            ($t:ident) => {{
+                if buf.len() != $t::SIZE {
+                    return Err(BadSize);
+                }
+                $t::read_from(buf).ok_or(Truncated)?
+            }};
+        }
+        let act_ok = |a: u32| a <= MAX_ACTIVATION;
+        let d = match h.op {
+            1 => {
+                let d = get!(GemmDesc);
+                if d.flags & !(GEMM_TRANS_A | GEMM_TRANS_B | GEMM_ACCUMULATE | GEMM_BIAS) != 0 {
+                    return Err(BadField("gemm flags"));
+                }
+                if !act_ok(d.activation) {
+                    return Err(BadField("activation"));
+                }
+                Desc::Gemm(d)
+            }
+            2 => {
+                let d = get!(Conv2dDesc);
+                if d.flags & !CONV_BIAS != 0 {
+                    return Err(BadField("conv flags"));
+                }
+                if !act_ok(d.activation) {
+                    return Err(BadField("activation"));
+                }
+                Desc::Conv2d(d)
+            }
+            3 => {
+                let d = get!(PoolDesc);
+                if d.kind > POOL_AVG || d.flags & !POOL_COUNT_INCLUDE_PAD != 0 {
+                    return Err(BadField("pool kind/flags"));
+                }
+                Desc::Pool(d)
+            }
+            4 => {
+                let d = get!(BinaryDesc);
+                if Binary::from_u32(d.kind).is_none() {
+                    return Err(BadField("binary kind"));
+                }
+                if !dims_ok(d.rank, &d.a_dims) || !dims_ok(d.rank, &d.b_dims) {
+                    return Err(BadField("rank/dims"));
+                }
+                Desc::Binary(d)
+            }
+            5 => {
+                let d = get!(UnaryDesc);
+                if Unary::from_u32(d.kind).is_none() || d.reserved != 0 {
+                    return Err(BadField("unary kind"));
+                }
+                Desc::Unary(d)
+            }
+            6 => {
+                let d = get!(SoftmaxDesc);
+                if !dims_ok(d.rank, &d.dims) || d.axis >= d.rank {
+                    return Err(BadField("rank/axis/dims"));
+                }
+                if d.flags & !SOFTMAX_LOG != 0 || d.reserved != 0 {
+                    return Err(BadField("softmax flags"));
+                }
+                Desc::Softmax(d)
+            }
+            7 => {
+                let d = get!(LayerNormDesc);
+                if d.flags & !(LAYERNORM_GAMMA | LAYERNORM_BETA) != 0 {
+                    return Err(BadField("layernorm flags"));
+                }
+                Desc::LayerNorm(d)
+            }
+            8 => {
+                let d = get!(ReduceDesc);
+                if d.kind > REDUCE_MIN || d.reserved != 0 {
+                    return Err(BadField("reduce kind"));
+                }
+                if !dims_ok(d.rank, &d.dims) || d.axis >= d.rank {
+                    return Err(BadField("rank/axis/dims"));
+                }
+                Desc::Reduce(d)
+            }
+            9 => {
+                let d = get!(TransposeDesc);
+                if !dims_ok(d.rank, &d.dims) || d.reserved != 0 {
+                    return Err(BadField("rank/dims"));
+                }
+                // perm must be a permutation of 0..rank.
+                let mut seen = 0u32;
+                for &p in &d.perm[..d.rank as usize] {
+                    if p >= d.rank || seen & (1 << p) != 0 {
+                        return Err(BadField("perm"));
+                    }
+                    seen |= 1 << p;
+                }
+                if d.perm[d.rank as usize..].iter().any(|&p| p != 0) {
+                    return Err(BadField("perm"));
+                }
+                Desc::Transpose(d)
+            }
+            10 => {
+                let d = get!(StridedCopyDesc);
+                if !dims_ok(d.rank, &d.sizes) || d.reserved != 0 {
+                    return Err(BadField("rank/sizes"));
+                }
+                Desc::StridedCopy(d)
+            }
+            11 => {
+                let d = get!(GatherDesc);
+                if !dims_ok(d.rank, &d.dims) || d.axis >= d.rank || d.reserved != 0 {
+                    return Err(BadField("rank/axis/dims"));
+                }
+                if d.index_type > GATHER_INDEX_I64 {
+                    return Err(BadField("index type"));
+                }
+                Desc::Gather(d)
+            }
+            op => return Err(UnknownOp(op)),
+        };
+        Ok(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_round_trip_and_rejects() {
+        let d = GemmDesc { m: 3, n: 4, k: 5, batch: 1, a_va: 0x1000, ..Default::default() }.with_header();
+        let b = d.to_bytes();
+        assert_eq!(Desc::decode(&b), Ok(Desc::Gemm(d)));
+        assert_eq!(Desc::decode(&b[..50]), Err(DescError::BadSize));
+        let mut bad = d;
+        bad.activation = 99;
+        assert!(matches!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField(_))));
+        let t = TransposeDesc { rank: 2, dims: [2, 3, 0, 0, 0, 0], perm: [1, 1, 0, 0, 0, 0], ..Default::default() }
+            .with_header();
+        assert!(matches!(Desc::decode(&t.to_bytes()), Err(DescError::BadField("perm"))));
+        let mut h = [0u8; 8];
+        OpHeader { op: 77, size: 8 }.write_to(&mut h).unwrap();
+        assert_eq!(Desc::decode(&h), Err(DescError::UnknownOp(77)));
+    }
+}

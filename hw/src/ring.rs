@@ -1,0 +1,170 @@
+//! Queue rings, the queue status block and error records.
+
+wire_struct! {
+    /// One ring entry: a command buffer to execute. 32 bytes.
+    pub struct RingEntry {
+        /// Device virtual address of the command buffer (4-byte aligned).
+        pub cmdbuf_va: u64,
+        /// Size of the command buffer in bytes (a multiple of 4, at most
+        /// [`MAX_CMDBUF_SIZE`]).
+        pub cmdbuf_size: u32,
+        /// Reserved, must be 0.
+        pub flags: u32,
+        /// Opaque to the device (drivers use it to find the job).
+        pub tag: u64,
+        /// Reserved, must be 0.
+        pub reserved: u64,
+    }
+}
+
+/// Largest command buffer a ring entry or INDIRECT packet may name.
+pub const MAX_CMDBUF_SIZE: u32 = 16 << 20;
+/// Smallest and largest ring sizes (entries, powers of two).
+pub const MIN_RING_ENTRIES: u32 = 2;
+pub const MAX_RING_ENTRIES: u32 = 65536;
+
+wire_struct! {
+    /// The queue status block the device writes to host memory at
+    /// `Q_STATUS_ADDR` after each ring entry, each FENCE packet and each
+    /// fault, so that drivers can poll without touching registers. 64 bytes.
+    pub struct QueueStatus {
+        /// Mirror of Q_HEAD.
+        pub head: u32,
+        /// Mirror of Q_STATE ([`QueueState`]).
+        pub state: u32,
+        /// Mirror of Q_FENCE.
+        pub fence: u64,
+        /// Mirror of Q_FAULT_CODE.
+        pub fault_code: u32,
+        /// Mirror of Q_FAULT_RING_INDEX.
+        pub fault_ring_index: u32,
+        /// Mirror of Q_FAULT_ADDR.
+        pub fault_addr: u64,
+        /// Mirror of Q_PACKETS.
+        pub packets: u64,
+        pub reserved: [u64; 3],
+    }
+}
+
+const _: () = assert!(RingEntry::SIZE == 32);
+const _: () = assert!(QueueStatus::SIZE == 64);
+const _: () = assert!(core::mem::offset_of!(QueueStatus, fence) == 8);
+const _: () = assert!(core::mem::offset_of!(RingEntry, tag) == 16);
+
+/// Value of Q_STATE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum QueueState {
+    /// Not enabled.
+    Disabled = 0,
+    /// Enabled, head == tail.
+    Idle = 1,
+    /// Executing a command buffer.
+    Running = 2,
+    /// Blocked in a SEM_WAIT packet.
+    Waiting = 3,
+    /// Stopped by a fault; the error record is valid. Only a queue reset
+    /// (or a device reset) leaves this state.
+    Faulted = 4,
+}
+
+impl QueueState {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            0 => Self::Disabled,
+            1 => Self::Idle,
+            2 => Self::Running,
+            3 => Self::Waiting,
+            4 => Self::Faulted,
+            _ => return None,
+        })
+    }
+}
+
+/// Fault code of an error record (Q_FAULT_CODE bits 7..0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FaultCode {
+    None = 0,
+    /// A VA has no valid translation in the queue's context.
+    Unmapped = 1,
+    /// A write to a page without write permission (or read without read).
+    Permission = 2,
+    /// A page-table entry has reserved bits set or a VA is out of range.
+    BadPte = 3,
+    /// Unknown opcode, wrong packet size, non-zero reserved bits, or a
+    /// packet running past the end of its command buffer.
+    BadPacket = 4,
+    /// A compute descriptor is malformed (unknown op, inconsistent shapes).
+    BadDescriptor = 5,
+    /// A ring entry is malformed (alignment, size, reserved bits).
+    BadRingEntry = 6,
+    /// A translated address is outside guest memory shared with the
+    /// device or outside device DRAM.
+    BusError = 7,
+    /// A doorbell wrote a tail >= ring size.
+    BadDoorbell = 8,
+    /// INDIRECT packets nested deeper than [`crate::cmd::MAX_INDIRECT_DEPTH`].
+    Nesting = 9,
+    /// The queue was enabled with an invalid ring configuration.
+    BadQueueConfig = 10,
+    /// The queue's context is not valid.
+    ContextInvalid = 11,
+    /// Misaligned address in a packet that requires alignment.
+    Alignment = 12,
+}
+
+impl FaultCode {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        use FaultCode::*;
+        Some(match v {
+            0 => None,
+            1 => Unmapped,
+            2 => Permission,
+            3 => BadPte,
+            4 => BadPacket,
+            5 => BadDescriptor,
+            6 => BadRingEntry,
+            7 => BusError,
+            8 => BadDoorbell,
+            9 => Nesting,
+            10 => BadQueueConfig,
+            11 => ContextInvalid,
+            12 => Alignment,
+            _ => return Option::None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        use FaultCode::*;
+        match self {
+            None => "none",
+            Unmapped => "unmapped address",
+            Permission => "permission denied",
+            BadPte => "bad page-table entry",
+            BadPacket => "malformed command packet",
+            BadDescriptor => "malformed compute descriptor",
+            BadRingEntry => "malformed ring entry",
+            BusError => "bus error",
+            BadDoorbell => "bad doorbell value",
+            Nesting => "indirect nesting too deep",
+            BadQueueConfig => "bad queue configuration",
+            ContextInvalid => "invalid context",
+            Alignment => "misaligned address",
+        }
+    }
+}
+
+/// Kind of access that faulted (Q_FAULT_CODE bits 15..8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Access {
+    None = 0,
+    Read = 1,
+    Write = 2,
+}
+
+/// Pack an error record's Q_FAULT_CODE value.
+pub const fn fault_code_reg(code: FaultCode, access: Access, depth: u8) -> u32 {
+    code as u32 | (access as u32) << 8 | (depth as u32) << 16
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Build the Debian sysroot that holds the guest-kernel toolchain and QEMU.
+# Idempotent: an existing, complete sysroot (marked by .complete) is reused.
+source "$(dirname "$0")/lib.sh"
+
+ROOT=$(sysroot_dir)
+
+# The host's apt mirror, read from its own sources so no mirror host name is
+# written into the repo. The host's apt configuration is never changed.
+host_mirror() {
+    local uri
+    uri=$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1 | awk '{print $2}')
+    if [[ -z $uri ]]; then
+        uri=$(grep -h '^deb ' /etc/apt/sources.list 2>/dev/null | grep -v security | head -1 | awk '{print $2}')
+    fi
+    [[ -n $uri ]] || die "cannot find a Debian mirror in the host's apt sources"
+    echo "$uri"
+}
+
+# debootstrap is unpacked into the cache rather than installed on the host.
+fetch_debootstrap() {
+    local dir=$RBLN_CACHE/tools/debootstrap
+    if [[ ! -x $dir/usr/sbin/debootstrap ]]; then
+        log "fetching debootstrap (unpacked into the cache, not installed)"
+        mkdir -p "$dir"
+        local tmp; tmp=$(mktemp -d)
+        (cd "$tmp" && apt-get download debootstrap >/dev/null 2>&1) || {
+            apt-get update >/dev/null
+            (cd "$tmp" && apt-get download debootstrap >/dev/null)
+        }
+        dpkg -x "$tmp"/debootstrap_*.deb "$dir"
+        rm -rf "$tmp"
+    fi
+    echo "$dir"
+}
+
+# Resolve "NAME PIN LINE" to NAME=VERSION available in the sysroot's archive.
+resolve_pin() {
+    local name=$1 pin=$2 line=$3 versions v up chosen=""
+    versions=$(in_sysroot apt-cache madison "$name" | awk -F'|' '{gsub(/ /,"",$2); print $2}' | sort -Vr -u)
+    [[ -n $versions ]] || die "package $name (pinned $pin) is not in the $SYSROOT_SUITE archive"
+    for v in $versions; do
+        up=${v#*:}; up=${up%%[-+~]*}
+        if [[ $up == "$pin" ]]; then echo "$name=$v"; return; fi
+    done
+    for v in $versions; do   # sorted newest first
+        up=${v#*:}
+        if [[ $up == "$line"* ]]; then chosen=$v; break; fi
+    done
+    [[ -n $chosen ]] || die "package $name: pinned $pin is gone and no version of line $line is served (have: $(echo $versions))"
+    warn "package $name: pinned $pin is no longer served; using the newest of line $line: $chosen"
+    echo "$name=$chosen"
+}
+
+main() {
+    if [[ -f $ROOT/.complete ]]; then
+        log "sysroot ready: $ROOT"
+        return
+    fi
+    local mirror ds
+    mirror=$(host_mirror)
+    ds=$(fetch_debootstrap)
+    rm -rf "$ROOT"
+    log "debootstrap $SYSROOT_SUITE into $ROOT"
+    DEBOOTSTRAP_DIR=$ds/usr/share/debootstrap "$ds/usr/sbin/debootstrap" \
+        --variant=minbase --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+        "$SYSROOT_SUITE" "$ROOT" "$mirror" >"$RBLN_CACHE/debootstrap.log" 2>&1 \
+        || { tail -20 "$RBLN_CACHE/debootstrap.log"; die "debootstrap failed (log: $RBLN_CACHE/debootstrap.log)"; }
+
+    cat >"$ROOT/etc/apt/sources.list.d/debian.sources" <<SRC
+Types: deb
+URIs: $mirror
+Suites: $SYSROOT_SUITE $SYSROOT_SUITE-updates $SYSROOT_SUITE-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    rm -f "$ROOT/etc/apt/sources.list"
+    log "apt-get update in the sysroot"
+    in_sysroot apt-get update -q >/dev/null
+
+    local pins=() name pin line
+    while read -r name pin line; do
+        [[ -n $name ]] || continue
+        pins+=("$(resolve_pin "$name" "$pin" "$line")")
+    done <<<"$PINNED_PACKAGES"
+    log "installing ${pins[*]}"
+    # shellcheck disable=SC2086
+    in_sysroot apt-get install -y -q --no-install-recommends -t "$SYSROOT_SUITE-backports" \
+        "${pins[@]}" $SYSROOT_PACKAGES >"$RBLN_CACHE/sysroot-apt.log" 2>&1 \
+        || { tail -30 "$RBLN_CACHE/sysroot-apt.log"; die "apt-get install in the sysroot failed"; }
+    in_sysroot apt-get clean
+    printf '%s\n' "${pins[@]}" >"$ROOT/.pins"
+    touch "$ROOT/.complete"
+    log "sysroot ready: $ROOT ($(du -sh "$ROOT" | cut -f1))"
+}
+
+main "$@"

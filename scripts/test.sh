@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# `make test`: host tests first, then the VM suites in tests/vm/ (each in a
+# freshly booted guest), then self-tests of the VM harness. Each step prints
+# its elapsed time; the last line is "N passed, N failed".
+source "$(dirname "$0")/lib.sh"
+
+passed=0
+failed=0
+failures=()
+
+# step NAME CMD...: run one test step, record and report its outcome.
+step() {
+    local name=$1; shift
+    local t0=$SECONDS rc=0
+    log "---- $name"
+    "$@" || rc=$?
+    if [[ $rc == 0 ]]; then
+        passed=$((passed + 1))
+        log "PASS $name ($((SECONDS - t0))s)"
+    else
+        failed=$((failed + 1)); failures+=("$name")
+        log "FAIL $name (status $rc, $((SECONDS - t0))s)"
+    fi
+}
+
+# expect_status WANT CMD...: succeed iff CMD exits with status WANT.
+expect_status() {
+    local want=$1; shift
+    local rc=0
+    "$@" || rc=$?
+    [[ $rc == "$want" ]] || { log "expected status $want, got $rc"; return 1; }
+}
+
+vm() { "$RBLN_ROOT/scripts/vm.sh" "$@"; }
+
+main() {
+    step "setup (sysroot, kernel, initramfs)" "$RBLN_ROOT/scripts/setup.sh"
+    step "cargo test (host)" cargo test --release --workspace --quiet
+    step "cargo build --release (binaries for the guest)" cargo build --release --workspace --quiet
+    step "build kmd/rbln.ko" "$RBLN_ROOT/scripts/build-kmd.sh"
+
+    local suite
+    for suite in "$RBLN_ROOT"/tests/vm/*.sh; do
+        [[ $(basename "$suite") == lib.sh ]] && continue
+        step "vm: tests/vm/$(basename "$suite")" vm "sh tests/vm/$(basename "$suite")"
+    done
+
+    # The harness itself must catch what it promises to catch.
+    step "harness: guest exit status is propagated" expect_status 3 vm 'exit 3'
+    step "harness: a kernel WARNING fails the run" expect_status 90 \
+        vm 'echo "WARNING: CPU: 0 PID: 1 at rbln-harness-selftest" >/dev/kmsg'
+    step "harness: a hung guest is killed" expect_status 124 env VM_TIMEOUT=30 vm 'sleep 600'
+
+    if ((failed > 0)); then
+        log "failed steps:"; printf '    %s\n' "${failures[@]}" >&2
+    fi
+    log "total time $(elapsed)"
+    echo "$passed passed, $failed failed"
+    ((failed == 0))
+}
+
+main "$@"

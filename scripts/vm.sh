@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# vm.sh 'COMMAND': boot the guest under TCG, run COMMAND in it (cwd = the
+# repo, shared at /rbln), print the console live and exit with COMMAND's exit
+# status. The run fails (status 90) when the guest's kernel log shows an oops,
+# WARN, BUG, panic or lockdep report, even if COMMAND succeeded, and (status
+# 124) when the guest does not finish within $VM_TIMEOUT seconds.
+#
+# Environment: VM_TIMEOUT (s, default 900), VM_SMP (default 2), VM_MEM
+# (MiB, default 2048), VM_KEEP=1 keeps the run directory for inspection.
+source "$(dirname "$0")/lib.sh"
+
+VM_TIMEOUT=${VM_TIMEOUT:-900}
+VM_SMP=${VM_SMP:-2}
+VM_MEM=${VM_MEM:-2048}
+
+# Kernel log lines (they start with a printk timestamp) that mean the
+# kernel is unhealthy. User-space output cannot match: it has no timestamp.
+BAD_KERNEL_LOG='^\[ *[0-9]+\.[0-9]+\] .*(Oops|BUG:|WARNING:|Kernel panic|kernel BUG|general protection fault|Call Trace:|possible circular locking|possible recursive locking|inconsistent lock state|suspicious RCU usage|DEBUG_LOCKS_WARN_ON|INFO: lockdep is turned off|sleeping function called from invalid context|soft lockup|hard LOCKUP|blocked for more than|rcu_.*detected stall|refcount_t:|list_(add|del) corruption|UBSAN|KASAN|panicked at|RUST_PANIC)'
+
+qemu_args() {
+    local initrd_name=$1
+    printf '%s\n' \
+        -accel tcg,thread=multi -cpu max -smp "$VM_SMP" -m "$VM_MEM" \
+        -object "memory-backend-memfd,id=mem,size=${VM_MEM}M,share=on" \
+        -machine q35,memory-backend=mem \
+        -nodefaults -no-reboot -display none -serial stdio -monitor none -nic none \
+        -kernel /build/bzImage -initrd "/initrd/$initrd_name" \
+        -append "console=ttyS0 loglevel=5 oops=panic panic=-1 random.trust_cpu=on" \
+        -device virtio-rng-pci \
+        -virtfs local,path=/rbln,mount_tag=rbln,security_model=none,id=rbln \
+        -virtfs local,path=/run/rbln,mount_tag=rblnrun,security_model=none,id=rblnrun
+}
+
+main() {
+    local cmd=${1:-}
+    [[ -n $cmd ]] || die "usage: vm.sh 'COMMAND'   (make vm CMD='...')"
+    local kdir initrd run
+    kdir=$("$RBLN_ROOT/scripts/build-kernel.sh")
+    initrd=$("$RBLN_ROOT/scripts/build-initramfs.sh")
+    mkdir -p "$RBLN_CACHE/run"
+    run=$(mktemp -d "$RBLN_CACHE/run/vm.XXXXXX")
+    [[ ${VM_KEEP:-0} == 1 ]] || trap 'rm -rf "$run"' EXIT
+    printf 'set -e\n%s\n' "$cmd" >"$run/cmd.sh"
+
+    log "booting the guest (TCG, ${VM_SMP} vCPUs, ${VM_MEM} MiB, timeout ${VM_TIMEOUT}s)"
+    local -a args
+    mapfile -t args < <(qemu_args "$(basename "$initrd")")
+    local qrc=0
+    SYSROOT_BINDS="$kdir:/build $(dirname "$initrd"):/initrd $run:/run/rbln" \
+        in_sysroot timeout -k 5 "$VM_TIMEOUT" qemu-system-x86_64 "${args[@]}" \
+        </dev/null 2>&1 | tee "$run/console.log" || true
+    qrc=${PIPESTATUS[0]}
+
+    if [[ $qrc == 124 || $qrc == 137 ]]; then
+        log "guest did not finish within ${VM_TIMEOUT}s: killed (raise VM_TIMEOUT if the work is legitimately slow)"
+        exit 124
+    fi
+    local bad
+    bad=$(cat "$run/console.log" "$run/dmesg.txt" 2>/dev/null | tr -d '\r' | grep -E "$BAD_KERNEL_LOG" | head -20 || true)
+    if [[ -n $bad ]]; then
+        log "the guest kernel log shows a problem; failing the run:"
+        printf '    %s\n' "$bad" >&2
+        exit 90
+    fi
+    if [[ ! -f $run/exit-code ]]; then
+        log "the guest stopped without reporting an exit status (qemu status $qrc)"
+        exit 91
+    fi
+    local rc
+    rc=$(cat "$run/exit-code")
+    log "guest command exited with status $rc"
+    exit "$rc"
+}
+
+main "$@"
