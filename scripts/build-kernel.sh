@@ -11,7 +11,7 @@ kernel_dir() {
     root=$(sysroot_dir)
     pkgver=$(grep "^linux-source-$KERNEL_LINE=" "$root/.pins" | cut -d= -f2)
     [[ -n $pkgver ]] || die "linux-source-$KERNEL_LINE is not in the sysroot"
-    echo "$RBLN_CACHE/kernel-${pkgver//[:~+]/_}-$(hash_of "$FRAGMENT" "$0")"
+    echo "$RBLN_CACHE/kernel-${pkgver//[:~+]/_}-$(hash_of "$FRAGMENT")"
 }
 
 # Runs inside the sysroot with the build directory at /build.

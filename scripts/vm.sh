@@ -48,8 +48,7 @@ main() {
     local qrc=0
     SYSROOT_BINDS="$kdir:/build $(dirname "$initrd"):/initrd $run:/run/rbln" \
         in_sysroot timeout -k 5 "$VM_TIMEOUT" qemu-system-x86_64 "${args[@]}" \
-        </dev/null 2>&1 | tee "$run/console.log" || true
-    qrc=${PIPESTATUS[0]}
+        </dev/null 2>&1 | tee "$run/console.log" || qrc=${PIPESTATUS[0]}
 
     if [[ $qrc == 124 || $qrc == 137 ]]; then
         log "guest did not finish within ${VM_TIMEOUT}s: killed (raise VM_TIMEOUT if the work is legitimately slow)"
