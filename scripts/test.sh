@@ -39,10 +39,15 @@ main() {
     step "cargo build --release (binaries for the guest)" cargo build --release --workspace --quiet
     step "build kmd/rbln.ko" "$RBLN_ROOT/scripts/build-kmd.sh"
 
-    local suite
+    # Each suite boots its own guest; a "# vm-env: VAR=value ..." line in
+    # a suite sets the VM's environment (e.g. the number of NPUs).
+    local suite name env
     for suite in "$RBLN_ROOT"/tests/vm/*.sh; do
-        [[ $(basename "$suite") == lib.sh ]] && continue
-        step "vm: tests/vm/$(basename "$suite")" vm "sh tests/vm/$(basename "$suite")"
+        name=$(basename "$suite")
+        [[ $name == lib.sh ]] && continue
+        env=$(sed -n 's/^# vm-env: //p' "$suite")
+        # shellcheck disable=SC2086
+        step "vm: tests/vm/$name" env $env "$RBLN_ROOT/scripts/vm.sh" "sh tests/vm/$name"
     done
 
     # The harness itself must catch what it promises to catch.

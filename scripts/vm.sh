@@ -5,13 +5,21 @@
 # WARN, BUG, panic or lockdep report, even if COMMAND succeeded, and (status
 # 124) when the guest does not finish within $VM_TIMEOUT seconds.
 #
+# Every run attaches $VM_DEVICES (default 1) rbln-npu device models
+# (target/release/rbln-npu, started here on the host, one vfio-user socket
+# each); a device model that exits with an error fails the run (status 92).
+#
 # Environment: VM_TIMEOUT (s, default 900), VM_SMP (default 2), VM_MEM
-# (MiB, default 2048), VM_KEEP=1 keeps the run directory for inspection.
+# (MiB, default 2048), VM_DEVICES (default 1), NPU_ARGS (extra rbln-npu
+# arguments), VM_KEEP=1 keeps the run directory for inspection.
 source "$(dirname "$0")/lib.sh"
 
 VM_TIMEOUT=${VM_TIMEOUT:-900}
 VM_SMP=${VM_SMP:-2}
 VM_MEM=${VM_MEM:-2048}
+VM_DEVICES=${VM_DEVICES:-1}
+NPU_BIN=$RBLN_ROOT/target/release/rbln-npu
+NPU_PIDS=()
 
 # Kernel log lines (they start with a printk timestamp) that mean the
 # kernel is unhealthy. User-space output cannot match: it has no timestamp.
@@ -29,6 +37,58 @@ qemu_args() {
         -device virtio-rng-pci \
         -virtfs local,path=/rbln,mount_tag=rbln,security_model=none,id=rbln \
         -virtfs local,path=/run/rbln,mount_tag=rblnrun,security_model=none,id=rblnrun
+    local i
+    for ((i = 0; i < VM_DEVICES; i++)); do
+        printf '%s\n' -device \
+            "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"/run/rbln/npu$i.sock\",\"type\":\"unix\"}}"
+    done
+}
+
+# Start the device models on the host; their sockets appear in the run
+# directory, which the chroot sees as /run/rbln.
+start_devices() {
+    local run=$1 i
+    ((VM_DEVICES == 0)) && return
+    [[ -x $NPU_BIN ]] || die "$NPU_BIN is missing: run 'make host' (cargo build --release)"
+    for ((i = 0; i < VM_DEVICES; i++)); do
+        # shellcheck disable=SC2086
+        "$NPU_BIN" --socket "$run/npu$i.sock" --log-level "${NPU_LOG:-info}" ${NPU_ARGS:-} \
+            >"$run/npu$i.log" 2>&1 &
+        NPU_PIDS+=($!)
+    done
+    for ((i = 0; i < VM_DEVICES; i++)); do
+        local tries=0
+        until [[ -S $run/npu$i.sock ]]; do
+            kill -0 "${NPU_PIDS[i]}" 2>/dev/null || { cat "$run/npu$i.log" >&2; die "rbln-npu $i exited at start"; }
+            ((++tries < 100)) || die "rbln-npu $i did not create its socket"
+            sleep 0.05
+        done
+    done
+}
+
+# After QEMU is gone the device models exit by themselves (client
+# disconnected). Returns non-zero if one failed or had to be killed.
+stop_devices() {
+    local run=$1 i rc=0 pid
+    for ((i = 0; i < ${#NPU_PIDS[@]}; i++)); do
+        pid=${NPU_PIDS[i]}
+        local tries=0
+        while kill -0 "$pid" 2>/dev/null && ((tries++ < 50)); do sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+            log "rbln-npu $i did not exit after QEMU disconnected; killing it"
+            kill -TERM "$pid" 2>/dev/null || true
+            rc=1
+        fi
+        local st=0
+        wait "$pid" || st=$?
+        if ((st != 0)); then
+            log "rbln-npu $i exited with status $st; its log:"
+            sed 's/^/    /' "$run/npu$i.log" >&2
+            rc=1
+        fi
+    done
+    NPU_PIDS=()
+    return $rc
 }
 
 main() {
@@ -39,10 +99,11 @@ main() {
     initrd=$("$RBLN_ROOT/scripts/build-initramfs.sh")
     mkdir -p "$RBLN_CACHE/run"
     run=$(mktemp -d "$RBLN_CACHE/run/vm.XXXXXX")
-    [[ ${VM_KEEP:-0} == 1 ]] || trap 'rm -rf "$run"' EXIT
+    trap 'for p in "${NPU_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; [[ ${VM_KEEP:-0} == 1 ]] || rm -rf "$run"' EXIT
     printf 'set -e\n%s\n' "$cmd" >"$run/cmd.sh"
+    start_devices "$run"
 
-    log "booting the guest (TCG, ${VM_SMP} vCPUs, ${VM_MEM} MiB, timeout ${VM_TIMEOUT}s)"
+    log "booting the guest (TCG, ${VM_SMP} vCPUs, ${VM_MEM} MiB, ${VM_DEVICES} NPU(s), timeout ${VM_TIMEOUT}s)"
     local -a args
     mapfile -t args < <(qemu_args "$(basename "$initrd")")
     local qrc=0
@@ -50,6 +111,8 @@ main() {
         in_sysroot timeout -k 5 "$VM_TIMEOUT" qemu-system-x86_64 "${args[@]}" \
         </dev/null 2>&1 | tee "$run/console.log" || qrc=${PIPESTATUS[0]}
 
+    local devices_ok=1
+    stop_devices "$run" || devices_ok=0
     if [[ $qrc == 124 || $qrc == 137 ]]; then
         log "guest did not finish within ${VM_TIMEOUT}s: killed (raise VM_TIMEOUT if the work is legitimately slow)"
         exit 124
@@ -60,6 +123,10 @@ main() {
         log "the guest kernel log shows a problem; failing the run:"
         printf '    %s\n' "$bad" >&2
         exit 90
+    fi
+    if ((devices_ok == 0)); then
+        log "a device model failed; failing the run"
+        exit 92
     fi
     if [[ ! -f $run/exit-code ]]; then
         log "the guest stopped without reporting an exit status (qemu status $qrc)"

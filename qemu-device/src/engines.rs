@@ -1,0 +1,84 @@
+//! Shared execution resources (DMA engines, compute cores) and counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+/// A pool of identical engines. A command holds one for its duration, so
+/// at most `n` DMAs (or compute ops) run at once across all queues, while
+/// DMA and compute never wait for each other.
+pub struct EnginePool {
+    free: Mutex<u32>,
+    cv: Condvar,
+    busy_ns: Vec<AtomicU64>,
+}
+
+pub struct EngineGuard<'a> {
+    pool: &'a EnginePool,
+    index: usize,
+    start: Instant,
+}
+
+impl EnginePool {
+    pub fn new(n: u32) -> Self {
+        assert!((1..=32).contains(&n), "engine count is validated by Config");
+        let free = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
+        Self { free: Mutex::new(free), cv: Condvar::new(), busy_ns: (0..n).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    pub fn acquire(&self) -> EngineGuard<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        while *free == 0 {
+            free = self.cv.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        let index = free.trailing_zeros() as usize;
+        *free &= !(1 << index);
+        EngineGuard { pool: self, index, start: Instant::now() }
+    }
+
+    pub fn busy_ns(&self, i: usize) -> u64 {
+        self.busy_ns.get(i).map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    pub fn reset_counters(&self) {
+        for c in &self.busy_ns {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for EngineGuard<'_> {
+    fn drop(&mut self) {
+        let ns = self.start.elapsed().as_nanos() as u64;
+        self.pool.busy_ns[self.index].fetch_add(ns, Ordering::Relaxed);
+        let mut free = self.pool.free.lock().unwrap_or_else(|e| e.into_inner());
+        *free |= 1 << self.index;
+        self.pool.cv.notify_one();
+    }
+}
+
+/// Device-wide counters (BAR0 0x100..).
+#[derive(Default)]
+pub struct Counters {
+    pub packets: AtomicU64,
+    pub dma_bytes: AtomicU64,
+    pub compute_ops: AtomicU64,
+    pub compute_flops: AtomicU64,
+    pub faults: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(c: &AtomicU64, v: u64) {
+        c.fetch_add(v, Ordering::Relaxed);
+    }
+
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    pub fn reset(&self) {
+        for c in [&self.packets, &self.dma_bytes, &self.compute_ops, &self.compute_flops, &self.faults] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! Executing ring entries: reading command buffers through the context's
+//! MMU and running their packets.
+
+use std::time::Duration;
+
+use rbln_hw::cmd::{self, DecodeError, Packet, MAX_INDIRECT_DEPTH};
+use rbln_hw::ring::{Access, FaultCode, QueueState, RingEntry, MAX_CMDBUF_SIZE};
+
+use crate::compute;
+use crate::device::{sem_sleep, Shared};
+use crate::engines::Counters;
+use crate::mmu::{AddressSpace, Fault};
+
+/// What a command processor is working on.
+pub(crate) struct Job {
+    pub queue: u32,
+    pub generation: u64,
+    pub ring_base: u64,
+    pub head: u32,
+    pub ctx_id: u32,
+}
+
+/// Why execution of a ring entry stopped early.
+pub(crate) enum Stop {
+    /// The queue faults (with the INDIRECT depth the fault happened at).
+    Fault(Fault, u8),
+    /// The queue was reset, disabled or the device is shutting down.
+    Aborted,
+}
+
+/// DMA moves data in chunks of this size, checking for reset in between.
+const DMA_CHUNK: u64 = 1 << 20;
+/// How often a blocked SEM_WAIT re-reads memory the guest CPU may write.
+const SEM_POLL: Duration = Duration::from_micros(200);
+
+struct Exec<'a> {
+    s: &'a Shared,
+    job: &'a Job,
+    mem: AddressSpace<'a>,
+    depth: u8,
+}
+
+pub(crate) fn run_ring_entry(s: &Shared, job: &Job) -> Result<(), Stop> {
+    let entry_addr = job.ring_base + job.head as u64 * RingEntry::SIZE as u64;
+    let mut raw = [0u8; RingEntry::SIZE];
+    s.host
+        .read(entry_addr, &mut raw)
+        .map_err(|_| Stop::Fault(Fault::new(FaultCode::BusError, Access::Read, entry_addr), 0))?;
+    let entry = RingEntry::read_from(&raw).unwrap_or_default();
+    let bad_entry = Stop::Fault(Fault::new(FaultCode::BadRingEntry, Access::Read, entry_addr), 0);
+    if entry.flags != 0
+        || entry.reserved != 0
+        || entry.cmdbuf_size % 4 != 0
+        || entry.cmdbuf_va % 4 != 0
+        || entry.cmdbuf_size > MAX_CMDBUF_SIZE
+    {
+        return Err(bad_entry);
+    }
+    let root = s
+        .context_root(job.ctx_id)
+        .ok_or(Stop::Fault(Fault::new(FaultCode::ContextInvalid, Access::None, job.ctx_id as u64), 0))?;
+    let mut ex = Exec { s, job, mem: AddressSpace::new(&s.host, &s.dram, root), depth: 0 };
+    ex.run_cmdbuf(entry.cmdbuf_va, entry.cmdbuf_size)
+}
+
+impl Exec<'_> {
+    fn fault(&self, f: Fault) -> Stop {
+        Stop::Fault(f, self.depth)
+    }
+
+    fn fault_at(&self, code: FaultCode, access: Access, addr: u64) -> Stop {
+        self.fault(Fault::new(code, access, addr))
+    }
+
+    /// Abort if the queue was reset or disabled since the job started.
+    fn check_live(&self) -> Result<(), Stop> {
+        if self.s.shutdown.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Stop::Aborted);
+        }
+        let r = self.s.queues[self.job.queue as usize].lock();
+        if r.generation != self.job.generation {
+            return Err(Stop::Aborted);
+        }
+        Ok(())
+    }
+
+    fn run_cmdbuf(&mut self, va: u64, size: u32) -> Result<(), Stop> {
+        let buf = self.mem.read_vec(va, size as usize).map_err(|f| self.fault(f))?;
+        let mut off = 0usize;
+        while off < buf.len() {
+            self.check_live()?;
+            let pkt_va = va + off as u64;
+            let (pkt, len) = match Packet::decode(&buf[off..]) {
+                Ok(p) => p,
+                Err(e) => {
+                    log::debug!("bad packet at {pkt_va:#x}: {e:?}");
+                    let code = match e {
+                        DecodeError::BadField => FaultCode::BadPacket,
+                        _ => FaultCode::BadPacket,
+                    };
+                    return Err(self.fault_at(code, Access::Read, pkt_va));
+                }
+            };
+            self.run_packet(pkt, pkt_va)?;
+            Counters::add(&self.s.counters.packets, 1);
+            self.s.queues[self.job.queue as usize].lock().packets += 1;
+            off += len;
+        }
+        Ok(())
+    }
+
+    fn run_packet(&mut self, pkt: Packet, pkt_va: u64) -> Result<(), Stop> {
+        match pkt {
+            Packet::Nop { .. } => Ok(()),
+            Packet::DmaCopy(p) => self.dma_copy(p.src_va, p.dst_va, p.size),
+            Packet::Fill(p) => {
+                let _engine = self.s.dma_engines.acquire();
+                self.mem.fill(p.dst_va, p.size, p.value).map_err(|f| self.fault(f))?;
+                Counters::add(&self.s.counters.dma_bytes, p.size);
+                Ok(())
+            }
+            Packet::Compute(p) => {
+                if p.desc_size as usize > compute::MAX_DESC_SIZE {
+                    return Err(self.fault_at(FaultCode::BadDescriptor, Access::Read, p.desc_va));
+                }
+                let desc = self.mem.read_vec(p.desc_va, p.desc_size as usize).map_err(|f| self.fault(f))?;
+                let _core = self.s.cores.acquire();
+                let flops = compute::run(&mut self.mem, &desc, p.desc_va).map_err(|f| self.fault(f))?;
+                Counters::add(&self.s.counters.compute_ops, 1);
+                Counters::add(&self.s.counters.compute_flops, flops);
+                Ok(())
+            }
+            Packet::SemWait(p) => self.sem_wait(p.addr_va, p.value, p.cond),
+            Packet::SemSignal(p) => {
+                let old = self.mem.read_u64(p.addr_va).map_err(|f| self.fault(f))?;
+                let new = if p.op == cmd::SEM_OP_ADD { old.wrapping_add(p.value) } else { p.value };
+                self.mem.write_u64(p.addr_va, new).map_err(|f| self.fault(f))?;
+                let _g = self.s.sem_lock.lock().unwrap_or_else(|e| e.into_inner());
+                self.s.sem_cv.notify_all();
+                Ok(())
+            }
+            Packet::Fence(p) => {
+                if p.addr_va != 0 {
+                    self.mem.write_u64(p.addr_va, p.value).map_err(|f| self.fault(f))?;
+                }
+                {
+                    let mut r = self.s.queues[self.job.queue as usize].lock();
+                    if r.generation != self.job.generation {
+                        return Err(Stop::Aborted);
+                    }
+                    r.fence = p.value;
+                    self.s.write_status(&r);
+                }
+                if cmd::split_header(p.header).1 & cmd::FENCE_FLAG_IRQ != 0 {
+                    self.s.queue_interrupt(self.job.queue);
+                }
+                Ok(())
+            }
+            Packet::Timestamp(p) => {
+                let now = self.s.now_ns();
+                self.mem.write_u64(p.addr_va, now).map_err(|f| self.fault(f))
+            }
+            Packet::Indirect(p) => {
+                if self.depth as u32 >= MAX_INDIRECT_DEPTH {
+                    return Err(self.fault_at(FaultCode::Nesting, Access::Read, pkt_va));
+                }
+                self.depth += 1;
+                let r = self.run_cmdbuf(p.va, p.size);
+                self.depth -= 1;
+                r
+            }
+        }
+    }
+
+    fn dma_copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), Stop> {
+        let _engine = self.s.dma_engines.acquire();
+        let mut done = 0u64;
+        while done < size {
+            self.check_live()?;
+            let n = DMA_CHUNK.min(size - done);
+            let chunk = self.mem.read_vec(src.wrapping_add(done), n as usize).map_err(|f| self.fault(f))?;
+            self.mem.write(dst.wrapping_add(done), &chunk).map_err(|f| self.fault(f))?;
+            Counters::add(&self.s.counters.dma_bytes, n);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn sem_wait(&mut self, addr: u64, value: u64, cond: u32) -> Result<(), Stop> {
+        let mut waiting = false;
+        loop {
+            let v = self.mem.read_u64(addr).map_err(|f| self.fault(f))?;
+            let ok = match cond {
+                cmd::SEM_COND_EQ => v == value,
+                _ => v >= value,
+            };
+            if ok {
+                break;
+            }
+            self.check_live()?;
+            if !waiting {
+                waiting = true;
+                self.set_state(QueueState::Waiting);
+            }
+            sem_sleep(self.s, SEM_POLL);
+        }
+        if waiting {
+            self.set_state(QueueState::Running);
+        }
+        Ok(())
+    }
+
+    fn set_state(&self, st: QueueState) {
+        let mut r = self.s.queues[self.job.queue as usize].lock();
+        if r.generation == self.job.generation {
+            r.state = st;
+        }
+    }
+}
