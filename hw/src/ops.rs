@@ -125,7 +125,6 @@ pub const GEMM_BIAS: u32 = 1 << 3;
 pub const CONV_BIAS: u32 = 1 << 3;
 pub const LAYERNORM_GAMMA: u32 = 1 << 0;
 pub const LAYERNORM_BETA: u32 = 1 << 1;
-pub const SOFTMAX_LOG: u32 = 1 << 0;
 pub const GATHER_INDEX_I32: u32 = 0;
 pub const GATHER_INDEX_I64: u32 = 1;
 
@@ -250,12 +249,13 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// Softmax (or log-softmax with SOFTMAX_LOG) along `axis`.
+    /// Numerically stable softmax along `axis`.
     pub struct SoftmaxDesc {
         pub header: OpHeader,
         pub rank: u32,
         pub axis: u32,
         pub dims: [u32; 6],
+        /// Reserved, must be 0.
         pub flags: u32,
         pub reserved: u32,
         pub in_va: u64,
@@ -476,7 +476,7 @@ impl Desc {
                 if !dims_ok(d.rank, &d.dims) || d.axis >= d.rank {
                     return Err(BadField("rank/axis/dims"));
                 }
-                if d.flags & !SOFTMAX_LOG != 0 || d.reserved != 0 {
+                if d.flags != 0 || d.reserved != 0 {
                     return Err(BadField("softmax flags"));
                 }
                 Desc::Softmax(d)

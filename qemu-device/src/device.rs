@@ -314,6 +314,12 @@ impl Device {
         }
     }
 
+    /// True while every command processor is alive. The device model is
+    /// built never to panic; tests assert this after hostile input.
+    pub fn healthy(&self) -> bool {
+        self.threads.iter().all(|t| !t.is_finished())
+    }
+
     /// Whole-device reset (also what a PCI function reset does).
     pub fn reset(&self) {
         self.shared.device_reset();

@@ -1,0 +1,402 @@
+//! 2-D convolution (NCHW) with fused bias and activation.
+
+use crate::activation::{bias_act_slice, Activation, Bias};
+use crate::error::{KernelError, Result};
+use crate::fastmath::simd_dispatch;
+use crate::gemm::raw_gemm;
+use crate::util::{add, check_len, mul, valid_range, volume, SendPtr};
+use rayon::prelude::*;
+
+/// Explicit padding of the two spatial dimensions, in elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Padding2d {
+    pub top: usize,
+    pub left: usize,
+    pub bottom: usize,
+    pub right: usize,
+}
+
+impl Padding2d {
+    /// The same padding on all four sides.
+    pub fn uniform(p: usize) -> Self {
+        Padding2d {
+            top: p,
+            left: p,
+            bottom: p,
+            right: p,
+        }
+    }
+}
+
+/// Parameters of [`conv2d`].
+///
+/// Shapes: input `[batch, in_channels, in_h, in_w]`, weight
+/// `[out_channels, in_channels / groups, kernel[0], kernel[1]]`, bias
+/// `[out_channels]`, output `[batch, out_channels, out_h, out_w]` with
+/// `out = (in + pad_before + pad_after - dilation·(kernel-1) - 1) / stride + 1`
+/// (floor). `[h, w]` order for all pairs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Conv2dParams {
+    pub batch: usize,
+    pub in_channels: usize,
+    pub in_h: usize,
+    pub in_w: usize,
+    pub out_channels: usize,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: Padding2d,
+    pub dilation: [usize; 2],
+    /// Must divide both channel counts (`groups = in_channels = out_channels`
+    /// is depthwise).
+    pub groups: usize,
+    pub activation: Activation,
+}
+
+impl Default for Conv2dParams {
+    fn default() -> Self {
+        Conv2dParams {
+            batch: 1,
+            in_channels: 1,
+            in_h: 1,
+            in_w: 1,
+            out_channels: 1,
+            kernel: [1, 1],
+            stride: [1, 1],
+            padding: Padding2d::default(),
+            dilation: [1, 1],
+            groups: 1,
+            activation: Activation::None,
+        }
+    }
+}
+
+/// One spatial dimension's window geometry, validated.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Axis {
+    pub input: usize,
+    pub pad_before: usize,
+    pub kernel: usize,
+    pub stride: usize,
+    pub dilation: usize,
+    pub output: usize,
+}
+
+impl Axis {
+    /// Validates a window geometry. The whole padded extent must fit in
+    /// `isize` so that all window arithmetic below is overflow-free.
+    pub(crate) fn new(
+        what: &'static str,
+        input: usize,
+        pad_before: usize,
+        pad_after: usize,
+        kernel: usize,
+        stride: usize,
+        dilation: usize,
+    ) -> Result<Axis> {
+        if kernel == 0 {
+            return Err(KernelError::invalid(what, "kernel size is zero"));
+        }
+        if stride == 0 {
+            return Err(KernelError::invalid(what, "stride is zero"));
+        }
+        if dilation == 0 {
+            return Err(KernelError::invalid(what, "dilation is zero"));
+        }
+        let padded = add(what, add(what, input, pad_before)?, pad_after)?;
+        if padded > isize::MAX as usize {
+            return Err(KernelError::Overflow { what });
+        }
+        let extent = add(what, mul(what, dilation, kernel - 1)?, 1)?;
+        if extent > padded {
+            return Err(KernelError::invalid(
+                what,
+                format!("window extent {extent} exceeds padded input size {padded}"),
+            ));
+        }
+        Ok(Axis {
+            input,
+            pad_before,
+            kernel,
+            stride,
+            dilation,
+            output: (padded - extent) / stride + 1,
+        })
+    }
+
+    /// Input coordinate of tap 0 of output position `o`, minus padding.
+    #[inline(always)]
+    pub(crate) fn base(&self, o: usize) -> isize {
+        (o * self.stride) as isize - self.pad_before as isize
+    }
+
+    /// Range of output positions `o` for which tap `t` reads a real input.
+    #[inline(always)]
+    pub(crate) fn valid_outputs(&self, t: usize) -> core::ops::Range<usize> {
+        let base = (t * self.dilation) as isize - self.pad_before as isize;
+        valid_range(base, self.stride, self.output, self.input)
+    }
+
+    /// Input index of tap `t` of output `o` (only meaningful when valid).
+    #[inline(always)]
+    pub(crate) fn input_index(&self, o: usize, t: usize) -> isize {
+        self.base(o) + (t * self.dilation) as isize
+    }
+}
+
+/// Validated conv geometry.
+struct Geometry {
+    h: Axis,
+    w: Axis,
+    cg: usize,
+    og: usize,
+    in_plane: usize,
+    out_plane: usize,
+    kdim: usize,
+}
+
+fn geometry(p: &Conv2dParams) -> Result<Geometry> {
+    let pad = p.padding;
+    let h = Axis::new("conv2d height", p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0])?;
+    let w = Axis::new("conv2d width", p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1])?;
+    if p.groups == 0 {
+        return Err(KernelError::invalid("conv2d groups", "groups is zero"));
+    }
+    if !p.in_channels.is_multiple_of(p.groups) || !p.out_channels.is_multiple_of(p.groups) {
+        return Err(KernelError::invalid(
+            "conv2d groups",
+            format!(
+                "groups {} does not divide in_channels {} and out_channels {}",
+                p.groups, p.in_channels, p.out_channels
+            ),
+        ));
+    }
+    let cg = p.in_channels / p.groups;
+    let kdim = volume("conv2d weight", &[cg, p.kernel[0], p.kernel[1]])?;
+    Ok(Geometry {
+        h,
+        w,
+        cg,
+        og: p.out_channels / p.groups,
+        in_plane: mul("conv2d input", p.in_h, p.in_w)?,
+        out_plane: mul("conv2d output", h.output, w.output)?,
+        kdim,
+    })
+}
+
+/// Output shape `[batch, out_channels, out_h, out_w]` of `p`, validating it.
+pub fn conv2d_output_shape(p: &Conv2dParams) -> Result<[usize; 4]> {
+    let g = geometry(p)?;
+    Ok([p.batch, p.out_channels, g.h.output, g.w.output])
+}
+
+/// Target size of one task's im2col buffer, in elements (1 MiB: stays in
+/// L2 while the GEMM consumes it); output positions are tiled to fit.
+const TILE_BUDGET: usize = 1 << 18;
+/// Hard cap on a task's im2col buffer, unless a single output position's
+/// column exceeds it (then it is one column, no larger than the weights).
+const COL_MAX: usize = 1 << 24;
+
+/// `output = act(conv(input, weight) + bias)`; see [`Conv2dParams`] for shapes.
+///
+/// Convolutions with more than one input channel per group run as parallel
+/// tasks of (image, group, tile of output positions), each an im2col into a
+/// cache-sized buffer plus a GEMM (1×1 stride-1 unpadded ones skip
+/// im2col); those with one input channel per group (depthwise) use a direct
+/// SIMD loop parallel over output planes. Runs on the current rayon pool.
+pub fn conv2d(p: &Conv2dParams, input: &[f32], weight: &[f32], bias: Option<&[f32]>, output: &mut [f32]) -> Result<()> {
+    let g = geometry(p)?;
+    check_len("conv2d input", input.len(), volume("conv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
+    check_len("conv2d weight", weight.len(), mul("conv2d weight", p.out_channels, g.kdim)?)?;
+    check_len("conv2d output", output.len(), volume("conv2d output", &[p.batch, p.out_channels, g.out_plane])?)?;
+    if let Some(b) = bias {
+        check_len("conv2d bias", b.len(), p.out_channels)?;
+    }
+    if output.is_empty() {
+        return Ok(());
+    }
+    if g.cg == 1 {
+        direct(p, &g, input, weight, bias, output);
+    } else {
+        im2col_gemm(p, &g, input, weight, output);
+        if bias.is_some() || p.activation != Activation::None {
+            output
+                .par_chunks_mut(g.out_plane)
+                .enumerate()
+                .for_each(|(i, plane)| {
+                    let b = bias.map_or(Bias::None, |b| Bias::Scalar(b[i % p.out_channels]));
+                    bias_act_slice(plane, b, p.activation);
+                });
+        }
+    }
+    Ok(())
+}
+
+/// One input channel per group: each output plane is a weighted sum of
+/// shifted views of one input plane.
+fn direct(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], bias: Option<&[f32]>, output: &mut [f32]) {
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let (ha, wa) = (g.h, g.w);
+    output
+        .par_chunks_mut(g.out_plane)
+        .enumerate()
+        .for_each(|(plane_idx, out)| {
+            let b = plane_idx / p.out_channels;
+            let co = plane_idx % p.out_channels;
+            let ci = co / g.og; // group index == input channel within group 0
+            let inp = &input[(b * p.in_channels + ci) * g.in_plane..][..g.in_plane];
+            let wts = &weight[co * kh * kw..][..kh * kw];
+            out.fill(bias.map_or(0.0, |b| b[co]));
+            depthwise_plane(inp, wts, kh, kw, &ha, &wa, out);
+            if let Some(op) = p.activation.as_unary() {
+                crate::activation::apply_slice(op, out);
+            }
+        });
+}
+
+simd_dispatch! {
+    /// `out += Σ_taps w[tap] · shifted(inp)` for one plane.
+    fn depthwise_plane(inp: &[f32], wts: &[f32], kh: usize, kw: usize, ha: &Axis, wa: &Axis, out: &mut [f32]) {
+        for ky in 0..kh {
+            let oy_range = ha.valid_outputs(ky);
+            for kx in 0..kw {
+                let wv = wts[ky * kw + kx];
+                let ox_range = wa.valid_outputs(kx);
+                if ox_range.is_empty() {
+                    continue;
+                }
+                let n = ox_range.len();
+                for oy in oy_range.clone() {
+                    let iy = ha.input_index(oy, ky) as usize;
+                    let row = &inp[iy * wa.input..][..wa.input];
+                    let ix0 = wa.input_index(ox_range.start, kx) as usize;
+                    let dst = &mut out[oy * wa.output + ox_range.start..][..n];
+                    if wa.stride == 1 {
+                        for (o, &x) in dst.iter_mut().zip(&row[ix0..ix0 + n]) {
+                            *o += wv * x;
+                        }
+                    } else {
+                        for (j, o) in dst.iter_mut().enumerate() {
+                            *o += wv * row[ix0 + j * wa.stride];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], output: &mut [f32]) {
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let (ha, wa) = (g.h, g.w);
+    let npos = g.out_plane;
+    let pointwise = kh == 1
+        && kw == 1
+        && ha.stride == 1
+        && wa.stride == 1
+        && p.padding == Padding2d::default();
+    // Work is split into independent tasks (image, group, tile of output
+    // positions), each doing its own im2col into a cache-sized buffer and a
+    // single-threaded GEMM: no synchronization between im2col and GEMM, and
+    // the columns are consumed while still in cache.
+    let threads = rayon::current_num_threads().max(1);
+    let kdim = g.kdim.max(1);
+    let images = p.batch * p.groups;
+    let mut tile = (TILE_BUDGET / kdim).max((COL_MAX / kdim).min(16)).max(1).min(npos);
+    let mut ntiles = npos.div_ceil(tile);
+    if images.saturating_mul(ntiles) < 8 * threads {
+        // Few tasks: make their count a multiple of the thread count.
+        let total = images * ntiles;
+        let want = total.div_ceil(threads) * threads;
+        ntiles = want.div_ceil(images).min(npos);
+        tile = npos.div_ceil(ntiles);
+        ntiles = npos.div_ceil(tile);
+    }
+    let out_ptr = SendPtr(output.as_mut_ptr());
+    let tasks = images * ntiles;
+    (0..tasks).into_par_iter().for_each_init(Vec::new, |col: &mut Vec<f32>, task| {
+        let (image, t) = (task / ntiles, task % ntiles);
+        let (b, grp) = (image / p.groups, image % p.groups);
+        let t0 = t * tile;
+        let nt = tile.min(npos - t0);
+        let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
+        let out_base = (b * p.out_channels + grp * g.og) * npos;
+        let w_group = &weight[grp * g.og * g.kdim..][..g.og * g.kdim];
+        let (rhs, rhs_rs) = if pointwise {
+            (input[in_base + t0..].as_ptr(), g.in_plane as isize)
+        } else {
+            col.resize(g.kdim * nt, 0.0);
+            fill_columns(&mut col[..g.kdim * nt], &input[in_base..][..g.cg * g.in_plane], kh, kw, &ha, &wa, t0, nt);
+            (col.as_ptr(), nt as isize)
+        };
+        // SAFETY: dst rows co < og at out_base + co·npos + t0 .. + nt lie in
+        // `output` (length checked) and are written by this task only; lhs is
+        // [og × kdim] inside `weight`; rhs is [kdim × nt] inside `col` or
+        // (pointwise) [cg × nt] with row stride in_plane inside `input`.
+        // `output` aliases neither.
+        unsafe {
+            raw_gemm(
+                g.og,
+                nt,
+                g.kdim,
+                out_ptr.get().add(out_base + t0),
+                npos,
+                false,
+                w_group.as_ptr(),
+                g.kdim as isize,
+                1,
+                rhs,
+                rhs_rs,
+                1,
+                false,
+            );
+        }
+    });
+}
+
+/// im2col for output positions `t0..t0+nt`: `col[(ci·kh + ky)·kw + kx][j]`
+/// is the input under tap (ky, kx) of channel ci for output position t0+j
+/// (zero in the padding).
+#[allow(clippy::too_many_arguments)]
+fn fill_columns(col: &mut [f32], input: &[f32], kh: usize, kw: usize, ha: &Axis, wa: &Axis, t0: usize, nt: usize) {
+    let in_plane = ha.input * wa.input;
+    let ow = wa.output;
+    col.chunks_mut(nt).enumerate().for_each(|(r, dst)| {
+        let kx = r % kw;
+        let ky = (r / kw) % kh;
+        let ci = r / (kw * kh);
+        let plane = &input[ci * in_plane..][..in_plane];
+        let oy_valid = ha.valid_outputs(ky);
+        let ox_valid = wa.valid_outputs(kx);
+        let mut j = 0;
+        while j < nt {
+            let pos = t0 + j;
+            let oy = pos / ow;
+            let ox0 = pos % ow;
+            let seg = (ow - ox0).min(nt - j);
+            let d = &mut dst[j..j + seg];
+            if !oy_valid.contains(&oy) {
+                d.fill(0.0);
+            } else {
+                let iy = ha.input_index(oy, ky) as usize;
+                let row = &plane[iy * wa.input..][..wa.input];
+                // Valid ox within [ox0, ox0+seg).
+                let lo = ox_valid.start.max(ox0).min(ox0 + seg);
+                let hi = ox_valid.end.min(ox0 + seg).max(lo);
+                d[..lo - ox0].fill(0.0);
+                d[hi - ox0..].fill(0.0);
+                if hi > lo {
+                    let ix0 = wa.input_index(lo, kx) as usize;
+                    let dd = &mut d[lo - ox0..hi - ox0];
+                    if wa.stride == 1 {
+                        dd.copy_from_slice(&row[ix0..ix0 + (hi - lo)]);
+                    } else {
+                        for (q, v) in dd.iter_mut().enumerate() {
+                            *v = row[ix0 + q * wa.stride];
+                        }
+                    }
+                }
+            }
+            j += seg;
+        }
+    });
+}

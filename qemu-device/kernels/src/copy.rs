@@ -1,0 +1,246 @@
+//! Strided copies and dimension permutes.
+
+use crate::error::{KernelError, Result};
+use crate::util::{check_len, check_rank, volume, SendPtr, PAR_CHUNK};
+use rayon::prelude::*;
+
+/// A generic strided copy: for every index `i` in `sizes`,
+/// `dst[dst_offset + Σ i_d·dst_strides[d]] = src[src_offset + Σ i_d·src_strides[d]]`.
+///
+/// Offsets and strides are in elements; strides may be negative or zero.
+/// Every reachable element must lie inside its slice, and the element count
+/// may not exceed `dst.len()`. If the destination mapping is not provably
+/// one-to-one (e.g. a zero stride), elements are copied sequentially in
+/// row-major order of `sizes` and the last write wins; otherwise the copy is
+/// parallel (and tiled when it transposes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StridedCopy<'a> {
+    /// Extent of each dimension (rank ≤ 6).
+    pub sizes: &'a [usize],
+    pub src_offset: usize,
+    pub src_strides: &'a [isize],
+    pub dst_offset: usize,
+    pub dst_strides: &'a [isize],
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Dim {
+    size: usize,
+    ss: isize,
+    ds: isize,
+}
+
+/// Smallest and largest element offset reachable from `offset`.
+fn reach(what: &'static str, offset: usize, sizes: &[usize], strides: &[isize], len: usize) -> Result<()> {
+    let of = || KernelError::Overflow { what };
+    let (mut lo, mut hi) = (offset as i128, offset as i128);
+    for (&s, &st) in sizes.iter().zip(strides) {
+        let span = (s as i128 - 1).checked_mul(st as i128).ok_or_else(of)?;
+        if span < 0 {
+            lo = lo.checked_add(span).ok_or_else(of)?;
+        } else {
+            hi = hi.checked_add(span).ok_or_else(of)?;
+        }
+    }
+    if lo < 0 {
+        return Err(KernelError::OutOfBounds { what, index: lo, len });
+    }
+    if hi >= len as i128 {
+        return Err(KernelError::OutOfBounds { what, index: hi, len });
+    }
+    Ok(())
+}
+
+/// Performs the copy described by `p`; see [`StridedCopy`].
+pub fn strided_copy(p: &StridedCopy<'_>, src: &[f32], dst: &mut [f32]) -> Result<()> {
+    check_rank("strided_copy sizes", p.sizes)?;
+    if p.src_strides.len() != p.sizes.len() || p.dst_strides.len() != p.sizes.len() {
+        return Err(KernelError::invalid(
+            "strided_copy strides",
+            format!(
+                "{} sizes but {} source and {} destination strides",
+                p.sizes.len(),
+                p.src_strides.len(),
+                p.dst_strides.len()
+            ),
+        ));
+    }
+    if p.sizes.contains(&0) {
+        return Ok(());
+    }
+    let total = volume("strided_copy sizes", p.sizes)?;
+    if total > dst.len() {
+        return Err(KernelError::invalid(
+            "strided_copy destination strides",
+            format!("{total} elements cannot be written to distinct places of a slice of {}", dst.len()),
+        ));
+    }
+    reach("strided_copy source", p.src_offset, p.sizes, p.src_strides, src.len())?;
+    reach("strided_copy destination", p.dst_offset, p.sizes, p.dst_strides, dst.len())?;
+    let dims: Vec<Dim> = (0..p.sizes.len())
+        .map(|d| Dim {
+            size: p.sizes[d],
+            ss: p.src_strides[d],
+            ds: p.dst_strides[d],
+        })
+        .collect();
+    // SAFETY: `reach` proved every offset reachable by `dims` from the two
+    // bases lies inside the slices, and sub-walks stay inside that envelope.
+    unsafe { run(dims, src, p.src_offset, dst, p.dst_offset) };
+    Ok(())
+}
+
+/// `y = x` with dimensions permuted: `y`'s dimension `i` is `x`'s dimension
+/// `perm[i]` (numpy `transpose(x, perm)`). Rank ≤ 6.
+pub fn permute(shape: &[usize], perm: &[usize], x: &[f32], y: &mut [f32]) -> Result<()> {
+    check_rank("permute shape", shape)?;
+    let rank = shape.len();
+    let mut seen = [false; crate::MAX_RANK];
+    if perm.len() != rank || perm.iter().any(|&p| p >= rank || std::mem::replace(&mut seen[p], true)) {
+        return Err(KernelError::invalid(
+            "permute perm",
+            format!("{perm:?} is not a permutation of 0..{rank}"),
+        ));
+    }
+    let total = volume("permute shape", shape)?;
+    check_len("permute input", x.len(), total)?;
+    check_len("permute output", y.len(), total)?;
+    if total == 0 {
+        return Ok(());
+    }
+    let mut in_strides = [0isize; crate::MAX_RANK];
+    let mut s = 1usize;
+    for d in (0..rank).rev() {
+        in_strides[d] = s as isize;
+        s *= shape[d];
+    }
+    let mut dims = vec![Dim { size: 1, ss: 0, ds: 0 }; rank];
+    let mut ds = 1usize;
+    for i in (0..rank).rev() {
+        dims[i] = Dim {
+            size: shape[perm[i]],
+            ss: in_strides[perm[i]],
+            ds: ds as isize,
+        };
+        ds *= dims[i].size;
+    }
+    // SAFETY: a permutation of a contiguous tensor's strides covers exactly
+    // 0..total in both slices.
+    unsafe { run(dims, x, 0, y, 0) };
+    Ok(())
+}
+
+/// Side of the square tiles of a transposing copy.
+const TILE: usize = 32;
+
+/// Executes a validated copy.
+///
+/// # Safety
+/// All offsets reachable from the bases through `dims` must be in bounds.
+unsafe fn run(mut dims: Vec<Dim>, src: &[f32], src_off: usize, dst: &mut [f32], dst_off: usize) {
+    dims.retain(|d| d.size != 1);
+    let injective = is_injective(&dims);
+    if injective {
+        // Order no longer matters: put the smallest destination stride innermost.
+        dims.sort_by_key(|d| std::cmp::Reverse(d.ds.unsigned_abs()));
+    }
+    let mut merged: Vec<Dim> = Vec::with_capacity(dims.len());
+    for d in dims.into_iter().rev() {
+        // Walking inner → outer; `last` is the current innermost group.
+        match merged.last_mut() {
+            Some(last)
+                if last.ss.checked_mul(last.size as isize) == Some(d.ss)
+                    && last.ds.checked_mul(last.size as isize) == Some(d.ds) =>
+            {
+                last.size *= d.size
+            }
+            _ => merged.push(d),
+        }
+    }
+    merged.reverse(); // outer → inner
+    if merged.is_empty() {
+        merged.push(Dim { size: 1, ss: 0, ds: 0 });
+    }
+    // A transposing copy: some non-innermost dim reads contiguously while the
+    // innermost does not. Make it the second-innermost and tile the pair.
+    let n = merged.len();
+    let mut tiled = false;
+    if injective && n >= 2 && merged[n - 1].ss.unsigned_abs() != 1 {
+        if let Some(t) = (0..n - 1).rev().find(|&t| merged[t].ss.unsigned_abs() == 1) {
+            let d = merged.remove(t);
+            merged.insert(n - 2, d);
+            tiled = true;
+        }
+    }
+    let src_base = SendPtr(src.as_ptr().add(src_off) as *mut f32);
+    let dst_base = SendPtr(dst.as_mut_ptr().add(dst_off));
+    let total: usize = merged.iter().map(|d| d.size).product();
+    let top = merged[0];
+    if !injective || total <= PAR_CHUNK || top.size == 1 {
+        walk(&merged, tiled, src_base.get(), dst_base.get());
+        return;
+    }
+    // Split the outermost dimension into ranges, one task each.
+    let per_index = total / top.size;
+    let step = (PAR_CHUNK / per_index).max(1);
+    let tasks = top.size.div_ceil(step);
+    (0..tasks).into_par_iter().for_each(|t| {
+        let start = t * step;
+        let mut dims = merged.clone();
+        dims[0].size = step.min(top.size - start);
+        let s = src_base.get().offset(start as isize * top.ss);
+        let d = dst_base.get().offset(start as isize * top.ds);
+        // SAFETY: tasks cover disjoint index ranges of an injective mapping.
+        walk(&dims, tiled, s, d);
+    });
+}
+
+/// Sufficient condition for the destination mapping to be one-to-one: in
+/// order of increasing |stride|, each stride exceeds the span of the smaller ones.
+fn is_injective(dims: &[Dim]) -> bool {
+    let mut strides: Vec<(usize, usize)> = dims.iter().map(|d| (d.ds.unsigned_abs(), d.size)).collect();
+    strides.sort_unstable();
+    let mut span = 0usize; // max offset reachable by the dims seen so far
+    for (st, size) in strides {
+        if st <= span {
+            return false;
+        }
+        // Cannot overflow: the total span was bounds-checked against a slice.
+        span += (size - 1) * st;
+    }
+    true
+}
+
+unsafe fn walk(dims: &[Dim], tiled: bool, src: *mut f32, dst: *mut f32) {
+    let base = if tiled { 2 } else { 1 };
+    if dims.len() > base {
+        let d = dims[0];
+        for i in 0..d.size as isize {
+            walk(&dims[1..], tiled, src.offset(i * d.ss), dst.offset(i * d.ds));
+        }
+    } else if tiled {
+        let (a, b) = (dims[0], dims[1]);
+        for i0 in (0..a.size).step_by(TILE) {
+            let i1 = (i0 + TILE).min(a.size);
+            for j0 in (0..b.size).step_by(TILE) {
+                let j1 = (j0 + TILE).min(b.size);
+                for i in i0..i1 {
+                    let s = src.offset(i as isize * a.ss);
+                    let d = dst.offset(i as isize * a.ds);
+                    for j in j0..j1 {
+                        *d.offset(j as isize * b.ds) = *s.offset(j as isize * b.ss);
+                    }
+                }
+            }
+        }
+    } else {
+        let d = dims[0];
+        if d.ss == 1 && d.ds == 1 {
+            core::ptr::copy_nonoverlapping(src, dst, d.size);
+        } else {
+            for j in 0..d.size as isize {
+                *dst.offset(j * d.ds) = *src.offset(j * d.ss);
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Matrix multiplication with fused bias and activation.
+
+use crate::activation::{bias_act_slice, Activation, Bias};
+use crate::error::Result;
+use crate::util::{check_len, mul, rows_per_task};
+use rayon::prelude::*;
+
+/// Parameters of [`gemm()`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct GemmParams {
+    /// Rows of `op(A)` and of `C`.
+    pub m: usize,
+    /// Columns of `op(B)` and of `C`.
+    pub n: usize,
+    /// Columns of `op(A)` = rows of `op(B)`.
+    pub k: usize,
+    /// `A` is stored as `[k × m]` (row-major) and used transposed.
+    pub trans_a: bool,
+    /// `B` is stored as `[n × k]` (row-major) and used transposed.
+    pub trans_b: bool,
+    /// Add the product to the existing contents of `C` (beta = 1) instead of
+    /// overwriting it (beta = 0; `C`'s old contents are never read, so they
+    /// may be garbage or NaN).
+    pub accumulate: bool,
+    /// Activation applied last.
+    pub activation: Activation,
+}
+
+/// `C = act(op(A)·op(B) + bias + (accumulate ? C : 0))`, all row-major.
+///
+/// `a` has `m·k` elements (`[m×k]`, or `[k×m]` with `trans_a`), `b` has
+/// `k·n` (`[k×n]`, or `[n×k]` with `trans_b`), `bias` (broadcast over rows)
+/// has `n`, and `c` has `m·n`. `k = 0` yields `act(bias + C?)`.
+///
+/// Runs on the current rayon pool (see the crate docs).
+pub fn gemm(p: &GemmParams, a: &[f32], b: &[f32], bias: Option<&[f32]>, c: &mut [f32]) -> Result<()> {
+    let (m, n, k) = (p.m, p.n, p.k);
+    check_len("gemm A", a.len(), mul("gemm A size", m, k)?)?;
+    check_len("gemm B", b.len(), mul("gemm B size", k, n)?)?;
+    check_len("gemm C", c.len(), mul("gemm C size", m, n)?)?;
+    if let Some(bias) = bias {
+        check_len("gemm bias", bias.len(), n)?;
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let (a_rs, a_cs) = if p.trans_a { (1, m as isize) } else { (k as isize, 1) };
+    let (b_rs, b_cs) = if p.trans_b { (1, k as isize) } else { (n as isize, 1) };
+    // SAFETY: the lengths were checked above: every (i, l) with i < m, l < k
+    // maps to an element of `a` under (a_rs, a_cs), likewise for `b` and `c`.
+    unsafe {
+        raw_gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            n,
+            p.accumulate,
+            a.as_ptr(),
+            a_rs,
+            a_cs,
+            b.as_ptr(),
+            b_rs,
+            b_cs,
+            true,
+        );
+    }
+    let bias = match bias {
+        Some(b) => Bias::Row(b),
+        None => Bias::None,
+    };
+    if matches!(bias, Bias::None) && p.activation == Activation::None {
+        return Ok(());
+    }
+    let rows = rows_per_task(n);
+    c.par_chunks_mut(rows * n).for_each(|chunk| {
+        for row in chunk.chunks_exact_mut(n) {
+            bias_act_slice(row, bias, p.activation);
+        }
+    });
+    Ok(())
+}
+
+/// `dst[m×n] (row stride dst_rs, column stride 1) = lhs·rhs (+ dst if read_dst)`
+/// through the `gemm` crate, on the current rayon pool if `parallel`.
+///
+/// # Safety
+/// Every `dst + i·dst_rs + j` (i < m, j < n) must be valid for writes (and
+/// reads if `read_dst`), every `lhs + i·lhs_rs + l·lhs_cs` and
+/// `rhs + l·rhs_rs + j·rhs_cs` (l < k) valid for reads, and the regions must
+/// not overlap `dst`'s.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn raw_gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    read_dst: bool,
+    lhs: *const f32,
+    lhs_rs: isize,
+    lhs_cs: isize,
+    rhs: *const f32,
+    rhs_rs: isize,
+    rhs_cs: isize,
+    parallel: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_rs as isize,
+        read_dst,
+        lhs,
+        lhs_cs,
+        lhs_rs,
+        rhs,
+        rhs_cs,
+        rhs_rs,
+        1.0f32,
+        1.0f32,
+        false,
+        false,
+        false,
+        if parallel {
+            gemm::Parallelism::Rayon(0)
+        } else {
+            gemm::Parallelism::None
+        },
+    );
+}

@@ -1,0 +1,71 @@
+//! fp32 compute kernels of the rbln virtual NPU's compute cores.
+//!
+//! Every kernel takes plain row-major `&[f32]` / `&mut [f32]` slices plus
+//! explicit dimensions, validates all of them (with checked arithmetic: the
+//! values come from an untrusted guest) and returns
+//! [`KernelError`] instead of panicking. On error nothing has been written.
+//! Zero-sized dimensions are accepted wherever the result is well defined
+//! (they produce an empty output); zero strides, kernels, dilations or
+//! groups are errors.
+//!
+//! # Threading
+//! Kernels are data-parallel on the **current rayon thread pool**: rayon's
+//! global pool by default (one thread per core), or the pool whose
+//! [`ThreadPool::install`](rayon::ThreadPool::install) the call runs in. To
+//! bound the threads the device uses, build a pool with [`thread_pool`] and
+//! call the kernels inside `pool.install(|| ...)`. The GEMM core (the `gemm`
+//! crate) uses the same pool.
+//!
+//! # Kernels
+//! - [`gemm`]: `C = act(op(A)·op(B) + bias (+ C))`
+//! - [`conv2d`]: NCHW convolution with stride, padding, dilation, groups
+//! - [`pool2d`]: max / average pooling
+//! - [`binary`]: broadcasting element-wise Add/Sub/Mul/Div/Max/Min/Pow
+//! - [`unary`], [`unary_inplace`]: element-wise activations and math
+//! - [`softmax`], [`layer_norm`]
+//! - [`reduce`]: Sum/Mean/Max/Min along one axis
+//! - [`permute`], [`strided_copy`]
+//! - [`gather`]: ONNX Gather with `i32` / `i64` indices
+
+mod activation;
+mod binary;
+mod conv;
+mod copy;
+mod error;
+mod fastmath;
+mod gather;
+mod gemm;
+mod pool;
+mod reduce;
+mod softmax;
+mod util;
+
+#[cfg(test)]
+mod tests;
+
+pub use activation::{activation_inplace, unary, unary_inplace, Activation, UnaryOp};
+pub use binary::{binary, broadcast_shape, BinaryOp};
+pub use conv::{conv2d, conv2d_output_shape, Conv2dParams, Padding2d};
+pub use copy::{permute, strided_copy, StridedCopy};
+pub use error::{KernelError, Result};
+pub use gather::{gather, gather_output_shape, GatherIndex};
+pub use gemm::{gemm, GemmParams};
+pub use pool::{pool2d, pool2d_output_shape, Pool2dParams, PoolKind};
+pub use reduce::{reduce, ReduceOp};
+pub use softmax::{layer_norm, softmax};
+
+/// Re-export so callers can use the same rayon version for pools.
+pub use rayon;
+
+/// Maximum tensor rank accepted by the shape-generic kernels.
+pub const MAX_RANK: usize = 6;
+
+/// Builds a rayon pool with `threads` worker threads (0 = one per core), in
+/// which to `install` kernel calls.
+pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("rbln-kernel-{i}"))
+        .build()
+        .map_err(|e| KernelError::ThreadPool(e.to_string()))
+}

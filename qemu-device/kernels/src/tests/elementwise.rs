@@ -1,0 +1,306 @@
+//! binary, unary, softmax, layer_norm and reduce against naive references.
+
+use super::{assert_close, strides_of, unravel, Rng};
+use crate::*;
+
+/// A random shape of the given rank whose volume stays small.
+fn random_shape(rng: &mut Rng, rank: usize, max_volume: usize) -> Vec<usize> {
+    loop {
+        let s: Vec<usize> = (0..rank).map(|_| rng.pick(&[1, 2, 3, 4, 5, 7, 9, 17, 33])).collect();
+        if s.iter().product::<usize>() <= max_volume {
+            return s;
+        }
+    }
+}
+
+/// Derives an operand shape broadcastable to `out`: drop some leading dims,
+/// set some to 1.
+fn operand_shape(rng: &mut Rng, out: &[usize]) -> Vec<usize> {
+    let drop = rng.below(out.len() + 1);
+    out[drop..].iter().map(|&d| if rng.below(3) == 0 { 1 } else { d }).collect()
+}
+
+fn binary_ref(op: BinaryOp, a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize], out_shape: &[usize]) -> Vec<f64> {
+    let vol: usize = out_shape.iter().product();
+    let index = |idx: &[usize], sh: &[usize]| -> usize {
+        let off = idx.len() - sh.len();
+        let st = strides_of(sh);
+        (0..sh.len()).map(|d| if sh[d] == 1 { 0 } else { idx[off + d] * st[d] }).sum()
+    };
+    (0..vol)
+        .map(|i| {
+            let idx = unravel(i, out_shape);
+            let (x, y) = (a[index(&idx, ash)] as f64, b[index(&idx, bsh)] as f64);
+            match op {
+                BinaryOp::Add => x + y,
+                BinaryOp::Sub => x - y,
+                BinaryOp::Mul => x * y,
+                BinaryOp::Div => x / y,
+                BinaryOp::Max => x.max(y),
+                BinaryOp::Min => x.min(y),
+                BinaryOp::Pow => x.powf(y),
+            }
+        })
+        .collect()
+}
+
+const BINOPS: &[BinaryOp] = &[
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Max,
+    BinaryOp::Min,
+    BinaryOp::Pow,
+];
+
+#[test]
+fn binary_broadcast_random() {
+    let mut rng = Rng::new(10);
+    for it in 0..600 {
+        let rank = rng.range(0, 6);
+        let out = random_shape(&mut rng, rank, 40_000);
+        let (mut ash, mut bsh) = (operand_shape(&mut rng, &out), operand_shape(&mut rng, &out));
+        if it % 5 == 0 {
+            ash = out.clone();
+        }
+        if it % 7 == 0 {
+            bsh = out.clone();
+        }
+        if rng.bool() {
+            std::mem::swap(&mut ash, &mut bsh);
+        }
+        let op = BINOPS[it % BINOPS.len()];
+        let a = rng.vec_in(ash.iter().product(), 0.1, 2.0);
+        let b = rng.vec_in(bsh.iter().product(), -2.0, 2.0);
+        let want_shape = broadcast_shape(&ash, &bsh).unwrap();
+        // The broadcast of two shapes derived from `out` is `out` minus
+        // leading dims that both dropped, or with dims that both set to 1.
+        assert!(want_shape.len() <= out.len());
+        let mut y = vec![f32::NAN; want_shape.iter().product()];
+        binary(op, &a, &ash, &b, &bsh, &mut y).unwrap();
+        let want = binary_ref(op, &a, &ash, &b, &bsh, &want_shape);
+        assert_close(&format!("{op:?} {ash:?} {bsh:?}"), &y, &want, None, 1e-5);
+    }
+}
+
+#[test]
+fn binary_shapes_and_large() {
+    assert_eq!(broadcast_shape(&[2, 1, 3], &[4, 1]).unwrap(), vec![2, 4, 3]);
+    assert_eq!(broadcast_shape(&[], &[5]).unwrap(), vec![5]);
+    assert_eq!(broadcast_shape(&[0, 1], &[1, 3]).unwrap(), vec![0, 3]);
+    assert!(matches!(broadcast_shape(&[2, 3], &[3, 2]), Err(KernelError::Broadcast { .. })));
+    // Zero-volume output.
+    binary(BinaryOp::Add, &[], &[0, 1], &[1.0, 2.0, 3.0], &[1, 3], &mut []).unwrap();
+    // Large enough for several parallel tasks in each code path.
+    let mut rng = Rng::new(11);
+    for (ash, bsh) in [
+        (vec![300, 257], vec![300, 257]),
+        (vec![300, 257], vec![257]),
+        (vec![300, 1], vec![1, 257]),
+        (vec![1], vec![70_001]),
+        (vec![64, 3, 2, 100], vec![64, 1, 2, 1]),
+    ] {
+        let a = rng.vec(ash.iter().product());
+        let b = rng.vec(bsh.iter().product());
+        let shape = broadcast_shape(&ash, &bsh).unwrap();
+        let mut y = vec![0.0; shape.iter().product()];
+        binary(BinaryOp::Mul, &a, &ash, &b, &bsh, &mut y).unwrap();
+        let want = binary_ref(BinaryOp::Mul, &a, &ash, &b, &bsh, &shape);
+        assert_close("binary large", &y, &want, None, 1e-6);
+    }
+}
+
+fn unary_ref(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Gelu => super::act_ref(Activation::Gelu, x),
+        UnaryOp::GeluTanh => super::act_ref(Activation::GeluTanh, x),
+        UnaryOp::Silu => super::act_ref(Activation::Silu, x),
+        UnaryOp::Sigmoid => super::act_ref(Activation::Sigmoid, x),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Erf => libm::erf(x),
+        UnaryOp::Clip { min, max } => x.max(min as f64).min(max as f64),
+        UnaryOp::Reciprocal => 1.0 / x,
+    }
+}
+
+#[test]
+fn unary_all_ops() {
+    let mut rng = Rng::new(12);
+    let ops = [
+        UnaryOp::Relu,
+        UnaryOp::Gelu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+        UnaryOp::Sigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Erf,
+        UnaryOp::Clip { min: -1.5, max: 0.25 },
+        UnaryOp::Reciprocal,
+    ];
+    for op in ops {
+        for n in [0, 1, 7, 33, 40_000] {
+            let x = match op {
+                UnaryOp::Log | UnaryOp::Sqrt => rng.vec_in(n, 1e-3, 50.0),
+                UnaryOp::Reciprocal => rng.vec_in(n, 0.05, 20.0).into_iter().map(|v| if rng.bool() { v } else { -v }).collect(),
+                UnaryOp::Exp => rng.vec_in(n, -20.0, 20.0),
+                _ => rng.vec_in(n, -8.0, 8.0),
+            };
+            let want: Vec<f64> = x.iter().map(|&v| unary_ref(op, v as f64)).collect();
+            // erf is accurate to an absolute 5e-7, which GELU scales by |x|/2.
+            let scale: Vec<f64> = match op {
+                UnaryOp::Gelu | UnaryOp::Erf => x.iter().map(|&v| 0.05 * (v.abs() as f64).max(1.0)).collect(),
+                _ => vec![0.0; n],
+            };
+            let mut y = vec![f32::NAN; n];
+            unary(op, &x, &mut y).unwrap();
+            assert_close(&format!("{op:?} n={n}"), &y, &want, Some(&scale), 1e-5);
+            let mut z = x.clone();
+            unary_inplace(op, &mut z).unwrap();
+            assert_eq!(y, z, "{op:?} in place");
+            assert_eq!(op.apply(x.first().copied().unwrap_or(1.0)), {
+                let mut t = [x.first().copied().unwrap_or(1.0)];
+                unary_inplace(op, &mut t).unwrap();
+                t[0]
+            });
+        }
+    }
+    // Extreme inputs stay finite where they should.
+    let mut t = [-100.0f32, 100.0];
+    unary_inplace(UnaryOp::Sigmoid, &mut t).unwrap();
+    assert_eq!(t, [0.0, 1.0]);
+    let mut t = [-100.0f32, 100.0];
+    unary_inplace(UnaryOp::Silu, &mut t).unwrap();
+    assert_eq!(t, [-0.0, 100.0]);
+    assert!(matches!(unary(UnaryOp::Neg, &[1.0], &mut []), Err(KernelError::LengthMismatch { .. })));
+}
+
+fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
+}
+
+#[test]
+fn softmax_random() {
+    let mut rng = Rng::new(13);
+    for it in 0..200 {
+        let rank = rng.range(1, 6);
+        let shape = random_shape(&mut rng, rank, 30_000);
+        let axis = rng.below(rank);
+        let x: Vec<f32> = rng.vec_in(shape.iter().product(), -30.0, 30.0);
+        let mut y = vec![f32::NAN; x.len()];
+        let ax = if it % 2 == 0 { axis as isize } else { axis as isize - rank as isize };
+        softmax(&shape, ax, &x, &mut y).unwrap();
+        let (outer, len, inner) = split(&shape, axis);
+        let mut want = vec![0.0; x.len()];
+        for o in 0..outer {
+            for i in 0..inner {
+                let at = |a: usize| (o * len + a) * inner + i;
+                let m = (0..len).map(|a| x[at(a)] as f64).fold(f64::NEG_INFINITY, f64::max);
+                let s: f64 = (0..len).map(|a| (x[at(a)] as f64 - m).exp()).sum();
+                for a in 0..len {
+                    want[at(a)] = (x[at(a)] as f64 - m).exp() / s;
+                }
+            }
+        }
+        // Softmax outputs are ≤ 1: compare against 1 as the magnitude.
+        let ones = vec![1.0; x.len()];
+        assert_close(&format!("softmax {shape:?} axis {axis}"), &y, &want, Some(&ones), 1e-5);
+    }
+    // Huge inputs do not overflow.
+    let mut y = [0.0; 3];
+    softmax(&[3], 0, &[1000.0, 1000.0, -1000.0], &mut y).unwrap();
+    assert_eq!(y, [0.5, 0.5, 0.0]);
+}
+
+#[test]
+fn layer_norm_random() {
+    let mut rng = Rng::new(14);
+    for it in 0..60 {
+        let norm = rng.pick(&[1, 2, 3, 7, 17, 64, 65, 768, 1000]);
+        let rows = rng.pick(&[0, 1, 3, 33, 100]);
+        let x: Vec<f32> = rng.vec(rows * norm).into_iter().map(|v| v * 3.0 + 2.0).collect();
+        let gamma = rng.vec(norm);
+        let beta = rng.vec(norm);
+        let g = (it % 2 == 0).then_some(&gamma[..]);
+        let b = (it % 3 != 0).then_some(&beta[..]);
+        let eps = 1e-5;
+        let mut y = vec![f32::NAN; x.len()];
+        layer_norm(&x, norm, g, b, eps, &mut y).unwrap();
+        let mut want = vec![0.0; x.len()];
+        for r in 0..rows {
+            let xr = &x[r * norm..][..norm];
+            let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / norm as f64;
+            let var = xr.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / norm as f64;
+            for j in 0..norm {
+                let mut v = (xr[j] as f64 - mean) / (var + eps as f64).sqrt();
+                if let Some(g) = g {
+                    v *= g[j] as f64;
+                }
+                if let Some(b) = b {
+                    v += b[j] as f64;
+                }
+                want[r * norm + j] = v;
+            }
+        }
+        // Normalized values are O(1): compare against 1 as the magnitude.
+        let ones = vec![1.0; want.len()];
+        assert_close(&format!("layer_norm norm={norm} rows={rows}"), &y, &want, Some(&ones), 1e-4);
+    }
+}
+
+#[test]
+fn reduce_random() {
+    let mut rng = Rng::new(15);
+    let ops = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];
+    for it in 0..300 {
+        let rank = rng.range(1, 6);
+        let mut shape = random_shape(&mut rng, rank, 30_000);
+        if it == 0 {
+            shape = vec![3, 70_000];
+        } else if it == 1 {
+            shape = vec![2, 5, 20_000];
+        }
+        let axis = if it < 2 { 1 } else { rng.below(shape.len()) };
+        let op = ops[it % ops.len()];
+        let x = rng.vec(shape.iter().product());
+        let (outer, len, inner) = split(&shape, axis);
+        let mut y = vec![f32::NAN; outer * inner];
+        reduce(op, &shape, axis as isize, &x, &mut y).unwrap();
+        let mut want = vec![0.0; outer * inner];
+        let mut scale = vec![0.0; outer * inner];
+        for o in 0..outer {
+            for i in 0..inner {
+                let vals: Vec<f64> = (0..len).map(|a| x[(o * len + a) * inner + i] as f64).collect();
+                let abs: f64 = vals.iter().map(|v| v.abs()).sum();
+                want[o * inner + i] = match op {
+                    ReduceOp::Sum => vals.iter().sum(),
+                    ReduceOp::Mean => vals.iter().sum::<f64>() / len as f64,
+                    ReduceOp::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    ReduceOp::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
+                };
+                scale[o * inner + i] = if op == ReduceOp::Mean { abs / len as f64 } else { abs };
+            }
+        }
+        assert_close(&format!("{op:?} {shape:?} axis {axis}"), &y, &want, Some(&scale), 1e-5);
+    }
+    // Empty reduction axis: identities.
+    for (op, v) in [(ReduceOp::Sum, 0.0), (ReduceOp::Max, f32::NEG_INFINITY), (ReduceOp::Min, f32::INFINITY)] {
+        let mut y = [7.0; 2];
+        reduce(op, &[2, 0], -1, &[], &mut y).unwrap();
+        assert_eq!(y, [v, v]);
+    }
+    let mut y = [7.0; 2];
+    reduce(ReduceOp::Mean, &[2, 0], 1, &[], &mut y).unwrap();
+    assert!(y.iter().all(|v| v.is_nan()));
+}

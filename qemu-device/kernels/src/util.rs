@@ -1,0 +1,156 @@
+//! Validation and parallel helpers shared by the kernels.
+
+use crate::error::{KernelError, Result};
+use crate::MAX_RANK;
+use core::ops::Range;
+
+/// Elements per parallel task for cheap element-wise loops.
+pub(crate) const PAR_CHUNK: usize = 1 << 14;
+
+/// Checked product of `shape`.
+pub(crate) fn volume(what: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or(KernelError::Overflow { what })
+}
+
+pub(crate) fn mul(what: &'static str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b).ok_or(KernelError::Overflow { what })
+}
+
+pub(crate) fn add(what: &'static str, a: usize, b: usize) -> Result<usize> {
+    a.checked_add(b).ok_or(KernelError::Overflow { what })
+}
+
+pub(crate) fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(KernelError::LengthMismatch {
+            what,
+            expected,
+            actual,
+        })
+    }
+}
+
+pub(crate) fn check_rank(what: &'static str, shape: &[usize]) -> Result<()> {
+    if shape.len() > MAX_RANK {
+        Err(KernelError::RankTooLarge {
+            what,
+            rank: shape.len(),
+            max: MAX_RANK,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// ONNX-style axis: `-rank..rank`, negative counts from the end.
+pub(crate) fn normalize_axis(axis: isize, rank: usize) -> Result<usize> {
+    let r = rank as isize;
+    let a = if axis < 0 { axis.checked_add(r) } else { Some(axis) };
+    match a {
+        Some(a) if a >= 0 && a < r => Ok(a as usize),
+        _ => Err(KernelError::AxisOutOfRange { axis, rank }),
+    }
+}
+
+/// Splits `shape` around `axis` into (outer, axis length, inner) volumes.
+pub(crate) fn split_axis(what: &'static str, shape: &[usize], axis: usize) -> Result<(usize, usize, usize)> {
+    Ok((volume(what, &shape[..axis])?, shape[axis], volume(what, &shape[axis + 1..])?))
+}
+
+/// Rows per parallel task so that a task covers about `PAR_CHUNK` elements.
+pub(crate) fn rows_per_task(row_len: usize) -> usize {
+    (PAR_CHUNK / row_len.max(1)).max(1)
+}
+
+/// The `t` in `0..count` for which `0 <= base + t * step < limit`.
+///
+/// Callers guarantee `step >= 1` and that `limit - base` fits in `isize`.
+#[inline]
+pub(crate) fn valid_range(base: isize, step: usize, count: usize, limit: usize) -> Range<usize> {
+    let lo = if base >= 0 {
+        0
+    } else {
+        base.unsigned_abs().div_ceil(step)
+    };
+    let room = limit as isize - base;
+    let hi = if room <= 0 {
+        0
+    } else {
+        (room as usize).div_ceil(step).min(count)
+    };
+    lo.min(hi)..hi
+}
+
+/// A raw pointer that may be shared between rayon tasks which write
+/// provably disjoint elements.
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr<T>(pub *mut T);
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    #[inline(always)]
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Sum with 8 independent accumulators (vectorizes, and is more accurate
+/// than a single running sum).
+#[inline]
+pub(crate) fn sum_f32(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &r in rem {
+        s += r;
+    }
+    s
+}
+
+/// Maximum (NaN-ignoring like `f32::max`), `-inf` for an empty slice.
+#[inline]
+pub(crate) fn max_f32(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = xs.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] = acc[i].max(c[i]);
+        }
+    }
+    let mut m = acc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for &r in rem {
+        m = m.max(r);
+    }
+    m
+}
+
+/// Minimum (NaN-ignoring like `f32::min`), `+inf` for an empty slice.
+#[inline]
+pub(crate) fn min_f32(xs: &[f32]) -> f32 {
+    let mut acc = [f32::INFINITY; 8];
+    let chunks = xs.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] = acc[i].min(c[i]);
+        }
+    }
+    let mut m = acc.iter().copied().fold(f32::INFINITY, f32::min);
+    for &r in rem {
+        m = m.min(r);
+    }
+    m
+}

@@ -1,0 +1,227 @@
+//! Every compute descriptor through the device: operands in guest memory,
+//! results checked against straightforward CPU references. (The kernels'
+//! own randomized tests live in qemu-device/kernels.)
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use rbln_hw::cmd::Encoder;
+use rbln_hw::ops::*;
+use rbln_hw::ring::{FaultCode, QueueState};
+use rbln_hw::regs;
+
+/// Tensor i lives at VA 0x100_0000 + i * 0x10_0000 (1 MiB each, host RAM).
+fn tva(i: u64) -> u64 {
+    0x100_0000 + i * 0x10_0000
+}
+
+struct OpRig {
+    rig: Rig,
+    ctx: Ctx,
+    q: Queue,
+    bus: Vec<u64>,
+}
+
+impl OpRig {
+    fn new() -> Self {
+        let mut rig = Rig::new();
+        let ctx = rig.context(0);
+        let q = rig.queue(0, &ctx, 64);
+        let bus = (0..5).map(|i| rig.host_buffer(&ctx, tva(i), 1 << 20)).collect();
+        Self { rig, ctx, q, bus }
+    }
+
+    fn put(&self, i: usize, v: &[f32]) {
+        self.rig.write_f32s(self.bus[i], v);
+    }
+
+    fn get(&self, i: usize, n: usize) -> Vec<f32> {
+        self.rig.read_f32s(self.bus[i], n)
+    }
+
+    /// Run one descriptor; returns the queue's fault code.
+    fn run(&mut self, desc: &[u8]) -> FaultCode {
+        let va = 0x80_0000 + self.q.tail as u64 * 0x1_0000;
+        let dbus = self.rig.host_buffer(&self.ctx, va, 4096);
+        self.rig.write(dbus, desc);
+        let mut e = Encoder::new(Vec::new());
+        e.compute(va, desc.len() as u32);
+        self.rig.run(&self.ctx, &mut self.q, va + 0x8000, &e.buf);
+        self.rig.wait_idle(&self.q, Duration::from_secs(20));
+        FaultCode::from_u8(self.rig.reg32(regs::queue_reg(0, regs::Q_FAULT_CODE)) as u8).unwrap()
+    }
+}
+
+fn close(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "[{i}] {g} vs {w}");
+    }
+}
+
+fn seq(n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|i| ((i * 37 % 23) as f32 - 11.0) * scale).collect()
+}
+
+#[test]
+fn conv2d_with_padding_stride_groups() {
+    let mut r = OpRig::new();
+    let (n, c, h, w, co, kh, kw, g) = (1, 4, 7, 6, 6, 3, 3, 2);
+    let (s, p) = (2, 1);
+    let x = seq(n * c * h * w, 0.1);
+    let wt = seq(co * (c / g) * kh * kw, 0.05);
+    let b = seq(co, 0.3);
+    r.put(0, &x);
+    r.put(1, &wt);
+    r.put(2, &b);
+    let d = Conv2dDesc {
+        n: n as u32, c_in: c as u32, h: h as u32, w: w as u32, c_out: co as u32, kh: kh as u32, kw: kw as u32,
+        groups: g as u32, stride_h: s, stride_w: s, dil_h: 1, dil_w: 1, pad_top: p, pad_left: p, pad_bottom: p,
+        pad_right: p, flags: CONV_BIAS, activation: 0, input_va: tva(0), weight_va: tva(1), bias_va: tva(2),
+        output_va: tva(3), ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let (oh, ow) = ((h + 2 * p as usize - kh) / s as usize + 1, (w + 2 * p as usize - kw) / s as usize + 1);
+    let mut want = vec![0f32; co * oh * ow];
+    for o in 0..co {
+        let grp = o / (co / g);
+        for y in 0..oh {
+            for xx in 0..ow {
+                let mut acc = b[o];
+                for ci in 0..c / g {
+                    for ky in 0..kh {
+                        for kx in 0..kw {
+                            let iy = (y * s as usize + ky) as isize - p as isize;
+                            let ix = (xx * s as usize + kx) as isize - p as isize;
+                            if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                let cin = grp * (c / g) + ci;
+                                acc += x[(cin * h + iy as usize) * w + ix as usize] * wt[((o * (c / g) + ci) * kh + ky) * kw + kx];
+                            }
+                        }
+                    }
+                }
+                want[(o * oh + y) * ow + xx] = acc;
+            }
+        }
+    }
+    close(&r.get(3, want.len()), &want);
+}
+
+#[test]
+fn elementwise_softmax_layernorm_reduce_transpose_gather_copy_pool() {
+    let mut r = OpRig::new();
+    // Binary with broadcasting: [2,3] * [3].
+    r.put(0, &[1., 2., 3., 4., 5., 6.]);
+    r.put(1, &[10., 20., 30.]);
+    let d = BinaryDesc { kind: Binary::Mul as u32, rank: 2, a_dims: [2, 3, 0, 0, 0, 0], b_dims: [1, 3, 0, 0, 0, 0], a_va: tva(0), b_va: tva(1), out_va: tva(2), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    close(&r.get(2, 6), &[10., 40., 90., 40., 100., 180.]);
+
+    // Unary in place: tanh.
+    r.put(0, &[-1., 0., 0.5]);
+    let d = UnaryDesc { kind: Unary::Tanh as u32, count: 3, in_va: tva(0), out_va: tva(0), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    close(&r.get(0, 3), &[(-1f32).tanh(), 0., 0.5f32.tanh()]);
+
+    // Softmax over the last axis of [2,2].
+    r.put(0, &[1., 2., 3., 3.]);
+    let d = SoftmaxDesc { rank: 2, axis: 1, dims: [2, 2, 0, 0, 0, 0], in_va: tva(0), out_va: tva(1), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let e = (1f32).exp();
+    close(&r.get(1, 4), &[1. / (1. + e), e / (1. + e), 0.5, 0.5]);
+
+    // LayerNorm with gamma and beta.
+    r.put(0, &[1., 2., 3., 4.]);
+    r.put(1, &[2., 2., 2., 2.]);
+    r.put(2, &[1., 1., 1., 1.]);
+    let d = LayerNormDesc { rows: 1, cols: 4, epsilon: 0.0, flags: LAYERNORM_GAMMA | LAYERNORM_BETA, in_va: tva(0), gamma_va: tva(1), beta_va: tva(2), out_va: tva(3), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let sd = 1.25f32.sqrt();
+    close(&r.get(3, 4), &[1. - 3. / sd, 1. - 1. / sd, 1. + 1. / sd, 1. + 3. / sd]);
+
+    // Reduce mean over axis 0 of [2,3].
+    r.put(0, &[1., 2., 3., 5., 6., 7.]);
+    let d = ReduceDesc { kind: REDUCE_MEAN, rank: 2, dims: [2, 3, 0, 0, 0, 0], axis: 0, in_va: tva(0), out_va: tva(1), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    close(&r.get(1, 3), &[3., 4., 5.]);
+
+    // Transpose [2,3] -> [3,2].
+    let d = TransposeDesc { rank: 2, dims: [2, 3, 0, 0, 0, 0], perm: [1, 0, 0, 0, 0, 0], in_va: tva(0), out_va: tva(1), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    close(&r.get(1, 6), &[1., 5., 2., 6., 3., 7.]);
+
+    // Gather rows [2, 0, -1] of a [3,2] table with i64 indices.
+    r.put(0, &[0., 1., 10., 11., 20., 21.]);
+    let idx: Vec<u8> = [2i64, 0, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
+    r.rig.write(r.bus[1], &idx);
+    let d = GatherDesc { rank: 2, axis: 0, dims: [3, 2, 0, 0, 0, 0], index_type: GATHER_INDEX_I64, num_indices: 3, data_va: tva(0), indices_va: tva(1), out_va: tva(2), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    close(&r.get(2, 6), &[20., 21., 0., 1., 20., 21.]);
+
+    // Strided copy: column 1 of a [3,4] matrix into a contiguous [3].
+    r.put(0, &(0..12).map(|i| i as f32).collect::<Vec<_>>());
+    r.put(1, &[-1.; 4]);
+    let d = StridedCopyDesc { rank: 1, sizes: [3, 0, 0, 0, 0, 0], src_strides: [4, 0, 0, 0, 0, 0], dst_strides: [1, 0, 0, 0, 0, 0], src_va: tva(0) + 4, dst_va: tva(1), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    close(&r.get(1, 4), &[1., 5., 9., -1.]);
+
+    // Max pool 2x2 stride 2 over [1,1,2,4].
+    r.put(0, &[1., 5., 2., 0., 3., 4., 8., 7.]);
+    let d = PoolDesc { kind: POOL_MAX, n: 1, c: 1, h: 2, w: 4, kh: 2, kw: 2, stride_h: 2, stride_w: 2, dil_h: 1, dil_w: 1, input_va: tva(0), output_va: tva(1), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    close(&r.get(1, 2), &[5., 8.]);
+    assert_eq!(r.rig.state(&r.q), QueueState::Idle);
+}
+
+#[test]
+fn batched_gemm_with_transposed_b() {
+    let mut r = OpRig::new();
+    let (batch, m, n, k) = (3usize, 4usize, 5usize, 6usize);
+    let a = seq(batch * m * k, 0.1);
+    let b = seq(n * k, 0.2); // one B, broadcast over the batch, stored [n,k]
+    r.put(0, &a);
+    r.put(1, &b);
+    let d = GemmDesc { m: m as u32, n: n as u32, k: k as u32, batch: batch as u32, flags: GEMM_TRANS_B, a_batch_stride: (m * k) as u64, b_batch_stride: 0, c_batch_stride: (m * n) as u64, a_va: tva(0), b_va: tva(1), c_va: tva(2), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let mut want = vec![0f32; batch * m * n];
+    for bi in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                want[(bi * m + i) * n + j] = (0..k).map(|p| a[(bi * m + i) * k + p] * b[j * k + p]).sum();
+            }
+        }
+    }
+    close(&r.get(2, want.len()), &want);
+}
+
+#[test]
+fn inconsistent_descriptors_fault_without_writing() {
+    let mut r = OpRig::new();
+    r.put(3, &[42.0; 16]);
+    // Output tensor runs into unmapped memory: 1 MiB buffers, 2M elements.
+    let d = UnaryDesc { kind: Unary::Relu as u32, count: 2 << 20, in_va: tva(0), out_va: tva(3), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(r.get(3, 1), [42.0], "no partial write");
+    for bad in [
+        GemmDesc { m: u32::MAX, n: u32::MAX, k: u32::MAX, batch: 1, a_va: tva(0), b_va: tva(1), c_va: tva(3), ..Default::default() }.with_header().to_bytes().to_vec(),
+        Conv2dDesc { n: 1, c_in: 3, h: 4, w: 4, c_out: 2, kh: 3, kw: 3, groups: 2, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1, ..Default::default() }.with_header().to_bytes().to_vec(),
+        Conv2dDesc { n: 1, c_in: 1, h: 4, w: 4, c_out: 1, kh: 3, kw: 3, groups: 1, stride_h: 0, stride_w: 1, dil_h: 1, dil_w: 1, ..Default::default() }.with_header().to_bytes().to_vec(),
+        BinaryDesc { kind: 0, rank: 1, a_dims: [3, 0, 0, 0, 0, 0], b_dims: [4, 0, 0, 0, 0, 0], a_va: tva(0), b_va: tva(1), out_va: tva(3), ..Default::default() }.with_header().to_bytes().to_vec(),
+        GatherDesc { rank: 1, axis: 0, dims: [3, 0, 0, 0, 0, 0], num_indices: 1, data_va: tva(0), indices_va: tva(1), out_va: tva(3), ..Default::default() }.with_header().to_bytes().to_vec(),
+    ] {
+        let mut r = OpRig::new();
+        r.rig.write(r.bus[1], &[0xff; 64]); // gather index -1 is fine; 0xff.. as i32 = -1
+        r.put(3, &[42.0; 4]);
+        let code = r.run(&bad);
+        assert!(matches!(code, FaultCode::BadDescriptor | FaultCode::None), "{code:?}");
+        if code == FaultCode::None {
+            // Only the gather case is legal (index -1 -> last row).
+            continue;
+        }
+        assert_eq!(r.get(3, 1), [42.0]);
+        assert!(r.rig.dev.healthy());
+    }
+}
