@@ -93,6 +93,11 @@ impl Rig {
         addr
     }
 
+    /// One past the last allocated bus address.
+    pub fn alloc_end(&self) -> u64 {
+        self.next_free
+    }
+
     pub fn write(&self, bus: u64, data: &[u8]) {
         self.ram.write(bus - RAM_BASE, data).unwrap();
     }
