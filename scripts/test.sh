@@ -54,7 +54,7 @@ main() {
     step "harness: guest exit status is propagated" expect_status 3 vm 'exit 3'
     step "harness: a kernel WARNING fails the run" expect_status 90 \
         vm 'echo "WARNING: CPU: 0 PID: 1 at rbln-harness-selftest" >/dev/kmsg'
-    step "harness: a hung guest is killed" expect_status 124 env VM_TIMEOUT=30 vm 'sleep 600'
+    step "harness: a hung guest is killed" expect_status 124 env VM_TIMEOUT=30 "$RBLN_ROOT/scripts/vm.sh" 'sleep 600'
 
     if ((failed > 0)); then
         log "failed steps:"; printf '    %s\n' "${failures[@]}" >&2

@@ -217,16 +217,7 @@ pub fn conv2d(p: &Conv2dParams, input: &[f32], weight: &[f32], bias: Option<&[f3
     if g.cg == 1 {
         direct(p, &g, input, weight, bias, output);
     } else {
-        im2col_gemm(p, &g, input, weight, output);
-        if bias.is_some() || p.activation != Activation::None {
-            output
-                .par_chunks_mut(g.out_plane)
-                .enumerate()
-                .for_each(|(i, plane)| {
-                    let b = bias.map_or(Bias::None, |b| Bias::Scalar(b[i % p.out_channels]));
-                    bias_act_slice(plane, b, p.activation);
-                });
-        }
+        im2col_gemm(p, &g, input, weight, bias, output);
     }
     Ok(())
 }
@@ -285,7 +276,21 @@ simd_dispatch! {
     }
 }
 
-fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], output: &mut [f32]) {
+fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], bias: Option<&[f32]>, output: &mut [f32]) {
+    if g.kdim == 0 {
+        // No input channels: the convolution sum is empty.
+        output
+            .par_chunks_mut(g.out_plane)
+            .enumerate()
+            .for_each(|(i, plane)| {
+                plane.fill(bias.map_or(0.0, |b| b[i % p.out_channels]));
+                if let Some(op) = p.activation.as_unary() {
+                    crate::activation::apply_slice(op, plane);
+                }
+            });
+        return;
+    }
+    let epilogue = bias.is_some() || p.activation != Activation::None;
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
     let npos = g.out_plane;
@@ -349,6 +354,14 @@ fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], ou
                 1,
                 false,
             );
+        }
+        if epilogue {
+            for co in 0..g.og {
+                // SAFETY: this task's rows, as above; no other reference to them lives.
+                let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(out_base + co * npos + t0), nt) };
+                let b = bias.map_or(Bias::None, |b| Bias::Scalar(b[grp * g.og + co]));
+                bias_act_slice(row, b, p.activation);
+            }
         }
     });
 }

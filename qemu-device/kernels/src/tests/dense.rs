@@ -266,6 +266,11 @@ fn conv2d_degenerate() {
     let mut y = vec![f32::NAN; 3 * 2 * 2];
     conv2d(&p, &[], &[], Some(&[1.0, -2.0, 3.0]), &mut y).unwrap();
     assert_eq!(y, [1.0, 1.0, 1.0, 1.0, -2.0, -2.0, -2.0, -2.0, 3.0, 3.0, 3.0, 3.0]);
+    // Zero input channels, pointwise.
+    let q = Conv2dParams { kernel: [1, 1], in_h: 2, in_w: 3, ..p };
+    let mut y = vec![f32::NAN; 3 * 6];
+    conv2d(&q, &[], &[], None, &mut y).unwrap();
+    assert_eq!(y, [0.0; 18]);
     // Empty input plane with padding: everything reads padding.
     let p = Conv2dParams { in_channels: 2, in_h: 0, in_w: 0, padding: Padding2d::uniform(1), kernel: [2, 2], ..p };
     let mut y = vec![f32::NAN; 3];

@@ -234,3 +234,113 @@ fn unary_hostile() {
     assert_err!(KernelError::LengthMismatch { .. }, unary(UnaryOp::Exp, &[1.0; 4], &mut y));
     assert!(thread_pool(1).is_ok());
 }
+
+/// Random mixes of nasty values: every call must return (Ok or Err) without
+/// panicking. Slices get the exact implied length when that is small, so
+/// both the validation and the compute paths are exercised.
+#[test]
+fn fuzz_no_panic() {
+    use super::Rng;
+    const NASTY: &[usize] = &[
+        0,
+        1,
+        2,
+        3,
+        5,
+        usize::MAX,
+        usize::MAX - 1,
+        usize::MAX / 2,
+        usize::MAX / 2 + 1,
+        1 << 32,
+        (1 << 31) + 1,
+        isize::MAX as usize,
+    ];
+    let mut rng = Rng::new(99);
+    let val = |rng: &mut Rng| if rng.below(3) == 0 { rng.pick(NASTY) } else { rng.range(0, 6) };
+    let buf = |n: Option<usize>, rng: &mut Rng| -> Vec<f32> {
+        match n {
+            Some(n) if n <= 4096 && rng.below(8) != 0 => vec![0.5; n],
+            _ => vec![0.5; rng.range(0, 16)],
+        }
+    };
+    let prod = |xs: &[usize]| xs.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
+    let mut oks = 0;
+    for _ in 0..20_000 {
+        // conv2d
+        let p = Conv2dParams {
+            batch: val(&mut rng),
+            in_channels: val(&mut rng),
+            in_h: val(&mut rng),
+            in_w: val(&mut rng),
+            out_channels: val(&mut rng),
+            kernel: [val(&mut rng), val(&mut rng)],
+            stride: [val(&mut rng), val(&mut rng)],
+            padding: Padding2d { top: val(&mut rng), left: val(&mut rng), bottom: val(&mut rng), right: val(&mut rng) },
+            dilation: [val(&mut rng), val(&mut rng)],
+            groups: val(&mut rng),
+            activation: Activation::Gelu,
+        };
+        let x = buf(prod(&[p.batch, p.in_channels, p.in_h, p.in_w]), &mut rng);
+        let w = buf(
+            p.in_channels.checked_div(p.groups).and_then(|c| prod(&[p.out_channels, c, p.kernel[0], p.kernel[1]])),
+            &mut rng,
+        );
+        let mut y = buf(conv2d_output_shape(&p).ok().and_then(|s| prod(&s)), &mut rng);
+        let bias = buf(Some(p.out_channels), &mut rng);
+        oks += conv2d(&p, &x, &w, Some(&bias), &mut y).is_ok() as usize;
+        // pool2d
+        let q = Pool2dParams {
+            batch: p.batch,
+            channels: p.in_channels,
+            in_h: p.in_h,
+            in_w: p.in_w,
+            kernel: p.kernel,
+            stride: p.stride,
+            padding: p.padding,
+            dilation: p.dilation,
+            kind: PoolKind::Avg { count_include_pad: rng.bool() },
+        };
+        let mut y = buf(pool2d_output_shape(&q).ok().and_then(|s| prod(&s)), &mut rng);
+        oks += pool2d(&q, &x, &mut y).is_ok() as usize;
+        // gemm
+        let g = GemmParams { m: val(&mut rng), n: val(&mut rng), k: val(&mut rng), trans_a: rng.bool(), ..Default::default() };
+        let a = buf(prod(&[g.m, g.k]), &mut rng);
+        let b = buf(prod(&[g.k, g.n]), &mut rng);
+        let mut c = buf(prod(&[g.m, g.n]), &mut rng);
+        oks += gemm(&g, &a, &b, None, &mut c).is_ok() as usize;
+        // shape-generic kernels
+        let shape: Vec<usize> = (0..rng.range(0, 7)).map(|_| val(&mut rng)).collect();
+        let shape2: Vec<usize> = (0..rng.range(0, 7)).map(|_| val(&mut rng)).collect();
+        let x = buf(prod(&shape), &mut rng);
+        let x2 = buf(prod(&shape2), &mut rng);
+        let mut y = buf(broadcast_shape(&shape, &shape2).ok().and_then(|s| prod(&s)), &mut rng);
+        oks += binary(BinaryOp::Pow, &x, &shape, &x2, &shape2, &mut y).is_ok() as usize;
+        let axis = rng.range(0, 8) as isize - 4;
+        let mut y = buf(prod(&shape), &mut rng);
+        oks += softmax(&shape, axis, &x, &mut y).is_ok() as usize;
+        let mut y = buf(prod(&shape).map(|n| n / shape.get(axis.rem_euclid(7) as usize).copied().unwrap_or(1).max(1)), &mut rng);
+        oks += reduce(ReduceOp::Mean, &shape, axis, &x, &mut y).is_ok() as usize;
+        let mut perm: Vec<usize> = (0..shape.len()).rev().collect();
+        if !perm.is_empty() && rng.below(4) == 0 {
+            perm[0] = val(&mut rng);
+        }
+        let mut y = buf(prod(&shape), &mut rng);
+        oks += permute(&shape, &perm, &x, &mut y).is_ok() as usize;
+        let idx: Vec<i64> = (0..rng.range(0, 4)).map(|_| (val(&mut rng) as i64).wrapping_sub(2)).collect();
+        let mut y = buf(gather_output_shape(&shape, axis, &[idx.len()]).ok().and_then(|s| prod(&s)), &mut rng);
+        oks += gather(&x, &shape, axis, &idx, &[idx.len()], &mut y).is_ok() as usize;
+        let strides: Vec<isize> = shape.iter().map(|_| val(&mut rng) as isize).collect();
+        let dst_strides: Vec<isize> = shape.iter().map(|_| (val(&mut rng) as isize).wrapping_neg()).collect();
+        let mut y = buf(None, &mut rng);
+        let sc = StridedCopy {
+            sizes: &shape,
+            src_offset: val(&mut rng),
+            src_strides: &strides,
+            dst_offset: val(&mut rng),
+            dst_strides: &dst_strides,
+        };
+        oks += strided_copy(&sc, &x, &mut y).is_ok() as usize;
+    }
+    // Some calls got through validation and computed.
+    assert!(oks > 5000, "{oks}");
+}
