@@ -36,18 +36,27 @@ struct Args {
     log_level: log::LevelFilter,
 }
 
-extern "C" fn on_signal(_: libc::c_int) {
-    // Nothing to do: the signal interrupts the server's blocking socket
-    // call (no SA_RESTART), which ends the loop and shuts down cleanly.
-}
-
-fn install_signal_handlers() -> nix::Result<()> {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
-    for sig in [Signal::SIGTERM, Signal::SIGINT] {
-        // SAFETY: the handler is async-signal-safe (it does nothing).
-        unsafe { sigaction(sig, &action) }?;
-    }
+/// SIGTERM/SIGINT end the process cleanly: they are blocked in every
+/// thread and taken by a dedicated thread with sigwait (a handler would not
+/// do: std retries the server's blocking accept/recv on EINTR). That
+/// thread removes the socket and exits; the device has no state that
+/// outlives the process.
+fn install_signal_thread(socket: PathBuf) -> nix::Result<()> {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
+    std::thread::Builder::new()
+        .name("rbln-signals".into())
+        .spawn(move || {
+            if let Ok(sig) = set.wait() {
+                log::info!("{sig:?} received; shutting down");
+            }
+            let _ = std::fs::remove_file(&socket);
+            std::process::exit(0);
+        })
+        .map_err(|_| nix::errno::Errno::EAGAIN)?;
     Ok(())
 }
 
@@ -60,6 +69,11 @@ fn main() -> ExitCode {
         num_cores: args.cores,
         num_dma_engines: args.dma_engines,
     };
+    // Before any other thread exists, so that all inherit the signal mask.
+    if let Err(e) = install_signal_thread(args.socket.clone()) {
+        eprintln!("rbln-npu: cannot set up signal handling: {e}");
+        return ExitCode::from(1);
+    }
     let device = match Device::new(cfg) {
         Ok(d) => Arc::new(d),
         Err(e) => {
@@ -67,10 +81,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = install_signal_handlers() {
-        eprintln!("rbln-npu: cannot install signal handlers: {e}");
-        return ExitCode::from(1);
-    }
     log::info!("listening on {}", args.socket.display());
     let result = vfio::serve(device, &args.socket);
     // The socket file is removed by the server's Drop; the device's
@@ -80,18 +90,9 @@ fn main() -> ExitCode {
             log::info!("client disconnected; shutting down");
             ExitCode::SUCCESS
         }
-        Err(e) if is_interrupted(&e) => {
-            log::info!("signal received; shutting down");
-            ExitCode::SUCCESS
-        }
         Err(e) => {
             eprintln!("rbln-npu: {e}");
             ExitCode::from(1)
         }
     }
-}
-
-fn is_interrupted(e: &vfio_user::Error) -> bool {
-    let s = format!("{e:?}");
-    s.contains("Interrupted") || s.contains("EINTR")
 }
