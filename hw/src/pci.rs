@@ -33,8 +33,9 @@ pub const fn doorbell_bar_size(num_queues: u32) -> u64 {
     }
 }
 
-/// Offset of the doorbell register in queue `q`'s doorbell page. The page
-/// holds nothing else: writes elsewhere in it are ignored, reads return 0.
+/// Offset of the doorbell register in queue `q`'s doorbell page (32-bit
+/// write: the new tail; read: the current tail). The page holds nothing
+/// else: other offsets ignore writes and read as 0.
 pub const DOORBELL_TAIL: u64 = 0x0;
 
 /// Offset of queue `q`'s doorbell page in BAR4.

@@ -139,8 +139,10 @@ pub const Q_FAULT_ADDR_64: u64 = 0x38;
 pub const Q_PACKETS_64: u64 = 0x40;
 
 pub mod qctl {
-    /// Set: the queue consumes ring entries. Clear: it stops after the
-    /// packet in progress.
+    /// Set: the queue consumes ring entries. Clear: the queue stops at the
+    /// next packet boundary (the write returns once it has); the ring entry
+    /// in progress is abandoned, head still points at it, and re-enabling
+    /// without a reset executes it again from its first packet.
     pub const ENABLE: u32 = 1 << 0;
     /// Write 1: stop the queue, clear its fault and set head = tail = 0.
     /// Self-clearing. The fence value is kept.

@@ -86,14 +86,16 @@ impl QueueState {
 #[repr(u8)]
 pub enum FaultCode {
     None = 0,
-    /// A VA has no valid translation in the queue's context.
+    /// A VA has no valid translation in the queue's context, or lies at or
+    /// beyond [`crate::mmu::VA_LIMIT`].
     Unmapped = 1,
     /// A write to a page without write permission (or read without read).
     Permission = 2,
-    /// A page-table entry has reserved bits set or a VA is out of range.
+    /// A page-table entry has reserved bits set.
     BadPte = 3,
-    /// Unknown opcode, wrong packet size, non-zero reserved bits, or a
-    /// packet running past the end of its command buffer.
+    /// Unknown opcode, wrong packet size, unknown flags, a misaligned or
+    /// out-of-range field, non-zero reserved bits, or a packet running past
+    /// the end of its command buffer.
     BadPacket = 4,
     /// A compute descriptor is malformed (unknown op, inconsistent shapes).
     BadDescriptor = 5,
@@ -110,7 +112,8 @@ pub enum FaultCode {
     BadQueueConfig = 10,
     /// The queue's context is not valid.
     ContextInvalid = 11,
-    /// Misaligned address in a packet that requires alignment.
+    /// A compute descriptor's tensor address is misaligned (tensors are
+    /// 4-byte aligned; i64 gather indices 8-byte aligned).
     Alignment = 12,
 }
 

@@ -3,8 +3,9 @@
 //! write the result back.
 //!
 //! Any inconsistency is a `BadDescriptor` fault at the descriptor's VA;
-//! operands are read (and translated) before anything is computed or
-//! written, so a faulting op leaves its output untouched.
+//! operands are read (and translated) before anything is computed, and the
+//! output range is checked before it is written, so a faulting op leaves
+//! its output untouched.
 
 use rbln_hw::ops::{self, Binary, Desc, Unary};
 use rbln_hw::ring::{Access, FaultCode};
@@ -18,8 +19,9 @@ pub const MAX_DESC_SIZE: usize = 4096;
 /// hostile descriptor can make the device allocate.
 const MAX_TENSOR_ELEMS: u64 = 256 << 20;
 /// Most work one descriptor may ask for (nominal FLOPs): bounds the time a
-/// hostile descriptor can occupy a compute core (~minutes at worst).
-const MAX_FLOPS: u64 = 1 << 42;
+/// hostile descriptor can occupy a compute core, and so how long a queue
+/// reset can take to complete (~1.5 s at this machine's GEMM speed).
+const MAX_FLOPS: u64 = 1 << 38;
 
 struct Op<'a, 'm> {
     mem: &'a mut AddressSpace<'m>,
@@ -63,6 +65,8 @@ impl Op<'_, '_> {
         if va % 4 != 0 {
             return Err(Fault::new(FaultCode::Alignment, Access::Write, va));
         }
+        // All or nothing: check the whole output before writing any of it.
+        self.mem.check(va, data.len() as u64 * 4, Access::Write)?;
         self.mem.write_f32s(va, data)
     }
 
@@ -215,6 +219,10 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let out_shape = op.kernel(k::gather_output_shape(&shape, d.axis as isize, &[ni]))?;
             let (n, no) = (op.volume(&shape)?, op.volume(&out_shape)?);
             op.volume(&[ni, 2])?;
+            let align = if d.index_type == ops::GATHER_INDEX_I32 { 4 } else { 8 };
+            if d.indices_va % align != 0 {
+                return Err(Fault::new(FaultCode::Alignment, Access::Read, d.indices_va));
+            }
             let data = op.read(d.data_va, n)?;
             let mut out = vec![0f32; no];
             if d.index_type == ops::GATHER_INDEX_I32 {
@@ -253,6 +261,9 @@ fn gemm(op: &mut Op<'_, '_>, d: &ops::GemmDesc) -> R<u64> {
         extent(op, d.b_batch_stride, b_len)?,
         extent(op, d.c_batch_stride, c_len)?,
     );
+    if batch > 1 && (d.c_batch_stride as usize) < c_len {
+        return Err(op.bad()); // output matrices would overlap
+    }
     let a = op.read(d.a_va, a_ext)?;
     let b = op.read(d.b_va, b_ext)?;
     let bias = if d.flags & ops::GEMM_BIAS != 0 { Some(op.read(d.bias_va, n)?) } else { None };
@@ -261,9 +272,6 @@ fn gemm(op: &mut Op<'_, '_>, d: &ops::GemmDesc) -> R<u64> {
     // between batch matrices that must survive the write.
     let gaps = batch > 1 && d.c_batch_stride as usize != c_len;
     let mut c = if accumulate || gaps { op.read(d.c_va, c_ext)? } else { vec![0f32; c_ext] };
-    if batch > 1 && (d.c_batch_stride as usize) < c_len {
-        return Err(op.bad()); // output matrices would overlap
-    }
     let p = k::GemmParams {
         m,
         n,

@@ -17,7 +17,7 @@ use rbln_hw::{PAGE_SIZE, HW_VERSION};
 use crate::engines::{Counters, EnginePool};
 use crate::exec;
 use crate::memory::{Dram, HostMemory};
-use crate::mmu::Fault;
+use crate::mmu::{Fault, Invalidation};
 
 /// Device configuration (the server's command line).
 #[derive(Clone, Debug)]
@@ -193,6 +193,8 @@ pub(crate) struct Shared {
     start: Instant,
     global: Mutex<GlobalRegs>,
     pub queues: Vec<Queue>,
+    /// Per-context TLB shoot-down state (MMU_INVALIDATE).
+    pub invalidation: Vec<Invalidation>,
     pub counters: Counters,
     pub dma_engines: EnginePool,
     pub cores: EnginePool,
@@ -221,6 +223,7 @@ impl Device {
             queues: (0..cfg.num_queues)
                 .map(|index| Queue { index, regs: Mutex::new(QueueRegs::new()), cv: Condvar::new() })
                 .collect(),
+            invalidation: (0..regs::MAX_CONTEXTS).map(|_| Invalidation::default()).collect(),
             counters: Counters::default(),
             dma_engines: EnginePool::new(cfg.num_dma_engines),
             cores: EnginePool::new(cfg.num_cores),
@@ -263,6 +266,12 @@ impl Device {
         data.fill(0);
         match bar {
             BAR_REGS => {
+                if data.len() == 8 && off % 8 == 0 {
+                    if let Some(v) = self.shared.reg_read64(off) {
+                        data.copy_from_slice(&v.to_le_bytes()); // one snapshot: no tearing
+                        return;
+                    }
+                }
                 let aligned = off & !3;
                 let mut bytes = [0u8; 8];
                 bytes[..4].copy_from_slice(&self.shared.reg_read32(aligned).to_le_bytes());
@@ -443,7 +452,8 @@ impl Shared {
         r
     }
 
-    fn queue_reset(&self, q: &Queue) {
+    /// Queue reset (Q_CONTROL.RESET); `report` writes the status block.
+    fn queue_reset(&self, q: &Queue, report: bool) {
         let mut r = self.stop_queue(q);
         r.head = 0;
         r.tail = 0;
@@ -452,14 +462,18 @@ impl Shared {
         r.fault_ring_index = 0;
         r.fault_addr = 0;
         r.packets = 0;
-        self.write_status(&r);
+        if report {
+            self.write_status(&r);
+        }
         drop(r);
-        self.global().irq_error_status &= !(1 << q.index);
+        let mut g = self.global();
+        g.irq_error_status &= !(1 << q.index);
+        g.irq_queue_status &= !(1 << q.index);
     }
 
     fn queue_control(&self, q: &Queue, v: u32) {
         if v & qctl::RESET != 0 {
-            self.queue_reset(q);
+            self.queue_reset(q, true);
         }
         let enable = v & qctl::ENABLE != 0;
         let mut r = q.lock();
@@ -488,8 +502,9 @@ impl Shared {
     }
 
     fn device_reset(&self) {
+        // Status blocks are not written: their memory may already be gone.
         for q in &self.queues {
-            self.queue_reset(q);
+            self.queue_reset(q, false);
             let mut r = q.lock();
             *r = QueueRegs { generation: r.generation, ..QueueRegs::new() };
         }
@@ -603,21 +618,24 @@ impl Shared {
                 let (pending, vector) = {
                     let mut g = self.global();
                     if off == regs::IRQ_QUEUE_MASK {
+                        let newly = g.irq_queue_mask & !v;
                         g.irq_queue_mask = v;
-                        (g.irq_queue_status & !v, None)
+                        (g.irq_queue_status & newly, None)
                     } else {
+                        let newly = g.irq_error_mask & !v;
                         g.irq_error_mask = v;
-                        (g.irq_error_status & !v, Some(regs::MSIX_ERROR_VECTOR))
+                        (g.irq_error_status & newly, Some(regs::MSIX_ERROR_VECTOR))
                     }
                 };
-                // Unmasking a pending interrupt delivers it.
+                // Unmasking a pending interrupt delivers it (once).
                 for q in (0..32).filter(|q| pending & (1 << q) != 0) {
                     self.raise(vector.unwrap_or(regs::queue_vector(q)));
                 }
             }
             regs::MMU_INVALIDATE => {
-                // Translations are cached only within one command, so
-                // there is nothing to drop between commands.
+                if let Some(inv) = self.invalidation.get(v as usize) {
+                    inv.invalidate();
+                }
             }
             o => {
                 if let Some((i, reg)) = Self::context_index(o) {
@@ -683,6 +701,8 @@ fn command_processor(s: &Shared, qi: usize) {
         r.busy = false;
         if r.generation == job.generation {
             match result {
+                // A fault raised meanwhile (a bad doorbell) stands.
+                Ok(()) if r.state == QueueState::Faulted => {}
                 Ok(()) => {
                     r.head = (r.head + 1) % r.ring_size.max(1);
                     r.state = if r.head == r.tail { QueueState::Idle } else { QueueState::Running };

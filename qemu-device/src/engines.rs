@@ -26,14 +26,18 @@ impl EnginePool {
         Self { free: Mutex::new(free), cv: Condvar::new(), busy_ns: (0..n).map(|_| AtomicU64::new(0)).collect() }
     }
 
-    pub fn acquire(&self) -> EngineGuard<'_> {
+    /// Take a free engine, waiting at most `timeout` for one.
+    pub fn acquire_timeout(&self, timeout: std::time::Duration) -> Option<EngineGuard<'_>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        while *free == 0 {
-            free = self.cv.wait(free).unwrap_or_else(|e| e.into_inner());
+        if *free == 0 {
+            free = self.cv.wait_timeout(free, timeout).unwrap_or_else(|e| e.into_inner()).0;
+            if *free == 0 {
+                return None;
+            }
         }
         let index = free.trailing_zeros() as usize;
         *free &= !(1 << index);
-        EngineGuard { pool: self, index, start: Instant::now() }
+        Some(EngineGuard { pool: self, index, start: Instant::now() })
     }
 
     pub fn busy_ns(&self, i: usize) -> u64 {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rbln_hw::cmd::{self, DecodeError, Packet, MAX_INDIRECT_DEPTH};
+use rbln_hw::cmd::{self, Packet, MAX_INDIRECT_DEPTH};
 use rbln_hw::ring::{Access, FaultCode, QueueState, RingEntry, MAX_CMDBUF_SIZE};
 
 use crate::compute;
@@ -59,7 +59,8 @@ pub(crate) fn run_ring_entry(s: &Shared, job: &Job) -> Result<(), Stop> {
     let root = s
         .context_root(job.ctx_id)
         .ok_or(Stop::Fault(Fault::new(FaultCode::ContextInvalid, Access::None, job.ctx_id as u64), 0))?;
-    let mut ex = Exec { s, job, mem: AddressSpace::new(&s.host, &s.dram, root), depth: 0 };
+    let inval = &s.invalidation[job.ctx_id as usize];
+    let mut ex = Exec { s, job, mem: AddressSpace::new(&s.host, &s.dram, root, inval), depth: 0 };
     ex.run_cmdbuf(entry.cmdbuf_va, entry.cmdbuf_size)
 }
 
@@ -90,20 +91,16 @@ impl Exec<'_> {
         while off < buf.len() {
             self.check_live()?;
             let pkt_va = va + off as u64;
-            let (pkt, len) = match Packet::decode(&buf[off..]) {
-                Ok(p) => p,
-                Err(e) => {
-                    log::debug!("bad packet at {pkt_va:#x}: {e:?}");
-                    let code = match e {
-                        DecodeError::BadField => FaultCode::BadPacket,
-                        _ => FaultCode::BadPacket,
-                    };
-                    return Err(self.fault_at(code, Access::Read, pkt_va));
-                }
-            };
+            let (pkt, len) = Packet::decode(&buf[off..]).map_err(|e| {
+                log::debug!("bad packet at {pkt_va:#x}: {e:?}");
+                self.fault_at(FaultCode::BadPacket, Access::Read, pkt_va)
+            })?;
             self.run_packet(pkt, pkt_va)?;
             Counters::add(&self.s.counters.packets, 1);
-            self.s.queues[self.job.queue as usize].lock().packets += 1;
+            let mut r = self.s.queues[self.job.queue as usize].lock();
+            if r.generation == self.job.generation {
+                r.packets += 1;
+            }
             off += len;
         }
         Ok(())
@@ -113,18 +110,13 @@ impl Exec<'_> {
         match pkt {
             Packet::Nop { .. } => Ok(()),
             Packet::DmaCopy(p) => self.dma_copy(p.src_va, p.dst_va, p.size),
-            Packet::Fill(p) => {
-                let _engine = self.s.dma_engines.acquire();
-                self.mem.fill(p.dst_va, p.size, p.value).map_err(|f| self.fault(f))?;
-                Counters::add(&self.s.counters.dma_bytes, p.size);
-                Ok(())
-            }
+            Packet::Fill(p) => self.fill(p.dst_va, p.size, p.value),
             Packet::Compute(p) => {
                 if p.desc_size as usize > compute::MAX_DESC_SIZE {
                     return Err(self.fault_at(FaultCode::BadDescriptor, Access::Read, p.desc_va));
                 }
                 let desc = self.mem.read_vec(p.desc_va, p.desc_size as usize).map_err(|f| self.fault(f))?;
-                let _core = self.s.cores.acquire();
+                let _core = self.acquire(&self.s.cores)?;
                 let flops = compute::run(&mut self.mem, &desc, p.desc_va).map_err(|f| self.fault(f))?;
                 Counters::add(&self.s.counters.compute_ops, 1);
                 Counters::add(&self.s.counters.compute_flops, flops);
@@ -132,10 +124,13 @@ impl Exec<'_> {
             }
             Packet::SemWait(p) => self.sem_wait(p.addr_va, p.value, p.cond),
             Packet::SemSignal(p) => {
+                // Atomic against other queues' SEM_SIGNALs (not against
+                // the guest CPU, which has no device atomics).
+                let _g = self.s.sem_lock.lock().unwrap_or_else(|e| e.into_inner());
+                self.mem.check(p.addr_va, 8, Access::Write).map_err(|f| self.fault(f))?;
                 let old = self.mem.read_u64(p.addr_va).map_err(|f| self.fault(f))?;
                 let new = if p.op == cmd::SEM_OP_ADD { old.wrapping_add(p.value) } else { p.value };
                 self.mem.write_u64(p.addr_va, new).map_err(|f| self.fault(f))?;
-                let _g = self.s.sem_lock.lock().unwrap_or_else(|e| e.into_inner());
                 self.s.sem_cv.notify_all();
                 Ok(())
             }
@@ -172,14 +167,42 @@ impl Exec<'_> {
         }
     }
 
-    fn dma_copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), Stop> {
-        let _engine = self.s.dma_engines.acquire();
+    /// Take an engine from `pool`, giving up if the queue is reset meanwhile.
+    fn acquire<'p>(&self, pool: &'p crate::engines::EnginePool) -> Result<crate::engines::EngineGuard<'p>, Stop> {
+        loop {
+            if let Some(g) = pool.acquire_timeout(SEM_POLL) {
+                return Ok(g);
+            }
+            self.check_live()?;
+        }
+    }
+
+    fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), Stop> {
+        // Check the whole destination first: a faulting FILL writes nothing.
+        self.mem.check(dst, size, Access::Write).map_err(|f| self.fault(f))?;
+        let _engine = self.acquire(&self.s.dma_engines)?;
         let mut done = 0u64;
         while done < size {
             self.check_live()?;
             let n = DMA_CHUNK.min(size - done);
-            let chunk = self.mem.read_vec(src.wrapping_add(done), n as usize).map_err(|f| self.fault(f))?;
-            self.mem.write(dst.wrapping_add(done), &chunk).map_err(|f| self.fault(f))?;
+            self.mem.fill(dst + done, n, value).map_err(|f| self.fault(f))?;
+            Counters::add(&self.s.counters.dma_bytes, n);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn dma_copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), Stop> {
+        // Check both ranges first: a faulting DMA_COPY writes nothing.
+        self.mem.check(src, size, Access::Read).map_err(|f| self.fault(f))?;
+        self.mem.check(dst, size, Access::Write).map_err(|f| self.fault(f))?;
+        let _engine = self.acquire(&self.s.dma_engines)?;
+        let mut done = 0u64;
+        while done < size {
+            self.check_live()?;
+            let n = DMA_CHUNK.min(size - done);
+            let chunk = self.mem.read_vec(src + done, n as usize).map_err(|f| self.fault(f))?;
+            self.mem.write(dst + done, &chunk).map_err(|f| self.fault(f))?;
             Counters::add(&self.s.counters.dma_bytes, n);
             done += n;
         }
@@ -212,8 +235,9 @@ impl Exec<'_> {
 
     fn set_state(&self, st: QueueState) {
         let mut r = self.s.queues[self.job.queue as usize].lock();
-        if r.generation == self.job.generation {
+        if r.generation == self.job.generation && r.state != QueueState::Faulted {
             r.state = st;
+            self.s.write_status(&r);
         }
     }
 }

@@ -106,12 +106,13 @@ impl HostMemory {
         Ok(())
     }
 
-    /// Remove the regions inside [addr, addr+len) (DMA_UNMAP). In-flight
-    /// accesses keep their mapping alive until they finish.
+    /// Remove every region overlapping [addr, addr+len) (DMA_UNMAP; QEMU
+    /// unmaps whole regions). In-flight accesses keep their mapping alive
+    /// until they finish.
     pub fn unmap(&self, addr: u64, len: u64) {
         let end = addr.saturating_add(len);
         let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
-        regions.retain(|r| !(r.addr >= addr && r.addr + r.map.len() <= end));
+        regions.retain(|r| !(addr < r.addr + r.map.len() && r.addr < end));
     }
 
     pub fn clear(&self) {

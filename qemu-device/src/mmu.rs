@@ -1,5 +1,8 @@
 //! Device-MMU translation and VA-level memory access for one context.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
 use rbln_hw::mmu::{self, PteError, Target};
 use rbln_hw::ring::{Access, FaultCode};
 use rbln_hw::PAGE_SIZE;
@@ -21,13 +24,36 @@ impl Fault {
     }
 }
 
+/// A context's TLB shoot-down state (register MMU_INVALIDATE).
+///
+/// Every page access holds `lock` shared while it translates and copies;
+/// `invalidate` bumps the epoch (dropping cached walks) and then takes the
+/// lock exclusively once, so when it returns no access that used an older
+/// translation is still in flight. That is what lets a driver free page
+/// tables and pages after unmapping them.
+#[derive(Default)]
+pub struct Invalidation {
+    epoch: AtomicU64,
+    lock: RwLock<()>,
+}
+
+impl Invalidation {
+    pub fn invalidate(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        drop(self.lock.write().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
 /// One context's view of memory, through its page table. Caches the
-/// level-0 table of the last 2 MiB region it translated: commands walk
-/// VAs sequentially, so this removes two of the three table reads.
+/// level-0 table of the last 2 MiB region it translated (commands walk VAs
+/// sequentially, so this removes two of the three table reads) until the
+/// context is invalidated.
 pub struct AddressSpace<'a> {
     host: &'a HostMemory,
     dram: &'a Dram,
     root: u64,
+    inval: &'a Invalidation,
+    epoch: u64,
     cached_l0: Option<(u64, u64)>,
 }
 
@@ -39,8 +65,8 @@ enum Phys {
 }
 
 impl<'a> AddressSpace<'a> {
-    pub fn new(host: &'a HostMemory, dram: &'a Dram, root: u64) -> Self {
-        Self { host, dram, root, cached_l0: None }
+    pub fn new(host: &'a HostMemory, dram: &'a Dram, root: u64, inval: &'a Invalidation) -> Self {
+        Self { host, dram, root, inval, epoch: inval.epoch.load(Ordering::SeqCst), cached_l0: None }
     }
 
     fn read_pte(&self, table: u64, index: usize, va: u64, access: Access) -> Result<u64, Fault> {
@@ -106,6 +132,12 @@ impl<'a> AddressSpace<'a> {
         while done < len {
             let cur = va + done;
             let chunk = (PAGE_SIZE - (cur & (PAGE_SIZE - 1))).min(len - done);
+            let _shared = self.inval.lock.read().unwrap_or_else(|e| e.into_inner());
+            let epoch = self.inval.epoch.load(Ordering::SeqCst);
+            if epoch != self.epoch {
+                self.epoch = epoch;
+                self.cached_l0 = None;
+            }
             let phys = self.translate(cur, access)?;
             f(phys, done, chunk).map_err(|_| Fault::new(FaultCode::BusError, access, cur))?;
             done += chunk;
@@ -148,6 +180,13 @@ impl<'a> AddressSpace<'a> {
         })
     }
 
+    /// Check that [va, va+len) translates for `access`, touching nothing.
+    /// Commands check their whole destination first so that a faulting
+    /// command writes nothing.
+    pub fn check(&mut self, va: u64, len: u64, access: Access) -> Result<(), Fault> {
+        self.for_pages(va, len, access, |_, _, _| Ok(()))
+    }
+
     pub fn read_u64(&mut self, va: u64) -> Result<u64, Fault> {
         let mut b = [0u8; 8];
         self.read(va, &mut b)?;
@@ -172,7 +211,7 @@ impl<'a> AddressSpace<'a> {
     /// Read `len` bytes into a new vector. The range is translated before
     /// anything is allocated, so a hostile length cannot exhaust memory.
     pub fn read_vec(&mut self, va: u64, len: usize) -> Result<Vec<u8>, Fault> {
-        self.for_pages(va, len as u64, Access::Read, |_, _, _| Ok(()))?;
+        self.check(va, len as u64, Access::Read)?;
         let mut v = vec![0u8; len];
         self.read(va, &mut v)?;
         Ok(v)

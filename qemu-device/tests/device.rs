@@ -297,3 +297,113 @@ fn masked_interrupts_are_delivered_on_unmask() {
     rig.set32(regs::IRQ_QUEUE_MASK, !(1 << 9));
     assert_eq!(rig.irqs.get(regs::queue_vector(9)), 1);
 }
+
+/// A bad doorbell written while an entry runs still faults the queue.
+#[test]
+fn bad_doorbell_during_a_running_entry_is_not_lost() {
+    let mut rig = Rig::new();
+    let ctx = rig.context(0);
+    rig.host_buffer(&ctx, 0x10_0000, 4096);
+    let mut q = rig.queue(0, &ctx, 4);
+    rig.run(&ctx, &mut q, 0x20_0000, &cmds().sem_wait(0x10_0000, 1, SEM_COND_EQ).buf);
+    std::thread::sleep(Duration::from_millis(10));
+    rig.doorbell(0, 9);
+    // Let the blocked entry finish: signal the semaphore from the CPU side.
+    let bus = rig_bus_of(&rig, &ctx, 0x10_0000);
+    rig.write(bus, &1u64.to_le_bytes());
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(rig.state(&q), QueueState::Faulted);
+    assert_eq!(fault_code(&rig, &q), Some(FaultCode::BadDoorbell));
+}
+
+/// Bus address behind a VA of `ctx`, by walking the rig's page tables.
+fn rig_bus_of(rig: &Rig, ctx: &Ctx, va: u64) -> u64 {
+    use rbln_hw::mmu;
+    let mut table = ctx.root;
+    for level in [2, 1] {
+        table = mmu::decode_table(rig.read_u64(table + mmu::va_index(va, level) as u64 * 8)).unwrap();
+    }
+    mmu::decode_leaf(rig.read_u64(table + mmu::va_index(va, 0) as u64 * 8)).unwrap().addr + (va & 0xfff)
+}
+
+/// A DMA whose destination runs into an unmapped page writes nothing.
+#[test]
+fn faulting_dma_writes_nothing() {
+    let mut rig = Rig::new();
+    let ctx = rig.context(0);
+    let src = rig.host_buffer(&ctx, 0x10_0000, 8192);
+    let dst = rig.host_buffer(&ctx, 0x20_0000, 4096); // 0x20_1000 is unmapped
+    rig.write(src, &[0xAB; 8192]);
+    let mut q = rig.queue(0, &ctx, 4);
+    rig.run(&ctx, &mut q, 0x30_0000, &cmds().dma_copy(0x10_0000, 0x20_0000, 8192).buf);
+    rig.wait_idle(&q, T);
+    assert_eq!(fault_code(&rig, &q), Some(FaultCode::Unmapped));
+    assert_eq!(rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), 0x20_1000);
+    assert!(rig.read(dst, 4096).iter().all(|&b| b == 0), "no partial DMA");
+}
+
+/// SEM_SIGNAL ADD from several queues at once loses no update.
+#[test]
+fn concurrent_semaphore_adds_are_atomic() {
+    let mut rig = Rig::new();
+    let ctx = rig.context(0);
+    let host = rig.host_buffer(&ctx, 0x10_0000, 4096);
+    let mut e = cmds();
+    for _ in 0..500 {
+        e.sem_signal(0x10_0000, 1, SEM_OP_ADD);
+    }
+    let mut qs: Vec<Queue> = (0..4).map(|i| rig.queue(i, &ctx, 4)).collect();
+    for (i, q) in qs.iter_mut().enumerate() {
+        rig.run(&ctx, q, 0x20_0000 + i as u64 * 0x10_0000, &e.buf);
+    }
+    for q in &qs {
+        rig.wait_idle(q, T);
+        assert_eq!(rig.state(q), QueueState::Idle);
+    }
+    assert_eq!(rig.read_u64(host), 2000);
+}
+
+/// After a page is unmapped and the context invalidated, the device no
+/// longer reaches it, even within one long-running command buffer.
+#[test]
+fn mmu_invalidate_drops_cached_translations() {
+    let mut rig = Rig::new();
+    let ctx = rig.context(4);
+    let host = rig.host_buffer(&ctx, 0x10_0000, 4096);
+    rig.host_buffer(&ctx, 0x11_0000, 4096);
+    let mut q = rig.queue(0, &ctx, 4);
+    // Fill, wait for the CPU's go, fill the same page again.
+    let mut e = cmds();
+    e.fill(0x10_0000, 8, 1).sem_wait(0x11_0000, 1, SEM_COND_EQ).fill(0x10_0000, 8, 2);
+    rig.run(&ctx, &mut q, 0x20_0000, &e.buf);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(rig.read(host, 4), 1u32.to_le_bytes());
+    // Unmap the 2 MiB region by pointing its level-1 entry at a fresh,
+    // empty level-0 table (the old table, which the device has cached,
+    // still maps the page), invalidate, then release the wait. The
+    // semaphore page moves to the new table so the wait can still end.
+    let sem = rig_bus_of(&rig, &ctx, 0x11_0000);
+    let l1 = rbln_hw::mmu::decode_table(rig.read_u64(ctx.root)).unwrap();
+    let fresh = rig.alloc(4096);
+    rig.write(fresh + rbln_hw::mmu::va_index(0x11_0000, 0) as u64 * 8,
+        &rbln_hw::mmu::leaf_pte(sem & !0xfff, Target::Host, true, true).to_le_bytes());
+    rig.write(l1, &rbln_hw::mmu::table_pte(fresh).to_le_bytes());
+    rig.set32(regs::MMU_INVALIDATE, 4);
+    rig.write(sem, &1u64.to_le_bytes());
+    rig.wait_idle(&q, T);
+    assert_eq!(fault_code(&rig, &q), Some(FaultCode::Unmapped));
+    assert_eq!(rig.read(host, 4), 1u32.to_le_bytes(), "the unmapped page was not written");
+}
+
+#[test]
+fn rewriting_a_mask_does_not_redeliver() {
+    let mut rig = Rig::new();
+    rig.set32(regs::IRQ_QUEUE_MASK, 0);
+    let ctx = rig.context(0);
+    let mut q = rig.queue(1, &ctx, 4);
+    rig.run(&ctx, &mut q, 0x20_0000, &cmds().fence(1, 0, true).buf);
+    rig.wait_idle(&q, T);
+    assert_eq!(rig.irqs.get(regs::queue_vector(1)), 1);
+    rig.set32(regs::IRQ_QUEUE_MASK, 0);
+    assert_eq!(rig.irqs.get(regs::queue_vector(1)), 1);
+}
