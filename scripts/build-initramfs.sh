@@ -2,7 +2,7 @@
 # Pack the guest initramfs: static busybox from the sysroot, scripts/guest-init.sh
 # as /init, and the host's glibc runtime so that binaries built by the host's
 # cargo and gcc run unchanged in the guest. Cached by content; prints its path.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # The shared libraries host-built Rust binaries and C programs need.
 HOST_LIBS="/lib64/ld-linux-x86-64.so.2

@@ -2,7 +2,7 @@
 # Build the guest kernel from the sysroot's linux-source package with the
 # repo's config fragment. Cached by source version + fragment + script hash;
 # prints the kernel build directory on stdout.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 FRAGMENT=$RBLN_ROOT/scripts/guest-kernel.config
 

@@ -2,7 +2,7 @@
 # Build kmd/rbln.ko out of tree against the guest kernel, inside the sysroot
 # (whose rustc is the one the kernel was built with). Kbuild's by-products
 # next to the sources are covered by .gitignore.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 main() {
     local kdir log

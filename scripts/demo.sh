@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo: boot the guest, load the driver, show what it logged, unload it.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 exec "$RBLN_ROOT/scripts/vm.sh" '
 echo "== guest kernel: $(uname -r)"
 insmod kmd/rbln.ko

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the Debian sysroot that holds the guest-kernel toolchain and QEMU.
 # Idempotent: an existing, complete sysroot (marked by .complete) is reused.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ROOT=$(sysroot_dir)
 
@@ -34,22 +34,35 @@ fetch_debootstrap() {
     echo "$dir"
 }
 
-# Resolve "NAME PIN LINE" to NAME=VERSION available in the sysroot's archive.
-resolve_pin() {
-    local name=$1 pin=$2 line=$3 versions v up chosen=""
-    versions=$(in_sysroot apt-cache madison "$name" | awk -F'|' '{gsub(/ /,"",$2); print $2}' | sort -Vr -u)
+# choose_version NAME PIN LINE: read the versions the archive serves (one
+# per line) on stdin and print the one to install: the pinned upstream
+# version if served, else the newest of LINE (with a warning), else fail
+# naming the package.
+choose_version() {
+    local name=$1 pin=$2 line=$3 versions v up
+    versions=$(sort -Vr -u)
     [[ -n $versions ]] || die "package $name (pinned $pin) is not in the $SYSROOT_SUITE archive"
     for v in $versions; do
         up=${v#*:}; up=${up%%[-+~]*}
-        if [[ $up == "$pin" ]]; then echo "$name=$v"; return; fi
+        if [[ $up == "$pin" ]]; then echo "$v"; return; fi
     done
-    for v in $versions; do   # sorted newest first
+    for v in $versions; do   # newest first
         up=${v#*:}
-        if [[ $up == "$line"* ]]; then chosen=$v; break; fi
+        if [[ $up == "$line"* ]]; then
+            warn "package $name: pinned $pin is no longer served; using the newest of line $line: $v"
+            echo "$v"
+            return
+        fi
     done
-    [[ -n $chosen ]] || die "package $name: pinned $pin is gone and no version of line $line is served (have: $(echo $versions))"
-    warn "package $name: pinned $pin is no longer served; using the newest of line $line: $chosen"
-    echo "$name=$chosen"
+    die "package $name: pinned $pin is gone and no version of line $line is served (have: $(echo $versions))"
+}
+
+# NAME=VERSION for a pinned package, from the sysroot's archive.
+resolve_pin() {
+    local name=$1 pin=$2 line=$3 v
+    v=$(in_sysroot apt-cache madison "$name" | awk -F'|' '{gsub(/ /,"",$2); print $2}' \
+        | choose_version "$name" "$pin" "$line")
+    echo "$name=$v"
 }
 
 main() {
@@ -94,4 +107,5 @@ SRC
     log "sysroot ready: $ROOT ($(du -sh "$ROOT" | cut -f1))"
 }
 
-main "$@"
+# Sourced by the tests for choose_version; run otherwise.
+[[ ${BASH_SOURCE[0]} != "$0" ]] || main "$@"

@@ -2,7 +2,7 @@
 # `make test`: host tests first, then the VM suites in tests/vm/ (each in a
 # freshly booted guest), then self-tests of the VM harness. Each step prints
 # its elapsed time; the last line is "N passed, N failed".
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 passed=0
 failed=0
@@ -35,6 +35,7 @@ vm() { "$RBLN_ROOT/scripts/vm.sh" "$@"; }
 
 main() {
     step "setup (sysroot, kernel, initramfs)" "$RBLN_ROOT/scripts/setup.sh"
+    step "scripts: pinned-version fallback" "$RBLN_ROOT/tests/scripts/test-pins.sh"
     step "cargo test (host)" cargo test --release --workspace --quiet
     step "cargo build --release (binaries for the guest)" cargo build --release --workspace --quiet
     step "build kmd/rbln.ko" "$RBLN_ROOT/scripts/build-kmd.sh"

@@ -12,7 +12,7 @@
 # Environment: VM_TIMEOUT (s, default 900), VM_SMP (default 2), VM_MEM
 # (MiB, default 2048), VM_DEVICES (default 1), NPU_ARGS (extra rbln-npu
 # arguments), VM_KEEP=1 keeps the run directory for inspection.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 VM_TIMEOUT=${VM_TIMEOUT:-900}
 VM_SMP=${VM_SMP:-2}
