@@ -37,9 +37,9 @@ hash_of() {
     done | sha256sum | cut -c1-12
 }
 
-# The sysroot directory for the pinned suite + package set.
+# The sysroot directory, keyed by the pinned suite and package set.
 sysroot_dir() {
-    echo "$RBLN_CACHE/sysroot-$SYSROOT_SUITE-$(hash_of "$RBLN_ROOT/scripts/versions.env" "$RBLN_ROOT/scripts/setup-sysroot.sh")"
+    echo "$RBLN_CACHE/sysroot-$SYSROOT_SUITE-$(hash_of "$RBLN_ROOT/scripts/versions.env")"
 }
 
 # Run a command inside the sysroot. The bind mounts live in a private mount
