@@ -2,33 +2,53 @@
 
 //! rbln: Rust-for-Linux driver for the rbln virtual NPU.
 //!
-//! This is the skeleton that proves the out-of-tree Rust build and the VM
-//! harness: it loads, logs its version and unloads cleanly.
+//! The hardware contract (`hw/`) and the user ABI (`uapi/`) are the same
+//! source files the device model and the user-mode driver compile: they are
+//! included here as modules, so there is one definition of every register,
+//! packet and ioctl struct.
 
 use kernel::prelude::*;
 
+#[path = "../hw/src/lib.rs"]
+#[allow(dead_code, unused_attributes, unreachable_pub, clippy::all)]
+mod hw;
+
+#[path = "../uapi/src/lib.rs"]
+#[allow(dead_code, unused_attributes, unreachable_pub, clippy::all)]
+mod uapi;
+
+mod file;
+mod npu;
+
+/// Driver version (also reported by the INFO ioctl): major, minor, patch.
+pub(crate) const DRIVER_VERSION: (u32, u32, u32) = (0, 2, 0);
+
+struct RblnModule {
+    driver: Option<Pin<KBox<kernel::driver::Registration<kernel::pci::Adapter<npu::RblnDriver>>>>>,
+}
+
+impl kernel::Module for RblnModule {
+    fn init(module: &'static ThisModule) -> Result<Self> {
+        let (ma, mi, pa) = DRIVER_VERSION;
+        pr_info!("rbln driver {}.{}.{} loaded (uapi {})\n", ma, mi, pa, uapi::UAPI_VERSION);
+        let driver = KBox::pin_init(kernel::driver::Registration::new(c"rbln", module), GFP_KERNEL)?;
+        Ok(Self { driver: Some(driver) })
+    }
+}
+
+impl Drop for RblnModule {
+    fn drop(&mut self) {
+        // Unbind every device first, so the log reads in order.
+        drop(self.driver.take());
+        let (ma, mi, pa) = DRIVER_VERSION;
+        pr_info!("rbln driver {}.{}.{} unloaded\n", ma, mi, pa);
+    }
+}
+
 module! {
-    type: Rbln,
+    type: RblnModule,
     name: "rbln",
     authors: ["rbln developers"],
     description: "Driver for the rbln virtual NPU",
     license: "GPL",
-}
-
-/// Driver version reported in the kernel log (and later by the info ioctl).
-const DRIVER_VERSION: &str = "0.1.0";
-
-struct Rbln;
-
-impl kernel::Module for Rbln {
-    fn init(_module: &'static ThisModule) -> Result<Self> {
-        pr_info!("rbln driver {} loaded\n", DRIVER_VERSION);
-        Ok(Rbln)
-    }
-}
-
-impl Drop for Rbln {
-    fn drop(&mut self) {
-        pr_info!("rbln driver {} unloaded\n", DRIVER_VERSION);
-    }
 }

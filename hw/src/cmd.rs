@@ -203,7 +203,7 @@ impl Packet {
     /// Decode the packet at the start of `buf`. Returns it and its size in
     /// bytes.
     pub fn decode(buf: &[u8]) -> Result<(Packet, usize), DecodeError> {
-        let h = buf.get(..4).map(<u32 as crate::Wire>::get).ok_or(DecodeError::Truncated)?;
+        let h = buf.get(..4).map(<u32 as super::Wire>::get).ok_or(DecodeError::Truncated)?;
         let (op, flags, size) = split_header(h);
         let op = Opcode::from_u8(op).ok_or(DecodeError::UnknownOpcode(op))?;
         if size == 0 {
@@ -276,7 +276,7 @@ impl Packet {
             }
             Opcode::Indirect => {
                 let p = fixed!(Indirect);
-                if p.va % 4 != 0 || p.size % 4 != 0 || p.size > crate::ring::MAX_CMDBUF_SIZE {
+                if p.va % 4 != 0 || p.size % 4 != 0 || p.size > super::ring::MAX_CMDBUF_SIZE {
                     return Err(DecodeError::BadField);
                 }
                 Packet::Indirect(p)

@@ -8,6 +8,9 @@
 //! it as is. `docs/hardware.md` is the prose version of the same contract.
 //!
 //! All multi-byte values in memory and in registers are little-endian.
+//!
+//! The kernel driver compiles this crate as a module (`#[path]` include),
+//! so paths between its modules are written `super::`, never `crate::`.
 #![no_std]
 #![forbid(unsafe_code)]
 

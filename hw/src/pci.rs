@@ -25,9 +25,9 @@ pub const MSIX_PBA_OFFSET: u32 = 0xD000;
 
 /// Size of BAR4 for `num_queues` queues (a power of two, at least 4 KiB).
 pub const fn doorbell_bar_size(num_queues: u32) -> u64 {
-    let bytes = num_queues as u64 * crate::PAGE_SIZE;
-    if bytes <= crate::PAGE_SIZE {
-        crate::PAGE_SIZE
+    let bytes = num_queues as u64 * super::PAGE_SIZE;
+    if bytes <= super::PAGE_SIZE {
+        super::PAGE_SIZE
     } else {
         bytes.next_power_of_two()
     }
@@ -40,5 +40,5 @@ pub const DOORBELL_TAIL: u64 = 0x0;
 
 /// Offset of queue `q`'s doorbell page in BAR4.
 pub const fn doorbell_page_offset(q: u32) -> u64 {
-    q as u64 * crate::PAGE_SIZE
+    q as u64 * super::PAGE_SIZE
 }

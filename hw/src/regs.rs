@@ -10,7 +10,7 @@
 /// RO. Identification: the bytes "RBLN".
 pub const ID: u64 = 0x000;
 pub const ID_VALUE: u32 = u32::from_le_bytes(*b"RBLN");
-/// RO. Hardware version ([`crate::HW_VERSION`]).
+/// RO. Hardware version ([`super::HW_VERSION`]).
 pub const VERSION: u64 = 0x004;
 /// RO. Capability bits ([`caps`]).
 pub const CAPS: u64 = 0x008;
@@ -93,7 +93,7 @@ pub const CTX_STRIDE: u64 = 0x10;
 /// host memory). Low 12 bits are ignored.
 pub const CTX_PT_ROOT_64: u64 = 0x0;
 /// RW. Bit 0: context valid. Queues bound to an invalid context fault
-/// with [`FaultCode::ContextInvalid`](crate::ring::FaultCode) when they run.
+/// with [`FaultCode::ContextInvalid`](super::ring::FaultCode) when they run.
 pub const CTX_CONTROL: u64 = 0x8;
 pub const CTX_CONTROL_VALID: u32 = 1 << 0;
 
@@ -114,11 +114,11 @@ pub const Q_RING_SIZE: u64 = 0x08;
 /// RW. Context id the queue's commands are translated with.
 pub const Q_CTX_ID: u64 = 0x0C;
 /// RW. Bus address of the queue's 64-byte status block (host memory,
-/// 64-byte aligned), written by the device ([`crate::ring::QueueStatus`]).
+/// 64-byte aligned), written by the device ([`super::ring::QueueStatus`]).
 pub const Q_STATUS_ADDR_64: u64 = 0x10;
 /// RW. Queue control ([`qctl`]).
 pub const Q_CONTROL: u64 = 0x18;
-/// RO. Queue state ([`crate::ring::QueueState`]).
+/// RO. Queue state ([`super::ring::QueueState`]).
 pub const Q_STATE: u64 = 0x1C;
 /// RO. Index of the next ring entry the device will consume.
 pub const Q_HEAD: u64 = 0x20;
@@ -172,7 +172,7 @@ pub const fn queue_vector(q: u32) -> u32 {
 }
 
 const _: () = assert!(ctx_reg(MAX_CONTEXTS, 0) <= QUEUE_BASE);
-const _: () = assert!(queue_reg(MAX_QUEUES, 0) <= crate::pci::MSIX_TABLE_OFFSET as u64);
+const _: () = assert!(queue_reg(MAX_QUEUES, 0) <= super::pci::MSIX_TABLE_OFFSET as u64);
 const _: () = assert!(Q_PACKETS_64 + 8 <= QUEUE_STRIDE);
 const _: () = assert!(CNT_CORE_BUSY_NS_64 + 8 * MAX_CORES as u64 <= 0x200);
 const _: () = assert!(CNT_DMA_BUSY_NS_64 + 8 * MAX_DMA_ENGINES as u64 <= CNT_CORE_BUSY_NS_64);

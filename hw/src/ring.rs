@@ -87,7 +87,7 @@ impl QueueState {
 pub enum FaultCode {
     None = 0,
     /// A VA has no valid translation in the queue's context, or lies at or
-    /// beyond [`crate::mmu::VA_LIMIT`].
+    /// beyond [`super::mmu::VA_LIMIT`].
     Unmapped = 1,
     /// A write to a page without write permission (or read without read).
     Permission = 2,
@@ -106,7 +106,7 @@ pub enum FaultCode {
     BusError = 7,
     /// A doorbell wrote a tail >= ring size.
     BadDoorbell = 8,
-    /// INDIRECT packets nested deeper than [`crate::cmd::MAX_INDIRECT_DEPTH`].
+    /// INDIRECT packets nested deeper than [`super::cmd::MAX_INDIRECT_DEPTH`].
     Nesting = 9,
     /// The queue was enabled with an invalid ring configuration.
     BadQueueConfig = 10,

@@ -49,6 +49,7 @@ impl<T: Wire + Default, const N: usize> Wire for [T; N] {
 }
 
 /// Declare a packed-by-construction wire struct (see the module docs).
+/// Used from the crate's top-level modules, hence `super::wire`.
 macro_rules! wire_struct {
     (
         $(#[$meta:meta])*
@@ -80,8 +81,8 @@ macro_rules! wire_struct {
                 }
                 let mut _off = 0usize;
                 $(
-                    let $field = <$ty as $crate::wire::Wire>::get(&b[_off..]);
-                    _off += <$ty as $crate::wire::Wire>::SIZE;
+                    let $field = <$ty as super::wire::Wire>::get(&b[_off..]);
+                    _off += <$ty as super::wire::Wire>::SIZE;
                 )*
                 Some(Self { $($field),* })
             }
@@ -93,8 +94,8 @@ macro_rules! wire_struct {
                 }
                 let mut _off = 0usize;
                 $(
-                    $crate::wire::Wire::put(&self.$field, &mut b[_off..]);
-                    _off += <$ty as $crate::wire::Wire>::SIZE;
+                    super::wire::Wire::put(&self.$field, &mut b[_off..]);
+                    _off += <$ty as super::wire::Wire>::SIZE;
                 )*
                 Some(())
             }
@@ -109,7 +110,7 @@ macro_rules! wire_struct {
             }
         }
 
-        impl $crate::wire::Wire for $name {
+        impl super::wire::Wire for $name {
             const SIZE: usize = core::mem::size_of::<$name>();
             fn get(b: &[u8]) -> Self {
                 // Callers pass at least SIZE bytes.

@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! `/dev/rblnN`: open files and their ioctls.
+
+use kernel::{
+    fs::File,
+    miscdevice::{MiscDevice, MiscDeviceRegistration},
+    prelude::*,
+    sync::Arc,
+    uaccess::{UserPtr, UserSlice},
+};
+
+use crate::npu::{MiscHolder, Npu};
+use crate::uapi;
+
+/// The uAPI structs are plain old data: `#[repr(C)]`, integer fields only,
+/// no padding (each asserted at compile time in uapi/src/lib.rs).
+macro_rules! pod {
+    ($($t:ident),*) => {$(
+        // SAFETY: see above: every bit pattern is valid and every byte is
+        // initialised.
+        unsafe impl kernel::transmute::FromBytes for uapi::$t {}
+        // SAFETY: as above.
+        unsafe impl kernel::transmute::AsBytes for uapi::$t {}
+    )*};
+}
+pod!(DeviceInfo, BoCreate, BoInfo, BoDestroy, VmMap, VmUnmap, QueueCreate, QueueDestroy, Submit, FenceWait);
+
+/// One open file: a context on one device.
+pub(crate) struct RblnFile {
+    npu: Arc<Npu>,
+}
+
+/// Copy an ioctl argument struct in, following the uAPI's size rule:
+/// `min(caller size, ours)` bytes are copied, the rest of ours is zero, and
+/// any bytes the caller has beyond ours must be zero.
+fn read_arg<T: kernel::transmute::FromBytes + kernel::transmute::AsBytes + Default>(
+    arg: usize,
+    user_size: usize,
+) -> Result<T> {
+    let mut v = T::default();
+    let ours = core::mem::size_of::<T>();
+    let n = user_size.min(ours);
+    let mut reader = UserSlice::new(UserPtr::from_addr(arg), user_size).reader();
+    reader.read_slice(&mut v.as_bytes_mut()[..n])?;
+    if user_size > ours {
+        let mut extra = [0u8; 64];
+        let mut left = user_size - ours;
+        while left > 0 {
+            let k = left.min(extra.len());
+            reader.read_slice(&mut extra[..k])?;
+            if extra[..k].iter().any(|&b| b != 0) {
+                return Err(E2BIG);
+            }
+            left -= k;
+        }
+    }
+    Ok(v)
+}
+
+/// Copy an ioctl result back: `min(caller size, ours)` bytes.
+fn write_arg<T: kernel::transmute::AsBytes>(arg: usize, user_size: usize, v: &T) -> Result {
+    let bytes = v.as_bytes();
+    let n = user_size.min(bytes.len());
+    UserSlice::new(UserPtr::from_addr(arg), n).writer().write_slice(&bytes[..n])
+}
+
+impl RblnFile {
+    fn info(&self) -> uapi::DeviceInfo {
+        let hw = &self.npu.hw;
+        let (ma, mi, pa) = crate::DRIVER_VERSION;
+        uapi::DeviceInfo {
+            uapi_version: uapi::UAPI_VERSION,
+            driver_version: ma << 16 | mi << 8 | pa,
+            vendor_id: crate::hw::pci::VENDOR_ID,
+            device_id: crate::hw::pci::DEVICE_ID,
+            hw_version: hw.version,
+            dram_size: hw.dram_size,
+            num_queues: hw.num_queues,
+            num_cores: hw.num_cores,
+            num_dma_engines: hw.num_dma_engines,
+            caps: hw.caps,
+            minor_index: self.npu.index as u32,
+            ..Default::default()
+        }
+    }
+}
+
+#[vtable]
+impl MiscDevice for RblnFile {
+    type Ptr = Pin<KBox<Self>>;
+
+    fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
+        let reg = core::ptr::from_ref(misc).cast_mut();
+        // SAFETY: every `MiscDeviceRegistration<RblnFile>` is the `reg` field
+        // of a pinned `MiscHolder` (npu.rs creates no other), so stepping back
+        // to the container stays inside that allocation; the registration,
+        // hence the holder, outlives every call of `open`.
+        let npu = unsafe { &(*kernel::container_of!(reg, MiscHolder, reg)).npu }.clone();
+        Ok(KBox::pin(RblnFile { npu }, GFP_KERNEL)?)
+    }
+
+    fn ioctl(me: Pin<&RblnFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+        let (ty, nr, size) = uapi::decode(cmd);
+        if ty != uapi::IOCTL_TYPE {
+            return Err(ENOTTY);
+        }
+        match nr {
+            0x00 => {
+                // Output only, but the size rule still applies to what the caller passes.
+                read_arg::<uapi::DeviceInfo>(arg, size)?;
+                write_arg(arg, size, &me.info())?;
+            }
+            _ => return Err(ENOTTY),
+        }
+        Ok(0)
+    }
+}

@@ -1,0 +1,304 @@
+//! The user-space ABI of `/dev/rbln*` (see docs/uapi.md): ioctl numbers
+//! and argument structs, shared by the kernel driver (`kmd/`, through
+//! `#[path]`) and the user-mode driver (`umd/`).
+//!
+//! Every struct is `#[repr(C)]`, built from fixed-width integers, with
+//! explicit padding (`pad*`) and reserved fields that must be zero; sizes
+//! and offsets are asserted at compile time.
+//!
+//! Growth: the ioctl number encodes the size of the caller's struct. The
+//! driver copies `min(caller size, its size)` bytes and zero-fills the
+//! rest, so old binaries keep working with new drivers; bytes a newer
+//! caller passes beyond what the driver knows must be zero (else `E2BIG`).
+//! New fields are only ever appended, and zero always means "old
+//! behaviour".
+#![no_std]
+#![forbid(unsafe_code)]
+
+/// ABI version reported by [`DeviceInfo::uapi_version`].
+pub const UAPI_VERSION: u32 = 1;
+
+/// ioctl "type" byte of the rbln driver.
+pub const IOCTL_TYPE: u32 = b'R' as u32;
+
+const IOC_WRITE: u32 = 1;
+const IOC_READ: u32 = 2;
+
+/// Linux `_IOC(dir, type, nr, size)`.
+pub const fn ioc(dir: u32, nr: u32, size: usize) -> u32 {
+    (dir << 30) | ((size as u32 & 0x3FFF) << 16) | (IOCTL_TYPE << 8) | nr
+}
+
+/// Linux `_IOWR(IOCTL_TYPE, nr, T)` for a struct of `size` bytes.
+pub const fn iowr(nr: u32, size: usize) -> u32 {
+    ioc(IOC_READ | IOC_WRITE, nr, size)
+}
+
+/// Split an ioctl command into (type, nr, size).
+pub const fn decode(cmd: u32) -> (u32, u32, usize) {
+    ((cmd >> 8) & 0xFF, cmd & 0xFF, ((cmd >> 16) & 0x3FFF) as usize)
+}
+
+macro_rules! abi_struct {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident : $t:ty,)* }) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name { $($(#[$fm])* pub $f: $t,)* }
+        // No implicit padding anywhere: every byte is a named field.
+        const _: () = assert!(0 $(+ core::mem::size_of::<$t>())* == core::mem::size_of::<$name>());
+        const _: () = assert!(core::mem::size_of::<$name>() % 8 == 0);
+    };
+}
+
+abi_struct! {
+    /// `RBLN_IOCTL_INFO` (out): what the device and driver are.
+    pub struct DeviceInfo {
+        pub uapi_version: u32,
+        /// Driver version: major << 16 | minor << 8 | patch.
+        pub driver_version: u32,
+        pub vendor_id: u16,
+        pub device_id: u16,
+        /// Hardware version register (major << 16 | minor).
+        pub hw_version: u32,
+        pub dram_size: u64,
+        pub num_queues: u32,
+        pub num_cores: u32,
+        pub num_dma_engines: u32,
+        /// Capability bits of the hardware (CAPS register).
+        pub caps: u32,
+        /// Index N of /dev/rblnN.
+        pub minor_index: u32,
+        pub pad: u32,
+        pub reserved: [u64; 4],
+    }
+}
+
+/// BO placement (exactly one).
+pub const BO_DRAM: u32 = 1 << 0;
+pub const BO_HOST: u32 = 1 << 1;
+pub const BO_PLACEMENTS: u32 = BO_DRAM | BO_HOST;
+
+abi_struct! {
+    /// `RBLN_IOCTL_BO_CREATE`: allocate a buffer object of `size` bytes
+    /// (rounded up to 4 KiB) in device DRAM or host memory.
+    pub struct BoCreate {
+        /// In: size in bytes (1 ..= 1 GiB).
+        pub size: u64,
+        /// In: exactly one of BO_DRAM, BO_HOST.
+        pub flags: u32,
+        /// Out: handle (never 0).
+        pub handle: u32,
+        pub reserved: [u64; 2],
+    }
+}
+
+abi_struct! {
+    /// `RBLN_IOCTL_BO_INFO`: describe a BO of the caller.
+    pub struct BoInfo {
+        /// In.
+        pub handle: u32,
+        /// Out: the placement flag.
+        pub flags: u32,
+        /// Out: size in bytes (page aligned).
+        pub size: u64,
+        /// Out: offset to pass to mmap(2) on this file to map the BO.
+        pub mmap_offset: u64,
+        /// Out: device VA of the BO's first mapping, or 0 when unmapped.
+        pub device_va: u64,
+        pub reserved: [u64; 2],
+    }
+}
+
+abi_struct! {
+    /// `RBLN_IOCTL_BO_DESTROY`: drop the handle. Mappings in the device VA
+    /// space and CPU mmaps keep the memory alive until they go.
+    pub struct BoDestroy {
+        pub handle: u32,
+        pub pad: u32,
+        pub reserved: [u64; 1],
+    }
+}
+
+/// VM_MAP permissions.
+pub const VM_READ: u32 = 1 << 0;
+pub const VM_WRITE: u32 = 1 << 1;
+
+abi_struct! {
+    /// `RBLN_IOCTL_VM_MAP`: map [offset, offset+size) of a BO into the
+    /// caller's device VA space.
+    pub struct VmMap {
+        pub handle: u32,
+        /// VM_READ and/or VM_WRITE (at least one).
+        pub flags: u32,
+        /// In: page-aligned VA, or 0 to let the driver choose. Out: the VA.
+        pub va: u64,
+        /// Page-aligned offset into the BO.
+        pub offset: u64,
+        /// Page-aligned size; 0 maps to the BO's end.
+        pub size: u64,
+        pub reserved: [u64; 2],
+    }
+}
+
+abi_struct! {
+    /// `RBLN_IOCTL_VM_UNMAP`: remove the mapping that starts at `va`.
+    pub struct VmUnmap {
+        pub va: u64,
+        pub reserved: [u64; 1],
+    }
+}
+
+abi_struct! {
+    /// `RBLN_IOCTL_QUEUE_CREATE`: bind a free hardware queue to the
+    /// caller's context.
+    pub struct QueueCreate {
+        /// In: ring size in entries (power of two, 2 ..= 4096); 0 = 256.
+        pub ring_entries: u32,
+        /// In: reserved flags, must be 0.
+        pub flags: u32,
+        /// Out: queue id (for SUBMIT, FENCE_WAIT, QUEUE_DESTROY).
+        pub queue_id: u32,
+        /// Out: hardware queue index (the doorbell page number).
+        pub hw_queue: u32,
+        /// Out: mmap offset of the ring (read-write, ring_entries * 32
+        /// bytes rounded up to pages). User-mode submission writes it.
+        pub ring_mmap_offset: u64,
+        /// Out: mmap offset of the queue's status block page (read-only).
+        pub status_mmap_offset: u64,
+        /// Out: mmap offset of this queue's doorbell page (write-only use:
+        /// a 32-bit store of the new tail at offset 0).
+        pub doorbell_mmap_offset: u64,
+        pub reserved: [u64; 2],
+    }
+}
+
+abi_struct! {
+    /// `RBLN_IOCTL_QUEUE_DESTROY`.
+    pub struct QueueDestroy {
+        pub queue_id: u32,
+        pub pad: u32,
+        pub reserved: [u64; 1],
+    }
+}
+
+abi_struct! {
+    /// `RBLN_IOCTL_SUBMIT`: the driver puts the command buffer on the
+    /// queue's ring followed by a fence of its own and returns the fence
+    /// value to wait for.
+    pub struct Submit {
+        pub queue_id: u32,
+        /// Reserved flags, must be 0.
+        pub flags: u32,
+        /// Device VA of the command buffer (4-byte aligned).
+        pub cmdbuf_va: u64,
+        /// Size in bytes (multiple of 4, 4 ..= 16 MiB).
+        pub cmdbuf_size: u32,
+        pub pad: u32,
+        /// Out: fence value signalled when the command buffer completed.
+        pub fence: u64,
+        pub reserved: [u64; 2],
+    }
+}
+
+abi_struct! {
+    /// `RBLN_IOCTL_FENCE_WAIT`: sleep until the queue's fence reaches
+    /// `value`. Errors: ETIMEDOUT, EIO (the queue faulted or was reset
+    /// before reaching it), EINTR/ERESTARTSYS (signal).
+    pub struct FenceWait {
+        pub queue_id: u32,
+        /// Reserved flags, must be 0.
+        pub flags: u32,
+        pub value: u64,
+        /// Relative timeout in nanoseconds; 0 polls.
+        pub timeout_ns: u64,
+        pub reserved: [u64; 1],
+    }
+}
+
+macro_rules! ioctls {
+    ($($name:ident = $nr:expr, $t:ty;)*) => {
+        $(pub const $name: u32 = iowr($nr, core::mem::size_of::<$t>());)*
+        /// Every ioctl with its name, for diagnostics and tests.
+        pub const ALL: &[(u32, &str)] = &[$(($name, stringify!($name))),*];
+    };
+}
+
+ioctls! {
+    RBLN_IOCTL_INFO = 0x00, DeviceInfo;
+    RBLN_IOCTL_BO_CREATE = 0x01, BoCreate;
+    RBLN_IOCTL_BO_INFO = 0x02, BoInfo;
+    RBLN_IOCTL_BO_DESTROY = 0x03, BoDestroy;
+    RBLN_IOCTL_VM_MAP = 0x04, VmMap;
+    RBLN_IOCTL_VM_UNMAP = 0x05, VmUnmap;
+    RBLN_IOCTL_QUEUE_CREATE = 0x06, QueueCreate;
+    RBLN_IOCTL_QUEUE_DESTROY = 0x07, QueueDestroy;
+    RBLN_IOCTL_SUBMIT = 0x08, Submit;
+    RBLN_IOCTL_FENCE_WAIT = 0x09, FenceWait;
+}
+
+const _: () = assert!(core::mem::size_of::<DeviceInfo>() == 80);
+const _: () = assert!(core::mem::size_of::<BoCreate>() == 32);
+const _: () = assert!(core::mem::size_of::<BoInfo>() == 48);
+const _: () = assert!(core::mem::size_of::<BoDestroy>() == 16);
+const _: () = assert!(core::mem::size_of::<VmMap>() == 48);
+const _: () = assert!(core::mem::size_of::<VmUnmap>() == 16);
+const _: () = assert!(core::mem::size_of::<QueueCreate>() == 56);
+const _: () = assert!(core::mem::size_of::<QueueDestroy>() == 16);
+const _: () = assert!(core::mem::size_of::<Submit>() == 48);
+const _: () = assert!(core::mem::size_of::<FenceWait>() == 32);
+const _: () = assert!(core::mem::offset_of!(Submit, fence) == 24);
+const _: () = assert!(core::mem::offset_of!(QueueCreate, ring_mmap_offset) == 16);
+
+/// mmap offsets: the region kind sits in the top bits so that one file
+/// offset names one object. Offsets are page aligned.
+pub const MMAP_KIND_SHIFT: u32 = 40;
+pub const MMAP_KIND_BO: u64 = 1;
+pub const MMAP_KIND_RING: u64 = 2;
+pub const MMAP_KIND_STATUS: u64 = 3;
+pub const MMAP_KIND_DOORBELL: u64 = 4;
+
+/// The mmap offset of object `id` of `kind`.
+pub const fn mmap_offset(kind: u64, id: u32) -> u64 {
+    (kind << MMAP_KIND_SHIFT) | ((id as u64) << 12)
+}
+
+/// Split an mmap offset into (kind, id); None for sub-page offsets.
+pub const fn mmap_decode(off: u64) -> Option<(u64, u32)> {
+    if off & 0xFFF != 0 {
+        return None;
+    }
+    let id = (off & ((1 << MMAP_KIND_SHIFT) - 1)) >> 12;
+    if id > u32::MAX as u64 {
+        return None;
+    }
+    Some((off >> MMAP_KIND_SHIFT, id as u32))
+}
+
+/// Largest BO.
+pub const MAX_BO_SIZE: u64 = 1 << 30;
+/// Device VAs the driver hands out start here (below: reserved, so that a
+/// null VA is never valid); the top 1 GiB of the 39-bit space is the
+/// driver's own (fence command buffers).
+pub const VA_USER_START: u64 = 1 << 21;
+pub const VA_USER_END: u64 = (1 << 39) - (1 << 30);
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_the_linux_encoding() {
+        assert_eq!(RBLN_IOCTL_INFO as u64, nix::request_code_readwrite!(b'R', 0x00, core::mem::size_of::<DeviceInfo>()) as u64);
+        assert_eq!(RBLN_IOCTL_SUBMIT as u64, nix::request_code_readwrite!(b'R', 0x08, core::mem::size_of::<Submit>()) as u64);
+        assert_eq!(decode(RBLN_IOCTL_FENCE_WAIT), (IOCTL_TYPE, 0x09, 32));
+    }
+
+    #[test]
+    fn mmap_offsets_round_trip() {
+        let off = mmap_offset(MMAP_KIND_DOORBELL, 17);
+        assert_eq!(mmap_decode(off), Some((MMAP_KIND_DOORBELL, 17)));
+        assert_eq!(mmap_decode(off + 1), None);
+    }
+}
