@@ -40,6 +40,11 @@ impl Opcode {
     }
 }
 
+/// Largest transfer one DMA_COPY or FILL packet may ask for; larger sizes
+/// are rejected as BadPacket. Bounds how long one packet can hold a DMA
+/// engine (and how long stopping its queue can take).
+pub const MAX_DMA_SIZE: u64 = 1 << 30;
+
 /// Deepest nesting of INDIRECT packets (a ring entry's buffer is depth 0).
 pub const MAX_INDIRECT_DEPTH: u32 = 4;
 
@@ -227,14 +232,14 @@ impl Packet {
             Opcode::Nop => Packet::Nop { size_dwords: size },
             Opcode::DmaCopy => {
                 let p = fixed!(DmaCopy);
-                if p.reserved != 0 {
+                if p.reserved != 0 || p.size > MAX_DMA_SIZE {
                     return Err(DecodeError::BadField);
                 }
                 Packet::DmaCopy(p)
             }
             Opcode::Fill => {
                 let p = fixed!(Fill);
-                if p.dst_va % 4 != 0 || p.size % 4 != 0 {
+                if p.dst_va % 4 != 0 || p.size % 4 != 0 || p.size > MAX_DMA_SIZE {
                     return Err(DecodeError::BadField);
                 }
                 Packet::Fill(p)

@@ -1,8 +1,9 @@
 //! BAR0 register map. Offsets are bytes from the start of BAR0.
 //!
 //! 32-bit registers take 4-byte accesses. 64-bit registers (suffix `_64`)
-//! take one 8-byte access (atomic) or two 4-byte accesses (low half first;
-//! not atomic against concurrent updates). Reads of undefined offsets
+//! take one 8-byte access or two 4-byte accesses (low half first). An
+//! 8-byte read returns one snapshot; an 8-byte write is performed as two
+//! 32-bit writes, low half first. Reads of undefined offsets
 //! return 0; writes to them and to read-only registers are ignored.
 
 // ---- Global block (0x000 - 0x0FF) -------------------------------------

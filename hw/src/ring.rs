@@ -25,8 +25,10 @@ pub const MAX_RING_ENTRIES: u32 = 65536;
 
 wire_struct! {
     /// The queue status block the device writes to host memory at
-    /// `Q_STATUS_ADDR` after each ring entry, each FENCE packet and each
-    /// fault, so that drivers can poll without touching registers. 64 bytes.
+    /// `Q_STATUS_ADDR` whenever the mirrored registers change: after each
+    /// ring entry and FENCE packet, on entering and leaving Waiting, on a
+    /// fault, on enable/disable and on a queue reset (not on a device
+    /// reset), so that drivers can poll without touching registers. 64 bytes.
     pub struct QueueStatus {
         /// Mirror of Q_HEAD.
         pub head: u32,

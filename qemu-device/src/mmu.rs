@@ -125,6 +125,9 @@ impl<'a> AddressSpace<'a> {
         access: Access,
         mut f: impl FnMut(Phys, u64, u64) -> Result<(), ()>,
     ) -> Result<(), Fault> {
+        if len == 0 {
+            return Ok(()); // an empty range touches nothing, wherever it is
+        }
         if va.checked_add(len).is_none_or(|end| end > mmu::VA_LIMIT) {
             return Err(Fault::new(FaultCode::Unmapped, access, va));
         }
