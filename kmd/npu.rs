@@ -3,12 +3,15 @@
 //! PCI binding: probe, the device-wide state shared with open files, and
 //! teardown.
 
+use core::ptr::NonNull;
+
 use kernel::{
     device::Core,
+    irq::{self, IrqReturn, ThreadedHandler, ThreadedRegistration},
     miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
-    pci,
+    new_condvar, new_mutex, pci,
     prelude::*,
-    sync::{aref::ARef, Arc},
+    sync::{aref::ARef, Arc, CondVar, Mutex},
 };
 
 use crate::file::RblnFile;
@@ -61,18 +64,61 @@ pub(crate) struct HwInfo {
     pub(crate) dram_size: u64,
 }
 
+/// What the interrupt handlers have seen; protected by `Npu::events`.
+#[derive(Default)]
+pub(crate) struct Events {
+    /// Interrupts serviced (any vector).
+    pub(crate) irqs: u64,
+    /// Queues whose error interrupt fired and that nobody has reset yet.
+    pub(crate) faulted: u32,
+}
+
 /// Device-wide state, shared (by `Arc`) by the PCI binding and every open
 /// file. Hardware access goes through revocable BAR mappings: after the
 /// device is unbound, file operations get `ENODEV` instead of touching
 /// unmapped registers.
+#[pin_data]
 pub(crate) struct Npu {
     pub(crate) index: usize,
     pub(crate) pdev: ARef<pci::Device>,
     pub(crate) regs: RegsBar,
+    pub(crate) doorbells: pci::DevresBar,
     pub(crate) hw: HwInfo,
+    /// Interrupt bookkeeping; waiters sleep on `event_cv` with it held, and
+    /// the interrupt thread notifies with it held, so no wake-up is lost.
+    #[pin]
+    pub(crate) events: Mutex<Events>,
+    #[pin]
+    pub(crate) event_cv: CondVar,
 }
 
 impl Npu {
+    /// Threaded part of every vector: acknowledge what the device reports
+    /// and wake all waiters (they re-check their own condition).
+    fn service_interrupts(&self) -> IrqReturn {
+        let status = self.with_regs(|r| {
+            let q = r.r32(regs::IRQ_QUEUE_STATUS)?;
+            let e = r.r32(regs::IRQ_ERROR_STATUS)?;
+            // Write-1-to-clear exactly what was seen.
+            r.w32(regs::IRQ_QUEUE_STATUS, q)?;
+            r.w32(regs::IRQ_ERROR_STATUS, e)?;
+            Ok((q, e))
+        });
+        let Ok((_q, e)) = status else { return IrqReturn::None };
+        let mut ev = self.events.lock();
+        ev.irqs += 1;
+        ev.faulted |= e;
+        self.event_cv.notify_all();
+        IrqReturn::Handled
+    }
+
+    /// Ring queue `q`'s doorbell with the new tail.
+    pub(crate) fn ring_doorbell(&self, q: u32, tail: u32) -> Result {
+        use kernel::io::Io;
+        let bar = self.doorbells.try_access().ok_or(ENODEV)?;
+        bar.try_write32(tail, hw::pci::doorbell_page_offset(q) as usize)
+    }
+
     /// Run `f` with the register BAR, or fail with ENODEV once unbound.
     pub(crate) fn with_regs<R>(&self, f: impl FnOnce(&Regs<'_>) -> Result<R>) -> Result<R> {
         let bar = self.regs.try_access().ok_or(ENODEV)?;
@@ -114,11 +160,32 @@ pub(crate) struct MiscHolder {
     pub(crate) npu: Arc<Npu>,
 }
 
-/// Per-bound-device driver data.
-#[pin_data(PinnedDrop)]
-pub(crate) struct RblnData {
+/// An interrupt vector's handler.
+pub(crate) struct Irq {
+    npu: Arc<Npu>,
+}
+
+impl ThreadedHandler for Irq {
+    fn handle_threaded(&self) -> IrqReturn {
+        self.npu.service_interrupts()
+    }
+}
+
+/// The MSI-X vector allocation, boxed so that the handlers registered on
+/// its vectors can borrow it for the device's bound lifetime.
+struct Vectors<'bound>(NonNull<pci::IrqVectorRegistration<'bound>>);
+
+// SAFETY: the registration holds a `&Device<Bound>` (Sync) and a length;
+// moving that between threads is fine.
+unsafe impl Send for Vectors<'_> {}
+
+/// Per-bound-device driver data. Dropped on unbind: IRQ handlers first,
+/// then the vectors they used, then the hardware is quiesced.
+pub(crate) struct RblnData<'bound> {
     npu: Arc<Npu>,
     misc: Pin<KBox<MiscHolder>>,
+    irqs: KVec<Pin<KBox<ThreadedRegistration<'bound, Irq>>>>,
+    vectors: Vectors<'bound>,
 }
 
 pub(crate) struct RblnDriver;
@@ -170,9 +237,44 @@ fn init_hw(pdev: &pci::Device<Core<'_>>, r: &Regs<'_>) -> Result<HwInfo> {
     Ok(info)
 }
 
+/// Allocate the MSI-X vectors and register a handler on each.
+fn setup_irqs<'bound>(
+    pdev: &'bound pci::Device<Core<'_>>,
+    npu: &Arc<Npu>,
+) -> Result<(Vectors<'bound>, KVec<Pin<KBox<ThreadedRegistration<'bound, Irq>>>>)> {
+    let n = regs::MSIX_VECTORS;
+    let types = pci::IrqTypes::default().with(pci::IrqType::MsiX);
+    let vectors = KBox::new(pdev.alloc_irq_vectors(n, n, types)?, GFP_KERNEL)?;
+    let raw = NonNull::from(KBox::leak(vectors));
+    // SAFETY: `raw` comes from `KBox::leak` just above and is only freed by
+    // `RblnData::drop`, after every handler borrowing it was dropped; the
+    // data is dropped within the device's bound lifetime.
+    let vref: &'bound pci::IrqVectorRegistration<'bound> = unsafe { raw.as_ref() };
+    let mut irqs = KVec::new();
+    for i in 0..n as usize {
+        let registration = vref.index(i).and_then(|vector| {
+            let handler = Irq { npu: npu.clone() };
+            // SAFETY: the registration is kept in `irqs` and dropped in
+            // `RblnData::drop`; it is never forgotten.
+            let init = unsafe { ThreadedRegistration::new(vector.into(), irq::Flags::ONESHOT, c"rbln", Ok::<_, Error>(handler)) };
+            KBox::pin_init(init, GFP_KERNEL)
+        });
+        match registration.and_then(|r| irqs.push(r, GFP_KERNEL).map_err(Error::from)) {
+            Ok(()) => {}
+            Err(e) => {
+                drop(irqs);
+                // SAFETY: as above; no handler borrows the vectors any more.
+                drop(unsafe { KBox::from_raw(raw.as_ptr()) });
+                return Err(e);
+            }
+        }
+    }
+    Ok((Vectors(raw), irqs))
+}
+
 impl pci::Driver for RblnDriver {
     type IdInfo = ();
-    type Data<'bound> = RblnData;
+    type Data<'bound> = RblnData<'bound>;
 
     const ID_TABLE: pci::IdTable<Self::IdInfo> = &PCI_TABLE;
 
@@ -191,17 +293,53 @@ impl pci::Driver for RblnDriver {
             let bar = regs.access(pdev.as_ref())?;
             init_hw(pdev, &Regs(bar))?
         };
+        let doorbells = pdev.iomap_region(hw::pci::BAR_DOORBELL, c"rbln-doorbells")?.into_devres()?;
         let index = take_index()?;
-        let npu = match Arc::new(
-            Npu { index, pdev: ARef::from(&**pdev), regs, hw: hw_info },
+        let npu = Arc::pin_init(
+            try_pin_init!(Npu {
+                index,
+                pdev: ARef::from(&**pdev),
+                regs,
+                doorbells,
+                hw: hw_info,
+                events <- new_mutex!(Events::default()),
+                event_cv <- new_condvar!(),
+            }),
             GFP_KERNEL,
-        ) {
+        );
+        let npu = match npu {
             Ok(n) => n,
             Err(e) => {
                 put_index(index);
-                return Err(e.into());
+                return Err(e);
             }
         };
+        let (vectors, irqs) = match setup_irqs(pdev, &npu) {
+            Ok(v) => v,
+            Err(e) => {
+                dev_err!(pdev, "cannot set up MSI-X interrupts: {:?}\n", e);
+                put_index(index);
+                return Err(e);
+            }
+        };
+        // Interrupts on from here on; the self-test proves they arrive.
+        let unmask = npu.with_regs(|r| {
+            r.w32(regs::IRQ_QUEUE_MASK, 0)?;
+            r.w32(regs::IRQ_ERROR_MASK, 0)
+        });
+        let tested = unmask.and_then(|()| crate::selftest::run(pdev, &npu));
+        match tested {
+            Ok(us) => dev_info!(pdev, "rbln{}: self-test passed: fence interrupt after {} us\n", index, us),
+            Err(e) => {
+                dev_err!(pdev, "rbln{}: self-test failed ({:?}); refusing the device\n", index, e);
+                drop(irqs);
+                // SAFETY: the vectors were leaked by `setup_irqs`; their
+                // handlers are gone.
+                drop(unsafe { KBox::from_raw(vectors.0.as_ptr()) });
+                put_index(index);
+                return Err(e);
+            }
+        }
         let for_files = npu.clone();
         let misc = KBox::pin_init(
             try_pin_init!(MiscHolder {
@@ -213,6 +351,9 @@ impl pci::Driver for RblnDriver {
         let misc = match misc {
             Ok(m) => m,
             Err(e) => {
+                drop(irqs);
+                // SAFETY: as above.
+                drop(unsafe { KBox::from_raw(vectors.0.as_ptr()) });
                 put_index(index);
                 return Err(e);
             }
@@ -228,15 +369,19 @@ impl pci::Driver for RblnDriver {
             hw_info.num_cores,
             hw_info.num_dma_engines
         );
-        Ok(RblnData { npu, misc })
+        Ok(RblnData { npu, misc, irqs, vectors })
     }
 }
 
-#[pinned_drop]
-impl PinnedDrop for RblnData {
-    fn drop(self: Pin<&mut Self>) {
-        // Quiesce the hardware while the BAR is still mapped.
+impl Drop for RblnData<'_> {
+    fn drop(&mut self) {
+        // Quiesce the hardware while the BAR is still mapped, then free the
+        // interrupt handlers before the vectors they borrow.
         let _ = self.npu.with_regs(|r| r.w32(regs::DEVICE_RESET, regs::RESET_MAGIC));
+        self.irqs.clear();
+        // SAFETY: `vectors` was leaked by `setup_irqs`; no handler borrows it
+        // any more (cleared just above) and it is freed exactly once here.
+        drop(unsafe { KBox::from_raw(self.vectors.0.as_ptr()) });
         put_index(self.npu.index);
         dev_info!(self.npu.pdev, "rbln{}: removed\n", self.npu.index);
         let _ = &self.misc;

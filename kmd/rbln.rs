@@ -19,6 +19,7 @@ mod uapi;
 
 mod file;
 mod npu;
+mod selftest;
 
 /// Driver version (also reported by the INFO ioctl): major, minor, patch.
 pub(crate) const DRIVER_VERSION: (u32, u32, u32) = (0, 2, 0);
