@@ -10,6 +10,7 @@ use kernel::{
     uaccess::{UserPtr, UserSlice},
 };
 
+use crate::ctx::Context;
 use crate::npu::{MiscHolder, Npu};
 use crate::uapi;
 
@@ -29,6 +30,7 @@ pod!(DeviceInfo, BoCreate, BoInfo, BoDestroy, VmMap, VmUnmap, QueueCreate, Queue
 /// One open file: a context on one device.
 pub(crate) struct RblnFile {
     npu: Arc<Npu>,
+    ctx: Pin<KBox<Context>>,
 }
 
 /// Copy an ioctl argument struct in, following the uAPI's size rule:
@@ -97,7 +99,8 @@ impl MiscDevice for RblnFile {
         // to the container stays inside that allocation; the registration,
         // hence the holder, outlives every call of `open`.
         let npu = unsafe { &(*kernel::container_of!(reg, MiscHolder, reg)).npu }.clone();
-        Ok(KBox::pin(RblnFile { npu }, GFP_KERNEL)?)
+        let ctx = Context::new(npu.clone())?;
+        Ok(KBox::pin(RblnFile { npu, ctx }, GFP_KERNEL)?)
     }
 
     fn ioctl(me: Pin<&RblnFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
@@ -105,14 +108,44 @@ impl MiscDevice for RblnFile {
         if ty != uapi::IOCTL_TYPE {
             return Err(ENOTTY);
         }
+        // Every call: read the argument (size rule), act, write it back.
+        macro_rules! call {
+            ($t:ty, $f:expr) => {{
+                let mut a = read_arg::<$t>(arg, size)?;
+                #[allow(clippy::redundant_closure_call)]
+                ($f)(&mut a)?;
+                write_arg(arg, size, &a)?;
+            }};
+        }
+        let ctx = &me.ctx;
         match nr {
-            0x00 => {
-                // Output only, but the size rule still applies to what the caller passes.
-                read_arg::<uapi::DeviceInfo>(arg, size)?;
-                write_arg(arg, size, &me.info())?;
-            }
+            // Output only, but the size rule still applies to what the caller passes.
+            0x00 => call!(uapi::DeviceInfo, |a: &mut uapi::DeviceInfo| -> Result {
+                *a = me.info();
+                Ok(())
+            }),
+            0x01 => call!(uapi::BoCreate, |a: &mut uapi::BoCreate| ctx.bo_create(a)),
+            0x02 => call!(uapi::BoInfo, |a: &mut uapi::BoInfo| ctx.bo_info(a)),
+            0x03 => call!(uapi::BoDestroy, |a: &mut uapi::BoDestroy| ctx.bo_destroy(a)),
+            0x04 => call!(uapi::VmMap, |a: &mut uapi::VmMap| ctx.vm_map(a)),
+            0x05 => call!(uapi::VmUnmap, |a: &mut uapi::VmUnmap| ctx.vm_unmap(a)),
+            0x06 => call!(uapi::QueueCreate, |a: &mut uapi::QueueCreate| ctx.queue_create(a)),
+            0x07 => call!(uapi::QueueDestroy, |a: &mut uapi::QueueDestroy| ctx.queue_destroy(a)),
+            0x08 => call!(uapi::Submit, |a: &mut uapi::Submit| ctx.submit(a)),
+            0x09 => call!(uapi::FenceWait, |a: &mut uapi::FenceWait| ctx.fence_wait(a)),
             _ => return Err(ENOTTY),
         }
         Ok(0)
+    }
+
+    fn mmap(me: Pin<&RblnFile>, _file: &File, vma: &kernel::mm::virt::VmaNew) -> Result {
+        // SAFETY: `vma` is the live VMA being set up by this mmap call.
+        let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff } as u64;
+        let (kind, id) = uapi::mmap_decode(pgoff << 12).ok_or(EINVAL)?;
+        if kind != uapi::MMAP_KIND_BO {
+            return Err(EINVAL);
+        }
+        let len = vma.end() - vma.start();
+        me.ctx.with_bo_mem(id, |mem| mem.mmap(vma, len))
     }
 }

@@ -90,6 +90,22 @@ pub(crate) struct Npu {
     pub(crate) events: Mutex<Events>,
     #[pin]
     pub(crate) event_cv: CondVar,
+    /// Hardware resources handed out to contexts.
+    #[pin]
+    alloc: Mutex<Resources>,
+    /// True while the driver is bound; cleared (under the lock) at the
+    /// start of unbind. See `with_bound`.
+    #[pin]
+    bound: Mutex<bool>,
+}
+
+/// Contexts, queues and DRAM in use.
+pub(crate) struct Resources {
+    /// Bit i: context id i is in use. The last id belongs to the driver.
+    contexts: u64,
+    /// Bit q: hardware queue q is in use. The last queue belongs to the driver.
+    queues: u32,
+    dram: crate::mem::RangeAllocator,
 }
 
 impl Npu {
@@ -110,6 +126,76 @@ impl Npu {
         ev.faulted |= e;
         self.event_cv.notify_all();
         IrqReturn::Handled
+    }
+
+    /// Run `f` with the device as a bound device (for DMA allocations from
+    /// file operations), or fail with ENODEV once unbinding started.
+    pub(crate) fn with_bound<R>(&self, f: impl FnOnce(&kernel::device::Device<kernel::device::Bound>) -> Result<R>) -> Result<R> {
+        let bound = self.bound.lock();
+        if !*bound {
+            return Err(ENODEV);
+        }
+        let dev: &kernel::device::Device = self.pdev.as_ref();
+        // SAFETY: `bound` is held and true. Unbind clears it under this lock
+        // before the driver lets go of the device (`RblnData::drop`), so the
+        // device stays bound for the whole of `f`.
+        f(unsafe { dev.as_bound() })
+    }
+
+    pub(crate) fn take_context(&self) -> Result<u32> {
+        let mut a = self.alloc.lock();
+        let free = (!a.contexts).trailing_zeros();
+        if free >= regs::MAX_CONTEXTS - 1 {
+            return Err(EBUSY);
+        }
+        a.contexts |= 1 << free;
+        Ok(free)
+    }
+
+    pub(crate) fn put_context(&self, id: u32) {
+        self.alloc.lock().contexts &= !(1u64 << id);
+    }
+
+    pub(crate) fn take_queue(&self) -> Result<u32> {
+        let mut a = self.alloc.lock();
+        let free = (!a.queues).trailing_zeros();
+        if free >= self.hw.num_queues - 1 {
+            return Err(EBUSY);
+        }
+        a.queues |= 1 << free;
+        Ok(free)
+    }
+
+    pub(crate) fn put_queue(&self, q: u32) {
+        self.alloc.lock().queues &= !(1u32 << q);
+        self.clear_fault(q);
+    }
+
+    pub(crate) fn dram_alloc(&self, size: u64) -> Result<u64> {
+        self.alloc.lock().dram.alloc(size).map_err(|_| ENOSPC)
+    }
+
+    pub(crate) fn dram_free(&self, offset: u64, size: u64) {
+        let _ = self.alloc.lock().dram.free(offset, size);
+    }
+
+    /// Bytes of DRAM not allocated.
+    pub(crate) fn dram_free_bytes(&self) -> u64 {
+        self.alloc.lock().dram.free_bytes()
+    }
+
+    pub(crate) fn is_faulted(&self, q: u32) -> bool {
+        self.events.lock().faulted & (1 << q) != 0
+    }
+
+    pub(crate) fn clear_fault(&self, q: u32) {
+        self.events.lock().faulted &= !(1u32 << q);
+    }
+
+    /// Wake every waiter so it re-checks its condition.
+    pub(crate) fn wake_all(&self) {
+        let _ev = self.events.lock();
+        self.event_cv.notify_all();
     }
 
     /// Ring queue `q`'s doorbell with the new tail.
@@ -294,6 +380,10 @@ impl pci::Driver for RblnDriver {
             init_hw(pdev, &Regs(bar))?
         };
         let doorbells = pdev.iomap_region(hw::pci::BAR_DOORBELL, c"rbln-doorbells")?.into_devres()?;
+        // The device takes 64-bit bus addresses: no bounce buffering.
+        // SAFETY: probe runs before any DMA mapping of this device exists.
+        unsafe { kernel::dma::Device::dma_set_mask_and_coherent(pdev, kernel::dma::DmaMask::new::<64>()) }?;
+        let dram = crate::mem::RangeAllocator::new(0, hw_info.dram_size)?;
         let index = take_index()?;
         let npu = Arc::pin_init(
             try_pin_init!(Npu {
@@ -304,6 +394,8 @@ impl pci::Driver for RblnDriver {
                 hw: hw_info,
                 events <- new_mutex!(Events::default()),
                 event_cv <- new_condvar!(),
+                alloc <- new_mutex!(Resources { contexts: 1 << (regs::MAX_CONTEXTS - 1), queues: 1 << (hw_info.num_queues - 1), dram }),
+                bound <- new_mutex!(true),
             }),
             GFP_KERNEL,
         );
@@ -375,6 +467,8 @@ impl pci::Driver for RblnDriver {
 
 impl Drop for RblnData<'_> {
     fn drop(&mut self) {
+        // Open files lose the bound device first (`Npu::with_bound`).
+        *self.npu.bound.lock() = false;
         // Quiesce the hardware while the BAR is still mapped, then free the
         // interrupt handlers before the vectors they borrow.
         let _ = self.npu.with_regs(|r| r.w32(regs::DEVICE_RESET, regs::RESET_MAGIC));

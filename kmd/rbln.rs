@@ -17,7 +17,9 @@ mod hw;
 #[allow(dead_code, unused_attributes, unreachable_pub, clippy::all)]
 mod uapi;
 
+mod ctx;
 mod file;
+mod mem;
 mod npu;
 mod selftest;
 

@@ -90,7 +90,216 @@ fn two_devices() -> Res {
     Ok(())
 }
 
+/// Typed ioctl wrappers returning errno on failure.
+fn bo_create(f: &File, size: u64, flags: u32) -> Result<u32, nix::errno::Errno> {
+    let mut a = uapi::BoCreate { size, flags, ..Default::default() };
+    ioctl(f, uapi::RBLN_IOCTL_BO_CREATE, &mut a)?;
+    Ok(a.handle)
+}
+
+fn vm_map(f: &File, handle: u32, va: u64, flags: u32) -> Result<u64, nix::errno::Errno> {
+    let mut a = uapi::VmMap { handle, flags, va, ..Default::default() };
+    ioctl(f, uapi::RBLN_IOCTL_VM_MAP, &mut a)?;
+    Ok(a.va)
+}
+
+fn queue_create(f: &File) -> Result<u32, nix::errno::Errno> {
+    let mut a = uapi::QueueCreate::default();
+    ioctl(f, uapi::RBLN_IOCTL_QUEUE_CREATE, &mut a)?;
+    Ok(a.queue_id)
+}
+
+fn submit(f: &File, queue_id: u32, va: u64, size: u32) -> Result<u64, nix::errno::Errno> {
+    let mut a = uapi::Submit { queue_id, cmdbuf_va: va, cmdbuf_size: size, ..Default::default() };
+    ioctl(f, uapi::RBLN_IOCTL_SUBMIT, &mut a)?;
+    Ok(a.fence)
+}
+
+fn wait(f: &File, queue_id: u32, value: u64, timeout_ns: u64) -> Result<(), nix::errno::Errno> {
+    let mut a = uapi::FenceWait { queue_id, value, timeout_ns, ..Default::default() };
+    ioctl(f, uapi::RBLN_IOCTL_FENCE_WAIT, &mut a).map(|_| ())
+}
+
+/// A host BO mapped into this process.
+struct Mapped {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapped {
+    fn new(f: &File, handle: u32, len: usize) -> Result<Self, String> {
+        let mut info = uapi::BoInfo { handle, ..Default::default() };
+        ioctl(f, uapi::RBLN_IOCTL_BO_INFO, &mut info).map_err(|e| format!("BO_INFO: {e}"))?;
+        // SAFETY: mapping a BO of this file at the offset the driver gave.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), info.mmap_offset as libc::off_t)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!("mmap BO: {}", std::io::Error::last_os_error()));
+        }
+        Ok(Self { ptr: p.cast(), len })
+    }
+
+    fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        // SAFETY: in bounds of the live mapping.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) }
+    }
+
+    fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.len);
+        // SAFETY: in bounds of the live mapping; the device may write it, so volatile.
+        (0..len).map(|i| unsafe { self.ptr.add(off + i).read_volatile() }).collect()
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+use nix::errno::Errno;
+
+fn bo_errors() -> Res {
+    let f = open(0)?;
+    expect_err(bo_create(&f, 0, uapi::BO_HOST), Errno::EINVAL, "zero size")?;
+    expect_err(bo_create(&f, uapi::MAX_BO_SIZE + 1, uapi::BO_HOST), Errno::EINVAL, "oversize")?;
+    expect_err(bo_create(&f, 4096, 0), Errno::EINVAL, "no placement")?;
+    expect_err(bo_create(&f, 4096, uapi::BO_HOST | uapi::BO_DRAM), Errno::EINVAL, "two placements")?;
+    expect_err(bo_create(&f, 4096, 1 << 7), Errno::EINVAL, "unknown flag")?;
+    let mut a = uapi::BoCreate { size: 4096, flags: uapi::BO_HOST, reserved: [0, 1], ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_BO_CREATE, &mut a), Errno::EINVAL, "non-zero reserved")?;
+    expect_err(bo_create(&f, 1 << 30, uapi::BO_DRAM), Errno::ENOSPC, "more DRAM than exists")?;
+    let h = bo_create(&f, 5000, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
+    let mut info = uapi::BoInfo { handle: h, ..Default::default() };
+    ioctl(&f, uapi::RBLN_IOCTL_BO_INFO, &mut info).map_err(|e| format!("BO_INFO: {e}"))?;
+    if info.size != 8192 || info.flags != uapi::BO_DRAM {
+        return Err(format!("BO_INFO {info:?}"));
+    }
+    let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
+    ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d), Errno::ENOENT, "stale handle")?;
+    let mut info = uapi::BoInfo { handle: 999, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_BO_INFO, &mut info), Errno::ENOENT, "unknown handle")?;
+    // Handles are per file: another open file does not see this one's BOs.
+    let h = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("host BO: {e}"))?;
+    let g = open(0)?;
+    let mut info = uapi::BoInfo { handle: h, ..Default::default() };
+    expect_err(ioctl(&g, uapi::RBLN_IOCTL_BO_INFO, &mut info), Errno::ENOENT, "foreign handle")?;
+    Ok(())
+}
+
+fn vm_errors() -> Res {
+    let f = open(0)?;
+    let h = bo_create(&f, 8192, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
+    expect_err(vm_map(&f, h, 0x20_0001, uapi::VM_READ), Errno::EINVAL, "unaligned VA")?;
+    expect_err(vm_map(&f, h, 0, 0), Errno::EINVAL, "no permission")?;
+    expect_err(vm_map(&f, h, 0, 1 << 5), Errno::EINVAL, "unknown permission bit")?;
+    expect_err(vm_map(&f, h, 0x1000, uapi::VM_READ), Errno::EINVAL, "VA below the user range")?;
+    expect_err(vm_map(&f, h, u64::MAX & !0xfff, uapi::VM_READ), Errno::EINVAL, "VA overflow")?;
+    let mut a = uapi::VmMap { handle: h, flags: uapi::VM_READ, offset: 4096, size: 8192, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_VM_MAP, &mut a), Errno::EINVAL, "range past the BO")?;
+    expect_err(vm_map(&f, 77, 0, uapi::VM_READ), Errno::ENOENT, "unknown BO")?;
+    let va = vm_map(&f, h, 0x40_0000, uapi::VM_READ).map_err(|e| format!("map: {e}"))?;
+    expect_err(vm_map(&f, h, 0x40_1000, uapi::VM_READ), Errno::EBUSY, "overlapping VA")?;
+    let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d), Errno::EBUSY, "destroy while mapped")?;
+    let mut u = uapi::VmUnmap { va: va + 4096, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_VM_UNMAP, &mut u), Errno::ENOENT, "unmap of a non-start VA")?;
+    u.va = va;
+    ioctl(&f, uapi::RBLN_IOCTL_VM_UNMAP, &mut u).map_err(|e| format!("unmap: {e}"))?;
+    ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy after unmap: {e}"))?;
+    Ok(())
+}
+
+/// A command buffer in a mapped host BO: FILL, DMA to a DRAM BO and back,
+/// submitted through the kernel and waited for by interrupt.
+fn submit_and_wait() -> Res {
+    let f = open(0)?;
+    let host = bo_create(&f, 3 * 4096, uapi::BO_HOST).map_err(|e| format!("host BO: {e}"))?;
+    let dram = bo_create(&f, 4096, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
+    let hva = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map host: {e}"))?;
+    let dva = vm_map(&f, dram, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map DRAM: {e}"))?;
+    let m = Mapped::new(&f, host, 3 * 4096)?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.fill(hva + 4096, 256, 0xC0FF_EE00).dma_copy(hva + 4096, dva, 256).dma_copy(dva, hva + 8192, 256);
+    m.write(0, &e.buf);
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let fence = submit(&f, q, hva, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+    wait(&f, q, fence, 5_000_000_000).map_err(|e| format!("wait: {e}"))?;
+    let back = m.read(8192, 256);
+    if !back.chunks(4).all(|c| c == 0xC0FF_EE00u32.to_le_bytes()) {
+        return Err(format!("data came back wrong: {:x?}", &back[..16]));
+    }
+    // Many round trips lose no fence.
+    let mut last = fence;
+    for _ in 0..200 {
+        let f2 = submit(&f, q, hva, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+        if f2 != last + 1 {
+            return Err(format!("fence {f2} after {last}"));
+        }
+        wait(&f, q, f2, 5_000_000_000).map_err(|e| format!("wait {f2}: {e}"))?;
+        last = f2;
+    }
+    expect_err(wait(&f, q, last + 10, 1000), Errno::EINVAL, "waiting for a fence never submitted")?;
+    expect_err(wait(&f, 99, 1, 1000), Errno::ENOENT, "unknown queue")?;
+    expect_err(submit(&f, q, hva + 2, 8), Errno::EINVAL, "unaligned command buffer")?;
+    expect_err(submit(&f, q, hva, 0), Errno::EINVAL, "empty command buffer")?;
+    Ok(())
+}
+
+/// A job blocked on a semaphore times out; a job touching an unmapped
+/// address fails its fence with EIO and the queue refuses more work, while
+/// another file's queue keeps working.
+fn timeout_and_fault() -> Res {
+    let f = open(0)?;
+    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
+    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let m = Mapped::new(&f, host, 4096)?;
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.sem_wait(va + 2048, 1, rbln_hw::cmd::SEM_COND_EQ);
+    m.write(0, &e.buf);
+    let fence = submit(&f, q, va, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+    expect_err(wait(&f, q, fence, 50_000_000), Errno::ETIMEDOUT, "wait on a blocked job")?;
+    expect_err(wait(&f, q, fence, 0), Errno::ETIMEDOUT, "poll on a blocked job")?;
+    m.write(2048, &1u64.to_le_bytes()); // release it from the CPU side
+    wait(&f, q, fence, 5_000_000_000).map_err(|e| format!("wait after release: {e}"))?;
+
+    let mut bad = rbln_hw::cmd::Encoder::new(Vec::new());
+    bad.fill(0x7000_0000, 4, 1);
+    m.write(512, &bad.buf);
+    let other = open(0)?;
+    let fence = submit(&f, q, va + 512, bad.buf.len() as u32).map_err(|e| format!("submit bad: {e}"))?;
+    expect_err(wait(&f, q, fence, 5_000_000_000), Errno::EIO, "fence of a faulting job")?;
+    expect_err(submit(&f, q, va, 8).map(|_| ()), Errno::EIO, "submit after a fault")?;
+    // Another context is unaffected.
+    let oh = bo_create(&other, 4096, uapi::BO_HOST).map_err(|e| format!("other BO: {e}"))?;
+    let ova = vm_map(&other, oh, 0, uapi::VM_READ).map_err(|e| format!("other map: {e}"))?;
+    let om = Mapped::new(&other, oh, 4096)?;
+    let mut nop = rbln_hw::cmd::Encoder::new(Vec::new());
+    nop.nop();
+    om.write(0, &nop.buf);
+    let oq = queue_create(&other).map_err(|e| format!("other queue: {e}"))?;
+    let of = submit(&other, oq, ova, 4).map_err(|e| format!("other submit: {e}"))?;
+    wait(&other, oq, of, 5_000_000_000).map_err(|e| format!("other wait: {e}"))?;
+    // Destroying the faulted queue and making a new one works again.
+    let mut d = uapi::QueueDestroy { queue_id: q, ..Default::default() };
+    ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d).map_err(|e| format!("destroy queue: {e}"))?;
+    let q2 = queue_create(&f).map_err(|e| format!("queue again: {e}"))?;
+    m.write(0, &nop.buf);
+    let f2 = submit(&f, q2, va, 4).map_err(|e| format!("submit again: {e}"))?;
+    wait(&f, q2, f2, 5_000_000_000).map_err(|e| format!("wait again: {e}"))?;
+    Ok(())
+}
+
 const TESTS: &[(&str, fn() -> Res)] = &[
+    ("bo_errors", bo_errors),
+    ("vm_errors", vm_errors),
+    ("submit_and_wait", submit_and_wait),
+    ("timeout_and_fault", timeout_and_fault),
     ("info", info),
     ("info_sizes", info_sizes),
     ("unknown_ioctls", unknown_ioctls),

@@ -1,0 +1,515 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A context: one open file's device address space, buffer objects and
+//! queues, and the ioctls that manage them.
+
+use kernel::{
+    new_mutex,
+    prelude::*,
+    sync::{
+        atomic::{Atomic, Relaxed},
+        Arc, Mutex,
+    },
+    time::{msecs_to_jiffies, Jiffies},
+};
+
+use crate::hw::{
+    cmd::{self, Opcode},
+    mmu::{self, Target},
+    regs::{self, qctl},
+    ring::{QueueState, QueueStatus, RingEntry, MAX_CMDBUF_SIZE},
+    PAGE_SIZE,
+};
+use crate::mem::{HostMem, PageTables, RangeAllocator};
+use crate::npu::Npu;
+use crate::uapi;
+
+/// Where a BO's memory lives.
+enum Backing {
+    Host(HostMem),
+    Dram { offset: u64 },
+}
+
+struct Bo {
+    size: u64,
+    backing: Backing,
+    /// Device VA mappings of this BO (it cannot be destroyed while mapped).
+    maps: u32,
+    first_va: u64,
+}
+
+struct VaMapping {
+    va: u64,
+    size: u64,
+    handle: u32,
+}
+
+/// The driver's own command page per queue: FENCE packets it appends to
+/// kernel submissions, mapped read-only at `kva` in the context.
+const FENCE_SLOTS: u32 = (PAGE_SIZE as u32) / cmd::Fence::SIZE as u32;
+/// VA of queue slot `i`'s fence page: above every user VA.
+fn kernel_va(i: usize) -> u64 {
+    uapi::VA_USER_END + i as u64 * PAGE_SIZE
+}
+
+/// Ring entries per queue: one page of ring, which the device needs
+/// physically contiguous.
+const MAX_RING: u32 = (PAGE_SIZE as usize / RingEntry::SIZE) as u32;
+
+/// What fence waiters need, shared so that they can sleep without holding
+/// the context lock (the interrupt path takes `Npu::events` only).
+struct QueueShared {
+    status: HostMem,
+    destroyed: Atomic<bool>,
+}
+
+impl QueueShared {
+    fn status(&self) -> QueueStatus {
+        let mut b = [0u8; QueueStatus::SIZE];
+        let _ = self.status.read(0, &mut b);
+        QueueStatus::read_from(&b).unwrap_or_default()
+    }
+}
+
+struct Queue {
+    hw: u32,
+    entries: u32,
+    ring: HostMem,
+    shared: Arc<QueueShared>,
+    fences: HostMem,
+    kva: u64,
+    tail: u32,
+    next_fence: u64,
+}
+
+impl Queue {
+    fn status(&self) -> QueueStatus {
+        self.shared.status()
+    }
+
+    fn write_entry(&self, slot: u32, e: &RingEntry) -> Result {
+        self.ring.write(slot as usize * RingEntry::SIZE, &e.to_bytes())
+    }
+}
+
+struct Inner {
+    tables: PageTables,
+    va: RangeAllocator,
+    bos: KVec<Option<Bo>>,
+    maps: KVec<VaMapping>,
+    queues: KVec<Option<Queue>>,
+}
+
+/// One open file's context.
+#[pin_data(PinnedDrop)]
+pub(crate) struct Context {
+    npu: Arc<Npu>,
+    id: u32,
+    #[pin]
+    inner: Mutex<Inner>,
+}
+
+impl Context {
+    pub(crate) fn new(npu: Arc<Npu>) -> Result<Pin<KBox<Self>>> {
+        let id = npu.take_context()?;
+        let made = (|| {
+            let tables = npu.with_bound(PageTables::new)?;
+            let va = RangeAllocator::new(uapi::VA_USER_START, uapi::VA_USER_END - uapi::VA_USER_START)?;
+            let root = tables.root();
+            npu.with_regs(|r| {
+                r.w64(regs::ctx_reg(id, regs::CTX_PT_ROOT_64), root)?;
+                r.w32(regs::ctx_reg(id, regs::CTX_CONTROL), regs::CTX_CONTROL_VALID)
+            })?;
+            let inner = Inner { tables, va, bos: KVec::new(), maps: KVec::new(), queues: KVec::new() };
+            let owner = npu.clone();
+            KBox::pin_init(try_pin_init!(Context { npu: owner, id, inner <- new_mutex!(inner) }), GFP_KERNEL)
+        })();
+        if made.is_err() {
+            npu.put_context(id);
+        }
+        made
+    }
+
+    fn invalidate(&self) -> Result {
+        self.npu.with_regs(|r| r.w32(regs::MMU_INVALIDATE, self.id))
+    }
+
+    pub(crate) fn bo_create(&self, a: &mut uapi::BoCreate) -> Result {
+        if a.reserved != [0; 2] || a.handle != 0 {
+            return Err(EINVAL);
+        }
+        if a.size == 0 || a.size > uapi::MAX_BO_SIZE {
+            return Err(EINVAL);
+        }
+        let size = a.size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let backing = match a.flags {
+            uapi::BO_HOST => Backing::Host(self.npu.with_bound(|d| HostMem::new(d, (size / PAGE_SIZE) as usize))?),
+            uapi::BO_DRAM => Backing::Dram { offset: self.npu.dram_alloc(size)? },
+            _ => return Err(EINVAL),
+        };
+        let bo = Bo { size, backing, maps: 0, first_va: 0 };
+        let mut inner = self.inner.lock();
+        let slot = match inner.bos.iter().position(|b| b.is_none()) {
+            Some(i) => {
+                inner.bos[i] = Some(bo);
+                i
+            }
+            None => {
+                if let Err(e) = inner.bos.push(Some(bo), GFP_KERNEL) {
+                    return Err(e.into());
+                }
+                inner.bos.len() - 1
+            }
+        };
+        a.handle = slot as u32 + 1;
+        Ok(())
+    }
+
+    fn bo_index(inner: &Inner, handle: u32) -> Result<usize> {
+        let i = (handle as usize).checked_sub(1).ok_or(ENOENT)?;
+        match inner.bos.get(i) {
+            Some(Some(_)) => Ok(i),
+            _ => Err(ENOENT),
+        }
+    }
+
+    pub(crate) fn bo_info(&self, a: &mut uapi::BoInfo) -> Result {
+        if a.reserved != [0; 2] {
+            return Err(EINVAL);
+        }
+        let inner = self.inner.lock();
+        let i = Self::bo_index(&inner, a.handle)?;
+        let bo = inner.bos[i].as_ref().ok_or(ENOENT)?;
+        a.size = bo.size;
+        a.flags = match bo.backing {
+            Backing::Host(_) => uapi::BO_HOST,
+            Backing::Dram { .. } => uapi::BO_DRAM,
+        };
+        a.mmap_offset = match bo.backing {
+            Backing::Host(_) => uapi::mmap_offset(uapi::MMAP_KIND_BO, a.handle),
+            Backing::Dram { .. } => 0,
+        };
+        a.device_va = bo.first_va;
+        Ok(())
+    }
+
+    pub(crate) fn bo_destroy(&self, a: &uapi::BoDestroy) -> Result {
+        if a.pad != 0 || a.reserved != [0; 1] {
+            return Err(EINVAL);
+        }
+        let mut inner = self.inner.lock();
+        let i = Self::bo_index(&inner, a.handle)?;
+        if inner.bos[i].as_ref().is_some_and(|b| b.maps > 0) {
+            return Err(EBUSY);
+        }
+        if let Some(bo) = inner.bos[i].take() {
+            self.free_bo(bo);
+        }
+        Ok(())
+    }
+
+    fn free_bo(&self, bo: Bo) {
+        if let Backing::Dram { offset } = bo.backing {
+            self.npu.dram_free(offset, bo.size);
+        }
+    }
+
+    pub(crate) fn vm_map(&self, a: &mut uapi::VmMap) -> Result {
+        if a.reserved != [0; 2] || a.flags == 0 || a.flags & !(uapi::VM_READ | uapi::VM_WRITE) != 0 {
+            return Err(EINVAL);
+        }
+        if a.offset % PAGE_SIZE != 0 || a.size % PAGE_SIZE != 0 || a.va % PAGE_SIZE != 0 {
+            return Err(EINVAL);
+        }
+        let mut inner = self.inner.lock();
+        let i = Self::bo_index(&inner, a.handle)?;
+        let bo_size = inner.bos[i].as_ref().ok_or(ENOENT)?.size;
+        let size = if a.size == 0 { bo_size.checked_sub(a.offset).ok_or(EINVAL)? } else { a.size };
+        if size == 0 || a.offset.checked_add(size).is_none_or(|end| end > bo_size) {
+            return Err(EINVAL);
+        }
+        let va = if a.va == 0 {
+            inner.va.alloc(size)?
+        } else {
+            if a.va < uapi::VA_USER_START || a.va.checked_add(size).is_none_or(|e| e > uapi::VA_USER_END) {
+                return Err(EINVAL);
+            }
+            inner.va.alloc_at(a.va, size)?;
+            a.va
+        };
+        inner.maps.reserve(1, GFP_KERNEL)?;
+        let (read, write) = (a.flags & uapi::VM_READ != 0, a.flags & uapi::VM_WRITE != 0);
+        let mut done = 0;
+        let result = self.npu.with_bound(|d| {
+            let Inner { tables, bos, .. } = &mut *inner;
+            let bo = bos[i].as_ref().ok_or(ENOENT)?;
+            while done < size {
+                let off = a.offset + done;
+                let pte = match &bo.backing {
+                    Backing::Host(mem) => mmu::leaf_pte(mem.dma((off / PAGE_SIZE) as usize), Target::Host, read, write),
+                    Backing::Dram { offset } => mmu::leaf_pte(offset + off, Target::Dram, read, write),
+                };
+                tables.set(d, va + done, pte)?;
+                done += PAGE_SIZE;
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            let _ = self.npu.with_bound(|d| {
+                for off in (0..done).step_by(PAGE_SIZE as usize) {
+                    inner.tables.set(d, va + off, 0)?;
+                }
+                Ok(())
+            });
+            let _ = inner.va.free(va, size);
+            return Err(e);
+        }
+        inner.maps.push_within_capacity(VaMapping { va, size, handle: a.handle }).map_err(|_| ENOMEM)?;
+        if let Some(bo) = inner.bos[i].as_mut() {
+            bo.maps += 1;
+            if bo.first_va == 0 {
+                bo.first_va = va;
+            }
+        }
+        a.va = va;
+        Ok(())
+    }
+
+    pub(crate) fn vm_unmap(&self, a: &uapi::VmUnmap) -> Result {
+        if a.reserved != [0; 1] {
+            return Err(EINVAL);
+        }
+        let mut inner = self.inner.lock();
+        let m = inner.maps.iter().position(|m| m.va == a.va).ok_or(ENOENT)?;
+        let VaMapping { va, size, handle } = inner.maps.remove(m).map_err(|_| EINVAL)?;
+        self.npu.with_bound(|d| {
+            for off in (0..size).step_by(PAGE_SIZE as usize) {
+                inner.tables.set(d, va + off, 0)?;
+            }
+            Ok(())
+        })?;
+        // The device must drop its cached walks before the VA is reused.
+        self.invalidate()?;
+        inner.va.free(va, size)?;
+        if let Ok(i) = Self::bo_index(&inner, handle) {
+            if let Some(bo) = inner.bos[i].as_mut() {
+                bo.maps -= 1;
+                if bo.first_va == va {
+                    bo.first_va = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn queue_create(&self, a: &mut uapi::QueueCreate) -> Result {
+        if a.flags != 0 || a.reserved != [0; 2] {
+            return Err(EINVAL);
+        }
+        // One page of ring: 128 entries (64 submissions in flight).
+        let entries = if a.ring_entries == 0 { MAX_RING } else { a.ring_entries };
+        if !entries.is_power_of_two() || !(2..=MAX_RING).contains(&entries) {
+            return Err(EINVAL);
+        }
+        let hw = self.npu.take_queue()?;
+        let made = self.setup_queue(hw, entries);
+        let (slot, q) = match made {
+            Ok(v) => v,
+            Err(e) => {
+                self.npu.put_queue(hw);
+                return Err(e);
+            }
+        };
+        a.queue_id = slot as u32 + 1;
+        a.hw_queue = q;
+        a.ring_mmap_offset = uapi::mmap_offset(uapi::MMAP_KIND_RING, a.queue_id);
+        a.status_mmap_offset = uapi::mmap_offset(uapi::MMAP_KIND_STATUS, a.queue_id);
+        a.doorbell_mmap_offset = uapi::mmap_offset(uapi::MMAP_KIND_DOORBELL, a.queue_id);
+        Ok(())
+    }
+
+    fn setup_queue(&self, hw: u32, entries: u32) -> Result<(usize, u32)> {
+        let (ring, status, fences) =
+            self.npu.with_bound(|d| Ok((HostMem::new(d, 1)?, HostMem::new(d, 1)?, HostMem::new(d, 1)?)))?;
+        self.npu.clear_fault(hw);
+        let mut inner = self.inner.lock();
+        let slot = match inner.queues.iter().position(|q| q.is_none()) {
+            Some(i) => i,
+            None => {
+                inner.queues.push(None, GFP_KERNEL)?;
+                inner.queues.len() - 1
+            }
+        };
+        let kva = kernel_va(slot);
+        let fences_dma = fences.dma(0);
+        self.npu.with_bound(|d| inner.tables.set(d, kva, mmu::leaf_pte(fences_dma, Target::Host, true, false)))?;
+        let (ring_base, status_addr) = (ring.dma(0), status.dma(0));
+        // Fence values continue from wherever this hardware queue's
+        // timeline stands (a queue reset keeps it), so that a new user's
+        // fence 1 is never already "complete".
+        let base = self.npu.with_regs(|r| {
+            r.w64(regs::queue_reg(hw, regs::Q_RING_BASE_64), ring_base)?;
+            r.w32(regs::queue_reg(hw, regs::Q_RING_SIZE), entries)?;
+            r.w32(regs::queue_reg(hw, regs::Q_CTX_ID), self.id)?;
+            r.w64(regs::queue_reg(hw, regs::Q_STATUS_ADDR_64), status_addr)?;
+            r.w32(regs::queue_reg(hw, regs::Q_CONTROL), qctl::ENABLE)?;
+            if r.r32(regs::queue_reg(hw, regs::Q_STATE))? != QueueState::Idle as u32 {
+                return Err(EIO);
+            }
+            r.r64(regs::queue_reg(hw, regs::Q_FENCE_64))
+        })?;
+        let shared = Arc::new(QueueShared { status, destroyed: Atomic::new(false) }, GFP_KERNEL)?;
+        inner.queues[slot] = Some(Queue { hw, entries, ring, shared, fences, kva, tail: 0, next_fence: base + 1 });
+        Ok((slot, hw))
+    }
+
+    fn queue_index(inner: &Inner, id: u32) -> Result<usize> {
+        let i = (id as usize).checked_sub(1).ok_or(ENOENT)?;
+        match inner.queues.get(i) {
+            Some(Some(_)) => Ok(i),
+            _ => Err(ENOENT),
+        }
+    }
+
+    /// Stop a queue on the device and release it.
+    fn teardown_queue(&self, inner: &mut Inner, i: usize) {
+        if let Some(q) = inner.queues[i].take() {
+            q.shared.destroyed.store(true, Relaxed);
+            let _ = self.npu.with_regs(|r| r.w32(regs::queue_reg(q.hw, regs::Q_CONTROL), qctl::RESET));
+            let _ = self.npu.with_bound(|d| inner.tables.set(d, q.kva, 0));
+            let _ = self.invalidate();
+            self.npu.put_queue(q.hw);
+            // Wake waiters of this queue: their queue is gone.
+            self.npu.wake_all();
+        }
+    }
+
+    pub(crate) fn queue_destroy(&self, a: &uapi::QueueDestroy) -> Result {
+        if a.pad != 0 || a.reserved != [0; 1] {
+            return Err(EINVAL);
+        }
+        let mut inner = self.inner.lock();
+        let i = Self::queue_index(&inner, a.queue_id)?;
+        self.teardown_queue(&mut inner, i);
+        Ok(())
+    }
+
+    pub(crate) fn submit(&self, a: &mut uapi::Submit) -> Result {
+        if a.flags != 0 || a.pad != 0 || a.reserved != [0; 2] {
+            return Err(EINVAL);
+        }
+        if a.cmdbuf_size == 0 || a.cmdbuf_size % 4 != 0 || a.cmdbuf_size > MAX_CMDBUF_SIZE || a.cmdbuf_va % 4 != 0 {
+            return Err(EINVAL);
+        }
+        let mut inner = self.inner.lock();
+        let i = Self::queue_index(&inner, a.queue_id)?;
+        let hw = inner.queues[i].as_ref().ok_or(ENOENT)?.hw;
+        drop(inner);
+        // The fault flag lives under `Npu::events`; checked before taking
+        // the context lock again (lock order: context, then events).
+        if self.npu.is_faulted(hw) {
+            return Err(EIO);
+        }
+        let mut inner = self.inner.lock();
+        let q = inner.queues.get_mut(i).and_then(|q| q.as_mut()).filter(|q| q.hw == hw).ok_or(ENOENT)?;
+        // Two ring slots per submission: the caller's buffer, our fence.
+        let head = q.status().head;
+        let used = q.tail.wrapping_sub(head) & (q.entries - 1);
+        if q.entries - 1 - used < 2 {
+            return Err(EBUSY);
+        }
+        let fence = q.next_fence;
+        let fslot = (q.tail / 2) % FENCE_SLOTS;
+        let pkt = cmd::Fence {
+            header: cmd::header(Opcode::Fence, cmd::FENCE_FLAG_IRQ, (cmd::Fence::SIZE / 4) as u16),
+            reserved: 0,
+            value: fence,
+            addr_va: 0,
+        };
+        q.fences.write(fslot as usize * cmd::Fence::SIZE, &pkt.to_bytes())?;
+        let user = RingEntry { cmdbuf_va: a.cmdbuf_va, cmdbuf_size: a.cmdbuf_size, tag: fence, ..Default::default() };
+        let ours = RingEntry {
+            cmdbuf_va: q.kva + fslot as u64 * cmd::Fence::SIZE as u64,
+            cmdbuf_size: cmd::Fence::SIZE as u32,
+            tag: fence,
+            ..Default::default()
+        };
+        q.write_entry(q.tail, &user)?;
+        q.write_entry((q.tail + 1) & (q.entries - 1), &ours)?;
+        q.tail = (q.tail + 2) & (q.entries - 1);
+        q.next_fence += 1;
+        self.npu.ring_doorbell(q.hw, q.tail)?;
+        a.fence = fence;
+        Ok(())
+    }
+
+    pub(crate) fn fence_wait(&self, a: &uapi::FenceWait) -> Result {
+        if a.flags != 0 || a.reserved != [0; 1] {
+            return Err(EINVAL);
+        }
+        let (hw, shared) = {
+            let inner = self.inner.lock();
+            let i = Self::queue_index(&inner, a.queue_id)?;
+            let q = inner.queues[i].as_ref().ok_or(ENOENT)?;
+            if a.value >= q.next_fence {
+                return Err(EINVAL); // never submitted: would wait forever
+            }
+            (q.hw, q.shared.clone())
+        };
+        // Round the timeout up to whole jiffies (at least one when non-zero).
+        let ms = a.timeout_ns.div_ceil(1_000_000).min(u32::MAX as u64) as u32;
+        let mut left: Jiffies = if a.timeout_ns == 0 { 0 } else { msecs_to_jiffies(ms).max(1) };
+        let mut ev = self.npu.events.lock();
+        loop {
+            if shared.status().fence >= a.value {
+                return Ok(());
+            }
+            if shared.destroyed.load(Relaxed) {
+                return Err(ENOENT);
+            }
+            if ev.faulted & (1 << hw) != 0 {
+                return Err(EIO);
+            }
+            if left == 0 {
+                return Err(ETIMEDOUT);
+            }
+            match self.npu.event_cv.wait_interruptible_timeout(&mut ev, left) {
+                kernel::sync::CondVarTimeoutResult::Timeout => left = 0,
+                kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left = jiffies,
+                kernel::sync::CondVarTimeoutResult::Signal { .. } => return Err(ERESTARTSYS),
+            }
+        }
+    }
+
+    /// The memory of host BO `handle`, for mmap.
+    pub(crate) fn with_bo_mem<R>(&self, handle: u32, f: impl FnOnce(&HostMem) -> Result<R>) -> Result<R> {
+        let inner = self.inner.lock();
+        let i = Self::bo_index(&inner, handle)?;
+        match &inner.bos[i].as_ref().ok_or(ENOENT)?.backing {
+            Backing::Host(mem) => f(mem),
+            Backing::Dram { .. } => Err(EINVAL),
+        }
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for Context {
+    fn drop(self: Pin<&mut Self>) {
+        // Stop every queue before any memory it may touch is freed, then
+        // retire the context on the device.
+        let mut inner = self.inner.lock();
+        for i in 0..inner.queues.len() {
+            self.teardown_queue(&mut inner, i);
+        }
+        let _ = self.npu.with_regs(|r| {
+            r.w32(regs::ctx_reg(self.id, regs::CTX_CONTROL), 0)?;
+            r.w32(regs::MMU_INVALIDATE, self.id)
+        });
+        let bos = core::mem::take(&mut inner.bos);
+        drop(inner);
+        for bo in bos.into_iter().flatten() {
+            self.free_bo(bo);
+        }
+        self.npu.put_context(self.id);
+    }
+}

@@ -1,0 +1,7 @@
+# Every ioctl on its success and error paths: BOs, VA mappings, queues,
+# kernel submission, interrupt-driven fences, timeouts and faults.
+. tests/vm/lib.sh
+
+check "insmod rbln.ko" insmod kmd/rbln.ko
+check "uAPI tests" rbln-kmd-tests bo_errors vm_errors submit_and_wait timeout_and_fault
+check "rmmod rbln" rmmod rbln
