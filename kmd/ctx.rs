@@ -10,7 +10,7 @@ use kernel::{
         atomic::{Atomic, Relaxed},
         Arc, Mutex,
     },
-    time::{msecs_to_jiffies, Jiffies},
+    time::{msecs_to_jiffies, Instant, Jiffies, Monotonic},
 };
 
 use crate::hw::{
@@ -311,7 +311,7 @@ impl Context {
         if !entries.is_power_of_two() || !(2..=MAX_RING).contains(&entries) {
             return Err(EINVAL);
         }
-        let hw = self.npu.take_queue()?;
+        let hw = self.npu.take_queue(self.id)?;
         let made = self.setup_queue(hw, entries);
         let (slot, q) = match made {
             Ok(v) => v,
@@ -401,13 +401,13 @@ impl Context {
         if a.cmdbuf_size == 0 || a.cmdbuf_size % 4 != 0 || a.cmdbuf_size > MAX_CMDBUF_SIZE || a.cmdbuf_va % 4 != 0 {
             return Err(EINVAL);
         }
-        let mut inner = self.inner.lock();
+        let inner = self.inner.lock();
         let i = Self::queue_index(&inner, a.queue_id)?;
         let hw = inner.queues[i].as_ref().ok_or(ENOENT)?.hw;
         drop(inner);
         // The fault flag lives under `Npu::events`; checked before taking
         // the context lock again (lock order: context, then events).
-        if self.npu.is_faulted(hw) {
+        if self.npu.is_faulted(hw) || self.npu.is_poisoned(self.id) {
             return Err(EIO);
         }
         let mut inner = self.inner.lock();
@@ -459,6 +459,13 @@ impl Context {
         // Round the timeout up to whole jiffies (at least one when non-zero).
         let ms = a.timeout_ns.div_ceil(1_000_000).min(u32::MAX as u64) as u32;
         let mut left: Jiffies = if a.timeout_ns == 0 { 0 } else { msecs_to_jiffies(ms).max(1) };
+        // Hang detection runs while someone waits: no progress (packets
+        // executed) for `hang_ms` while the fence is pending is a hang.
+        let hang_ms = crate::module_parameters::hang_ms.value();
+        let tick = msecs_to_jiffies((hang_ms / 4).clamp(10, 1000));
+        let packets = || self.npu.with_regs(|r| r.r64(regs::queue_reg(hw, regs::Q_PACKETS_64))).unwrap_or(0);
+        let mut last_packets = packets();
+        let mut stalled_since = Instant::<Monotonic>::now();
         let mut ev = self.npu.events.lock();
         loop {
             if shared.status().fence >= a.value {
@@ -473,9 +480,18 @@ impl Context {
             if left == 0 {
                 return Err(ETIMEDOUT);
             }
-            match self.npu.event_cv.wait_interruptible_timeout(&mut ev, left) {
-                kernel::sync::CondVarTimeoutResult::Timeout => left = 0,
-                kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left = jiffies,
+            let p = packets();
+            if p != last_packets {
+                last_packets = p;
+                stalled_since = Instant::<Monotonic>::now();
+            } else if hang_ms > 0 && stalled_since.elapsed().as_millis() >= hang_ms as i64 {
+                self.npu.declare_hang(&mut ev, hw, self.id, hang_ms);
+                return Err(EIO);
+            }
+            let nap = left.min(tick);
+            match self.npu.event_cv.wait_interruptible_timeout(&mut ev, nap) {
+                kernel::sync::CondVarTimeoutResult::Timeout => left -= nap,
+                kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left -= nap - jiffies,
                 kernel::sync::CondVarTimeoutResult::Signal { .. } => return Err(ERESTARTSYS),
             }
         }

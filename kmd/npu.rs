@@ -69,8 +69,12 @@ pub(crate) struct HwInfo {
 pub(crate) struct Events {
     /// Interrupts serviced (any vector).
     pub(crate) irqs: u64,
-    /// Queues whose error interrupt fired and that nobody has reset yet.
+    /// Queues whose error interrupt fired (or that hung) and that nobody
+    /// has released yet. Their fences fail with EIO.
     pub(crate) faulted: u32,
+    /// Contexts one of whose queues faulted or hung: every later
+    /// submission of theirs fails with EIO (reopen the device to recover).
+    pub(crate) poisoned: u64,
 }
 
 /// Device-wide state, shared (by `Arc`) by the PCI binding and every open
@@ -105,6 +109,8 @@ pub(crate) struct Resources {
     contexts: u64,
     /// Bit q: hardware queue q is in use. The last queue belongs to the driver.
     queues: u32,
+    /// Context owning each hardware queue.
+    owner: [u32; regs::MAX_QUEUES as usize],
     dram: crate::mem::RangeAllocator,
 }
 
@@ -121,9 +127,21 @@ impl Npu {
             Ok((q, e))
         });
         let Ok((_q, e)) = status else { return IrqReturn::None };
+        let mut poison = 0u64;
+        if e != 0 {
+            let owner = self.alloc.lock().owner;
+            for q in (0..self.hw.num_queues).filter(|q| e & (1 << q) != 0) {
+                self.report_fault(q, owner[q as usize]);
+                poison |= 1 << owner[q as usize];
+                // The device stopped the queue; reset it so that it holds
+                // no stale ring state (its fences fail through `faulted`).
+                let _ = self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), regs::qctl::RESET));
+            }
+        }
         let mut ev = self.events.lock();
         ev.irqs += 1;
         ev.faulted |= e;
+        ev.poisoned |= poison;
         self.event_cv.notify_all();
         IrqReturn::Handled
     }
@@ -154,15 +172,17 @@ impl Npu {
 
     pub(crate) fn put_context(&self, id: u32) {
         self.alloc.lock().contexts &= !(1u64 << id);
+        self.events.lock().poisoned &= !(1u64 << id);
     }
 
-    pub(crate) fn take_queue(&self) -> Result<u32> {
+    pub(crate) fn take_queue(&self, ctx: u32) -> Result<u32> {
         let mut a = self.alloc.lock();
         let free = (!a.queues).trailing_zeros();
         if free >= self.hw.num_queues - 1 {
             return Err(EBUSY);
         }
         a.queues |= 1 << free;
+        a.owner[free as usize] = ctx;
         Ok(free)
     }
 
@@ -196,6 +216,36 @@ impl Npu {
     pub(crate) fn wake_all(&self) {
         let _ev = self.events.lock();
         self.event_cv.notify_all();
+    }
+
+    /// Log a queue's error record.
+    fn report_fault(&self, q: u32, ctx: u32) {
+        let rec = self.with_regs(|r| {
+            Ok((r.r32(regs::queue_reg(q, regs::Q_FAULT_CODE))?, r.r64(regs::queue_reg(q, regs::Q_FAULT_ADDR_64))?))
+        });
+        if let Ok((code, addr)) = rec {
+            let what = hw::ring::FaultCode::from_u8(code as u8).map_or("unknown fault", |c| c.name());
+            let access = match (code >> 8) & 0xff {
+                1 => "read",
+                2 => "write",
+                _ => "-",
+            };
+            dev_warn!(self.pdev, "rbln{}: queue {} (context {}): {} at {:#x} ({})\n", self.index, q, ctx, what, addr, access);
+        }
+    }
+
+    /// A job on queue `q` of context `ctx` made no progress for the hang
+    /// limit: stop it, fail its fences and poison the context.
+    pub(crate) fn declare_hang(&self, ev: &mut Events, q: u32, ctx: u32, ms: u32) {
+        dev_warn!(self.pdev, "rbln{}: queue {} (context {}) made no progress for {} ms: reset\n", self.index, q, ctx, ms);
+        let _ = self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), regs::qctl::RESET));
+        ev.faulted |= 1 << q;
+        ev.poisoned |= 1 << ctx;
+        self.event_cv.notify_all();
+    }
+
+    pub(crate) fn is_poisoned(&self, ctx: u32) -> bool {
+        self.events.lock().poisoned & (1 << ctx) != 0
     }
 
     /// Ring queue `q`'s doorbell with the new tail.
@@ -394,7 +444,12 @@ impl pci::Driver for RblnDriver {
                 hw: hw_info,
                 events <- new_mutex!(Events::default()),
                 event_cv <- new_condvar!(),
-                alloc <- new_mutex!(Resources { contexts: 1 << (regs::MAX_CONTEXTS - 1), queues: 1 << (hw_info.num_queues - 1), dram }),
+                alloc <- new_mutex!(Resources {
+                    contexts: 1 << (regs::MAX_CONTEXTS - 1),
+                    queues: 1 << (hw_info.num_queues - 1),
+                    owner: [0; regs::MAX_QUEUES as usize],
+                    dram,
+                }),
                 bound <- new_mutex!(true),
             }),
             GFP_KERNEL,

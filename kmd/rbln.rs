@@ -54,4 +54,10 @@ module! {
     authors: ["rbln developers"],
     description: "Driver for the rbln virtual NPU",
     license: "GPL",
+    params: {
+        hang_ms: u32 {
+            default: 10000,
+            description: "A pending fence whose queue executes no packet for this long is a hang: the queue is reset, its fences fail and its context is poisoned (0: never). Checked while someone waits.",
+        },
+    },
 }

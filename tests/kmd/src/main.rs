@@ -285,13 +285,42 @@ fn timeout_and_fault() -> Res {
     let oq = queue_create(&other).map_err(|e| format!("other queue: {e}"))?;
     let of = submit(&other, oq, ova, 4).map_err(|e| format!("other submit: {e}"))?;
     wait(&other, oq, of, 5_000_000_000).map_err(|e| format!("other wait: {e}"))?;
-    // Destroying the faulted queue and making a new one works again.
-    let mut d = uapi::QueueDestroy { queue_id: q, ..Default::default() };
-    ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d).map_err(|e| format!("destroy queue: {e}"))?;
+    // The context is poisoned: even a new queue refuses work, while a new
+    // file (context) works.
     let q2 = queue_create(&f).map_err(|e| format!("queue again: {e}"))?;
     m.write(0, &nop.buf);
-    let f2 = submit(&f, q2, va, 4).map_err(|e| format!("submit again: {e}"))?;
-    wait(&f, q2, f2, 5_000_000_000).map_err(|e| format!("wait again: {e}"))?;
+    expect_err(submit(&f, q2, va, 4).map(|_| ()), Errno::EIO, "submit in a poisoned context")?;
+    let g = open(0)?;
+    let gh = bo_create(&g, 4096, uapi::BO_HOST).map_err(|e| format!("new BO: {e}"))?;
+    let gva = vm_map(&g, gh, 0, uapi::VM_READ).map_err(|e| format!("new map: {e}"))?;
+    Mapped::new(&g, gh, 4096)?.write(0, &nop.buf);
+    let gq = queue_create(&g).map_err(|e| format!("new queue: {e}"))?;
+    let gf = submit(&g, gq, gva, 4).map_err(|e| format!("new submit: {e}"))?;
+    wait(&g, gq, gf, 5_000_000_000).map_err(|e| format!("new wait: {e}"))?;
+    Ok(())
+}
+
+/// With hang_ms set low: a job that never finishes is reset, its fence
+/// fails with EIO well before the wait's own timeout, and the context is
+/// poisoned.
+fn hang() -> Res {
+    let f = open(0)?;
+    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
+    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let m = Mapped::new(&f, host, 4096)?;
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.sem_wait(va + 2048, 1, rbln_hw::cmd::SEM_COND_EQ);
+    m.write(0, &e.buf);
+    let fence = submit(&f, q, va, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+    let t0 = std::time::Instant::now();
+    expect_err(wait(&f, q, fence, 20_000_000_000), Errno::EIO, "wait on a hung job")?;
+    let took = t0.elapsed();
+    if took > std::time::Duration::from_secs(10) {
+        return Err(format!("hang detected only after {took:?}"));
+    }
+    println!("# hang detected after {took:?}");
+    expect_err(submit(&f, q, va, 4).map(|_| ()), Errno::EIO, "submit after a hang")?;
     Ok(())
 }
 
@@ -300,6 +329,7 @@ const TESTS: &[(&str, fn() -> Res)] = &[
     ("vm_errors", vm_errors),
     ("submit_and_wait", submit_and_wait),
     ("timeout_and_fault", timeout_and_fault),
+    ("hang", hang),
     ("info", info),
     ("info_sizes", info_sizes),
     ("unknown_ioctls", unknown_ioctls),
