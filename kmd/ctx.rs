@@ -80,6 +80,10 @@ struct Queue {
     kva: u64,
     tail: u32,
     next_fence: u64,
+    /// User space mapped the ring or the doorbell: it submits by itself
+    /// (user-mode submission), so SUBMIT refuses this queue (the two would
+    /// fight over the tail).
+    user_mode: bool,
 }
 
 impl Queue {
@@ -359,7 +363,7 @@ impl Context {
             r.r64(regs::queue_reg(hw, regs::Q_FENCE_64))
         })?;
         let shared = Arc::new(QueueShared { status, destroyed: Atomic::new(false) }, GFP_KERNEL)?;
-        inner.queues[slot] = Some(Queue { hw, entries, ring, shared, fences, kva, tail: 0, next_fence: base + 1 });
+        inner.queues[slot] = Some(Queue { hw, entries, ring, shared, fences, kva, tail: 0, next_fence: base + 1, user_mode: false });
         Ok((slot, hw))
     }
 
@@ -412,6 +416,9 @@ impl Context {
         }
         let mut inner = self.inner.lock();
         let q = inner.queues.get_mut(i).and_then(|q| q.as_mut()).filter(|q| q.hw == hw).ok_or(ENOENT)?;
+        if q.user_mode {
+            return Err(EBUSY);
+        }
         // Two ring slots per submission: the caller's buffer, our fence.
         let head = q.status().head;
         let used = q.tail.wrapping_sub(head) & (q.entries - 1);
@@ -451,8 +458,10 @@ impl Context {
             let inner = self.inner.lock();
             let i = Self::queue_index(&inner, a.queue_id)?;
             let q = inner.queues[i].as_ref().ok_or(ENOENT)?;
-            if a.value >= q.next_fence {
-                return Err(EINVAL); // never submitted: would wait forever
+            // On a kernel-submitted queue a fence never handed out would
+            // never come; user-mode queues choose their own values.
+            if !q.user_mode && a.value >= q.next_fence {
+                return Err(EINVAL);
             }
             (q.hw, q.shared.clone())
         };
@@ -495,6 +504,37 @@ impl Context {
                 kernel::sync::CondVarTimeoutResult::Signal { .. } => return Err(ERESTARTSYS),
             }
         }
+    }
+
+    /// mmap of a queue's ring (read-write), status block (read-only) or
+    /// doorbell page (this queue's page of BAR4, nothing else).
+    pub(crate) fn mmap_queue(&self, kind: u64, id: u32, vma: &kernel::mm::virt::VmaNew) -> Result {
+        let len = vma.end() - vma.start();
+        let mut inner = self.inner.lock();
+        let i = Self::queue_index(&inner, id)?;
+        let q = inner.queues[i].as_mut().ok_or(ENOENT)?;
+        match kind {
+            uapi::MMAP_KIND_RING => {
+                q.ring.mmap(vma, len)?;
+                q.user_mode = true;
+            }
+            uapi::MMAP_KIND_STATUS => {
+                if vma.writable() {
+                    return Err(EACCES);
+                }
+                vma.try_clear_maywrite()?;
+                q.shared.status.mmap(vma, len)?;
+            }
+            uapi::MMAP_KIND_DOORBELL => {
+                if len != PAGE_SIZE as usize {
+                    return Err(EINVAL);
+                }
+                self.npu.mmap_doorbell(q.hw, vma)?;
+                q.user_mode = true;
+            }
+            _ => return Err(EINVAL),
+        }
+        Ok(())
     }
 
     /// The memory of host BO `handle`, for mmap.

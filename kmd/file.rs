@@ -142,10 +142,12 @@ impl MiscDevice for RblnFile {
         // SAFETY: `vma` is the live VMA being set up by this mmap call.
         let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff } as u64;
         let (kind, id) = uapi::mmap_decode(pgoff << 12).ok_or(EINVAL)?;
-        if kind != uapi::MMAP_KIND_BO {
-            return Err(EINVAL);
+        match kind {
+            uapi::MMAP_KIND_BO => {
+                let len = vma.end() - vma.start();
+                me.ctx.with_bo_mem(id, |mem| mem.mmap(vma, len))
+            }
+            _ => me.ctx.mmap_queue(kind, id, vma),
         }
-        let len = vma.end() - vma.start();
-        me.ctx.with_bo_mem(id, |mem| mem.mmap(vma, len))
     }
 }

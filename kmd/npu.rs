@@ -6,6 +6,7 @@
 use core::ptr::NonNull;
 
 use kernel::{
+    bindings,
     device::Core,
     irq::{self, IrqReturn, ThreadedHandler, ThreadedRegistration},
     miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
@@ -246,6 +247,37 @@ impl Npu {
 
     pub(crate) fn is_poisoned(&self, ctx: u32) -> bool {
         self.events.lock().poisoned & (1 << ctx) != 0
+    }
+
+    /// Map hardware queue `q`'s doorbell page (only that page) into `vma`,
+    /// uncached.
+    pub(crate) fn mmap_doorbell(&self, q: u32, vma: &kernel::mm::virt::VmaNew) -> Result {
+        // Held bound for the whole call (a mutex, so remap may sleep): the
+        // BAR's physical range is ours to hand out only while bound.
+        self.with_bound(|_| self.mmap_doorbell_bound(q, vma))
+    }
+
+    fn mmap_doorbell_bound(&self, q: u32, vma: &kernel::mm::virt::VmaNew) -> Result {
+        let start = self.pdev.resource_start(hw::pci::BAR_DOORBELL)?;
+        let phys = start + hw::pci::doorbell_page_offset(q);
+        vma.set_io();
+        vma.set_dontexpand();
+        vma.set_dontcopy();
+        vma.set_dontdump();
+        let raw = vma.as_ptr();
+        // SAFETY: `raw` is the VMA being set up by this mmap call. The
+        // doorbell page is MMIO: map it uncached (x86 PCD|PWT bits).
+        let prot = unsafe {
+            let mut p = (*raw).vm_page_prot;
+            p.pgprot |= (1 << 4) | (1 << 3);
+            p
+        };
+        // SAFETY: `raw` is valid (above); the range is exactly one page of
+        // BAR4 belonging to queue `q`, which the caller owns; the VMA is
+        // one page long (checked by the caller) and marked VM_IO.
+        kernel::error::to_result(unsafe {
+            bindings::remap_pfn_range(raw, vma.start() as _, (phys >> hw::PAGE_SHIFT) as _, hw::PAGE_SIZE as _, prot)
+        })
     }
 
     /// Ring queue `q`'s doorbell with the new tail.
