@@ -151,7 +151,9 @@ impl Context {
             uapi::BO_DRAM => Backing::Dram { offset: self.npu.dram_alloc(size)? },
             _ => return Err(EINVAL),
         };
+        let host_bytes = if let Backing::Host(_) = backing { size } else { 0 };
         let bo = Bo { size, backing, maps: 0, first_va: 0 };
+        self.npu.account_bo(host_bytes, true);
         let mut inner = self.inner.lock();
         let slot = match inner.bos.iter().position(|b| b.is_none()) {
             Some(i) => {
@@ -213,8 +215,12 @@ impl Context {
     }
 
     fn free_bo(&self, bo: Bo) {
-        if let Backing::Dram { offset } = bo.backing {
-            self.npu.dram_free(offset, bo.size);
+        match bo.backing {
+            Backing::Dram { offset } => {
+                self.npu.dram_free(offset, bo.size);
+                self.npu.account_bo(0, false);
+            }
+            Backing::Host(_) => self.npu.account_bo(bo.size, false),
         }
     }
 

@@ -60,10 +60,6 @@ impl HostMem {
         Ok(Self { _sgt: sgt, cpu, pages, dma })
     }
 
-    pub(crate) fn pages(&self) -> usize {
-        self.pages
-    }
-
     /// Bus address of page `i`.
     pub(crate) fn dma(&self, i: usize) -> u64 {
         self.dma.get(i).copied().unwrap_or(0)
@@ -127,14 +123,6 @@ impl Table {
         Ok(Self(HostMem::new(dev, 1)?))
     }
 
-    fn get(&self, i: usize) -> u64 {
-        let mut b = [0u8; 8];
-        match self.0.read(i * 8, &mut b) {
-            Ok(()) => u64::from_le_bytes(b),
-            Err(_) => 0,
-        }
-    }
-
     /// Entries are written only while the device cannot be walking them
     /// (before the VA is handed out, or before MMU_INVALIDATE on unmap).
     fn set(&self, i: usize, v: u64) -> Result {
@@ -184,17 +172,6 @@ impl PageTables {
         }
         let l0 = self.l0.iter().find(|(a, b, _)| *a == i2 && *b == i1).map(|(_, _, t)| t).ok_or(EINVAL)?;
         l0.set(i0, pte)
-    }
-
-    /// The leaf entry for `va` (0 when unmapped).
-    pub(crate) fn get(&self, va: u64) -> u64 {
-        let (i2, i1, i0) = (mmu::va_index(va, 2), mmu::va_index(va, 1), mmu::va_index(va, 0));
-        self.l0.iter().find(|(a, b, _)| *a == i2 && *b == i1).map_or(0, |(_, _, t)| t.get(i0))
-    }
-
-    /// Number of table pages (for accounting).
-    pub(crate) fn pages(&self) -> usize {
-        1 + self.l1.len() + self.l0.len()
     }
 }
 

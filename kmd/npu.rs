@@ -113,6 +113,9 @@ pub(crate) struct Resources {
     /// Context owning each hardware queue.
     owner: [u32; regs::MAX_QUEUES as usize],
     dram: crate::mem::RangeAllocator,
+    /// Live buffer objects and the host memory they hold (leak checks).
+    pub(crate) bos: u64,
+    pub(crate) host_bo_bytes: u64,
 }
 
 impl Npu {
@@ -200,9 +203,76 @@ impl Npu {
         let _ = self.alloc.lock().dram.free(offset, size);
     }
 
-    /// Bytes of DRAM not allocated.
-    pub(crate) fn dram_free_bytes(&self) -> u64 {
-        self.alloc.lock().dram.free_bytes()
+    /// Account a BO coming (`sign` > 0) or going, for the leak counters.
+    pub(crate) fn account_bo(&self, host_bytes: u64, coming: bool) {
+        let mut a = self.alloc.lock();
+        if coming {
+            a.bos += 1;
+            a.host_bo_bytes += host_bytes;
+        } else {
+            a.bos = a.bos.saturating_sub(1);
+            a.host_bo_bytes = a.host_bo_bytes.saturating_sub(host_bytes);
+        }
+    }
+
+    /// The debugfs `state` file: resources, interrupts, queues, counters.
+    fn show_state(&self, f: &mut kernel::fmt::Formatter<'_>) -> kernel::fmt::Result {
+        let (contexts, queues, owner, dram_free, bos, host) = {
+            let a = self.alloc.lock();
+            (a.contexts, a.queues, a.owner, a.dram.free_bytes(), a.bos, a.host_bo_bytes)
+        };
+        let (irqs, faulted, poisoned) = {
+            let e = self.events.lock();
+            (e.irqs, e.faulted, e.poisoned)
+        };
+        // The driver's own context and queue are not counted as "open".
+        let driver_ctx = 1u64 << (regs::MAX_CONTEXTS - 1);
+        let driver_q = 1u32 << (self.hw.num_queues - 1);
+        writeln!(f, "device: rbln{} hw {}.{}", self.index, self.hw.version >> 16, self.hw.version & 0xffff)?;
+        writeln!(f, "contexts_open: {}", (contexts & !driver_ctx).count_ones())?;
+        writeln!(f, "queues_in_use: {}", (queues & !driver_q).count_ones())?;
+        writeln!(f, "bos: {}", bos)?;
+        writeln!(f, "host_bo_bytes: {}", host)?;
+        writeln!(f, "dram_total_bytes: {}", self.hw.dram_size)?;
+        writeln!(f, "dram_free_bytes: {}", dram_free)?;
+        writeln!(f, "interrupts: {}", irqs)?;
+        writeln!(f, "faulted_queues: {:#x}", faulted)?;
+        writeln!(f, "poisoned_contexts: {:#x}", poisoned)?;
+        let counters = self.with_regs(|r| {
+            Ok([
+                r.r64(regs::CNT_PACKETS_64)?,
+                r.r64(regs::CNT_DMA_BYTES_64)?,
+                r.r64(regs::CNT_COMPUTE_OPS_64)?,
+                r.r64(regs::CNT_COMPUTE_FLOPS_64)?,
+                r.r64(regs::CNT_FAULTS_64)?,
+            ])
+        });
+        if let Ok([packets, dma, ops, flops, faults]) = counters {
+            writeln!(f, "hw_packets: {}\nhw_dma_bytes: {}\nhw_compute_ops: {}\nhw_compute_flops: {}\nhw_faults: {}", packets, dma, ops, flops, faults)?;
+        }
+        for q in (0..self.hw.num_queues).filter(|q| queues & (1 << q) != 0 && *q != self.hw.num_queues - 1) {
+            let st = self.with_regs(|r| {
+                Ok((
+                    r.r32(regs::queue_reg(q, regs::Q_STATE))?,
+                    r.r32(regs::queue_reg(q, regs::Q_HEAD))?,
+                    r.r32(regs::queue_reg(q, regs::Q_TAIL))?,
+                    r.r64(regs::queue_reg(q, regs::Q_FENCE_64))?,
+                    r.r64(regs::queue_reg(q, regs::Q_PACKETS_64))?,
+                ))
+            });
+            if let Ok((state, head, tail, fence, packets)) = st {
+                let name = match hw::ring::QueueState::from_u32(state) {
+                    Some(hw::ring::QueueState::Disabled) => "disabled",
+                    Some(hw::ring::QueueState::Idle) => "idle",
+                    Some(hw::ring::QueueState::Running) => "running",
+                    Some(hw::ring::QueueState::Waiting) => "waiting",
+                    Some(hw::ring::QueueState::Faulted) => "faulted",
+                    None => "?",
+                };
+                writeln!(f, "queue {}: context {} {} head {} tail {} fence {} packets {}", q, owner[q as usize], name, head, tail, fence, packets)?;
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn is_faulted(&self, q: u32) -> bool {
@@ -347,9 +417,21 @@ struct Vectors<'bound>(NonNull<pci::IrqVectorRegistration<'bound>>);
 // moving that between threads is fine.
 unsafe impl Send for Vectors<'_> {}
 
+/// debugfs: `<debugfs>/rblnN/state` (see `Npu::show_state`). The file
+/// goes before its directory.
+struct Debugfs {
+    _state: Pin<KBox<kernel::debugfs::File<Arc<Npu>>>>,
+    _dir: kernel::debugfs::Dir,
+}
+
+fn show_state(npu: &Arc<Npu>, f: &mut kernel::fmt::Formatter<'_>) -> kernel::fmt::Result {
+    npu.show_state(f)
+}
+
 /// Per-bound-device driver data. Dropped on unbind: IRQ handlers first,
 /// then the vectors they used, then the hardware is quiesced.
 pub(crate) struct RblnData<'bound> {
+    _debugfs: Debugfs,
     npu: Arc<Npu>,
     misc: Pin<KBox<MiscHolder>>,
     irqs: KVec<Pin<KBox<ThreadedRegistration<'bound, Irq>>>>,
@@ -481,6 +563,8 @@ impl pci::Driver for RblnDriver {
                     queues: 1 << (hw_info.num_queues - 1),
                     owner: [0; regs::MAX_QUEUES as usize],
                     dram,
+                    bos: 0,
+                    host_bo_bytes: 0,
                 }),
                 bound <- new_mutex!(true),
             }),
@@ -548,7 +632,20 @@ impl pci::Driver for RblnDriver {
             hw_info.num_cores,
             hw_info.num_dma_engines
         );
-        Ok(RblnData { npu, misc, irqs, vectors })
+        let dir = kernel::debugfs::Dir::new(DEVICE_NAMES[index]);
+        let for_debugfs = npu.clone();
+        let state = KBox::pin_init(dir.read_callback_file(c"state", for_debugfs, &show_state), GFP_KERNEL);
+        let debugfs = match state {
+            Ok(state) => Debugfs { _state: state, _dir: dir },
+            Err(e) => {
+                drop(irqs);
+                // SAFETY: as above.
+                drop(unsafe { KBox::from_raw(vectors.0.as_ptr()) });
+                put_index(index);
+                return Err(e);
+            }
+        };
+        Ok(RblnData { _debugfs: debugfs, npu, misc, irqs, vectors })
     }
 }
 

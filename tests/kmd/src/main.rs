@@ -383,7 +383,84 @@ fn user_mode_submission() -> Res {
     Ok(())
 }
 
+/// One worker of `stress`: `n` submit/wait cycles on its own context and
+/// queue, each fence exactly one more than the last.
+fn stress_worker(n: u32) -> Res {
+    let f = open(0)?;
+    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
+    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let m = Mapped::new(&f, host, 4096)?;
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let mut last = None;
+    for i in 0..n {
+        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+        e.fill(va + 1024, 4, i);
+        m.write(0, &e.buf);
+        let fence = submit(&f, q, va, e.buf.len() as u32).map_err(|e| format!("submit {i}: {e}"))?;
+        if let Some(l) = last {
+            if fence != l + 1 {
+                return Err(format!("fence {fence} after {l}"));
+            }
+        }
+        wait(&f, q, fence, 10_000_000_000).map_err(|e| format!("wait {fence}: {e}"))?;
+        if m.read(1024, 4) != i.to_le_bytes() {
+            return Err(format!("cycle {i}: result missing"));
+        }
+        last = Some(fence);
+    }
+    Ok(())
+}
+
+/// 4 processes x 1000 submit/wait cycles at once: no fence lost.
+fn stress() -> Res {
+    let mut children = Vec::new();
+    for _ in 0..4 {
+        // SAFETY: the child only runs `stress_worker` and exits.
+        match unsafe { libc::fork() } {
+            0 => std::process::exit(match stress_worker(1000) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("stress worker: {e}");
+                    1
+                }
+            }),
+            -1 => return Err("fork failed".into()),
+            pid => children.push(pid),
+        }
+    }
+    let mut failed = 0;
+    for pid in children {
+        let mut st = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        if !(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0) {
+            failed += 1;
+        }
+    }
+    if failed > 0 { Err(format!("{failed} of 4 workers failed")) } else { Ok(()) }
+}
+
+/// Allocate everything there is to allocate, start a job that never ends,
+/// then block in FENCE_WAIT until killed (used by the leak test).
+fn hold() -> Res {
+    let f = open(0)?;
+    let host = bo_create(&f, 64 * 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
+    let _dram = bo_create(&f, 1 << 20, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
+    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let m = Mapped::new(&f, host, 4096)?;
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.sem_wait(va + 2048, 1, rbln_hw::cmd::SEM_COND_EQ);
+    m.write(0, &e.buf);
+    let fence = submit(&f, q, va, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+    println!("# holding");
+    let _ = wait(&f, q, fence, 600_000_000_000);
+    Err("hold returned".into())
+}
+
 const TESTS: &[(&str, fn() -> Res)] = &[
+    ("stress", stress),
+    ("hold", hold),
     ("user_mode_submission", user_mode_submission),
     ("bo_errors", bo_errors),
     ("vm_errors", vm_errors),
