@@ -303,7 +303,7 @@ impl Context {
         inner.va.free(va, size)?;
         if let Ok(i) = Self::bo_index(&inner, handle) {
             if let Some(bo) = inner.bos[i].as_mut() {
-                bo.maps -= 1;
+                bo.maps = bo.maps.saturating_sub(1);
                 if bo.first_va == va {
                     bo.first_va = 0;
                 }
@@ -369,7 +369,7 @@ impl Context {
             r.r64(regs::queue_reg(hw, regs::Q_FENCE_64))
         })?;
         let shared = Arc::new(QueueShared { status, destroyed: Atomic::new(false) }, GFP_KERNEL)?;
-        inner.queues[slot] = Some(Queue { hw, entries, ring, shared, fences, kva, tail: 0, next_fence: base + 1, user_mode: false });
+        inner.queues[slot] = Some(Queue { hw, entries, ring, shared, fences, kva, tail: 0, next_fence: base.wrapping_add(1), user_mode: false });
         Ok((slot, hw))
     }
 
@@ -450,7 +450,7 @@ impl Context {
         q.write_entry(q.tail, &user)?;
         q.write_entry((q.tail + 1) & (q.entries - 1), &ours)?;
         q.tail = (q.tail + 2) & (q.entries - 1);
-        q.next_fence += 1;
+        q.next_fence = q.next_fence.wrapping_add(1);
         self.npu.ring_doorbell(q.hw, q.tail)?;
         a.fence = fence;
         Ok(())
@@ -505,8 +505,8 @@ impl Context {
             }
             let nap = left.min(tick);
             match self.npu.event_cv.wait_interruptible_timeout(&mut ev, nap) {
-                kernel::sync::CondVarTimeoutResult::Timeout => left -= nap,
-                kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left -= nap - jiffies,
+                kernel::sync::CondVarTimeoutResult::Timeout => left = left.saturating_sub(nap),
+                kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left = left.saturating_sub(nap.saturating_sub(jiffies)),
                 kernel::sync::CondVarTimeoutResult::Signal { .. } => return Err(ERESTARTSYS),
             }
         }

@@ -143,7 +143,7 @@ impl Npu {
             }
         }
         let mut ev = self.events.lock();
-        ev.irqs += 1;
+        ev.irqs = ev.irqs.wrapping_add(1);
         ev.faulted |= e;
         ev.poisoned |= poison;
         self.event_cv.notify_all();

@@ -26,11 +26,14 @@ pub struct Config {
     pub num_queues: u32,
     pub num_cores: u32,
     pub num_dma_engines: u32,
+    /// Value of the VERSION register. Only tests set it to something other
+    /// than [`HW_VERSION`], to check that drivers refuse unknown hardware.
+    pub reported_version: u32,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { dram_size: 256 << 20, num_queues: 16, num_cores: 2, num_dma_engines: 2 }
+        Self { dram_size: 256 << 20, num_queues: 16, num_cores: 2, num_dma_engines: 2, reported_version: HW_VERSION }
     }
 }
 
@@ -568,7 +571,7 @@ impl Shared {
         let g = || self.global();
         match off {
             regs::ID => regs::ID_VALUE,
-            regs::VERSION => HW_VERSION,
+            regs::VERSION => self.cfg.reported_version,
             regs::CAPS => regs::caps::ALL,
             regs::NUM_QUEUES => self.cfg.num_queues,
             regs::NUM_CORES => self.cfg.num_cores,

@@ -31,6 +31,10 @@ struct Args {
     /// Number of DMA engines (1..=4).
     #[arg(long, default_value_t = 2)]
     dma_engines: u32,
+    /// Value the VERSION register reports (testing drivers against
+    /// hardware they do not know; default: the real version).
+    #[arg(long, value_parser = parse_u32, default_value_t = rbln_hw::HW_VERSION, hide_default_value = true)]
+    report_version: u32,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "warn")]
     log_level: log::LevelFilter,
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         num_queues: args.queues,
         num_cores: args.cores,
         num_dma_engines: args.dma_engines,
+        reported_version: args.report_version,
     };
     // Before any other thread exists, so that all inherit the signal mask.
     if let Err(e) = install_signal_thread(args.socket.clone()) {
@@ -95,4 +100,13 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Decimal or 0x-prefixed hexadecimal.
+fn parse_u32(s: &str) -> Result<u32, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|e| format!("{s}: {e}"))
 }

@@ -458,7 +458,75 @@ fn hold() -> Res {
     Err("hold returned".into())
 }
 
+extern "C" fn on_alarm(_: libc::c_int) {}
+
+/// A signal interrupts a fence wait: EINTR (the handler has no SA_RESTART).
+fn signal_interrupts_wait() -> Res {
+    let f = open(0)?;
+    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
+    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let m = Mapped::new(&f, host, 4096)?;
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.sem_wait(va + 2048, 1, rbln_hw::cmd::SEM_COND_EQ);
+    m.write(0, &e.buf);
+    let fence = submit(&f, q, va, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+    // SAFETY: installing a do-nothing handler, then arming a 200 ms timer.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as extern "C" fn(libc::c_int) as usize;
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let t = libc::itimerval { it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 }, it_value: libc::timeval { tv_sec: 0, tv_usec: 200_000 } };
+        libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut());
+    }
+    let t0 = std::time::Instant::now();
+    expect_err(wait(&f, q, fence, 8_000_000_000), Errno::EINTR, "wait interrupted by a signal")?;
+    if t0.elapsed() > std::time::Duration::from_secs(4) {
+        return Err(format!("the signal took {:?} to interrupt the wait", t0.elapsed()));
+    }
+    m.write(2048, &1u64.to_le_bytes());
+    wait(&f, q, fence, 5_000_000_000).map_err(|e| format!("wait after the signal: {e}"))
+}
+
+/// DRAM churn: many BOs of mixed sizes created and destroyed in a shuffled
+/// order, after which all of DRAM is still one allocatable block.
+fn dram_churn() -> Res {
+    let f = open(0)?;
+    let mut info = uapi::DeviceInfo::default();
+    ioctl(&f, uapi::RBLN_IOCTL_INFO, &mut info).map_err(|e| format!("INFO: {e}"))?;
+    let mut seed = 0x9E37_79B9u32;
+    let mut rnd = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed
+    };
+    let mut live: Vec<u32> = Vec::new();
+    for _ in 0..2000 {
+        if live.len() > 40 || (!live.is_empty() && rnd() % 3 == 0) {
+            let h = live.swap_remove(rnd() as usize % live.len());
+            let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
+            ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
+        } else {
+            let size = 4096 * (1 + (rnd() % 256) as u64);
+            live.push(bo_create(&f, size, uapi::BO_DRAM).map_err(|e| format!("create {size}: {e}"))?);
+        }
+    }
+    for h in live.drain(..) {
+        let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
+        ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
+    }
+    // No fragmentation left behind: the largest possible BO fits.
+    let all = info.dram_size.min(uapi::MAX_BO_SIZE);
+    let h = bo_create(&f, all, uapi::BO_DRAM).map_err(|e| format!("whole-DRAM BO after churn: {e}"))?;
+    let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
+    ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
+    Ok(())
+}
+
 const TESTS: &[(&str, fn() -> Res)] = &[
+    ("signal_interrupts_wait", signal_interrupts_wait),
+    ("dram_churn", dram_churn),
     ("stress", stress),
     ("hold", hold),
     ("user_mode_submission", user_mode_submission),
