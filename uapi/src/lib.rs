@@ -111,8 +111,9 @@ abi_struct! {
 }
 
 abi_struct! {
-    /// `RBLN_IOCTL_BO_DESTROY`: drop the handle. Mappings in the device VA
-    /// space and CPU mmaps keep the memory alive until they go.
+    /// `RBLN_IOCTL_BO_DESTROY`: free the BO. Refused (EBUSY) while it is
+    /// mapped in the device VA space; CPU mmaps of a host BO keep its pages
+    /// alive until they are unmapped.
     pub struct BoDestroy {
         pub handle: u32,
         pub pad: u32,
@@ -153,7 +154,8 @@ abi_struct! {
     /// `RBLN_IOCTL_QUEUE_CREATE`: bind a free hardware queue to the
     /// caller's context.
     pub struct QueueCreate {
-        /// In: ring size in entries (power of two, 2 ..= 4096); 0 = 256.
+        /// In: ring size in entries (power of two, 2 ..= 128, one page);
+        /// 0 = 128. Each SUBMIT uses two entries.
         pub ring_entries: u32,
         /// In: reserved flags, must be 0.
         pub flags: u32,
@@ -161,8 +163,9 @@ abi_struct! {
         pub queue_id: u32,
         /// Out: hardware queue index (the doorbell page number).
         pub hw_queue: u32,
-        /// Out: mmap offset of the ring (read-write, ring_entries * 32
-        /// bytes rounded up to pages). User-mode submission writes it.
+        /// Out: mmap offset of the ring (read-write, one page). Mapping the
+        /// ring or the doorbell makes the queue user-mode: SUBMIT then fails
+        /// with EBUSY and user space owns the tail.
         pub ring_mmap_offset: u64,
         /// Out: mmap offset of the queue's status block page (read-only).
         pub status_mmap_offset: u64,
