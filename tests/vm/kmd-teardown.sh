@@ -10,6 +10,7 @@ check "insmod rbln.ko" insmod kmd/rbln.ko
 check "debugfs state exists" test -r "$state"
 before=$(leak_lines)
 check "4 processes x 1000 submit/wait cycles lose no fence" rbln-kmd-tests stress
+check "20000 random ioctls: errors, no crash, still working" rbln-kmd-tests ioctl_fuzz
 rbln-kmd-tests hold >/tmp/hold.out 2>&1 &
 pid=$!
 i=0; while ! grep -q holding /tmp/hold.out && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done

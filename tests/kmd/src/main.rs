@@ -524,7 +524,50 @@ fn dram_churn() -> Res {
     Ok(())
 }
 
+/// Random ioctl numbers, sizes and argument bytes (biased towards valid
+/// handles and small values) from two files: the driver must answer each
+/// with a result or an error and keep working.
+fn ioctl_fuzz() -> Res {
+    let files = [open(0)?, open(0)?];
+    let mut seed = 0x1234_5678_9ABC_DEF1u64;
+    let mut rnd = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let sizes = [0usize, 4, 8, 16, 24, 32, 48, 56, 64, 80, 128, 1024];
+    let mut calls = 0u32;
+    for _ in 0..20000 {
+        let f = &files[(rnd() % 2) as usize];
+        let nr = (rnd() % 12) as u32;
+        let size = sizes[(rnd() % sizes.len() as u64) as usize];
+        let mut buf = vec![0u8; size.max(8)];
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = match rnd() % 4 {
+                0 => 0,
+                1 => (rnd() % 4) as u8, // small handles, ids, flags
+                2 if i % 8 == 1 => 0x10, // page-ish offsets
+                _ => rnd() as u8,
+            };
+        }
+        if nr == 0x09 && size >= 24 {
+            // FENCE_WAIT: keep timeouts short so the run stays bounded.
+            buf[16..24].copy_from_slice(&(rnd() % 1_000_000).to_le_bytes());
+        }
+        let cmd = uapi::ioc(3, nr, size);
+        // SAFETY: `buf` is at least `size` bytes and lives across the call.
+        unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
+        calls += 1;
+    }
+    println!("# {calls} random ioctls");
+    drop(files);
+    // Still working afterwards.
+    submit_and_wait()
+}
+
 const TESTS: &[(&str, fn() -> Res)] = &[
+    ("ioctl_fuzz", ioctl_fuzz),
     ("signal_interrupts_wait", signal_interrupts_wait),
     ("dram_churn", dram_churn),
     ("stress", stress),
