@@ -566,7 +566,74 @@ fn ioctl_fuzz() -> Res {
     submit_and_wait()
 }
 
+fn queue_errors() -> Res {
+    let f = open(0)?;
+    for (entries, flags, what) in [(3u32, 0u32, "ring size not a power of two"), (256, 0, "ring larger than a page"), (1, 0, "ring of one entry"), (16, 1, "unknown flag")] {
+        let mut a = uapi::QueueCreate { ring_entries: entries, flags, ..Default::default() };
+        expect_err(ioctl(&f, uapi::RBLN_IOCTL_QUEUE_CREATE, &mut a), Errno::EINVAL, what)?;
+    }
+    let mut a = uapi::QueueCreate { reserved: [1, 0], ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_QUEUE_CREATE, &mut a), Errno::EINVAL, "non-zero reserved")?;
+    let mut d = uapi::QueueDestroy { queue_id: 5, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d), Errno::ENOENT, "destroy of an unknown queue")?;
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let mut s = uapi::Submit { queue_id: q, cmdbuf_va: 0x20_0000, cmdbuf_size: 8, flags: 2, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_SUBMIT, &mut s), Errno::EINVAL, "submit with unknown flags")?;
+    s.flags = 0;
+    s.cmdbuf_size = 17 << 20;
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_SUBMIT, &mut s), Errno::EINVAL, "command buffer over 16 MiB")?;
+    let mut w = uapi::FenceWait { queue_id: q, flags: 1, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_FENCE_WAIT, &mut w), Errno::EINVAL, "wait with unknown flags")?;
+    // Every queue but the driver's own can be taken, then EBUSY.
+    let mut taken = vec![q];
+    loop {
+        match queue_create(&f) {
+            Ok(id) => taken.push(id),
+            Err(Errno::EBUSY) => break,
+            Err(e) => return Err(format!("queue {}: {e}", taken.len())),
+        }
+    }
+    if taken.len() != 15 {
+        return Err(format!("{} queues available, expected 15", taken.len()));
+    }
+    d.queue_id = q;
+    ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d), Errno::ENOENT, "double destroy")?;
+    queue_create(&f).map(|_| ()).map_err(|e| format!("queue after a destroy: {e}"))
+}
+
+/// A process whose job touches an unmapped address gets EIO while a second
+/// process on another queue completes all its work.
+fn fault_isolation() -> Res {
+    // SAFETY: the child only runs `stress_worker` and exits.
+    let child = match unsafe { libc::fork() } {
+        0 => std::process::exit(if stress_worker(300).is_ok() { 0 } else { 1 }),
+        -1 => return Err("fork failed".into()),
+        pid => pid,
+    };
+    let f = open(0)?;
+    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
+    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let m = Mapped::new(&f, host, 4096)?;
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let mut bad = rbln_hw::cmd::Encoder::new(Vec::new());
+    bad.dma_copy(va, 0x6660_0000, 64);
+    m.write(0, &bad.buf);
+    let fence = submit(&f, q, va, bad.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+    let faulted = wait(&f, q, fence, 5_000_000_000);
+    let mut st = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(child, &mut st, 0) };
+    expect_err(faulted, Errno::EIO, "the faulting process's fence")?;
+    if !(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0) {
+        return Err("the other process did not complete its 300 jobs".into());
+    }
+    Ok(())
+}
+
 const TESTS: &[(&str, fn() -> Res)] = &[
+    ("queue_errors", queue_errors),
+    ("fault_isolation", fault_isolation),
     ("ioctl_fuzz", ioctl_fuzz),
     ("signal_interrupts_wait", signal_interrupts_wait),
     ("dram_churn", dram_churn),
