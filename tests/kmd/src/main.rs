@@ -162,6 +162,44 @@ impl Drop for Mapped {
 
 use nix::errno::Errno;
 
+/// The setup most tests start from: a context with one host page mapped
+/// read-write into its VA space (and into this process), and a queue.
+struct Env {
+    f: File,
+    va: u64,
+    m: Mapped,
+    q: u32,
+}
+
+impl Env {
+    fn new() -> Result<Self, String> {
+        let f = open(0)?;
+        let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
+        let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+        let m = Mapped::new(&f, host, 4096)?;
+        let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+        Ok(Self { f, va, m, q })
+    }
+
+    /// Write `cmds` at byte `off` of the page and submit them.
+    fn run(&self, off: usize, cmds: &[u8]) -> Result<u64, String> {
+        self.m.write(off, cmds);
+        submit(&self.f, self.q, self.va + off as u64, cmds.len() as u32).map_err(|e| format!("submit: {e}"))
+    }
+
+    /// Submit a job that blocks until the u64 at byte 2048 of the page is 1.
+    fn run_blocked(&self) -> Result<u64, String> {
+        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+        e.sem_wait(self.va + 2048, 1, rbln_hw::cmd::SEM_COND_EQ);
+        self.run(0, &e.buf)
+    }
+
+    /// Let the job of `run_blocked` finish.
+    fn release(&self) {
+        self.m.write(2048, &1u64.to_le_bytes());
+    }
+}
+
 fn bo_errors() -> Res {
     let f = open(0)?;
     expect_err(bo_create(&f, 0, uapi::BO_HOST), Errno::EINVAL, "zero size")?;
@@ -254,49 +292,32 @@ fn submit_and_wait() -> Res {
 /// address fails its fence with EIO and the queue refuses more work, while
 /// another file's queue keeps working.
 fn timeout_and_fault() -> Res {
-    let f = open(0)?;
-    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
-    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
-    let m = Mapped::new(&f, host, 4096)?;
-    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
-    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
-    e.sem_wait(va + 2048, 1, rbln_hw::cmd::SEM_COND_EQ);
-    m.write(0, &e.buf);
-    let fence = submit(&f, q, va, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
-    expect_err(wait(&f, q, fence, 50_000_000), Errno::ETIMEDOUT, "wait on a blocked job")?;
-    expect_err(wait(&f, q, fence, 0), Errno::ETIMEDOUT, "poll on a blocked job")?;
-    m.write(2048, &1u64.to_le_bytes()); // release it from the CPU side
-    wait(&f, q, fence, 5_000_000_000).map_err(|e| format!("wait after release: {e}"))?;
+    let env = Env::new()?;
+    let (f, q, va) = (&env.f, env.q, env.va);
+    let fence = env.run_blocked()?;
+    expect_err(wait(f, q, fence, 50_000_000), Errno::ETIMEDOUT, "wait on a blocked job")?;
+    expect_err(wait(f, q, fence, 0), Errno::ETIMEDOUT, "poll on a blocked job")?;
+    env.release();
+    wait(f, q, fence, 5_000_000_000).map_err(|e| format!("wait after release: {e}"))?;
 
     let mut bad = rbln_hw::cmd::Encoder::new(Vec::new());
     bad.fill(0x7000_0000, 4, 1);
-    m.write(512, &bad.buf);
-    let other = open(0)?;
-    let fence = submit(&f, q, va + 512, bad.buf.len() as u32).map_err(|e| format!("submit bad: {e}"))?;
-    expect_err(wait(&f, q, fence, 5_000_000_000), Errno::EIO, "fence of a faulting job")?;
-    expect_err(submit(&f, q, va, 8).map(|_| ()), Errno::EIO, "submit after a fault")?;
+    let fence = env.run(512, &bad.buf)?;
+    expect_err(wait(f, q, fence, 5_000_000_000), Errno::EIO, "fence of a faulting job")?;
+    expect_err(submit(f, q, va, 8).map(|_| ()), Errno::EIO, "submit after a fault")?;
     // Another context is unaffected.
-    let oh = bo_create(&other, 4096, uapi::BO_HOST).map_err(|e| format!("other BO: {e}"))?;
-    let ova = vm_map(&other, oh, 0, uapi::VM_READ).map_err(|e| format!("other map: {e}"))?;
-    let om = Mapped::new(&other, oh, 4096)?;
     let mut nop = rbln_hw::cmd::Encoder::new(Vec::new());
     nop.nop();
-    om.write(0, &nop.buf);
-    let oq = queue_create(&other).map_err(|e| format!("other queue: {e}"))?;
-    let of = submit(&other, oq, ova, 4).map_err(|e| format!("other submit: {e}"))?;
-    wait(&other, oq, of, 5_000_000_000).map_err(|e| format!("other wait: {e}"))?;
+    let other = Env::new()?;
+    let of = other.run(0, &nop.buf)?;
+    wait(&other.f, other.q, of, 5_000_000_000).map_err(|e| format!("other wait: {e}"))?;
     // The context is poisoned: even a new queue refuses work, while a new
     // file (context) works.
-    let q2 = queue_create(&f).map_err(|e| format!("queue again: {e}"))?;
-    m.write(0, &nop.buf);
-    expect_err(submit(&f, q2, va, 4).map(|_| ()), Errno::EIO, "submit in a poisoned context")?;
-    let g = open(0)?;
-    let gh = bo_create(&g, 4096, uapi::BO_HOST).map_err(|e| format!("new BO: {e}"))?;
-    let gva = vm_map(&g, gh, 0, uapi::VM_READ).map_err(|e| format!("new map: {e}"))?;
-    Mapped::new(&g, gh, 4096)?.write(0, &nop.buf);
-    let gq = queue_create(&g).map_err(|e| format!("new queue: {e}"))?;
-    let gf = submit(&g, gq, gva, 4).map_err(|e| format!("new submit: {e}"))?;
-    wait(&g, gq, gf, 5_000_000_000).map_err(|e| format!("new wait: {e}"))?;
+    let q2 = queue_create(f).map_err(|e| format!("queue again: {e}"))?;
+    expect_err(submit(f, q2, va, 4).map(|_| ()), Errno::EIO, "submit in a poisoned context")?;
+    let fresh = Env::new()?;
+    let ff = fresh.run(0, &nop.buf)?;
+    wait(&fresh.f, fresh.q, ff, 5_000_000_000).map_err(|e| format!("new wait: {e}"))?;
     Ok(())
 }
 
@@ -304,23 +325,17 @@ fn timeout_and_fault() -> Res {
 /// fails with EIO well before the wait's own timeout, and the context is
 /// poisoned.
 fn hang() -> Res {
-    let f = open(0)?;
-    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
-    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
-    let m = Mapped::new(&f, host, 4096)?;
-    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
-    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
-    e.sem_wait(va + 2048, 1, rbln_hw::cmd::SEM_COND_EQ);
-    m.write(0, &e.buf);
-    let fence = submit(&f, q, va, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+    let env = Env::new()?;
+    let (f, q, va) = (&env.f, env.q, env.va);
+    let fence = env.run_blocked()?;
     let t0 = std::time::Instant::now();
-    expect_err(wait(&f, q, fence, 20_000_000_000), Errno::EIO, "wait on a hung job")?;
+    expect_err(wait(f, q, fence, 20_000_000_000), Errno::EIO, "wait on a hung job")?;
     let took = t0.elapsed();
     if took > std::time::Duration::from_secs(10) {
         return Err(format!("hang detected only after {took:?}"));
     }
     println!("# hang detected after {took:?}");
-    expect_err(submit(&f, q, va, 4).map(|_| ()), Errno::EIO, "submit after a hang")?;
+    expect_err(submit(f, q, va, 4).map(|_| ()), Errno::EIO, "submit after a hang")?;
     Ok(())
 }
 
@@ -386,23 +401,19 @@ fn user_mode_submission() -> Res {
 /// One worker of `stress`: `n` submit/wait cycles on its own context and
 /// queue, each fence exactly one more than the last.
 fn stress_worker(n: u32) -> Res {
-    let f = open(0)?;
-    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
-    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
-    let m = Mapped::new(&f, host, 4096)?;
-    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let env = Env::new()?;
+    let (f, q, va, m) = (&env.f, env.q, env.va, &env.m);
     let mut last = None;
     for i in 0..n {
         let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
         e.fill(va + 1024, 4, i);
-        m.write(0, &e.buf);
-        let fence = submit(&f, q, va, e.buf.len() as u32).map_err(|e| format!("submit {i}: {e}"))?;
+        let fence = env.run(0, &e.buf).map_err(|e| format!("cycle {i}: {e}"))?;
         if let Some(l) = last {
             if fence != l + 1 {
                 return Err(format!("fence {fence} after {l}"));
             }
         }
-        wait(&f, q, fence, 10_000_000_000).map_err(|e| format!("wait {fence}: {e}"))?;
+        wait(f, q, fence, 10_000_000_000).map_err(|e| format!("wait {fence}: {e}"))?;
         if m.read(1024, 4) != i.to_le_bytes() {
             return Err(format!("cycle {i}: result missing"));
         }
@@ -462,15 +473,9 @@ extern "C" fn on_alarm(_: libc::c_int) {}
 
 /// A signal interrupts a fence wait: EINTR (the handler has no SA_RESTART).
 fn signal_interrupts_wait() -> Res {
-    let f = open(0)?;
-    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
-    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
-    let m = Mapped::new(&f, host, 4096)?;
-    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
-    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
-    e.sem_wait(va + 2048, 1, rbln_hw::cmd::SEM_COND_EQ);
-    m.write(0, &e.buf);
-    let fence = submit(&f, q, va, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+    let env = Env::new()?;
+    let (f, q) = (&env.f, env.q);
+    let fence = env.run_blocked()?;
     // SAFETY: installing a do-nothing handler, then arming a 200 ms timer.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
@@ -480,12 +485,12 @@ fn signal_interrupts_wait() -> Res {
         libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut());
     }
     let t0 = std::time::Instant::now();
-    expect_err(wait(&f, q, fence, 8_000_000_000), Errno::EINTR, "wait interrupted by a signal")?;
+    expect_err(wait(f, q, fence, 8_000_000_000), Errno::EINTR, "wait interrupted by a signal")?;
     if t0.elapsed() > std::time::Duration::from_secs(4) {
         return Err(format!("the signal took {:?} to interrupt the wait", t0.elapsed()));
     }
-    m.write(2048, &1u64.to_le_bytes());
-    wait(&f, q, fence, 5_000_000_000).map_err(|e| format!("wait after the signal: {e}"))
+    env.release();
+    wait(f, q, fence, 5_000_000_000).map_err(|e| format!("wait after the signal: {e}"))
 }
 
 /// DRAM churn: many BOs of mixed sizes created and destroyed in a shuffled
@@ -611,16 +616,11 @@ fn fault_isolation() -> Res {
         -1 => return Err("fork failed".into()),
         pid => pid,
     };
-    let f = open(0)?;
-    let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
-    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
-    let m = Mapped::new(&f, host, 4096)?;
-    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let env = Env::new()?;
     let mut bad = rbln_hw::cmd::Encoder::new(Vec::new());
-    bad.dma_copy(va, 0x6660_0000, 64);
-    m.write(0, &bad.buf);
-    let fence = submit(&f, q, va, bad.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
-    let faulted = wait(&f, q, fence, 5_000_000_000);
+    bad.dma_copy(env.va, 0x6660_0000, 64);
+    let fence = env.run(0, &bad.buf)?;
+    let faulted = wait(&env.f, env.q, fence, 5_000_000_000);
     let mut st = 0;
     // SAFETY: waiting for our own child.
     unsafe { libc::waitpid(child, &mut st, 0) };
