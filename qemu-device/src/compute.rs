@@ -241,6 +241,10 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
     }
 }
 
+fn padding(top: u32, left: u32, bottom: u32, right: u32) -> k::Padding2d {
+    k::Padding2d { top: top as usize, left: left as usize, bottom: bottom as usize, right: right as usize }
+}
+
 fn gemm(op: &mut Op<'_, '_>, d: &ops::GemmDesc) -> R<u64> {
     let (m, n, kk, batch) = (d.m as usize, d.n as usize, d.k as usize, d.batch as usize);
     let flops = op.flops(&[2, m as u64, n as u64, kk as u64, batch as u64])?;
@@ -300,12 +304,7 @@ fn conv2d(op: &mut Op<'_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
         out_channels: d.c_out as usize,
         kernel: [d.kh as usize, d.kw as usize],
         stride: [d.stride_h as usize, d.stride_w as usize],
-        padding: k::Padding2d {
-            top: d.pad_top as usize,
-            left: d.pad_left as usize,
-            bottom: d.pad_bottom as usize,
-            right: d.pad_right as usize,
-        },
+        padding: padding(d.pad_top, d.pad_left, d.pad_bottom, d.pad_right),
         dilation: [d.dil_h as usize, d.dil_w as usize],
         groups: d.groups as usize,
         activation: activation(d.activation, d.act_param0, d.act_param1),
@@ -336,12 +335,7 @@ fn pool(op: &mut Op<'_, '_>, d: &ops::PoolDesc) -> R<u64> {
         in_w: d.w as usize,
         kernel: [d.kh as usize, d.kw as usize],
         stride: [d.stride_h as usize, d.stride_w as usize],
-        padding: k::Padding2d {
-            top: d.pad_top as usize,
-            left: d.pad_left as usize,
-            bottom: d.pad_bottom as usize,
-            right: d.pad_right as usize,
-        },
+        padding: padding(d.pad_top, d.pad_left, d.pad_bottom, d.pad_right),
         dilation: [d.dil_h as usize, d.dil_w as usize],
         kind: if d.kind == ops::POOL_MAX {
             k::PoolKind::Max
