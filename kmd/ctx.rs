@@ -64,10 +64,15 @@ struct QueueShared {
 }
 
 impl QueueShared {
-    fn status(&self) -> QueueStatus {
-        let mut b = [0u8; QueueStatus::SIZE];
-        let _ = self.status.read(0, &mut b);
-        QueueStatus::read_from(&b).unwrap_or_default()
+    /// Fence value the device last wrote (one aligned 64-bit load: never
+    /// torn against the device's write).
+    fn fence(&self) -> u64 {
+        self.status.read_u64(core::mem::offset_of!(QueueStatus, fence)).unwrap_or(0)
+    }
+
+    /// Ring index the device will consume next.
+    fn head(&self) -> u32 {
+        self.status.read_u64(core::mem::offset_of!(QueueStatus, head)).map_or(0, |v| v as u32)
     }
 }
 
@@ -87,10 +92,6 @@ struct Queue {
 }
 
 impl Queue {
-    fn status(&self) -> QueueStatus {
-        self.shared.status()
-    }
-
     fn write_entry(&self, slot: u32, e: &RingEntry) -> Result {
         self.ring.write(slot as usize * RingEntry::SIZE, &e.to_bytes())
     }
@@ -102,6 +103,11 @@ struct Inner {
     bos: KVec<Option<Bo>>,
     maps: KVec<VaMapping>,
     queues: KVec<Option<Queue>>,
+    /// Hardware queues of destroyed user-mode queues. User space may still
+    /// have their doorbell mapped (mappings outlive QUEUE_DESTROY), so they
+    /// go back to the device's pool only when the file is released, which
+    /// happens after every mapping of it is gone.
+    retired: KVec<u32>,
 }
 
 /// One open file's context.
@@ -124,7 +130,7 @@ impl Context {
                 r.w64(regs::ctx_reg(id, regs::CTX_PT_ROOT_64), root)?;
                 r.w32(regs::ctx_reg(id, regs::CTX_CONTROL), regs::CTX_CONTROL_VALID)
             })?;
-            let inner = Inner { tables, va, bos: KVec::new(), maps: KVec::new(), queues: KVec::new() };
+            let inner = Inner { tables, va, bos: KVec::new(), maps: KVec::new(), queues: KVec::new(), retired: KVec::new() };
             let owner = npu.clone();
             KBox::pin_init(try_pin_init!(Context { npu: owner, id, inner <- new_mutex!(inner) }), GFP_KERNEL)
         })();
@@ -145,6 +151,9 @@ impl Context {
         if a.size == 0 || a.size > uapi::MAX_BO_SIZE {
             return Err(EINVAL);
         }
+        if self.npu.is_gone() {
+            return Err(ENODEV);
+        }
         let size = a.size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let backing = match a.flags {
             uapi::BO_HOST => Backing::Host(self.npu.with_bound(|d| HostMem::new(d, (size / PAGE_SIZE) as usize))?),
@@ -161,9 +170,12 @@ impl Context {
                 i
             }
             None => {
-                if let Err(e) = inner.bos.push(Some(bo), GFP_KERNEL) {
+                if let Err(e) = inner.bos.reserve(1, GFP_KERNEL) {
+                    drop(inner);
+                    self.free_bo(bo);
                     return Err(e.into());
                 }
+                inner.bos.push_within_capacity(Some(bo)).map_err(|_| ENOMEM)?;
                 inner.bos.len() - 1
             }
         };
@@ -238,6 +250,7 @@ impl Context {
         if size == 0 || a.offset.checked_add(size).is_none_or(|end| end > bo_size) {
             return Err(EINVAL);
         }
+        inner.maps.reserve(1, GFP_KERNEL)?;
         let va = if a.va == 0 {
             inner.va.alloc(size)?
         } else {
@@ -247,7 +260,6 @@ impl Context {
             inner.va.alloc_at(a.va, size)?;
             a.va
         };
-        inner.maps.reserve(1, GFP_KERNEL)?;
         let (read, write) = (a.flags & uapi::VM_READ != 0, a.flags & uapi::VM_WRITE != 0);
         let mut done = 0;
         let result = self.npu.with_bound(|d| {
@@ -292,20 +304,24 @@ impl Context {
         let mut inner = self.inner.lock();
         let m = inner.maps.iter().position(|m| m.va == a.va).ok_or(ENOENT)?;
         let VaMapping { va, size, handle } = inner.maps.remove(m).map_err(|_| EINVAL)?;
-        self.npu.with_bound(|d| {
-            for off in (0..size).step_by(PAGE_SIZE as usize) {
-                inner.tables.set(d, va + off, 0)?;
-            }
-            Ok(())
-        })?;
-        // The device must drop its cached walks before the VA is reused.
-        self.invalidate()?;
+        // Once the device is gone there is nothing left to unmap from.
+        if !self.npu.is_gone() {
+            self.npu.with_bound(|d| {
+                for off in (0..size).step_by(PAGE_SIZE as usize) {
+                    inner.tables.set(d, va + off, 0)?;
+                }
+                Ok(())
+            })?;
+            // The device must drop its cached walks before the VA is reused.
+            self.invalidate()?;
+        }
         inner.va.free(va, size)?;
+        let next_va = inner.maps.iter().find(|m| m.handle == handle).map_or(0, |m| m.va);
         if let Ok(i) = Self::bo_index(&inner, handle) {
             if let Some(bo) = inner.bos[i].as_mut() {
                 bo.maps = bo.maps.saturating_sub(1);
                 if bo.first_va == va {
-                    bo.first_va = 0;
+                    bo.first_va = next_va;
                 }
             }
         }
@@ -316,16 +332,25 @@ impl Context {
         if a.flags != 0 || a.reserved != [0; 2] {
             return Err(EINVAL);
         }
-        // One page of ring: 128 entries (64 submissions in flight).
+        // One page of ring: 128 entries; a SUBMIT takes two and one stays
+        // free, so entries/2 - 1 submissions can be in flight.
         let entries = if a.ring_entries == 0 { MAX_RING } else { a.ring_entries };
-        if !entries.is_power_of_two() || !(2..=MAX_RING).contains(&entries) {
+        if !entries.is_power_of_two() || !(4..=MAX_RING).contains(&entries) {
             return Err(EINVAL);
+        }
+        if self.npu.is_gone() {
+            return Err(ENODEV);
+        }
+        if self.npu.is_poisoned(self.id) {
+            return Err(EIO);
         }
         let hw = self.npu.take_queue(self.id)?;
         let made = self.setup_queue(hw, entries);
         let (slot, q) = match made {
             Ok(v) => v,
             Err(e) => {
+                // The queue may have been enabled: reset it before it goes back.
+                let _ = self.npu.with_regs(|r| r.w32(regs::queue_reg(hw, regs::Q_CONTROL), qctl::RESET));
                 self.npu.put_queue(hw);
                 return Err(e);
             }
@@ -353,11 +378,16 @@ impl Context {
         let kva = kernel_va(slot);
         let fences_dma = fences.dma(0);
         self.npu.with_bound(|d| inner.tables.set(d, kva, mmu::leaf_pte(fences_dma, Target::Host, true, false)))?;
+        // From here on a failure must not leave the PTE pointing at `fences`.
+        let undo_pte = |inner: &mut Inner| {
+            let _ = self.npu.with_bound(|d| inner.tables.set(d, kva, 0));
+            let _ = self.invalidate();
+        };
         let (ring_base, status_addr) = (ring.dma(0), status.dma(0));
         // Fence values continue from wherever this hardware queue's
         // timeline stands (a queue reset keeps it), so that a new user's
         // fence 1 is never already "complete".
-        let base = self.npu.with_regs(|r| {
+        let base = match self.npu.with_regs(|r| {
             r.w64(regs::queue_reg(hw, regs::Q_RING_BASE_64), ring_base)?;
             r.w32(regs::queue_reg(hw, regs::Q_RING_SIZE), entries)?;
             r.w32(regs::queue_reg(hw, regs::Q_CTX_ID), self.id)?;
@@ -367,8 +397,20 @@ impl Context {
                 return Err(EIO);
             }
             r.r64(regs::queue_reg(hw, regs::Q_FENCE_64))
-        })?;
-        let shared = Arc::new(QueueShared { status, destroyed: Atomic::new(false) }, GFP_KERNEL)?;
+        }) {
+            Ok(b) => b,
+            Err(e) => {
+                undo_pte(&mut inner);
+                return Err(e);
+            }
+        };
+        let shared = match Arc::new(QueueShared { status, destroyed: Atomic::new(false) }, GFP_KERNEL) {
+            Ok(s) => s,
+            Err(e) => {
+                undo_pte(&mut inner);
+                return Err(e.into());
+            }
+        };
         inner.queues[slot] = Some(Queue { hw, entries, ring, shared, fences, kva, tail: 0, next_fence: base.wrapping_add(1), user_mode: false });
         Ok((slot, hw))
     }
@@ -388,7 +430,11 @@ impl Context {
             let _ = self.npu.with_regs(|r| r.w32(regs::queue_reg(q.hw, regs::Q_CONTROL), qctl::RESET));
             let _ = self.npu.with_bound(|d| inner.tables.set(d, q.kva, 0));
             let _ = self.invalidate();
-            self.npu.put_queue(q.hw);
+            if q.user_mode && inner.retired.push(q.hw, GFP_KERNEL).is_ok() {
+                // Kept (disabled) until release: see `Inner::retired`.
+            } else {
+                self.npu.put_queue(q.hw);
+            }
             // Wake waiters of this queue: their queue is gone.
             self.npu.wake_all();
         }
@@ -411,6 +457,9 @@ impl Context {
         if a.cmdbuf_size == 0 || a.cmdbuf_size % 4 != 0 || a.cmdbuf_size > MAX_CMDBUF_SIZE || a.cmdbuf_va % 4 != 0 {
             return Err(EINVAL);
         }
+        if self.npu.is_gone() {
+            return Err(ENODEV);
+        }
         let inner = self.inner.lock();
         let i = Self::queue_index(&inner, a.queue_id)?;
         let hw = inner.queues[i].as_ref().ok_or(ENOENT)?.hw;
@@ -426,7 +475,7 @@ impl Context {
             return Err(EBUSY);
         }
         // Two ring slots per submission: the caller's buffer, our fence.
-        let head = q.status().head;
+        let head = q.shared.head();
         let used = q.tail.wrapping_sub(head) & (q.entries - 1);
         if q.entries - 1 - used < 2 {
             return Err(EBUSY);
@@ -477,13 +526,23 @@ impl Context {
         // Hang detection runs while someone waits: no progress (packets
         // executed) for `hang_ms` while the fence is pending is a hang.
         let hang_ms = crate::module_parameters::hang_ms.value();
-        let tick = msecs_to_jiffies((hang_ms / 4).clamp(10, 1000));
-        let packets = || self.npu.with_regs(|r| r.r64(regs::queue_reg(hw, regs::Q_PACKETS_64))).unwrap_or(0);
-        let mut last_packets = packets();
+        let tick = if hang_ms == 0 { Jiffies::MAX } else { msecs_to_jiffies((hang_ms / 4).clamp(10, 1000)) };
+        // (packets executed, queue busy): an idle queue is never hung (its
+        // user may simply not have submitted the awaited work yet).
+        let progress = || {
+            self.npu
+                .with_regs(|r| {
+                    let st = r.r32(regs::queue_reg(hw, regs::Q_STATE))?;
+                    let busy = st == QueueState::Running as u32 || st == QueueState::Waiting as u32;
+                    Ok((r.r64(regs::queue_reg(hw, regs::Q_PACKETS_64))?, busy))
+                })
+                .unwrap_or((0, false))
+        };
+        let mut last_packets = progress().0;
         let mut stalled_since = Instant::<Monotonic>::now();
         let mut ev = self.npu.events.lock();
         loop {
-            if shared.status().fence >= a.value {
+            if shared.fence() >= a.value {
                 return Ok(());
             }
             if shared.destroyed.load(Relaxed) {
@@ -495,8 +554,11 @@ impl Context {
             if left == 0 {
                 return Err(ETIMEDOUT);
             }
-            let p = packets();
-            if p != last_packets {
+            if self.npu.is_gone() {
+                return Err(ENODEV);
+            }
+            let (p, busy) = progress();
+            if p != last_packets || !busy {
                 last_packets = p;
                 stalled_since = Instant::<Monotonic>::now();
             } else if hang_ms > 0 && stalled_since.elapsed().as_millis() >= hang_ms as i64 {
@@ -507,7 +569,9 @@ impl Context {
             match self.npu.event_cv.wait_interruptible_timeout(&mut ev, nap) {
                 kernel::sync::CondVarTimeoutResult::Timeout => left = left.saturating_sub(nap),
                 kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left = left.saturating_sub(nap.saturating_sub(jiffies)),
-                kernel::sync::CondVarTimeoutResult::Signal { .. } => return Err(ERESTARTSYS),
+                // EINTR, not ERESTARTSYS: a restarted call would wait the
+                // whole relative timeout again.
+                kernel::sync::CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
             }
         }
     }
@@ -567,6 +631,9 @@ impl PinnedDrop for Context {
             r.w32(regs::ctx_reg(self.id, regs::CTX_CONTROL), 0)?;
             r.w32(regs::MMU_INVALIDATE, self.id)
         });
+        for hw in core::mem::take(&mut inner.retired) {
+            self.npu.put_queue(hw);
+        }
         let bos = core::mem::take(&mut inner.bos);
         drop(inner);
         for bo in bos.into_iter().flatten() {

@@ -105,8 +105,14 @@ impl MiscDevice for RblnFile {
 
     fn ioctl(me: Pin<&RblnFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         let (ty, nr, size) = uapi::decode(cmd);
-        if ty != uapi::IOCTL_TYPE {
+        // Every call is _IOWR with at least the first version's struct.
+        if ty != uapi::IOCTL_TYPE || cmd >> 30 != 3 {
             return Err(ENOTTY);
+        }
+        match uapi::MIN_ARG_SIZE.get(nr as usize) {
+            Some(&min) if size < min => return Err(EINVAL),
+            Some(_) => {}
+            None => return Err(ENOTTY),
         }
         // Every call: read the argument (size rule), act, write it back.
         macro_rules! call {
@@ -142,6 +148,10 @@ impl MiscDevice for RblnFile {
         // SAFETY: `vma` is the live VMA being set up by this mmap call.
         let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff } as u64;
         let (kind, id) = uapi::mmap_decode(pgoff << 12).ok_or(EINVAL)?;
+        // Private (copy-on-write) mappings would hide writes from the device.
+        if vma.flags() & kernel::bindings::VM_SHARED == 0 {
+            return Err(EINVAL);
+        }
         match kind {
             uapi::MMAP_KIND_BO => {
                 let len = vma.end() - vma.start();

@@ -102,6 +102,9 @@ pub(crate) struct Npu {
     /// start of unbind. See `with_bound`.
     #[pin]
     bound: Mutex<bool>,
+    /// Set at the start of unbind, readable without locks: file operations
+    /// fail with ENODEV and waiters wake up.
+    gone: kernel::sync::atomic::Atomic<bool>,
 }
 
 /// Contexts, queues and DRAM in use.
@@ -133,13 +136,22 @@ impl Npu {
         let Ok((_q, e)) = status else { return IrqReturn::None };
         let mut poison = 0u64;
         if e != 0 {
-            let owner = self.alloc.lock().owner;
+            let (owner, in_use) = {
+                let a = self.alloc.lock();
+                (a.owner, a.queues)
+            };
             for q in (0..self.hw.num_queues).filter(|q| e & (1 << q) != 0) {
                 self.report_fault(q, owner[q as usize]);
                 poison |= 1 << owner[q as usize];
-                // The device stopped the queue; reset it so that it holds
-                // no stale ring state (its fences fail through `faulted`).
-                let _ = self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), regs::qctl::RESET));
+            }
+            // The device stopped the faulted queue and keeps its error
+            // record (status block, registers) until the queue is destroyed.
+            // Every other queue of a poisoned context is disabled, so that
+            // user-mode submission stops too.
+            for q in (0..self.hw.num_queues).filter(|q| in_use & (1 << q) != 0 && poison & (1 << owner[*q as usize]) != 0) {
+                if e & (1 << q) == 0 {
+                    let _ = self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), 0));
+                }
             }
         }
         let mut ev = self.events.lock();
@@ -162,6 +174,10 @@ impl Npu {
         // before the driver lets go of the device (`RblnData::drop`), so the
         // device stays bound for the whole of `f`.
         f(unsafe { dev.as_bound() })
+    }
+
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(kernel::sync::atomic::Relaxed)
     }
 
     pub(crate) fn take_context(&self) -> Result<u32> {
@@ -433,7 +449,7 @@ fn show_state(npu: &Arc<Npu>, f: &mut kernel::fmt::Formatter<'_>) -> kernel::fmt
 pub(crate) struct RblnData<'bound> {
     _debugfs: Debugfs,
     npu: Arc<Npu>,
-    misc: Pin<KBox<MiscHolder>>,
+    misc: Option<Pin<KBox<MiscHolder>>>,
     irqs: KVec<Pin<KBox<ThreadedRegistration<'bound, Irq>>>>,
     vectors: Vectors<'bound>,
 }
@@ -567,6 +583,7 @@ impl pci::Driver for RblnDriver {
                     host_bo_bytes: 0,
                 }),
                 bound <- new_mutex!(true),
+                gone: kernel::sync::atomic::Atomic::new(false),
             }),
             GFP_KERNEL,
         );
@@ -645,14 +662,17 @@ impl pci::Driver for RblnDriver {
                 return Err(e);
             }
         };
-        Ok(RblnData { _debugfs: debugfs, npu, misc, irqs, vectors })
+        Ok(RblnData { _debugfs: debugfs, npu, misc: Some(misc), irqs, vectors })
     }
 }
 
 impl Drop for RblnData<'_> {
     fn drop(&mut self) {
-        // Open files lose the bound device first (`Npu::with_bound`).
+        // Open files lose the bound device first (`Npu::with_bound`), and
+        // sleeping waiters learn about it.
+        self.npu.gone.store(true, kernel::sync::atomic::Relaxed);
         *self.npu.bound.lock() = false;
+        self.npu.wake_all();
         // Quiesce the hardware while the BAR is still mapped, then free the
         // interrupt handlers before the vectors they borrow.
         let _ = self.npu.with_regs(|r| r.w32(regs::DEVICE_RESET, regs::RESET_MAGIC));
@@ -660,8 +680,9 @@ impl Drop for RblnData<'_> {
         // SAFETY: `vectors` was leaked by `setup_irqs`; no handler borrows it
         // any more (cleared just above) and it is freed exactly once here.
         drop(unsafe { KBox::from_raw(self.vectors.0.as_ptr()) });
+        // The name rblnN is free again only once its node is gone.
+        drop(self.misc.take());
         put_index(self.npu.index);
         dev_info!(self.npu.pdev, "rbln{}: removed\n", self.npu.index);
-        let _ = &self.misc;
     }
 }

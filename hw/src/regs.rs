@@ -146,7 +146,8 @@ pub mod qctl {
     /// without a reset executes it again from its first packet.
     pub const ENABLE: u32 = 1 << 0;
     /// Write 1: stop the queue, clear its fault and set head = tail = 0.
-    /// Self-clearing. The fence value is kept.
+    /// Self-clearing. Q_FENCE is cleared too: the next user of the queue
+    /// starts its fence timeline at 0.
     pub const RESET: u32 = 1 << 1;
 }
 

@@ -465,6 +465,7 @@ impl Shared {
         r.fault_ring_index = 0;
         r.fault_addr = 0;
         r.packets = 0;
+        r.fence = 0;
         if report {
             self.write_status(&r);
         }

@@ -271,6 +271,7 @@ fn resets_stop_hung_work_and_restore_reset_values() {
     assert!(t0.elapsed() < Duration::from_secs(1), "reset is prompt");
     assert_eq!(rig.state(&q), QueueState::Disabled);
     assert_eq!(rig.reg32(regs::queue_reg(5, regs::Q_HEAD)), 0);
+    assert_eq!(rig.reg64(regs::queue_reg(5, regs::Q_FENCE_64)), 0, "a reset queue starts a new fence timeline");
 
     // Device reset.
     rig.set32(regs::SCRATCH, 7);

@@ -253,30 +253,35 @@ const _: () = assert!(core::mem::size_of::<FenceWait>() == 32);
 const _: () = assert!(core::mem::offset_of!(Submit, fence) == 24);
 const _: () = assert!(core::mem::offset_of!(QueueCreate, ring_mmap_offset) == 16);
 
-/// mmap offsets: the region kind sits in the top bits so that one file
-/// offset names one object. Offsets are page aligned.
-pub const MMAP_KIND_SHIFT: u32 = 40;
+/// mmap offsets: kind in bits 63..56, object id in bits 55..30, so that
+/// every object owns a 1 GiB window of file offsets and an offset inside an
+/// object can never name another one. Mappings start at an object's first
+/// byte (the window's remaining bits must be zero).
+pub const MMAP_KIND_SHIFT: u32 = 56;
+const MMAP_ID_SHIFT: u32 = 30;
 pub const MMAP_KIND_BO: u64 = 1;
 pub const MMAP_KIND_RING: u64 = 2;
 pub const MMAP_KIND_STATUS: u64 = 3;
 pub const MMAP_KIND_DOORBELL: u64 = 4;
 
-/// The mmap offset of object `id` of `kind`.
+/// The mmap offset of object `id` (< 2^26) of `kind`.
 pub const fn mmap_offset(kind: u64, id: u32) -> u64 {
-    (kind << MMAP_KIND_SHIFT) | ((id as u64) << 12)
+    (kind << MMAP_KIND_SHIFT) | (((id as u64) & ((1 << 26) - 1)) << MMAP_ID_SHIFT)
 }
 
-/// Split an mmap offset into (kind, id); None for sub-page offsets.
+/// Split an mmap offset into (kind, id); None unless it names the start of
+/// an object.
 pub const fn mmap_decode(off: u64) -> Option<(u64, u32)> {
-    if off & 0xFFF != 0 {
+    if off & ((1 << MMAP_ID_SHIFT) - 1) != 0 {
         return None;
     }
-    let id = (off & ((1 << MMAP_KIND_SHIFT) - 1)) >> 12;
-    if id > u32::MAX as u64 {
-        return None;
-    }
+    let id = (off & ((1 << MMAP_KIND_SHIFT) - 1)) >> MMAP_ID_SHIFT;
     Some((off >> MMAP_KIND_SHIFT, id as u32))
 }
+
+/// Smallest argument size each ioctl accepts (the size of its first
+/// version); index by ioctl number.
+pub const MIN_ARG_SIZE: [usize; 10] = [80, 32, 48, 16, 48, 16, 56, 16, 48, 32];
 
 /// Largest BO.
 pub const MAX_BO_SIZE: u64 = 1 << 30;
@@ -303,5 +308,23 @@ mod tests {
         let off = mmap_offset(MMAP_KIND_DOORBELL, 17);
         assert_eq!(mmap_decode(off), Some((MMAP_KIND_DOORBELL, 17)));
         assert_eq!(mmap_decode(off + 1), None);
+        assert_eq!(mmap_decode(off + 4096), None, "an offset inside one object names no other");
+    }
+
+    #[test]
+    fn minimum_sizes_are_the_v1_sizes() {
+        let sizes = [
+            core::mem::size_of::<DeviceInfo>(),
+            core::mem::size_of::<BoCreate>(),
+            core::mem::size_of::<BoInfo>(),
+            core::mem::size_of::<BoDestroy>(),
+            core::mem::size_of::<VmMap>(),
+            core::mem::size_of::<VmUnmap>(),
+            core::mem::size_of::<QueueCreate>(),
+            core::mem::size_of::<QueueDestroy>(),
+            core::mem::size_of::<Submit>(),
+            core::mem::size_of::<FenceWait>(),
+        ];
+        assert_eq!(MIN_ARG_SIZE, sizes);
     }
 }
