@@ -157,7 +157,15 @@ impl Context {
         let size = a.size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let backing = match a.flags {
             uapi::BO_HOST => Backing::Host(self.npu.with_bound(|d| HostMem::new(d, (size / PAGE_SIZE) as usize))?),
-            uapi::BO_DRAM => Backing::Dram { offset: self.npu.dram_alloc(size)? },
+            uapi::BO_DRAM => {
+                let offset = self.npu.dram_alloc(size)?;
+                // Zeroed by the device before anyone can see it.
+                if let Err(e) = self.npu.zero_dram(offset, size) {
+                    self.npu.dram_free(offset, size);
+                    return Err(e);
+                }
+                Backing::Dram { offset }
+            }
             _ => return Err(EINVAL),
         };
         let host_bytes = if let Backing::Host(_) = backing { size } else { 0 };

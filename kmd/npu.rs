@@ -105,6 +105,9 @@ pub(crate) struct Npu {
     /// Set at the start of unbind, readable without locks: file operations
     /// fail with ENODEV and waiters wake up.
     gone: kernel::sync::atomic::Atomic<bool>,
+    /// The driver's own queue (DRAM scrubbing); set up at probe.
+    #[pin]
+    engine: Mutex<Option<crate::engine::KernelEngine>>,
 }
 
 /// Contexts, queues and DRAM in use.
@@ -174,6 +177,14 @@ impl Npu {
         // before the driver lets go of the device (`RblnData::drop`), so the
         // device stays bound for the whole of `f`.
         f(unsafe { dev.as_bound() })
+    }
+
+    /// Zero [offset, offset+size) of DRAM with the driver's queue, so that a
+    /// new buffer object never shows a previous owner's data.
+    pub(crate) fn zero_dram(&self, offset: u64, size: u64) -> Result {
+        let mut guard = self.engine.lock();
+        let engine: &mut Option<crate::engine::KernelEngine> = &mut guard;
+        engine.as_mut().ok_or(ENODEV)?.zero_dram(self, offset, size)
     }
 
     pub(crate) fn is_gone(&self) -> bool {
@@ -577,13 +588,19 @@ impl pci::Driver for RblnDriver {
                 alloc <- new_mutex!(Resources {
                     contexts: 1 << (regs::MAX_CONTEXTS - 1),
                     queues: 1 << (hw_info.num_queues - 1),
-                    owner: [0; regs::MAX_QUEUES as usize],
+                    // The driver's queue belongs to the driver's context.
+                    owner: {
+                        let mut o = [0; regs::MAX_QUEUES as usize];
+                        o[(hw_info.num_queues - 1) as usize] = regs::MAX_CONTEXTS - 1;
+                        o
+                    },
                     dram,
                     bos: 0,
                     host_bo_bytes: 0,
                 }),
                 bound <- new_mutex!(true),
                 gone: kernel::sync::atomic::Atomic::new(false),
+                engine <- new_mutex!(None),
             }),
             GFP_KERNEL,
         );
@@ -607,11 +624,19 @@ impl pci::Driver for RblnDriver {
             r.w32(regs::IRQ_QUEUE_MASK, 0)?;
             r.w32(regs::IRQ_ERROR_MASK, 0)
         });
-        let tested = unmask.and_then(|()| crate::selftest::run(pdev, &npu));
+        let tested = unmask.and_then(|()| {
+            let mut engine = crate::engine::KernelEngine::new(pdev.as_ref(), &npu)?;
+            let us = engine.self_test(&npu);
+            *npu.engine.lock() = Some(engine);
+            us
+        });
         match tested {
             Ok(us) => dev_info!(pdev, "rbln{}: self-test passed: fence interrupt after {} us\n", index, us),
             Err(e) => {
                 dev_err!(pdev, "rbln{}: self-test failed ({:?}); refusing the device\n", index, e);
+                if let Some(engine) = npu.engine.lock().take() {
+                    engine.stop(&npu);
+                }
                 drop(irqs);
                 // SAFETY: the vectors were leaked by `setup_irqs`; their
                 // handlers are gone.
@@ -673,6 +698,9 @@ impl Drop for RblnData<'_> {
         self.npu.gone.store(true, kernel::sync::atomic::Relaxed);
         *self.npu.bound.lock() = false;
         self.npu.wake_all();
+        if let Some(engine) = self.npu.engine.lock().take() {
+            engine.stop(&self.npu);
+        }
         // Quiesce the hardware while the BAR is still mapped, then free the
         // interrupt handlers before the vectors they borrow.
         let _ = self.npu.with_regs(|r| r.w32(regs::DEVICE_RESET, regs::RESET_MAGIC));

@@ -18,10 +18,10 @@ mod hw;
 mod uapi;
 
 mod ctx;
+mod engine;
 mod file;
 mod mem;
 mod npu;
-mod selftest;
 
 /// Driver version (also reported by the INFO ioctl): major, minor, patch.
 pub(crate) const DRIVER_VERSION: (u32, u32, u32) = (0, 2, 0);

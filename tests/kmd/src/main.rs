@@ -631,7 +631,39 @@ fn fault_isolation() -> Res {
     Ok(())
 }
 
+/// A DRAM BO never shows a previous owner's data: another context fills
+/// DRAM, frees it, and the next BO over the same memory reads as zeros.
+fn dram_scrubbed() -> Res {
+    let size = 64 * 4096u64;
+    {
+        let env = Env::new()?;
+        let dram = bo_create(&env.f, size, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
+        let dva = vm_map(&env.f, dram, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+        e.fill(dva, size, 0x5EC2_E7AA);
+        let fence = env.run(0, &e.buf)?;
+        wait(&env.f, env.q, fence, 5_000_000_000).map_err(|e| format!("fill: {e}"))?;
+    } // context closed: its DRAM goes back to the pool
+    let f = open(0)?;
+    let dram = bo_create(&f, size, uapi::BO_DRAM).map_err(|e| format!("second DRAM BO: {e}"))?;
+    let host = bo_create(&f, size, uapi::BO_HOST).map_err(|e| format!("host BO: {e}"))?;
+    let dva = vm_map(&f, dram, 0, uapi::VM_READ).map_err(|e| format!("map: {e}"))?;
+    let hva = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let m = Mapped::new(&f, host, size as usize)?;
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.dma_copy(dva, hva + 4096, size - 4096);
+    m.write(0, &e.buf);
+    let fence = submit(&f, q, hva, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+    wait(&f, q, fence, 5_000_000_000).map_err(|e| format!("copy: {e}"))?;
+    if m.read(4096, (size - 4096) as usize).iter().any(|&b| b != 0) {
+        return Err("a new DRAM BO shows earlier data".into());
+    }
+    Ok(())
+}
+
 const TESTS: &[(&str, fn() -> Res)] = &[
+    ("dram_scrubbed", dram_scrubbed),
     ("queue_errors", queue_errors),
     ("fault_isolation", fault_isolation),
     ("ioctl_fuzz", ioctl_fuzz),
