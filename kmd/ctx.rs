@@ -392,9 +392,8 @@ impl Context {
             let _ = self.invalidate();
         };
         let (ring_base, status_addr) = (ring.dma(0), status.dma(0));
-        // Fence values continue from wherever this hardware queue's
-        // timeline stands (a queue reset keeps it), so that a new user's
-        // fence 1 is never already "complete".
+        // The fence timeline starts where the hardware queue's stands: 0,
+        // since a queue reset clears it (read back rather than assumed).
         let base = match self.npu.with_regs(|r| {
             r.w64(regs::queue_reg(hw, regs::Q_RING_BASE_64), ring_base)?;
             r.w32(regs::queue_reg(hw, regs::Q_RING_SIZE), entries)?;
@@ -556,7 +555,9 @@ impl Context {
             if shared.destroyed.load(Relaxed) {
                 return Err(ENOENT);
             }
-            if ev.faulted & (1 << hw) != 0 {
+            // A fault or hang anywhere in the context fails every wait in it:
+            // its other queues were disabled and will not get further.
+            if ev.faulted & (1 << hw) != 0 || ev.poisoned & (1 << self.id) != 0 {
                 return Err(EIO);
             }
             if left == 0 {

@@ -139,23 +139,15 @@ impl Npu {
         let Ok((_q, e)) = status else { return IrqReturn::None };
         let mut poison = 0u64;
         if e != 0 {
-            let (owner, in_use) = {
-                let a = self.alloc.lock();
-                (a.owner, a.queues)
-            };
+            let owner = self.alloc.lock().owner;
             for q in (0..self.hw.num_queues).filter(|q| e & (1 << q) != 0) {
                 self.report_fault(q, owner[q as usize]);
                 poison |= 1 << owner[q as usize];
             }
             // The device stopped the faulted queue and keeps its error
             // record (status block, registers) until the queue is destroyed.
-            // Every other queue of a poisoned context is disabled, so that
-            // user-mode submission stops too.
-            for q in (0..self.hw.num_queues).filter(|q| in_use & (1 << q) != 0 && poison & (1 << owner[*q as usize]) != 0) {
-                if e & (1 << q) == 0 {
-                    let _ = self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), 0));
-                }
-            }
+            // Every other queue of a poisoned context is disabled.
+            self.disable_context_queues(poison, e);
         }
         let mut ev = self.events.lock();
         ev.irqs = ev.irqs.wrapping_add(1);
@@ -339,7 +331,22 @@ impl Npu {
         let _ = self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), regs::qctl::RESET));
         ev.faulted |= 1 << q;
         ev.poisoned |= 1 << ctx;
+        self.disable_context_queues(1 << ctx, 1 << q);
         self.event_cv.notify_all();
+    }
+
+    /// Disable every queue of the contexts in `poison` except those in
+    /// `skip`, so that user-mode submission on them stops too.
+    fn disable_context_queues(&self, poison: u64, skip: u32) {
+        let (owner, in_use) = {
+            let a = self.alloc.lock();
+            (a.owner, a.queues)
+        };
+        for q in (0..self.hw.num_queues).filter(|q| in_use & (1 << q) != 0 && poison & (1 << owner[*q as usize]) != 0) {
+            if skip & (1 << q) == 0 {
+                let _ = self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), 0));
+            }
+        }
     }
 
     pub(crate) fn is_poisoned(&self, ctx: u32) -> bool {

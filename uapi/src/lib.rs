@@ -104,7 +104,7 @@ abi_struct! {
         pub size: u64,
         /// Out: offset to pass to mmap(2) on this file to map the BO.
         pub mmap_offset: u64,
-        /// Out: device VA of the BO's first mapping, or 0 when unmapped.
+        /// Out: device VA of the BO's oldest remaining mapping, or 0.
         pub device_va: u64,
         pub reserved: [u64; 2],
     }
@@ -154,7 +154,7 @@ abi_struct! {
     /// `RBLN_IOCTL_QUEUE_CREATE`: bind a free hardware queue to the
     /// caller's context.
     pub struct QueueCreate {
-        /// In: ring size in entries (power of two, 2 ..= 128, one page);
+        /// In: ring size in entries (power of two, 4 ..= 128, one page);
         /// 0 = 128. Each SUBMIT uses two entries.
         pub ring_entries: u32,
         /// In: reserved flags, must be 0.
@@ -206,8 +206,8 @@ abi_struct! {
 
 abi_struct! {
     /// `RBLN_IOCTL_FENCE_WAIT`: sleep until the queue's fence reaches
-    /// `value`. Errors: ETIMEDOUT, EIO (the queue faulted or was reset
-    /// before reaching it), EINTR/ERESTARTSYS (signal).
+    /// `value`. Errors: ETIMEDOUT, EIO (the queue or its context faulted or
+    /// hung), EINTR (signal; not restarted), ENODEV (device unbound).
     pub struct FenceWait {
         pub queue_id: u32,
         /// Reserved flags, must be 0.
