@@ -9,6 +9,10 @@
 
 pub const MAX_RANK: usize = 6;
 
+/// Largest descriptor a COMPUTE packet may name (bytes); larger is a
+/// BadDescriptor fault.
+pub const MAX_DESC_SIZE: usize = 4096;
+
 /// Op codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]

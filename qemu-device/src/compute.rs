@@ -13,8 +13,7 @@ use rbln_kernels as k;
 
 use crate::mmu::{AddressSpace, Fault};
 
-/// Largest descriptor a COMPUTE packet may name.
-pub const MAX_DESC_SIZE: usize = 4096;
+pub use rbln_hw::ops::MAX_DESC_SIZE;
 /// Largest tensor one operand may have (elements): bounds the memory a
 /// hostile descriptor can make the device allocate.
 const MAX_TENSOR_ELEMS: u64 = 256 << 20;

@@ -1,0 +1,158 @@
+//! Opening a device and asking what it is.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use rbln_uapi as uapi;
+
+use crate::error::{Error, Op, Result};
+use crate::sys;
+
+/// What the device and its driver are (`RBLN_IOCTL_INFO`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// uAPI version of the driver ([`rbln_uapi::UAPI_VERSION`]).
+    pub uapi_version: u32,
+    /// Driver version (major, minor, patch).
+    pub driver_version: (u32, u32, u32),
+    pub vendor_id: u16,
+    pub device_id: u16,
+    /// Hardware version (major, minor).
+    pub hw_version: (u32, u32),
+    /// Device DRAM in bytes.
+    pub dram_size: u64,
+    pub num_queues: u32,
+    pub num_cores: u32,
+    pub num_dma_engines: u32,
+    /// Capability bits ([`rbln_hw::regs::caps`]).
+    pub caps: u32,
+    /// N of /dev/rblnN.
+    pub index: u32,
+}
+
+impl From<uapi::DeviceInfo> for DeviceInfo {
+    fn from(i: uapi::DeviceInfo) -> Self {
+        DeviceInfo {
+            uapi_version: i.uapi_version,
+            driver_version: (i.driver_version >> 16, (i.driver_version >> 8) & 0xff, i.driver_version & 0xff),
+            vendor_id: i.vendor_id,
+            device_id: i.device_id,
+            hw_version: (i.hw_version >> 16, i.hw_version & 0xffff),
+            dram_size: i.dram_size,
+            num_queues: i.num_queues,
+            num_cores: i.num_cores,
+            num_dma_engines: i.num_dma_engines,
+            caps: i.caps,
+            index: i.minor_index,
+        }
+    }
+}
+
+/// One open file of /dev/rblnN: one device context (address space),
+/// shared by every object made from it.
+#[derive(Debug)]
+pub(crate) struct DeviceInner {
+    pub(crate) file: File,
+    pub(crate) path: PathBuf,
+    pub(crate) info: DeviceInfo,
+    /// A fault or hang was seen on one of this context's queues: the kernel
+    /// refuses its submissions from then on, and so does the UMD for
+    /// user-mode queues (which the kernel cannot stop), so that both kinds
+    /// of queue behave alike.
+    pub(crate) poisoned: AtomicBool,
+}
+
+impl DeviceInner {
+    pub(crate) fn ioctl<T: sys::IoctlArg>(&self, arg: &mut T) -> Result<()> {
+        sys::ioctl(&self.file, arg).map_err(|e| Error::from_errno(T::OP, e))
+    }
+
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::Relaxed);
+    }
+}
+
+/// An open NPU.
+///
+/// `Device` is `Send + Sync` and cheap to clone (a reference count): share
+/// it between threads and give each thread its own [`Queue`](crate::Queue)
+/// or [`UserQueue`](crate::UserQueue). Everything made from one `Device`
+/// (buffers, queues, command buffers) lives in its device context and keeps
+/// the file open; the context goes away when the last of them is dropped.
+#[derive(Clone, Debug)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl Device {
+    /// Open `/dev/rbln{index}`.
+    pub fn open(index: u32) -> Result<Device> {
+        Self::open_path(format!("/dev/rbln{index}"))
+    }
+
+    /// Open an rbln device node by path.
+    pub fn open_path(path: impl AsRef<Path>) -> Result<Device> {
+        let path = path.as_ref().to_path_buf();
+        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::open(path.clone(), e))?;
+        let mut raw = uapi::DeviceInfo::default();
+        match sys::ioctl(&file, &mut raw) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::ENOTTY | nix::errno::Errno::EINVAL) => {
+                return Err(Error::NotAnNpu { path, op: Op::Info });
+            }
+            Err(e) => return Err(Error::from_errno(Op::Info, e)),
+        }
+        let info = DeviceInfo::from(raw);
+        if info.uapi_version < uapi::UAPI_VERSION {
+            return Err(Error::NotAnNpu { path, op: Op::Info });
+        }
+        Ok(Device { inner: Arc::new(DeviceInner { file, path, info, poisoned: AtomicBool::new(false) }) })
+    }
+
+    /// What the device is (queried once, at open).
+    pub fn info(&self) -> DeviceInfo {
+        self.inner.info
+    }
+
+    /// Ask the driver again (`RBLN_IOCTL_INFO`).
+    pub fn query_info(&self) -> Result<DeviceInfo> {
+        let mut raw = uapi::DeviceInfo::default();
+        self.inner.ioctl(&mut raw)?;
+        Ok(raw.into())
+    }
+
+    /// The device node this was opened from.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Whether a fault or hang on one of this context's queues was seen;
+    /// from then on every submission fails with [`Error::Poisoned`] and the
+    /// device must be reopened.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.is_poisoned()
+    }
+}
+
+#[cfg(test)]
+impl Device {
+    /// A stand-in device for host tests: /dev/null, on which every ioctl
+    /// fails (ENOTTY), so destructors are harmless.
+    pub(crate) fn fake() -> Device {
+        let file = File::open("/dev/null").expect("/dev/null");
+        Device {
+            inner: Arc::new(DeviceInner {
+                file,
+                path: "/dev/null".into(),
+                info: DeviceInfo::default(),
+                poisoned: AtomicBool::new(false),
+            }),
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The only place that talks to the kernel: ioctls on /dev/rblnN and
+//! mappings of its memory. Every `unsafe` block of the crate outside the C
+//! ABI lives here.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use nix::errno::Errno;
+use rbln_uapi as uapi;
+
+use crate::error::Op;
+
+/// Issue ioctl `op` (one of the `RBLN_IOCTL_*` commands) with `arg`.
+/// Returns the errno on failure.
+pub(crate) fn ioctl<T: IoctlArg>(file: &File, arg: &mut T) -> Result<(), Errno> {
+    // SAFETY: `arg` is a live, exclusively borrowed `#[repr(C)]` struct
+    // whose size is exactly the size the command number encodes
+    // (`IoctlArg::CMD` is built from `size_of::<T>()` in rbln-uapi); the
+    // driver reads and writes at most that many bytes of it.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), T::CMD as _, arg as *mut T) };
+    // EINTR (a signal handler without SA_RESTART interrupted a fence wait)
+    // is reported to the caller, who decides whether to retry.
+    if r < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
+/// An ioctl argument struct and its command number.
+pub(crate) trait IoctlArg {
+    const CMD: u32;
+    const OP: Op;
+}
+
+macro_rules! ioctl_arg {
+    ($($t:ident => $cmd:ident, $op:ident;)*) => {$(
+        impl IoctlArg for uapi::$t {
+            const CMD: u32 = uapi::$cmd;
+            const OP: Op = Op::$op;
+        }
+    )*};
+}
+
+ioctl_arg! {
+    DeviceInfo => RBLN_IOCTL_INFO, Info;
+    BoCreate => RBLN_IOCTL_BO_CREATE, BoCreate;
+    BoInfo => RBLN_IOCTL_BO_INFO, BoInfo;
+    BoDestroy => RBLN_IOCTL_BO_DESTROY, BoDestroy;
+    VmMap => RBLN_IOCTL_VM_MAP, VmMap;
+    VmUnmap => RBLN_IOCTL_VM_UNMAP, VmUnmap;
+    QueueCreate => RBLN_IOCTL_QUEUE_CREATE, QueueCreate;
+    QueueDestroy => RBLN_IOCTL_QUEUE_DESTROY, QueueDestroy;
+    Submit => RBLN_IOCTL_SUBMIT, Submit;
+    FenceWait => RBLN_IOCTL_FENCE_WAIT, FenceWait;
+}
+
+/// How a region is mapped into this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Prot {
+    Read,
+    ReadWrite,
+    /// Write only (the doorbell page).
+    Write,
+}
+
+/// A shared mapping of part of /dev/rblnN (a host BO, a queue's ring,
+/// status block or doorbell page), unmapped on drop.
+///
+/// The memory is shared with the device (and, for BOs, with every thread
+/// holding the buffer), so Rust code never forms references to it: all
+/// accesses are relaxed atomic loads and stores of naturally aligned words
+/// (bytes at unaligned edges), which are defined for concurrent use and
+/// compile to plain moves. Ordering against the device is the job of the
+/// submission path (a full fence before the doorbell).
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory (or one MMIO page) owned by
+// this object; every access through it is atomic or volatile (see above),
+// so it can be used from any thread and shared between threads.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// mmap `len` bytes of `file` at `offset` (an offset the driver handed
+    /// out), shared.
+    pub(crate) fn new(file: &File, offset: u64, len: usize, prot: Prot) -> Result<Self, Errno> {
+        let prot = match prot {
+            Prot::Read => libc::PROT_READ,
+            Prot::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+            Prot::Write => libc::PROT_WRITE,
+        };
+        let off = libc::off_t::try_from(offset).map_err(|_| Errno::EINVAL)?;
+        // SAFETY: a new shared mapping chosen by the kernel (no fixed
+        // address, so nothing existing is replaced); the result is checked.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), off) };
+        if p == libc::MAP_FAILED {
+            return Err(Errno::last());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(Errno::EINVAL)?;
+        Ok(Self { ptr, len })
+    }
+
+    /// Bounds check of `[off, off + len)`; the mapping is page aligned, so
+    /// offsets keep their alignment as addresses.
+    fn check(&self, off: usize, len: usize) {
+        let end = off.checked_add(len).expect("mapping range overflows");
+        assert!(end <= self.len, "mapping access {off}+{len} past its end {}", self.len);
+    }
+
+    fn byte(&self, off: usize) -> &AtomicU8 {
+        self.check(off, 1);
+        // SAFETY: in bounds (checked) of a live mapping; every access to
+        // the mapping is atomic (type doc), so no non-atomic access races.
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(off)) }
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        self.check(off, 8);
+        assert!(off.is_multiple_of(8), "unaligned 64-bit access at {off}");
+        // SAFETY: in bounds (checked) and 8-byte aligned (the mapping is
+        // page aligned); all accesses are atomic (type doc).
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(off).cast::<u64>()) }
+    }
+
+    pub(crate) fn read_u64(&self, off: usize) -> u64 {
+        u64::from_le(self.word(off).load(Ordering::Acquire))
+    }
+
+    /// Copy `src` into the mapping at `off`.
+    pub(crate) fn copy_in(&self, off: usize, src: &[u8]) {
+        self.check(off, src.len());
+        let (mut at, mut s) = (off, src);
+        while !s.is_empty() && at % 8 != 0 {
+            self.byte(at).store(s[0], Ordering::Relaxed);
+            at += 1;
+            s = &s[1..];
+        }
+        let mut words = s.chunks_exact(8);
+        for w in &mut words {
+            let v = u64::from_ne_bytes(w.try_into().expect("8-byte chunk"));
+            self.word(at).store(v, Ordering::Relaxed);
+            at += 8;
+        }
+        for &b in words.remainder() {
+            self.byte(at).store(b, Ordering::Relaxed);
+            at += 1;
+        }
+    }
+
+    /// Copy bytes out of the mapping at `off` into `dst`.
+    pub(crate) fn copy_out(&self, off: usize, dst: &mut [u8]) {
+        self.check(off, dst.len());
+        let mut at = off;
+        let mut d = &mut dst[..];
+        while !d.is_empty() && !at.is_multiple_of(8) {
+            d[0] = self.byte(at).load(Ordering::Relaxed);
+            at += 1;
+            d = &mut d[1..];
+        }
+        let mut words = d.chunks_exact_mut(8);
+        for w in &mut words {
+            w.copy_from_slice(&self.word(at).load(Ordering::Relaxed).to_ne_bytes());
+            at += 8;
+        }
+        for b in words.into_remainder() {
+            *b = self.byte(at).load(Ordering::Relaxed);
+            at += 1;
+        }
+    }
+
+    /// A 32-bit store to an MMIO page (the doorbell), after a full fence so
+    /// that every earlier store (ring entry, command buffer) is visible to
+    /// the device first.
+    pub(crate) fn mmio_write_u32(&self, off: usize, v: u32) {
+        self.check(off, 4);
+        assert!(off.is_multiple_of(4), "unaligned doorbell write at {off}");
+        std::sync::atomic::fence(Ordering::SeqCst);
+        // SAFETY: in bounds and aligned (checked) of a live mapping of the
+        // queue's doorbell page; MMIO wants exactly one 32-bit store, which
+        // a volatile write of a u32 is.
+        unsafe { self.ptr.as_ptr().add(off).cast::<u32>().write_volatile(v.to_le()) };
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the region this object mapped; no
+        // reference into it outlives `self` (accessors borrow `self`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Round `v` up to a whole number of pages.
+pub(crate) fn page_round(v: u64) -> u64 {
+    v.div_ceil(rbln_hw::PAGE_SIZE) * rbln_hw::PAGE_SIZE
+}
