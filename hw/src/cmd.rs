@@ -3,9 +3,10 @@
 //! A command buffer is a sequence of packets, each a whole number of
 //! little-endian dwords. Every packet starts with a header dword:
 //! bits 7..0 opcode, bits 15..8 flags, bits 31..16 packet size in dwords
-//! including the header. Each opcode has one fixed size (NOP: any size
-//! >= 1, so it can pad); a packet whose size, flags or reserved fields do
-//! not match is rejected as a whole ([`DecodeError`]), never guessed at.
+//! including the header. Each opcode has one fixed size (NOP: any size of
+//! at least 1, so it can pad); a packet whose size, flags or reserved
+//! fields do not match is rejected as a whole ([`DecodeError`]), never
+//! guessed at.
 
 /// Packet opcodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

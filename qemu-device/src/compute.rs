@@ -54,14 +54,14 @@ impl Op<'_, '_> {
     }
 
     fn read(&mut self, va: u64, count: usize) -> R<Vec<f32>> {
-        if va % 4 != 0 {
+        if !va.is_multiple_of(4) {
             return Err(Fault::new(FaultCode::Alignment, Access::Read, va));
         }
         self.mem.read_f32s(va, count)
     }
 
     fn write(&mut self, va: u64, data: &[f32]) -> R<()> {
-        if va % 4 != 0 {
+        if !va.is_multiple_of(4) {
             return Err(Fault::new(FaultCode::Alignment, Access::Write, va));
         }
         // All or nothing: check the whole output before writing any of it.
@@ -309,7 +309,7 @@ fn conv2d(op: &mut Op<'_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
         activation: activation(d.activation, d.act_param0, d.act_param1),
     };
     let out_shape = op.kernel(k::conv2d_output_shape(&p))?;
-    if p.groups == 0 || p.in_channels % p.groups != 0 {
+    if p.groups == 0 || !p.in_channels.is_multiple_of(p.groups) {
         return Err(op.bad());
     }
     let cin_g = p.in_channels / p.groups;

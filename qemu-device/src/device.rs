@@ -166,11 +166,11 @@ impl QueueRegs {
     }
 
     fn config_ok(&self) -> bool {
-        self.ring_base % PAGE_SIZE == 0
+        self.ring_base.is_multiple_of(PAGE_SIZE)
             && self.ring_size.is_power_of_two()
             && (rbln_hw::ring::MIN_RING_ENTRIES..=rbln_hw::ring::MAX_RING_ENTRIES).contains(&self.ring_size)
             && self.ctx_id < regs::MAX_CONTEXTS
-            && self.status_addr % 64 == 0
+            && self.status_addr.is_multiple_of(64)
             && self.tail < self.ring_size
     }
 }
@@ -269,7 +269,7 @@ impl Device {
         data.fill(0);
         match bar {
             BAR_REGS => {
-                if data.len() == 8 && off % 8 == 0 {
+                if data.len() == 8 && off.is_multiple_of(8) {
                     if let Some(v) = self.shared.reg_read64(off) {
                         data.copy_from_slice(&v.to_le_bytes()); // one snapshot: no tearing
                         return;
@@ -286,13 +286,12 @@ impl Device {
             BAR_DRAM => {
                 let _ = self.shared.dram.read(off, data);
             }
-            BAR_DOORBELL => {
-                if off % PAGE_SIZE == DOORBELL_TAIL && data.len() == 4 {
+            BAR_DOORBELL
+                if off % PAGE_SIZE == DOORBELL_TAIL && data.len() == 4 => {
                     if let Some(q) = self.shared.queues.get((off / PAGE_SIZE) as usize) {
                         data.copy_from_slice(&q.lock().tail.to_le_bytes());
                     }
                 }
-            }
             _ => {}
         }
     }
@@ -310,18 +309,16 @@ impl Device {
                 }
                 n => log::warn!("ignored {n}-byte register write at {off:#x}"),
             },
-            BAR_DRAM => {
-                if self.shared.dram.write(off, data).is_err() {
+            BAR_DRAM
+                if self.shared.dram.write(off, data).is_err() => {
                     log::warn!("DRAM write outside BAR2 at {off:#x}");
                 }
-            }
-            BAR_DOORBELL => {
-                if off % PAGE_SIZE == DOORBELL_TAIL && data.len() == 4 {
+            BAR_DOORBELL
+                if off % PAGE_SIZE == DOORBELL_TAIL && data.len() == 4 => {
                     if let Some(q) = self.shared.queues.get((off / PAGE_SIZE) as usize) {
                         self.shared.write_tail(q, u32::from_le_bytes([data[0], data[1], data[2], data[3]]));
                     }
                 }
-            }
             _ => {}
         }
     }

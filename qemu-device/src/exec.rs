@@ -50,8 +50,8 @@ pub(crate) fn run_ring_entry(s: &Shared, job: &Job) -> Result<(), Stop> {
     let bad_entry = Stop::Fault(Fault::new(FaultCode::BadRingEntry, Access::Read, entry_addr), 0);
     if entry.flags != 0
         || entry.reserved != 0
-        || entry.cmdbuf_size % 4 != 0
-        || entry.cmdbuf_va % 4 != 0
+        || !entry.cmdbuf_size.is_multiple_of(4)
+        || !entry.cmdbuf_va.is_multiple_of(4)
         || entry.cmdbuf_size > MAX_CMDBUF_SIZE
     {
         return Err(bad_entry);

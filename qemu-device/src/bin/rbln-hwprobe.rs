@@ -41,7 +41,7 @@ impl Bar {
     }
 
     fn ptr(&self, off: u64, width: usize) -> *mut u8 {
-        assert!(off as usize + width <= self.map.len() && off as usize % width == 0, "BAR access out of range");
+        assert!(off as usize + width <= self.map.len() && (off as usize).is_multiple_of(width), "BAR access out of range");
         // SAFETY: the assertion keeps the offset inside the mapping.
         unsafe { self.map.as_mut_ptr().add(off as usize) }
     }

@@ -233,7 +233,7 @@ fn vm_errors() -> Res {
     expect_err(vm_map(&f, h, 0, 0), Errno::EINVAL, "no permission")?;
     expect_err(vm_map(&f, h, 0, 1 << 5), Errno::EINVAL, "unknown permission bit")?;
     expect_err(vm_map(&f, h, 0x1000, uapi::VM_READ), Errno::EINVAL, "VA below the user range")?;
-    expect_err(vm_map(&f, h, u64::MAX & !0xfff, uapi::VM_READ), Errno::EINVAL, "VA overflow")?;
+    expect_err(vm_map(&f, h, !0xfffu64, uapi::VM_READ), Errno::EINVAL, "VA overflow")?;
     let mut a = uapi::VmMap { handle: h, flags: uapi::VM_READ, offset: 4096, size: 8192, ..Default::default() };
     expect_err(ioctl(&f, uapi::RBLN_IOCTL_VM_MAP, &mut a), Errno::EINVAL, "range past the BO")?;
     expect_err(vm_map(&f, 77, 0, uapi::VM_READ), Errno::ENOENT, "unknown BO")?;
