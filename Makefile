@@ -23,9 +23,10 @@ kernel: setup
 kmd: setup
 	@scripts/build-kmd.sh
 
-## host: the user-space workspace (device model, UMD, runtime, tools)
+## host: the user-space workspace (device model, UMD, tools) and the C examples
 host:
 	@$(CARGO) build --release --workspace --quiet
+	@RBLN_SKIP_CARGO=1 examples/c/build.sh
 
 ## vm: boot the guest and run CMD in it, e.g. make vm CMD='insmod kmd/rbln.ko'
 vm: kmd host

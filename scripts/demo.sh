@@ -9,6 +9,8 @@ echo "== guest kernel $(uname -r); NPU on the PCI bus:"
 for d in /sys/bus/pci/devices/*; do [ "$(cat $d/device)" = 0x52b1 ] && echo "   $d class $(cat $d/class)"; done
 insmod kmd/rbln.ko
 dmesg | grep rbln0
+echo "== a C program (librbln_umd) runs a GEMM on the NPU, user-mode submission"
+target/c-examples/gemm user
 echo "== jobs through the kernel (SUBMIT + interrupt-driven FENCE_WAIT) and from user space (own ring + doorbell)"
 rbln-kmd-tests submit_and_wait user_mode_submission
 echo "== /sys/kernel/debug/rbln0/state"
