@@ -1,0 +1,42 @@
+//! `rbln-example-models DIR`: write the example models (made with the
+//! `.rbln` writer API) with inputs and CPU-reference outputs as .npy:
+//! DIR/mlp.rbln, DIR/mlp.input.npy, DIR/mlp.expected.npy, plus
+//! DIR/mlp.badshape.npy (an input of the wrong shape, for tests).
+//!
+//! `rbln-example-models compare GOT.npy WANT.npy [TOL]`: exit 0 when the
+//! shapes match and every |got - want| <= TOL * (1 + |want|) (default 1e-4),
+//! printing the largest absolute and relative errors.
+
+use std::path::PathBuf;
+
+fn compare(args: &[String]) -> Result<(), String> {
+    let got = rbln_runtime::npy::read(std::path::Path::new(&args[0]))?;
+    let want = rbln_runtime::npy::read(std::path::Path::new(&args[1]))?;
+    let tol: f32 = args.get(2).map_or(Ok(1e-4), |t| t.parse().map_err(|e| format!("tolerance: {e}")))?;
+    if got.shape != want.shape {
+        return Err(format!("shape {:?}, expected {:?}", got.shape, want.shape));
+    }
+    let (abs, rel) = rbln_runtime::examples::max_errors(&got, &want);
+    println!("max abs error {abs:.3e}, max rel error {rel:.3e}");
+    let bad = got.data.iter().zip(&want.data).filter(|(g, w)| (*g - *w).abs() > tol * (1.0 + w.abs())).count();
+    if bad > 0 {
+        return Err(format!("{bad} values beyond tolerance {tol}"));
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("compare") && args.len() >= 3 {
+        return compare(&args[1..]);
+    }
+    let dir = PathBuf::from(args.first().ok_or("usage: rbln-example-models DIR | compare GOT.npy WANT.npy [TOL]")?);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let ex = rbln_runtime::examples::mlp(16, 256, 512, 10);
+    ex.model.save(dir.join("mlp.rbln")).map_err(|e| e.to_string())?;
+    rbln_runtime::npy::write(&dir.join("mlp.input.npy"), &ex.inputs[0])?;
+    rbln_runtime::npy::write(&dir.join("mlp.expected.npy"), &ex.expected[0])?;
+    rbln_runtime::npy::write(&dir.join("mlp.badshape.npy"), &rbln_runtime::Tensor::zeros(&[16, 255]))?;
+    eprintln!("wrote {}/mlp.rbln (+ .input.npy, .expected.npy)", dir.display());
+    Ok(())
+}

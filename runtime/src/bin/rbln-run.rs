@@ -1,0 +1,186 @@
+//! `rbln-run`: run a compiled `.rbln` model on the NPU.
+//!
+//!     rbln-run model.rbln --input x.npy [--output y.npy] [--iterations N]
+//!              [--warmup K] [--inspect] [--json] [--device N]
+//!
+//! Exit codes: 0 success, 2 bad usage or input, 3 bad model file, 4 device
+//! error (no device, fault, timeout).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use rbln_runtime::{inspect, npy, stats::LatencyStats, Error, Runtime, Tensor};
+
+#[derive(Parser)]
+#[command(version, about = "Run a compiled .rbln model on the rbln NPU")]
+struct Args {
+    /// The model (.rbln).
+    model: PathBuf,
+    /// Input tensors (.npy, float32), in the model's input order. Inputs
+    /// not given are zero-filled (or random with --random).
+    #[arg(long = "input", short = 'i')]
+    inputs: Vec<PathBuf>,
+    /// Write the outputs here: one file, or `name.npy`, `name.1.npy`, ...
+    /// for several outputs.
+    #[arg(long = "output", short = 'o')]
+    output: Option<PathBuf>,
+    /// Timed inferences.
+    #[arg(long, default_value_t = 1)]
+    iterations: u32,
+    /// Untimed inferences before the timed ones.
+    #[arg(long, default_value_t = 0)]
+    warmup: u32,
+    /// Fill missing inputs with random values in [-1, 1] instead of zeros.
+    #[arg(long)]
+    random: bool,
+    /// Print the model's metadata and exit (no device needed).
+    #[arg(long)]
+    inspect: bool,
+    /// Machine-readable report on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Device index (/dev/rblnN).
+    #[arg(long, default_value_t = 0)]
+    device: u32,
+}
+
+const EXIT_USAGE: u8 = 2;
+const EXIT_MODEL: u8 = 3;
+const EXIT_DEVICE: u8 = 4;
+
+fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("rbln-run: {msg}");
+    ExitCode::from(code)
+}
+
+fn random_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let model = match rbln_format::Model::open(&args.model) {
+        Ok(m) => m,
+        Err(e) => return fail(EXIT_MODEL, format!("{}: {e}", args.model.display())),
+    };
+    let info = inspect(&model);
+    if args.inspect {
+        if args.json {
+            let io = |v: &[rbln_runtime::IoInfo]| {
+                v.iter().map(|t| serde_json::json!({"name": t.name, "dtype": t.dtype, "shape": t.shape})).collect::<Vec<_>>()
+            };
+            let ops: Vec<_> = info.ops.iter().map(|(op, n)| serde_json::json!({"op": op, "count": n})).collect();
+            println!(
+                "{}",
+                serde_json::json!({"name": info.name, "producer": info.producer, "inputs": io(&info.inputs),
+                    "outputs": io(&info.outputs), "arena_bytes": info.arena_bytes,
+                    "staging_bytes": info.staging_bytes, "weight_bytes": info.weight_bytes, "ops": ops})
+            );
+        } else {
+            println!("model:    {} (produced by {})", info.name, info.producer);
+            for t in &info.inputs {
+                println!("input:    {} {} {:?}", t.name, t.dtype, t.shape);
+            }
+            for t in &info.outputs {
+                println!("output:   {} {} {:?}", t.name, t.dtype, t.shape);
+            }
+            println!("memory:   arena {} B, staging {} B, weights {} B", info.arena_bytes, info.staging_bytes, info.weight_bytes);
+            let ops: Vec<String> = info.ops.iter().map(|(op, n)| format!("{op} x{n}")).collect();
+            println!("ops:      {}", ops.join(", "));
+        }
+        return ExitCode::SUCCESS;
+    }
+    if args.inputs.len() > info.inputs.len() {
+        return fail(EXIT_USAGE, format!("{} inputs given, the model has {}", args.inputs.len(), info.inputs.len()));
+    }
+    let mut inputs = Vec::new();
+    for (i, want) in info.inputs.iter().enumerate() {
+        let t = match args.inputs.get(i) {
+            Some(p) => match npy::read(p) {
+                Ok(t) => t,
+                Err(e) => return fail(EXIT_USAGE, e),
+            },
+            None => {
+                let n = Tensor::elements(&want.shape) as usize;
+                Tensor::new(&want.shape, if args.random { random_values(n, i as u64 + 1) } else { vec![0.0; n] })
+            }
+        };
+        inputs.push(t);
+    }
+    let dev = match rbln_umd::Device::open(args.device) {
+        Ok(d) => d,
+        Err(e) => return fail(EXIT_DEVICE, e),
+    };
+    let load_start = Instant::now();
+    let mut rt = match Runtime::new(&dev, model) {
+        Ok(r) => r,
+        Err(e @ Error::Format(_)) | Err(e @ Error::HardwareVersion { .. }) | Err(e @ Error::NotStaged { .. }) => {
+            return fail(EXIT_MODEL, e)
+        }
+        Err(e) => return fail(EXIT_DEVICE, e),
+    };
+    let load = load_start.elapsed();
+    let classify = |e: Error| match e {
+        Error::InputCount { .. } | Error::InputShape { .. } | Error::InputDType { .. } | Error::InputLength { .. } => EXIT_USAGE,
+        _ => EXIT_DEVICE,
+    };
+    for _ in 0..args.warmup {
+        if let Err(e) = rt.run(&inputs) {
+            let code = classify(e);
+            return fail(code, "warm-up inference failed (see above)");
+        }
+    }
+    let mut lat = Vec::with_capacity(args.iterations as usize);
+    let mut outputs = Vec::new();
+    let wall = Instant::now();
+    for _ in 0..args.iterations.max(1) {
+        let t0 = Instant::now();
+        match rt.run(&inputs) {
+            Ok(o) => outputs = o,
+            Err(e) => {
+                eprintln!("rbln-run: {e}");
+                return ExitCode::from(classify(e));
+            }
+        }
+        lat.push(t0.elapsed());
+    }
+    let wall = wall.elapsed();
+    if let Some(path) = &args.output {
+        for (i, t) in outputs.iter().enumerate() {
+            let p = if i == 0 { path.clone() } else { path.with_extension(format!("{i}.npy")) };
+            if let Err(e) = npy::write(&p, t) {
+                return fail(EXIT_USAGE, e);
+            }
+        }
+    }
+    let stats = LatencyStats::new(&lat, wall).unwrap_or_else(|| LatencyStats::new(&[Duration::ZERO], wall).unwrap());
+    if args.json {
+        let outs: Vec<_> = outputs
+            .iter()
+            .zip(&info.outputs)
+            .map(|(t, o)| serde_json::json!({"name": o.name, "shape": t.shape, "first": t.data.iter().take(8).collect::<Vec<_>>()}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"model": info.name, "load_ms": load.as_secs_f64() * 1e3, "latency": stats.to_json(), "outputs": outs})
+        );
+    } else {
+        println!("Model:      {} on /dev/rbln{} (loaded in {:.1} ms)", info.name, args.device, load.as_secs_f64() * 1e3);
+        for (t, o) in outputs.iter().zip(&info.outputs) {
+            let head: Vec<String> = t.data.iter().take(6).map(|v| format!("{v:.5}")).collect();
+            println!("Output:     {} {:?} [{}{}]", o.name, t.shape, head.join(", "), if t.data.len() > 6 { ", ..." } else { "" });
+        }
+        println!("{stats}");
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,253 @@
+//! `rbln-runtime`: loads compiled `.rbln` models (crate `rbln-format`,
+//! docs/rbln-format.md) and runs them on the NPU through `librbln_umd`.
+//!
+//! [`Runtime::new`] allocates the model's device arena (DRAM) and host
+//! staging buffer, uploads descriptors and command streams with every
+//! relocation applied, and runs the weight upload once. [`Runtime::run`]
+//! checks the inputs against the model (count, names, shapes, dtypes),
+//! writes them to staging, submits the input-transfer, run and
+//! output-transfer streams, waits, and reads the outputs back.
+
+use std::time::Duration;
+
+use rbln_format::{DType, Model, Placement as Region, RelocBases, StreamRole};
+use rbln_umd::{Buffer, Device, Perms, Placement, Queue};
+
+pub mod examples;
+pub mod npy;
+pub mod stats;
+
+/// Longest one stream may run before the runtime gives up.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
+/// Alignment of uploaded program pieces (descriptors, streams).
+const PROGRAM_ALIGN: u64 = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot load the model: {0}")]
+    Format(#[from] rbln_format::FormatError),
+    #[error("{0}")]
+    Device(#[from] rbln_umd::Error),
+    #[error("the model needs hardware version {need}.x but the device is {have_major}.{have_minor}")]
+    HardwareVersion { need: u32, have_major: u32, have_minor: u32 },
+    #[error("the model has {expected} input(s) ({names}), got {got}")]
+    InputCount { expected: usize, got: usize, names: String },
+    #[error("input '{name}': expected shape {expected:?}, got {got:?}")]
+    InputShape { name: String, expected: Vec<u64>, got: Vec<u64> },
+    #[error("input '{name}': expected dtype {expected}, got {got}")]
+    InputDType { name: String, expected: &'static str, got: &'static str },
+    #[error("input '{name}': {got} values for shape {shape:?} ({expected} expected)")]
+    InputLength { name: String, shape: Vec<u64>, expected: u64, got: usize },
+    #[error("model input/output '{name}' is not in the staging buffer (placement {region}); the runtime cannot move it")]
+    NotStaged { name: String, region: &'static str },
+    #[error("the model's {what} does not fit ({size} bytes)")]
+    TooLarge { what: &'static str, size: u64 },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A tensor by value: f32 data in row-major order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<u64>,
+    pub data: Vec<f32>,
+}
+
+impl Tensor {
+    pub fn new(shape: &[u64], data: Vec<f32>) -> Self {
+        Self { shape: shape.to_vec(), data }
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: &[u64]) -> Self {
+        let n = shape.iter().product::<u64>() as usize;
+        Self::new(shape, vec![0.0; n])
+    }
+
+    /// Element count the shape asks for.
+    pub fn elements(shape: &[u64]) -> u64 {
+        shape.iter().product()
+    }
+}
+
+/// A model input or output as the model declares it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IoInfo {
+    pub name: String,
+    pub dtype: &'static str,
+    pub shape: Vec<u64>,
+}
+
+/// What `inspect` reports.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub name: String,
+    pub producer: String,
+    pub inputs: Vec<IoInfo>,
+    pub outputs: Vec<IoInfo>,
+    /// Device arena (activations + weights) and host staging sizes.
+    pub arena_bytes: u64,
+    pub staging_bytes: u64,
+    pub weight_bytes: u64,
+    /// (op, count) for every op kind in the graph.
+    pub ops: Vec<(String, u32)>,
+}
+
+fn io_info(b: &rbln_format::IoBinding) -> IoInfo {
+    IoInfo { name: b.name.clone(), dtype: b.dtype.name(), shape: b.shape.clone() }
+}
+
+/// Metadata of a model (no device needed).
+pub fn inspect(model: &Model) -> ModelInfo {
+    let m = &model.meta;
+    ModelInfo {
+        name: m.name.clone(),
+        producer: m.producer.clone(),
+        inputs: m.inputs.iter().map(io_info).collect(),
+        outputs: m.outputs.iter().map(io_info).collect(),
+        arena_bytes: m.arena_size,
+        staging_bytes: m.staging_size,
+        weight_bytes: model.weights.len() as u64,
+        ops: m.ops.iter().map(|o| (o.op.clone(), o.count)).collect(),
+    }
+}
+
+/// A model loaded on a device, ready to run.
+pub struct Runtime {
+    model: Model,
+    queue: Queue,
+    staging: Buffer,
+    /// Per-inference streams in order (input transfer, run, output
+    /// transfer): (device VA, size).
+    per_inference: Vec<(u64, u32)>,
+    // Kept alive while the runtime exists (mapped into the device).
+    _arena: Option<Buffer>,
+    _program: Buffer,
+}
+
+fn align(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+fn alloc_mapped(dev: &Device, size: u64, placement: Placement) -> Result<(Buffer, u64)> {
+    let b = dev.alloc(size.max(4096), placement)?;
+    let va = b.map(Perms::RW)?;
+    Ok((b, va))
+}
+
+impl Runtime {
+    /// Load `model` onto `dev`: allocate, upload, relocate, upload weights.
+    pub fn new(dev: &Device, model: Model) -> Result<Self> {
+        let info = dev.info();
+        let need = model.meta.hw_version >> 16;
+        if need != info.hw_version.0 {
+            return Err(Error::HardwareVersion { need, have_major: info.hw_version.0, have_minor: info.hw_version.1 });
+        }
+        for b in model.meta.inputs.iter().chain(&model.meta.outputs) {
+            if !matches!(b.placement, Region::Staging { .. }) {
+                return Err(Error::NotStaged { name: b.name.clone(), region: b.placement.region() });
+            }
+        }
+        let arena = if model.meta.arena_size > 0 {
+            Some(alloc_mapped(dev, model.meta.arena_size, Placement::Dram)?)
+        } else {
+            None
+        };
+        let (staging, staging_va) = alloc_mapped(dev, model.meta.staging_size, Placement::Host)?;
+
+        // Program buffer: descriptors, then each stream, then the weights
+        // (the source of the weight upload).
+        let p = &model.program;
+        let mut off = align(p.descriptors.len() as u64, PROGRAM_ALIGN);
+        let mut stream_offs = Vec::with_capacity(p.streams.len());
+        for s in &p.streams {
+            stream_offs.push(off);
+            off = align(off + s.bytes.len() as u64, PROGRAM_ALIGN);
+        }
+        let weights_off = off;
+        let total = weights_off + model.weights.len() as u64;
+        if total > 1 << 30 {
+            return Err(Error::TooLarge { what: "program and weights", size: total });
+        }
+        let (program, program_va) = alloc_mapped(dev, total, Placement::Host)?;
+        let bases = RelocBases {
+            arena: arena.as_ref().map_or(0, |a| a.1),
+            staging: staging_va,
+            descriptors: program_va,
+            streams: stream_offs.iter().map(|o| program_va + o).collect(),
+            weights_source: program_va + weights_off,
+        };
+        let relocated = model.relocate(&bases)?;
+        program.write_slice(0, &relocated.descriptors)?;
+        for (s, o) in relocated.streams.iter().zip(&stream_offs) {
+            program.write_slice(*o, s)?;
+        }
+        program.write_slice(weights_off, &model.weights)?;
+
+        let queue = dev.create_queue(0)?;
+        let va_of = |i: usize| (bases.streams[i], relocated.streams[i].len() as u32);
+        // Weights go up once, now.
+        for (i, s) in p.streams.iter().enumerate() {
+            if s.role == StreamRole::UploadWeights && !s.bytes.is_empty() {
+                let (va, len) = va_of(i);
+                queue.submit_va(va, len)?.wait(STREAM_TIMEOUT)?;
+            }
+        }
+        let mut per_inference = Vec::new();
+        for role in [StreamRole::InputTransfer, StreamRole::Run, StreamRole::OutputTransfer] {
+            for (i, s) in p.streams.iter().enumerate() {
+                if s.role == role && !s.bytes.is_empty() {
+                    per_inference.push(va_of(i));
+                }
+            }
+        }
+        Ok(Self { model, queue, staging, per_inference, _arena: arena.map(|a| a.0), _program: program })
+    }
+
+    pub fn info(&self) -> ModelInfo {
+        inspect(&self.model)
+    }
+
+    /// Check `inputs` against the model: count, shapes, lengths.
+    fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
+        let want = &self.model.meta.inputs;
+        if inputs.len() != want.len() {
+            let names = want.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(Error::InputCount { expected: want.len(), got: inputs.len(), names });
+        }
+        for (t, b) in inputs.iter().zip(want) {
+            if b.dtype != DType::F32 {
+                return Err(Error::InputDType { name: b.name.clone(), expected: b.dtype.name(), got: "f32" });
+            }
+            if t.shape != b.shape {
+                return Err(Error::InputShape { name: b.name.clone(), expected: b.shape.clone(), got: t.shape.clone() });
+            }
+            let n = Tensor::elements(&b.shape);
+            if t.data.len() as u64 != n {
+                return Err(Error::InputLength { name: b.name.clone(), shape: b.shape.clone(), expected: n, got: t.data.len() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Run one inference.
+    pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
+        for (t, b) in inputs.iter().zip(&self.model.meta.inputs) {
+            self.staging.write_slice(b.placement.offset(), &t.data)?;
+        }
+        let mut last = None;
+        for &(va, len) in &self.per_inference {
+            last = Some(self.queue.submit_va(va, len)?);
+        }
+        if let Some(f) = last {
+            f.wait(STREAM_TIMEOUT)?;
+        }
+        let mut out = Vec::with_capacity(self.model.meta.outputs.len());
+        for b in &self.model.meta.outputs {
+            let n = Tensor::elements(&b.shape) as usize;
+            out.push(Tensor::new(&b.shape, self.staging.read_vec::<f32>(b.placement.offset(), n)?));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,21 @@
+# rbln-run runs an example model (made with the .rbln writer API) on the
+# NPU and matches its CPU reference; bad inputs and files get clear errors
+# and documented exit codes.
+. tests/vm/lib.sh
+m=target/models
+
+check "example models were generated on the host" test -f $m/mlp.rbln
+check "insmod rbln.ko" insmod kmd/rbln.ko
+check "rbln-run --inspect" sh -c "rbln-run $m/mlp.rbln --inspect | grep -q 'input:    x f32 \[16, 256\]'"
+check "rbln-run: MLP on the NPU" rbln-run $m/mlp.rbln --input $m/mlp.input.npy --output /tmp/y.npy --iterations 20 --warmup 2
+check "outputs match the CPU reference (tol 1e-4)" rbln-example-models compare /tmp/y.npy $m/mlp.expected.npy 1e-4
+check "--json report" sh -c "rbln-run $m/mlp.rbln --json --iterations 3 | grep -q '\"p99_ms\"'"
+rc=0; rbln-run $m/mlp.rbln --input $m/mlp.badshape.npy >/tmp/err 2>&1 || rc=$?
+cat /tmp/err
+check "wrong input shape: exit 2, names the tensor" sh -c "test $rc = 2 && grep -q \"input 'x': expected shape \[16, 256\]\" /tmp/err"
+head -c 5000 $m/mlp.rbln >/tmp/trunc.rbln
+rc=0; rbln-run /tmp/trunc.rbln >/tmp/err 2>&1 || rc=$?
+cat /tmp/err
+check "truncated model: exit 3 with a precise error" test $rc = 3
+check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
+check "rmmod rbln" rmmod rbln
