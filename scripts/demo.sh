@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # The demo: boot the guest with one NPU, load the driver (its probe
-# self-test rings a doorbell and waits for the fence interrupt), show the
-# device state, run a job through kernel submission and one through
-# user-mode submission, and unload cleanly.
+# self-test rings a doorbell and waits for the fence interrupt), run a
+# compiled model with rbln-run and check it against the CPU, run a GEMM from
+# C, jobs through kernel and user-mode submission, show the device state,
+# and unload cleanly.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+"$RBLN_ROOT/target/release/rbln-example-models" "$RBLN_ROOT/target/models"
 exec "$RBLN_ROOT/scripts/vm.sh" '
 echo "== guest kernel $(uname -r); NPU on the PCI bus:"
 for d in /sys/bus/pci/devices/*; do [ "$(cat $d/device)" = 0x52b1 ] && echo "   $d class $(cat $d/class)"; done
 insmod kmd/rbln.ko
 dmesg | grep rbln0
+echo "== rbln-run: a compiled .rbln model (2-layer MLP) on the NPU"
+rbln-run target/models/mlp.rbln --inspect
+rbln-run target/models/mlp.rbln --input target/models/mlp.input.npy --output /tmp/y.npy --iterations 50 --warmup 5
+rbln-example-models compare /tmp/y.npy target/models/mlp.expected.npy
 echo "== a C program (librbln_umd) runs a GEMM on the NPU, user-mode submission"
 target/c-examples/gemm user
 echo "== jobs through the kernel (SUBMIT + interrupt-driven FENCE_WAIT) and from user space (own ring + doorbell)"
