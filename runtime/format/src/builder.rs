@@ -175,6 +175,11 @@ impl ModelBuilder {
         self.add_weight(name, DType::F32, shape, &data)
     }
 
+    /// Bytes of weights so far (the size of `.rbln.weights`).
+    pub fn weights_len(&self) -> u64 {
+        self.weights.len() as u64
+    }
+
     pub fn tensor(&self, id: TensorId) -> Option<&Tensor> {
         self.tensors.get(id as usize)
     }

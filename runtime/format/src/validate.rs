@@ -7,7 +7,7 @@
 //! proportional to data already decoded.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
 
 use rbln_hw::cmd::Packet;
 use rbln_hw::ops::{Desc, OpHeader};
@@ -125,7 +125,7 @@ fn streams(m: &Model) -> Result<Vec<Vec<u64>>> {
         }
         let sec = format!("{}{}", names::CMD_PREFIX, s.name);
         limit(&sec, "size", s.bytes.len() as u64, MAX_STREAM_SIZE)?;
-        if s.bytes.len() % 4 != 0 {
+        if !s.bytes.len().is_multiple_of(4) {
             return Err(err(format!("size {} is not a whole number of dwords", s.bytes.len())));
         }
         let mut starts = Vec::new();
@@ -187,7 +187,7 @@ fn tensors(m: &Model) -> Result<()> {
                 })
             }
         }
-        if offset % crate::TENSOR_ALIGN != 0 {
+        if !offset.is_multiple_of(crate::TENSOR_ALIGN) {
             return Err(FormatError::TensorMisaligned {
                 tensor: id,
                 name: t.name.clone(),
@@ -549,7 +549,8 @@ fn descriptors(m: &Model, node: u32, name: &str, d: DescRange) -> Result<()> {
             return Err(bad(format!("{} bytes left in the range, a descriptor header needs 8", end - p)));
         };
         let size = h.size as usize;
-        if !(OpHeader::SIZE..=rbln_hw::ops::MAX_DESC_SIZE).contains(&size) || !size.is_multiple_of(4) || size > end - p {
+        if !(OpHeader::SIZE..=rbln_hw::ops::MAX_DESC_SIZE).contains(&size) || !size.is_multiple_of(4) || size > end - p
+        {
             return Err(bad(format!(
                 "header size {size} is not a multiple of 4 in 8..={} within the range",
                 rbln_hw::ops::MAX_DESC_SIZE
@@ -769,7 +770,7 @@ fn relocations(m: &Model) -> Result<()> {
                 problem: format!("target {target} does not exist (there are {} streams)", p.streams.len()),
             });
         };
-        if r.offset % crate::RELOC_ALIGN != 0 {
+        if !r.offset.is_multiple_of(crate::RELOC_ALIGN) {
             return Err(FormatError::RelocMisaligned { index, target, offset: r.offset, align: crate::RELOC_ALIGN });
         }
         let size = bytes.len() as u64;
@@ -854,15 +855,13 @@ pub(crate) fn relocate(m: &Model, bases: &RelocBases) -> Result<Relocated> {
     }
     let mut descriptors = p.descriptors.clone();
     let mut streams: Vec<Vec<u8>> = p.streams.iter().map(|s| s.bytes.clone()).collect();
-    // Stream bases by index, checked once.
-    let base_of: HashMap<u32, u64> = bases.streams.iter().enumerate().map(|(i, &b)| (i as u32, b)).collect();
     for (i, r) in p.relocations.iter().enumerate() {
         let base = match r.kind {
             RelocKind::Arena => bases.arena,
             RelocKind::Staging => bases.staging,
             RelocKind::Descriptors => bases.descriptors,
             RelocKind::WeightsSource => bases.weights_source,
-            RelocKind::Stream(n) => *base_of.get(&n).ok_or_else(|| FormatError::Relocate {
+            RelocKind::Stream(n) => *bases.streams.get(n as usize).ok_or_else(|| FormatError::Relocate {
                 problem: format!("relocation {i} refers to stream {n}, which does not exist"),
             })?,
         };

@@ -67,7 +67,7 @@ pub fn mlp_builder() -> (ModelBuilder, Mlp) {
     let run = b.add_stream("run", StreamRole::Run);
     let output = b.add_stream("output", StreamRole::OutputTransfer);
 
-    let wlen = b.build_model_unchecked().weights.len() as u64;
+    let wlen = b.weights_len();
     b.dma_copy(upload, Va::Rel(RelocKind::WeightsSource, 0), Va::arena(0), wlen);
 
     let at = b.dma_copy(input, b.va_of(x_host), b.va_of(x), IN * 4);
