@@ -14,11 +14,13 @@ use rbln_format::{DType, Model, Placement as Region, RelocBases, StreamRole};
 use rbln_umd::{Buffer, Device, Perms, Placement, Queue};
 
 pub mod examples;
+mod pipeline;
+pub use pipeline::{AsyncRuntime, RunFuture, RunHandle};
 pub mod npy;
 pub mod stats;
 
 /// Longest one stream may run before the runtime gives up.
-const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
 /// Alignment of uploaded program pieces (descriptors, streams).
 const PROGRAM_ALIGN: u64 = 64;
 
@@ -42,6 +44,12 @@ pub enum Error {
     NotStaged { name: String, region: &'static str },
     #[error("the model's {what} does not fit ({size} bytes)")]
     TooLarge { what: &'static str, size: u64 },
+    #[error("parallel must be 1 or 2, not {0}")]
+    Parallel(usize),
+    #[error("the request's result was lost (its slot failed)")]
+    Lost,
+    #[error("the model has no per-inference command stream")]
+    EmptyProgram,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -113,6 +121,7 @@ pub fn inspect(model: &Model) -> ModelInfo {
 }
 
 /// A model loaded on a device, ready to run.
+#[derive(Debug)]
 pub struct Runtime {
     model: Model,
     queue: Queue,
@@ -232,6 +241,13 @@ impl Runtime {
 
     /// Run one inference.
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.submit(inputs)?.wait(STREAM_TIMEOUT)?;
+        self.read_outputs()
+    }
+
+    /// Check and stage `inputs` and submit the per-inference streams;
+    /// returns the fence of the last one.
+    pub(crate) fn submit(&mut self, inputs: &[Tensor]) -> Result<rbln_umd::Fence> {
         self.check_inputs(inputs)?;
         for (t, b) in inputs.iter().zip(&self.model.meta.inputs) {
             self.staging.write_slice(b.placement.offset(), &t.data)?;
@@ -240,9 +256,11 @@ impl Runtime {
         for &(va, len) in &self.per_inference {
             last = Some(self.queue.submit_va(va, len)?);
         }
-        if let Some(f) = last {
-            f.wait(STREAM_TIMEOUT)?;
-        }
+        last.ok_or(Error::EmptyProgram)
+    }
+
+    /// The outputs of the last completed inference, from staging.
+    pub(crate) fn read_outputs(&self) -> Result<Vec<Tensor>> {
         let mut out = Vec::with_capacity(self.model.meta.outputs.len());
         for b in &self.model.meta.outputs {
             let n = Tensor::elements(&b.shape) as usize;

@@ -17,5 +17,13 @@ head -c 5000 $m/mlp.rbln >/tmp/trunc.rbln
 rc=0; rbln-run /tmp/trunc.rbln >/tmp/err 2>&1 || rc=$?
 cat /tmp/err
 check "truncated model: exit 3 with a precise error" test $rc = 3
+check "AsyncRuntime, parallel 1: outputs match" sh -c "rbln-run $m/mlp.rbln --async --parallel 1 --input $m/mlp.input.npy --output /tmp/y1.npy --iterations 8 >/dev/null && rbln-example-models compare /tmp/y1.npy $m/mlp.expected.npy 1e-4"
+check "AsyncRuntime, parallel 2: outputs match" sh -c "rbln-run $m/mlp.rbln --async --parallel 2 --input $m/mlp.input.npy --output /tmp/y2.npy --iterations 8 >/dev/null && rbln-example-models compare /tmp/y2.npy $m/mlp.expected.npy 1e-4"
+# Throughput with one instance vs two (input transfer of request i+1
+# overlapping compute of request i), same boot.
+tp() { rbln-run $m/mlp-wide.rbln --async --parallel $1 --input $m/mlp-wide.input.npy --iterations 40 --warmup 4 --json | sed 's/.*"throughput_per_s":\([0-9.]*\).*/\1/'; }
+t1=$(tp 1); t2=$(tp 2)
+echo "# mlp-wide throughput: parallel=1 $t1/s, parallel=2 $t2/s, ratio $(awk "BEGIN { printf \"%.2f\", $t2 / $t1 }")"
+check "wide MLP matches its reference" sh -c "rbln-run $m/mlp-wide.rbln --input $m/mlp-wide.input.npy --output /tmp/yw.npy >/dev/null && rbln-example-models compare /tmp/yw.npy $m/mlp-wide.expected.npy 1e-3"
 check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
 check "rmmod rbln" rmmod rbln

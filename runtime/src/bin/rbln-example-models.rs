@@ -37,6 +37,12 @@ fn main() -> Result<(), String> {
     rbln_runtime::npy::write(&dir.join("mlp.input.npy"), &ex.inputs[0])?;
     rbln_runtime::npy::write(&dir.join("mlp.expected.npy"), &ex.expected[0])?;
     rbln_runtime::npy::write(&dir.join("mlp.badshape.npy"), &rbln_runtime::Tensor::zeros(&[16, 255]))?;
+    // Transfer-heavy: a 512 KiB input per request against a 64x2048x512
+    // GEMM, so that input transfer and compute take comparable time.
+    let big = rbln_runtime::examples::mlp(64, 2048, 512, 16);
+    big.model.save(dir.join("mlp-wide.rbln")).map_err(|e| e.to_string())?;
+    rbln_runtime::npy::write(&dir.join("mlp-wide.input.npy"), &big.inputs[0])?;
+    rbln_runtime::npy::write(&dir.join("mlp-wide.expected.npy"), &big.expected[0])?;
     eprintln!("wrote {}/mlp.rbln (+ .input.npy, .expected.npy)", dir.display());
     Ok(())
 }

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rbln_runtime::{inspect, npy, stats::LatencyStats, Error, Runtime, Tensor};
+use rbln_runtime::{inspect, npy, stats::LatencyStats, AsyncRuntime, Error, Runtime, Tensor};
 
 #[derive(Parser)]
 #[command(version, about = "Run a compiled .rbln model on the rbln NPU")]
@@ -44,6 +44,14 @@ struct Args {
     /// Device index (/dev/rblnN).
     #[arg(long, default_value_t = 0)]
     device: u32,
+    /// Pipelined execution (AsyncRuntime) with --parallel requests in
+    /// flight on separate model instances.
+    #[arg(long = "async")]
+    pipelined: bool,
+    /// Model instances for --async: 1, or 2 (input transfer of request
+    /// i+1 overlaps compute of request i).
+    #[arg(long, default_value_t = 2)]
+    parallel: usize,
 }
 
 const EXIT_USAGE: u8 = 2;
@@ -122,39 +130,72 @@ fn main() -> ExitCode {
         Err(e) => return fail(EXIT_DEVICE, e),
     };
     let load_start = Instant::now();
-    let mut rt = match Runtime::new(&dev, model) {
-        Ok(r) => r,
-        Err(e @ Error::Format(_)) | Err(e @ Error::HardwareVersion { .. }) | Err(e @ Error::NotStaged { .. }) => {
-            return fail(EXIT_MODEL, e)
-        }
-        Err(e) => return fail(EXIT_DEVICE, e),
-    };
-    let load = load_start.elapsed();
-    let classify = |e: Error| match e {
-        Error::InputCount { .. } | Error::InputShape { .. } | Error::InputDType { .. } | Error::InputLength { .. } => EXIT_USAGE,
+    let classify = |e: &Error| match e {
+        Error::InputCount { .. } | Error::InputShape { .. } | Error::InputDType { .. } | Error::InputLength { .. } | Error::Parallel(_) => EXIT_USAGE,
+        Error::Format(_) | Error::HardwareVersion { .. } | Error::NotStaged { .. } | Error::EmptyProgram => EXIT_MODEL,
         _ => EXIT_DEVICE,
     };
-    for _ in 0..args.warmup {
-        if let Err(e) = rt.run(&inputs) {
-            let code = classify(e);
-            return fail(code, "warm-up inference failed (see above)");
-        }
-    }
     let mut lat = Vec::with_capacity(args.iterations as usize);
     let mut outputs = Vec::new();
-    let wall = Instant::now();
-    for _ in 0..args.iterations.max(1) {
-        let t0 = Instant::now();
-        match rt.run(&inputs) {
-            Ok(o) => outputs = o,
-            Err(e) => {
-                eprintln!("rbln-run: {e}");
-                return ExitCode::from(classify(e));
+    let (load, wall);
+    if args.pipelined {
+        let mut rt = match AsyncRuntime::new(&dev, model, args.parallel) {
+            Ok(r) => r,
+            Err(e) => return fail(classify(&e), e),
+        };
+        load = load_start.elapsed();
+        // Keep `parallel` requests in flight; latency is submit -> result.
+        let mut window = std::collections::VecDeque::new();
+        let total = args.warmup + args.iterations.max(1);
+        let mut t_wall = Instant::now();
+        for i in 0..total {
+            if i == args.warmup {
+                // Drain the warm-up before timing.
+                while let Some((_, h)) = window.pop_front() {
+                    if let Err(e) = rbln_runtime::RunHandle::wait(h) {
+                        return fail(classify(&e), e);
+                    }
+                }
+                t_wall = Instant::now();
+            }
+            match rt.run(&inputs) {
+                Ok(h) => window.push_back((Instant::now(), h)),
+                Err(e) => return fail(classify(&e), e),
+            }
+            while window.len() >= rt.parallel() || (i + 1 == total && !window.is_empty()) {
+                let Some((t0, h)) = window.pop_front() else { break };
+                match h.wait() {
+                    Ok(o) => outputs = o,
+                    Err(e) => return fail(classify(&e), e),
+                }
+                if i >= args.warmup {
+                    lat.push(t0.elapsed());
+                }
             }
         }
-        lat.push(t0.elapsed());
+        wall = t_wall.elapsed();
+    } else {
+        let mut rt = match Runtime::new(&dev, model) {
+            Ok(r) => r,
+            Err(e) => return fail(classify(&e), e),
+        };
+        load = load_start.elapsed();
+        for _ in 0..args.warmup {
+            if let Err(e) = rt.run(&inputs) {
+                return fail(classify(&e), e);
+            }
+        }
+        let t_wall = Instant::now();
+        for _ in 0..args.iterations.max(1) {
+            let t0 = Instant::now();
+            match rt.run(&inputs) {
+                Ok(o) => outputs = o,
+                Err(e) => return fail(classify(&e), e),
+            }
+            lat.push(t0.elapsed());
+        }
+        wall = t_wall.elapsed();
     }
-    let wall = wall.elapsed();
     if let Some(path) = &args.output {
         for (i, t) in outputs.iter().enumerate() {
             let p = if i == 0 { path.clone() } else { path.with_extension(format!("{i}.npy")) };
