@@ -120,12 +120,54 @@ pub fn inspect(model: &Model) -> ModelInfo {
     }
 }
 
+/// One timed span of a profiled inference (device clock, nanoseconds).
+#[derive(Clone, Debug)]
+pub struct ProfileEvent {
+    pub name: String,
+    pub cat: &'static str,
+    pub start_ns: u64,
+    pub dur_ns: u64,
+}
+
+/// Device timestamps of one inference.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    pub events: Vec<ProfileEvent>,
+}
+
+impl Profile {
+    /// Chrome trace-event JSON (opens in Perfetto and chrome://tracing):
+    /// complete events ("ph":"X") in microseconds from the first event.
+    pub fn to_chrome_trace(&self, model: &str) -> String {
+        let t0 = self.events.iter().map(|e| e.start_ns).min().unwrap_or(0);
+        let events: Vec<serde_json::Value> = self
+            .events
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "name": e.name, "cat": e.cat, "ph": "X", "pid": 1, "tid": 1,
+                    "ts": (e.start_ns - t0) as f64 / 1e3, "dur": e.dur_ns as f64 / 1e3,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "traceEvents": events,
+            "displayTimeUnit": "ns",
+            "otherData": {"model": model, "clock": "rbln device timestamp"},
+        })
+        .to_string()
+    }
+}
+
 /// A model loaded on a device, ready to run.
 #[derive(Debug)]
 pub struct Runtime {
     model: Model,
+    dev: Device,
     queue: Queue,
     staging: Buffer,
+    /// Every stream's device VA and size, in `Program::streams` order.
+    streams: Vec<(u64, u32)>,
     /// Per-inference streams in order (input transfer, run, output
     /// transfer): (device VA, size).
     per_inference: Vec<(u64, u32)>,
@@ -210,7 +252,17 @@ impl Runtime {
                 }
             }
         }
-        Ok(Self { model, queue, staging, per_inference, _arena: arena.map(|a| a.0), _program: program })
+        let streams = (0..p.streams.len()).map(va_of).collect();
+        Ok(Self {
+            model,
+            dev: dev.clone(),
+            queue,
+            staging,
+            streams,
+            per_inference,
+            _arena: arena.map(|a| a.0),
+            _program: program,
+        })
     }
 
     pub fn info(&self) -> ModelInfo {
@@ -257,6 +309,54 @@ impl Runtime {
             last = Some(self.queue.submit_va(va, len)?);
         }
         last.ok_or(Error::EmptyProgram)
+    }
+
+    /// Run one inference with a device timestamp before and after every
+    /// node (or every stream whose packets are not all assigned to nodes),
+    /// each executed through an INDIRECT call of its pre-encoded packets.
+    pub fn profile(&mut self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Profile)> {
+        self.check_inputs(inputs)?;
+        for (t, b) in inputs.iter().zip(&self.model.meta.inputs) {
+            self.staging.write_slice(b.placement.offset(), &t.data)?;
+        }
+        let p = &self.model.program;
+        let mut spans: Vec<(String, &'static str, u64, u32)> = Vec::new();
+        for role in [StreamRole::InputTransfer, StreamRole::Run, StreamRole::OutputTransfer] {
+            for (i, s) in p.streams.iter().enumerate().filter(|(_, s)| s.role == role && !s.bytes.is_empty()) {
+                let (va, len) = self.streams[i];
+                let mut nodes: Vec<_> = self
+                    .model
+                    .graph
+                    .nodes
+                    .iter()
+                    .filter_map(|n| n.commands.filter(|c| c.stream as usize == i).map(|c| (c, n)))
+                    .collect();
+                nodes.sort_by_key(|(c, _)| c.offset);
+                let covered = nodes.iter().map(|(c, _)| c.len).sum::<u64>() == s.bytes.len() as u64
+                    && nodes.windows(2).all(|w| w[0].0.offset + w[0].0.len <= w[1].0.offset);
+                if covered {
+                    for (c, n) in nodes {
+                        spans.push((n.name.clone(), n.kind.name(), va + c.offset, c.len as u32));
+                    }
+                } else {
+                    spans.push((s.name.clone(), role.name(), va, len));
+                }
+            }
+        }
+        let ts = self.dev.alloc((spans.len() as u64 * 16).max(16), Placement::Host)?;
+        let ts_va = ts.map(Perms::RW)?;
+        let mut cb = rbln_umd::CommandBuffer::new(&self.dev)?;
+        for (i, (_, _, va, len)) in spans.iter().enumerate() {
+            cb.timestamp_va(ts_va + 16 * i as u64).indirect_va(*va, *len).timestamp_va(ts_va + 16 * i as u64 + 8);
+        }
+        self.queue.submit_ioctl(&mut cb)?.wait(STREAM_TIMEOUT)?;
+        let stamps: Vec<u64> = ts.read_vec(0, spans.len() * 2)?;
+        let events = spans
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, cat, _, _))| ProfileEvent { name, cat, start_ns: stamps[2 * i], dur_ns: stamps[2 * i + 1].saturating_sub(stamps[2 * i]) })
+            .collect();
+        Ok((self.read_outputs()?, Profile { events }))
     }
 
     /// The outputs of the last completed inference, from staging.

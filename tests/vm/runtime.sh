@@ -25,5 +25,7 @@ tp() { rbln-run $m/mlp-wide.rbln --async --parallel $1 --input $m/mlp-wide.input
 t1=$(tp 1); t2=$(tp 2)
 echo "# mlp-wide throughput: parallel=1 $t1/s, parallel=2 $t2/s, ratio $(awk "BEGIN { printf \"%.2f\", $t2 / $t1 }")"
 check "wide MLP matches its reference" sh -c "rbln-run $m/mlp-wide.rbln --input $m/mlp-wide.input.npy --output /tmp/yw.npy >/dev/null && rbln-example-models compare /tmp/yw.npy $m/mlp-wide.expected.npy 1e-3"
+check "--profile writes a Chrome trace with one event per node" sh -c "rbln-run $m/mlp.rbln --profile /tmp/trace.json >/dev/null && grep -o '\"ph\":\"X\"' /tmp/trace.json | wc -l | grep -qx 4 && grep -q '\"name\":\"fc1\"' /tmp/trace.json"
+cat /tmp/trace.json; echo
 check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
 check "rmmod rbln" rmmod rbln

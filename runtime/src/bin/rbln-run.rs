@@ -52,6 +52,10 @@ struct Args {
     /// i+1 overlaps compute of request i).
     #[arg(long, default_value_t = 2)]
     parallel: usize,
+    /// After the timed runs, profile one inference with device timestamps
+    /// around every node and write a Chrome trace (Perfetto) here.
+    #[arg(long)]
+    profile: Option<PathBuf>,
 }
 
 const EXIT_USAGE: u8 = 2;
@@ -138,6 +142,9 @@ fn main() -> ExitCode {
     let mut lat = Vec::with_capacity(args.iterations as usize);
     let mut outputs = Vec::new();
     let (load, wall);
+    if args.pipelined && args.profile.is_some() {
+        return fail(EXIT_USAGE, "--profile runs without --async");
+    }
     if args.pipelined {
         let mut rt = match AsyncRuntime::new(&dev, model, args.parallel) {
             Ok(r) => r,
@@ -195,6 +202,17 @@ fn main() -> ExitCode {
             lat.push(t0.elapsed());
         }
         wall = t_wall.elapsed();
+        if let Some(path) = &args.profile {
+            match rt.profile(&inputs) {
+                Ok((_, prof)) => {
+                    if let Err(e) = std::fs::write(path, prof.to_chrome_trace(&info.name)) {
+                        return fail(EXIT_USAGE, format!("{}: {e}", path.display()));
+                    }
+                    eprintln!("profile: {} events written to {}", prof.events.len(), path.display());
+                }
+                Err(e) => return fail(classify(&e), e),
+            }
+        }
     }
     if let Some(path) = &args.output {
         for (i, t) in outputs.iter().enumerate() {
