@@ -1,0 +1,93 @@
+//! `rbln-runtime-tests MODEL.rbln INPUT.npy EXPECTED.npy`: guest-side
+//! checks of the Runtime and AsyncRuntime APIs (run inside the VM).
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use rbln_runtime::{examples::max_errors, npy, AsyncRuntime, Error, Runtime, Tensor};
+
+/// The smallest executor: park the thread until woken.
+struct Unpark(std::thread::Thread);
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+fn block_on<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        match f.as_mut().poll(&mut cx) {
+            Poll::Ready(v) => return v,
+            Poll::Pending => std::thread::park(),
+        }
+    }
+}
+
+fn check(ok: bool, what: &str) -> Result<(), String> {
+    if ok {
+        println!("ok - {what}");
+        Ok(())
+    } else {
+        Err(what.to_string())
+    }
+}
+
+fn close(got: &Tensor, want: &Tensor) -> bool {
+    got.shape == want.shape && max_errors(got, want).0 <= 1e-4 * (1.0 + want.data.iter().fold(0f32, |m, v| m.max(v.abs())))
+}
+
+fn main() -> Result<(), String> {
+    let a: Vec<String> = std::env::args().skip(1).collect();
+    if a.len() != 3 {
+        return Err("usage: rbln-runtime-tests MODEL.rbln INPUT.npy EXPECTED.npy".into());
+    }
+    let model = rbln_format::Model::open(&a[0]).map_err(|e| e.to_string())?;
+    let x = npy::read(Path::new(&a[1]))?;
+    let want = npy::read(Path::new(&a[2]))?;
+    let dev = rbln_umd::Device::open(0).map_err(|e| e.to_string())?;
+
+    let mut rt = Runtime::new(&dev, model.clone()).map_err(|e| e.to_string())?;
+    let y = rt.run(std::slice::from_ref(&x)).map_err(|e| e.to_string())?;
+    check(close(&y[0], &want), "Runtime::run matches the CPU reference")?;
+    let e = rt.run(&[]).unwrap_err();
+    check(matches!(e, Error::InputCount { expected: 1, got: 0, .. }), &format!("no inputs: {e}"))?;
+    let e = rt.run(&[Tensor::zeros(&[1, 2]), Tensor::zeros(&[1])]).unwrap_err();
+    check(matches!(e, Error::InputCount { .. }), &format!("two inputs: {e}"))?;
+    let mut wrong = x.clone();
+    wrong.shape.reverse();
+    let e = rt.run(&[wrong]).unwrap_err();
+    check(e.to_string().starts_with("input 'x': expected shape"), &format!("wrong shape names the input: {e}"))?;
+    let mut short = x.clone();
+    short.data.pop();
+    let e = rt.run(&[short]).unwrap_err();
+    check(matches!(e, Error::InputLength { .. }), &format!("short data: {e}"))?;
+    drop(rt);
+
+    for parallel in [1, 2] {
+        let mut art = AsyncRuntime::new(&dev, model.clone(), parallel).map_err(|e| e.to_string())?;
+        // Many in flight: handles waited in submission order.
+        let mut inputs = Vec::new();
+        for i in 0..6 {
+            let mut t = x.clone();
+            t.data.iter_mut().for_each(|v| *v *= 1.0 + i as f32 / 8.0);
+            inputs.push(t);
+        }
+        let handles: Vec<_> = inputs.iter().map(|t| art.run(std::slice::from_ref(t))).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+        let results: Vec<_> = handles.into_iter().map(|h| h.wait()).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+        // Request 0 used the reference input; the others must differ from it.
+        check(close(&results[0][0], &want), &format!("parallel {parallel}: first of 6 in flight matches"))?;
+        check(results[1..].iter().all(|r| r[0].data != results[0][0].data), &format!("parallel {parallel}: each request got its own outputs"))?;
+        // A dropped handle loses nothing for the next requests.
+        drop(art.run(std::slice::from_ref(&x)).map_err(|e| e.to_string())?);
+        let fut = art.async_run(std::slice::from_ref(&x)).map_err(|e| e.to_string())?;
+        let y = block_on(fut).map_err(|e| e.to_string())?;
+        check(close(&y[0], &want), &format!("parallel {parallel}: Future (async_run) after a dropped handle"))?;
+    }
+    check(AsyncRuntime::new(&dev, model, 3).is_err(), "parallel 3 is refused")?;
+    Ok(())
+}
