@@ -28,5 +28,12 @@ echo "# mlp-wide throughput: parallel=1 $t1/s, parallel=2 $t2/s, ratio $(awk "BE
 check "wide MLP matches its reference" sh -c "rbln-run $m/mlp-wide.rbln --input $m/mlp-wide.input.npy --output /tmp/yw.npy >/dev/null && rbln-example-models compare /tmp/yw.npy $m/mlp-wide.expected.npy 1e-3"
 check "--profile writes a Chrome trace with one event per node" sh -c "rbln-run $m/mlp.rbln --profile /tmp/trace.json >/dev/null && grep -o '\"ph\":\"X\"' /tmp/trace.json | wc -l | grep -qx 4 && grep -q '\"name\":\"fc1\"' /tmp/trace.json"
 cat /tmp/trace.json; echo
+check "CNN (conv, pool, dense) matches its reference" sh -c "rbln-run $m/cnn.rbln --input $m/cnn.input.npy --output /tmp/yc.npy --iterations 5 >/dev/null && rbln-example-models compare /tmp/yc.npy $m/cnn.expected.npy 1e-4"
+check "CNN through AsyncRuntime and the API tests" rbln-runtime-tests $m/cnn.rbln $m/cnn.input.npy $m/cnn.expected.npy
+cp $m/mlp.rbln /tmp/flip.rbln
+printf '\377' | dd of=/tmp/flip.rbln bs=1 seek=3000 conv=notrunc 2>/dev/null
+rc=0; rbln-run /tmp/flip.rbln >/tmp/err 2>&1 || rc=$?
+cat /tmp/err
+check "corrupted model (one byte flipped): exit 3, checksum error" sh -c "test $rc = 3 && grep -qi 'checksum\|crc' /tmp/err"
 check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
 check "rmmod rbln" rmmod rbln

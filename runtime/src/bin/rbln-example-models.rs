@@ -37,6 +37,10 @@ fn main() -> Result<(), String> {
     rbln_runtime::npy::write(&dir.join("mlp.input.npy"), &ex.inputs[0])?;
     rbln_runtime::npy::write(&dir.join("mlp.expected.npy"), &ex.expected[0])?;
     rbln_runtime::npy::write(&dir.join("mlp.badshape.npy"), &rbln_runtime::Tensor::zeros(&[16, 255]))?;
+    let cnn = rbln_runtime::examples::cnn(4, 3, 32, 16, 10);
+    cnn.model.save(dir.join("cnn.rbln")).map_err(|e| e.to_string())?;
+    rbln_runtime::npy::write(&dir.join("cnn.input.npy"), &cnn.inputs[0])?;
+    rbln_runtime::npy::write(&dir.join("cnn.expected.npy"), &cnn.expected[0])?;
     // Transfer-heavy: a 512 KiB input per request against a 64x2048x512
     // GEMM, so that input transfer and compute take comparable time.
     let big = rbln_runtime::examples::mlp(64, 2048, 512, 16);

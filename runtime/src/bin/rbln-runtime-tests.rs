@@ -61,7 +61,8 @@ fn main() -> Result<(), String> {
     let mut wrong = x.clone();
     wrong.shape.reverse();
     let e = rt.run(&[wrong]).unwrap_err();
-    check(e.to_string().starts_with("input 'x': expected shape"), &format!("wrong shape names the input: {e}"))?;
+    let name = &model.meta.inputs[0].name;
+    check(e.to_string().starts_with(&format!("input '{name}': expected shape")), &format!("wrong shape names the input: {e}"))?;
     let mut short = x.clone();
     short.data.pop();
     let e = rt.run(&[short]).unwrap_err();
