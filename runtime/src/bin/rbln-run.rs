@@ -58,6 +58,33 @@ struct Args {
     profile: Option<PathBuf>,
 }
 
+/// A one-line progress bar on stderr for long runs (only on a terminal).
+struct Progress {
+    total: u32,
+    shown: bool,
+    last: Option<Instant>,
+}
+
+impl Progress {
+    fn new(total: u32) -> Self {
+        use std::io::IsTerminal;
+        Self { total, shown: total >= 50 && std::io::stderr().is_terminal(), last: None }
+    }
+
+    fn tick(&mut self, done: u32) {
+        if !self.shown || self.last.is_some_and(|t| t.elapsed() < Duration::from_millis(100) && done < self.total) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let width = 30;
+        let filled = (done as usize * width) / self.total.max(1) as usize;
+        eprint!("\r[{}{}] {done}/{}", "#".repeat(filled), " ".repeat(width - filled), self.total);
+        if done == self.total {
+            eprintln!();
+        }
+    }
+}
+
 const EXIT_USAGE: u8 = 2;
 const EXIT_MODEL: u8 = 3;
 const EXIT_DEVICE: u8 = 4;
@@ -153,6 +180,7 @@ fn main() -> ExitCode {
         load = load_start.elapsed();
         // Keep `parallel` requests in flight; latency is submit -> result.
         let mut window = std::collections::VecDeque::new();
+        let mut progress = Progress::new(args.iterations.max(1));
         let total = args.warmup + args.iterations.max(1);
         let mut t_wall = Instant::now();
         for i in 0..total {
@@ -177,6 +205,7 @@ fn main() -> ExitCode {
                 }
                 if i >= args.warmup {
                     lat.push(t0.elapsed());
+                    progress.tick(lat.len() as u32);
                 }
             }
         }
@@ -193,13 +222,15 @@ fn main() -> ExitCode {
             }
         }
         let t_wall = Instant::now();
-        for _ in 0..args.iterations.max(1) {
+        let mut progress = Progress::new(args.iterations.max(1));
+        for i in 0..args.iterations.max(1) {
             let t0 = Instant::now();
             match rt.run(&inputs) {
                 Ok(o) => outputs = o,
                 Err(e) => return fail(classify(&e), e),
             }
             lat.push(t0.elapsed());
+            progress.tick(i + 1);
         }
         wall = t_wall.elapsed();
         if let Some(path) = &args.profile {
