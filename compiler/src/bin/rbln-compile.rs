@@ -1,0 +1,93 @@
+//! `rbln-compile model.onnx -o model.rbln [--input-shape name=1x3x224x224]`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use rbln_compile::{compile, parse_input_shape, CompileError, Options};
+
+/// Compile an ONNX model into a .rbln file for the rbln NPU.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// The ONNX model.
+    model: PathBuf,
+    /// Where to write the .rbln file (default: the model's path with .rbln).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Static shape for an input, NAME=D0xD1x... (repeatable); needed for
+    /// inputs with dynamic dimensions.
+    #[arg(long = "input-shape", value_name = "NAME=SHAPE")]
+    input_shapes: Vec<String>,
+    /// Model name stored in the file (default: the file's stem).
+    #[arg(long)]
+    name: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Exit statuses: 1 unsupported or invalid model, 2 usage, 3 I/O.
+fn fail(code: u8, msg: String) -> ExitCode {
+    eprintln!("rbln-compile: error: {msg}");
+    ExitCode::from(code)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut opts = Options::default();
+    for s in &args.input_shapes {
+        match parse_input_shape(s) {
+            Ok(p) => opts.input_shapes.push(p),
+            Err(e) => return fail(2, e.to_string()),
+        }
+    }
+    let bytes = match std::fs::read(&args.model) {
+        Ok(b) => b,
+        Err(e) => return fail(3, format!("{}: {e}", args.model.display())),
+    };
+    let stem = args.model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
+    let name = args.name.clone().unwrap_or(stem);
+    let t0 = Instant::now();
+    let compiled = match compile(&bytes, &name, &opts) {
+        Ok(c) => c,
+        Err(e @ CompileError::BadInputShape(_)) => return fail(2, e.to_string()),
+        Err(e) => return fail(1, format!("{}: {e}", args.model.display())),
+    };
+    let file = match compiled.model.to_bytes() {
+        Ok(f) => f,
+        Err(e) => return fail(1, format!("encoding the .rbln file: {e}")),
+    };
+    let elapsed = t0.elapsed();
+    let out = args.output.clone().unwrap_or_else(|| args.model.with_extension("rbln"));
+    if let Err(e) = std::fs::write(&out, &file) {
+        return fail(3, format!("{}: {e}", out.display()));
+    }
+    let r = &compiled.report;
+    let m = &r.memory;
+    let saved = 100.0 * (1.0 - m.planned_bytes as f64 / m.naive_bytes.max(1) as f64);
+    if args.json {
+        let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        println!(
+            "{{\"model\":\"{name}\",\"output\":\"{}\",\"compile_ms\":{:.3},\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{},\"file_bytes\":{}}}",
+            out.display(), elapsed.as_secs_f64() * 1e3, r.onnx_nodes, r.device_op_count(), r.views, ops.join(","),
+            m.weights_bytes, m.naive_bytes, m.planned_bytes, m.arena_bytes, file.len()
+        );
+    } else {
+        println!("{} -> {} in {:.1} ms", args.model.display(), out.display(), elapsed.as_secs_f64() * 1e3);
+        println!("  ONNX nodes {} -> device ops {} (+{} views)", r.onnx_nodes, r.device_op_count(), r.views);
+        let f = &r.fused;
+        println!(
+            "  fused: {} GELU, {} layer norm, {} into conv (BatchNorm/affine), {} bias, {} activation; {} dead ops dropped",
+            f.gelu, f.layer_norm, f.folded_into_conv, f.bias, f.activation, f.dead
+        );
+        let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("{k} x{v}")).collect();
+        println!("  ops: {}", ops.join(", "));
+        println!(
+            "  memory: weights {} B, activations {} B planned vs {} B naive ({saved:.1}% saved), arena {} B, file {} B",
+            m.weights_bytes, m.planned_bytes, m.naive_bytes, m.arena_bytes, file.len()
+        );
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,513 @@
+//! Compiler graph -> `.rbln`: weights, the arena memory plan, descriptors
+//! with relocations, the four command streams and the graph section.
+//!
+//! Memory plan: every run-time value gets arena bytes; views share their
+//! source's bytes. A value is live from the node that produces it to the
+//! last node that reads it (model inputs and outputs: from their transfer
+//! node on / until theirs), exactly the rule `.rbln` readers check. Values
+//! are placed largest first at the lowest offset that no value with an
+//! overlapping lifetime occupies (greedy by size).
+
+use std::collections::{HashMap, HashSet};
+use std::mem::offset_of;
+
+use rbln_format::{DType, Model, ModelBuilder, Node, RelocKind, StreamRole, TensorId, Va};
+use rbln_hw::ops::*;
+
+use crate::error::{CompileError, Result};
+use crate::ir::{Data, Graph, Kind, Op, ValueId};
+use crate::shape::volume;
+
+/// Arena offsets of activations are aligned to this (bytes).
+pub const ACT_ALIGN: u64 = 256;
+
+/// Sizes of the memory plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    pub weights_bytes: u64,
+    /// Activations if every value had its own bytes.
+    pub naive_bytes: u64,
+    /// Activations as planned (the arena's activation region).
+    pub planned_bytes: u64,
+    pub arena_bytes: u64,
+    pub staging_bytes: u64,
+}
+
+fn round_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+/// Lifetime of an arena region: [first, last] node times, inclusive.
+#[derive(Clone, Copy, Debug)]
+struct Interval {
+    first: u64,
+    last: u64,
+    size: u64,
+}
+
+/// Greedy-by-size placement; returns offsets (relative to the region)
+/// and the region's size.
+fn plan(items: &[Interval]) -> (Vec<u64>, u64) {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(items[i].size), items[i].first, i));
+    let mut offsets = vec![0u64; items.len()];
+    let mut placed: Vec<usize> = Vec::new();
+    let mut end = 0;
+    for &i in &order {
+        let it = items[i];
+        // Occupied ranges of placed items whose lifetimes overlap.
+        let mut busy: Vec<(u64, u64)> = placed
+            .iter()
+            .filter(|&&j| items[j].first <= it.last && it.first <= items[j].last)
+            .map(|&j| (offsets[j], offsets[j] + round_up(items[j].size, ACT_ALIGN)))
+            .collect();
+        busy.sort_unstable();
+        let need = round_up(it.size, ACT_ALIGN);
+        let mut at = 0;
+        for (s, e) in busy {
+            if s >= at + need {
+                break;
+            }
+            at = at.max(e);
+        }
+        offsets[i] = at;
+        end = end.max(at + need);
+        placed.push(i);
+    }
+    (offsets, end)
+}
+
+fn u32c(op: &Op, v: u64, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| CompileError::Unsupported {
+        node: op.name.clone(),
+        op: op.op.clone(),
+        reason: format!("{what} = {v} does not fit the descriptor's 32-bit field"),
+    })
+}
+
+fn dims6(op: &Op, d: &[u64], what: &str) -> Result<[u32; 6]> {
+    let mut out = [0u32; 6];
+    if d.len() > 6 {
+        return Err(CompileError::Unsupported { node: op.name.clone(), op: op.op.clone(), reason: format!("{what} has rank {}", d.len()) });
+    }
+    for (o, &v) in out.iter_mut().zip(d) {
+        *o = u32c(op, v, what)?;
+    }
+    Ok(out)
+}
+
+fn u64x6(d: &[u64]) -> [u64; 6] {
+    let mut out = [0u64; 6];
+    out[..d.len()].copy_from_slice(d);
+    out
+}
+
+/// Unique names for the file's tensors.
+#[derive(Default)]
+struct Names(HashSet<String>);
+
+impl Names {
+    fn get(&mut self, want: &str) -> String {
+        let base = if want.is_empty() { "t" } else { want };
+        let mut name = base.to_string();
+        let mut i = 1;
+        while !self.0.insert(name.clone()) {
+            name = format!("{base}#{i}");
+            i += 1;
+        }
+        name
+    }
+}
+
+pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Result<(Model, MemoryPlan)> {
+    let mut b = ModelBuilder::new(model_name);
+    b.producer(&format!("rbln-compile {}", env!("CARGO_PKG_VERSION")));
+    for (k, v) in properties {
+        b.property(k, v);
+    }
+    let mut names = Names::default();
+    let mut tid: HashMap<ValueId, TensorId> = HashMap::new();
+
+    // Weights: every constant an op reads, in first-use order.
+    let gather_indices: HashSet<ValueId> =
+        g.ops.iter().filter_map(|o| if let Kind::Gather { indices, .. } = o.kind { Some(indices) } else { None }).collect();
+    for op in &g.ops {
+        for v in op.kind.inputs() {
+            let Some(c) = g.konst(v) else { continue };
+            if tid.contains_key(&v) {
+                continue;
+            }
+            let name = names.get(&g.values[v].name);
+            let t = if gather_indices.contains(&v) {
+                let ints = c.ints();
+                let bytes: Vec<u8> = ints.iter().flat_map(|x| x.to_le_bytes()).collect();
+                b.add_weight(&name, DType::I64, &c.shape, &bytes)
+            } else {
+                let vals = match &c.data {
+                    Data::F(v) => v.clone(),
+                    Data::I(v) => v.iter().map(|&x| x as f32).collect(),
+                };
+                b.add_weight_f32(&name, &c.shape, &vals)
+            };
+            tid.insert(v, t);
+        }
+    }
+    let weights_bytes = b.weights_len();
+
+    // Node times: input transfers, ops, output transfers.
+    let n_in = g.inputs.len() as u64;
+    let op_time = |i: usize| n_in + i as u64 + 1;
+    let out_time0 = n_in + g.ops.len() as u64 + 1;
+    // Alias roots and lifetimes of run-time values.
+    let mut root: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut life: HashMap<ValueId, (u64, u64)> = HashMap::new();
+    let touch = |life: &mut HashMap<ValueId, (u64, u64)>, r: ValueId, t: u64| {
+        let e = life.entry(r).or_insert((t, t));
+        e.0 = e.0.min(t);
+        e.1 = e.1.max(t);
+    };
+    for (i, (_, v)) in g.inputs.iter().enumerate() {
+        root.insert(*v, *v);
+        touch(&mut life, *v, i as u64 + 1);
+    }
+    for (i, op) in g.ops.iter().enumerate() {
+        for v in op.kind.inputs() {
+            if g.konst(v).is_none() {
+                let r = *root.get(&v).ok_or_else(|| CompileError::Invalid(format!("'{}' is read before it is computed", g.values[v].name)))?;
+                touch(&mut life, r, op_time(i));
+            }
+        }
+        let r = match op.kind {
+            Kind::View { x } => root[&x],
+            _ => op.out,
+        };
+        root.insert(op.out, r);
+        touch(&mut life, r, op_time(i));
+    }
+    for (j, (name, v)) in g.outputs.iter().enumerate() {
+        let r = *root.get(v).ok_or_else(|| CompileError::Invalid(format!("output '{name}' is not computed")))?;
+        touch(&mut life, r, out_time0 + j as u64);
+    }
+    let mut roots: Vec<ValueId> = life.keys().copied().collect();
+    roots.sort_unstable();
+    let items: Vec<Interval> =
+        roots.iter().map(|r| Interval { first: life[r].0, last: life[r].1, size: g.values[*r].elems() * 4 }).collect();
+    let (offsets, planned) = plan(&items);
+    let naive: u64 = items.iter().map(|i| round_up(i.size, ACT_ALIGN)).sum();
+    let act_base = round_up(weights_bytes, rbln_hw::PAGE_SIZE);
+    let root_off: HashMap<ValueId, u64> = roots.iter().zip(&offsets).map(|(r, o)| (*r, act_base + o)).collect();
+    let arena = round_up(act_base + planned, rbln_hw::PAGE_SIZE);
+    b.arena_size(arena);
+
+    // Staging: inputs, then outputs.
+    let mut staging = 0;
+    let mut stage = |b: &mut ModelBuilder, names: &mut Names, name: &str, shape: &[u64]| {
+        let t = b.staging_tensor(&names.get(name), DType::F32, shape, staging);
+        staging = round_up(staging + volume(shape) * 4, ACT_ALIGN);
+        t
+    };
+    let in_stage: Vec<TensorId> = g.inputs.iter().map(|(n, v)| stage(&mut b, &mut names, n, &g.values[*v].shape)).collect();
+    let out_stage: Vec<TensorId> = g.outputs.iter().map(|(n, v)| stage(&mut b, &mut names, n, &g.values[*v].shape)).collect();
+    let staging_bytes = round_up(staging.max(1), rbln_hw::PAGE_SIZE);
+    b.staging_size(staging_bytes);
+
+    // Arena tensors of run-time values.
+    let arena_tensor = |b: &mut ModelBuilder, names: &mut Names, v: ValueId| -> TensorId {
+        let name = if g.inputs.iter().any(|(_, i)| *i == v) { format!("{}.dev", g.values[v].name) } else { g.values[v].name.clone() };
+        b.arena_tensor(&names.get(&name), DType::F32, &g.values[v].shape, root_off[&root[&v]])
+    };
+    for (_, v) in &g.inputs {
+        let t = arena_tensor(&mut b, &mut names, *v);
+        tid.insert(*v, t);
+    }
+    for op in &g.ops {
+        let t = arena_tensor(&mut b, &mut names, op.out);
+        tid.insert(op.out, t);
+    }
+
+    let upload = b.add_stream("upload", StreamRole::UploadWeights);
+    let input = b.add_stream("input", StreamRole::InputTransfer);
+    let run = b.add_stream("run", StreamRole::Run);
+    let output = b.add_stream("output", StreamRole::OutputTransfer);
+    if weights_bytes > 0 {
+        b.dma_copy(upload, Va::Rel(RelocKind::WeightsSource, 0), Va::arena(0), weights_bytes);
+    } else {
+        b.nop(upload);
+    }
+    for (i, (name, v)) in g.inputs.iter().enumerate() {
+        let (src, dst) = (in_stage[i], tid[v]);
+        let at = b.dma_copy(input, b.va_of(src), b.va_of(dst), g.values[*v].elems() * 4);
+        b.add_node(Node::host_to_device(&format!("{name}.upload"), src, dst).with_commands(input, at, 32));
+    }
+    let off = |b: &ModelBuilder, v: ValueId| b.placement(tid[&v]).map_or(0, |p| p.offset());
+    for op in &g.ops {
+        let ins: Vec<TensorId> = op.kind.inputs().iter().map(|v| tid[v]).collect();
+        let out = tid[&op.out];
+        if let Kind::View { .. } = op.kind {
+            b.add_node(Node::view(&op.name, ins[0], out));
+            continue;
+        }
+        let descs = descriptors(g, op, &|v| off(&b, v))?;
+        let mut first = None;
+        let mut total = 0u64;
+        for (bytes, relocs) in &descs {
+            let at = b.add_descriptor(bytes, relocs);
+            first.get_or_insert(at);
+            total = at + bytes.len() as u64 - first.unwrap_or(at);
+        }
+        let mut cmd_at = None;
+        let desc_offsets: Vec<(u64, u32)> = {
+            let mut at = first.unwrap_or(0);
+            descs.iter().map(|(bytes, _)| {
+                let r = (at, bytes.len() as u32);
+                at = round_up(at + bytes.len() as u64, rbln_format::DESC_ALIGN);
+                r
+            }).collect()
+        };
+        for &(d, size) in &desc_offsets {
+            let at = b.compute(run, d, size);
+            cmd_at.get_or_insert(at);
+        }
+        let cmd_len = b.stream_len(run) - cmd_at.unwrap_or(0);
+        let node = Node::compute(&op.name, &op.op, &ins, &[out])
+            .with_commands(run, cmd_at.unwrap_or(0), cmd_len)
+            .with_descriptors(first.unwrap_or(0), total);
+        let id = b.add_node(node);
+        let (flops, bytes) = cost(g, op);
+        b.node_profile(id, flops, bytes);
+    }
+    for (j, (name, v)) in g.outputs.iter().enumerate() {
+        let (src, dst) = (tid[v], out_stage[j]);
+        let at = b.dma_copy(output, b.va_of(src), b.va_of(dst), g.values[*v].elems() * 4);
+        b.add_node(Node::device_to_host(&format!("{name}.download"), src, dst).with_commands(output, at, 32));
+    }
+    for (i, (name, _)) in g.inputs.iter().enumerate() {
+        b.input(name, in_stage[i]);
+    }
+    for (j, (name, _)) in g.outputs.iter().enumerate() {
+        b.output(name, out_stage[j]);
+    }
+    let mem = MemoryPlan { weights_bytes, naive_bytes: naive, planned_bytes: planned, arena_bytes: arena, staging_bytes };
+    b.property("memory.weights_bytes", &weights_bytes.to_string())
+        .property("memory.activations_naive_bytes", &naive.to_string())
+        .property("memory.activations_planned_bytes", &planned.to_string());
+    Ok((b.build_model()?, mem))
+}
+
+/// Nominal FLOPs and bytes touched by an op (`.rbln.profile`).
+fn cost(g: &Graph, op: &Op) -> (u64, u64) {
+    let out = g.values[op.out].elems();
+    let bytes = 4 * (out + op.kind.inputs().iter().map(|&v| g.values[v].elems()).sum::<u64>());
+    let flops = match &op.kind {
+        Kind::Gemm { m, n, k, batch, .. } => 2 * m * n * k * batch,
+        Kind::Conv { dims, .. } => 2 * out * (dims[1] / dims[7].max(1)) * dims[5] * dims[6],
+        Kind::Pool { kernel, .. } => out * kernel[0] * kernel[1],
+        Kind::LayerNorm { .. } | Kind::Softmax { .. } => 5 * out,
+        Kind::Reduce { x, .. } => g.values[*x].elems(),
+        _ => out,
+    };
+    (flops, bytes)
+}
+
+type Desc = (Vec<u8>, Vec<(u64, RelocKind, u64)>);
+
+fn reloc(field: usize, arena_offset: u64) -> (u64, RelocKind, u64) {
+    (field as u64, RelocKind::Arena, arena_offset)
+}
+
+/// The descriptors of one op, with arena relocations for their VAs.
+fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<Desc>> {
+    let o = off(op.out);
+    Ok(match &op.kind {
+        Kind::Gemm { a, b, bias, m, n, k, batch, strides, trans_a, trans_b, act } => {
+            let mut flags = 0;
+            if *trans_a {
+                flags |= GEMM_TRANS_A;
+            }
+            if *trans_b {
+                flags |= GEMM_TRANS_B;
+            }
+            if bias.is_some() {
+                flags |= GEMM_BIAS;
+            }
+            let d = GemmDesc {
+                m: u32c(op, *m, "m")?,
+                n: u32c(op, *n, "n")?,
+                k: u32c(op, *k, "k")?,
+                flags,
+                batch: u32c(op, *batch, "batch")?,
+                activation: act.kind as u32,
+                act_param0: act.p0,
+                act_param1: act.p1,
+                a_batch_stride: strides[0],
+                b_batch_stride: strides[1],
+                c_batch_stride: strides[2],
+                ..Default::default()
+            }
+            .with_header();
+            let mut r = vec![reloc(offset_of!(GemmDesc, a_va), off(*a)), reloc(offset_of!(GemmDesc, b_va), off(*b)), reloc(offset_of!(GemmDesc, c_va), o)];
+            if let Some(bv) = bias {
+                r.push(reloc(offset_of!(GemmDesc, bias_va), off(*bv)));
+            }
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::Conv { x, w, bias, dims, stride, dilation, pads, act } => {
+            let d = Conv2dDesc {
+                n: u32c(op, dims[0], "n")?,
+                c_in: u32c(op, dims[1], "c_in")?,
+                h: u32c(op, dims[2], "h")?,
+                w: u32c(op, dims[3], "w")?,
+                c_out: u32c(op, dims[4], "c_out")?,
+                kh: u32c(op, dims[5], "kh")?,
+                kw: u32c(op, dims[6], "kw")?,
+                groups: u32c(op, dims[7], "groups")?,
+                stride_h: u32c(op, stride[0], "stride")?,
+                stride_w: u32c(op, stride[1], "stride")?,
+                dil_h: u32c(op, dilation[0], "dilation")?,
+                dil_w: u32c(op, dilation[1], "dilation")?,
+                pad_top: u32c(op, pads[0], "pad")?,
+                pad_left: u32c(op, pads[1], "pad")?,
+                pad_bottom: u32c(op, pads[2], "pad")?,
+                pad_right: u32c(op, pads[3], "pad")?,
+                flags: if bias.is_some() { CONV_BIAS } else { 0 },
+                activation: act.kind as u32,
+                act_param0: act.p0,
+                act_param1: act.p1,
+                ..Default::default()
+            }
+            .with_header();
+            let mut r = vec![reloc(offset_of!(Conv2dDesc, input_va), off(*x)), reloc(offset_of!(Conv2dDesc, weight_va), off(*w)), reloc(offset_of!(Conv2dDesc, output_va), o)];
+            if let Some(bv) = bias {
+                r.push(reloc(offset_of!(Conv2dDesc, bias_va), off(*bv)));
+            }
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::Pool { x, max, count_include_pad, dims, kernel, stride, dilation, pads } => {
+            let d = PoolDesc {
+                kind: if *max { POOL_MAX } else { POOL_AVG },
+                flags: if *count_include_pad { POOL_COUNT_INCLUDE_PAD } else { 0 },
+                n: u32c(op, dims[0], "n")?,
+                c: u32c(op, dims[1], "c")?,
+                h: u32c(op, dims[2], "h")?,
+                w: u32c(op, dims[3], "w")?,
+                kh: u32c(op, kernel[0], "kh")?,
+                kw: u32c(op, kernel[1], "kw")?,
+                stride_h: u32c(op, stride[0], "stride")?,
+                stride_w: u32c(op, stride[1], "stride")?,
+                pad_top: u32c(op, pads[0], "pad")?,
+                pad_left: u32c(op, pads[1], "pad")?,
+                pad_bottom: u32c(op, pads[2], "pad")?,
+                pad_right: u32c(op, pads[3], "pad")?,
+                dil_h: u32c(op, dilation[0], "dilation")?,
+                dil_w: u32c(op, dilation[1], "dilation")?,
+                ..Default::default()
+            }
+            .with_header();
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(PoolDesc, input_va), off(*x)), reloc(offset_of!(PoolDesc, output_va), o)])]
+        }
+        Kind::Binary { kind, a, b, a_dims, b_dims } => {
+            let d = BinaryDesc {
+                kind: *kind as u32,
+                rank: a_dims.len() as u32,
+                a_dims: dims6(op, a_dims, "a")?,
+                b_dims: dims6(op, b_dims, "b")?,
+                ..Default::default()
+            }
+            .with_header();
+            let r = vec![reloc(offset_of!(BinaryDesc, a_va), off(*a)), reloc(offset_of!(BinaryDesc, b_va), off(*b)), reloc(offset_of!(BinaryDesc, out_va), o)];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::Unary { kind, x, p0, p1 } => {
+            let d = UnaryDesc { kind: *kind as u32, param0: *p0, param1: *p1, count: g.values[op.out].elems(), ..Default::default() }.with_header();
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(UnaryDesc, in_va), off(*x)), reloc(offset_of!(UnaryDesc, out_va), o)])]
+        }
+        Kind::Softmax { x, dims, axis } => {
+            let d = SoftmaxDesc { rank: dims.len() as u32, axis: *axis as u32, dims: dims6(op, dims, "dims")?, ..Default::default() }.with_header();
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(SoftmaxDesc, in_va), off(*x)), reloc(offset_of!(SoftmaxDesc, out_va), o)])]
+        }
+        Kind::LayerNorm { x, gamma, beta, rows, cols, eps } => {
+            let flags = if gamma.is_some() { LAYERNORM_GAMMA } else { 0 } | if beta.is_some() { LAYERNORM_BETA } else { 0 };
+            let d = LayerNormDesc { rows: u32c(op, *rows, "rows")?, cols: u32c(op, *cols, "cols")?, epsilon: *eps, flags, ..Default::default() }.with_header();
+            let mut r = vec![reloc(offset_of!(LayerNormDesc, in_va), off(*x)), reloc(offset_of!(LayerNormDesc, out_va), o)];
+            if let Some(v) = gamma {
+                r.push(reloc(offset_of!(LayerNormDesc, gamma_va), off(*v)));
+            }
+            if let Some(v) = beta {
+                r.push(reloc(offset_of!(LayerNormDesc, beta_va), off(*v)));
+            }
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::Reduce { kind, x, dims, axis } => {
+            let d = ReduceDesc { kind: *kind, rank: dims.len() as u32, dims: dims6(op, dims, "dims")?, axis: *axis as u32, ..Default::default() }.with_header();
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(ReduceDesc, in_va), off(*x)), reloc(offset_of!(ReduceDesc, out_va), o)])]
+        }
+        Kind::Transpose { x, dims, perm } => {
+            let p: Vec<u64> = perm.clone();
+            let d = TransposeDesc { rank: dims.len() as u32, dims: dims6(op, dims, "dims")?, perm: dims6(op, &p, "perm")?, ..Default::default() }.with_header();
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(TransposeDesc, in_va), off(*x)), reloc(offset_of!(TransposeDesc, out_va), o)])]
+        }
+        Kind::Copy { parts } => {
+            let mut v = Vec::new();
+            for p in parts {
+                let d = StridedCopyDesc {
+                    rank: p.sizes.len() as u32,
+                    sizes: dims6(op, &p.sizes, "sizes")?,
+                    src_strides: u64x6(&p.src_strides),
+                    dst_strides: u64x6(&p.dst_strides),
+                    ..Default::default()
+                }
+                .with_header();
+                let r = vec![
+                    reloc(offset_of!(StridedCopyDesc, src_va), off(p.src) + 4 * p.src_offset),
+                    reloc(offset_of!(StridedCopyDesc, dst_va), o + 4 * p.dst_offset),
+                ];
+                v.push((d.to_bytes().to_vec(), r));
+            }
+            v
+        }
+        Kind::Gather { data, indices, dims, axis, count } => {
+            let d = GatherDesc {
+                rank: dims.len() as u32,
+                axis: *axis as u32,
+                dims: dims6(op, dims, "dims")?,
+                index_type: GATHER_INDEX_I64,
+                num_indices: *count,
+                ..Default::default()
+            }
+            .with_header();
+            let r = vec![
+                reloc(offset_of!(GatherDesc, data_va), off(*data)),
+                reloc(offset_of!(GatherDesc, indices_va), off(*indices)),
+                reloc(offset_of!(GatherDesc, out_va), o),
+            ];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::View { .. } => Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_reuses_bytes_of_dead_values() {
+        // a chain x -> y -> z -> w: x and z can share, y and w can share.
+        let items = [
+            Interval { first: 1, last: 2, size: 1000 },
+            Interval { first: 2, last: 3, size: 1000 },
+            Interval { first: 3, last: 4, size: 1000 },
+            Interval { first: 4, last: 5, size: 1000 },
+        ];
+        let (off, end) = plan(&items);
+        assert_eq!(end, 2 * 1024);
+        for i in 0..4 {
+            for j in 0..4 {
+                let overlap_t = items[i].first <= items[j].last && items[j].first <= items[i].last;
+                if i != j && overlap_t {
+                    assert_ne!(off[i], off[j], "{i} and {j} are live together");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! Graph rewrites that make fewer, bigger device ops:
+//!
+//! - the erf form of GELU (`x * 0.5 * (1 + erf(x / sqrt 2))`) becomes one
+//!   GELU op, and the decomposed layer norm (ReduceMean, Sub, Pow,
+//!   ReduceMean, Add, Sqrt, Div [, Mul, Add]) one LayerNorm op;
+//! - per-channel constant Mul/Add after a Conv (BatchNormalization) fold
+//!   into its weights and bias;
+//! - a constant bias Add after a GEMM or Conv becomes its bias;
+//! - an activation after a GEMM or Conv becomes its fused activation;
+//! - ops whose results nobody reads are dropped.
+//!
+//! A rewrite only consumes values that exactly one op reads and that are
+//! not model outputs, so no one else sees an intermediate disappear.
+
+use rbln_hw::ops::{Binary, Unary, REDUCE_MEAN};
+
+use crate::ir::{Act, Const, Graph, Kind, Op, ValueId};
+use crate::shape::volume;
+
+/// What the rewrites did (for the compile report).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FuseStats {
+    pub gelu: usize,
+    pub layer_norm: usize,
+    pub folded_into_conv: usize,
+    pub bias: usize,
+    pub activation: usize,
+    pub dead: usize,
+}
+
+pub fn run(g: &mut Graph) -> FuseStats {
+    let mut st = FuseStats::default();
+    while let Some(()) = rewrite_once(g, gelu) {
+        st.gelu += 1;
+    }
+    while let Some(()) = rewrite_once(g, layer_norm) {
+        st.layer_norm += 1;
+    }
+    while let Some(()) = rewrite_once(g, conv_affine) {
+        st.folded_into_conv += 1;
+    }
+    while let Some(()) = rewrite_once(g, bias) {
+        st.bias += 1;
+    }
+    while let Some(()) = rewrite_once(g, activation) {
+        st.activation += 1;
+    }
+    st.dead = dead_code(g);
+    st
+}
+
+/// Maps for pattern matching, rebuilt after every rewrite.
+struct Index {
+    producer: Vec<Option<usize>>,
+    consumers: Vec<Vec<usize>>,
+    is_output: Vec<bool>,
+}
+
+impl Index {
+    fn new(g: &Graph) -> Self {
+        let mut producer = vec![None; g.values.len()];
+        let mut consumers = vec![Vec::new(); g.values.len()];
+        for (i, op) in g.ops.iter().enumerate() {
+            producer[op.out] = Some(i);
+            for v in op.kind.inputs() {
+                if consumers[v].last() != Some(&i) {
+                    consumers[v].push(i);
+                }
+            }
+        }
+        let mut is_output = vec![false; g.values.len()];
+        for (_, v) in &g.outputs {
+            is_output[*v] = true;
+        }
+        Index { producer, consumers, is_output }
+    }
+
+    /// The one op reading `v`, if exactly one does and `v` is internal.
+    fn sole_reader(&self, v: ValueId) -> Option<usize> {
+        match self.consumers[v].as_slice() {
+            [only] if !self.is_output[v] => Some(*only),
+            _ => None,
+        }
+    }
+}
+
+/// A rewrite: given the graph and an op index, either rewrites around that
+/// op and returns the ops to delete, or returns None.
+type Rule = fn(&mut Graph, &Index, usize) -> Option<Vec<usize>>;
+
+fn rewrite_once(g: &mut Graph, rule: Rule) -> Option<()> {
+    let idx = Index::new(g);
+    for i in 0..g.ops.len() {
+        if let Some(mut dead) = rule(g, &idx, i) {
+            dead.sort_unstable();
+            dead.dedup();
+            for d in dead.into_iter().rev() {
+                g.ops.remove(d);
+            }
+            return Some(());
+        }
+    }
+    None
+}
+
+fn scalar_near(g: &Graph, v: ValueId, want: f32) -> bool {
+    g.konst(v).and_then(Const::scalar).is_some_and(|x| (x - want).abs() <= 1e-4 * want.abs().max(1.0))
+}
+
+/// `(kind, a, b)` of a Binary op.
+fn binary(op: &Op) -> Option<(Binary, ValueId, ValueId)> {
+    match op.kind {
+        Kind::Binary { kind, a, b, .. } => Some((kind, a, b)),
+        _ => None,
+    }
+}
+
+/// For a commutative op reading `v`, the other operand.
+fn other(a: ValueId, b: ValueId, v: ValueId) -> Option<ValueId> {
+    if a == v {
+        Some(b)
+    } else if b == v {
+        Some(a)
+    } else {
+        None
+    }
+}
+
+fn join(a: &str, b: &str) -> String {
+    if a.rsplit('+').next() == Some(b) {
+        a.to_string()
+    } else {
+        format!("{a}+{b}")
+    }
+}
+
+/// `x * 0.5 * (1 + erf(x / sqrt(2)))`, in the operand orders exporters use.
+fn gelu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    let Kind::Unary { kind: Unary::Erf, x: u, .. } = g.ops[i].kind else { return None };
+    let p = ix.producer[u]?;
+    ix.sole_reader(u)?;
+    let (pk, pa, pb) = binary(&g.ops[p])?;
+    let x = match pk {
+        Binary::Div if scalar_near(g, pb, std::f32::consts::SQRT_2) => pa,
+        Binary::Mul if scalar_near(g, pb, std::f32::consts::FRAC_1_SQRT_2) => pa,
+        Binary::Mul if scalar_near(g, pa, std::f32::consts::FRAC_1_SQRT_2) => pb,
+        _ => return None,
+    };
+    let mut dead = vec![p, i];
+    let (mut add, mut with_x, mut half) = (false, false, false);
+    let mut cur = g.ops[i].out;
+    loop {
+        let c = ix.sole_reader(cur)?;
+        let (k, a, b) = binary(&g.ops[c])?;
+        let o = other(a, b, cur)?;
+        match k {
+            Binary::Add if !add && scalar_near(g, o, 1.0) => add = true,
+            Binary::Mul if !half && scalar_near(g, o, 0.5) => half = true,
+            Binary::Mul if add && !with_x && o == x => with_x = true,
+            Binary::Mul if add && !with_x && !half => {
+                // (x * 0.5) computed on the side.
+                let h = ix.producer[o]?;
+                ix.sole_reader(o)?;
+                let (hk, ha, hb) = binary(&g.ops[h])?;
+                let ok = hk == Binary::Mul && other(ha, hb, x).is_some_and(|c| scalar_near(g, c, 0.5));
+                if !ok {
+                    return None;
+                }
+                dead.push(h);
+                with_x = true;
+                half = true;
+            }
+            _ => return None,
+        }
+        cur = g.ops[c].out;
+        if add && with_x && half {
+            if g.values[cur].shape != g.values[x].shape {
+                return None;
+            }
+            let op = &mut g.ops[c];
+            op.kind = Kind::Unary { kind: Unary::Gelu, x, p0: 0.0, p1: 0.0 };
+            op.op = "Gelu(erf)".into();
+            return Some(dead);
+        }
+        dead.push(c);
+    }
+}
+
+/// Whether `p` (a per-row parameter of a layer norm over the last `cols`
+/// elements of `x`) broadcasts only over the leading dims.
+fn trailing(g: &Graph, p: ValueId, x: ValueId, cols: u64) -> bool {
+    let ps: Vec<u64> = g.values[p].shape.iter().copied().skip_while(|&d| d == 1).collect();
+    let xs = &g.values[x].shape;
+    volume(&ps) == cols && xs.ends_with(&ps) && g.konst(p).is_some()
+}
+
+/// `(x - mean) / sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta]` over
+/// the trailing elements of each row.
+fn layer_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    let reduce_rows = |op: &Op| -> Option<(ValueId, u64, u64)> {
+        match &op.kind {
+            Kind::Reduce { kind: REDUCE_MEAN, x, dims, axis: 1 } if dims[2] == 1 => Some((*x, dims[0], dims[1])),
+            _ => None,
+        }
+    };
+    let (x, rows, cols) = reduce_rows(&g.ops[i])?;
+    let mean = g.ops[i].out;
+    let s = ix.sole_reader(mean)?;
+    let (Binary::Sub, sx, sm) = binary(&g.ops[s])? else { return None };
+    if sx != x || sm != mean {
+        return None;
+    }
+    let d = g.ops[s].out;
+    if ix.is_output[d] || ix.consumers[d].len() != 2 {
+        return None;
+    }
+    // One reader squares d, the other divides it by the deviation.
+    let (q, div) = {
+        let (c0, c1) = (ix.consumers[d][0], ix.consumers[d][1]);
+        let is_sq = |c: usize| match binary(&g.ops[c]) {
+            Some((Binary::Pow, a, b)) => a == d && scalar_near(g, b, 2.0),
+            Some((Binary::Mul, a, b)) => a == d && b == d,
+            _ => false,
+        };
+        if is_sq(c0) { (c0, c1) } else if is_sq(c1) { (c1, c0) } else { return None }
+    };
+    let r2 = ix.sole_reader(g.ops[q].out)?;
+    if reduce_rows(&g.ops[r2])? != (g.ops[q].out, rows, cols) {
+        return None;
+    }
+    let a = ix.sole_reader(g.ops[r2].out)?;
+    let (Binary::Add, av, ae) = binary(&g.ops[a])? else { return None };
+    let eps = g.konst(other(av, ae, g.ops[r2].out)?)?.scalar()?;
+    let sq = ix.sole_reader(g.ops[a].out)?;
+    let Kind::Unary { kind: Unary::Sqrt, .. } = g.ops[sq].kind else { return None };
+    if ix.sole_reader(g.ops[sq].out)? != div {
+        return None;
+    }
+    let (Binary::Div, dn, dd) = binary(&g.ops[div])? else { return None };
+    if dn != d || dd != g.ops[sq].out {
+        return None;
+    }
+    let mut dead = vec![i, s, q, r2, a, sq];
+    let mut last = div;
+    let (mut gamma, mut beta) = (None, None);
+    if let Some(m) = ix.sole_reader(g.ops[div].out) {
+        if let Some((Binary::Mul, ma, mb)) = binary(&g.ops[m]) {
+            let p = other(ma, mb, g.ops[div].out)?;
+            if trailing(g, p, x, cols) {
+                gamma = Some(p);
+                dead.push(last);
+                last = m;
+                if let Some(ad) = ix.sole_reader(g.ops[m].out) {
+                    if let Some((Binary::Add, aa, ab)) = binary(&g.ops[ad]) {
+                        let p = other(aa, ab, g.ops[m].out)?;
+                        if trailing(g, p, x, cols) {
+                            beta = Some(p);
+                            dead.push(last);
+                            last = ad;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if g.values[g.ops[last].out].shape != g.values[x].shape {
+        return None;
+    }
+    let name = g.ops[i].name.clone();
+    let op = &mut g.ops[last];
+    op.kind = Kind::LayerNorm { x, gamma, beta, rows, cols, eps };
+    op.op = "LayerNorm(decomposed)".into();
+    op.name = name;
+    Some(dead)
+}
+
+/// Per-channel constant of a conv with `c_out` channels: its values when
+/// its shape broadcasts as [1, C, 1, 1].
+fn per_channel(g: &Graph, v: ValueId, c_out: u64) -> Option<Vec<f32>> {
+    let c = g.konst(v)?;
+    let s: Vec<u64> = c.shape.iter().copied().skip_while(|&d| d == 1).collect();
+    let ok = s.first() == Some(&c_out) && s.len() <= 3 && s[1..].iter().all(|&d| d == 1) && c.shape.len() <= 4
+        && (c.shape.len() < 4 || c.shape[0] == 1)
+        // [C] alone would broadcast along W, not C.
+        && c.shape.len() >= 3;
+    ok.then(|| c.floats())
+}
+
+/// Conv followed by a per-channel constant Mul or Add (a folded
+/// BatchNormalization): scale the weights and bias, or shift the bias.
+fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    let Kind::Conv { w, bias, dims, act, .. } = g.ops[i].kind.clone() else { return None };
+    if act != Act::NONE {
+        return None;
+    }
+    let c = ix.sole_reader(g.ops[i].out)?;
+    let (k, a, b) = binary(&g.ops[c])?;
+    let p = other(a, b, g.ops[i].out)?;
+    let vals = per_channel(g, p, dims[4])?;
+    let old_bias = match bias {
+        Some(bv) => g.konst(bv)?.floats(),
+        None => vec![0.0; dims[4] as usize],
+    };
+    let (new_w, new_b) = match k {
+        Binary::Mul => {
+            let wc = g.konst(w)?;
+            let per = wc.len() / dims[4] as usize;
+            let wv: Vec<f32> = wc.floats().iter().enumerate().map(|(j, &x)| x * vals[j / per]).collect();
+            (Some(Const::f32(&wc.shape, wv)), old_bias.iter().zip(&vals).map(|(b, s)| b * s).collect::<Vec<f32>>())
+        }
+        Binary::Add => (None, old_bias.iter().zip(&vals).map(|(b, t)| b + t).collect()),
+        _ => return None,
+    };
+    let name = g.ops[i].name.clone();
+    let w2 = match new_w {
+        Some(c) => g.add_value(&format!("{name}.W.folded"), c.shape.clone(), Some(c)),
+        None => w,
+    };
+    let b2 = g.add_value(&format!("{name}.B.folded"), vec![dims[4]], Some(Const::f32(&[dims[4]], new_b)));
+    let Kind::Conv { x, stride, dilation, pads, .. } = g.ops[i].kind else { return None };
+    let label = join(&g.ops[i].op, &g.ops[c].op);
+    let op = &mut g.ops[c];
+    op.kind = Kind::Conv { x, w: w2, bias: Some(b2), dims, stride, dilation, pads, act };
+    op.name = name;
+    op.op = label;
+    Some(vec![i])
+}
+
+/// A constant bias Add after a GEMM (over its n columns) or a Conv.
+fn bias(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    let (n, is_conv) = match &g.ops[i].kind {
+        Kind::Gemm { bias: None, act, n, .. } if *act == Act::NONE => (*n, false),
+        Kind::Conv { bias: None, act, dims, .. } if *act == Act::NONE => (dims[4], true),
+        _ => return None,
+    };
+    let c = ix.sole_reader(g.ops[i].out)?;
+    let (Binary::Add, a, b) = binary(&g.ops[c])? else { return None };
+    let p = other(a, b, g.ops[i].out)?;
+    let vals = if is_conv {
+        per_channel(g, p, n)?
+    } else {
+        let k = g.konst(p)?;
+        let s: Vec<u64> = k.shape.iter().copied().skip_while(|&d| d == 1).collect();
+        if s != [n] && !(n == 1 && s.is_empty()) {
+            return None;
+        }
+        k.floats()
+    };
+    // The sum has the product's shape (the bias only broadcasts).
+    if g.values[g.ops[c].out].shape != g.values[g.ops[i].out].shape {
+        return None;
+    }
+    let name = g.ops[i].name.clone();
+    let bv = g.add_value(&format!("{name}.bias"), vec![n], Some(Const::f32(&[n], vals)));
+    let mut kind = g.ops[i].kind.clone();
+    match &mut kind {
+        Kind::Gemm { bias, .. } | Kind::Conv { bias, .. } => *bias = Some(bv),
+        _ => return None,
+    }
+    let label = join(&g.ops[i].op, &g.ops[c].op);
+    let op = &mut g.ops[c];
+    op.kind = kind;
+    op.name = name;
+    op.op = label;
+    Some(vec![i])
+}
+
+/// An activation after a GEMM or Conv.
+fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    match &g.ops[i].kind {
+        Kind::Gemm { act, .. } | Kind::Conv { act, .. } if *act == Act::NONE => {}
+        _ => return None,
+    }
+    let c = ix.sole_reader(g.ops[i].out)?;
+    let Kind::Unary { kind, p0, p1, .. } = g.ops[c].kind else { return None };
+    if kind == Unary::None || kind as u32 > rbln_hw::ops::MAX_ACTIVATION {
+        return None;
+    }
+    let mut k = g.ops[i].kind.clone();
+    match &mut k {
+        Kind::Gemm { act, .. } | Kind::Conv { act, .. } => *act = Act { kind, p0, p1 },
+        _ => return None,
+    }
+    let label = join(&g.ops[i].op, &g.ops[c].op);
+    let name = g.ops[i].name.clone();
+    let op = &mut g.ops[c];
+    op.kind = k;
+    op.name = name;
+    op.op = label;
+    Some(vec![i])
+}
+
+/// Drop ops whose results no output depends on; returns how many.
+fn dead_code(g: &mut Graph) -> usize {
+    let mut live = vec![false; g.values.len()];
+    for (_, v) in &g.outputs {
+        live[*v] = true;
+    }
+    for op in g.ops.iter().rev() {
+        if live[op.out] {
+            for v in op.kind.inputs() {
+                live[v] = true;
+            }
+        }
+    }
+    let before = g.ops.len();
+    g.ops.retain(|op| live[op.out]);
+    before - g.ops.len()
+}

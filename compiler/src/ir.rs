@@ -1,0 +1,234 @@
+//! The compiler's graph: values with static shapes (constants carry their
+//! data) and device ops, each producing one value.
+
+use rbln_hw::ops::{Binary, Unary};
+
+pub type ValueId = usize;
+
+/// Compile-time tensor data. Integer types are widened to i64.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    F(Vec<f32>),
+    I(Vec<i64>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Const {
+    pub shape: Vec<u64>,
+    pub data: Data,
+}
+
+impl Const {
+    pub fn f32(shape: &[u64], v: Vec<f32>) -> Self {
+        Const { shape: shape.to_vec(), data: Data::F(v) }
+    }
+    pub fn i64(shape: &[u64], v: Vec<i64>) -> Self {
+        Const { shape: shape.to_vec(), data: Data::I(v) }
+    }
+    pub fn len(&self) -> usize {
+        match &self.data {
+            Data::F(v) => v.len(),
+            Data::I(v) => v.len(),
+        }
+    }
+    pub fn is_float(&self) -> bool {
+        matches!(self.data, Data::F(_))
+    }
+    /// Values as i64 (floats truncated).
+    pub fn ints(&self) -> Vec<i64> {
+        match &self.data {
+            Data::F(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::I(v) => v.clone(),
+        }
+    }
+    pub fn floats(&self) -> Vec<f32> {
+        match &self.data {
+            Data::F(v) => v.clone(),
+            Data::I(v) => v.iter().map(|&x| x as f32).collect(),
+        }
+    }
+    /// The single value of a one-element constant.
+    pub fn scalar(&self) -> Option<f32> {
+        (self.len() == 1).then(|| self.floats()[0])
+    }
+}
+
+/// A tensor in the graph. `konst` is set for values known at compile time
+/// (initializers and everything folded from them).
+#[derive(Clone, Debug)]
+pub struct Value {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub konst: Option<Const>,
+}
+
+impl Value {
+    pub fn elems(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// A fused activation (unary code usable in Gemm/Conv descriptors).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Act {
+    pub kind: Unary,
+    pub p0: f32,
+    pub p1: f32,
+}
+
+impl Act {
+    pub const NONE: Act = Act { kind: Unary::None, p0: 0.0, p1: 0.0 };
+}
+
+/// One rank-`sizes.len()` box copied from `src` into the op's output
+/// (strides and offsets in elements).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CopyPart {
+    pub src: ValueId,
+    pub src_offset: u64,
+    pub dst_offset: u64,
+    pub sizes: Vec<u64>,
+    pub src_strides: Vec<u64>,
+    pub dst_strides: Vec<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Kind {
+    Gemm {
+        a: ValueId,
+        b: ValueId,
+        bias: Option<ValueId>,
+        m: u64,
+        n: u64,
+        k: u64,
+        batch: u64,
+        /// Batch strides in elements (0 broadcasts).
+        strides: [u64; 3],
+        trans_a: bool,
+        trans_b: bool,
+        act: Act,
+    },
+    Conv {
+        x: ValueId,
+        w: ValueId,
+        bias: Option<ValueId>,
+        /// n, c_in, h, w, c_out, kh, kw, groups.
+        dims: [u64; 8],
+        stride: [u64; 2],
+        dilation: [u64; 2],
+        /// top, left, bottom, right.
+        pads: [u64; 4],
+        act: Act,
+    },
+    Pool {
+        x: ValueId,
+        max: bool,
+        count_include_pad: bool,
+        /// n, c, h, w.
+        dims: [u64; 4],
+        kernel: [u64; 2],
+        stride: [u64; 2],
+        dilation: [u64; 2],
+        pads: [u64; 4],
+    },
+    Binary {
+        kind: Binary,
+        a: ValueId,
+        b: ValueId,
+        /// Both padded to the same rank.
+        a_dims: Vec<u64>,
+        b_dims: Vec<u64>,
+    },
+    Unary { kind: Unary, x: ValueId, p0: f32, p1: f32 },
+    Softmax { x: ValueId, dims: Vec<u64>, axis: u64 },
+    LayerNorm { x: ValueId, gamma: Option<ValueId>, beta: Option<ValueId>, rows: u64, cols: u64, eps: f32 },
+    /// `kind` is one of rbln_hw::ops::REDUCE_*.
+    Reduce { kind: u32, x: ValueId, dims: Vec<u64>, axis: u64 },
+    Transpose { x: ValueId, dims: Vec<u64>, perm: Vec<u64> },
+    Copy { parts: Vec<CopyPart> },
+    Gather { data: ValueId, indices: ValueId, dims: Vec<u64>, axis: u64, count: u64 },
+    /// The output reinterprets the input's bytes with another shape.
+    View { x: ValueId },
+}
+
+impl Kind {
+    /// Every value the op reads.
+    pub fn inputs(&self) -> Vec<ValueId> {
+        use Kind::*;
+        match self {
+            Gemm { a, b, bias, .. } => [Some(*a), Some(*b), *bias].into_iter().flatten().collect(),
+            Conv { x, w, bias, .. } => [Some(*x), Some(*w), *bias].into_iter().flatten().collect(),
+            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | View { x } => vec![*x],
+            Binary { a, b, .. } => vec![*a, *b],
+            LayerNorm { x, gamma, beta, .. } => [Some(*x), *gamma, *beta].into_iter().flatten().collect(),
+            Copy { parts } => {
+                let mut v: Vec<ValueId> = parts.iter().map(|p| p.src).collect();
+                v.dedup();
+                v
+            }
+            Gather { data, indices, .. } => vec![*data, *indices],
+        }
+    }
+
+    /// Name of the device op (for the graph and reports).
+    pub fn device_op(&self) -> &'static str {
+        use Kind::*;
+        match self {
+            Gemm { .. } => "Gemm",
+            Conv { .. } => "Conv",
+            Pool { max: true, .. } => "MaxPool",
+            Pool { .. } => "AveragePool",
+            Binary { .. } => "Binary",
+            Unary { .. } => "Unary",
+            Softmax { .. } => "Softmax",
+            LayerNorm { .. } => "LayerNorm",
+            Reduce { .. } => "Reduce",
+            Transpose { .. } => "Transpose",
+            Copy { .. } => "Copy",
+            Gather { .. } => "Gather",
+            View { .. } => "View",
+        }
+    }
+}
+
+/// A device op: `kind` computes `out`. `name` is the ONNX node it came
+/// from; `op` is the ONNX op type, or the fused ops joined by '+'.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub name: String,
+    pub op: String,
+    pub kind: Kind,
+    pub out: ValueId,
+}
+
+/// The imported graph.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub values: Vec<Value>,
+    pub ops: Vec<Op>,
+    pub inputs: Vec<(String, ValueId)>,
+    pub outputs: Vec<(String, ValueId)>,
+}
+
+impl Graph {
+    pub fn add_value(&mut self, name: &str, shape: Vec<u64>, konst: Option<Const>) -> ValueId {
+        self.values.push(Value { name: name.into(), shape, konst });
+        self.values.len() - 1
+    }
+    pub fn konst(&self, v: ValueId) -> Option<&Const> {
+        self.values[v].konst.as_ref()
+    }
+    /// How many op operands and graph outputs read each value.
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut n = vec![0; self.values.len()];
+        for op in &self.ops {
+            for v in op.kind.inputs() {
+                n[v] += 1;
+            }
+        }
+        for (_, v) in &self.outputs {
+            n[*v] += 1;
+        }
+        n
+    }
+}

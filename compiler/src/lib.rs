@@ -1,0 +1,81 @@
+//! rbln-compile: ONNX models to `.rbln` files for the rbln NPU.
+//!
+//! Pipeline: decode the protobuf ([`onnx`]) -> import with static shapes
+//! and constant folding ([`import`]) -> fuse ([`fuse`]) -> plan memory and
+//! emit descriptors and command streams ([`emit`]) -> a validated
+//! [`rbln_format::Model`].
+
+pub mod emit;
+pub mod error;
+pub mod fold;
+pub mod fuse;
+pub mod import;
+pub mod ir;
+pub mod onnx;
+pub mod shape;
+
+use std::collections::BTreeMap;
+
+pub use emit::MemoryPlan;
+pub use error::{CompileError, Result};
+pub use fuse::FuseStats;
+pub use import::Options;
+
+/// What a compilation did.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Nodes in the ONNX graph.
+    pub onnx_nodes: usize,
+    /// Device ops in the `.rbln` graph (views excluded), by op label.
+    pub device_ops: BTreeMap<String, usize>,
+    /// Views (reshapes that move no data).
+    pub views: usize,
+    pub fused: FuseStats,
+    pub memory: MemoryPlan,
+}
+
+impl Report {
+    pub fn device_op_count(&self) -> usize {
+        self.device_ops.values().sum()
+    }
+}
+
+/// A compiled model and its report.
+pub struct Compiled {
+    pub model: rbln_format::Model,
+    pub report: Report,
+}
+
+/// Compile the bytes of an ONNX file; `name` becomes the model's name.
+pub fn compile(onnx_bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled> {
+    let proto = onnx::decode(onnx_bytes)?;
+    let mut g = import::import(&proto, opts)?;
+    let fused = fuse::run(&mut g);
+    let mut device_ops = BTreeMap::new();
+    let mut views = 0;
+    for op in &g.ops {
+        if matches!(op.kind, ir::Kind::View { .. }) {
+            views += 1;
+        } else {
+            *device_ops.entry(op.op.clone()).or_insert(0) += 1;
+        }
+    }
+    let opset = proto.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map_or(0, |o| o.version);
+    let mut props = vec![("onnx.opset".to_string(), opset.to_string())];
+    if !proto.producer_name.is_empty() {
+        props.push(("onnx.producer".into(), format!("{} {}", proto.producer_name, proto.producer_version).trim().to_string()));
+    }
+    let (model, memory) = emit::emit(&g, name, &props)?;
+    let onnx_nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
+    Ok(Compiled { model, report: Report { onnx_nodes, device_ops, views, fused, memory } })
+}
+
+/// Parse `name=1x3x224x224`.
+pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>)> {
+    let (name, dims) = s.rsplit_once('=').ok_or_else(|| CompileError::BadInputShape(format!("'{s}': expected NAME=D0xD1x...")))?;
+    let dims: std::result::Result<Vec<u64>, _> = dims.split(['x', 'X', ',']).map(|d| d.trim().parse::<u64>()).collect();
+    match dims {
+        Ok(d) if !d.is_empty() && !name.is_empty() => Ok((name.to_string(), d)),
+        _ => Err(CompileError::BadInputShape(format!("'{s}': expected NAME=D0xD1x... with positive integers"))),
+    }
+}

@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""Build the ONNX test models of the compiler tests and their references.
+
+    python gen_models.py OUTDIR
+
+For each model NAME this writes OUTDIR/NAME.onnx and, for the models the
+compiler must run, OUTDIR/NAME.input.npy (float32, seeded normal) and
+OUTDIR/NAME.expected.npy (float32, onnxruntime's CPU output with every graph
+optimization disabled). The failure-case models get no .npy files, except
+dynamic-batch, which gets NAME.b3.input.npy / NAME.b3.expected.npy for a
+batch of 3 (the compiler is run on it with --input-shape x=3x8).
+
+Everything is deterministic: weights and inputs come from numpy RNGs seeded
+per model, so two runs write identical bytes. Every model has one float32
+input and one float32 output, and passes onnx.checker with full_check.
+See README.md beside this file.
+"""
+
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+# IR version per default-domain opset: 8 goes with opsets 17-18, 9 with 19-20.
+IR_VERSION = {17: 8, 20: 9}
+
+
+class Graph:
+    """A small graph builder: initializers and nodes in insertion order."""
+
+    def __init__(self, name, seed):
+        self.name = name
+        self.nodes = []
+        self.inits = []
+        self.init_names = set()
+        self.rng = np.random.default_rng([seed, 0])  # weights
+        self.input_rng = np.random.default_rng([seed, 1])  # test inputs
+
+    # -- constants ---------------------------------------------------------
+    def const(self, name, value, dtype=np.float32):
+        """An initializer; returns its name."""
+        assert name not in self.init_names, name
+        arr = np.asarray(value, dtype=dtype)
+        self.inits.append(numpy_helper.from_array(arr, name))
+        self.init_names.add(name)
+        return name
+
+    def i64(self, name, value):
+        return self.const(name, value, np.int64)
+
+    def normal(self, name, shape, std):
+        return self.const(name, self.rng.normal(0.0, std, size=shape))
+
+    def uniform(self, name, shape, lo, hi):
+        return self.const(name, self.rng.uniform(lo, hi, size=shape))
+
+    # -- nodes -------------------------------------------------------------
+    def node(self, op, inputs, name, outputs=None, n_out=1, **attrs):
+        """Add a node; returns its output name (or list of names)."""
+        if outputs is None:
+            outputs = [f"{name}.out"] if n_out == 1 else [f"{name}.out{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=name, **attrs))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def conv(self, x, name, cin, cout, k, stride=1, pad=None, group=1, bias=True,
+             out=None, gain=1.0):
+        """Conv with fan-in scaled weights (std sqrt(gain / fan_in))."""
+        pad = k // 2 if pad is None else pad
+        fan_in = (cin // group) * k * k
+        w = self.normal(f"{name}.weight", (cout, cin // group, k, k), np.sqrt(gain / fan_in))
+        ins = [x, w]
+        if bias:
+            ins.append(self.normal(f"{name}.bias", (cout,), 0.1))
+        return self.node("Conv", ins, name, outputs=[out] if out else None,
+                         dilations=[1, 1], group=group, kernel_shape=[k, k],
+                         pads=[pad] * 4, strides=[stride, stride])
+
+    def bn(self, x, name, c):
+        """Inference BatchNormalization with non-trivial statistics."""
+        ins = [
+            x,
+            self.uniform(f"{name}.weight", (c,), 0.5, 1.5),
+            self.normal(f"{name}.bias", (c,), 0.2),
+            self.normal(f"{name}.running_mean", (c,), 0.3),
+            self.uniform(f"{name}.running_var", (c,), 0.5, 2.0),
+        ]
+        return self.node("BatchNormalization", ins, name, epsilon=1e-5, momentum=0.9)
+
+    def linear(self, x, name, fin, fout):
+        """PyTorch's nn.Linear on a >2-D input: MatMul by W^T, then Add bias."""
+        w = self.normal(f"{name}.weight", (fin, fout), np.sqrt(1.0 / fin))
+        b = self.normal(f"{name}.bias", (fout,), 0.1)
+        y = self.node("MatMul", [x, w], f"{name}.MatMul")
+        return self.node("Add", [y, b], f"{name}.Add")
+
+    # -- model -------------------------------------------------------------
+    def model(self, inp, in_shape, out, out_shape, opset=OPSET):
+        graph = helper.make_graph(
+            self.nodes, self.name,
+            [helper.make_tensor_value_info(inp, TensorProto.FLOAT, in_shape)],
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, out_shape)],
+            initializer=self.inits,
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", opset)],
+            ir_version=IR_VERSION[opset],
+            producer_name="rbln-tests-gen_models",
+        )
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
+    def input_data(self, shape):
+        return self.input_rng.standard_normal(shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# Models. Each returns (model, input array or None).
+
+
+def resnet():
+    g = Graph("resnet", 101)
+    x = "image"
+    y = g.conv(x, "conv1", 3, 16, 3, bias=True)
+    y = g.bn(y, "bn1", 16)
+    y = g.node("Relu", [y], "relu")
+    y = g.node("MaxPool", [y], "maxpool", ceil_mode=0, dilations=[1, 1],
+               kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+
+    def block(x, name, cin, cout, stride):
+        y = g.conv(x, f"{name}.conv1", cin, cout, 3, stride=stride, bias=False)
+        y = g.bn(y, f"{name}.bn1", cout)
+        y = g.node("Relu", [y], f"{name}.relu")
+        y = g.conv(y, f"{name}.conv2", cout, cout, 3, bias=False)
+        y = g.bn(y, f"{name}.bn2", cout)
+        if stride != 1 or cin != cout:
+            sc = g.conv(x, f"{name}.downsample.0", cin, cout, 1, stride=stride, bias=False)
+            sc = g.bn(sc, f"{name}.downsample.1", cout)
+        else:
+            sc = x
+        y = g.node("Add", [y, sc], f"{name}.add")
+        return g.node("Relu", [y], f"{name}.relu_1")
+
+    y = block(y, "layer1.0", 16, 16, 1)
+    y = block(y, "layer2.0", 16, 32, 2)
+    y = g.node("GlobalAveragePool", [y], "avgpool")
+    y = g.node("Flatten", [y], "flatten", axis=1)
+    w = g.normal("fc.weight", (10, 32), np.sqrt(1.0 / 32))
+    b = g.normal("fc.bias", (10,), 0.1)
+    g.node("Gemm", [y, w, b], "fc", outputs=["logits"], alpha=1.0, beta=1.0, transB=1)
+    return g.model(x, [2, 3, 32, 32], "logits", [2, 10]), g.input_data((2, 3, 32, 32))
+
+
+def mobilenet():
+    g = Graph("mobilenet", 102)
+    x = "input"
+    lo = g.const("relu6.min", 0.0)
+    hi = g.const("relu6.max", 6.0)
+
+    def cbr(x, name, cin, cout, k, stride=1, group=1, act=True):
+        # He init (gain 2), so some activations reach the Clip's upper bound.
+        y = g.conv(x, f"{name}.0", cin, cout, k, stride=stride, group=group, bias=False,
+                   gain=2.0)
+        y = g.bn(y, f"{name}.1", cout)
+        if act:
+            y = g.node("Clip", [y, lo, hi], f"{name}.2")
+        return y
+
+    y = cbr(x, "features.0", 3, 16, 3, stride=2)  # [1,16,16,16]
+    # Inverted residual, stride 1, with the residual Add.
+    r = y
+    y = cbr(y, "features.1.conv.0", 16, 48, 1)
+    y = cbr(y, "features.1.conv.1", 48, 48, 3, group=48)
+    y = cbr(y, "features.1.conv.2", 48, 16, 1, act=False)
+    y = g.node("Add", [r, y], "features.1.add")
+    # Inverted residual, depthwise stride 2, no residual.
+    y = cbr(y, "features.2.conv.0", 16, 48, 1)
+    y = cbr(y, "features.2.conv.1", 48, 48, 3, stride=2, group=48)  # [1,48,8,8]
+    y = cbr(y, "features.2.conv.2", 48, 24, 1, act=False)  # [1,24,8,8]
+    # Squeeze-excite: scale * input, as torchvision's SqueezeExcitation.
+    s = g.node("GlobalAveragePool", [y], "features.3.avgpool")
+    s = g.conv(s, "features.3.fc1", 24, 8, 1, gain=2.0)
+    s = g.node("Relu", [s], "features.3.relu")
+    s = g.conv(s, "features.3.fc2", 8, 24, 1)
+    s = g.node("Sigmoid", [s], "features.3.sigmoid")
+    y = g.node("Mul", [s, y], "features.3.mul")  # [1,24,1,1] * [1,24,8,8]
+    y = g.node("AveragePool", [y], "pool", ceil_mode=0, kernel_shape=[2, 2],
+               pads=[0, 0, 0, 0], strides=[2, 2])  # [1,24,4,4]
+    y = g.node("GlobalAveragePool", [y], "avgpool")
+    y = g.node("Reshape", [y, g.i64("flatten.shape", [1, 24])], "flatten")
+    # Larger than fan-in init so the softmax is not flat (pooled features are small).
+    w = g.normal("classifier.weight", (24, 10), np.sqrt(4.0 / 24))
+    b = g.normal("classifier.bias", (10,), 0.1)
+    y = g.node("Gemm", [y, w, b], "classifier", alpha=1.0, beta=1.0, transB=0)
+    g.node("Softmax", [y], "softmax", outputs=["probs"], axis=-1)
+    return g.model(x, [1, 3, 32, 32], "probs", [1, 10]), g.input_data((1, 3, 32, 32))
+
+
+def transformer():
+    g = Graph("transformer", 103)
+    x = "tokens"
+    B, S, D, H, DH, F = 2, 16, 32, 2, 16, 64
+    L = "encoder.layers.0"
+
+    # Scalar and small int64 constants, each one initializer used by several nodes.
+    idx0 = g.i64("const.idx0", 0)  # scalar
+    idx1 = g.i64("const.idx1", 1)  # scalar
+    ax0 = g.i64("const.axes0", [0])
+    heads = g.i64("const.heads_dim", [H, DH])
+
+    y = g.node("LayerNormalization",
+               [x, g.uniform(f"{L}.norm1.weight", (D,), 0.8, 1.2),
+                g.normal(f"{L}.norm1.bias", (D,), 0.1)],
+               f"{L}.norm1", axis=-1, epsilon=1e-5)
+
+    def split_heads(t, name, perm):
+        """[B,S,D] -> Reshape [B,S,H,DH] (shape from a Shape chain) -> perm."""
+        shp = g.node("Shape", [t], f"{name}.Shape")
+        b = g.node("Gather", [shp, idx0], f"{name}.Gather", axis=0)
+        s = g.node("Gather", [shp, idx1], f"{name}.Gather_1", axis=0)
+        b = g.node("Unsqueeze", [b, ax0], f"{name}.Unsqueeze")
+        s = g.node("Unsqueeze", [s, ax0], f"{name}.Unsqueeze_1")
+        shape = g.node("Concat", [b, s, heads], f"{name}.Concat", axis=0)
+        t = g.node("Reshape", [t, shape], f"{name}.Reshape")
+        return g.node("Transpose", [t], f"{name}.Transpose", perm=perm)
+
+    A = f"{L}.self_attn"
+    q = split_heads(g.linear(y, f"{A}.q_proj", D, D), f"{A}.q", [0, 2, 1, 3])  # [B,H,S,DH]
+    k = split_heads(g.linear(y, f"{A}.k_proj", D, D), f"{A}.k", [0, 2, 3, 1])  # [B,H,DH,S]
+    v = split_heads(g.linear(y, f"{A}.v_proj", D, D), f"{A}.v", [0, 2, 1, 3])  # [B,H,S,DH]
+    s = g.node("MatMul", [q, k], f"{A}.scores")  # [B,H,S,S]
+    s = g.node("Div", [s, g.const(f"{A}.scale", np.sqrt(DH))], f"{A}.scale_div")
+    s = g.node("Softmax", [s], f"{A}.softmax", axis=-1)
+    o = g.node("MatMul", [s, v], f"{A}.context")  # [B,H,S,DH]
+    o = g.node("Transpose", [o], f"{A}.context.Transpose", perm=[0, 2, 1, 3])
+    o = g.node("Reshape", [o, g.i64(f"{A}.merge_shape", [B, S, -1])], f"{A}.context.Reshape")
+    o = g.linear(o, f"{A}.out_proj", D, D)
+    h = g.node("Add", [x, o], f"{L}.residual1")
+
+    # norm2, decomposed as older exporters write LayerNorm.
+    N = f"{L}.norm2"
+    m = g.node("ReduceMean", [h], f"{N}.ReduceMean", axes=[-1], keepdims=1)
+    d = g.node("Sub", [h, m], f"{N}.Sub")
+    p = g.node("Pow", [d, g.const(f"{N}.two", 2.0)], f"{N}.Pow")
+    var = g.node("ReduceMean", [p], f"{N}.ReduceMean_1", axes=[-1], keepdims=1)
+    var = g.node("Add", [var, g.const(f"{N}.eps", 1e-5)], f"{N}.Add")
+    sd = g.node("Sqrt", [var], f"{N}.Sqrt")
+    n = g.node("Div", [d, sd], f"{N}.Div")
+    n = g.node("Mul", [n, g.uniform(f"{N}.weight", (D,), 0.8, 1.2)], f"{N}.Mul")
+    n = g.node("Add", [n, g.normal(f"{N}.bias", (D,), 0.1)], f"{N}.Add_1")
+
+    # FFN with GELU written with Erf, in PyTorch's node order.
+    f = g.linear(n, f"{L}.linear1", D, F)
+    G = f"{L}.activation"
+    e = g.node("Div", [f, g.const(f"{G}.sqrt2", 1.41421356)], f"{G}.Div")
+    e = g.node("Erf", [e], f"{G}.Erf")
+    e = g.node("Add", [e, g.const(f"{G}.one", 1.0)], f"{G}.Add")
+    e = g.node("Mul", [f, e], f"{G}.Mul")
+    e = g.node("Mul", [e, g.const(f"{G}.half", 0.5)], f"{G}.Mul_1")
+    f = g.linear(e, f"{L}.linear2", F, D)
+    h = g.node("Add", [h, f], f"{L}.residual2")  # [B,S,D]
+
+    # Pooling head: first token and mean over the sequence, concatenated.
+    first = g.node("Gather", [h, idx0], "pool.first_token", axis=1)  # [B,D]
+    mean = g.node("ReduceMean", [h], "pool.mean", axes=[1], keepdims=0)  # [B,D]
+    c = g.node("Concat", [first, mean], "pool.concat", axis=1)  # [B,2D]
+    w = g.normal("pooler.dense.weight", (2 * D, 8), np.sqrt(1.0 / (2 * D)))
+    b = g.normal("pooler.dense.bias", (8,), 0.1)
+    c = g.node("Gemm", [c, w, b], "pooler.dense", alpha=1.0, beta=1.0, transB=0)
+    g.node("Tanh", [c], "pooler.activation", outputs=["pooled"])
+    return g.model(x, [B, S, D], "pooled", [B, 8]), g.input_data((B, S, D))
+
+
+def ops():
+    g = Graph("ops", 104)
+    x = "x"  # [2,4,9,9]
+
+    # Branch A: broadcasting arithmetic and pools on the full 9x9 map.
+    a = g.node("Sub", [x, g.normal("a.channel_mean", (4, 1, 1), 0.3)], "a.sub")
+    a = g.node("Div", [a, g.const("a.scale", 1.5)], "a.div")
+    p0 = g.node("AveragePool", [a], "a.avgpool_excl", kernel_shape=[3, 3], strides=[1, 1],
+                pads=[1, 1, 1, 1], count_include_pad=0)
+    # Chained, not side by side, so swapping the two count_include_pad
+    # values changes the result (Max of the two would be symmetric).
+    p1 = g.node("AveragePool", [p0], "a.avgpool_incl", kernel_shape=[3, 3], strides=[1, 1],
+                pads=[1, 1, 1, 1], count_include_pad=1)
+    a = g.node("Max", [p0, p1], "a.max")
+    a = g.node("MaxPool", [a], "a.maxpool_ceil", kernel_shape=[2, 2], strides=[2, 2],
+               ceil_mode=1)  # [2,4,5,5]
+    a = g.node("Transpose", [a], "a.nhwc", perm=[0, 2, 3, 1])  # [2,5,5,4]
+    a = g.node("Flatten", [a], "a.flatten", axis=1)  # [2,100]
+
+    # Branch B: strided Slice, unary ops, reductions.
+    s = g.node("Slice", [x, g.i64("b.starts", [1]), g.i64("b.ends", [8]),
+                         g.i64("b.axes", [2]), g.i64("b.steps", [2])], "b.slice")  # [2,4,4,9]
+    sig = g.node("Sigmoid", [s], "b.sigmoid")
+    th = g.node("Tanh", [s], "b.tanh")
+    m = g.node("Min", [sig, th], "b.min")
+    ex = g.node("Exp", [g.node("Mul", [s, g.const("b.exp_scale", 0.25)], "b.exp_in")], "b.exp")
+    ab = g.node("Abs", [s], "b.abs")
+    sq = g.node("Sqrt", [g.node("Add", [ab, g.const("b.one", 1.0)], "b.abs_plus1")], "b.sqrt")
+    ng = g.node("Neg", [sq], "b.neg")
+    er = g.node("Erf", [s], "b.erf")
+    b = g.node("Add", [m, er], "b.add0")
+    b = g.node("Mul", [b, ex], "b.mul")
+    b = g.node("Div", [b, ng], "b.div")  # [2,4,4,9]
+    rs = g.node("ReduceSum", [b, g.i64("b.sum_axes", [1])], "b.reducesum", keepdims=1)  # [2,1,4,9]
+    rm = g.node("ReduceMax", [b], "b.reducemax", axes=[-1], keepdims=1)  # [2,4,4,1]
+    b = g.node("Add", [rs, rm], "b.add2")  # broadcast -> [2,4,4,9]
+    b = g.node("Unsqueeze", [b, g.i64("b.unsq_axes", [1])], "b.unsqueeze")  # [2,1,4,4,9]
+    b = g.node("Squeeze", [b, g.i64("b.sq_axes", [1])], "b.squeeze")  # [2,4,4,9]
+    b = g.node("Flatten", [b], "b.flatten", axis=1)  # [2,144]
+
+    c = g.node("Concat", [a, b], "concat", axis=1)  # [2,244]
+    g.node("MatMul", [c, g.normal("head.weight", (244, 6), np.sqrt(1.0 / 244))], "head",
+           outputs=["y"])
+    return g.model(x, [2, 4, 9, 9], "y", [2, 6]), g.input_data((2, 4, 9, 9))
+
+
+def gelu20():
+    g = Graph("gelu20", 105)
+    x = "x"
+    y = g.linear(x, "fc1", 32, 32)
+    y = g.node("Gelu", [y], "gelu1", approximate="none")
+    y = g.linear(y, "fc2", 32, 32)
+    g.node("Gelu", [y], "gelu2", outputs=["y"], approximate="tanh")
+    return g.model(x, [4, 32], "y", [4, 32], opset=20), g.input_data((4, 32))
+
+
+def unsupported_op():
+    g = Graph("unsupported-op", 106)
+    y = g.node("Relu", ["x"], "relu0")
+    g.node("TopK", [y, g.i64("topk1.k", [3])], "topk1", outputs=["y", "topk1.indices"],
+           axis=-1, largest=1, sorted=1)
+    return g.model("x", [1, 8], "y", [1, 3]), None
+
+
+def dynamic_batch():
+    g = Graph("dynamic-batch", 107)
+    y = g.node("MatMul", ["x", g.normal("fc.weight", (8, 4), np.sqrt(2.0 / 8))], "fc")
+    g.node("Relu", [y], "relu", outputs=["y"])
+    return g.model("x", ["batch", 8], "y", ["batch", 4]), g.input_data((3, 8))
+
+
+# name -> (builder, suffix of the .npy files or None for no reference)
+MODELS = [
+    ("resnet", resnet, ""),
+    ("mobilenet", mobilenet, ""),
+    ("transformer", transformer, ""),
+    ("ops", ops, ""),
+    ("gelu20", gelu20, ""),
+    ("unsupported-op", unsupported_op, None),
+    ("dynamic-batch", dynamic_batch, ".b3"),
+]
+
+
+def session(model):
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # One thread: the reference must not depend on how work is split.
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def shape_str(vi):
+    dims = vi.type.tensor_type.shape.dim
+    return "[" + ",".join(d.dim_param if d.dim_param else str(d.dim_value) for d in dims) + "]"
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.stderr.write(f"usage: {argv[0]} OUTDIR\n")
+        return 2
+    out = argv[1]
+    os.makedirs(out, exist_ok=True)
+    for name, build, suffix in MODELS:
+        model, data = build()
+        onnx.save(model, os.path.join(out, f"{name}.onnx"))
+        sess = session(model)  # also proves onnxruntime loads it
+        g = model.graph
+        (inp,), (outp,) = g.input, g.output
+        if suffix is not None:
+            (res,) = sess.run([outp.name], {inp.name: data})
+            res = np.asarray(res, dtype=np.float32)
+            if not np.all(np.isfinite(res)):
+                raise SystemExit(f"{name}: onnxruntime output is not finite")
+            np.save(os.path.join(out, f"{name}{suffix}.input.npy"), data)
+            np.save(os.path.join(out, f"{name}{suffix}.expected.npy"), res)
+        ops_used = sorted({n.op_type for n in g.node})
+        print(f"{name}: {inp.name}{shape_str(inp)} -> {outp.name}{shape_str(outp)}, "
+              f"opset {model.opset_import[0].version}, {len(g.node)} nodes, "
+              f"ops: {' '.join(ops_used)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
