@@ -6,7 +6,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # Host tools the scripts and builds use, with the Debian package of each.
 # The machine image normally has them all; a missing one is installed
 # (this is the only change the project makes outside the repo and cache).
-HOST_TOOLS="cargo: gcc:gcc make:make pkg-config:pkg-config unshare:util-linux
+HOST_TOOLS="cargo: gcc:gcc make:make pkg-config:pkg-config unshare:util-linux flock:util-linux
 chroot:coreutils timeout:coreutils sha256sum:coreutils awk:mawk gzip:gzip
 dpkg:dpkg apt-get:apt"
 
@@ -28,3 +28,5 @@ ensure_host_tools
 "$RBLN_ROOT/scripts/setup-sysroot.sh"
 "$RBLN_ROOT/scripts/build-kernel.sh" >/dev/null
 "$RBLN_ROOT/scripts/build-initramfs.sh" >/dev/null
+# onnx/onnxruntime for the compiler tests (tests/models).
+"$RBLN_ROOT/scripts/setup-python.sh" >/dev/null

@@ -1,0 +1,340 @@
+//! Host tests of rbln-compile on ONNX models built here with the same
+//! protobuf schema: what is folded, fused and planned, and that every bad
+//! model gets an error naming the node, the op and the reason. (Numbers
+//! are checked against onnxruntime on the NPU by tests/vm/compiler.sh.)
+
+use prost::Message;
+use rbln_compile::onnx::*;
+use rbln_compile::{compile, parse_input_shape, CompileError, Options};
+use rbln_format::{Model, NodeKind, Placement};
+
+fn tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    TensorProto { name: name.into(), dims: dims.to_vec(), data_type: elem::FLOAT, float_data: v.to_vec(), ..Default::default() }
+}
+
+fn ints(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto { name: name.into(), dims: vec![v.len() as i64], data_type: elem::INT64, int64_data: v.to_vec(), ..Default::default() }
+}
+
+fn vinfo(name: &str, dims: &[i64]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|&d| if d < 0 { Dimension { dim_param: Some("batch".into()), dim_value: None } } else { Dimension { dim_value: Some(d), dim_param: None } })
+        .collect();
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto { tensor_type: Some(TypeProtoTensor { elem_type: elem::FLOAT, shape: Some(TensorShapeProto { dim }) }) }),
+    }
+}
+
+fn node(op: &str, name: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: op.into(),
+        name: name.into(),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: outs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn attr_i(name: &str, v: i64) -> AttributeProto {
+    AttributeProto { name: name.into(), i: v, r#type: 2, ..Default::default() }
+}
+
+fn attr_f(name: &str, v: f32) -> AttributeProto {
+    AttributeProto { name: name.into(), f: v, r#type: 1, ..Default::default() }
+}
+
+fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto { name: name.into(), ints: v.to_vec(), r#type: 7, ..Default::default() }
+}
+
+fn model(nodes: Vec<NodeProto>, inits: Vec<TensorProto>, ins: Vec<ValueInfoProto>, outs: Vec<ValueInfoProto>) -> Vec<u8> {
+    ModelProto {
+        ir_version: 8,
+        producer_name: "rbln-compile tests".into(),
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+        graph: Some(GraphProto { node: nodes, initializer: inits, input: ins, output: outs, name: "g".into(), ..Default::default() }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn ramp(n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) * scale).collect()
+}
+
+fn compiled(bytes: &[u8]) -> rbln_compile::Compiled {
+    compile(bytes, "t", &Options::default()).unwrap_or_else(|e| panic!("compile failed: {e}"))
+}
+
+fn compute_ops(m: &Model) -> Vec<String> {
+    m.graph.nodes.iter().filter(|n| n.kind == NodeKind::Compute).map(|n| n.op.clone()).collect()
+}
+
+fn unsupported(bytes: &[u8], opts: &Options) -> (String, String, String) {
+    match compile(bytes, "t", opts) {
+        Err(CompileError::Unsupported { node, op, reason }) => (node, op, reason),
+        Err(e) => panic!("expected an unsupported-node error, got: {e}"),
+        Ok(_) => panic!("expected an error"),
+    }
+}
+
+/// x[2,8] -> MatMul W[8,4] -> Add b[4] -> Relu -> y
+fn mlp() -> Vec<u8> {
+    model(
+        vec![
+            node("MatMul", "fc", &["x", "W"], &["h"], vec![]),
+            node("Add", "fc.bias", &["h", "b"], &["hb"], vec![]),
+            node("Relu", "act", &["hb"], &["y"], vec![]),
+        ],
+        vec![tensor("W", &[8, 4], &ramp(32, 0.1)), tensor("b", &[4], &[0.1, 0.2, 0.3, 0.4])],
+        vec![vinfo("x", &[2, 8])],
+        vec![vinfo("y", &[2, 4])],
+    )
+}
+
+#[test]
+fn matmul_bias_relu_becomes_one_gemm() {
+    let c = compiled(&mlp());
+    assert_eq!(compute_ops(&c.model), ["MatMul+Add+Relu"]);
+    assert_eq!((c.report.fused.bias, c.report.fused.activation), (1, 1));
+    let meta = &c.model.meta;
+    assert_eq!(meta.inputs[0].name, "x");
+    assert_eq!(meta.inputs[0].shape, [2, 8]);
+    assert_eq!(meta.outputs[0].name, "y");
+    assert_eq!(meta.outputs[0].shape, [2, 4]);
+    // The file round-trips through the validating reader.
+    let bytes = c.model.to_bytes().unwrap();
+    assert_eq!(Model::from_bytes(&bytes).unwrap().meta.name, "t");
+}
+
+#[test]
+fn shape_chains_fold_to_a_static_reshape() {
+    // y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1])): PyTorch's
+    // way of writing x.view(x.size(0), -1).
+    let bytes = model(
+        vec![
+            node("Shape", "s", &["x"], &["s"], vec![]),
+            node("Gather", "g", &["s", "zero"], &["b"], vec![attr_i("axis", 0)]),
+            node("Unsqueeze", "u", &["b", "axes0"], &["b1"], vec![]),
+            node("Concat", "c", &["b1", "minus1"], &["shape"], vec![attr_i("axis", 0)]),
+            node("Reshape", "r", &["x", "shape"], &["flat"], vec![]),
+            node("Sigmoid", "sig", &["flat"], &["y"], vec![]),
+        ],
+        vec![
+            TensorProto { name: "zero".into(), data_type: elem::INT64, int64_data: vec![0], ..Default::default() },
+            ints("axes0", &[0]),
+            ints("minus1", &[-1]),
+        ],
+        vec![vinfo("x", &[3, 4, 5])],
+        vec![vinfo("y", &[3, 20])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Sigmoid"]);
+    assert_eq!(c.report.views, 1);
+    assert_eq!(c.model.meta.outputs[0].shape, [3, 20]);
+}
+
+#[test]
+fn batchnorm_folds_into_conv_and_relu_fuses() {
+    let (co, ci) = (4usize, 2usize);
+    let bytes = model(
+        vec![
+            node("Conv", "conv", &["x", "W"], &["c"], vec![attr_ints("pads", &[1, 1, 1, 1])]),
+            node("BatchNormalization", "bn", &["c", "g", "be", "mu", "var"], &["n"], vec![attr_f("epsilon", 1e-5)]),
+            node("Relu", "relu", &["n"], &["y"], vec![]),
+        ],
+        vec![
+            tensor("W", &[co as i64, ci as i64, 3, 3], &ramp(co * ci * 9, 0.1)),
+            tensor("g", &[4], &[1.0, 0.5, 2.0, 1.5]),
+            tensor("be", &[4], &[0.0, 0.1, -0.1, 0.2]),
+            tensor("mu", &[4], &[0.1, 0.0, 0.2, -0.3]),
+            tensor("var", &[4], &[1.0, 2.0, 0.5, 1.5]),
+        ],
+        vec![vinfo("x", &[1, 2, 6, 6])],
+        vec![vinfo("y", &[1, 4, 6, 6])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Conv+BatchNormalization+Relu"]);
+    // Folded weights: conv weight * gamma / sqrt(var + eps), per channel.
+    let w = c.model.graph.tensors.iter().find(|t| t.name == "conv.W.folded").expect("folded weights");
+    let Placement::Weight { offset, size } = w.placement else { panic!("not a weight") };
+    assert_eq!(size, (co * ci * 9 * 4) as u64);
+    let data = &c.model.weights[offset as usize..(offset + size) as usize];
+    let first_of_ch1 = f32::from_le_bytes(data[ci * 9 * 4..ci * 9 * 4 + 4].try_into().unwrap());
+    let want = ramp(co * ci * 9, 0.1)[ci * 9] * 0.5 / (2.0f32 + 1e-5).sqrt();
+    assert!((first_of_ch1 - want).abs() < 1e-6, "{first_of_ch1} vs {want}");
+}
+
+#[test]
+fn erf_gelu_and_decomposed_layernorm_are_recognised() {
+    let d = 8;
+    let bytes = model(
+        vec![
+            // Layer norm, decomposed.
+            node("ReduceMean", "ln.mean", &["x"], &["mu"], vec![attr_ints("axes", &[-1])]),
+            node("Sub", "ln.sub", &["x", "mu"], &["xc"], vec![]),
+            node("Pow", "ln.pow", &["xc", "two"], &["sq"], vec![]),
+            node("ReduceMean", "ln.var", &["sq"], &["var"], vec![attr_ints("axes", &[-1])]),
+            node("Add", "ln.eps", &["var", "eps"], &["ve"], vec![]),
+            node("Sqrt", "ln.sqrt", &["ve"], &["sd"], vec![]),
+            node("Div", "ln.div", &["xc", "sd"], &["nx"], vec![]),
+            node("Mul", "ln.gamma", &["nx", "gamma"], &["ng"], vec![]),
+            node("Add", "ln.beta", &["ng", "beta"], &["ln"], vec![]),
+            // GELU, erf form (PyTorch's export order).
+            node("Div", "g.div", &["ln", "sqrt2"], &["u"], vec![]),
+            node("Erf", "g.erf", &["u"], &["e"], vec![]),
+            node("Add", "g.add", &["e", "one"], &["e1"], vec![]),
+            node("Mul", "g.mul", &["ln", "e1"], &["xe"], vec![]),
+            node("Mul", "g.half", &["xe", "half"], &["y"], vec![]),
+        ],
+        vec![
+            tensor("two", &[], &[2.0]),
+            tensor("eps", &[], &[1e-5]),
+            tensor("gamma", &[d], &ramp(d as usize, 0.3)),
+            tensor("beta", &[d], &ramp(d as usize, 0.1)),
+            tensor("sqrt2", &[], &[std::f32::consts::SQRT_2]),
+            tensor("one", &[], &[1.0]),
+            tensor("half", &[], &[0.5]),
+        ],
+        vec![vinfo("x", &[2, 3, d])],
+        vec![vinfo("y", &[2, 3, d])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["LayerNorm(decomposed)", "Gelu(erf)"]);
+    assert_eq!((c.report.fused.layer_norm, c.report.fused.gelu), (1, 1));
+}
+
+#[test]
+fn memory_plan_reuses_arena_bytes() {
+    // A chain of 6 element-wise ops on 64 KiB tensors: at most 3 live at once.
+    let n = 16384;
+    let mut nodes = Vec::new();
+    let names = ["x", "a", "b", "c", "d", "e", "y"];
+    for i in 0..6 {
+        let op = if i % 2 == 0 { "Sigmoid" } else { "Tanh" };
+        nodes.push(node(op, &format!("n{i}"), &[names[i]], &[names[i + 1]], vec![]));
+    }
+    let c = compiled(&model(nodes, vec![], vec![vinfo("x", &[n])], vec![vinfo("y", &[n])]));
+    let m = &c.report.memory;
+    assert_eq!(m.naive_bytes, 7 * n as u64 * 4);
+    assert!(m.planned_bytes <= 3 * n as u64 * 4, "planned {} bytes", m.planned_bytes);
+    // The reader's liveness check accepted the plan (compile validates).
+    assert_eq!(c.model.meta.properties.iter().find(|p| p.key == "memory.activations_planned_bytes").unwrap().value, m.planned_bytes.to_string());
+}
+
+#[test]
+fn unsupported_op_names_node_op_and_reason() {
+    let bytes = model(
+        vec![node("Relu", "relu0", &["x"], &["r"], vec![]), node("TopK", "topk1", &["r", "k"], &["y", "i"], vec![])],
+        vec![ints("k", &[3])],
+        vec![vinfo("x", &[1, 8])],
+        vec![vinfo("y", &[1, 3])],
+    );
+    let (node, op, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!((node.as_str(), op.as_str()), ("topk1", "TopK"));
+    assert!(reason.contains("not supported"), "{reason}");
+    let msg = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(msg.starts_with("node 'topk1' (TopK): op type 'TopK' is not supported"), "{msg}");
+}
+
+#[test]
+fn dynamic_shapes_need_input_shape() {
+    let bytes = model(
+        vec![node("Relu", "r", &["x"], &["y"], vec![])],
+        vec![],
+        vec![vinfo("x", &[-1, 8])],
+        vec![vinfo("y", &[-1, 8])],
+    );
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap();
+    assert!(matches!(e, CompileError::DynamicShape { ref input, axis: 0, .. } if input == "x"), "{e}");
+    assert!(e.to_string().contains("--input-shape x="), "{e}");
+    let opts = Options { input_shapes: vec![parse_input_shape("x=5x8").unwrap()] };
+    let c = compile(&bytes, "t", &opts).unwrap();
+    assert_eq!(c.model.meta.inputs[0].shape, [5, 8]);
+    // A fixed dim cannot be overridden; unknown names and bad syntax are errors.
+    let bad = Options { input_shapes: vec![parse_input_shape("x=5x9").unwrap()] };
+    assert!(compile(&bytes, "t", &bad).err().unwrap().to_string().contains("axis 1 is fixed to 8"));
+    let bad = Options { input_shapes: vec![parse_input_shape("z=5x8").unwrap()] };
+    assert!(compile(&bytes, "t", &bad).err().unwrap().to_string().contains("'z' is not an input"));
+    assert!(parse_input_shape("x=5xq").is_err());
+    assert!(parse_input_shape("5x8").is_err());
+}
+
+#[test]
+fn bad_models_get_precise_errors() {
+    // Not protobuf at all.
+    assert!(matches!(compile(b"\xff\xff\xff\xff", "t", &Options::default()), Err(CompileError::Decode(_))));
+    // Truncated file.
+    let good = mlp();
+    assert!(compile(&good[..good.len() / 2], "t", &Options::default()).is_err());
+    // A node reading a name nobody defines.
+    let bytes = model(vec![node("Relu", "r", &["nope"], &["y"], vec![])], vec![], vec![vinfo("x", &[2])], vec![vinfo("y", &[2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("reads 'nope', which no earlier node"), "{e}");
+    // Shapes that do not multiply.
+    let bytes = model(
+        vec![node("MatMul", "mm", &["x", "W"], &["y"], vec![])],
+        vec![tensor("W", &[5, 4], &ramp(20, 0.1))],
+        vec![vinfo("x", &[2, 8])],
+        vec![vinfo("y", &[2, 4])],
+    );
+    let (node, op, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!((node.as_str(), op.as_str()), ("mm", "MatMul"));
+    assert!(reason.contains("do not multiply"), "{reason}");
+    // Weight data shorter than its dims.
+    let bytes = model(
+        vec![node("MatMul", "mm", &["x", "W"], &["y"], vec![])],
+        vec![tensor("W", &[8, 4], &ramp(20, 0.1))],
+        vec![vinfo("x", &[2, 8])],
+        vec![vinfo("y", &[2, 4])],
+    );
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("tensor 'W'") && e.contains("32 elements declared, 20 stored"), "{e}");
+    // Declared output shape that disagrees with inference.
+    let bytes = model(vec![node("Relu", "r", &["x"], &["y"], vec![])], vec![], vec![vinfo("x", &[2, 3])], vec![vinfo("y", &[3, 2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("shape inference gives [2, 3]"), "{e}");
+    // Integer inputs are refused with the reason.
+    let mut m = ModelProto::decode(mlp().as_slice()).unwrap();
+    m.graph.as_mut().unwrap().input[0].r#type.as_mut().unwrap().tensor_type.as_mut().unwrap().elem_type = elem::INT64;
+    let e = compile(&m.encode_to_vec(), "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("input 'x' is int64"), "{e}");
+    // A run-time cast to an integer type.
+    let bytes = model(
+        vec![node("Cast", "to_int", &["x"], &["y"], vec![attr_i("to", elem::INT64 as i64)])],
+        vec![],
+        vec![vinfo("x", &[2])],
+        vec![vinfo("y", &[2])],
+    );
+    let (node, _, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!(node, "to_int");
+    assert!(reason.contains("only float32 tensors exist at run time"), "{reason}");
+    // Control flow.
+    let mut n = node("If", "branch", &["x"], &["y"], vec![]);
+    n.attribute.push(AttributeProto { name: "then_branch".into(), g: Some(vec![]), r#type: 5, ..Default::default() });
+    let bytes = model(vec![n], vec![], vec![vinfo("x", &[2])], vec![vinfo("y", &[2])]);
+    let (_, op, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!(op, "If");
+    assert!(reason.contains("control flow"), "{reason}");
+}
+
+#[test]
+fn random_bytes_never_panic() {
+    // Mutate a valid model byte by byte: every result is Ok or an error.
+    let good = mlp();
+    let mut s = 0x2545F4914F6CDD1Du64;
+    for _ in 0..3000 {
+        let mut b = good.clone();
+        for _ in 0..1 + (s % 4) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let i = (s as usize) % b.len();
+            b[i] = (s >> 32) as u8;
+        }
+        let _ = compile(&b, "t", &Options::default());
+    }
+}

@@ -1,0 +1,24 @@
+# ONNX models compiled by rbln-compile (tests/compiler/compile-models.sh,
+# run on the host first) run on the NPU through rbln-run and match
+# onnxruntime's outputs: |got - want| <= 1e-4 * (1 + |want|).
+. tests/vm/lib.sh
+o=target/onnx
+
+check "compiled models were made on the host" test -f $o/resnet.rbln
+check "insmod rbln.ko" insmod kmd/rbln.ko
+for m in resnet mobilenet transformer ops gelu20; do
+    check "$m: rbln-run" sh -c "rbln-run $o/$m.rbln --input $o/$m.input.npy --output /tmp/$m.npy --iterations 5 --warmup 1 | tee /tmp/$m.txt"
+    printf '# %s: ' "$m"; rbln-example-models compare /tmp/$m.npy $o/$m.expected.npy 1e-4 || true
+    check "$m matches onnxruntime (tol 1e-4)" rbln-example-models compare /tmp/$m.npy $o/$m.expected.npy 1e-4
+done
+check "dynamic-batch compiled with --input-shape x=3x8 matches" sh -c \
+    "rbln-run $o/dynamic-batch.rbln --input $o/dynamic-batch.b3.input.npy --output /tmp/d.npy >/dev/null && rbln-example-models compare /tmp/d.npy $o/dynamic-batch.b3.expected.npy 1e-4"
+check "transformer through AsyncRuntime (parallel 2) matches" sh -c \
+    "rbln-run $o/transformer.rbln --async --parallel 2 --input $o/transformer.input.npy --output /tmp/ta.npy --iterations 6 >/dev/null && rbln-example-models compare /tmp/ta.npy $o/transformer.expected.npy 1e-4"
+check "--profile traces every device op of the resnet" sh -c \
+    "rbln-run $o/resnet.rbln --profile /tmp/trace.json >/dev/null && grep -q '\"name\":\"layer1.0.conv1\"' /tmp/trace.json"
+rc=0; rbln-run $o/resnet.rbln --input $o/mobilenet.input.npy >/tmp/err 2>&1 || rc=$?
+cat /tmp/err
+check "wrong input shape: exit 2, names the ONNX input" sh -c "test $rc = 2 && grep -q \"input 'image'\" /tmp/err"
+check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
+check "rmmod rbln" rmmod rbln
