@@ -297,12 +297,13 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
 /// Nominal FLOPs and bytes touched by an op (`.rbln.profile`).
 fn cost(g: &Graph, op: &Op) -> (u64, u64) {
     let out = g.values[op.out].elems();
-    let bytes = 4 * (out + op.kind.inputs().iter().map(|&v| g.values[v].elems()).sum::<u64>());
+    let bytes = op.kind.inputs().iter().fold(out, |a, &v| a.saturating_add(g.values[v].elems())).saturating_mul(4);
+    let mul = |f: &[u64]| f.iter().fold(1u64, |a, &b| a.saturating_mul(b));
     let flops = match &op.kind {
-        Kind::Gemm { m, n, k, batch, .. } => 2 * m * n * k * batch,
-        Kind::Conv { dims, .. } => 2 * out * (dims[1] / dims[7].max(1)) * dims[5] * dims[6],
-        Kind::Pool { kernel, .. } => out * kernel[0] * kernel[1],
-        Kind::LayerNorm { .. } | Kind::Softmax { .. } => 5 * out,
+        Kind::Gemm { m, n, k, batch, .. } => mul(&[2, *m, *n, *k, *batch]),
+        Kind::Conv { dims, .. } => mul(&[2, out, dims[1] / dims[7].max(1), dims[5], dims[6]]),
+        Kind::Pool { kernel, .. } => mul(&[out, kernel[0], kernel[1]]),
+        Kind::LayerNorm { .. } | Kind::Softmax { .. } => mul(&[5, out]),
         Kind::Reduce { x, .. } => g.values[*x].elems(),
         _ => out,
     };

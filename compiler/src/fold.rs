@@ -23,6 +23,7 @@ fn broadcast_to(c: &Const, out: &[u64]) -> Vec<usize> {
 /// integers (comparisons give 0/1 integers).
 pub fn binary(op: &str, a: &Const, b: &Const) -> R<Const> {
     let out = shape::broadcast(&a.shape, &b.shape)?;
+    shape::fold_limit(&out)?;
     let (ia, ib) = (broadcast_to(a, &out), broadcast_to(b, &out));
     let cmp = matches!(op, "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual");
     if !a.is_float() && !b.is_float() {
@@ -107,6 +108,7 @@ pub fn unary(op: &str, c: &Const) -> Option<Const> {
 
 pub fn where_(cond: &Const, a: &Const, b: &Const) -> R<Const> {
     let out = shape::broadcast(&shape::broadcast(&cond.shape, &a.shape)?, &b.shape)?;
+    shape::fold_limit(&out)?;
     let (ic, ia, ib) = (broadcast_to(cond, &out), broadcast_to(a, &out), broadcast_to(b, &out));
     let c = cond.ints();
     if a.is_float() || b.is_float() {

@@ -111,6 +111,9 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
         }
         let given = opts.input_shapes.iter().find(|(n, _)| n == &vi.name).map(|(_, s)| s.as_slice());
         let shape = input_shape(vi, given)?;
+        if shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {
+            return Err(CompileError::Invalid(format!("input '{}' of shape {shape:?} is too large (limit {} elements)", vi.name, shape::MAX_ELEMS)));
+        }
         let id = im.g.add_value(&vi.name, shape, None);
         im.names.insert(vi.name.clone(), id);
         im.g.inputs.push((vi.name.clone(), id));
@@ -181,6 +184,9 @@ fn input_shape(vi: &ValueInfoProto, given: Option<&[u64]>) -> Result<Vec<u64>> {
         }
         if g.contains(&0) {
             return Err(CompileError::BadInputShape(format!("{}: dimensions must be positive", vi.name)));
+        }
+        if g.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {
+            return Err(CompileError::BadInputShape(format!("{}: {g:?} is too large (limit {} elements)", vi.name, shape::MAX_ELEMS)));
         }
         return Ok(g.to_vec());
     }
@@ -264,6 +270,12 @@ impl Importer {
             ins.push(if i.is_empty() { None } else { Some(self.lookup(i, &format!("node '{}' ({})", cx.name, n.op_type))?) });
         }
         let outs = self.lower(&cx, &ins)?;
+        for &v in &outs {
+            let s = &self.g.values[v].shape;
+            if s.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {
+                return Err(cx.err(format!("its output shape {s:?} is too large (limit {} elements)", shape::MAX_ELEMS)));
+            }
+        }
         for (i, o) in n.output.iter().enumerate() {
             if o.is_empty() {
                 continue;
@@ -521,6 +533,7 @@ impl Importer {
                 let out = cx.shape(shape::broadcast(&s, &spec))?;
                 let src_strides = shape::broadcast_strides(&s, &out);
                 if let Some(c) = self.konst(x) {
+                    cx.shape(shape::fold_limit(&out))?;
                     let c = fold::pick(c, &shape::box_indices(&out, &src_strides, 0), &out);
                     self.constant(&Self::out_name(cx, 0), c)
                 } else if out == s {

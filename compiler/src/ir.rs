@@ -64,7 +64,7 @@ pub struct Value {
 
 impl Value {
     pub fn elems(&self) -> u64 {
-        self.shape.iter().product()
+        crate::shape::volume(&self.shape)
     }
 }
 

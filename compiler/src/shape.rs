@@ -8,13 +8,29 @@ pub type R<T> = Result<T, String>;
 pub fn strides(shape: &[u64]) -> Vec<u64> {
     let mut s = vec![1u64; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * shape[i + 1];
+        s[i] = s[i + 1].saturating_mul(shape[i + 1]);
     }
     s
 }
 
+/// Element count; saturates instead of overflowing (the importer refuses
+/// any tensor above [`MAX_ELEMS`]).
 pub fn volume(shape: &[u64]) -> u64 {
-    shape.iter().product()
+    shape.iter().fold(1u64, |a, &d| a.saturating_mul(d))
+}
+
+/// Largest tensor the compiler accepts (elements): 64 GiB of f32.
+pub const MAX_ELEMS: u64 = 1 << 34;
+/// Largest tensor the compiler computes on the host (constant folding).
+pub const MAX_FOLD_ELEMS: u64 = 1 << 26;
+
+/// Refuse folding a constant of `shape` when it is too large.
+pub fn fold_limit(shape: &[u64]) -> R<()> {
+    let n = volume(shape);
+    if n > MAX_FOLD_ELEMS {
+        return Err(format!("a {n}-element constant result is too large to fold (limit {MAX_FOLD_ELEMS})"));
+    }
+    Ok(())
 }
 
 /// Normalise a possibly negative axis for a tensor of `rank` dims

@@ -137,10 +137,10 @@ fn shape_chains_fold_to_a_static_reshape() {
     assert_eq!(c.model.meta.outputs[0].shape, [3, 20]);
 }
 
-#[test]
-fn batchnorm_folds_into_conv_and_relu_fuses() {
+/// x[1,2,6,6] -> Conv 3x3 pad 1 -> BatchNormalization -> Relu -> y
+fn conv_bn() -> Vec<u8> {
     let (co, ci) = (4usize, 2usize);
-    let bytes = model(
+    model(
         vec![
             node("Conv", "conv", &["x", "W"], &["c"], vec![attr_ints("pads", &[1, 1, 1, 1])]),
             node("BatchNormalization", "bn", &["c", "g", "be", "mu", "var"], &["n"], vec![attr_f("epsilon", 1e-5)]),
@@ -155,7 +155,13 @@ fn batchnorm_folds_into_conv_and_relu_fuses() {
         ],
         vec![vinfo("x", &[1, 2, 6, 6])],
         vec![vinfo("y", &[1, 4, 6, 6])],
-    );
+    )
+}
+
+#[test]
+fn batchnorm_folds_into_conv_and_relu_fuses() {
+    let (co, ci) = (4usize, 2usize);
+    let bytes = conv_bn();
     let c = compiled(&bytes);
     assert_eq!(compute_ops(&c.model), ["Conv+BatchNormalization+Relu"]);
     // Folded weights: conv weight * gamma / sqrt(var + eps), per channel.
@@ -168,10 +174,10 @@ fn batchnorm_folds_into_conv_and_relu_fuses() {
     assert!((first_of_ch1 - want).abs() < 1e-6, "{first_of_ch1} vs {want}");
 }
 
-#[test]
-fn erf_gelu_and_decomposed_layernorm_are_recognised() {
+/// x[2,3,8] -> layer norm (decomposed) -> GELU (erf form) -> y
+fn ln_gelu() -> Vec<u8> {
     let d = 8;
-    let bytes = model(
+    model(
         vec![
             // Layer norm, decomposed.
             node("ReduceMean", "ln.mean", &["x"], &["mu"], vec![attr_ints("axes", &[-1])]),
@@ -201,7 +207,12 @@ fn erf_gelu_and_decomposed_layernorm_are_recognised() {
         ],
         vec![vinfo("x", &[2, 3, d])],
         vec![vinfo("y", &[2, 3, d])],
-    );
+    )
+}
+
+#[test]
+fn erf_gelu_and_decomposed_layernorm_are_recognised() {
+    let bytes = ln_gelu();
     let c = compiled(&bytes);
     assert_eq!(compute_ops(&c.model), ["LayerNorm(decomposed)", "Gelu(erf)"]);
     assert_eq!((c.report.fused.layer_norm, c.report.fused.gelu), (1, 1));
@@ -233,8 +244,8 @@ fn unsupported_op_names_node_op_and_reason() {
         vec![vinfo("x", &[1, 8])],
         vec![vinfo("y", &[1, 3])],
     );
-    let (node, op, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!((node.as_str(), op.as_str()), ("topk1", "TopK"));
+    let (who, op, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!((who.as_str(), op.as_str()), ("topk1", "TopK"));
     assert!(reason.contains("not supported"), "{reason}");
     let msg = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
     assert!(msg.starts_with("node 'topk1' (TopK): op type 'TopK' is not supported"), "{msg}");
@@ -281,8 +292,8 @@ fn bad_models_get_precise_errors() {
         vec![vinfo("x", &[2, 8])],
         vec![vinfo("y", &[2, 4])],
     );
-    let (node, op, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!((node.as_str(), op.as_str()), ("mm", "MatMul"));
+    let (who, op, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!((who.as_str(), op.as_str()), ("mm", "MatMul"));
     assert!(reason.contains("do not multiply"), "{reason}");
     // Weight data shorter than its dims.
     let bytes = model(
@@ -309,8 +320,8 @@ fn bad_models_get_precise_errors() {
         vec![vinfo("x", &[2])],
         vec![vinfo("y", &[2])],
     );
-    let (node, _, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!(node, "to_int");
+    let (who, _, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!(who, "to_int");
     assert!(reason.contains("only float32 tensors exist at run time"), "{reason}");
     // Control flow.
     let mut n = node("If", "branch", &["x"], &["y"], vec![]);
@@ -337,4 +348,101 @@ fn random_bytes_never_panic() {
         }
         let _ = compile(&b, "t", &Options::default());
     }
+}
+
+#[test]
+fn oversized_shapes_are_errors() {
+    let bytes = model(vec![node("Relu", "r", &["x"], &["y"], vec![])], vec![], vec![vinfo("x", &[1 << 40, 1 << 40])], vec![vinfo("y", &[2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("too large"), "{e}");
+    // Broadcasting two inputs into a tensor too large for the device.
+    let bytes = model(
+        vec![node("Add", "big", &["x", "xt"], &["y"], vec![])],
+        vec![],
+        vec![vinfo("x", &[1 << 20, 1]), vinfo("xt", &[1, 1 << 20])],
+        vec![vinfo("y", &[1 << 20, 1 << 20])],
+    );
+    let (who, _, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!(who, "big");
+    assert!(reason.contains("too large"), "{reason}");
+    // Expanding a constant into a huge one is not folded.
+    let bytes = model(
+        vec![node("Expand", "ex", &["c", "shape"], &["e"], vec![]), node("Add", "a", &["x", "e"], &["y"], vec![])],
+        vec![tensor("c", &[1], &[1.0]), ints("shape", &[1 << 30])],
+        vec![vinfo("x", &[1])],
+        vec![vinfo("y", &[1 << 30])],
+    );
+    let (who, _, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!(who, "ex");
+    assert!(reason.contains("too large to fold"), "{reason}");
+}
+
+/// Structured mutations of valid models (dims, attributes, wiring, op
+/// types): every one compiles or fails with an error, none panics.
+#[test]
+fn mutated_models_never_panic() {
+    let ops = ["Conv", "MatMul", "Gemm", "Reshape", "Transpose", "Softmax", "Gather", "Slice", "Concat", "ReduceMean",
+        "MaxPool", "AveragePool", "Split", "Squeeze", "Unsqueeze", "Expand", "LayerNormalization", "Flatten", "Clip"];
+    let vals = [-(1i64 << 40), -3, -1, 0, 1, 2, 3, 7, 1 << 31, i64::MAX];
+    let bases: Vec<ModelProto> = [mlp(), conv_bn(), ln_gelu()].iter().map(|b| ModelProto::decode(b.as_slice()).unwrap()).collect();
+    let mut s = 0x9E3779B97F4A7C15u64;
+    let mut rnd = |n: usize| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s % n.max(1) as u64) as usize
+    };
+    let (mut ok, mut err) = (0, 0);
+    for case in 0..std::env::var("RBLN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000usize) {
+        let mut m = bases[case % bases.len()].clone();
+        let g = m.graph.as_mut().unwrap();
+        for _ in 0..1 + rnd(3) {
+            match rnd(6) {
+                0 => {
+                    let n = rnd(g.node.len());
+                    g.node[n].op_type = ops[rnd(ops.len())].into();
+                }
+                1 => {
+                    let n = rnd(g.node.len());
+                    let names = ["axis", "axes", "pads", "strides", "kernel_shape", "group", "perm", "transB", "keepdims", "dilations"];
+                    let v: Vec<i64> = (0..rnd(5)).map(|_| vals[rnd(vals.len())]).collect();
+                    g.node[n].attribute.push(AttributeProto { name: names[rnd(names.len())].into(), i: vals[rnd(vals.len())], ints: v, ..Default::default() });
+                }
+                2 => {
+                    let t = rnd(g.initializer.len());
+                    if let Some(t) = g.initializer.get_mut(t) {
+                        if !t.dims.is_empty() {
+                            let d = rnd(t.dims.len());
+                            t.dims[d] = vals[rnd(vals.len())];
+                        }
+                    }
+                }
+                3 => {
+                    let dims = &mut g.input[0].r#type.as_mut().unwrap().tensor_type.as_mut().unwrap().shape.as_mut().unwrap().dim;
+                    let d = rnd(dims.len());
+                    dims[d].dim_value = Some(vals[rnd(vals.len())]);
+                }
+                4 => {
+                    let n = rnd(g.node.len());
+                    let all: Vec<String> = g.node.iter().flat_map(|n| n.output.clone()).chain(g.initializer.iter().map(|t| t.name.clone())).collect();
+                    let k = rnd(g.node[n].input.len() + 1);
+                    let pick = all[rnd(all.len())].clone();
+                    if k < g.node[n].input.len() { g.node[n].input[k] = pick } else { g.node[n].input.push(pick) }
+                }
+                _ => {
+                    let n = rnd(g.node.len());
+                    let k = rnd(g.node.len());
+                    g.node.swap(n, k);
+                }
+            }
+        }
+        let bytes = m.encode_to_vec();
+        match std::panic::catch_unwind(|| compile(&bytes, "t", &Options::default()).is_ok()) {
+            Ok(true) => ok += 1,
+            Ok(false) => err += 1,
+            Err(_) => panic!("case {case} panicked; model: {m:?}"),
+        }
+    }
+    eprintln!("{ok} mutated models compiled, {err} refused with an error");
+    assert!(err > 0 && ok > 0);
 }
