@@ -25,6 +25,9 @@ impl Const {
     pub fn i64(shape: &[u64], v: Vec<i64>) -> Self {
         Const { shape: shape.to_vec(), data: Data::I(v) }
     }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     pub fn len(&self) -> usize {
         match &self.data {
             Data::F(v) => v.len(),

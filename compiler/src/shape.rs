@@ -85,7 +85,7 @@ pub fn reshape(input: &[u64], spec: &[i64], allowzero: bool) -> R<Vec<u64>> {
     let n = volume(input);
     if let Some(i) = infer {
         let rest = volume(&out);
-        if rest == 0 || n % rest != 0 {
+        if rest == 0 || !n.is_multiple_of(rest) {
             return Err(format!("cannot reshape {input:?} to {spec:?}"));
         }
         out[i] = n / rest;
