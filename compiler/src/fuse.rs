@@ -1,8 +1,9 @@
 //! Graph rewrites that make fewer, bigger device ops:
 //!
 //! - the erf form of GELU (`x * 0.5 * (1 + erf(x / sqrt 2))`) becomes one
-//!   GELU op, and the decomposed layer norm (ReduceMean, Sub, Pow,
-//!   ReduceMean, Add, Sqrt, Div [, Mul, Add]) one LayerNorm op;
+//!   GELU op, `x * sigmoid(x)` one SiLU op, and the decomposed layer norm
+//!   (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div [, Mul, Add]) one
+//!   LayerNorm op;
 //! - per-channel constant Mul/Add after a Conv (BatchNormalization) fold
 //!   into its weights and bias;
 //! - a constant bias Add after a GEMM or Conv becomes its bias;
@@ -21,6 +22,7 @@ use crate::shape::volume;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FuseStats {
     pub gelu: usize,
+    pub silu: usize,
     pub layer_norm: usize,
     pub folded_into_conv: usize,
     pub bias: usize,
@@ -32,6 +34,9 @@ pub fn run(g: &mut Graph) -> FuseStats {
     let mut st = FuseStats::default();
     while let Some(()) = rewrite_once(g, gelu) {
         st.gelu += 1;
+    }
+    while let Some(()) = rewrite_once(g, silu) {
+        st.silu += 1;
     }
     while let Some(()) = rewrite_once(g, layer_norm) {
         st.layer_norm += 1;
@@ -184,6 +189,20 @@ fn gelu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         }
         dead.push(c);
     }
+}
+
+/// `x * sigmoid(x)` (SiLU, Swish).
+fn silu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    let Kind::Unary { kind: Unary::Sigmoid, x, .. } = g.ops[i].kind else { return None };
+    let m = ix.sole_reader(g.ops[i].out)?;
+    let (Binary::Mul, a, b) = binary(&g.ops[m])? else { return None };
+    if other(a, b, g.ops[i].out)? != x || g.values[g.ops[m].out].shape != g.values[x].shape {
+        return None;
+    }
+    let op = &mut g.ops[m];
+    op.kind = Kind::Unary { kind: Unary::Silu, x, p0: 0.0, p1: 0.0 };
+    op.op = "Silu".into();
+    Some(vec![i])
 }
 
 /// Whether `p` (a per-row parameter of a layer norm over the last `cols`

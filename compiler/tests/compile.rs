@@ -446,3 +446,20 @@ fn mutated_models_never_panic() {
     eprintln!("{ok} mutated models compiled, {err} refused with an error");
     assert!(err > 0 && ok > 0);
 }
+
+#[test]
+fn silu_fuses_into_conv() {
+    let bytes = model(
+        vec![
+            node("Conv", "conv", &["x", "W", "B"], &["c"], vec![]),
+            node("Sigmoid", "sig", &["c"], &["s"], vec![]),
+            node("Mul", "swish", &["c", "s"], &["y"], vec![]),
+        ],
+        vec![tensor("W", &[3, 2, 1, 1], &ramp(6, 0.2)), tensor("B", &[3], &[0.1, 0.0, -0.1])],
+        vec![vinfo("x", &[1, 2, 4, 4])],
+        vec![vinfo("y", &[1, 3, 4, 4])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Conv+Silu"]);
+    assert_eq!((c.report.fused.silu, c.report.fused.activation), (1, 1));
+}
