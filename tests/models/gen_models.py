@@ -25,8 +25,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
-# IR version per default-domain opset: 8 goes with opsets 17-18, 9 with 19-20.
-IR_VERSION = {17: 8, 20: 9}
+# IR version per default-domain opset: 4 goes with opset 9, 8 with opsets
+# 17-18, 9 with 19-20.
+IR_VERSION = {9: 4, 17: 8, 20: 9}
 
 
 class Graph:
@@ -67,11 +68,13 @@ class Graph:
         return outputs[0] if len(outputs) == 1 else outputs
 
     def conv(self, x, name, cin, cout, k, stride=1, pad=None, group=1, bias=True,
-             out=None, gain=1.0):
-        """Conv with fan-in scaled weights (std sqrt(gain / fan_in))."""
+             out=None, gain=1.0, std=None):
+        """Conv with fan-in scaled weights (std sqrt(gain / fan_in)), or
+        weights of standard deviation `std` when given."""
         pad = k // 2 if pad is None else pad
         fan_in = (cin // group) * k * k
-        w = self.normal(f"{name}.weight", (cout, cin // group, k, k), np.sqrt(gain / fan_in))
+        std = np.sqrt(gain / fan_in) if std is None else std
+        w = self.normal(f"{name}.weight", (cout, cin // group, k, k), std)
         ins = [x, w]
         if bias:
             ins.append(self.normal(f"{name}.bias", (cout,), 0.1))
@@ -90,9 +93,10 @@ class Graph:
         ]
         return self.node("BatchNormalization", ins, name, epsilon=1e-5, momentum=0.9)
 
-    def linear(self, x, name, fin, fout):
-        """PyTorch's nn.Linear on a >2-D input: MatMul by W^T, then Add bias."""
-        w = self.normal(f"{name}.weight", (fin, fout), np.sqrt(1.0 / fin))
+    def linear(self, x, name, fin, fout, std=None):
+        """PyTorch's nn.Linear on a >2-D input: MatMul by W^T, then Add bias.
+        Weights have std sqrt(1 / fin) unless `std` is given."""
+        w = self.normal(f"{name}.weight", (fin, fout), np.sqrt(1.0 / fin) if std is None else std)
         b = self.normal(f"{name}.bias", (fout,), 0.1)
         y = self.node("MatMul", [x, w], f"{name}.MatMul")
         return self.node("Add", [y, b], f"{name}.Add")
@@ -346,6 +350,305 @@ def dynamic_batch():
     return g.model("x", ["batch", 8], "y", ["batch", 4]), g.input_data((3, 8))
 
 
+def ops2():
+    g = Graph("ops2", 108)
+    x = "x"  # [2,6,10,10]
+    F = TensorProto.FLOAT
+    # The batch-restoring Reshape shape [2,-1], folded from ConstantOfShape
+    # (value 2, shape [1]) and a Range(-1, 0, 1) = [-1].
+    batch = g.node("ConstantOfShape", [g.i64("shape.batch_len", [1])], "shape.batch",
+                   value=helper.make_tensor("shape.batch.value", TensorProto.INT64, [1], [2]))
+    rest = g.node("Range", [g.i64("shape.range.start", -1), g.i64("shape.range.limit", 0),
+                            g.i64("shape.range.delta", 1)], "shape.range")
+    to_batch = g.node("Concat", [batch, rest], "shape.concat", axis=0)  # [2,-1]
+
+    def flat(t, name):
+        return g.node("Reshape", [t, to_batch], name)
+
+    xa, xb, xc = g.node("Split", [x, g.i64("split.sizes", [2, 2, 2])], "split",
+                        n_out=3, axis=1)  # 3 x [2,2,10,10]
+
+    # Branch A: convolutions and pools.
+    # onnxruntime refuses auto_pad SAME_* with dilations, so the dilated 3x3
+    # conv has the explicit pads SAME_UPPER would give (2 each side), and
+    # SAME_UPPER is tested on a 2x2 kernel, where it pads 0 before, 1 after.
+    w = g.normal("a.conv_dil.weight", (4, 2, 3, 3), np.sqrt(1.0 / 18))
+    c1 = g.node("Conv", [xa, w, g.normal("a.conv_dil.bias", (4,), 0.1)], "a.conv_dil",
+                dilations=[2, 2], kernel_shape=[3, 3], pads=[2, 2, 2, 2],
+                strides=[1, 1])  # [2,4,10,10]
+    w = g.normal("a.conv_same.weight", (4, 4, 2, 2), np.sqrt(1.0 / 16))
+    c1 = g.node("Conv", [c1, w, g.normal("a.conv_same.bias", (4,), 0.1)], "a.conv_same",
+                auto_pad="SAME_UPPER", kernel_shape=[2, 2], strides=[1, 1])  # [2,4,10,10]
+    # Not depthwise: 2 groups of 3 input and 2 output channels; pads are
+    # [top, left, bottom, right] = [0,1,2,1].
+    w = g.normal("a.conv_group.weight", (4, 3, 3, 3), np.sqrt(1.0 / 27))
+    c2 = g.node("Conv", [x, w, g.normal("a.conv_group.bias", (4,), 0.1)], "a.conv_group",
+                group=2, kernel_shape=[3, 3], pads=[0, 1, 2, 1], strides=[1, 1])
+    c = g.node("Add", [c1, c2], "a.add")  # [2,4,10,10]
+    c = g.node("Clip", [c, g.const("a.clip.min", -0.5), ""], "a.clip")
+    mp = g.node("MaxPool", [c], "a.maxpool_dil", kernel_shape=[2, 2], strides=[2, 2],
+                dilations=[2, 2])  # [2,4,4,4]
+    mp_rows = g.node("Flatten", [mp], "a.flatten2", axis=2)  # [8,16]
+    gm = g.node("Gemm", [mp_rows, g.normal("a.gemm.b", (8, 5), np.sqrt(1.0 / 8)),
+                         g.normal("a.gemm.c", (16, 5), 0.3)],
+                "a.gemm", alpha=0.5, beta=2.0, transA=1)  # [16,5]
+    ap = g.node("AveragePool", [c], "a.avgpool_same", auto_pad="SAME_LOWER",
+                kernel_shape=[3, 3], strides=[2, 2], count_include_pad=0)  # [2,4,5,5]
+    gp = g.node("GlobalMaxPool", [c], "a.globalmaxpool")  # [2,4,1,1]
+    idx = g.node("Range", [g.i64("a.rows.start", 1), g.i64("a.rows.limit", 10),
+                           g.i64("a.rows.delta", 4)], "a.rows")  # [1,5,9]
+    rows = g.node("Gather", [c, idx], "a.gather_rows", axis=2)  # [2,4,3,10]
+    rows = g.node("ReduceMean", [rows], "a.rows_mean", axes=[2, 3], keepdims=0)  # [2,4]
+    a_parts = [flat(mp, "a.mp_flat"), flat(gm, "a.gemm_flat"), flat(ap, "a.ap_flat"),
+               flat(gp, "a.gp_flat"), rows]  # 64, 40, 100, 4, 4
+
+    # Branch B: Expand and reductions.
+    m = g.node("ReduceMean", [xb], "b.mean", axes=[0, 2, 3], keepdims=1)  # [1,2,1,1]
+    m = g.node("Expand", [m, g.i64("b.expand_shape", [2, 2, 10, 10])], "b.expand")
+    b = g.node("Sub", [xb, m], "b.center")
+    b = g.node("ReduceMin", [b], "b.min", axes=[1, 3], keepdims=1)  # [2,1,10,1]
+    b = g.node("Squeeze", [b], "b.squeeze")  # [2,10]
+
+    # Branch C: element-wise ops on a Gather with negative indices.
+    t = g.node("Gather", [x, g.i64("c.idx", [5, -1, 0])], "c.gather", axis=1)  # [2,3,10,10]
+    t = g.node("Dropout", [t, g.const("c.dropout.ratio", 0.5)], "c.dropout")
+    t = g.node("Identity", [t], "c.identity")
+    t = g.node("Cast", [t], "c.cast", to=F)
+    ab1 = g.node("Add", [g.node("Abs", [t], "c.abs"), g.const("c.one", 1.0)], "c.abs1")
+    r = g.node("Reciprocal", [ab1], "c.reciprocal")
+    lg = g.node("Log", [ab1], "c.log")
+    dv = g.node("Div", [g.const("c.numerator", 2.0), ab1], "c.div")  # 2 / (|t|+1)
+    sb = g.node("Sub", [g.const("c.minuend", 1.0), t], "c.sub")  # 1 - t
+    pw = g.node("Pow", [g.node("Mul", [t, g.const("c.half", 0.5)], "c.half_t"),
+                        g.const("c.exponent", 3.0)], "c.pow")  # (t/2)^3, negative bases
+    e = g.node("Mul", [r, lg], "c.mul")
+    e = g.node("Add", [e, dv], "c.add0")
+    e = g.node("Mul", [e, sb], "c.mul1")
+    e = g.node("Add", [e, pw], "c.add1")  # [2,3,10,10]
+    e = g.node("ReduceMean", [e], "c.mean", axes=[2, 3], keepdims=0)  # [2,3]
+    cond = g.node("Equal", [g.i64("c.where.a", [1, 2, 3]), g.i64("c.where.b", [1, 0, 3])],
+                  "c.where.equal")  # folds to [1,0,1]
+    sel = g.node("Where", [cond, g.const("c.where.then", [1.5, 1.5, 1.5]),
+                           g.const("c.where.else", [-2.0, -2.0, -2.0])], "c.where")
+    e = g.node("Mul", [e, sel], "c.select_mul")  # [2,3] * [3]
+    e = g.node("Unsqueeze", [e, g.i64("c.unsq_axes", [-1])], "c.unsqueeze")  # [2,3,1]
+
+    # Branch D: MatMuls on pieces of the third split output.
+    d = g.node("Flatten", [xc], "d.flatten", axis=1)  # [2,200]
+    da = g.node("Slice", [d, g.i64("d.a.starts", [0]), g.i64("d.a.ends", [60]),
+                          g.i64("d.a.axes", [1])], "d.a.slice")
+    da = g.node("Reshape", [da, g.i64("d.a.shape", [2, 3, 4, 5])], "d.a.reshape")
+    db = g.node("Slice", [d, g.i64("d.b.starts", [60]), g.i64("d.b.ends", [150]),
+                          g.i64("d.b.axes", [1])], "d.b.slice")
+    db = g.node("Reshape", [db, g.i64("d.b.shape", [2, 3, 5, 6])], "d.b.reshape")
+    mm = g.node("MatMul", [da, db], "d.matmul_batched")  # [2,3,4,6]
+    mm = g.node("LayerNormalization", [mm, g.uniform("d.norm.weight", (4, 6), 0.8, 1.2),
+                                       g.normal("d.norm.bias", (4, 6), 0.1)],
+                "d.norm", axis=-2, epsilon=1e-5)
+    mw = g.node("MatMul", [da, g.normal("d.proj.weight", (5, 7), np.sqrt(1.0 / 5))],
+                "d.matmul_2d")  # [2,3,4,7]
+    mw = g.node("Reshape", [mw, g.i64("d.sm.shape", [2, 3, 28])], "d.sm.reshape")
+    mw = g.node("Softmax", [mw], "d.softmax", axis=1)  # over the 3
+    mw = g.node("Add", [mw, e], "d.add")  # [2,3,28] + [2,3,1]
+
+    parts = a_parts + [b, flat(mm, "d.mm_flat"), flat(mw, "d.sm_flat")]  # ..., 10, 72, 84
+    cat = g.node("Concat", parts, "concat", axis=1)  # [2,368]
+    n = 64 + 40 + 100 + 4 + 4 + 10 + 72 + 84
+    g.node("MatMul", [cat, g.normal("head.weight", (n, 8), np.sqrt(1.0 / n))], "head",
+           outputs=["y"])
+    return g.model(x, [2, 6, 10, 10], "y", [2, 8]), g.input_data((2, 6, 10, 10))
+
+
+def legacy():
+    """Opset 9 (IR 4): the attribute forms of ops whose parameters later
+    became inputs, and Softmax's old coerce-to-2-D semantics."""
+    g = Graph("legacy", 109)
+    x = "x"  # [1,3,8,8]
+    y = g.conv(x, "conv", 3, 8, 3, gain=2.0)
+    y = g.node("Relu", [y], "relu")
+    y = g.bn(y, "bn", 8)
+    y = g.node("Clip", [y], "clip", min=-0.5, max=1.0)  # Clip-6: bounds are attributes
+    y = g.node("Slice", [y], "slice", starts=[1, -6], ends=[7, 1000],
+               axes=[2, 3])  # Slice-1: attributes -> [1,8,6,6]
+    y = g.node("Unsqueeze", [y], "unsqueeze", axes=[2])  # [1,8,1,6,6]
+    # With batch 1, a Squeeze that ignored its axes would also drop axis 0.
+    y = g.node("Squeeze", [y], "squeeze", axes=[2])  # [1,8,6,6]
+    # Softmax-1: the input is coerced to 2-D at axis 1, so this is one
+    # softmax over all 8*6*6 = 288 values (opset 13+ would do 8 values).
+    y = g.node("Softmax", [y], "softmax", axis=1)
+    y = g.node("Mul", [y, g.const("softmax.rescale", 288.0)], "rescale")
+    y = g.node("Flatten", [y], "flatten", axis=1)  # [1,288]
+    w = g.normal("fc.weight", (10, 288), np.sqrt(1.0 / 288))
+    b = g.normal("fc.bias", (10,), 0.1)  # Gemm-9: C is required
+    g.node("Gemm", [y, w, b], "fc", outputs=["y"], alpha=1.0, beta=1.0, transB=1)
+    return g.model(x, [1, 3, 8, 8], "y", [1, 10], opset=9), g.input_data((1, 3, 8, 8))
+
+
+def resnet18():
+    """torchvision's resnet18 at 224x224: same layers, shapes and names."""
+    g = Graph("resnet18", 110)
+    x = "image"
+
+    def conv(x, name, cin, cout, k, stride=1):
+        # torchvision: kaiming_normal_(mode="fan_out", nonlinearity="relu").
+        return g.conv(x, name, cin, cout, k, stride=stride, bias=False,
+                      std=np.sqrt(2.0 / (cout * k * k)))
+
+    y = conv(x, "conv1", 3, 64, 7, stride=2)  # pad 3 -> [1,64,112,112]
+    y = g.bn(y, "bn1", 64)
+    y = g.node("Relu", [y], "relu")
+    y = g.node("MaxPool", [y], "maxpool", ceil_mode=0, dilations=[1, 1],
+               kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])  # [1,64,56,56]
+
+    def block(x, name, cin, cout, stride):  # torchvision BasicBlock
+        y = conv(x, f"{name}.conv1", cin, cout, 3, stride=stride)
+        y = g.bn(y, f"{name}.bn1", cout)
+        y = g.node("Relu", [y], f"{name}.relu")
+        y = conv(y, f"{name}.conv2", cout, cout, 3)
+        y = g.bn(y, f"{name}.bn2", cout)
+        if stride != 1 or cin != cout:
+            sc = conv(x, f"{name}.downsample.0", cin, cout, 1, stride=stride)
+            sc = g.bn(sc, f"{name}.downsample.1", cout)
+        else:
+            sc = x
+        y = g.node("Add", [y, sc], f"{name}.add")
+        return g.node("Relu", [y], f"{name}.relu_1")
+
+    cin = 64
+    for i, (cout, stride) in enumerate([(64, 1), (128, 2), (256, 2), (512, 2)], start=1):
+        y = block(y, f"layer{i}.0", cin, cout, stride)
+        y = block(y, f"layer{i}.1", cout, cout, 1)
+        cin = cout  # layer4 -> [1,512,7,7]
+    y = g.node("GlobalAveragePool", [y], "avgpool")
+    y = g.node("Flatten", [y], "flatten", axis=1)
+    # torchvision's nn.Linear init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    bound = 1.0 / np.sqrt(512)
+    w = g.uniform("fc.weight", (1000, 512), -bound, bound)
+    b = g.uniform("fc.bias", (1000,), -bound, bound)
+    g.node("Gemm", [y, w, b], "fc", outputs=["logits"], alpha=1.0, beta=1.0, transB=1)
+    return g.model(x, [1, 3, 224, 224], "logits", [1, 1000]), g.input_data((1, 3, 224, 224))
+
+
+def mobilenetv2():
+    """torchvision's mobilenet_v2 (width 1.0) at 224x224: same layers,
+    shapes and names."""
+    g = Graph("mobilenetv2", 111)
+    x = "input"
+    lo = g.const("relu6.min", 0.0)
+    hi = g.const("relu6.max", 6.0)
+
+    def cbr(x, name, cin, cout, k, stride=1, group=1, act=True):
+        # Fan-in He init (torchvision's fan_out init would scale each
+        # depthwise conv's output variance by 2/channels, which BN with
+        # fixed statistics does not undo).
+        y = g.conv(x, f"{name}.0", cin, cout, k, stride=stride, group=group, bias=False,
+                   gain=2.0 if act else 1.0)
+        y = g.bn(y, f"{name}.1", cout)
+        if act:
+            y = g.node("Clip", [y, lo, hi], f"{name}.2")  # ReLU6
+        return y
+
+    y = cbr(x, "features.0", 3, 32, 3, stride=2)  # [1,32,112,112]
+    cin, i = 32, 1
+    for t, c, n, s in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                       (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]:
+        for j in range(n):
+            stride = s if j == 0 else 1
+            hidden = cin * t
+            name = f"features.{i}.conv"
+            r, k = y, 0
+            if t != 1:  # expand 1x1
+                y = cbr(y, f"{name}.0", cin, hidden, 1)
+                k = 1
+            y = cbr(y, f"{name}.{k}", hidden, hidden, 3, stride=stride, group=hidden)  # depthwise
+            y = g.conv(y, f"{name}.{k + 1}", hidden, c, 1, bias=False)  # linear projection
+            y = g.bn(y, f"{name}.{k + 2}", c)
+            if stride == 1 and cin == c:
+                y = g.node("Add", [r, y], f"features.{i}.add")
+            cin, i = c, i + 1
+    y = cbr(y, "features.18", 320, 1280, 1)  # [1,1280,7,7]
+    y = g.node("GlobalAveragePool", [y], "avgpool")
+    y = g.node("Flatten", [y], "flatten", axis=1)
+    w = g.normal("classifier.1.weight", (1000, 1280), np.sqrt(1.0 / 1280))
+    b = g.normal("classifier.1.bias", (1000,), 0.1)
+    g.node("Gemm", [y, w, b], "classifier.1", outputs=["logits"], alpha=1.0, beta=1.0,
+           transB=1)
+    return g.model(x, [1, 3, 224, 224], "logits", [1, 1000]), g.input_data((1, 3, 224, 224))
+
+
+def encoder4():
+    """A BERT-mini-like stack of 4 post-norm encoder layers."""
+    g = Graph("encoder4", 112)
+    x = "hidden"
+    S, D, H, DH, FF = 128, 256, 4, 64, 1024
+
+    def xavier(fin, fout):
+        return np.sqrt(2.0 / (fin + fout))
+
+    heads = g.i64("const.heads_shape", [1, S, H, DH])
+    merge = g.i64("const.merge_shape", [1, S, D])
+    scale = g.const("const.scale", np.sqrt(DH))
+    sqrt2 = g.const("const.sqrt2", 1.41421356)
+    one = g.const("const.one", 1.0)
+    half = g.const("const.half", 0.5)
+    two = g.const("const.two", 2.0)
+    eps = g.const("const.eps", 1e-5)
+
+    def layer_norm(t, name, decomposed, out=None):
+        w = g.uniform(f"{name}.weight", (D,), 0.8, 1.2)
+        b = g.normal(f"{name}.bias", (D,), 0.1)
+        if not decomposed:
+            return g.node("LayerNormalization", [t, w, b], name,
+                          outputs=[out] if out else None, axis=-1, epsilon=1e-5)
+        m = g.node("ReduceMean", [t], f"{name}.ReduceMean", axes=[-1], keepdims=1)
+        d = g.node("Sub", [t, m], f"{name}.Sub")
+        p = g.node("Pow", [d, two], f"{name}.Pow")
+        var = g.node("ReduceMean", [p], f"{name}.ReduceMean_1", axes=[-1], keepdims=1)
+        var = g.node("Add", [var, eps], f"{name}.Add")
+        sd = g.node("Sqrt", [var], f"{name}.Sqrt")
+        n = g.node("Div", [d, sd], f"{name}.Div")
+        n = g.node("Mul", [n, w], f"{name}.Mul")
+        return g.node("Add", [n, b], f"{name}.Add_1")
+
+    def heads_of(t, name, perm):  # [1,S,D] -> [1,S,H,DH] -> perm
+        t = g.node("Reshape", [t, heads], f"{name}.Reshape")
+        return g.node("Transpose", [t], f"{name}.Transpose", perm=perm)
+
+    h = x
+    for i in range(4):
+        L = f"encoder.layers.{i}"
+        A = f"{L}.self_attn"
+        decomposed = i % 2 == 1
+        q = heads_of(g.linear(h, f"{A}.q_proj", D, D, std=xavier(D, D)), f"{A}.q",
+                     [0, 2, 1, 3])  # [1,H,S,DH]
+        k = heads_of(g.linear(h, f"{A}.k_proj", D, D, std=xavier(D, D)), f"{A}.k",
+                     [0, 2, 3, 1])  # [1,H,DH,S]
+        v = heads_of(g.linear(h, f"{A}.v_proj", D, D, std=xavier(D, D)), f"{A}.v",
+                     [0, 2, 1, 3])  # [1,H,S,DH]
+        s = g.node("MatMul", [q, k], f"{A}.scores")  # [1,H,S,S]
+        s = g.node("Div", [s, scale], f"{A}.scale_div")
+        s = g.node("Softmax", [s], f"{A}.softmax", axis=-1)
+        o = g.node("MatMul", [s, v], f"{A}.context")  # [1,H,S,DH]
+        o = g.node("Transpose", [o], f"{A}.context.Transpose", perm=[0, 2, 1, 3])
+        o = g.node("Reshape", [o, merge], f"{A}.context.Reshape")
+        o = g.linear(o, f"{A}.out_proj", D, D, std=xavier(D, D))
+        h = g.node("Add", [h, o], f"{L}.residual1")
+        h = layer_norm(h, f"{L}.norm1", decomposed)
+        # FFN with GELU written with Erf, in PyTorch's node order.
+        f = g.linear(h, f"{L}.linear1", D, FF, std=xavier(D, FF))
+        G = f"{L}.activation"
+        e = g.node("Div", [f, sqrt2], f"{G}.Div")
+        e = g.node("Erf", [e], f"{G}.Erf")
+        e = g.node("Add", [e, one], f"{G}.Add")
+        e = g.node("Mul", [f, e], f"{G}.Mul")
+        e = g.node("Mul", [e, half], f"{G}.Mul_1")
+        f = g.linear(e, f"{L}.linear2", FF, D, std=xavier(FF, D))
+        h = g.node("Add", [h, f], f"{L}.residual2")
+        h = layer_norm(h, f"{L}.norm2", decomposed)
+    layer_norm(h, "encoder.norm", False, out="out")
+    return g.model(x, [1, S, D], "out", [1, S, D]), g.input_data((1, S, D))
+
+
 # name -> (builder, suffix of the .npy files or None for no reference)
 MODELS = [
     ("resnet", resnet, ""),
@@ -355,6 +658,11 @@ MODELS = [
     ("gelu20", gelu20, ""),
     ("unsupported-op", unsupported_op, None),
     ("dynamic-batch", dynamic_batch, ".b3"),
+    ("ops2", ops2, ""),
+    ("legacy", legacy, ""),
+    ("resnet18", resnet18, ""),
+    ("mobilenetv2", mobilenetv2, ""),
+    ("encoder4", encoder4, ""),
 ]
 
 
