@@ -123,7 +123,8 @@ fn main() -> ExitCode {
                 "{}",
                 serde_json::json!({"name": info.name, "producer": info.producer, "inputs": io(&info.inputs),
                     "outputs": io(&info.outputs), "arena_bytes": info.arena_bytes,
-                    "staging_bytes": info.staging_bytes, "weight_bytes": info.weight_bytes, "ops": ops})
+                    "staging_bytes": info.staging_bytes, "weight_bytes": info.weight_bytes, "ops": ops,
+                    "properties": model.meta.properties.iter().map(|p| (p.key.clone(), serde_json::Value::from(p.value.clone()))).collect::<serde_json::Map<_, _>>()})
             );
         } else {
             println!("model:    {} (produced by {})", info.name, info.producer);
@@ -136,6 +137,9 @@ fn main() -> ExitCode {
             println!("memory:   arena {} B, staging {} B, weights {} B", info.arena_bytes, info.staging_bytes, info.weight_bytes);
             let ops: Vec<String> = info.ops.iter().map(|(op, n)| format!("{op} x{n}")).collect();
             println!("ops:      {}", ops.join(", "));
+            for p in &model.meta.properties {
+                println!("property: {} = {}", p.key, p.value);
+            }
         }
         return ExitCode::SUCCESS;
     }
