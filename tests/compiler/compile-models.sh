@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 
 fail() { log "FAIL: $*"; exit 1; }
 
-for m in resnet mobilenet transformer ops gelu20; do
+for m in resnet mobilenet transformer ops gelu20 ops2 legacy resnet18 mobilenetv2 encoder4; do
     "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" >&2 || fail "$m did not compile"
     "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json >"$OUT/$m.report.json" || fail "$m did not compile"
 done

@@ -452,7 +452,7 @@ def ops2():
     mw = g.node("Add", [mw, e], "d.add")  # [2,3,28] + [2,3,1]
 
     parts = a_parts + [b, flat(mm, "d.mm_flat"), flat(mw, "d.sm_flat")]  # ..., 10, 72, 84
-    cat = g.node("Concat", parts, "concat", axis=1)  # [2,368]
+    cat = g.node("Concat", parts, "concat", axis=1)  # [2,378]
     n = 64 + 40 + 100 + 4 + 4 + 10 + 72 + 84
     g.node("MatMul", [cat, g.normal("head.weight", (n, 8), np.sqrt(1.0 / n))], "head",
            outputs=["y"])

@@ -6,10 +6,12 @@ o=target/onnx
 
 check "compiled models were made on the host" test -f $o/resnet.rbln
 check "insmod rbln.ko" insmod kmd/rbln.ko
-for m in resnet mobilenet transformer ops gelu20; do
-    check "$m: rbln-run" sh -c "rbln-run $o/$m.rbln --input $o/$m.input.npy --output /tmp/$m.npy --iterations 5 --warmup 1 | tee /tmp/$m.txt"
-    printf '# %s: ' "$m"; rbln-example-models compare /tmp/$m.npy $o/$m.expected.npy 1e-4 || true
-    check "$m matches onnxruntime (tol 1e-4)" rbln-example-models compare /tmp/$m.npy $o/$m.expected.npy 1e-4
+for m in resnet mobilenet transformer ops gelu20 ops2 legacy resnet18 mobilenetv2 encoder4; do
+    check "$m: rbln-run" rbln-run $o/$m.rbln --input $o/$m.input.npy --output /tmp/$m.npy --iterations 5 --warmup 1
+    # The errors, prefixed so that they are easy to find in the log.
+    rc=0; rbln-example-models compare /tmp/$m.npy $o/$m.expected.npy 1e-4 >/tmp/cmp 2>&1 || rc=$?
+    sed "s/^/# $m: /" /tmp/cmp
+    check "$m matches onnxruntime (tol 1e-4)" test $rc = 0
 done
 check "dynamic-batch compiled with --input-shape x=3x8 matches" sh -c \
     "rbln-run $o/dynamic-batch.rbln --input $o/dynamic-batch.b3.input.npy --output /tmp/d.npy >/dev/null && rbln-example-models compare /tmp/d.npy $o/dynamic-batch.b3.expected.npy 1e-4"

@@ -5,7 +5,8 @@
 //!
 //! `rbln-example-models compare GOT.npy WANT.npy [TOL]`: exit 0 when the
 //! shapes match and every |got - want| <= TOL * (1 + |want|) (default 1e-4),
-//! printing the largest absolute and relative errors.
+//! printing the largest absolute error, relative error (over values with
+//! |want| >= 0.01) and scaled error |got - want| / (1 + |want|).
 
 use std::path::PathBuf;
 
@@ -16,8 +17,18 @@ fn compare(args: &[String]) -> Result<(), String> {
     if got.shape != want.shape {
         return Err(format!("shape {:?}, expected {:?}", got.shape, want.shape));
     }
-    let (abs, rel) = rbln_runtime::examples::max_errors(&got, &want);
-    println!("max abs error {abs:.3e}, max rel error {rel:.3e}");
+    let (abs, _) = rbln_runtime::examples::max_errors(&got, &want);
+    // Relative error where it means something (|want| >= 0.01), and the
+    // error scaled as the tolerance is: |got - want| / (1 + |want|).
+    let (mut rel, mut scaled) = (0f32, 0f32);
+    for (g, w) in got.data.iter().zip(&want.data) {
+        let d = (g - w).abs();
+        if w.abs() >= 0.01 {
+            rel = rel.max(d / w.abs());
+        }
+        scaled = scaled.max(d / (1.0 + w.abs()));
+    }
+    println!("max abs error {abs:.3e}, max rel error {rel:.3e} (|want| >= 0.01), max scaled error {scaled:.3e}");
     let bad = got.data.iter().zip(&want.data).filter(|(g, w)| (*g - *w).abs() > tol * (1.0 + w.abs())).count();
     if bad > 0 {
         return Err(format!("{bad} values beyond tolerance {tol}"));
