@@ -26,6 +26,10 @@ struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Also list the compiled graph: every node with its op, output shape
+    /// and arena offset.
+    #[arg(long)]
+    list: bool,
 }
 
 /// Exit statuses: 1 unsupported or invalid model, 2 usage, 3 I/O.
@@ -88,6 +92,15 @@ fn main() -> ExitCode {
             "  memory: weights {} B, activations {} B planned vs {} B naive ({saved:.1}% saved), arena {} B, file {} B",
             m.weights_bytes, m.planned_bytes, m.naive_bytes, m.arena_bytes, file.len()
         );
+    }
+    if args.list {
+        let g = &compiled.model.graph;
+        for (i, n) in g.nodes.iter().enumerate() {
+            let out = n.outputs.first().and_then(|&t| g.tensors.get(t as usize));
+            let (shape, place) = out.map_or((String::new(), String::new()), |t| (format!("{:?}", t.shape), format!("{:?}", t.placement)));
+            let what = if n.op.is_empty() { format!("{:?}", n.kind) } else { n.op.clone() };
+            println!("  {i:4} {:40} {:36} {shape:20} {place}", n.name, what);
+        }
     }
     ExitCode::SUCCESS
 }
