@@ -32,23 +32,21 @@ pub struct FuseStats {
 
 pub fn run(g: &mut Graph) -> FuseStats {
     let mut st = FuseStats::default();
-    while let Some(()) = rewrite_once(g, gelu) {
-        st.gelu += 1;
-    }
-    while let Some(()) = rewrite_once(g, silu) {
-        st.silu += 1;
-    }
-    while let Some(()) = rewrite_once(g, layer_norm) {
-        st.layer_norm += 1;
-    }
-    while let Some(()) = rewrite_once(g, conv_affine) {
-        st.folded_into_conv += 1;
-    }
-    while let Some(()) = rewrite_once(g, bias) {
-        st.bias += 1;
-    }
-    while let Some(()) = rewrite_once(g, activation) {
-        st.activation += 1;
+    // Each rule runs to a fixed point before the next: the patterns come
+    // first (they consume plain element-wise ops), then the Conv folds,
+    // then bias before activation (the activation applies after the bias).
+    let rules: [(Rule, &mut usize); 6] = [
+        (gelu, &mut st.gelu),
+        (silu, &mut st.silu),
+        (layer_norm, &mut st.layer_norm),
+        (conv_affine, &mut st.folded_into_conv),
+        (bias, &mut st.bias),
+        (activation, &mut st.activation),
+    ];
+    for (rule, count) in rules {
+        while rewrite_once(g, rule).is_some() {
+            *count += 1;
+        }
     }
     st.dead = dead_code(g);
     st
