@@ -438,12 +438,10 @@ impl Importer {
             "Gemm" => self.gemm(cx, input(0)?, input(1)?, opt(2))?,
             "MatMul" => self.matmul(cx, input(0)?, input(1)?)?,
             "Conv" => self.conv(cx, input(0)?, input(1)?, opt(2))?,
-            "MaxPool" | "AveragePool" => {
-                if op == "MaxPool" && cx.n.output.get(1).is_some_and(|o| !o.is_empty()) {
-                    // Its Indices output is recorded as missing; a reader fails.
-                }
-                self.pool(cx, input(0)?, op == "MaxPool")?
-            }
+            // MaxPool's Indices output is not produced: a node reading it
+            // fails with "output 1 of node ... which rbln-compile does not
+            // produce".
+            "MaxPool" | "AveragePool" => self.pool(cx, input(0)?, op == "MaxPool")?,
             "GlobalAveragePool" | "GlobalMaxPool" => {
                 let x = input(0)?;
                 let s = self.shape(x);

@@ -463,3 +463,25 @@ fn silu_fuses_into_conv() {
     assert_eq!(compute_ops(&c.model), ["Conv+Silu"]);
     assert_eq!((c.report.fused.silu, c.report.fused.activation), (1, 1));
 }
+
+#[test]
+fn degenerate_graphs_compile() {
+    // Output = input (through Identity): only transfers and a view.
+    let bytes = model(vec![node("Identity", "id", &["x"], &["y"], vec![])], vec![], vec![vinfo("x", &[4])], vec![vinfo("y", &[4])]);
+    let c = compiled(&bytes);
+    assert!(compute_ops(&c.model).is_empty());
+    // Two outputs, one of them an intermediate that is also read further.
+    let bytes = model(
+        vec![node("Relu", "r", &["x"], &["h"], vec![]), node("Sigmoid", "s", &["h"], &["y"], vec![])],
+        vec![],
+        vec![vinfo("x", &[4])],
+        vec![vinfo("h", &[4]), vinfo("y", &[4])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Relu", "Sigmoid"]);
+    assert_eq!(c.model.meta.outputs.len(), 2);
+    // An output that is a constant is refused.
+    let bytes = model(vec![], vec![tensor("k", &[2], &[1.0, 2.0])], vec![vinfo("x", &[2])], vec![vinfo("k", &[2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("output 'k' is a constant"), "{e}");
+}
