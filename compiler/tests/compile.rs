@@ -323,6 +323,18 @@ fn bad_models_get_precise_errors() {
     let (who, _, reason) = unsupported(&bytes, &Options::default());
     assert_eq!(who, "to_int");
     assert!(reason.contains("only float32 tensors exist at run time"), "{reason}");
+    // Reading an output the compiler does not produce (MaxPool's indices).
+    let bytes = model(
+        vec![
+            node("MaxPool", "mp", &["x"], &["p", "idx"], vec![attr_ints("kernel_shape", &[2, 2])]),
+            node("Cast", "c", &["idx"], &["y"], vec![attr_i("to", elem::FLOAT as i64)]),
+        ],
+        vec![],
+        vec![vinfo("x", &[1, 1, 4, 4])],
+        vec![vinfo("y", &[1, 1, 3, 3])],
+    );
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("reads 'idx', output 1 of node 'mp' (MaxPool), which rbln-compile does not produce"), "{e}");
     // Control flow.
     let mut n = node("If", "branch", &["x"], &["y"], vec![]);
     n.attribute.push(AttributeProto { name: "then_branch".into(), g: Some(vec![]), r#type: 5, ..Default::default() });
