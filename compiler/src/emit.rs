@@ -248,23 +248,13 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
             continue;
         }
         let descs = descriptors(g, op, &|v| off(&b, v))?;
-        let mut first = None;
-        let mut total = 0u64;
-        for (bytes, relocs) in &descs {
-            let at = b.add_descriptor(bytes, relocs);
-            first.get_or_insert(at);
-            total = at + bytes.len() as u64 - first.unwrap_or(at);
-        }
+        // Descriptors first (contiguous in .rbln.desc: every size is a
+        // multiple of DESC_ALIGN), then one COMPUTE packet each.
+        let placed: Vec<(u64, u32)> = descs.iter().map(|(bytes, relocs)| (b.add_descriptor(bytes, relocs), bytes.len() as u32)).collect();
+        let first = placed.first().map(|p| p.0);
+        let total = placed.last().map_or(0, |&(at, size)| at + size as u64 - first.unwrap_or(at));
         let mut cmd_at = None;
-        let desc_offsets: Vec<(u64, u32)> = {
-            let mut at = first.unwrap_or(0);
-            descs.iter().map(|(bytes, _)| {
-                let r = (at, bytes.len() as u32);
-                at = round_up(at + bytes.len() as u64, rbln_format::DESC_ALIGN);
-                r
-            }).collect()
-        };
-        for &(d, size) in &desc_offsets {
+        for &(d, size) in &placed {
             let at = b.compute(run, d, size);
             cmd_at.get_or_insert(at);
         }

@@ -18,8 +18,7 @@ mkdir -p "$OUT"
 fail() { log "FAIL: $*"; exit 1; }
 
 for m in resnet mobilenet transformer ops gelu20 ops2 legacy resnet18 mobilenetv2 encoder4; do
-    "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" >&2 || fail "$m did not compile"
-    "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json >"$OUT/$m.report.json" || fail "$m did not compile"
+    "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json | tee "$OUT/$m.report.json" >&2 || fail "$m did not compile"
 done
 "$COMPILE" "$OUT/dynamic-batch.onnx" -o "$OUT/dynamic-batch.rbln" --input-shape x=3x8 >&2 \
     || fail "dynamic-batch did not compile with --input-shape"
