@@ -248,12 +248,17 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
             continue;
         }
         let descs = descriptors(g, op, &|v| off(&b, v))?;
+        let mut cmd_at = None;
+        if let Kind::Pad { value, .. } = op.kind {
+            // The padding: fill the whole output, then copy the input in.
+            let size = g.values[op.out].elems() * 4;
+            cmd_at = Some(b.fill(run, Va::arena(off(&b, op.out)), size, value.to_bits()));
+        }
         // Descriptors first (contiguous in .rbln.desc: every size is a
         // multiple of DESC_ALIGN), then one COMPUTE packet each.
         let placed: Vec<(u64, u32)> = descs.iter().map(|(bytes, relocs)| (b.add_descriptor(bytes, relocs), bytes.len() as u32)).collect();
         let first = placed.first().map(|p| p.0);
         let total = placed.last().map_or(0, |&(at, size)| at + size as u64 - first.unwrap_or(at));
-        let mut cmd_at = None;
         for &(d, size) in &placed {
             let at = b.compute(run, d, size);
             cmd_at.get_or_insert(at);
@@ -471,6 +476,21 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 reloc(offset_of!(GatherDesc, indices_va), off(*indices)),
                 reloc(offset_of!(GatherDesc, out_va), o),
             ];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::Pad { x, dims, begin, .. } => {
+            let out_dims: Vec<u64> = g.values[op.out].shape.clone();
+            let dst_strides = crate::shape::strides(&out_dims);
+            let at: u64 = begin.iter().zip(&dst_strides).map(|(b, s)| b * s).sum();
+            let d = StridedCopyDesc {
+                rank: dims.len() as u32,
+                sizes: dims6(op, dims, "dims")?,
+                src_strides: u64x6(&crate::shape::strides(dims)),
+                dst_strides: u64x6(&dst_strides),
+                ..Default::default()
+            }
+            .with_header();
+            let r = vec![reloc(offset_of!(StridedCopyDesc, src_va), off(*x)), reloc(offset_of!(StridedCopyDesc, dst_va), o + 4 * at)];
             vec![(d.to_bytes().to_vec(), r)]
         }
         Kind::View { .. } => Vec::new(),

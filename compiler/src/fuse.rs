@@ -4,6 +4,7 @@
 //!   GELU op, `x * sigmoid(x)` one SiLU op, and the decomposed layer norm
 //!   (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div [, Mul, Add]) one
 //!   LayerNorm op;
+//! - zero Pad before a Conv becomes the Conv's padding;
 //! - per-channel constant Mul/Add after a Conv (BatchNormalization) fold
 //!   into its weights and bias;
 //! - a constant bias Add after a GEMM or Conv becomes its bias;
@@ -25,6 +26,7 @@ pub struct FuseStats {
     pub silu: usize,
     pub layer_norm: usize,
     pub folded_into_conv: usize,
+    pub pad_into_conv: usize,
     pub bias: usize,
     pub activation: usize,
     pub dead: usize,
@@ -35,10 +37,11 @@ pub fn run(g: &mut Graph) -> FuseStats {
     // Each rule runs to a fixed point before the next: the patterns come
     // first (they consume plain element-wise ops), then the Conv folds,
     // then bias before activation (the activation applies after the bias).
-    let rules: [(Rule, &mut usize); 6] = [
+    let rules: [(Rule, &mut usize); 7] = [
         (gelu, &mut st.gelu),
         (silu, &mut st.silu),
         (layer_norm, &mut st.layer_norm),
+        (pad_into_conv, &mut st.pad_into_conv),
         (conv_affine, &mut st.folded_into_conv),
         (bias, &mut st.bias),
         (activation, &mut st.activation),
@@ -291,15 +294,15 @@ fn layer_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     Some(dead)
 }
 
-/// Per-channel constant of a conv with `c_out` channels: its values when
-/// its shape broadcasts as [1, C, 1, 1].
-fn per_channel(g: &Graph, v: ValueId, c_out: u64) -> Option<Vec<f32>> {
+/// Per-channel constant of a conv with `c_out` channels and an output of
+/// rank `rank`: its values when it broadcasts as [1, C, 1, ...].
+fn per_channel(g: &Graph, v: ValueId, c_out: u64, rank: usize) -> Option<Vec<f32>> {
     let c = g.konst(v)?;
-    let s: Vec<u64> = c.shape.iter().copied().skip_while(|&d| d == 1).collect();
-    let ok = s.first() == Some(&c_out) && s.len() <= 3 && s[1..].iter().all(|&d| d == 1) && c.shape.len() <= 4
-        && (c.shape.len() < 4 || c.shape[0] == 1)
-        // [C] alone would broadcast along W, not C.
-        && c.shape.len() >= 3;
+    if c.shape.len() > rank {
+        return None;
+    }
+    let p = crate::shape::pad_rank(&c.shape, rank);
+    let ok = p.iter().enumerate().all(|(i, &d)| d == if i == 1 { c_out } else { 1 });
     ok.then(|| c.floats())
 }
 
@@ -313,7 +316,7 @@ fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     let c = ix.sole_reader(g.ops[i].out)?;
     let (k, a, b) = binary(&g.ops[c])?;
     let p = other(a, b, g.ops[i].out)?;
-    let vals = per_channel(g, p, dims[4])?;
+    let vals = per_channel(g, p, dims[4], g.values[g.ops[i].out].shape.len())?;
     let old_bias = match bias {
         Some(bv) => g.konst(bv)?.floats(),
         None => vec![0.0; dims[4] as usize],
@@ -343,6 +346,33 @@ fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     Some(vec![i])
 }
 
+/// Zero padding of the spatial dims before a Conv becomes the Conv's own
+/// padding (TensorFlow exports write it as a separate Pad).
+fn pad_into_conv(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    let Kind::Pad { x, value, ref begin, ref end, .. } = g.ops[i].kind else { return None };
+    let r = begin.len();
+    if value != 0.0 || !(r == 3 || r == 4) || begin[..2].iter().chain(&end[..2]).any(|&p| p != 0) {
+        return None;
+    }
+    // (top, left, bottom, right) added; a 1-D conv has no height to pad.
+    let add = if r == 4 { [begin[2], begin[3], end[2], end[3]] } else { [0, begin[2], 0, end[2]] };
+    let c = ix.sole_reader(g.ops[i].out)?;
+    let Kind::Conv { x: cx, w, bias, mut dims, stride, dilation, mut pads, act } = g.ops[c].kind.clone() else { return None };
+    if cx != g.ops[i].out {
+        return None;
+    }
+    dims[2] -= add[0] + add[2];
+    dims[3] -= add[1] + add[3];
+    for (p, a) in pads.iter_mut().zip(add) {
+        *p += a;
+    }
+    let label = join(&g.ops[i].op, &g.ops[c].op);
+    let op = &mut g.ops[c];
+    op.kind = Kind::Conv { x, w, bias, dims, stride, dilation, pads, act };
+    op.op = label;
+    Some(vec![i])
+}
+
 /// A constant bias Add after a GEMM (over its n columns) or a Conv.
 fn bias(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     let (n, is_conv) = match &g.ops[i].kind {
@@ -354,7 +384,7 @@ fn bias(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     let (Binary::Add, a, b) = binary(&g.ops[c])? else { return None };
     let p = other(a, b, g.ops[i].out)?;
     let vals = if is_conv {
-        per_channel(g, p, n)?
+        per_channel(g, p, n, g.values[g.ops[i].out].shape.len())?
     } else {
         let k = g.konst(p)?;
         let s: Vec<u64> = k.shape.iter().copied().skip_while(|&d| d == 1).collect();

@@ -31,8 +31,8 @@ pub const MAX_OPSET: i64 = 22;
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs", "Add", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Constant", "ConstantOfShape", "Conv",
     "Div", "Dropout", "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "GlobalAveragePool",
-    "GlobalMaxPool", "Greater", "Identity", "LayerNormalization", "Less", "Log", "MatMul", "Max", "MaxPool", "Min", "Mul",
-    "Neg", "Not", "Pow", "Range", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape",
+    "GlobalMaxPool", "Greater", "HardSigmoid", "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Less", "Log",
+    "MatMul", "Max", "MaxPool", "Min", "Mul", "Neg", "Not", "Pad", "Pow", "PRelu", "Range", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape",
     "Shape", "Sigmoid", "Size", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
     "Where",
 ];
@@ -435,6 +435,37 @@ impl Importer {
                     self.unary(cx, Unary::Clip, x, lo, hi)?
                 }
             }
+            "LeakyRelu" => {
+                let (x, alpha) = (input(0)?, cx.float("alpha", 0.01));
+                let s = self.shape(x);
+                if (0.0..=1.0).contains(&alpha) {
+                    // max(x, alpha * x)
+                    let a = self.scalar(cx, "alpha", alpha);
+                    let ax = self.elementwise(cx, Binary::Mul, x, a, Some("scaled"))?;
+                    self.elementwise(cx, Binary::Max, x, ax, None)?
+                } else {
+                    let a = self.scalar(cx, "alpha", alpha);
+                    self.relu_plus_scaled_negative(cx, x, a, s)?
+                }
+            }
+            "PRelu" => {
+                let (x, slope) = (input(0)?, input(1)?);
+                let s = self.shape(x);
+                if cx.shape(shape::broadcast(&s, &self.shape(slope)))? != s {
+                    return Err(cx.err(format!("slope {:?} does not broadcast to the input {s:?}", self.shape(slope))));
+                }
+                self.relu_plus_scaled_negative(cx, x, slope, s)?
+            }
+            "HardSigmoid" => {
+                let x = input(0)?;
+                self.hard_sigmoid(cx, x, cx.float("alpha", 0.2), cx.float("beta", 0.5), true)?
+            }
+            "HardSwish" => {
+                let x = input(0)?;
+                let h = self.hard_sigmoid(cx, x, 1.0 / 6.0, 0.5, false)?;
+                self.elementwise(cx, Binary::Mul, x, h, None)?
+            }
+            "Pad" => self.pad(cx, ins)?,
             "Gemm" => self.gemm(cx, input(0)?, input(1)?, opt(2))?,
             "MatMul" => self.matmul(cx, input(0)?, input(1)?)?,
             "Conv" => self.conv(cx, input(0)?, input(1)?, opt(2))?,
@@ -677,6 +708,95 @@ impl Importer {
         Ok(if last { self.device(cx, k, out) } else { self.device_tmp(cx, k, out, "partial") })
     }
 
+    fn scalar(&mut self, cx: &Cx, tag: &str, v: f32) -> ValueId {
+        self.constant(&format!("{}.{tag}", cx.name), Const::f32(&[], vec![v]))
+    }
+
+    /// One element-wise device op of a multi-op lowering (never folded):
+    /// an intermediate named by `tag`, or the node's output when None.
+    fn elementwise(&mut self, cx: &Cx, kind: Binary, a: ValueId, b: ValueId, tag: Option<&str>) -> Result<ValueId> {
+        let (sa, sb) = (self.shape(a), self.shape(b));
+        let out = cx.shape(shape::broadcast(&sa, &sb))?;
+        rank_ok(cx, &out, "the result")?;
+        let r = out.len();
+        let k = Kind::Binary { kind, a, b, a_dims: shape::pad_rank(&sa, r), b_dims: shape::pad_rank(&sb, r) };
+        Ok(match tag {
+            Some(t) => self.device_tmp(cx, k, out, t),
+            None => self.device(cx, k, out),
+        })
+    }
+
+    /// relu(x) + slope * min(x, 0): LeakyRelu with alpha > 1, PRelu.
+    fn relu_plus_scaled_negative(&mut self, cx: &Cx, x: ValueId, slope: ValueId, s: Vec<u64>) -> Result<ValueId> {
+        let pos = self.device_tmp(cx, Kind::Unary { kind: Unary::Relu, x, p0: 0.0, p1: 0.0 }, s, "positive");
+        let zero = self.scalar(cx, "zero", 0.0);
+        let neg = self.elementwise(cx, Binary::Min, x, zero, Some("negative"))?;
+        let scaled = self.elementwise(cx, Binary::Mul, neg, slope, Some("scaled"))?;
+        self.elementwise(cx, Binary::Add, pos, scaled, None)
+    }
+
+    /// clip(alpha * x + beta, 0, 1); the node's output when `last`.
+    fn hard_sigmoid(&mut self, cx: &Cx, x: ValueId, alpha: f32, beta: f32, last: bool) -> Result<ValueId> {
+        let (a, b) = (self.scalar(cx, "alpha", alpha), self.scalar(cx, "beta", beta));
+        let ax = self.elementwise(cx, Binary::Mul, x, a, Some("scaled"))?;
+        let axb = self.elementwise(cx, Binary::Add, ax, b, Some("shifted"))?;
+        let k = Kind::Unary { kind: Unary::Clip, x: axb, p0: 0.0, p1: 1.0 };
+        let s = self.shape(x);
+        Ok(if last { self.device(cx, k, s) } else { self.device_tmp(cx, k, s, "hard_sigmoid") })
+    }
+
+    fn pad(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
+        let s = self.shape(x);
+        let r = s.len();
+        let mode = cx.string("mode").unwrap_or_else(|| "constant".into());
+        if mode != "constant" {
+            return Err(cx.err(format!("mode '{mode}' is not supported (only constant padding)")));
+        }
+        let (pads, value, axes) = if self.opset < 11 {
+            (cx.ints("pads").ok_or_else(|| cx.err("pads are missing"))?, cx.float("value", 0.0), None)
+        } else {
+            let pads = self.const_ints(cx, ins.get(1).copied().flatten().ok_or_else(|| cx.err("input 1 (pads) is missing"))?, 1)?;
+            let value = match ins.get(2).copied().flatten() {
+                Some(v) => self.konst(v).and_then(Const::scalar).ok_or_else(|| cx.err("constant_value must be a one-element constant"))?,
+                None => 0.0,
+            };
+            let axes = ins.get(3).copied().flatten().map(|v| self.const_ints(cx, v, 3)).transpose()?;
+            (pads, value, axes)
+        };
+        let axes: Vec<usize> = match axes {
+            Some(a) => a.iter().map(|&v| cx.shape(shape::axis(v, r, false))).collect::<Result<_>>()?,
+            None => (0..r).collect(),
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(cx.err(format!("{} pads for {} axes", pads.len(), axes.len())));
+        }
+        if pads.iter().any(|&p| p < 0) {
+            return Err(cx.err(format!("negative pads {pads:?} (cropping) are not supported")));
+        }
+        let (mut begin, mut end) = (vec![0u64; r], vec![0u64; r]);
+        for (i, &a) in axes.iter().enumerate() {
+            begin[a] = pads[i] as u64;
+            end[a] = pads[i + axes.len()] as u64;
+        }
+        let out: Vec<u64> = (0..r).map(|i| s[i].saturating_add(begin[i]).saturating_add(end[i])).collect();
+        if let Some(c) = self.konst(x) {
+            cx.shape(shape::fold_limit(&out))?;
+            let st = strides(&out);
+            let at: u64 = begin.iter().zip(&st).map(|(b, s)| b * s).sum();
+            let mut v = vec![value; volume(&out) as usize];
+            for (src, dst) in c.floats().into_iter().zip(shape::box_indices(&s, &st, at)) {
+                v[dst] = src;
+            }
+            return Ok(self.constant(&Self::out_name(cx, 0), Const::f32(&out, v)));
+        }
+        if out == s {
+            return Ok(self.device(cx, Kind::View { x }, s));
+        }
+        rank_ok(cx, &out, "the output")?;
+        Ok(self.device(cx, Kind::Pad { x, value, dims: s, begin, end }, out))
+    }
+
     fn unary(&mut self, cx: &Cx, kind: Unary, x: ValueId, p0: f32, p1: f32) -> Result<ValueId> {
         let s = self.shape(x);
         if let Some(c) = self.konst(x) {
@@ -823,21 +943,37 @@ impl Importer {
         }
     }
 
+/// Spatial geometry of a 1-D or 2-D sliding window, lifted to 2-D (a 1-D
+    /// window is a 2-D one of height 1: the bytes are the same).
+    fn window(&self, cx: &Cx, input: &[u64], kernel: &[u64]) -> Result<Window> {
+        let sp = input.len();
+        let stride = self.spatial_attr(cx, "strides", sp)?;
+        let dil = self.spatial_attr(cx, "dilations", sp)?;
+        let pads = self.pads(cx, input, kernel, &stride, &dil)?;
+        let lift = |v: &[u64], one: u64| -> [u64; 2] { if sp == 1 { [one, v[0]] } else { [v[0], v[1]] } };
+        Ok(Window {
+            input: lift(input, 1),
+            kernel: lift(kernel, 1),
+            stride: lift(&stride, 1),
+            dilation: lift(&dil, 1),
+            pads: if sp == 1 { [(0, 0), pads[0]] } else { [pads[0], pads[1]] },
+        })
+    }
+
     fn conv(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
         let sx = self.shape(x);
         let sw = self.shape(w);
-        if sx.len() != 4 || sw.len() != 4 {
-            return Err(cx.err(format!("input {sx:?} / weights {sw:?}: only 2-D convolution (NCHW, rank 4) is supported")));
+        if !(sx.len() == 3 || sx.len() == 4) || sw.len() != sx.len() {
+            return Err(cx.err(format!("input {sx:?} / weights {sw:?}: only 1-D and 2-D convolution (NCL / NCHW) is supported")));
         }
         let g = cx.int("group", 1).max(1) as u64;
-        let (n, c, h, wd) = (sx[0], sx[1], sx[2], sx[3]);
-        let (o, kh, kw) = (sw[0], sw[2], sw[3]);
+        let (n, c, o) = (sx[0], sx[1], sw[0]);
         if c % g != 0 || o % g != 0 || sw[1] * g != c {
             return Err(cx.err(format!("weights {sw:?} do not fit {c} input channels in {g} groups")));
         }
         if let Some(ks) = cx.ints("kernel_shape") {
-            if ks != [kh as i64, kw as i64] {
-                return Err(cx.err(format!("kernel_shape {ks:?} differs from the weights' {:?}", [kh, kw])));
+            if ks.iter().map(|&k| k as u64).ne(sw[2..].iter().copied()) {
+                return Err(cx.err(format!("kernel_shape {ks:?} differs from the weights' {:?}", &sw[2..])));
             }
         }
         if let Some(bv) = bias {
@@ -845,69 +981,69 @@ impl Importer {
                 return Err(cx.err(format!("bias has shape {:?}; [{o}] expected", self.shape(bv))));
             }
         }
-        let stride = self.spatial_attr(cx, "strides", 2)?;
-        let dil = self.spatial_attr(cx, "dilations", 2)?;
-        let p = self.pads(cx, &[h, wd], &[kh, kw], &stride, &dil)?;
-        let oh = out_len(h, kh, stride[0], dil[0], p[0]).ok_or_else(|| cx.err("the kernel is larger than the padded input"))?;
-        let ow = out_len(wd, kw, stride[1], dil[1], p[1]).ok_or_else(|| cx.err("the kernel is larger than the padded input"))?;
+        let win = self.window(cx, &sx[2..], &sw[2..])?;
+        let out_sp = win.output(cx)?;
         let kind = Kind::Conv {
             x, w, bias,
-            dims: [n, c, h, wd, o, kh, kw, g],
-            stride: [stride[0], stride[1]],
-            dilation: [dil[0], dil[1]],
-            pads: [p[0].0, p[1].0, p[0].1, p[1].1],
+            dims: [n, c, win.input[0], win.input[1], o, win.kernel[0], win.kernel[1], g],
+            stride: win.stride,
+            dilation: win.dilation,
+            pads: win.pad4(),
             act: Act::NONE,
         };
-        Ok(self.device(cx, kind, vec![n, o, oh, ow]))
+        let mut out = vec![n, o];
+        out.extend(&out_sp[2 - (sx.len() - 2)..]);
+        Ok(self.device(cx, kind, out))
     }
 
     fn pool(&mut self, cx: &Cx, x: ValueId, max: bool) -> Result<ValueId> {
         let s = self.shape(x);
-        if s.len() != 4 {
-            return Err(cx.err(format!("input {s:?}: only 2-D pooling (NCHW, rank 4) is supported")));
+        if !(s.len() == 3 || s.len() == 4) {
+            return Err(cx.err(format!("input {s:?}: only 1-D and 2-D pooling (NCL / NCHW) is supported")));
         }
         if cx.int("storage_order", 0) != 0 {
             return Err(cx.err("storage_order=1 is not supported"));
         }
-        let k = self.spatial_attr(cx, "kernel_shape", 2)?;
+        let sp = s.len() - 2;
+        let k = self.spatial_attr(cx, "kernel_shape", sp)?;
         if cx.ints("kernel_shape").is_none() {
             return Err(cx.err("kernel_shape is missing"));
         }
-        let stride = self.spatial_attr(cx, "strides", 2)?;
-        let dil = self.spatial_attr(cx, "dilations", 2)?;
-        let mut p = self.pads(cx, &s[2..], &k, &stride, &dil)?;
+        let mut win = self.window(cx, &s[2..], &k)?;
         let include_pad = !max && cx.int("count_include_pad", 0) != 0;
         if cx.int("ceil_mode", 0) != 0 {
             // Ceil mode = extra padding at the end, so the last window fits;
             // windows that would start in the end padding are dropped.
             for i in 0..2 {
-                let span = s[2 + i] + p[i].0 + p[i].1;
-                let eff = dil[i] * (k[i] - 1) + 1;
+                let (inp, st, p) = (win.input[i], win.stride[i], &mut win.pads[i]);
+                let span = inp + p.0 + p.1;
+                let eff = win.dilation[i] * (win.kernel[i] - 1) + 1;
                 if span < eff {
                     return Err(cx.err("the kernel is larger than the padded input"));
                 }
-                let mut out = (span - eff).div_ceil(stride[i]) + 1;
-                if (out - 1) * stride[i] >= s[2 + i] + p[i].0 {
+                let mut out = (span - eff).div_ceil(st) + 1;
+                if (out - 1) * st >= inp + p.0 {
                     out -= 1;
                 }
-                let extra = ((out - 1) * stride[i] + eff).saturating_sub(span);
+                let extra = ((out - 1) * st + eff).saturating_sub(span);
                 if extra > 0 && include_pad {
                     return Err(cx.err("ceil_mode=1 with count_include_pad=1 is not supported"));
                 }
-                p[i].1 += extra;
+                p.1 += extra;
             }
         }
-        let oh = out_len(s[2], k[0], stride[0], dil[0], p[0]).ok_or_else(|| cx.err("the kernel is larger than the padded input"))?;
-        let ow = out_len(s[3], k[1], stride[1], dil[1], p[1]).ok_or_else(|| cx.err("the kernel is larger than the padded input"))?;
+        let out_sp = win.output(cx)?;
         let kind = Kind::Pool {
             x, max, count_include_pad: include_pad,
-            dims: [s[0], s[1], s[2], s[3]],
-            kernel: [k[0], k[1]],
-            stride: [stride[0], stride[1]],
-            dilation: [dil[0], dil[1]],
-            pads: [p[0].0, p[1].0, p[0].1, p[1].1],
+            dims: [s[0], s[1], win.input[0], win.input[1]],
+            kernel: win.kernel,
+            stride: win.stride,
+            dilation: win.dilation,
+            pads: win.pad4(),
         };
-        Ok(self.device(cx, kind, vec![s[0], s[1], oh, ow]))
+        let mut out = vec![s[0], s[1]];
+        out.extend(&out_sp[2 - sp..]);
+        Ok(self.device(cx, kind, out))
     }
 
     fn batch_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
@@ -1119,6 +1255,32 @@ impl Importer {
         let iv = self.constant(&format!("{}.indices", cx.name), Const::i64(&idx.shape, norm));
         let kind = Kind::Gather { data, indices: iv, dims: s, axis: a as u64, count: idx.len() as u64 };
         Ok(self.device(cx, kind, out))
+    }
+}
+
+/// A sliding window in 2-D (see `Importer::window`).
+struct Window {
+    input: [u64; 2],
+    kernel: [u64; 2],
+    stride: [u64; 2],
+    dilation: [u64; 2],
+    /// (begin, end) per spatial axis.
+    pads: [(u64, u64); 2],
+}
+
+impl Window {
+    /// Output height and width.
+    fn output(&self, cx: &Cx) -> Result<[u64; 2]> {
+        let mut o = [0; 2];
+        for (i, v) in o.iter_mut().enumerate() {
+            *v = out_len(self.input[i], self.kernel[i], self.stride[i], self.dilation[i], self.pads[i])
+                .ok_or_else(|| cx.err("the kernel is larger than the padded input"))?;
+        }
+        Ok(o)
+    }
+    /// Pads as the descriptors order them: top, left, bottom, right.
+    fn pad4(&self) -> [u64; 4] {
+        [self.pads[0].0, self.pads[1].0, self.pads[0].1, self.pads[1].1]
     }
 }
 

@@ -150,6 +150,9 @@ pub enum Kind {
     Transpose { x: ValueId, dims: Vec<u64>, perm: Vec<u64> },
     Copy { parts: Vec<CopyPart> },
     Gather { data: ValueId, indices: ValueId, dims: Vec<u64>, axis: u64, count: u64 },
+    /// Constant padding: the output (`dims` grown by `begin` and `end`) is
+    /// filled with `value`, then `x` is copied into it at `begin`.
+    Pad { x: ValueId, value: f32, dims: Vec<u64>, begin: Vec<u64>, end: Vec<u64> },
     /// The output reinterprets the input's bytes with another shape.
     View { x: ValueId },
 }
@@ -161,7 +164,7 @@ impl Kind {
         match self {
             Gemm { a, b, bias, .. } => [Some(*a), Some(*b), *bias].into_iter().flatten().collect(),
             Conv { x, w, bias, .. } => [Some(*x), Some(*w), *bias].into_iter().flatten().collect(),
-            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | View { x } => vec![*x],
+            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } => vec![*x],
             Binary { a, b, .. } => vec![*a, *b],
             LayerNorm { x, gamma, beta, .. } => [Some(*x), *gamma, *beta].into_iter().flatten().collect(),
             Copy { parts } => {
@@ -189,6 +192,7 @@ impl Kind {
             Transpose { .. } => "Transpose",
             Copy { .. } => "Copy",
             Gather { .. } => "Gather",
+            Pad { .. } => "Pad",
             View { .. } => "View",
         }
     }

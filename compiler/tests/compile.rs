@@ -393,8 +393,8 @@ fn oversized_shapes_are_errors() {
 /// types): every one compiles or fails with an error, none panics.
 #[test]
 fn mutated_models_never_panic() {
-    let ops = ["Conv", "MatMul", "Gemm", "Reshape", "Transpose", "Softmax", "Gather", "Slice", "Concat", "ReduceMean",
-        "MaxPool", "AveragePool", "Split", "Squeeze", "Unsqueeze", "Expand", "LayerNormalization", "Flatten", "Clip"];
+    let ops = ["Conv", "MatMul", "Gemm", "Reshape", "Transpose", "Softmax", "Gather", "Slice", "Concat", "ReduceMean", "Pad", "PRelu",
+        "MaxPool", "AveragePool", "Split", "Squeeze", "Unsqueeze", "Expand", "LayerNormalization", "Flatten", "Clip", "LeakyRelu"];
     let vals = [-(1i64 << 40), -3, -1, 0, 1, 2, 3, 7, 1 << 31, i64::MAX];
     let bases: Vec<ModelProto> = [mlp(), conv_bn(), ln_gelu()].iter().map(|b| ModelProto::decode(b.as_slice()).unwrap()).collect();
     let mut s = 0x9E3779B97F4A7C15u64;
@@ -496,4 +496,39 @@ fn degenerate_graphs_compile() {
     let bytes = model(vec![], vec![tensor("k", &[2], &[1.0, 2.0])], vec![vinfo("x", &[2])], vec![vinfo("k", &[2])]);
     let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
     assert!(e.contains("output 'k' is a constant"), "{e}");
+}
+
+#[test]
+fn zero_pad_folds_into_conv_and_1d_conv_compiles() {
+    let bytes = model(
+        vec![
+            node("Pad", "pad", &["x", "pads", "zero"], &["p"], vec![]),
+            node("Conv", "conv", &["p", "W"], &["c"], vec![]),
+            node("LeakyRelu", "lrelu", &["c"], &["y"], vec![attr_f("alpha", 0.1)]),
+        ],
+        vec![ints("pads", &[0, 0, 2, 0, 0, 1]), tensor("zero", &[], &[0.0]), tensor("W", &[3, 2, 3], &ramp(18, 0.2))],
+        vec![vinfo("x", &[1, 2, 8])],
+        vec![vinfo("y", &[1, 3, 9])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Pad+Conv", "LeakyRelu", "LeakyRelu"]);
+    assert_eq!(c.report.fused.pad_into_conv, 1);
+    // A non-zero pad value stays a Pad (FILL + copy).
+    let bytes = model(
+        vec![node("Pad", "pad", &["x", "pads", "half"], &["y"], vec![])],
+        vec![ints("pads", &[0, 1, 0, 2]), tensor("half", &[], &[0.5])],
+        vec![vinfo("x", &[2, 3])],
+        vec![vinfo("y", &[2, 6])],
+    );
+    assert_eq!(compute_ops(&compiled(&bytes).model), ["Pad"]);
+    // Reflect padding is refused with the reason.
+    let bytes = model(
+        vec![node("Pad", "pad", &["x", "pads"], &["y"], vec![AttributeProto { name: "mode".into(), s: b"reflect".to_vec(), r#type: 3, ..Default::default() }])],
+        vec![ints("pads", &[0, 1, 0, 2])],
+        vec![vinfo("x", &[2, 3])],
+        vec![vinfo("y", &[2, 6])],
+    );
+    let (who, _, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!(who, "pad");
+    assert!(reason.contains("mode 'reflect' is not supported"), "{reason}");
 }

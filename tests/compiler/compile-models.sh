@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 
 fail() { log "FAIL: $*"; exit 1; }
 
-for m in resnet mobilenet transformer ops gelu20 ops2 legacy resnet18 mobilenetv2 encoder4; do
+for m in resnet mobilenet transformer ops gelu20 ops2 ops3 legacy resnet18 mobilenetv2 encoder4; do
     "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json | tee "$OUT/$m.report.json" >&2 || fail "$m did not compile"
 done
 "$COMPILE" "$OUT/dynamic-batch.onnx" -o "$OUT/dynamic-batch.rbln" --input-shape x=3x8 >&2 \

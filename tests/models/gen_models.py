@@ -649,6 +649,73 @@ def encoder4():
     return g.model(x, [1, S, D], "out", [1, S, D]), g.input_data((1, S, D))
 
 
+def ops3():
+    """1-D Conv and pools on [N,C,L], Pad (folded into a conv and standalone),
+    LeakyRelu, HardSigmoid, HardSwish, PRelu."""
+    g = Graph("ops3", 113)
+    x = "x"  # [2,4,16]
+
+    def conv1d(t, name, cin, cout, k, pads, stride=1, group=1, bias=True, gain=1.0):
+        w = g.normal(f"{name}.weight", (cout, cin // group, k),
+                     np.sqrt(gain / ((cin // group) * k)))
+        ins = [t, w] + ([g.normal(f"{name}.bias", (cout,), 0.1)] if bias else [])
+        return g.node("Conv", ins, name, dilations=[1], group=group, kernel_shape=[k],
+                      pads=pads, strides=[stride])
+
+    # Branch A: Conv k3 with bias, LeakyRelu (about half its inputs are
+    # negative, and AveragePool is linear, so the slope reaches y).
+    a = conv1d(x, "a.conv_k3", 4, 8, 3, [1, 1])  # [2,8,16]
+    a = g.node("LeakyRelu", [a], "a.leakyrelu", alpha=0.1)
+    a = g.node("AveragePool", [a], "a.avgpool", kernel_shape=[2], strides=[2],
+               pads=[0, 0], count_include_pad=0)  # [2,8,8]
+    a = g.node("Flatten", [a], "a.flatten", axis=1)  # [2,64]
+
+    # Branch B: MaxPool, grouped Conv (2 groups of 2 input and 2 output
+    # channels), PRelu with one slope per channel ([4,1], broadcast over L;
+    # about a quarter of its inputs are negative).
+    b = g.node("MaxPool", [x], "b.maxpool", kernel_shape=[3], strides=[2],
+               pads=[1, 1])  # [2,4,8]
+    b = conv1d(b, "b.conv_group", 4, 4, 3, [1, 1], group=2)  # [2,4,8]
+    b = g.node("PRelu", [b, g.uniform("b.prelu.slope", (4, 1), 0.1, 0.6)], "b.prelu")
+    b = g.node("Flatten", [b], "b.flatten", axis=1)  # [2,32]
+
+    # Branch C: a zero Pad directly before a 2-D Conv with pads 0 (a
+    # compiler may fold it into the conv's pads: top 1, left 1, bottom 1,
+    # right 2), then HardSigmoid. The conv weights are large (its output has
+    # a std of about 2.6), so more than a quarter of the values fall outside
+    # [-2.5, 2.5], where HardSigmoid clamps to 0 or 1.
+    c = g.node("Reshape", [x, g.i64("c.reshape.shape", [2, 4, 4, 4])], "c.reshape")
+    c = g.node("Pad", [c, g.i64("c.pad.pads", [0, 0, 1, 1, 0, 0, 1, 2]),
+                       g.const("c.pad.value", 0.0)], "c.pad", mode="constant")  # [2,4,6,7]
+    w = g.normal("c.conv.weight", (4, 4, 3, 3), np.sqrt(9.0 / 36))
+    c = g.node("Conv", [c, w, g.normal("c.conv.bias", (4,), 0.1)], "c.conv",
+               dilations=[1, 1], group=1, kernel_shape=[3, 3], pads=[0, 0, 0, 0],
+               strides=[1, 1])  # [2,4,4,5]
+    c = g.node("HardSigmoid", [c], "c.hardsigmoid", alpha=0.2, beta=0.5)
+    c = g.node("Flatten", [c], "c.flatten", axis=1)  # [2,80]
+
+    # Branch D: a Pad with value 0.5 on the last axis (2 before, 3 after)
+    # feeding a Mul, so it cannot be folded into the conv after it; then a
+    # Conv k5 stride 2 without bias, with asymmetric pads [2,1] on the odd
+    # length 21: (21 + 3 - 5) // 2 + 1 = 10 outputs (symmetric pads [2,2]
+    # would give 11, [1,1] or [1,2] 10 shifted by one); then HardSwish,
+    # whose input has a std of about 1.6 (below -3 it gives 0, in (-3,0)
+    # negative values).
+    d = g.node("Pad", [x, g.i64("d.pad.pads", [0, 0, 2, 0, 0, 3]),
+                       g.const("d.pad.value", 0.5)], "d.pad", mode="constant")  # [2,4,21]
+    d = g.node("Mul", [d, g.uniform("d.mul.scale", (21,), 0.5, 1.5)], "d.mul")
+    d = conv1d(d, "d.conv_k5_s2", 4, 4, 5, [2, 1], stride=2, bias=False,
+               gain=3.0)  # [2,4,10]
+    d = g.node("HardSwish", [d], "d.hardswish")
+    d = g.node("Flatten", [d], "d.flatten", axis=1)  # [2,40]
+
+    cat = g.node("Concat", [a, b, c, d], "concat", axis=1)  # [2,216]
+    n = 64 + 32 + 80 + 40
+    g.node("MatMul", [cat, g.normal("head.weight", (n, 8), np.sqrt(1.0 / n))], "head",
+           outputs=["y"])
+    return g.model(x, [2, 4, 16], "y", [2, 8]), g.input_data((2, 4, 16))
+
+
 # name -> (builder, suffix of the .npy files or None for no reference)
 MODELS = [
     ("resnet", resnet, ""),
@@ -663,6 +730,7 @@ MODELS = [
     ("resnet18", resnet18, ""),
     ("mobilenetv2", mobilenetv2, ""),
     ("encoder4", encoder4, ""),
+    ("ops3", ops3, ""),
 ]
 
 
