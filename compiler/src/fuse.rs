@@ -5,6 +5,8 @@
 //!   (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div [, Mul, Add]) one
 //!   LayerNorm op;
 //! - zero Pad before a Conv becomes the Conv's padding;
+//! - a constant scale of a product whose operand comes from a GEMM with
+//!   constant weights (attention's `/ sqrt(d)`) moves into those weights;
 //! - per-channel constant Mul/Add after a Conv (BatchNormalization) fold
 //!   into its weights and bias;
 //! - a constant bias Add after a GEMM or Conv becomes its bias;
@@ -27,6 +29,7 @@ pub struct FuseStats {
     pub layer_norm: usize,
     pub folded_into_conv: usize,
     pub pad_into_conv: usize,
+    pub scale_into_weights: usize,
     pub bias: usize,
     pub activation: usize,
     pub dead: usize,
@@ -36,14 +39,16 @@ pub fn run(g: &mut Graph) -> FuseStats {
     let mut st = FuseStats::default();
     // Each rule runs to a fixed point before the next: the patterns come
     // first (they consume plain element-wise ops), then the Conv folds,
-    // then bias before activation (the activation applies after the bias).
-    let rules: [(Rule, &mut usize); 7] = [
+    // then bias before activation (the activation applies after the bias);
+    // scales move into weights once the projections carry their biases.
+    let rules: [(Rule, &mut usize); 8] = [
         (gelu, &mut st.gelu),
         (silu, &mut st.silu),
         (layer_norm, &mut st.layer_norm),
         (pad_into_conv, &mut st.pad_into_conv),
         (conv_affine, &mut st.folded_into_conv),
         (bias, &mut st.bias),
+        (scale_into_weights, &mut st.scale_into_weights),
         (activation, &mut st.activation),
     ];
     for (rule, count) in rules {
@@ -371,6 +376,70 @@ fn pad_into_conv(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     op.kind = Kind::Conv { x, w, bias, dims, stride, dilation, pads, act };
     op.op = label;
     Some(vec![i])
+}
+
+/// `(A·B) / c` or `(A·B) * c` with a constant scalar c, where A (or B) is
+/// computed by a GEMM with constant weights through only views and
+/// transposes (attention's `Q·Kᵀ / sqrt(d)`): scale that GEMM's weights
+/// and bias instead, and drop the element-wise op.
+fn scale_into_weights(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    let (k, a, b) = binary(&g.ops[i])?;
+    let (prod, c) = match k {
+        Binary::Div => (a, g.konst(b)?.scalar()?),
+        Binary::Mul => g.konst(b).and_then(Const::scalar).map(|c| (a, c)).or_else(|| Some((b, g.konst(a)?.scalar()?)))?,
+        _ => return None,
+    };
+    let factor = if k == Binary::Div { 1.0 / c } else { c };
+    if !factor.is_finite() || g.values[g.ops[i].out].shape != g.values[prod].shape {
+        return None;
+    }
+    let p = ix.producer[prod]?;
+    ix.sole_reader(prod)?;
+    let Kind::Gemm { a: ga, b: gb, bias: None, act, .. } = g.ops[p].kind else { return None };
+    if act != Act::NONE {
+        return None;
+    }
+    // Walk one operand back to a GEMM with constant weights.
+    let source = |mut v: ValueId| -> Option<usize> {
+        loop {
+            ix.sole_reader(v)?;
+            let q = ix.producer[v]?;
+            match g.ops[q].kind {
+                Kind::View { x } | Kind::Transpose { x, .. } => v = x,
+                Kind::Gemm { b, bias, act, .. } if act == Act::NONE && g.konst(b).is_some() && bias.is_none_or(|x| g.konst(x).is_some()) => {
+                    return Some(q)
+                }
+                _ => return None,
+            }
+        }
+    };
+    let w = source(ga).or_else(|| source(gb))?;
+    let Kind::Gemm { b: wb, bias: wbias, .. } = g.ops[w].kind else { return None };
+    let scaled = |g: &mut Graph, v: ValueId| -> Option<ValueId> {
+        let c = g.konst(v)?;
+        let data: Vec<f32> = c.floats().iter().map(|x| x * factor).collect();
+        let shape = c.shape.clone();
+        let name = format!("{}.scaled", g.values[v].name);
+        Some(g.add_value(&name, shape.clone(), Some(Const::f32(&shape, data))))
+    };
+    let nb = scaled(g, wb)?;
+    let nbias = match wbias {
+        Some(x) => Some(scaled(g, x)?),
+        None => None,
+    };
+    if let Kind::Gemm { b, bias, .. } = &mut g.ops[w].kind {
+        *b = nb;
+        *bias = nbias;
+    }
+    g.ops[w].op = join(&g.ops[w].op, &format!("{}(scale)", g.ops[i].op));
+    // The product takes the element-wise op's place (and output).
+    let label = join(&g.ops[p].op, &g.ops[i].op);
+    let (kind, name) = (g.ops[p].kind.clone(), g.ops[p].name.clone());
+    let op = &mut g.ops[i];
+    op.kind = kind;
+    op.name = name;
+    op.op = label;
+    Some(vec![p])
 }
 
 /// A constant bias Add after a GEMM (over its n columns) or a Conv.

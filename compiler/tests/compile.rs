@@ -532,3 +532,36 @@ fn zero_pad_folds_into_conv_and_1d_conv_compiles() {
     assert_eq!(who, "pad");
     assert!(reason.contains("mode 'reflect' is not supported"), "{reason}");
 }
+
+#[test]
+fn attention_scale_moves_into_the_query_weights() {
+    // scores = (x·Wq + bq) · (x·Wk)ᵀ / 3
+    let d = 4;
+    let bytes = model(
+        vec![
+            node("MatMul", "q", &["x", "Wq"], &["q0"], vec![]),
+            node("Add", "q.bias", &["q0", "bq"], &["qb"], vec![]),
+            node("MatMul", "k", &["x", "Wk"], &["k0"], vec![]),
+            node("Transpose", "kt", &["k0"], &["kT"], vec![attr_ints("perm", &[1, 0])]),
+            node("MatMul", "scores", &["qb", "kT"], &["s"], vec![]),
+            node("Div", "scale", &["s", "three"], &["y"], vec![]),
+        ],
+        vec![
+            tensor("Wq", &[d, d], &ramp(16, 0.3)),
+            tensor("bq", &[d], &[0.3, 0.6, -0.3, 0.9]),
+            tensor("Wk", &[d, d], &ramp(16, 0.2)),
+            tensor("three", &[], &[3.0]),
+        ],
+        vec![vinfo("x", &[5, d])],
+        vec![vinfo("y", &[5, 5])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(c.report.fused.scale_into_weights, 1);
+    assert_eq!(compute_ops(&c.model), ["MatMul+Add+Div(scale)", "MatMul", "Transpose", "MatMul+Div"]);
+    // The scaled copy of the query bias is bq / 3.
+    let names: Vec<&str> = c.model.graph.tensors.iter().map(|t| t.name.as_str()).collect();
+    let t = c.model.graph.tensors.iter().find(|t| t.name.ends_with(".bias.scaled")).unwrap_or_else(|| panic!("no scaled bias in {names:?}"));
+    let Placement::Weight { offset, .. } = t.placement else { panic!("not a weight") };
+    let v = f32::from_le_bytes(c.model.weights[offset as usize + 12..offset as usize + 16].try_into().unwrap());
+    assert!((v - 0.3).abs() < 1e-6, "{v}");
+}
