@@ -175,27 +175,6 @@ impl Kind {
             Gather { data, indices, .. } => vec![*data, *indices],
         }
     }
-
-    /// Name of the device op (for the graph and reports).
-    pub fn device_op(&self) -> &'static str {
-        use Kind::*;
-        match self {
-            Gemm { .. } => "Gemm",
-            Conv { .. } => "Conv",
-            Pool { max: true, .. } => "MaxPool",
-            Pool { .. } => "AveragePool",
-            Binary { .. } => "Binary",
-            Unary { .. } => "Unary",
-            Softmax { .. } => "Softmax",
-            LayerNorm { .. } => "LayerNorm",
-            Reduce { .. } => "Reduce",
-            Transpose { .. } => "Transpose",
-            Copy { .. } => "Copy",
-            Gather { .. } => "Gather",
-            Pad { .. } => "Pad",
-            View { .. } => "View",
-        }
-    }
 }
 
 /// A device op: `kind` computes `out`. `name` is the ONNX node it came
@@ -224,18 +203,5 @@ impl Graph {
     }
     pub fn konst(&self, v: ValueId) -> Option<&Const> {
         self.values[v].konst.as_ref()
-    }
-    /// How many op operands and graph outputs read each value.
-    pub fn use_counts(&self) -> Vec<usize> {
-        let mut n = vec![0; self.values.len()];
-        for op in &self.ops {
-            for v in op.kind.inputs() {
-                n[v] += 1;
-            }
-        }
-        for (_, v) in &self.outputs {
-            n[*v] += 1;
-        }
-        n
     }
 }
