@@ -137,6 +137,19 @@ fn other(a: ValueId, b: ValueId, v: ValueId) -> Option<ValueId> {
     }
 }
 
+/// Op `c` (the sole reader of op `p`'s result) becomes `kind`, which does
+/// the work of both; it keeps `p`'s ONNX name and its own output. Returns
+/// the op to delete (`p`).
+fn absorb(g: &mut Graph, p: usize, c: usize, kind: Kind) -> Option<Vec<usize>> {
+    let label = join(&g.ops[p].op, &g.ops[c].op);
+    let name = g.ops[p].name.clone();
+    let op = &mut g.ops[c];
+    op.kind = kind;
+    op.name = name;
+    op.op = label;
+    Some(vec![p])
+}
+
 fn join(a: &str, b: &str) -> String {
     if a.rsplit('+').next() == Some(b) {
         a.to_string()
@@ -343,12 +356,7 @@ fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     };
     let b2 = g.add_value(&format!("{name}.B.folded"), vec![dims[4]], Some(Const::f32(&[dims[4]], new_b)));
     let Kind::Conv { x, stride, dilation, pads, .. } = g.ops[i].kind else { return None };
-    let label = join(&g.ops[i].op, &g.ops[c].op);
-    let op = &mut g.ops[c];
-    op.kind = Kind::Conv { x, w: w2, bias: Some(b2), dims, stride, dilation, pads, act };
-    op.name = name;
-    op.op = label;
-    Some(vec![i])
+    absorb(g, i, c, Kind::Conv { x, w: w2, bias: Some(b2), dims, stride, dilation, pads, act })
 }
 
 /// Zero padding of the spatial dims before a Conv becomes the Conv's own
@@ -433,13 +441,8 @@ fn scale_into_weights(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>>
     }
     g.ops[w].op = join(&g.ops[w].op, &format!("{}(scale)", g.ops[i].op));
     // The product takes the element-wise op's place (and output).
-    let label = join(&g.ops[p].op, &g.ops[i].op);
-    let (kind, name) = (g.ops[p].kind.clone(), g.ops[p].name.clone());
-    let op = &mut g.ops[i];
-    op.kind = kind;
-    op.name = name;
-    op.op = label;
-    Some(vec![p])
+    let kind = g.ops[p].kind.clone();
+    absorb(g, p, i, kind)
 }
 
 /// A constant bias Add after a GEMM (over its n columns) or a Conv.
@@ -473,12 +476,7 @@ fn bias(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         Kind::Gemm { bias, .. } | Kind::Conv { bias, .. } => *bias = Some(bv),
         _ => return None,
     }
-    let label = join(&g.ops[i].op, &g.ops[c].op);
-    let op = &mut g.ops[c];
-    op.kind = kind;
-    op.name = name;
-    op.op = label;
-    Some(vec![i])
+    absorb(g, i, c, kind)
 }
 
 /// An activation after a GEMM or Conv.
@@ -497,13 +495,7 @@ fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         Kind::Gemm { act, .. } | Kind::Conv { act, .. } => *act = Act { kind, p0, p1 },
         _ => return None,
     }
-    let label = join(&g.ops[i].op, &g.ops[c].op);
-    let name = g.ops[i].name.clone();
-    let op = &mut g.ops[c];
-    op.kind = k;
-    op.name = name;
-    op.op = label;
-    Some(vec![i])
+    absorb(g, i, c, k)
 }
 
 /// Drop ops whose results no output depends on; returns how many.
