@@ -1,0 +1,229 @@
+//! `rbln-bench-guest`: the guest-side micro-benchmarks of `make bench`
+//! (tests/bench/guest.sh runs it in the VM; scripts/bench.sh aggregates).
+//!
+//!     rbln-bench-guest dma --size 16777216 --size 1048576 [--reps 7]
+//!     rbln-bench-guest latency [--runs 200] [--warmup 20]
+//!
+//! `dma`: DMA_COPY host memory -> device DRAM and back, timed with TIMESTAMP
+//! packets around each copy (device clock), one submission per repetition.
+//! `latency`: NOP submit -> fence round trips on a kernel queue
+//! (RBLN_IOCTL_SUBMIT + FENCE_WAIT, interrupt-driven) and on a user-mode
+//! queue (ring + doorbell written from user space, spin on the status
+//! block), timed in the guest.
+//!
+//! One JSON object on stdout; progress and errors on stderr.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use rbln_umd::{CommandBuffer, Device, Perms, Placement, Submit};
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(about = "Guest-side micro-benchmarks of make bench (DMA bandwidth, submit latency)")]
+struct Args {
+    /// Device index (/dev/rblnN).
+    #[arg(long, default_value_t = 0, global = true)]
+    device: u32,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// DMA host -> DRAM and DRAM -> host, device-timestamped.
+    Dma {
+        /// Bytes per copy (repeatable).
+        #[arg(long = "size", required = true)]
+        sizes: Vec<u64>,
+        /// Timed copies per size (after one warm-up).
+        #[arg(long, default_value_t = 7)]
+        reps: usize,
+    },
+    /// NOP submit -> fence latency, kernel and user-mode submission.
+    Latency {
+        /// Timed round trips per path.
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        /// Untimed round trips per path first.
+        #[arg(long, default_value_t = 20)]
+        warmup: usize,
+    },
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Guest wall-clock intervals that stay fine-grained when the guest
+/// kernel's clock is not (under TCG it may fall back to a jiffies clock):
+/// then the TSC is used, calibrated against that clock over 200 ms.
+mod clock {
+    use std::sync::OnceLock;
+    use std::time::{Duration, Instant};
+
+    static TSC_PER_NS: OnceLock<Option<f64>> = OnceLock::new();
+
+    fn tsc() -> u64 {
+        // SAFETY: RDTSC has no preconditions on x86-64.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+
+    pub fn resolution() -> Duration {
+        let mut best = Duration::MAX;
+        for _ in 0..5 {
+            let a = Instant::now();
+            let mut b = Instant::now();
+            while b == a {
+                b = Instant::now();
+            }
+            best = best.min(b - a);
+        }
+        best
+    }
+
+    fn tsc_per_ns() -> Option<f64> {
+        *TSC_PER_NS.get_or_init(|| {
+            if resolution() <= Duration::from_micros(100) {
+                return None;
+            }
+            let (t0, c0) = (Instant::now(), tsc());
+            while t0.elapsed() < Duration::from_millis(200) {
+                std::hint::spin_loop();
+            }
+            Some((tsc() - c0) as f64 / t0.elapsed().as_nanos() as f64)
+        })
+    }
+
+    /// How intervals are measured, for the report.
+    pub fn describe() -> String {
+        let src = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .unwrap_or_default();
+        match tsc_per_ns() {
+            None => format!("clocksource {}, resolution {:?}", src.trim(), resolution()),
+            Some(r) => format!("clocksource {} is coarse: TSC at {r:.3} GHz", src.trim()),
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    pub struct Stamp(Instant, u64);
+
+    pub fn now() -> Stamp {
+        Stamp(Instant::now(), tsc())
+    }
+
+    impl Stamp {
+        pub fn elapsed(&self) -> Duration {
+            match tsc_per_ns() {
+                None => self.0.elapsed(),
+                Some(r) => Duration::from_nanos(((tsc() - self.1) as f64 / r) as u64),
+            }
+        }
+    }
+}
+
+/// `map_err` helper: "what: error".
+fn e(what: &'static str) -> impl Fn(rbln_umd::Error) -> String {
+    move |err| format!("{what}: {err}")
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn dma(dev: &Device, sizes: &[u64], reps: usize) -> Result<serde_json::Value, String> {
+    let queue = dev.create_queue(0).map_err(e("create queue"))?;
+    let mut rows = Vec::new();
+    for &size in sizes {
+        let ts = size.div_ceil(4096) * 4096;
+        let host = dev.alloc(ts + 4096, Placement::Host).map_err(e("alloc host"))?;
+        let dram = dev.alloc(size, Placement::Dram).map_err(e("alloc DRAM"))?;
+        host.map(Perms::RW).map_err(e("map host"))?;
+        dram.map(Perms::RW).map_err(e("map DRAM"))?;
+        let pattern: Vec<u32> = (0..size / 4).map(|i| (i as u32).wrapping_mul(2_654_435_761)).collect();
+        host.write_slice(0, &pattern).map_err(e("write host"))?;
+        let mut cb = CommandBuffer::new(dev).map_err(e("command buffer"))?;
+        let (mut h2d, mut d2h) = (Vec::new(), Vec::new());
+        for rep in 0..=reps {
+            cb.reset();
+            cb.timestamp(&host, ts)
+                .and_then(|c| c.copy(&host, 0, &dram, 0, size))
+                .and_then(|c| c.timestamp(&host, ts + 8))
+                .and_then(|c| c.copy(&dram, 0, &host, 0, size))
+                .and_then(|c| c.timestamp(&host, ts + 16))
+                .map_err(e("encode"))?;
+            queue.submit_ioctl(&mut cb).map_err(e("submit"))?.wait(WAIT).map_err(e("wait"))?;
+            let t: Vec<u64> = host.read_vec(ts, 3).map_err(e("read timestamps"))?;
+            if rep > 0 {
+                h2d.push(t[1].saturating_sub(t[0]) as f64);
+                d2h.push(t[2].saturating_sub(t[1]) as f64);
+            }
+        }
+        // The round trip must not have changed the data.
+        let back: Vec<u32> = host.read_vec(0, pattern.len()).map_err(e("read back"))?;
+        if back != pattern {
+            return Err(format!("DMA round trip of {size} bytes changed the data"));
+        }
+        let (h, d) = (median(&mut h2d), median(&mut d2h));
+        eprintln!("dma {size} B: host->DRAM {:.3} ms ({:.2} GB/s), DRAM->host {:.3} ms", h / 1e6, size as f64 / h, d / 1e6);
+        rows.push(json!({
+            "bytes": size, "reps": reps,
+            "h2d_median_ns": h, "h2d_gbps": size as f64 / h.max(1.0),
+            "d2h_median_ns": d, "d2h_gbps": size as f64 / d.max(1.0),
+            "h2d_ns": h2d, "d2h_ns": d2h,
+        }));
+    }
+    Ok(json!({"dma": rows}))
+}
+
+fn latency(dev: &Device, runs: usize, warmup: usize) -> Result<serde_json::Value, String> {
+    let desc = clock::describe(); // calibrates before anything is timed
+    let mut kq = dev.create_queue(0).map_err(e("create queue"))?;
+    let mut uq = dev.create_user_queue(0).map_err(e("create user queue"))?;
+    let mut nop = CommandBuffer::new(dev).map_err(e("command buffer"))?;
+    nop.nop();
+    let mut measure = |q: &mut dyn Submit, spin: bool| -> Result<serde_json::Value, String> {
+        let mut v = Vec::with_capacity(runs);
+        for i in 0..warmup + runs.max(1) {
+            let t0 = clock::now();
+            let f = q.submit(&mut nop).map_err(e("submit"))?;
+            if spin { f.spin_wait(WAIT) } else { f.wait(WAIT) }.map_err(e("wait"))?;
+            if i >= warmup {
+                v.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        v.sort_by(f64::total_cmp);
+        let pct = |p: usize| v[(v.len() * p / 100).min(v.len() - 1)];
+        Ok(json!({"runs": v.len(), "p50_us": pct(50), "p90_us": pct(90), "p99_us": pct(99),
+                  "mean_us": v.iter().sum::<f64>() / v.len() as f64, "min_us": v[0]}))
+    };
+    let ioctl = measure(&mut kq, false)?;
+    let user = measure(&mut uq, true)?;
+    eprintln!("latency: ioctl SUBMIT + FENCE_WAIT p50 {} us, user-mode + spin p50 {} us", ioctl["p50_us"], user["p50_us"]);
+    Ok(json!({"clock": desc, "ioctl_submit_fence_wait": ioctl, "user_submit_spin": user}))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let dev = match Device::open(args.device) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("rbln-bench-guest: {e}");
+            return ExitCode::from(4);
+        }
+    };
+    let r = match args.cmd {
+        Cmd::Dma { sizes, reps } => dma(&dev, &sizes, reps),
+        Cmd::Latency { runs, warmup } => latency(&dev, runs, warmup),
+    };
+    match r {
+        Ok(v) => {
+            println!("{v}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rbln-bench-guest: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
