@@ -1,7 +1,7 @@
 //! Element-wise unary operations and the activations that other kernels fuse.
 
 use crate::error::Result;
-use crate::util::{check_len, PAR_CHUNK};
+use crate::util::{check_len, elementwise_chunk};
 use rayon::prelude::*;
 
 /// Activation fused into the epilogue of `gemm` / `conv2d`.
@@ -107,46 +107,111 @@ fn map<F: Fn(f32) -> f32>(xs: &mut [f32], f: F) {
     }
 }
 
+/// Applies `op` in place (the op is matched once, outside the loop). Inlined
+/// into SIMD-dispatched callers so that it is compiled for their features.
+#[inline(always)]
+pub(crate) fn apply_inline(op: UnaryOp, xs: &mut [f32]) {
+    match op {
+        UnaryOp::Relu => map(xs, |x| x.max(0.0)),
+        UnaryOp::Gelu => map(xs, fastmath::gelu),
+        UnaryOp::GeluTanh => map(xs, fastmath::gelu_tanh),
+        UnaryOp::Silu => map(xs, fastmath::silu),
+        UnaryOp::Sigmoid => map(xs, fastmath::sigmoid),
+        UnaryOp::Tanh => map(xs, fastmath::tanh),
+        UnaryOp::Exp => map(xs, fastmath::exp),
+        UnaryOp::Log => map(xs, f32::ln),
+        UnaryOp::Sqrt => map(xs, f32::sqrt),
+        UnaryOp::Neg => map(xs, |x| -x),
+        UnaryOp::Abs => map(xs, f32::abs),
+        UnaryOp::Erf => map(xs, fastmath::erf),
+        UnaryOp::Clip { min, max } => map(xs, |x| x.max(min).min(max)),
+        UnaryOp::Reciprocal => map(xs, |x| 1.0 / x),
+    }
+}
+
 simd_dispatch! {
-    /// Applies `op` in place, sequentially (the op is matched once, outside the loop).
+    /// Applies `op` in place, sequentially.
     fn apply_slice(op: UnaryOp, xs: &mut [f32]) {
-        match op {
-            UnaryOp::Relu => map(xs, |x| x.max(0.0)),
-            UnaryOp::Gelu => map(xs, fastmath::gelu),
-            UnaryOp::GeluTanh => map(xs, fastmath::gelu_tanh),
-            UnaryOp::Silu => map(xs, fastmath::silu),
-            UnaryOp::Sigmoid => map(xs, fastmath::sigmoid),
-            UnaryOp::Tanh => map(xs, fastmath::tanh),
-            UnaryOp::Exp => map(xs, fastmath::exp),
-            UnaryOp::Log => map(xs, f32::ln),
-            UnaryOp::Sqrt => map(xs, f32::sqrt),
-            UnaryOp::Neg => map(xs, |x| -x),
-            UnaryOp::Abs => map(xs, f32::abs),
-            UnaryOp::Erf => map(xs, fastmath::erf),
-            UnaryOp::Clip { min, max } => map(xs, |x| x.max(min).min(max)),
-            UnaryOp::Reciprocal => map(xs, |x| 1.0 / x),
+        apply_inline(op, xs)
+    }
+}
+
+simd_dispatch! {
+    /// `y = op(x)`, sequentially (`x` and `y` have the same length).
+    fn apply_copy(op: UnaryOp, x: &[f32], y: &mut [f32]) {
+        // Blocks small enough to stay in L1 between the copy and the op.
+        for (d, s) in y.chunks_mut(EPI_BLOCK).zip(x.chunks(EPI_BLOCK)) {
+            match op {
+                UnaryOp::Relu => {
+                    for (d, &s) in d.iter_mut().zip(s) {
+                        *d = s.max(0.0);
+                    }
+                }
+                UnaryOp::Clip { min, max } => {
+                    for (d, &s) in d.iter_mut().zip(s) {
+                        *d = s.max(min).min(max);
+                    }
+                }
+                UnaryOp::Neg => {
+                    for (d, &s) in d.iter_mut().zip(s) {
+                        *d = -s;
+                    }
+                }
+                _ => {
+                    d.copy_from_slice(s);
+                    apply_inline(op, d);
+                }
+            }
         }
     }
 }
 
-/// Adds `bias` (a scalar or a per-element slice) and applies `act`, in place.
-#[inline]
-pub(crate) fn bias_act_slice(xs: &mut [f32], bias: Bias<'_>, act: Activation) {
-    match bias {
-        Bias::None => {}
-        Bias::Scalar(b) => {
-            for x in xs.iter_mut() {
-                *x += b;
-            }
-        }
-        Bias::Row(b) => {
-            for (x, &b) in xs.iter_mut().zip(b) {
-                *x += b;
-            }
-        }
+/// Elements per block of the fused epilogue: the adds and the activation
+/// run on one block while it is in L1.
+pub(crate) const EPI_BLOCK: usize = 512;
+
+/// `x = act(x + bias + residual)` in one pass over `xs`, sequentially
+/// (the inlinable body; see [`epilogue`]).
+#[inline(always)]
+pub(crate) fn epilogue_inline(xs: &mut [f32], bias: Bias<'_>, residual: Option<&[f32]>, act: Activation) {
+    let op = act.as_unary();
+    if matches!(bias, Bias::None) && residual.is_none() && op.is_none() {
+        return;
     }
-    if let Some(op) = act.as_unary() {
-        apply_slice(op, xs);
+    let mut i = 0;
+    while i < xs.len() {
+        let e = (i + EPI_BLOCK).min(xs.len());
+        let blk = &mut xs[i..e];
+        match bias {
+            Bias::None => {}
+            Bias::Scalar(b) => {
+                for x in blk.iter_mut() {
+                    *x += b;
+                }
+            }
+            Bias::Row(b) => {
+                for (x, &b) in blk.iter_mut().zip(&b[i..e]) {
+                    *x += b;
+                }
+            }
+        }
+        if let Some(r) = residual {
+            for (x, &r) in blk.iter_mut().zip(&r[i..e]) {
+                *x += r;
+            }
+        }
+        if let Some(op) = op {
+            apply_inline(op, blk);
+        }
+        i = e;
+    }
+}
+
+simd_dispatch! {
+    /// `x = act(x + bias + residual)` in one pass, sequentially. `Bias::Row`
+    /// and `residual` have `xs.len()` elements.
+    fn epilogue(xs: &mut [f32], bias: Bias<'_>, residual: Option<&[f32]>, act: Activation) {
+        epilogue_inline(xs, bias, residual, act)
     }
 }
 
@@ -159,7 +224,12 @@ pub(crate) enum Bias<'a> {
 
 /// `x[i] = op(x[i])` for every element, in parallel.
 pub fn unary_inplace(op: UnaryOp, x: &mut [f32]) -> Result<()> {
-    x.par_chunks_mut(PAR_CHUNK).for_each(|c| apply_slice(op, c));
+    let chunk = elementwise_chunk(x.len());
+    if chunk >= x.len() {
+        apply_slice(op, x);
+    } else {
+        x.par_chunks_mut(chunk).for_each(|c| apply_slice(op, c));
+    }
     Ok(())
 }
 
@@ -167,12 +237,14 @@ pub fn unary_inplace(op: UnaryOp, x: &mut [f32]) -> Result<()> {
 /// the same length.
 pub fn unary(op: UnaryOp, x: &[f32], y: &mut [f32]) -> Result<()> {
     check_len("unary output", y.len(), x.len())?;
-    y.par_chunks_mut(PAR_CHUNK)
-        .zip(x.par_chunks(PAR_CHUNK))
-        .for_each(|(d, s)| {
-            d.copy_from_slice(s);
-            apply_slice(op, d);
-        });
+    let chunk = elementwise_chunk(x.len());
+    if chunk >= x.len() {
+        apply_copy(op, x, y);
+    } else {
+        y.par_chunks_mut(chunk)
+            .zip(x.par_chunks(chunk))
+            .for_each(|(d, s)| apply_copy(op, s, d));
+    }
     Ok(())
 }
 

@@ -1,7 +1,8 @@
 //! Element-wise binary operations with numpy-style broadcasting.
 
+use crate::activation::{epilogue, Activation, Bias, EPI_BLOCK};
 use crate::error::{KernelError, Result};
-use crate::util::{check_len, check_rank, rows_per_task, volume, PAR_CHUNK};
+use crate::util::{check_len, check_rank, elementwise_chunk, volume};
 use crate::MAX_RANK;
 use rayon::prelude::*;
 
@@ -48,19 +49,39 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 /// `out = op(a, b)` with broadcasting; `out` has the element count of
 /// [`broadcast_shape`]`(a_shape, b_shape)` (row-major). Parallel.
 pub fn binary(op: BinaryOp, a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize], out: &mut [f32]) -> Result<()> {
+    binary_act(op, a, a_shape, b, b_shape, Activation::None, out)
+}
+
+/// `out = act(op(a, b))` with broadcasting, in one pass (e.g. Add + Relu of
+/// a residual block, Mul + Clip); otherwise as [`binary`].
+pub fn binary_act(
+    op: BinaryOp,
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+    act: Activation,
+    out: &mut [f32],
+) -> Result<()> {
     let out_shape = broadcast_shape(a_shape, b_shape)?;
     let out_len = volume("binary output", &out_shape)?;
     check_len("binary lhs", a.len(), volume("binary lhs", a_shape)?)?;
     check_len("binary rhs", b.len(), volume("binary rhs", b_shape)?)?;
     check_len("binary output", out.len(), out_len)?;
+    if out.is_empty() {
+        return Ok(());
+    }
+    // Non-empty output: every dimension is ≥ 1, so the operands' volumes
+    // (validated above) bound all strides.
+    let g = Geom::new(a_shape, b_shape, &out_shape);
     match op {
-        BinaryOp::Add => run(|x, y| x + y, a, a_shape, b, b_shape, &out_shape, out),
-        BinaryOp::Sub => run(|x, y| x - y, a, a_shape, b, b_shape, &out_shape, out),
-        BinaryOp::Mul => run(|x, y| x * y, a, a_shape, b, b_shape, &out_shape, out),
-        BinaryOp::Div => run(|x, y| x / y, a, a_shape, b, b_shape, &out_shape, out),
-        BinaryOp::Max => run(f32::max, a, a_shape, b, b_shape, &out_shape, out),
-        BinaryOp::Min => run(f32::min, a, a_shape, b, b_shape, &out_shape, out),
-        BinaryOp::Pow => run(f32::powf, a, a_shape, b, b_shape, &out_shape, out),
+        BinaryOp::Add => run(|x, y| x + y, a, b, &g, act, out),
+        BinaryOp::Sub => run(|x, y| x - y, a, b, &g, act, out),
+        BinaryOp::Mul => run(|x, y| x * y, a, b, &g, act, out),
+        BinaryOp::Div => run(|x, y| x / y, a, b, &g, act, out),
+        BinaryOp::Max => run(f32::max, a, b, &g, act, out),
+        BinaryOp::Min => run(f32::min, a, b, &g, act, out),
+        BinaryOp::Pow => run(f32::powf, a, b, &g, act, out),
     }
     Ok(())
 }
@@ -71,6 +92,43 @@ struct Dim {
     size: usize,
     sa: usize,
     sb: usize,
+}
+
+/// Coalesced broadcast geometry: `dims[0]` is innermost.
+struct Geom {
+    dims: Vec<Dim>,
+}
+
+impl Geom {
+    fn new(a_shape: &[usize], b_shape: &[usize], out_shape: &[usize]) -> Geom {
+        // Strides of a and b aligned to the output's dims (0 where
+        // broadcast), coalesced from the innermost dimension outwards.
+        let rank = out_shape.len();
+        let mut dims: Vec<Dim> = Vec::with_capacity(MAX_RANK);
+        let (mut stride_a, mut stride_b) = (1usize, 1usize);
+        for i in (0..rank).rev() {
+            let size = out_shape[i];
+            let da = if i + a_shape.len() >= rank { a_shape[i + a_shape.len() - rank] } else { 1 };
+            let db = if i + b_shape.len() >= rank { b_shape[i + b_shape.len() - rank] } else { 1 };
+            let sa = if da == 1 { 0 } else { stride_a };
+            let sb = if db == 1 { 0 } else { stride_b };
+            // Cannot overflow: the output is non-empty, so the products are
+            // bounded by the validated operand volumes.
+            stride_a *= da;
+            stride_b *= db;
+            if size == 1 {
+                continue;
+            }
+            match dims.last_mut() {
+                Some(last) if sa == last.sa * last.size && sb == last.sb * last.size => last.size *= size,
+                _ => dims.push(Dim { size, sa, sb }),
+            }
+        }
+        if dims.is_empty() {
+            dims.push(Dim { size: 1, sa: 0, sb: 0 });
+        }
+        Geom { dims }
+    }
 }
 
 /// Row kernel: `out[j] = f(a[j·sa], b[j·sb])` with sa, sb ∈ {0, 1}.
@@ -99,56 +157,42 @@ fn row<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: usize
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run<F: Fn(f32, f32) -> f32 + Sync>(
-    f: F,
-    a: &[f32],
-    a_shape: &[usize],
-    b: &[f32],
-    b_shape: &[usize],
-    out_shape: &[usize],
-    out: &mut [f32],
-) {
+/// [`row`] followed by `act`, block by block so that the activation reads
+/// the block from L1.
+#[inline(always)]
+fn row_act<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: usize, act: Activation, out: &mut [f32]) {
+    if act == Activation::None {
+        row(f, a, sa, b, sb, out);
+        return;
+    }
+    for (i, blk) in out.chunks_mut(EPI_BLOCK).enumerate() {
+        let j0 = i * EPI_BLOCK;
+        row(f, &a[j0 * sa..], sa, &b[j0 * sb..], sb, blk);
+        epilogue(blk, Bias::None, None, act);
+    }
+}
+
+fn run<F: Fn(f32, f32) -> f32 + Sync>(f: F, a: &[f32], b: &[f32], g: &Geom, act: Activation, out: &mut [f32]) {
     if out.is_empty() {
         return;
     }
-    // Strides of a and b aligned to the output's dims (0 where broadcast),
-    // coalesced from the innermost dimension outwards.
-    let rank = out_shape.len();
-    let mut dims: Vec<Dim> = Vec::with_capacity(MAX_RANK);
-    let (mut stride_a, mut stride_b) = (1usize, 1usize);
-    for i in (0..rank).rev() {
-        let size = out_shape[i];
-        let da = if i + a_shape.len() >= rank { a_shape[i + a_shape.len() - rank] } else { 1 };
-        let db = if i + b_shape.len() >= rank { b_shape[i + b_shape.len() - rank] } else { 1 };
-        let sa = if da == 1 { 0 } else { stride_a };
-        let sb = if db == 1 { 0 } else { stride_b };
-        stride_a *= da;
-        stride_b *= db;
-        if size == 1 {
-            continue;
-        }
-        match dims.last_mut() {
-            Some(last) if sa == last.sa * last.size && sb == last.sb * last.size => last.size *= size,
-            _ => dims.push(Dim { size, sa, sb }),
-        }
-    }
-    if dims.is_empty() {
-        dims.push(Dim { size: 1, sa: 0, sb: 0 });
-    }
-    // dims[0] is innermost.
-    let inner = dims[0];
-    let outer = &dims[1..];
-    let rows = rows_per_task(inner.size);
-    let task = rows * inner.size;
+    let inner = g.dims[0];
+    let outer = &g.dims[1..];
+    let chunk = elementwise_chunk(out.len());
     if outer.is_empty() {
-        out.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(t, o)| {
-            let j0 = t * PAR_CHUNK;
-            row(&f, &a[j0 * inner.sa..], inner.sa, &b[j0 * inner.sb..], inner.sb, o);
-        });
+        let body = |t: usize, o: &mut [f32]| {
+            let j0 = t * chunk;
+            row_act(&f, &a[j0 * inner.sa..], inner.sa, &b[j0 * inner.sb..], inner.sb, act, o);
+        };
+        if chunk >= out.len() {
+            body(0, out);
+        } else {
+            out.par_chunks_mut(chunk).enumerate().for_each(|(t, o)| body(t, o));
+        }
         return;
     }
-    out.par_chunks_mut(task).enumerate().for_each(|(t, chunk)| {
+    let rows = (chunk / inner.size).max(1);
+    let body = |t: usize, chunk: &mut [f32]| {
         for (r, o) in chunk.chunks_exact_mut(inner.size).enumerate() {
             let mut idx = t * rows + r;
             let (mut oa, mut ob) = (0, 0);
@@ -158,7 +202,13 @@ fn run<F: Fn(f32, f32) -> f32 + Sync>(
                 oa += i * d.sa;
                 ob += i * d.sb;
             }
-            row(&f, &a[oa..], inner.sa, &b[ob..], inner.sb, o);
+            row_act(&f, &a[oa..], inner.sa, &b[ob..], inner.sb, act, o);
         }
-    });
+    };
+    let task = rows * inner.size;
+    if task >= out.len() {
+        body(0, out);
+    } else {
+        out.par_chunks_mut(task).enumerate().for_each(|(t, c)| body(t, c));
+    }
 }

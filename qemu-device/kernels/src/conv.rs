@@ -1,6 +1,6 @@
 //! 2-D convolution (NCHW) with fused bias and activation.
 
-use crate::activation::{bias_act_slice, Activation, Bias};
+use crate::activation::{epilogue, Activation, Bias};
 use crate::error::{KernelError, Result};
 use crate::fastmath::simd_dispatch;
 use crate::gemm::raw_gemm;
@@ -204,6 +204,21 @@ const COL_MAX: usize = 1 << 24;
 /// im2col); those with one input channel per group (depthwise) use a direct
 /// SIMD loop parallel over output planes. Runs on the current rayon pool.
 pub fn conv2d(p: &Conv2dParams, input: &[f32], weight: &[f32], bias: Option<&[f32]>, output: &mut [f32]) -> Result<()> {
+    conv2d_residual(p, input, weight, bias, None, output)
+}
+
+/// `output = act(conv(input, weight) + bias + residual)`: [`conv2d`] with a
+/// residual (skip connection) of the output's shape (NCHW, same layout)
+/// added in the same pass as the bias, before the activation, while each
+/// output tile is still in cache.
+pub fn conv2d_residual(
+    p: &Conv2dParams,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    output: &mut [f32],
+) -> Result<()> {
     let g = geometry(p)?;
     check_len("conv2d input", input.len(), volume("conv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
     check_len("conv2d weight", weight.len(), mul("conv2d weight", p.out_channels, g.kdim)?)?;
@@ -211,20 +226,31 @@ pub fn conv2d(p: &Conv2dParams, input: &[f32], weight: &[f32], bias: Option<&[f3
     if let Some(b) = bias {
         check_len("conv2d bias", b.len(), p.out_channels)?;
     }
+    if let Some(r) = residual {
+        check_len("conv2d residual", r.len(), output.len())?;
+    }
     if output.is_empty() {
         return Ok(());
     }
     if g.cg == 1 {
-        direct(p, &g, input, weight, bias, output);
+        direct(p, &g, input, weight, bias, residual, output);
     } else {
-        im2col_gemm(p, &g, input, weight, bias, output);
+        im2col_gemm(p, &g, input, weight, bias, residual, output);
     }
     Ok(())
 }
 
 /// One input channel per group: each output plane is a weighted sum of
 /// shifted views of one input plane.
-fn direct(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], bias: Option<&[f32]>, output: &mut [f32]) {
+fn direct(
+    p: &Conv2dParams,
+    g: &Geometry,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    output: &mut [f32],
+) {
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
     output
@@ -238,9 +264,8 @@ fn direct(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], bias: O
             let wts = &weight[co * kh * kw..][..kh * kw];
             out.fill(bias.map_or(0.0, |b| b[co]));
             depthwise_plane(inp, wts, kh, kw, &ha, &wa, out);
-            if let Some(op) = p.activation.as_unary() {
-                crate::activation::apply_slice(op, out);
-            }
+            let res = residual.map(|r| &r[plane_idx * g.out_plane..][..g.out_plane]);
+            epilogue(out, Bias::None, res, p.activation);
         });
 }
 
@@ -276,7 +301,15 @@ simd_dispatch! {
     }
 }
 
-fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], bias: Option<&[f32]>, output: &mut [f32]) {
+fn im2col_gemm(
+    p: &Conv2dParams,
+    g: &Geometry,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    output: &mut [f32],
+) {
     if g.kdim == 0 {
         // No input channels: the convolution sum is empty.
         output
@@ -284,13 +317,12 @@ fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], bi
             .enumerate()
             .for_each(|(i, plane)| {
                 plane.fill(bias.map_or(0.0, |b| b[i % p.out_channels]));
-                if let Some(op) = p.activation.as_unary() {
-                    crate::activation::apply_slice(op, plane);
-                }
+                let res = residual.map(|r| &r[i * g.out_plane..][..g.out_plane]);
+                epilogue(plane, Bias::None, res, p.activation);
             });
         return;
     }
-    let epilogue = bias.is_some() || p.activation != Activation::None;
+    let has_epilogue = bias.is_some() || residual.is_some() || p.activation != Activation::None;
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
     let npos = g.out_plane;
@@ -355,12 +387,13 @@ fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], bi
                 false,
             );
         }
-        if epilogue {
+        if has_epilogue {
             for co in 0..g.og {
+                let off = out_base + co * npos + t0;
                 // SAFETY: this task's rows, as above; no other reference to them lives.
-                let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(out_base + co * npos + t0), nt) };
+                let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
                 let b = bias.map_or(Bias::None, |b| Bias::Scalar(b[grp * g.og + co]));
-                bias_act_slice(row, b, p.activation);
+                epilogue(row, b, residual.map(|r| &r[off..off + nt]), p.activation);
             }
         }
     });

@@ -1,6 +1,6 @@
 //! Matrix multiplication with fused bias and activation.
 
-use crate::activation::{bias_act_slice, Activation, Bias};
+use crate::activation::{epilogue, Activation, Bias};
 use crate::error::Result;
 use crate::util::{check_len, mul, rows_per_task};
 use rayon::prelude::*;
@@ -34,12 +34,30 @@ pub struct GemmParams {
 ///
 /// Runs on the current rayon pool (see the crate docs).
 pub fn gemm(p: &GemmParams, a: &[f32], b: &[f32], bias: Option<&[f32]>, c: &mut [f32]) -> Result<()> {
+    gemm_residual(p, a, b, bias, None, c)
+}
+
+/// `C = act(op(A)·op(B) + bias + residual + (accumulate ? C : 0))`: [`gemm()`]
+/// with a residual (skip connection) of `C`'s shape (`m·n` elements,
+/// row-major) added in the same pass as the bias, before the activation.
+pub fn gemm_residual(
+    p: &GemmParams,
+    a: &[f32],
+    b: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    c: &mut [f32],
+) -> Result<()> {
     let (m, n, k) = (p.m, p.n, p.k);
     check_len("gemm A", a.len(), mul("gemm A size", m, k)?)?;
     check_len("gemm B", b.len(), mul("gemm B size", k, n)?)?;
-    check_len("gemm C", c.len(), mul("gemm C size", m, n)?)?;
+    let mn = mul("gemm C size", m, n)?;
+    check_len("gemm C", c.len(), mn)?;
     if let Some(bias) = bias {
         check_len("gemm bias", bias.len(), n)?;
+    }
+    if let Some(r) = residual {
+        check_len("gemm residual", r.len(), mn)?;
     }
     if m == 0 || n == 0 {
         return Ok(());
@@ -69,13 +87,15 @@ pub fn gemm(p: &GemmParams, a: &[f32], b: &[f32], bias: Option<&[f32]>, c: &mut 
         Some(b) => Bias::Row(b),
         None => Bias::None,
     };
-    if matches!(bias, Bias::None) && p.activation == Activation::None {
+    if matches!(bias, Bias::None) && residual.is_none() && p.activation == Activation::None {
         return Ok(());
     }
     let rows = rows_per_task(n);
-    c.par_chunks_mut(rows * n).for_each(|chunk| {
-        for row in chunk.chunks_exact_mut(n) {
-            bias_act_slice(row, bias, p.activation);
+    c.par_chunks_mut(rows * n).enumerate().for_each(|(t, chunk)| {
+        for (r, row) in chunk.chunks_exact_mut(n).enumerate() {
+            let off = (t * rows + r) * n;
+            let res = residual.map(|res| &res[off..off + n]);
+            epilogue(row, bias, res, p.activation);
         }
     });
     Ok(())

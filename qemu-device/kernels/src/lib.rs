@@ -17,10 +17,13 @@
 //! crate) uses the same pool.
 //!
 //! # Kernels
-//! - [`gemm`]: `C = act(op(A)·op(B) + bias (+ C))`
-//! - [`conv2d`]: NCHW convolution with stride, padding, dilation, groups
+//! - [`gemm`]: `C = act(op(A)·op(B) + bias (+ C))`; [`gemm_residual`] also
+//!   adds a residual of `C`'s shape in the same pass
+//! - [`conv2d`]: NCHW convolution with stride, padding, dilation, groups;
+//!   [`conv2d_residual`] also adds a residual of the output's shape
 //! - [`pool2d`]: max / average pooling
-//! - [`binary`]: broadcasting element-wise Add/Sub/Mul/Div/Max/Min/Pow
+//! - [`binary`]: broadcasting element-wise Add/Sub/Mul/Div/Max/Min/Pow;
+//!   [`binary_act`] fuses an activation
 //! - [`unary`], [`unary_inplace`]: element-wise activations and math
 //! - [`softmax`], [`layer_norm`]
 //! - [`reduce`]: Sum/Mean/Max/Min along one axis
@@ -44,12 +47,12 @@ mod util;
 mod tests;
 
 pub use activation::{activation_inplace, unary, unary_inplace, Activation, UnaryOp};
-pub use binary::{binary, broadcast_shape, BinaryOp};
-pub use conv::{conv2d, conv2d_output_shape, Conv2dParams, Padding2d};
+pub use binary::{binary, binary_act, broadcast_shape, BinaryOp};
+pub use conv::{conv2d, conv2d_output_shape, conv2d_residual, Conv2dParams, Padding2d};
 pub use copy::{permute, strided_copy, StridedCopy};
 pub use error::{KernelError, Result};
 pub use gather::{gather, gather_output_shape, GatherIndex};
-pub use gemm::{gemm, GemmParams};
+pub use gemm::{gemm, gemm_residual, GemmParams};
 pub use pool::{pool2d, pool2d_output_shape, Pool2dParams, PoolKind};
 pub use reduce::{reduce, ReduceOp};
 pub use softmax::{layer_norm, softmax};

@@ -7,6 +7,24 @@ use core::ops::Range;
 /// Elements per parallel task for cheap element-wise loops.
 pub(crate) const PAR_CHUNK: usize = 1 << 14;
 
+/// Memory-bound element-wise loops over at most this many elements run on
+/// the calling thread: waking the pool costs more than it gains.
+pub(crate) const SEQ_MAX: usize = 1 << 15;
+/// Smallest parallel task of a memory-bound loop, in elements.
+const MIN_TASK: usize = 1 << 14;
+
+/// Elements per task of a memory-bound element-wise loop over `len`
+/// elements: everything below [`SEQ_MAX`], otherwise a few equal tasks per
+/// thread (for load balance) of at least [`MIN_TASK`], a multiple of 64.
+pub(crate) fn elementwise_chunk(len: usize) -> usize {
+    if len <= SEQ_MAX {
+        return len.max(1);
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let per = len.div_ceil(threads * 4).max(MIN_TASK);
+    per.div_ceil(64).saturating_mul(64)
+}
+
 /// Checked product of `shape`.
 pub(crate) fn volume(what: &'static str, shape: &[usize]) -> Result<usize> {
     shape

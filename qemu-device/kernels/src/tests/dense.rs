@@ -5,7 +5,7 @@ use crate::*;
 
 /// Returns (want, scale) where scale = Σ|a·b| + |bias| + |c|.
 #[allow(clippy::too_many_arguments)]
-fn gemm_ref(p: &GemmParams, a: &[f32], b: &[f32], bias: Option<&[f32]>, c0: &[f32]) -> (Vec<f64>, Vec<f64>) {
+pub(crate) fn gemm_ref(p: &GemmParams, a: &[f32], b: &[f32], bias: Option<&[f32]>, c0: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let (m, n, k) = (p.m, p.n, p.k);
     let mut want = vec![0.0; m * n];
     let mut scale = vec![0.0; m * n];
@@ -127,7 +127,7 @@ pub(crate) fn out_dim(input: usize, pa: usize, pb: usize, k: usize, s: usize, d:
     (padded >= ext).then(|| (padded - ext) / s + 1)
 }
 
-fn conv_ref(p: &Conv2dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
+pub(crate) fn conv_ref(p: &Conv2dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
     let pad = p.padding;
     let oh = out_dim(p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0]).unwrap();
     let ow = out_dim(p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1]).unwrap();
@@ -279,7 +279,7 @@ fn conv2d_degenerate() {
 }
 
 /// (want, scale) with scale the mean |value| for averages.
-fn pool_ref(p: &Pool2dParams, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+pub(crate) fn pool_ref(p: &Pool2dParams, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let pad = p.padding;
     let oh = out_dim(p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0]).unwrap();
     let ow = out_dim(p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1]).unwrap();

@@ -20,7 +20,7 @@ fn operand_shape(rng: &mut Rng, out: &[usize]) -> Vec<usize> {
     out[drop..].iter().map(|&d| if rng.below(3) == 0 { 1 } else { d }).collect()
 }
 
-fn binary_ref(op: BinaryOp, a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize], out_shape: &[usize]) -> Vec<f64> {
+pub(crate) fn binary_ref(op: BinaryOp, a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize], out_shape: &[usize]) -> Vec<f64> {
     let vol: usize = out_shape.iter().product();
     let index = |idx: &[usize], sh: &[usize]| -> usize {
         let off = idx.len() - sh.len();

@@ -3,6 +3,7 @@
 
 mod dense;
 mod elementwise;
+mod fused;
 mod hostile;
 mod shape_ops;
 

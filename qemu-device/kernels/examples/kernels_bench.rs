@@ -1,0 +1,482 @@
+//! Throughput of rbln-kernels against reference implementations on the
+//! shapes of real models (ResNet-50, MobileNetV3, EfficientNet-B0,
+//! ConvNeXt, BERT-base).
+//!
+//! `cargo run -p rbln-kernels --release --example kernels_bench [filter...]`
+//!
+//! Compute-bound kernels (gemm, conv) are compared with the raw `gemm` crate
+//! on the equivalent (im2col) GEMM shape, with the same parallelism
+//! (`Parallelism::Rayon` on the current pool; the im2col matrix is built
+//! beforehand and not timed). Memory-bound kernels are compared with a
+//! `copy_from_slice` of the same byte count (reads + writes of the kernel
+//! = 2 × the bytes copied). Ours and the reference are timed alternately,
+//! best of `REPS` each, so that the ratio is meaningful on a noisy machine.
+//! Set RAYON_NUM_THREADS to change the thread count; pass substrings to run
+//! only the matching benchmarks.
+
+use rbln_kernels::*;
+use std::hint::black_box;
+use std::time::Instant;
+
+fn reps() -> usize {
+    std::env::var("BENCH_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(15)
+}
+
+/// Best wall times of `ours` and `reference`, timed alternately.
+fn race(mut ours: impl FnMut(), mut reference: impl FnMut()) -> (f64, f64) {
+    ours();
+    reference();
+    let (mut to, mut tr) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..reps() {
+        let t = Instant::now();
+        reference();
+        tr = tr.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        ours();
+        to = to.min(t.elapsed().as_secs_f64());
+    }
+    (to, tr)
+}
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// `dst[m×n] = lhs[m×k]·rhs[k×n]`, all row-major, through the raw gemm crate.
+fn raw_gemm(m: usize, n: usize, k: usize, lhs: &[f32], rhs: &[f32], dst: &mut [f32]) {
+    assert!(lhs.len() >= m * k && rhs.len() >= k * n && dst.len() >= m * n);
+    // SAFETY: the slices hold the matrices (asserted above).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            rhs.as_ptr(),
+            1,
+            n as isize,
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        );
+    }
+    black_box(dst);
+}
+
+struct Bench {
+    filters: Vec<String>,
+    ratios: Vec<(String, f64)>,
+}
+
+impl Bench {
+    fn wants(&self, name: &str) -> bool {
+        self.filters.is_empty() || self.filters.iter().any(|f| name.contains(f.as_str()))
+    }
+
+    fn report_flops(&mut self, name: &str, flops: f64, (to, tr): (f64, f64)) {
+        let g = |t: f64| flops / t / 1e9;
+        println!(
+            "{name:<44} ours {:7.1} GFLOP/s {:8.3} ms | gemm crate {:7.1} GFLOP/s {:8.3} ms | ratio {:5.2}",
+            g(to),
+            to * 1e3,
+            g(tr),
+            tr * 1e3,
+            tr / to
+        );
+        self.ratios.push((name.to_string(), tr / to));
+    }
+
+    fn report_bytes(&mut self, name: &str, bytes: f64, (to, tr): (f64, f64)) {
+        let g = |t: f64| bytes / t / 1e9;
+        println!(
+            "{name:<44} ours {:7.1} GB/s    {:8.3} ms | memcpy     {:7.1} GB/s    {:8.3} ms | ratio {:5.2}",
+            g(to),
+            to * 1e3,
+            g(tr),
+            tr * 1e3,
+            tr / to
+        );
+        self.ratios.push((name.to_string(), tr / to));
+    }
+
+    /// Memory-bound kernel moving `bytes` (reads + writes) against a memcpy
+    /// of `bytes / 2`.
+    fn mem(&mut self, name: &str, bytes: usize, ours: impl FnMut()) {
+        let n = (bytes / 2 / 4).max(1);
+        let src = data(n, 99);
+        let mut dst = vec![0.0f32; n];
+        let r = race(ours, || {
+            dst.copy_from_slice(&src);
+            black_box(&mut dst);
+        });
+        self.report_bytes(name, bytes as f64, r);
+    }
+}
+
+fn conv_params(cin: usize, cout: usize, hw: usize, k: usize, s: usize, groups: usize, act: Activation) -> Conv2dParams {
+    Conv2dParams {
+        batch: 1,
+        in_channels: cin,
+        in_h: hw,
+        in_w: hw,
+        out_channels: cout,
+        kernel: [k, k],
+        stride: [s, s],
+        padding: Padding2d::uniform(k / 2),
+        dilation: [1, 1],
+        groups,
+        activation: act,
+    }
+}
+
+fn bench_conv(b: &mut Bench, name: &str, p: Conv2dParams, residual: bool) {
+    if !b.wants(name) {
+        return;
+    }
+    let [bn, co, oh, ow] = conv2d_output_shape(&p).unwrap();
+    let cg = p.in_channels / p.groups;
+    let kdim = cg * p.kernel[0] * p.kernel[1];
+    let x = data(p.batch * p.in_channels * p.in_h * p.in_w, 4);
+    let w = data(co * kdim, 5);
+    let bias = data(co, 6);
+    let res = data(bn * co * oh * ow, 7);
+    let mut y = vec![0.0f32; bn * co * oh * ow];
+    let npos = oh * ow;
+    let flops = 2.0 * (bn * co * npos * kdim) as f64;
+    if p.groups == 1 {
+        // Reference: one GEMM [co × kdim]·[kdim × npos] on a prebuilt im2col.
+        let col = data(kdim * npos, 8);
+        let mut dst = vec![0.0f32; co * npos];
+        let r = race(
+            || {
+                if residual {
+                    conv2d_residual(&p, &x, &w, Some(&bias), Some(&res), &mut y).unwrap();
+                } else {
+                    conv2d(&p, &x, &w, Some(&bias), &mut y).unwrap();
+                }
+                black_box(&mut y);
+            },
+            || raw_gemm(co, npos, kdim, &w, &col, &mut dst),
+        );
+        b.report_flops(name, flops, r);
+    } else {
+        // Depthwise: memory-bound; reads input (+ residual), writes output.
+        let mut bytes = 4 * (x.len() + y.len());
+        if residual {
+            bytes += 4 * res.len();
+        }
+        b.mem(name, bytes, || {
+            if residual {
+                conv2d_residual(&p, &x, &w, Some(&bias), Some(&res), &mut y).unwrap();
+            } else {
+                conv2d(&p, &x, &w, Some(&bias), &mut y).unwrap();
+            }
+            black_box(&mut y);
+        });
+    }
+}
+
+fn bench_gemm(b: &mut Bench, name: &str, m: usize, n: usize, k: usize, act: Activation, residual: bool) {
+    if !b.wants(name) {
+        return;
+    }
+    let a = data(m * k, 1);
+    let bm = data(k * n, 2);
+    let bias = data(n, 3);
+    let res = data(m * n, 4);
+    let mut c = vec![0.0f32; m * n];
+    let mut d = vec![0.0f32; m * n];
+    let p = GemmParams {
+        m,
+        n,
+        k,
+        activation: act,
+        ..Default::default()
+    };
+    let r = race(
+        || {
+            if residual {
+                gemm_residual(&p, &a, &bm, Some(&bias), Some(&res), &mut c).unwrap();
+            } else {
+                gemm(&p, &a, &bm, Some(&bias), &mut c).unwrap();
+            }
+            black_box(&mut c);
+        },
+        || raw_gemm(m, n, k, &a, &bm, &mut d),
+    );
+    b.report_flops(name, 2.0 * (m * n * k) as f64, r);
+}
+
+fn main() {
+    let filters: Vec<String> = std::env::args().skip(1).collect();
+    let mut b = Bench {
+        filters,
+        ratios: Vec::new(),
+    };
+    let threads = rayon::current_num_threads();
+    println!("rbln-kernels benchmark: {threads} rayon threads, best of {}", reps());
+
+    // ---- GEMM (MatMul / Gemm nodes), bias + activation fused.
+    use Activation::*;
+    bench_gemm(&mut b, "gemm 1024x1024x1024 +bias", 1024, 1024, 1024, None, false);
+    bench_gemm(&mut b, "gemm convnext 3136x384x96 +bias+gelu", 3136, 384, 96, Gelu, false);
+    bench_gemm(&mut b, "gemm convnext 3136x96x384 +bias+res", 3136, 96, 384, None, true);
+    bench_gemm(&mut b, "gemm bert 128x3072x768 +bias+gelu", 128, 3072, 768, Gelu, false);
+    bench_gemm(&mut b, "gemm bert 128x768x3072 +bias+res", 128, 768, 3072, None, true);
+    bench_gemm(&mut b, "gemm bert 128x768x768 +bias", 128, 768, 768, None, false);
+    bench_gemm(&mut b, "gemm bert 128x2304x768 +bias (qkv)", 128, 2304, 768, None, false);
+
+    // ---- ResNet-50 convolutions (bias + relu fused, as the compiler emits).
+    let resnet = [
+        ("conv 3x3 s1 64->64 @56", conv_params(64, 64, 56, 3, 1, 1, Relu), false),
+        ("conv 3x3 s1 128->128 @28", conv_params(128, 128, 28, 3, 1, 1, Relu), false),
+        ("conv 3x3 s1 256->256 @14", conv_params(256, 256, 14, 3, 1, 1, Relu), false),
+        ("conv 3x3 s1 512->512 @7", conv_params(512, 512, 7, 3, 1, 1, Relu), false),
+        ("conv 1x1 64->256 @56 +res+relu", conv_params(64, 256, 56, 1, 1, 1, Relu), true),
+        ("conv 1x1 256->64 @56", conv_params(256, 64, 56, 1, 1, 1, Relu), false),
+        ("conv 1x1 1024->256 @14", conv_params(1024, 256, 14, 1, 1, 1, Relu), false),
+        ("conv 1x1 2048->512 @7", conv_params(2048, 512, 7, 1, 1, 1, Relu), false),
+        ("conv 1x1 512->2048 @7 +res+relu", conv_params(512, 2048, 7, 1, 1, 1, Relu), true),
+        ("conv 3x3 s2 128->128 @56", conv_params(128, 128, 56, 3, 2, 1, Relu), false),
+        ("conv 1x1 s2 256->512 @56 (proj)", conv_params(256, 512, 56, 1, 2, 1, None), false),
+        ("conv 1x1 s2 1024->2048 @14 (proj)", conv_params(1024, 2048, 14, 1, 2, 1, None), false),
+        ("conv 7x7 s2 3->64 @224 (stem)", conv_params(3, 64, 224, 7, 2, 1, Relu), false),
+        // MobileNet / EfficientNet pointwise.
+        ("conv 1x1 16->64 @112 (mbv3)", conv_params(16, 64, 112, 1, 1, 1, Relu), false),
+        ("conv 1x1 240->40 @28 (effnet)", conv_params(240, 40, 28, 1, 1, 1, None), false),
+        ("conv 3x3 s2 3->32 @224 (effnet stem)", conv_params(3, 32, 224, 3, 2, 1, Silu), false),
+    ];
+    for (name, p, res) in resnet {
+        bench_conv(&mut b, name, p, res);
+    }
+    // ---- Depthwise (MobileNetV3 / EfficientNet-B0).
+    let hs = Clip { min: 0.0, max: 6.0 };
+    let dw = [
+        ("dw 3x3 s1 32 @112", conv_params(32, 32, 112, 3, 1, 32, Silu)),
+        ("dw 3x3 s2 96 @112", conv_params(96, 96, 112, 3, 2, 96, Silu)),
+        ("dw 3x3 s1 64 @56 (mbv3)", conv_params(64, 64, 56, 3, 1, 64, Relu)),
+        ("dw 5x5 s2 144 @56", conv_params(144, 144, 56, 5, 2, 144, Silu)),
+        ("dw 5x5 s1 240 @28", conv_params(240, 240, 28, 5, 1, 240, Silu)),
+        ("dw 3x3 s1 480 @14", conv_params(480, 480, 14, 3, 1, 480, Silu)),
+        ("dw 5x5 s1 672 @14", conv_params(672, 672, 14, 5, 1, 672, hs)),
+        ("dw 5x5 s1 1152 @7", conv_params(1152, 1152, 7, 5, 1, 1152, Silu)),
+    ];
+    for (name, p) in dw {
+        bench_conv(&mut b, name, p, false);
+    }
+
+    // ---- Memory-bound element-wise kernels.
+    let mid = 256 * 56 * 56; // 3.2 MB: ResNet stage-1 residual
+    let big = 4 << 20; // 16 MiB
+    let small = 50 * 1024; // 200 KB
+    for (label, n) in [("200KB", small), ("3.2MB", mid), ("16MiB", big)] {
+        let a = data(n, 1);
+        let bb = data(n, 2);
+        let mut out = vec![0.0f32; n];
+        let name = format!("add {label}");
+        if b.wants(&name) {
+            b.mem(&name, 12 * n, || {
+                binary(BinaryOp::Add, &a, &[n], &bb, &[n], &mut out).unwrap();
+                black_box(&mut out);
+            });
+        }
+        let name = format!("add+relu fused {label}");
+        if b.wants(&name) {
+            b.mem(&name, 12 * n, || {
+                binary_act(BinaryOp::Add, &a, &[n], &bb, &[n], Relu, &mut out).unwrap();
+                black_box(&mut out);
+            });
+        }
+        for (opname, op) in [
+            ("relu", UnaryOp::Relu),
+            ("sigmoid", UnaryOp::Sigmoid),
+            ("silu", UnaryOp::Silu),
+            ("gelu", UnaryOp::Gelu),
+            ("clip", UnaryOp::Clip { min: 0.0, max: 6.0 }),
+        ] {
+            let name = format!("{opname} {label}");
+            if b.wants(&name) {
+                b.mem(&name, 8 * n, || {
+                    unary(op, &a, &mut out).unwrap();
+                    black_box(&mut out);
+                });
+            }
+            let name = format!("{opname} inplace {label}");
+            if opname == "relu" && b.wants(&name) {
+                let mut x = a.clone();
+                b.mem(&name, 8 * n, || {
+                    unary_inplace(op, &mut x).unwrap();
+                    black_box(&mut x);
+                });
+            }
+        }
+    }
+    // Squeeze-excite channel scale and BN-style per-channel ops.
+    for (c, hw) in [(96usize, 112usize), (240, 28), (1152, 7)] {
+        let name = format!("mul bcast [1,{c},{hw},{hw}]x[1,{c},1,1]");
+        if b.wants(&name) {
+            let n = c * hw * hw;
+            let a = data(n, 1);
+            let s = data(c, 2);
+            let mut out = vec![0.0f32; n];
+            b.mem(&name, 8 * n, || {
+                binary(BinaryOp::Mul, &a, &[1, c, hw, hw], &s, &[1, c, 1, 1], &mut out).unwrap();
+                black_box(&mut out);
+            });
+        }
+    }
+    // Pooling.
+    let pools = [
+        ("maxpool 3x3 s2 64@112 (stem)", Pool2dParams {
+            channels: 64,
+            in_h: 112,
+            in_w: 112,
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: Padding2d::uniform(1),
+            ..Default::default()
+        }),
+        ("gap 2048@7", Pool2dParams {
+            channels: 2048,
+            in_h: 7,
+            in_w: 7,
+            kernel: [7, 7],
+            kind: PoolKind::Avg { count_include_pad: false },
+            ..Default::default()
+        }),
+        ("gap 1280@7", Pool2dParams {
+            channels: 1280,
+            in_h: 7,
+            in_w: 7,
+            kernel: [7, 7],
+            kind: PoolKind::Avg { count_include_pad: false },
+            ..Default::default()
+        }),
+        ("gap 672@14 (se)", Pool2dParams {
+            channels: 672,
+            in_h: 14,
+            in_w: 14,
+            kernel: [14, 14],
+            kind: PoolKind::Avg { count_include_pad: false },
+            ..Default::default()
+        }),
+    ];
+    for (name, p) in pools {
+        if !b.wants(name) {
+            continue;
+        }
+        let [_, c, oh, ow] = pool2d_output_shape(&p).unwrap();
+        let x = data(p.batch * p.channels * p.in_h * p.in_w, 1);
+        let mut y = vec![0.0f32; c * oh * ow];
+        b.mem(name, 4 * (x.len() + y.len()), || {
+            pool2d(&p, &x, &mut y).unwrap();
+            black_box(&mut y);
+        });
+    }
+    // Softmax / layer norm (BERT-base, seq 128).
+    {
+        let name = "softmax [12,128,128] axis -1";
+        if b.wants(name) {
+            let n = 12 * 128 * 128;
+            let x = data(n, 1);
+            let mut y = vec![0.0f32; n];
+            b.mem(name, 8 * n, || {
+                softmax(&[12, 128, 128], -1, &x, &mut y).unwrap();
+                black_box(&mut y);
+            });
+        }
+        let name = "layer_norm [128,768]";
+        if b.wants(name) {
+            let n = 128 * 768;
+            let x = data(n, 1);
+            let g = data(768, 2);
+            let be = data(768, 3);
+            let mut y = vec![0.0f32; n];
+            b.mem(name, 8 * n, || {
+                layer_norm(&x, 768, Some(&g), Some(&be), 1e-5, &mut y).unwrap();
+                black_box(&mut y);
+            });
+        }
+        let name = "layer_norm [3136,96] (convnext)";
+        if b.wants(name) {
+            let n = 3136 * 96;
+            let x = data(n, 1);
+            let g = data(96, 2);
+            let be = data(96, 3);
+            let mut y = vec![0.0f32; n];
+            b.mem(name, 8 * n, || {
+                layer_norm(&x, 96, Some(&g), Some(&be), 1e-6, &mut y).unwrap();
+                black_box(&mut y);
+            });
+        }
+    }
+    // Copies.
+    {
+        let name = "permute [1,12,128,64]->[1,128,12,64]";
+        if b.wants(name) {
+            let n = 12 * 128 * 64;
+            let x = data(n, 1);
+            let mut y = vec![0.0f32; n];
+            b.mem(name, 8 * n, || {
+                permute(&[1, 12, 128, 64], &[0, 2, 1, 3], &x, &mut y).unwrap();
+                black_box(&mut y);
+            });
+        }
+        let name = "permute NCHW->NHWC [1,96,56,56]";
+        if b.wants(name) {
+            let n = 96 * 56 * 56;
+            let x = data(n, 1);
+            let mut y = vec![0.0f32; n];
+            b.mem(name, 8 * n, || {
+                permute(&[1, 96, 56, 56], &[0, 2, 3, 1], &x, &mut y).unwrap();
+                black_box(&mut y);
+            });
+        }
+        let name = "strided_copy slice [256,56,56]->[256,28,56]";
+        if b.wants(name) {
+            let n = 256 * 56 * 56;
+            let x = data(n, 1);
+            let mut y = vec![0.0f32; n / 2];
+            let sizes = [256usize, 28, 56];
+            let ss = [56 * 56isize, 56, 1];
+            let ds = [28 * 56isize, 56, 1];
+            b.mem(name, 4 * n, || {
+                strided_copy(
+                    &StridedCopy {
+                        sizes: &sizes,
+                        src_offset: 0,
+                        src_strides: &ss,
+                        dst_offset: 0,
+                        dst_strides: &ds,
+                    },
+                    &x,
+                    &mut y,
+                )
+                .unwrap();
+                black_box(&mut y);
+            });
+        }
+    }
+
+    if b.ratios.len() > 1 {
+        let geo = (b.ratios.iter().map(|(_, r)| r.ln()).sum::<f64>() / b.ratios.len() as f64).exp();
+        println!("geometric mean ratio over {} benchmarks: {geo:.3}", b.ratios.len());
+    }
+}

@@ -1,0 +1,234 @@
+//! Fused epilogues (residual, activation) and the fast paths of conv2d,
+//! pool2d and the element-wise kernels, against naive references.
+
+use super::dense::{conv_ref, gemm_ref, pool_ref};
+use super::elementwise::binary_ref;
+use super::{act_ref, assert_close, Rng, ACTS, SIZES};
+use crate::*;
+
+/// Reference `act(pre + residual)` where `want_pre` is the un-activated
+/// reference (computed with `Activation::None`).
+fn add_residual_act(act: Activation, want_pre: &[f64], scale: &[f64], res: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let want = want_pre.iter().zip(res).map(|(&w, &r)| act_ref(act, w + r as f64)).collect();
+    let scale = scale.iter().zip(res).map(|(&s, &r)| s + (r as f64).abs()).collect();
+    (want, scale)
+}
+
+#[test]
+fn gemm_residual_random() {
+    let mut rng = Rng::new(101);
+    for it in 0..150 {
+        let p = GemmParams {
+            m: rng.pick(SIZES),
+            n: rng.pick(SIZES),
+            k: rng.pick(SIZES),
+            trans_a: rng.bool(),
+            trans_b: rng.bool(),
+            accumulate: rng.bool(),
+            activation: ACTS[it % ACTS.len()],
+        };
+        let a = rng.vec(p.m * p.k);
+        let b = rng.vec(p.k * p.n);
+        let bias = rng.vec(p.n);
+        let bias = rng.bool().then_some(&bias[..]);
+        let res = rng.vec(p.m * p.n);
+        let c0 = rng.vec(p.m * p.n);
+        let mut c = if p.accumulate { c0.clone() } else { vec![f32::NAN; p.m * p.n] };
+        gemm_residual(&p, &a, &b, bias, Some(&res), &mut c).unwrap();
+        let (pre, scale) = gemm_ref(&GemmParams { activation: Activation::None, ..p }, &a, &b, bias, &c0);
+        let (want, scale) = add_residual_act(p.activation, &pre, &scale, &res);
+        assert_close(&format!("gemm_residual {p:?}"), &c, &want, Some(&scale), 1e-5);
+        // Without a residual it is gemm.
+        let mut c1 = if p.accumulate { c0.clone() } else { vec![f32::NAN; p.m * p.n] };
+        let mut c2 = c1.clone();
+        gemm_residual(&p, &a, &b, bias, None, &mut c1).unwrap();
+        gemm(&p, &a, &b, bias, &mut c2).unwrap();
+        assert_eq!(c1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), c2.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    }
+    // Large, threaded, several row tasks.
+    for &(m, n, k) in &[(3136 / 4, 96, 64), (130, 700, 33), (1, 3000, 17)] {
+        let p = GemmParams { m, n, k, activation: Activation::Relu, ..Default::default() };
+        let a = rng.vec(m * k);
+        let b = rng.vec(k * n);
+        let bias = rng.vec(n);
+        let res = rng.vec(m * n);
+        let mut c = vec![f32::NAN; m * n];
+        gemm_residual(&p, &a, &b, Some(&bias), Some(&res), &mut c).unwrap();
+        let (pre, scale) = gemm_ref(&GemmParams { activation: Activation::None, ..p }, &a, &b, Some(&bias), &[]);
+        let (want, scale) = add_residual_act(p.activation, &pre, &scale, &res);
+        assert_close("gemm_residual large", &c, &want, Some(&scale), 1e-5);
+    }
+}
+
+#[test]
+fn gemm_residual_errors() {
+    let p = GemmParams { m: 2, n: 3, k: 4, ..Default::default() };
+    let (a, b, mut c) = (vec![1.0; 8], vec![1.0; 12], vec![9.0; 6]);
+    for bad in [5usize, 7, 0] {
+        let r = gemm_residual(&p, &a, &b, None, Some(&vec![0.0; bad]), &mut c);
+        assert!(matches!(r, Err(KernelError::LengthMismatch { what: "gemm residual", .. })), "{r:?}");
+    }
+    let r = gemm_residual(&p, &a[..7], &b, None, Some(&[0.0; 6]), &mut c);
+    assert!(matches!(r, Err(KernelError::LengthMismatch { what: "gemm A", .. })));
+    assert_eq!(c, [9.0; 6]);
+    // Empty output with an empty residual is fine.
+    let p = GemmParams { m: 0, n: 3, k: 4, ..Default::default() };
+    gemm_residual(&p, &[], &b, None, Some(&[]), &mut []).unwrap();
+}
+
+pub(crate) fn check_conv_residual(rng: &mut Rng, p: &Conv2dParams, with_bias: bool, with_res: bool) {
+    let x = rng.vec(p.batch * p.in_channels * p.in_h * p.in_w);
+    let w = rng.vec(p.out_channels * (p.in_channels / p.groups) * p.kernel[0] * p.kernel[1]);
+    let bias = rng.vec(p.out_channels);
+    let bias = with_bias.then_some(&bias[..]);
+    let [n, c, oh, ow] = conv2d_output_shape(p).unwrap();
+    let res = rng.vec(n * c * oh * ow);
+    let mut y = vec![f32::NAN; n * c * oh * ow];
+    conv2d_residual(p, &x, &w, bias, with_res.then_some(&res[..]), &mut y).unwrap();
+    let (pre, scale) = conv_ref(&Conv2dParams { activation: Activation::None, ..*p }, &x, &w, bias);
+    let zeros = vec![0.0; res.len()];
+    let (want, scale) = add_residual_act(p.activation, &pre, &scale, if with_res { &res } else { &zeros });
+    assert_close(&format!("conv2d_residual {p:?} bias={with_bias} res={with_res}"), &y, &want, Some(&scale), 1e-5);
+}
+
+#[test]
+fn conv2d_residual_random() {
+    let mut rng = Rng::new(102);
+    for it in 0..200 {
+        let groups = rng.pick(&[1, 1, 2, 3]);
+        let depthwise = rng.below(3) == 0;
+        let (cin, cout) = if depthwise {
+            let c = rng.pick(&[1, 3, 8, 17]);
+            (c, c * rng.pick(&[1, 1, 2]))
+        } else {
+            (groups * rng.pick(&[1, 2, 3, 5]), groups * rng.pick(&[1, 2, 3]))
+        };
+        let k = rng.pick(&[1, 1, 3, 5, 7]);
+        let p = Conv2dParams {
+            batch: rng.range(1, 2),
+            in_channels: cin,
+            in_h: rng.pick(&[7, 9, 17, 20]),
+            in_w: rng.pick(&[7, 9, 16, 33]),
+            out_channels: cout,
+            kernel: [k, k],
+            stride: [rng.range(1, 2), rng.range(1, 2)],
+            padding: Padding2d::uniform(rng.range(0, k / 2)),
+            dilation: [1, 1],
+            groups: if depthwise { cin } else { groups },
+            activation: ACTS[it % ACTS.len()],
+        };
+        let with_bias = rng.bool();
+        check_conv_residual(&mut rng, &p, with_bias, true);
+    }
+}
+
+#[test]
+fn conv2d_residual_errors() {
+    let p = Conv2dParams { in_channels: 4, in_h: 5, in_w: 5, out_channels: 4, kernel: [3, 3], ..Default::default() };
+    let x = vec![1.0; 100];
+    let w = vec![1.0; 4 * 4 * 9];
+    let mut y = vec![7.0; 4 * 9];
+    for bad in [35usize, 37, 0, 100] {
+        let r = conv2d_residual(&p, &x, &w, None, Some(&vec![0.0; bad]), &mut y);
+        assert!(matches!(r, Err(KernelError::LengthMismatch { what: "conv2d residual", .. })), "{r:?}");
+    }
+    // Depthwise too.
+    let q = Conv2dParams { groups: 4, ..p };
+    let r = conv2d_residual(&q, &x, &w[..36], None, Some(&[0.0; 3]), &mut y);
+    assert!(matches!(r, Err(KernelError::LengthMismatch { what: "conv2d residual", .. })), "{r:?}");
+    assert!(y.iter().all(|&v| v == 7.0));
+    conv2d_residual(&p, &x, &w, None, Some(&[1.0; 36]), &mut y).unwrap();
+    assert!(y.iter().all(|&v| v == 37.0), "{y:?}");
+}
+
+#[test]
+fn binary_act_random() {
+    let mut rng = Rng::new(103);
+    let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min, BinaryOp::Pow];
+    let shapes: &[(&[usize], &[usize])] = &[
+        (&[7], &[7]),
+        (&[1, 3, 5, 5], &[1, 3, 1, 1]),
+        (&[1, 3, 1, 1], &[1, 3, 5, 5]),
+        (&[2, 17, 9], &[9]),
+        (&[2, 1, 9], &[1, 4, 1]),
+        (&[70_001], &[70_001]),
+        (&[1, 96, 33, 31], &[1, 96, 1, 1]),
+        (&[40_000], &[1]),
+        (&[3, 50_000], &[3, 1]),
+    ];
+    for (it, &(ash, bsh)) in shapes.iter().cycle().take(shapes.len() * 4).enumerate() {
+        let op = ops[it % ops.len()];
+        let act = ACTS[(it / 2) % ACTS.len()];
+        let a = rng.vec_in(ash.iter().product(), 0.1, 2.0);
+        let b = rng.vec_in(bsh.iter().product(), -2.0, 2.0);
+        let shape = broadcast_shape(ash, bsh).unwrap();
+        let mut y = vec![f32::NAN; shape.iter().product()];
+        binary_act(op, &a, ash, &b, bsh, act, &mut y).unwrap();
+        let want: Vec<f64> = binary_ref(op, &a, ash, &b, bsh, &shape).into_iter().map(|v| act_ref(act, v)).collect();
+        assert_close(&format!("binary_act {op:?} {act:?} {ash:?} {bsh:?}"), &y, &want, None, 2e-5);
+        // binary == binary_act(None), bit for bit.
+        let mut y1 = vec![0.0; y.len()];
+        let mut y2 = vec![1.0; y.len()];
+        binary(op, &a, ash, &b, bsh, &mut y1).unwrap();
+        binary_act(op, &a, ash, &b, bsh, Activation::None, &mut y2).unwrap();
+        assert!(y1.iter().zip(&y2).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())));
+    }
+}
+
+#[test]
+fn binary_act_errors() {
+    let mut y = vec![3.0; 6];
+    let relu = Activation::Relu;
+    let r = binary_act(BinaryOp::Add, &[0.0; 6], &[2, 3], &[0.0; 2], &[2], relu, &mut y);
+    assert!(matches!(r, Err(KernelError::Broadcast { .. })));
+    let r = binary_act(BinaryOp::Add, &[0.0; 5], &[2, 3], &[0.0], &[], relu, &mut y);
+    assert!(matches!(r, Err(KernelError::LengthMismatch { .. })));
+    let r = binary_act(BinaryOp::Add, &[0.0; 6], &[2, 3], &[0.0], &[], relu, &mut y[..5]);
+    assert!(matches!(r, Err(KernelError::LengthMismatch { .. })));
+    let r = binary_act(BinaryOp::Mul, &[0.0], &[1, 1 << 40], &[0.0], &[1 << 40, 1], relu, &mut y);
+    assert!(matches!(r, Err(KernelError::Overflow { .. })));
+    assert!(y.iter().all(|&v| v == 3.0));
+    binary_act(BinaryOp::Sub, &[1.0, -2.0], &[2], &[2.0], &[1], Activation::Clip { min: -3.5, max: 0.5 }, &mut y[..2]).unwrap();
+    assert_eq!(&y[..2], &[-1.0, -3.5]);
+}
+
+#[test]
+fn pool2d_model_shapes() {
+    let mut rng = Rng::new(104);
+    let cases = [
+        // ResNet stem max pool and odd sizes around it.
+        (3, 112, 112, 3, 2, 1, PoolKind::Max),
+        (2, 17, 23, 3, 2, 1, PoolKind::Max),
+        (2, 16, 9, 3, 2, 0, PoolKind::Max),
+        (2, 15, 15, 2, 2, 0, PoolKind::Max),
+        (2, 13, 11, 3, 1, 1, PoolKind::Max),
+        (2, 13, 11, 3, 1, 1, PoolKind::Avg { count_include_pad: false }),
+        (2, 13, 11, 3, 2, 1, PoolKind::Avg { count_include_pad: true }),
+        // Global average pools.
+        (33, 7, 7, 7, 1, 0, PoolKind::Avg { count_include_pad: false }),
+        (5, 14, 14, 14, 1, 0, PoolKind::Avg { count_include_pad: true }),
+        (600, 1, 1, 1, 1, 0, PoolKind::Avg { count_include_pad: false }),
+        (40, 9, 9, 9, 1, 0, PoolKind::Max),
+    ];
+    for (c, h, w, k, s, pad, kind) in cases {
+        for batch in [1, 2] {
+            let p = Pool2dParams {
+                batch,
+                channels: c,
+                in_h: h,
+                in_w: w,
+                kernel: [k, k],
+                stride: [s, s],
+                padding: Padding2d::uniform(pad),
+                kind,
+                ..Default::default()
+            };
+            let x = rng.vec(batch * c * h * w);
+            let [n, c2, oh, ow] = pool2d_output_shape(&p).unwrap();
+            let mut y = vec![f32::NAN; n * c2 * oh * ow];
+            pool2d(&p, &x, &mut y).unwrap();
+            let (want, scale) = pool_ref(&p, &x);
+            assert_close(&format!("pool {p:?}"), &y, &want, Some(&scale), 1e-5);
+        }
+    }
+}
