@@ -7,11 +7,13 @@
 //! output range is checked before it is written, so a faulting op leaves
 //! its output untouched.
 
+use std::borrow::Cow;
+
 use rbln_hw::ops::{self, Binary, Desc, Unary};
 use rbln_hw::ring::{Access, FaultCode};
 use rbln_kernels as k;
 
-use crate::mmu::{AddressSpace, Fault};
+use crate::mmu::{AddressSpace, Fault, Piece, Pinned, Span};
 
 pub use rbln_hw::ops::MAX_DESC_SIZE;
 /// Largest tensor one operand may have (elements): bounds the memory a
@@ -21,15 +23,88 @@ const MAX_TENSOR_ELEMS: u64 = 256 << 20;
 /// hostile descriptor can occupy a compute core, and so how long a queue
 /// reset can take to complete (~1.5 s at this machine's GEMM speed).
 const MAX_FLOPS: u64 = 1 << 38;
+/// Operands one op may hold in place at once (more are staged).
+const MAX_CLAIMS: usize = 8;
 
-struct Op<'a, 'm> {
-    mem: &'a mut AddressSpace<'m>,
+/// One op's operands, resolved in place.
+///
+/// Every operand range is translated and permission-checked as a whole
+/// (`Pinned::resolve`) before the kernel runs. Operands that are
+/// physically contiguous (anything inside one DRAM buffer object) are used
+/// where they lie, as slices of device memory; scattered ones (host pages)
+/// are gathered into a staging vector, and an output that is scattered or
+/// overlaps another operand of the op is computed into staging and copied
+/// out afterwards. Rust slices handed to a kernel therefore never alias a
+/// mutable one.
+struct Op<'p, 's, 'a> {
+    mem: &'p Pinned<'s, 'a>,
     desc_va: u64,
+    /// Byte ranges lent out as slices: (start, end, writable).
+    claims: [(usize, usize, bool); MAX_CLAIMS],
+    nclaims: usize,
+}
+
+/// Where a kernel writes an output: device memory itself, or staging that
+/// [`Out::commit`] copies out.
+enum Out<'p> {
+    Direct(&'p mut [f32]),
+    Staged(Vec<f32>, Span),
+}
+
+impl Out<'_> {
+    fn buf(&mut self) -> &mut [f32] {
+        match self {
+            Out::Direct(s) => s,
+            Out::Staged(v, _) => v,
+        }
+    }
+
+    fn commit(self) {
+        if let Out::Staged(v, span) = self {
+            scatter(&v, &span);
+        }
+    }
+}
+
+/// Copy `data` into the pieces of `span` (same total length).
+fn scatter(data: &[f32], span: &Span) {
+    let mut src = data.as_ptr().cast::<u8>();
+    for p in span.pieces() {
+        // SAFETY: `p` is a resolved, writable range of device memory that
+        // stays mapped while the op's `Pinned` lives; `data` covers the
+        // span's total length (the caller sized it so), and a Rust vector
+        // never overlaps device memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, p.ptr, p.len);
+            src = src.add(p.len);
+        }
+    }
+}
+
+/// Gather the pieces of `span` into `dst` (of the span's total length).
+fn gather_into(span: &Span, dst: &mut [u8]) {
+    let mut off = 0;
+    for p in span.pieces() {
+        // SAFETY: `p` is resolved readable device memory (alive while the
+        // op's `Pinned` lives); the pieces add up to `dst.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(p.ptr, dst[off..off + p.len].as_mut_ptr(), p.len) };
+        off += p.len;
+    }
+}
+
+/// Gather the pieces of `span` into a new vector of `count` f32 values.
+fn gather_span(span: &Span, count: usize) -> Vec<f32> {
+    let mut v = vec![0f32; count];
+    // SAFETY: any byte pattern is a valid f32; the byte view covers
+    // exactly the vector's elements.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), count * 4) };
+    gather_into(span, bytes);
+    v
 }
 
 type R<T> = Result<T, Fault>;
 
-impl Op<'_, '_> {
+impl<'p> Op<'p, '_, '_> {
     fn bad(&self) -> Fault {
         Fault::new(FaultCode::BadDescriptor, Access::Read, self.desc_va)
     }
@@ -53,20 +128,58 @@ impl Op<'_, '_> {
         Ok(v as usize)
     }
 
-    fn read(&mut self, va: u64, count: usize) -> R<Vec<f32>> {
+    fn resolve(&self, va: u64, count: usize, access: Access) -> R<Span> {
         if !va.is_multiple_of(4) {
-            return Err(Fault::new(FaultCode::Alignment, Access::Read, va));
+            return Err(Fault::new(FaultCode::Alignment, access, va));
         }
-        self.mem.read_f32s(va, count)
+        self.mem.resolve(va, count as u64 * 4, access)
     }
 
-    fn write(&mut self, va: u64, data: &[f32]) -> R<()> {
-        if !va.is_multiple_of(4) {
-            return Err(Fault::new(FaultCode::Alignment, Access::Write, va));
+    /// Whether [start, end) may be lent out: no overlap with a writable
+    /// claim (or, for a writable claim, with any claim), and room left.
+    fn claim(&mut self, piece: Piece, write: bool) -> bool {
+        let (start, end) = (piece.ptr as usize, piece.ptr as usize + piece.len);
+        let clash = self.claims[..self.nclaims].iter().any(|&(s, e, w)| (w || write) && start < e && s < end);
+        if clash || self.nclaims == MAX_CLAIMS {
+            return false;
         }
-        // All or nothing: check the whole output before writing any of it.
-        self.mem.check(va, data.len() as u64 * 4, Access::Write)?;
-        self.mem.write_f32s(va, data)
+        self.claims[self.nclaims] = (start, end, write);
+        self.nclaims += 1;
+        true
+    }
+
+    /// `count` f32 values at `va`, in place when possible.
+    fn input(&mut self, va: u64, count: usize) -> R<Cow<'p, [f32]>> {
+        let span = self.resolve(va, count, Access::Read)?;
+        if let Some(p) = span.contiguous() {
+            if self.claim(p, false) {
+                // SAFETY: `p` is `count * 4` readable bytes of device memory,
+                // 4-byte aligned (VA and page offsets agree, pages and
+                // mappings are page aligned), kept mapped and translated
+                // while `self.mem` ('p) lives. No `&mut` slice overlaps it
+                // (claims). The guest may write it concurrently, as it may
+                // under real DMA: values are then unspecified, but the
+                // kernels only compute with them (sizes and indices never
+                // come from operand memory).
+                return Ok(Cow::Borrowed(unsafe { std::slice::from_raw_parts(p.ptr.cast::<f32>(), count) }));
+            }
+        }
+        Ok(Cow::Owned(gather_span(&span, count)))
+    }
+
+    /// Output of `count` f32 values at `va`. `preserve`: the kernel reads
+    /// or skips some of the old contents, so staging starts from them.
+    fn output(&mut self, va: u64, count: usize, preserve: bool) -> R<Out<'p>> {
+        let span = self.resolve(va, count, Access::Write)?;
+        if let Some(p) = span.contiguous() {
+            if self.claim(p, true) {
+                // SAFETY: as in `input`, and the claim guarantees no other
+                // slice of this op overlaps these bytes.
+                return Ok(Out::Direct(unsafe { std::slice::from_raw_parts_mut(p.ptr.cast::<f32>(), count) }));
+            }
+        }
+        let v = if preserve { gather_span(&span, count) } else { vec![0f32; count] };
+        Ok(Out::Staged(v, span))
     }
 
     fn flops(&self, parts: &[u64]) -> R<u64> {
@@ -75,6 +188,15 @@ impl Op<'_, '_> {
             return Err(self.bad());
         }
         Ok(f)
+    }
+
+    /// Run `f` on an output that is written after every input was read.
+    fn write_out(&mut self, va: u64, count: usize, f: impl FnOnce(&mut [f32]) -> k::Result<()>) -> R<()> {
+        let mut out = self.output(va, count, false)?;
+        let r = f(out.buf());
+        self.kernel(r)?;
+        out.commit();
+        Ok(())
     }
 }
 
@@ -125,7 +247,8 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         log::debug!("descriptor at {desc_va:#x}: {e:?}");
         bad
     })?;
-    let mut op = Op { mem, desc_va };
+    let pinned = mem.pin();
+    let mut op = Op { mem: &pinned, desc_va, claims: [(0, 0, false); MAX_CLAIMS], nclaims: 0 };
     match desc {
         Desc::Gemm(d) => gemm(&mut op, &d),
         Desc::Conv2d(d) => conv2d(&mut op, &d),
@@ -135,9 +258,6 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let out_shape = op.kernel(k::broadcast_shape(&ad, &bd))?;
             let (na, nb, no) = (op.volume(&ad)?, op.volume(&bd)?, op.volume(&out_shape)?);
             let flops = op.flops(&[no as u64])?;
-            let a = op.read(d.a_va, na)?;
-            let b = op.read(d.b_va, nb)?;
-            let mut out = vec![0f32; no];
             let kind = match Binary::from_u32(d.kind) {
                 Some(Binary::Add) => k::BinaryOp::Add,
                 Some(Binary::Sub) => k::BinaryOp::Sub,
@@ -148,39 +268,50 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
                 Some(Binary::Pow) => k::BinaryOp::Pow,
                 None => return Err(bad),
             };
-            op.kernel(k::binary(kind, &a, &ad, &b, &bd, &mut out))?;
-            op.write(d.out_va, &out)?;
+            let a = op.input(d.a_va, na)?;
+            let b = op.input(d.b_va, nb)?;
+            op.write_out(d.out_va, no, |out| k::binary(kind, &a, &ad, &b, &bd, out))?;
             Ok(flops)
         }
         Desc::Unary(d) => {
             let n = usize::try_from(d.count).map_err(|_| bad)?;
             op.volume(&[n])?;
-            let mut x = op.read(d.in_va, n)?;
             let u = Unary::from_u32(d.kind).ok_or(bad)?;
-            if let Some(u) = unary_op(u, d.param0, d.param1) {
-                op.kernel(k::unary_inplace(u, &mut x))?;
+            let f = unary_op(u, d.param0, d.param1);
+            if d.in_va == d.out_va {
+                // In place: the output starts as the input.
+                let mut out = op.output(d.out_va, n, true)?;
+                if let Some(f) = f {
+                    let r = k::unary_inplace(f, out.buf());
+                    op.kernel(r)?;
+                }
+                out.commit();
+            } else {
+                let x = op.input(d.in_va, n)?;
+                op.write_out(d.out_va, n, |y| match f {
+                    Some(f) => k::unary(f, &x, y),
+                    None => {
+                        y.copy_from_slice(&x);
+                        Ok(())
+                    }
+                })?;
             }
-            op.write(d.out_va, &x)?;
             Ok(n as u64)
         }
         Desc::Softmax(d) => {
             let shape = dims(&d.dims, d.rank);
             let n = op.volume(&shape)?;
-            let x = op.read(d.in_va, n)?;
-            let mut y = vec![0f32; n];
-            op.kernel(k::softmax(&shape, d.axis as isize, &x, &mut y))?;
-            op.write(d.out_va, &y)?;
+            let x = op.input(d.in_va, n)?;
+            op.write_out(d.out_va, n, |y| k::softmax(&shape, d.axis as isize, &x, y))?;
             Ok(5 * n as u64)
         }
         Desc::LayerNorm(d) => {
             let (rows, cols) = (d.rows as usize, d.cols as usize);
             let n = op.volume(&[rows, cols])?;
-            let x = op.read(d.in_va, n)?;
-            let gamma = if d.flags & ops::LAYERNORM_GAMMA != 0 { Some(op.read(d.gamma_va, cols)?) } else { None };
-            let beta = if d.flags & ops::LAYERNORM_BETA != 0 { Some(op.read(d.beta_va, cols)?) } else { None };
-            let mut y = vec![0f32; n];
-            op.kernel(k::layer_norm(&x, cols, gamma.as_deref(), beta.as_deref(), d.epsilon, &mut y))?;
-            op.write(d.out_va, &y)?;
+            let x = op.input(d.in_va, n)?;
+            let gamma = if d.flags & ops::LAYERNORM_GAMMA != 0 { Some(op.input(d.gamma_va, cols)?) } else { None };
+            let beta = if d.flags & ops::LAYERNORM_BETA != 0 { Some(op.input(d.beta_va, cols)?) } else { None };
+            op.write_out(d.out_va, n, |y| k::layer_norm(&x, cols, gamma.as_deref(), beta.as_deref(), d.epsilon, y))?;
             Ok(8 * n as u64)
         }
         Desc::Reduce(d) => {
@@ -189,26 +320,22 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let mut out_shape = shape.clone();
             out_shape.remove(d.axis as usize);
             let out_n = op.volume(&out_shape)?;
-            let x = op.read(d.in_va, n)?;
-            let mut y = vec![0f32; out_n];
             let kind = match d.kind {
                 ops::REDUCE_SUM => k::ReduceOp::Sum,
                 ops::REDUCE_MEAN => k::ReduceOp::Mean,
                 ops::REDUCE_MAX => k::ReduceOp::Max,
                 _ => k::ReduceOp::Min,
             };
-            op.kernel(k::reduce(kind, &shape, d.axis as isize, &x, &mut y))?;
-            op.write(d.out_va, &y)?;
+            let x = op.input(d.in_va, n)?;
+            op.write_out(d.out_va, out_n, |y| k::reduce(kind, &shape, d.axis as isize, &x, y))?;
             Ok(n as u64)
         }
         Desc::Transpose(d) => {
             let shape = dims(&d.dims, d.rank);
             let perm: Vec<usize> = d.perm[..d.rank as usize].iter().map(|&p| p as usize).collect();
             let n = op.volume(&shape)?;
-            let x = op.read(d.in_va, n)?;
-            let mut y = vec![0f32; n];
-            op.kernel(k::permute(&shape, &perm, &x, &mut y))?;
-            op.write(d.out_va, &y)?;
+            let x = op.input(d.in_va, n)?;
+            op.write_out(d.out_va, n, |y| k::permute(&shape, &perm, &x, y))?;
             Ok(n as u64)
         }
         Desc::StridedCopy(d) => strided_copy(&mut op, &d),
@@ -218,23 +345,25 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let out_shape = op.kernel(k::gather_output_shape(&shape, d.axis as isize, &[ni]))?;
             let (n, no) = (op.volume(&shape)?, op.volume(&out_shape)?);
             op.volume(&[ni, 2])?;
-            let align = if d.index_type == ops::GATHER_INDEX_I32 { 4 } else { 8 };
+            let (align, width) = if d.index_type == ops::GATHER_INDEX_I32 { (4, 4) } else { (8, 8) };
             if d.indices_va % align != 0 {
                 return Err(Fault::new(FaultCode::Alignment, Access::Read, d.indices_va));
             }
-            let data = op.read(d.data_va, n)?;
-            let mut out = vec![0f32; no];
+            // Indices are copied out before use: the guest could change
+            // them under the device after the bounds check otherwise.
+            let span = op.mem.resolve(d.indices_va, (ni * width) as u64, Access::Read)?;
+            let mut raw = vec![0u8; ni * width];
+            gather_into(&span, &mut raw);
+            let data = op.input(d.data_va, n)?;
+            let axis = d.axis as isize;
             if d.index_type == ops::GATHER_INDEX_I32 {
-                let raw = op.mem.read_vec(d.indices_va, ni * 4)?;
                 let idx: Vec<i32> = raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                op.kernel(k::gather(&data, &shape, d.axis as isize, &idx, &[ni], &mut out))?;
+                op.write_out(d.out_va, no, |out| k::gather(&data, &shape, axis, &idx, &[ni], out))?;
             } else {
-                let raw = op.mem.read_vec(d.indices_va, ni * 8)?;
                 let idx: Vec<i64> =
                     raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
-                op.kernel(k::gather(&data, &shape, d.axis as isize, &idx, &[ni], &mut out))?;
+                op.write_out(d.out_va, no, |out| k::gather(&data, &shape, axis, &idx, &[ni], out))?;
             }
-            op.write(d.out_va, &out)?;
             Ok(no as u64)
         }
     }
@@ -244,7 +373,7 @@ fn padding(top: u32, left: u32, bottom: u32, right: u32) -> k::Padding2d {
     k::Padding2d { top: top as usize, left: left as usize, bottom: bottom as usize, right: right as usize }
 }
 
-fn gemm(op: &mut Op<'_, '_>, d: &ops::GemmDesc) -> R<u64> {
+fn gemm(op: &mut Op<'_, '_, '_>, d: &ops::GemmDesc) -> R<u64> {
     let (m, n, kk, batch) = (d.m as usize, d.n as usize, d.k as usize, d.batch as usize);
     let flops = op.flops(&[2, m as u64, n as u64, kk as u64, batch as u64])?;
     if batch == 0 {
@@ -252,7 +381,7 @@ fn gemm(op: &mut Op<'_, '_>, d: &ops::GemmDesc) -> R<u64> {
     }
     let (a_len, b_len, c_len) = (op.volume(&[m, kk])?, op.volume(&[kk, n])?, op.volume(&[m, n])?);
     // Extent of each operand over the batch: (batch-1)*stride + matrix.
-    let extent = |op: &Op<'_, '_>, stride: u64, len: usize| -> R<usize> {
+    let extent = |op: &Op<'_, '_, '_>, stride: u64, len: usize| -> R<usize> {
         let e = (batch as u64 - 1).checked_mul(stride).and_then(|x| x.checked_add(len as u64));
         match e {
             Some(e) if e <= MAX_TENSOR_ELEMS => Ok(e as usize),
@@ -267,14 +396,14 @@ fn gemm(op: &mut Op<'_, '_>, d: &ops::GemmDesc) -> R<u64> {
     if batch > 1 && (d.c_batch_stride as usize) < c_len {
         return Err(op.bad()); // output matrices would overlap
     }
-    let a = op.read(d.a_va, a_ext)?;
-    let b = op.read(d.b_va, b_ext)?;
-    let bias = if d.flags & ops::GEMM_BIAS != 0 { Some(op.read(d.bias_va, n)?) } else { None };
+    let a = op.input(d.a_va, a_ext)?;
+    let b = op.input(d.b_va, b_ext)?;
+    let bias = if d.flags & ops::GEMM_BIAS != 0 { Some(op.input(d.bias_va, n)?) } else { None };
     let accumulate = d.flags & ops::GEMM_ACCUMULATE != 0;
-    // C is read back when its old contents matter: accumulation, or gaps
-    // between batch matrices that must survive the write.
+    // C's old contents matter with accumulation, and in the gaps between
+    // batch matrices, which must survive.
     let gaps = batch > 1 && d.c_batch_stride as usize != c_len;
-    let mut c = if accumulate || gaps { op.read(d.c_va, c_ext)? } else { vec![0f32; c_ext] };
+    let mut c = op.output(d.c_va, c_ext, accumulate || gaps)?;
     let p = k::GemmParams {
         m,
         n,
@@ -287,14 +416,14 @@ fn gemm(op: &mut Op<'_, '_>, d: &ops::GemmDesc) -> R<u64> {
     for i in 0..batch {
         let (ao, bo, co) =
             (i * d.a_batch_stride as usize, i * d.b_batch_stride as usize, i * d.c_batch_stride as usize);
-        let r = k::gemm(&p, &a[ao..ao + a_len], &b[bo..bo + b_len], bias.as_deref(), &mut c[co..co + c_len]);
+        let r = k::gemm(&p, &a[ao..ao + a_len], &b[bo..bo + b_len], bias.as_deref(), &mut c.buf()[co..co + c_len]);
         op.kernel(r)?;
     }
-    op.write(d.c_va, &c)?;
+    c.commit();
     Ok(flops)
 }
 
-fn conv2d(op: &mut Op<'_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
+fn conv2d(op: &mut Op<'_, '_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
     let p = k::Conv2dParams {
         batch: d.n as usize,
         in_channels: d.c_in as usize,
@@ -317,16 +446,14 @@ fn conv2d(op: &mut Op<'_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
     let n_w = op.volume(&[p.out_channels, cin_g, p.kernel[0], p.kernel[1]])?;
     let n_out = op.volume(&out_shape)?;
     let flops = op.flops(&[2, n_out as u64, cin_g as u64, p.kernel[0] as u64, p.kernel[1] as u64])?;
-    let input = op.read(d.input_va, n_in)?;
-    let weight = op.read(d.weight_va, n_w)?;
-    let bias = if d.flags & ops::CONV_BIAS != 0 { Some(op.read(d.bias_va, p.out_channels)?) } else { None };
-    let mut out = vec![0f32; n_out];
-    op.kernel(k::conv2d(&p, &input, &weight, bias.as_deref(), &mut out))?;
-    op.write(d.output_va, &out)?;
+    let input = op.input(d.input_va, n_in)?;
+    let weight = op.input(d.weight_va, n_w)?;
+    let bias = if d.flags & ops::CONV_BIAS != 0 { Some(op.input(d.bias_va, p.out_channels)?) } else { None };
+    op.write_out(d.output_va, n_out, |out| k::conv2d(&p, &input, &weight, bias.as_deref(), out))?;
     Ok(flops)
 }
 
-fn pool(op: &mut Op<'_, '_>, d: &ops::PoolDesc) -> R<u64> {
+fn pool(op: &mut Op<'_, '_, '_>, d: &ops::PoolDesc) -> R<u64> {
     let p = k::Pool2dParams {
         batch: d.n as usize,
         channels: d.c as usize,
@@ -346,21 +473,19 @@ fn pool(op: &mut Op<'_, '_>, d: &ops::PoolDesc) -> R<u64> {
     let n_in = op.volume(&[p.batch, p.channels, p.in_h, p.in_w])?;
     let n_out = op.volume(&out_shape)?;
     let flops = op.flops(&[n_out as u64, p.kernel[0] as u64, p.kernel[1] as u64])?;
-    let input = op.read(d.input_va, n_in)?;
-    let mut out = vec![0f32; n_out];
-    op.kernel(k::pool2d(&p, &input, &mut out))?;
-    op.write(d.output_va, &out)?;
+    let input = op.input(d.input_va, n_in)?;
+    op.write_out(d.output_va, n_out, |out| k::pool2d(&p, &input, out))?;
     Ok(flops)
 }
 
-fn strided_copy(op: &mut Op<'_, '_>, d: &ops::StridedCopyDesc) -> R<u64> {
+fn strided_copy(op: &mut Op<'_, '_, '_>, d: &ops::StridedCopyDesc) -> R<u64> {
     let sizes = dims(&d.sizes, d.rank);
     let n = op.volume(&sizes)?;
     if n == 0 {
         return Ok(0);
     }
     // Extent (elements) covered by a box with these strides.
-    let extent = |op: &Op<'_, '_>, strides: &[u64]| -> R<usize> {
+    let extent = |op: &Op<'_, '_, '_>, strides: &[u64]| -> R<usize> {
         let mut e: u64 = 1;
         for (&s, &st) in sizes.iter().zip(strides) {
             e = (s as u64 - 1).checked_mul(st).and_then(|x| x.checked_add(e)).ok_or_else(|| op.bad())?;
@@ -375,11 +500,12 @@ fn strided_copy(op: &mut Op<'_, '_>, d: &ops::StridedCopyDesc) -> R<u64> {
     let dst_ext = extent(op, &d.dst_strides[..rank])?;
     let src_strides: Vec<isize> = d.src_strides[..rank].iter().map(|&s| s as isize).collect();
     let dst_strides: Vec<isize> = d.dst_strides[..rank].iter().map(|&s| s as isize).collect();
-    let src = op.read(d.src_va, src_ext)?;
+    let src = op.input(d.src_va, src_ext)?;
     // The destination box may have gaps that must keep their contents.
-    let mut dst = op.read(d.dst_va, dst_ext)?;
+    let mut dst = op.output(d.dst_va, dst_ext, true)?;
     let p = k::StridedCopy { sizes: &sizes, src_offset: 0, src_strides: &src_strides, dst_offset: 0, dst_strides: &dst_strides };
-    op.kernel(k::strided_copy(&p, &src, &mut dst))?;
-    op.write(d.dst_va, &dst)?;
+    let r = k::strided_copy(&p, &src, dst.buf());
+    op.kernel(r)?;
+    dst.commit();
     Ok(n as u64)
 }

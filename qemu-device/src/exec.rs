@@ -9,7 +9,7 @@ use rbln_hw::ring::{Access, FaultCode, QueueState, RingEntry, MAX_CMDBUF_SIZE};
 use crate::compute;
 use crate::device::{sem_sleep, Shared};
 use crate::engines::Counters;
-use crate::mmu::{AddressSpace, Fault};
+use crate::mmu::{AddressSpace, Fault, Piece};
 
 /// What a command processor is working on.
 pub(crate) struct Job {
@@ -201,8 +201,12 @@ impl Exec<'_> {
         while done < size {
             self.check_live()?;
             let n = DMA_CHUNK.min(size - done);
-            let chunk = self.mem.read_vec(src + done, n as usize).map_err(|f| self.fault(f))?;
-            self.mem.write(dst + done, &chunk).map_err(|f| self.fault(f))?;
+            // Chunk by chunk in place: memory to memory, no staging copy.
+            let pinned = self.mem.pin();
+            let from = pinned.resolve(src + done, n, Access::Read).map_err(|f| Stop::Fault(f, self.depth))?;
+            let to = pinned.resolve(dst + done, n, Access::Write).map_err(|f| Stop::Fault(f, self.depth))?;
+            copy_pieces(from.pieces(), to.pieces());
+            drop(pinned);
             Counters::add(&self.s.counters.dma_bytes, n);
             done += n;
         }
@@ -238,6 +242,30 @@ impl Exec<'_> {
         if r.generation == self.job.generation && r.state != QueueState::Faulted {
             r.state = st;
             self.s.write_status(&r);
+        }
+    }
+}
+
+/// Copy the bytes of `from` to `to` (pieces of equal total length, in
+/// order). Source and destination may overlap (a copy within one buffer):
+/// each step is a `memmove`.
+fn copy_pieces(from: &[Piece], to: &[Piece]) {
+    let (mut i, mut j, mut oi, mut oj) = (0, 0, 0, 0);
+    while i < from.len() && j < to.len() {
+        let n = (from[i].len - oi).min(to[j].len - oj);
+        // SAFETY: both pieces are resolved device memory, valid for n
+        // bytes past the offsets (offsets stay below each piece's length)
+        // while the caller's `Pinned` lives; `ptr::copy` allows overlap.
+        unsafe { std::ptr::copy(from[i].ptr.add(oi), to[j].ptr.add(oj), n) };
+        oi += n;
+        oj += n;
+        if oi == from[i].len {
+            i += 1;
+            oi = 0;
+        }
+        if oj == to[j].len {
+            j += 1;
+            oj = 0;
         }
     }
 }

@@ -65,6 +65,16 @@ impl Mapping {
         Ok(())
     }
 
+    /// Raw pointer to [off, off+len) of the mapping, for in-place access
+    /// by device engines. Valid while `self` lives.
+    pub fn ptr(&self, off: u64, len: u64) -> Result<*mut u8, BusError> {
+        let n = usize::try_from(len).map_err(|_| BusError { addr: off, len })?;
+        let off = self.check(off, n)?;
+        // SAFETY: `check` keeps off inside the mapping, so the offset
+        // pointer stays in (or one past) the same allocation.
+        Ok(unsafe { self.map.as_mut_ptr().add(off) })
+    }
+
     pub fn fill(&self, off: u64, len: u64, pattern: u32) -> Result<(), BusError> {
         let n = usize::try_from(len).map_err(|_| BusError { addr: off, len })?;
         self.check(off, n)?;
@@ -128,6 +138,14 @@ impl HostMemory {
             .find(|r| addr >= r.addr && end <= r.addr + r.map.len())
             .map(|r| (r.map.clone(), addr - r.addr))
             .ok_or(BusError { addr, len })
+    }
+
+    /// The mapping holding [addr, addr+len) and a pointer to addr in it;
+    /// the pointer is valid while the returned mapping is kept alive.
+    pub fn pin(&self, addr: u64, len: u64) -> Result<(Arc<Mapping>, *mut u8), BusError> {
+        let (m, off) = self.find(addr, len)?;
+        let p = m.ptr(off, len)?;
+        Ok((m, p))
     }
 
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), BusError> {
@@ -194,5 +212,10 @@ impl Dram {
 
     pub fn fill(&self, off: u64, len: u64, pattern: u32) -> Result<(), BusError> {
         self.map.fill(off, len, pattern)
+    }
+
+    /// Pointer to [off, off+len) of DRAM, valid while `self` lives.
+    pub fn ptr(&self, off: u64, len: u64) -> Result<*mut u8, BusError> {
+        self.map.ptr(off, len)
     }
 }

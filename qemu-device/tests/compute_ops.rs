@@ -225,3 +225,121 @@ fn inconsistent_descriptors_fault_without_writing() {
         assert!(r.rig.dev.healthy());
     }
 }
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+const PAGE: u64 = 4096;
+
+#[test]
+fn in_place_output_reaching_a_read_only_page_faults_and_writes_nothing() {
+    // Output of 3 pages in device DRAM (contiguous: the in-place path),
+    // whose last page is mapped read-only. The op must fault before
+    // touching any of it.
+    let mut r = OpRig::new();
+    let n = 3 * PAGE as usize / 4;
+    let (x, y) = (seq(n, 0.5), seq(n, 0.25));
+    r.put(0, &x);
+    r.put(1, &y);
+    let out_va = 0x400_0000;
+    let ctx = r.ctx;
+    r.rig.map(&ctx, out_va, rbln_hw::mmu::Target::Dram, 0x10_0000, 2 * PAGE, true, true);
+    r.rig.map(&ctx, out_va + 2 * PAGE, rbln_hw::mmu::Target::Dram, 0x10_0000 + 2 * PAGE, PAGE, true, false);
+    let before = r.rig.dram_read(0x10_0000, 3 * PAGE as usize);
+    let d = BinaryDesc {
+        kind: Binary::Add as u32, rank: 1, a_dims: [n as u32, 0, 0, 0, 0, 0], b_dims: [n as u32, 0, 0, 0, 0, 0],
+        a_va: tva(0), b_va: tva(1), out_va, ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Permission);
+    assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), out_va + 2 * PAGE, "fault names the page");
+    assert_eq!(r.rig.dram_read(0x10_0000, 3 * PAGE as usize), before, "no byte of the output was written");
+    assert!(r.rig.private_canary_intact());
+}
+
+#[test]
+fn in_place_conv_output_over_an_unmapped_page_faults_and_writes_nothing() {
+    // The same for a host-memory output whose range runs past its mapping.
+    let mut r = OpRig::new();
+    let (c, h, w) = (2usize, 32usize, 32usize);
+    r.put(0, &seq(c * h * w, 0.1));
+    r.put(1, &seq(c * c * 9, 0.1));
+    let out_va = 0x400_0000;
+    let ctx = r.ctx;
+    let bus = r.rig.host_buffer(&ctx, out_va, PAGE); // 1 of the 2 pages needed
+    r.rig.write(bus, &[0xAB; PAGE as usize]);
+    let d = Conv2dDesc {
+        n: 1, c_in: c as u32, h: h as u32, w: w as u32, c_out: c as u32, kh: 3, kw: 3, groups: 1, stride_h: 1,
+        stride_w: 1, dil_h: 1, dil_w: 1, pad_top: 1, pad_left: 1, pad_bottom: 1, pad_right: 1,
+        input_va: tva(0), weight_va: tva(1), output_va: out_va, ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(r.rig.read(bus, PAGE as usize), vec![0xAB; PAGE as usize]);
+}
+
+#[test]
+fn scattered_pages_and_overlapping_operands_compute_correctly() {
+    let mut r = OpRig::new();
+    let ctx = r.ctx;
+    let n = 4 * PAGE as usize / 4;
+    // Input and output VAs whose pages lie in reverse order in host memory.
+    let scattered = |r: &mut OpRig, va: u64| -> Vec<u64> {
+        let pages: Vec<u64> = (0..4).map(|_| r.rig.alloc(PAGE)).collect();
+        for (i, &p) in pages.iter().rev().enumerate() {
+            r.rig.map(&ctx, va + i as u64 * PAGE, rbln_hw::mmu::Target::Host, p, PAGE, true, true);
+        }
+        pages.into_iter().rev().collect()
+    };
+    let (in_va, out_va) = (0x500_0000, 0x600_0000);
+    let in_pages = scattered(&mut r, in_va);
+    let out_pages = scattered(&mut r, out_va);
+    let x = seq(n, 0.5);
+    for (i, &p) in in_pages.iter().enumerate() {
+        r.rig.write(p, &f32_bytes(&x[i * 1024..(i + 1) * 1024]));
+    }
+    let y = seq(n, 0.125);
+    r.put(1, &y);
+    let add = |a_va: u64, out_va: u64| {
+        BinaryDesc {
+            kind: Binary::Add as u32, rank: 1, a_dims: [n as u32, 0, 0, 0, 0, 0], b_dims: [n as u32, 0, 0, 0, 0, 0],
+            a_va, b_va: tva(1), out_va, ..Default::default()
+        }
+        .with_header()
+    };
+    // Scattered input -> scattered output.
+    assert_eq!(r.run(&add(in_va, out_va).to_bytes()), FaultCode::None);
+    let got: Vec<f32> = out_pages.iter().flat_map(|&p| r.rig.read_f32s(p, 1024)).collect();
+    let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+    close(&got, &want);
+    // Output equal to an input (contiguous): a += y in place.
+    r.put(0, &x);
+    assert_eq!(r.run(&add(tva(0), tva(0)).to_bytes()), FaultCode::None);
+    close(&r.get(0, n), &want);
+    // Output overlapping an input at an offset: transpose into itself
+    // shifted by one row must read the input as it was.
+    let (rows, cols) = (8usize, 16usize);
+    let m = seq(rows * cols, 1.0);
+    r.put(2, &m);
+    let t = TransposeDesc {
+        rank: 2, dims: [rows as u32, cols as u32, 0, 0, 0, 0], perm: [1, 0, 0, 0, 0, 0], in_va: tva(2),
+        out_va: tva(2) + cols as u64 * 4, ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&t.to_bytes()), FaultCode::None);
+    let got = r.get(2, cols + rows * cols);
+    close(&got[..cols], &m[..cols]);
+    let want: Vec<f32> = (0..cols).flat_map(|j| (0..rows).map(move |i| (i, j))).map(|(i, j)| m[i * cols + j]).collect();
+    close(&got[cols..], &want);
+    // Unary in place (in == out).
+    let u = UnaryDesc { kind: Unary::Relu as u32, count: n as u64, in_va: tva(0), out_va: tva(0), ..Default::default() }
+        .with_header();
+    assert_eq!(r.run(&u.to_bytes()), FaultCode::None);
+    let relu: Vec<f32> = want_relu(&x, &y);
+    close(&r.get(0, n), &relu);
+}
+
+fn want_relu(x: &[f32], y: &[f32]) -> Vec<f32> {
+    x.iter().zip(y).map(|(a, b)| (a + b).max(0.0)).collect()
+}

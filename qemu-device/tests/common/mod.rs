@@ -48,6 +48,7 @@ pub struct Rig {
     pub irqs: Arc<IrqCounter>,
 }
 
+#[derive(Clone, Copy)]
 pub struct Ctx {
     pub id: u32,
     pub root: u64,
