@@ -12,7 +12,9 @@
 //! = 2 × the bytes copied). Ours and the reference are timed alternately,
 //! best of `REPS` each, so that the ratio is meaningful on a noisy machine.
 //! Set RAYON_NUM_THREADS to change the thread count; pass substrings to run
-//! only the matching benchmarks.
+//! only the matching benchmarks. On a machine shared with other work,
+//! `BENCH_CLOCK=cpu RAYON_NUM_THREADS=1` times with the process CPU clock
+//! (Linux), which ignores the time the process is descheduled.
 
 use rbln_kernels::*;
 use std::hint::black_box;
@@ -22,18 +24,45 @@ fn reps() -> usize {
     std::env::var("BENCH_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(15)
 }
 
-/// Best wall times of `ours` and `reference`, timed alternately.
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+}
+
+/// Seconds on the process CPU clock (all threads).
+fn cpu_seconds() -> f64 {
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec (64-bit Linux layout).
+    unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+fn time(f: &mut impl FnMut()) -> f64 {
+    if std::env::var("BENCH_CLOCK").is_ok_and(|v| v == "cpu") {
+        let t = cpu_seconds();
+        f();
+        cpu_seconds() - t
+    } else {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64()
+    }
+}
+
+/// Best times of `ours` and `reference`, timed alternately.
 fn race(mut ours: impl FnMut(), mut reference: impl FnMut()) -> (f64, f64) {
     ours();
     reference();
     let (mut to, mut tr) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..reps() {
-        let t = Instant::now();
-        reference();
-        tr = tr.min(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        ours();
-        to = to.min(t.elapsed().as_secs_f64());
+        tr = tr.min(time(&mut reference));
+        to = to.min(time(&mut ours));
     }
     (to, tr)
 }

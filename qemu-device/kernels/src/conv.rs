@@ -242,6 +242,14 @@ pub fn conv2d_residual(
 
 /// One input channel per group: each output plane is a weighted sum of
 /// shifted views of one input plane.
+///
+/// Fast path: the (zero-padded) input plane is split into its stride
+/// phases, so that every tap reads a contiguous shifted window of one phase
+/// plane; the output is computed over the flattened phase-plane grid (a few
+/// garbage columns per row, dropped afterwards) in register-blocked chunks
+/// that sum all taps before storing. Geometries whose phase planes would be
+/// much larger than the input and output (hostile dilations / paddings)
+/// take the generic per-tap loop.
 fn direct(
     p: &Conv2dParams,
     g: &Geometry,
@@ -253,20 +261,193 @@ fn direct(
 ) {
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
+    let phased = PhaseGeometry::new(&ha, &wa, g.in_plane, g.out_plane);
+    let planes_per_task = (16_384 / g.out_plane.max(1)).max(1);
     output
         .par_chunks_mut(g.out_plane)
+        .with_min_len(planes_per_task)
         .enumerate()
-        .for_each(|(plane_idx, out)| {
-            let b = plane_idx / p.out_channels;
-            let co = plane_idx % p.out_channels;
-            let ci = co / g.og; // group index == input channel within group 0
-            let inp = &input[(b * p.in_channels + ci) * g.in_plane..][..g.in_plane];
-            let wts = &weight[co * kh * kw..][..kh * kw];
-            out.fill(bias.map_or(0.0, |b| b[co]));
-            depthwise_plane(inp, wts, kh, kw, &ha, &wa, out);
-            let res = residual.map(|r| &r[plane_idx * g.out_plane..][..g.out_plane]);
-            epilogue(out, Bias::None, res, p.activation);
-        });
+        .for_each_init(
+            || (Vec::new(), Vec::new(), Vec::new()),
+            |(scratch, acc, taps): &mut (Vec<f32>, Vec<f32>, Vec<(f32, usize)>), (plane_idx, out)| {
+                let b = plane_idx / p.out_channels;
+                let co = plane_idx % p.out_channels;
+                let ci = co / g.og; // group index == input channel within group 0
+                let inp = &input[(b * p.in_channels + ci) * g.in_plane..][..g.in_plane];
+                let wts = &weight[co * kh * kw..][..kh * kw];
+                let bv = bias.map_or(0.0, |b| b[co]);
+                match &phased {
+                    Some(ph) => ph.plane(inp, wts, bv, &ha, &wa, scratch, acc, taps, out),
+                    None => {
+                        out.fill(bv);
+                        depthwise_plane(inp, wts, kh, kw, &ha, &wa, out);
+                    }
+                }
+                let res = residual.map(|r| &r[plane_idx * g.out_plane..][..g.out_plane]);
+                epilogue(out, Bias::None, res, p.activation);
+            },
+        );
+}
+
+/// Layout of the stride-phase planes of the depthwise fast path; all the
+/// index arithmetic is done once per call, not per plane.
+struct PhaseGeometry {
+    /// Columns of a phase plane.
+    cols: usize,
+    /// Elements per phase plane (with one spare row of zeros).
+    plane: usize,
+    /// How each phase plane is filled from the input plane.
+    fills: Vec<PhaseFill>,
+    /// Scratch offset of each tap's window, in (ky, kx) order.
+    tap_offsets: Vec<usize>,
+}
+
+/// Rows `rows` of a phase plane (at scratch offset `base`) take, at columns
+/// `cols`, input row `iy0 + (i - rows.start)·sh` from column `ix0` with step `sw`.
+struct PhaseFill {
+    base: usize,
+    rows: core::ops::Range<usize>,
+    cols: core::ops::Range<usize>,
+    iy0: usize,
+    ix0: usize,
+}
+
+impl PhaseGeometry {
+    fn new(ha: &Axis, wa: &Axis, in_plane: usize, out_plane: usize) -> Option<PhaseGeometry> {
+        // Tap t reads phase (t·d) % s at offset (t·d) / s. t·d ≤ the padded
+        // extent, which fits in isize (see `Axis::new`).
+        let off_y = (ha.kernel - 1) * ha.dilation / ha.stride;
+        let off_x = (wa.kernel - 1) * wa.dilation / wa.stride;
+        let rows = ha.output.checked_add(off_y)?;
+        let cols = wa.output.checked_add(off_x)?;
+        let plane = rows.checked_add(1)?.checked_mul(cols)?;
+        // The kernel area is bounded by the (validated) weight length.
+        let mut phases: Vec<(usize, usize)> = Vec::new();
+        let mut tap_phase = Vec::with_capacity(ha.kernel * wa.kernel);
+        for ky in 0..ha.kernel {
+            for kx in 0..wa.kernel {
+                let (ty, tx) = (ky * ha.dilation, kx * wa.dilation);
+                let ph = (ty % ha.stride, tx % wa.stride);
+                let pi = match phases.iter().position(|&q| q == ph) {
+                    Some(pi) => pi,
+                    None if phases.len() == 16 => return None,
+                    None => {
+                        phases.push(ph);
+                        phases.len() - 1
+                    }
+                };
+                tap_phase.push((pi, ty / ha.stride, tx / wa.stride));
+            }
+        }
+        let total = plane.checked_mul(phases.len())?;
+        // Only when the scratch stays comparable to the real data.
+        let limit = in_plane.saturating_add(out_plane).saturating_mul(4).max(1 << 12);
+        if total > limit {
+            return None;
+        }
+        let tap_offsets = tap_phase.iter().map(|&(pi, oy, ox)| pi * plane + oy * cols + ox).collect();
+        let fills = phases
+            .iter()
+            .enumerate()
+            .map(|(pi, &(py, px))| {
+                // Phase-plane row i is padded row i·sh + py, column j padded
+                // column j·sw + px; only the in-bounds ones are non-zero.
+                let iv = valid_range(py as isize - ha.pad_before as isize, ha.stride, rows, ha.input);
+                let jv = valid_range(px as isize - wa.pad_before as isize, wa.stride, cols, wa.input);
+                PhaseFill {
+                    base: pi * plane,
+                    iy0: (iv.start * ha.stride + py).saturating_sub(ha.pad_before),
+                    ix0: (jv.start * wa.stride + px).saturating_sub(wa.pad_before),
+                    rows: iv,
+                    cols: jv,
+                }
+            })
+            .collect();
+        Some(PhaseGeometry {
+            cols,
+            plane,
+            fills,
+            tap_offsets,
+        })
+    }
+
+    /// Computes one output plane (`bias` + the taps, no activation).
+    #[allow(clippy::too_many_arguments)]
+    fn plane(
+        &self,
+        inp: &[f32],
+        wts: &[f32],
+        bias: f32,
+        ha: &Axis,
+        wa: &Axis,
+        scratch: &mut Vec<f32>,
+        acc: &mut Vec<f32>,
+        taps: &mut Vec<(f32, usize)>,
+        out: &mut [f32],
+    ) {
+        let cols = self.cols;
+        scratch.clear();
+        scratch.resize(self.plane * self.fills.len(), 0.0);
+        for f in &self.fills {
+            let n = f.cols.len();
+            if n == 0 {
+                continue;
+            }
+            for (r, i) in f.rows.clone().enumerate() {
+                let iy = f.iy0 + r * ha.stride;
+                let src = &inp[iy * wa.input + f.ix0..];
+                let d = &mut scratch[f.base + i * cols + f.cols.start..][..n];
+                if wa.stride == 1 {
+                    d.copy_from_slice(&src[..n]);
+                } else {
+                    for (q, v) in d.iter_mut().enumerate() {
+                        *v = src[q * wa.stride];
+                    }
+                }
+            }
+        }
+        taps.clear();
+        taps.extend(wts.iter().copied().zip(self.tap_offsets.iter().copied()));
+        acc.clear();
+        acc.resize(ha.output * cols, 0.0);
+        depthwise_taps(scratch, taps, bias, acc);
+        for (oy, o) in out.chunks_exact_mut(wa.output).enumerate() {
+            o.copy_from_slice(&acc[oy * cols..][..wa.output]);
+        }
+    }
+}
+
+/// Output elements per register block of [`depthwise_taps`].
+const DW_BLOCK: usize = 64;
+
+simd_dispatch! {
+    /// `acc[q] = bias + Σ_taps w · src[off + q]`, all taps of a block of
+    /// outputs summed in registers. Every `off + acc.len()` is within `src`.
+    fn depthwise_taps(src: &[f32], taps: &[(f32, usize)], bias: f32, acc: &mut [f32]) {
+        let mut blocks = acc.chunks_exact_mut(DW_BLOCK);
+        let mut q = 0;
+        for blk in &mut blocks {
+            let mut r = [bias; DW_BLOCK];
+            for &(w, off) in taps {
+                let s = &src[off + q..][..DW_BLOCK];
+                for i in 0..DW_BLOCK {
+                    r[i] += w * s[i];
+                }
+            }
+            blk.copy_from_slice(&r);
+            q += DW_BLOCK;
+        }
+        let rem = blocks.into_remainder();
+        if !rem.is_empty() {
+            rem.fill(bias);
+            for &(w, off) in taps {
+                let len = rem.len();
+                for (o, &s) in rem.iter_mut().zip(&src[off + q..][..len]) {
+                    *o += w * s;
+                }
+            }
+        }
+    }
 }
 
 simd_dispatch! {

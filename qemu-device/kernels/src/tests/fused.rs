@@ -232,3 +232,75 @@ fn pool2d_model_shapes() {
         }
     }
 }
+
+#[test]
+fn depthwise_fast_path_shapes() {
+    let mut rng = Rng::new(105);
+    // (channels, multiplier, h, w, kernel, stride, pad, dilation)
+    let cases = [
+        (3, 1, 112, 112, 3, 1, 1, 1),
+        (5, 1, 57, 33, 3, 2, 1, 1),
+        (4, 1, 56, 56, 5, 2, 2, 1),
+        (7, 1, 28, 27, 5, 1, 2, 1),
+        (9, 1, 14, 14, 3, 1, 1, 1),
+        (17, 1, 7, 7, 5, 1, 2, 1),
+        (6, 1, 7, 7, 3, 2, 1, 1),
+        (3, 2, 13, 11, 3, 1, 1, 1),
+        (2, 3, 9, 10, 5, 2, 2, 2),
+        (4, 1, 20, 21, 3, 3, 0, 1),
+        (4, 1, 15, 16, 3, 2, 4, 3),
+        (2, 1, 5, 5, 7, 1, 3, 1),
+        (2, 1, 1, 1, 3, 1, 1, 1),
+        (3, 1, 9, 70, 1, 1, 0, 1),
+        (3, 1, 9, 70, 1, 2, 0, 1),
+    ];
+    for (it, &(c, mult, h, w, k, s, pad, d)) in cases.iter().enumerate() {
+        for batch in [1, 2] {
+            let p = Conv2dParams {
+                batch,
+                in_channels: c,
+                in_h: h,
+                in_w: w,
+                out_channels: c * mult,
+                kernel: [k, k],
+                stride: [s, s],
+                padding: Padding2d::uniform(pad),
+                dilation: [d, d],
+                groups: c,
+                activation: ACTS[it % ACTS.len()],
+            };
+            check_conv_residual(&mut rng, &p, true, batch == 2);
+        }
+    }
+    // Asymmetric padding / strides / kernels.
+    let p = Conv2dParams {
+        batch: 1,
+        in_channels: 3,
+        in_h: 17,
+        in_w: 23,
+        out_channels: 3,
+        kernel: [3, 5],
+        stride: [1, 2],
+        padding: Padding2d { top: 0, left: 2, bottom: 2, right: 1 },
+        dilation: [2, 1],
+        groups: 3,
+        activation: Activation::Relu,
+    };
+    check_conv_residual(&mut rng, &p, true, true);
+    // Huge padding with a dilated kernel: the phase planes would dwarf the
+    // data, so the generic loop runs (and must agree).
+    let p = Conv2dParams {
+        batch: 1,
+        in_channels: 2,
+        in_h: 2,
+        in_w: 3,
+        out_channels: 2,
+        kernel: [3, 3],
+        stride: [1, 1],
+        padding: Padding2d::uniform(40),
+        dilation: [40, 40],
+        groups: 2,
+        activation: Activation::None,
+    };
+    check_conv_residual(&mut rng, &p, true, true);
+}
