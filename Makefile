@@ -9,7 +9,7 @@ export RBLN_T0 := $(shell date +%s)
 CARGO ?= cargo
 CMD ?=
 
-.PHONY: all setup kernel kmd host vm test demo clean
+.PHONY: all setup kernel kmd host vm test demo bench clean
 
 all: kmd host
 
@@ -35,6 +35,10 @@ vm: kmd host
 ## test: host tests, then the VM suites; summary on the last line
 test:
 	@scripts/test.sh
+
+## bench: the NPU vs onnxruntime on the same cores; table + target/bench/report.json
+bench: kmd host
+	@BENCH_SKIP_BUILD=1 scripts/bench.sh
 
 ## demo: boot the guest and show the stack working
 demo: kmd host

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# `make bench`: the virtual NPU against onnxruntime on the same host cores.
+# One run: builds the models, times onnxruntime and the host references,
+# boots one VM for every device measurement (tests/bench/guest.sh), then
+# prints the table and writes $BENCH_OUT/report.json (README.md,
+# "Benchmarks", says what it holds). Speed is never asserted; a model that
+# does not compile or run is reported with an error and the rest goes on.
+#
+# Environment:
+#   BENCH_SMOKE=1       tiny sizes, one small model (+ a tiny BERT), and a
+#                       completeness check of the report (make test runs it)
+#   BENCH_OUT           output directory, relative to the repo (default
+#                       target/bench, target/bench-smoke with BENCH_SMOKE=1)
+#   BENCH_MODELS        models to run instead of the default list (names of
+#                       tests/models/gen_models.py or bench_models.py)
+#   BENCH_THREADS       onnxruntime's intra-op threads and the host
+#                       references' threads (default: the device model's
+#                       compute threads, i.e. its rayon pool: RAYON_NUM_THREADS
+#                       or one per host core)
+#   BENCH_SKIP_BUILD=1  do not run cargo build / build-kmd.sh first
+#   BENCH_NO_VM=1       host side only (the device rows then show errors)
+#   VM_TIMEOUT          seconds for the VM (default here 1200)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+SMOKE=${BENCH_SMOKE:-0}
+if [[ $SMOKE == 1 ]]; then OUT_REL=${BENCH_OUT:-target/bench-smoke}; else OUT_REL=${BENCH_OUT:-target/bench}; fi
+[[ $OUT_REL != /* && $OUT_REL != *..* ]] || die "BENCH_OUT must be a path inside the repo, relative to it"
+OUT=$RBLN_ROOT/$OUT_REL
+# The device model runs its kernels on rayon's global pool: one thread per
+# host core unless RAYON_NUM_THREADS says otherwise (vm.sh passes the
+# environment on). onnxruntime and the host references get as many.
+THREADS=${BENCH_THREADS:-${RAYON_NUM_THREADS:-$(nproc)}}
+# The device model's compute cores (rbln-npu --cores, default 2; vm.sh adds
+# NPU_ARGS).
+CORES=$(sed -n 's/.*--cores[ =]\([0-9]*\).*/\1/p' <<<"${NPU_ARGS:-}")
+CORES=${CORES:-2}
+
+# The test models are those tests/compiler/compile-models.sh compiles.
+test_models() {
+    local line
+    line=$(grep -m1 -E '^for m in [a-z0-9 _-]+; do' "$RBLN_ROOT/tests/compiler/compile-models.sh") \
+        || die "cannot find the model list in tests/compiler/compile-models.sh"
+    line=${line#for m in }
+    echo "${line%%; do*}"
+}
+
+if [[ $SMOKE == 1 ]]; then
+    TEST_MODELS=resnet
+    BENCH_MODELS_LIST=bert-tiny
+    ITERS=3 WARMUP=1 PROFILES=2
+    MICRO_ITERS=1 MICRO_WARMUP=0 MICRO_PROFILES=2
+    DMA_SIZES="65536 1048576" DMA_REPS=3
+    LAT_RUNS=20 LAT_WARMUP=5
+    ASYNC_ITERS=4 ASYNC_WARMUP=1
+    ORT_ARGS=(--warmup 1 --min-runs 3 --max-runs 10 --budget 0.5)
+    NATIVE_ARGS=(--gemm 64 --reps 3)
+else
+    TEST_MODELS=$(test_models)
+    BENCH_MODELS_LIST="resnet50 mobilenetv3-small efficientnet-b0 bert-l12-h384"
+    ITERS=${BENCH_ITERS:-10} WARMUP=2 PROFILES=${BENCH_PROFILES:-3}
+    MICRO_ITERS=3 MICRO_WARMUP=1 MICRO_PROFILES=5
+    DMA_SIZES="16777216 1048576" DMA_REPS=9
+    LAT_RUNS=300 LAT_WARMUP=30
+    ASYNC_ITERS=30 ASYNC_WARMUP=3
+    ORT_ARGS=(--warmup 3 --min-runs 10 --max-runs 100 --budget 3)
+    NATIVE_ARGS=(--gemm 1024 --reps 15)
+fi
+if [[ -n ${BENCH_MODELS:-} ]]; then
+    TEST_MODELS="" BENCH_MODELS_LIST=$BENCH_MODELS
+fi
+MICRO_MODELS="micro-gemm micro-conv micro-add micro-relu"
+# The host copy reference covers the Add's tensor size and the DMA sizes.
+if [[ $SMOKE == 1 ]]; then ADD_BYTES=$((4 * 4 * 32 * 32)); else ADD_BYTES=$((4 * 64 * 256 * 256)); fi
+read -r -a COPY_SIZES <<<"$(printf '%s\n' $ADD_BYTES $DMA_SIZES | sort -nu | tr '\n' ' ')"
+
+main() {
+    local t0=$SECONDS
+    if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
+        log "building (cargo build --release --workspace, kmd/rbln.ko)"
+        cargo build --release --workspace --quiet
+        "$RBLN_ROOT/scripts/build-kmd.sh"
+    fi
+    local PY
+    PY=$("$RBLN_ROOT/scripts/setup-python.sh" | tail -n 1)
+
+    rm -rf "$OUT"
+    mkdir -p "$OUT/models" "$OUT/host" "$OUT/bin"
+    # The guest runs these copies, so a rebuild by someone else during the
+    # run does not change what is measured.
+    local b
+    for b in rbln-run rbln-bench-guest; do
+        cp "$RBLN_ROOT/target/release/$b" "$OUT/bin/" || die "target/release/$b is missing: run 'make host'"
+    done
+    if [[ ${BENCH_NO_VM:-0} != 1 ]]; then
+        cp "$RBLN_ROOT/kmd/rbln.ko" "$OUT/bin/" || die "kmd/rbln.ko is missing: run 'make kmd'"
+    fi
+    {
+        echo "host_cpus=$(nproc)"
+        echo "device_cores=$CORES"
+        echo "cpu_model='$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1 | tr -d "'")'"
+        echo "loadavg_at_start='$(cut -d' ' -f1-3 /proc/loadavg)'"
+        echo "git_commit=$(git -C "$RBLN_ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+        echo "git_dirty_files=$(git -C "$RBLN_ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
+        echo "rbln_npu_sha256=$(sha256sum "$RBLN_ROOT/target/release/rbln-npu" | cut -c1-16)"
+    } >"$OUT/machine.env"
+
+    local all=($TEST_MODELS $BENCH_MODELS_LIST $MICRO_MODELS)
+    log "generating ${#all[@]} ONNX models ($OUT_REL/models)"
+    local smoke_flag=()
+    [[ $SMOKE == 1 ]] && smoke_flag=(--smoke)
+    "$PY" "$RBLN_ROOT/tests/models/bench_models.py" gen "$OUT/models" "${smoke_flag[@]}" "${all[@]}"
+
+    local m rc
+    for m in "${all[@]}"; do
+        rc=0
+        "$RBLN_ROOT/target/release/rbln-compile" "$OUT/models/$m.onnx" -o "$OUT/models/$m.rbln" --json \
+            >"$OUT/models/$m.report.json" 2>"$OUT/models/$m.compile.err" || rc=$?
+        echo "$rc" >"$OUT/models/$m.compile.rc"
+        if [[ $rc != 0 ]]; then
+            warn "rbln-compile $m failed (status $rc): $(tail -n 1 "$OUT/models/$m.compile.err")"
+        fi
+    done
+
+    # Host references first, while the VM is not running.
+    log "onnxruntime on $THREADS threads (ORT_ENABLE_ALL, sequential)"
+    "$PY" "$RBLN_ROOT/tests/models/bench_models.py" ort "$OUT/models" --threads "$THREADS" "${ORT_ARGS[@]}" \
+        "${all[@]}" >"$OUT/host/ort.jsonl"
+    log "host references: gemm crate, copy bandwidth ($THREADS threads)"
+    local copy_args=() s
+    for s in "${COPY_SIZES[@]}"; do copy_args+=(--copy "$s"); done
+    "$RBLN_ROOT/target/release/rbln-bench-host" --threads "$THREADS" "${NATIVE_ARGS[@]}" "${copy_args[@]}" \
+        >"$OUT/host/native.json"
+
+    {
+        local v
+        for v in SMOKE THREADS TEST_MODELS BENCH_MODELS_LIST MICRO_MODELS ITERS WARMUP PROFILES \
+            MICRO_ITERS MICRO_WARMUP MICRO_PROFILES DMA_SIZES DMA_REPS LAT_RUNS LAT_WARMUP \
+            ASYNC_ITERS ASYNC_WARMUP; do
+            echo "${v%_LIST}='${!v}'"
+        done
+        echo "MODELS='$TEST_MODELS $BENCH_MODELS_LIST'"
+    } >"$OUT/plan.env"
+
+    rc=0
+    if [[ ${BENCH_NO_VM:-0} == 1 ]]; then
+        log "BENCH_NO_VM=1: no device measurements"
+        rc=-1
+    else
+        log "device measurements: one VM boot (tests/bench/guest.sh)"
+        VM_TIMEOUT=${VM_TIMEOUT:-1200} "$RBLN_ROOT/scripts/vm.sh" "sh tests/bench/guest.sh $OUT_REL" \
+            2>&1 | tee "$OUT/vm.log" || rc=${PIPESTATUS[0]}
+    fi
+    echo "$rc" >"$OUT/vm.rc"
+    [[ $rc == 0 ]] || warn "the VM run failed (status $rc); the report shows what is missing"
+
+    "$PY" "$RBLN_ROOT/tests/models/bench_report.py" "$OUT"
+    log "report: $OUT_REL/report.json ($((SECONDS - t0)) s)"
+    if [[ $SMOKE == 1 ]]; then
+        "$PY" "$RBLN_ROOT/tests/models/bench_report.py" --check "$OUT/report.json"
+    fi
+}
+
+main "$@"

@@ -1,0 +1,82 @@
+# The guest side of `make bench` (scripts/bench.sh boots one VM for it):
+#
+#     sh tests/bench/guest.sh OUT        (OUT: repo-relative, e.g. target/bench)
+#
+# Reads OUT/plan.env (what to run, how often), runs everything on
+# /dev/rbln0 with the binaries and rbln.ko snapshotted in OUT/bin, and
+# writes raw results into OUT/guest/; the host aggregates them
+# (tests/models/bench_report.py). A failing measurement records its exit
+# status and stderr and the script goes on: the report names what failed.
+# POSIX sh (the guest runs busybox).
+set -u
+OUT=$1
+. "$OUT/plan.env"
+B=$OUT/bin
+M=$OUT/models
+G=$OUT/guest
+rm -rf "$G"
+mkdir -p "$G"
+export PATH="/rbln/$B:$PATH"
+
+# step NAME CMD...: run CMD with stdout to G/NAME.json, stderr to
+# G/NAME.err, status to G/NAME.rc.
+step() {
+    name=$1; shift
+    rc=0
+    "$@" >"$G/$name.json" 2>"$G/$name.err" || rc=$?
+    echo "$rc" >"$G/$name.rc"
+    [ "$rc" = 0 ] || { echo "bench: $name failed (status $rc):"; tail -n 5 "$G/$name.err"; }
+    return "$rc"
+}
+
+t0=$(date +%s)
+elapsed() { echo "[guest +$(($(date +%s) - t0))s] $*"; }
+
+if ! insmod "$B/rbln.ko"; then
+    echo "insmod failed" >"$G/fatal"
+    exit 1
+fi
+cat /sys/devices/system/clocksource/clocksource0/current_clocksource >"$G/clocksource" 2>/dev/null || true
+nproc >"$G/cpus"
+
+# Models: timed runs (p50) with one profiled inference, then more
+# profiled inferences (each a fresh rbln-run) for the median device time.
+for m in $MODELS $MICRO_MODELS; do
+    [ -f "$M/$m.rbln" ] || continue
+    case " $MICRO_MODELS " in
+        *" $m "*) iters=$MICRO_ITERS; warm=$MICRO_WARMUP; profiles=$MICRO_PROFILES ;;
+        *) iters=$ITERS; warm=$WARMUP; profiles=$PROFILES ;;
+    esac
+    elapsed "$m: $iters iterations after $warm warm-up, $profiles profiles"
+    step "$m.run" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" --output "$G/$m.out.npy" \
+        --iterations "$iters" --warmup "$warm" --json --profile "$G/$m.trace.0.json" || continue
+    i=1
+    while [ "$i" -lt "$profiles" ]; do
+        step "$m.profile.$i" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" \
+            --profile "$G/$m.trace.$i.json" || break
+        i=$((i + 1))
+    done
+done
+
+elapsed "DMA host <-> DRAM: $DMA_SIZES bytes"
+args=""
+for s in $DMA_SIZES; do args="$args --size $s"; done
+# shellcheck disable=SC2086
+step dma rbln-bench-guest dma $args --reps "$DMA_REPS" || true
+
+elapsed "NOP submit -> fence latency"
+step latency rbln-bench-guest latency --runs "$LAT_RUNS" --warmup "$LAT_WARMUP" || true
+
+a=micro-relu
+if [ -f "$M/$a.rbln" ]; then
+    for p in 1 2; do
+        elapsed "AsyncRuntime parallel $p: $ASYNC_ITERS iterations"
+        step "async.p$p" rbln-run "$M/$a.rbln" --input "$M/$a.input.npy" --async --parallel "$p" \
+            --iterations "$ASYNC_ITERS" --warmup "$ASYNC_WARMUP" --json || true
+    done
+fi
+
+rmmod rbln || echo "rmmod failed" >"$G/rmmod-failed"
+elapsed "done"
+echo done >"$G/complete"
+sync

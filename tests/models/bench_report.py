@@ -1,0 +1,474 @@
+#!/usr/bin/env python3
+"""Aggregate the raw results of `make bench` into OUT/report.json and print
+the table (scripts/bench.sh runs it after the VM).
+
+    python bench_report.py OUT            # writes OUT/report.json, prints the table
+    python bench_report.py --check FILE   # is the report well-formed and complete?
+
+Inputs, all under OUT: plan.env (what was run), machine.env (host facts
+recorded by bench.sh), models/NAME.{onnx,compile.rc,compile.err,report.json},
+host/ort.jsonl (bench_models.py ort), host/native.json (rbln-bench-host),
+guest/* (tests/bench/guest.sh: rbln-run --json reports, Chrome traces of
+rbln-run --profile, rbln-bench-guest results).
+
+Definitions (see README.md, "Benchmarks"):
+- device_ms: span of one profiled inference's device timestamps (first
+  event start to last event end, input and output transfers included),
+  median over the profiled inferences;
+- run_p50_ms: rbln-run's p50 latency in the guest (wall clock, TCG guest);
+- ratio: device_ms / onnxruntime_ms (lower is better, 1 = parity).
+Micro rows carry value, reference, unit, ratio = value / reference and
+`better` ("higher" or "lower") saying which direction is good.
+"""
+
+import datetime
+import json
+import math
+import os
+import shlex
+import sys
+
+import numpy as np
+
+
+def read_env(path):
+    env = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#") and "=" in line:
+                    k, v = line.split("=", 1)
+                    env[k] = " ".join(shlex.split(v))
+    return env
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_text(path, default=""):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return default
+
+
+def last_line(path):
+    lines = [ln for ln in read_text(path).splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def size_str(n):
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20} MiB"
+    if n >= 1 << 10 and n % (1 << 10) == 0:
+        return f"{n >> 10} KiB"
+    return f"{n} B"
+
+
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if v else None
+
+
+class Guest:
+    """The guest's results for one model."""
+
+    def __init__(self, out, name):
+        self.g = os.path.join(out, "guest")
+        self.name = name
+
+    def path(self, suffix):
+        return os.path.join(self.g, f"{self.name}.{suffix}")
+
+    def error(self):
+        """None if rbln-run ran, else why not."""
+        rc = read_text(self.path("run.rc"), None)
+        if rc is None:
+            return "no guest result (the VM run did not reach this model)"
+        if rc != "0":
+            return f"rbln-run exited with status {rc}: {last_line(self.path('run.err'))}"
+        return None
+
+    def run(self):
+        return read_json(self.path("run.json"))
+
+    def traces(self):
+        out, i = [], 0
+        while True:
+            t = read_json(self.path(f"trace.{i}.json"))
+            if t is None:
+                return out
+            out.append(t["traceEvents"])
+            i += 1
+
+
+def span_ms(events):
+    """First event start to last event end (Chrome trace times are in us)."""
+    if not events:
+        return None
+    return (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3
+
+
+def compute_ms(events):
+    return sum(e["dur"] for e in events if e.get("cat") == "compute") / 1e3
+
+
+def transfer_ms(events):
+    return sum(e["dur"] for e in events if e.get("cat") != "compute") / 1e3
+
+
+def onnx_input_shapes(path):
+    """Input shape and initializer shapes of a micro model (small files)."""
+    import onnx
+    m = onnx.load(path)
+    (inp,) = m.graph.input
+    shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+    inits = {t.name: list(t.dims) for t in m.graph.initializer}
+    return shape, inits
+
+
+def diff_vs_ort(out, name):
+    got = os.path.join(out, "guest", f"{name}.out.npy")
+    ref = os.path.join(out, "models", f"{name}.ort.npy")
+    if not (os.path.exists(got) and os.path.exists(ref)):
+        return None
+    a, b = np.load(got), np.load(ref)
+    if a.shape != b.shape:
+        return {"error": f"output shape {list(a.shape)} != onnxruntime's {list(b.shape)}"}
+    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return {"max_abs": float(d.max()), "max_scaled": float((d / (1.0 + np.abs(b))).max())}
+
+
+def model_row(out, name, ort, kind):
+    row = {"name": name, "kind": kind, "onnxruntime_ms": None, "device_ms": None,
+           "run_p50_ms": None, "ratio": None, "error": None}
+    errors = []
+    o = ort.get(name)
+    if o is None:
+        errors.append("no onnxruntime result")
+    elif "error" in o:
+        errors.append(f"onnxruntime: {o['error']}")
+    else:
+        row["onnxruntime_ms"] = o["median_ms"]
+        row["onnxruntime_runs"] = o["runs"]
+    rc = read_text(os.path.join(out, "models", f"{name}.compile.rc"), None)
+    if rc != "0":
+        err = last_line(os.path.join(out, "models", f"{name}.compile.err"))
+        errors.append(f"rbln-compile failed (status {rc}): {err}" if rc else "not compiled")
+    else:
+        rep = read_json(os.path.join(out, "models", f"{name}.report.json")) or {}
+        row["device_ops"] = rep.get("device_ops")
+        g = Guest(out, name)
+        gerr = g.error()
+        if gerr:
+            errors.append(gerr)
+        else:
+            run = g.run() or {}
+            lat = run.get("latency", {})
+            row["run_p50_ms"] = lat.get("p50_ms")
+            row["run"] = {k: lat.get(k) for k in ("count", "mean_ms", "min_ms", "p90_ms")}
+            row["load_ms"] = run.get("load_ms")
+            traces = g.traces()
+            if not traces:
+                errors.append("no profile trace")
+            else:
+                spans = [span_ms(t) for t in traces]
+                row["device_ms"] = median(spans)
+                row["device_ms_profiles"] = spans
+                row["device_compute_ms"] = median([compute_ms(t) for t in traces])
+                row["device_transfer_ms"] = median([transfer_ms(t) for t in traces])
+            diff = diff_vs_ort(out, name)
+            if diff is not None:
+                row["diff_vs_onnxruntime"] = diff
+    if row["device_ms"] and row["onnxruntime_ms"]:
+        row["ratio"] = row["device_ms"] / row["onnxruntime_ms"]
+    if errors:
+        row["error"] = "; ".join(errors)
+    return row
+
+
+def micro_rows(out, plan, ort, native):
+    rows = []
+    models = os.path.join(out, "models")
+
+    def row(name, unit, better, value=None, reference=None, error=None, **extra):
+        r = {"name": name, "value": value, "reference": reference, "unit": unit,
+             "ratio": value / reference if value and reference else None, "better": better,
+             "error": error}
+        r.update(extra)
+        rows.append(r)
+
+    def device_compute(name):
+        """(median compute-event ms over the profiles, error)."""
+        g = Guest(out, name)
+        rc = read_text(os.path.join(models, f"{name}.compile.rc"), None)
+        if rc != "0":
+            return None, f"rbln-compile failed: {last_line(os.path.join(models, f'{name}.compile.err'))}"
+        err = g.error()
+        if err:
+            return None, err
+        t = g.traces()
+        if not t:
+            return None, "no profile trace"
+        return median([compute_ms(ev) for ev in t]), None
+
+    gemm_native = (native or {}).get("gemm") or {}
+    copies = {c["bytes"]: c for c in (native or {}).get("copy", [])}
+
+    # 1. GEMM n x n x n: device (one MatMul compiled from ONNX) vs the gemm crate.
+    name = "micro-gemm"
+    if os.path.exists(os.path.join(models, f"{name}.onnx")):
+        (n, _), _ = onnx_input_shapes(os.path.join(models, f"{name}.onnx"))
+        flop = 2.0 * n ** 3
+        ms, err = device_compute(name)
+        host_n = gemm_native.get("m")
+        ref = gemm_native.get("gflops") if host_n == n else None
+        if ref is None and not err:
+            err = f"no host gemm-crate result for n={n}"
+        o = ort.get(name, {})
+        row(f"gemm {n}x{n}x{n}", "GFLOP/s", "higher", flop / ms / 1e6 if ms else None, ref, err,
+            device_ms=ms, reference_ms=gemm_native.get("median_ms"),
+            reference_what=f"gemm crate on {plan.get('THREADS')} threads (rbln-bench-host)",
+            onnxruntime_gflops=flop / o["median_ms"] / 1e6 if "median_ms" in o else None)
+
+    # 2. A ResNet conv: device vs onnxruntime's Conv, same 1-node model.
+    name = "micro-conv"
+    if os.path.exists(os.path.join(models, f"{name}.onnx")):
+        (_, c, h, w), inits = onnx_input_shapes(os.path.join(models, f"{name}.onnx"))
+        co, ci, kh, kw = inits["conv.weight"]
+        flop = 2.0 * co * ci * kh * kw * h * w
+        ms, err = device_compute(name)
+        o = ort.get(name, {})
+        ref = o.get("median_ms")
+        if ref is None and not err:
+            err = "no onnxruntime result"
+        row(f"conv {kh}x{kw} {ci}->{co} {h}x{w} pad 1", "ms", "lower", ms, ref, err,
+            device_gflops=flop / ms / 1e6 if ms else None,
+            reference_gflops=flop / ref / 1e6 if ref else None,
+            reference_what=f"onnxruntime Conv, {plan.get('THREADS')} threads")
+
+    # 3. Element-wise Add in DRAM vs the host's copy bandwidth.
+    name = "micro-add"
+    if os.path.exists(os.path.join(models, f"{name}.onnx")):
+        shape, _ = onnx_input_shapes(os.path.join(models, f"{name}.onnx"))
+        nbytes = 4 * math.prod(shape)
+        ms, err = device_compute(name)
+        cp = copies.get(nbytes)
+        ref = cp["copy_nt"]["gbps_read_write"] if cp else None
+        if ref is None and not err:
+            err = f"no host copy result for {nbytes} bytes"
+        o = ort.get(name, {})
+        row(f"add 2x{size_str(nbytes)} -> {size_str(nbytes)}", "GB/s", "higher",
+            3 * nbytes / ms / 1e6 if ms else None, ref, err,
+            bytes=nbytes, device_ms=ms,
+            bytes_counted="Add: 2 reads + 1 write; copy: 1 read + 1 write",
+            reference_what=f"host copy on {plan.get('THREADS')} threads (rbln-bench-host)",
+            reference_memcpy_1t_gbps=cp["memcpy_1t"]["gbps_read_write"] if cp else None,
+            onnxruntime_gbps=3 * nbytes / o["median_ms"] / 1e6 if "median_ms" in o else None)
+
+    # 4. DMA host -> device DRAM vs host memcpy of the same size.
+    dma = read_json(os.path.join(out, "guest", "dma.json"))
+    dma_err = None if dma else (f"rbln-bench-guest dma: {last_line(os.path.join(out, 'guest', 'dma.err'))}"
+                                if os.path.exists(os.path.join(out, "guest", "dma.rc"))
+                                else "no guest result")
+    for s in plan.get("DMA_SIZES", "").split():
+        s = int(s)
+        d = next((r for r in (dma or {}).get("dma", []) if r["bytes"] == s), None)
+        cp = copies.get(s)
+        row(f"dma host->DRAM {size_str(s)}", "GB/s", "higher", d["h2d_gbps"] if d else None,
+            cp["memcpy_1t"]["gbps"] if cp else None,
+            dma_err or (None if d and cp else "missing result"),
+            bytes=s, device_ms=d["h2d_median_ns"] / 1e6 if d else None,
+            d2h_gbps=d["d2h_gbps"] if d else None,
+            bytes_counted="bytes copied (size / time), both sides",
+            reference_what="host memcpy, 1 thread (rbln-bench-host)")
+
+    # 5. NOP submit -> fence latency, both submission paths.
+    lat = read_json(os.path.join(out, "guest", "latency.json"))
+    lat_err = None if lat else "no latency result"
+    k = (lat or {}).get("ioctl_submit_fence_wait", {})
+    u = (lat or {}).get("user_submit_spin", {})
+    row("nop submit->fence, ioctl SUBMIT + FENCE_WAIT", "us", "lower", k.get("p50_us"), None, lat_err,
+        p99_us=k.get("p99_us"), mean_us=k.get("mean_us"), runs=k.get("runs"),
+        reference_what="none (value only)", clock=(lat or {}).get("clock"))
+    row("nop submit->fence, user-mode submit + spin", "us", "lower", u.get("p50_us"), k.get("p50_us"),
+        lat_err, p99_us=u.get("p99_us"), mean_us=u.get("mean_us"), runs=u.get("runs"),
+        reference_what="the ioctl path's p50 (same boot)", clock=(lat or {}).get("clock"))
+
+    # 6. AsyncRuntime parallel 2 vs 1 on a transfer-bound model.
+    if os.path.exists(os.path.join(models, "micro-relu.onnx")):
+        tp = {}
+        errs = []
+        for p in (1, 2):
+            r = read_json(os.path.join(out, "guest", f"async.p{p}.json"))
+            if r:
+                tp[p] = r["latency"]["throughput_per_s"]
+            else:
+                errs.append(f"parallel {p}: " + (last_line(os.path.join(out, "guest", f"async.p{p}.err"))
+                                                 or "no guest result"))
+        shape, _ = onnx_input_shapes(os.path.join(models, "micro-relu.onnx"))
+        row(f"AsyncRuntime parallel 2 vs 1, Relu {'x'.join(map(str, shape))}", "inferences/s",
+            "higher", tp.get(2), tp.get(1), "; ".join(errs) or None,
+            reference_what="--async --parallel 1", iterations=int(plan.get("ASYNC_ITERS", 0)))
+    return rows
+
+
+def machine_info(out, plan):
+    m = read_env(os.path.join(out, "machine.env"))
+    try:
+        import onnxruntime
+        m["onnxruntime_version"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    m["guest_clocksource"] = read_text(os.path.join(out, "guest", "clocksource")) or None
+    for k in ("host_cpus", "device_cores"):
+        if k in m:
+            m[k] = int(m[k])
+    m["threads"] = int(plan.get("THREADS", 0))
+    return m
+
+
+def build_report(out):
+    plan = read_env(os.path.join(out, "plan.env"))
+    ort = {}
+    with open(os.path.join(out, "host", "ort.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                ort[r["name"]] = r
+    native = read_json(os.path.join(out, "host", "native.json"))
+    test = plan.get("TEST_MODELS", "").split()
+    models = [model_row(out, n, ort, "test") for n in test]
+    models += [model_row(out, n, ort, "bench") for n in plan.get("BENCH_MODELS", "").split()]
+    ratios = [r["ratio"] for r in models if r["ratio"]]
+    machine = machine_info(out, plan)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "mode": "smoke" if plan.get("SMOKE") == "1" else "full",
+        "threads": machine["threads"],
+        "machine": machine,
+        "settings": {k.lower(): v for k, v in plan.items() if k not in ("TEST_MODELS", "BENCH_MODELS", "MODELS")},
+        "vm_status": int(read_text(os.path.join(out, "vm.rc"), "-1")),
+        "models": models,
+        "geomean_ratio": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
+        "geomean_ratio_models": len(ratios),
+        "micro": micro_rows(out, plan, ort, native),
+    }
+
+
+def fmt(v, width, digits=3):
+    if v is None:
+        return "-".rjust(width)
+    if isinstance(v, float):
+        if abs(v) >= 1000:
+            return f"{v:,.0f}".rjust(width)
+        return f"{v:.{digits}f}".rjust(width)
+    return str(v).rjust(width)
+
+
+def print_table(rep):
+    m = rep["machine"]
+    print(f"make bench ({rep['mode']}), {rep['date']}: onnxruntime {m.get('onnxruntime_version')} on "
+          f"{rep['threads']} threads vs the rbln NPU ({m.get('device_cores')} cores, kernels on "
+          f"{rep['threads']} threads); host: {m.get('cpu_model')}")
+    w = max([len(r["name"]) for r in rep["models"]] + [5])
+    print(f"{'model'.ljust(w)} | onnxruntime ms | device ms | run p50 ms | ratio")
+    print(f"{'-' * w}-|----------------|-----------|------------|-------")
+    for r in rep["models"]:
+        print(f"{r['name'].ljust(w)} | {fmt(r['onnxruntime_ms'], 14)} | {fmt(r['device_ms'], 9)} | "
+              f"{fmt(r['run_p50_ms'], 10)} | {fmt(r['ratio'], 5, 2)}")
+    g = rep["geomean_ratio"]
+    print(f"geometric mean of ratios (device / onnxruntime, {rep['geomean_ratio_models']} models): "
+          f"{'-' if g is None else f'{g:.2f}'}")
+    errs = [r for r in rep["models"] if r["error"]]
+    for r in errs:
+        print(f"  {r['name']}: ERROR {r['error']}")
+    print()
+    w = max([len(r["name"]) for r in rep["micro"]] + [5])
+    print(f"{'micro'.ljust(w)} | {'value':>10} | {'reference':>10} | {'unit':<12} | ratio")
+    print(f"{'-' * w}-|------------|------------|--------------|------")
+    for r in rep["micro"]:
+        print(f"{r['name'].ljust(w)} | {fmt(r['value'], 10)} | {fmt(r['reference'], 10)} | "
+              f"{r['unit']:<12} | {fmt(r['ratio'], 5, 2)}  ({r['better']} is better)")
+    for r in rep["micro"]:
+        if r["error"]:
+            print(f"  {r['name']}: ERROR {r['error']}")
+
+
+def check(path):
+    """Problems of a report: missing fields, non-positive numbers, errors."""
+    rep = read_json(path)
+    if rep is None:
+        return [f"{path}: missing or not JSON"]
+    probs = []
+
+    def pos(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+    for k in ("date", "threads", "machine", "models", "micro"):
+        if k not in rep:
+            probs.append(f"no '{k}'")
+    if not pos(rep.get("threads")):
+        probs.append("threads is not positive")
+    if not rep.get("models"):
+        probs.append("no models")
+    for r in rep.get("models", []):
+        for k in ("onnxruntime_ms", "device_ms", "run_p50_ms", "ratio"):
+            if not pos(r.get(k)):
+                probs.append(f"model {r.get('name')}: {k} = {r.get(k)!r}")
+        if r.get("error"):
+            probs.append(f"model {r.get('name')}: error {r['error']}")
+    if not pos(rep.get("geomean_ratio")):
+        probs.append(f"geomean_ratio = {rep.get('geomean_ratio')!r}")
+    names = " ".join(r.get("name", "") for r in rep.get("micro", []))
+    for want in ("gemm", "conv", "add", "dma", "ioctl", "user-mode", "AsyncRuntime"):
+        if want not in names:
+            probs.append(f"no micro row for {want}")
+    for r in rep.get("micro", []):
+        for k in ("name", "value", "reference", "unit", "ratio"):
+            if k not in r:
+                probs.append(f"micro {r.get('name')}: no '{k}'")
+        if not pos(r.get("value")):
+            probs.append(f"micro {r.get('name')}: value = {r.get('value')!r}")
+        # A reference is optional (the ioctl latency row has none); when
+        # there is one, the ratio must be there too.
+        if r.get("reference") is not None and not (pos(r.get("reference")) and pos(r.get("ratio"))):
+            probs.append(f"micro {r.get('name')}: reference {r.get('reference')!r}, ratio {r.get('ratio')!r}")
+        if r.get("error"):
+            probs.append(f"micro {r.get('name')}: error {r['error']}")
+    if sum(1 for r in rep.get("micro", []) if r.get("reference") is None) > 1:
+        probs.append("more than one micro row without a reference")
+    return probs
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] == "--check":
+        probs = check(argv[2])
+        for p in probs:
+            print(f"bench report: {p}", file=sys.stderr)
+        if not probs:
+            print(f"bench report {argv[2]}: well-formed and complete", file=sys.stderr)
+        return 1 if probs else 0
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = argv[1]
+    rep = build_report(out)
+    path = os.path.join(out, "report.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(rep, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    print_table(rep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
