@@ -2,7 +2,8 @@
 
 use crate::conv::{Axis, Padding2d};
 use crate::error::Result;
-use crate::util::{check_len, mul, volume};
+use crate::fastmath::simd_dispatch;
+use crate::util::{check_len, max_f32, mul, sum_f32, valid_range, volume};
 use rayon::prelude::*;
 
 /// Pooling reduction.
@@ -78,51 +79,130 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
         return Ok(());
     }
     let kind = p.kind;
-    output
-        .par_chunks_mut(out_plane)
-        .enumerate()
-        .for_each(|(plane, out)| {
-            let inp = &input[plane * in_plane..][..in_plane];
-            for oy in 0..ha.output {
-                let ky_range = crate::util::valid_range(ha.base(oy), ha.dilation, ha.kernel, ha.input);
-                let orow = &mut out[oy * wa.output..][..wa.output];
-                for (ox, o) in orow.iter_mut().enumerate() {
-                    let kx_range = crate::util::valid_range(wa.base(ox), wa.dilation, wa.kernel, wa.input);
-                    let ix0 = wa.base(ox);
-                    let mut acc = match kind {
-                        PoolKind::Max => f32::NEG_INFINITY,
-                        PoolKind::Avg { .. } => 0.0,
-                    };
-                    for ky in ky_range.clone() {
-                        let iy = ha.input_index(oy, ky) as usize;
-                        let row = &inp[iy * wa.input..][..wa.input];
-                        match kind {
-                            PoolKind::Max => {
-                                for kx in kx_range.clone() {
-                                    acc = acc.max(row[(ix0 + (kx * wa.dilation) as isize) as usize]);
-                                }
-                            }
-                            PoolKind::Avg { .. } => {
-                                for kx in kx_range.clone() {
-                                    acc += row[(ix0 + (kx * wa.dilation) as isize) as usize];
-                                }
-                            }
-                        }
-                    }
+    let planes_per_task = (16_384 / in_plane.max(out_plane).max(1)).max(1);
+    let global = ha.output == 1 && wa.output == 1 && ha.kernel == p.in_h && wa.kernel == p.in_w && ha.pad_before == 0 && wa.pad_before == 0 && ha.dilation == 1 && wa.dilation == 1;
+    if global {
+        // Global pooling: one reduction per plane (the window is the plane).
+        output
+            .par_chunks_mut(planes_per_task)
+            .enumerate()
+            .for_each(|(t, out)| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let plane = &input[(t * planes_per_task + i) * in_plane..][..in_plane];
                     *o = match kind {
-                        PoolKind::Max => acc,
-                        PoolKind::Avg { count_include_pad: true } => acc / window as f32,
-                        PoolKind::Avg { count_include_pad: false } => {
-                            let count = ky_range.len() * kx_range.len();
-                            if count == 0 {
-                                0.0
-                            } else {
-                                acc / count as f32
-                            }
-                        }
+                        PoolKind::Max => max_f32(plane),
+                        PoolKind::Avg { .. } if in_plane == 0 => 0.0,
+                        PoolKind::Avg { .. } => sum_f32(plane) / in_plane as f32,
                     };
                 }
+            });
+        return Ok(());
+    }
+    // Per output column: first input column of the window and number of
+    // real (non-padding) taps, computed once.
+    let cols: Vec<(usize, usize)> = (0..wa.output)
+        .map(|ox| {
+            let r = valid_range(wa.base(ox), wa.dilation, wa.kernel, wa.input);
+            let first = if r.is_empty() { 0 } else { wa.input_index(ox, r.start) as usize };
+            (first, r.len())
+        })
+        .collect();
+    output
+        .par_chunks_mut(out_plane)
+        .with_min_len(planes_per_task)
+        .enumerate()
+        .for_each_init(Vec::new, |vrow: &mut Vec<f32>, (plane, out)| {
+            let inp = &input[plane * in_plane..][..in_plane];
+            vrow.resize(wa.input, 0.0);
+            for oy in 0..ha.output {
+                let ky_range = valid_range(ha.base(oy), ha.dilation, ha.kernel, ha.input);
+                let rows = ky_range.clone().map(|ky| &inp[ha.input_index(oy, ky) as usize * wa.input..][..wa.input]);
+                pool_row(kind, rows, vrow, &cols, wa.dilation, ky_range.len(), window, &mut out[oy * wa.output..][..wa.output]);
             }
         });
     Ok(())
+}
+
+/// One output row: reduces the window's input rows column-wise into `vrow`
+/// (vectorized), then each output's columns of `vrow`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn pool_row<'a>(
+    kind: PoolKind,
+    mut rows: impl Iterator<Item = &'a [f32]>,
+    vrow: &mut [f32],
+    cols: &[(usize, usize)],
+    dil: usize,
+    nrows: usize,
+    window: usize,
+    out: &mut [f32],
+) {
+    match rows.next() {
+        Some(r) => vrow.copy_from_slice(r),
+        None => vrow.fill(match kind {
+            PoolKind::Max => f32::NEG_INFINITY,
+            PoolKind::Avg { .. } => 0.0,
+        }),
+    }
+    for r in rows {
+        reduce_rows(kind == PoolKind::Max, vrow, r);
+    }
+    for (o, &(first, count)) in out.iter_mut().zip(cols) {
+        *o = match kind {
+            PoolKind::Max => {
+                let mut acc = f32::NEG_INFINITY;
+                if dil == 1 {
+                    for &v in &vrow[first..first + count] {
+                        acc = acc.max(v);
+                    }
+                } else {
+                    for t in 0..count {
+                        acc = acc.max(vrow[first + t * dil]);
+                    }
+                }
+                if nrows == 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    acc
+                }
+            }
+            PoolKind::Avg { count_include_pad } => {
+                let mut acc = 0.0;
+                if dil == 1 {
+                    for &v in &vrow[first..first + count] {
+                        acc += v;
+                    }
+                } else {
+                    for t in 0..count {
+                        acc += vrow[first + t * dil];
+                    }
+                }
+                if count_include_pad {
+                    acc / window as f32
+                } else {
+                    let n = nrows * count;
+                    if n == 0 {
+                        0.0
+                    } else {
+                        acc / n as f32
+                    }
+                }
+            }
+        };
+    }
+}
+
+simd_dispatch! {
+    /// `acc = max(acc, r)` or `acc += r`, element-wise.
+    fn reduce_rows(max: bool, acc: &mut [f32], r: &[f32]) {
+        if max {
+            for (a, &v) in acc.iter_mut().zip(r) {
+                *a = a.max(v);
+            }
+        } else {
+            for (a, &v) in acc.iter_mut().zip(r) {
+                *a += v;
+            }
+        }
+    }
 }
