@@ -126,7 +126,13 @@ pub const GEMM_TRANS_B: u32 = 1 << 1;
 /// C = A*B + C instead of C = A*B (before bias and activation).
 pub const GEMM_ACCUMULATE: u32 = 1 << 2;
 pub const GEMM_BIAS: u32 = 1 << 3;
+/// C = act(A*B + bias + R) with R at residual_va, laid out like C (since
+/// hardware minor version 1).
+pub const GEMM_RESIDUAL: u32 = 1 << 4;
 pub const CONV_BIAS: u32 = 1 << 3;
+/// out = act(conv + bias + R) with R at residual_va, shaped like the
+/// output (since hardware minor version 1).
+pub const CONV_RESIDUAL: u32 = 1 << 4;
 pub const LAYERNORM_GAMMA: u32 = 1 << 0;
 pub const LAYERNORM_BETA: u32 = 1 << 1;
 pub const GATHER_INDEX_I32: u32 = 0;
@@ -142,9 +148,10 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// `batch` GEMMs: C[m,n] = act(op(A)[m,k] * op(B)[k,n] (+ C) + bias[n]).
-    /// op(A) is A ([m,k]) or, with GEMM_TRANS_A, A^T of a [k,m] matrix; same
-    /// for B. Batch strides are in elements; 0 broadcasts one matrix.
+    /// `batch` GEMMs: C[m,n] = act(op(A)[m,k] * op(B)[k,n] (+ C) + bias[n]
+    /// (+ R[m,n])). op(A) is A ([m,k]) or, with GEMM_TRANS_A, A^T of a [k,m]
+    /// matrix; same for B. Batch strides are in elements; 0 broadcasts one
+    /// matrix. R (GEMM_RESIDUAL) uses C's batch stride.
     pub struct GemmDesc {
         pub header: OpHeader,
         pub m: u32,
@@ -162,13 +169,16 @@ wire_struct! {
         pub b_va: u64,
         pub c_va: u64,
         pub bias_va: u64,
+        pub residual_va: u64,
     }
 }
 
 wire_struct! {
     /// 2-D convolution, NCHW. Weights [c_out, c_in/groups, kh, kw], bias
     /// [c_out]; output [n, c_out, oh, ow] with
-    /// oh = (h + pad_top + pad_bottom - dil_h*(kh-1) - 1) / stride_h + 1.
+    /// oh = (h + pad_top + pad_bottom - dil_h*(kh-1) - 1) / stride_h + 1;
+    /// with CONV_RESIDUAL, a tensor of the output's shape at residual_va is
+    /// added before the activation.
     pub struct Conv2dDesc {
         pub header: OpHeader,
         pub n: u32,
@@ -195,6 +205,7 @@ wire_struct! {
         pub weight_va: u64,
         pub bias_va: u64,
         pub output_va: u64,
+        pub residual_va: u64,
     }
 }
 
@@ -224,8 +235,9 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// out = a (kind) b with numpy broadcasting. Both shapes have `rank`
-    /// dims (pad the shorter with leading 1s); out has the broadcast shape.
+    /// out = act(a (kind) b) with numpy broadcasting. Both shapes have
+    /// `rank` dims (pad the shorter with leading 1s); out has the broadcast
+    /// shape. The activation fields exist since hardware minor version 1.
     pub struct BinaryDesc {
         pub header: OpHeader,
         pub kind: u32,
@@ -235,6 +247,11 @@ wire_struct! {
         pub a_va: u64,
         pub b_va: u64,
         pub out_va: u64,
+        pub activation: u32,
+        pub act_param0: f32,
+        pub act_param1: f32,
+        /// Reserved, must be 0.
+        pub reserved: u32,
     }
 }
 
@@ -344,10 +361,10 @@ wire_struct! {
 }
 
 const _: () = assert!(OpHeader::SIZE == 8);
-const _: () = assert!(GemmDesc::SIZE == 96);
-const _: () = assert!(Conv2dDesc::SIZE == 120);
+const _: () = assert!(GemmDesc::SIZE == 104);
+const _: () = assert!(Conv2dDesc::SIZE == 128);
 const _: () = assert!(PoolDesc::SIZE == 88);
-const _: () = assert!(BinaryDesc::SIZE == 88);
+const _: () = assert!(BinaryDesc::SIZE == 104);
 const _: () = assert!(UnaryDesc::SIZE == 48);
 const _: () = assert!(SoftmaxDesc::SIZE == 64);
 const _: () = assert!(LayerNormDesc::SIZE == 56);
@@ -413,6 +430,15 @@ encode_fn!(TransposeDesc, Transpose);
 encode_fn!(StridedCopyDesc, StridedCopy);
 encode_fn!(GatherDesc, Gather);
 
+/// Sizes of descriptors written for hardware minor version 0, before
+/// fields were appended: such a descriptor reads as the current one with
+/// the new fields zero (their features off).
+const V0_SIZES: [(OpCode, usize); 3] = [(OpCode::Gemm, 96), (OpCode::Conv2d, 120), (OpCode::Binary, 88)];
+
+/// Largest descriptor of any op.
+const LARGEST_DESC: usize = StridedCopyDesc::SIZE;
+const _: () = assert!(LARGEST_DESC >= GemmDesc::SIZE && LARGEST_DESC >= Conv2dDesc::SIZE && LARGEST_DESC >= BinaryDesc::SIZE);
+
 impl Desc {
     /// Decode and field-check a descriptor occupying exactly `buf`.
     pub fn decode(buf: &[u8]) -> Result<Desc, DescError> {
@@ -420,6 +446,17 @@ impl Desc {
         let h = OpHeader::read_from(buf).ok_or(Truncated)?;
         if h.size as usize != buf.len() {
             return Err(BadSize);
+        }
+        if V0_SIZES.iter().any(|&(op, size)| op as u32 == h.op && size == buf.len()) {
+            let mut wide = [0u8; LARGEST_DESC];
+            wide[..buf.len()].copy_from_slice(buf);
+            let size = match h.op {
+                1 => GemmDesc::SIZE,
+                2 => Conv2dDesc::SIZE,
+                _ => BinaryDesc::SIZE,
+            };
+            wide[4..8].copy_from_slice(&(size as u32).to_le_bytes());
+            return Self::decode(&wide[..size]);
         }
         macro_rules! get {
             ($t:ident) => {{
@@ -433,7 +470,7 @@ impl Desc {
         let d = match h.op {
             1 => {
                 let d = get!(GemmDesc);
-                if d.flags & !(GEMM_TRANS_A | GEMM_TRANS_B | GEMM_ACCUMULATE | GEMM_BIAS) != 0 {
+                if d.flags & !(GEMM_TRANS_A | GEMM_TRANS_B | GEMM_ACCUMULATE | GEMM_BIAS | GEMM_RESIDUAL) != 0 {
                     return Err(BadField("gemm flags"));
                 }
                 if !act_ok(d.activation) {
@@ -443,7 +480,7 @@ impl Desc {
             }
             2 => {
                 let d = get!(Conv2dDesc);
-                if d.flags & !CONV_BIAS != 0 {
+                if d.flags & !(CONV_BIAS | CONV_RESIDUAL) != 0 {
                     return Err(BadField("conv flags"));
                 }
                 if !act_ok(d.activation) {
@@ -460,8 +497,11 @@ impl Desc {
             }
             4 => {
                 let d = get!(BinaryDesc);
-                if Binary::from_u32(d.kind).is_none() {
+                if Binary::from_u32(d.kind).is_none() || d.reserved != 0 {
                     return Err(BadField("binary kind"));
+                }
+                if !act_ok(d.activation) {
+                    return Err(BadField("activation"));
                 }
                 if !dims_ok(d.rank, &d.a_dims) || !dims_ok(d.rank, &d.b_dims) {
                     return Err(BadField("rank/dims"));
@@ -559,6 +599,12 @@ mod tests {
         let t = TransposeDesc { rank: 2, dims: [2, 3, 0, 0, 0, 0], perm: [1, 1, 0, 0, 0, 0], ..Default::default() }
             .with_header();
         assert!(matches!(Desc::decode(&t.to_bytes()), Err(DescError::BadField("perm"))));
+        // A minor-version-0 descriptor (before residual_va) reads with the
+        // appended fields zero; flags of the new features need the new size.
+        let old = &b[..96];
+        let mut old = old.to_vec();
+        old[4..8].copy_from_slice(&96u32.to_le_bytes());
+        assert_eq!(Desc::decode(&old), Ok(Desc::Gemm(d)));
         let mut h = [0u8; 8];
         OpHeader { op: 77, size: 8 }.write_to(&mut h).unwrap();
         assert_eq!(Desc::decode(&h), Err(DescError::UnknownOp(77)));

@@ -268,9 +268,10 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
                 Some(Binary::Pow) => k::BinaryOp::Pow,
                 None => return Err(bad),
             };
+            let act = activation(d.activation, d.act_param0, d.act_param1);
             let a = op.input(d.a_va, na)?;
             let b = op.input(d.b_va, nb)?;
-            op.write_out(d.out_va, no, |out| k::binary(kind, &a, &ad, &b, &bd, out))?;
+            op.write_out(d.out_va, no, |out| k::binary_act(kind, &a, &ad, &b, &bd, act, out))?;
             Ok(flops)
         }
         Desc::Unary(d) => {
@@ -399,6 +400,7 @@ fn gemm(op: &mut Op<'_, '_, '_>, d: &ops::GemmDesc) -> R<u64> {
     let a = op.input(d.a_va, a_ext)?;
     let b = op.input(d.b_va, b_ext)?;
     let bias = if d.flags & ops::GEMM_BIAS != 0 { Some(op.input(d.bias_va, n)?) } else { None };
+    let residual = if d.flags & ops::GEMM_RESIDUAL != 0 { Some(op.input(d.residual_va, c_ext)?) } else { None };
     let accumulate = d.flags & ops::GEMM_ACCUMULATE != 0;
     // C's old contents matter with accumulation, and in the gaps between
     // batch matrices, which must survive.
@@ -416,7 +418,8 @@ fn gemm(op: &mut Op<'_, '_, '_>, d: &ops::GemmDesc) -> R<u64> {
     for i in 0..batch {
         let (ao, bo, co) =
             (i * d.a_batch_stride as usize, i * d.b_batch_stride as usize, i * d.c_batch_stride as usize);
-        let r = k::gemm(&p, &a[ao..ao + a_len], &b[bo..bo + b_len], bias.as_deref(), &mut c.buf()[co..co + c_len]);
+        let res = residual.as_deref().map(|r| &r[co..co + c_len]);
+        let r = k::gemm_residual(&p, &a[ao..ao + a_len], &b[bo..bo + b_len], bias.as_deref(), res, &mut c.buf()[co..co + c_len]);
         op.kernel(r)?;
     }
     c.commit();
@@ -449,7 +452,10 @@ fn conv2d(op: &mut Op<'_, '_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
     let input = op.input(d.input_va, n_in)?;
     let weight = op.input(d.weight_va, n_w)?;
     let bias = if d.flags & ops::CONV_BIAS != 0 { Some(op.input(d.bias_va, p.out_channels)?) } else { None };
-    op.write_out(d.output_va, n_out, |out| k::conv2d(&p, &input, &weight, bias.as_deref(), out))?;
+    let residual = if d.flags & ops::CONV_RESIDUAL != 0 { Some(op.input(d.residual_va, n_out)?) } else { None };
+    op.write_out(d.output_va, n_out, |out| {
+        k::conv2d_residual(&p, &input, &weight, bias.as_deref(), residual.as_deref(), out)
+    })?;
     Ok(flops)
 }
 

@@ -343,3 +343,70 @@ fn scattered_pages_and_overlapping_operands_compute_correctly() {
 fn want_relu(x: &[f32], y: &[f32]) -> Vec<f32> {
     x.iter().zip(y).map(|(a, b)| (a + b).max(0.0)).collect()
 }
+
+#[test]
+fn fused_residual_and_binary_activation() {
+    let mut r = OpRig::new();
+    // Conv 1x1 (2 -> 3 channels, 4x4) + bias + residual, then Relu.
+    let (c, co, hw) = (2usize, 3usize, 16usize);
+    let x = seq(c * hw, 0.2);
+    let wt = seq(co * c, 0.3);
+    let b = seq(co, 0.5);
+    let res = seq(co * hw, 0.7);
+    r.put(0, &x);
+    r.put(1, &wt);
+    r.put(2, &b);
+    r.put(3, &res);
+    let d = Conv2dDesc {
+        n: 1, c_in: c as u32, h: 4, w: 4, c_out: co as u32, kh: 1, kw: 1, groups: 1, stride_h: 1, stride_w: 1,
+        dil_h: 1, dil_w: 1, flags: CONV_BIAS | CONV_RESIDUAL, activation: Unary::Relu as u32, input_va: tva(0),
+        weight_va: tva(1), bias_va: tva(2), output_va: tva(4), residual_va: tva(3), ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let want: Vec<f32> = (0..co * hw)
+        .map(|i| {
+            let (o, p) = (i / hw, i % hw);
+            let conv: f32 = (0..c).map(|ci| wt[o * c + ci] * x[ci * hw + p]).sum();
+            (conv + b[o] + res[i]).max(0.0)
+        })
+        .collect();
+    close(&r.get(4, co * hw), &want);
+
+    // GEMM [2x3]·[3x2] + residual, two batches with C's stride.
+    let (m, n, k) = (2usize, 2usize, 3usize);
+    let a = seq(2 * m * k, 0.5);
+    let bm = seq(k * n, 0.25);
+    let res = seq(2 * m * n, 1.5);
+    r.put(0, &a);
+    r.put(1, &bm);
+    r.put(3, &res);
+    let g = GemmDesc {
+        m: m as u32, n: n as u32, k: k as u32, batch: 2, flags: GEMM_RESIDUAL, a_batch_stride: (m * k) as u64,
+        c_batch_stride: (m * n) as u64, a_va: tva(0), b_va: tva(1), c_va: tva(4), residual_va: tva(3),
+        ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&g.to_bytes()), FaultCode::None);
+    let want: Vec<f32> = (0..2 * m * n)
+        .map(|i| {
+            let (bt, row, col) = (i / (m * n), (i / n) % m, i % n);
+            (0..k).map(|l| a[bt * m * k + row * k + l] * bm[l * n + col]).sum::<f32>() + res[i]
+        })
+        .collect();
+    close(&r.get(4, 2 * m * n), &want);
+
+    // Binary Sub with Clip(-1, 1) fused.
+    let (p, q) = (seq(64, 0.3), seq(64, -0.2));
+    r.put(0, &p);
+    r.put(1, &q);
+    let d = BinaryDesc {
+        kind: Binary::Sub as u32, rank: 1, a_dims: [64, 0, 0, 0, 0, 0], b_dims: [64, 0, 0, 0, 0, 0], a_va: tva(0),
+        b_va: tva(1), out_va: tva(2), activation: Unary::Clip as u32, act_param0: -1.0, act_param1: 1.0,
+        ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let want: Vec<f32> = p.iter().zip(&q).map(|(a, b)| (a - b).clamp(-1.0, 1.0)).collect();
+    close(&r.get(2, 64), &want);
+}

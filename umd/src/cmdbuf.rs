@@ -528,10 +528,10 @@ mod tests {
         assert!(matches!(cb.timestamp(&host, 4).unwrap_err(), Error::Misaligned { align: 8, .. }));
         assert!(matches!(cb.fill(&host, 2, 4, 0).unwrap_err(), Error::Misaligned { align: 4, .. }));
         assert!(matches!(cb.gemm(64, 64, 64, (&host, 0), (&host, 0), (&host, 0)).unwrap_err(), Error::OutOfBounds { .. }));
-        // 128 bytes of descriptor room: one GEMM (96) fits, a second not.
+        // 128 bytes of descriptor room: one GEMM (104) fits, a second not.
         cb.gemm(1, 1, 1, (&host, 0), (&host, 4), (&host, 8)).unwrap();
         let e = cb.gemm(1, 1, 1, (&host, 0), (&host, 4), (&host, 8)).unwrap_err();
-        assert!(matches!(e, Error::CommandBufferFull { need: 192, capacity: 128, .. }), "{e}");
+        assert!(matches!(e, Error::CommandBufferFull { need: 208, capacity: 128, .. }), "{e}");
         assert!(matches!(cb.compute_bytes(&[0; 6]).unwrap_err(), Error::InvalidInput(_)));
         // Buffers of another open device are refused.
         let other = Device::fake();

@@ -295,7 +295,7 @@ fn unknown_major_version() {
 #[test]
 fn hardware_version() {
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| put_u32(m, META_HW, 2 << 16));
-    let e = assert_err_msg(read(&b), &["hardware version 2.0", "implements 1.0"]);
+    let e = assert_err_msg(read(&b), &["hardware version 2.0", "implements 1.1"]);
     assert!(matches!(e, FormatError::HwVersion { required_major: 2, .. }));
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| put_u32(m, META_HW, (1 << 16) | 9));
     assert!(matches!(read(&b), Err(FormatError::HwVersion { required_minor: 9, .. })));
@@ -592,12 +592,12 @@ fn node_command_and_descriptor_ranges() {
     assert_err_msg(read(&b), &["packet boundaries"]);
     let b = mutate(|m| m.graph.nodes[1].commands = Some(CmdRange { stream: 2, offset: 0, len: 0 }));
     assert_err_msg(read(&b), &["is empty"]);
-    let b = mutate(|m| m.graph.nodes[1].descriptors = Some(DescRange { offset: 2, len: 96 }));
-    assert_err_msg(read(&b), &["descriptor range 2+96", "not a multiple of 4"]);
-    let b = mutate(|m| m.graph.nodes[1].descriptors = Some(DescRange { offset: 96, len: 192 }));
-    assert_err_msg(read(&b), &["descriptor range 96+192", "exceeds the 192-byte .rbln.desc"]);
-    let b = mutate(|m| m.graph.nodes[2].descriptors = Some(DescRange { offset: 0, len: 192 }));
-    assert_err_msg(read(&b), &["node 2 ('fc2')", "descriptor range 0+192", "overlaps the descriptor range of node 1"]);
+    let b = mutate(|m| m.graph.nodes[1].descriptors = Some(DescRange { offset: 2, len: 104 }));
+    assert_err_msg(read(&b), &["descriptor range 2+104", "not a multiple of 4"]);
+    let b = mutate(|m| m.graph.nodes[1].descriptors = Some(DescRange { offset: 104, len: 208 }));
+    assert_err_msg(read(&b), &["descriptor range 104+208", "exceeds the 208-byte .rbln.desc"]);
+    let b = mutate(|m| m.graph.nodes[2].descriptors = Some(DescRange { offset: 0, len: 208 }));
+    assert_err_msg(read(&b), &["node 2 ('fc2')", "descriptor range 0+208", "overlaps the descriptor range of node 1"]);
     let b = mutate(|m| m.graph.nodes[2].commands = Some(CmdRange { stream: 2, offset: 0, len: 32 }));
     assert_err_msg(
         read(&b),
@@ -610,9 +610,9 @@ fn node_command_and_descriptor_ranges() {
     assert!(e.to_string().contains("descriptor range 0+0 is empty"), "{e}");
     let b = mutate(|m| {
         m.graph.nodes[2].descriptors = None;
-        m.graph.nodes[1].descriptors = Some(DescRange { offset: 0, len: 100 });
+        m.graph.nodes[1].descriptors = Some(DescRange { offset: 0, len: 108 });
     });
-    assert_err_msg(read(&b), &["bad descriptor at .rbln.desc offset 96", "descriptor header needs 8"]);
+    assert_err_msg(read(&b), &["bad descriptor at .rbln.desc offset 104", "descriptor header needs 8"]);
 }
 
 #[test]
