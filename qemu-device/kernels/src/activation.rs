@@ -78,25 +78,12 @@ impl Activation {
 use crate::fastmath::{self, simd_dispatch};
 
 impl UnaryOp {
-    /// Applies the operation to one value.
+    /// Applies the operation to one value (bit-identical to the slice kernels).
     #[inline]
     pub fn apply(self, x: f32) -> f32 {
-        match self {
-            UnaryOp::Relu => x.max(0.0),
-            UnaryOp::Gelu => fastmath::gelu(x),
-            UnaryOp::GeluTanh => fastmath::gelu_tanh(x),
-            UnaryOp::Silu => fastmath::silu(x),
-            UnaryOp::Sigmoid => fastmath::sigmoid(x),
-            UnaryOp::Tanh => fastmath::tanh(x),
-            UnaryOp::Exp => fastmath::exp(x),
-            UnaryOp::Log => x.ln(),
-            UnaryOp::Sqrt => x.sqrt(),
-            UnaryOp::Neg => -x,
-            UnaryOp::Abs => x.abs(),
-            UnaryOp::Erf => fastmath::erf(x),
-            UnaryOp::Clip { min, max } => x.max(min).min(max),
-            UnaryOp::Reciprocal => 1.0 / x,
-        }
+        let mut v = [x];
+        apply_slice(self, &mut v);
+        v[0]
     }
 }
 
@@ -110,20 +97,20 @@ fn map<F: Fn(f32) -> f32>(xs: &mut [f32], f: F) {
 /// Applies `op` in place (the op is matched once, outside the loop). Inlined
 /// into SIMD-dispatched callers so that it is compiled for their features.
 #[inline(always)]
-pub(crate) fn apply_inline(op: UnaryOp, xs: &mut [f32]) {
+pub(crate) fn apply_inline<const FMA: bool>(op: UnaryOp, xs: &mut [f32]) {
     match op {
         UnaryOp::Relu => map(xs, |x| x.max(0.0)),
-        UnaryOp::Gelu => map(xs, fastmath::gelu),
-        UnaryOp::GeluTanh => map(xs, fastmath::gelu_tanh),
-        UnaryOp::Silu => map(xs, fastmath::silu),
-        UnaryOp::Sigmoid => map(xs, fastmath::sigmoid),
-        UnaryOp::Tanh => map(xs, fastmath::tanh),
-        UnaryOp::Exp => map(xs, fastmath::exp),
+        UnaryOp::Gelu => map(xs, fastmath::gelu::<FMA>),
+        UnaryOp::GeluTanh => map(xs, fastmath::gelu_tanh::<FMA>),
+        UnaryOp::Silu => map(xs, fastmath::silu::<FMA>),
+        UnaryOp::Sigmoid => map(xs, fastmath::sigmoid::<FMA>),
+        UnaryOp::Tanh => map(xs, fastmath::tanh::<FMA>),
+        UnaryOp::Exp => map(xs, fastmath::exp::<FMA>),
         UnaryOp::Log => map(xs, f32::ln),
         UnaryOp::Sqrt => map(xs, f32::sqrt),
         UnaryOp::Neg => map(xs, |x| -x),
         UnaryOp::Abs => map(xs, f32::abs),
-        UnaryOp::Erf => map(xs, fastmath::erf),
+        UnaryOp::Erf => map(xs, fastmath::erf::<FMA>),
         UnaryOp::Clip { min, max } => map(xs, |x| x.max(min).min(max)),
         UnaryOp::Reciprocal => map(xs, |x| 1.0 / x),
     }
@@ -132,7 +119,7 @@ pub(crate) fn apply_inline(op: UnaryOp, xs: &mut [f32]) {
 simd_dispatch! {
     /// Applies `op` in place, sequentially.
     fn apply_slice(op: UnaryOp, xs: &mut [f32]) {
-        apply_inline(op, xs)
+        apply_inline::<FMA>(op, xs)
     }
 }
 
@@ -159,7 +146,7 @@ simd_dispatch! {
                 }
                 _ => {
                     d.copy_from_slice(s);
-                    apply_inline(op, d);
+                    apply_inline::<FMA>(op, d);
                 }
             }
         }
@@ -173,7 +160,7 @@ pub(crate) const EPI_BLOCK: usize = 512;
 /// `x = act(x + bias + residual)` in one pass over `xs`, sequentially
 /// (the inlinable body; see [`epilogue`]).
 #[inline(always)]
-pub(crate) fn epilogue_inline(xs: &mut [f32], bias: Bias<'_>, residual: Option<&[f32]>, act: Activation) {
+pub(crate) fn epilogue_inline<const FMA: bool>(xs: &mut [f32], bias: Bias<'_>, residual: Option<&[f32]>, act: Activation) {
     let op = act.as_unary();
     if matches!(bias, Bias::None) && residual.is_none() && op.is_none() {
         return;
@@ -201,7 +188,7 @@ pub(crate) fn epilogue_inline(xs: &mut [f32], bias: Bias<'_>, residual: Option<&
             }
         }
         if let Some(op) = op {
-            apply_inline(op, blk);
+            apply_inline::<FMA>(op, blk);
         }
         i = e;
     }
@@ -211,7 +198,7 @@ simd_dispatch! {
     /// `x = act(x + bias + residual)` in one pass, sequentially. `Bias::Row`
     /// and `residual` have `xs.len()` elements.
     fn epilogue(xs: &mut [f32], bias: Bias<'_>, residual: Option<&[f32]>, act: Activation) {
-        epilogue_inline(xs, bias, residual, act)
+        epilogue_inline::<FMA>(xs, bias, residual, act)
     }
 }
 

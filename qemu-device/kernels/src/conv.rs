@@ -397,13 +397,7 @@ impl PhaseGeometry {
                 let iy = f.iy0 + r * ha.stride;
                 let src = &inp[iy * wa.input + f.ix0..];
                 let d = &mut scratch[f.base + i * cols + f.cols.start..][..n];
-                if wa.stride == 1 {
-                    d.copy_from_slice(&src[..n]);
-                } else {
-                    for (q, v) in d.iter_mut().enumerate() {
-                        *v = src[q * wa.stride];
-                    }
-                }
+                gather_strided(d, src, wa.stride);
             }
         }
         taps.clear();
@@ -614,16 +608,45 @@ fn fill_columns(col: &mut [f32], input: &[f32], kh: usize, kw: usize, ha: &Axis,
                 if hi > lo {
                     let ix0 = wa.input_index(lo, kx) as usize;
                     let dd = &mut d[lo - ox0..hi - ox0];
-                    if wa.stride == 1 {
-                        dd.copy_from_slice(&row[ix0..ix0 + (hi - lo)]);
-                    } else {
-                        for (q, v) in dd.iter_mut().enumerate() {
-                            *v = row[ix0 + q * wa.stride];
-                        }
-                    }
+                    gather_strided(dd, &row[ix0..], wa.stride);
                 }
             }
             j += seg;
         }
     });
+}
+
+/// `dst[j] = src[j·stride]` (`src` holds at least `(dst.len() - 1)·stride + 1`
+/// elements; `stride ≥ 1`).
+#[inline]
+fn gather_strided(dst: &mut [f32], src: &[f32], stride: usize) {
+    let n = dst.len();
+    if n == 0 {
+        return;
+    }
+    if stride == 1 {
+        dst.copy_from_slice(&src[..n]);
+        return;
+    }
+    gather_strided_simd(dst, src, stride);
+}
+
+simd_dispatch! {
+    /// [`gather_strided`] for `stride ≥ 2`, `dst` non-empty: whole
+    /// `stride`-element chunks, which vectorize as interleaved loads.
+    fn gather_strided_simd(dst: &mut [f32], src: &[f32], stride: usize) {
+        let n = dst.len();
+        let (body, last) = dst.split_at_mut(n - 1);
+        let full = &src[..(n - 1) * stride];
+        if stride == 2 {
+            for (v, c) in body.iter_mut().zip(full.chunks_exact(2)) {
+                *v = c[0];
+            }
+        } else {
+            for (v, c) in body.iter_mut().zip(full.chunks_exact(stride)) {
+                *v = c[0];
+            }
+        }
+        last[0] = src[(n - 1) * stride];
+    }
 }

@@ -4,32 +4,47 @@
 //! Accuracy (checked by the tests against f64 references): `exp` and `tanh`
 //! are within a few ulp; `erf` has an absolute error below 5e-7 (and a
 //! relative one below 1e-6 near 0).
+//!
+//! Every function takes `const FMA: bool`: with `true` (only inside code
+//! compiled for the `fma` target feature, see [`simd_dispatch`]) the
+//! polynomials use fused multiply-adds, which is faster and at least as
+//! accurate; with `false`, separate multiplies and adds.
 
 // Polynomial coefficients are kept as published.
 #![allow(clippy::excessive_precision)]
 
+/// `a·b + c`, fused when `FMA`.
+#[inline(always)]
+pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
 /// `e^x`. Cephes-style range reduction and polynomial; overflows to `inf`
 /// above ~88.72, flushes to 0 below ~-104, NaN in gives NaN out.
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     const C1: f32 = 0.693_359_4; // ln 2, high part
     const C2: f32 = -2.121_944_4e-4; // ln 2, low part
     // 1.5·2^23: adding it rounds to an integer (ties to even).
     const MAGIC: f32 = 12_582_912.0;
     let xc = x.clamp(-104.0, 89.0);
-    let y = xc * LOG2E + MAGIC;
+    let y = madd::<FMA>(xc, LOG2E, MAGIC);
     let n = (y.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
     let fx = y - MAGIC;
-    let r = xc - fx * C1 - fx * C2;
+    let r = madd::<FMA>(-fx, C2, madd::<FMA>(-fx, C1, xc));
     let r2 = r * r;
     let mut p = 1.987_569_1e-4;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
-    let p = p * r2 + r + 1.0;
+    p = madd::<FMA>(p, r, 1.398_199_9e-3);
+    p = madd::<FMA>(p, r, 8.333_452e-3);
+    p = madd::<FMA>(p, r, 4.166_579_6e-2);
+    p = madd::<FMA>(p, r, 1.666_666_5e-1);
+    p = madd::<FMA>(p, r, 5.000_000_1e-1);
+    let p = madd::<FMA>(p, r2, r + 1.0);
     // 2^n in two normal-range steps so that n ∈ [-150, 129] stays exact.
     // (Wrapping ops: no overflow-check branches in the vectorized loop; the
     // values are in range except for NaN input, whose result is replaced.)
@@ -47,16 +62,16 @@ pub(crate) fn exp(x: f32) -> f32 {
 
 /// `tanh(x)`: odd polynomial for |x| < 0.625, `1 - 2/(e^{2|x|} + 1)` above.
 #[inline(always)]
-pub(crate) fn tanh(x: f32) -> f32 {
+pub(crate) fn tanh<const FMA: bool>(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
     let mut p = -5.704_988_7e-3;
-    p = p * z + 2.063_908_9e-2;
-    p = p * z - 5.373_971_6e-2;
-    p = p * z + 1.333_144_2e-1;
-    p = p * z - 3.333_328_2e-1;
-    let small = p * z * x + x;
-    let big = 1.0 - 2.0 / (exp(2.0 * a) + 1.0);
+    p = madd::<FMA>(p, z, 2.063_908_9e-2);
+    p = madd::<FMA>(p, z, -5.373_971_6e-2);
+    p = madd::<FMA>(p, z, 1.333_144_2e-1);
+    p = madd::<FMA>(p, z, -3.333_328_2e-1);
+    let small = madd::<FMA>(p * z, x, x);
+    let big = 1.0 - 2.0 / (exp::<FMA>(2.0 * a) + 1.0);
     let big = if x < 0.0 { -big } else { big };
     if a < 0.625 {
         small
@@ -68,22 +83,22 @@ pub(crate) fn tanh(x: f32) -> f32 {
 /// `erf(x)`: rational approximation on [-4, 4] (±1 outside); absolute
 /// error < 5e-7.
 #[inline(always)]
-pub(crate) fn erf(x: f32) -> f32 {
+pub(crate) fn erf<const FMA: bool>(x: f32) -> f32 {
     let x = if x.is_nan() { x } else { x.clamp(-4.0, 4.0) };
     let x2 = x * x;
     let mut p = -2.726_142_3e-10;
-    p = p * x2 + 2.770_681_4e-8;
-    p = p * x2 - 2.101_024e-6;
-    p = p * x2 - 5.692_506_4e-5;
-    p = p * x2 - 7.349_906_3e-4;
-    p = p * x2 - 2.954_600_1e-3;
-    p = p * x2 - 1.609_603_3e-2;
+    p = madd::<FMA>(p, x2, 2.770_681_4e-8);
+    p = madd::<FMA>(p, x2, -2.101_024e-6);
+    p = madd::<FMA>(p, x2, -5.692_506_4e-5);
+    p = madd::<FMA>(p, x2, -7.349_906_3e-4);
+    p = madd::<FMA>(p, x2, -2.954_600_1e-3);
+    p = madd::<FMA>(p, x2, -1.609_603_3e-2);
     let p = p * x;
     let mut q = -1.456_607_2e-5;
-    q = q * x2 - 2.133_740_6e-4;
-    q = q * x2 - 1.682_827e-3;
-    q = q * x2 - 7.373_329e-3;
-    q = q * x2 - 1.426_473_9e-2;
+    q = madd::<FMA>(q, x2, -2.133_740_6e-4);
+    q = madd::<FMA>(q, x2, -1.682_827e-3);
+    q = madd::<FMA>(q, x2, -7.373_329e-3);
+    q = madd::<FMA>(q, x2, -1.426_473_9e-2);
     let v = p / q;
     // |erf| rounds to 1 beyond ~3.9 and the rational drifts there.
     if x.abs() >= 3.9 {
@@ -95,53 +110,56 @@ pub(crate) fn erf(x: f32) -> f32 {
 
 /// `1 / (1 + e^-x)`.
 #[inline(always)]
-pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+pub(crate) fn sigmoid<const FMA: bool>(x: f32) -> f32 {
+    1.0 / (1.0 + exp::<FMA>(-x))
 }
 
 /// `x·sigmoid(x)`.
 #[inline(always)]
-pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + exp(-x))
+pub(crate) fn silu<const FMA: bool>(x: f32) -> f32 {
+    x / (1.0 + exp::<FMA>(-x))
 }
 
 /// Exact (erf) GELU.
 #[inline(always)]
-pub(crate) fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * core::f32::consts::FRAC_1_SQRT_2))
+pub(crate) fn gelu<const FMA: bool>(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf::<FMA>(x * core::f32::consts::FRAC_1_SQRT_2))
 }
 
 /// Tanh-approximated GELU, as `x·sigmoid(2z)` (= `0.5·x·(1 + tanh z)`),
 /// which does not cancel for z < 0.
 #[inline(always)]
-pub(crate) fn gelu_tanh(x: f32) -> f32 {
+pub(crate) fn gelu_tanh<const FMA: bool>(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_56;
-    let z = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
-    x / (1.0 + exp(-2.0 * z))
+    let z = SQRT_2_OVER_PI * madd::<FMA>(0.044_715 * x * x, x, x);
+    x / (1.0 + exp::<FMA>(-2.0 * z))
 }
 
 /// Runs `$body` (a loop over slices built from `#[inline(always)]` element
 /// functions) compiled for AVX2+FMA when the CPU has it, otherwise for the
-/// baseline target. The two compilations give bit-identical results (no
-/// FMA contraction happens without explicit `mul_add`).
+/// baseline target. Inside `$body`, the const `FMA` says which: pass it on
+/// to the [`fastmath`](self) functions (`exp::<FMA>(x)`), which then use
+/// fused multiply-adds (results may differ from the baseline in the last
+/// bits; every kernel picks the path once per call, consistently).
 macro_rules! simd_dispatch {
     ($(#[$m:meta])* fn $name:ident($($arg:ident : $ty:ty),*) $body:block) => {
         $(#[$m])*
         pub(crate) fn $name($($arg: $ty),*) {
             #[inline(always)]
-            fn generic($($arg: $ty),*) $body
+            #[allow(clippy::extra_unused_type_parameters)]
+            fn generic<const FMA: bool>($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2($($arg: $ty),*) {
-                    generic($($arg),*)
+                    generic::<true>($($arg),*)
                 }
                 if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                     // SAFETY: the CPU supports the enabled features.
                     return unsafe { avx2($($arg),*) };
                 }
             }
-            generic($($arg),*)
+            generic::<false>($($arg),*)
         }
     };
 }
@@ -166,29 +184,34 @@ mod tests {
 
     #[test]
     fn accuracy() {
-        let (rel, _) = sweep(-87.0, 88.7, 2_000_000, super::exp, f64::exp);
+        accuracy_of::<false>();
+        accuracy_of::<true>();
+    }
+
+    fn accuracy_of<const F: bool>() {
+        let (rel, _) = sweep(-87.0, 88.7, 2_000_000, super::exp::<F>, f64::exp);
         assert!(rel < 3e-7, "exp rel {rel}");
-        let (rel, _) = sweep(-10.0, 10.0, 2_000_000, super::tanh, f64::tanh);
+        let (rel, _) = sweep(-10.0, 10.0, 2_000_000, super::tanh::<F>, f64::tanh);
         assert!(rel < 3e-7, "tanh rel {rel}");
-        let (rel, _) = sweep(-1e-3, 1e-3, 100_000, super::tanh, f64::tanh);
+        let (rel, _) = sweep(-1e-3, 1e-3, 100_000, super::tanh::<F>, f64::tanh);
         assert!(rel < 3e-7, "tanh small rel {rel}");
-        let (_, abs) = sweep(-6.0, 6.0, 2_000_000, super::erf, libm::erf);
+        let (_, abs) = sweep(-6.0, 6.0, 2_000_000, super::erf::<F>, libm::erf);
         assert!(abs < 5e-7, "erf abs {abs}");
-        let (rel, _) = sweep(-0.5, 0.5, 200_000, super::erf, libm::erf);
+        let (rel, _) = sweep(-0.5, 0.5, 200_000, super::erf::<F>, libm::erf);
         assert!(rel < 1e-6, "erf small rel {rel}");
-        let (rel, _) = sweep(-20.0, 20.0, 1_000_000, super::sigmoid, |x| 1.0 / (1.0 + (-x).exp()));
+        let (rel, _) = sweep(-20.0, 20.0, 1_000_000, super::sigmoid::<F>, |x| 1.0 / (1.0 + (-x).exp()));
         assert!(rel < 5e-7, "sigmoid rel {rel}");
         // Special values.
-        assert!(super::exp(f32::NAN).is_nan());
-        assert_eq!(super::exp(f32::INFINITY), f32::INFINITY);
-        assert_eq!(super::exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(super::exp(0.0), 1.0);
-        assert_eq!(super::exp(100.0), f32::INFINITY);
-        assert!(super::tanh(f32::NAN).is_nan());
-        assert_eq!(super::tanh(f32::INFINITY), 1.0);
-        assert_eq!(super::tanh(f32::NEG_INFINITY), -1.0);
-        assert!(super::erf(f32::NAN).is_nan());
-        assert_eq!(super::erf(f32::INFINITY), 1.0);
-        assert_eq!(super::erf(f32::NEG_INFINITY), -1.0);
+        assert!(super::exp::<false>(f32::NAN).is_nan());
+        assert_eq!(super::exp::<false>(f32::INFINITY), f32::INFINITY);
+        assert_eq!(super::exp::<false>(f32::NEG_INFINITY), 0.0);
+        assert_eq!(super::exp::<false>(0.0), 1.0);
+        assert_eq!(super::exp::<false>(100.0), f32::INFINITY);
+        assert!(super::tanh::<false>(f32::NAN).is_nan());
+        assert_eq!(super::tanh::<false>(f32::INFINITY), 1.0);
+        assert_eq!(super::tanh::<false>(f32::NEG_INFINITY), -1.0);
+        assert!(super::erf::<false>(f32::NAN).is_nan());
+        assert_eq!(super::erf::<false>(f32::INFINITY), 1.0);
+        assert_eq!(super::erf::<false>(f32::NEG_INFINITY), -1.0);
     }
 }

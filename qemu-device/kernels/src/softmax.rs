@@ -140,7 +140,7 @@ simd_dispatch! {
     fn softmax_row(xr: &[f32], yr: &mut [f32]) {
         let m = max_f32(xr);
         for (o, &v) in yr.iter_mut().zip(xr) {
-            *o = fastmath::exp(v - m);
+            *o = fastmath::exp::<FMA>(v - m);
         }
         let s = 1.0 / sum_f32(yr);
         for o in yr.iter_mut() {
@@ -153,7 +153,7 @@ simd_dispatch! {
     /// `y = exp(x - m)`, `s += y`, element-wise.
     fn exp_diff_accumulate(xr: &[f32], m: &[f32], yr: &mut [f32], s: &mut [f32]) {
         for (((o, &v), &m), s) in yr.iter_mut().zip(xr).zip(m).zip(s.iter_mut()) {
-            *o = fastmath::exp(v - m);
+            *o = fastmath::exp::<FMA>(v - m);
             *s += *o;
         }
     }
