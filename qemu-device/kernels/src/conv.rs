@@ -4,7 +4,7 @@ use crate::activation::{epilogue, Activation, Bias};
 use crate::error::{KernelError, Result};
 use crate::fastmath::simd_dispatch;
 use crate::gemm::raw_gemm;
-use crate::util::{add, check_len, mul, valid_range, volume, SendPtr};
+use crate::util::{add, check_len, mul, valid_range, volume, with_scratch, SendPtr};
 use rayon::prelude::*;
 
 /// Explicit padding of the two spatial dimensions, in elements.
@@ -525,7 +525,8 @@ fn im2col_gemm(
     }
     let out_ptr = SendPtr(output.as_mut_ptr());
     let tasks = images * ntiles;
-    (0..tasks).into_par_iter().for_each_init(Vec::new, |col: &mut Vec<f32>, task| {
+    let col_len = if pointwise { 0 } else { g.kdim * tile };
+    (0..tasks).into_par_iter().for_each(|task| with_scratch(col_len, |col| {
         let (image, t) = (task / ntiles, task % ntiles);
         let (b, grp) = (image / p.groups, image % p.groups);
         let t0 = t * tile;
@@ -536,7 +537,6 @@ fn im2col_gemm(
         let (rhs, rhs_rs) = if pointwise {
             (input[in_base + t0..].as_ptr(), g.in_plane as isize)
         } else {
-            col.resize(g.kdim * nt, 0.0);
             fill_columns(&mut col[..g.kdim * nt], &input[in_base..][..g.cg * g.in_plane], kh, kw, &ha, &wa, t0, nt);
             (col.as_ptr(), nt as isize)
         };
@@ -571,7 +571,7 @@ fn im2col_gemm(
                 epilogue(row, b, residual.map(|r| &r[off..off + nt]), p.activation);
             }
         }
-    });
+    }));
 }
 
 /// im2col for output positions `t0..t0+nt`: `col[(ci·kh + ky)·kw + kx][j]`

@@ -104,6 +104,32 @@ pub(crate) fn valid_range(base: isize, step: usize, count: usize, limit: usize) 
     lo.min(hi)..hi
 }
 
+/// Largest scratch buffer kept alive per thread between calls, in elements.
+const SCRATCH_KEEP: usize = 1 << 22;
+
+std::thread_local! {
+    static SCRATCH: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a scratch slice of `len` elements with unspecified contents,
+/// reusing a per-thread buffer: no allocation or page faults per task.
+/// (A nested call on the same thread, or a request above `SCRATCH_KEEP`,
+/// gets a temporary buffer.)
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    if len > SCRATCH_KEEP {
+        return f(&mut vec![0.0; len]);
+    }
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            f(&mut buf[..len])
+        }
+        Err(_) => f(&mut vec![0.0; len]),
+    })
+}
+
 /// A raw pointer that may be shared between rayon tasks which write
 /// provably disjoint elements.
 #[derive(Clone, Copy)]
