@@ -315,7 +315,7 @@ fn reloc(field: usize, arena_offset: u64) -> (u64, RelocKind, u64) {
 fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<Desc>> {
     let o = off(op.out);
     Ok(match &op.kind {
-        Kind::Gemm { a, b, bias, m, n, k, batch, strides, trans_a, trans_b, act } => {
+        Kind::Gemm { a, b, bias, m, n, k, batch, strides, trans_a, trans_b, residual, act } => {
             let mut flags = 0;
             if *trans_a {
                 flags |= GEMM_TRANS_A;
@@ -325,6 +325,9 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             }
             if bias.is_some() {
                 flags |= GEMM_BIAS;
+            }
+            if residual.is_some() {
+                flags |= GEMM_RESIDUAL;
             }
             let d = GemmDesc {
                 m: u32c(op, *m, "m")?,
@@ -345,9 +348,12 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             if let Some(bv) = bias {
                 r.push(reloc(offset_of!(GemmDesc, bias_va), off(*bv)));
             }
+            if let Some(rv) = residual {
+                r.push(reloc(offset_of!(GemmDesc, residual_va), off(*rv)));
+            }
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Conv { x, w, bias, dims, stride, dilation, pads, act } => {
+        Kind::Conv { x, w, bias, dims, stride, dilation, pads, residual, act } => {
             let d = Conv2dDesc {
                 n: u32c(op, dims[0], "n")?,
                 c_in: u32c(op, dims[1], "c_in")?,
@@ -365,7 +371,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 pad_left: u32c(op, pads[1], "pad")?,
                 pad_bottom: u32c(op, pads[2], "pad")?,
                 pad_right: u32c(op, pads[3], "pad")?,
-                flags: if bias.is_some() { CONV_BIAS } else { 0 },
+                flags: if bias.is_some() { CONV_BIAS } else { 0 } | if residual.is_some() { CONV_RESIDUAL } else { 0 },
                 activation: act.kind as u32,
                 act_param0: act.p0,
                 act_param1: act.p1,
@@ -375,6 +381,9 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let mut r = vec![reloc(offset_of!(Conv2dDesc, input_va), off(*x)), reloc(offset_of!(Conv2dDesc, weight_va), off(*w)), reloc(offset_of!(Conv2dDesc, output_va), o)];
             if let Some(bv) = bias {
                 r.push(reloc(offset_of!(Conv2dDesc, bias_va), off(*bv)));
+            }
+            if let Some(rv) = residual {
+                r.push(reloc(offset_of!(Conv2dDesc, residual_va), off(*rv)));
             }
             vec![(d.to_bytes().to_vec(), r)]
         }
@@ -401,12 +410,15 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             .with_header();
             vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(PoolDesc, input_va), off(*x)), reloc(offset_of!(PoolDesc, output_va), o)])]
         }
-        Kind::Binary { kind, a, b, a_dims, b_dims } => {
+        Kind::Binary { kind, a, b, a_dims, b_dims, act } => {
             let d = BinaryDesc {
                 kind: *kind as u32,
                 rank: a_dims.len() as u32,
                 a_dims: dims6(op, a_dims, "a")?,
                 b_dims: dims6(op, b_dims, "b")?,
+                activation: act.kind as u32,
+                act_param0: act.p0,
+                act_param1: act.p1,
                 ..Default::default()
             }
             .with_header();

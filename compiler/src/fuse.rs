@@ -10,7 +10,10 @@
 //! - per-channel constant Mul/Add after a Conv (BatchNormalization) fold
 //!   into its weights and bias;
 //! - a constant bias Add after a GEMM or Conv becomes its bias;
-//! - an activation after a GEMM or Conv becomes its fused activation;
+//! - a run-time Add of a GEMM's or Conv's result and a tensor of the same
+//!   shape (a residual connection) becomes that op's residual operand;
+//! - an activation after a GEMM, Conv or element-wise binary op becomes its
+//!   fused activation;
 //! - ops whose results nobody reads are dropped.
 //!
 //! A rewrite only consumes values that exactly one op reads and that are
@@ -31,6 +34,7 @@ pub struct FuseStats {
     pub pad_into_conv: usize,
     pub scale_into_weights: usize,
     pub bias: usize,
+    pub residual: usize,
     pub activation: usize,
     pub dead: usize,
 }
@@ -41,7 +45,7 @@ pub fn run(g: &mut Graph) -> FuseStats {
     // first (they consume plain element-wise ops), then the Conv folds,
     // then bias before activation (the activation applies after the bias);
     // scales move into weights once the projections carry their biases.
-    let rules: [(Rule, &mut usize); 8] = [
+    let rules: [(Rule, &mut usize); 9] = [
         (gelu, &mut st.gelu),
         (silu, &mut st.silu),
         (layer_norm, &mut st.layer_norm),
@@ -49,6 +53,7 @@ pub fn run(g: &mut Graph) -> FuseStats {
         (conv_affine, &mut st.folded_into_conv),
         (bias, &mut st.bias),
         (scale_into_weights, &mut st.scale_into_weights),
+        (residual, &mut st.residual),
         (activation, &mut st.activation),
     ];
     for (rule, count) in rules {
@@ -327,7 +332,7 @@ fn per_channel(g: &Graph, v: ValueId, c_out: u64, rank: usize) -> Option<Vec<f32
 /// Conv followed by a per-channel constant Mul or Add (a folded
 /// BatchNormalization): scale the weights and bias, or shift the bias.
 fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
-    let Kind::Conv { w, bias, dims, act, .. } = g.ops[i].kind.clone() else { return None };
+    let Kind::Conv { w, bias, dims, act, residual: None, .. } = g.ops[i].kind.clone() else { return None };
     if act != Act::NONE {
         return None;
     }
@@ -356,7 +361,7 @@ fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     };
     let b2 = g.add_value(&format!("{name}.B.folded"), vec![dims[4]], Some(Const::f32(&[dims[4]], new_b)));
     let Kind::Conv { x, stride, dilation, pads, .. } = g.ops[i].kind else { return None };
-    absorb(g, i, c, Kind::Conv { x, w: w2, bias: Some(b2), dims, stride, dilation, pads, act })
+    absorb(g, i, c, Kind::Conv { x, w: w2, bias: Some(b2), dims, stride, dilation, pads, residual: None, act })
 }
 
 /// Zero padding of the spatial dims before a Conv becomes the Conv's own
@@ -370,7 +375,7 @@ fn pad_into_conv(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     // (top, left, bottom, right) added; a 1-D conv has no height to pad.
     let add = if r == 4 { [begin[2], begin[3], end[2], end[3]] } else { [0, begin[2], 0, end[2]] };
     let c = ix.sole_reader(g.ops[i].out)?;
-    let Kind::Conv { x: cx, w, bias, mut dims, stride, dilation, mut pads, act } = g.ops[c].kind.clone() else { return None };
+    let Kind::Conv { x: cx, w, bias, mut dims, stride, dilation, mut pads, residual, act } = g.ops[c].kind.clone() else { return None };
     if cx != g.ops[i].out {
         return None;
     }
@@ -381,7 +386,7 @@ fn pad_into_conv(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     }
     let label = join(&g.ops[i].op, &g.ops[c].op);
     let op = &mut g.ops[c];
-    op.kind = Kind::Conv { x, w, bias, dims, stride, dilation, pads, act };
+    op.kind = Kind::Conv { x, w, bias, dims, stride, dilation, pads, residual, act };
     op.op = label;
     Some(vec![i])
 }
@@ -403,7 +408,7 @@ fn scale_into_weights(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>>
     }
     let p = ix.producer[prod]?;
     ix.sole_reader(prod)?;
-    let Kind::Gemm { a: ga, b: gb, bias: None, act, .. } = g.ops[p].kind else { return None };
+    let Kind::Gemm { a: ga, b: gb, bias: None, residual: None, act, .. } = g.ops[p].kind else { return None };
     if act != Act::NONE {
         return None;
     }
@@ -414,7 +419,7 @@ fn scale_into_weights(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>>
             let q = ix.producer[v]?;
             match g.ops[q].kind {
                 Kind::View { x } | Kind::Transpose { x, .. } => v = x,
-                Kind::Gemm { b, bias, act, .. } if act == Act::NONE && g.konst(b).is_some() && bias.is_none_or(|x| g.konst(x).is_some()) => {
+                Kind::Gemm { b, bias, act, residual: None, .. } if act == Act::NONE && g.konst(b).is_some() && bias.is_none_or(|x| g.konst(x).is_some()) => {
                     return Some(q)
                 }
                 _ => return None,
@@ -479,10 +484,10 @@ fn bias(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     absorb(g, i, c, kind)
 }
 
-/// An activation after a GEMM or Conv.
+/// An activation after a GEMM, Conv or element-wise binary op.
 fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     match &g.ops[i].kind {
-        Kind::Gemm { act, .. } | Kind::Conv { act, .. } if *act == Act::NONE => {}
+        Kind::Gemm { act, .. } | Kind::Conv { act, .. } | Kind::Binary { act, .. } if *act == Act::NONE => {}
         _ => return None,
     }
     let c = ix.sole_reader(g.ops[i].out)?;
@@ -492,7 +497,33 @@ fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     }
     let mut k = g.ops[i].kind.clone();
     match &mut k {
-        Kind::Gemm { act, .. } | Kind::Conv { act, .. } => *act = Act { kind, p0, p1 },
+        Kind::Gemm { act, .. } | Kind::Conv { act, .. } | Kind::Binary { act, .. } => *act = Act { kind, p0, p1 },
+        _ => return None,
+    }
+    absorb(g, i, c, k)
+}
+
+/// A residual connection: `Add(conv_or_gemm(..), r)` with `r` computed at
+/// run time and of the sum's shape becomes the Conv's (GEMM's) residual
+/// operand, so the sum is made while the product is still in cache; the
+/// activation rule then takes the Relu after it too.
+fn residual(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    match &g.ops[i].kind {
+        Kind::Gemm { act, residual: None, .. } | Kind::Conv { act, residual: None, .. } if *act == Act::NONE => {}
+        _ => return None,
+    }
+    let out = g.ops[i].out;
+    let c = ix.sole_reader(out)?;
+    let (Binary::Add, a, b) = binary(&g.ops[c])? else { return None };
+    let r = other(a, b, out)?;
+    // Same shape on all three: no broadcasting, and not x + x.
+    let shape = &g.values[out].shape;
+    if r == out || g.konst(r).is_some() || &g.values[r].shape != shape || &g.values[g.ops[c].out].shape != shape {
+        return None;
+    }
+    let mut k = g.ops[i].kind.clone();
+    match &mut k {
+        Kind::Gemm { residual, .. } | Kind::Conv { residual, .. } => *residual = Some(r),
         _ => return None,
     }
     absorb(g, i, c, k)

@@ -704,7 +704,7 @@ impl Importer {
         }
         rank_ok(cx, &out, "the result")?;
         let r = out.len();
-        let k = Kind::Binary { kind, a, b, a_dims: shape::pad_rank(&sa, r), b_dims: shape::pad_rank(&sb, r) };
+        let k = Kind::Binary { kind, a, b, a_dims: shape::pad_rank(&sa, r), b_dims: shape::pad_rank(&sb, r), act: Act::NONE };
         Ok(if last { self.device(cx, k, out) } else { self.device_tmp(cx, k, out, "partial") })
     }
 
@@ -719,7 +719,7 @@ impl Importer {
         let out = cx.shape(shape::broadcast(&sa, &sb))?;
         rank_ok(cx, &out, "the result")?;
         let r = out.len();
-        let k = Kind::Binary { kind, a, b, a_dims: shape::pad_rank(&sa, r), b_dims: shape::pad_rank(&sb, r) };
+        let k = Kind::Binary { kind, a, b, a_dims: shape::pad_rank(&sa, r), b_dims: shape::pad_rank(&sb, r), act: Act::NONE };
         Ok(match tag {
             Some(t) => self.device_tmp(cx, k, out, t),
             None => self.device(cx, k, out),
@@ -860,13 +860,13 @@ impl Importer {
         let out = vec![m, n];
         let bias_like = |s: &[u64]| volume(s) == n && (s.len() == 1 || s.len() == 2 && s[0] == 1);
         let bias = c.filter(|&cv| bias_like(&self.shape(cv)));
-        let kind = Kind::Gemm { a, b, bias, m, n, k, batch: 1, strides: [0; 3], trans_a: ta, trans_b: tb, act: Act::NONE };
+        let kind = Kind::Gemm { a, b, bias, m, n, k, batch: 1, strides: [0; 3], trans_a: ta, trans_b: tb, residual: None, act: Act::NONE };
         match c {
             Some(cv) if bias.is_none() => {
                 let sc = self.shape(cv);
                 cx.shape(shape::broadcast(&sc, &out).and_then(|o| if o == out { Ok(o) } else { Err(format!("C {sc:?} does not broadcast to {out:?}")) }))?;
                 let t = self.device_tmp(cx, kind, out.clone(), "product");
-                let k = Kind::Binary { kind: Binary::Add, a: t, b: cv, a_dims: out.clone(), b_dims: shape::pad_rank(&sc, 2) };
+                let k = Kind::Binary { kind: Binary::Add, a: t, b: cv, a_dims: out.clone(), b_dims: shape::pad_rank(&sc, 2), act: Act::NONE };
                 Ok(self.device(cx, k, out))
             }
             _ => Ok(self.device(cx, kind, out)),
@@ -896,7 +896,7 @@ impl Importer {
         }
         let (va, vb) = (volume(ab), volume(bb));
         let kind = |m: u64, batch: u64, strides: [u64; 3]| Kind::Gemm {
-            a, b, bias: None, m, n, k, batch, strides, trans_a: false, trans_b: false, act: Act::NONE,
+            a, b, bias: None, m, n, k, batch, strides, trans_a: false, trans_b: false, residual: None, act: Act::NONE,
         };
         let kind = if vb == 1 {
             // B is one matrix: A's batch folds into its rows.
@@ -989,6 +989,7 @@ impl Importer {
             stride: win.stride,
             dilation: win.dilation,
             pads: win.pad4(),
+            residual: None,
             act: Act::NONE,
         };
         let mut out = vec![n, o];
@@ -1077,8 +1078,8 @@ impl Importer {
         );
         rank_ok(cx, &s, "the input")?;
         let padded = shape::pad_rank(&cshape, s.len());
-        let t = self.device_tmp(cx, Kind::Binary { kind: Binary::Mul, a: x, b: sv, a_dims: s.clone(), b_dims: padded.clone() }, s.clone(), "scaled");
-        Ok(self.device(cx, Kind::Binary { kind: Binary::Add, a: t, b: tv, a_dims: s.clone(), b_dims: padded }, s))
+        let t = self.device_tmp(cx, Kind::Binary { kind: Binary::Mul, a: x, b: sv, a_dims: s.clone(), b_dims: padded.clone(), act: Act::NONE }, s.clone(), "scaled");
+        Ok(self.device(cx, Kind::Binary { kind: Binary::Add, a: t, b: tv, a_dims: s.clone(), b_dims: padded, act: Act::NONE }, s))
     }
 
     fn reduce(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {

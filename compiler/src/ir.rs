@@ -109,6 +109,8 @@ pub enum Kind {
         strides: [u64; 3],
         trans_a: bool,
         trans_b: bool,
+        /// Added before the activation; laid out like the output.
+        residual: Option<ValueId>,
         act: Act,
     },
     Conv {
@@ -121,6 +123,8 @@ pub enum Kind {
         dilation: [u64; 2],
         /// top, left, bottom, right.
         pads: [u64; 4],
+        /// Added before the activation; shaped like the output.
+        residual: Option<ValueId>,
         act: Act,
     },
     Pool {
@@ -141,6 +145,8 @@ pub enum Kind {
         /// Both padded to the same rank.
         a_dims: Vec<u64>,
         b_dims: Vec<u64>,
+        /// Applied to the result.
+        act: Act,
     },
     Unary { kind: Unary, x: ValueId, p0: f32, p1: f32 },
     Softmax { x: ValueId, dims: Vec<u64>, axis: u64 },
@@ -162,8 +168,8 @@ impl Kind {
     pub fn inputs(&self) -> Vec<ValueId> {
         use Kind::*;
         match self {
-            Gemm { a, b, bias, .. } => [Some(*a), Some(*b), *bias].into_iter().flatten().collect(),
-            Conv { x, w, bias, .. } => [Some(*x), Some(*w), *bias].into_iter().flatten().collect(),
+            Gemm { a, b, bias, residual, .. } => [Some(*a), Some(*b), *bias, *residual].into_iter().flatten().collect(),
+            Conv { x, w, bias, residual, .. } => [Some(*x), Some(*w), *bias, *residual].into_iter().flatten().collect(),
             Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } => vec![*x],
             Binary { a, b, .. } => vec![*a, *b],
             LayerNorm { x, gamma, beta, .. } => [Some(*x), *gamma, *beta].into_iter().flatten().collect(),

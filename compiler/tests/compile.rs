@@ -565,3 +565,65 @@ fn attention_scale_moves_into_the_query_weights() {
     let v = f32::from_le_bytes(c.model.weights[offset as usize + 12..offset as usize + 16].try_into().unwrap());
     assert!((v - 0.3).abs() < 1e-6, "{v}");
 }
+
+/// A residual block: y = Relu(BN(Conv(x)) + x), then z = Relu(y + y2)
+/// with y2 = Sigmoid(y) (an Add of two run-time tensors no conv produces).
+#[test]
+fn residual_add_and_relu_fuse_into_the_conv_and_binary_ops() {
+    let c = 4usize;
+    let bytes = model(
+        vec![
+            node("Conv", "conv", &["x", "W"], &["c"], vec![attr_ints("pads", &[1, 1, 1, 1])]),
+            node("BatchNormalization", "bn", &["c", "g", "be", "mu", "var"], &["n"], vec![attr_f("epsilon", 1e-5)]),
+            node("Add", "skip", &["n", "x"], &["s"], vec![]),
+            node("Relu", "relu", &["s"], &["y"], vec![]),
+            node("Sigmoid", "sig", &["y"], &["y2"], vec![]),
+            node("Add", "add2", &["y", "y2"], &["s2"], vec![]),
+            node("Relu", "relu2", &["s2"], &["z"], vec![]),
+        ],
+        vec![
+            tensor("W", &[c as i64, c as i64, 3, 3], &ramp(c * c * 9, 0.1)),
+            tensor("g", &[4], &[1.0, 0.5, 2.0, 1.5]),
+            tensor("be", &[4], &[0.0, 0.1, -0.1, 0.2]),
+            tensor("mu", &[4], &[0.1, 0.0, 0.2, -0.3]),
+            tensor("var", &[4], &[1.0, 2.0, 0.5, 1.5]),
+        ],
+        vec![vinfo("x", &[1, 4, 6, 6])],
+        vec![vinfo("z", &[1, 4, 6, 6])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Conv+BatchNormalization+Add+Relu", "Sigmoid", "Add+Relu"]);
+    assert_eq!((c.report.fused.residual, c.report.fused.activation), (1, 2));
+    // The conv's descriptor carries the residual flag and a Relu; the
+    // binary one a Relu.
+    let descs = &c.model.program.descriptors;
+    let conv = rbln_hw::ops::Desc::decode(&descs[..rbln_hw::ops::Conv2dDesc::SIZE]).unwrap();
+    let rbln_hw::ops::Desc::Conv2d(d) = conv else { panic!("{conv:?}") };
+    assert_ne!(d.flags & rbln_hw::ops::CONV_RESIDUAL, 0);
+    assert_eq!(d.activation, rbln_hw::ops::Unary::Relu as u32);
+}
+
+/// A product read twice, or an Add whose other operand broadcasts, keeps
+/// its Add: fusing would change what the other reader sees.
+#[test]
+fn residual_fusion_needs_a_sole_reader_and_equal_shapes() {
+    let bytes = model(
+        vec![
+            node("Conv", "conv", &["x", "W"], &["c"], vec![]),
+            node("Add", "skip", &["c", "r"], &["s"], vec![]),
+            node("Mul", "other", &["c", "s"], &["z"], vec![]),
+        ],
+        vec![tensor("W", &[2, 2, 1, 1], &ramp(4, 0.1))],
+        vec![vinfo("x", &[1, 2, 3, 3]), vinfo("r", &[1, 2, 3, 3])],
+        vec![vinfo("z", &[1, 2, 3, 3])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Conv", "Add", "Mul"]);
+    let bytes = model(
+        vec![node("Conv", "conv", &["x", "W"], &["c"], vec![]), node("Add", "skip", &["c", "r"], &["z"], vec![])],
+        vec![tensor("W", &[2, 2, 1, 1], &ramp(4, 0.1))],
+        vec![vinfo("x", &[1, 2, 3, 3]), vinfo("r", &[1, 1, 3, 3])],
+        vec![vinfo("z", &[1, 2, 3, 3])],
+    );
+    assert_eq!(compute_ops(&compiled(&bytes).model), ["Conv", "Add"]);
+}
