@@ -288,6 +288,8 @@ fn fuzz_no_panic() {
         let mut y = buf(conv2d_output_shape(&p).ok().and_then(|s| prod(&s)), &mut rng);
         let bias = buf(Some(p.out_channels), &mut rng);
         oks += conv2d(&p, &x, &w, Some(&bias), &mut y).is_ok() as usize;
+        let res = buf(Some(y.len()), &mut rng);
+        oks += conv2d_residual(&p, &x, &w, Some(&bias), Some(&res), &mut y).is_ok() as usize;
         // pool2d
         let q = Pool2dParams {
             batch: p.batch,
@@ -308,6 +310,8 @@ fn fuzz_no_panic() {
         let b = buf(prod(&[g.k, g.n]), &mut rng);
         let mut c = buf(prod(&[g.m, g.n]), &mut rng);
         oks += gemm(&g, &a, &b, None, &mut c).is_ok() as usize;
+        let res = buf(Some(c.len()), &mut rng);
+        oks += gemm_residual(&g, &a, &b, None, Some(&res), &mut c).is_ok() as usize;
         // shape-generic kernels
         let shape: Vec<usize> = (0..rng.range(0, 7)).map(|_| val(&mut rng)).collect();
         let shape2: Vec<usize> = (0..rng.range(0, 7)).map(|_| val(&mut rng)).collect();
@@ -315,6 +319,7 @@ fn fuzz_no_panic() {
         let x2 = buf(prod(&shape2), &mut rng);
         let mut y = buf(broadcast_shape(&shape, &shape2).ok().and_then(|s| prod(&s)), &mut rng);
         oks += binary(BinaryOp::Pow, &x, &shape, &x2, &shape2, &mut y).is_ok() as usize;
+        oks += binary_act(BinaryOp::Add, &x, &shape, &x2, &shape2, Activation::Silu, &mut y).is_ok() as usize;
         let axis = rng.range(0, 8) as isize - 4;
         let mut y = buf(prod(&shape), &mut rng);
         oks += softmax(&shape, axis, &x, &mut y).is_ok() as usize;
