@@ -157,6 +157,7 @@ main() {
     log "report: $OUT_REL/report.json ($((SECONDS - t0)) s)"
     if [[ $SMOKE == 1 ]]; then
         "$PY" "$RBLN_ROOT/tests/models/bench_report.py" --check "$OUT/report.json"
+        [[ $rc == 0 ]] || die "the VM run failed (status $rc)"
     fi
 }
 

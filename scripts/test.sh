@@ -55,6 +55,11 @@ main() {
         step "vm: tests/vm/$name" env $env "$RBLN_ROOT/scripts/vm.sh" "sh tests/vm/$name"
     done
 
+    # make bench at tiny sizes, one boot: the report must be well-formed
+    # and complete (speed is never asserted).
+    step "bench smoke (make bench, BENCH_SMOKE=1)" env BENCH_SMOKE=1 BENCH_SKIP_BUILD=1 \
+        "$RBLN_ROOT/scripts/bench.sh"
+
     # The harness itself must catch what it promises to catch.
     step "harness: guest exit status is propagated" expect_status 3 vm 'exit 3'
     step "harness: a kernel WARNING fails the run" expect_status 90 \
