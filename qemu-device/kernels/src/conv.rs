@@ -320,7 +320,9 @@ impl PhaseGeometry {
         let off_x = (wa.kernel - 1) * wa.dilation / wa.stride;
         let rows = ha.output.checked_add(off_y)?;
         let cols = wa.output.checked_add(off_x)?;
-        let plane = rows.checked_add(1)?.checked_mul(cols)?;
+        // One spare row plus DW_VEC elements: reads of the garbage outputs
+        // that round the flattened grid up to whole vectors stay in the plane.
+        let plane = rows.checked_add(1)?.checked_mul(cols)?.checked_add(DW_VEC)?;
         // The kernel area is bounded by the (validated) weight length.
         let mut phases: Vec<(usize, usize)> = Vec::new();
         let mut tap_phase = Vec::with_capacity(ha.kernel * wa.kernel);
@@ -386,8 +388,13 @@ impl PhaseGeometry {
         out: &mut [f32],
     ) {
         let cols = self.cols;
-        scratch.clear();
-        scratch.resize(self.plane * self.fills.len(), 0.0);
+        // Every plane writes the same (in-bounds) positions below, so the
+        // zeros of the padding only need writing when the buffer is new.
+        let len = self.plane * self.fills.len();
+        if scratch.len() != len {
+            scratch.clear();
+            scratch.resize(len, 0.0);
+        }
         for f in &self.fills {
             let n = f.cols.len();
             if n == 0 {
@@ -402,8 +409,8 @@ impl PhaseGeometry {
         }
         taps.clear();
         taps.extend(wts.iter().copied().zip(self.tap_offsets.iter().copied()));
-        acc.clear();
-        acc.resize(ha.output * cols, 0.0);
+        // Whole vectors (garbage past the last output; see `plane`).
+        acc.resize((ha.output * cols).next_multiple_of(DW_VEC), 0.0);
         depthwise_taps(scratch, taps, bias, acc);
         for (oy, o) in out.chunks_exact_mut(wa.output).enumerate() {
             o.copy_from_slice(&acc[oy * cols..][..wa.output]);
@@ -413,10 +420,13 @@ impl PhaseGeometry {
 
 /// Output elements per register block of [`depthwise_taps`].
 const DW_BLOCK: usize = 64;
+/// Vector width of its tail blocks.
+const DW_VEC: usize = 8;
 
 simd_dispatch! {
     /// `acc[q] = bias + Σ_taps w · src[off + q]`, all taps of a block of
-    /// outputs summed in registers. Every `off + acc.len()` is within `src`.
+    /// outputs summed in registers. `acc.len()` is a multiple of `DW_VEC`
+    /// and every `off + acc.len()` is within `src`.
     fn depthwise_taps(src: &[f32], taps: &[(f32, usize)], bias: f32, acc: &mut [f32]) {
         let mut blocks = acc.chunks_exact_mut(DW_BLOCK);
         let mut q = 0;
@@ -431,18 +441,20 @@ simd_dispatch! {
             blk.copy_from_slice(&r);
             q += DW_BLOCK;
         }
-        let rem = blocks.into_remainder();
-        if !rem.is_empty() {
-            rem.fill(bias);
+        for blk in blocks.into_remainder().chunks_exact_mut(DW_VEC) {
+            let mut r = [bias; DW_VEC];
             for &(w, off) in taps {
-                let len = rem.len();
-                for (o, &s) in rem.iter_mut().zip(&src[off + q..][..len]) {
-                    *o += w * s;
+                let s = &src[off + q..][..DW_VEC];
+                for i in 0..DW_VEC {
+                    r[i] += w * s[i];
                 }
             }
+            blk.copy_from_slice(&r);
+            q += DW_VEC;
         }
     }
 }
+
 
 simd_dispatch! {
     /// `out += Σ_taps w[tap] · shifted(inp)` for one plane.

@@ -108,16 +108,44 @@ pub(crate) fn erf<const FMA: bool>(x: f32) -> f32 {
     }
 }
 
+/// `e^x` for the logistic functions, where only `1 + e^x` matters: as
+/// [`exp`] in the normal range, but `+inf` from ~88.4 up (instead of ~88.72)
+/// and 0 below ~-87.7 (instead of denormals), which lets `2^n` be a single
+/// exponent insertion. NaN in gives NaN out.
+#[inline(always)]
+fn exp_logistic<const FMA: bool>(x: f32) -> f32 {
+    const LOG2E: f32 = core::f32::consts::LOG2_E;
+    const C1: f32 = 0.693_359_4;
+    const C2: f32 = -2.121_944_4e-4;
+    const MAGIC: f32 = 12_582_912.0;
+    // n = round(x·log2 e) ∈ [-127, 128]: 2^n's biased exponent is in
+    // [0, 255], 0 giving 0.0 and 255 giving +inf.
+    let xc = x.clamp(-88.0, 88.5);
+    let y = madd::<FMA>(xc, LOG2E, MAGIC);
+    let n = (y.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let fx = y - MAGIC;
+    let r = madd::<FMA>(-fx, C2, madd::<FMA>(-fx, C1, xc));
+    let r2 = r * r;
+    let mut p = 1.987_569_1e-4;
+    p = madd::<FMA>(p, r, 1.398_199_9e-3);
+    p = madd::<FMA>(p, r, 8.333_452e-3);
+    p = madd::<FMA>(p, r, 4.166_579_6e-2);
+    p = madd::<FMA>(p, r, 1.666_666_5e-1);
+    p = madd::<FMA>(p, r, 5.000_000_1e-1);
+    let p = madd::<FMA>(p, r2, r + 1.0);
+    p * f32::from_bits((n.wrapping_add(127) as u32) << 23)
+}
+
 /// `1 / (1 + e^-x)`.
 #[inline(always)]
 pub(crate) fn sigmoid<const FMA: bool>(x: f32) -> f32 {
-    1.0 / (1.0 + exp::<FMA>(-x))
+    1.0 / (1.0 + exp_logistic::<FMA>(-x))
 }
 
 /// `x·sigmoid(x)`.
 #[inline(always)]
 pub(crate) fn silu<const FMA: bool>(x: f32) -> f32 {
-    x / (1.0 + exp::<FMA>(-x))
+    x / (1.0 + exp_logistic::<FMA>(-x))
 }
 
 /// Exact (erf) GELU.
@@ -132,7 +160,7 @@ pub(crate) fn gelu<const FMA: bool>(x: f32) -> f32 {
 pub(crate) fn gelu_tanh<const FMA: bool>(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_56;
     let z = SQRT_2_OVER_PI * madd::<FMA>(0.044_715 * x * x, x, x);
-    x / (1.0 + exp::<FMA>(-2.0 * z))
+    x / (1.0 + exp_logistic::<FMA>(-2.0 * z))
 }
 
 /// Runs `$body` (a loop over slices built from `#[inline(always)]` element
@@ -201,6 +229,15 @@ mod tests {
         assert!(rel < 1e-6, "erf small rel {rel}");
         let (rel, _) = sweep(-20.0, 20.0, 1_000_000, super::sigmoid::<F>, |x| 1.0 / (1.0 + (-x).exp()));
         assert!(rel < 5e-7, "sigmoid rel {rel}");
+        // Far tails: the logistic exp saturates early, harmlessly.
+        let (_, abs) = sweep(-120.0, 120.0, 1_000_000, super::sigmoid::<F>, |x| 1.0 / (1.0 + (-x).exp()));
+        assert!(abs < 1e-7, "sigmoid abs {abs}");
+        let (rel, _) = sweep(-80.0, 80.0, 1_000_000, super::silu::<F>, |x| x / (1.0 + (-x).exp()));
+        assert!(rel < 1e-6, "silu rel {rel}");
+        assert_eq!(super::sigmoid::<F>(f32::NEG_INFINITY), 0.0);
+        assert_eq!(super::sigmoid::<F>(f32::INFINITY), 1.0);
+        assert!(super::sigmoid::<F>(f32::NAN).is_nan());
+        assert!(super::silu::<F>(f32::NAN).is_nan());
         // Special values.
         assert!(super::exp::<false>(f32::NAN).is_nan());
         assert_eq!(super::exp::<false>(f32::INFINITY), f32::INFINITY);
