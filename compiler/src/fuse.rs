@@ -492,7 +492,7 @@ fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     }
     let c = ix.sole_reader(g.ops[i].out)?;
     let Kind::Unary { kind, p0, p1, .. } = g.ops[c].kind else { return None };
-    if kind == Unary::None || kind as u32 > rbln_hw::ops::MAX_ACTIVATION {
+    if kind == Unary::None || !rbln_hw::ops::is_activation(kind as u32) {
         return None;
     }
     let mut k = g.ops[i].kind.clone();

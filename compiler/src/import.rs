@@ -458,13 +458,9 @@ impl Importer {
             }
             "HardSigmoid" => {
                 let x = input(0)?;
-                self.hard_sigmoid(cx, x, cx.float("alpha", 0.2), cx.float("beta", 0.5), true)?
+                self.unary(cx, Unary::HardSigmoid, x, cx.float("alpha", 0.2), cx.float("beta", 0.5))?
             }
-            "HardSwish" => {
-                let x = input(0)?;
-                let h = self.hard_sigmoid(cx, x, 1.0 / 6.0, 0.5, false)?;
-                self.elementwise(cx, Binary::Mul, x, h, None)?
-            }
+            "HardSwish" => self.unary(cx, Unary::HardSwish, input(0)?, 0.0, 0.0)?,
             "Pad" => self.pad(cx, ins)?,
             "Gemm" => self.gemm(cx, input(0)?, input(1)?, opt(2))?,
             "MatMul" => self.matmul(cx, input(0)?, input(1)?)?,
@@ -736,15 +732,6 @@ impl Importer {
     }
 
     /// clip(alpha * x + beta, 0, 1); the node's output when `last`.
-    fn hard_sigmoid(&mut self, cx: &Cx, x: ValueId, alpha: f32, beta: f32, last: bool) -> Result<ValueId> {
-        let (a, b) = (self.scalar(cx, "alpha", alpha), self.scalar(cx, "beta", beta));
-        let ax = self.elementwise(cx, Binary::Mul, x, a, Some("scaled"))?;
-        let axb = self.elementwise(cx, Binary::Add, ax, b, Some("shifted"))?;
-        let k = Kind::Unary { kind: Unary::Clip, x: axb, p0: 0.0, p1: 1.0 };
-        let s = self.shape(x);
-        Ok(if last { self.device(cx, k, s) } else { self.device_tmp(cx, k, s, "hard_sigmoid") })
-    }
-
     fn pad(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
         let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
@@ -815,8 +802,14 @@ impl Importer {
             if let Some(f) = name.and_then(|n| fold::unary(n, c)) {
                 return Ok(self.constant(&Self::out_name(cx, 0), f));
             }
-            if kind == Unary::Clip {
-                let v = c.floats().iter().map(|x| x.clamp(p0, p1)).collect();
+            let f: Option<fn(f32, f32, f32) -> f32> = match kind {
+                Unary::Clip => Some(|x, lo, hi| x.max(lo).min(hi)),
+                Unary::HardSigmoid => Some(|x, a, b| (a * x + b).max(0.0).min(1.0)),
+                Unary::HardSwish => Some(|x, _, _| x * (x * (1.0 / 6.0) + 0.5).max(0.0).min(1.0)),
+                _ => None,
+            };
+            if let Some(f) = f {
+                let v = c.floats().iter().map(|&x| f(x, p0, p1)).collect();
                 return Ok(self.constant(&Self::out_name(cx, 0), Const::f32(&s, v)));
             }
         }

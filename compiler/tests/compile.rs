@@ -627,3 +627,31 @@ fn residual_fusion_needs_a_sole_reader_and_equal_shapes() {
     );
     assert_eq!(compute_ops(&compiled(&bytes).model), ["Conv", "Add"]);
 }
+
+/// torchvision's MobileNetV3 block tail: Conv -> BN -> HardSwish is one op,
+/// and a standalone HardSigmoid keeps its alpha and beta.
+#[test]
+fn hardswish_fuses_into_conv_and_hardsigmoid_is_one_op() {
+    let bytes = model(
+        vec![
+            node("Conv", "conv", &["x", "W"], &["c"], vec![]),
+            node("HardSwish", "hs", &["c"], &["h"], vec![]),
+            node("HardSigmoid", "gate", &["h"], &["y"], vec![attr_f("alpha", 0.25), attr_f("beta", 0.4)]),
+        ],
+        vec![tensor("W", &[2, 2, 1, 1], &ramp(4, 0.1))],
+        vec![vinfo("x", &[1, 2, 3, 3])],
+        vec![vinfo("y", &[1, 2, 3, 3])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Conv+HardSwish", "HardSigmoid"]);
+    let descs = &c.model.program.descriptors;
+    let rbln_hw::ops::Desc::Conv2d(d) = rbln_hw::ops::Desc::decode(&descs[..rbln_hw::ops::Conv2dDesc::SIZE]).unwrap() else {
+        panic!("not a conv")
+    };
+    assert_eq!(d.activation, rbln_hw::ops::Unary::HardSwish as u32);
+    let u = c.model.graph.nodes.iter().find(|n| n.op == "HardSigmoid").and_then(|n| n.descriptors).expect("descriptor");
+    let rbln_hw::ops::Desc::Unary(d) = rbln_hw::ops::Desc::decode(&descs[u.offset as usize..(u.offset + u.len) as usize]).unwrap() else {
+        panic!("not a unary")
+    };
+    assert_eq!((d.kind, d.param0, d.param1), (rbln_hw::ops::Unary::HardSigmoid as u32, 0.25, 0.4));
+}

@@ -53,10 +53,21 @@ pub enum Unary {
     Abs = 12,
     Erf = 13,
     Reciprocal = 14,
+    /// clamp(param0 * x + param1, 0, 1) (ONNX HardSigmoid: alpha, beta);
+    /// since hardware minor version 1.
+    HardSigmoid = 15,
+    /// x * clamp(x / 6 + 1/2, 0, 1); since hardware minor version 1.
+    HardSwish = 16,
 }
 
-/// Largest unary code usable as a fused activation.
+/// Largest of the unary codes 0..=7 usable as a fused activation.
 pub const MAX_ACTIVATION: u32 = Unary::Clip as u32;
+
+/// Whether unary `code` may be fused as an activation: 0..=7, and the
+/// hard sigmoid and hard swish of minor version 1.
+pub const fn is_activation(code: u32) -> bool {
+    code <= MAX_ACTIVATION || code == Unary::HardSigmoid as u32 || code == Unary::HardSwish as u32
+}
 
 impl Unary {
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -77,6 +88,8 @@ impl Unary {
             12 => Abs,
             13 => Erf,
             14 => Reciprocal,
+            15 => HardSigmoid,
+            16 => HardSwish,
             _ => return Option::None,
         })
     }
@@ -466,7 +479,7 @@ impl Desc {
                 $t::read_from(buf).ok_or(Truncated)?
             }};
         }
-        let act_ok = |a: u32| a <= MAX_ACTIVATION;
+        let act_ok = is_activation;
         let d = match h.op {
             1 => {
                 let d = get!(GemmDesc);

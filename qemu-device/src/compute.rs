@@ -213,6 +213,8 @@ fn activation(code: u32, p0: f32, p1: f32) -> k::Activation {
         Some(Unary::Sigmoid) => k::Activation::Sigmoid,
         Some(Unary::Tanh) => k::Activation::Tanh,
         Some(Unary::Clip) => k::Activation::Clip { min: p0, max: p1 },
+        Some(Unary::HardSigmoid) => k::Activation::HardSigmoid { alpha: p0, beta: p1 },
+        Some(Unary::HardSwish) => k::Activation::HardSwish,
         // Descriptor decoding only lets activation codes through.
         _ => k::Activation::None,
     }
@@ -236,6 +238,8 @@ fn unary_op(u: Unary, p0: f32, p1: f32) -> Option<k::UnaryOp> {
         Unary::Abs => U::Abs,
         Unary::Erf => U::Erf,
         Unary::Reciprocal => U::Reciprocal,
+        Unary::HardSigmoid => U::HardSigmoid { alpha: p0, beta: p1 },
+        Unary::HardSwish => U::HardSwish,
     })
 }
 

@@ -24,6 +24,10 @@ pub enum Activation {
     Tanh,
     /// `min(max(x, min), max)` (ONNX Clip; if `min > max` the result is `max`).
     Clip { min: f32, max: f32 },
+    /// `clamp(alpha·x + beta, 0, 1)` (ONNX HardSigmoid).
+    HardSigmoid { alpha: f32, beta: f32 },
+    /// `x·clamp(x/6 + 1/2, 0, 1)` (ONNX HardSwish).
+    HardSwish,
 }
 
 /// Element-wise unary operation.
@@ -57,6 +61,10 @@ pub enum UnaryOp {
     Clip { min: f32, max: f32 },
     /// `1 / x` (IEEE: `±inf` for `±0`).
     Reciprocal,
+    /// `clamp(alpha·x + beta, 0, 1)`.
+    HardSigmoid { alpha: f32, beta: f32 },
+    /// `x·clamp(x/6 + 1/2, 0, 1)`.
+    HardSwish,
 }
 
 impl Activation {
@@ -71,6 +79,8 @@ impl Activation {
             Activation::Sigmoid => UnaryOp::Sigmoid,
             Activation::Tanh => UnaryOp::Tanh,
             Activation::Clip { min, max } => UnaryOp::Clip { min, max },
+            Activation::HardSigmoid { alpha, beta } => UnaryOp::HardSigmoid { alpha, beta },
+            Activation::HardSwish => UnaryOp::HardSwish,
         })
     }
 }
@@ -113,6 +123,8 @@ pub(crate) fn apply_inline<const FMA: bool>(op: UnaryOp, xs: &mut [f32]) {
         UnaryOp::Erf => map(xs, fastmath::erf::<FMA>),
         UnaryOp::Clip { min, max } => map(xs, |x| x.max(min).min(max)),
         UnaryOp::Reciprocal => map(xs, |x| 1.0 / x),
+        UnaryOp::HardSigmoid { alpha, beta } => map(xs, |x| (alpha * x + beta).max(0.0).min(1.0)),
+        UnaryOp::HardSwish => map(xs, |x| x * (x * (1.0 / 6.0) + 0.5).max(0.0).min(1.0)),
     }
 }
 

@@ -127,6 +127,10 @@ fn unary_ref(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Erf => libm::erf(x),
         UnaryOp::Clip { min, max } => x.max(min as f64).min(max as f64),
         UnaryOp::Reciprocal => 1.0 / x,
+        // In f32 like the kernel: `alpha·x + beta` cancels near the clamp's
+        // zero, where an f64 reference would differ by more than the tolerance.
+        UnaryOp::HardSigmoid { alpha, beta } => (alpha * x as f32 + beta).clamp(0.0, 1.0) as f64,
+        UnaryOp::HardSwish => x * (x as f32 * (1.0 / 6.0) + 0.5).clamp(0.0, 1.0) as f64,
     }
 }
 
@@ -148,6 +152,8 @@ fn unary_all_ops() {
         UnaryOp::Erf,
         UnaryOp::Clip { min: -1.5, max: 0.25 },
         UnaryOp::Reciprocal,
+        UnaryOp::HardSigmoid { alpha: 0.2, beta: 0.5 },
+        UnaryOp::HardSwish,
     ];
     for op in ops {
         for n in [0, 1, 7, 33, 40_000] {

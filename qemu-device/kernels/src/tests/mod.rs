@@ -82,6 +82,9 @@ pub(crate) fn act_ref(act: Activation, x: f64) -> f64 {
         Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         Activation::Tanh => x.tanh(),
         Activation::Clip { min, max } => x.max(min as f64).min(max as f64),
+        // In f32 like the kernels (cancellation near the clamp's zero).
+        Activation::HardSigmoid { alpha, beta } => (alpha * x as f32 + beta).clamp(0.0, 1.0) as f64,
+        Activation::HardSwish => x * (x as f32 * (1.0 / 6.0) + 0.5).clamp(0.0, 1.0) as f64,
     }
 }
 
