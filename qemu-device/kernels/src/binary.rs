@@ -193,16 +193,30 @@ fn run<F: Fn(f32, f32) -> f32 + Sync>(f: F, a: &[f32], b: &[f32], g: &Geom, act:
     }
     let rows = (chunk / inner.size).max(1);
     let body = |t: usize, chunk: &mut [f32]| {
-        for (r, o) in chunk.chunks_exact_mut(inner.size).enumerate() {
-            let mut idx = t * rows + r;
-            let (mut oa, mut ob) = (0, 0);
-            for d in outer {
-                let i = idx % d.size;
-                idx /= d.size;
-                oa += i * d.sa;
-                ob += i * d.sb;
-            }
+        // Multi-index of the task's first row over the outer dims
+        // (innermost first), then advanced like an odometer.
+        let mut idx = [0usize; MAX_RANK];
+        let (mut oa, mut ob) = (0, 0);
+        let mut rest = t * rows;
+        for (k, d) in outer.iter().enumerate() {
+            idx[k] = rest % d.size;
+            rest /= d.size;
+            oa += idx[k] * d.sa;
+            ob += idx[k] * d.sb;
+        }
+        for o in chunk.chunks_exact_mut(inner.size) {
             row_act(&f, &a[oa..], inner.sa, &b[ob..], inner.sb, act, o);
+            for (k, d) in outer.iter().enumerate() {
+                idx[k] += 1;
+                oa += d.sa;
+                ob += d.sb;
+                if idx[k] < d.size {
+                    break;
+                }
+                idx[k] = 0;
+                oa -= d.size * d.sa;
+                ob -= d.size * d.sb;
+            }
         }
     };
     let task = rows * inner.size;

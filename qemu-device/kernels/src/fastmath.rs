@@ -108,12 +108,12 @@ pub(crate) fn erf<const FMA: bool>(x: f32) -> f32 {
     }
 }
 
-/// `e^x` for the logistic functions, where only `1 + e^x` matters: as
-/// [`exp`] in the normal range, but `+inf` from ~88.4 up (instead of ~88.72)
+/// `e^x` for the logistic functions, where only `1 + e^x` matters, and for
+/// softmax (arguments ≤ 0, relative to a sum ≥ 1): as [`exp`] in the normal range, but `+inf` from ~88.4 up (instead of ~88.72)
 /// and 0 below ~-87.7 (instead of denormals), which lets `2^n` be a single
 /// exponent insertion. NaN in gives NaN out.
 #[inline(always)]
-fn exp_logistic<const FMA: bool>(x: f32) -> f32 {
+pub(crate) fn exp_logistic<const FMA: bool>(x: f32) -> f32 {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     const C1: f32 = 0.693_359_4;
     const C2: f32 = -2.121_944_4e-4;

@@ -89,50 +89,59 @@ pub fn layer_norm(
         check_len("layer_norm beta", b.len(), norm_size)?;
     }
     let rows = rows_per_task(norm_size);
-    let inv_n = 1.0 / norm_size as f32;
-    y.par_chunks_mut(rows * norm_size)
-        .zip(x.par_chunks(rows * norm_size))
-        .for_each(|(yc, xc)| {
-            for (yr, xr) in yc.chunks_exact_mut(norm_size).zip(xc.chunks_exact(norm_size)) {
-                let mean = sum_f32(xr) * inv_n;
-                for (o, &v) in yr.iter_mut().zip(xr) {
-                    *o = v - mean;
+    if x.len() <= rows * norm_size {
+        layer_norm_rows(x, y, norm_size, gamma, beta, eps);
+    } else {
+        y.par_chunks_mut(rows * norm_size)
+            .zip(x.par_chunks(rows * norm_size))
+            .for_each(|(yc, xc)| layer_norm_rows(xc, yc, norm_size, gamma, beta, eps));
+    }
+    Ok(())
+}
+
+simd_dispatch! {
+    /// Layer norm of consecutive rows of `norm_size`.
+    fn layer_norm_rows(xc: &[f32], yc: &mut [f32], norm_size: usize, gamma: Option<&[f32]>, beta: Option<&[f32]>, eps: f32) {
+        let inv_n = 1.0 / norm_size as f32;
+        for (yr, xr) in yc.chunks_exact_mut(norm_size).zip(xc.chunks_exact(norm_size)) {
+            let mean = sum_f32(xr) * inv_n;
+            for (o, &v) in yr.iter_mut().zip(xr) {
+                *o = v - mean;
+            }
+            let mut sq = [0.0f32; 8];
+            let ch = yr.chunks_exact(8);
+            let rem = ch.remainder();
+            for c in ch {
+                for i in 0..8 {
+                    sq[i] += c[i] * c[i];
                 }
-                let mut sq = [0.0f32; 8];
-                let ch = yr.chunks_exact(8);
-                let rem = ch.remainder();
-                for c in ch {
-                    for i in 0..8 {
-                        sq[i] += c[i] * c[i];
+            }
+            let var = (sq.iter().sum::<f32>() + rem.iter().map(|v| v * v).sum::<f32>()) * inv_n;
+            let r = 1.0 / (var + eps).sqrt();
+            match (gamma, beta) {
+                (Some(g), Some(b)) => {
+                    for ((o, &g), &b) in yr.iter_mut().zip(g).zip(b) {
+                        *o = *o * r * g + b;
                     }
                 }
-                let var = (sq.iter().sum::<f32>() + rem.iter().map(|v| v * v).sum::<f32>()) * inv_n;
-                let r = 1.0 / (var + eps).sqrt();
-                match (gamma, beta) {
-                    (Some(g), Some(b)) => {
-                        for ((o, &g), &b) in yr.iter_mut().zip(g).zip(b) {
-                            *o = *o * r * g + b;
-                        }
+                (Some(g), None) => {
+                    for (o, &g) in yr.iter_mut().zip(g) {
+                        *o = *o * r * g;
                     }
-                    (Some(g), None) => {
-                        for (o, &g) in yr.iter_mut().zip(g) {
-                            *o = *o * r * g;
-                        }
+                }
+                (None, Some(b)) => {
+                    for (o, &b) in yr.iter_mut().zip(b) {
+                        *o = *o * r + b;
                     }
-                    (None, Some(b)) => {
-                        for (o, &b) in yr.iter_mut().zip(b) {
-                            *o = *o * r + b;
-                        }
-                    }
-                    (None, None) => {
-                        for o in yr.iter_mut() {
-                            *o *= r;
-                        }
+                }
+                (None, None) => {
+                    for o in yr.iter_mut() {
+                        *o *= r;
                     }
                 }
             }
-        });
-    Ok(())
+        }
+    }
 }
 
 simd_dispatch! {
@@ -140,7 +149,7 @@ simd_dispatch! {
     fn softmax_row(xr: &[f32], yr: &mut [f32]) {
         let m = max_f32(xr);
         for (o, &v) in yr.iter_mut().zip(xr) {
-            *o = fastmath::exp::<FMA>(v - m);
+            *o = fastmath::exp_logistic::<FMA>(v - m);
         }
         let s = 1.0 / sum_f32(yr);
         for o in yr.iter_mut() {
@@ -153,7 +162,7 @@ simd_dispatch! {
     /// `y = exp(x - m)`, `s += y`, element-wise.
     fn exp_diff_accumulate(xr: &[f32], m: &[f32], yr: &mut [f32], s: &mut [f32]) {
         for (((o, &v), &m), s) in yr.iter_mut().zip(xr).zip(m).zip(s.iter_mut()) {
-            *o = fastmath::exp::<FMA>(v - m);
+            *o = fastmath::exp_logistic::<FMA>(v - m);
             *s += *o;
         }
     }
