@@ -13,6 +13,7 @@ use std::time::Duration;
 use rbln_format::{DType, Model, Placement as Region, RelocBases, StreamRole};
 use rbln_umd::{Buffer, Device, Perms, Placement, Queue};
 
+pub mod clock;
 pub mod examples;
 mod pipeline;
 pub use pipeline::{AsyncRuntime, RunFuture, RunHandle};

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use rbln_runtime::clock;
 use rbln_umd::{CommandBuffer, Device, Perms, Placement, Submit};
 use serde_json::json;
 
@@ -53,73 +54,6 @@ enum Cmd {
 }
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Guest wall-clock intervals that stay fine-grained when the guest
-/// kernel's clock is not (under TCG it may fall back to a jiffies clock):
-/// then the TSC is used, calibrated against that clock over 200 ms.
-mod clock {
-    use std::sync::OnceLock;
-    use std::time::{Duration, Instant};
-
-    static TSC_PER_NS: OnceLock<Option<f64>> = OnceLock::new();
-
-    fn tsc() -> u64 {
-        // SAFETY: RDTSC has no preconditions on x86-64.
-        unsafe { core::arch::x86_64::_rdtsc() }
-    }
-
-    pub fn resolution() -> Duration {
-        let mut best = Duration::MAX;
-        for _ in 0..5 {
-            let a = Instant::now();
-            let mut b = Instant::now();
-            while b == a {
-                b = Instant::now();
-            }
-            best = best.min(b - a);
-        }
-        best
-    }
-
-    fn tsc_per_ns() -> Option<f64> {
-        *TSC_PER_NS.get_or_init(|| {
-            if resolution() <= Duration::from_micros(100) {
-                return None;
-            }
-            let (t0, c0) = (Instant::now(), tsc());
-            while t0.elapsed() < Duration::from_millis(200) {
-                std::hint::spin_loop();
-            }
-            Some((tsc() - c0) as f64 / t0.elapsed().as_nanos() as f64)
-        })
-    }
-
-    /// How intervals are measured, for the report.
-    pub fn describe() -> String {
-        let src = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
-            .unwrap_or_default();
-        match tsc_per_ns() {
-            None => format!("clocksource {}, resolution {:?}", src.trim(), resolution()),
-            Some(r) => format!("clocksource {} is coarse: TSC at {r:.3} GHz", src.trim()),
-        }
-    }
-
-    #[derive(Clone, Copy)]
-    pub struct Stamp(Instant, u64);
-
-    pub fn now() -> Stamp {
-        Stamp(Instant::now(), tsc())
-    }
-
-    impl Stamp {
-        pub fn elapsed(&self) -> Duration {
-            match tsc_per_ns() {
-                None => self.0.elapsed(),
-                Some(r) => Duration::from_nanos(((tsc() - self.1) as f64 / r) as u64),
-            }
-        }
-    }
-}
 
 /// `map_err` helper: "what: error".
 fn e(what: &'static str) -> impl Fn(rbln_umd::Error) -> String {

@@ -5,13 +5,17 @@
 //!
 //! Exit codes: 0 success, 2 bad usage or input, 3 bad model file, 4 device
 //! error (no device, fault, timeout).
+//!
+//! Latencies are wall-clock times of this process, measured with the TSC
+//! when the kernel's clock is coarse (a TCG guest: `rbln_runtime::clock`);
+//! `--json` says which clock in "clock".
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rbln_runtime::{inspect, npy, stats::LatencyStats, AsyncRuntime, Error, Runtime, Tensor};
+use rbln_runtime::{clock, inspect, npy, stats::LatencyStats, AsyncRuntime, Error, Runtime, Tensor};
 
 #[derive(Parser)]
 #[command(version, about = "Run a compiled .rbln model on the rbln NPU")]
@@ -164,7 +168,9 @@ fn main() -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(EXIT_DEVICE, e),
     };
-    let load_start = Instant::now();
+    // Calibrate the clock (if the kernel's is coarse) before timing.
+    clock::init();
+    let load_start = clock::now();
     let classify = |e: &Error| match e {
         Error::InputCount { .. } | Error::InputShape { .. } | Error::InputDType { .. } | Error::InputLength { .. } | Error::Parallel(_) => EXIT_USAGE,
         Error::Format(_) | Error::HardwareVersion { .. } | Error::NotStaged { .. } | Error::EmptyProgram => EXIT_MODEL,
@@ -186,7 +192,7 @@ fn main() -> ExitCode {
         let mut window = std::collections::VecDeque::new();
         let mut progress = Progress::new(args.iterations.max(1));
         let total = args.warmup + args.iterations.max(1);
-        let mut t_wall = Instant::now();
+        let mut t_wall = clock::now();
         for i in 0..total {
             if i == args.warmup {
                 // Drain the warm-up before timing.
@@ -195,10 +201,10 @@ fn main() -> ExitCode {
                         return fail(classify(&e), e);
                     }
                 }
-                t_wall = Instant::now();
+                t_wall = clock::now();
             }
             match rt.run(&inputs) {
-                Ok(h) => window.push_back((Instant::now(), h)),
+                Ok(h) => window.push_back((clock::now(), h)),
                 Err(e) => return fail(classify(&e), e),
             }
             while window.len() >= rt.parallel() || (i + 1 == total && !window.is_empty()) {
@@ -225,10 +231,10 @@ fn main() -> ExitCode {
                 return fail(classify(&e), e);
             }
         }
-        let t_wall = Instant::now();
+        let t_wall = clock::now();
         let mut progress = Progress::new(args.iterations.max(1));
         for i in 0..args.iterations.max(1) {
-            let t0 = Instant::now();
+            let t0 = clock::now();
             match rt.run(&inputs) {
                 Ok(o) => outputs = o,
                 Err(e) => return fail(classify(&e), e),
@@ -266,7 +272,7 @@ fn main() -> ExitCode {
             .collect();
         println!(
             "{}",
-            serde_json::json!({"model": info.name, "load_ms": load.as_secs_f64() * 1e3, "latency": stats.to_json(), "outputs": outs})
+            serde_json::json!({"model": info.name, "load_ms": load.as_secs_f64() * 1e3, "latency": stats.to_json(), "clock": clock::describe(), "outputs": outs})
         );
     } else {
         println!("Model:      {} on /dev/rbln{} (loaded in {:.1} ms)", info.name, args.device, load.as_secs_f64() * 1e3);
