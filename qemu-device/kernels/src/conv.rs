@@ -356,10 +356,20 @@ impl PhaseGeometry {
                 // column j·sw + px; only the in-bounds ones are non-zero.
                 let iv = valid_range(py as isize - ha.pad_before as isize, ha.stride, rows, ha.input);
                 let jv = valid_range(px as isize - wa.pad_before as isize, wa.stride, cols, wa.input);
+                // For a non-empty range the first row / column is a real
+                // input index (so the arithmetic cannot overflow); an empty
+                // one is never read.
+                let first = |r: &core::ops::Range<usize>, a: &Axis, ph: usize| {
+                    if r.is_empty() {
+                        0
+                    } else {
+                        r.start * a.stride + ph - a.pad_before
+                    }
+                };
                 PhaseFill {
                     base: pi * plane,
-                    iy0: (iv.start * ha.stride + py).saturating_sub(ha.pad_before),
-                    ix0: (jv.start * wa.stride + px).saturating_sub(wa.pad_before),
+                    iy0: first(&iv, ha, py),
+                    ix0: first(&jv, wa, px),
                     rows: iv,
                     cols: jv,
                 }

@@ -315,3 +315,47 @@ fn depthwise_fast_path_shapes() {
     };
     check_conv_residual(&mut rng, &p, true, true);
 }
+
+#[test]
+fn depthwise_and_pool_huge_strides() {
+    // Strides near usize::MAX with padding: one output per axis, empty
+    // phase ranges; nothing may overflow.
+    let mut rng = Rng::new(106);
+    for &stride in &[usize::MAX, usize::MAX / 2, isize::MAX as usize, 1 << 40] {
+        for pad in [0usize, 1, 2, 3] {
+            let p = Conv2dParams {
+                batch: 1,
+                in_channels: 2,
+                in_h: 3,
+                in_w: 4,
+                out_channels: 2,
+                kernel: [2, 3],
+                stride: [stride, stride],
+                padding: Padding2d::uniform(pad),
+                dilation: [1, 1],
+                groups: 2,
+                activation: Activation::None,
+            };
+            if conv2d_output_shape(&p).is_ok() {
+                check_conv_residual(&mut rng, &p, true, true);
+            }
+            let q = Pool2dParams {
+                channels: 2,
+                in_h: 3,
+                in_w: 4,
+                kernel: [2, 3],
+                stride: [stride, stride],
+                padding: Padding2d::uniform(pad),
+                kind: PoolKind::Max,
+                ..Default::default()
+            };
+            if let Ok([n, c, oh, ow]) = pool2d_output_shape(&q) {
+                let x = rng.vec(2 * 12);
+                let mut y = vec![f32::NAN; n * c * oh * ow];
+                pool2d(&q, &x, &mut y).unwrap();
+                let (want, scale) = pool_ref(&q, &x);
+                assert_close("pool huge stride", &y, &want, Some(&scale), 1e-5);
+            }
+        }
+    }
+}
