@@ -98,6 +98,15 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
             });
         return Ok(());
     }
+    if in_plane == 0 {
+        // Every window covers padding only (the other dimension may be
+        // huge: allocate nothing per input row).
+        output.fill(match kind {
+            PoolKind::Max => f32::NEG_INFINITY,
+            PoolKind::Avg { .. } => 0.0,
+        });
+        return Ok(());
+    }
     // Per output column: first input column of the window and number of
     // real (non-padding) taps, computed once.
     let cols: Vec<(usize, usize)> = (0..wa.output)

@@ -359,3 +359,64 @@ fn depthwise_and_pool_huge_strides() {
         }
     }
 }
+
+/// Depthwise conv and pooling with nasty geometry: errors or correct
+/// results, never a panic.
+#[test]
+fn depthwise_and_pool_fuzz() {
+    const NASTY: &[usize] = &[0, 1, 2, 3, 5, 8, 40, usize::MAX, usize::MAX / 2, isize::MAX as usize, 1 << 33];
+    let mut rng = Rng::new(107);
+    let mut computed = 0;
+    for _ in 0..20_000 {
+        let mut v = |small: usize| if rng.below(4) == 0 { rng.pick(NASTY) } else { rng.range(0, small) };
+        let c = v(3).max(1);
+        let p = Conv2dParams {
+            batch: 1,
+            in_channels: c,
+            in_h: v(9),
+            in_w: v(9),
+            out_channels: c,
+            kernel: [v(5), v(5)],
+            stride: [v(3), v(3)],
+            padding: Padding2d { top: v(3), left: v(3), bottom: v(3), right: v(3) },
+            dilation: [v(3), v(3)],
+            groups: c,
+            activation: Activation::Relu,
+        };
+        let shape = conv2d_output_shape(&p);
+        let small = |n: usize| n <= 1 << 16;
+        let ok_sizes = shape.as_ref().is_ok_and(|s| small(s.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX)))
+            && small(c.saturating_mul(p.in_h).saturating_mul(p.in_w))
+            && small(c.saturating_mul(p.kernel[0]).saturating_mul(p.kernel[1]));
+        if !ok_sizes {
+            let x = vec![0.5; 8];
+            let mut y = vec![0.0; 8];
+            let _ = conv2d(&p, &x, &x, None, &mut y);
+            continue;
+        }
+        let [n, co, oh, ow] = shape.unwrap();
+        let x = rng.vec(c * p.in_h * p.in_w);
+        let w = rng.vec(c * p.kernel[0] * p.kernel[1]);
+        let mut y = vec![f32::NAN; n * co * oh * ow];
+        conv2d(&p, &x, &w, None, &mut y).unwrap();
+        let (want, scale) = conv_ref(&p, &x, &w, None);
+        assert_close(&format!("{p:?}"), &y, &want, Some(&scale), 1e-5);
+        let q = Pool2dParams {
+            batch: 1,
+            channels: c,
+            in_h: p.in_h,
+            in_w: p.in_w,
+            kernel: p.kernel,
+            stride: p.stride,
+            padding: p.padding,
+            dilation: p.dilation,
+            kind: if rng.bool() { PoolKind::Max } else { PoolKind::Avg { count_include_pad: rng.bool() } },
+        };
+        let mut y = vec![f32::NAN; n * co * oh * ow];
+        pool2d(&q, &x, &mut y).unwrap();
+        let (want, scale) = pool_ref(&q, &x);
+        assert_close(&format!("{q:?}"), &y, &want, Some(&scale), 1e-5);
+        computed += 1;
+    }
+    assert!(computed > 500, "{computed}");
+}
