@@ -14,7 +14,21 @@
 //! [`ThreadPool::install`](rayon::ThreadPool::install) the call runs in. To
 //! bound the threads the device uses, build a pool with [`thread_pool`] and
 //! call the kernels inside `pool.install(|| ...)`. The GEMM core (the `gemm`
-//! crate) uses the same pool.
+//! crate) uses the same pool. Memory-bound element-wise kernels on small
+//! tensors (up to 32 Ki elements) run on the calling thread, where waking
+//! the pool would cost more than it saves.
+//!
+//! # Performance notes
+//! - Fused epilogues (bias, residual, activation) are applied block by
+//!   block right after each output tile is computed, while it is in cache.
+//! - Convolutions with several input channels per group run as independent
+//!   (image, group, tile of output positions) tasks: im2col into a reused
+//!   per-thread buffer plus a single-threaded GEMM. Depthwise ones split the
+//!   padded input plane into its stride phases so that every tap is a
+//!   contiguous shifted window, summed in registers.
+//! - Loops with transcendental functions are compiled twice and picked at
+//!   run time: AVX2+FMA (fused multiply-adds in the polynomials) or the
+//!   baseline target.
 //!
 //! # Kernels
 //! - [`gemm`]: `C = act(op(A)·op(B) + bias (+ C))`; [`gemm_residual`] also
