@@ -2,7 +2,7 @@
 
 use crate::activation::{epilogue, Activation, Bias};
 use crate::error::{KernelError, Result};
-use crate::fastmath::simd_dispatch;
+use crate::fastmath::{madd, simd_dispatch};
 use crate::gemm::raw_gemm;
 use crate::util::{add, check_len, mul, valid_range, volume, with_scratch, SendPtr};
 use rayon::prelude::*;
@@ -445,7 +445,7 @@ simd_dispatch! {
             for &(w, off) in taps {
                 let s = &src[off + q..][..DW_BLOCK];
                 for i in 0..DW_BLOCK {
-                    r[i] += w * s[i];
+                    r[i] = madd::<FMA>(w, s[i], r[i]);
                 }
             }
             blk.copy_from_slice(&r);
@@ -456,7 +456,7 @@ simd_dispatch! {
             for &(w, off) in taps {
                 let s = &src[off + q..][..DW_VEC];
                 for i in 0..DW_VEC {
-                    r[i] += w * s[i];
+                    r[i] = madd::<FMA>(w, s[i], r[i]);
                 }
             }
             blk.copy_from_slice(&r);
