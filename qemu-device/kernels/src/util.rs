@@ -14,14 +14,16 @@ pub(crate) const SEQ_MAX: usize = 1 << 15;
 const MIN_TASK: usize = 1 << 14;
 
 /// Elements per task of a memory-bound element-wise loop over `len`
-/// elements: everything below [`SEQ_MAX`], otherwise a few equal tasks per
+/// elements: everything below [`SEQ_MAX`], otherwise many equal tasks per
 /// thread (for load balance) of at least [`MIN_TASK`], a multiple of 64.
 pub(crate) fn elementwise_chunk(len: usize) -> usize {
     if len <= SEQ_MAX {
         return len.max(1);
     }
+    // Many tasks per thread: a thread that gets descheduled (the host is
+    // shared) leaves its queue to be stolen.
     let threads = rayon::current_num_threads().max(1);
-    let per = len.div_ceil(threads * 4).max(MIN_TASK);
+    let per = len.div_ceil(threads * 16).max(MIN_TASK);
     per.div_ceil(64).saturating_mul(64)
 }
 
