@@ -57,21 +57,35 @@ if [[ $SMOKE == 1 ]]; then
 else
     TEST_MODELS=$(test_models)
     BENCH_MODELS_LIST="resnet50 mobilenetv3-small efficientnet-b0 bert-l12-h384"
-    ITERS=${BENCH_ITERS:-10} WARMUP=2 PROFILES=${BENCH_PROFILES:-3}
+    ITERS=${BENCH_ITERS:-20} WARMUP=2 PROFILES=${BENCH_PROFILES:-5}
     MICRO_ITERS=3 MICRO_WARMUP=1 MICRO_PROFILES=5
     DMA_SIZES="16777216 1048576" DMA_REPS=9
     LAT_RUNS=300 LAT_WARMUP=30
     ASYNC_ITERS=30 ASYNC_WARMUP=3
-    ORT_ARGS=(--warmup 3 --min-runs 10 --max-runs 100 --budget 3)
-    NATIVE_ARGS=(--gemm 1024 --reps 15)
+    ORT_ARGS=(--warmup 3 --min-runs 8 --max-runs 60 --budget 2)
+    NATIVE_ARGS=(--gemm 1024 --reps 11)
 fi
 if [[ -n ${BENCH_MODELS:-} ]]; then
     TEST_MODELS="" BENCH_MODELS_LIST=$BENCH_MODELS
 fi
 MICRO_MODELS="micro-gemm micro-conv micro-add micro-relu"
+ASYNC_MODEL=micro-relu  # only run with --async (guest.sh)
 # The host copy reference covers the Add's tensor size and the DMA sizes.
 if [[ $SMOKE == 1 ]]; then ADD_BYTES=$((4 * 4 * 32 * 32)); else ADD_BYTES=$((4 * 64 * 256 * 256)); fi
 read -r -a COPY_SIZES <<<"$(printf '%s\n' $ADD_BYTES $DMA_SIZES | sort -nu | tr '\n' ' ')"
+
+# host_references PHASE: onnxruntime on every model, then the gemm crate
+# and copy bandwidth, into OUT/host/{ort,native}.PHASE.*
+host_references() {
+    local phase=$1 s copy_args=()
+    log "onnxruntime on $THREADS threads (ORT_ENABLE_ALL, sequential), $phase the VM"
+    "$PY" "$RBLN_ROOT/tests/models/bench_models.py" ort "$OUT/models" --threads "$THREADS" "${ORT_ARGS[@]}" \
+        "${all[@]}" >"$OUT/host/ort.$phase.jsonl"
+    log "host references: gemm crate, copy bandwidth ($THREADS threads), $phase the VM"
+    for s in "${COPY_SIZES[@]}"; do copy_args+=(--copy "$s"); done
+    "$RBLN_ROOT/target/release/rbln-bench-host" --threads "$THREADS" "${NATIVE_ARGS[@]}" "${copy_args[@]}" \
+        >"$OUT/host/native.$phase.json"
+}
 
 main() {
     local t0=$SECONDS
@@ -80,7 +94,6 @@ main() {
         cargo build --release --workspace --quiet
         "$RBLN_ROOT/scripts/build-kmd.sh"
     fi
-    local PY
     PY=$("$RBLN_ROOT/scripts/setup-python.sh" | tail -n 1)
 
     rm -rf "$OUT"
@@ -104,7 +117,7 @@ main() {
         echo "rbln_npu_sha256=$(sha256sum "$RBLN_ROOT/target/release/rbln-npu" | cut -c1-16)"
     } >"$OUT/machine.env"
 
-    local all=($TEST_MODELS $BENCH_MODELS_LIST $MICRO_MODELS)
+    all=($TEST_MODELS $BENCH_MODELS_LIST $MICRO_MODELS)
     log "generating ${#all[@]} ONNX models ($OUT_REL/models)"
     local smoke_flag=()
     [[ $SMOKE == 1 ]] && smoke_flag=(--smoke)
@@ -121,26 +134,20 @@ main() {
         fi
     done
 
-    # Host references first, while the VM is not running.
-    log "onnxruntime on $THREADS threads (ORT_ENABLE_ALL, sequential)"
-    "$PY" "$RBLN_ROOT/tests/models/bench_models.py" ort "$OUT/models" --threads "$THREADS" "${ORT_ARGS[@]}" \
-        "${all[@]}" >"$OUT/host/ort.jsonl"
-    log "host references: gemm crate, copy bandwidth ($THREADS threads)"
-    local copy_args=() s
-    for s in "${COPY_SIZES[@]}"; do copy_args+=(--copy "$s"); done
-    "$RBLN_ROOT/target/release/rbln-bench-host" --threads "$THREADS" "${NATIVE_ARGS[@]}" "${copy_args[@]}" \
-        >"$OUT/host/native.json"
-
+    # Host references before and after the VM (never while it runs): the
+    # report pools both, and their difference shows drift of the machine.
+    host_references before
     {
         local v
         for v in SMOKE THREADS TEST_MODELS BENCH_MODELS_LIST MICRO_MODELS ITERS WARMUP PROFILES \
             MICRO_ITERS MICRO_WARMUP MICRO_PROFILES DMA_SIZES DMA_REPS LAT_RUNS LAT_WARMUP \
-            ASYNC_ITERS ASYNC_WARMUP; do
+            ASYNC_MODEL ASYNC_ITERS ASYNC_WARMUP; do
             echo "${v%_LIST}='${!v}'"
         done
         echo "MODELS='$TEST_MODELS $BENCH_MODELS_LIST'"
     } >"$OUT/plan.env"
 
+    echo "loadavg_before_vm='$(cut -d' ' -f1-3 /proc/loadavg)'" >>"$OUT/machine.env"
     rc=0
     if [[ ${BENCH_NO_VM:-0} == 1 ]]; then
         log "BENCH_NO_VM=1: no device measurements"
@@ -151,6 +158,8 @@ main() {
             2>&1 | tee "$OUT/vm.log" || rc=${PIPESTATUS[0]}
     fi
     echo "$rc" >"$OUT/vm.rc"
+    echo "loadavg_after_vm='$(cut -d' ' -f1-3 /proc/loadavg)'" >>"$OUT/machine.env"
+    host_references after
     [[ $rc == 0 ]] || warn "the VM run failed (status $rc); the report shows what is missing"
 
     "$PY" "$RBLN_ROOT/tests/models/bench_report.py" "$OUT"

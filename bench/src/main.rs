@@ -85,7 +85,7 @@ fn gemm_bench(n: usize, reps: usize) -> serde_json::Value {
                 b.as_ptr(),
                 1,
                 n as isize,
-                0.0f32,
+                1.0f32,
                 1.0f32,
                 false,
                 false,

@@ -42,7 +42,7 @@ nproc >"$G/cpus"
 # Models: timed runs (p50) with one profiled inference, then more
 # profiled inferences (each a fresh rbln-run) for the median device time.
 for m in $MODELS $MICRO_MODELS; do
-    [ -f "$M/$m.rbln" ] || continue
+    [ -f "$M/$m.rbln" ] && [ "$m" != "$ASYNC_MODEL" ] || continue
     case " $MICRO_MODELS " in
         *" $m "*) iters=$MICRO_ITERS; warm=$MICRO_WARMUP; profiles=$MICRO_PROFILES ;;
         *) iters=$ITERS; warm=$WARMUP; profiles=$PROFILES ;;
@@ -67,7 +67,7 @@ step dma rbln-bench-guest dma $args --reps "$DMA_REPS" || true
 elapsed "NOP submit -> fence latency"
 step latency rbln-bench-guest latency --runs "$LAT_RUNS" --warmup "$LAT_WARMUP" || true
 
-a=micro-relu
+a=$ASYNC_MODEL
 if [ -f "$M/$a.rbln" ]; then
     for p in 1 2; do
         elapsed "AsyncRuntime parallel $p: $ASYNC_ITERS iterations"

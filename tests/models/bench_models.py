@@ -14,7 +14,8 @@ realistic reference: every graph optimization (ORT_ENABLE_ALL),
 intra_op_num_threads T (the device model's compute threads), inter_op 1,
 sequential execution. After K warm-up runs it times at least N and at most
 M runs, stopping after SECONDS; it writes OUTDIR/NAME.ort.npy (the output)
-and one JSON object per line on stdout: name, median_ms, min_ms, runs.
+and one JSON object per line on stdout: name, median_ms, min_ms, runs,
+times_ms (sorted).
 
 The benchmark models follow torchvision's / Hugging Face's layer structure
 and names as their ONNX exports do, with seeded random weights (numpy,
@@ -381,7 +382,8 @@ def ort_all(out, names, threads, warmup, min_runs, max_runs, budget):
             times, res = ort_time(path, data, threads, warmup, min_runs, max_runs, budget)
             np.save(os.path.join(out, f"{name}.ort.npy"), res)
             row.update(median_ms=times[len(times) // 2] * 1e3, min_ms=times[0] * 1e3,
-                       runs=len(times), warmup=warmup, finite=bool(np.all(np.isfinite(res))))
+                       runs=len(times), warmup=warmup, finite=bool(np.all(np.isfinite(res))),
+                       times_ms=[round(t * 1e3, 6) for t in times])
         except Exception as e:  # noqa: BLE001 - recorded in the report
             row["error"] = f"{type(e).__name__}: {e}"
         print(json.dumps(row), flush=True)

@@ -7,7 +7,8 @@ the table (scripts/bench.sh runs it after the VM).
 
 Inputs, all under OUT: plan.env (what was run), machine.env (host facts
 recorded by bench.sh), models/NAME.{onnx,compile.rc,compile.err,report.json},
-host/ort.jsonl (bench_models.py ort), host/native.json (rbln-bench-host),
+host/ort.{before,after}.jsonl (bench_models.py ort before and after the
+VM), host/native.{before,after}.json (rbln-bench-host),
 guest/* (tests/bench/guest.sh: rbln-run --json reports, Chrome traces of
 rbln-run --profile, rbln-bench-guest results).
 
@@ -157,7 +158,9 @@ def model_row(out, name, ort, kind):
         errors.append(f"onnxruntime: {o['error']}")
     else:
         row["onnxruntime_ms"] = o["median_ms"]
+        row["onnxruntime_min_ms"] = o["min_ms"]
         row["onnxruntime_runs"] = o["runs"]
+        row["onnxruntime_phase_ms"] = o["phase_median_ms"]
     rc = read_text(os.path.join(out, "models", f"{name}.compile.rc"), None)
     if rc != "0":
         err = last_line(os.path.join(out, "models", f"{name}.compile.err"))
@@ -181,6 +184,7 @@ def model_row(out, name, ort, kind):
             else:
                 spans = [span_ms(t) for t in traces]
                 row["device_ms"] = median(spans)
+                row["device_min_ms"] = min(spans)
                 row["device_ms_profiles"] = spans
                 row["device_compute_ms"] = median([compute_ms(t) for t in traces])
                 row["device_transfer_ms"] = median([transfer_ms(t) for t in traces])
@@ -189,6 +193,8 @@ def model_row(out, name, ort, kind):
                 row["diff_vs_onnxruntime"] = diff
     if row["device_ms"] and row["onnxruntime_ms"]:
         row["ratio"] = row["device_ms"] / row["onnxruntime_ms"]
+        # Best against best: less sensitive to other work on the machine.
+        row["ratio_min"] = row["device_min_ms"] / row["onnxruntime_min_ms"]
     if errors:
         row["error"] = "; ".join(errors)
     return row
@@ -206,7 +212,8 @@ def micro_rows(out, plan, ort, native):
         rows.append(r)
 
     def device_compute(name):
-        """(median compute-event ms over the profiles, error)."""
+        """(median compute-event ms over the profiles, error); the minimum
+        goes to mins[name]."""
         g = Guest(out, name)
         rc = read_text(os.path.join(models, f"{name}.compile.rc"), None)
         if rc != "0":
@@ -217,8 +224,11 @@ def micro_rows(out, plan, ort, native):
         t = g.traces()
         if not t:
             return None, "no profile trace"
-        return median([compute_ms(ev) for ev in t]), None
+        v = [compute_ms(ev) for ev in t]
+        mins[name] = min(v)
+        return median(v), None
 
+    mins = {}
     gemm_native = (native or {}).get("gemm") or {}
     copies = {c["bytes"]: c for c in (native or {}).get("copy", [])}
 
@@ -234,7 +244,8 @@ def micro_rows(out, plan, ort, native):
             err = f"no host gemm-crate result for n={n}"
         o = ort.get(name, {})
         row(f"gemm {n}x{n}x{n}", "GFLOP/s", "higher", flop / ms / 1e6 if ms else None, ref, err,
-            device_ms=ms, reference_ms=gemm_native.get("median_ms"),
+            device_ms=ms, device_min_ms=mins.get(name), reference_ms=gemm_native.get("median_ms"),
+            reference_best_gflops=gemm_native.get("best_gflops"),
             reference_what=f"gemm crate on {plan.get('THREADS')} threads (rbln-bench-host)",
             onnxruntime_gflops=flop / o["median_ms"] / 1e6 if "median_ms" in o else None)
 
@@ -250,6 +261,7 @@ def micro_rows(out, plan, ort, native):
         if ref is None and not err:
             err = "no onnxruntime result"
         row(f"conv {kh}x{kw} {ci}->{co} {h}x{w} pad 1", "ms", "lower", ms, ref, err,
+            device_min_ms=mins.get(name), reference_min_ms=o.get("min_ms"),
             device_gflops=flop / ms / 1e6 if ms else None,
             reference_gflops=flop / ref / 1e6 if ref else None,
             reference_what=f"onnxruntime Conv, {plan.get('THREADS')} threads")
@@ -267,7 +279,7 @@ def micro_rows(out, plan, ort, native):
         o = ort.get(name, {})
         row(f"add 2x{size_str(nbytes)} -> {size_str(nbytes)}", "GB/s", "higher",
             3 * nbytes / ms / 1e6 if ms else None, ref, err,
-            bytes=nbytes, device_ms=ms,
+            bytes=nbytes, device_ms=ms, device_min_ms=mins.get(name),
             bytes_counted="Add: 2 reads + 1 write; copy: 1 read + 1 write",
             reference_what=f"host copy on {plan.get('THREADS')} threads (rbln-bench-host)",
             reference_memcpy_1t_gbps=cp["memcpy_1t"]["gbps_read_write"] if cp else None,
@@ -335,19 +347,71 @@ def machine_info(out, plan):
     return m
 
 
+PHASES = ("before", "after")
+
+
+def read_ort(out):
+    """onnxruntime times of the runs before and after the VM, pooled:
+    median_ms and min_ms over all runs, plus each phase's median."""
+    phases = {}
+    for ph in PHASES:
+        path = os.path.join(out, "host", f"ort.{ph}.jsonl")
+        if os.path.exists(path):
+            with open(path) as f:
+                phases[ph] = {r["name"]: r for r in map(json.loads, filter(str.strip, f))}
+    ort = {}
+    for name in set().union(*phases.values()) if phases else ():
+        rows = {ph: p[name] for ph, p in phases.items() if name in p}
+        good = {ph: r for ph, r in rows.items() if "error" not in r}
+        if not good:
+            ort[name] = next(iter(rows.values()))
+            continue
+        times = sorted(t for r in good.values() for t in r["times_ms"])
+        ort[name] = {"name": name, "median_ms": median(times), "min_ms": times[0], "runs": len(times),
+                     "phase_median_ms": {ph: r["median_ms"] for ph, r in good.items()}}
+    return ort
+
+
+def read_native(out):
+    """rbln-bench-host results before and after the VM: the mean of the two
+    medians (GFLOP/s, GB/s), each phase kept."""
+    runs = {ph: read_json(os.path.join(out, "host", f"native.{ph}.json")) for ph in PHASES}
+    runs = {ph: r for ph, r in runs.items() if r}
+    if not runs:
+        return None
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    first = next(iter(runs.values()))
+    gemm = None
+    if first.get("gemm"):
+        g = [r["gemm"] for r in runs.values()]
+        gemm = dict(first["gemm"], gflops=mean([x["gflops"] for x in g]),
+                    median_ms=mean([x["median_ms"] for x in g]),
+                    best_gflops=max(x["best_gflops"] for x in g),
+                    phase_gflops={ph: r["gemm"]["gflops"] for ph, r in runs.items()})
+    copies = []
+    for c in first.get("copy", []):
+        same = [x for r in runs.values() for x in r.get("copy", []) if x["bytes"] == c["bytes"]]
+        merged = {"bytes": c["bytes"]}
+        for k in ("memcpy_1t", "copy_nt"):
+            merged[k] = {f: mean([x[k][f] for x in same]) for f in ("gbps", "gbps_read_write", "median_ms")}
+            merged[k]["phase_gbps"] = [x[k]["gbps"] for x in same]
+        copies.append(merged)
+    return {"threads": first.get("threads"), "gemm": gemm, "copy": copies}
+
+
+def geomean(v):
+    return math.exp(sum(map(math.log, v)) / len(v)) if v else None
+
+
 def build_report(out):
     plan = read_env(os.path.join(out, "plan.env"))
-    ort = {}
-    with open(os.path.join(out, "host", "ort.jsonl")) as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                ort[r["name"]] = r
-    native = read_json(os.path.join(out, "host", "native.json"))
+    ort = read_ort(out)
+    native = read_native(out)
     test = plan.get("TEST_MODELS", "").split()
     models = [model_row(out, n, ort, "test") for n in test]
     models += [model_row(out, n, ort, "bench") for n in plan.get("BENCH_MODELS", "").split()]
     ratios = [r["ratio"] for r in models if r["ratio"]]
+    ratios_min = [r["ratio_min"] for r in models if r.get("ratio_min")]
     machine = machine_info(out, plan)
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -357,8 +421,9 @@ def build_report(out):
         "settings": {k.lower(): v for k, v in plan.items() if k not in ("TEST_MODELS", "BENCH_MODELS", "MODELS")},
         "vm_status": int(read_text(os.path.join(out, "vm.rc"), "-1")),
         "models": models,
-        "geomean_ratio": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
+        "geomean_ratio": geomean(ratios),
         "geomean_ratio_models": len(ratios),
+        "geomean_ratio_min": geomean(ratios_min),
         "micro": micro_rows(out, plan, ort, native),
     }
 
@@ -387,6 +452,10 @@ def print_table(rep):
     g = rep["geomean_ratio"]
     print(f"geometric mean of ratios (device / onnxruntime, {rep['geomean_ratio_models']} models): "
           f"{'-' if g is None else f'{g:.2f}'}")
+    g = rep.get("geomean_ratio_min")
+    if g is not None:
+        print(f"  (best run against best run: {g:.2f}; load average before / after the VM: "
+              f"{m.get('loadavg_before_vm')} / {m.get('loadavg_after_vm')})")
     errs = [r for r in rep["models"] if r["error"]]
     for r in errs:
         print(f"  {r['name']}: ERROR {r['error']}")
