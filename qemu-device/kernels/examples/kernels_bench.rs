@@ -223,6 +223,13 @@ fn bench_conv(b: &mut Bench, name: &str, p: Conv2dParams, residual: bool) {
 }
 
 fn bench_gemm(b: &mut Bench, name: &str, m: usize, n: usize, k: usize, act: Activation, residual: bool) {
+    bench_gemm_t(b, name, m, n, k, act, residual, false)
+}
+
+/// `trans_b`: B stored `[n×k]` (ONNX Gemm transB=1 / PyTorch Linear); the
+/// reference multiplies the same untransposed shape.
+#[allow(clippy::too_many_arguments)]
+fn bench_gemm_t(b: &mut Bench, name: &str, m: usize, n: usize, k: usize, act: Activation, residual: bool, trans_b: bool) {
     if !b.wants(name) {
         return;
     }
@@ -236,6 +243,7 @@ fn bench_gemm(b: &mut Bench, name: &str, m: usize, n: usize, k: usize, act: Acti
         m,
         n,
         k,
+        trans_b,
         activation: act,
         ..Default::default()
     };
@@ -271,6 +279,8 @@ fn main() {
     bench_gemm(&mut b, "gemm bert 128x768x3072 +bias+res", 128, 768, 3072, None, true);
     bench_gemm(&mut b, "gemm bert 128x768x768 +bias", 128, 768, 768, None, false);
     bench_gemm(&mut b, "gemm bert 128x2304x768 +bias (qkv)", 128, 2304, 768, None, false);
+    bench_gemm_t(&mut b, "gemm bert 128x768x768 +bias transB", 128, 768, 768, None, false, true);
+    bench_gemm_t(&mut b, "gemm bert 128x3072x768 +bias+gelu transB", 128, 3072, 768, Gelu, false, true);
 
     // ---- ResNet-50 convolutions (bias + relu fused, as the compiler emits).
     let resnet = [
