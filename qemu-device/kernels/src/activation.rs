@@ -107,6 +107,9 @@ fn map<F: Fn(f32) -> f32>(xs: &mut [f32], f: F) {
 /// Applies `op` in place (the op is matched once, outside the loop). Inlined
 /// into SIMD-dispatched callers so that it is compiled for their features.
 #[inline(always)]
+// `max(..).min(..)` rather than `clamp`: a NaN input maps to the lower
+// bound (the kernels' established Clip semantics), and no panic paths.
+#[allow(clippy::manual_clamp)]
 pub(crate) fn apply_inline<const FMA: bool>(op: UnaryOp, xs: &mut [f32]) {
     match op {
         UnaryOp::Relu => map(xs, |x| x.max(0.0)),
