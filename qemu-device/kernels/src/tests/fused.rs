@@ -139,6 +139,12 @@ fn conv2d_residual_errors() {
     assert!(y.iter().all(|&v| v == 7.0));
     conv2d_residual(&p, &x, &w, None, Some(&[1.0; 36]), &mut y).unwrap();
     assert!(y.iter().all(|&v| v == 37.0), "{y:?}");
+    // No input channels: act(bias + residual).
+    let q = Conv2dParams { in_channels: 0, out_channels: 2, in_h: 2, in_w: 2, kernel: [1, 1], activation: Activation::Relu, ..p };
+    let mut y = vec![f32::NAN; 8];
+    let res = [1.0, -5.0, 2.0, 0.0, -1.0, 1.0, 0.5, -3.0];
+    conv2d_residual(&q, &[], &[], Some(&[1.0, -1.0]), Some(&res), &mut y).unwrap();
+    assert_eq!(y, [2.0, 0.0, 3.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
 }
 
 #[test]
