@@ -1,124 +1,154 @@
 //! `AsyncRuntime`: many requests in flight, `parallel` = 1 or 2 model
 //! instances ("slots") on separate queues. With two slots, request i+1's
-//! input is written and transferred while request i computes: the slots'
-//! queues run concurrently on the device (DMA engines and compute cores
-//! are separate resources). Results are delivered per request, in
-//! submission order; a request whose handle is dropped still completes
-//! before its slot is reused, so nothing is lost or overwritten.
+//! input is written and transferred while request i computes and its
+//! outputs are read back: the slots' queues run concurrently on the device
+//! (DMA engines and compute cores are separate resources), and each slot
+//! has a completion thread that waits for its fence and copies the outputs
+//! out of staging, so that copy overlaps the caller writing the next
+//! request's input (on another CPU). Results are delivered per request; a
+//! request whose handle is dropped still completes before its slot is
+//! reused, so nothing is lost or overwritten.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
 
 use rbln_format::Model;
-use rbln_umd::Device;
+use rbln_umd::{Device, Fence};
 
 use crate::{Result, Runtime, Tensor};
+
+#[derive(Default)]
+struct CellState {
+    /// Set once the request finished (success or error), even after
+    /// `result` was taken.
+    done: bool,
+    result: Option<Result<Vec<Tensor>>>,
+    waker: Option<Waker>,
+}
 
 /// Where a request's outputs end up.
 #[derive(Default)]
 struct Cell {
-    result: Mutex<(Option<Result<Vec<Tensor>>>, Option<Waker>)>,
-    done: Condvar,
+    state: Mutex<CellState>,
+    cv: Condvar,
 }
 
 impl Cell {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CellState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn complete(&self, r: Result<Vec<Tensor>>) {
-        let mut g = self.result.lock().unwrap_or_else(|e| e.into_inner());
-        g.0 = Some(r);
-        if let Some(w) = g.1.take() {
+        let mut g = self.lock();
+        g.result = Some(r);
+        g.done = true;
+        if let Some(w) = g.waker.take() {
             w.wake();
         }
-        self.done.notify_all();
+        self.cv.notify_all();
+    }
+
+    /// Block until the request finished.
+    fn wait_done(&self) -> std::sync::MutexGuard<'_, CellState> {
+        let mut g = self.lock();
+        while !g.done {
+            g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        g
     }
 }
 
-/// One model instance and the request it is working on.
+/// One model instance and the thread that completes its requests.
 struct Slot {
-    rt: Runtime,
-    in_flight: Option<(rbln_umd::Fence, Arc<Cell>)>,
+    rt: Arc<Mutex<Runtime>>,
+    jobs: Option<Sender<(Fence, Arc<Cell>)>>,
+    worker: Option<JoinHandle<()>>,
+    /// The request last submitted here: staging is reused only after it.
+    last: Option<Arc<Cell>>,
 }
 
 impl Slot {
-    /// Finish the request in flight (if any): wait, read outputs, deliver.
-    fn finish(&mut self) {
-        if let Some((fence, cell)) = self.in_flight.take() {
-            let r = fence.wait(crate::STREAM_TIMEOUT).map_err(crate::Error::from).and_then(|()| self.rt.read_outputs());
-            cell.complete(r);
+    fn new(rt: Runtime) -> Self {
+        let rt = Arc::new(Mutex::new(rt));
+        let (tx, rx) = channel::<(Fence, Arc<Cell>)>();
+        let worker_rt = rt.clone();
+        let worker = std::thread::Builder::new()
+            .name("rbln-complete".into())
+            .spawn(move || {
+                for (fence, cell) in rx {
+                    let r = fence.wait(crate::STREAM_TIMEOUT).map_err(crate::Error::from).and_then(|()| {
+                        worker_rt.lock().unwrap_or_else(|e| e.into_inner()).read_outputs()
+                    });
+                    cell.complete(r);
+                }
+            })
+            .ok();
+        Self { rt, jobs: Some(tx), worker, last: None }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Closing the channel ends the worker once it has completed what
+        // was submitted.
+        self.jobs.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
         }
     }
 }
 
+/// Pipelined execution over `parallel` model instances.
 pub struct AsyncRuntime {
-    slots: Vec<Arc<Mutex<Slot>>>,
+    slots: Vec<Slot>,
     next: usize,
 }
 
-/// A submitted request.
+/// A request in flight; [`RunHandle::wait`] blocks for its outputs.
 pub struct RunHandle {
-    slot: Arc<Mutex<Slot>>,
     cell: Arc<Cell>,
 }
 
 impl RunHandle {
-    /// Block until the outputs are ready.
+    /// Wait for this request's outputs.
     pub fn wait(self) -> Result<Vec<Tensor>> {
-        {
-            let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
-            let mine = slot.in_flight.as_ref().is_some_and(|(_, c)| Arc::ptr_eq(c, &self.cell));
-            if mine {
-                slot.finish();
-            }
-        }
-        let mut g = self.cell.result.lock().unwrap_or_else(|e| e.into_inner());
-        while g.0.is_none() {
-            g = self.cell.done.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
-        g.0.take().unwrap_or_else(|| Err(crate::Error::Lost))
+        let mut g = self.cell.wait_done();
+        g.result.take().unwrap_or(Err(crate::Error::Lost))
     }
 }
 
-/// The `Future` of [`AsyncRuntime::async_run`]: usable from any executor
-/// (a helper thread waits for the device and wakes the task).
+/// A request in flight as a `Future` (for async callers): the slot's
+/// completion thread wakes it, so polling never blocks the executor.
 pub struct RunFuture {
-    handle: Option<RunHandle>,
     cell: Arc<Cell>,
 }
 
 impl Future for RunFuture {
     type Output = Result<Vec<Tensor>>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        {
-            let mut g = self.cell.result.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(r) = g.0.take() {
-                return Poll::Ready(r);
-            }
-            g.1 = Some(cx.waker().clone());
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut g = self.cell.lock();
+        if g.done {
+            return Poll::Ready(g.result.take().unwrap_or(Err(crate::Error::Lost)));
         }
-        if let Some(h) = self.handle.take() {
-            // The waiting thread re-delivers through the cell.
-            let cell = self.cell.clone();
-            std::thread::spawn(move || {
-                let r = h.wait();
-                cell.complete(r);
-            });
-        }
+        g.waker = Some(cx.waker().clone());
         Poll::Pending
     }
 }
 
 impl AsyncRuntime {
-    /// `parallel` instances of `model` on `dev` (1 or 2).
+    /// Load `model` `parallel` (1 or 2) times onto `dev`.
     pub fn new(dev: &Device, model: Model, parallel: usize) -> Result<Self> {
         if !(1..=2).contains(&parallel) {
             return Err(crate::Error::Parallel(parallel));
         }
         let mut slots = Vec::new();
         for _ in 0..parallel {
-            let rt = Runtime::new(dev, model.clone())?;
-            slots.push(Arc::new(Mutex::new(Slot { rt, in_flight: None })));
+            slots.push(Slot::new(Runtime::new(dev, model.clone())?));
         }
         Ok(Self { slots, next: 0 })
     }
@@ -127,25 +157,28 @@ impl AsyncRuntime {
         self.slots.len()
     }
 
-    /// Submit one inference; returns at once with a handle.
+    /// Submit one inference; returns once its input is on its way, with a
+    /// handle for the outputs.
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<RunHandle> {
-        let slot = self.slots[self.next].clone();
-        self.next = (self.next + 1) % self.slots.len();
-        let cell = Arc::new(Cell::default());
-        {
-            let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
-            // The slot's previous request completes before its staging is reused.
-            s.finish();
-            let fence = s.rt.submit(inputs)?;
-            s.in_flight = Some((fence, cell.clone()));
+        let slot = &mut self.slots[self.next];
+        // The slot's previous request completes (its outputs are copied
+        // out) before its staging is reused.
+        if let Some(prev) = slot.last.take() {
+            drop(prev.wait_done());
         }
-        Ok(RunHandle { slot, cell })
+        let fence = slot.rt.lock().unwrap_or_else(|e| e.into_inner()).submit(inputs)?;
+        let cell = Arc::new(Cell::default());
+        let sent = slot.jobs.as_ref().is_some_and(|tx| tx.send((fence, cell.clone())).is_ok()) && slot.worker.is_some();
+        if !sent {
+            return Err(crate::Error::Lost);
+        }
+        slot.last = Some(cell.clone());
+        self.next = (self.next + 1) % self.slots.len();
+        Ok(RunHandle { cell })
     }
 
     /// Submit one inference; the future resolves to its outputs.
     pub fn async_run(&mut self, inputs: &[Tensor]) -> Result<RunFuture> {
-        let h = self.run(inputs)?;
-        let cell = h.cell.clone();
-        Ok(RunFuture { handle: Some(h), cell })
+        Ok(RunFuture { cell: self.run(inputs)?.cell })
     }
 }

@@ -503,8 +503,8 @@ mod tests {
         cb.compute_bytes(&[0u8; 12]).unwrap().compute_bytes(&[0u8; 8]).unwrap();
         let p = packets(cb.commands());
         let (Packet::Compute(a), Packet::Compute(b)) = (p[7], p[8]) else { panic!() };
-        assert_eq!(a.desc_va, 0x80_0000 + 4096 + 96);
-        assert_eq!(b.desc_va, 0x80_0000 + 4096 + 96 + 16);
+        assert_eq!(a.desc_va, 0x80_0000 + 4096 + ops::GemmDesc::SIZE as u64);
+        assert_eq!(b.desc_va, 0x80_0000 + 4096 + ops::GemmDesc::SIZE as u64 + 16);
         cb.reset();
         assert!(cb.is_empty());
     }
