@@ -220,14 +220,40 @@ unsafe fn walk(dims: &[Dim], tiled: bool, src: *mut f32, dst: *mut f32) {
         }
     } else if tiled {
         let (a, b) = (dims[0], dims[1]);
+        // A plain transpose (contiguous source along `a`, contiguous
+        // destination along `b`) goes through 8×8 register transposes.
+        #[cfg(target_arch = "x86_64")]
+        let blocks = a.ss == 1 && b.ds == 1 && std::arch::is_x86_feature_detected!("avx");
+        #[cfg(not(target_arch = "x86_64"))]
+        let blocks = false;
         for i0 in (0..a.size).step_by(TILE) {
             let i1 = (i0 + TILE).min(a.size);
             for j0 in (0..b.size).step_by(TILE) {
                 let j1 = (j0 + TILE).min(b.size);
+                // [i0, ie) × [j0, je): whole 8×8 blocks; the rest element-wise.
+                let (ie, je) = if blocks { (i0 + (i1 - i0) / 8 * 8, j0 + (j1 - j0) / 8 * 8) } else { (i0, j0) };
+                #[cfg(target_arch = "x86_64")]
+                for i in (i0..ie).step_by(8) {
+                    for j in (j0..je).step_by(8) {
+                        // SAFETY: AVX was detected; the block reads source
+                        // elements (i..i+8, j..j+8) and writes the same
+                        // destination elements as the element-wise loop,
+                        // all inside the validated envelope.
+                        unsafe {
+                            transpose8x8(
+                                src.offset(i as isize + j as isize * b.ss),
+                                b.ss,
+                                dst.offset(i as isize * a.ds + j as isize),
+                                a.ds,
+                            )
+                        };
+                    }
+                }
                 for i in i0..i1 {
                     let s = src.offset(i as isize * a.ss);
                     let d = dst.offset(i as isize * a.ds);
-                    for j in j0..j1 {
+                    let jstart = if i < ie { je } else { j0 };
+                    for j in jstart..j1 {
                         *d.offset(j as isize * b.ds) = *s.offset(j as isize * b.ss);
                     }
                 }
@@ -242,5 +268,54 @@ unsafe fn walk(dims: &[Dim], tiled: bool, src: *mut f32, dst: *mut f32) {
                 *dst.offset(j * d.ds) = *src.offset(j * d.ss);
             }
         }
+    }
+}
+
+/// Transposes an 8×8 block: source row `k` (8 contiguous elements at
+/// `src + k·src_stride`) becomes destination column `k` (destination row
+/// `r` is 8 contiguous elements at `dst + r·dst_stride`).
+///
+/// # Safety
+/// The CPU must support AVX; the 64 source elements must be readable and
+/// the 64 destination elements writable, and the two must not overlap.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose8x8(src: *const f32, src_stride: isize, dst: *mut f32, dst_stride: isize) {
+    use core::arch::x86_64::*;
+    // SAFETY: per the function contract (unaligned loads and stores).
+    unsafe {
+        let r0 = _mm256_loadu_ps(src);
+        let r1 = _mm256_loadu_ps(src.offset(src_stride));
+        let r2 = _mm256_loadu_ps(src.offset(2 * src_stride));
+        let r3 = _mm256_loadu_ps(src.offset(3 * src_stride));
+        let r4 = _mm256_loadu_ps(src.offset(4 * src_stride));
+        let r5 = _mm256_loadu_ps(src.offset(5 * src_stride));
+        let r6 = _mm256_loadu_ps(src.offset(6 * src_stride));
+        let r7 = _mm256_loadu_ps(src.offset(7 * src_stride));
+        let t0 = _mm256_unpacklo_ps(r0, r1);
+        let t1 = _mm256_unpackhi_ps(r0, r1);
+        let t2 = _mm256_unpacklo_ps(r2, r3);
+        let t3 = _mm256_unpackhi_ps(r2, r3);
+        let t4 = _mm256_unpacklo_ps(r4, r5);
+        let t5 = _mm256_unpackhi_ps(r4, r5);
+        let t6 = _mm256_unpacklo_ps(r6, r7);
+        let t7 = _mm256_unpackhi_ps(r6, r7);
+        // Columns (0, 4), (1, 5), (2, 6), (3, 7) of rows 0-3 and 4-7.
+        let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        _mm256_storeu_ps(dst, _mm256_permute2f128_ps::<0x20>(s0, s4));
+        _mm256_storeu_ps(dst.offset(dst_stride), _mm256_permute2f128_ps::<0x20>(s1, s5));
+        _mm256_storeu_ps(dst.offset(2 * dst_stride), _mm256_permute2f128_ps::<0x20>(s2, s6));
+        _mm256_storeu_ps(dst.offset(3 * dst_stride), _mm256_permute2f128_ps::<0x20>(s3, s7));
+        _mm256_storeu_ps(dst.offset(4 * dst_stride), _mm256_permute2f128_ps::<0x31>(s0, s4));
+        _mm256_storeu_ps(dst.offset(5 * dst_stride), _mm256_permute2f128_ps::<0x31>(s1, s5));
+        _mm256_storeu_ps(dst.offset(6 * dst_stride), _mm256_permute2f128_ps::<0x31>(s2, s6));
+        _mm256_storeu_ps(dst.offset(7 * dst_stride), _mm256_permute2f128_ps::<0x31>(s3, s7));
     }
 }

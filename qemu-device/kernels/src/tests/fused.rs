@@ -426,3 +426,35 @@ fn depthwise_and_pool_fuzz() {
     }
     assert!(computed > 500, "{computed}");
 }
+
+/// Transposing permutes (8×8 register blocks plus ragged edges) against a
+/// naive reference.
+#[test]
+fn permute_transposes() {
+    let mut rng = Rng::new(108);
+    let cases: &[(&[usize], &[usize])] = &[
+        (&[37, 45], &[1, 0]),
+        (&[8, 8], &[1, 0]),
+        (&[64, 33], &[1, 0]),
+        (&[3, 37, 45], &[0, 2, 1]),
+        (&[2, 20, 9, 11], &[0, 2, 3, 1]),
+        (&[1, 96, 14, 14], &[0, 2, 3, 1]),
+        (&[1, 14, 14, 96], &[0, 3, 1, 2]),
+        (&[2, 12, 17, 64], &[0, 2, 1, 3]),
+        (&[5, 7, 9], &[2, 1, 0]),
+        (&[40, 3, 41], &[2, 1, 0]),
+    ];
+    for &(shape, perm) in cases {
+        let n: usize = shape.iter().product();
+        let x = rng.vec(n);
+        let mut y = vec![f32::NAN; n];
+        permute(shape, perm, &x, &mut y).unwrap();
+        let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+        let in_strides = super::strides_of(shape);
+        for (o, &v) in y.iter().enumerate() {
+            let idx = super::unravel(o, &out_shape);
+            let src: usize = idx.iter().zip(perm).map(|(&i, &p)| i * in_strides[p]).sum();
+            assert_eq!(v.to_bits(), x[src].to_bits(), "{shape:?} {perm:?} at {o}");
+        }
+    }
+}
