@@ -40,7 +40,8 @@ cat /sys/devices/system/clocksource/clocksource0/current_clocksource >"$G/clocks
 nproc >"$G/cpus"
 
 # Models: timed runs (p50) with one profiled inference, then more
-# profiled inferences (each a fresh rbln-run) for the median device time.
+# profiled inferences (each a fresh rbln-run, profiling its third
+# inference) for the median device time.
 for m in $MODELS $MICRO_MODELS; do
     [ -f "$M/$m.rbln" ] && [ "$m" != "$ASYNC_MODEL" ] || continue
     case " $MICRO_MODELS " in
@@ -52,7 +53,7 @@ for m in $MODELS $MICRO_MODELS; do
         --iterations "$iters" --warmup "$warm" --json --profile "$G/$m.trace.0.json" || continue
     i=1
     while [ "$i" -lt "$profiles" ]; do
-        step "$m.profile.$i" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" \
+        step "$m.profile.$i" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" --warmup 1 \
             --profile "$G/$m.trace.$i.json" || break
         i=$((i + 1))
     done

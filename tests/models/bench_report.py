@@ -399,6 +399,19 @@ def read_native(out):
     return {"threads": first.get("threads"), "gemm": gemm, "copy": copies}
 
 
+def drift(models):
+    """The largest ratio between onnxruntime's medians before and after the
+    VM (models over 1 ms), a measure of how busy the machine was."""
+    worst = None
+    for r in models:
+        ph = r.get("onnxruntime_phase_ms") or {}
+        if len(ph) == 2 and min(ph.values()) > 1.0:
+            d = max(ph.values()) / min(ph.values())
+            if worst is None or d > worst["max"]:
+                worst = {"max": d, "model": r["name"]}
+    return worst
+
+
 def geomean(v):
     return math.exp(sum(map(math.log, v)) / len(v)) if v else None
 
@@ -424,6 +437,7 @@ def build_report(out):
         "geomean_ratio": geomean(ratios),
         "geomean_ratio_models": len(ratios),
         "geomean_ratio_min": geomean(ratios_min),
+        "onnxruntime_drift": drift(models),
         "micro": micro_rows(out, plan, ort, native),
     }
 
@@ -456,6 +470,11 @@ def print_table(rep):
     if g is not None:
         print(f"  (best run against best run: {g:.2f}; load average before / after the VM: "
               f"{m.get('loadavg_before_vm')} / {m.get('loadavg_after_vm')})")
+    drift = rep.get("onnxruntime_drift")
+    if drift and drift["max"] > 1.2:
+        print(f"  NOTE: onnxruntime's medians before and after the VM differ by up to "
+              f"{(drift['max'] - 1) * 100:.0f}% ({drift['model']}): the machine was busy, "
+              f"expect noise of that order")
     errs = [r for r in rep["models"] if r["error"]]
     for r in errs:
         print(f"  {r['name']}: ERROR {r['error']}")
