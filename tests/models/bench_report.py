@@ -286,10 +286,18 @@ def micro_rows(out, plan, ort, native):
             onnxruntime_gbps=3 * nbytes / o["median_ms"] / 1e6 if "median_ms" in o else None)
 
     # 4. DMA host -> device DRAM vs host memcpy of the same size.
-    dma = read_json(os.path.join(out, "guest", "dma.json"))
-    dma_err = None if dma else (f"rbln-bench-guest dma: {last_line(os.path.join(out, 'guest', 'dma.err'))}"
-                                if os.path.exists(os.path.join(out, "guest", "dma.rc"))
-                                else "no guest result")
+    def guest_bench(what):
+        """(rbln-bench-guest WHAT's JSON, error)."""
+        g = os.path.join(out, "guest", what)
+        r = read_json(g + ".json")
+        if r:
+            return r, None
+        rc = read_text(g + ".rc", None)
+        if rc is None:
+            return None, "no guest result (the VM run did not get this far)"
+        return None, f"rbln-bench-guest {what} exited with status {rc}: {last_line(g + '.err')}"
+
+    dma, dma_err = guest_bench("dma")
     for s in plan.get("DMA_SIZES", "").split():
         s = int(s)
         d = next((r for r in (dma or {}).get("dma", []) if r["bytes"] == s), None)
@@ -303,8 +311,7 @@ def micro_rows(out, plan, ort, native):
             reference_what="host memcpy, 1 thread (rbln-bench-host)")
 
     # 5. NOP submit -> fence latency, both submission paths.
-    lat = read_json(os.path.join(out, "guest", "latency.json"))
-    lat_err = None if lat else "no latency result"
+    lat, lat_err = guest_bench("latency")
     k = (lat or {}).get("ioctl_submit_fence_wait", {})
     u = (lat or {}).get("user_submit_spin", {})
     row("nop submit->fence, ioctl SUBMIT + FENCE_WAIT", "us", "lower", k.get("p50_us"), None, lat_err,
