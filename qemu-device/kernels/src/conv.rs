@@ -641,7 +641,7 @@ fn fill_columns(col: &mut [f32], input: &[f32], kh: usize, kw: usize, ha: &Axis,
 /// `dst[j] = src[j·stride]` (`src` holds at least `(dst.len() - 1)·stride + 1`
 /// elements; `stride ≥ 1`).
 #[inline]
-fn gather_strided(dst: &mut [f32], src: &[f32], stride: usize) {
+pub(crate) fn gather_strided(dst: &mut [f32], src: &[f32], stride: usize) {
     let n = dst.len();
     if n == 0 {
         return;

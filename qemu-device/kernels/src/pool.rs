@@ -1,6 +1,6 @@
 //! 2-D max / average pooling (NCHW).
 
-use crate::conv::{Axis, Padding2d};
+use crate::conv::{gather_strided, Axis, Padding2d};
 use crate::error::Result;
 use crate::fastmath::simd_dispatch;
 use crate::util::{check_len, max_f32, mul, sum_f32, valid_range, volume};
@@ -116,20 +116,139 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
             (first, r.len())
         })
         .collect();
+    let hz = Phased::new(&wa);
     output
         .par_chunks_mut(out_plane)
         .with_min_len(planes_per_task)
         .enumerate()
-        .for_each_init(Vec::new, |vrow: &mut Vec<f32>, (plane, out)| {
-            let inp = &input[plane * in_plane..][..in_plane];
-            vrow.resize(wa.input, 0.0);
-            for oy in 0..ha.output {
-                let ky_range = valid_range(ha.base(oy), ha.dilation, ha.kernel, ha.input);
-                let rows = ky_range.clone().map(|ky| &inp[ha.input_index(oy, ky) as usize * wa.input..][..wa.input]);
-                pool_row(kind, rows, vrow, &cols, wa.dilation, ky_range.len(), window, &mut out[oy * wa.output..][..wa.output]);
-            }
-        });
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(vrow, scratch): &mut (Vec<f32>, Vec<f32>), (plane, out)| {
+                let inp = &input[plane * in_plane..][..in_plane];
+                vrow.resize(wa.input, 0.0);
+                for oy in 0..ha.output {
+                    let ky_range = valid_range(ha.base(oy), ha.dilation, ha.kernel, ha.input);
+                    let rows = ky_range.clone().map(|ky| &inp[ha.input_index(oy, ky) as usize * wa.input..][..wa.input]);
+                    let o = &mut out[oy * wa.output..][..wa.output];
+                    let nrows = ky_range.len();
+                    match &hz {
+                        Some(hz) => {
+                            reduce_window_rows(kind, rows, vrow);
+                            hz.row(kind, vrow, scratch, o);
+                            finish_row(kind, &cols, nrows, window, o);
+                        }
+                        None => pool_row(kind, rows, vrow, &cols, wa.dilation, nrows, window, o),
+                    }
+                }
+            },
+        );
     Ok(())
+}
+
+/// Horizontal pass of undilated windows as whole-row vector operations: the
+/// reduced row, padded with the identity, is split into its stride phases
+/// so that every tap is a contiguous shifted slice.
+struct Phased {
+    pad: usize,
+    stride: usize,
+    kernel: usize,
+    /// Length of the padded row (with `stride` elements of slack).
+    padded: usize,
+    /// Length of a phase.
+    phase: usize,
+}
+
+impl Phased {
+    fn new(wa: &Axis) -> Option<Phased> {
+        if wa.dilation != 1 || wa.stride > 8 || wa.kernel > 64 {
+            return None;
+        }
+        let (s, k, ow) = (wa.stride, wa.kernel, wa.output);
+        let padded = (ow - 1).checked_mul(s)?.checked_add(k)?.checked_add(s)?;
+        // Only for geometries whose padding is comparable to the data.
+        if padded > wa.input.saturating_add(ow).saturating_mul(4).saturating_add(64) {
+            return None;
+        }
+        Some(Phased {
+            pad: wa.pad_before,
+            stride: s,
+            kernel: k,
+            padded,
+            phase: ow + (k - 1) / s,
+        })
+    }
+
+    /// `out[ox] = reduce over taps of vrow[ox·s + kx - pad]` (identity in
+    /// the padding), before any averaging.
+    fn row(&self, kind: PoolKind, vrow: &[f32], scratch: &mut Vec<f32>, out: &mut [f32]) {
+        let ident = match kind {
+            PoolKind::Max => f32::NEG_INFINITY,
+            PoolKind::Avg { .. } => 0.0,
+        };
+        let max = kind == PoolKind::Max;
+        let (s, plen) = (self.stride, self.phase);
+        let nph = s.min(self.kernel);
+        scratch.resize(self.padded + nph * plen, 0.0);
+        let (hp, ph) = scratch.split_at_mut(self.padded);
+        let pl = self.pad.min(self.padded);
+        hp[..pl].fill(ident);
+        let n = vrow.len().min(self.padded - pl);
+        hp[pl..pl + n].copy_from_slice(&vrow[..n]);
+        hp[pl + n..].fill(ident);
+        out.fill(ident);
+        let ow = out.len();
+        if s == 1 {
+            for kx in 0..self.kernel {
+                reduce_rows(max, out, &hp[kx..kx + ow]);
+            }
+            return;
+        }
+        for r in 0..nph {
+            gather_strided(&mut ph[r * plen..][..plen], &hp[r..], s);
+        }
+        for kx in 0..self.kernel {
+            reduce_rows(max, out, &ph[(kx % s) * plen + kx / s..][..ow]);
+        }
+    }
+}
+
+/// Column-wise reduction of the window's input rows into `vrow` (the
+/// identity when there are none).
+#[inline]
+fn reduce_window_rows<'a>(kind: PoolKind, mut rows: impl Iterator<Item = &'a [f32]>, vrow: &mut [f32]) {
+    match rows.next() {
+        Some(r) => vrow.copy_from_slice(r),
+        None => vrow.fill(match kind {
+            PoolKind::Max => f32::NEG_INFINITY,
+            PoolKind::Avg { .. } => 0.0,
+        }),
+    }
+    for r in rows {
+        reduce_rows(kind == PoolKind::Max, vrow, r);
+    }
+}
+
+/// Averages (or, for max, fixes windows without rows) one output row.
+fn finish_row(kind: PoolKind, cols: &[(usize, usize)], nrows: usize, window: usize, out: &mut [f32]) {
+    match kind {
+        PoolKind::Max => {
+            if nrows == 0 {
+                out.fill(f32::NEG_INFINITY);
+            }
+        }
+        PoolKind::Avg { count_include_pad: true } => {
+            let w = window as f32;
+            for o in out.iter_mut() {
+                *o /= w;
+            }
+        }
+        PoolKind::Avg { count_include_pad: false } => {
+            for (o, &(_, count)) in out.iter_mut().zip(cols) {
+                let n = nrows * count;
+                *o = if n == 0 { 0.0 } else { *o / n as f32 };
+            }
+        }
+    }
 }
 
 /// One output row: reduces the window's input rows column-wise into `vrow`
