@@ -1,9 +1,15 @@
 //! Wall-clock intervals that stay fine-grained when the kernel's clock is
 //! not. Under TCG the guest kernel cannot calibrate the TSC and has no HPET
 //! or PM timer, so it runs on `refined-jiffies`: `Instant` moves in 4 ms
-//! steps. Then intervals are measured with the TSC instead, calibrated
-//! against that clock between two of its ticks (so the tick size does not
-//! enter the rate) over about 200 ms, once per process.
+//! steps, and under host load ticks get lost, so it also runs slow. Then
+//! intervals are measured with the TSC (under TCG it counts at the host's
+//! TSC rate), calibrated once per process:
+//!
+//! - [`init_with_device`]: against the NPU's own clock (TIMESTAMP packets:
+//!   the device model's monotonic clock), over about 200 ms, each reading
+//!   bracketed by the TSC; accurate to a few parts per thousand;
+//! - [`init`] (or the first use): against `Instant`, between two of its
+//!   ticks over about 200 ms: as good as the kernel's ticks.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -63,14 +69,64 @@ fn tsc_per_ns() -> Option<f64> {
             std::hint::spin_loop();
         }
         let (t1, c1) = next_tick();
+        let _ = METHOD.set("the kernel clock");
         Some((c1 - c0) as f64 / (t1 - t0).as_nanos() as f64)
     })
 }
+
+/// How the TSC was calibrated, for [`describe`].
+static METHOD: OnceLock<&'static str> = OnceLock::new();
 
 /// Calibrate now (if needed), so that it does not happen inside a timed
 /// interval.
 pub fn init() {
     let _ = tsc_per_ns();
+}
+
+/// Calibrate now (if needed) against the clock of `dev` (falls back to
+/// [`init`]'s way if the device cannot be used).
+pub fn init_with_device(dev: &rbln_umd::Device) {
+    if TSC_PER_NS.get().is_some() || tsc().is_none() || resolution() <= FINE {
+        init();
+        return;
+    }
+    match device_rate(dev) {
+        Some(r) if r.is_finite() && r > 0.0 => {
+            if TSC_PER_NS.set(Some(r)).is_ok() {
+                let _ = METHOD.set("the device clock");
+            }
+        }
+        _ => init(),
+    }
+}
+
+/// TSC ticks per device nanosecond: two device TIMESTAMPs ~200 ms apart,
+/// each the best-bracketed of a few round trips (its TSC midpoint).
+fn device_rate(dev: &rbln_umd::Device) -> Option<f64> {
+    use rbln_umd::{CommandBuffer, Perms, Placement};
+    let buf = dev.alloc(4096, Placement::Host).ok()?;
+    buf.map(Perms::RW).ok()?;
+    let queue = dev.create_queue(0).ok()?;
+    let mut cb = CommandBuffer::new(dev).ok()?;
+    cb.timestamp(&buf, 0).ok()?;
+    let mut sample = || -> Option<(f64, u64)> {
+        let mut best: Option<(u64, f64, u64)> = None; // (span, midpoint, device ns)
+        for _ in 0..5 {
+            let a = tsc()?;
+            queue.submit_ioctl(&mut cb).ok()?.wait(Duration::from_secs(5)).ok()?;
+            let b = tsc()?;
+            let ns = buf.read::<u64>(0).ok()?;
+            let mid = a as f64 + (b - a) as f64 / 2.0;
+            if best.is_none_or(|(span, _, _)| b - a < span) {
+                best = Some((b - a, mid, ns));
+            }
+        }
+        best.map(|(_, mid, ns)| (mid, ns))
+    };
+    let (c0, d0) = sample()?;
+    std::thread::sleep(CALIBRATION);
+    let (c1, d1) = sample()?;
+    (d1 > d0).then(|| (c1 - c0) / (d1 - d0) as f64)
 }
 
 /// How intervals are measured, e.g. "clocksource tsc, resolution 1µs" or
@@ -81,7 +137,11 @@ pub fn describe() -> String {
     let src = src.trim();
     match tsc_per_ns() {
         None => format!("clocksource {src}, resolution {:?}", resolution()),
-        Some(r) => format!("clocksource {src} has {:?} steps: TSC at {r:.3} GHz", resolution()),
+        Some(r) => format!(
+            "clocksource {src} has {:?} steps: TSC at {r:.3} GHz (calibrated against {})",
+            resolution(),
+            METHOD.get().copied().unwrap_or("?")
+        ),
     }
 }
 

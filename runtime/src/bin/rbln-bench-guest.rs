@@ -111,7 +111,8 @@ fn dma(dev: &Device, sizes: &[u64], reps: usize) -> Result<serde_json::Value, St
 }
 
 fn latency(dev: &Device, runs: usize, warmup: usize) -> Result<serde_json::Value, String> {
-    let desc = clock::describe(); // calibrates before anything is timed
+    clock::init_with_device(dev); // before anything is timed
+    let desc = clock::describe();
     let mut kq = dev.create_queue(0).map_err(e("create queue"))?;
     let mut uq = dev.create_user_queue(0).map_err(e("create user queue"))?;
     let mut nop = CommandBuffer::new(dev).map_err(e("command buffer"))?;

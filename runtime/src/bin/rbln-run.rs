@@ -7,8 +7,9 @@
 //! error (no device, fault, timeout).
 //!
 //! Latencies are wall-clock times of this process, measured with the TSC
-//! when the kernel's clock is coarse (a TCG guest: `rbln_runtime::clock`);
-//! `--json` says which clock in "clock".
+//! (calibrated against the NPU's clock) when the kernel's clock is coarse,
+//! as in a TCG guest (`rbln_runtime::clock`); `--json` says which clock in
+//! "clock".
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -169,7 +170,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(EXIT_DEVICE, e),
     };
     // Calibrate the clock (if the kernel's is coarse) before timing.
-    clock::init();
+    clock::init_with_device(&dev);
     let load_start = clock::now();
     let classify = |e: &Error| match e {
         Error::InputCount { .. } | Error::InputShape { .. } | Error::InputDType { .. } | Error::InputLength { .. } | Error::Parallel(_) => EXIT_USAGE,
