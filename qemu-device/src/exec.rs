@@ -178,37 +178,56 @@ impl Exec<'_> {
     }
 
     fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), Stop> {
-        // Check the whole destination first: a faulting FILL writes nothing.
-        self.mem.check(dst, size, Access::Write).map_err(|f| self.fault(f))?;
         let _engine = self.acquire(&self.s.dma_engines)?;
-        let mut done = 0u64;
-        while done < size {
+        // Translate the whole destination first (a faulting FILL writes
+        // nothing), then fill it where it lies, chunk by chunk.
+        let depth = self.depth;
+        let pinned = self.mem.pin();
+        let to = pinned.resolve(dst, size, Access::Write).map_err(|f| Stop::Fault(f, depth))?;
+        let pattern = value.to_le_bytes();
+        let mut chunks = Chunks::new(to.pieces());
+        while let Some(p) = chunks.next(DMA_CHUNK as usize) {
             self.check_live()?;
-            let n = DMA_CHUNK.min(size - done);
-            self.mem.fill(dst + done, n, value).map_err(|f| self.fault(f))?;
-            Counters::add(&self.s.counters.dma_bytes, n);
-            done += n;
+            // SAFETY: `p` is writable device memory resolved above, alive
+            // while `pinned` lives; pieces start at 4-byte aligned VAs (the
+            // packet's dst_va and page boundaries), so the pattern's phase
+            // is the same in every piece.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(p.ptr, p.len) };
+            // Whole words: pieces and chunks are multiples of 4 bytes.
+            for w in bytes.chunks_exact_mut(4) {
+                w.copy_from_slice(&pattern);
+            }
+            Counters::add(&self.s.counters.dma_bytes, p.len as u64);
         }
         Ok(())
     }
 
     fn dma_copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), Stop> {
-        // Check both ranges first: a faulting DMA_COPY writes nothing.
-        self.mem.check(src, size, Access::Read).map_err(|f| self.fault(f))?;
-        self.mem.check(dst, size, Access::Write).map_err(|f| self.fault(f))?;
         let _engine = self.acquire(&self.s.dma_engines)?;
-        let mut done = 0u64;
-        while done < size {
-            self.check_live()?;
-            let n = DMA_CHUNK.min(size - done);
-            // Chunk by chunk in place: memory to memory, no staging copy.
-            let pinned = self.mem.pin();
-            let from = pinned.resolve(src + done, n, Access::Read).map_err(|f| Stop::Fault(f, self.depth))?;
-            let to = pinned.resolve(dst + done, n, Access::Write).map_err(|f| Stop::Fault(f, self.depth))?;
-            copy_pieces(from.pieces(), to.pieces());
-            drop(pinned);
-            Counters::add(&self.s.counters.dma_bytes, n);
-            done += n;
+        // Translate both ranges first (a faulting DMA_COPY writes nothing),
+        // then copy memory to memory in place, chunk by chunk.
+        let depth = self.depth;
+        let pinned = self.mem.pin();
+        let from = pinned.resolve(src, size, Access::Read).map_err(|f| Stop::Fault(f, depth))?;
+        let to = pinned.resolve(dst, size, Access::Write).map_err(|f| Stop::Fault(f, depth))?;
+        let (mut a, mut b) = (Chunks::new(from.pieces()), Chunks::new(to.pieces()));
+        let mut since_check = 0;
+        loop {
+            // The largest step both sides can take contiguously.
+            let n = a.peek().min(b.peek()).min(DMA_CHUNK as usize);
+            let (Some(s), Some(d)) = (a.next(n), b.next(n)) else { break };
+            if since_check == 0 {
+                self.check_live()?;
+            }
+            // SAFETY: both pieces are resolved device memory of `n` bytes,
+            // alive while `pinned` lives; `ptr::copy` allows overlap (a copy
+            // within one buffer).
+            unsafe { std::ptr::copy(s.ptr, d.ptr, n) };
+            Counters::add(&self.s.counters.dma_bytes, n as u64);
+            since_check += n;
+            if since_check >= DMA_CHUNK as usize {
+                since_check = 0;
+            }
         }
         Ok(())
     }
@@ -246,26 +265,37 @@ impl Exec<'_> {
     }
 }
 
-/// Copy the bytes of `from` to `to` (pieces of equal total length, in
-/// order). Source and destination may overlap (a copy within one buffer):
-/// each step is a `memmove`.
-fn copy_pieces(from: &[Piece], to: &[Piece]) {
-    let (mut i, mut j, mut oi, mut oj) = (0, 0, 0, 0);
-    while i < from.len() && j < to.len() {
-        let n = (from[i].len - oi).min(to[j].len - oj);
-        // SAFETY: both pieces are resolved device memory, valid for n
-        // bytes past the offsets (offsets stay below each piece's length)
-        // while the caller's `Pinned` lives; `ptr::copy` allows overlap.
-        unsafe { std::ptr::copy(from[i].ptr.add(oi), to[j].ptr.add(oj), n) };
-        oi += n;
-        oj += n;
-        if oi == from[i].len {
-            i += 1;
-            oi = 0;
+/// Walks a list of pieces in steps of at most a given length.
+struct Chunks<'p> {
+    pieces: &'p [Piece],
+    index: usize,
+    offset: usize,
+}
+
+impl<'p> Chunks<'p> {
+    fn new(pieces: &'p [Piece]) -> Self {
+        Self { pieces, index: 0, offset: 0 }
+    }
+
+    /// Bytes left in the current piece (0 at the end).
+    fn peek(&self) -> usize {
+        self.pieces.get(self.index).map_or(0, |p| p.len - self.offset)
+    }
+
+    /// The next contiguous step of at most `max` bytes.
+    fn next(&mut self, max: usize) -> Option<Piece> {
+        let p = self.pieces.get(self.index)?;
+        let n = (p.len - self.offset).min(max);
+        if n == 0 {
+            return None;
         }
-        if oj == to[j].len {
-            j += 1;
-            oj = 0;
+        // SAFETY: offset + n stays within the piece.
+        let ptr = unsafe { p.ptr.add(self.offset) };
+        self.offset += n;
+        if self.offset == p.len {
+            self.index += 1;
+            self.offset = 0;
         }
+        Some(Piece { ptr, len: n })
     }
 }

@@ -158,11 +158,6 @@ impl HostMemory {
         m.write(off, buf).map_err(|_| BusError { addr, len: buf.len() as u64 })
     }
 
-    pub fn fill(&self, addr: u64, len: u64, pattern: u32) -> Result<(), BusError> {
-        let (m, off) = self.find(addr, len)?;
-        m.fill(off, len, pattern).map_err(|_| BusError { addr, len })
-    }
-
     pub fn read_u64(&self, addr: u64) -> Result<u64, BusError> {
         let mut b = [0u8; 8];
         self.read(addr, &mut b)?;
@@ -208,10 +203,6 @@ impl Dram {
 
     pub fn write(&self, off: u64, buf: &[u8]) -> Result<(), BusError> {
         self.map.write(off, buf)
-    }
-
-    pub fn fill(&self, off: u64, len: u64, pattern: u32) -> Result<(), BusError> {
-        self.map.fill(off, len, pattern)
     }
 
     /// Pointer to [off, off+len) of DRAM, valid while `self` lives.

@@ -197,17 +197,6 @@ impl<'a> AddressSpace<'a> {
         })
     }
 
-    pub fn fill(&mut self, va: u64, len: u64, pattern: u32) -> Result<(), Fault> {
-        let (host, dram) = (self.host, self.dram);
-        self.for_pages(va, len, Access::Write, |p, _, n| {
-            match p {
-                Phys::Host(a) => host.fill(a, n, pattern),
-                Phys::Dram(a) => dram.fill(a, n, pattern),
-            }
-            .map_err(|_| ())
-        })
-    }
-
     /// Check that [va, va+len) translates for `access`, touching nothing.
     /// Commands check their whole destination first so that a faulting
     /// command writes nothing.
