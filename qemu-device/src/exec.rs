@@ -115,9 +115,12 @@ impl Exec<'_> {
                 if p.desc_size as usize > compute::MAX_DESC_SIZE {
                     return Err(self.fault_at(FaultCode::BadDescriptor, Access::Read, p.desc_va));
                 }
-                let desc = self.mem.read_vec(p.desc_va, p.desc_size as usize).map_err(|f| self.fault(f))?;
+                // Into the core's descriptor buffer: no allocation per op.
+                let mut buf = [0u8; compute::MAX_DESC_SIZE];
+                let desc = &mut buf[..p.desc_size as usize];
+                self.mem.read(p.desc_va, desc).map_err(|f| self.fault(f))?;
                 let _core = self.acquire(&self.s.cores)?;
-                let flops = compute::run(&mut self.mem, &desc, p.desc_va).map_err(|f| self.fault(f))?;
+                let flops = compute::run(&mut self.mem, desc, p.desc_va).map_err(|f| self.fault(f))?;
                 Counters::add(&self.s.counters.compute_ops, 1);
                 Counters::add(&self.s.counters.compute_flops, flops);
                 Ok(())
