@@ -106,8 +106,9 @@ pub(crate) fn valid_range(base: isize, step: usize, count: usize, limit: usize) 
     lo.min(hi)..hi
 }
 
-/// Largest scratch buffer kept alive per thread between calls, in elements.
-const SCRATCH_KEEP: usize = 1 << 22;
+/// Largest scratch buffer kept alive per thread between calls, in elements
+/// (4 MiB; conv im2col tiles are ~1 MiB).
+const SCRATCH_KEEP: usize = 1 << 20;
 
 std::thread_local! {
     static SCRATCH: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
