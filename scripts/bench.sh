@@ -74,10 +74,40 @@ ASYNC_MODEL=micro-relu  # only run with --async (guest.sh)
 if [[ $SMOKE == 1 ]]; then ADD_BYTES=$((4 * 4 * 32 * 32)); else ADD_BYTES=$((4 * 64 * 256 * 256)); fi
 read -r -a COPY_SIZES <<<"$(printf '%s\n' $ADD_BYTES $DMA_SIZES | sort -nu | tr '\n' ' ')"
 
+# Other work on the machine moves every number. cpu_mark VAR stores in VAR
+# what phase_end needs: wall ns, busy and steal ticks of all CPUs
+# (/proc/stat), and the CPU seconds this script's finished children used
+# (`times`, run in this shell: a subshell would not see them).
+cpu_mark() {
+    local _c u n sy idle iow irq sirq st rest children
+    read -r _c u n sy idle iow irq sirq st rest </proc/stat
+    times >"$OUT/.times"
+    children=$(tail -n 1 "$OUT/.times" | awk '
+        function sec(t) { split(t, a, /[ms]/); return a[1] * 60 + a[2] }
+        { printf "%.3f", sec($1) + sec($2) }')
+    printf -v "$1" '%s %s %s %s' "$(date +%s%N)" $((u + n + sy + irq + sirq)) "$st" "$children"
+}
+
+# phase_end NAME MARK: record in machine.env the share of the machine's CPU
+# time since MARK that other processes used (busy time not ours) and that
+# the hypervisor stole.
+phase_end() {
+    local name=$1 w0 b0 s0 c0 w1 b1 s1 c1 now
+    read -r w0 b0 s0 c0 <<<"$2"
+    cpu_mark now
+    read -r w1 b1 s1 c1 <<<"$now"
+    awk -v w="$((w1 - w0))" -v b="$((b1 - b0))" -v s="$((s1 - s0))" -v c0="$c0" -v c1="$c1" \
+        -v hz="$(getconf CLK_TCK)" -v n="$(nproc)" -v name="$name" 'BEGIN {
+            cap = w / 1e9 * n; other = (b / hz - (c1 - c0)) / cap; if (other < 0) other = 0
+            printf "others_cpu_%s=%.3f\nsteal_cpu_%s=%.3f\n", name, other, name, s / hz / cap }' \
+        >>"$OUT/machine.env"
+}
+
 # host_references PHASE: onnxruntime on every model, then the gemm crate
 # and copy bandwidth, into OUT/host/{ort,native}.PHASE.*
 host_references() {
-    local phase=$1 s copy_args=()
+    local phase=$1 s copy_args=() mark
+    cpu_mark mark
     log "onnxruntime on $THREADS threads (ORT_ENABLE_ALL, sequential), $phase the VM"
     "$PY" "$RBLN_ROOT/tests/models/bench_models.py" ort "$OUT/models" --threads "$THREADS" "${ORT_ARGS[@]}" \
         "${all[@]}" >"$OUT/host/ort.$phase.jsonl"
@@ -85,6 +115,7 @@ host_references() {
     for s in "${COPY_SIZES[@]}"; do copy_args+=(--copy "$s"); done
     "$RBLN_ROOT/target/release/rbln-bench-host" --threads "$THREADS" "${NATIVE_ARGS[@]}" "${copy_args[@]}" \
         >"$OUT/host/native.$phase.json"
+    phase_end "host_$phase" "$mark"
 }
 
 main() {
@@ -148,6 +179,8 @@ main() {
     } >"$OUT/plan.env"
 
     echo "loadavg_before_vm='$(cut -d' ' -f1-3 /proc/loadavg)'" >>"$OUT/machine.env"
+    local mark
+    cpu_mark mark
     rc=0
     if [[ ${BENCH_NO_VM:-0} == 1 ]]; then
         log "BENCH_NO_VM=1: no device measurements"
@@ -158,6 +191,7 @@ main() {
             2>&1 | tee "$OUT/vm.log" || rc=${PIPESTATUS[0]}
     fi
     echo "$rc" >"$OUT/vm.rc"
+    phase_end vm "$mark"
     echo "loadavg_after_vm='$(cut -d' ' -f1-3 /proc/loadavg)'" >>"$OUT/machine.env"
     host_references after
     [[ $rc == 0 ]] || warn "the VM run failed (status $rc); the report shows what is missing"

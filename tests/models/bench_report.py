@@ -347,9 +347,12 @@ def machine_info(out, plan):
     except ImportError:
         pass
     m["guest_clocksource"] = read_text(os.path.join(out, "guest", "clocksource")) or None
-    for k in ("host_cpus", "device_cores"):
+    for k in ("host_cpus", "device_cores", "git_dirty_files"):
         if k in m:
             m[k] = int(m[k])
+    for k in list(m):
+        if k.startswith(("others_cpu_", "steal_cpu_")):
+            m[k] = float(m[k])
     m["threads"] = int(plan.get("THREADS", 0))
     return m
 
@@ -475,13 +478,19 @@ def print_table(rep):
           f"{'-' if g is None else f'{g:.2f}'}")
     g = rep.get("geomean_ratio_min")
     if g is not None:
-        print(f"  (best run against best run: {g:.2f}; load average before / after the VM: "
-              f"{m.get('loadavg_before_vm')} / {m.get('loadavg_after_vm')})")
+        print(f"  (best run against best run: {g:.2f})")
+    phases = [("host_before", "host references before the VM"), ("vm", "the VM"),
+              ("host_after", "host references after it")]
+    others = [(m.get(f"others_cpu_{p}"), m.get(f"steal_cpu_{p}"), what) for p, what in phases]
+    if all(o is not None for o, _, _ in others):
+        print("  CPU time of the machine used by other processes / stolen by the hypervisor: " +
+              ", ".join(f"{o * 100:.0f}% / {st * 100:.0f}% during {what}" for o, st, what in others))
+    busy = any(o > 0.1 or st > 0.1 for o, st, _ in others if o is not None)
     drift = rep.get("onnxruntime_drift")
-    if drift and drift["max"] > 1.2:
-        print(f"  NOTE: onnxruntime's medians before and after the VM differ by up to "
-              f"{(drift['max'] - 1) * 100:.0f}% ({drift['model']}): the machine was busy, "
-              f"expect noise of that order")
+    if busy or (drift and drift["max"] > 1.2):
+        d = (f"; onnxruntime's medians before and after the VM differ by up to "
+             f"{(drift['max'] - 1) * 100:.0f}% ({drift['model']})" if drift else "")
+        print(f"  NOTE: the machine was busy{d}: expect noise of that order")
     errs = [r for r in rep["models"] if r["error"]]
     for r in errs:
         print(f"  {r['name']}: ERROR {r['error']}")
