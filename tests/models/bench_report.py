@@ -487,10 +487,13 @@ def print_table(rep):
               ", ".join(f"{o * 100:.0f}% / {st * 100:.0f}% during {what}" for o, st, what in others))
     busy = any(o > 0.1 or st > 0.1 for o, st, _ in others if o is not None)
     drift = rep.get("onnxruntime_drift")
-    if busy or (drift and drift["max"] > 1.2):
-        d = (f"; onnxruntime's medians before and after the VM differ by up to "
-             f"{(drift['max'] - 1) * 100:.0f}% ({drift['model']})" if drift else "")
-        print(f"  NOTE: the machine was busy{d}: expect noise of that order")
+    drifted = drift and drift["max"] > 1.2
+    if busy or drifted:
+        why = ["other processes used the machine"] if busy else []
+        if drifted:
+            why.append(f"onnxruntime's medians before and after the VM differ by up to "
+                       f"{(drift['max'] - 1) * 100:.0f}% ({drift['model']})")
+        print(f"  NOTE: {'; '.join(why)}: expect noise of that order")
     errs = [r for r in rep["models"] if r["error"]]
     for r in errs:
         print(f"  {r['name']}: ERROR {r['error']}")
