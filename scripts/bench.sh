@@ -13,6 +13,8 @@
 #                       target/bench, target/bench-smoke with BENCH_SMOKE=1)
 #   BENCH_MODELS        models to run instead of the default list (names of
 #                       tests/models/gen_models.py or bench_models.py)
+#   BENCH_ITERS, BENCH_PROFILES   timed inferences (default 20) and
+#                       profiled inferences (default 5) per model
 #   BENCH_THREADS       onnxruntime's intra-op threads and the host
 #                       references' threads (default: the device model's
 #                       compute threads, i.e. its rayon pool: RAYON_NUM_THREADS
@@ -66,7 +68,11 @@ else
     NATIVE_ARGS=(--gemm 1024 --reps 11)
 fi
 if [[ -n ${BENCH_MODELS:-} ]]; then
-    TEST_MODELS="" BENCH_MODELS_LIST=$BENCH_MODELS
+    all_tests=" $(test_models) "
+    TEST_MODELS="" BENCH_MODELS_LIST=""
+    for m in $BENCH_MODELS; do
+        if [[ $all_tests == *" $m "* ]]; then TEST_MODELS+="${TEST_MODELS:+ }$m"; else BENCH_MODELS_LIST+="${BENCH_MODELS_LIST:+ }$m"; fi
+    done
 fi
 MICRO_MODELS="micro-gemm micro-conv micro-add micro-relu"
 ASYNC_MODEL=micro-relu  # only run with --async (guest.sh)
