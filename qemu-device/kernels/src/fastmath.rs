@@ -23,16 +23,15 @@ pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// `e^x`. Cephes-style range reduction and polynomial; overflows to `inf`
-/// above ~88.72, flushes to 0 below ~-104, NaN in gives NaN out.
+/// Range reduction of `e^x` (`xc` already clamped): `e^x = 2^n · p` with
+/// `n = round(x·log2 e)` and `p = e^r` by polynomial, `|r| ≤ ln 2 / 2`.
 #[inline(always)]
-pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
+fn exp_split<const FMA: bool>(xc: f32) -> (i32, f32) {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     const C1: f32 = 0.693_359_4; // ln 2, high part
     const C2: f32 = -2.121_944_4e-4; // ln 2, low part
     // 1.5·2^23: adding it rounds to an integer (ties to even).
     const MAGIC: f32 = 12_582_912.0;
-    let xc = x.clamp(-104.0, 89.0);
     let y = madd::<FMA>(xc, LOG2E, MAGIC);
     let n = (y.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
     let fx = y - MAGIC;
@@ -44,7 +43,14 @@ pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
     p = madd::<FMA>(p, r, 4.166_579_6e-2);
     p = madd::<FMA>(p, r, 1.666_666_5e-1);
     p = madd::<FMA>(p, r, 5.000_000_1e-1);
-    let p = madd::<FMA>(p, r2, r + 1.0);
+    (n, madd::<FMA>(p, r2, r + 1.0))
+}
+
+/// `e^x`. Cephes-style range reduction and polynomial; overflows to `inf`
+/// above ~88.72, flushes to 0 below ~-104, NaN in gives NaN out.
+#[inline(always)]
+pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
+    let (n, p) = exp_split::<FMA>(x.clamp(-104.0, 89.0));
     // 2^n in two normal-range steps so that n ∈ [-150, 129] stays exact.
     // (Wrapping ops: no overflow-check branches in the vectorized loop; the
     // values are in range except for NaN input, whose result is replaced.)
@@ -114,25 +120,9 @@ pub(crate) fn erf<const FMA: bool>(x: f32) -> f32 {
 /// exponent insertion. NaN in gives NaN out.
 #[inline(always)]
 pub(crate) fn exp_logistic<const FMA: bool>(x: f32) -> f32 {
-    const LOG2E: f32 = core::f32::consts::LOG2_E;
-    const C1: f32 = 0.693_359_4;
-    const C2: f32 = -2.121_944_4e-4;
-    const MAGIC: f32 = 12_582_912.0;
     // n = round(x·log2 e) ∈ [-127, 128]: 2^n's biased exponent is in
     // [0, 255], 0 giving 0.0 and 255 giving +inf.
-    let xc = x.clamp(-88.0, 88.5);
-    let y = madd::<FMA>(xc, LOG2E, MAGIC);
-    let n = (y.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
-    let fx = y - MAGIC;
-    let r = madd::<FMA>(-fx, C2, madd::<FMA>(-fx, C1, xc));
-    let r2 = r * r;
-    let mut p = 1.987_569_1e-4;
-    p = madd::<FMA>(p, r, 1.398_199_9e-3);
-    p = madd::<FMA>(p, r, 8.333_452e-3);
-    p = madd::<FMA>(p, r, 4.166_579_6e-2);
-    p = madd::<FMA>(p, r, 1.666_666_5e-1);
-    p = madd::<FMA>(p, r, 5.000_000_1e-1);
-    let p = madd::<FMA>(p, r2, r + 1.0);
+    let (n, p) = exp_split::<FMA>(x.clamp(-88.0, 88.5));
     p * f32::from_bits((n.wrapping_add(127) as u32) << 23)
 }
 
