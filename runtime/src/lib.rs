@@ -13,7 +13,8 @@ use std::time::Duration;
 use rbln_format::{DType, Model, Placement as Region, RelocBases, StreamRole};
 use rbln_umd::{Buffer, Device, Perms, Placement, Queue};
 
-pub mod clock;
+/// Fine-grained wall-clock intervals (shared with the UMD's tools).
+pub use rbln_umd::clock;
 pub mod examples;
 mod pipeline;
 pub use pipeline::{AsyncRuntime, RunFuture, RunHandle};

@@ -71,6 +71,7 @@
 
 mod buffer;
 pub mod capi;
+pub mod clock;
 mod cmdbuf;
 mod device;
 mod error;

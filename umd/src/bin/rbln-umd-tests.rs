@@ -1,95 +1,16 @@
 //! `rbln-umd-tests [TEST...]`: the UMD's Rust API end to end against
 //! /dev/rbln0, inside the guest (tests/vm/umd.sh). Each test prints
 //! "ok - name" or "FAIL - name: why"; measurements are "# ..." lines; the
-//! exit status is the number of failures (capped at 100).
-//! RBLN_TIMING_TSC=1 times with the calibrated TSC even when the kernel's
-//! clock is fine-grained.
+//! exit status is the number of failures (capped at 100). Intervals are
+//! timed with `rbln_umd::clock` (fine-grained even on a jiffies clock).
 
 use std::time::{Duration, Instant};
 
 use rbln_umd::{
-    Buffer, CommandBuffer, Device, Error, Fence, Perms, Placement, Queue, SemCond, SemOp, Submit, UserQueue,
+    clock, Buffer, CommandBuffer, Device, Error, Fence, Perms, Placement, Queue, SemCond, SemOp, Submit, UserQueue,
 };
 
 type Res = Result<(), String>;
-
-/// Wall-clock timing that stays fine-grained when the guest kernel's
-/// clock is not: under TCG the kernel sometimes fails to calibrate the TSC
-/// and falls back to a jiffies clock (4 ms steps). Then intervals are
-/// measured with the TSC, calibrated against that clock over 200 ms.
-mod clock {
-    use std::sync::OnceLock;
-    use std::time::{Duration, Instant};
-
-    /// TSC ticks per nanosecond, when the TSC is used.
-    static TSC_PER_NS: OnceLock<Option<f64>> = OnceLock::new();
-
-    fn tsc() -> u64 {
-        // SAFETY: RDTSC has no preconditions on x86-64 (it only reads the
-        // time-stamp counter).
-        unsafe { core::arch::x86_64::_rdtsc() }
-    }
-
-    /// Smallest step of `Instant`, over a few samples.
-    pub fn resolution() -> Duration {
-        let mut best = Duration::MAX;
-        for _ in 0..5 {
-            let a = Instant::now();
-            let mut b = Instant::now();
-            while b == a {
-                b = Instant::now();
-            }
-            best = best.min(b - a);
-        }
-        best
-    }
-
-    fn tsc_per_ns() -> Option<f64> {
-        *TSC_PER_NS.get_or_init(|| {
-            let forced = std::env::var_os("RBLN_TIMING_TSC").is_some_and(|v| v == "1");
-            if resolution() <= Duration::from_micros(100) && !forced {
-                return None;
-            }
-            let (t0, c0) = (Instant::now(), tsc());
-            while t0.elapsed() < Duration::from_millis(200) {
-                std::hint::spin_loop();
-            }
-            let (dt, dc) = (t0.elapsed(), tsc() - c0);
-            Some(dc as f64 / dt.as_nanos() as f64)
-        })
-    }
-
-    /// How intervals are measured, for the record.
-    pub fn describe() -> String {
-        let src = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
-            .unwrap_or_default();
-        match tsc_per_ns() {
-            None => format!("clocksource {}, resolution {:?}", src.trim(), resolution()),
-            Some(r) => format!(
-                "clocksource {} has {:?} steps: timing with the TSC ({:.3} GHz, calibrated over 200 ms)",
-                src.trim(),
-                resolution(),
-                r
-            ),
-        }
-    }
-
-    #[derive(Clone, Copy)]
-    pub struct Stamp(Instant, u64);
-
-    pub fn now() -> Stamp {
-        Stamp(Instant::now(), tsc())
-    }
-
-    impl Stamp {
-        pub fn elapsed(&self) -> Duration {
-            match tsc_per_ns() {
-                None => self.0.elapsed(),
-                Some(r) => Duration::from_nanos(((tsc() - self.1) as f64 / r) as u64),
-            }
-        }
-    }
-}
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -736,6 +657,8 @@ const TESTS: &[(&str, Test)] = &[
 ];
 
 fn main() {
+    // Calibrate before anything is timed.
+    clock::init();
     let wanted: Vec<String> = std::env::args().skip(1).collect();
     if let Some(w) = wanted.iter().find(|w| !TESTS.iter().any(|(n, _)| n == w)) {
         eprintln!("unknown test {w}; tests: {}", TESTS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" "));

@@ -85,7 +85,7 @@ pub fn init() {
 
 /// Calibrate now (if needed) against the clock of `dev` (falls back to
 /// [`init`]'s way if the device cannot be used).
-pub fn init_with_device(dev: &rbln_umd::Device) {
+pub fn init_with_device(dev: &crate::Device) {
     if TSC_PER_NS.get().is_some() || tsc().is_none() || resolution() <= FINE {
         init();
         return;
@@ -102,8 +102,8 @@ pub fn init_with_device(dev: &rbln_umd::Device) {
 
 /// TSC ticks per device nanosecond: two device TIMESTAMPs ~200 ms apart,
 /// each the best-bracketed of a few round trips (its TSC midpoint).
-fn device_rate(dev: &rbln_umd::Device) -> Option<f64> {
-    use rbln_umd::{CommandBuffer, Perms, Placement};
+fn device_rate(dev: &crate::Device) -> Option<f64> {
+    use crate::{CommandBuffer, Perms, Placement};
     let buf = dev.alloc(4096, Placement::Host).ok()?;
     buf.map(Perms::RW).ok()?;
     let queue = dev.create_queue(0).ok()?;
