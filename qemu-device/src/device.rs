@@ -675,6 +675,9 @@ impl Shared {
 /// Body of queue `qi`'s command-processor thread.
 fn command_processor(s: &Shared, qi: usize) {
     let q = &s.queues[qi];
+    // Created with the queue's first job (most queues never get one) and
+    // dropped on this thread when it exits.
+    let mut workers: Option<crate::workers::Workers> = None;
     loop {
         let job = {
             let mut r = q.lock();
@@ -697,7 +700,8 @@ fn command_processor(s: &Shared, qi: usize) {
                 ctx_id: r.ctx_id,
             }
         };
-        let result = exec::run_ring_entry(s, &job);
+        let workers = workers.get_or_insert_with(crate::workers::Workers::join);
+        let result = exec::run_ring_entry(s, &job, workers);
         let mut r = q.lock();
         r.busy = false;
         if r.generation == job.generation {

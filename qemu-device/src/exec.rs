@@ -10,6 +10,7 @@ use crate::compute;
 use crate::device::{sem_sleep, Shared};
 use crate::engines::Counters;
 use crate::mmu::{AddressSpace, Fault, Piece};
+use crate::workers::Workers;
 
 /// What a command processor is working on.
 pub(crate) struct Job {
@@ -35,12 +36,13 @@ const SEM_POLL: Duration = Duration::from_micros(200);
 
 struct Exec<'a> {
     s: &'a Shared,
+    workers: &'a Workers,
     job: &'a Job,
     mem: AddressSpace<'a>,
     depth: u8,
 }
 
-pub(crate) fn run_ring_entry(s: &Shared, job: &Job) -> Result<(), Stop> {
+pub(crate) fn run_ring_entry(s: &Shared, job: &Job, workers: &Workers) -> Result<(), Stop> {
     let entry_addr = job.ring_base + job.head as u64 * RingEntry::SIZE as u64;
     let mut raw = [0u8; RingEntry::SIZE];
     s.host
@@ -60,7 +62,7 @@ pub(crate) fn run_ring_entry(s: &Shared, job: &Job) -> Result<(), Stop> {
         .context_root(job.ctx_id)
         .ok_or(Stop::Fault(Fault::new(FaultCode::ContextInvalid, Access::None, job.ctx_id as u64), 0))?;
     let inval = &s.invalidation[job.ctx_id as usize];
-    let mut ex = Exec { s, job, mem: AddressSpace::new(&s.host, &s.dram, root, inval), depth: 0 };
+    let mut ex = Exec { s, workers, job, mem: AddressSpace::new(&s.host, &s.dram, root, inval), depth: 0 };
     ex.run_cmdbuf(entry.cmdbuf_va, entry.cmdbuf_size)
 }
 
@@ -120,7 +122,8 @@ impl Exec<'_> {
                 let desc = &mut buf[..p.desc_size as usize];
                 self.mem.read(p.desc_va, desc).map_err(|f| self.fault(f))?;
                 let _core = self.acquire(&self.s.cores)?;
-                let flops = compute::run(&mut self.mem, desc, p.desc_va).map_err(|f| self.fault(f))?;
+                let mem = &mut self.mem;
+                let flops = self.workers.run(|| compute::run(mem, desc, p.desc_va)).map_err(|f| self.fault(f))?;
                 Counters::add(&self.s.counters.compute_ops, 1);
                 Counters::add(&self.s.counters.compute_flops, flops);
                 Ok(())

@@ -3,7 +3,7 @@
 use crate::activation::{epilogue, Activation, Bias};
 use crate::error::{KernelError, Result};
 use crate::fastmath::{madd, simd_dispatch};
-use crate::gemm::raw_gemm;
+use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, NR};
 use crate::util::{add, check_len, mul, valid_range, volume, with_scratch, SendPtr};
 use rayon::prelude::*;
 
@@ -189,12 +189,15 @@ pub fn conv2d_output_shape(p: &Conv2dParams) -> Result<[usize; 4]> {
     Ok([p.batch, p.out_channels, g.h.output, g.w.output])
 }
 
-/// Target size of one task's im2col buffer, in elements (1 MiB: stays in
-/// L2 while the GEMM consumes it); output positions are tiled to fit.
-const TILE_BUDGET: usize = 1 << 18;
-/// Hard cap on a task's im2col buffer, unless a single output position's
-/// column exceeds it (then it is one column, no larger than the weights).
-const COL_MAX: usize = 1 << 24;
+/// Target size of one task's output tile (and im2col chunk), in elements
+/// (256 KiB: both stay in L2 while the GEMM runs); output positions are
+/// tiled to fit.
+const TILE_BUDGET: usize = 1 << 16;
+/// Reduction rows per im2col chunk: bounds a task's buffer to
+/// `KCHUNK × tile` whatever the kernel size.
+const KCHUNK: usize = 512;
+/// Largest tile of output positions (`TILE_BUDGET / KCHUNK`).
+const MAX_TILE: usize = TILE_BUDGET / KCHUNK;
 
 /// `output = act(conv(input, weight) + bias)`; see [`Conv2dParams`] for shapes.
 ///
@@ -529,25 +532,27 @@ fn im2col_gemm(
         && wa.stride == 1
         && p.padding == Padding2d::default();
     // Work is split into independent tasks (image, group, tile of output
-    // positions), each doing its own im2col into a cache-sized buffer and a
-    // single-threaded GEMM: no synchronization between im2col and GEMM, and
-    // the columns are consumed while still in cache.
+    // positions). A task walks the reduction dimension in chunks of
+    // `KCHUNK` rows: im2col of the chunk straight into packed GEMM panels
+    // (a buffer that stays in cache, however large the kernel), then the
+    // microkernel GEMM accumulating into the task's output tile.
     let threads = rayon::current_num_threads().max(1);
-    let kdim = g.kdim.max(1);
+    let kdim = g.kdim;
     let images = p.batch * p.groups;
-    let mut tile = (TILE_BUDGET / kdim).max((COL_MAX / kdim).min(16)).max(1).min(npos);
+    let round = |t: usize| t.div_ceil(NR) * NR;
+    let mut tile = round((TILE_BUDGET / g.og.max(KCHUNK)).max(1)).min(round(npos)).min(MAX_TILE);
     let mut ntiles = npos.div_ceil(tile);
     if images.saturating_mul(ntiles) < 8 * threads {
         // Few tasks: make their count a multiple of the thread count.
         let total = images * ntiles;
         let want = total.div_ceil(threads) * threads;
-        ntiles = want.div_ceil(images).min(npos);
-        tile = npos.div_ceil(ntiles);
+        ntiles = want.div_ceil(images).min(npos.div_ceil(NR));
+        tile = round(npos.div_ceil(ntiles)).min(MAX_TILE);
         ntiles = npos.div_ceil(tile);
     }
     let out_ptr = SendPtr(output.as_mut_ptr());
     let tasks = images * ntiles;
-    let col_len = if pointwise { 0 } else { g.kdim * tile };
+    let col_len = packed_len(KCHUNK.min(kdim), tile);
     (0..tasks).into_par_iter().for_each(|task| with_scratch(col_len, |col| {
         let (image, t) = (task / ntiles, task % ntiles);
         let (b, grp) = (image / p.groups, image % p.groups);
@@ -555,34 +560,26 @@ fn im2col_gemm(
         let nt = tile.min(npos - t0);
         let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
         let out_base = (b * p.out_channels + grp * g.og) * npos;
-        let w_group = &weight[grp * g.og * g.kdim..][..g.og * g.kdim];
-        let (rhs, rhs_rs) = if pointwise {
-            (input[in_base + t0..].as_ptr(), g.in_plane as isize)
-        } else {
-            fill_columns(&mut col[..g.kdim * nt], &input[in_base..][..g.cg * g.in_plane], kh, kw, &ha, &wa, t0, nt);
-            (col.as_ptr(), nt as isize)
-        };
-        // SAFETY: dst rows co < og at out_base + co·npos + t0 .. + nt lie in
-        // `output` (length checked) and are written by this task only; lhs is
-        // [og × kdim] inside `weight`; rhs is [kdim × nt] inside `col` or
-        // (pointwise) [cg × nt] with row stride in_plane inside `input`.
-        // `output` aliases neither.
-        unsafe {
-            raw_gemm(
-                g.og,
-                nt,
-                g.kdim,
-                out_ptr.get().add(out_base + t0),
-                npos,
-                false,
-                w_group.as_ptr(),
-                g.kdim as isize,
-                1,
-                rhs,
-                rhs_rs,
-                1,
-                false,
-            );
+        let w_group = &weight[grp * g.og * kdim..][..g.og * kdim];
+        let group_input = &input[in_base..][..g.cg * g.in_plane];
+        let mut k0 = 0;
+        while k0 < kdim {
+            let kc = KCHUNK.min(kdim - k0);
+            let panels = &mut col[..packed_len(kc, nt)];
+            if pointwise {
+                // SAFETY: rows k0..k0+kc (input channels) of this group's
+                // input, columns t0..t0+nt < in_plane = npos.
+                unsafe { pack_b(panels, group_input[k0 * g.in_plane + t0..].as_ptr(), g.in_plane as isize, 1, kc, nt) };
+            } else {
+                fill_panels(panels, group_input, kh, kw, &ha, &wa, k0, kc, t0, nt);
+            }
+            let a = MatA { ptr: w_group[k0..].as_ptr(), rs: kdim as isize, cs: 1 };
+            // SAFETY: dst rows co < og at out_base + co·npos + t0 .. + nt lie
+            // in `output` (length checked) and are written by this task
+            // only; A is [og × kc] with row stride kdim inside `weight`;
+            // `panels` holds kc × nt packed. `output` aliases neither.
+            unsafe { gemm_packed(g.og, nt, kc, a, panels, out_ptr.get().add(out_base + t0), npos, k0 > 0) };
+            k0 += kc;
         }
         if has_epilogue {
             for co in 0..g.og {
@@ -596,27 +593,33 @@ fn im2col_gemm(
     }));
 }
 
-/// im2col for output positions `t0..t0+nt`: `col[(ci·kh + ky)·kw + kx][j]`
-/// is the input under tap (ky, kx) of channel ci for output position t0+j
-/// (zero in the padding).
+/// im2col of reduction rows `k0..k0+kc` for output positions `t0..t0+nt`
+/// (`nt ≤ MAX_TILE`), written as packed GEMM panels (see [`pack_b`]): row
+/// `r` = (ci·kh + ky)·kw + kx holds the input under tap (ky, kx) of channel
+/// ci for each output position (zero in the padding and in the panel's
+/// columns past `nt`). Each row is gathered in long runs (one per output
+/// row) into an L1 buffer, then split into the panels.
 #[allow(clippy::too_many_arguments)]
-fn fill_columns(col: &mut [f32], input: &[f32], kh: usize, kw: usize, ha: &Axis, wa: &Axis, t0: usize, nt: usize) {
+fn fill_panels(col: &mut [f32], input: &[f32], kh: usize, kw: usize, ha: &Axis, wa: &Axis, k0: usize, kc: usize, t0: usize, nt: usize) {
     let in_plane = ha.input * wa.input;
     let ow = wa.output;
-    col.chunks_mut(nt).enumerate().for_each(|(r, dst)| {
+    let panel_len = kc * NR;
+    let mut buf = [0.0f32; MAX_TILE];
+    let padded = nt.div_ceil(NR) * NR;
+    for rr in 0..kc {
+        let r = k0 + rr;
         let kx = r % kw;
         let ky = (r / kw) % kh;
         let ci = r / (kw * kh);
         let plane = &input[ci * in_plane..][..in_plane];
         let oy_valid = ha.valid_outputs(ky);
         let ox_valid = wa.valid_outputs(kx);
+        let (mut oy, mut ox0) = (t0 / ow, t0 % ow);
         let mut j = 0;
         while j < nt {
-            let pos = t0 + j;
-            let oy = pos / ow;
-            let ox0 = pos % ow;
+            // The run of positions within one output row.
             let seg = (ow - ox0).min(nt - j);
-            let d = &mut dst[j..j + seg];
+            let d = &mut buf[j..j + seg];
             if !oy_valid.contains(&oy) {
                 d.fill(0.0);
             } else {
@@ -629,13 +632,18 @@ fn fill_columns(col: &mut [f32], input: &[f32], kh: usize, kw: usize, ha: &Axis,
                 d[hi - ox0..].fill(0.0);
                 if hi > lo {
                     let ix0 = wa.input_index(lo, kx) as usize;
-                    let dd = &mut d[lo - ox0..hi - ox0];
-                    gather_strided(dd, &row[ix0..], wa.stride);
+                    gather_strided(&mut d[lo - ox0..hi - ox0], &row[ix0..], wa.stride);
                 }
             }
             j += seg;
+            ox0 = 0;
+            oy += 1;
         }
-    });
+        buf[nt..padded].fill(0.0);
+        for (p, chunk) in buf[..padded].chunks_exact(NR).enumerate() {
+            col[p * panel_len + rr * NR..][..NR].copy_from_slice(chunk);
+        }
+    }
 }
 
 /// `dst[j] = src[j·stride]` (`src` holds at least `(dst.len() - 1)·stride + 1`

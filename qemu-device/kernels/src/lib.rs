@@ -52,6 +52,7 @@ mod error;
 mod fastmath;
 mod gather;
 mod gemm;
+mod microkernel;
 mod pool;
 mod reduce;
 mod softmax;

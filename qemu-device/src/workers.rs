@@ -1,0 +1,115 @@
+//! The threads a compute core's kernels run on.
+//!
+//! Each command-processor thread is the first worker of its own rayon pool
+//! (`RAYON_NUM_THREADS` threads, default one per host CPU). An op's kernel
+//! starts at once on the thread that decoded it, and the other workers
+//! join in by stealing its split-off halves. On a virtualised host a
+//! sleeping thread takes on the order of 100 µs to wake, as long as a
+//! small op takes; two things keep that latency off the critical path:
+//!
+//! - the kernel never waits for a worker to *start* it (it would, were it
+//!   handed to a pool from outside), so an op too small to be worth the
+//!   helpers runs as if sequential;
+//! - while a command buffer's ops follow each other, the helpers spin,
+//!   running any work they can steal, and go back to sleep once no op has
+//!   run for [`SPIN_IDLE`]. A model's chain of small ops thus runs on all
+//!   threads.
+//!
+//! Several queues computing at once each bring their own pool; the host
+//! scheduler shares the CPUs between them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rbln_kernels::rayon;
+
+/// How long helpers keep spinning after the last op ended.
+const SPIN_IDLE: Duration = Duration::from_micros(300);
+
+/// State shared between the command processor and its spinning helpers.
+struct Hot {
+    epoch: Instant,
+    /// An op is running.
+    busy: AtomicBool,
+    /// When the last op ended (ns since `epoch`).
+    last_end_ns: AtomicU64,
+    /// Helpers currently spinning.
+    spinners: AtomicUsize,
+}
+
+impl Hot {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn idle(&self) -> bool {
+        !self.busy.load(Ordering::Acquire)
+            && self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Acquire)) > SPIN_IDLE.as_nanos() as u64
+    }
+}
+
+/// One command processor's kernel worker pool.
+pub struct Workers {
+    pool: Option<rayon::ThreadPool>,
+    hot: Arc<Hot>,
+}
+
+impl Workers {
+    /// Makes the calling thread the first worker of a new pool, until the
+    /// returned value is dropped (on the same thread). If that fails the
+    /// kernels run on rayon's global pool.
+    pub fn join() -> Self {
+        let built = rayon::ThreadPoolBuilder::new()
+            .use_current_thread()
+            .thread_name(|i| format!("rbln-core-w{i}"))
+            .build();
+        let pool = match built {
+            Ok(pool) => Some(pool),
+            Err(e) => {
+                log::warn!("kernel worker pool: {e}; using the global pool");
+                None
+            }
+        };
+        let hot = Hot {
+            epoch: Instant::now(),
+            busy: AtomicBool::new(false),
+            last_end_ns: AtomicU64::new(0),
+            spinners: AtomicUsize::new(0),
+        };
+        Workers { pool, hot: Arc::new(hot) }
+    }
+
+    /// Runs one op's kernel `f` on this (the calling) thread, with the
+    /// helpers awake.
+    pub fn run<T>(&self, f: impl FnOnce() -> T) -> T {
+        let Some(pool) = &self.pool else { return f() };
+        self.hot.busy.store(true, Ordering::Release);
+        if pool.current_num_threads() > 1 && self.hot.spinners.load(Ordering::Acquire) == 0 {
+            self.wake(pool);
+        }
+        let r = f();
+        self.hot.last_end_ns.store(self.hot.now_ns(), Ordering::Release);
+        self.hot.busy.store(false, Ordering::Release);
+        r
+    }
+
+    /// Starts a spinner on every helper (index > 0). A broadcast job is
+    /// delivered to its thread and cannot be stolen, so the copy addressed
+    /// to this thread (index 0) just returns when it runs.
+    fn wake(&self, pool: &rayon::ThreadPool) {
+        self.hot.spinners.fetch_add(pool.current_num_threads() - 1, Ordering::AcqRel);
+        let hot = self.hot.clone();
+        pool.spawn_broadcast(move |ctx| {
+            if ctx.index() == 0 {
+                return;
+            }
+            while !hot.idle() {
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    std::hint::spin_loop();
+                }
+            }
+            hot.spinners.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
