@@ -6,10 +6,12 @@
 //! - `A` is read in place through arbitrary strides (its elements are
 //!   broadcast one at a time, so no packing is needed: a convolution's
 //!   weights are used as stored),
-//! - `B` is packed by the caller into [`NR`]-column panels: panel `p` holds
-//!   columns `p·NR .. p·NR+NR` as `k` rows of `NR` contiguous floats
-//!   (zero-padded past `n`). Convolutions write their im2col columns
-//!   straight into this layout.
+//! - `B` ([`MatB`]) is either packed by the caller into [`NR`]-column
+//!   panels (panel `p` holds columns `p·NR .. p·NR+NR` as `k` rows of `NR`
+//!   contiguous floats, zero-padded past `n`), or read in place through a
+//!   table of row offsets, each row contiguous: a convolution's taps
+//!   straight from its (zero-padded, stride-phase split) input planes, an
+//!   "indirect" GEMM with no im2col.
 //!
 //! The microkernel keeps an [`MR`]×[`NR`] tile of `C` in 12 AVX2 registers
 //! and does 12 fused multiply-adds per two loads of `B` and six broadcasts
@@ -69,31 +71,48 @@ pub(crate) struct MatA {
     pub cs: isize,
 }
 
-/// A microkernel: `tile[MR×NR] (row stride ldc) (+)= A'[MR×kc] · Bpanel`,
-/// where row `i` of `A'` starts at `rows[i]` and steps by `a_cs`.
-type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, c: *mut f32, ldc: usize, acc: bool);
+/// The `B` operand of [`gemm_packed`].
+#[derive(Clone, Copy)]
+pub(crate) enum MatB<'a> {
+    /// Panels written by [`pack_b`] (`packed_len(k, n)` floats).
+    Packed(&'a [f32]),
+    /// Row `l`, columns `j .. j+NR` at `base + offs[l] + j` (`offs` has `k`
+    /// entries). Every column up to `n` rounded up to a multiple of `NR` must
+    /// be readable; the extra columns' results are discarded.
+    Rows { base: *const f32, offs: &'a [isize] },
+}
 
-fn select() -> Micro {
+/// A microkernel: `tile[MR×NR] (row stride ldc) (+)= A'[MR×kc] · B'[kc×NR]`,
+/// where row `i` of `A'` starts at `rows[i]` and steps by `a_cs`, and row
+/// `l` of `B'` is at `b + offs[l]` if `offs` is non-null, else at `b + l·NR`.
+type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool);
+
+/// The (packed, indirect) microkernels for this CPU.
+fn select() -> (Micro, Micro) {
     #[cfg(test)]
     if let Some(m) = micro_override() {
         return m;
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        return avx2_fma;
+        return (avx2_fma::<false>, avx2_fma::<true>);
     }
-    portable
+    (portable::<false>, portable::<true>)
 }
 
 /// `C[m×n] (row stride ldc) = A·B (+ C if accumulate)` on the calling
-/// thread, with `bp` the packed `B` ([`pack_b`]).
+/// thread.
 ///
 /// # Safety
-/// `a` must be readable for every `(i, l)`, `i < m`, `l < k`; `c + i·ldc + j`
-/// (`i < m`, `j < n`) writable (and readable if `accumulate`) and not
-/// overlapping `a` or `bp`.
-pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, bp: &[f32], c: *mut f32, ldc: usize, accumulate: bool) {
-    debug_assert_eq!(bp.len(), packed_len(k, n));
+/// `a` must be readable for every `(i, l)`, `i < m`, `l < k`; `b` as its
+/// variant says; `c + i·ldc + j` (`i < m`, `j < n`) writable (and readable if
+/// `accumulate`) and not overlapping `a` or `b`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<'_>, c: *mut f32, ldc: usize, accumulate: bool) {
+    match b {
+        MatB::Packed(bp) => debug_assert_eq!(bp.len(), packed_len(k, n)),
+        MatB::Rows { offs, .. } => debug_assert_eq!(offs.len(), k),
+    }
     if m == 0 || n == 0 {
         return;
     }
@@ -106,7 +125,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, bp: &[f3
         }
         return;
     }
-    let micro = select();
+    let (packed, indirect) = select();
     let panels = n.div_ceil(NR);
     let mut k0 = 0;
     while k0 < k {
@@ -118,7 +137,11 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, bp: &[f3
             for p in 0..panels {
                 let j0 = p * NR;
                 let nr = NR.min(n - j0);
-                let b = bp[p * k * NR + k0 * NR..].as_ptr();
+                let (micro, bpan, offs) = match b {
+                    MatB::Packed(bp) => (packed, bp[p * k * NR + k0 * NR..].as_ptr(), core::ptr::null()),
+                    // SAFETY: column j0 of the rows (contract); offsets k0.. exist.
+                    MatB::Rows { base, offs } => (indirect, unsafe { base.add(j0) }, offs[k0..].as_ptr()),
+                };
                 let mut i = i0;
                 while i < i0 + mc {
                     let mr = MR.min(i0 + mc - i);
@@ -134,7 +157,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, bp: &[f3
                     if mr == MR && nr == NR {
                         // SAFETY: the full tile is inside C; rows and b
                         // cover kc steps (caller's contract, packed_len).
-                        unsafe { micro(kc, &rows, a.cs, b, ct, ldc, acc) };
+                        unsafe { micro(kc, &rows, a.cs, bpan, offs, ct, ldc, acc) };
                     } else {
                         let mut tile = [0.0f32; MR * NR];
                         if acc {
@@ -145,7 +168,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, bp: &[f3
                             }
                         }
                         // SAFETY: `tile` is MR×NR with row stride NR.
-                        unsafe { micro(kc, &rows, a.cs, b, tile.as_mut_ptr(), NR, acc) };
+                        unsafe { micro(kc, &rows, a.cs, bpan, offs, tile.as_mut_ptr(), NR, acc) };
                         for r in 0..mr {
                             // SAFETY: as above.
                             let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), nr) };
@@ -161,12 +184,27 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, bp: &[f3
     }
 }
 
+/// Row `l` of a microkernel's `B` (see [`Micro`]).
+///
+/// # Safety
+/// `offs` (if `INDIRECT`) has more than `l` entries.
+#[inline(always)]
+unsafe fn b_row<const INDIRECT: bool>(b: *const f32, offs: *const isize, l: usize) -> *const f32 {
+    if INDIRECT {
+        // SAFETY: contract; the row lies in the caller's operand.
+        unsafe { b.wrapping_offset(*offs.add(l)) }
+    } else {
+        b.wrapping_add(l * NR)
+    }
+}
+
 /// Portable microkernel (the compiler vectorises the 16-wide rows).
 ///
 /// # Safety
-/// See [`Micro`]: `rows[i] + l·a_cs` and `b + l·NR + j` readable for
-/// `l < kc`, the tile at `c` writable (readable if `acc`).
-unsafe fn portable(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+/// See [`Micro`]: `rows[i] + l·a_cs` and B's row `l` (NR floats) readable
+/// for `l < kc`, the tile at `c` writable (readable if `acc`).
+#[allow(clippy::too_many_arguments)]
+unsafe fn portable<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
     let mut t = [[0.0f32; NR]; MR];
     if acc {
         for (i, row) in t.iter_mut().enumerate() {
@@ -175,8 +213,8 @@ unsafe fn portable(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f3
         }
     }
     for l in 0..kc {
-        // SAFETY: panel row l (contract).
-        let bl = unsafe { &*(b.add(l * NR) as *const [f32; NR]) };
+        // SAFETY: B row l (contract).
+        let bl = unsafe { &*(b_row::<INDIRECT>(b, offs, l) as *const [f32; NR]) };
         for (i, row) in t.iter_mut().enumerate() {
             // SAFETY: A element (i, l) (contract).
             let av = unsafe { *rows[i].offset(l as isize * a_cs) };
@@ -197,7 +235,8 @@ unsafe fn portable(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f3
 /// As [`portable`], and the CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_fma(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_fma<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
     use core::arch::x86_64::*;
     // SAFETY (whole body): every pointer dereferenced is inside the tile,
     // the panel's kc rows or A's kc columns of the six rows (contract).
@@ -209,18 +248,17 @@ unsafe fn avx2_fma(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f3
                 ri[1] = _mm256_loadu_ps(c.add(i * ldc + 8));
             }
         }
-        let mut b = b;
         let mut off = 0isize;
-        for _ in 0..kc {
-            let b0 = _mm256_loadu_ps(b);
-            let b1 = _mm256_loadu_ps(b.add(8));
+        for l in 0..kc {
+            let bl = b_row::<INDIRECT>(b, offs, l);
+            let b0 = _mm256_loadu_ps(bl);
+            let b1 = _mm256_loadu_ps(bl.add(8));
             for (i, ri) in r.iter_mut().enumerate() {
                 let av = _mm256_broadcast_ss(&*rows[i].offset(off));
                 ri[0] = _mm256_fmadd_ps(av, b0, ri[0]);
                 ri[1] = _mm256_fmadd_ps(av, b1, ri[1]);
             }
-            b = b.add(NR);
-            off += a_cs;
+            off = off.wrapping_add(a_cs);
         }
         for (i, ri) in r.iter().enumerate() {
             _mm256_storeu_ps(c.add(i * ldc), ri[0]);
@@ -233,6 +271,12 @@ unsafe fn avx2_fma(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f3
 mod tests {
     use super::*;
 
+    type Pair = (Micro, Micro);
+
+    std::thread_local! {
+        pub(super) static MICRO_OVERRIDE: core::cell::Cell<Option<Pair>> = const { core::cell::Cell::new(None) };
+    }
+
     fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
         let mut c = vec![0.0f32; m * n];
         for i in 0..m {
@@ -243,55 +287,57 @@ mod tests {
         c
     }
 
-    fn check(m: usize, n: usize, k: usize, micro: Micro) {
+    /// `gemm_packed` with `micros`, B packed and B through row offsets,
+    /// against f64 sums; C has padding columns that must stay untouched.
+    fn check(m: usize, n: usize, k: usize, micros: Pair) {
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1).collect();
+        let want = naive(m, n, k, &a, &b);
         let mut bp = vec![f32::NAN; packed_len(k, n)];
         // SAFETY: b is k×n row-major.
         unsafe { pack_b(&mut bp, b.as_ptr(), n as isize, 1, k, n) };
-        let ldc = n + 3;
-        let mut c = vec![1.0f32; m * ldc];
+        // B in place, rows in reverse order with a stride that leaves room
+        // for the rounded-up columns.
+        let stride = n.div_ceil(NR) * NR + 5;
+        let mut rows_b = vec![0.0f32; k.max(1) * stride];
+        let offs: Vec<isize> = (0..k).map(|l| ((k - 1 - l) * stride) as isize).collect();
+        for l in 0..k {
+            rows_b[(k - 1 - l) * stride..][..n].copy_from_slice(&b[l * n..][..n]);
+        }
         let a_m = MatA { ptr: a.as_ptr(), rs: k as isize, cs: 1 };
-        // SAFETY: shapes as documented; padding columns of C untouched.
-        unsafe { run_with(micro, m, n, k, a_m, &bp, c.as_mut_ptr(), ldc, true) };
-        let want = naive(m, n, k, &a, &b);
-        for i in 0..m {
-            for j in 0..ldc {
-                let got = c[i * ldc + j];
-                let w = if j < n { want[i * n + j] + 1.0 } else { 1.0 };
-                assert!((got - w).abs() <= 1e-4 * (1.0 + w.abs()), "{m}x{n}x{k} ({i},{j}): {got} vs {w}");
+        for operand in [MatB::Packed(&bp), MatB::Rows { base: rows_b.as_ptr(), offs: &offs }] {
+            let ldc = n + 3;
+            let mut c = vec![1.0f32; m * ldc];
+            MICRO_OVERRIDE.with(|o| o.set(Some(micros)));
+            // SAFETY: shapes as documented; rows_b has the rounded-up columns.
+            unsafe { gemm_packed(m, n, k, a_m, operand, c.as_mut_ptr(), ldc, true) };
+            MICRO_OVERRIDE.with(|o| o.set(None));
+            for i in 0..m {
+                for j in 0..ldc {
+                    let got = c[i * ldc + j];
+                    let w = if j < n { want[i * n + j] + 1.0 } else { 1.0 };
+                    assert!((got - w).abs() <= 1e-4 * (1.0 + w.abs()), "{m}x{n}x{k} ({i},{j}): {got} vs {w}");
+                }
             }
         }
     }
 
-    /// [`gemm_packed`] with a given microkernel.
-    unsafe fn run_with(micro: Micro, m: usize, n: usize, k: usize, a: MatA, bp: &[f32], c: *mut f32, ldc: usize, acc: bool) {
-        MICRO_OVERRIDE.with(|o| o.set(Some(micro)));
-        // SAFETY: forwarded contract.
-        unsafe { gemm_packed(m, n, k, a, bp, c, ldc, acc) };
-        MICRO_OVERRIDE.with(|o| o.set(None));
-    }
-
-    std::thread_local! {
-        pub(super) static MICRO_OVERRIDE: core::cell::Cell<Option<Micro>> = const { core::cell::Cell::new(None) };
-    }
-
     #[test]
     fn edges_and_k_blocks_match_naive() {
-        let mut micros: Vec<Micro> = vec![portable];
+        let mut micros: Vec<Pair> = vec![(portable::<false>, portable::<true>)];
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            micros.push(avx2_fma);
+            micros.push((avx2_fma::<false>, avx2_fma::<true>));
         }
-        for micro in micros {
+        for pair in micros {
             for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 40, 300), (250, 33, 520), (5, 3, 0)] {
-                check(m, n, k, micro);
+                check(m, n, k, pair);
             }
         }
     }
 }
 
 #[cfg(test)]
-fn micro_override() -> Option<Micro> {
+fn micro_override() -> Option<(Micro, Micro)> {
     tests::MICRO_OVERRIDE.with(|o| o.get())
 }

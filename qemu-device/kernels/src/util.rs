@@ -133,6 +133,31 @@ pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R 
     })
 }
 
+/// Largest op-level scratch buffer kept alive per thread (64 MiB).
+const OP_SCRATCH_KEEP: usize = 1 << 24;
+
+std::thread_local! {
+    static OP_SCRATCH: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`with_scratch`] for a buffer that a whole op shares between its tasks
+/// (e.g. a conv's phase planes), separate from the per-task one so that
+/// the tasks this thread runs meanwhile keep theirs.
+pub(crate) fn with_op_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    if len > OP_SCRATCH_KEEP {
+        return f(&mut vec![0.0; len]);
+    }
+    OP_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            f(&mut buf[..len])
+        }
+        Err(_) => f(&mut vec![0.0; len]),
+    })
+}
+
 /// A raw pointer that may be shared between rayon tasks which write
 /// provably disjoint elements.
 #[derive(Clone, Copy)]

@@ -1,0 +1,362 @@
+//! Convolutions with several input channels per group, as GEMMs on the
+//! microkernel: `out[co][pos] = Σ_r w[co][r] · x_r[pos]` over the
+//! reduction rows r = (ci, ky, kx), the weights read as stored.
+//!
+//! The rows x_r reach the microkernel in one of three ways:
+//! - **pointwise** (1×1, stride 1, no padding): x_r is input channel r,
+//!   packed into panels tile by tile;
+//! - **indirect** (everything else, normally): the input is split once into
+//!   zero-padded stride-phase planes ([`PhaseGeometry`]) in which every row
+//!   x_r is a contiguous window at a fixed offset, read in place through a
+//!   table of offsets, with no im2col. The output grid is computed with the
+//!   phase planes' row length (a few garbage columns per row, dropped when
+//!   the tile is copied out);
+//! - **im2col** (geometries whose phase planes would be much larger than the
+//!   data, e.g. hostile dilations): rows gathered into packed panels,
+//!   `KCHUNK` at a time.
+//!
+//! Tasks are (image, group, tile of output positions), each a
+//! single-threaded GEMM whose tile stays in cache while its epilogue (bias,
+//! residual, activation) is applied.
+
+use super::phases::PhaseGeometry;
+use super::{gather_strided, Axis, Conv2dParams, Geometry, Padding2d};
+use crate::activation::{epilogue, Activation, Bias};
+use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, MR, NR};
+use crate::util::{with_op_scratch, with_scratch, SendPtr};
+use rayon::prelude::*;
+
+/// Target size of one task's output tile (and im2col chunk), in elements
+/// (256 KiB: both stay in L2 while the GEMM runs); output positions are
+/// tiled to fit.
+const TILE_BUDGET: usize = 1 << 16;
+/// Reduction rows per im2col chunk: bounds a task's buffer to
+/// `KCHUNK × tile` whatever the kernel size.
+const KCHUNK: usize = 512;
+/// Largest tile of output positions of the im2col path.
+const MAX_TILE: usize = TILE_BUDGET / KCHUNK;
+/// Largest tile of the other paths.
+const MAX_TILE_DIRECT: usize = 1024;
+
+pub(super) fn conv_gemm(
+    p: &Conv2dParams,
+    g: &Geometry,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    output: &mut [f32],
+) {
+    if g.kdim == 0 {
+        // No input channels: the convolution sum is empty.
+        output
+            .par_chunks_mut(g.out_plane)
+            .enumerate()
+            .for_each(|(i, plane)| {
+                plane.fill(bias.map_or(0.0, |b| b[i % p.out_channels]));
+                let res = residual.map(|r| &r[i * g.out_plane..][..g.out_plane]);
+                epilogue(plane, Bias::None, res, p.activation);
+            });
+        return;
+    }
+    let pointwise = p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == Padding2d::default();
+    let epi = Epilogue { p, bias, residual };
+    if pointwise {
+        pointwise_gemm(p, g, input, weight, &epi, output);
+    } else if let Some(ph) = PhaseGeometry::new(&g.h, &g.w, g.in_plane, g.out_plane) {
+        indirect_gemm(p, g, &ph, input, weight, &epi, output);
+    } else {
+        im2col_gemm(p, g, input, weight, &epi, output);
+    }
+}
+
+/// Bias, residual and activation of a conv's output.
+struct Epilogue<'a> {
+    p: &'a Conv2dParams,
+    bias: Option<&'a [f32]>,
+    residual: Option<&'a [f32]>,
+}
+
+impl Epilogue<'_> {
+    fn any(&self) -> bool {
+        self.bias.is_some() || self.residual.is_some() || self.p.activation != Activation::None
+    }
+
+    /// Applies it to output elements `off .. off + row.len()` (within one
+    /// plane) of output channel `co` (absolute).
+    fn apply(&self, row: &mut [f32], co: usize, off: usize) {
+        let b = self.bias.map_or(Bias::None, |b| Bias::Scalar(b[co]));
+        epilogue(row, b, self.residual.map(|r| &r[off..off + row.len()]), self.p.activation);
+    }
+}
+
+/// How a conv's output is cut into tasks: per image (and group), tiles of
+/// `tile` output positions (a multiple of `NR`) times blocks of `mb` output
+/// channels (a multiple of `MR`).
+#[derive(Clone, Copy)]
+struct Split {
+    tile: usize,
+    ntiles: usize,
+    mb: usize,
+    nmb: usize,
+}
+
+impl Split {
+    /// A tile stays in cache (about `TILE_BUDGET / min(og, 256)` positions,
+    /// at most `max`); enough tasks for every thread. Few positions and
+    /// many output channels (late CNN stages) split the channels instead,
+    /// so that each task streams only its slice of the weights.
+    fn new(images: usize, npos: usize, og: usize, max: usize) -> Split {
+        let threads = rayon::current_num_threads().max(1);
+        let want = 8 * threads;
+        let round = |t: usize| t.div_ceil(NR) * NR;
+        let mut tile = round((TILE_BUDGET / og.clamp(1, 256)).max(1)).min(round(npos)).min(max);
+        let mut ntiles = npos.div_ceil(tile);
+        let (mut mb, mut nmb) = (og.max(1), 1);
+        let tasks = images.saturating_mul(ntiles);
+        if tasks < want && og >= 4 * MIN_MB {
+            // Split the channels: blocks of at least MIN_MB rows.
+            nmb = want.div_ceil(tasks).min(og / MIN_MB).max(1);
+            mb = og.div_ceil(nmb).div_ceil(MR) * MR;
+            nmb = og.div_ceil(mb);
+        } else if tasks < want {
+            // Few tasks: make their count a multiple of the thread count.
+            let target = tasks.div_ceil(threads) * threads;
+            ntiles = target.div_ceil(images).min(npos.div_ceil(NR));
+            tile = round(npos.div_ceil(ntiles)).min(max);
+            ntiles = npos.div_ceil(tile);
+        }
+        Split { tile, ntiles, mb, nmb }
+    }
+
+    fn tasks(&self, images: usize) -> usize {
+        images * self.ntiles * self.nmb
+    }
+
+    /// (image, tile index, first channel, channels) of task `task`.
+    fn task(&self, task: usize, og: usize) -> (usize, usize, usize, usize) {
+        let (rest, m) = (task / self.nmb, task % self.nmb);
+        let m0 = m * self.mb;
+        (rest / self.ntiles, rest % self.ntiles, m0, self.mb.min(og - m0))
+    }
+}
+
+/// Smallest block of output channels a task takes when splitting them.
+const MIN_MB: usize = 48;
+
+/// 1×1 stride-1 unpadded: out = W · X per image and group, X packed by tile.
+fn pointwise_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
+    let npos = g.out_plane;
+    let kdim = g.kdim;
+    let images = p.batch * p.groups;
+    let sp = Split::new(images, npos, g.og, MAX_TILE_DIRECT);
+    let kc_max = KCHUNK.min(kdim);
+    let out_ptr = SendPtr(output.as_mut_ptr());
+    (0..sp.tasks(images)).into_par_iter().for_each(|task| {
+        with_scratch(packed_len(kc_max, sp.tile), |col| {
+            let (image, t, m0, mb) = sp.task(task, g.og);
+            let (b, grp) = (image / p.groups, image % p.groups);
+            let t0 = t * sp.tile;
+            let nt = sp.tile.min(npos - t0);
+            let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
+            let out_base = (b * p.out_channels + grp * g.og + m0) * npos;
+            let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
+            let mut k0 = 0;
+            while k0 < kdim {
+                let kc = KCHUNK.min(kdim - k0);
+                let panels = &mut col[..packed_len(kc, nt)];
+                // SAFETY: rows k0..k0+kc (input channels of this group),
+                // columns t0..t0+nt < in_plane = npos, inside `input`.
+                unsafe { pack_b(panels, input[in_base + k0 * g.in_plane + t0..].as_ptr(), g.in_plane as isize, 1, kc, nt) };
+                let a = MatA { ptr: w_group[k0..].as_ptr(), rs: kdim as isize, cs: 1 };
+                // SAFETY: rows co < mb at out_base + co·npos + t0 .. + nt lie
+                // in `output` (length checked by the caller) and are
+                // written by this task only; A is [mb × kc] with row stride
+                // kdim inside `weight`. `output` aliases neither.
+                unsafe { gemm_packed(mb, nt, kc, a, MatB::Packed(panels), out_ptr.get().add(out_base + t0), npos, k0 > 0) };
+                k0 += kc;
+            }
+            if epi.any() {
+                for co in 0..mb {
+                    let off = out_base + co * npos + t0;
+                    // SAFETY: this task's rows, as above; no other reference to them lives.
+                    let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
+                    epi.apply(row, grp * g.og + m0 + co, off);
+                }
+            }
+        })
+    });
+}
+
+/// The phase-plane ("indirect") convolution; see the module docs.
+fn indirect_gemm(
+    p: &Conv2dParams,
+    g: &Geometry,
+    ph: &PhaseGeometry,
+    input: &[f32],
+    weight: &[f32],
+    epi: &Epilogue<'_>,
+    output: &mut [f32],
+) {
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let (ha, wa) = (&g.h, &g.w);
+    let set = ph.len();
+    let cols = ph.cols;
+    let (oh, ow) = (ha.output, wa.output);
+    // Flattened positions per image: whole phase rows, garbage included.
+    let qn = oh * cols;
+    let images = p.batch * p.groups;
+    let kdim = g.kdim;
+    let chans = p.batch * p.in_channels;
+    with_op_scratch(chans * set, |phases| {
+        phases.par_chunks_mut(set).enumerate().for_each(|(c, dst)| {
+            ph.fill(&input[c * g.in_plane..][..g.in_plane], ha, wa, dst, true);
+        });
+        // Row r = (ci·kh + ky)·kw + kx of the GEMM: tap (ky, kx) of channel
+        // ci's phase set.
+        let offs: Vec<isize> = (0..kdim)
+            .map(|r| ((r / (kh * kw)) * set + ph.tap_offsets[r % (kh * kw)]) as isize)
+            .collect();
+        let sp = Split::new(images, qn, g.og, MAX_TILE_DIRECT);
+        let tile = sp.tile;
+        let out_ptr = SendPtr(output.as_mut_ptr());
+        let phases = &*phases;
+        (0..sp.tasks(images)).into_par_iter().for_each(|task| {
+            with_scratch(sp.mb * tile, |stage| {
+                let (image, t, m0, mb) = sp.task(task, g.og);
+                let (b, grp) = (image / p.groups, image % p.groups);
+                let q0 = t * tile;
+                let nq = tile.min(qn - q0);
+                let src = &phases[(b * p.in_channels + grp * g.cg) * set..][..g.cg * set];
+                let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
+                let a = MatA { ptr: w_group.as_ptr(), rs: kdim as isize, cs: 1 };
+                let rows = MatB::Rows { base: src[q0..].as_ptr(), offs: &offs };
+                // SAFETY: A is [mb × kdim] inside `weight`. B row r, column
+                // j < nq rounded up to NR, is src[q0 + offs[r] + j] with
+                // q0 + j < qn + NR, which `PhaseGeometry` keeps inside the
+                // channel's phase set (spare row and tail). The stage is
+                // mb × tile floats, ldc = tile ≥ nq.
+                unsafe { gemm_packed(mb, nq, kdim, a, rows, stage.as_mut_ptr(), tile, false) };
+                // Copy the real output columns out, applying the epilogue.
+                let out_base = (b * p.out_channels + grp * g.og + m0) * g.out_plane;
+                let mut q = q0;
+                while q < q0 + nq {
+                    let (oy, ox0) = (q / cols, q % cols);
+                    let run_end = (q - ox0 + cols).min(q0 + nq);
+                    if ox0 < ow {
+                        let ox1 = (run_end - (q - ox0)).min(ow);
+                        let n = ox1 - ox0;
+                        for co in 0..mb {
+                            let off = out_base + co * g.out_plane + oy * ow + ox0;
+                            // SAFETY: output row oy, columns ox0..ox1 of plane
+                            // co of this (image, group): inside `output` and
+                            // written by this task only (tiles partition q).
+                            let dst = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), n) };
+                            dst.copy_from_slice(&stage[co * tile + (q - q0)..][..n]);
+                            if epi.any() {
+                                epi.apply(dst, grp * g.og + m0 + co, off);
+                            }
+                        }
+                    }
+                    q = run_end;
+                }
+            })
+        });
+    });
+}
+
+/// The im2col fallback; see the module docs.
+fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let (ha, wa) = (g.h, g.w);
+    let npos = g.out_plane;
+    let kdim = g.kdim;
+    let images = p.batch * p.groups;
+    let sp = Split::new(images, npos, g.og, MAX_TILE);
+    let out_ptr = SendPtr(output.as_mut_ptr());
+    let col_len = packed_len(KCHUNK.min(kdim), sp.tile);
+    (0..sp.tasks(images)).into_par_iter().for_each(|task| {
+        with_scratch(col_len, |col| {
+            let (image, t, m0, mb) = sp.task(task, g.og);
+            let (b, grp) = (image / p.groups, image % p.groups);
+            let t0 = t * sp.tile;
+            let nt = sp.tile.min(npos - t0);
+            let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
+            let out_base = (b * p.out_channels + grp * g.og + m0) * npos;
+            let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
+            let group_input = &input[in_base..][..g.cg * g.in_plane];
+            let mut k0 = 0;
+            while k0 < kdim {
+                let kc = KCHUNK.min(kdim - k0);
+                let panels = &mut col[..packed_len(kc, nt)];
+                fill_panels(panels, group_input, kh, kw, &ha, &wa, k0, kc, t0, nt);
+                let a = MatA { ptr: w_group[k0..].as_ptr(), rs: kdim as isize, cs: 1 };
+                // SAFETY: as in `pointwise_gemm`.
+                unsafe { gemm_packed(mb, nt, kc, a, MatB::Packed(panels), out_ptr.get().add(out_base + t0), npos, k0 > 0) };
+                k0 += kc;
+            }
+            if epi.any() {
+                for co in 0..mb {
+                    let off = out_base + co * npos + t0;
+                    // SAFETY: this task's rows, as above; no other reference to them lives.
+                    let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
+                    epi.apply(row, grp * g.og + m0 + co, off);
+                }
+            }
+        })
+    });
+}
+
+/// im2col of reduction rows `k0..k0+kc` for output positions `t0..t0+nt`
+/// (`nt ≤ MAX_TILE`), written as packed GEMM panels (see [`pack_b`]): row
+/// `r` = (ci·kh + ky)·kw + kx holds the input under tap (ky, kx) of channel
+/// ci for each output position (zero in the padding and in the panel's
+/// columns past `nt`). Each row is gathered in long runs (one per output
+/// row) into an L1 buffer, then split into the panels.
+#[allow(clippy::too_many_arguments)]
+fn fill_panels(col: &mut [f32], input: &[f32], kh: usize, kw: usize, ha: &Axis, wa: &Axis, k0: usize, kc: usize, t0: usize, nt: usize) {
+    let in_plane = ha.input * wa.input;
+    let ow = wa.output;
+    let panel_len = kc * NR;
+    let mut buf = [0.0f32; MAX_TILE];
+    let padded = nt.div_ceil(NR) * NR;
+    for rr in 0..kc {
+        let r = k0 + rr;
+        let kx = r % kw;
+        let ky = (r / kw) % kh;
+        let ci = r / (kw * kh);
+        let plane = &input[ci * in_plane..][..in_plane];
+        let oy_valid = ha.valid_outputs(ky);
+        let ox_valid = wa.valid_outputs(kx);
+        let (mut oy, mut ox0) = (t0 / ow, t0 % ow);
+        let mut j = 0;
+        while j < nt {
+            // The run of positions within one output row.
+            let seg = (ow - ox0).min(nt - j);
+            let d = &mut buf[j..j + seg];
+            if !oy_valid.contains(&oy) {
+                d.fill(0.0);
+            } else {
+                let iy = ha.input_index(oy, ky) as usize;
+                let row = &plane[iy * wa.input..][..wa.input];
+                // Valid ox within [ox0, ox0+seg).
+                let lo = ox_valid.start.max(ox0).min(ox0 + seg);
+                let hi = ox_valid.end.min(ox0 + seg).max(lo);
+                d[..lo - ox0].fill(0.0);
+                d[hi - ox0..].fill(0.0);
+                if hi > lo {
+                    let ix0 = wa.input_index(lo, kx) as usize;
+                    gather_strided(&mut d[lo - ox0..hi - ox0], &row[ix0..], wa.stride);
+                }
+            }
+            j += seg;
+            ox0 = 0;
+            oy += 1;
+        }
+        buf[nt..padded].fill(0.0);
+        for (p, chunk) in buf[..padded].chunks_exact(NR).enumerate() {
+            col[p * panel_len + rr * NR..][..NR].copy_from_slice(chunk);
+        }
+    }
+}
+
