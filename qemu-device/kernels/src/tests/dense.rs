@@ -243,8 +243,20 @@ fn conv2d_tiled_and_pointwise() {
         activation: Activation::Relu,
         ..Default::default()
     };
-    // 576-deep columns over 1089 positions: several im2col tiles.
+    // 576-deep reduction over 1089 positions: several tiles of the
+    // phase-plane (indirect) path, which reads the garbage columns of the
+    // flattened grid and must drop them.
     check_conv(&mut rng, &base, true);
+    // Few positions, many output channels: tasks split the channels
+    // (indirect, pointwise with a residual-free epilogue, strided 1×1).
+    let late = Conv2dParams { in_channels: 20, in_h: 7, in_w: 6, out_channels: 250, batch: 1, ..base };
+    check_conv(&mut rng, &late, true);
+    check_conv(&mut rng, &Conv2dParams { kernel: [1, 1], padding: Padding2d::default(), ..late }, true);
+    check_conv(&mut rng, &Conv2dParams { kernel: [1, 1], padding: Padding2d::default(), stride: [2, 2], in_h: 13, in_w: 14, ..late }, false);
+    // Phase planes far larger than the data (a huge kernel over a padded
+    // 1×1 input): the im2col fallback, in several reduction chunks.
+    let huge = Conv2dParams { in_channels: 2, out_channels: 3, in_h: 1, in_w: 2, kernel: [81, 81], padding: Padding2d::uniform(40), batch: 2, ..base };
+    check_conv(&mut rng, &huge, true);
     // Very deep columns (minimum tile of 64 positions).
     check_conv(&mut rng, &Conv2dParams { in_channels: 1024, in_h: 9, in_w: 9, out_channels: 4, batch: 1, ..base }, true);
     // 1×1 stride-1 unpadded: im2col skipped; grouped too.
