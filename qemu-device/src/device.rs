@@ -29,11 +29,21 @@ pub struct Config {
     /// Value of the VERSION register. Only tests set it to something other
     /// than [`HW_VERSION`], to check that drivers refuse unknown hardware.
     pub reported_version: u32,
+    /// How long a compute core's helper threads keep spinning for the next
+    /// op after one ends (zero: they sleep at once); see `workers`.
+    pub spin: std::time::Duration,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { dram_size: 256 << 20, num_queues: 16, num_cores: 2, num_dma_engines: 2, reported_version: HW_VERSION }
+        Self {
+            dram_size: 256 << 20,
+            num_queues: 16,
+            num_cores: 2,
+            num_dma_engines: 2,
+            reported_version: HW_VERSION,
+            spin: crate::workers::DEFAULT_SPIN,
+        }
     }
 }
 
@@ -700,7 +710,7 @@ fn command_processor(s: &Shared, qi: usize) {
                 ctx_id: r.ctx_id,
             }
         };
-        let workers = workers.get_or_insert_with(crate::workers::Workers::join);
+        let workers = workers.get_or_insert_with(|| crate::workers::Workers::join(s.cfg.spin));
         let result = exec::run_ring_entry(s, &job, workers);
         let mut r = q.lock();
         r.busy = false;

@@ -15,4 +15,4 @@ pub mod mmu;
 pub use device::{Config, ConfigError, Device, IrqSink};
 mod pci_config;
 pub mod vfio;
-mod workers;
+pub mod workers;

@@ -35,6 +35,10 @@ struct Args {
     /// hardware they do not know; default: the real version).
     #[arg(long, value_parser = parse_u32, default_value_t = rbln_hw::HW_VERSION, hide_default_value = true)]
     report_version: u32,
+    /// Microseconds a compute core's helper threads spin waiting for the
+    /// next op before they sleep (0: never spin).
+    #[arg(long, default_value_t = rbln_npu::workers::DEFAULT_SPIN.as_micros() as u64)]
+    spin_us: u64,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "warn")]
     log_level: log::LevelFilter,
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         num_cores: args.cores,
         num_dma_engines: args.dma_engines,
         reported_version: args.report_version,
+        spin: std::time::Duration::from_micros(args.spin_us),
     };
     // Before any other thread exists, so that all inherit the signal mask.
     if let Err(e) = install_signal_thread(args.socket.clone()) {

@@ -12,7 +12,7 @@
 //!   helpers runs as if sequential;
 //! - while a command buffer's ops follow each other, the helpers spin,
 //!   running any work they can steal, and go back to sleep once no op has
-//!   run for [`SPIN_IDLE`]. A model's chain of small ops thus runs on all
+//!   run for a while ([`DEFAULT_SPIN`], `rbln-npu --spin-us`). A model's chain of small ops thus runs on all
 //!   threads.
 //!
 //! Several queues computing at once each bring their own pool; the host
@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use rbln_kernels::rayon;
 
-/// How long helpers keep spinning after the last op ended.
-const SPIN_IDLE: Duration = Duration::from_micros(300);
+/// How long helpers keep spinning after the last op ended, by default.
+pub const DEFAULT_SPIN: Duration = Duration::ZERO;
 
 /// State shared between the command processor and its spinning helpers.
 struct Hot {
@@ -36,6 +36,8 @@ struct Hot {
     last_end_ns: AtomicU64,
     /// Helpers currently spinning.
     spinners: AtomicUsize,
+    /// Spin this long after the last op (ns).
+    spin_ns: u64,
 }
 
 impl Hot {
@@ -45,7 +47,7 @@ impl Hot {
 
     fn idle(&self) -> bool {
         !self.busy.load(Ordering::Acquire)
-            && self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Acquire)) > SPIN_IDLE.as_nanos() as u64
+            && self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Acquire)) > self.spin_ns
     }
 }
 
@@ -59,7 +61,7 @@ impl Workers {
     /// Makes the calling thread the first worker of a new pool, until the
     /// returned value is dropped (on the same thread). If that fails the
     /// kernels run on rayon's global pool.
-    pub fn join() -> Self {
+    pub fn join(spin: Duration) -> Self {
         let built = rayon::ThreadPoolBuilder::new()
             .use_current_thread()
             .thread_name(|i| format!("rbln-core-w{i}"))
@@ -76,6 +78,7 @@ impl Workers {
             busy: AtomicBool::new(false),
             last_end_ns: AtomicU64::new(0),
             spinners: AtomicUsize::new(0),
+            spin_ns: u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX),
         };
         Workers { pool, hot: Arc::new(hot) }
     }
@@ -85,7 +88,7 @@ impl Workers {
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> T {
         let Some(pool) = &self.pool else { return f() };
         self.hot.busy.store(true, Ordering::Release);
-        if pool.current_num_threads() > 1 && self.hot.spinners.load(Ordering::Acquire) == 0 {
+        if self.hot.spin_ns > 0 && pool.current_num_threads() > 1 && self.hot.spinners.load(Ordering::Acquire) == 0 {
             self.wake(pool);
         }
         let r = f();
