@@ -2,7 +2,8 @@
 
 use crate::activation::{epilogue, Activation, Bias};
 use crate::error::Result;
-use crate::util::{check_len, mul, rows_per_task};
+use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, MR, NR};
+use crate::util::{check_len, mul, rows_per_task, with_scratch, SendPtr};
 use rayon::prelude::*;
 
 /// Parameters of [`gemm()`].
@@ -64,42 +65,80 @@ pub fn gemm_residual(
     }
     let (a_rs, a_cs) = if p.trans_a { (1, m as isize) } else { (k as isize, 1) };
     let (b_rs, b_cs) = if p.trans_b { (1, k as isize) } else { (n as isize, 1) };
-    // SAFETY: the lengths were checked above: every (i, l) with i < m, l < k
-    // maps to an element of `a` under (a_rs, a_cs), likewise for `b` and `c`.
-    unsafe {
-        raw_gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            n,
-            p.accumulate,
-            a.as_ptr(),
-            a_rs,
-            a_cs,
-            b.as_ptr(),
-            b_rs,
-            b_cs,
-            true,
-        );
-    }
     let bias = match bias {
         Some(b) => Bias::Row(b),
         None => Bias::None,
     };
-    if matches!(bias, Bias::None) && residual.is_none() && p.activation == Activation::None {
+    let has_epilogue = !matches!(bias, Bias::None) || residual.is_some() || p.activation != Activation::None;
+    if m < 2 * MR || k == 0 {
+        // Matrix-vector shapes: the 6-row microkernel would mostly compute
+        // padding rows; the gemm crate has kernels for them.
+        // SAFETY: the lengths were checked above: every (i, l) with i < m,
+        // l < k maps to an element of `a` under (a_rs, a_cs), likewise for
+        // `b` and `c`.
+        unsafe {
+            raw_gemm(m, n, k, c.as_mut_ptr(), n, p.accumulate, a.as_ptr(), a_rs, a_cs, b.as_ptr(), b_rs, b_cs, true);
+        }
+        if has_epilogue {
+            let rows = rows_per_task(n);
+            c.par_chunks_mut(rows * n).enumerate().for_each(|(t, chunk)| {
+                for (r, row) in chunk.chunks_exact_mut(n).enumerate() {
+                    let off = (t * rows + r) * n;
+                    epilogue(row, bias, residual.map(|res| &res[off..off + n]), p.activation);
+                }
+            });
+        }
         return Ok(());
     }
-    let rows = rows_per_task(n);
-    c.par_chunks_mut(rows * n).enumerate().for_each(|(t, chunk)| {
-        for (r, row) in chunk.chunks_exact_mut(n).enumerate() {
-            let off = (t * rows + r) * n;
-            let res = residual.map(|res| &res[off..off + n]);
-            epilogue(row, bias, res, p.activation);
-        }
+    // Tasks: chunks of B's column panels (each task packs its own chunk,
+    // sized to stay in L2) times blocks of A's rows when the chunks alone
+    // are too few for the threads. Each task applies the epilogue to its
+    // tile of C while it is in cache.
+    let threads = rayon::current_num_threads().max(1);
+    let panels = n.div_ceil(NR);
+    let chunk = (B_CHUNK / (k * NR)).clamp(1, panels);
+    let mut nchunks = panels.div_ceil(chunk);
+    let chunk = panels.div_ceil(nchunks);
+    nchunks = panels.div_ceil(chunk);
+    let want = 4 * threads;
+    let mblocks = if nchunks >= want { 1 } else { want.div_ceil(nchunks).min(m.div_ceil(4 * MR)).max(1) };
+    let mb = m.div_ceil(mblocks).div_ceil(MR) * MR;
+    let mblocks = m.div_ceil(mb);
+    let c_ptr = SendPtr(c.as_mut_ptr());
+    (0..nchunks * mblocks).into_par_iter().for_each(|task| {
+        let (jc, ib) = (task / mblocks, task % mblocks);
+        let j0 = jc * chunk * NR;
+        let nc = (chunk * NR).min(n - j0);
+        let i0 = ib * mb;
+        let mc = mb.min(m - i0);
+        with_scratch(packed_len(k, nc), |bp| {
+            // SAFETY: columns j0..j0+nc < n, rows < k of B (lengths checked).
+            unsafe { pack_b(bp, b.as_ptr().offset(j0 as isize * b_cs), b_rs, b_cs, k, nc) };
+            // SAFETY: rows i0..i0+mc of A; C's block (i0.., j0..) of mc × nc
+            // with row stride n is written by this task only.
+            unsafe {
+                let a_blk = MatA { ptr: a.as_ptr().offset(i0 as isize * a_rs), rs: a_rs, cs: a_cs };
+                gemm_packed(mc, nc, k, a_blk, MatB::Packed(bp), c_ptr.get().add(i0 * n + j0), n, p.accumulate);
+            }
+            if has_epilogue {
+                for i in i0..i0 + mc {
+                    let off = i * n + j0;
+                    // SAFETY: this task's part of row i, as above.
+                    let row = unsafe { core::slice::from_raw_parts_mut(c_ptr.get().add(off), nc) };
+                    let bias = match bias {
+                        Bias::Row(b) => Bias::Row(&b[j0..j0 + nc]),
+                        other => other,
+                    };
+                    epilogue(row, bias, residual.map(|r| &r[off..off + nc]), p.activation);
+                }
+            }
+        })
     });
     Ok(())
 }
+
+/// Floats of B one task packs (256 KiB: stays in L2).
+const B_CHUNK: usize = 1 << 16;
 
 /// `dst[m×n] (row stride dst_rs, column stride 1) = lhs·rhs (+ dst if read_dst)`
 /// through the `gemm` crate, on the current rayon pool if `parallel`.
