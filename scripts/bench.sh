@@ -28,8 +28,8 @@ SMOKE=${BENCH_SMOKE:-0}
 if [[ $SMOKE == 1 ]]; then OUT_REL=${BENCH_OUT:-target/bench-smoke}; else OUT_REL=${BENCH_OUT:-target/bench}; fi
 [[ $OUT_REL != /* && $OUT_REL != *..* ]] || die "BENCH_OUT must be a path inside the repo, relative to it"
 OUT=$RBLN_ROOT/$OUT_REL
-# The device model runs its kernels on rayon's global pool: one thread per
-# host core unless RAYON_NUM_THREADS says otherwise (vm.sh passes the
+# The device model runs a queue's kernels on a pool of one thread per host
+# core unless RAYON_NUM_THREADS says otherwise (vm.sh passes the
 # environment on). onnxruntime and the host references get as many.
 THREADS=${BENCH_THREADS:-${RAYON_NUM_THREADS:-$(nproc)}}
 # The device model's compute cores (rbln-npu --cores, default 2; vm.sh adds
