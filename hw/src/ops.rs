@@ -28,6 +28,7 @@ pub enum OpCode {
     Transpose = 9,
     StridedCopy = 10,
     Gather = 11,
+    Cast = 12,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -150,6 +151,21 @@ pub const LAYERNORM_GAMMA: u32 = 1 << 0;
 pub const LAYERNORM_BETA: u32 = 1 << 1;
 pub const GATHER_INDEX_I32: u32 = 0;
 pub const GATHER_INDEX_I64: u32 = 1;
+/// Element types of CAST (`src_type`, `dst_type`).
+pub const CAST_F32: u32 = 0;
+pub const CAST_I32: u32 = 1;
+pub const CAST_I64: u32 = 2;
+/// One byte per element: 0 is false, anything else true (written as 1).
+pub const CAST_BOOL: u32 = 3;
+/// Bytes per element of a CAST element type (`None`: not a type).
+pub const fn cast_type_size(t: u32) -> Option<u64> {
+    match t {
+        CAST_F32 | CAST_I32 => Some(4),
+        CAST_I64 => Some(8),
+        CAST_BOOL => Some(1),
+        _ => None,
+    }
+}
 
 wire_struct! {
     /// First 8 bytes of every descriptor.
@@ -373,6 +389,23 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// Element-wise conversion of `count` elements between f32, i32, i64
+    /// and bool (hardware minor version 2). Integers to f32 round to
+    /// nearest; f32 to integers truncate toward zero, saturating at the
+    /// type's range (NaN becomes 0); i64 to i32 keeps the low 32 bits;
+    /// anything to bool is `x != 0`. Each address is aligned to its
+    /// element size.
+    pub struct CastDesc {
+        pub header: OpHeader,
+        pub src_type: u32,
+        pub dst_type: u32,
+        pub count: u64,
+        pub in_va: u64,
+        pub out_va: u64,
+    }
+}
+
 const _: () = assert!(OpHeader::SIZE == 8);
 const _: () = assert!(GemmDesc::SIZE == 104);
 const _: () = assert!(Conv2dDesc::SIZE == 128);
@@ -385,6 +418,7 @@ const _: () = assert!(ReduceDesc::SIZE == 64);
 const _: () = assert!(TransposeDesc::SIZE == 80);
 const _: () = assert!(StridedCopyDesc::SIZE == 152);
 const _: () = assert!(GatherDesc::SIZE == 80);
+const _: () = assert!(CastDesc::SIZE == 40);
 
 /// A decoded descriptor (fields not yet checked against tensor sizes).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -400,6 +434,7 @@ pub enum Desc {
     Transpose(TransposeDesc),
     StridedCopy(StridedCopyDesc),
     Gather(GatherDesc),
+    Cast(CastDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -442,6 +477,7 @@ encode_fn!(ReduceDesc, Reduce);
 encode_fn!(TransposeDesc, Transpose);
 encode_fn!(StridedCopyDesc, StridedCopy);
 encode_fn!(GatherDesc, Gather);
+encode_fn!(CastDesc, Cast);
 
 /// Sizes of descriptors written for hardware minor version 0, before
 /// fields were appended: such a descriptor reads as the current one with
@@ -589,6 +625,13 @@ impl Desc {
                     return Err(BadField("index type"));
                 }
                 Desc::Gather(d)
+            }
+            12 => {
+                let d = get!(CastDesc);
+                if cast_type_size(d.src_type).is_none() || cast_type_size(d.dst_type).is_none() {
+                    return Err(BadField("element type"));
+                }
+                Desc::Cast(d)
             }
             op => return Err(UnknownOp(op)),
         };

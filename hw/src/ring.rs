@@ -117,6 +117,9 @@ pub enum FaultCode {
     /// A compute descriptor's tensor address is misaligned (tensors are
     /// 4-byte aligned; i64 gather indices 8-byte aligned).
     Alignment = 12,
+    /// A run-time index (GATHER) is outside its axis; the fault address is
+    /// that of the offending index (hardware minor version 2).
+    IndexOutOfRange = 13,
 }
 
 impl FaultCode {
@@ -136,6 +139,7 @@ impl FaultCode {
             10 => BadQueueConfig,
             11 => ContextInvalid,
             12 => Alignment,
+            13 => IndexOutOfRange,
             _ => return Option::None,
         })
     }
@@ -156,6 +160,7 @@ impl FaultCode {
             BadQueueConfig => "bad queue configuration",
             ContextInvalid => "invalid context",
             Alignment => "misaligned address",
+            IndexOutOfRange => "index out of range",
         }
     }
 }

@@ -344,6 +344,8 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             Ok(n as u64)
         }
         Desc::StridedCopy(d) => strided_copy(&mut op, &d),
+        // Implemented next; until then refused like an unknown op.
+        Desc::Cast(_) => Err(bad),
         Desc::Gather(d) => {
             let shape = dims(&d.dims, d.rank);
             let ni = usize::try_from(d.num_indices).map_err(|_| bad)?;
