@@ -63,6 +63,7 @@ pub struct ModelBuilder {
     relocations: Vec<Relocation>,
     weights: Vec<u8>,
     inputs: Vec<(String, TensorId)>,
+    ranges: Vec<(String, ValueRange)>,
     outputs: Vec<(String, TensorId)>,
     profile: Vec<NodeProfile>,
     error: Option<String>,
@@ -85,6 +86,7 @@ impl ModelBuilder {
             relocations: Vec::new(),
             weights: Vec::new(),
             inputs: Vec::new(),
+            ranges: Vec::new(),
             outputs: Vec::new(),
             profile: Vec::new(),
             error: None,
@@ -335,6 +337,13 @@ impl ModelBuilder {
         self
     }
 
+    /// Declares the values integer input `name` may hold (see
+    /// [`IoBinding::range`]).
+    pub fn input_range(&mut self, name: &str, range: ValueRange) -> &mut Self {
+        self.ranges.push((name.into(), range));
+        self
+    }
+
     pub fn output(&mut self, name: &str, tensor: TensorId) -> &mut Self {
         self.outputs.push((name.into(), tensor));
         self
@@ -362,7 +371,7 @@ impl ModelBuilder {
                 Placement::Staging { .. } => staging_end = staging_end.max(end),
             }
         }
-        let bind = |list: &[(String, TensorId)]| -> Vec<IoBinding> {
+        let bind = |list: &[(String, TensorId)], ranged: bool| -> Vec<IoBinding> {
             list.iter()
                 .map(|(name, t)| match self.tensors.get(*t as usize) {
                     Some(x) => IoBinding {
@@ -371,6 +380,7 @@ impl ModelBuilder {
                         dtype: x.dtype,
                         shape: x.shape.clone(),
                         placement: x.placement,
+                        range: if ranged { self.ranges.iter().find(|(n, _)| n == name).map(|&(_, r)| r) } else { None },
                     },
                     None => IoBinding {
                         name: name.clone(),
@@ -378,6 +388,7 @@ impl ModelBuilder {
                         dtype: DType::F32,
                         shape: Vec::new(),
                         placement: Placement::Arena { offset: 0, size: 0 },
+                        range: None,
                     },
                 })
                 .collect()
@@ -401,8 +412,8 @@ impl ModelBuilder {
                 arena_size: self.arena_size.unwrap_or(round_up(arena_end, SIZE_ROUND)),
                 staging_size: self.staging_size.unwrap_or(round_up(staging_end, SIZE_ROUND)),
                 weights_offset: self.weights_offset,
-                inputs: bind(&self.inputs),
-                outputs: bind(&self.outputs),
+                inputs: bind(&self.inputs, true),
+                outputs: bind(&self.outputs, false),
                 ops: ops.into_iter().map(|(op, count)| OpCount { op: op.into(), count }).collect(),
                 properties: self.properties.clone(),
             },

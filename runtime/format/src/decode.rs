@@ -141,7 +141,7 @@ fn decode_io(d: &mut Dec, what: &str, i: usize) -> Result<IoBinding> {
     let offset = d.u64(field!("{what}[{i}].offset"))?;
     let size = d.u64(field!("{what}[{i}].size"))?;
     let placement = placement(d, pl, offset, size, field!("{what}[{i}].placement"))?;
-    Ok(IoBinding { name, tensor, dtype: dt, shape, placement })
+    Ok(IoBinding { name, tensor, dtype: dt, shape, placement, range: None })
 }
 
 type Streams = Vec<(StreamRole, String)>;
@@ -188,7 +188,23 @@ fn decode_meta(d: &mut Dec, version: Version) -> Result<(Meta, Streams, u64)> {
         let value = d.str(MAX_VALUE_LEN, field!("properties[{i}].value"))?;
         properties.push(Property { key, value });
     }
-    d.finish()?;
+    if version.minor >= 1 {
+        let n = d.count(0, MAX_IO, field!("input_ranges"))?;
+        for k in 0..n {
+            let i = d.u32(field!("input_ranges[{k}].input"))?;
+            let lo = d.u64(field!("input_ranges[{k}].lo"))? as i64;
+            let hi = d.u64(field!("input_ranges[{k}].hi"))? as i64;
+            let b = inputs.get_mut(i as usize).ok_or_else(|| d.unknown(field!("input_ranges[{k}].input"), i as u64))?;
+            if b.range.is_some() {
+                return Err(d.unknown(field!("input_ranges[{k}].input (listed twice)"), i as u64));
+            }
+            b.range = Some(ValueRange { lo, hi });
+        }
+    }
+    // A newer minor version may append fields this reader does not know.
+    if version.minor <= crate::FORMAT_MINOR {
+        d.finish()?;
+    }
     let meta = Meta {
         version,
         name,

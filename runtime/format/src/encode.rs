@@ -65,6 +65,12 @@ pub(crate) fn encode_meta(m: &Model) -> Vec<u8> {
     for p in &mt.properties {
         e.str(&p.key).str(&p.value);
     }
+    // Minor 1: value ranges of inputs.
+    let ranged: Vec<_> = mt.inputs.iter().enumerate().filter_map(|(i, b)| b.range.map(|r| (i, r))).collect();
+    e.count(ranged.len());
+    for (i, r) in ranged {
+        e.u32(i as u32).u64(r.lo as u64).u64(r.hi as u64);
+    }
     e.buf
 }
 

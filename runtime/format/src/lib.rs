@@ -41,7 +41,7 @@ pub use model::*;
 pub const FORMAT_MAJOR: u16 = 1;
 /// Format minor version written by this crate. Files with a higher minor
 /// (same major) are read; sections this reader does not know are skipped.
-pub const FORMAT_MINOR: u16 = 0;
+pub const FORMAT_MINOR: u16 = 1;
 
 /// Magic at the start of `.rbln.meta`.
 pub const META_MAGIC: [u8; 8] = *b"RBLNMODL";

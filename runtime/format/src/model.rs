@@ -262,6 +262,23 @@ pub struct IoBinding {
     pub dtype: DType,
     pub shape: Vec<u64>,
     pub placement: Placement,
+    /// The values an integer input may hold (format minor 1), e.g. the
+    /// vocabulary of the embedding its token ids index: the runtime
+    /// refuses other values before anything reaches the device.
+    pub range: Option<ValueRange>,
+}
+
+/// Half-open range `lo..hi` of integer values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValueRange {
+    pub lo: i64,
+    pub hi: i64,
+}
+
+impl ValueRange {
+    pub fn contains(&self, v: i64) -> bool {
+        self.lo <= v && v < self.hi
+    }
 }
 
 /// How many compute nodes run an op (`.rbln.meta`, for inspection).

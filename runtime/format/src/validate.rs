@@ -593,6 +593,14 @@ fn io(m: &Model, producer: &[u32]) -> Result<()> {
             if let Placement::Weight { .. } = t.placement {
                 return Err(err(format!("tensor {} ('{}') is a weight", b.tensor, t.name)));
             }
+            if let Some(r) = b.range {
+                if !matches!(b.dtype, DType::I32 | DType::I64) {
+                    return Err(err(format!("a value range on a {} tensor (only integer inputs have one)", b.dtype.name())));
+                }
+                if r.lo >= r.hi {
+                    return Err(err(format!("empty value range {}..{}", r.lo, r.hi)));
+                }
+            }
             let p = producer[b.tensor as usize];
             if what == "input" && p != NONE {
                 return Err(err(format!("tensor {} ('{}') is produced by node {p}", b.tensor, t.name)));

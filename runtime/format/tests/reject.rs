@@ -286,8 +286,8 @@ fn not_an_rbln_model() {
 #[test]
 fn unknown_major_version() {
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| m[8..10].copy_from_slice(&2u16.to_le_bytes()));
-    let e = assert_err_msg(read(&b), &["unsupported format version 2.0", "major version 1"]);
-    assert!(matches!(e, FormatError::UnsupportedVersion { major: 2, minor: 0, supported: 1 }));
+    let e = assert_err_msg(read(&b), &["unsupported format version 2.1", "major version 1"]);
+    assert!(matches!(e, FormatError::UnsupportedVersion { major: 2, minor: 1, supported: 1 }));
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| m[8..10].copy_from_slice(&0u16.to_le_bytes()));
     assert!(matches!(read(&b), Err(FormatError::UnsupportedVersion { major: 0, .. })));
 }
@@ -295,7 +295,7 @@ fn unknown_major_version() {
 #[test]
 fn hardware_version() {
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| put_u32(m, META_HW, 2 << 16));
-    let e = assert_err_msg(read(&b), &["hardware version 2.0", "implements 1.1"]);
+    let e = assert_err_msg(read(&b), &["hardware version 2.0", "implements 1.2"]);
     assert!(matches!(e, FormatError::HwVersion { required_major: 2, .. }));
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| put_u32(m, META_HW, (1 << 16) | 9));
     assert!(matches!(read(&b), Err(FormatError::HwVersion { required_minor: 9, .. })));
@@ -644,6 +644,7 @@ fn io_must_match_the_tensor_table() {
             dtype: t.dtype,
             shape: t.shape.clone(),
             placement: t.placement,
+            range: None,
         };
     });
     let e = assert_err_msg(read(&b), &["output 0 ('w')", "is a weight"]);
@@ -656,6 +657,7 @@ fn io_must_match_the_tensor_table() {
             dtype: t.dtype,
             shape: t.shape.clone(),
             placement: t.placement,
+            range: None,
         });
     });
     assert_err_msg(read(&b), &["input 1 ('h')", "produced by node 1"]);
@@ -781,4 +783,16 @@ fn errors_are_displayable_and_checked_writes_refuse() {
     assert!(matches!(m.to_bytes(), Err(FormatError::NotTopological { .. })));
     let bytes = m.to_bytes_unchecked().unwrap();
     assert!(matches!(read(&bytes), Err(FormatError::NotTopological { .. })));
+}
+
+#[test]
+fn value_ranges_only_on_integer_inputs() {
+    let b = mutate(|m| m.meta.inputs[0].range = Some(ValueRange { lo: 0, hi: 10 }));
+    assert_err_msg(read(&b), &["input 0 ('x')", "value range on a f32 tensor"]);
+    let b = mutate(|m| {
+        m.graph.tensors[m.meta.inputs[0].tensor as usize].dtype = DType::I32;
+        m.meta.inputs[0].dtype = DType::I32;
+        m.meta.inputs[0].range = Some(ValueRange { lo: 5, hi: 5 });
+    });
+    assert_err_msg(read(&b), &["input 0 ('x')", "empty value range 5..5"]);
 }

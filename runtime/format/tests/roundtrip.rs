@@ -18,7 +18,7 @@ fn mlp_round_trip_is_exact() {
     assert_eq!(back, model);
 
     // The parts are really there, not just equal-because-empty.
-    assert_eq!(back.meta.version, Version { major: 1, minor: 0 });
+    assert_eq!(back.meta.version, Version { major: 1, minor: 1 });
     assert_eq!(back.meta.name, "mlp2");
     assert_eq!(back.meta.hw_version, rbln_hw::HW_VERSION);
     assert_eq!(back.meta.inputs.len(), 1);
@@ -219,7 +219,7 @@ fn file_layout_follows_the_spec() {
     // .rbln.meta starts with the magic and the version.
     let meta = c.get(".rbln.meta").unwrap().data;
     assert_eq!(&meta[..8], b"RBLNMODL");
-    assert_eq!(&meta[8..12], &[1, 0, 0, 0]);
+    assert_eq!(&meta[8..12], &[1, 0, 1, 0]);
     // The check section verifies with an independent CRC implementation.
     let chk = c.get(".rbln.check").unwrap();
     let n = chk.data.len();
@@ -322,4 +322,28 @@ fn builder_reports_what_the_reader_would() {
     let (mut b, _) = mlp_builder();
     b.output("nope", 999);
     assert!(matches!(b.build(), Err(FormatError::Builder(m)) if m.contains("tensor 999")));
+}
+
+#[test]
+fn integer_input_ranges_round_trip_and_minor_0_files_still_load() {
+    let mut m = mlp_model();
+    let x = m.meta.inputs[0].tensor as usize;
+    m.graph.tensors[x].dtype = DType::I32;
+    m.meta.inputs[0].dtype = DType::I32;
+    m.meta.inputs[0].range = Some(ValueRange { lo: -3, hi: 30522 });
+    let bytes = m.to_bytes_unchecked().unwrap();
+    let back = Model::from_bytes(&bytes).unwrap();
+    assert_eq!(back.meta.inputs[0].range, Some(ValueRange { lo: -3, hi: 30522 }));
+    assert!(back.meta.inputs[0].range.unwrap().contains(30521));
+    assert!(!back.meta.inputs[0].range.unwrap().contains(30522));
+
+    // A minor-0 file: no input_ranges list at the end of .rbln.meta.
+    let mut secs = sections(&mlp_bytes());
+    let meta = &mut secs.iter_mut().find(|s| s.0 == ".rbln.meta").unwrap().2;
+    meta[10] = 0;
+    assert_eq!(meta[meta.len() - 4..], [0, 0, 0, 0], "an empty input_ranges count ends the section");
+    meta.truncate(meta.len() - 4);
+    let old = Model::from_bytes(&rewrap(&secs)).unwrap();
+    assert_eq!(old.meta.version, Version { major: 1, minor: 0 });
+    assert!(old.meta.inputs.iter().all(|b| b.range.is_none()));
 }
