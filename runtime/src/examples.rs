@@ -122,9 +122,9 @@ pub fn mlp(batch: u64, ins: u64, hidden: u64, outs: u64) -> Example {
 
 /// Largest absolute and relative differences between two tensors.
 pub fn max_errors(got: &Tensor, want: &Tensor) -> (f32, f32) {
-    got.data.iter().zip(&want.data).fold((0f32, 0f32), |(a, r), (g, w)| {
-        let d = (g - w).abs();
-        (a.max(d), r.max(d / w.abs().max(1e-6)))
+    got.data.to_f64().iter().zip(want.data.to_f64()).fold((0f32, 0f32), |(a, r), (g, w)| {
+        let d = (g - w).abs() as f32;
+        (a.max(d), r.max(d / (w.abs() as f32).max(1e-6)))
     })
 }
 

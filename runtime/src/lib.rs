@@ -32,18 +32,22 @@ pub enum Error {
     Format(#[from] rbln_format::FormatError),
     #[error("{0}")]
     Device(#[from] rbln_umd::Error),
-    #[error("the model needs hardware version {need}.x but the device is {have_major}.{have_minor}")]
-    HardwareVersion { need: u32, have_major: u32, have_minor: u32 },
+    #[error("the model needs hardware version {need}.{need_minor} or a later minor, but the device is {have_major}.{have_minor}")]
+    HardwareVersion { need: u32, need_minor: u32, have_major: u32, have_minor: u32 },
     #[error("the model has {expected} input(s) ({names}), got {got}")]
     InputCount { expected: usize, got: usize, names: String },
     #[error("input '{name}': expected shape {expected:?}, got {got:?}")]
     InputShape { name: String, expected: Vec<u64>, got: Vec<u64> },
     #[error("input '{name}': expected dtype {expected}, got {got}")]
     InputDType { name: String, expected: &'static str, got: &'static str },
+    #[error("input '{name}': element {index:?} is {value}, outside the range {lo}..{hi} the model accepts (e.g. the rows of the table it indexes)")]
+    InputValue { name: String, index: Vec<u64>, value: i64, lo: i64, hi: i64 },
     #[error("input '{name}': {got} values for shape {shape:?} ({expected} expected)")]
     InputLength { name: String, shape: Vec<u64>, expected: u64, got: usize },
     #[error("model input/output '{name}' is not in the staging buffer (placement {region}); the runtime cannot move it")]
     NotStaged { name: String, region: &'static str },
+    #[error("model input/output '{name}' has dtype {dtype}; the runtime passes f32, i32, i64 and bool tensors")]
+    EdgeDType { name: String, dtype: &'static str },
     #[error("the model's {what} does not fit ({size} bytes)")]
     TooLarge { what: &'static str, size: u64 },
     #[error("parallel must be 1 or 2, not {0}")]
@@ -56,28 +60,147 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// A tensor by value: f32 data in row-major order.
+/// The elements of a tensor, row-major, in one of the dtypes a model's
+/// inputs and outputs may have.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    Bool(Vec<bool>),
+}
+
+impl Data {
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::I32(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::Bool(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self {
+            Data::F32(_) => DType::F32,
+            Data::I32(_) => DType::I32,
+            Data::I64(_) => DType::I64,
+            Data::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The bytes the device sees (little-endian; bool as one byte 0/1).
+    fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        use std::borrow::Cow;
+        match self {
+            Data::F32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Data::I32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Data::I64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Data::Bool(v) => Cow::Owned(v.iter().map(|&b| b as u8).collect()),
+        }
+    }
+
+    /// The elements as f64 (bool as 0/1), for comparisons.
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self {
+            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+        }
+    }
+
+    /// Element `i` as an integer (integer dtypes only).
+    fn int(&self, i: usize) -> Option<i64> {
+        match self {
+            Data::I32(v) => v.get(i).map(|&x| x as i64),
+            Data::I64(v) => v.get(i).copied(),
+            _ => None,
+        }
+    }
+}
+
+impl From<Vec<f32>> for Data {
+    fn from(v: Vec<f32>) -> Self {
+        Data::F32(v)
+    }
+}
+impl From<Vec<i32>> for Data {
+    fn from(v: Vec<i32>) -> Self {
+        Data::I32(v)
+    }
+}
+impl From<Vec<i64>> for Data {
+    fn from(v: Vec<i64>) -> Self {
+        Data::I64(v)
+    }
+}
+impl From<Vec<bool>> for Data {
+    fn from(v: Vec<bool>) -> Self {
+        Data::Bool(v)
+    }
+}
+
+/// A tensor by value.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
     pub shape: Vec<u64>,
-    pub data: Vec<f32>,
+    pub data: Data,
 }
 
 impl Tensor {
-    pub fn new(shape: &[u64], data: Vec<f32>) -> Self {
-        Self { shape: shape.to_vec(), data }
+    /// A tensor of any supported dtype: `Tensor::new(&[2], vec![1.0f32, 2.0])`,
+    /// `Tensor::new(&[1, 8], token_ids_i64)`.
+    pub fn new(shape: &[u64], data: impl Into<Data>) -> Self {
+        Self { shape: shape.to_vec(), data: data.into() }
     }
 
-    /// A tensor of zeros.
+    /// An f32 tensor of zeros.
     pub fn zeros(shape: &[u64]) -> Self {
         let n = shape.iter().product::<u64>() as usize;
-        Self::new(shape, vec![0.0; n])
+        Self::new(shape, vec![0.0f32; n])
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// The elements if the tensor is f32.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The elements if the tensor is f32, mutably.
+    pub fn as_f32_mut(&mut self) -> Option<&mut Vec<f32>> {
+        match &mut self.data {
+            Data::F32(v) => Some(v),
+            _ => None,
+        }
     }
 
     /// Element count the shape asks for.
     pub fn elements(shape: &[u64]) -> u64 {
         shape.iter().product()
     }
+}
+
+/// Row-major multi-index of flat element `i` of `shape`.
+fn multi_index(shape: &[u64], mut i: u64) -> Vec<u64> {
+    let mut idx = vec![0; shape.len()];
+    for (k, &d) in shape.iter().enumerate().rev() {
+        if d > 0 {
+            idx[k] = i % d;
+            i /= d;
+        }
+    }
+    idx
 }
 
 /// A model input or output as the model declares it.
@@ -192,11 +315,14 @@ impl Runtime {
     /// Load `model` onto `dev`: allocate, upload, relocate, upload weights.
     pub fn new(dev: &Device, model: Model) -> Result<Self> {
         let info = dev.info();
-        let need = model.meta.hw_version >> 16;
-        if need != info.hw_version.0 {
-            return Err(Error::HardwareVersion { need, have_major: info.hw_version.0, have_minor: info.hw_version.1 });
+        let (need, need_minor) = (model.meta.hw_version >> 16, model.meta.hw_version & 0xffff);
+        if need != info.hw_version.0 || need_minor > info.hw_version.1 {
+            return Err(Error::HardwareVersion { need, need_minor, have_major: info.hw_version.0, have_minor: info.hw_version.1 });
         }
         for b in model.meta.inputs.iter().chain(&model.meta.outputs) {
+            if !matches!(b.dtype, DType::F32 | DType::I32 | DType::I64 | DType::Bool) {
+                return Err(Error::EdgeDType { name: b.name.clone(), dtype: b.dtype.name() });
+            }
             if !matches!(b.placement, Region::Staging { .. }) {
                 return Err(Error::NotStaged { name: b.name.clone(), region: b.placement.region() });
             }
@@ -279,8 +405,8 @@ impl Runtime {
             return Err(Error::InputCount { expected: want.len(), got: inputs.len(), names });
         }
         for (t, b) in inputs.iter().zip(want) {
-            if b.dtype != DType::F32 {
-                return Err(Error::InputDType { name: b.name.clone(), expected: b.dtype.name(), got: "f32" });
+            if b.dtype != t.dtype() {
+                return Err(Error::InputDType { name: b.name.clone(), expected: b.dtype.name(), got: t.dtype().name() });
             }
             if t.shape != b.shape {
                 return Err(Error::InputShape { name: b.name.clone(), expected: b.shape.clone(), got: t.shape.clone() });
@@ -288,6 +414,20 @@ impl Runtime {
             let n = Tensor::elements(&b.shape);
             if t.data.len() as u64 != n {
                 return Err(Error::InputLength { name: b.name.clone(), shape: b.shape.clone(), expected: n, got: t.data.len() });
+            }
+            // Values the device would refuse with a fault (which poisons
+            // the context) are refused here, naming the input.
+            if let Some(r) = b.range {
+                let bad = (0..t.data.len()).find_map(|i| t.data.int(i).filter(|&v| !r.contains(v)).map(|v| (i, v)));
+                if let Some((i, value)) = bad {
+                    return Err(Error::InputValue {
+                        name: b.name.clone(),
+                        index: multi_index(&b.shape, i as u64),
+                        value,
+                        lo: r.lo,
+                        hi: r.hi,
+                    });
+                }
             }
         }
         Ok(())
@@ -304,7 +444,7 @@ impl Runtime {
     pub(crate) fn submit(&mut self, inputs: &[Tensor]) -> Result<rbln_umd::Fence> {
         self.check_inputs(inputs)?;
         for (t, b) in inputs.iter().zip(&self.model.meta.inputs) {
-            self.staging.write_slice(b.placement.offset(), &t.data)?;
+            self.staging.write_slice(b.placement.offset(), &t.data.bytes())?;
         }
         let mut last = None;
         for &(va, len) in &self.per_inference {
@@ -319,7 +459,7 @@ impl Runtime {
     pub fn profile(&mut self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Profile)> {
         self.check_inputs(inputs)?;
         for (t, b) in inputs.iter().zip(&self.model.meta.inputs) {
-            self.staging.write_slice(b.placement.offset(), &t.data)?;
+            self.staging.write_slice(b.placement.offset(), &t.data.bytes())?;
         }
         let p = &self.model.program;
         let mut spans: Vec<(String, &'static str, u64, u32)> = Vec::new();
@@ -366,7 +506,15 @@ impl Runtime {
         let mut out = Vec::with_capacity(self.model.meta.outputs.len());
         for b in &self.model.meta.outputs {
             let n = Tensor::elements(&b.shape) as usize;
-            out.push(Tensor::new(&b.shape, self.staging.read_vec::<f32>(b.placement.offset(), n)?));
+            let at = b.placement.offset();
+            let data = match b.dtype {
+                DType::I32 => Data::I32(self.staging.read_vec::<i32>(at, n)?),
+                DType::I64 => Data::I64(self.staging.read_vec::<i64>(at, n)?),
+                DType::Bool => Data::Bool(self.staging.read_vec::<u8>(at, n)?.into_iter().map(|x| x != 0).collect()),
+                // Load refuses models with other dtypes at their edges.
+                _ => Data::F32(self.staging.read_vec::<f32>(at, n)?),
+            };
+            out.push(Tensor { shape: b.shape.clone(), data });
         }
         Ok(out)
     }

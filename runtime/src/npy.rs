@@ -1,12 +1,12 @@
-//! `.npy` files in and out (f32, C order).
+//! `.npy` files in and out (C order): float32, int32, int64 and bool.
 
 use std::path::Path;
 
-use npyz::WriterBuilder;
+use npyz::{TypeChar, WriterBuilder};
 
-use crate::Tensor;
+use crate::{Data, Tensor};
 
-/// Read an f32 tensor from a `.npy` file.
+/// Read a tensor from a `.npy` file.
 pub fn read(path: &Path) -> Result<Tensor, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| format!("{}: not a .npy file: {e}", path.display()))?;
@@ -14,20 +14,45 @@ pub fn read(path: &Path) -> Result<Tensor, String> {
         return Err(format!("{}: Fortran-order arrays are not supported; save it in C order", path.display()));
     }
     let shape = npy.shape().to_vec();
-    let data = npy
-        .into_vec::<f32>()
-        .map_err(|e| format!("{}: expected float32 data ({e}); convert with numpy's astype(np.float32)", path.display()))?;
+    let unsupported = || {
+        format!(
+            "{}: dtype {} is not supported (float32, int32, int64 or bool; convert with numpy's astype)",
+            path.display(),
+            npy.dtype().descr()
+        )
+    };
+    let kind = match npy.dtype() {
+        npyz::DType::Plain(t) => (t.type_char(), t.size_field()),
+        _ => return Err(unsupported()),
+    };
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let data = match kind {
+        (TypeChar::Float, 4) => Data::F32(npy.into_vec::<f32>().map_err(err)?),
+        (TypeChar::Int, 4) => Data::I32(npy.into_vec::<i32>().map_err(err)?),
+        (TypeChar::Int, 8) => Data::I64(npy.into_vec::<i64>().map_err(err)?),
+        (TypeChar::Bool, 1) => Data::Bool(npy.into_vec::<bool>().map_err(err)?),
+        _ => return Err(unsupported()),
+    };
     Ok(Tensor { shape, data })
 }
 
-/// Write an f32 tensor to a `.npy` file.
+/// Write a tensor to a `.npy` file.
 pub fn write(path: &Path, t: &Tensor) -> Result<(), String> {
+    fn put<T: npyz::Serialize + npyz::AutoSerialize + Copy>(shape: &[u64], v: &[T]) -> std::io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut w = npyz::WriteOptions::new().default_dtype().shape(shape).writer(&mut out).begin_nd()?;
+        w.extend(v.iter().copied())?;
+        w.finish()?;
+        Ok(out)
+    }
+    let out = match &t.data {
+        Data::F32(v) => put(&t.shape, v),
+        Data::I32(v) => put(&t.shape, v),
+        Data::I64(v) => put(&t.shape, v),
+        Data::Bool(v) => put(&t.shape, v),
+    };
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
-    let mut out = Vec::new();
-    let mut w = npyz::WriteOptions::new().default_dtype().shape(&t.shape).writer(&mut out).begin_nd().map_err(err)?;
-    w.extend(t.data.iter().copied()).map_err(err)?;
-    w.finish().map_err(err)?;
-    std::fs::write(path, out).map_err(err)
+    std::fs::write(path, out.map_err(err)?).map_err(err)
 }
 
 #[cfg(test)]
@@ -40,6 +65,24 @@ mod tests {
         let t = crate::Tensor::new(&[2, 3], vec![1.0, -2.5, 3.0, 4.0, 5.5, -6.0]);
         super::write(&p, &t).unwrap();
         assert_eq!(super::read(&p).unwrap(), t);
+        for t in [
+            crate::Tensor::new(&[2, 2], vec![1i64, -7, 1 << 40, 0]),
+            crate::Tensor::new(&[3], vec![5i32, -1, 0]),
+            crate::Tensor::new(&[1, 3], vec![true, false, true]),
+        ] {
+            super::write(&p, &t).unwrap();
+            assert_eq!(super::read(&p).unwrap(), t);
+        }
+        let mut buf = Vec::new();
+        {
+            use npyz::WriterBuilder;
+            let mut w = npyz::WriteOptions::<u16>::new().default_dtype().shape(&[1]).writer(&mut buf).begin_nd().unwrap();
+            w.push(&3u16).unwrap();
+            w.finish().unwrap();
+        }
+        std::fs::write(&p, &buf).unwrap();
+        let e = super::read(&p).unwrap_err();
+        assert!(e.contains("is not supported") && e.contains("u2"), "{e}");
         std::fs::write(&p, b"not npy").unwrap();
         assert!(super::read(&p).unwrap_err().contains("not a .npy file"));
         std::fs::remove_dir_all(&dir).unwrap();

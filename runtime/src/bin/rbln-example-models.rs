@@ -17,11 +17,16 @@ fn compare(args: &[String]) -> Result<(), String> {
     if got.shape != want.shape {
         return Err(format!("shape {:?}, expected {:?}", got.shape, want.shape));
     }
+    if got.dtype() != want.dtype() {
+        return Err(format!("dtype {}, expected {}", got.dtype().name(), want.dtype().name()));
+    }
+    let (gv, wv) = (got.data.to_f64(), want.data.to_f64());
     let (abs, _) = rbln_runtime::examples::max_errors(&got, &want);
     // Relative error where it means something (|want| >= 0.01), and the
     // error scaled as the tolerance is: |got - want| / (1 + |want|).
     let (mut rel, mut scaled) = (0f32, 0f32);
-    for (g, w) in got.data.iter().zip(&want.data) {
+    for (&g, &w) in gv.iter().zip(&wv) {
+        let (g, w) = (g as f32, w as f32);
         let d = (g - w).abs();
         if w.abs() >= 0.01 {
             rel = rel.max(d / w.abs());
@@ -29,7 +34,7 @@ fn compare(args: &[String]) -> Result<(), String> {
         scaled = scaled.max(d / (1.0 + w.abs()));
     }
     println!("max abs error {abs:.3e}, max rel error {rel:.3e} (|want| >= 0.01), max scaled error {scaled:.3e}");
-    let bad = got.data.iter().zip(&want.data).filter(|(g, w)| (*g - *w).abs() > tol * (1.0 + w.abs())).count();
+    let bad = gv.iter().zip(&wv).filter(|(g, w)| (*g - *w).abs() > tol as f64 * (1.0 + w.abs())).count();
     if bad > 0 {
         return Err(format!("{bad} values beyond tolerance {tol}"));
     }

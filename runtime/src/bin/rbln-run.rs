@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rbln_runtime::{clock, inspect, npy, stats::LatencyStats, AsyncRuntime, Error, Runtime, Tensor};
+use rbln_runtime::{clock, inspect, npy, stats::LatencyStats, AsyncRuntime, Data, Error, Runtime, Tensor};
 
 #[derive(Parser)]
 #[command(version, about = "Run a compiled .rbln model on the rbln NPU")]
@@ -269,7 +269,7 @@ fn main() -> ExitCode {
         let outs: Vec<_> = outputs
             .iter()
             .zip(&info.outputs)
-            .map(|(t, o)| serde_json::json!({"name": o.name, "shape": t.shape, "first": t.data.iter().take(8).collect::<Vec<_>>()}))
+            .map(|(t, o)| serde_json::json!({"name": o.name, "dtype": o.dtype, "shape": t.shape, "first": first_json(&t.data, 8)}))
             .collect();
         println!(
             "{}",
@@ -278,10 +278,30 @@ fn main() -> ExitCode {
     } else {
         println!("Model:      {} on /dev/rbln{} (loaded in {:.1} ms)", info.name, args.device, load.as_secs_f64() * 1e3);
         for (t, o) in outputs.iter().zip(&info.outputs) {
-            let head: Vec<String> = t.data.iter().take(6).map(|v| format!("{v:.5}")).collect();
+            let head = first_text(&t.data, 6);
             println!("Output:     {} {:?} [{}{}]", o.name, t.shape, head.join(", "), if t.data.len() > 6 { ", ..." } else { "" });
         }
         println!("{stats}");
     }
     ExitCode::SUCCESS
+}
+
+/// The first `n` elements, for the JSON report.
+fn first_json(d: &Data, n: usize) -> serde_json::Value {
+    match d {
+        Data::F32(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
+        Data::I32(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
+        Data::I64(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
+        Data::Bool(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
+    }
+}
+
+/// The first `n` elements, for the console.
+fn first_text(d: &Data, n: usize) -> Vec<String> {
+    match d {
+        Data::F32(v) => v.iter().take(n).map(|x| format!("{x:.5}")).collect(),
+        Data::I32(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
+        Data::I64(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
+        Data::Bool(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
+    }
 }

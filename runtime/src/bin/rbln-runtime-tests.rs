@@ -38,7 +38,7 @@ fn check(ok: bool, what: &str) -> Result<(), String> {
 }
 
 fn close(got: &Tensor, want: &Tensor) -> bool {
-    got.shape == want.shape && max_errors(got, want).0 <= 1e-4 * (1.0 + want.data.iter().fold(0f32, |m, v| m.max(v.abs())))
+    got.shape == want.shape && max_errors(got, want).0 <= 1e-4 * (1.0 + want.data.to_f64().iter().fold(0f32, |m, v| m.max(v.abs() as f32)))
 }
 
 fn main() -> Result<(), String> {
@@ -64,7 +64,7 @@ fn main() -> Result<(), String> {
     let name = &model.meta.inputs[0].name;
     check(e.to_string().starts_with(&format!("input '{name}': expected shape")), &format!("wrong shape names the input: {e}"))?;
     let mut short = x.clone();
-    short.data.pop();
+    short.as_f32_mut().ok_or("f32 input")?.pop();
     let e = rt.run(&[short]).unwrap_err();
     check(matches!(e, Error::InputLength { .. }), &format!("short data: {e}"))?;
     drop(rt);
@@ -75,7 +75,7 @@ fn main() -> Result<(), String> {
         let mut inputs = Vec::new();
         for i in 0..6 {
             let mut t = x.clone();
-            t.data.iter_mut().for_each(|v| *v *= 1.0 + i as f32 / 8.0);
+            t.as_f32_mut().ok_or("f32 input")?.iter_mut().for_each(|v| *v *= 1.0 + i as f32 / 8.0);
             inputs.push(t);
         }
         let handles: Vec<_> = inputs.iter().map(|t| art.run(std::slice::from_ref(t))).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
