@@ -188,10 +188,11 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
         let r = *root.get(v).ok_or_else(|| CompileError::Invalid(format!("output '{name}' is not computed")))?;
         touch(&mut life, r, out_time0 + j as u64);
     }
+    let byte_size = |v: ValueId| g.values[v].elems() * g.values[v].dtype.size();
     let mut roots: Vec<ValueId> = life.keys().copied().collect();
     roots.sort_unstable();
     let items: Vec<Interval> =
-        roots.iter().map(|r| Interval { first: life[r].0, last: life[r].1, size: g.values[*r].elems() * 4 }).collect();
+        roots.iter().map(|r| Interval { first: life[r].0, last: life[r].1, size: byte_size(*r) }).collect();
     let (offsets, planned) = plan(&items);
     let naive: u64 = items.iter().map(|i| round_up(i.size, ACT_ALIGN)).sum();
     let act_base = round_up(weights_bytes, rbln_hw::PAGE_SIZE);
@@ -201,20 +202,21 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
 
     // Staging: inputs, then outputs.
     let mut staging = 0;
-    let mut stage = |b: &mut ModelBuilder, names: &mut Names, name: &str, shape: &[u64]| {
-        let t = b.staging_tensor(&names.get(name), DType::F32, shape, staging);
-        staging = round_up(staging + volume(shape) * 4, ACT_ALIGN);
+    let mut stage = |b: &mut ModelBuilder, names: &mut Names, name: &str, v: ValueId| {
+        let (shape, dtype) = (&g.values[v].shape, g.values[v].dtype);
+        let t = b.staging_tensor(&names.get(name), dtype, shape, staging);
+        staging = round_up(staging + volume(shape) * dtype.size(), ACT_ALIGN);
         t
     };
-    let in_stage: Vec<TensorId> = g.inputs.iter().map(|(n, v)| stage(&mut b, &mut names, n, &g.values[*v].shape)).collect();
-    let out_stage: Vec<TensorId> = g.outputs.iter().map(|(n, v)| stage(&mut b, &mut names, n, &g.values[*v].shape)).collect();
+    let in_stage: Vec<TensorId> = g.inputs.iter().map(|(n, v)| stage(&mut b, &mut names, n, *v)).collect();
+    let out_stage: Vec<TensorId> = g.outputs.iter().map(|(n, v)| stage(&mut b, &mut names, n, *v)).collect();
     let staging_bytes = round_up(staging.max(1), rbln_hw::PAGE_SIZE);
     b.staging_size(staging_bytes);
 
     // Arena tensors of run-time values.
     let arena_tensor = |b: &mut ModelBuilder, names: &mut Names, v: ValueId| -> TensorId {
         let name = if g.inputs.iter().any(|(_, i)| *i == v) { format!("{}.dev", g.values[v].name) } else { g.values[v].name.clone() };
-        b.arena_tensor(&names.get(&name), DType::F32, &g.values[v].shape, root_off[&root[&v]])
+        b.arena_tensor(&names.get(&name), g.values[v].dtype, &g.values[v].shape, root_off[&root[&v]])
     };
     for (_, v) in &g.inputs {
         let t = arena_tensor(&mut b, &mut names, *v);
@@ -236,7 +238,7 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
     }
     for (i, (name, v)) in g.inputs.iter().enumerate() {
         let (src, dst) = (in_stage[i], tid[v]);
-        let at = b.dma_copy(input, b.va_of(src), b.va_of(dst), g.values[*v].elems() * 4);
+        let at = b.dma_copy(input, b.va_of(src), b.va_of(dst), byte_size(*v));
         b.add_node(Node::host_to_device(&format!("{name}.upload"), src, dst).with_commands(input, at, 32));
     }
     let off = |b: &ModelBuilder, v: ValueId| b.placement(tid[&v]).map_or(0, |p| p.offset());
@@ -273,11 +275,14 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
     }
     for (j, (name, v)) in g.outputs.iter().enumerate() {
         let (src, dst) = (tid[v], out_stage[j]);
-        let at = b.dma_copy(output, b.va_of(src), b.va_of(dst), g.values[*v].elems() * 4);
+        let at = b.dma_copy(output, b.va_of(src), b.va_of(dst), byte_size(*v));
         b.add_node(Node::device_to_host(&format!("{name}.download"), src, dst).with_commands(output, at, 32));
     }
-    for (i, (name, _)) in g.inputs.iter().enumerate() {
+    for (i, (name, v)) in g.inputs.iter().enumerate() {
         b.input(name, in_stage[i]);
+        if let Some(&(_, lo, hi)) = g.ranges.iter().find(|r| r.0 == *v) {
+            b.input_range(name, rbln_format::ValueRange { lo, hi });
+        }
     }
     for (j, (name, _)) in g.outputs.iter().enumerate() {
         b.output(name, out_stage[j]);
@@ -474,11 +479,13 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             v
         }
         Kind::Gather { data, indices, dims, axis, count } => {
+            // Constant indices are stored as i64; run-time ones as they come.
+            let i32_indices = g.konst(*indices).is_none() && g.values[*indices].dtype == DType::I32;
             let d = GatherDesc {
                 rank: dims.len() as u32,
                 axis: *axis as u32,
                 dims: dims6(op, dims, "dims")?,
-                index_type: GATHER_INDEX_I64,
+                index_type: if i32_indices { GATHER_INDEX_I32 } else { GATHER_INDEX_I64 },
                 num_indices: *count,
                 ..Default::default()
             }
@@ -503,6 +510,19 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             }
             .with_header();
             let r = vec![reloc(offset_of!(StridedCopyDesc, src_va), off(*x)), reloc(offset_of!(StridedCopyDesc, dst_va), o + 4 * at)];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::Cast { x, from, to } => {
+            let code = |t: &DType| match t {
+                DType::I32 => Ok(CAST_I32),
+                DType::I64 => Ok(CAST_I64),
+                DType::Bool => Ok(CAST_BOOL),
+                DType::F32 => Ok(CAST_F32),
+                other => Err(CompileError::Invalid(format!("{}: no device cast for {}", op.name, other.name()))),
+            };
+            let d = CastDesc { src_type: code(from)?, dst_type: code(to)?, count: g.values[op.out].elems(), ..Default::default() }
+                .with_header();
+            let r = vec![reloc(offset_of!(CastDesc, in_va), off(*x)), reloc(offset_of!(CastDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
         Kind::View { .. } => Vec::new(),

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use rbln_format::DType;
 use rbln_hw::ops::{Binary, Unary, MAX_RANK, REDUCE_MAX, REDUCE_MEAN, REDUCE_MIN, REDUCE_SUM};
 
 use crate::error::{CompileError, Result};
@@ -73,6 +74,8 @@ struct Importer {
     /// Outputs of nodes that the importer does not produce, with why.
     missing: HashMap<String, String>,
     opset: i64,
+    /// Run-time integer values converted to f32, by source value.
+    as_f32: HashMap<ValueId, ValueId>,
 }
 
 /// Import a decoded ONNX model.
@@ -92,7 +95,7 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
     if !graph.sparse_initializer.is_empty() {
         return Err(CompileError::Invalid("sparse initializers are not supported".into()));
     }
-    let mut im = Importer { g: Graph::default(), names: HashMap::new(), missing: HashMap::new(), opset };
+    let mut im = Importer { g: Graph::default(), names: HashMap::new(), missing: HashMap::new(), opset, as_f32: HashMap::new() };
     for t in &graph.initializer {
         let c = onnx::tensor_const(t, &t.name)?;
         let id = im.g.add_value(&t.name, c.shape.clone(), Some(c));
@@ -110,11 +113,12 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
             continue; // an initializer listed as an input (IR < 4): a constant
         }
         let given = opts.input_shapes.iter().find(|(n, _)| n == &vi.name).map(|(_, s)| s.as_slice());
-        let shape = input_shape(vi, given)?;
+        let (shape, dtype) = input_shape(vi, given)?;
         if shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {
             return Err(CompileError::Invalid(format!("input '{}' of shape {shape:?} is too large (limit {} elements)", vi.name, shape::MAX_ELEMS)));
         }
         let id = im.g.add_value(&vi.name, shape, None);
+        im.g.values[id].dtype = dtype;
         im.names.insert(vi.name.clone(), id);
         im.g.inputs.push((vi.name.clone(), id));
     }
@@ -133,8 +137,14 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
             )));
         }
         if let Some(tt) = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()) {
-            if tt.elem_type != elem::FLOAT && tt.elem_type != 0 {
-                return Err(CompileError::Invalid(format!("output '{}' is {}; only float outputs are supported", vi.name, elem::name(tt.elem_type))));
+            let have = im.g.values[id].dtype;
+            if tt.elem_type != 0 && run_time_dtype(tt.elem_type) != Some(have) {
+                return Err(CompileError::Invalid(format!(
+                    "output '{}' is {} in the model but computed as {} (outputs are float32, int32, int64 or bool)",
+                    vi.name,
+                    elem::name(tt.elem_type),
+                    have.name()
+                )));
             }
             if let Some(s) = &tt.shape {
                 let got = &im.g.values[id].shape;
@@ -156,18 +166,29 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
     Ok(im.g)
 }
 
-/// Static shape of a graph input from the file and `--input-shape`.
-fn input_shape(vi: &ValueInfoProto, given: Option<&[u64]>) -> Result<Vec<u64>> {
+/// The run-time dtype of an ONNX element type, if the NPU has it.
+fn run_time_dtype(t: i32) -> Option<DType> {
+    match t {
+        elem::FLOAT => Some(DType::F32),
+        elem::INT32 => Some(DType::I32),
+        elem::INT64 => Some(DType::I64),
+        elem::BOOL => Some(DType::Bool),
+        _ => None,
+    }
+}
+
+/// Static shape and dtype of a graph input from the file and `--input-shape`.
+fn input_shape(vi: &ValueInfoProto, given: Option<&[u64]>) -> Result<(Vec<u64>, DType)> {
     let tt = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()).ok_or_else(|| {
         CompileError::Invalid(format!("input '{}' is not a tensor (sequences, maps and optionals are not supported)", vi.name))
     })?;
-    if tt.elem_type != elem::FLOAT {
-        return Err(CompileError::Invalid(format!(
-            "input '{}' is {}; the NPU takes float32 inputs (feed indices as constants or cast outside the model)",
+    let dtype = run_time_dtype(tt.elem_type).ok_or_else(|| {
+        CompileError::Invalid(format!(
+            "input '{}' is {}; model inputs are float32, int32, int64 or bool (convert it outside the model)",
             vi.name,
             elem::name(tt.elem_type)
-        )));
-    }
+        ))
+    })?;
     let dims = tt.shape.as_ref().map(|s| s.dim.as_slice());
     if let Some(g) = given {
         if let Some(d) = dims {
@@ -188,16 +209,18 @@ fn input_shape(vi: &ValueInfoProto, given: Option<&[u64]>) -> Result<Vec<u64>> {
         if g.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {
             return Err(CompileError::BadInputShape(format!("{}: {g:?} is too large (limit {} elements)", vi.name, shape::MAX_ELEMS)));
         }
-        return Ok(g.to_vec());
+        return Ok((g.to_vec(), dtype));
     }
     let d = dims.ok_or_else(|| CompileError::DynamicShape { input: vi.name.clone(), dim: "<unknown rank>".into(), axis: 0 })?;
-    d.iter()
+    let shape = d
+        .iter()
         .enumerate()
         .map(|(axis, dim)| match dim.dim_value {
             Some(v) if v > 0 => Ok(v as u64),
             _ => Err(CompileError::DynamicShape { input: vi.name.clone(), dim: dim.dim_param.clone().unwrap_or_else(|| "?".into()), axis }),
         })
-        .collect()
+        .collect::<Result<Vec<u64>>>()?;
+    Ok((shape, dtype))
 }
 
 fn rank_ok(cx: &Cx, shape: &[u64], what: &str) -> Result<()> {
@@ -238,7 +261,13 @@ impl Importer {
 
     /// A device op computing output `i` of the node.
     fn device_out(&mut self, cx: &Cx, i: usize, kind: Kind, shape: Vec<u64>) -> ValueId {
+        let dtype = match &kind {
+            Kind::View { x } => self.g.values[*x].dtype,
+            Kind::Cast { to, .. } => *to,
+            _ => DType::F32,
+        };
         let out = self.g.add_value(&Self::out_name(cx, i), shape, None);
+        self.g.values[out].dtype = dtype;
         self.g.ops.push(Op { name: cx.name.clone(), op: cx.n.op_type.clone(), kind, out });
         out
     }
@@ -268,6 +297,21 @@ impl Importer {
         let mut ins = Vec::with_capacity(n.input.len());
         for i in &n.input {
             ins.push(if i.is_empty() { None } else { Some(self.lookup(i, &format!("node '{}' ({})", cx.name, n.op_type))?) });
+        }
+        // Device ops compute in f32: a run-time integer or bool operand
+        // (a mask, say) is converted first; exact for |values| < 2^24.
+        // Views, casts and Gather's indices keep their type.
+        let keeps_type: &[usize] = match n.op_type.as_str() {
+            "Identity" | "Dropout" | "Cast" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Shape" | "Size" => &[0, 1, 2],
+            "Gather" => &[1],
+            _ => &[],
+        };
+        for (k, v) in ins.iter_mut().enumerate() {
+            if let Some(x) = *v {
+                if !keeps_type.contains(&k) && self.konst(x).is_none() && self.g.values[x].dtype != DType::F32 {
+                    *v = Some(self.as_f32(&cx, x));
+                }
+            }
         }
         let outs = self.lower(&cx, &ins)?;
         for &v in &outs {
@@ -593,6 +637,33 @@ impl Importer {
         Ok(self.need_const(cx, v, i)?.ints())
     }
 
+    /// `x` (a run-time integer or bool value) converted to f32 on the
+    /// device, once per value.
+    fn as_f32(&mut self, cx: &Cx, x: ValueId) -> ValueId {
+        if let Some(&v) = self.as_f32.get(&x) {
+            return v;
+        }
+        let from = self.g.values[x].dtype;
+        let name = format!("{}.f32", self.g.values[x].name);
+        let out = self.g.add_value(&name, self.shape(x), None);
+        self.g.ops.push(Op { name: format!("{}.cast", cx.name), op: "Cast".into(), kind: Kind::Cast { x, from, to: DType::F32 }, out });
+        self.as_f32.insert(x, out);
+        out
+    }
+
+    /// The model input `v` is a view of, if any.
+    fn input_behind(&self, mut v: ValueId) -> Option<ValueId> {
+        loop {
+            if self.g.inputs.iter().any(|(_, i)| *i == v) {
+                return Some(v);
+            }
+            match self.g.ops.iter().find(|o| o.out == v).map(|o| &o.kind) {
+                Some(Kind::View { x }) => v = *x,
+                _ => return None,
+            }
+        }
+    }
+
     /// Output 0 is the same value as `x` (a constant keeps its data).
     fn alias(&mut self, cx: &Cx, x: ValueId) -> ValueId {
         let s = self.shape(x);
@@ -630,11 +701,12 @@ impl Importer {
                     let c = fold::cast(c, !elem::is_int(to));
                     return Ok(self.constant(&Self::out_name(cx, 0), c));
                 }
-                if to != elem::FLOAT {
-                    return Err(cx.err(format!(
-                        "casts a run-time tensor to {}; only float32 tensors exist at run time",
-                        elem::name(to)
-                    )));
+                let to = run_time_dtype(to).ok_or_else(|| {
+                    cx.err(format!("casts a run-time tensor to {}; run-time tensors are float32, int32, int64 or bool", elem::name(to)))
+                })?;
+                let from = self.g.values[x].dtype;
+                if from != to {
+                    return Ok(self.device(cx, Kind::Cast { x, from, to }, s));
                 }
                 s.clone()
             }
@@ -1217,7 +1289,9 @@ impl Importer {
     fn gather(&mut self, cx: &Cx, data: ValueId, indices: ValueId) -> Result<ValueId> {
         let s = self.shape(data);
         let a = cx.shape(shape::axis(cx.int("axis", 0), s.len(), false))?;
-        let idx = self.konst(indices).cloned().ok_or_else(|| cx.err("indices computed at run time are not supported"))?;
+        let Some(idx) = self.konst(indices).cloned() else {
+            return self.gather_run_time(cx, data, indices, s, a);
+        };
         if idx.is_float() {
             return Err(cx.err("indices must be integers"));
         }
@@ -1248,6 +1322,35 @@ impl Importer {
         rank_ok(cx, &s, "the data")?;
         let iv = self.constant(&format!("{}.indices", cx.name), Const::i64(&idx.shape, norm));
         let kind = Kind::Gather { data, indices: iv, dims: s, axis: a as u64, count: idx.len() as u64 };
+        Ok(self.device(cx, kind, out))
+    }
+}
+
+impl Importer {
+    /// Gather with indices known only at run time (token ids): the device
+    /// bounds-checks every index; a model input used as indices also gets
+    /// the value range the runtime checks before submitting.
+    fn gather_run_time(&mut self, cx: &Cx, data: ValueId, indices: ValueId, s: Vec<u64>, a: usize) -> Result<ValueId> {
+        let it = self.g.values[indices].dtype;
+        if !matches!(it, DType::I32 | DType::I64) {
+            return Err(cx.err(format!(
+                "indices '{}' are {} at run time; run-time indices must be int32 or int64 (a model input or a cast of one)",
+                self.g.values[indices].name,
+                it.name()
+            )));
+        }
+        rank_ok(cx, &s, "the data")?;
+        let ishape = self.shape(indices);
+        let mut out: Vec<u64> = s[..a].to_vec();
+        out.extend(&ishape);
+        out.extend(&s[a + 1..]);
+        rank_ok(cx, &out, "the output")?;
+        if let Some(input) = self.input_behind(indices) {
+            let d = s[a] as i64;
+            self.g.restrict_range(input, -d, d);
+        }
+        let count = volume(&ishape);
+        let kind = Kind::Gather { data, indices, dims: s, axis: a as u64, count };
         Ok(self.device(cx, kind, out))
     }
 }

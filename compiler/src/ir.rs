@@ -1,6 +1,7 @@
 //! The compiler's graph: values with static shapes (constants carry their
 //! data) and device ops, each producing one value.
 
+use rbln_format::DType;
 use rbln_hw::ops::{Binary, Unary};
 
 pub type ValueId = usize;
@@ -63,6 +64,9 @@ pub struct Value {
     pub name: String,
     pub shape: Vec<u64>,
     pub konst: Option<Const>,
+    /// Element type at run time: f32, except integer and bool model
+    /// inputs, the indices and casts derived from them.
+    pub dtype: DType,
 }
 
 impl Value {
@@ -155,7 +159,10 @@ pub enum Kind {
     Reduce { kind: u32, x: ValueId, dims: Vec<u64>, axis: u64 },
     Transpose { x: ValueId, dims: Vec<u64>, perm: Vec<u64> },
     Copy { parts: Vec<CopyPart> },
+    /// `indices` is a constant (i64) or a run-time i32/i64 value.
     Gather { data: ValueId, indices: ValueId, dims: Vec<u64>, axis: u64, count: u64 },
+    /// Element-wise conversion between run-time dtypes.
+    Cast { x: ValueId, from: DType, to: DType },
     /// Constant padding: the output (`dims` grown by `begin` and `end`) is
     /// filled with `value`, then `x` is copied into it at `begin`.
     Pad { x: ValueId, value: f32, dims: Vec<u64>, begin: Vec<u64>, end: Vec<u64> },
@@ -170,7 +177,7 @@ impl Kind {
         match self {
             Gemm { a, b, bias, residual, .. } => [Some(*a), Some(*b), *bias, *residual].into_iter().flatten().collect(),
             Conv { x, w, bias, residual, .. } => [Some(*x), Some(*w), *bias, *residual].into_iter().flatten().collect(),
-            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } => vec![*x],
+            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } => vec![*x],
             Binary { a, b, .. } => vec![*a, *b],
             LayerNorm { x, gamma, beta, .. } => [Some(*x), *gamma, *beta].into_iter().flatten().collect(),
             Copy { parts } => {
@@ -200,12 +207,25 @@ pub struct Graph {
     pub ops: Vec<Op>,
     pub inputs: Vec<(String, ValueId)>,
     pub outputs: Vec<(String, ValueId)>,
+    /// Values integer inputs may hold (`lo..hi`), from the ops that use
+    /// them as indices.
+    pub ranges: Vec<(ValueId, i64, i64)>,
 }
 
 impl Graph {
     pub fn add_value(&mut self, name: &str, shape: Vec<u64>, konst: Option<Const>) -> ValueId {
-        self.values.push(Value { name: name.into(), shape, konst });
+        self.values.push(Value { name: name.into(), shape, konst, dtype: DType::F32 });
         self.values.len() - 1
+    }
+    /// Narrows the values input `v` may hold to `lo..hi`.
+    pub fn restrict_range(&mut self, v: ValueId, lo: i64, hi: i64) {
+        match self.ranges.iter_mut().find(|r| r.0 == v) {
+            Some(r) => {
+                r.1 = r.1.max(lo);
+                r.2 = r.2.min(hi);
+            }
+            None => self.ranges.push((v, lo, hi)),
+        }
     }
     pub fn konst(&self, v: ValueId) -> Option<&Const> {
         self.values[v].konst.as_ref()

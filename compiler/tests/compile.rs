@@ -308,21 +308,30 @@ fn bad_models_get_precise_errors() {
     let bytes = model(vec![node("Relu", "r", &["x"], &["y"], vec![])], vec![], vec![vinfo("x", &[2, 3])], vec![vinfo("y", &[3, 2])]);
     let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
     assert!(e.contains("shape inference gives [2, 3]"), "{e}");
-    // Integer inputs are refused with the reason.
+    // Inputs of types the NPU does not take are refused with the reason.
     let mut m = ModelProto::decode(mlp().as_slice()).unwrap();
-    m.graph.as_mut().unwrap().input[0].r#type.as_mut().unwrap().tensor_type.as_mut().unwrap().elem_type = elem::INT64;
+    m.graph.as_mut().unwrap().input[0].r#type.as_mut().unwrap().tensor_type.as_mut().unwrap().elem_type = elem::UINT16;
     let e = compile(&m.encode_to_vec(), "t", &Options::default()).err().unwrap().to_string();
-    assert!(e.contains("input 'x' is int64"), "{e}");
-    // A run-time cast to an integer type.
+    assert!(e.contains("input 'x' is uint16"), "{e}");
+    // A run-time cast to a type that does not exist at run time.
+    let bytes = model(
+        vec![node("Cast", "to_f64", &["x"], &["y"], vec![attr_i("to", elem::DOUBLE as i64)])],
+        vec![],
+        vec![vinfo("x", &[2])],
+        vec![vinfo("y", &[2])],
+    );
+    let (who, _, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!(who, "to_f64");
+    assert!(reason.contains("casts a run-time tensor to double"), "{reason}");
+    // A run-time cast to int64 whose result the model declares float.
     let bytes = model(
         vec![node("Cast", "to_int", &["x"], &["y"], vec![attr_i("to", elem::INT64 as i64)])],
         vec![],
         vec![vinfo("x", &[2])],
         vec![vinfo("y", &[2])],
     );
-    let (who, _, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!(who, "to_int");
-    assert!(reason.contains("only float32 tensors exist at run time"), "{reason}");
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("output 'y' is float in the model but computed as i64"), "{e}");
     // Reading an output the compiler does not produce (MaxPool's indices).
     let bytes = model(
         vec![
@@ -654,4 +663,71 @@ fn hardswish_fuses_into_conv_and_hardsigmoid_is_one_op() {
         panic!("not a unary")
     };
     assert_eq!((d.kind, d.param0, d.param1), (rbln_hw::ops::Unary::HardSigmoid as u32, 0.25, 0.4));
+}
+
+fn typed_vinfo(name: &str, dims: &[i64], elem_type: i32) -> ValueInfoProto {
+    let mut v = vinfo(name, dims);
+    if let Some(t) = v.r#type.as_mut().and_then(|t| t.tensor_type.as_mut()) {
+        t.elem_type = elem_type;
+    }
+    v
+}
+
+/// Token ids [2,5] (int64) index an embedding of 7 rows at run time; an
+/// int64 mask [2,5] becomes an additive f32 bias through Unsqueeze, Cast,
+/// Sub and Mul, as transformers' BERT export writes it.
+fn token_model(ids_type: i32) -> Vec<u8> {
+    model(
+        vec![
+            node("Gather", "emb", &["E", "ids"], &["e"], vec![attr_i("axis", 0)]),
+            node("Unsqueeze", "m1", &["mask", "ax2"], &["mu"], vec![]),
+            node("Cast", "mc", &["mu"], &["mf"], vec![attr_i("to", elem::FLOAT as i64)]),
+            node("Sub", "ms", &["one", "mf"], &["mi"], vec![]),
+            node("Mul", "mm", &["mi", "big"], &["mb"], vec![]),
+            node("Add", "add", &["e", "mb"], &["y"], vec![]),
+        ],
+        vec![tensor("E", &[7, 3], &ramp(21, 0.1)), ints("ax2", &[2]), tensor("one", &[], &[1.0]), tensor("big", &[], &[-1e4])],
+        vec![typed_vinfo("ids", &[2, 5], ids_type), typed_vinfo("mask", &[2, 5], elem::INT64)],
+        vec![vinfo("y", &[2, 5, 3])],
+    )
+}
+
+#[test]
+fn integer_inputs_index_embeddings_and_cast_at_run_time() {
+    for (ty, dtype) in [(elem::INT64, rbln_format::DType::I64), (elem::INT32, rbln_format::DType::I32)] {
+        let c = compiled(&token_model(ty));
+        let m = &c.model;
+        let ids = &m.meta.inputs[0];
+        assert_eq!((ids.name.as_str(), ids.dtype), ("ids", dtype));
+        // The ids index rows -7..7 of the embedding (ONNX allows negatives).
+        assert_eq!(ids.range, Some(rbln_format::ValueRange { lo: -7, hi: 7 }));
+        let mask = &m.meta.inputs[1];
+        assert_eq!((mask.dtype, mask.range), (rbln_format::DType::I64, None));
+        let ops = compute_ops(m);
+        assert!(ops.iter().any(|o| o == "Gather"), "{ops:?}");
+        assert!(ops.iter().any(|o| o == "Cast"), "{ops:?}");
+    }
+    // A run-time int64 operand of arithmetic is converted first.
+    let bytes = model(
+        vec![node("Add", "add", &["x", "k"], &["y"], vec![])],
+        vec![tensor("k", &[], &[0.5])],
+        vec![typed_vinfo("x", &[4], elem::INT64)],
+        vec![vinfo("y", &[4])],
+    );
+    let ops = compute_ops(&compiled(&bytes).model);
+    assert_eq!(ops, ["Cast", "Add"]);
+    // Float indices at run time are refused with the node and the reason.
+    let bytes = model(
+        vec![node("Gather", "g", &["E", "x"], &["y"], vec![])],
+        vec![tensor("E", &[7, 3], &ramp(21, 0.1))],
+        vec![vinfo("x", &[2])],
+        vec![vinfo("y", &[2, 3])],
+    );
+    let (who, op, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!((who.as_str(), op.as_str()), ("g", "Gather"));
+    assert!(reason.contains("must be int32 or int64"), "{reason}");
+    // Inputs of other types name the input and the type.
+    let bytes = model(vec![node("Relu", "r", &["x"], &["y"], vec![])], vec![], vec![typed_vinfo("x", &[2], elem::DOUBLE)], vec![vinfo("y", &[2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("input 'x' is double"), "{e}");
 }

@@ -209,6 +209,8 @@ pub struct IoInfo {
     pub name: String,
     pub dtype: &'static str,
     pub shape: Vec<u64>,
+    /// Values an integer input may hold (`lo..hi`), if the model says.
+    pub range: Option<(i64, i64)>,
 }
 
 /// What `inspect` reports.
@@ -227,7 +229,7 @@ pub struct ModelInfo {
 }
 
 fn io_info(b: &rbln_format::IoBinding) -> IoInfo {
-    IoInfo { name: b.name.clone(), dtype: b.dtype.name(), shape: b.shape.clone() }
+    IoInfo { name: b.name.clone(), dtype: b.dtype.name(), shape: b.shape.clone(), range: b.range.map(|r| (r.lo, r.hi)) }
 }
 
 /// Metadata of a model (no device needed).

@@ -102,10 +102,14 @@ class Graph:
         return self.node("Add", [y, b], f"{name}.Add")
 
     # -- model -------------------------------------------------------------
-    def model(self, inp, in_shape, out, out_shape, opset=OPSET):
+    def model(self, inp, in_shape, out, out_shape, opset=OPSET, inputs=None):
+        """`inputs`: [(name, TensorProto type, shape)] for several or
+        non-float inputs (then `inp` and `in_shape` are ignored)."""
+        if inputs is None:
+            inputs = [(inp, TensorProto.FLOAT, in_shape)]
         graph = helper.make_graph(
             self.nodes, self.name,
-            [helper.make_tensor_value_info(inp, TensorProto.FLOAT, in_shape)],
+            [helper.make_tensor_value_info(n, t, sh) for n, t, sh in inputs],
             [helper.make_tensor_value_info(out, TensorProto.FLOAT, out_shape)],
             initializer=self.inits,
         )
@@ -716,6 +720,67 @@ def ops3():
     return g.model(x, [2, 4, 16], "y", [2, 8]), g.input_data((2, 4, 16))
 
 
+def bert_ids():
+    """A BERT-style encoder taking token ids and an attention mask exactly as
+    transformers' BertModel exports them: int64 input_ids and attention_mask
+    [B, S]; word embeddings gathered with the ids at run time; position and
+    token-type embeddings gathered with constants (folded); the extended
+    mask Unsqueeze -> Cast(float) -> Sub(1, m) -> Mul(min) added to the
+    scores; one attention layer and a pooler-free last hidden state."""
+    g = Graph("bert-ids", 113)
+    B, S, D, H, DH, V = 2, 16, 32, 2, 16, 100
+    E = "embeddings"
+    ids, mask = "input_ids", "attention_mask"
+    words = g.node("Gather", [g.normal(f"{E}.word_embeddings.weight", (V, D), 1.0), ids],
+                   f"{E}.word_embeddings", axis=0)
+    pos_ids = g.i64(f"{E}.position_ids", np.arange(512).reshape(1, 512))
+    pos_ids = g.node("Slice", [pos_ids, g.i64("const.zero1", [0]), g.i64("const.seq1", [S]),
+                               g.i64("const.one_axis", [1])], f"{E}.Slice")
+    pos = g.node("Gather", [g.normal(f"{E}.position_embeddings.weight", (512, D), 1.0), pos_ids],
+                 f"{E}.position_embeddings", axis=0)
+    tt = g.node("Gather", [g.normal(f"{E}.token_type_embeddings.weight", (2, D), 1.0),
+                           g.i64(f"{E}.token_type_ids", np.zeros((1, S)))], f"{E}.token_type_embeddings", axis=0)
+    x = g.node("Add", [g.node("Add", [words, tt], f"{E}.Add"), pos], f"{E}.Add_1")
+    x = g.node("LayerNormalization", [x, g.uniform(f"{E}.LayerNorm.weight", (D,), 0.8, 1.2),
+                                      g.normal(f"{E}.LayerNorm.bias", (D,), 0.1)],
+               f"{E}.LayerNorm", axis=-1, epsilon=1e-12)
+    # Extended attention mask [B, 1, 1, S]: (1 - mask) * finfo(float32).min.
+    m = g.node("Unsqueeze", [mask, g.i64("const.axes1", [1])], "mask.Unsqueeze")
+    m = g.node("Unsqueeze", [m, g.i64("const.axes2", [2])], "mask.Unsqueeze_1")
+    m = g.node("Cast", [m], "mask.Cast", to=TensorProto.FLOAT)
+    m = g.node("Sub", [g.const("const.one", 1.0), m], "mask.Sub")
+    m = g.node("Mul", [m, g.const("const.min", np.finfo(np.float32).min)], "mask.Mul")
+    A = "encoder.layer.0.attention.self"
+    heads = g.i64("const.heads", [B, S, H, DH])
+
+    def split(t, perm):
+        return g.node("Transpose", [g.node("Reshape", [t, heads], f"{t}.Reshape")], f"{t}.Transpose", perm=perm)
+
+    q = split(g.linear(x, f"{A}.query", D, D), [0, 2, 1, 3])
+    k = split(g.linear(x, f"{A}.key", D, D), [0, 2, 3, 1])
+    v = split(g.linear(x, f"{A}.value", D, D), [0, 2, 1, 3])
+    sc = g.node("MatMul", [q, k], f"{A}.scores")
+    sc = g.node("Div", [sc, g.const(f"{A}.scale", np.sqrt(DH))], f"{A}.Div")
+    sc = g.node("Add", [sc, m], f"{A}.Add_mask")
+    sc = g.node("Softmax", [sc], f"{A}.softmax", axis=-1)
+    o = g.node("MatMul", [sc, v], f"{A}.context")
+    o = g.node("Transpose", [o], f"{A}.context.Transpose", perm=[0, 2, 1, 3])
+    o = g.node("Reshape", [o, g.i64(f"{A}.merge", [B, S, D])], f"{A}.context.Reshape")
+    O = "encoder.layer.0.attention.output"
+    o = g.linear(o, f"{O}.dense", D, D)
+    o = g.node("LayerNormalization", [g.node("Add", [o, x], f"{O}.Add"),
+                                      g.uniform(f"{O}.LayerNorm.weight", (D,), 0.8, 1.2),
+                                      g.normal(f"{O}.LayerNorm.bias", (D,), 0.1)],
+               f"{O}.LayerNorm", axis=-1, epsilon=1e-12, outputs=["last_hidden_state"])
+    model = g.model(None, None, "last_hidden_state", [B, S, D],
+                    inputs=[(ids, TensorProto.INT64, [B, S]), (mask, TensorProto.INT64, [B, S])])
+    rng = g.input_rng
+    ids_v = rng.integers(0, V, size=(B, S)).astype(np.int64)
+    mask_v = np.ones((B, S), dtype=np.int64)
+    mask_v[1, 11:] = 0  # the second sequence is padded
+    return model, [ids_v, mask_v]
+
+
 # name -> (builder, suffix of the .npy files or None for no reference)
 MODELS = [
     ("resnet", resnet, ""),
@@ -731,6 +796,7 @@ MODELS = [
     ("mobilenetv2", mobilenetv2, ""),
     ("encoder4", encoder4, ""),
     ("ops3", ops3, ""),
+    ("bert-ids", bert_ids, ""),
 ]
 
 
@@ -760,16 +826,25 @@ def main(argv):
         onnx.save(model, os.path.join(out, f"{name}.onnx"))
         sess = session(model)  # also proves onnxruntime loads it
         g = model.graph
-        (inp,), (outp,) = g.input, g.output
+        (outp,) = g.output
         if suffix is not None:
-            (res,) = sess.run([outp.name], {inp.name: data})
+            # Several inputs: a list in input order, saved as .input0.npy,
+            # .input1.npy, ...; one input: .input.npy.
+            arrays = data if isinstance(data, list) else [data]
+            feeds = {i.name: a for i, a in zip(g.input, arrays)}
+            (res,) = sess.run([outp.name], feeds)
             res = np.asarray(res, dtype=np.float32)
             if not np.all(np.isfinite(res)):
                 raise SystemExit(f"{name}: onnxruntime output is not finite")
-            np.save(os.path.join(out, f"{name}{suffix}.input.npy"), data)
+            if isinstance(data, list):
+                for k, a in enumerate(arrays):
+                    np.save(os.path.join(out, f"{name}{suffix}.input{k}.npy"), a)
+            else:
+                np.save(os.path.join(out, f"{name}{suffix}.input.npy"), data)
             np.save(os.path.join(out, f"{name}{suffix}.expected.npy"), res)
         ops_used = sorted({n.op_type for n in g.node})
-        print(f"{name}: {inp.name}{shape_str(inp)} -> {outp.name}{shape_str(outp)}, "
+        ins = ", ".join(f"{i.name}{shape_str(i)}" for i in g.input)
+        print(f"{name}: {ins} -> {outp.name}{shape_str(outp)}, "
               f"opset {model.opset_import[0].version}, {len(g.node)} nodes, "
               f"ops: {' '.join(ops_used)}")
     return 0

@@ -13,6 +13,22 @@ for m in resnet mobilenet transformer ops gelu20 ops2 ops3 legacy resnet18 mobil
     sed "s/^/# $m: /" /tmp/cmp
     check "$m matches onnxruntime (tol 1e-4)" test $rc = 0
 done
+# Token ids and an attention mask (int64) as transformers exports them.
+b="--input $o/bert-ids.input0.npy --input $o/bert-ids.input1.npy"
+check "bert-ids (int64 input_ids + attention_mask): rbln-run" rbln-run $o/bert-ids.rbln $b --output /tmp/bert.npy --iterations 5 --warmup 1
+check "bert-ids matches onnxruntime (tol 1e-4)" rbln-example-models compare /tmp/bert.npy $o/bert-ids.expected.npy 1e-4
+check "bert-ids through AsyncRuntime (parallel 2) matches" sh -c \
+    "rbln-run $o/bert-ids.rbln --async --parallel 2 $b --output /tmp/ba.npy --iterations 6 >/dev/null && rbln-example-models compare /tmp/ba.npy $o/bert-ids.expected.npy 1e-4"
+check "--inspect shows the ids' dtype and range" sh -c "rbln-run $o/bert-ids.rbln --inspect | grep -q 'input:    input_ids i64 \[2, 16\] values -100..100'"
+rc=0; rbln-run $o/bert-ids.rbln --input $o/bert-ids.bad-ids.npy --input $o/bert-ids.input1.npy >/tmp/err 2>&1 || rc=$?
+cat /tmp/err
+check "an out-of-range token id: exit 2, names the input and the element" sh -c \
+    "test $rc = 2 && grep -q \"input 'input_ids': element \[1, 3\] is 100, outside the range -100..100\" /tmp/err"
+rc=0; rbln-run $o/bert-ids.rbln --input $o/bert-ids.expected.npy >/tmp/err 2>&1 || rc=$?
+cat /tmp/err
+check "float data for int64 ids: exit 2, names the input and both dtypes" sh -c \
+    "test $rc = 2 && grep -q \"input 'input_ids': expected dtype i64, got f32\" /tmp/err"
+check "the device is fine after the refused ids" rbln-run $o/bert-ids.rbln $b --output /tmp/bert2.npy
 check "dynamic-batch compiled with --input-shape x=3x8 matches" sh -c \
     "rbln-run $o/dynamic-batch.rbln --input $o/dynamic-batch.b3.input.npy --output /tmp/d.npy >/dev/null && rbln-example-models compare /tmp/d.npy $o/dynamic-batch.b3.expected.npy 1e-4"
 check "transformer through AsyncRuntime (parallel 2) matches" sh -c \

@@ -23,7 +23,8 @@ use rbln_runtime::{clock, inspect, npy, stats::LatencyStats, AsyncRuntime, Data,
 struct Args {
     /// The model (.rbln).
     model: PathBuf,
-    /// Input tensors (.npy, float32), in the model's input order. Inputs
+    /// Input tensors (.npy: float32, int32, int64 or bool, as the model
+    /// declares), in the model's input order. Inputs
     /// not given are zero-filled (or random with --random).
     #[arg(long = "input", short = 'i')]
     inputs: Vec<PathBuf>,
@@ -99,6 +100,21 @@ fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// A missing input: zeros, or random values (in [-1, 1] for floats, in
+/// the input's range or 0..100 for integers, half true for bools).
+fn default_input(want: &rbln_runtime::IoInfo, seed: u64, random: bool) -> Tensor {
+    let n = Tensor::elements(&want.shape) as usize;
+    let r: Vec<f32> = if random { random_values(n, seed) } else { vec![0.0; n] };
+    let (lo, hi) = want.range.map_or((0, 100), |(lo, hi)| (lo.max(0).min(hi - 1), hi.min(lo.max(0) + 100)));
+    let int = |x: f32| if random { lo + (((x + 1.0) / 2.0 * (hi - lo) as f32) as i64).clamp(0, hi - lo - 1) } else { lo.max(0).min(hi - 1) };
+    match want.dtype {
+        "i64" => Tensor::new(&want.shape, r.iter().map(|&x| int(x)).collect::<Vec<i64>>()),
+        "i32" => Tensor::new(&want.shape, r.iter().map(|&x| int(x) as i32).collect::<Vec<i32>>()),
+        "bool" => Tensor::new(&want.shape, r.iter().map(|&x| x > 0.0).collect::<Vec<bool>>()),
+        _ => Tensor::new(&want.shape, r),
+    }
+}
+
 fn random_values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed | 1;
     (0..n)
@@ -121,7 +137,7 @@ fn main() -> ExitCode {
     if args.inspect {
         if args.json {
             let io = |v: &[rbln_runtime::IoInfo]| {
-                v.iter().map(|t| serde_json::json!({"name": t.name, "dtype": t.dtype, "shape": t.shape})).collect::<Vec<_>>()
+                v.iter().map(|t| serde_json::json!({"name": t.name, "dtype": t.dtype, "shape": t.shape, "range": t.range.map(|(lo, hi)| [lo, hi])})).collect::<Vec<_>>()
             };
             let ops: Vec<_> = info.ops.iter().map(|(op, n)| serde_json::json!({"op": op, "count": n})).collect();
             println!(
@@ -134,7 +150,8 @@ fn main() -> ExitCode {
         } else {
             println!("model:    {} (produced by {})", info.name, info.producer);
             for t in &info.inputs {
-                println!("input:    {} {} {:?}", t.name, t.dtype, t.shape);
+                let range = t.range.map_or(String::new(), |(lo, hi)| format!(" values {lo}..{hi}"));
+                println!("input:    {} {} {:?}{range}", t.name, t.dtype, t.shape);
             }
             for t in &info.outputs {
                 println!("output:   {} {} {:?}", t.name, t.dtype, t.shape);
@@ -158,10 +175,7 @@ fn main() -> ExitCode {
                 Ok(t) => t,
                 Err(e) => return fail(EXIT_USAGE, e),
             },
-            None => {
-                let n = Tensor::elements(&want.shape) as usize;
-                Tensor::new(&want.shape, if args.random { random_values(n, i as u64 + 1) } else { vec![0.0; n] })
-            }
+            None => default_input(want, i as u64 + 1, args.random),
         };
         inputs.push(t);
     }
@@ -173,8 +187,13 @@ fn main() -> ExitCode {
     clock::init_with_device(&dev);
     let load_start = clock::now();
     let classify = |e: &Error| match e {
-        Error::InputCount { .. } | Error::InputShape { .. } | Error::InputDType { .. } | Error::InputLength { .. } | Error::Parallel(_) => EXIT_USAGE,
-        Error::Format(_) | Error::HardwareVersion { .. } | Error::NotStaged { .. } | Error::EmptyProgram => EXIT_MODEL,
+        Error::InputCount { .. }
+        | Error::InputShape { .. }
+        | Error::InputDType { .. }
+        | Error::InputLength { .. }
+        | Error::InputValue { .. }
+        | Error::Parallel(_) => EXIT_USAGE,
+        Error::Format(_) | Error::HardwareVersion { .. } | Error::NotStaged { .. } | Error::EdgeDType { .. } | Error::EmptyProgram => EXIT_MODEL,
         _ => EXIT_DEVICE,
     };
     let mut lat = Vec::with_capacity(args.iterations as usize);
