@@ -5,7 +5,12 @@
 //! Any inconsistency is a `BadDescriptor` fault at the descriptor's VA;
 //! operands are read (and translated) before anything is computed, and the
 //! output range is checked before it is written, so a faulting op leaves
-//! its output untouched.
+//! its output untouched. Run-time values are checked before the output is
+//! written too (a GATHER index outside its axis is an `IndexOutOfRange`
+//! fault at that index's VA).
+//!
+//! Tensors are f32 except for CAST, whose operands may also be i32, i64 or
+//! bool (bytes): the operand machinery is generic over [`Elem`].
 
 use std::borrow::Cow;
 
@@ -44,15 +49,31 @@ struct Op<'p, 's, 'a> {
     nclaims: usize,
 }
 
+/// An element type of a tensor operand.
+///
+/// # Safety
+/// Implementors are plain numbers: no padding, and every bit pattern of
+/// `size_of::<Self>()` bytes is a valid value (operand memory holds
+/// whatever the guest put there).
+unsafe trait Elem: Copy + Default + 'static {}
+// SAFETY: IEEE binary32; every bit pattern is some f32 (NaNs included).
+unsafe impl Elem for f32 {}
+// SAFETY: two's-complement integers without padding or invalid values.
+unsafe impl Elem for i32 {}
+// SAFETY: as for i32.
+unsafe impl Elem for i64 {}
+// SAFETY: as for i32 (CAST's bool elements are raw bytes).
+unsafe impl Elem for u8 {}
+
 /// Where a kernel writes an output: device memory itself, or staging that
 /// [`Out::commit`] copies out.
-enum Out<'p> {
-    Direct(&'p mut [f32]),
-    Staged(Vec<f32>, Span),
+enum Out<'p, T: Elem = f32> {
+    Direct(&'p mut [T]),
+    Staged(Vec<T>, Span),
 }
 
-impl Out<'_> {
-    fn buf(&mut self) -> &mut [f32] {
+impl<T: Elem> Out<'_, T> {
+    fn buf(&mut self) -> &mut [T] {
         match self {
             Out::Direct(s) => s,
             Out::Staged(v, _) => v,
@@ -66,8 +87,8 @@ impl Out<'_> {
     }
 }
 
-/// Copy `data` into the pieces of `span` (same total length).
-fn scatter(data: &[f32], span: &Span) {
+/// Copy `data` into the pieces of `span` (same total length in bytes).
+fn scatter<T: Elem>(data: &[T], span: &Span) {
     let mut src = data.as_ptr().cast::<u8>();
     for p in span.pieces() {
         // SAFETY: `p` is a resolved, writable range of device memory that
@@ -92,12 +113,14 @@ fn gather_into(span: &Span, dst: &mut [u8]) {
     }
 }
 
-/// Gather the pieces of `span` into a new vector of `count` f32 values.
-fn gather_span(span: &Span, count: usize) -> Vec<f32> {
-    let mut v = vec![0f32; count];
-    // SAFETY: any byte pattern is a valid f32; the byte view covers
-    // exactly the vector's elements.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), count * 4) };
+/// Gather the pieces of `span` into a new vector of `count` elements (the
+/// span is `count` elements long).
+fn gather_span<T: Elem>(span: &Span, count: usize) -> Vec<T> {
+    let mut v = vec![T::default(); count];
+    let len = std::mem::size_of_val(v.as_slice());
+    // SAFETY: any byte pattern is a valid `T` (`Elem`); the byte view
+    // covers exactly the vector's elements and nothing else borrows it.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), len) };
     gather_into(span, bytes);
     v
 }
@@ -128,11 +151,15 @@ impl<'p> Op<'p, '_, '_> {
         Ok(v as usize)
     }
 
-    fn resolve(&self, va: u64, count: usize, access: Access) -> R<Span> {
-        if !va.is_multiple_of(4) {
+    /// Translate `count` elements of `T` at `va` (aligned to the element
+    /// size, else an Alignment fault at `va`). `count` is bounded by
+    /// `MAX_TENSOR_ELEMS`, so the byte length cannot overflow.
+    fn resolve<T: Elem>(&self, va: u64, count: usize, access: Access) -> R<Span> {
+        let size = std::mem::size_of::<T>() as u64;
+        if !va.is_multiple_of(size) {
             return Err(Fault::new(FaultCode::Alignment, access, va));
         }
-        self.mem.resolve(va, count as u64 * 4, access)
+        self.mem.resolve(va, count as u64 * size, access)
     }
 
     /// Whether [start, end) may be lent out: no overlap with a writable
@@ -150,18 +177,25 @@ impl<'p> Op<'p, '_, '_> {
 
     /// `count` f32 values at `va`, in place when possible.
     fn input(&mut self, va: u64, count: usize) -> R<Cow<'p, [f32]>> {
-        let span = self.resolve(va, count, Access::Read)?;
+        self.input_of(va, count)
+    }
+
+    /// `count` elements of `T` at `va`, in place when possible.
+    fn input_of<T: Elem>(&mut self, va: u64, count: usize) -> R<Cow<'p, [T]>> {
+        let span = self.resolve::<T>(va, count, Access::Read)?;
         if let Some(p) = span.contiguous() {
-            if self.claim(p, false) {
-                // SAFETY: `p` is `count * 4` readable bytes of device memory,
-                // 4-byte aligned (VA and page offsets agree, pages and
-                // mappings are page aligned), kept mapped and translated
-                // while `self.mem` ('p) lives. No `&mut` slice overlaps it
+            // The VA is element aligned and VA and page offsets agree, so
+            // the pointer is too; checked anyway (staging is the fallback).
+            if p.ptr.cast::<T>().is_aligned() && self.claim(p, false) {
+                // SAFETY: `p` is `count * size_of::<T>()` readable bytes of
+                // device memory, aligned for `T` (checked), kept mapped and
+                // translated while `self.mem` ('p) lives; any bit pattern
+                // is a valid `T` (`Elem`). No `&mut` slice overlaps it
                 // (claims). The guest may write it concurrently, as it may
                 // under real DMA: values are then unspecified, but the
                 // kernels only compute with them (sizes and indices never
                 // come from operand memory).
-                return Ok(Cow::Borrowed(unsafe { std::slice::from_raw_parts(p.ptr.cast::<f32>(), count) }));
+                return Ok(Cow::Borrowed(unsafe { std::slice::from_raw_parts(p.ptr.cast::<T>(), count) }));
             }
         }
         Ok(Cow::Owned(gather_span(&span, count)))
@@ -170,15 +204,20 @@ impl<'p> Op<'p, '_, '_> {
     /// Output of `count` f32 values at `va`. `preserve`: the kernel reads
     /// or skips some of the old contents, so staging starts from them.
     fn output(&mut self, va: u64, count: usize, preserve: bool) -> R<Out<'p>> {
-        let span = self.resolve(va, count, Access::Write)?;
+        self.output_of(va, count, preserve)
+    }
+
+    /// Output of `count` elements of `T` at `va` (see [`Op::output`]).
+    fn output_of<T: Elem>(&mut self, va: u64, count: usize, preserve: bool) -> R<Out<'p, T>> {
+        let span = self.resolve::<T>(va, count, Access::Write)?;
         if let Some(p) = span.contiguous() {
-            if self.claim(p, true) {
-                // SAFETY: as in `input`, and the claim guarantees no other
-                // slice of this op overlaps these bytes.
-                return Ok(Out::Direct(unsafe { std::slice::from_raw_parts_mut(p.ptr.cast::<f32>(), count) }));
+            if p.ptr.cast::<T>().is_aligned() && self.claim(p, true) {
+                // SAFETY: as in `input_of`, and the claim guarantees no
+                // other slice of this op overlaps these bytes.
+                return Ok(Out::Direct(unsafe { std::slice::from_raw_parts_mut(p.ptr.cast::<T>(), count) }));
             }
         }
-        let v = if preserve { gather_span(&span, count) } else { vec![0f32; count] };
+        let v = if preserve { gather_span(&span, count) } else { vec![T::default(); count] };
         Ok(Out::Staged(v, span))
     }
 
@@ -192,7 +231,12 @@ impl<'p> Op<'p, '_, '_> {
 
     /// Run `f` on an output that is written after every input was read.
     fn write_out(&mut self, va: u64, count: usize, f: impl FnOnce(&mut [f32]) -> k::Result<()>) -> R<()> {
-        let mut out = self.output(va, count, false)?;
+        self.write_out_of(va, count, f)
+    }
+
+    /// [`Op::write_out`] for an output of element type `T`.
+    fn write_out_of<T: Elem>(&mut self, va: u64, count: usize, f: impl FnOnce(&mut [T]) -> k::Result<()>) -> R<()> {
+        let mut out = self.output_of::<T>(va, count, false)?;
         let r = f(out.buf());
         self.kernel(r)?;
         out.commit();
@@ -344,14 +388,14 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             Ok(n as u64)
         }
         Desc::StridedCopy(d) => strided_copy(&mut op, &d),
-        // Implemented next; until then refused like an unknown op.
-        Desc::Cast(_) => Err(bad),
+        Desc::Cast(d) => cast(&mut op, &d),
         Desc::Gather(d) => {
             let shape = dims(&d.dims, d.rank);
             let ni = usize::try_from(d.num_indices).map_err(|_| bad)?;
             let out_shape = op.kernel(k::gather_output_shape(&shape, d.axis as isize, &[ni]))?;
             let (n, no) = (op.volume(&shape)?, op.volume(&out_shape)?);
             op.volume(&[ni, 2])?;
+            let dim = shape.get(d.axis as usize).copied().ok_or(bad)?;
             let (align, width) = if d.index_type == ops::GATHER_INDEX_I32 { (4, 4) } else { (8, 8) };
             if d.indices_va % align != 0 {
                 return Err(Fault::new(FaultCode::Alignment, Access::Read, d.indices_va));
@@ -362,18 +406,110 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let mut raw = vec![0u8; ni * width];
             gather_into(&span, &mut raw);
             let data = op.input(d.data_va, n)?;
-            let axis = d.axis as isize;
+            let g =
+                GatherArgs { shape: &shape, axis: d.axis as usize, dim, indices_va: d.indices_va, out_va: d.out_va, no };
             if d.index_type == ops::GATHER_INDEX_I32 {
                 let idx: Vec<i32> = raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                op.write_out(d.out_va, no, |out| k::gather(&data, &shape, axis, &idx, &[ni], out))?;
+                gather(&mut op, &g, &data, &idx)?;
             } else {
-                let idx: Vec<i64> =
-                    raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
-                op.write_out(d.out_va, no, |out| k::gather(&data, &shape, axis, &idx, &[ni], out))?;
+                let idx: Vec<i64> = raw
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                    .collect();
+                gather(&mut op, &g, &data, &idx)?;
             }
             Ok(no as u64)
         }
     }
+}
+
+/// What [`gather`] needs of a checked GATHER descriptor.
+struct GatherArgs<'a> {
+    shape: &'a [usize],
+    axis: usize,
+    /// Length of the gathered axis.
+    dim: usize,
+    indices_va: u64,
+    out_va: u64,
+    /// Output element count.
+    no: usize,
+}
+
+/// The first index outside `[-dim, dim)` (ONNX: negative indices count
+/// from the end once).
+fn first_bad_index<I: k::GatherIndex>(idx: &[I], dim: usize) -> Option<usize> {
+    // dim <= u32::MAX (a descriptor dim), so it fits an i64.
+    let dim = i64::try_from(dim).unwrap_or(i64::MAX);
+    idx.iter().position(|i| {
+        let i = i.to_i64();
+        i < -dim || i >= dim
+    })
+}
+
+/// GATHER with its indices copied out of guest memory: translate the
+/// output, check every index (an IndexOutOfRange fault at the first bad
+/// index's VA), then gather. Nothing is written on a fault.
+fn gather<I: k::GatherIndex>(op: &mut Op<'_, '_, '_>, g: &GatherArgs<'_>, data: &[f32], idx: &[I]) -> R<()> {
+    let mut out = op.output(g.out_va, g.no, false)?;
+    if let Some(i) = first_bad_index(idx, g.dim) {
+        let width = std::mem::size_of::<I>() as u64;
+        // Inside the translated index range (below VA_LIMIT): cannot
+        // saturate.
+        let va = g.indices_va.saturating_add((i as u64).saturating_mul(width));
+        return Err(Fault::new(FaultCode::IndexOutOfRange, Access::Read, va));
+    }
+    let r = k::gather(data, g.shape, g.axis as isize, idx, &[idx.len()], out.buf());
+    op.kernel(r)?;
+    out.commit();
+    Ok(())
+}
+
+/// A CAST operand as read, typed by its element type.
+enum CastIn<'p> {
+    F32(Cow<'p, [f32]>),
+    I32(Cow<'p, [i32]>),
+    I64(Cow<'p, [i64]>),
+    Bool(Cow<'p, [u8]>),
+}
+
+impl CastIn<'_> {
+    fn view(&self) -> k::CastSrc<'_> {
+        match self {
+            CastIn::F32(s) => k::CastSrc::F32(s),
+            CastIn::I32(s) => k::CastSrc::I32(s),
+            CastIn::I64(s) => k::CastSrc::I64(s),
+            CastIn::Bool(s) => k::CastSrc::Bool(s),
+        }
+    }
+}
+
+fn cast(op: &mut Op<'_, '_, '_>, d: &ops::CastDesc) -> R<u64> {
+    let (src_size, dst_size) = match (ops::cast_type_size(d.src_type), ops::cast_type_size(d.dst_type)) {
+        (Some(s), Some(t)) => (s, t),
+        // Descriptor decoding only lets the element types through.
+        _ => return Err(op.bad()),
+    };
+    let n = usize::try_from(d.count).map_err(|_| op.bad())?;
+    // Every operand at most MAX_TENSOR_ELEMS * 4 bytes, like the largest
+    // f32 tensor: with an i64 operand at most 2^27 elements.
+    let words = src_size.max(dst_size).div_ceil(4) as usize;
+    op.volume(&[n, words])?;
+    let input = match d.src_type {
+        ops::CAST_F32 => CastIn::F32(op.input_of(d.in_va, n)?),
+        ops::CAST_I32 => CastIn::I32(op.input_of(d.in_va, n)?),
+        ops::CAST_I64 => CastIn::I64(op.input_of(d.in_va, n)?),
+        _ => CastIn::Bool(op.input_of(d.in_va, n)?),
+    };
+    // The output is written after the input was read (or borrowed where it
+    // does not overlap the output): an overlapping output is staged.
+    let src = input.view();
+    match d.dst_type {
+        ops::CAST_F32 => op.write_out_of(d.out_va, n, |o| k::cast(src, k::CastDst::F32(o)))?,
+        ops::CAST_I32 => op.write_out_of(d.out_va, n, |o| k::cast(src, k::CastDst::I32(o)))?,
+        ops::CAST_I64 => op.write_out_of(d.out_va, n, |o| k::cast(src, k::CastDst::I64(o)))?,
+        _ => op.write_out_of(d.out_va, n, |o| k::cast(src, k::CastDst::Bool(o)))?,
+    }
+    Ok(n as u64)
 }
 
 fn padding(top: u32, left: u32, bottom: u32, right: u32) -> k::Padding2d {

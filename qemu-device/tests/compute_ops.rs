@@ -410,3 +410,309 @@ fn fused_residual_and_binary_activation() {
     let want: Vec<f32> = p.iter().zip(&q).map(|(a, b)| (a - b).clamp(-1.0, 1.0)).collect();
     close(&r.get(2, 64), &want);
 }
+
+// ---- CAST (hardware minor version 2) and GATHER index faults ----
+
+const CAST_TYPES: [u32; 4] = [CAST_F32, CAST_I32, CAST_I64, CAST_BOOL];
+
+fn type_name(t: u32) -> &'static str {
+    ["f32", "i32", "i64", "bool"][t as usize]
+}
+
+/// A decoded element, as the reference conversion sees it.
+#[derive(Clone, Copy, Debug)]
+enum Val {
+    F(f32),
+    I(i64),
+    B(bool),
+}
+
+fn decode(t: u32, bytes: &[u8]) -> Vec<Val> {
+    let size = cast_type_size(t).unwrap() as usize;
+    bytes
+        .chunks_exact(size)
+        .map(|c| match t {
+            CAST_F32 => Val::F(f32::from_le_bytes(c.try_into().unwrap())),
+            CAST_I32 => Val::I(i32::from_le_bytes(c.try_into().unwrap()) as i64),
+            CAST_I64 => Val::I(i64::from_le_bytes(c.try_into().unwrap())),
+            _ => Val::B(c[0] != 0),
+        })
+        .collect()
+}
+
+/// f32 -> integer per the spec: truncate toward zero, saturate, NaN -> 0.
+fn sat(x: f32, min: i64, max: i64, lim: f32) -> i64 {
+    if x.is_nan() {
+        0
+    } else if x >= lim {
+        max
+    } else if x < -lim {
+        min
+    } else {
+        x.trunc() as i64
+    }
+}
+
+/// The spec's conversion of one element, as little-endian bytes.
+fn reference(v: Val, dst: u32) -> Vec<u8> {
+    match (dst, v) {
+        (CAST_F32, Val::F(x)) => x.to_le_bytes().to_vec(),
+        (CAST_F32, Val::I(x)) => (x as f32).to_le_bytes().to_vec(),
+        (CAST_F32, Val::B(b)) => (b as u8 as f32).to_le_bytes().to_vec(),
+        (CAST_I32, Val::F(x)) => (sat(x, i32::MIN as i64, i32::MAX as i64, 2_147_483_648.0) as i32).to_le_bytes().to_vec(),
+        // Low 32 bits.
+        (CAST_I32, Val::I(x)) => ((x as u64 & 0xffff_ffff) as u32).to_le_bytes().to_vec(),
+        (CAST_I32, Val::B(b)) => (b as i32).to_le_bytes().to_vec(),
+        (CAST_I64, Val::F(x)) => sat(x, i64::MIN, i64::MAX, 9_223_372_036_854_775_808.0).to_le_bytes().to_vec(),
+        (CAST_I64, Val::I(x)) => x.to_le_bytes().to_vec(),
+        (CAST_I64, Val::B(b)) => (b as i64).to_le_bytes().to_vec(),
+        (_, Val::F(x)) => vec![(x != 0.0) as u8],
+        (_, Val::I(x)) => vec![(x != 0) as u8],
+        (_, Val::B(b)) => vec![b as u8],
+    }
+}
+
+/// Source tensors of every type, with the edge cases of the conversions.
+fn cast_source(t: u32) -> Vec<u8> {
+    match t {
+        CAST_F32 => f32_bytes(&[
+            0.0, -0.0, 1.5, -1.5, 2.5e9, -2.5e9, 1e19, -1e19, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3.0, 0.25,
+            -2_147_483_648.0,
+        ]),
+        CAST_I32 => [0, 1, -1, i32::MAX, i32::MIN, 16_777_217, 256, -7].iter().flat_map(|v: &i32| v.to_le_bytes()).collect(),
+        CAST_I64 => [0, 1, -1, 1 << 32, (1 << 32) + 7, i64::MAX, i64::MIN, 0x8000_0000, (1 << 53) + 1]
+            .iter()
+            .flat_map(|v: &i64| v.to_le_bytes())
+            .collect(),
+        _ => vec![0, 1, 2, 0xff, 0, 0x80, 1],
+    }
+}
+
+/// The error record's access field (Q_FAULT_CODE bits 15:8).
+fn fault_access(r: &OpRig) -> u32 {
+    (r.rig.reg32(regs::queue_reg(0, regs::Q_FAULT_CODE)) >> 8) & 0xff
+}
+
+fn fault_addr(r: &OpRig) -> u64 {
+    r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64))
+}
+
+fn cast_desc(src_type: u32, dst_type: u32, count: u64, in_va: u64, out_va: u64) -> CastDesc {
+    CastDesc { src_type, dst_type, count, in_va, out_va, ..Default::default() }.with_header()
+}
+
+#[test]
+fn cast_every_type_pair_through_the_device() {
+    let mut r = OpRig::new();
+    for src in CAST_TYPES {
+        for dst in CAST_TYPES {
+            let input = cast_source(src);
+            let vals = decode(src, &input);
+            let n = vals.len();
+            let want: Vec<u8> = vals.iter().flat_map(|&v| reference(v, dst)).collect();
+            r.rig.write(r.bus[0], &input);
+            r.rig.write(r.bus[1], &[0xA5; 256]);
+            let d = cast_desc(src, dst, n as u64, tva(0), tva(1));
+            assert_eq!(r.run(&d.to_bytes()), FaultCode::None, "{} -> {}", type_name(src), type_name(dst));
+            let got = r.rig.read(r.bus[1], 256);
+            let (out, rest) = got.split_at(want.len());
+            assert_eq!(out, &want[..], "{} -> {}", type_name(src), type_name(dst));
+            assert!(rest.iter().all(|&b| b == 0xA5), "{} -> {}: wrote past the output", type_name(src), type_name(dst));
+            assert_eq!(r.rig.read(r.bus[0], input.len()), input, "input unchanged");
+        }
+    }
+    // Spot checks of the rules, independent of the reference above.
+    let i32s = |b: Vec<u8>| -> Vec<i32> { b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect() };
+    r.put(0, &[1e19, f32::NAN, -1.9, -0.0, -3e9]);
+    assert_eq!(r.run(&cast_desc(CAST_F32, CAST_I32, 5, tva(0), tva(1)).to_bytes()), FaultCode::None);
+    assert_eq!(i32s(r.rig.read(r.bus[1], 20)), [i32::MAX, 0, -1, 0, i32::MIN]);
+    let wide: Vec<u8> = [(5i64 << 32) | 0xFFFF_FFFE, -1, 1 << 31].iter().flat_map(|v: &i64| v.to_le_bytes()).collect();
+    r.rig.write(r.bus[0], &wide);
+    assert_eq!(r.run(&cast_desc(CAST_I64, CAST_I32, 3, tva(0), tva(1)).to_bytes()), FaultCode::None);
+    assert_eq!(i32s(r.rig.read(r.bus[1], 12)), [-2, -1, i32::MIN], "i64 -> i32 keeps the low 32 bits");
+    r.rig.write(r.bus[0], &[0, 7, 0x80, 0]);
+    assert_eq!(r.run(&cast_desc(CAST_BOOL, CAST_F32, 4, tva(0), tva(1)).to_bytes()), FaultCode::None);
+    assert_eq!(r.get(1, 4), [0.0, 1.0, 1.0, 0.0]);
+    // count = 0 does nothing.
+    r.rig.write(r.bus[1], &[0x11; 8]);
+    assert_eq!(r.run(&cast_desc(CAST_I64, CAST_I64, 0, tva(0), tva(1)).to_bytes()), FaultCode::None);
+    assert_eq!(r.rig.read(r.bus[1], 8), [0x11; 8]);
+    assert_eq!(r.rig.state(&r.q), QueueState::Idle);
+}
+
+#[test]
+fn cast_misaligned_addresses_fault_with_alignment() {
+    // (src, dst, in_va, out_va, faulting VA, access: 1 read, 2 write)
+    let cases = [
+        (CAST_I64, CAST_F32, tva(0) + 4, tva(1), tva(0) + 4, 1),
+        (CAST_F32, CAST_I64, tva(0), tva(1) + 4, tva(1) + 4, 2),
+        (CAST_I32, CAST_BOOL, tva(0) + 2, tva(1), tva(0) + 2, 1),
+        (CAST_BOOL, CAST_I32, tva(0) + 3, tva(1) + 1, tva(1) + 1, 2),
+        (CAST_F32, CAST_F32, tva(0) + 1, tva(1) + 1, tva(0) + 1, 1),
+    ];
+    for (src, dst, in_va, out_va, at, access) in cases {
+        let mut r = OpRig::new();
+        r.rig.write(r.bus[0], &[1; 64]);
+        r.rig.write(r.bus[1], &[0x5C; 64]);
+        let d = cast_desc(src, dst, 4, in_va, out_va);
+        assert_eq!(r.run(&d.to_bytes()), FaultCode::Alignment, "{} -> {}", type_name(src), type_name(dst));
+        assert_eq!(fault_addr(&r), at);
+        assert_eq!(fault_access(&r), access);
+        assert_eq!(r.rig.read(r.bus[1], 64), [0x5C; 64], "output untouched");
+        assert!(r.rig.dev.healthy());
+    }
+    // Bool tensors have 1-byte elements: any address is aligned.
+    let mut r = OpRig::new();
+    r.rig.write(r.bus[0], &[0, 0, 0, 9, 0, 3]);
+    assert_eq!(r.run(&cast_desc(CAST_BOOL, CAST_BOOL, 3, tva(0) + 3, tva(1) + 5).to_bytes()), FaultCode::None);
+    assert_eq!(r.rig.read(r.bus[1], 8), [0, 0, 0, 0, 0, 1, 0, 1]);
+}
+
+#[test]
+fn cast_bad_types_and_oversized_counts_are_bad_descriptors() {
+    for d in [
+        cast_desc(4, CAST_F32, 4, tva(0), tva(1)),
+        cast_desc(CAST_F32, 0x8000_0000, 4, tva(0), tva(1)),
+        // > 2^28 elements; with an i64 operand > 2^27.
+        cast_desc(CAST_F32, CAST_I32, (1 << 28) + 1, tva(0), tva(1)),
+        cast_desc(CAST_F32, CAST_I64, (1 << 27) + 1, tva(0), tva(1)),
+        cast_desc(CAST_I64, CAST_BOOL, (1 << 27) + 1, tva(0), tva(1)),
+        cast_desc(CAST_BOOL, CAST_BOOL, u64::MAX, tva(0), tva(1)),
+    ] {
+        let mut r = OpRig::new();
+        r.rig.write(r.bus[1], &[0x5C; 64]);
+        assert_eq!(r.run(&d.to_bytes()), FaultCode::BadDescriptor, "{d:?}");
+        assert_eq!(fault_addr(&r) & 0xffff, 0, "fault names the descriptor");
+        assert_eq!(r.rig.read(r.bus[1], 64), [0x5C; 64]);
+    }
+    // A CAST descriptor of any other size is rejected: 48 bytes.
+    let mut r = OpRig::new();
+    let mut b = cast_desc(CAST_F32, CAST_I32, 1, tva(0), tva(1)).to_bytes().to_vec();
+    b.extend_from_slice(&[0; 8]);
+    b[4..8].copy_from_slice(&48u32.to_le_bytes());
+    assert_eq!(r.run(&b), FaultCode::BadDescriptor);
+}
+
+#[test]
+fn cast_output_reaching_a_read_only_page_faults_and_writes_nothing() {
+    // i32 -> i64 of 3 pages' worth of output in device DRAM (contiguous:
+    // the in-place path) whose last page is read-only.
+    let mut r = OpRig::new();
+    let n = 3 * PAGE as usize / 8;
+    let x: Vec<u8> = (0..n as i32).flat_map(|i| (i * 7 - 100).to_le_bytes()).collect();
+    r.rig.write(r.bus[0], &x);
+    let out_va = 0x400_0000;
+    let ctx = r.ctx;
+    r.rig.map(&ctx, out_va, rbln_hw::mmu::Target::Dram, 0x10_0000, 2 * PAGE, true, true);
+    r.rig.map(&ctx, out_va + 2 * PAGE, rbln_hw::mmu::Target::Dram, 0x10_0000 + 2 * PAGE, PAGE, true, false);
+    r.rig.dev.dram().write(0x10_0000, &[0xEF; 3 * PAGE as usize]).unwrap();
+    let before = r.rig.dram_read(0x10_0000, 3 * PAGE as usize);
+    let d = cast_desc(CAST_I32, CAST_I64, n as u64, tva(0), out_va);
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Permission);
+    assert_eq!(fault_addr(&r), out_va + 2 * PAGE, "fault names the page");
+    assert_eq!(fault_access(&r), 2);
+    assert_eq!(r.rig.dram_read(0x10_0000, 3 * PAGE as usize), before, "no byte of the output was written");
+    assert!(r.rig.private_canary_intact());
+
+    // The same range minus the read-only page works, through the same path.
+    let mut r2 = OpRig::new();
+    r2.rig.write(r2.bus[0], &x);
+    let ctx = r2.ctx;
+    r2.rig.map(&ctx, out_va, rbln_hw::mmu::Target::Dram, 0x10_0000, 2 * PAGE, true, true);
+    let m = 2 * PAGE as usize / 8;
+    assert_eq!(r2.run(&cast_desc(CAST_I32, CAST_I64, m as u64, tva(0), out_va).to_bytes()), FaultCode::None);
+    let got: Vec<i64> =
+        r2.rig.dram_read(0x10_0000, m * 8).chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(got, (0..m as i64).map(|i| i * 7 - 100).collect::<Vec<_>>());
+}
+
+#[test]
+fn cast_in_place_reads_the_input_first() {
+    let mut r = OpRig::new();
+    let n = 3000; // more than a page, so overlapping pages matter
+    // f32 -> i32 in place (same VA, same element size).
+    let x: Vec<f32> = (0..n).map(|i| (i as f32 - 1500.0) * 0.75).collect();
+    r.put(0, &x);
+    assert_eq!(r.run(&cast_desc(CAST_F32, CAST_I32, n as u64, tva(0), tva(0)).to_bytes()), FaultCode::None);
+    let got: Vec<i32> = r.rig.read(r.bus[0], n * 4).chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(got, x.iter().map(|&v| v.trunc() as i32).collect::<Vec<_>>());
+    // And back: i32 -> f32 in place.
+    assert_eq!(r.run(&cast_desc(CAST_I32, CAST_F32, n as u64, tva(0), tva(0)).to_bytes()), FaultCode::None);
+    assert_eq!(r.get(0, n), got.iter().map(|&v| v as f32).collect::<Vec<_>>());
+    // bool -> bool in place normalises.
+    r.rig.write(r.bus[2], &[0, 3, 0xff, 0, 1]);
+    assert_eq!(r.run(&cast_desc(CAST_BOOL, CAST_BOOL, 5, tva(2), tva(2)).to_bytes()), FaultCode::None);
+    assert_eq!(r.rig.read(r.bus[2], 5), [0, 1, 1, 0, 1]);
+    // Widening onto its own input (i32 -> i64, same start, output twice
+    // as long): every element converts from the input as it was.
+    let v: Vec<i32> = (0..n as i32).map(|i| i - 2000).collect();
+    r.rig.write(r.bus[3], &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    assert_eq!(r.run(&cast_desc(CAST_I32, CAST_I64, n as u64, tva(3), tva(3)).to_bytes()), FaultCode::None);
+    let got: Vec<i64> = r.rig.read(r.bus[3], n * 8).chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(got, v.iter().map(|&x| x as i64).collect::<Vec<_>>());
+    // Narrowing into the second half of its own input (i64 -> i32).
+    let w: Vec<i64> = (0..n as i64).map(|i| (i << 32) | (i + 5)).collect();
+    r.rig.write(r.bus[4], &w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    let out_va = tva(4) + (n * 4) as u64;
+    assert_eq!(r.run(&cast_desc(CAST_I64, CAST_I32, n as u64, tva(4), out_va).to_bytes()), FaultCode::None);
+    let got: Vec<i32> =
+        r.rig.read(r.bus[4] + (n * 4) as u64, n * 4).chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(got, w.iter().map(|&x| x as i32).collect::<Vec<_>>());
+}
+
+#[test]
+fn gather_out_of_range_index_faults_at_that_index() {
+    let table = [0., 1., 10., 11., 20., 21.]; // [3, 2], gathered along axis 0
+    let gather = |index_type: u32, n: u64, out_va: u64| {
+        GatherDesc {
+            rank: 2, axis: 0, dims: [3, 2, 0, 0, 0, 0], index_type, num_indices: n, data_va: tva(0),
+            indices_va: tva(1), out_va, ..Default::default()
+        }
+        .with_header()
+    };
+    // i64 indices; the first bad one is 3 at position 2 (-3 is fine).
+    let mut r = OpRig::new();
+    r.put(0, &table);
+    let idx: Vec<u8> = [1i64, -3, 3, 0, 99].iter().flat_map(|v| v.to_le_bytes()).collect();
+    r.rig.write(r.bus[1], &idx);
+    r.put(2, &[42.0; 16]);
+    assert_eq!(r.run(&gather(GATHER_INDEX_I64, 5, tva(2)).to_bytes()), FaultCode::IndexOutOfRange);
+    assert_eq!(fault_addr(&r), tva(1) + 2 * 8, "the offending index's VA");
+    assert_eq!(fault_access(&r), 1);
+    assert_eq!(r.get(2, 16), [42.0; 16], "output untouched");
+    assert!(r.rig.dev.healthy());
+
+    // i32 indices: -4 at position 1.
+    let mut r = OpRig::new();
+    r.put(0, &table);
+    let idx: Vec<u8> = [2i32, -4, 5].iter().flat_map(|v| v.to_le_bytes()).collect();
+    r.rig.write(r.bus[1], &idx);
+    r.put(2, &[42.0; 16]);
+    assert_eq!(r.run(&gather(GATHER_INDEX_I32, 3, tva(2)).to_bytes()), FaultCode::IndexOutOfRange);
+    assert_eq!(fault_addr(&r), tva(1) + 4);
+    assert_eq!(r.get(2, 16), [42.0; 16]);
+
+    // A huge i64 (beyond i32) is out of range too, not truncated.
+    let mut r = OpRig::new();
+    r.put(0, &table);
+    r.rig.write(r.bus[1], &[0i64, 1 << 32].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+    r.put(2, &[42.0; 16]);
+    assert_eq!(r.run(&gather(GATHER_INDEX_I64, 2, tva(2)).to_bytes()), FaultCode::IndexOutOfRange);
+    assert_eq!(fault_addr(&r), tva(1) + 8);
+    assert_eq!(r.get(2, 16), [42.0; 16]);
+
+    // Translation faults come first: a bad index with an unmapped output
+    // is an Unmapped fault at the output.
+    let mut r = OpRig::new();
+    r.put(0, &table);
+    r.rig.write(r.bus[1], &7i64.to_le_bytes());
+    assert_eq!(r.run(&gather(GATHER_INDEX_I64, 1, 0x7700_0000).to_bytes()), FaultCode::Unmapped);
+    assert_eq!(fault_addr(&r), 0x7700_0000);
+
+    // Indices at the edges of [-dim, dim) are fine.
+    let mut r = OpRig::new();
+    r.put(0, &table);
+    r.rig.write(r.bus[1], &[-3i64, 2].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+    assert_eq!(r.run(&gather(GATHER_INDEX_I64, 2, tva(2)).to_bytes()), FaultCode::None);
+    close(&r.get(2, 4), &[0., 1., 20., 21.]);
+}

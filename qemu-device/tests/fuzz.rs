@@ -13,7 +13,7 @@ use common::*;
 use proptest::prelude::*;
 use rbln_hw::cmd::{header, Opcode};
 use rbln_hw::mmu::{Target, VA_LIMIT};
-use rbln_hw::ops::OpHeader;
+use rbln_hw::ops::{CastDesc, GatherDesc, OpHeader};
 use rbln_hw::pci::{BAR_DOORBELL, BAR_DRAM, BAR_REGS};
 use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
@@ -83,10 +83,55 @@ fn packet() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![1 => words, 4 => structured]
 }
 
+/// Addresses for typed operands (CAST's 1-, 4- and 8-byte elements, i64
+/// gather indices): 8-byte aligned ones in the mapped windows, any address
+/// of `address` moved by 0..8 bytes, or one as `address` draws it.
+fn element_address() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        3 => (0..WINDOW).prop_map(|o| HOST_VA + (o & !7)),
+        2 => (0..WINDOW).prop_map(|o| DRAM_VA + (o & !7)),
+        2 => (address(), 0u64..8).prop_map(|(a, d)| a.wrapping_add(d)),
+        1 => address(),
+    ]
+}
+
+/// CAST descriptors with mostly valid types and awkward counts and
+/// addresses, or GATHER descriptors whose indices (random values at the
+/// start of the host window) are often out of range.
+fn typed_descriptor() -> impl Strategy<Value = Vec<u8>> {
+    let ty = || prop_oneof![9 => 0u32..4, 1 => any::<u32>()];
+    let count = prop_oneof![
+        6 => 0u64..64,
+        1 => Just(WINDOW / 8),
+        1 => Just(WINDOW / 4),
+        1 => Just(WINDOW),
+        1 => Just(1 << 27),
+        1 => Just(1 << 28),
+        1 => size(),
+    ];
+    let cast = (ty(), ty(), count, element_address(), element_address()).prop_map(|(src_type, dst_type, count, in_va, out_va)| {
+        CastDesc { src_type, dst_type, count, in_va, out_va, ..Default::default() }.with_header().to_bytes().to_vec()
+    });
+    let indices_at = prop_oneof![3 => Just(HOST_VA), 1 => element_address()];
+    let gather = (1u32..4, 0u32..3, prop::collection::vec(0u32..6, 3), 0u32..2, 0u64..32, indices_at, element_address())
+        .prop_map(|(rank, axis, dims, index_type, num_indices, indices_va, out_va)| {
+            let mut d = [0u32; 6];
+            d[..rank as usize].copy_from_slice(&dims[..rank as usize]);
+            GatherDesc {
+                rank, axis: axis % rank, dims: d, index_type, num_indices, data_va: DRAM_VA, indices_va, out_va,
+                ..Default::default()
+            }
+            .with_header()
+            .to_bytes()
+            .to_vec()
+        });
+    prop_oneof![3 => cast, 1 => gather]
+}
+
 /// A descriptor page: a valid header for a random op with random fields
 /// drawn mostly from small numbers and mapped addresses.
 fn descriptor() -> impl Strategy<Value = Vec<u8>> {
-    (1u32..12, prop::collection::vec(prop_oneof![0u32..8, 0u32..100, address().prop_map(|a| a as u32), any::<u32>()], 40))
+    (1u32..13, prop::collection::vec(prop_oneof![0u32..8, 0u32..100, address().prop_map(|a| a as u32), any::<u32>()], 40))
         .prop_map(|(op, fields)| {
             let mut d: Vec<u8> = fields.iter().flat_map(|x| x.to_le_bytes()).collect();
             d.truncate(152);
@@ -98,6 +143,7 @@ fn descriptor() -> impl Strategy<Value = Vec<u8>> {
                 6 | 8 => 64,
                 7 => 56,
                 9 | 11 => 80,
+                12 => 40,
                 _ => 152,
             };
             OpHeader { op, size }.write_to(&mut d).unwrap();
@@ -155,6 +201,29 @@ fn still_works(rig: &mut Rig) {
     assert_eq!(rig.read(host, 4), 0x5A5A_5A5Au32.to_le_bytes());
 }
 
+/// Run `cmds` on the setup's queue and check that the device survived and
+/// wrote only where the context may write.
+fn run_checked(s: &mut Setup, cmds: &[u8]) -> Result<(), TestCaseError> {
+    let before = protected_snapshot(s);
+    let cmd_bus = s.writable[2].0;
+    s.rig.write(cmd_bus, cmds);
+    let len = cmds.len() as u32;
+    s.rig.submit(&mut s.q, CMD_VA, len);
+    s.rig.wait_idle(&s.q, Duration::from_secs(5));
+    if !matches!(s.rig.state(&s.q), QueueState::Idle | QueueState::Faulted) {
+        // Blocked in SEM_WAIT (or still busy): the reset path must end it.
+        s.rig.reset_queue(&mut s.q);
+        prop_assert_eq!(s.rig.state(&s.q), QueueState::Disabled);
+    }
+    prop_assert!(s.rig.dev.healthy(), "a command processor died");
+    prop_assert!(s.rig.private_canary_intact(), "unshared guest memory was written");
+    prop_assert!(protected_snapshot(s) == before, "memory outside the context's mappings changed");
+    prop_assert!(dram_outside_window_untouched(&s.rig), "DRAM outside the context's mappings changed");
+    let _ = &s.ctx;
+    still_works(&mut s.rig);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(200), failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -163,24 +232,24 @@ proptest! {
         let mut s = setup();
         let desc_bus = s.writable[1].0;
         s.rig.write(desc_bus, &desc);
-        let before = protected_snapshot(&s);
-        let cmds: Vec<u8> = pkts.concat();
-        let cmd_bus = s.writable[2].0;
-        s.rig.write(cmd_bus, &cmds);
-        let len = cmds.len() as u32;
-        s.rig.submit(&mut s.q, CMD_VA, len);
-        s.rig.wait_idle(&s.q, Duration::from_secs(5));
-        if !matches!(s.rig.state(&s.q), QueueState::Idle | QueueState::Faulted) {
-            // Blocked in SEM_WAIT (or still busy): the reset path must end it.
-            s.rig.reset_queue(&mut s.q);
-            prop_assert_eq!(s.rig.state(&s.q), QueueState::Disabled);
-        }
-        prop_assert!(s.rig.dev.healthy(), "a command processor died");
-        prop_assert!(s.rig.private_canary_intact(), "unshared guest memory was written");
-        prop_assert!(protected_snapshot(&s) == before, "memory outside the context's mappings changed");
-        prop_assert!(dram_outside_window_untouched(&s.rig), "DRAM outside the context's mappings changed");
-        let _ = &s.ctx;
-        still_works(&mut s.rig);
+        run_checked(&mut s, &pkts.concat())?;
+    }
+
+    #[test]
+    fn hostile_cast_and_gather_descriptors(
+        desc in typed_descriptor(),
+        data in prop::collection::vec(prop_oneof![3 => -6i64..6, 1 => any::<i64>()], 512),
+    ) {
+        let mut s = setup();
+        let desc_bus = s.writable[1].0;
+        s.rig.write(desc_bus, &desc);
+        // Random operands and gather indices (as i64 or i32: mostly
+        // small, some in range) at the start of the host window.
+        let host_bus = s.writable[0].0;
+        s.rig.write(host_bus, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+        e.compute(DESC_VA, desc.len() as u32).fence(1, 0, false);
+        run_checked(&mut s, &e.buf)?;
     }
 
     #[test]

@@ -43,9 +43,12 @@
 //! - [`reduce`]: Sum/Mean/Max/Min along one axis
 //! - [`permute`], [`strided_copy`]
 //! - [`gather`]: ONNX Gather with `i32` / `i64` indices
+//! - [`cast`]: element-wise conversion between f32, i32, i64 and bool
+//!   (the one kernel whose tensors are not all f32)
 
 mod activation;
 mod binary;
+mod cast;
 mod conv;
 mod copy;
 mod error;
@@ -63,6 +66,7 @@ mod tests;
 
 pub use activation::{activation_inplace, unary, unary_inplace, Activation, UnaryOp};
 pub use binary::{binary, binary_act, broadcast_shape, BinaryOp};
+pub use cast::{cast, CastDst, CastSrc};
 pub use conv::{conv2d, conv2d_output_shape, conv2d_residual, Conv2dParams, Padding2d};
 pub use copy::{permute, strided_copy, StridedCopy};
 pub use error::{KernelError, Result};
