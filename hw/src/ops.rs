@@ -29,6 +29,7 @@ pub enum OpCode {
     StridedCopy = 10,
     Gather = 11,
     Cast = 12,
+    Resize = 13,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -157,6 +158,13 @@ pub const CAST_I32: u32 = 1;
 pub const CAST_I64: u32 = 2;
 /// One byte per element: 0 is false, anything else true (written as 1).
 pub const CAST_BOOL: u32 = 3;
+/// RESIZE modes and nearest rounding modes.
+pub const RESIZE_NEAREST: u32 = 0;
+pub const RESIZE_LINEAR: u32 = 1;
+pub const RESIZE_ROUND_PREFER_FLOOR: u32 = 0;
+pub const RESIZE_ROUND_PREFER_CEIL: u32 = 1;
+pub const RESIZE_FLOOR: u32 = 2;
+pub const RESIZE_CEIL: u32 = 3;
 /// Bytes per element of a CAST element type (`None`: not a type).
 pub const fn cast_type_size(t: u32) -> Option<u64> {
     match t {
@@ -406,6 +414,31 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// Spatial resize of an NCHW tensor (hardware minor version 2). Output
+    /// (y, x) samples the input at source coordinates `scale_y·y +
+    /// offset_y`, `scale_x·x + offset_x` (every ONNX / PyTorch / TF
+    /// coordinate convention is such an affine map): nearest with a
+    /// rounding mode, or bilinear; coordinates are clamped to the input.
+    pub struct ResizeDesc {
+        pub header: OpHeader,
+        pub mode: u32,
+        pub nearest_mode: u32,
+        pub n: u32,
+        pub c: u32,
+        pub h: u32,
+        pub w: u32,
+        pub oh: u32,
+        pub ow: u32,
+        pub scale_y: f32,
+        pub offset_y: f32,
+        pub scale_x: f32,
+        pub offset_x: f32,
+        pub in_va: u64,
+        pub out_va: u64,
+    }
+}
+
 const _: () = assert!(OpHeader::SIZE == 8);
 const _: () = assert!(GemmDesc::SIZE == 104);
 const _: () = assert!(Conv2dDesc::SIZE == 128);
@@ -419,6 +452,7 @@ const _: () = assert!(TransposeDesc::SIZE == 80);
 const _: () = assert!(StridedCopyDesc::SIZE == 152);
 const _: () = assert!(GatherDesc::SIZE == 80);
 const _: () = assert!(CastDesc::SIZE == 40);
+const _: () = assert!(ResizeDesc::SIZE == 72);
 
 /// A decoded descriptor (fields not yet checked against tensor sizes).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -435,6 +469,7 @@ pub enum Desc {
     StridedCopy(StridedCopyDesc),
     Gather(GatherDesc),
     Cast(CastDesc),
+    Resize(ResizeDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -478,6 +513,7 @@ encode_fn!(TransposeDesc, Transpose);
 encode_fn!(StridedCopyDesc, StridedCopy);
 encode_fn!(GatherDesc, Gather);
 encode_fn!(CastDesc, Cast);
+encode_fn!(ResizeDesc, Resize);
 
 /// Sizes of descriptors written for hardware minor version 0, before
 /// fields were appended: such a descriptor reads as the current one with
@@ -632,6 +668,19 @@ impl Desc {
                     return Err(BadField("element type"));
                 }
                 Desc::Cast(d)
+            }
+            13 => {
+                let d = get!(ResizeDesc);
+                if d.mode > RESIZE_LINEAR || d.nearest_mode > RESIZE_CEIL {
+                    return Err(BadField("mode"));
+                }
+                if d.mode == RESIZE_LINEAR && d.nearest_mode != 0 {
+                    return Err(BadField("nearest_mode of a linear resize"));
+                }
+                if ![d.scale_y, d.offset_y, d.scale_x, d.offset_x].iter().all(|v| v.is_finite()) {
+                    return Err(BadField("coordinate map"));
+                }
+                Desc::Resize(d)
             }
             op => return Err(UnknownOp(op)),
         };

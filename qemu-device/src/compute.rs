@@ -389,6 +389,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         }
         Desc::StridedCopy(d) => strided_copy(&mut op, &d),
         Desc::Cast(d) => cast(&mut op, &d),
+        Desc::Resize(d) => resize(&mut op, &d),
         Desc::Gather(d) => {
             let shape = dims(&d.dims, d.rank);
             let ni = usize::try_from(d.num_indices).map_err(|_| bad)?;
@@ -623,6 +624,37 @@ fn pool(op: &mut Op<'_, '_, '_>, d: &ops::PoolDesc) -> R<u64> {
     let flops = op.flops(&[n_out as u64, p.kernel[0] as u64, p.kernel[1] as u64])?;
     let input = op.input(d.input_va, n_in)?;
     op.write_out(d.output_va, n_out, |out| k::pool2d(&p, &input, out))?;
+    Ok(flops)
+}
+
+fn resize(op: &mut Op<'_, '_, '_>, d: &ops::ResizeDesc) -> R<u64> {
+    let axis = |input: u32, output: u32, scale: f32, offset: f32| k::ResizeAxis {
+        input: input as usize,
+        output: output as usize,
+        scale,
+        offset,
+    };
+    let mode = match (d.mode, d.nearest_mode) {
+        (ops::RESIZE_LINEAR, _) => k::ResizeMode::Linear,
+        (_, ops::RESIZE_ROUND_PREFER_CEIL) => k::ResizeMode::Nearest(k::NearestMode::RoundPreferCeil),
+        (_, ops::RESIZE_FLOOR) => k::ResizeMode::Nearest(k::NearestMode::Floor),
+        (_, ops::RESIZE_CEIL) => k::ResizeMode::Nearest(k::NearestMode::Ceil),
+        _ => k::ResizeMode::Nearest(k::NearestMode::RoundPreferFloor),
+    };
+    let p = k::ResizeParams {
+        batch: d.n as usize,
+        channels: d.c as usize,
+        h: axis(d.h, d.oh, d.scale_y, d.offset_y),
+        w: axis(d.w, d.ow, d.scale_x, d.offset_x),
+        mode,
+    };
+    let out_shape = op.kernel(k::resize2d_output_shape(&p))?;
+    let n_in = op.volume(&[p.batch, p.channels, p.h.input, p.w.input])?;
+    let n_out = op.volume(&out_shape)?;
+    let per = if d.mode == ops::RESIZE_LINEAR { 4 } else { 1 };
+    let flops = op.flops(&[n_out as u64, per])?;
+    let input = op.input(d.in_va, n_in)?;
+    op.write_out(d.out_va, n_out, |out| k::resize2d(&p, &input, out))?;
     Ok(flops)
 }
 

@@ -716,3 +716,52 @@ fn gather_out_of_range_index_faults_at_that_index() {
     assert_eq!(r.run(&gather(GATHER_INDEX_I64, 2, tva(2)).to_bytes()), FaultCode::None);
     close(&r.get(2, 4), &[0., 1., 20., 21.]);
 }
+
+fn resize_desc(mode: u32, nearest_mode: u32, hw: [u32; 4], map: [f32; 4], out_va: u64) -> ResizeDesc {
+    let [h, w, oh, ow] = hw;
+    let [scale_y, offset_y, scale_x, offset_x] = map;
+    ResizeDesc {
+        mode, nearest_mode, n: 1, c: 2, h, w, oh, ow, scale_y, offset_y, scale_x, offset_x,
+        in_va: tva(0), out_va, ..Default::default()
+    }
+    .with_header()
+}
+
+#[test]
+fn resize_nearest_and_bilinear_through_the_device() {
+    let mut r = OpRig::new();
+    let x: Vec<f32> = (0..2 * 3 * 4).map(|i| i as f32).collect(); // [1, 2, 3, 4]
+    r.put(0, &x);
+    // Nearest 2x (asymmetric, floor): every input pixel becomes a 2x2 block.
+    let d = resize_desc(RESIZE_NEAREST, RESIZE_FLOOR, [3, 4, 6, 8], [0.5, 0.0, 0.5, 0.0], tva(3));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let got = r.get(3, 2 * 6 * 8);
+    for c in 0..2 {
+        for y in 0..6 {
+            for xx in 0..8 {
+                assert_eq!(got[(c * 6 + y) * 8 + xx], x[(c * 3 + y / 2) * 4 + xx / 2], "c{c} ({y},{xx})");
+            }
+        }
+    }
+    // Bilinear, align_corners 3x4 -> 5x7: corners exact, the centre of the
+    // first plane is the average of its four middle pixels' row.
+    let d = resize_desc(RESIZE_LINEAR, 0, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(3));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let got = r.get(3, 2 * 5 * 7);
+    assert_eq!([got[0], got[6], got[28], got[34]], [x[0], x[3], x[8], x[11]]);
+    close(&[got[7 * 2 + 3]], &[(x[5] + x[6]) / 2.0]);
+    // A non-finite coordinate map or an unknown mode is a bad descriptor,
+    // and nothing is written.
+    r.put(4, &[42.0; 4]);
+    for d in [
+        resize_desc(RESIZE_LINEAR, 0, [3, 4, 5, 7], [f32::INFINITY, 0.0, 0.5, 0.0], tva(4)),
+        resize_desc(2, 0, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
+        resize_desc(RESIZE_LINEAR, RESIZE_CEIL, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
+        resize_desc(RESIZE_NEAREST, 0, [0, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
+    ] {
+        let mut r = OpRig::new();
+        r.put(4, &[42.0; 4]);
+        assert_eq!(r.run(&d.to_bytes()), FaultCode::BadDescriptor);
+        assert_eq!(r.get(4, 4), [42.0; 4]);
+    }
+}

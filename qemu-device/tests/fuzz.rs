@@ -131,7 +131,7 @@ fn typed_descriptor() -> impl Strategy<Value = Vec<u8>> {
 /// A descriptor page: a valid header for a random op with random fields
 /// drawn mostly from small numbers and mapped addresses.
 fn descriptor() -> impl Strategy<Value = Vec<u8>> {
-    (1u32..13, prop::collection::vec(prop_oneof![0u32..8, 0u32..100, address().prop_map(|a| a as u32), any::<u32>()], 40))
+    (1u32..14, prop::collection::vec(prop_oneof![0u32..8, 0u32..100, address().prop_map(|a| a as u32), any::<u32>()], 40))
         .prop_map(|(op, fields)| {
             let mut d: Vec<u8> = fields.iter().flat_map(|x| x.to_le_bytes()).collect();
             d.truncate(152);
@@ -144,6 +144,7 @@ fn descriptor() -> impl Strategy<Value = Vec<u8>> {
                 7 => 56,
                 9 | 11 => 80,
                 12 => 40,
+                13 => 72,
                 _ => 152,
             };
             OpHeader { op, size }.write_to(&mut d).unwrap();

@@ -43,6 +43,7 @@
 //! - [`reduce`]: Sum/Mean/Max/Min along one axis
 //! - [`permute`], [`strided_copy`]
 //! - [`gather`]: ONNX Gather with `i32` / `i64` indices
+//! - [`resize2d`]: nearest / bilinear resize of NCHW planes
 //! - [`cast`]: element-wise conversion between f32, i32, i64 and bool
 //!   (the one kernel whose tensors are not all f32)
 
@@ -58,6 +59,7 @@ mod gemm;
 mod microkernel;
 mod pool;
 mod reduce;
+mod resize;
 mod softmax;
 mod util;
 
@@ -74,6 +76,7 @@ pub use gather::{gather, gather_output_shape, GatherIndex};
 pub use gemm::{gemm, gemm_residual, GemmParams};
 pub use pool::{pool2d, pool2d_output_shape, Pool2dParams, PoolKind};
 pub use reduce::{reduce, ReduceOp};
+pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams};
 pub use softmax::{layer_norm, softmax};
 
 /// Re-export so callers can use the same rayon version for pools.
