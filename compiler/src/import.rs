@@ -30,12 +30,26 @@ pub const MAX_OPSET: i64 = 22;
 
 /// The ONNX op types rbln-compile handles (folded or on the device).
 pub const SUPPORTED_OPS: &[&str] = &[
-    "Abs", "Add", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Constant", "ConstantOfShape", "Conv",
-    "Div", "Dropout", "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "GlobalAveragePool",
-    "GlobalMaxPool", "Greater", "HardSigmoid", "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Less", "Log",
-    "MatMul", "Max", "MaxPool", "Min", "Mul", "Neg", "Not", "Pad", "Pow", "PRelu", "Range", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape",
-    "Shape", "Sigmoid", "Size", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
-    "Where",
+    "Abs", "Add", "And", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape",
+    "Conv", "CumSum", "Div", "Dropout", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
+    "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish",
+    "Identity", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "MatMul", "Max",
+    "MaxPool", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "Range", "Reciprocal",
+    "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
+    "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign",
+    "Size", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze",
+    "Where", "Xor",
+];
+
+/// Ops computed only at compile time: every input they read must be a
+/// constant (the Reduce* ops without a device form are here; ReduceSum,
+/// ReduceMean, ReduceMax and ReduceMin fold on constants and run on the
+/// device otherwise).
+pub const COMPILE_TIME_OPS: &[&str] = &[
+    "And", "Ceil", "ConstantOfShape", "CumSum", "Equal", "Floor", "GatherElements", "Greater", "GreaterOrEqual", "IsInf",
+    "IsNaN", "Less", "LessOrEqual", "Mod", "NonZero", "Not", "Or", "Range", "ReduceL1", "ReduceL2", "ReduceLogSum",
+    "ReduceLogSumExp", "ReduceProd", "ReduceSumSquare", "Round", "ScatterElements", "ScatterND", "Sign", "Tile", "Trilu",
+    "Where", "Xor",
 ];
 
 /// The ONNX node being lowered.
@@ -306,9 +320,10 @@ impl Importer {
             "Gather" => &[1],
             _ => &[],
         };
+        let compile_time = COMPILE_TIME_OPS.contains(&n.op_type.as_str());
         for (k, v) in ins.iter_mut().enumerate() {
             if let Some(x) = *v {
-                if !keeps_type.contains(&k) && self.konst(x).is_none() && self.g.values[x].dtype != DType::F32 {
+                if !compile_time && !keeps_type.contains(&k) && self.konst(x).is_none() && self.g.values[x].dtype != DType::F32 {
                     *v = Some(self.as_f32(&cx, x));
                 }
             }
@@ -402,10 +417,69 @@ impl Importer {
                 let c = cx.shape(fold::binary(op, &a, &b))?;
                 self.constant(&Self::out_name(cx, 0), c)
             }
-            "Not" => {
+            "Not" | "Floor" | "Ceil" | "Round" | "Sign" | "IsNaN" => {
                 let a = self.need_const(cx, input(0)?, 0)?;
                 let c = fold::unary(op, &a).ok_or_else(|| cx.err("cannot fold"))?;
                 self.constant(&Self::out_name(cx, 0), c)
+            }
+            "IsInf" => {
+                let a = self.need_const(cx, input(0)?, 0)?;
+                let c = fold::is_inf(&a, cx.int("detect_negative", 1) != 0, cx.int("detect_positive", 1) != 0);
+                self.constant(&Self::out_name(cx, 0), c)
+            }
+            "Mod" => {
+                let (a, b) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
+                let fmod = match cx.int("fmod", 0) {
+                    0 => false,
+                    1 => true,
+                    f => return Err(cx.err(format!("fmod={f}; it must be 0 or 1"))),
+                };
+                let c = cx.shape(fold::modulo(&a, &b, fmod))?;
+                self.constant(&Self::out_name(cx, 0), c)
+            }
+            "And" | "Or" | "Xor" => {
+                let (a, b) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
+                let c = cx.shape(fold::logical(op, &a, &b))?;
+                self.constant(&Self::out_name(cx, 0), c)
+            }
+            "GatherElements" => {
+                let (d, i) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
+                let c = cx.shape(fold::gather_elements(&d, &i, cx.int("axis", 0)))?;
+                self.constant(&Self::out_name(cx, 0), c)
+            }
+            "ScatterND" | "ScatterElements" => {
+                let (d, i, u) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?, self.need_const(cx, input(2)?, 2)?);
+                let r = cx.shape(fold::Reduction::parse(cx.string("reduction").as_deref().unwrap_or("none")))?;
+                let c = if op == "ScatterND" {
+                    cx.shape(fold::scatter_nd(&d, &i, &u, r))?
+                } else {
+                    cx.shape(fold::scatter_elements(&d, &i, &u, cx.int("axis", 0), r))?
+                };
+                self.constant(&Self::out_name(cx, 0), c)
+            }
+            "Tile" => {
+                let (x, reps) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
+                let c = cx.shape(fold::tile(&x, &reps))?;
+                self.constant(&Self::out_name(cx, 0), c)
+            }
+            "CumSum" => {
+                let (x, axis) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
+                let axis = cx.shape(fold::int_scalar(&axis, "axis (input 1)"))?;
+                let c = cx.shape(fold::cumsum(&x, axis, cx.int("exclusive", 0) != 0, cx.int("reverse", 0) != 0))?;
+                self.constant(&Self::out_name(cx, 0), c)
+            }
+            "Trilu" => {
+                let x = self.need_const(cx, input(0)?, 0)?;
+                let k = match opt(1) {
+                    Some(v) => cx.shape(fold::int_scalar(&self.need_const(cx, v, 1)?, "k (input 1)"))?,
+                    None => 0,
+                };
+                let c = cx.shape(fold::trilu(&x, k, cx.int("upper", 1) != 0))?;
+                self.constant(&Self::out_name(cx, 0), c)
+            }
+            "NonZero" => {
+                let x = self.need_const(cx, input(0)?, 0)?;
+                self.constant(&Self::out_name(cx, 0), fold::nonzero(&x))
             }
             "Where" => {
                 let (c, a, b) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?, self.need_const(cx, input(2)?, 2)?);
@@ -555,7 +629,8 @@ impl Importer {
                 }
                 self.device(cx, Kind::LayerNorm { x, gamma: Some(gamma), beta, rows, cols, eps: cx.float("epsilon", 1e-5) }, s)
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => self.reduce(cx, ins)?,
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
+            | "ReduceLogSum" | "ReduceLogSumExp" => self.reduce(cx, ins)?,
             "Transpose" => {
                 let x = input(0)?;
                 let s = self.shape(x);
@@ -698,7 +773,7 @@ impl Importer {
             "Cast" => {
                 let to = cx.int("to", elem::FLOAT as i64) as i32;
                 if let Some(c) = self.konst(x) {
-                    let c = fold::cast(c, !elem::is_int(to));
+                    let c = cx.shape(fold::cast(c, to))?;
                     return Ok(self.constant(&Self::out_name(cx, 0), c));
                 }
                 let to = run_time_dtype(to).ok_or_else(|| {
@@ -876,8 +951,8 @@ impl Importer {
             }
             let f: Option<fn(f32, f32, f32) -> f32> = match kind {
                 Unary::Clip => Some(|x, lo, hi| x.max(lo).min(hi)),
-                Unary::HardSigmoid => Some(|x, a, b| (a * x + b).max(0.0).min(1.0)),
-                Unary::HardSwish => Some(|x, _, _| x * (x * (1.0 / 6.0) + 0.5).max(0.0).min(1.0)),
+                Unary::HardSigmoid => Some(|x, a, b| (a * x + b).clamp(0.0, 1.0)),
+                Unary::HardSwish => Some(|x, _, _| x * (x * (1.0 / 6.0) + 0.5).clamp(0.0, 1.0)),
                 _ => None,
             };
             if let Some(f) = f {
@@ -1161,13 +1236,28 @@ impl Importer {
             cx.ints("axes")
         };
         let keep = cx.int("keepdims", 1) != 0;
+        let device = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin");
         let mut axes: Vec<usize> = match axes {
             Some(a) if !a.is_empty() => a.iter().map(|&v| cx.shape(shape::axis(v, s.len(), false))).collect::<Result<_>>()?,
-            _ if cx.int("noop_with_empty_axes", 0) != 0 => return Ok(self.alias(cx, x)),
+            // No reduction. On constants each element is reduced alone
+            // (ReduceSumSquare squares it, as onnxruntime does).
+            _ if cx.int("noop_with_empty_axes", 0) != 0 => {
+                if device && self.konst(x).is_none() {
+                    return Ok(self.alias(cx, x));
+                }
+                let c = self.need_const(cx, x, 0)?;
+                let c = cx.shape(fold::reduce(op, &c, &[], true))?;
+                return Ok(self.constant(&Self::out_name(cx, 0), c));
+            }
             _ => (0..s.len()).collect(),
         };
         axes.sort_unstable();
         axes.dedup();
+        if !device || self.konst(x).is_some() {
+            let c = self.need_const(cx, x, 0)?;
+            let c = cx.shape(fold::reduce(op, &c, &axes, keep))?;
+            return Ok(self.constant(&Self::out_name(cx, 0), c));
+        }
         let out: Vec<u64> = if keep {
             s.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect()
         } else {

@@ -398,14 +398,62 @@ fn oversized_shapes_are_errors() {
     assert!(reason.contains("too large to fold"), "{reason}");
 }
 
+/// A chain of compile-time-only ops (a base for the structured mutations):
+/// every intermediate is a small constant, the result is added to x.
+fn fold_chain() -> Vec<u8> {
+    let f = |name: &str, inp: &str| node("Cast", name, &[inp], &[name], vec![attr_i("to", elem::FLOAT as i64)]);
+    model(
+        vec![
+            node("GatherElements", "ge", &["d", "gi"], &["g"], vec![attr_i("axis", 1)]),
+            node("ScatterND", "sn", &["g", "si", "su"], &["s"], vec![]),
+            node("ScatterElements", "se", &["s", "gi", "g"], &["s2"], vec![attr_i("axis", 1)]),
+            node("CumSum", "cs", &["s2", "ax"], &["c"], vec![attr_i("exclusive", 1)]),
+            node("Trilu", "tri", &["c", "k"], &["t"], vec![attr_i("upper", 0)]),
+            node("Tile", "tile", &["t", "reps"], &["ti"], vec![]),
+            node("Mod", "mod", &["ti", "three"], &["m"], vec![attr_i("fmod", 1)]),
+            node("Round", "round", &["m"], &["r0"], vec![]),
+            node("ReduceProd", "rp", &["r0"], &["p"], vec![attr_ints("axes", &[0]), attr_i("keepdims", 1)]),
+            node("NonZero", "nz", &["p"], &["nzi"], vec![]),
+            node("ReduceSum", "nzs", &["nzi"], &["n0"], vec![attr_i("keepdims", 0)]),
+            node("Greater", "gt", &["p", "n0"], &["b"], vec![]),
+            node("Xor", "xor", &["b", "b"], &["bx"], vec![]),
+            node("Not", "not", &["bx"], &["bn"], vec![]),
+            f("bf", "bn"),
+            node("Add", "a", &["p", "bf"], &["pb"], vec![]),
+            node("Reshape", "flat", &["pb", "shape"], &["r"], vec![]),
+            node("Add", "use", &["x", "r"], &["y"], vec![]),
+        ],
+        vec![
+            tensor("d", &[2, 3], &[0.5, 1.5, 2.5, -0.5, 3.0, 4.0]),
+            i64_tensor("gi", &[2, 3], &[2, 0, 1, -1, 1, 0]),
+            i64_tensor("si", &[1, 2], &[1, 2]),
+            tensor("su", &[1], &[7.0]),
+            i64_tensor("ax", &[], &[1]),
+            i64_tensor("k", &[], &[1]),
+            i64_tensor("reps", &[2], &[1, 2]),
+            tensor("three", &[], &[3.0]),
+            i64_tensor("shape", &[1], &[6]),
+        ],
+        vec![vinfo("x", &[6])],
+        vec![vinfo("y", &[6])],
+    )
+}
+
+#[test]
+fn fold_chain_compiles_to_one_add() {
+    assert_eq!(compute_ops(&compiled(&fold_chain()).model), ["Add"]);
+}
+
 /// Structured mutations of valid models (dims, attributes, wiring, op
 /// types): every one compiles or fails with an error, none panics.
 #[test]
 fn mutated_models_never_panic() {
     let ops = ["Conv", "MatMul", "Gemm", "Reshape", "Transpose", "Softmax", "Gather", "Slice", "Concat", "ReduceMean", "Pad", "PRelu",
-        "MaxPool", "AveragePool", "Split", "Squeeze", "Unsqueeze", "Expand", "LayerNormalization", "Flatten", "Clip", "LeakyRelu"];
+        "MaxPool", "AveragePool", "Split", "Squeeze", "Unsqueeze", "Expand", "LayerNormalization", "Flatten", "Clip", "LeakyRelu",
+        "Mod", "And", "Xor", "Not", "GatherElements", "ScatterND", "ScatterElements", "Tile", "CumSum", "Round", "Sign",
+        "ReduceProd", "ReduceLogSumExp", "ReduceL2", "NonZero", "Trilu", "IsInf", "Cast", "Where", "Range"];
     let vals = [-(1i64 << 40), -3, -1, 0, 1, 2, 3, 7, 1 << 31, i64::MAX];
-    let bases: Vec<ModelProto> = [mlp(), conv_bn(), ln_gelu()].iter().map(|b| ModelProto::decode(b.as_slice()).unwrap()).collect();
+    let bases: Vec<ModelProto> = [mlp(), conv_bn(), ln_gelu(), fold_chain()].iter().map(|b| ModelProto::decode(b.as_slice()).unwrap()).collect();
     let mut s = 0x9E3779B97F4A7C15u64;
     let mut rnd = |n: usize| {
         s ^= s << 13;
@@ -425,7 +473,8 @@ fn mutated_models_never_panic() {
                 }
                 1 => {
                     let n = rnd(g.node.len());
-                    let names = ["axis", "axes", "pads", "strides", "kernel_shape", "group", "perm", "transB", "keepdims", "dilations"];
+                    let names = ["axis", "axes", "pads", "strides", "kernel_shape", "group", "perm", "transB", "keepdims", "dilations",
+                        "upper", "exclusive", "reverse", "fmod", "noop_with_empty_axes", "to"];
                     let v: Vec<i64> = (0..rnd(5)).map(|_| vals[rnd(vals.len())]).collect();
                     g.node[n].attribute.push(AttributeProto { name: names[rnd(names.len())].into(), i: vals[rnd(vals.len())], ints: v, ..Default::default() });
                 }
@@ -730,4 +779,313 @@ fn integer_inputs_index_embeddings_and_cast_at_run_time() {
     let bytes = model(vec![node("Relu", "r", &["x"], &["y"], vec![])], vec![], vec![typed_vinfo("x", &[2], elem::DOUBLE)], vec![vinfo("y", &[2])]);
     let e = compile(&bytes, "t", &Options::default()).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(e.contains("input 'x' is double"), "{e}");
+}
+
+// --- Constant folding of shape and mask subgraphs --------------------------
+
+fn i64_tensor(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
+    TensorProto { name: name.into(), dims: dims.to_vec(), data_type: elem::INT64, int64_data: v.to_vec(), ..Default::default() }
+}
+
+fn bool_tensor(name: &str, dims: &[i64], v: &[bool]) -> TensorProto {
+    let v: Vec<i32> = v.iter().map(|&b| b as i32).collect();
+    TensorProto { name: name.into(), dims: dims.to_vec(), data_type: elem::BOOL, int32_data: v, ..Default::default() }
+}
+
+fn attr_s(name: &str, v: &str) -> AttributeProto {
+    AttributeProto { name: name.into(), s: v.as_bytes().to_vec(), r#type: 3, ..Default::default() }
+}
+
+/// An output whose shape the file leaves open.
+fn unshaped(name: &str) -> ValueInfoProto {
+    ValueInfoProto { name: name.into(), r#type: Some(TypeProto { tensor_type: Some(TypeProtoTensor { elem_type: elem::FLOAT, shape: None }) }) }
+}
+
+fn model_at(opset: i64, nodes: Vec<NodeProto>, inits: Vec<TensorProto>, ins: Vec<ValueInfoProto>, outs: Vec<ValueInfoProto>) -> Vec<u8> {
+    let mut m = ModelProto::decode(model(nodes, inits, ins, outs).as_slice()).unwrap();
+    m.opset_import[0].version = opset;
+    m.encode_to_vec()
+}
+
+/// Compiles `nodes` (computing `r` from constants) followed by
+/// `y = Add(x, r)` for a run-time x [1], checks that only the Add runs on
+/// the device, and returns r (the Add's weight operand) with its shape.
+fn fold_at(opset: i64, mut nodes: Vec<NodeProto>, inits: Vec<TensorProto>) -> (Vec<u64>, Vec<f32>) {
+    nodes.push(node("Add", "use", &["x", "r"], &["y"], vec![]));
+    let c = compiled(&model_at(opset, nodes, inits, vec![vinfo("x", &[1])], vec![unshaped("y")]));
+    assert_eq!(compute_ops(&c.model), ["Add"]);
+    let t = c.model.graph.tensors.iter().find(|t| t.name == "r").expect("the folded value is a weight");
+    let Placement::Weight { offset, size } = t.placement else { panic!("r is not a weight") };
+    let bytes = &c.model.weights[offset as usize..(offset + size) as usize];
+    (t.shape.clone(), bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+}
+
+fn fold(nodes: Vec<NodeProto>, inits: Vec<TensorProto>) -> (Vec<u64>, Vec<f32>) {
+    fold_at(18, nodes, inits)
+}
+
+/// The error of a model whose one node `op` reads `ins` (initializers,
+/// or the run-time input x [2,3]).
+fn fold_error(op: &str, ins: &[&str], inits: Vec<TensorProto>, attrs: Vec<AttributeProto>) -> (String, String, String) {
+    let nodes = vec![node(op, "n", ins, &["r"], attrs), node("Add", "use", &["x", "r"], &["y"], vec![])];
+    unsupported(&model_at(18, nodes, inits, vec![vinfo("x", &[2, 3])], vec![unshaped("y")]), &Options::default())
+}
+
+/// Expected values are onnxruntime 1.32's on the same subgraphs.
+#[test]
+fn mask_subgraphs_fold() {
+    // Position ids from an attention mask, as HF exports them:
+    // (cumsum(mask, 1) * mask) + 1, then a Cast to float.
+    let (s, v) = fold(
+        vec![
+            node("CumSum", "cs", &["mask", "one"], &["c"], vec![]),
+            node("Mul", "m", &["c", "mask"], &["cm"], vec![]),
+            node("Add", "a", &["cm", "one"], &["p"], vec![]),
+            node("Cast", "f", &["p"], &["r"], vec![attr_i("to", elem::FLOAT as i64)]),
+        ],
+        vec![i64_tensor("mask", &[1, 5], &[1, 1, 1, 0, 0]), i64_tensor("one", &[], &[1])],
+    );
+    assert_eq!((s, v), (vec![1, 5], vec![2., 3., 4., 1., 1.]));
+    // A causal mask: Trilu of ones (lower, k=0) -> bool -> Not -> Where(-1e4, 0).
+    let (s, v) = fold(
+        vec![
+            node("ConstantOfShape", "ones", &["sq"], &["o"], vec![AttributeProto { name: "value".into(), t: Some(i64_tensor("", &[1], &[1])), r#type: 4, ..Default::default() }]),
+            node("Trilu", "tri", &["o"], &["t"], vec![attr_i("upper", 0)]),
+            node("Cast", "b", &["t"], &["tb"], vec![attr_i("to", elem::BOOL as i64)]),
+            node("Not", "not", &["tb"], &["nb"], vec![]),
+            node("Where", "w", &["nb", "neg", "zero"], &["r"], vec![]),
+        ],
+        vec![i64_tensor("sq", &[2], &[3, 3]), tensor("neg", &[], &[-1e4]), tensor("zero", &[], &[0.0])],
+    );
+    assert_eq!((s, v), (vec![3, 3], vec![0., -1e4, -1e4, 0., 0., -1e4, 0., 0., 0.]));
+    // A Cast to bool is 0/1, not the value (0.5 -> true).
+    let (_, v) = fold(
+        vec![node("Cast", "b", &["h"], &["hb"], vec![attr_i("to", elem::BOOL as i64)]), node("Cast", "f", &["hb"], &["r"], vec![attr_i("to", elem::FLOAT as i64)])],
+        vec![tensor("h", &[3], &[0.5, 0.0, -2.0])],
+    );
+    assert_eq!(v, [1., 0., 1.]);
+}
+
+#[test]
+fn arithmetic_folds_follow_onnx() {
+    let cat = |ins: &[&str]| node("Concat", "cat", ins, &["r"], vec![attr_i("axis", 0)]);
+    let f = |name: &str, inp: &str| node("Cast", name, &[inp], &[name], vec![attr_i("to", elem::FLOAT as i64)]);
+    // Mod: integers with both sign rules, floats with fmod=1.
+    let (_, v) = fold(
+        vec![
+            node("Mod", "m0", &["a", "b"], &["m0i"], vec![]),
+            node("Mod", "m1", &["a", "b"], &["m1i"], vec![attr_i("fmod", 1)]),
+            node("Mod", "m2", &["fa", "fb"], &["m2"], vec![attr_i("fmod", 1)]),
+            f("m0", "m0i"),
+            f("m1", "m1i"),
+            cat(&["m0", "m1", "m2"]),
+        ],
+        vec![i64_tensor("a", &[4], &[5, -5, 5, -5]), i64_tensor("b", &[4], &[3, 3, -3, -3]), tensor("fa", &[2], &[5.5, -5.5]), tensor("fb", &[2], &[-2.0, 2.0])],
+    );
+    assert_eq!(v, [2., 1., -1., -2., 2., -2., 2., -2., 1.5, -1.5]);
+    // Rounding (half to even), Sign; variadic Max/Min on integers; IsNaN/IsInf.
+    let (_, v) = fold(
+        vec![
+            node("Round", "round", &["h"], &["rd"], vec![]),
+            node("Floor", "floor", &["h"], &["fl"], vec![]),
+            node("Ceil", "ceil", &["h"], &["ce"], vec![]),
+            node("Sign", "sign", &["h"], &["sg"], vec![]),
+            node("Max", "max", &["i1", "i2", "i3"], &["mxi"], vec![]),
+            node("Min", "min", &["i1", "i2", "i3"], &["mni"], vec![]),
+            f("mx", "mxi"),
+            f("mn", "mni"),
+            node("IsInf", "isinf", &["nf"], &["ii"], vec![attr_i("detect_negative", 0)]),
+            node("IsNaN", "isnan", &["nf"], &["in"], vec![]),
+            f("iif", "ii"),
+            f("inf", "in"),
+            cat(&["rd", "fl", "ce", "sg", "mx", "mn", "iif", "inf"]),
+        ],
+        vec![
+            tensor("h", &[4], &[0.5, 1.5, -2.5, -0.0]),
+            i64_tensor("i1", &[2], &[1, 5]),
+            i64_tensor("i2", &[1], &[3]),
+            i64_tensor("i3", &[2], &[-4, 9]),
+            tensor("nf", &[3], &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN]),
+        ],
+    );
+    #[rustfmt::skip]
+    let want = [0., 2., -2., -0., /* floor */ 0., 1., -3., -0., /* ceil */ 1., 2., -2., -0., /* sign */ 1., 1., -1., 0.,
+        /* max */ 3., 9., /* min */ -4., 3., /* isinf(+) */ 1., 0., 0., /* isnan */ 0., 0., 1.];
+    assert_eq!(v, want);
+    // Comparisons and logic on integers.
+    let (_, v) = fold(
+        vec![
+            node("LessOrEqual", "le", &["i1", "i2"], &["le"], vec![]),
+            node("GreaterOrEqual", "ge", &["i1", "i2"], &["ge"], vec![]),
+            node("And", "and", &["le", "ge"], &["an"], vec![]),
+            node("Or", "or", &["le", "ge"], &["or"], vec![]),
+            node("Xor", "xor", &["le", "ge"], &["xo"], vec![]),
+            node("Concat", "c", &["le", "ge", "an", "or", "xo"], &["ci"], vec![attr_i("axis", 0)]),
+            f("r", "ci"),
+        ],
+        vec![i64_tensor("i1", &[3], &[1, 3, 5]), i64_tensor("i2", &[], &[3])],
+    );
+    assert_eq!(v, [1., 1., 0., 0., 1., 1., 0., 1., 0., 1., 1., 1., 1., 0., 1.]);
+}
+
+#[test]
+fn index_folds_follow_onnx() {
+    let f = |inp: &str| node("Cast", "f", &[inp], &["r"], vec![attr_i("to", elem::FLOAT as i64)]);
+    let d = || tensor("d", &[2, 3], &[0., 1., 2., 3., 4., 5.]);
+    // GatherElements with negative indices.
+    let (s, v) = fold(vec![node("GatherElements", "ge", &["d", "i"], &["r"], vec![attr_i("axis", 1)])], vec![d(), i64_tensor("i", &[2, 2], &[-1, 0, 1, -3])]);
+    assert_eq!((s, v), (vec![2, 2], vec![2., 0., 4., 3.]));
+    // ScatterND: every reduction, with a duplicated index.
+    for (red, want) in [("none", [0., 10., 2., 3., 4., 5.]), ("add", [0., 20., 2., 3., 4., 5.]), ("mul", [0., 90., 2., 3., 4., 5.]), ("max", [0., 10., 2., 3., 4., 5.]), ("min", [0., 1., 2., 3., 4., 5.])] {
+        let (_, v) = fold(
+            vec![node("ScatterND", "sn", &["d", "i", "u"], &["r"], vec![attr_s("reduction", red)])],
+            vec![d(), i64_tensor("i", &[2, 2], &[0, 1, -2, -2]), tensor("u", &[2], &[9., 10.])],
+        );
+        assert_eq!(v, want, "reduction {red}");
+    }
+    // ScatterElements along axis 0 (negative index) with add.
+    let (_, v) = fold(
+        vec![node("ScatterElements", "se", &["d", "i", "u"], &["r"], vec![attr_i("axis", 0), attr_s("reduction", "add")])],
+        vec![d(), i64_tensor("i", &[1, 3], &[-1, 0, 1]), tensor("u", &[1, 3], &[10., 20., 30.])],
+    );
+    assert_eq!(v, [0., 21., 2., 13., 4., 35.]);
+    // Tile of integers, then Cast.
+    let (s, v) = fold(vec![node("Tile", "t", &["a", "reps"], &["ti"], vec![]), f("ti")], vec![i64_tensor("a", &[1, 2], &[7, 8]), i64_tensor("reps", &[2], &[2, 2])]);
+    assert_eq!((s, v), (vec![2, 4], vec![7., 8., 7., 8., 7., 8., 7., 8.]));
+    // CumSum, exclusive and reversed, axis as a 1-element int32 input.
+    let axis = TensorProto { name: "ax".into(), dims: vec![1], data_type: elem::INT32, int32_data: vec![1], ..Default::default() };
+    let (_, v) = fold(vec![node("CumSum", "cs", &["d", "ax"], &["r"], vec![attr_i("exclusive", 1), attr_i("reverse", 1)])], vec![d(), axis]);
+    assert_eq!(v, [3., 2., 0., 9., 5., 0.]);
+    // NonZero of a constant mask, used as run-time Gather indices of x.
+    let bytes = model_at(
+        18,
+        vec![node("NonZero", "nz", &["m"], &["idx"], vec![]), node("Gather", "g", &["x", "idx"], &["y"], vec![attr_i("axis", 1)])],
+        vec![bool_tensor("m", &[4], &[false, true, false, true])],
+        vec![vinfo("x", &[2, 4])],
+        vec![vinfo("y", &[2, 1, 2])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Gather"]);
+    let t = c.model.graph.tensors.iter().find(|t| t.name == "g.indices").expect("the indices are a weight");
+    let Placement::Weight { offset, .. } = t.placement else { panic!("not a weight") };
+    let idx: Vec<i64> = c.model.weights[offset as usize..offset as usize + 16].chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+    assert_eq!((t.shape.clone(), idx), (vec![1, 2], vec![1, 3]));
+}
+
+#[test]
+fn constant_reductions_fold() {
+    let p = || i64_tensor("p", &[2, 2], &[1, 2, 3, 4]);
+    let f = |inp: &str| node("Cast", "f", &[inp], &["r"], vec![attr_i("to", elem::FLOAT as i64)]);
+    // ReduceProd on integers: axes as an input (opset 18) ...
+    let (s, v) = fold(vec![node("ReduceProd", "rp", &["p", "ax"], &["q"], vec![]), f("q")], vec![p(), i64_tensor("ax", &[1], &[-1])]);
+    assert_eq!((s, v), (vec![2, 1], vec![2., 12.]));
+    // ... and as an attribute (opset 17), keepdims=0.
+    let (s, v) = fold_at(17, vec![node("ReduceProd", "rp", &["p"], &["q"], vec![attr_ints("axes", &[0]), attr_i("keepdims", 0)]), f("q")], vec![p()]);
+    assert_eq!((s, v), (vec![2], vec![3., 8.]));
+    // The device reductions fold on constants too; no axes reduces all.
+    let (s, v) = fold(vec![node("ReduceMax", "rm", &["p"], &["q"], vec![attr_i("keepdims", 0)]), f("q")], vec![p()]);
+    assert_eq!((s, v), (vec![], vec![4.]));
+    // noop_with_empty_axes: each element alone (SumSquare squares it).
+    let (_, v) = fold(vec![node("ReduceSumSquare", "rs", &["p", "none"], &["q"], vec![attr_i("noop_with_empty_axes", 1)]), f("q")], vec![p(), i64_tensor("none", &[0], &[])]);
+    assert_eq!(v, [1., 4., 9., 16.]);
+    // Float reductions: L1, L2, LogSumExp, mean of integers truncates.
+    let x = || tensor("x3", &[2, 2], &[3., -4., 0., 2.]);
+    let (_, v) = fold(vec![node("ReduceL2", "l2", &["x3", "ax"], &["r"], vec![attr_i("keepdims", 0)])], vec![x(), i64_tensor("ax", &[1], &[1])]);
+    assert_eq!(v, [5., 2.]);
+    let (_, v) = fold(vec![node("ReduceL1", "l1", &["x3"], &["r"], vec![attr_i("keepdims", 0)])], vec![x()]);
+    assert_eq!(v, [9.]);
+    let (_, v) = fold(vec![node("ReduceMean", "mean", &["n"], &["q"], vec![]), f("q")], vec![i64_tensor("n", &[3], &[-3, -2, 2])]);
+    assert_eq!(v, [-1.]);
+    let (_, v) = fold(vec![node("ReduceLogSumExp", "lse", &["x3"], &["r"], vec![attr_i("keepdims", 0)])], vec![x()]);
+    let want = (3f32.exp() + (-4f32).exp() + 1.0 + 2f32.exp()).ln();
+    assert!((v[0] - want).abs() < 1e-6, "{v:?} vs {want}");
+}
+
+#[test]
+fn compile_time_ops_refuse_run_time_inputs() {
+    let ints2 = || i64_tensor("k", &[2, 3], &[0, 1, 0, 1, 0, 1]);
+    let cases: Vec<(&str, Vec<&str>, Vec<TensorProto>)> = vec![
+        ("Mod", vec!["x", "k"], vec![ints2()]),
+        ("And", vec!["x", "k"], vec![ints2()]),
+        ("Or", vec!["k", "x"], vec![ints2()]),
+        ("Xor", vec!["x", "k"], vec![ints2()]),
+        ("Not", vec!["x"], vec![]),
+        ("Floor", vec!["x"], vec![]),
+        ("Ceil", vec!["x"], vec![]),
+        ("Round", vec!["x"], vec![]),
+        ("Sign", vec!["x"], vec![]),
+        ("IsNaN", vec!["x"], vec![]),
+        ("IsInf", vec!["x"], vec![]),
+        ("GatherElements", vec!["x", "k"], vec![ints2()]),
+        ("ScatterND", vec!["x", "i", "u"], vec![i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 3], &[1., 2., 3.])]),
+        ("ScatterElements", vec!["x", "k", "x"], vec![ints2()]),
+        ("Tile", vec!["x", "reps"], vec![i64_tensor("reps", &[2], &[1, 2])]),
+        ("CumSum", vec!["x", "ax"], vec![i64_tensor("ax", &[], &[0])]),
+        ("ReduceProd", vec!["x"], vec![]),
+        ("ReduceL1", vec!["x"], vec![]),
+        ("ReduceL2", vec!["x"], vec![]),
+        ("ReduceSumSquare", vec!["x"], vec![]),
+        ("ReduceLogSum", vec!["x"], vec![]),
+        ("ReduceLogSumExp", vec!["x"], vec![]),
+        ("NonZero", vec!["x"], vec![]),
+        ("Trilu", vec!["x"], vec![]),
+        ("LessOrEqual", vec!["x", "k"], vec![ints2()]),
+        ("GreaterOrEqual", vec!["k", "x"], vec![ints2()]),
+    ];
+    for (op, ins, inits) in cases {
+        let (who, got_op, reason) = fold_error(op, &ins, inits, vec![]);
+        assert_eq!((who.as_str(), got_op.as_str()), ("n", op));
+        let at = ins.iter().position(|&i| i == "x").unwrap();
+        assert!(reason.contains(&format!("input {at} ('x') is computed at run time; this op is only supported on compile-time constants")), "{op}: {reason}");
+    }
+    // A run-time integer input is named as it is (no float conversion first).
+    let bytes = model(
+        vec![node("CumSum", "pos", &["mask", "ax"], &["p"], vec![]), node("Cast", "f", &["p"], &["pf"], vec![attr_i("to", elem::FLOAT as i64)]), node("Add", "a", &["x", "pf"], &["y"], vec![])],
+        vec![i64_tensor("ax", &[], &[1])],
+        vec![vinfo("x", &[1, 4]), typed_vinfo("mask", &[1, 4], elem::INT64)],
+        vec![vinfo("y", &[1, 4])],
+    );
+    let (who, op, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!((who.as_str(), op.as_str()), ("pos", "CumSum"));
+    assert!(reason.contains("input 0 ('mask') is computed at run time"), "{reason}");
+    // The Reduce* ops the device has keep running on run-time inputs.
+    let bytes = model(vec![node("ReduceMax", "rm", &["x"], &["y"], vec![attr_ints("axes", &[1])])], vec![], vec![vinfo("x", &[2, 3])], vec![vinfo("y", &[2, 1])]);
+    assert_eq!(compute_ops(&compiled(&bytes).model), ["ReduceMax"]);
+}
+
+#[test]
+fn bad_constant_folds_name_node_op_and_reason() {
+    let d = || tensor("d", &[2, 3], &[0., 1., 2., 3., 4., 5.]);
+    /// Op, its inputs, the initializers, its attributes, and the reason expected.
+    type Case<'a> = (&'a str, Vec<&'a str>, Vec<TensorProto>, Vec<AttributeProto>, &'a str);
+    let cases: Vec<Case> = vec![
+        ("Mod", vec!["a", "z"], vec![i64_tensor("a", &[1], &[5]), i64_tensor("z", &[1], &[0])], vec![], "integer Mod of 5 by zero"),
+        ("Mod", vec!["d", "d"], vec![d()], vec![], "fmod=0 on floating-point inputs"),
+        ("Mod", vec!["d", "d"], vec![d()], vec![attr_i("fmod", 2)], "fmod=2; it must be 0 or 1"),
+        ("GatherElements", vec!["d", "i"], vec![d(), i64_tensor("i", &[1, 1], &[3])], vec![attr_i("axis", 1)], "index 3 is out of range for axis 1 of size 3"),
+        ("GatherElements", vec!["d", "i"], vec![d(), i64_tensor("i", &[2], &[0, 0])], vec![], "must have the same rank"),
+        ("GatherElements", vec!["d", "i"], vec![d(), i64_tensor("i", &[1, 1], &[0])], vec![attr_i("axis", 2)], "axis 2 is out of range for rank 2"),
+        ("GatherElements", vec!["d", "d"], vec![d()], vec![], "indices must be integers"),
+        ("ScatterND", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 2], &[2, 0]), tensor("u", &[1], &[1.])], vec![], "index 2 is out of range for axis 0 of size 2"),
+        ("ScatterND", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 2], &[1., 1.])], vec![], "updates have shape [1, 2]"),
+        ("ScatterND", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 3], &[0, 0, 0]), tensor("u", &[1], &[1.])], vec![], "address 3 axes"),
+        ("ScatterND", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 3], &[1., 1., 1.])], vec![attr_s("reduction", "mean")], "reduction 'mean' is not one of"),
+        ("ScatterElements", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 1], &[-4]), tensor("u", &[1, 1], &[1.])], vec![attr_i("axis", 1)], "index -4 is out of range"),
+        ("ScatterElements", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 2], &[1., 1.])], vec![], "must have the same shape"),
+        ("Tile", vec!["d", "reps"], vec![d(), i64_tensor("reps", &[2], &[1, -2])], vec![], "negative count"),
+        ("Tile", vec!["d", "reps"], vec![d(), i64_tensor("reps", &[1], &[2])], vec![], "1 repeats for an input of rank 2"),
+        ("Tile", vec!["d", "reps"], vec![d(), i64_tensor("reps", &[2], &[1 << 20, 1 << 20])], vec![], "too large to fold"),
+        ("CumSum", vec!["d", "ax"], vec![d(), i64_tensor("ax", &[2], &[0, 1])], vec![], "axis (input 1) must be a scalar"),
+        ("CumSum", vec!["d", "ax"], vec![d(), i64_tensor("ax", &[], &[2])], vec![], "axis 2 is out of range"),
+        ("Trilu", vec!["v"], vec![tensor("v", &[3], &[1., 2., 3.])], vec![], "must have rank at least 2"),
+        ("Trilu", vec!["d", "k"], vec![d(), tensor("k", &[], &[1.0])], vec![], "k (input 1) must be integers"),
+        ("ReduceProd", vec!["d", "ax"], vec![d(), i64_tensor("ax", &[1], &[5])], vec![], "axis 5 is out of range"),
+        ("ReduceMax", vec!["e", "ax"], vec![i64_tensor("e", &[0, 2], &[]), i64_tensor("ax", &[1], &[0])], vec![], "empty set of integers"),
+        ("Cast", vec!["d"], vec![d()], vec![attr_i("to", 8)], "a cast to string (8) cannot be folded"),
+    ];
+    for (op, ins, inits, attrs, want) in cases {
+        let (who, got_op, reason) = fold_error(op, &ins, inits, attrs);
+        assert_eq!((who.as_str(), got_op.as_str()), ("n", op));
+        assert!(reason.contains(want), "{op}: {reason} (expected '{want}')");
+    }
 }

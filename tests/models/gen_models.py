@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 # IR version per default-domain opset: 4 goes with opset 9, 8 with opsets
 # 17-18, 9 with 19-20.
-IR_VERSION = {9: 4, 17: 8, 20: 9}
+IR_VERSION = {9: 4, 17: 8, 18: 8, 20: 9}
 
 
 class Graph:
@@ -781,6 +781,150 @@ def bert_ids():
     return model, [ids_v, mask_v]
 
 
+def fold_ops():
+    """Opset 18: every op rbln-compile evaluates only at compile time, on
+    constants, each result combined with the run-time input so the output
+    depends on every folded value. The folded values are flattened to
+    float and concatenated into F [246] (added to x [2,246]); a NonZero of a
+    constant mask gives Gather indices into x, reshaped by a folded shape;
+    a ReduceProd gives the shape [2,6,41] that x is reshaped to before a
+    Transpose. onnxruntime computes all of it at run time."""
+    g = Graph("fold-ops", 114)
+    x = "x"  # [2,246]
+    F32, BOOL = TensorProto.FLOAT, np.bool_
+    flat_shape = g.i64("const.flat", [-1])
+    parts = []  # (name, number of elements)
+
+    def part(t, name, n, cast=True):
+        """Flatten a folded value (cast to float first when it is not)."""
+        if cast:
+            t = g.node("Cast", [t], f"{name}.cast", to=F32)
+        parts.append((g.node("Reshape", [t, flat_shape], f"{name}.flat"), n))
+
+    # Mod: integers with fmod 0 (divisor's sign) and 1 (dividend's sign),
+    # floats with fmod 1.
+    a, b = g.i64("mod.a", [7, -7, 7, -7, 9]), g.i64("mod.b", [3, 3, -3, -3, 4])
+    part(g.node("Mod", [a, b], "mod.int", fmod=0), "mod.int", 5)  # [1,2,-2,-1,1]
+    part(g.node("Mod", [a, b], "mod.int_fmod", fmod=1), "mod.int_fmod", 5)  # [1,-1,1,-1,1]
+    part(g.node("Mod", [g.const("mod.fa", [5.5, -5.5, 2.25]), g.const("mod.fb", [2.0, 2.0, -1.0])],
+                "mod.float", fmod=1), "mod.float", 3, cast=False)  # [1.5,-1.5,0.25]
+
+    # And, Or, Xor, Not on bool constants.
+    p_, q_ = g.const("logic.p", [True, False, True, False], BOOL), g.const("logic.q", [True, True, False, False], BOOL)
+    logic = [g.node(op, [p_, q_], f"logic.{op.lower()}") for op in ("And", "Or", "Xor")]
+    logic.append(g.node("Not", [p_], "logic.not"))
+    part(g.node("Concat", logic, "logic.concat", axis=0), "logic", 16)
+
+    # GatherElements on axis 1 with negative indices.
+    d23 = g.const("ge.data", [[1, 2, 3], [4, 5, 6]])
+    part(g.node("GatherElements", [d23, g.i64("ge.indices", [[-1, 0], [1, -3]])], "ge", axis=1),
+         "ge", 4, cast=False)  # [[3,1],[5,4]]
+
+    # ScatterND, every reduction (duplicate and negative indices except
+    # for "none", where duplicates are undefined).
+    sd = g.const("snd.data", np.arange(6).reshape(2, 3))
+    part(g.node("ScatterND", [sd, g.i64("snd.idx_unique", [[0, 1], [1, -1]]), g.const("snd.upd_unique", [10, -3])],
+                "snd.none", reduction="none"), "snd.none", 6, cast=False)
+    sidx, supd = g.i64("snd.idx", [[0, 1], [1, -1], [0, 1]]), g.const("snd.upd", [10, -3, 5])
+    for red in ("add", "mul", "max", "min"):
+        part(g.node("ScatterND", [sd, sidx, supd], f"snd.{red}", reduction=red), f"snd.{red}", 6, cast=False)
+
+    # ScatterElements: integers on axis 1 with add (negative and duplicate
+    # indices), floats on axis 0 without reduction.
+    part(g.node("ScatterElements", [g.i64("se.data", [[1, 2, 3], [4, 5, 6]]), g.i64("se.idx", [[-1, 0], [2, 2]]),
+                                    g.i64("se.upd", [[5, 6], [7, 8]])], "se.add", axis=1, reduction="add"),
+         "se.add", 6)  # [[7,2,8],[4,5,21]]
+    part(g.node("ScatterElements", [g.const("se.fdata", np.arange(6).reshape(3, 2)), g.i64("se.fidx", [[2, 0]]),
+                                    g.const("se.fupd", [[-1, -2]])], "se.none", axis=0),
+         "se.none", 6, cast=False)
+
+    # Tile of integers.
+    part(g.node("Tile", [g.i64("tile.x", [[1, 2]]), g.i64("tile.reps", [2, 3])], "tile"), "tile", 12)
+
+    # CumSum: exclusive and reversed with an int32 scalar axis; plain on
+    # integers with a [1] axis.
+    part(g.node("CumSum", [d23, g.const("cs.axis", 1, np.int32)], "cs.excl_rev", exclusive=1, reverse=1),
+         "cs.excl_rev", 6, cast=False)  # [[5,3,0],[11,6,0]]
+    part(g.node("CumSum", [g.i64("cs.ints", [[1, 2, 3], [4, 5, 6]]), g.i64("cs.axis0", [0])], "cs.int"),
+         "cs.int", 6)  # [[1,2,3],[5,7,9]]
+
+    # Floor, Ceil, Round (half to even), Sign.
+    h = g.const("round.x", [0.5, 1.5, 2.5, -0.5, -2.5, -1.7, 0.0])
+    for op in ("Floor", "Ceil", "Round", "Sign"):
+        part(g.node(op, [h], f"round.{op.lower()}"), f"round.{op.lower()}", 7, cast=False)
+
+    # Variadic Max/Min on integers and floats.
+    ints3 = [g.i64("mm.i1", [1, 5, -3]), g.i64("mm.i2", [2]), g.i64("mm.i3", [0, 7, -9])]
+    flts3 = [g.const("mm.f1", [0.5, -1.0, 2.0]), g.const("mm.f2", [1.5]), g.const("mm.f3", [-0.5, 3.0, 2.5])]
+    for op in ("Max", "Min"):
+        part(g.node(op, ints3, f"mm.int_{op.lower()}"), f"mm.int_{op.lower()}", 3)
+        part(g.node(op, flts3, f"mm.float_{op.lower()}"), f"mm.float_{op.lower()}", 3, cast=False)
+
+    # Every Reduce* on float constants (axes input [1], keepdims 1), and
+    # on integers: ReduceProd and ReduceMean (truncating) over axis 1,
+    # ReduceMax over everything, ReduceSumSquare with empty axes and
+    # noop_with_empty_axes (each element squared).
+    rf, ax1 = g.const("red.f", [[1.0, 2.0, 3.0], [4.0, 0.5, 2.0]]), g.i64("red.axes1", [1])
+    for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"):
+        part(g.node(op, [rf, ax1], f"red.{op}", keepdims=1), f"red.{op}", 2, cast=False)
+    ri = g.i64("red.i", [[-3, -2, 2], [4, 5, 6]])
+    part(g.node("ReduceProd", [ri, ax1], "red.int_prod", keepdims=0), "red.int_prod", 2)  # [12,120]
+    part(g.node("ReduceMean", [ri, ax1], "red.int_mean", keepdims=0), "red.int_mean", 2)  # [-1,5]
+    part(g.node("ReduceMax", [ri], "red.int_max", keepdims=0), "red.int_max", 1)  # 6
+    part(g.node("ReduceSumSquare", [ri, g.i64("red.no_axes", np.zeros(0))], "red.int_noop",
+                noop_with_empty_axes=1), "red.int_noop", 6)
+
+    # Trilu: upper with k=1, lower with k=-1, integers with the defaults.
+    t33 = g.const("trilu.x", np.arange(1, 10).reshape(3, 3))
+    part(g.node("Trilu", [t33, g.i64("trilu.k1", 1)], "trilu.upper", upper=1), "trilu.upper", 9, cast=False)
+    part(g.node("Trilu", [t33, g.i64("trilu.km1", -1)], "trilu.lower", upper=0), "trilu.lower", 9, cast=False)
+    part(g.node("Trilu", [g.i64("trilu.ints", np.arange(1, 10).reshape(3, 3))], "trilu.int"), "trilu.int", 9)
+
+    # IsNaN, IsInf (both signs, and +inf only).
+    special = g.const("isx", [np.inf, -np.inf, np.nan, 1.0])
+    part(g.node("IsNaN", [special], "isnan"), "isnan", 4)
+    part(g.node("IsInf", [special], "isinf"), "isinf", 4)
+    part(g.node("IsInf", [special], "isinf_pos", detect_negative=0), "isinf_pos", 4)
+
+    # Expand and the comparisons on integers.
+    part(g.node("Expand", [g.i64("cmp.col", [[1], [2]]), g.i64("cmp.shape", [2, 1, 3])], "cmp.expand"),
+         "cmp.expand", 12)
+    c1, c2 = g.i64("cmp.a", [1, 3, 5]), g.i64("cmp.b", [3])
+    for op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
+        part(g.node(op, [c1, c2], f"cmp.{op}"), f"cmp.{op}", 3)
+
+    # Casts of constants: float to bool (non-zero is true), int64 to int16
+    # and uint8 (wrapping).
+    part(g.node("Cast", [g.const("cast.f", [0.5, 0.0, -2.0, 300.7])], "cast.bool", to=TensorProto.BOOL),
+         "cast.bool", 4)
+    wide = g.i64("cast.wide", [65541, -1, 300])
+    part(g.node("Cast", [wide], "cast.int16", to=TensorProto.INT16), "cast.int16", 3)  # [5,-1,300]
+    part(g.node("Cast", [wide], "cast.uint8", to=TensorProto.UINT8), "cast.uint8", 3)  # [5,255,44]
+
+    n = sum(k for _, k in parts)  # 246
+    folded = g.node("Concat", [p for p, _ in parts], "folded", axis=0)  # F [246]
+    y1 = g.node("Add", [x, folded], "use.add")  # [2,246]
+
+    # NonZero of a constant mask as Gather indices ([1,4] -> [2,1,4]), then
+    # a Reshape to [2, 4] whose shape is folded from a Tile and a ReduceSum.
+    mask = g.const("nz.mask", [False, True, False, True, True, False, False, True], BOOL)
+    idx = g.node("NonZero", [mask], "nz")  # [[1,3,4,7]]
+    y2 = g.node("Gather", [x, idx], "use.gather", axis=1)
+    count = g.node("ReduceSum", [g.node("Cast", [mask], "nz.mask_int", to=TensorProto.INT64)], "nz.count",
+                   keepdims=1)  # [4]
+    rows = g.node("Tile", [g.i64("nz.rows", [2]), g.i64("nz.rows_reps", [1])], "nz.rows_tile")  # [2]
+    y2 = g.node("Reshape", [y2, g.node("Concat", [rows, count], "nz.shape", axis=0)], "use.gather_rows")
+
+    # x reshaped to a folded [2,6,41], transposed, and flattened back.
+    shape3 = g.node("ReduceProd", [g.i64("shape.factors", [[2, 1], [3, 2], [41, 1]]), ax1], "shape.prod",
+                    keepdims=0)  # [2,6,41]
+    y3 = g.node("Transpose", [g.node("Reshape", [x, shape3], "use.reshape")], "use.transpose", perm=[0, 2, 1])
+    y3 = g.node("Reshape", [y3, g.i64("use.rows", [2, -1])], "use.rows_back")
+    g.node("Concat", [y1, y2, y3], "out", outputs=["y"], axis=1)  # [2, 246 + 4 + 246]
+    return g.model(x, [2, n], "y", [2, 2 * n + 4], opset=18), g.input_data((2, n))
+
+
 # name -> (builder, suffix of the .npy files or None for no reference)
 MODELS = [
     ("resnet", resnet, ""),
@@ -797,6 +941,7 @@ MODELS = [
     ("encoder4", encoder4, ""),
     ("ops3", ops3, ""),
     ("bert-ids", bert_ids, ""),
+    ("fold-ops", fold_ops, ""),
 ]
 
 
