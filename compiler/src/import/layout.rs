@@ -1,0 +1,317 @@
+//! Ops that move or reinterpret data: views (Reshape, Flatten, Squeeze,
+//! Unsqueeze, Identity, Dropout, same-type Cast), Cast between run-time
+//! types, Transpose, Concat, Slice, Split, Expand and constant Pad.
+
+use super::*;
+
+/// The ONNX op types this module lowers.
+pub(super) const OPS: &[&str] = &[
+    "Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
+    "Concat", "Slice", "Split", "Expand", "Pad",
+];
+
+impl Importer {
+    pub(super) fn lower_layout(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        let input = |i: usize| -> Result<ValueId> {
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
+        };
+        let opt = |i: usize| ins.get(i).copied().flatten();
+        let op = cx.n.op_type.as_str();
+        let v = match op {
+            "Identity" | "Dropout" | "Cast" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => self.view_op(cx, ins)?,
+            "Transpose" => {
+                let x = input(0)?;
+                let s = self.shape(x);
+                let perm: Vec<usize> = match cx.ints("perm") {
+                    Some(p) => p.iter().map(|&a| cx.shape(shape::axis(a, s.len(), false))).collect::<Result<_>>()?,
+                    None => (0..s.len()).rev().collect(),
+                };
+                let mut seen = perm.clone();
+                seen.sort_unstable();
+                if seen != (0..s.len()).collect::<Vec<_>>() {
+                    return Err(cx.err(format!("perm {perm:?} is not a permutation of the {} axes", s.len())));
+                }
+                let out: Vec<u64> = perm.iter().map(|&p| s[p]).collect();
+                if let Some(c) = self.konst(x) {
+                    let c = fold::transpose(c, &perm);
+                    self.constant(&Self::out_name(cx, 0), c)
+                } else if moves_only_unit_dims(&s, &perm) {
+                    self.device(cx, Kind::View { x }, out)
+                } else {
+                    rank_ok(cx, &s, "the input")?;
+                    self.device(cx, Kind::Transpose { x, dims: s, perm: perm.iter().map(|&p| p as u64).collect() }, out)
+                }
+            }
+            "Concat" => self.concat(cx, ins)?,
+            "Slice" => {
+                let x = input(0)?;
+                let s = self.shape(x);
+                let (starts, ends, axes, steps) = if self.opset < 10 {
+                    (cx.ints("starts").unwrap_or_default(), cx.ints("ends").unwrap_or_default(), cx.ints("axes"), None)
+                } else {
+                    let get = |me: &Self, i: usize| -> Result<Option<Vec<i64>>> { opt(i).map(|v| me.const_ints(cx, v, i)).transpose() };
+                    (get(self, 1)?.unwrap_or_default(), get(self, 2)?.unwrap_or_default(), get(self, 3)?, get(self, 4)?)
+                };
+                let b = cx.shape(shape::slice(&s, &starts, &ends, axes.as_deref(), steps.as_deref()))?;
+                self.slice_out(cx, 0, x, &b.out, &b.start, &b.step)?
+            }
+            "Split" => return self.split(cx, ins),
+            "Expand" => {
+                let x = input(0)?;
+                let s = self.shape(x);
+                let spec = self.const_ints(cx, input(1)?, 1)?;
+                let spec: Vec<u64> = spec.iter().map(|&d| d.max(0) as u64).collect();
+                let out = cx.shape(shape::broadcast(&s, &spec))?;
+                let src_strides = shape::broadcast_strides(&s, &out);
+                if let Some(c) = self.konst(x) {
+                    cx.shape(shape::fold_limit(&out))?;
+                    let c = fold::pick(c, &shape::box_indices(&out, &src_strides, 0), &out);
+                    self.constant(&Self::out_name(cx, 0), c)
+                } else if out == s {
+                    self.device(cx, Kind::View { x }, out)
+                } else {
+                    rank_ok(cx, &out, "the output")?;
+                    let part = CopyPart { src: x, src_offset: 0, dst_offset: 0, dst_strides: strides(&out), sizes: out.clone(), src_strides };
+                    self.device(cx, Kind::Copy { parts: vec![part] }, out)
+                }
+            }
+            "Pad" => self.pad(cx, ins)?,
+            _ => return Err(cx.err(format!("internal error: '{op}' is not a layout op"))),
+        };
+        Ok(vec![v])
+    }
+
+    /// Ops that only reinterpret (or, for constants, convert) a tensor.
+    pub(super) fn view_op(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
+        let s = self.shape(x);
+        let op = cx.n.op_type.as_str();
+        let axes = |me: &Self| -> Result<Option<Vec<i64>>> {
+            if me.opset < 13 {
+                Ok(cx.ints("axes"))
+            } else {
+                ins.get(1).copied().flatten().map(|v| me.const_ints(cx, v, 1)).transpose()
+            }
+        };
+        let out = match op {
+            "Identity" => s.clone(),
+            "Dropout" => {
+                if let Some(t) = ins.get(2).copied().flatten() {
+                    if self.konst(t).is_none_or(|c| c.ints().iter().any(|&b| b != 0)) {
+                        return Err(cx.err("training_mode must be a constant false"));
+                    }
+                }
+                s.clone()
+            }
+            "Cast" => {
+                let to = cx.int("to", elem::FLOAT as i64) as i32;
+                if let Some(c) = self.konst(x) {
+                    let c = cx.shape(fold::cast(c, to))?;
+                    return Ok(self.constant(&Self::out_name(cx, 0), c));
+                }
+                let to = run_time_dtype(to).ok_or_else(|| {
+                    cx.err(format!("casts a run-time tensor to {}; run-time tensors are float32, int32, int64 or bool", elem::name(to)))
+                })?;
+                let from = self.g.values[x].dtype;
+                if from != to {
+                    return Ok(self.device(cx, Kind::Cast { x, from, to }, s));
+                }
+                s.clone()
+            }
+            "Reshape" => {
+                let spec = if self.opset < 5 { cx.ints("shape").unwrap_or_default() } else {
+                    let v = ins.get(1).copied().flatten().ok_or_else(|| cx.err("input 1 (shape) is missing"))?;
+                    self.const_ints(cx, v, 1)?
+                };
+                cx.shape(shape::reshape(&s, &spec, cx.int("allowzero", 0) != 0))?
+            }
+            "Flatten" => {
+                let a = cx.shape(shape::axis(cx.int("axis", 1), s.len(), true))?;
+                vec![volume(&s[..a]), volume(&s[a..])]
+            }
+            "Squeeze" => match axes(self)? {
+                None => s.iter().copied().filter(|&d| d != 1).collect(),
+                Some(ax) => {
+                    let mut drop = vec![false; s.len()];
+                    for a in ax {
+                        let a = cx.shape(shape::axis(a, s.len(), false))?;
+                        if s[a] != 1 {
+                            return Err(cx.err(format!("axis {a} has size {}, not 1", s[a])));
+                        }
+                        drop[a] = true;
+                    }
+                    s.iter().zip(&drop).filter(|(_, &d)| !d).map(|(&v, _)| v).collect()
+                }
+            },
+            _ => {
+                // Unsqueeze
+                let ax = axes(self)?.ok_or_else(|| cx.err("axes are missing"))?;
+                let r = s.len() + ax.len();
+                let mut at = vec![false; r];
+                for a in ax {
+                    let a = cx.shape(shape::axis(a, r, false))?;
+                    if at[a] {
+                        return Err(cx.err(format!("axis {a} is repeated")));
+                    }
+                    at[a] = true;
+                }
+                let mut it = s.iter();
+                at.iter().map(|&one| if one { 1 } else { *it.next().unwrap_or(&1) }).collect()
+            }
+        };
+        Ok(match self.konst(x).cloned() {
+            Some(mut c) => {
+                c.shape = out;
+                self.constant(&Self::out_name(cx, 0), c)
+            }
+            None => self.device(cx, Kind::View { x }, out),
+        })
+    }
+
+    /// clip(alpha * x + beta, 0, 1); the node's output when `last`.
+    pub(super) fn pad(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
+        let s = self.shape(x);
+        let r = s.len();
+        let mode = cx.string("mode").unwrap_or_else(|| "constant".into());
+        if mode != "constant" {
+            return Err(cx.err(format!("mode '{mode}' is not supported (only constant padding)")));
+        }
+        let (pads, value, axes) = if self.opset < 11 {
+            (cx.ints("pads").ok_or_else(|| cx.err("pads are missing"))?, cx.float("value", 0.0), None)
+        } else {
+            let pads = self.const_ints(cx, ins.get(1).copied().flatten().ok_or_else(|| cx.err("input 1 (pads) is missing"))?, 1)?;
+            let value = match ins.get(2).copied().flatten() {
+                Some(v) => self.konst(v).and_then(Const::scalar).ok_or_else(|| cx.err("constant_value must be a one-element constant"))?,
+                None => 0.0,
+            };
+            let axes = ins.get(3).copied().flatten().map(|v| self.const_ints(cx, v, 3)).transpose()?;
+            (pads, value, axes)
+        };
+        let axes: Vec<usize> = match axes {
+            Some(a) => a.iter().map(|&v| cx.shape(shape::axis(v, r, false))).collect::<Result<_>>()?,
+            None => (0..r).collect(),
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(cx.err(format!("{} pads for {} axes", pads.len(), axes.len())));
+        }
+        if pads.iter().any(|&p| p < 0) {
+            return Err(cx.err(format!("negative pads {pads:?} (cropping) are not supported")));
+        }
+        let (mut begin, mut end) = (vec![0u64; r], vec![0u64; r]);
+        for (i, &a) in axes.iter().enumerate() {
+            begin[a] = pads[i] as u64;
+            end[a] = pads[i + axes.len()] as u64;
+        }
+        let out: Vec<u64> = (0..r).map(|i| s[i].saturating_add(begin[i]).saturating_add(end[i])).collect();
+        if let Some(c) = self.konst(x) {
+            cx.shape(shape::fold_limit(&out))?;
+            let st = strides(&out);
+            let at: u64 = begin.iter().zip(&st).map(|(b, s)| b * s).sum();
+            let mut v = vec![value; volume(&out) as usize];
+            for (src, dst) in c.floats().into_iter().zip(shape::box_indices(&s, &st, at)) {
+                v[dst] = src;
+            }
+            return Ok(self.constant(&Self::out_name(cx, 0), Const::f32(&out, v)));
+        }
+        if out == s {
+            return Ok(self.device(cx, Kind::View { x }, s));
+        }
+        rank_ok(cx, &out, "the output")?;
+        Ok(self.device(cx, Kind::Pad { x, value, dims: s, begin, end }, out))
+    }
+
+    pub(super) fn concat(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
+        let xs: Vec<ValueId> = ins.iter().flatten().copied().collect();
+        let first = *xs.first().ok_or_else(|| cx.err("no inputs"))?;
+        let s0 = self.shape(first);
+        let a = cx.shape(shape::axis(cx.int("axis", 0), s0.len(), false))?;
+        let mut out = s0.clone();
+        out[a] = 0;
+        for &x in &xs {
+            let s = self.shape(x);
+            if s.len() != s0.len() || s.iter().enumerate().any(|(i, &d)| i != a && d != s0[i]) {
+                return Err(cx.err(format!("input shapes {s0:?} and {s:?} do not concatenate on axis {a}")));
+            }
+            out[a] += s[a];
+        }
+        if xs.iter().all(|&x| self.konst(x).is_some()) {
+            let cs: Vec<&Const> = xs.iter().map(|&x| self.konst(x).expect("checked")).collect();
+            let c = fold::concat(&cs, a, &out);
+            return Ok(self.constant(&Self::out_name(cx, 0), c));
+        }
+        let (outer, inner) = (volume(&out[..a]), volume(&out[a + 1..]));
+        let mut parts = Vec::new();
+        let mut at = 0;
+        for &x in &xs {
+            let len = self.shape(x)[a];
+            if len > 0 {
+                parts.push(CopyPart {
+                    src: x,
+                    src_offset: 0,
+                    dst_offset: at * inner,
+                    sizes: vec![outer, len * inner],
+                    src_strides: vec![len * inner, 1],
+                    dst_strides: vec![out[a] * inner, 1],
+                });
+            }
+            at += len;
+        }
+        Ok(self.device(cx, Kind::Copy { parts }, out))
+    }
+
+    /// Output `i` is the box (start, step, shape `out`) of `x`.
+    pub(super) fn slice_out(&mut self, cx: &Cx, i: usize, x: ValueId, out: &[u64], start: &[u64], step: &[u64]) -> Result<ValueId> {
+        let s = self.shape(x);
+        let st = strides(&s);
+        let src_strides: Vec<u64> = st.iter().zip(step).map(|(a, b)| a * b).collect();
+        let offset: u64 = st.iter().zip(start).map(|(a, b)| a * b).sum();
+        if let Some(c) = self.konst(x) {
+            let c = fold::pick(c, &shape::box_indices(out, &src_strides, offset), out);
+            return Ok(self.constant(&Self::out_name(cx, i), c));
+        }
+        if out == s.as_slice() {
+            return Ok(self.device_out(cx, i, Kind::View { x }, s));
+        }
+        rank_ok(cx, &s, "the input")?;
+        let part = CopyPart { src: x, src_offset: offset, dst_offset: 0, sizes: out.to_vec(), src_strides, dst_strides: strides(out) };
+        Ok(self.device_out(cx, i, Kind::Copy { parts: vec![part] }, out.to_vec()))
+    }
+
+    pub(super) fn split(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
+        let s = self.shape(x);
+        let a = cx.shape(shape::axis(cx.int("axis", 0), s.len(), false))?;
+        let outs = cx.n.output.len() as u64;
+        let sizes: Vec<u64> = match (ins.get(1).copied().flatten(), cx.ints("split")) {
+            (Some(v), _) => self.const_ints(cx, v, 1)?.iter().map(|&d| d.max(0) as u64).collect(),
+            (None, Some(sp)) => sp.iter().map(|&d| d.max(0) as u64).collect(),
+            (None, None) => {
+                let parts = cx.int("num_outputs", outs as i64).max(1) as u64;
+                let each = s[a].div_ceil(parts);
+                (0..parts).map(|i| each.min(s[a].saturating_sub(i * each))).collect()
+            }
+        };
+        if sizes.iter().sum::<u64>() != s[a] || sizes.len() as u64 != outs {
+            return Err(cx.err(format!("split sizes {sizes:?} do not cover axis {a} of {s:?} with {outs} outputs")));
+        }
+        let mut res = Vec::new();
+        let mut at = 0;
+        for (i, &len) in sizes.iter().enumerate() {
+            let mut out = s.clone();
+            out[a] = len;
+            let mut start = vec![0; s.len()];
+            start[a] = at;
+            res.push(self.slice_out(cx, i, x, &out, &start, &vec![1; s.len()])?);
+            at += len;
+        }
+        Ok(res)
+    }
+}
+
+/// Whether a permutation keeps every dim larger than 1 in order, so the
+/// bytes do not move.
+fn moves_only_unit_dims(shape: &[u64], perm: &[usize]) -> bool {
+    let order: Vec<usize> = perm.iter().copied().filter(|&p| shape[p] != 1).collect();
+    order.windows(2).all(|w| w[0] < w[1])
+}

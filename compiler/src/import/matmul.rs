@@ -1,0 +1,113 @@
+//! Matrix products: Gemm and MatMul (with batch broadcasting), lowered to
+//! GEMM descriptors.
+
+use super::*;
+
+/// The ONNX op types this module lowers.
+pub(super) const OPS: &[&str] = &[
+    "Gemm", "MatMul",
+];
+
+impl Importer {
+    pub(super) fn lower_matmul(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        let input = |i: usize| -> Result<ValueId> {
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
+        };
+        let opt = |i: usize| ins.get(i).copied().flatten();
+        let op = cx.n.op_type.as_str();
+        let v = match op {
+            "Gemm" => self.gemm(cx, input(0)?, input(1)?, opt(2))?,
+            "MatMul" => self.matmul(cx, input(0)?, input(1)?)?,
+            _ => return Err(cx.err(format!("internal error: '{op}' is not a matmul op"))),
+        };
+        Ok(vec![v])
+    }
+
+    pub(super) fn dims_u64(&self, cx: &Cx, v: ValueId, rank: usize, what: &str) -> Result<Vec<u64>> {
+        let s = self.shape(v);
+        if s.len() != rank {
+            return Err(cx.err(format!("{what} has shape {s:?}; rank {rank} expected")));
+        }
+        Ok(s)
+    }
+
+    pub(super) fn gemm(&mut self, cx: &Cx, a: ValueId, b: ValueId, c: Option<ValueId>) -> Result<ValueId> {
+        let (sa, sb) = (self.dims_u64(cx, a, 2, "A")?, self.dims_u64(cx, b, 2, "B")?);
+        let (ta, tb) = (cx.int("transA", 0) != 0, cx.int("transB", 0) != 0);
+        let (m, k) = if ta { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
+        let (kb, n) = if tb { (sb[1], sb[0]) } else { (sb[0], sb[1]) };
+        if k != kb {
+            return Err(cx.err(format!("A {sa:?} and B {sb:?} do not multiply (transA={ta}, transB={tb})")));
+        }
+        let (alpha, beta) = (cx.float("alpha", 1.0), cx.float("beta", 1.0));
+        let (mut a, mut b) = (a, b);
+        if alpha != 1.0 {
+            if let Some(cb) = self.konst(b).cloned() {
+                b = self.constant(&format!("{}.alpha_B", cx.name), Const::f32(&cb.shape, cb.floats().iter().map(|v| v * alpha).collect()));
+            } else if let Some(ca) = self.konst(a).cloned() {
+                a = self.constant(&format!("{}.alpha_A", cx.name), Const::f32(&ca.shape, ca.floats().iter().map(|v| v * alpha).collect()));
+            } else {
+                return Err(cx.err(format!("alpha={alpha} with neither A nor B constant")));
+            }
+        }
+        let mut c = c.filter(|_| beta != 0.0);
+        if let Some(cv) = c {
+            if beta != 1.0 {
+                let cc = self.konst(cv).cloned().ok_or_else(|| cx.err(format!("beta={beta} with a run-time C")))?;
+                c = Some(self.constant(&format!("{}.beta_C", cx.name), Const::f32(&cc.shape, cc.floats().iter().map(|v| v * beta).collect())));
+            }
+        }
+        let out = vec![m, n];
+        let bias_like = |s: &[u64]| volume(s) == n && (s.len() == 1 || s.len() == 2 && s[0] == 1);
+        let bias = c.filter(|&cv| bias_like(&self.shape(cv)));
+        let kind = Kind::Gemm { a, b, bias, m, n, k, batch: 1, strides: [0; 3], trans_a: ta, trans_b: tb, residual: None, act: Act::NONE };
+        match c {
+            Some(cv) if bias.is_none() => {
+                let sc = self.shape(cv);
+                cx.shape(shape::broadcast(&sc, &out).and_then(|o| if o == out { Ok(o) } else { Err(format!("C {sc:?} does not broadcast to {out:?}")) }))?;
+                let t = self.device_tmp(cx, kind, out.clone(), "product");
+                let k = Kind::Binary { kind: Binary::Add, a: t, b: cv, a_dims: out.clone(), b_dims: shape::pad_rank(&sc, 2), act: Act::NONE };
+                Ok(self.device(cx, k, out))
+            }
+            _ => Ok(self.device(cx, kind, out)),
+        }
+    }
+
+    pub(super) fn matmul(&mut self, cx: &Cx, a: ValueId, b: ValueId) -> Result<ValueId> {
+        let (sa, sb) = (self.shape(a), self.shape(b));
+        if sa.is_empty() || sb.is_empty() {
+            return Err(cx.err("scalar operands are not allowed"));
+        }
+        let a2: Vec<u64> = if sa.len() == 1 { vec![1, sa[0]] } else { sa.clone() };
+        let b2: Vec<u64> = if sb.len() == 1 { vec![sb[0], 1] } else { sb.clone() };
+        let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+        let (kb, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+        if k != kb {
+            return Err(cx.err(format!("A {sa:?} and B {sb:?} do not multiply ({k} != {kb})")));
+        }
+        let (ab, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
+        let batch_shape = cx.shape(shape::broadcast(ab, bb))?;
+        let mut out = batch_shape.clone();
+        if sa.len() > 1 {
+            out.push(m);
+        }
+        if sb.len() > 1 {
+            out.push(n);
+        }
+        let (va, vb) = (volume(ab), volume(bb));
+        let kind = |m: u64, batch: u64, strides: [u64; 3]| Kind::Gemm {
+            a, b, bias: None, m, n, k, batch, strides, trans_a: false, trans_b: false, residual: None, act: Act::NONE,
+        };
+        let kind = if vb == 1 {
+            // B is one matrix: A's batch folds into its rows.
+            kind(va * m, 1, [0; 3])
+        } else if va == 1 {
+            kind(m, vb, [0, k * n, m * n])
+        } else if shape::pad_rank(ab, batch_shape.len()) == shape::pad_rank(bb, batch_shape.len()) {
+            kind(m, va, [m * k, k * n, m * n])
+        } else {
+            return Err(cx.err(format!("batch dims {ab:?} and {bb:?} broadcast partially; only equal or single batches are supported")));
+        };
+        Ok(self.device(cx, kind, out))
+    }
+}

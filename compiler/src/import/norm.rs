@@ -1,0 +1,157 @@
+//! Normalisation and reductions: BatchNormalization (folded into an affine
+//! op or the producing conv), LayerNormalization, Softmax and Reduce*.
+
+use super::*;
+
+/// The ONNX op types this module lowers.
+pub(super) const OPS: &[&str] = &[
+    "BatchNormalization", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+    "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
+];
+
+impl Importer {
+    pub(super) fn lower_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        let input = |i: usize| -> Result<ValueId> {
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
+        };
+        let opt = |i: usize| ins.get(i).copied().flatten();
+        let op = cx.n.op_type.as_str();
+        let v = match op {
+            "BatchNormalization" => self.batch_norm(cx, ins)?,
+            "Softmax" => {
+                let x = input(0)?;
+                let s = self.shape(x);
+                let legacy = self.opset < 13;
+                let a = cx.shape(shape::axis(cx.int("axis", if legacy { 1 } else { -1 }), s.len(), false))?;
+                let dims = if legacy {
+                    vec![volume(&s[..a]), volume(&s[a..]), 1]
+                } else {
+                    vec![volume(&s[..a]), s[a], volume(&s[a + 1..])]
+                };
+                self.device(cx, Kind::Softmax { x, dims, axis: 1 }, s)
+            }
+            "LayerNormalization" => {
+                let x = input(0)?;
+                let s = self.shape(x);
+                let a = cx.shape(shape::axis(cx.int("axis", -1), s.len(), false))?;
+                let (rows, cols) = (volume(&s[..a]), volume(&s[a..]));
+                let gamma = input(1)?;
+                let beta = opt(2);
+                for (i, p) in [(1, Some(gamma)), (2, beta)] {
+                    if let Some(p) = p {
+                        if volume(&self.shape(p)) != cols {
+                            return Err(cx.err(format!("input {i} has shape {:?}; {cols} elements (the normalised dims {:?}) expected", self.shape(p), &s[a..])));
+                        }
+                    }
+                }
+                self.device(cx, Kind::LayerNorm { x, gamma: Some(gamma), beta, rows, cols, eps: cx.float("epsilon", 1e-5) }, s)
+            }
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
+            | "ReduceLogSum" | "ReduceLogSumExp" => self.reduce(cx, ins)?,
+            _ => return Err(cx.err(format!("internal error: '{op}' is not a norm op"))),
+        };
+        Ok(vec![v])
+    }
+
+    pub(super) fn batch_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
+        if cx.int("training_mode", 0) != 0 {
+            return Err(cx.err("training_mode=1 is not supported (inference only)"));
+        }
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
+        let s = self.shape(x);
+        if s.len() < 2 {
+            return Err(cx.err(format!("input {s:?} has no channel axis")));
+        }
+        let c = s[1];
+        let mut p = Vec::new();
+        for i in 1..5 {
+            let v = ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))?;
+            let k = self.need_const(cx, v, i)?;
+            if k.len() as u64 != c {
+                return Err(cx.err(format!("input {i} has {} values for {c} channels", k.len())));
+            }
+            p.push(k.floats());
+        }
+        let eps = cx.float("epsilon", 1e-5);
+        // y = x * s + t with s = scale / sqrt(var + eps), t = bias - mean * s.
+        let sc: Vec<f32> = (0..c as usize).map(|i| p[0][i] / (p[3][i] + eps).sqrt()).collect();
+        let sh: Vec<f32> = (0..c as usize).map(|i| p[1][i] - p[2][i] * sc[i]).collect();
+        let mut cshape = vec![c];
+        cshape.extend(std::iter::repeat_n(1, s.len() - 2));
+        let (sv, tv) = (
+            self.constant(&format!("{}.scale", cx.name), Const::f32(&cshape, sc)),
+            self.constant(&format!("{}.shift", cx.name), Const::f32(&cshape, sh)),
+        );
+        rank_ok(cx, &s, "the input")?;
+        let padded = shape::pad_rank(&cshape, s.len());
+        let t = self.device_tmp(cx, Kind::Binary { kind: Binary::Mul, a: x, b: sv, a_dims: s.clone(), b_dims: padded.clone(), act: Act::NONE }, s.clone(), "scaled");
+        Ok(self.device(cx, Kind::Binary { kind: Binary::Add, a: t, b: tv, a_dims: s.clone(), b_dims: padded, act: Act::NONE }, s))
+    }
+
+    pub(super) fn reduce(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
+        let s = self.shape(x);
+        let op = cx.n.op_type.as_str();
+        let axes_from_input = self.opset >= 18 || (op == "ReduceSum" && self.opset >= 13);
+        let axes = if axes_from_input {
+            match ins.get(1).copied().flatten() {
+                Some(v) => Some(self.const_ints(cx, v, 1)?),
+                None => None,
+            }
+        } else {
+            cx.ints("axes")
+        };
+        let keep = cx.int("keepdims", 1) != 0;
+        let device = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin");
+        let mut axes: Vec<usize> = match axes {
+            Some(a) if !a.is_empty() => a.iter().map(|&v| cx.shape(shape::axis(v, s.len(), false))).collect::<Result<_>>()?,
+            // No reduction. On constants each element is reduced alone
+            // (ReduceSumSquare squares it, as onnxruntime does).
+            _ if cx.int("noop_with_empty_axes", 0) != 0 => {
+                if device && self.konst(x).is_none() {
+                    return Ok(self.alias(cx, x));
+                }
+                let c = self.need_const(cx, x, 0)?;
+                let c = cx.shape(fold::reduce(op, &c, &[], true))?;
+                return Ok(self.constant(&Self::out_name(cx, 0), c));
+            }
+            _ => (0..s.len()).collect(),
+        };
+        axes.sort_unstable();
+        axes.dedup();
+        if !device || self.konst(x).is_some() {
+            let c = self.need_const(cx, x, 0)?;
+            let c = cx.shape(fold::reduce(op, &c, &axes, keep))?;
+            return Ok(self.constant(&Self::out_name(cx, 0), c));
+        }
+        let out: Vec<u64> = if keep {
+            s.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect()
+        } else {
+            s.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
+        };
+        let kind = match op {
+            "ReduceMean" => REDUCE_MEAN,
+            "ReduceSum" => REDUCE_SUM,
+            "ReduceMax" => REDUCE_MAX,
+            _ => REDUCE_MIN,
+        };
+        // Runs of adjacent axes reduce in one op ([outer, run, inner]),
+        // last run first so the earlier axes keep their positions.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for &a in &axes {
+            match runs.last_mut() {
+                Some(r) if r.1 + 1 == a => r.1 = a,
+                _ => runs.push((a, a)),
+            }
+        }
+        let mut cur = s.clone();
+        let mut v = x;
+        for (i, &(a0, a1)) in runs.iter().enumerate().rev() {
+            let dims = vec![volume(&cur[..a0]), volume(&cur[a0..=a1]), volume(&cur[a1 + 1..])];
+            cur.drain(a0..=a1);
+            let k = Kind::Reduce { kind, x: v, dims, axis: 1 };
+            v = if i == 0 { self.device(cx, k, out.clone()) } else { self.device_tmp(cx, k, cur.clone(), &format!("axis{a0}")) };
+        }
+        Ok(v)
+    }
+}
