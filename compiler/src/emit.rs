@@ -497,10 +497,11 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             ];
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Pad { x, dims, begin, .. } => {
+        Kind::Pad { x, dims, begin, step, .. } => {
             let out_dims: Vec<u64> = g.values[op.out].shape.clone();
-            let dst_strides = crate::shape::strides(&out_dims);
-            let at: u64 = begin.iter().zip(&dst_strides).map(|(b, s)| b * s).sum();
+            let out_strides = crate::shape::strides(&out_dims);
+            let at: u64 = begin.iter().zip(&out_strides).map(|(b, s)| b * s).sum();
+            let dst_strides: Vec<u64> = out_strides.iter().zip(step).map(|(s, k)| s * k).collect();
             let d = StridedCopyDesc {
                 rank: dims.len() as u32,
                 sizes: dims6(op, dims, "dims")?,
@@ -523,6 +524,27 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let d = CastDesc { src_type: code(from)?, dst_type: code(to)?, count: g.values[op.out].elems(), ..Default::default() }
                 .with_header();
             let r = vec![reloc(offset_of!(CastDesc, in_va), off(*x)), reloc(offset_of!(CastDesc, out_va), o)];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::Resize { x, dims, out, linear, nearest_mode, map } => {
+            let u32_of = |v: u64| u32::try_from(v).map_err(|_| CompileError::Invalid(format!("{}: dimension {v} exceeds 32 bits", op.name)));
+            let d = ResizeDesc {
+                mode: if *linear { RESIZE_LINEAR } else { RESIZE_NEAREST },
+                nearest_mode: if *linear { 0 } else { *nearest_mode },
+                n: u32_of(dims[0])?,
+                c: u32_of(dims[1])?,
+                h: u32_of(dims[2])?,
+                w: u32_of(dims[3])?,
+                oh: u32_of(out[0])?,
+                ow: u32_of(out[1])?,
+                scale_y: map[0],
+                offset_y: map[1],
+                scale_x: map[2],
+                offset_x: map[3],
+                ..Default::default()
+            }
+            .with_header();
+            let r = vec![reloc(offset_of!(ResizeDesc, in_va), off(*x)), reloc(offset_of!(ResizeDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
         Kind::View { .. } => Vec::new(),

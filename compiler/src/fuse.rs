@@ -367,9 +367,9 @@ fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
 /// Zero padding of the spatial dims before a Conv becomes the Conv's own
 /// padding (TensorFlow exports write it as a separate Pad).
 fn pad_into_conv(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
-    let Kind::Pad { x, value, ref begin, ref end, .. } = g.ops[i].kind else { return None };
+    let Kind::Pad { x, value, ref begin, ref end, ref step, .. } = g.ops[i].kind else { return None };
     let r = begin.len();
-    if value != 0.0 || !(r == 3 || r == 4) || begin[..2].iter().chain(&end[..2]).any(|&p| p != 0) {
+    if value != 0.0 || !(r == 3 || r == 4) || begin[..2].iter().chain(&end[..2]).any(|&p| p != 0) || step.iter().any(|&s| s != 1) {
         return None;
     }
     // (top, left, bottom, right) added; a 1-D conv has no height to pad.

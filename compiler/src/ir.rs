@@ -163,9 +163,17 @@ pub enum Kind {
     Gather { data: ValueId, indices: ValueId, dims: Vec<u64>, axis: u64, count: u64 },
     /// Element-wise conversion between run-time dtypes.
     Cast { x: ValueId, from: DType, to: DType },
-    /// Constant padding: the output (`dims` grown by `begin` and `end`) is
-    /// filled with `value`, then `x` is copied into it at `begin`.
-    Pad { x: ValueId, value: f32, dims: Vec<u64>, begin: Vec<u64>, end: Vec<u64> },
+    /// Spatial resize of `[n, c, h, w]` to `[n, c, out[0], out[1]]`:
+    /// output (y, x) samples the input at `(map[0]·y + map[1], map[2]·x +
+    /// map[3])`, nearest (with `nearest_mode`, a RESIZE_* rounding code) or
+    /// bilinear.
+    Resize { x: ValueId, dims: [u64; 4], out: [u64; 2], linear: bool, nearest_mode: u32, map: [f32; 4] },
+    /// Constant padding: the output (`dims` grown by `begin` and `end`, and
+    /// each axis spread by its `step`: `(d − 1)·step + 1`) is filled with
+    /// `value`, then `x` is copied into it at `begin`, element `i` of an
+    /// axis at `begin + i·step` (steps > 1 interleave zeros, as a
+    /// transposed convolution needs).
+    Pad { x: ValueId, value: f32, dims: Vec<u64>, begin: Vec<u64>, end: Vec<u64>, step: Vec<u64> },
     /// The output reinterprets the input's bytes with another shape.
     View { x: ValueId },
 }
@@ -177,7 +185,7 @@ impl Kind {
         match self {
             Gemm { a, b, bias, residual, .. } => [Some(*a), Some(*b), *bias, *residual].into_iter().flatten().collect(),
             Conv { x, w, bias, residual, .. } => [Some(*x), Some(*w), *bias, *residual].into_iter().flatten().collect(),
-            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } => vec![*x],
+            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } | Resize { x, .. } => vec![*x],
             Binary { a, b, .. } => vec![*a, *b],
             LayerNorm { x, gamma, beta, .. } => [Some(*x), *gamma, *beta].into_iter().flatten().collect(),
             Copy { parts } => {

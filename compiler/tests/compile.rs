@@ -1089,3 +1089,45 @@ fn bad_constant_folds_name_node_op_and_reason() {
         assert!(reason.contains(want), "{op}: {reason} (expected '{want}')");
     }
 }
+
+#[test]
+fn resize_and_conv_transpose_lower_or_say_why_not() {
+    // Nearest 2x: one RESIZE; cubic and crop-and-resize are refused.
+    let resize = |attrs: Vec<AttributeProto>| {
+        model(
+            vec![node("Resize", "up", &["x", "", "s"], &["y"], attrs)],
+            vec![tensor("s", &[4], &[1.0, 1.0, 2.0, 2.0])],
+            vec![vinfo("x", &[1, 2, 3, 4])],
+            vec![vinfo("y", &[1, 2, 6, 8])],
+        )
+    };
+    assert_eq!(compute_ops(&compiled(&resize(vec![attr_s("mode", "nearest")])).model), ["Resize"]);
+    let (who, op, reason) = unsupported(&resize(vec![attr_s("mode", "cubic")]), &Options::default());
+    assert_eq!((who.as_str(), op.as_str()), ("up", "Resize"));
+    assert!(reason.contains("mode 'cubic' is not supported"), "{reason}");
+    let (_, _, reason) = unsupported(&resize(vec![attr_s("coordinate_transformation_mode", "tf_crop_and_resize")]), &Options::default());
+    assert!(reason.contains("'tf_crop_and_resize' is not supported"), "{reason}");
+    // Resizing the channel axis is refused.
+    let bytes = model(
+        vec![node("Resize", "up", &["x", "", "s"], &["y"], vec![])],
+        vec![tensor("s", &[4], &[1.0, 2.0, 1.0, 1.0])],
+        vec![vinfo("x", &[1, 2, 3, 4])],
+        vec![vinfo("y", &[1, 4, 3, 4])],
+    );
+    assert!(unsupported(&bytes, &Options::default()).2.contains("only spatial axes"));
+
+    // ConvTranspose k2 s2: a zero-spreading copy and a stride-1 conv.
+    let ct = |weights_const: bool| {
+        let w = tensor("w", &[2, 3, 2, 2], &ramp(24, 0.1));
+        model(
+            vec![node("ConvTranspose", "up", &["x", "w"], &["y"], vec![attr_ints("strides", &[2, 2])])],
+            if weights_const { vec![w] } else { vec![] },
+            if weights_const { vec![vinfo("x", &[1, 2, 3, 4])] } else { vec![vinfo("x", &[1, 2, 3, 4]), vinfo("w", &[2, 3, 2, 2])] },
+            vec![vinfo("y", &[1, 3, 6, 8])],
+        )
+    };
+    assert_eq!(compute_ops(&compiled(&ct(true)).model), ["ConvTranspose", "ConvTranspose"]);
+    let (_, op, reason) = unsupported(&ct(false), &Options::default());
+    assert_eq!(op, "ConvTranspose");
+    assert!(reason.contains("weights computed at run time"), "{reason}");
+}

@@ -925,6 +925,80 @@ def fold_ops():
     return g.model(x, [2, n], "y", [2, 2 * n + 4], opset=18), g.input_data((2, n))
 
 
+def resize():
+    """Resize as exporters write it: PyTorch's nn.Upsample(scale_factor=2)
+    (nearest, asymmetric, floor: YOLOv8's neck), F.interpolate bilinear with
+    align_corners False (pytorch_half_pixel) and True (align_corners), a
+    downsampling to given sizes (half_pixel, TF/Keras), nearest with
+    round_prefer_ceil at non-integer scales, half_pixel nearest (round_prefer_floor), and
+    a 1-D linear resize; every result feeds the output."""
+    g = Graph("resize", 114)
+    x = "x"
+    f = lambda name, v: g.const(name, v)  # noqa: E731
+    i64 = g.i64
+    outs = []
+
+    def rs(name, inputs, **attrs):
+        y = g.node("Resize", inputs, name, **attrs)
+        outs.append(g.node("Flatten", [y], f"{name}.flatten", axis=1))
+
+    rs("up_nearest", [x, "", f("s2", [1, 1, 2, 2])], mode="nearest",
+       coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    rs("up_bilinear", [x, "", f("s2b", [1, 1, 2, 2])], mode="linear",
+       coordinate_transformation_mode="pytorch_half_pixel")
+    rs("align_corners", [x, "", "", i64("sz_ac", [1, 4, 11, 13])], mode="linear",
+       coordinate_transformation_mode="align_corners")
+    rs("down_half_pixel", [x, "", "", i64("sz_down", [1, 4, 3, 5])], mode="linear",
+       coordinate_transformation_mode="half_pixel")
+    rs("nearest_ceil", [x, "", f("s_frac", [1, 1, 1.5, 2.5])], mode="nearest",
+       coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_ceil")
+    rs("half_pixel_nearest", [x, "", "", i64("sz_hp", [1, 4, 12, 16])], mode="nearest",
+       coordinate_transformation_mode="half_pixel")
+    line = g.node("Reshape", [x, i64("to_ncw", [1, 4, 48])], "to_ncw")
+    y1 = g.node("Resize", [line, "", f("s1d", [1, 1, 1.75])], "line_linear", mode="linear",
+                coordinate_transformation_mode="half_pixel")
+    outs.append(g.node("Flatten", [y1], "line_linear.flatten", axis=1))
+    n = 4 * (12 * 16 * 2 + 11 * 13 + 3 * 5 + 9 * 20 + 12 * 16 + 84)
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [1, 4, 6, 8], "y", [1, n]), g.input_data((1, 4, 6, 8))
+
+
+def convtranspose():
+    """ConvTranspose as decoders use it: UNet's k2 s2 up-convolution followed
+    by the skip Concat and a 3x3 conv, DCGAN's k4 s2 p1, a grouped k3 s2
+    p1 one with output_padding 1 and bias, a dilated one with asymmetric
+    pads, and a 1-D one; every result feeds the output."""
+    g = Graph("convtranspose", 115)
+    x = "x"  # [1, 8, 5, 6]
+    outs = []
+
+    def ct(name, inp, cin, cout, k, group=1, bias=True, **attrs):
+        kk = k if isinstance(k, (list, tuple)) else [k, k]
+        w = g.normal(f"{name}.weight", (cin, cout // group, *kk), np.sqrt(2.0 / (cin * int(np.prod(kk)))))
+        ins = [inp, w] + ([g.normal(f"{name}.bias", (cout,), 0.1)] if bias else [])
+        return g.node("ConvTranspose", ins, name, group=group, **attrs)
+
+    up = ct("up", x, 8, 4, 2, strides=[2, 2])  # [1, 4, 10, 12]
+    skip = g.conv(g.node("Resize", [x, "", g.const("up.s", [1, 1, 2, 2])], "skip.resize", mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"), "skip.conv", 8, 4, 1)
+    cat = g.node("Concat", [up, skip], "up.concat", axis=1)
+    y = g.conv(cat, "up.conv", 8, 6, 3)
+    outs.append(g.node("Flatten", [y], "up.flatten", axis=1))
+    d = ct("dcgan", x, 8, 3, 4, strides=[2, 2], pads=[1, 1, 1, 1], bias=False)  # [1, 3, 10, 12]
+    outs.append(g.node("Flatten", [d], "dcgan.flatten", axis=1))
+    gr = ct("grouped", x, 8, 6, 3, group=2, strides=[2, 2], pads=[1, 1, 1, 1],
+            output_padding=[1, 1])  # [1, 6, 10, 12]
+    outs.append(g.node("Flatten", [gr], "grouped.flatten", axis=1))
+    di = ct("dilated", x, 8, 2, 3, strides=[1, 2], dilations=[2, 1], pads=[1, 0, 2, 1])  # [1, 2, 6, 12]
+    outs.append(g.node("Flatten", [di], "dilated.flatten", axis=1))
+    line = g.node("Reshape", [x, g.i64("to_ncw", [1, 8, 30])], "to_ncw")
+    l1 = ct("line", line, 8, 3, [3], strides=[3], bias=True)  # [1, 3, 90]
+    outs.append(g.node("Flatten", [l1], "line.flatten", axis=1))
+    n = 6 * 10 * 12 + 3 * 10 * 12 + 6 * 10 * 12 + 2 * 6 * 12 + 3 * 90
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [1, 8, 5, 6], "y", [1, n]), g.input_data((1, 8, 5, 6))
+
+
 # name -> (builder, suffix of the .npy files or None for no reference)
 MODELS = [
     ("resnet", resnet, ""),
@@ -941,6 +1015,8 @@ MODELS = [
     ("encoder4", encoder4, ""),
     ("ops3", ops3, ""),
     ("bert-ids", bert_ids, ""),
+    ("resize", resize, ""),
+    ("convtranspose", convtranspose, ""),
     ("fold-ops", fold_ops, ""),
 ]
 

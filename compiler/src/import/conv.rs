@@ -1,11 +1,18 @@
 //! Convolutions (1-D and 2-D, groups, dilation, auto_pad), lowered to CONV2D
 //! descriptors, and the sliding-window geometry pooling shares.
+//!
+//! A transposed convolution (ConvTranspose) becomes the equivalent direct
+//! one: the input spread out with `stride − 1` zeros between elements and
+//! padded by `dilation·(k − 1) − pad` (a strided copy into a zero-filled
+//! buffer), then a stride-1 convolution with the kernel flipped and its
+//! channel axes swapped (done on the constant weights). It computes the
+//! inserted zeros too: `stride²` times the MACs of a direct kernel.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Conv",
+    "Conv", "ConvTranspose",
 ];
 
 impl Importer {
@@ -17,6 +24,7 @@ impl Importer {
         let op = cx.n.op_type.as_str();
         let v = match op {
             "Conv" => self.conv(cx, input(0)?, input(1)?, opt(2))?,
+            "ConvTranspose" => self.conv_transpose(cx, input(0)?, input(1)?, opt(2))?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a conv op"))),
         };
         Ok(vec![v])
@@ -105,6 +113,146 @@ impl Importer {
         };
         let mut out = vec![n, o];
         out.extend(&out_sp[2 - (sx.len() - 2)..]);
+        Ok(self.device(cx, kind, out))
+    }
+}
+
+impl Importer {
+    pub(super) fn conv_transpose(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
+        let sx = self.shape(x);
+        let sw = self.shape(w);
+        if !(sx.len() == 3 || sx.len() == 4) || sw.len() != sx.len() {
+            return Err(cx.err(format!("input {sx:?} / weights {sw:?}: only 1-D and 2-D transposed convolution is supported")));
+        }
+        let sp = sx.len() - 2;
+        let g = cx.int("group", 1).max(1) as u64;
+        let (n, c) = (sx[0], sx[1]);
+        if sw[0] != c || c % g != 0 {
+            return Err(cx.err(format!("weights {sw:?} do not fit {c} input channels in {g} groups")));
+        }
+        let og = sw[1];
+        let o = og * g;
+        let kernel = &sw[2..];
+        if let Some(ks) = cx.ints("kernel_shape") {
+            if ks.iter().map(|&k| k as u64).ne(kernel.iter().copied()) {
+                return Err(cx.err(format!("kernel_shape {ks:?} differs from the weights' {kernel:?}")));
+            }
+        }
+        let wc = self.konst(w).cloned().ok_or_else(|| cx.err("weights computed at run time are not supported"))?;
+        if let Some(bv) = bias {
+            if self.shape(bv) != [o] {
+                return Err(cx.err(format!("bias has shape {:?}; [{o}] expected", self.shape(bv))));
+            }
+        }
+        let stride = self.spatial_attr(cx, "strides", sp)?;
+        let dil = self.spatial_attr(cx, "dilations", sp)?;
+        let out_pad = match cx.ints("output_padding") {
+            Some(p) if p.len() == sp && p.iter().zip(&stride).zip(&dil).all(|((&v, &s), &d)| v >= 0 && ((v as u64) < s || (v as u64) < d)) => {
+                p.iter().map(|&v| v as u64).collect::<Vec<_>>()
+            }
+            Some(p) => return Err(cx.err(format!("output_padding {p:?}: {sp} values below the stride or dilation expected"))),
+            None => vec![0; sp],
+        };
+        let input = &sx[2..];
+        // Full output extent before padding is removed, per axis.
+        let full: Vec<u64> = (0..sp).map(|i| stride[i] * (input[i] - 1) + out_pad[i] + dil[i] * (kernel[i] - 1) + 1).collect();
+        let explicit_out = cx.ints("output_shape").filter(|v| !v.is_empty());
+        let auto = cx.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
+        let pads: Vec<(u64, u64)> = if let Some(os) = explicit_out.as_ref() {
+            let os = &os[os.len().saturating_sub(sp)..];
+            if os.len() != sp {
+                return Err(cx.err(format!("output_shape {os:?}: {sp} spatial sizes expected")));
+            }
+            (0..sp)
+                .map(|i| {
+                    let total = (full[i] as i64) - os[i];
+                    if total < 0 {
+                        return Err(cx.err(format!("output_shape {os:?} is larger than the transposed convolution produces")));
+                    }
+                    let t = total as u64;
+                    Ok(if auto == "SAME_LOWER" { (t - t / 2, t / 2) } else { (t / 2, t - t / 2) })
+                })
+                .collect::<Result<_>>()?
+        } else {
+            match auto.as_str() {
+                "NOTSET" => {
+                    let p = cx.ints("pads").unwrap_or_else(|| vec![0; 2 * sp]);
+                    if p.len() != 2 * sp || p.iter().any(|&v| v < 0) {
+                        return Err(cx.err(format!("pads {p:?}: {} non-negative values expected", 2 * sp)));
+                    }
+                    (0..sp).map(|i| (p[i] as u64, p[i + sp] as u64)).collect()
+                }
+                "VALID" => vec![(0, 0); sp],
+                "SAME_UPPER" | "SAME_LOWER" => (0..sp)
+                    .map(|i| {
+                        let t = full[i].saturating_sub(input[i] * stride[i]);
+                        if auto == "SAME_LOWER" { (t - t / 2, t / 2) } else { (t / 2, t - t / 2) }
+                    })
+                    .collect(),
+                other => return Err(cx.err(format!("auto_pad '{other}' is not supported"))),
+            }
+        };
+        // The spread, padded input of the equivalent direct convolution.
+        let mut begin = vec![0u64; sx.len()];
+        let mut end = vec![0u64; sx.len()];
+        let mut step = vec![1u64; sx.len()];
+        let mut spread = sx.clone();
+        for i in 0..sp {
+            let reach = dil[i] * (kernel[i] - 1);
+            let (pb, pe) = pads[i];
+            if pb > reach || pe > reach + out_pad[i] {
+                return Err(cx.err(format!("pads {:?} exceed the kernel's reach {reach}: cropping is not supported", pads[i])));
+            }
+            begin[i + 2] = reach - pb;
+            end[i + 2] = reach + out_pad[i] - pe;
+            step[i + 2] = stride[i];
+            spread[i + 2] = (input[i] - 1) * stride[i] + 1 + begin[i + 2] + end[i + 2];
+        }
+        if full.iter().zip(&pads).any(|(&f, &(pb, pe))| f <= pb + pe) {
+            return Err(cx.err("the padding leaves an empty output"));
+        }
+        rank_ok(cx, &spread, "the spread input")?;
+        cx.shape(shape::fold_limit(&spread))?;
+        let dims: Vec<u64> = sx.clone();
+        let xs = self.device_tmp(cx, Kind::Pad { x, value: 0.0, dims, begin, end, step }, spread.clone(), "spread");
+        // Weights [c, og, k...] -> [o = g·og, c/g, k... flipped].
+        let cg = c / g;
+        let kvol = volume(kernel) as usize;
+        let src = wc.floats();
+        let mut wt = vec![0.0f32; src.len()];
+        for gi in 0..g as usize {
+            for ci in 0..cg as usize {
+                for co in 0..og as usize {
+                    let from = ((gi * cg as usize + ci) * og as usize + co) * kvol;
+                    let to = ((gi * og as usize + co) * cg as usize + ci) * kvol;
+                    for t in 0..kvol {
+                        wt[to + kvol - 1 - t] = src[from + t];
+                    }
+                }
+            }
+        }
+        let mut wshape = vec![o, cg];
+        wshape.extend(kernel);
+        let wv = self.constant(&format!("{}.flipped_weights", cx.name), Const::f32(&wshape, wt));
+        let lift = |v: &[u64], one: u64| -> [u64; 2] { if sp == 1 { [one, v[0]] } else { [v[0], v[1]] } };
+        let sin = lift(&spread[2..], 1);
+        let k2 = lift(kernel, 1);
+        let d2 = lift(&dil, 1);
+        let kind = Kind::Conv {
+            x: xs,
+            w: wv,
+            bias,
+            dims: [n, c, sin[0], sin[1], o, k2[0], k2[1], g],
+            stride: [1, 1],
+            dilation: d2,
+            pads: [0; 4],
+            residual: None,
+            act: Act::NONE,
+        };
+        let mut out = vec![n, o];
+        for i in 0..sp {
+            out.push(full[i] - pads[i].0 - pads[i].1);
+        }
         Ok(self.device(cx, kind, out))
     }
 }

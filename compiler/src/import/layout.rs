@@ -218,7 +218,8 @@ impl Importer {
             return Ok(self.device(cx, Kind::View { x }, s));
         }
         rank_ok(cx, &out, "the output")?;
-        Ok(self.device(cx, Kind::Pad { x, value, dims: s, begin, end }, out))
+        let step = vec![1; r];
+        Ok(self.device(cx, Kind::Pad { x, value, dims: s, begin, end, step }, out))
     }
 
     pub(super) fn concat(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {

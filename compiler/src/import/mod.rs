@@ -12,7 +12,10 @@
 use std::collections::HashMap;
 
 use rbln_format::DType;
-use rbln_hw::ops::{Binary, Unary, MAX_RANK, REDUCE_MAX, REDUCE_MEAN, REDUCE_MIN, REDUCE_SUM};
+use rbln_hw::ops::{
+    Binary, Unary, MAX_RANK, REDUCE_MAX, REDUCE_MEAN, REDUCE_MIN, REDUCE_SUM, RESIZE_CEIL, RESIZE_FLOOR, RESIZE_ROUND_PREFER_CEIL,
+    RESIZE_ROUND_PREFER_FLOOR,
+};
 
 use crate::error::{CompileError, Result};
 use crate::fold;
@@ -28,13 +31,14 @@ mod layout;
 mod matmul;
 mod norm;
 mod pool;
+mod resize;
 
 /// Lowers the nodes of one op family.
 type Lower = fn(&mut Importer, &Cx, &[Option<ValueId>]) -> Result<Vec<ValueId>>;
 
 /// Every op family: the ONNX op types it takes and its lowering. An op
 /// type belongs to exactly one family (checked by a test).
-const FAMILIES: [(&[&str], Lower); 8] = [
+const FAMILIES: [(&[&str], Lower); 9] = [
     (constant::OPS, Importer::lower_constant),
     (layout::OPS, Importer::lower_layout),
     (elementwise::OPS, Importer::lower_elementwise),
@@ -43,6 +47,7 @@ const FAMILIES: [(&[&str], Lower); 8] = [
     (pool::OPS, Importer::lower_pool),
     (norm::OPS, Importer::lower_norm),
     (gather::OPS, Importer::lower_gather),
+    (resize::OPS, Importer::lower_resize),
 ];
 
 /// Options that change how a model is read.
@@ -60,13 +65,13 @@ pub const MAX_OPSET: i64 = 22;
 /// The ONNX op types rbln-compile handles (folded or on the device).
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs", "Add", "And", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape",
-    "Conv", "CumSum", "Div", "Dropout", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
+    "Conv", "ConvTranspose", "CumSum", "Div", "Dropout", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
     "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish",
     "Identity", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "MatMul", "Max",
     "MaxPool", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "Range", "Reciprocal",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
-    "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign",
-    "Size", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze",
+    "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign",
+    "Size", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze", "Upsample",
     "Where", "Xor",
 ];
 

@@ -1,0 +1,132 @@
+//! Resize and Upsample: nearest and (bi)linear resizing of the last one or
+//! two axes of an NCHW / NCW tensor, lowered to one RESIZE descriptor whose
+//! per-axis affine source-coordinate map encodes the ONNX
+//! `coordinate_transformation_mode`.
+
+use super::*;
+
+/// The ONNX op types this module lowers.
+pub(super) const OPS: &[&str] = &["Resize", "Upsample"];
+
+impl Importer {
+    pub(super) fn lower_resize(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
+        let s = self.shape(x);
+        if !(3..=4).contains(&s.len()) {
+            return Err(cx.err(format!("input has shape {s:?}; N, C and one or two spatial dims are supported")));
+        }
+        let legacy = cx.n.op_type == "Upsample" || self.opset < 11;
+        // Scales or sizes: Upsample-7 has a `scales` attribute; Upsample-9
+        // and Resize-10 a scales input; Resize-11+ scales (input 2) or sizes
+        // (input 3).
+        let (scales, sizes) = if cx.n.op_type == "Upsample" && self.opset < 9 {
+            (Some(cx.attr("scales").map(|a| a.floats.clone()).unwrap_or_default()), None)
+        } else if legacy {
+            let v = ins.get(1).copied().flatten().ok_or_else(|| cx.err("input 1 (scales) is missing"))?;
+            (Some(self.need_const(cx, v, 1)?.floats()), None)
+        } else {
+            let get = |me: &Self, i: usize| -> Result<Option<Const>> {
+                match ins.get(i).copied().flatten() {
+                    Some(v) => me.need_const(cx, v, i).map(|c| (!c.is_empty()).then_some(c)),
+                    None => Ok(None),
+                }
+            };
+            (get(self, 2)?.map(|c| c.floats()), get(self, 3)?.map(|c| c.ints()))
+        };
+        if !legacy {
+            if let Some(axes) = cx.ints("axes") {
+                let all: Vec<i64> = (0..s.len() as i64).collect();
+                if axes != all {
+                    return Err(cx.err(format!("axes {axes:?}: only the default (every axis) is supported")));
+                }
+            }
+            if cx.int("antialias", 0) != 0 && scales.as_ref().is_some_and(|sc| sc.iter().any(|&v| v < 1.0)) {
+                return Err(cx.err("antialias downsampling is not supported"));
+            }
+            let policy = cx.string("keep_aspect_ratio_policy").unwrap_or_else(|| "stretch".into());
+            if policy != "stretch" {
+                return Err(cx.err(format!("keep_aspect_ratio_policy '{policy}' is not supported (only 'stretch')")));
+            }
+        }
+        // Per axis: output length and the scale the coordinate map uses.
+        let r = s.len();
+        let (out, scale): (Vec<u64>, Vec<f32>) = match (&scales, &sizes) {
+            (_, Some(sz)) => {
+                if sz.len() != r || sz.iter().any(|&v| v <= 0) {
+                    return Err(cx.err(format!("sizes {sz:?} must be {r} positive lengths")));
+                }
+                let out: Vec<u64> = sz.iter().map(|&v| v as u64).collect();
+                let scale = out.iter().zip(&s).map(|(&o, &i)| o as f32 / i.max(1) as f32).collect();
+                (out, scale)
+            }
+            (Some(sc), None) => {
+                if sc.len() != r || sc.iter().any(|&v| !(v.is_finite() && v > 0.0)) {
+                    return Err(cx.err(format!("scales {sc:?} must be {r} positive finite factors")));
+                }
+                let out = sc.iter().zip(&s).map(|(&f, &i)| (i as f32 * f).floor() as u64).collect();
+                (out, sc.clone())
+            }
+            (None, None) => return Err(cx.err("neither scales nor sizes is given")),
+        };
+        if out[0] != s[0] || out[1] != s[1] {
+            return Err(cx.err(format!("resizes the batch or channel axis ({:?} -> {:?}); only spatial axes can be resized", &s[..2], &out[..2])));
+        }
+        if out.contains(&0) {
+            return Err(cx.err(format!("output shape {out:?} has an empty axis")));
+        }
+        let mode = cx.string("mode").unwrap_or_else(|| "nearest".into());
+        let linear = match mode.as_str() {
+            "nearest" => false,
+            "linear" | "bilinear" => true,
+            other => return Err(cx.err(format!("mode '{other}' is not supported (nearest and linear are)"))),
+        };
+        let ctm = if legacy { "asymmetric".to_string() } else { cx.string("coordinate_transformation_mode").unwrap_or_else(|| "half_pixel".into()) };
+        let nearest_mode = if legacy {
+            // Upsample / Resize-10 round like onnxruntime's "simple" mode:
+            // down when enlarging, up when shrinking.
+            let sp = &scale[2..];
+            if sp.iter().all(|&f| f >= 1.0) {
+                RESIZE_FLOOR
+            } else if sp.iter().all(|&f| f < 1.0) {
+                RESIZE_CEIL
+            } else {
+                return Err(cx.err("nearest resizing that enlarges one axis and shrinks the other (opset < 11) is not supported"));
+            }
+        } else {
+            match cx.string("nearest_mode").as_deref().unwrap_or("round_prefer_floor") {
+                "round_prefer_floor" => RESIZE_ROUND_PREFER_FLOOR,
+                "round_prefer_ceil" => RESIZE_ROUND_PREFER_CEIL,
+                "floor" => RESIZE_FLOOR,
+                "ceil" => RESIZE_CEIL,
+                other => return Err(cx.err(format!("nearest_mode '{other}' is not supported"))),
+            }
+        };
+        // Source coordinate = a·x + b for each spatial axis.
+        let map_axis = |i: usize| -> Result<(f32, f32)> {
+            let (inl, outl, f) = (s[i], out[i], scale[i]);
+            Ok(match ctm.as_str() {
+                "half_pixel" => (1.0 / f, 0.5 / f - 0.5),
+                "pytorch_half_pixel" if outl > 1 => (1.0 / f, 0.5 / f - 0.5),
+                "pytorch_half_pixel" => (0.0, 0.0),
+                "align_corners" if outl > 1 => ((inl - 1) as f32 / (outl - 1) as f32, 0.0),
+                "align_corners" => (0.0, 0.0),
+                "asymmetric" => (1.0 / f, 0.0),
+                "tf_half_pixel_for_nearest" => (1.0 / f, 0.5 / f),
+                other => return Err(cx.err(format!("coordinate_transformation_mode '{other}' is not supported"))),
+            })
+        };
+        let (dims, out2, map) = if r == 4 {
+            let (y, xx) = (map_axis(2)?, map_axis(3)?);
+            ([s[0], s[1], s[2], s[3]], [out[2], out[3]], [y.0, y.1, xx.0, xx.1])
+        } else {
+            let xx = map_axis(2)?;
+            ([s[0], s[1], 1, s[2]], [1, out[2]], [0.0, 0.0, xx.0, xx.1])
+        };
+        if out2 == [dims[2], dims[3]] && map == [1.0, 0.0, 1.0, 0.0] {
+            // The identity: no data moves.
+            return Ok(vec![self.alias(cx, x)]);
+        }
+        let kind = Kind::Resize { x, dims, out: out2, linear, nearest_mode, map };
+        Ok(vec![self.device(cx, kind, out)])
+    }
+}
