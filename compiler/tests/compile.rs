@@ -1131,3 +1131,41 @@ fn resize_and_conv_transpose_lower_or_say_why_not() {
     assert_eq!(op, "ConvTranspose");
     assert!(reason.contains("weights computed at run time"), "{reason}");
 }
+
+#[test]
+fn group_norms_and_pixel_shuffles_lower_to_existing_descriptors() {
+    // GroupNormalization-18 takes per-group scale and bias: expanded per
+    // channel; InstanceNormalization per channel.
+    let gn = |opset_scale: usize| {
+        let mut m = ModelProto::decode(
+            model(
+                vec![node("GroupNormalization", "gn", &["x", "s", "b"], &["y"], vec![attr_i("num_groups", 2)])],
+                vec![tensor("s", &[opset_scale as i64], &ramp(opset_scale, 0.5)), tensor("b", &[opset_scale as i64], &ramp(opset_scale, 0.1))],
+                vec![vinfo("x", &[1, 4, 3, 3])],
+                vec![vinfo("y", &[1, 4, 3, 3])],
+            )
+            .as_slice(),
+        )
+        .unwrap();
+        m.opset_import[0].version = 18;
+        m.encode_to_vec()
+    };
+    let ops = compute_ops(&compiled(&gn(2)).model);
+    assert_eq!(ops.iter().filter(|o| *o == "GroupNormalization").count(), 3, "{ops:?}");
+    let (who, _, reason) = unsupported(&gn(3), &Options::default());
+    assert_eq!(who, "gn");
+    assert!(reason.contains("3 values; 4 (one per channel) expected"), "{reason}");
+    // DepthToSpace is views around one TRANSPOSE; a bad blocksize says why.
+    let d2s = |bs: i64| {
+        model(
+            vec![node("DepthToSpace", "d2s", &["x"], &["y"], vec![attr_i("blocksize", bs)])],
+            vec![],
+            vec![vinfo("x", &[1, 8, 2, 3])],
+            vec![vinfo("y", &[1, 2, 4, 6])],
+        )
+    };
+    assert_eq!(compute_ops(&compiled(&d2s(2)).model), ["DepthToSpace"]);
+    let (_, op, reason) = unsupported(&d2s(3), &Options::default());
+    assert_eq!(op, "DepthToSpace");
+    assert!(reason.contains("not a multiple of blocksize² = 9"), "{reason}");
+}

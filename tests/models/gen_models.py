@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 # IR version per default-domain opset: 4 goes with opset 9, 8 with opsets
 # 17-18, 9 with 19-20.
-IR_VERSION = {9: 4, 17: 8, 18: 8, 20: 9}
+IR_VERSION = {9: 4, 17: 8, 18: 8, 20: 9, 21: 10}
 
 
 class Graph:
@@ -999,6 +999,52 @@ def convtranspose():
     return g.model(x, [1, 8, 5, 6], "y", [1, n]), g.input_data((1, 8, 5, 6))
 
 
+def norm_space():
+    """Norms and pixel shuffles of image decoders and super-resolution nets:
+    InstanceNormalization, GroupNormalization (opset 21: scale and bias per
+    channel), DepthToSpace in DCR and CRD modes and SpaceToDepth."""
+    g = Graph("norm-space", 116)
+    x = "x"  # [2, 8, 6, 6]
+    outs = []
+    y = g.node("InstanceNormalization", [x, g.uniform("in.scale", (8,), 0.5, 1.5), g.normal("in.bias", (8,), 0.2)],
+               "instance_norm", epsilon=1e-5)
+    outs.append(g.node("Flatten", [y], "instance_norm.flatten", axis=1))
+    y = g.node("GroupNormalization", [x, g.uniform("gn.scale", (8,), 0.5, 1.5), g.normal("gn.bias", (8,), 0.2)],
+               "group_norm", num_groups=4, epsilon=1e-5)
+    outs.append(g.node("Flatten", [y], "group_norm.flatten", axis=1))
+    for mode in ["DCR", "CRD"]:
+        y = g.node("DepthToSpace", [x], f"d2s_{mode}", blocksize=2, mode=mode)  # [2, 2, 12, 12]
+        outs.append(g.node("Flatten", [y], f"d2s_{mode}.flatten", axis=1))
+    y = g.node("SpaceToDepth", [x], "s2d", blocksize=3)  # [2, 72, 2, 2]
+    outs.append(g.node("Flatten", [y], "s2d.flatten", axis=1))
+    n = 5 * 8 * 36
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [2, 8, 6, 6], "y", [2, n], opset=21), g.input_data((2, 8, 6, 6))
+
+
+def einsum():
+    """Einsum in the matrix-product forms models use: attention scores
+    (bhid,bhjd->bhij) and context (bhij,bhjd->bhid), a linear layer against
+    a constant (bid,jd->bij), ellipsis batches, and a transposed output."""
+    g = Graph("einsum", 117)
+    x = "x"  # [2, 3, 4, 8] = [b, h, i, d]
+    outs = []
+    sc = g.node("Einsum", [x, x], "scores", equation="bhid,bhjd->bhij")  # [2,3,4,4]
+    outs.append(g.node("Flatten", [sc], "scores.flatten", axis=1))
+    ctx = g.node("Einsum", [sc, x], "context", equation="bhij,bhjd->bhid")  # [2,3,4,8]
+    outs.append(g.node("Flatten", [ctx], "context.flatten", axis=1))
+    flat = g.node("Reshape", [x, g.i64("bid", [2, 12, 8])], "to_bid")
+    lin = g.node("Einsum", [flat, g.normal("w", (5, 8), 0.3)], "linear", equation="bid,jd->bij")  # [2,12,5]
+    outs.append(g.node("Flatten", [lin], "linear.flatten", axis=1))
+    ell = g.node("Einsum", [x, g.normal("w2", (8, 6), 0.3)], "ellipsis", equation="...ij,jk->...ik")  # [2,3,4,6]
+    outs.append(g.node("Flatten", [ell], "ellipsis.flatten", axis=1))
+    tr = g.node("Einsum", [x, x], "transposed_out", equation="bhid,bhjd->bjhi")  # [2,4,3,4]
+    outs.append(g.node("Flatten", [tr], "transposed_out.flatten", axis=1))
+    n = 3 * 16 + 3 * 32 + 12 * 5 + 3 * 24 + 4 * 12
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [2, 3, 4, 8], "y", [2, n]), g.input_data((2, 3, 4, 8))
+
+
 # name -> (builder, suffix of the .npy files or None for no reference)
 MODELS = [
     ("resnet", resnet, ""),
@@ -1017,6 +1063,8 @@ MODELS = [
     ("bert-ids", bert_ids, ""),
     ("resize", resize, ""),
     ("convtranspose", convtranspose, ""),
+    ("norm-space", norm_space, ""),
+    ("einsum", einsum, ""),
     ("fold-ops", fold_ops, ""),
 ]
 

@@ -6,7 +6,7 @@ use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
+    "Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "DepthToSpace", "SpaceToDepth",
     "Concat", "Slice", "Split", "Expand", "Pad",
 ];
 
@@ -76,6 +76,7 @@ impl Importer {
                 }
             }
             "Pad" => self.pad(cx, ins)?,
+            "DepthToSpace" | "SpaceToDepth" => self.depth_space(cx, input(0)?)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a layout op"))),
         };
         Ok(vec![v])
@@ -222,6 +223,51 @@ impl Importer {
         Ok(self.device(cx, Kind::Pad { x, value, dims: s, begin, end, step }, out))
     }
 
+    /// DepthToSpace (DCR and CRD) and SpaceToDepth: a rank-6 reshape, a
+    /// transpose and a reshape back (views around one TRANSPOSE).
+    pub(super) fn depth_space(&mut self, cx: &Cx, x: ValueId) -> Result<ValueId> {
+        let s = self.shape(x);
+        if s.len() != 4 {
+            return Err(cx.err(format!("input {s:?}: NCHW expected")));
+        }
+        let b = cx.int("blocksize", 0);
+        if b < 1 {
+            return Err(cx.err(format!("blocksize {b} must be positive")));
+        }
+        let b = b as u64;
+        let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+        let (split, perm, out): (Vec<u64>, [usize; 6], Vec<u64>) = if cx.n.op_type == "DepthToSpace" {
+            if c % (b * b) != 0 {
+                return Err(cx.err(format!("{c} channels are not a multiple of blocksize² = {}", b * b)));
+            }
+            let co = c / (b * b);
+            let out = vec![n, co, h * b, w * b];
+            match cx.string("mode").as_deref().unwrap_or("DCR") {
+                "DCR" => (vec![n, b, b, co, h, w], [0, 3, 4, 1, 5, 2], out),
+                "CRD" => (vec![n, co, b, b, h, w], [0, 1, 4, 2, 5, 3], out),
+                m => return Err(cx.err(format!("mode '{m}' is not supported (DCR or CRD)"))),
+            }
+        } else {
+            if h % b != 0 || w % b != 0 {
+                return Err(cx.err(format!("height {h} and width {w} must be multiples of blocksize {b}")));
+            }
+            (vec![n, c, h / b, b, w / b, b], [0, 3, 5, 1, 2, 4], vec![n, c * b * b, h / b, w / b])
+        };
+        let moved: Vec<u64> = perm.iter().map(|&p| split[p]).collect();
+        if let Some(k) = self.konst(x).cloned() {
+            let k = Const { shape: split.clone(), data: k.data };
+            let t = fold::transpose(&k, &perm);
+            return Ok(self.constant(&Self::out_name(cx, 0), Const { shape: out, data: t.data }));
+        }
+        let v = self.device_tmp(cx, Kind::View { x }, split.clone(), "split");
+        let t = if moves_only_unit_dims(&split, &perm) {
+            self.device_tmp(cx, Kind::View { x: v }, moved, "moved")
+        } else {
+            self.device_tmp(cx, Kind::Transpose { x: v, dims: split, perm: perm.iter().map(|&p| p as u64).collect() }, moved, "moved")
+        };
+        Ok(self.device(cx, Kind::View { x: t }, out))
+    }
+
     pub(super) fn concat(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
         let xs: Vec<ValueId> = ins.iter().flatten().copied().collect();
         let first = *xs.first().ok_or_else(|| cx.err("no inputs"))?;
@@ -308,11 +354,4 @@ impl Importer {
         }
         Ok(res)
     }
-}
-
-/// Whether a permutation keeps every dim larger than 1 in order, so the
-/// bytes do not move.
-fn moves_only_unit_dims(shape: &[u64], perm: &[usize]) -> bool {
-    let order: Vec<usize> = perm.iter().copied().filter(|&p| shape[p] != 1).collect();
-    order.windows(2).all(|w| w[0] < w[1])
 }

@@ -1,11 +1,11 @@
-//! Matrix products: Gemm and MatMul (with batch broadcasting), lowered to
-//! GEMM descriptors.
+//! Matrix products: Gemm, MatMul (with batch broadcasting) and two-operand
+//! Einsum in its matrix-product forms, lowered to GEMM descriptors.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Gemm", "MatMul",
+    "Gemm", "MatMul", "Einsum",
 ];
 
 impl Importer {
@@ -18,6 +18,7 @@ impl Importer {
         let v = match op {
             "Gemm" => self.gemm(cx, input(0)?, input(1)?, opt(2))?,
             "MatMul" => self.matmul(cx, input(0)?, input(1)?)?,
+            "Einsum" => self.einsum(cx, ins)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a matmul op"))),
         };
         Ok(vec![v])
@@ -109,5 +110,113 @@ impl Importer {
             return Err(cx.err(format!("batch dims {ab:?} and {bb:?} broadcast partially; only equal or single batches are supported")));
         };
         Ok(self.device(cx, kind, out))
+    }
+
+    /// A run-time permutation of `x` (a view when it moves only size-1
+    /// dims, nothing when it is the identity).
+    fn permuted(&mut self, cx: &Cx, x: ValueId, perm: &[usize], tag: &str) -> Result<ValueId> {
+        let s = self.shape(x);
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return Ok(x);
+        }
+        let out: Vec<u64> = perm.iter().map(|&p| s[p]).collect();
+        if let Some(c) = self.konst(x) {
+            let c = fold::transpose(c, perm);
+            return Ok(self.constant(&format!("{}.{tag}", cx.name), c));
+        }
+        if moves_only_unit_dims(&s, perm) {
+            return Ok(self.device_tmp(cx, Kind::View { x }, out, tag));
+        }
+        rank_ok(cx, &s, "an operand")?;
+        Ok(self.device_tmp(cx, Kind::Transpose { x, dims: s, perm: perm.iter().map(|&p| p as u64).collect() }, out, tag))
+    }
+
+    /// `x` with shape `to` (same element count).
+    fn reshaped(&mut self, cx: &Cx, x: ValueId, to: Vec<u64>, tag: &str) -> ValueId {
+        match self.konst(x).cloned() {
+            Some(c) => self.constant(&format!("{}.{tag}", cx.name), Const { shape: to, data: c.data }),
+            None => self.device_tmp(cx, Kind::View { x }, to, tag),
+        }
+    }
+
+    /// Two-operand Einsum whose every index is a batch index (in both
+    /// operands and the output), a contracted one (both operands, not the
+    /// output) or a free one (one operand and the output): operands are
+    /// permuted to [batch, free, contracted] / [batch, contracted, free],
+    /// multiplied as one batched GEMM and permuted into the output order.
+    pub(super) fn einsum(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
+        let xs: Vec<ValueId> = ins.iter().flatten().copied().collect();
+        if xs.len() != 2 {
+            return Err(cx.err(format!("{} operands; only two-operand (matrix product) equations are supported", xs.len())));
+        }
+        let eq: String = cx.string("equation").unwrap_or_default().chars().filter(|c| !c.is_whitespace()).collect();
+        let (lhs, out) = eq.split_once("->").ok_or_else(|| cx.err(format!("equation '{eq}' has no explicit output ('->')")))?;
+        let (ea, eb) = lhs.split_once(',').ok_or_else(|| cx.err(format!("equation '{eq}' does not have two operands")))?;
+        let (sa, sb) = (self.shape(xs[0]), self.shape(xs[1]));
+        // Ellipses become fresh upper-case letters, aligned from the right.
+        let expand = |t: &str, rank: usize| -> Result<Vec<char>> {
+            let named = t.replace("...", "").chars().count();
+            if !t.chars().all(|c| c.is_ascii_lowercase() || c == '.') {
+                return Err(cx.err(format!("subscripts '{t}' must be lower-case letters (and '...')")));
+            }
+            let ell = if t.contains("...") { rank.checked_sub(named).ok_or_else(|| cx.err(format!("'{t}' has more indices than rank {rank}")))? } else { 0 };
+            let fresh: String = (0..ell).map(|i| (b'A' + (ell - 1 - i) as u8) as char).rev().collect();
+            let v: Vec<char> = t.replace("...", &fresh).chars().collect();
+            if v.len() != rank {
+                return Err(cx.err(format!("subscripts '{t}' name {} axes of a rank-{rank} operand", v.len())));
+            }
+            Ok(v)
+        };
+        let (ia, ib) = (expand(ea, sa.len())?, expand(eb, sb.len())?);
+        let ell_rank = ia.iter().chain(&ib).filter(|c| c.is_ascii_uppercase()).map(|&c| (c as u8 - b'A' + 1) as usize).max().unwrap_or(0);
+        let fresh: String = (0..ell_rank).map(|i| (b'A' + i as u8) as char).collect();
+        let io: Vec<char> = out.replace("...", &fresh).chars().collect();
+        let size = |c: char| -> Result<u64> {
+            let a = ia.iter().position(|&x| x == c).map(|i| sa[i]);
+            let b = ib.iter().position(|&x| x == c).map(|i| sb[i]);
+            match (a, b) {
+                (Some(x), Some(y)) if x != y => Err(cx.err(format!("index '{c}' has sizes {x} and {y}"))),
+                (Some(x), _) | (None, Some(x)) => Ok(x),
+                (None, None) => Err(cx.err(format!("output index '{c}' is in neither operand"))),
+            }
+        };
+        for (t, v) in [(ea, &ia), (eb, &ib), (out, &io)] {
+            let mut u = v.clone();
+            u.sort_unstable();
+            u.dedup();
+            if u.len() != v.len() {
+                return Err(cx.err(format!("'{t}' repeats an index (diagonals are not supported)")));
+            }
+        }
+        let (mut batch, mut contr, mut fa, mut fb) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for &c in ia.iter().chain(ib.iter().filter(|c| !ia.contains(c))) {
+            let (in_a, in_b, in_o) = (ia.contains(&c), ib.contains(&c), io.contains(&c));
+            match (in_a, in_b, in_o) {
+                (true, true, true) => batch.push(c),
+                (true, true, false) => contr.push(c),
+                (true, false, true) => fa.push(c),
+                (false, true, true) => fb.push(c),
+                _ => return Err(cx.err(format!("index '{c}' is summed within one operand; only matrix-product equations are supported"))),
+            }
+        }
+        let order = |from: &[char], want: Vec<char>| -> Vec<usize> { want.iter().map(|c| from.iter().position(|x| x == c).unwrap_or(0)).collect() };
+        let pa = order(&ia, [batch.clone(), fa.clone(), contr.clone()].concat());
+        let pb = order(&ib, [batch.clone(), contr.clone(), fb.clone()].concat());
+        let vol = |cs: &[char]| -> Result<u64> { cs.iter().map(|&c| size(c)).try_fold(1u64, |acc, d| Ok(acc * d?)) };
+        let (bt, m, k, n) = (vol(&batch)?, vol(&fa)?, vol(&contr)?, vol(&fb)?);
+        let a = self.permuted(cx, xs[0], &pa, "a")?;
+        let b = self.permuted(cx, xs[1], &pb, "b")?;
+        let a = self.reshaped(cx, a, vec![bt, m, k], "a3");
+        let b = self.reshaped(cx, b, vec![bt, k, n], "b3");
+        let p = self.matmul(cx, a, b)?;
+        let prod: Vec<char> = [batch, fa, fb].concat();
+        let dims: Result<Vec<u64>> = prod.iter().map(|&c| size(c)).collect();
+        let p = self.reshaped(cx, p, dims?, "product");
+        let po = order(&prod, io.clone());
+        if io.iter().any(|c| !prod.contains(c)) {
+            return Err(cx.err(format!("output '{out}' names an index of neither operand")));
+        }
+        let y = self.permuted(cx, p, &po, "out")?;
+        Ok(self.alias(cx, y))
     }
 }

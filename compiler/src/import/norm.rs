@@ -1,11 +1,13 @@
 //! Normalisation and reductions: BatchNormalization (folded into an affine
-//! op or the producing conv), LayerNormalization, Softmax and Reduce*.
+//! op or the producing conv), LayerNormalization, InstanceNormalization and
+//! GroupNormalization (a LAYERNORM over each group's elements, then a
+//! per-channel scale and shift), Softmax and Reduce*.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "BatchNormalization", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+    "BatchNormalization", "Softmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
     "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
 ];
 
@@ -48,6 +50,7 @@ impl Importer {
             }
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
             | "ReduceLogSum" | "ReduceLogSumExp" => self.reduce(cx, ins)?,
+            "InstanceNormalization" | "GroupNormalization" => self.group_norm(cx, ins)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a norm op"))),
         };
         Ok(vec![v])
@@ -85,6 +88,55 @@ impl Importer {
         rank_ok(cx, &s, "the input")?;
         let padded = shape::pad_rank(&cshape, s.len());
         let t = self.device_tmp(cx, Kind::Binary { kind: Binary::Mul, a: x, b: sv, a_dims: s.clone(), b_dims: padded.clone(), act: Act::NONE }, s.clone(), "scaled");
+        Ok(self.device(cx, Kind::Binary { kind: Binary::Add, a: t, b: tv, a_dims: s.clone(), b_dims: padded, act: Act::NONE }, s))
+    }
+
+    /// InstanceNormalization (one group per channel) and GroupNormalization:
+    /// each (image, group) slice is normalised on its own, then scaled and
+    /// shifted per channel.
+    pub(super) fn group_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
+        let s = self.shape(x);
+        if s.len() < 3 {
+            return Err(cx.err(format!("input {s:?}: N, C and spatial dims expected")));
+        }
+        let (n, c) = (s[0], s[1]);
+        let instance = cx.n.op_type == "InstanceNormalization";
+        let groups = if instance { c } else { cx.int("num_groups", 0).max(0) as u64 };
+        if groups == 0 || c % groups != 0 {
+            return Err(cx.err(format!("num_groups {groups} does not divide the {c} channels")));
+        }
+        if !instance && cx.int("stash_type", 1) != 1 {
+            return Err(cx.err("stash_type other than float32 is not supported"));
+        }
+        // Scale and bias: per channel, or (GroupNormalization before opset
+        // 21) per group, each group's value repeated over its channels.
+        let mut affine = Vec::new();
+        for i in [1, 2] {
+            let v = ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))?;
+            let k = self.need_const(cx, v, i)?.floats();
+            let per_channel: Vec<f32> = if k.len() as u64 == c {
+                k
+            } else if !instance && k.len() as u64 == groups && self.opset < 21 {
+                (0..c as usize).map(|ch| k[ch / (c / groups) as usize]).collect()
+            } else {
+                return Err(cx.err(format!("input {i} has {} values; {c} (one per channel) expected", k.len())));
+            };
+            affine.push(per_channel);
+        }
+        let rows = n * groups;
+        let cols = volume(&s[1..]) / groups;
+        let eps = cx.float("epsilon", 1e-5);
+        let normed = self.device_tmp(cx, Kind::LayerNorm { x, gamma: None, beta: None, rows, cols, eps }, s.clone(), "normalized");
+        let mut cshape = vec![c];
+        cshape.extend(std::iter::repeat_n(1, s.len() - 2));
+        let (sv, tv) = (
+            self.constant(&format!("{}.scale", cx.name), Const::f32(&cshape, affine[0].clone())),
+            self.constant(&format!("{}.bias", cx.name), Const::f32(&cshape, affine[1].clone())),
+        );
+        rank_ok(cx, &s, "the input")?;
+        let padded = shape::pad_rank(&cshape, s.len());
+        let t = self.device_tmp(cx, Kind::Binary { kind: Binary::Mul, a: normed, b: sv, a_dims: s.clone(), b_dims: padded.clone(), act: Act::NONE }, s.clone(), "scaled");
         Ok(self.device(cx, Kind::Binary { kind: Binary::Add, a: t, b: tv, a_dims: s.clone(), b_dims: padded, act: Act::NONE }, s))
     }
 
