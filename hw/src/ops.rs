@@ -30,6 +30,7 @@ pub enum OpCode {
     Gather = 11,
     Cast = 12,
     Resize = 13,
+    Where = 14,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -108,6 +109,13 @@ pub enum Binary {
     Max = 4,
     Min = 5,
     Pow = 6,
+    /// Comparisons (hardware minor version 2): 1.0 where `a (op) b`
+    /// holds, else 0.0 (any comparison with NaN is false).
+    Equal = 7,
+    Less = 8,
+    Greater = 9,
+    LessOrEqual = 10,
+    GreaterOrEqual = 11,
 }
 
 impl Binary {
@@ -121,6 +129,11 @@ impl Binary {
             4 => Max,
             5 => Min,
             6 => Pow,
+            7 => Equal,
+            8 => Less,
+            9 => Greater,
+            10 => LessOrEqual,
+            11 => GreaterOrEqual,
             _ => return None,
         })
     }
@@ -439,6 +452,26 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// out = cond ≠ 0 ? a : b, element-wise with numpy broadcasting of the
+    /// three operands (hardware minor version 2). All shapes have `rank`
+    /// dims (the shorter padded with leading 1s); cond is f32 (a 0/1 mask
+    /// as comparisons write it; NaN counts as true).
+    pub struct WhereDesc {
+        pub header: OpHeader,
+        pub rank: u32,
+        /// Reserved, must be 0.
+        pub reserved: u32,
+        pub cond_dims: [u32; 6],
+        pub a_dims: [u32; 6],
+        pub b_dims: [u32; 6],
+        pub cond_va: u64,
+        pub a_va: u64,
+        pub b_va: u64,
+        pub out_va: u64,
+    }
+}
+
 const _: () = assert!(OpHeader::SIZE == 8);
 const _: () = assert!(GemmDesc::SIZE == 104);
 const _: () = assert!(Conv2dDesc::SIZE == 128);
@@ -453,6 +486,7 @@ const _: () = assert!(StridedCopyDesc::SIZE == 152);
 const _: () = assert!(GatherDesc::SIZE == 80);
 const _: () = assert!(CastDesc::SIZE == 40);
 const _: () = assert!(ResizeDesc::SIZE == 72);
+const _: () = assert!(WhereDesc::SIZE == 120);
 
 /// A decoded descriptor (fields not yet checked against tensor sizes).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -470,6 +504,7 @@ pub enum Desc {
     Gather(GatherDesc),
     Cast(CastDesc),
     Resize(ResizeDesc),
+    Where(WhereDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -514,6 +549,7 @@ encode_fn!(StridedCopyDesc, StridedCopy);
 encode_fn!(GatherDesc, Gather);
 encode_fn!(CastDesc, Cast);
 encode_fn!(ResizeDesc, Resize);
+encode_fn!(WhereDesc, Where);
 
 /// Sizes of descriptors written for hardware minor version 0, before
 /// fields were appended: such a descriptor reads as the current one with
@@ -681,6 +717,13 @@ impl Desc {
                     return Err(BadField("coordinate map"));
                 }
                 Desc::Resize(d)
+            }
+            14 => {
+                let d = get!(WhereDesc);
+                if !dims_ok(d.rank, &d.cond_dims) || !dims_ok(d.rank, &d.a_dims) || !dims_ok(d.rank, &d.b_dims) || d.reserved != 0 {
+                    return Err(BadField("rank/dims"));
+                }
+                Desc::Where(d)
             }
             op => return Err(UnknownOp(op)),
         };

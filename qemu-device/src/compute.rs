@@ -314,7 +314,8 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
                 Some(Binary::Max) => k::BinaryOp::Max,
                 Some(Binary::Min) => k::BinaryOp::Min,
                 Some(Binary::Pow) => k::BinaryOp::Pow,
-                None => return Err(bad),
+                // Implemented next; until then refused.
+                Some(_) | None => return Err(bad),
             };
             let act = activation(d.activation, d.act_param0, d.act_param1);
             let a = op.input(d.a_va, na)?;
@@ -390,6 +391,8 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::StridedCopy(d) => strided_copy(&mut op, &d),
         Desc::Cast(d) => cast(&mut op, &d),
         Desc::Resize(d) => resize(&mut op, &d),
+        // Implemented next; until then refused like an unknown op.
+        Desc::Where(_) => Err(bad),
         Desc::Gather(d) => {
             let shape = dims(&d.dims, d.rank);
             let ni = usize::try_from(d.num_indices).map_err(|_| bad)?;
