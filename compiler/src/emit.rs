@@ -547,6 +547,23 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let r = vec![reloc(offset_of!(ResizeDesc, in_va), off(*x)), reloc(offset_of!(ResizeDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
+        Kind::Where { cond, a, b, cond_dims, a_dims, b_dims } => {
+            let d = WhereDesc {
+                rank: a_dims.len() as u32,
+                cond_dims: dims6(op, cond_dims, "cond dims")?,
+                a_dims: dims6(op, a_dims, "a dims")?,
+                b_dims: dims6(op, b_dims, "b dims")?,
+                ..Default::default()
+            }
+            .with_header();
+            let r = vec![
+                reloc(offset_of!(WhereDesc, cond_va), off(*cond)),
+                reloc(offset_of!(WhereDesc, a_va), off(*a)),
+                reloc(offset_of!(WhereDesc, b_va), off(*b)),
+                reloc(offset_of!(WhereDesc, out_va), o),
+            ];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
         Kind::View { .. } => Vec::new(),
     })
 }

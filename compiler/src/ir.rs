@@ -168,6 +168,8 @@ pub enum Kind {
     /// map[3])`, nearest (with `nearest_mode`, a RESIZE_* rounding code) or
     /// bilinear.
     Resize { x: ValueId, dims: [u64; 4], out: [u64; 2], linear: bool, nearest_mode: u32, map: [f32; 4] },
+    /// `cond ≠ 0 ? a : b` with broadcasting; all dims padded to one rank.
+    Where { cond: ValueId, a: ValueId, b: ValueId, cond_dims: Vec<u64>, a_dims: Vec<u64>, b_dims: Vec<u64> },
     /// Constant padding: the output (`dims` grown by `begin` and `end`, and
     /// each axis spread by its `step`: `(d − 1)·step + 1`) is filled with
     /// `value`, then `x` is copied into it at `begin`, element `i` of an
@@ -187,6 +189,7 @@ impl Kind {
             Conv { x, w, bias, residual, .. } => [Some(*x), Some(*w), *bias, *residual].into_iter().flatten().collect(),
             Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } | Resize { x, .. } => vec![*x],
             Binary { a, b, .. } => vec![*a, *b],
+            Where { cond, a, b, .. } => vec![*cond, *a, *b],
             LayerNorm { x, gamma, beta, .. } => [Some(*x), *gamma, *beta].into_iter().flatten().collect(),
             Copy { parts } => {
                 let mut v: Vec<ValueId> = parts.iter().map(|p| p.src).collect();

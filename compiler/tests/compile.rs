@@ -1006,10 +1006,6 @@ fn compile_time_ops_refuse_run_time_inputs() {
     let ints2 = || i64_tensor("k", &[2, 3], &[0, 1, 0, 1, 0, 1]);
     let cases: Vec<(&str, Vec<&str>, Vec<TensorProto>)> = vec![
         ("Mod", vec!["x", "k"], vec![ints2()]),
-        ("And", vec!["x", "k"], vec![ints2()]),
-        ("Or", vec!["k", "x"], vec![ints2()]),
-        ("Xor", vec!["x", "k"], vec![ints2()]),
-        ("Not", vec!["x"], vec![]),
         ("Floor", vec!["x"], vec![]),
         ("Ceil", vec!["x"], vec![]),
         ("Round", vec!["x"], vec![]),
@@ -1029,8 +1025,6 @@ fn compile_time_ops_refuse_run_time_inputs() {
         ("ReduceLogSumExp", vec!["x"], vec![]),
         ("NonZero", vec!["x"], vec![]),
         ("Trilu", vec!["x"], vec![]),
-        ("LessOrEqual", vec!["x", "k"], vec![ints2()]),
-        ("GreaterOrEqual", vec!["k", "x"], vec![ints2()]),
     ];
     for (op, ins, inits) in cases {
         let (who, got_op, reason) = fold_error(op, &ins, inits, vec![]);
@@ -1168,4 +1162,36 @@ fn group_norms_and_pixel_shuffles_lower_to_existing_descriptors() {
     let (_, op, reason) = unsupported(&d2s(3), &Options::default());
     assert_eq!(op, "DepthToSpace");
     assert!(reason.contains("not a multiple of blocksize² = 9"), "{reason}");
+}
+
+#[test]
+fn comparisons_logic_and_where_run_on_the_device() {
+    // A padding mask from an int64 input, as SDPA-style exports build it:
+    // Equal(mask, 0) -> Where(cond, -inf-ish, scores); Not/And/Or/Xor too.
+    let bytes = model(
+        vec![
+            node("Equal", "pad", &["mask", "zero"], &["is_pad"], vec![]),
+            node("Not", "keep", &["is_pad"], &["k"], vec![]),
+            node("Greater", "pos", &["x", "zero_f"], &["p"], vec![]),
+            node("And", "both", &["k", "p"], &["kp"], vec![]),
+            node("Or", "either", &["k", "p"], &["ko"], vec![]),
+            node("Xor", "one", &["kp", "ko"], &["kx"], vec![]),
+            node("Where", "sel", &["kx", "x", "neg"], &["y"], vec![]),
+        ],
+        vec![ints("zero", &[0]), tensor("zero_f", &[], &[0.0]), tensor("neg", &[], &[-1e9])],
+        vec![vinfo("x", &[2, 4]), typed_vinfo("mask", &[2, 4], elem::INT64)],
+        vec![vinfo("y", &[2, 4])],
+    );
+    let ops = compute_ops(&compiled(&bytes).model);
+    for want in ["Cast", "Equal", "Not", "Greater", "And", "Or", "Xor", "Where"] {
+        assert!(ops.iter().any(|o| o == want), "{want} missing from {ops:?}");
+    }
+    // All-constant inputs still fold to nothing on the device.
+    let bytes = model(
+        vec![node("Less", "c", &["a", "b"], &["m"], vec![]), node("Where", "w", &["m", "x", "x2"], &["y"], vec![])],
+        vec![tensor("a", &[2], &[1.0, 3.0]), tensor("b", &[2], &[2.0, 2.0])],
+        vec![vinfo("x", &[2]), vinfo("x2", &[2])],
+        vec![vinfo("y", &[2])],
+    );
+    assert_eq!(compute_ops(&compiled(&bytes).model), ["Where"]);
 }

@@ -1045,6 +1045,45 @@ def einsum():
     return g.model(x, [2, 3, 4, 8], "y", [2, n]), g.input_data((2, 3, 4, 8))
 
 
+def masks():
+    """Masks computed at run time, as transformer exports build them from an
+    int64 attention mask: Cast to bool, Equal with 0, Not, comparisons of a
+    float input, And/Or/Xor, and Where selecting scores or a large negative
+    value; every result (cast to float) feeds the output."""
+    g = Graph("masks", 118)
+    x, mask = "x", "attention_mask"  # [2, 8] float, [2, 8] int64
+    outs = []
+
+    def f(v, name):
+        outs.append(g.node("Cast", [v], f"{name}.float", to=TensorProto.FLOAT))
+
+    keep = g.node("Cast", [mask], "keep", to=TensorProto.BOOL)
+    pad = g.node("Equal", [mask, g.i64("zero", 0)], "is_pad")
+    f(pad, "is_pad")
+    f(g.node("Not", [pad], "not_pad"), "not_pad")
+    pos = g.node("Greater", [x, g.const("zero_f", 0.0)], "positive")
+    f(pos, "positive")
+    f(g.node("LessOrEqual", [x, g.const("half", 0.5)], "le_half"), "le_half")
+    f(g.node("GreaterOrEqual", [x, g.const("mhalf", -0.5)], "ge_mhalf"), "ge_mhalf")
+    f(g.node("Less", [x, g.node("Neg", [x], "neg_x")], "lt_neg"), "lt_neg")
+    both = g.node("And", [keep, pos], "keep_and_pos")
+    f(both, "keep_and_pos")
+    either = g.node("Or", [keep, pos], "keep_or_pos")
+    f(either, "keep_or_pos")
+    f(g.node("Xor", [both, either], "xor"), "xor")
+    sel = g.node("Where", [keep, x, g.const("big_neg", np.finfo(np.float32).min)], "masked_scores")
+    outs.append(g.node("Softmax", [sel], "masked_softmax", axis=-1))
+    outs.append(g.node("Where", [pos, x, g.node("Mul", [x, g.const("slope", 0.1)], "scaled")], "leaky"))
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    model = g.model(None, None, "y", [2, 8 * len(outs)],
+                    inputs=[(x, TensorProto.FLOAT, [2, 8]), (mask, TensorProto.INT64, [2, 8])])
+    xv = g.input_data((2, 8))
+    mv = np.ones((2, 8), dtype=np.int64)
+    mv[0, 6:] = 0
+    mv[1, 3:] = 0
+    return model, [xv, mv]
+
+
 # name -> (builder, suffix of the .npy files or None for no reference)
 MODELS = [
     ("resnet", resnet, ""),
@@ -1065,6 +1104,7 @@ MODELS = [
     ("convtranspose", convtranspose, ""),
     ("norm-space", norm_space, ""),
     ("einsum", einsum, ""),
+    ("masks", masks, ""),
     ("fold-ops", fold_ops, ""),
 ]
 

@@ -29,6 +29,8 @@ cat /tmp/err
 check "float data for int64 ids: exit 2, names the input and both dtypes" sh -c \
     "test $rc = 2 && grep -q \"input 'input_ids': expected dtype i64, got f32\" /tmp/err"
 check "the device is fine after the refused ids" rbln-run $o/bert-ids.rbln $b --output /tmp/bert2.npy
+check "masks (run-time comparisons, logic and Where from an int64 mask) matches onnxruntime" sh -c \
+    "rbln-run $o/masks.rbln --input $o/masks.input0.npy --input $o/masks.input1.npy --output /tmp/mk.npy >/dev/null && rbln-example-models compare /tmp/mk.npy $o/masks.expected.npy 1e-4"
 check "dynamic-batch compiled with --input-shape x=3x8 matches" sh -c \
     "rbln-run $o/dynamic-batch.rbln --input $o/dynamic-batch.b3.input.npy --output /tmp/d.npy >/dev/null && rbln-example-models compare /tmp/d.npy $o/dynamic-batch.b3.expected.npy 1e-4"
 check "transformer through AsyncRuntime (parallel 2) matches" sh -c \

@@ -1,16 +1,15 @@
 //! Ops computed at compile time: constants, shapes, and the shape and mask
-//! arithmetic exporters emit (comparisons, logic, Where, Range, scatter and
-//! gather on constants, …). Every input they read must be a constant; the
+//! arithmetic exporters emit (Range, Mod, scatter and gather, CumSum, Trilu,
+//! NonZero, … on constants). Every input they read must be a constant; the
 //! values come from `fold`.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Constant", "Shape", "Size", "ConstantOfShape", "Range", "Equal", "Less", "Greater",
-    "LessOrEqual", "GreaterOrEqual", "Not", "Floor", "Ceil", "Round", "Sign", "IsNaN",
-    "IsInf", "Mod", "And", "Or", "Xor", "GatherElements", "ScatterND", "ScatterElements",
-    "Tile", "CumSum", "Trilu", "NonZero", "Where",
+    "Constant", "Shape", "Size", "ConstantOfShape", "Range", "Floor", "Ceil", "Round",
+    "Sign", "IsNaN", "IsInf", "Mod", "GatherElements", "ScatterND", "ScatterElements", "Tile",
+    "CumSum", "Trilu", "NonZero",
 ];
 
 impl Importer {
@@ -71,12 +70,7 @@ impl Importer {
                 let c = cx.shape(fold::range(&s, &l, &d))?;
                 self.constant(&Self::out_name(cx, 0), c)
             }
-            "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" => {
-                let (a, b) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
-                let c = cx.shape(fold::binary(op, &a, &b))?;
-                self.constant(&Self::out_name(cx, 0), c)
-            }
-            "Not" | "Floor" | "Ceil" | "Round" | "Sign" | "IsNaN" => {
+            "Floor" | "Ceil" | "Round" | "Sign" | "IsNaN" => {
                 let a = self.need_const(cx, input(0)?, 0)?;
                 let c = fold::unary(op, &a).ok_or_else(|| cx.err("cannot fold"))?;
                 self.constant(&Self::out_name(cx, 0), c)
@@ -94,11 +88,6 @@ impl Importer {
                     f => return Err(cx.err(format!("fmod={f}; it must be 0 or 1"))),
                 };
                 let c = cx.shape(fold::modulo(&a, &b, fmod))?;
-                self.constant(&Self::out_name(cx, 0), c)
-            }
-            "And" | "Or" | "Xor" => {
-                let (a, b) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
-                let c = cx.shape(fold::logical(op, &a, &b))?;
                 self.constant(&Self::out_name(cx, 0), c)
             }
             "GatherElements" => {
@@ -139,11 +128,6 @@ impl Importer {
             "NonZero" => {
                 let x = self.need_const(cx, input(0)?, 0)?;
                 self.constant(&Self::out_name(cx, 0), fold::nonzero(&x))
-            }
-            "Where" => {
-                let (c, a, b) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?, self.need_const(cx, input(2)?, 2)?);
-                let c = cx.shape(fold::where_(&c, &a, &b))?;
-                self.constant(&Self::out_name(cx, 0), c)
             }
             _ => return Err(cx.err(format!("internal error: '{op}' is not a constant op"))),
         };

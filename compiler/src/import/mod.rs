@@ -28,6 +28,7 @@ mod conv;
 mod elementwise;
 mod gather;
 mod layout;
+mod logic;
 mod matmul;
 mod norm;
 mod pool;
@@ -38,7 +39,7 @@ type Lower = fn(&mut Importer, &Cx, &[Option<ValueId>]) -> Result<Vec<ValueId>>;
 
 /// Every op family: the ONNX op types it takes and its lowering. An op
 /// type belongs to exactly one family (checked by a test).
-const FAMILIES: [(&[&str], Lower); 9] = [
+const FAMILIES: [(&[&str], Lower); 10] = [
     (constant::OPS, Importer::lower_constant),
     (layout::OPS, Importer::lower_layout),
     (elementwise::OPS, Importer::lower_elementwise),
@@ -48,6 +49,7 @@ const FAMILIES: [(&[&str], Lower); 9] = [
     (norm::OPS, Importer::lower_norm),
     (gather::OPS, Importer::lower_gather),
     (resize::OPS, Importer::lower_resize),
+    (logic::OPS, Importer::lower_logic),
 ];
 
 /// Options that change how a model is read.
@@ -80,10 +82,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
 /// ReduceMean, ReduceMax and ReduceMin fold on constants and run on the
 /// device otherwise).
 pub const COMPILE_TIME_OPS: &[&str] = &[
-    "And", "Ceil", "ConstantOfShape", "CumSum", "Equal", "Floor", "GatherElements", "Greater", "GreaterOrEqual", "IsInf",
-    "IsNaN", "Less", "LessOrEqual", "Mod", "NonZero", "Not", "Or", "Range", "ReduceL1", "ReduceL2", "ReduceLogSum",
-    "ReduceLogSumExp", "ReduceProd", "ReduceSumSquare", "Round", "ScatterElements", "ScatterND", "Sign", "Tile", "Trilu",
-    "Where", "Xor",
+    "Ceil", "ConstantOfShape", "CumSum", "Floor", "GatherElements", "IsInf", "IsNaN", "Mod", "NonZero",
+    "Range", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceProd", "ReduceSumSquare", "Round", "ScatterElements",
+    "ScatterND", "Sign", "Tile", "Trilu",
 ];
 
 /// The ONNX node being lowered.
