@@ -49,11 +49,21 @@ for m in $MODELS $MICRO_MODELS; do
         *) iters=$ITERS; warm=$WARMUP; profiles=$PROFILES ;;
     esac
     elapsed "$m: $iters iterations after $warm warm-up, $profiles profiles"
-    step "$m.run" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" --output "$G/$m.out.npy" \
+    # One input file, or .input0.npy, .input1.npy, ... for several.
+    if [ -f "$M/$m.input.npy" ]; then
+        ins="--input $M/$m.input.npy"
+    else
+        ins=""
+        k=0
+        while [ -f "$M/$m.input$k.npy" ]; do ins="$ins --input $M/$m.input$k.npy"; k=$((k + 1)); done
+    fi
+    # shellcheck disable=SC2086 # $ins is a list of arguments
+    step "$m.run" rbln-run "$M/$m.rbln" $ins --output "$G/$m.out.npy" \
         --iterations "$iters" --warmup "$warm" --json --profile "$G/$m.trace.0.json" || continue
     i=1
     while [ "$i" -lt "$profiles" ]; do
-        step "$m.profile.$i" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" --warmup 1 \
+        # shellcheck disable=SC2086
+        step "$m.profile.$i" rbln-run "$M/$m.rbln" $ins --warmup 1 \
             --profile "$G/$m.trace.$i.json" || break
         i=$((i + 1))
     done

@@ -346,7 +346,11 @@ def gen(out, names, smoke):
     for name in names:
         model, data = build(name, smoke)
         onnx.save(model, os.path.join(out, f"{name}.onnx"))
-        np.save(os.path.join(out, f"{name}.input.npy"), data)
+        if isinstance(data, list):  # several inputs, in input order
+            for k, a in enumerate(data):
+                np.save(os.path.join(out, f"{name}.input{k}.npy"), a)
+        else:
+            np.save(os.path.join(out, f"{name}.input.npy"), data)
         params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
         print(f"{name}: {len(model.graph.node)} nodes, {params / 1e6:.2f} M parameters, "
               f"ops: {' '.join(sorted({n.op_type for n in model.graph.node}))}", file=sys.stderr)
@@ -359,7 +363,7 @@ def ort_time(path, data, threads, warmup, min_runs, max_runs, budget):
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-    feed = {sess.get_inputs()[0].name: data}
+    feed = {i.name: d for i, d in zip(sess.get_inputs(), data)}
     out = None
     for _ in range(warmup):
         out = sess.run(None, feed)
@@ -373,12 +377,27 @@ def ort_time(path, data, threads, warmup, min_runs, max_runs, budget):
     return times, np.asarray(out[0], dtype=np.float32)
 
 
+def model_inputs(out, name):
+    """A model's input arrays: NAME.input.npy, or NAME.input0.npy,
+    NAME.input1.npy, ... for several inputs (in input order)."""
+    one = os.path.join(out, f"{name}.input.npy")
+    if os.path.exists(one):
+        return [np.load(one)]
+    arrays, k = [], 0
+    while os.path.exists(os.path.join(out, f"{name}.input{k}.npy")):
+        arrays.append(np.load(os.path.join(out, f"{name}.input{k}.npy")))
+        k += 1
+    if not arrays:
+        raise FileNotFoundError(f"no {name}.input.npy or {name}.input0.npy in {out}")
+    return arrays
+
+
 def ort_all(out, names, threads, warmup, min_runs, max_runs, budget):
     for name in names:
         path = os.path.join(out, f"{name}.onnx")
         row = {"name": name, "threads": threads}
         try:
-            data = np.load(os.path.join(out, f"{name}.input.npy"))
+            data = model_inputs(out, name)
             times, res = ort_time(path, data, threads, warmup, min_runs, max_runs, budget)
             np.save(os.path.join(out, f"{name}.ort.npy"), res)
             row.update(median_ms=times[len(times) // 2] * 1e3, min_ms=times[0] * 1e3,
