@@ -314,8 +314,13 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
                 Some(Binary::Max) => k::BinaryOp::Max,
                 Some(Binary::Min) => k::BinaryOp::Min,
                 Some(Binary::Pow) => k::BinaryOp::Pow,
-                // Implemented next; until then refused.
-                Some(_) | None => return Err(bad),
+                Some(Binary::Equal) => k::BinaryOp::Equal,
+                Some(Binary::Less) => k::BinaryOp::Less,
+                Some(Binary::Greater) => k::BinaryOp::Greater,
+                Some(Binary::LessOrEqual) => k::BinaryOp::LessOrEqual,
+                Some(Binary::GreaterOrEqual) => k::BinaryOp::GreaterOrEqual,
+                // Descriptor decoding only lets known kinds through.
+                None => return Err(bad),
             };
             let act = activation(d.activation, d.act_param0, d.act_param1);
             let a = op.input(d.a_va, na)?;
@@ -391,8 +396,17 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::StridedCopy(d) => strided_copy(&mut op, &d),
         Desc::Cast(d) => cast(&mut op, &d),
         Desc::Resize(d) => resize(&mut op, &d),
-        // Implemented next; until then refused like an unknown op.
-        Desc::Where(_) => Err(bad),
+        Desc::Where(d) => {
+            let (cd, ad, bd) = (dims(&d.cond_dims, d.rank), dims(&d.a_dims, d.rank), dims(&d.b_dims, d.rank));
+            let out_shape = op.kernel(k::broadcast_shape3(&cd, &ad, &bd))?;
+            let (nc, na, nb, no) = (op.volume(&cd)?, op.volume(&ad)?, op.volume(&bd)?, op.volume(&out_shape)?);
+            let flops = op.flops(&[no as u64])?;
+            let cond = op.input(d.cond_va, nc)?;
+            let a = op.input(d.a_va, na)?;
+            let b = op.input(d.b_va, nb)?;
+            op.write_out(d.out_va, no, |out| k::where_select(&cond, &cd, &a, &ad, &b, &bd, out))?;
+            Ok(flops)
+        }
         Desc::Gather(d) => {
             let shape = dims(&d.dims, d.rank);
             let ni = usize::try_from(d.num_indices).map_err(|_| bad)?;

@@ -765,3 +765,177 @@ fn resize_nearest_and_bilinear_through_the_device() {
         assert_eq!(r.get(4, 4), [42.0; 4]);
     }
 }
+
+// ---- BINARY comparisons and WHERE (hardware minor version 2) ----
+
+fn binary_desc(kind: Binary, rank: u32, a_dims: [u32; 6], b_dims: [u32; 6], out_va: u64) -> BinaryDesc {
+    BinaryDesc { kind: kind as u32, rank, a_dims, b_dims, a_va: tva(0), b_va: tva(1), out_va, ..Default::default() }
+        .with_header()
+}
+
+#[test]
+fn comparisons_through_the_device_with_broadcasting_and_activation() {
+    let mut r = OpRig::new();
+    // a [2,3] against a row b [1,3]: ties, a NaN on each side, -0 vs +0.
+    let a = [1.0, 2.0, f32::NAN, -0.0, 5.0, 3.0];
+    let b = [1.0, 5.0, 3.0];
+    r.put(0, &a);
+    r.put(1, &b);
+    type Holds = fn(f32, f32) -> bool;
+    let cmp: [(Binary, Holds); 5] = [
+        (Binary::Equal, |x, y| x == y),
+        (Binary::Less, |x, y| x < y),
+        (Binary::Greater, |x, y| x > y),
+        (Binary::LessOrEqual, |x, y| x <= y),
+        (Binary::GreaterOrEqual, |x, y| x >= y),
+    ];
+    let want_of = |f: Holds| -> Vec<f32> { (0..6).map(|i| f(a[i], b[i % 3]) as u32 as f32).collect() };
+    for (kind, f) in cmp {
+        r.put(2, &[7.0; 6]);
+        let flops = r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64);
+        let d = binary_desc(kind, 2, [2, 3, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0], tva(2));
+        assert_eq!(r.run(&d.to_bytes()), FaultCode::None, "{kind:?}");
+        assert_eq!(r.get(2, 6), want_of(f), "{kind:?}");
+        assert_eq!(r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64) - flops, 6, "{kind:?}: FLOPs = N_out");
+    }
+    // Spelled out for two kinds: NaN is never equal nor ordered, -0 == +0.
+    let d = binary_desc(Binary::LessOrEqual, 2, [2, 3, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0], tva(2));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.get(2, 6), [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]);
+    r.put(1, &[0.0, 5.0, 3.0]);
+    let d = binary_desc(Binary::Equal, 2, [2, 3, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0], tva(2));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.get(2, 6), [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+
+    // A column a [3,1] against a row b [1,4] ([3,4] out), with a fused
+    // activation of the 0/1 result: Greater + Clip(0.25, 0.5) gives 0.5
+    // where a > b and 0.25 elsewhere; Less + Sigmoid gives σ(1) or σ(0).
+    r.put(0, &[0.0, 2.0, 4.0]);
+    r.put(1, &[1.0, 2.0, 3.0, f32::NAN]);
+    let mut d = binary_desc(Binary::Greater, 2, [3, 1, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0], tva(2));
+    d.activation = Unary::Clip as u32;
+    d.act_param0 = 0.25;
+    d.act_param1 = 0.5;
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    #[rustfmt::skip]
+    assert_eq!(r.get(2, 12), [
+        0.25, 0.25, 0.25, 0.25,
+        0.5, 0.25, 0.25, 0.25,
+        0.5, 0.5, 0.5, 0.25,
+    ]);
+    let mut d = binary_desc(Binary::Less, 2, [3, 1, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0], tva(2));
+    d.activation = Unary::Sigmoid as u32;
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let (s0, s1) = (0.5, 1.0 / (1.0 + (-1f32).exp()));
+    #[rustfmt::skip]
+    close(&r.get(2, 12), &[
+        s1, s1, s1, s0,
+        s0, s0, s1, s0,
+        s0, s0, s0, s0,
+    ]);
+}
+
+fn where_desc(rank: u32, cond_dims: [u32; 6], a_dims: [u32; 6], b_dims: [u32; 6], out_va: u64) -> WhereDesc {
+    WhereDesc { rank, cond_dims, a_dims, b_dims, cond_va: tva(0), a_va: tva(1), b_va: tva(2), out_va, ..Default::default() }
+        .with_header()
+}
+
+#[test]
+fn where_through_the_device_with_broadcasting() {
+    let mut r = OpRig::new();
+    // cond [2,1,3], a [1,4,1] (a column), b scalar [1,1,1]: out [2,4,3].
+    // NaN counts as true, -0.0 as false.
+    let cond = [1.0, 0.0, f32::NAN, -0.0, 2.0, 0.0];
+    let a = [10.0, 20.0, 30.0, 40.0];
+    r.put(0, &cond);
+    r.put(1, &a);
+    r.put(2, &[-1.0]);
+    r.put(3, &[7.0; 25]);
+    let flops = r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64);
+    let d = where_desc(3, [2, 1, 3, 0, 0, 0], [1, 4, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0], tva(3));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64) - flops, 24, "FLOPs = N_out");
+    let mut want = vec![];
+    for c in cond.chunks(3) {
+        for &aj in &a {
+            want.extend(c.iter().map(|&ck| if ck != 0.0 { aj } else { -1.0 }));
+        }
+    }
+    assert_eq!(r.get(3, 25)[..24], want[..]);
+    assert_eq!(r.get(3, 25)[24], 7.0, "nothing past the output");
+
+    // Rank 0: three scalars.
+    r.put(0, &[0.0]);
+    r.put(1, &[1.5]);
+    r.put(2, &[2.5]);
+    r.put(3, &[7.0; 2]);
+    let d = where_desc(0, [0; 6], [0; 6], [0; 6], tva(3));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.get(3, 2), [2.5, 7.0]);
+
+    // A comparison's mask as the condition (ONNX Where(x > 0, x, 0.1·x)
+    // as the compiler would lower it), the output over the a operand.
+    let n = 3000;
+    let x = seq(n, 0.01);
+    let x10: Vec<f32> = x.iter().map(|v| 0.1 * v).collect();
+    r.put(1, &x);
+    r.put(2, &x10);
+    r.put(3, &[0.0]);
+    let g = BinaryDesc {
+        kind: Binary::Greater as u32, rank: 1, a_dims: [n as u32, 0, 0, 0, 0, 0], b_dims: [1, 0, 0, 0, 0, 0],
+        a_va: tva(1), b_va: tva(3), out_va: tva(0), ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&g.to_bytes()), FaultCode::None);
+    let mut d = where_desc(1, [n as u32, 0, 0, 0, 0, 0], [n as u32, 0, 0, 0, 0, 0], [n as u32, 0, 0, 0, 0, 0], tva(1));
+    d.a_va = tva(1);
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let want: Vec<f32> = x.iter().map(|&v| if v > 0.0 { v } else { 0.1 * v }).collect();
+    assert_eq!(r.get(1, n), want);
+}
+
+#[test]
+fn bad_where_descriptors_fault_without_writing() {
+    let full = |d: [u32; 2]| [d[0], d[1], 0, 0, 0, 0];
+    let mut reserved = where_desc(2, full([2, 3]), full([2, 3]), full([2, 3]), tva(3));
+    reserved.reserved = 1;
+    let mut wide = where_desc(2, full([2, 3]), full([2, 3]), full([2, 3]), tva(3));
+    wide.b_dims[2] = 1; // a dim beyond rank
+    for (what, d) in [
+        ("cond [2,3] vs a [3,2]", where_desc(2, full([2, 3]), full([3, 2]), full([1, 1]), tva(3))),
+        ("a [2,3] vs b [2,2]", where_desc(2, full([1, 3]), full([2, 3]), full([2, 2]), tva(3))),
+        ("cond [4,1] vs b [2,3]", where_desc(2, full([4, 1]), full([1, 1]), full([2, 3]), tva(3))),
+        ("output above MAX_TENSOR_ELEMS", where_desc(2, full([1 << 15, 1]), full([1, 1 << 15]), full([1, 1]), tva(3))),
+        ("operand above MAX_TENSOR_ELEMS", where_desc(2, full([1, 1]), full([1 << 15, 1 << 14]), full([1, 1]), tva(3))),
+        ("reserved", reserved),
+        ("dim beyond rank", wide),
+        ("rank 7", WhereDesc { rank: 7, ..where_desc(2, full([1, 1]), full([1, 1]), full([1, 1]), tva(3)) }),
+    ] {
+        let mut r = OpRig::new();
+        r.put(0, &[1.0; 6]);
+        r.put(1, &[2.0; 6]);
+        r.put(2, &[3.0; 6]);
+        r.put(3, &[42.0; 8]);
+        assert_eq!(r.run(&d.to_bytes()), FaultCode::BadDescriptor, "{what}");
+        assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), 0x80_0000, "{what}: fault at desc_va");
+        assert_eq!(r.get(3, 8), [42.0; 8], "{what}: output untouched");
+        assert!(r.rig.dev.healthy());
+    }
+    // Operands are translated in the order cond, a, b, then the output: an
+    // unmapped b faults at b's VA before anything is written.
+    let mut r = OpRig::new();
+    r.put(3, &[42.0; 8]);
+    let mut d = where_desc(2, full([2, 3]), full([2, 3]), full([2, 3]), tva(3));
+    d.b_va = 0x7700_0000;
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), 0x7700_0000);
+    assert_eq!(r.get(3, 8), [42.0; 8]);
+    // A misaligned operand is an Alignment fault at it.
+    let mut r = OpRig::new();
+    r.put(3, &[42.0; 8]);
+    let mut d = where_desc(2, full([2, 3]), full([2, 3]), full([2, 3]), tva(3));
+    d.cond_va = tva(0) + 2;
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Alignment);
+    assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), tva(0) + 2);
+    assert_eq!(r.get(3, 8), [42.0; 8]);
+}

@@ -13,7 +13,7 @@ use common::*;
 use proptest::prelude::*;
 use rbln_hw::cmd::{header, Opcode};
 use rbln_hw::mmu::{Target, VA_LIMIT};
-use rbln_hw::ops::{CastDesc, GatherDesc, OpHeader};
+use rbln_hw::ops::{CastDesc, GatherDesc, OpHeader, WhereDesc};
 use rbln_hw::pci::{BAR_DOORBELL, BAR_DRAM, BAR_REGS};
 use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
@@ -128,10 +128,34 @@ fn typed_descriptor() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![3 => cast, 1 => gather]
 }
 
+/// WHERE descriptors that decode: small dims, often not broadcastable
+/// together, sometimes huge, with awkward addresses.
+fn where_descriptor() -> impl Strategy<Value = Vec<u8>> {
+    let dim = || prop_oneof![6 => 0u32..5, 1 => Just(1u32 << 16), 1 => any::<u32>()];
+    let dims = move |rank: u32| {
+        prop::collection::vec(dim(), 6).prop_map(move |v| {
+            let mut d = [0u32; 6];
+            d[..rank as usize].copy_from_slice(&v[..rank as usize]);
+            d
+        })
+    };
+    (0u32..7)
+        .prop_flat_map(move |rank| (Just(rank), dims(rank), dims(rank), dims(rank)))
+        .prop_flat_map(|(rank, c, a, b)| {
+            (Just((rank, c, a, b)), element_address(), element_address(), element_address(), element_address())
+        })
+        .prop_map(|((rank, cond_dims, a_dims, b_dims), cond_va, a_va, b_va, out_va)| {
+            WhereDesc { rank, cond_dims, a_dims, b_dims, cond_va, a_va, b_va, out_va, ..Default::default() }
+                .with_header()
+                .to_bytes()
+                .to_vec()
+        })
+}
+
 /// A descriptor page: a valid header for a random op with random fields
 /// drawn mostly from small numbers and mapped addresses.
 fn descriptor() -> impl Strategy<Value = Vec<u8>> {
-    (1u32..14, prop::collection::vec(prop_oneof![0u32..8, 0u32..100, address().prop_map(|a| a as u32), any::<u32>()], 40))
+    (1u32..15, prop::collection::vec(prop_oneof![0u32..8, 0u32..100, address().prop_map(|a| a as u32), any::<u32>()], 40))
         .prop_map(|(op, fields)| {
             let mut d: Vec<u8> = fields.iter().flat_map(|x| x.to_le_bytes()).collect();
             d.truncate(152);
@@ -145,6 +169,7 @@ fn descriptor() -> impl Strategy<Value = Vec<u8>> {
                 9 | 11 => 80,
                 12 => 40,
                 13 => 72,
+                14 => 120,
                 _ => 152,
             };
             OpHeader { op, size }.write_to(&mut d).unwrap();
@@ -246,6 +271,21 @@ proptest! {
         s.rig.write(desc_bus, &desc);
         // Random operands and gather indices (as i64 or i32: mostly
         // small, some in range) at the start of the host window.
+        let host_bus = s.writable[0].0;
+        s.rig.write(host_bus, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+        e.compute(DESC_VA, desc.len() as u32).fence(1, 0, false);
+        run_checked(&mut s, &e.buf)?;
+    }
+
+    #[test]
+    fn hostile_where_descriptors(
+        desc in where_descriptor(),
+        data in prop::collection::vec(prop_oneof![Just(0.0f32), Just(1.0), Just(f32::NAN), any::<f32>()], 256),
+    ) {
+        let mut s = setup();
+        let desc_bus = s.writable[1].0;
+        s.rig.write(desc_bus, &desc);
         let host_bus = s.writable[0].0;
         s.rig.write(host_bus, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
         let mut e = rbln_hw::cmd::Encoder::new(Vec::new());

@@ -20,6 +20,17 @@ pub enum BinaryOp {
     Min,
     /// `f32::powf`.
     Pow,
+    /// `1.0` where `a == b`, else `0.0` (IEEE: NaN equals nothing, `-0.0`
+    /// equals `0.0`).
+    Equal,
+    /// `1.0` where `a < b`, else `0.0` (false if either is NaN).
+    Less,
+    /// `1.0` where `a > b`, else `0.0` (false if either is NaN).
+    Greater,
+    /// `1.0` where `a <= b`, else `0.0` (false if either is NaN).
+    LessOrEqual,
+    /// `1.0` where `a >= b`, else `0.0` (false if either is NaN).
+    GreaterOrEqual,
 }
 
 /// The numpy broadcast of two shapes (right-aligned; each dimension pair
@@ -73,7 +84,7 @@ pub fn binary_act(
     }
     // Non-empty output: every dimension is ≥ 1, so the operands' volumes
     // (validated above) bound all strides.
-    let g = Geom::new(a_shape, b_shape, &out_shape);
+    let g = Geom::new([a_shape, b_shape], &out_shape);
     match op {
         BinaryOp::Add => run(|x, y| x + y, a, b, &g, act, out),
         BinaryOp::Sub => run(|x, y| x - y, a, b, &g, act, out),
@@ -82,52 +93,128 @@ pub fn binary_act(
         BinaryOp::Max => run(f32::max, a, b, &g, act, out),
         BinaryOp::Min => run(f32::min, a, b, &g, act, out),
         BinaryOp::Pow => run(f32::powf, a, b, &g, act, out),
+        // IEEE comparisons: false whenever an operand is NaN; -0 == +0.
+        BinaryOp::Equal => run(|x, y| mask(x == y), a, b, &g, act, out),
+        BinaryOp::Less => run(|x, y| mask(x < y), a, b, &g, act, out),
+        BinaryOp::Greater => run(|x, y| mask(x > y), a, b, &g, act, out),
+        BinaryOp::LessOrEqual => run(|x, y| mask(x <= y), a, b, &g, act, out),
+        BinaryOp::GreaterOrEqual => run(|x, y| mask(x >= y), a, b, &g, act, out),
     }
     Ok(())
 }
 
-/// One coalesced dimension: size and element strides in a and b.
+/// One coalesced dimension: its size and the element stride of each of
+/// the `N` operands along it (0 where the operand is broadcast).
 #[derive(Clone, Copy, Debug)]
-struct Dim {
-    size: usize,
-    sa: usize,
-    sb: usize,
+pub(crate) struct Dim<const N: usize> {
+    pub(crate) size: usize,
+    pub(crate) s: [usize; N],
 }
 
-/// Coalesced broadcast geometry: `dims[0]` is innermost.
-struct Geom {
-    dims: Vec<Dim>,
+/// Coalesced broadcast geometry of `N` operands against one output:
+/// `dims[0]` is innermost. The innermost strides are 0 or 1.
+pub(crate) struct Geom<const N: usize> {
+    pub(crate) dims: Vec<Dim<N>>,
 }
 
-impl Geom {
-    fn new(a_shape: &[usize], b_shape: &[usize], out_shape: &[usize]) -> Geom {
-        // Strides of a and b aligned to the output's dims (0 where
+impl<const N: usize> Geom<N> {
+    /// Callers guarantee that every shape broadcasts to `out_shape` (rank
+    /// at most `out_shape.len()`), that the output is non-empty and that
+    /// each operand's volume fits a `usize` (so no stride overflows).
+    pub(crate) fn new(shapes: [&[usize]; N], out_shape: &[usize]) -> Geom<N> {
+        // Strides of each operand aligned to the output's dims (0 where
         // broadcast), coalesced from the innermost dimension outwards.
         let rank = out_shape.len();
-        let mut dims: Vec<Dim> = Vec::with_capacity(MAX_RANK);
-        let (mut stride_a, mut stride_b) = (1usize, 1usize);
+        let mut dims: Vec<Dim<N>> = Vec::with_capacity(MAX_RANK);
+        let mut stride = [1usize; N];
         for i in (0..rank).rev() {
             let size = out_shape[i];
-            let da = if i + a_shape.len() >= rank { a_shape[i + a_shape.len() - rank] } else { 1 };
-            let db = if i + b_shape.len() >= rank { b_shape[i + b_shape.len() - rank] } else { 1 };
-            let sa = if da == 1 { 0 } else { stride_a };
-            let sb = if db == 1 { 0 } else { stride_b };
-            // Cannot overflow: the output is non-empty, so the products are
-            // bounded by the validated operand volumes.
-            stride_a *= da;
-            stride_b *= db;
+            let mut s = [0usize; N];
+            for (k, sh) in shapes.iter().enumerate() {
+                let d = if i + sh.len() >= rank { sh[i + sh.len() - rank] } else { 1 };
+                s[k] = if d == 1 { 0 } else { stride[k] };
+                // Cannot overflow: the output is non-empty, so the products
+                // are bounded by the validated operand volumes.
+                stride[k] *= d;
+            }
             if size == 1 {
                 continue;
             }
             match dims.last_mut() {
-                Some(last) if sa == last.sa * last.size && sb == last.sb * last.size => last.size *= size,
-                _ => dims.push(Dim { size, sa, sb }),
+                Some(last) if (0..N).all(|k| s[k] == last.s[k] * last.size) => last.size *= size,
+                _ => dims.push(Dim { size, s }),
             }
         }
         if dims.is_empty() {
-            dims.push(Dim { size: 1, sa: 0, sb: 0 });
+            dims.push(Dim { size: 1, s: [0; N] });
         }
         Geom { dims }
+    }
+}
+
+/// Runs `row(offsets, out_segment)` over the whole output, in parallel
+/// for large outputs: each call covers a run of consecutive output
+/// elements along the innermost coalesced dim, whose operand elements
+/// start at `offsets` and advance by `g.dims[0].s`.
+#[inline(always)]
+pub(crate) fn drive<const N: usize, F>(g: &Geom<N>, out: &mut [f32], row: F)
+where
+    F: Fn([usize; N], &mut [f32]) + Sync,
+{
+    if out.is_empty() {
+        return;
+    }
+    let inner = g.dims[0];
+    let outer = &g.dims[1..];
+    let chunk = elementwise_chunk(out.len());
+    if outer.is_empty() {
+        let body = |t: usize, o: &mut [f32]| {
+            let j0 = t * chunk;
+            row(inner.s.map(|s| j0 * s), o);
+        };
+        if chunk >= out.len() {
+            body(0, out);
+        } else {
+            out.par_chunks_mut(chunk).enumerate().for_each(|(t, o)| body(t, o));
+        }
+        return;
+    }
+    let rows = (chunk / inner.size).max(1);
+    let body = |t: usize, chunk: &mut [f32]| {
+        // Multi-index of the task's first row over the outer dims
+        // (innermost first), then advanced like an odometer.
+        let mut idx = [0usize; MAX_RANK];
+        let mut off = [0usize; N];
+        let mut rest = t * rows;
+        for (k, d) in outer.iter().enumerate() {
+            idx[k] = rest % d.size;
+            rest /= d.size;
+            for (o, s) in off.iter_mut().zip(d.s) {
+                *o += idx[k] * s;
+            }
+        }
+        for o in chunk.chunks_exact_mut(inner.size) {
+            row(off, o);
+            for (k, d) in outer.iter().enumerate() {
+                idx[k] += 1;
+                for (o, s) in off.iter_mut().zip(d.s) {
+                    *o += s;
+                }
+                if idx[k] < d.size {
+                    break;
+                }
+                idx[k] = 0;
+                for (o, s) in off.iter_mut().zip(d.s) {
+                    *o -= d.size * s;
+                }
+            }
+        }
+    };
+    let task = rows * inner.size;
+    if task >= out.len() {
+        body(0, out);
+    } else {
+        out.par_chunks_mut(task).enumerate().for_each(|(t, c)| body(t, c));
     }
 }
 
@@ -172,57 +259,17 @@ fn row_act<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: u
     }
 }
 
-fn run<F: Fn(f32, f32) -> f32 + Sync>(f: F, a: &[f32], b: &[f32], g: &Geom, act: Activation, out: &mut [f32]) {
-    if out.is_empty() {
-        return;
-    }
-    let inner = g.dims[0];
-    let outer = &g.dims[1..];
-    let chunk = elementwise_chunk(out.len());
-    if outer.is_empty() {
-        let body = |t: usize, o: &mut [f32]| {
-            let j0 = t * chunk;
-            row_act(&f, &a[j0 * inner.sa..], inner.sa, &b[j0 * inner.sb..], inner.sb, act, o);
-        };
-        if chunk >= out.len() {
-            body(0, out);
-        } else {
-            out.par_chunks_mut(chunk).enumerate().for_each(|(t, o)| body(t, o));
-        }
-        return;
-    }
-    let rows = (chunk / inner.size).max(1);
-    let body = |t: usize, chunk: &mut [f32]| {
-        // Multi-index of the task's first row over the outer dims
-        // (innermost first), then advanced like an odometer.
-        let mut idx = [0usize; MAX_RANK];
-        let (mut oa, mut ob) = (0, 0);
-        let mut rest = t * rows;
-        for (k, d) in outer.iter().enumerate() {
-            idx[k] = rest % d.size;
-            rest /= d.size;
-            oa += idx[k] * d.sa;
-            ob += idx[k] * d.sb;
-        }
-        for o in chunk.chunks_exact_mut(inner.size) {
-            row_act(&f, &a[oa..], inner.sa, &b[ob..], inner.sb, act, o);
-            for (k, d) in outer.iter().enumerate() {
-                idx[k] += 1;
-                oa += d.sa;
-                ob += d.sb;
-                if idx[k] < d.size {
-                    break;
-                }
-                idx[k] = 0;
-                oa -= d.size * d.sa;
-                ob -= d.size * d.sb;
-            }
-        }
-    };
-    let task = rows * inner.size;
-    if task >= out.len() {
-        body(0, out);
+fn run<F: Fn(f32, f32) -> f32 + Sync>(f: F, a: &[f32], b: &[f32], g: &Geom<2>, act: Activation, out: &mut [f32]) {
+    let [sa, sb] = g.dims[0].s;
+    drive(g, out, |[oa, ob], o| row_act(&f, &a[oa..], sa, &b[ob..], sb, act, o));
+}
+
+/// 1.0 where `holds`, else 0.0 (a select the compiler vectorizes).
+#[inline(always)]
+fn mask(holds: bool) -> f32 {
+    if holds {
+        1.0
     } else {
-        out.par_chunks_mut(task).enumerate().for_each(|(t, c)| body(t, c));
+        0.0
     }
 }

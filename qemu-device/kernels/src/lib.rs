@@ -36,8 +36,10 @@
 //! - [`conv2d`]: NCHW convolution with stride, padding, dilation, groups;
 //!   [`conv2d_residual`] also adds a residual of the output's shape
 //! - [`pool2d`]: max / average pooling
-//! - [`binary`]: broadcasting element-wise Add/Sub/Mul/Div/Max/Min/Pow;
-//!   [`binary_act`] fuses an activation
+//! - [`binary`]: broadcasting element-wise Add/Sub/Mul/Div/Max/Min/Pow
+//!   and the comparisons Equal/Less/Greater/LessOrEqual/GreaterOrEqual
+//!   (1.0 or 0.0); [`binary_act`] fuses an activation
+//! - [`where_select`]: `cond ? a : b` with all three operands broadcast
 //! - [`unary`], [`unary_inplace`]: element-wise activations and math
 //! - [`softmax`], [`layer_norm`]
 //! - [`reduce`]: Sum/Mean/Max/Min along one axis
@@ -60,6 +62,7 @@ mod microkernel;
 mod pool;
 mod reduce;
 mod resize;
+mod select;
 mod softmax;
 mod util;
 
@@ -77,6 +80,7 @@ pub use gemm::{gemm, gemm_residual, GemmParams};
 pub use pool::{pool2d, pool2d_output_shape, Pool2dParams, PoolKind};
 pub use reduce::{reduce, ReduceOp};
 pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams};
+pub use select::{broadcast_shape3, where_select};
 pub use softmax::{layer_norm, softmax};
 
 /// Re-export so callers can use the same rayon version for pools.

@@ -4,7 +4,7 @@ use super::{assert_close, strides_of, unravel, Rng};
 use crate::*;
 
 /// A random shape of the given rank whose volume stays small.
-fn random_shape(rng: &mut Rng, rank: usize, max_volume: usize) -> Vec<usize> {
+pub(crate) fn random_shape(rng: &mut Rng, rank: usize, max_volume: usize) -> Vec<usize> {
     loop {
         let s: Vec<usize> = (0..rank).map(|_| rng.pick(&[1, 2, 3, 4, 5, 7, 9, 17, 33])).collect();
         if s.iter().product::<usize>() <= max_volume {
@@ -15,7 +15,7 @@ fn random_shape(rng: &mut Rng, rank: usize, max_volume: usize) -> Vec<usize> {
 
 /// Derives an operand shape broadcastable to `out`: drop some leading dims,
 /// set some to 1.
-fn operand_shape(rng: &mut Rng, out: &[usize]) -> Vec<usize> {
+pub(crate) fn operand_shape(rng: &mut Rng, out: &[usize]) -> Vec<usize> {
     let drop = rng.below(out.len() + 1);
     out[drop..].iter().map(|&d| if rng.below(3) == 0 { 1 } else { d }).collect()
 }
@@ -39,9 +39,22 @@ pub(crate) fn binary_ref(op: BinaryOp, a: &[f32], ash: &[usize], b: &[f32], bsh:
                 BinaryOp::Max => x.max(y),
                 BinaryOp::Min => x.min(y),
                 BinaryOp::Pow => x.powf(y),
+                BinaryOp::Equal => cmp_ref(x == y),
+                BinaryOp::Less => cmp_ref(x < y),
+                BinaryOp::Greater => cmp_ref(x > y),
+                BinaryOp::LessOrEqual => cmp_ref(x <= y),
+                BinaryOp::GreaterOrEqual => cmp_ref(x >= y),
             }
         })
         .collect()
+}
+
+fn cmp_ref(holds: bool) -> f64 {
+    if holds {
+        1.0
+    } else {
+        0.0
+    }
 }
 
 const BINOPS: &[BinaryOp] = &[
@@ -52,6 +65,11 @@ const BINOPS: &[BinaryOp] = &[
     BinaryOp::Max,
     BinaryOp::Min,
     BinaryOp::Pow,
+    BinaryOp::Equal,
+    BinaryOp::Less,
+    BinaryOp::Greater,
+    BinaryOp::LessOrEqual,
+    BinaryOp::GreaterOrEqual,
 ];
 
 #[test]
@@ -108,6 +126,91 @@ fn binary_shapes_and_large() {
         binary(BinaryOp::Mul, &a, &ash, &b, &bsh, &mut y).unwrap();
         let want = binary_ref(BinaryOp::Mul, &a, &ash, &b, &bsh, &shape);
         assert_close("binary large", &y, &want, None, 1e-6);
+    }
+}
+
+const COMPARISONS: [BinaryOp; 5] =
+    [BinaryOp::Equal, BinaryOp::Less, BinaryOp::Greater, BinaryOp::LessOrEqual, BinaryOp::GreaterOrEqual];
+
+/// Every comparison of every pair of special values (a column of values
+/// against a row of them, so with broadcasting), against a reference
+/// written with `partial_cmp`: NaN compares false, `-0 == +0`.
+#[test]
+fn binary_comparisons_special_values() {
+    use std::cmp::Ordering;
+    let v = [f32::NEG_INFINITY, -1.5, -0.0, 0.0, 1e-38, 1.5, f32::INFINITY, f32::NAN];
+    let n = v.len();
+    for op in COMPARISONS {
+        let mut y = vec![-7.0; n * n];
+        binary(op, &v, &[n, 1], &v, &[1, n], &mut y).unwrap();
+        for i in 0..n {
+            for j in 0..n {
+                let ord = v[i].partial_cmp(&v[j]);
+                let holds = match (op, ord) {
+                    (_, None) => false,
+                    (BinaryOp::Equal, Some(o)) => o == Ordering::Equal,
+                    (BinaryOp::Less, Some(o)) => o == Ordering::Less,
+                    (BinaryOp::Greater, Some(o)) => o == Ordering::Greater,
+                    (BinaryOp::LessOrEqual, Some(o)) => o != Ordering::Greater,
+                    (_, Some(o)) => o != Ordering::Less,
+                };
+                let want: f32 = if holds { 1.0 } else { 0.0 };
+                assert_eq!(y[i * n + j].to_bits(), want.to_bits(), "{op:?}({}, {})", v[i], v[j]);
+            }
+        }
+    }
+    // Spot checks of the rules themselves.
+    let mut y = [9.0; 4];
+    binary(BinaryOp::Equal, &[-0.0, f32::NAN, f32::INFINITY, 2.0], &[4], &[0.0, f32::NAN, f32::INFINITY, 3.0], &[4], &mut y)
+        .unwrap();
+    assert_eq!(y, [1.0, 0.0, 1.0, 0.0]);
+    binary(BinaryOp::GreaterOrEqual, &[f32::NAN, 1.0, 1.0, -1.0], &[4], &[1.0], &[], &mut y).unwrap();
+    assert_eq!(y, [0.0, 1.0, 1.0, 0.0]);
+    binary(BinaryOp::LessOrEqual, &[2.0], &[1], &[1.0, 2.0, 3.0, f32::NAN], &[4], &mut y).unwrap();
+    assert_eq!(y, [0.0, 1.0, 1.0, 0.0]);
+}
+
+/// Comparisons of small integers (so ties are frequent) with random
+/// broadcasts, including the parallel paths, and fused activations of
+/// the 0/1 result.
+#[test]
+fn binary_comparisons_random_broadcast_and_fused() {
+    let mut rng = Rng::new(12);
+    let int_vec = |rng: &mut Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.range(0, 4) as f32 - 2.0).collect() };
+    for it in 0..400 {
+        let rank = rng.range(0, 5);
+        let out = random_shape(&mut rng, rank, 20_000);
+        let (ash, bsh) = (operand_shape(&mut rng, &out), operand_shape(&mut rng, &out));
+        let op = COMPARISONS[it % COMPARISONS.len()];
+        let (a, b) = (int_vec(&mut rng, ash.iter().product()), int_vec(&mut rng, bsh.iter().product()));
+        let shape = broadcast_shape(&ash, &bsh).unwrap();
+        let mut y = vec![f32::NAN; shape.iter().product()];
+        binary(op, &a, &ash, &b, &bsh, &mut y).unwrap();
+        let want = binary_ref(op, &a, &ash, &b, &bsh, &shape);
+        assert!(y.iter().zip(&want).all(|(&g, &w)| g as f64 == w), "{op:?} {ash:?} {bsh:?}");
+    }
+    for (ash, bsh) in [(vec![300, 257], vec![257]), (vec![300, 1], vec![1, 257]), (vec![70_001], vec![70_001])] {
+        let a = int_vec(&mut rng, ash.iter().product());
+        let b = int_vec(&mut rng, bsh.iter().product());
+        let shape = broadcast_shape(&ash, &bsh).unwrap();
+        let mut y = vec![f32::NAN; shape.iter().product()];
+        for op in COMPARISONS {
+            binary(op, &a, &ash, &b, &bsh, &mut y).unwrap();
+            let want = binary_ref(op, &a, &ash, &b, &bsh, &shape);
+            assert!(y.iter().zip(&want).all(|(&g, &w)| g as f64 == w), "{op:?} {ash:?} {bsh:?}");
+            // Both outcomes occur.
+            assert!(y.contains(&0.0) && y.contains(&1.0));
+        }
+        // The activation applies to the 0/1 result: Clip(-0.5, 0.75) maps
+        // it to {0, 0.75}, Sigmoid to {0.5, σ(1)}.
+        let clip = Activation::Clip { min: -0.5, max: 0.75 };
+        binary_act(BinaryOp::Less, &a, &ash, &b, &bsh, clip, &mut y).unwrap();
+        let want = binary_ref(BinaryOp::Less, &a, &ash, &b, &bsh, &shape);
+        assert!(y.iter().zip(&want).all(|(&g, &w)| g == if w == 1.0 { 0.75 } else { 0.0 }));
+        binary_act(BinaryOp::Greater, &a, &ash, &b, &bsh, Activation::Sigmoid, &mut y).unwrap();
+        let want = binary_ref(BinaryOp::Greater, &a, &ash, &b, &bsh, &shape);
+        let want: Vec<f64> = want.iter().map(|&w| super::act_ref(Activation::Sigmoid, w)).collect();
+        assert_close("greater + sigmoid", &y, &want, None, 1e-6);
     }
 }
 

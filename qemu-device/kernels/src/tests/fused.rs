@@ -150,7 +150,19 @@ fn conv2d_residual_errors() {
 #[test]
 fn binary_act_random() {
     let mut rng = Rng::new(103);
-    let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min, BinaryOp::Pow];
+    let ops = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+        BinaryOp::Less,
+        BinaryOp::GreaterOrEqual,
+        BinaryOp::Equal,
+    ];
+    // 10 ops against 9 shapes: every op meets several shapes.
     let shapes: &[(&[usize], &[usize])] = &[
         (&[7], &[7]),
         (&[1, 3, 5, 5], &[1, 3, 1, 1]),

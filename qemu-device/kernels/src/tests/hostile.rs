@@ -320,6 +320,11 @@ fn fuzz_no_panic() {
         let mut y = buf(broadcast_shape(&shape, &shape2).ok().and_then(|s| prod(&s)), &mut rng);
         oks += binary(BinaryOp::Pow, &x, &shape, &x2, &shape2, &mut y).is_ok() as usize;
         oks += binary_act(BinaryOp::Add, &x, &shape, &x2, &shape2, Activation::Silu, &mut y).is_ok() as usize;
+        oks += binary(BinaryOp::LessOrEqual, &x, &shape, &x2, &shape2, &mut y).is_ok() as usize;
+        let shape3: Vec<usize> = (0..rng.range(0, 7)).map(|_| val(&mut rng)).collect();
+        let x3 = buf(prod(&shape3), &mut rng);
+        let mut y = buf(broadcast_shape3(&shape, &shape2, &shape3).ok().and_then(|s| prod(&s)), &mut rng);
+        oks += where_select(&x, &shape, &x2, &shape2, &x3, &shape3, &mut y).is_ok() as usize;
         let axis = rng.range(0, 8) as isize - 4;
         let mut y = buf(prod(&shape), &mut rng);
         oks += softmax(&shape, axis, &x, &mut y).is_ok() as usize;

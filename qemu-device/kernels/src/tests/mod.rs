@@ -5,6 +5,7 @@ mod dense;
 mod elementwise;
 mod fused;
 mod hostile;
+mod select;
 mod shape_ops;
 
 use crate::Activation;
