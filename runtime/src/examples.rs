@@ -129,6 +129,7 @@ pub fn max_errors(got: &Tensor, want: &Tensor) -> (f32, f32) {
 }
 
 /// CPU conv2d (NCHW, stride 1, `pad` on every side) + ReLU, in f64.
+#[allow(clippy::too_many_arguments)] // a reference in the shape of the layer it checks
 fn conv_relu(x: &[f32], w: &[f32], b: &[f32], n: usize, ci: usize, hw: usize, co: usize, k: usize, pad: usize) -> Vec<f32> {
     let mut y = vec![0f32; n * co * hw * hw];
     for img in 0..n {

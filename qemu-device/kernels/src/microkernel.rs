@@ -267,6 +267,12 @@ unsafe fn avx2_fma<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_c
     }
 }
 
+/// The microkernels a test forces (see `tests::MICRO_OVERRIDE`).
+#[cfg(test)]
+fn micro_override() -> Option<(Micro, Micro)> {
+    tests::MICRO_OVERRIDE.with(|o| o.get())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,9 +341,4 @@ mod tests {
             }
         }
     }
-}
-
-#[cfg(test)]
-fn micro_override() -> Option<(Micro, Micro)> {
-    tests::MICRO_OVERRIDE.with(|o| o.get())
 }

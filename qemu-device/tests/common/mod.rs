@@ -168,6 +168,7 @@ impl Rig {
     }
 
     /// Map [va, va+len) to `target` memory starting at `addr`.
+    #[allow(clippy::too_many_arguments)] // one PTE's worth of fields
     pub fn map(&mut self, ctx: &Ctx, va: u64, target: Target, addr: u64, len: u64, read: bool, write: bool) {
         let mut off = 0;
         while off < len {

@@ -662,7 +662,10 @@ fn dram_scrubbed() -> Res {
     Ok(())
 }
 
-const TESTS: &[(&str, fn() -> Res)] = &[
+/// A named test.
+type Test = (&'static str, fn() -> Res);
+
+const TESTS: &[Test] = &[
     ("dram_scrubbed", dram_scrubbed),
     ("queue_errors", queue_errors),
     ("fault_isolation", fault_isolation),
