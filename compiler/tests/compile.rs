@@ -1015,7 +1015,6 @@ fn compile_time_ops_refuse_run_time_inputs() {
         ("GatherElements", vec!["x", "k"], vec![ints2()]),
         ("ScatterND", vec!["x", "i", "u"], vec![i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 3], &[1., 2., 3.])]),
         ("ScatterElements", vec!["x", "k", "x"], vec![ints2()]),
-        ("Tile", vec!["x", "reps"], vec![i64_tensor("reps", &[2], &[1, 2])]),
         ("CumSum", vec!["x", "ax"], vec![i64_tensor("ax", &[], &[0])]),
         ("ReduceProd", vec!["x"], vec![]),
         ("ReduceL1", vec!["x"], vec![]),
@@ -1194,4 +1193,22 @@ fn comparisons_logic_and_where_run_on_the_device() {
         vec![vinfo("y", &[2])],
     );
     assert_eq!(compute_ops(&compiled(&bytes).model), ["Where"]);
+}
+
+#[test]
+fn tile_of_a_run_time_tensor_is_one_strided_copy() {
+    let tile = |reps: &[i64]| {
+        model(
+            vec![node("Tile", "t", &["x", "reps"], &["y"], vec![])],
+            vec![ints("reps", reps)],
+            vec![vinfo("x", &[2, 3])],
+            vec![vinfo("y", &[2 * reps[0], 3 * reps[1]])],
+        )
+    };
+    assert_eq!(compute_ops(&compiled(&tile(&[2, 4])).model), ["Tile"]);
+    // Repeating nothing is a view.
+    assert!(compute_ops(&compiled(&tile(&[1, 1])).model).is_empty());
+    let (_, op, reason) = unsupported(&tile(&[1, -1]), &Options::default());
+    assert_eq!(op, "Tile");
+    assert!(reason.contains("non-negative counts"), "{reason}");
 }

@@ -8,8 +8,8 @@ use super::*;
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
     "Constant", "Shape", "Size", "ConstantOfShape", "Range", "Floor", "Ceil", "Round",
-    "Sign", "IsNaN", "IsInf", "Mod", "GatherElements", "ScatterND", "ScatterElements", "Tile",
-    "CumSum", "Trilu", "NonZero",
+    "Sign", "IsNaN", "IsInf", "Mod", "GatherElements", "ScatterND", "ScatterElements", "CumSum",
+    "Trilu", "NonZero",
 ];
 
 impl Importer {
@@ -103,11 +103,6 @@ impl Importer {
                 } else {
                     cx.shape(fold::scatter_elements(&d, &i, &u, cx.int("axis", 0), r))?
                 };
-                self.constant(&Self::out_name(cx, 0), c)
-            }
-            "Tile" => {
-                let (x, reps) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
-                let c = cx.shape(fold::tile(&x, &reps))?;
                 self.constant(&Self::out_name(cx, 0), c)
             }
             "CumSum" => {

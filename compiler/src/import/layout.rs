@@ -6,7 +6,7 @@ use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "DepthToSpace", "SpaceToDepth",
+    "Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "DepthToSpace", "SpaceToDepth", "Tile",
     "Concat", "Slice", "Split", "Expand", "Pad",
 ];
 
@@ -77,6 +77,7 @@ impl Importer {
             }
             "Pad" => self.pad(cx, ins)?,
             "DepthToSpace" | "SpaceToDepth" => self.depth_space(cx, input(0)?)?,
+            "Tile" => self.tile(cx, input(0)?, input(1)?)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a layout op"))),
         };
         Ok(vec![v])
@@ -266,6 +267,43 @@ impl Importer {
             self.device_tmp(cx, Kind::Transpose { x: v, dims: split, perm: perm.iter().map(|&p| p as u64).collect() }, moved, "moved")
         };
         Ok(self.device(cx, Kind::View { x: t }, out))
+    }
+
+    /// Tile: folded on constants; at run time one STRIDED_COPY whose box
+    /// has, for every repeated axis, a repeat dimension (source stride 0)
+    /// before the axis itself.
+    pub(super) fn tile(&mut self, cx: &Cx, x: ValueId, reps: ValueId) -> Result<ValueId> {
+        let r = self.need_const(cx, reps, 1)?;
+        if let Some(c) = self.konst(x).cloned() {
+            let c = cx.shape(fold::tile(&c, &r))?;
+            return Ok(self.constant(&Self::out_name(cx, 0), c));
+        }
+        let s = self.shape(x);
+        let reps = r.ints();
+        if reps.len() != s.len() || reps.iter().any(|&k| k < 0) {
+            return Err(cx.err(format!("repeats {reps:?}: {} non-negative counts expected", s.len())));
+        }
+        let out: Vec<u64> = s.iter().zip(&reps).map(|(&d, &k)| d * k as u64).collect();
+        if out == s {
+            return Ok(self.device(cx, Kind::View { x }, out));
+        }
+        let (src_st, dst_st) = (strides(&s), strides(&out));
+        let (mut sizes, mut src_strides, mut dst_strides) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..s.len() {
+            if reps[i] > 1 {
+                sizes.push(reps[i] as u64);
+                src_strides.push(0);
+                dst_strides.push(s[i] * dst_st[i]);
+            }
+            sizes.push(s[i]);
+            src_strides.push(src_st[i]);
+            dst_strides.push(dst_st[i]);
+        }
+        if sizes.len() > MAX_RANK {
+            return Err(cx.err(format!("repeating {} axes of a rank-{} input needs a copy of rank {} (at most {MAX_RANK})", sizes.len() - s.len(), s.len(), sizes.len())));
+        }
+        let part = CopyPart { src: x, src_offset: 0, dst_offset: 0, sizes, src_strides, dst_strides };
+        Ok(self.device(cx, Kind::Copy { parts: vec![part] }, out))
     }
 
     pub(super) fn concat(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {

@@ -84,7 +84,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
 pub const COMPILE_TIME_OPS: &[&str] = &[
     "Ceil", "ConstantOfShape", "CumSum", "Floor", "GatherElements", "IsInf", "IsNaN", "Mod", "NonZero",
     "Range", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceProd", "ReduceSumSquare", "Round", "ScatterElements",
-    "ScatterND", "Sign", "Tile", "Trilu",
+    "ScatterND", "Sign", "Trilu",
 ];
 
 /// The ONNX node being lowered.
