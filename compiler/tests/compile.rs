@@ -1212,3 +1212,16 @@ fn tile_of_a_run_time_tensor_is_one_strided_copy() {
     assert_eq!(op, "Tile");
     assert!(reason.contains("non-negative counts"), "{reason}");
 }
+
+#[test]
+fn argmax_is_a_reduce_then_a_cast_to_int64() {
+    let bytes = model(
+        vec![node("ArgMax", "am", &["x"], &["i"], vec![attr_i("axis", 1), attr_i("keepdims", 0)])],
+        vec![],
+        vec![vinfo("x", &[2, 5])],
+        vec![typed_vinfo("i", &[2], elem::INT64)],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["ArgMax", "ArgMax"]);
+    assert_eq!(c.model.meta.outputs[0].dtype, rbln_format::DType::I64);
+}

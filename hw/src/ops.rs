@@ -148,6 +148,12 @@ pub const REDUCE_SUM: u32 = 0;
 pub const REDUCE_MEAN: u32 = 1;
 pub const REDUCE_MAX: u32 = 2;
 pub const REDUCE_MIN: u32 = 3;
+/// Index (as f32) of the first maximum / minimum along the axis; the LAST
+/// variants take the last one (hardware minor version 2).
+pub const REDUCE_ARGMAX: u32 = 4;
+pub const REDUCE_ARGMIN: u32 = 5;
+pub const REDUCE_ARGMAX_LAST: u32 = 6;
+pub const REDUCE_ARGMIN_LAST: u32 = 7;
 
 pub const GEMM_TRANS_A: u32 = 1 << 0;
 pub const GEMM_TRANS_B: u32 = 1 << 1;
@@ -655,7 +661,7 @@ impl Desc {
             }
             8 => {
                 let d = get!(ReduceDesc);
-                if d.kind > REDUCE_MIN || d.reserved != 0 {
+                if d.kind > REDUCE_ARGMIN_LAST || d.reserved != 0 {
                     return Err(BadField("reduce kind"));
                 }
                 if !dims_ok(d.rank, &d.dims) || d.axis >= d.rank {

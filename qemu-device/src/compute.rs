@@ -375,14 +375,21 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let mut out_shape = shape.clone();
             out_shape.remove(d.axis as usize);
             let out_n = op.volume(&out_shape)?;
+            let x = op.input(d.in_va, n)?;
+            let axis = d.axis as isize;
+            if d.kind >= ops::REDUCE_ARGMAX {
+                let max = matches!(d.kind, ops::REDUCE_ARGMAX | ops::REDUCE_ARGMAX_LAST);
+                let last = d.kind >= ops::REDUCE_ARGMAX_LAST;
+                op.write_out(d.out_va, out_n, |y| k::arg_reduce(max, last, &shape, axis, &x, y))?;
+                return Ok(n as u64);
+            }
             let kind = match d.kind {
                 ops::REDUCE_SUM => k::ReduceOp::Sum,
                 ops::REDUCE_MEAN => k::ReduceOp::Mean,
                 ops::REDUCE_MAX => k::ReduceOp::Max,
                 _ => k::ReduceOp::Min,
             };
-            let x = op.input(d.in_va, n)?;
-            op.write_out(d.out_va, out_n, |y| k::reduce(kind, &shape, d.axis as isize, &x, y))?;
+            op.write_out(d.out_va, out_n, |y| k::reduce(kind, &shape, axis, &x, y))?;
             Ok(n as u64)
         }
         Desc::Transpose(d) => {

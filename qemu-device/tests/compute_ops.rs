@@ -939,3 +939,29 @@ fn bad_where_descriptors_fault_without_writing() {
     assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), tva(0) + 2);
     assert_eq!(r.get(3, 8), [42.0; 8]);
 }
+
+#[test]
+fn argmax_and_argmin_reduce_to_indices() {
+    let mut r = OpRig::new();
+    // [2, 3] along axis 1: ties resolve to the first (or, LAST, the last).
+    r.put(0, &[1.0, 4.0, 4.0, 2.0, -1.0, -1.0]);
+    let red = |kind: u32| {
+        ReduceDesc { kind, rank: 2, dims: [2, 3, 0, 0, 0, 0], axis: 1, in_va: tva(0), out_va: tva(3), ..Default::default() }
+            .with_header()
+            .to_bytes()
+            .to_vec()
+    };
+    for (kind, want) in [
+        (REDUCE_ARGMAX, [1.0, 0.0]),
+        (REDUCE_ARGMAX_LAST, [2.0, 0.0]),
+        (REDUCE_ARGMIN, [0.0, 1.0]),
+        (REDUCE_ARGMIN_LAST, [0.0, 2.0]),
+    ] {
+        assert_eq!(r.run(&red(kind)), FaultCode::None);
+        assert_eq!(r.get(3, 2), want, "kind {kind}");
+    }
+    // Kinds past ARGMIN_LAST are bad descriptors; the output stays.
+    r.put(3, &[42.0, 42.0]);
+    assert_eq!(r.run(&red(REDUCE_ARGMIN_LAST + 1)), FaultCode::BadDescriptor);
+    assert_eq!(r.get(3, 2), [42.0, 42.0]);
+}

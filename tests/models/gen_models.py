@@ -1049,7 +1049,7 @@ def masks():
     """Masks computed at run time, as transformer exports build them from an
     int64 attention mask: Cast to bool, Equal with 0, Not, comparisons of a
     float input, And/Or/Xor, and Where selecting scores or a large negative
-    value, and a run-time Tile; every result (cast to float) feeds the
+    value, a run-time Tile and ArgMax/ArgMin; every result (cast to float) feeds the
     output."""
     g = Graph("masks", 118)
     x, mask = "x", "attention_mask"  # [2, 8] float, [2, 8] int64
@@ -1077,8 +1077,11 @@ def masks():
     outs.append(g.node("Where", [pos, x, g.node("Mul", [x, g.const("slope", 0.1)], "scaled")], "leaky"))
     # A run-time Tile (one strided copy) of the input: [2, 8] -> [2, 16].
     outs.append(g.node("Tile", [x, g.i64("reps", [1, 2])], "tiled"))
+    # ArgMax / ArgMin (int64 indices) over the masked scores and the input.
+    f(g.node("ArgMax", [sel], "argmax", axis=1, keepdims=1), "argmax")
+    f(g.node("ArgMin", [x], "argmin", axis=-1, keepdims=1, select_last_index=1), "argmin")
     g.node("Concat", outs, "concat", axis=1, outputs=["y"])
-    model = g.model(None, None, "y", [2, 8 * len(outs) + 8],
+    model = g.model(None, None, "y", [2, 8 * (len(outs) - 2) + 8 + 2],
                     inputs=[(x, TensorProto.FLOAT, [2, 8]), (mask, TensorProto.INT64, [2, 8])])
     xv = g.input_data((2, 8))
     mv = np.ones((2, 8), dtype=np.int64)

@@ -13,7 +13,8 @@ use std::collections::HashMap;
 
 use rbln_format::DType;
 use rbln_hw::ops::{
-    Binary, Unary, MAX_RANK, REDUCE_MAX, REDUCE_MEAN, REDUCE_MIN, REDUCE_SUM, RESIZE_CEIL, RESIZE_FLOOR, RESIZE_ROUND_PREFER_CEIL,
+    Binary, Unary, MAX_RANK, REDUCE_ARGMAX, REDUCE_ARGMAX_LAST, REDUCE_ARGMIN, REDUCE_ARGMIN_LAST, REDUCE_MAX, REDUCE_MEAN,
+    REDUCE_MIN, REDUCE_SUM, RESIZE_CEIL, RESIZE_FLOOR, RESIZE_ROUND_PREFER_CEIL,
     RESIZE_ROUND_PREFER_FLOOR,
 };
 
@@ -66,7 +67,7 @@ pub const MAX_OPSET: i64 = 22;
 
 /// The ONNX op types rbln-compile handles (folded or on the device).
 pub const SUPPORTED_OPS: &[&str] = &[
-    "Abs", "Add", "And", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape",
+    "Abs", "Add", "And", "ArgMax", "ArgMin", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape",
     "Conv", "ConvTranspose", "CumSum", "DepthToSpace", "Div", "Dropout", "Einsum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
     "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "GroupNormalization", "HardSigmoid", "HardSwish",
     "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "MatMul", "Max",

@@ -7,7 +7,7 @@ use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "BatchNormalization", "Softmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+    "BatchNormalization", "Softmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "ArgMax", "ArgMin", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
     "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
 ];
 
@@ -51,6 +51,7 @@ impl Importer {
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
             | "ReduceLogSum" | "ReduceLogSumExp" => self.reduce(cx, ins)?,
             "InstanceNormalization" | "GroupNormalization" => self.group_norm(cx, ins)?,
+            "ArgMax" | "ArgMin" => self.arg_extreme(cx, input(0)?)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a norm op"))),
         };
         Ok(vec![v])
@@ -138,6 +139,35 @@ impl Importer {
         let padded = shape::pad_rank(&cshape, s.len());
         let t = self.device_tmp(cx, Kind::Binary { kind: Binary::Mul, a: normed, b: sv, a_dims: s.clone(), b_dims: padded.clone(), act: Act::NONE }, s.clone(), "scaled");
         Ok(self.device(cx, Kind::Binary { kind: Binary::Add, a: t, b: tv, a_dims: s.clone(), b_dims: padded, act: Act::NONE }, s))
+    }
+
+    /// ArgMax / ArgMin: a REDUCE that writes the index as f32, then a CAST to
+    /// the int64 ONNX gives it.
+    pub(super) fn arg_extreme(&mut self, cx: &Cx, x: ValueId) -> Result<ValueId> {
+        let s = self.shape(x);
+        if s.is_empty() {
+            return Err(cx.err("the input is a scalar"));
+        }
+        let a = cx.shape(shape::axis(cx.int("axis", 0), s.len(), false))?;
+        if s[a] == 0 {
+            return Err(cx.err(format!("axis {a} is empty")));
+        }
+        let last = cx.int("select_last_index", 0) != 0;
+        let kind = match (cx.n.op_type == "ArgMax", last) {
+            (true, false) => REDUCE_ARGMAX,
+            (true, true) => REDUCE_ARGMAX_LAST,
+            (false, false) => REDUCE_ARGMIN,
+            (false, true) => REDUCE_ARGMIN_LAST,
+        };
+        let mut out = s.clone();
+        if cx.int("keepdims", 1) != 0 {
+            out[a] = 1;
+        } else {
+            out.remove(a);
+        }
+        let dims = vec![volume(&s[..a]), s[a], volume(&s[a + 1..])];
+        let idx = self.device_tmp(cx, Kind::Reduce { kind, x, dims, axis: 1 }, out.clone(), "index");
+        Ok(self.device(cx, Kind::Cast { x: idx, from: DType::F32, to: DType::I64 }, out))
     }
 
     pub(super) fn reduce(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {

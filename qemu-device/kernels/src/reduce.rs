@@ -117,3 +117,63 @@ fn reduce_columns(op: ReduceOp, xb: &[f32], inner: usize, j0: usize, yc: &mut [f
         }
     }
 }
+
+/// Index, as f32, of the maximum (`max`) or minimum of every line along
+/// `axis` of `x` (shape `shape`) into `y` (the shape without `axis`): the
+/// first such element, or the last with `last`. NaN never wins; a line of
+/// only NaN (or an empty axis) gives 0.
+pub fn arg_reduce(max: bool, last: bool, shape: &[usize], axis: isize, x: &[f32], y: &mut [f32]) -> Result<()> {
+    check_rank("argmax shape", shape)?;
+    let axis = normalize_axis(axis, shape.len())?;
+    check_len("argmax input", x.len(), volume("argmax input", shape)?)?;
+    let (outer, len, inner) = split_axis("argmax shape", shape, axis)?;
+    check_len("argmax output", y.len(), crate::util::mul("argmax output", outer, inner)?)?;
+    let better = |v: f32, best: f32| if max { v > best || (last && v == best) } else { v < best || (last && v == best) };
+    let rows = rows_per_task(len.max(1));
+    y.par_chunks_mut(rows).enumerate().for_each(|(t, yc)| {
+        for (r, o) in yc.iter_mut().enumerate() {
+            let q = t * rows + r;
+            let (b, i) = (q / inner.max(1), q % inner.max(1));
+            let mut best = f32::NAN;
+            let mut at = 0usize;
+            for l in 0..len {
+                let v = x[(b * len + l) * inner + i];
+                if v.is_nan() {
+                    continue;
+                }
+                if best.is_nan() || better(v, best) {
+                    best = v;
+                    at = l;
+                }
+            }
+            *o = at as f32;
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod arg_tests {
+    use super::*;
+
+    #[test]
+    fn first_and_last_extremes_along_any_axis() {
+        // [2, 3, 2]: along axis 1.
+        let x = [1.0, 5.0, 3.0, 5.0, 3.0, f32::NAN, 0.0, -1.0, 0.0, 7.0, f32::NAN, 7.0];
+        let mut y = [9.0; 4];
+        arg_reduce(true, false, &[2, 3, 2], 1, &x, &mut y).unwrap();
+        assert_eq!(y, [1.0, 0.0, 0.0, 1.0]);
+        arg_reduce(true, true, &[2, 3, 2], 1, &x, &mut y).unwrap();
+        assert_eq!(y, [2.0, 1.0, 1.0, 2.0]);
+        arg_reduce(false, false, &[2, 3, 2], -2, &x, &mut y).unwrap();
+        assert_eq!(y, [0.0, 0.0, 0.0, 0.0]);
+        arg_reduce(false, true, &[2, 3, 2], 1, &x, &mut y).unwrap();
+        assert_eq!(y, [0.0, 1.0, 1.0, 0.0]);
+        // Along the last axis; a line of NaN and a number picks the number.
+        let mut z = [9.0; 6];
+        arg_reduce(true, false, &[2, 3, 2], 2, &x, &mut z).unwrap();
+        assert_eq!(z, [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]);
+        assert!(arg_reduce(true, false, &[2, 3, 2], 3, &x, &mut y).is_err());
+        assert!(arg_reduce(true, false, &[2, 3, 2], 1, &x[..11], &mut y).is_err());
+    }
+}
