@@ -146,14 +146,46 @@ const MIN_MB: usize = 48;
 
 /// 1×1 stride-1 unpadded: out = W · X per image and group, X packed by tile.
 fn pointwise_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
+    let in_plane = g.in_plane;
+    packed_gemm(p, g, input, weight, epi, output, MAX_TILE_DIRECT, |panels, group_input, k0, kc, t0, nt| {
+        // SAFETY: rows k0..k0+kc (input channels of this group), columns
+        // t0..t0+nt < in_plane = npos, inside `group_input`.
+        unsafe { pack_b(panels, group_input[k0 * in_plane + t0..].as_ptr(), in_plane as isize, 1, kc, nt) };
+    });
+}
+
+/// The im2col fallback; see the module docs.
+fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let (ha, wa) = (g.h, g.w);
+    packed_gemm(p, g, input, weight, epi, output, MAX_TILE, |panels, group_input, k0, kc, t0, nt| {
+        fill_panels(panels, group_input, kh, kw, &ha, &wa, k0, kc, t0, nt);
+    });
+}
+
+/// The tasks of the pointwise and im2col paths: for each chunk of
+/// `KCHUNK` reduction rows, `fill(panels, group_input, k0, kc, t0, nt)`
+/// writes the rows' packed panels for output positions `t0..t0+nt`, then
+/// the microkernel GEMM accumulates them into the task's output tile.
+#[allow(clippy::too_many_arguments)]
+fn packed_gemm(
+    p: &Conv2dParams,
+    g: &Geometry,
+    input: &[f32],
+    weight: &[f32],
+    epi: &Epilogue<'_>,
+    output: &mut [f32],
+    max_tile: usize,
+    fill: impl Fn(&mut [f32], &[f32], usize, usize, usize, usize) + Sync,
+) {
     let npos = g.out_plane;
     let kdim = g.kdim;
     let images = p.batch * p.groups;
-    let sp = Split::new(images, npos, g.og, MAX_TILE_DIRECT);
-    let kc_max = KCHUNK.min(kdim);
+    let sp = Split::new(images, npos, g.og, max_tile);
     let out_ptr = SendPtr(output.as_mut_ptr());
+    let col_len = packed_len(KCHUNK.min(kdim), sp.tile);
     (0..sp.tasks(images)).into_par_iter().for_each(|task| {
-        with_scratch(packed_len(kc_max, sp.tile), |col| {
+        with_scratch(col_len, |col| {
             let (image, t, m0, mb) = sp.task(task, g.og);
             let (b, grp) = (image / p.groups, image % p.groups);
             let t0 = t * sp.tile;
@@ -161,13 +193,12 @@ fn pointwise_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32],
             let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
             let out_base = (b * p.out_channels + grp * g.og + m0) * npos;
             let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
+            let group_input = &input[in_base..][..g.cg * g.in_plane];
             let mut k0 = 0;
             while k0 < kdim {
                 let kc = KCHUNK.min(kdim - k0);
                 let panels = &mut col[..packed_len(kc, nt)];
-                // SAFETY: rows k0..k0+kc (input channels of this group),
-                // columns t0..t0+nt < in_plane = npos, inside `input`.
-                unsafe { pack_b(panels, input[in_base + k0 * g.in_plane + t0..].as_ptr(), g.in_plane as isize, 1, kc, nt) };
+                fill(panels, group_input, k0, kc, t0, nt);
                 let a = MatA { ptr: w_group[k0..].as_ptr(), rs: kdim as isize, cs: 1 };
                 // SAFETY: rows co < mb at out_base + co·npos + t0 .. + nt lie
                 // in `output` (length checked by the caller) and are
@@ -262,48 +293,6 @@ fn indirect_gemm(
                 }
             })
         });
-    });
-}
-
-/// The im2col fallback; see the module docs.
-fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
-    let (kh, kw) = (p.kernel[0], p.kernel[1]);
-    let (ha, wa) = (g.h, g.w);
-    let npos = g.out_plane;
-    let kdim = g.kdim;
-    let images = p.batch * p.groups;
-    let sp = Split::new(images, npos, g.og, MAX_TILE);
-    let out_ptr = SendPtr(output.as_mut_ptr());
-    let col_len = packed_len(KCHUNK.min(kdim), sp.tile);
-    (0..sp.tasks(images)).into_par_iter().for_each(|task| {
-        with_scratch(col_len, |col| {
-            let (image, t, m0, mb) = sp.task(task, g.og);
-            let (b, grp) = (image / p.groups, image % p.groups);
-            let t0 = t * sp.tile;
-            let nt = sp.tile.min(npos - t0);
-            let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
-            let out_base = (b * p.out_channels + grp * g.og + m0) * npos;
-            let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
-            let group_input = &input[in_base..][..g.cg * g.in_plane];
-            let mut k0 = 0;
-            while k0 < kdim {
-                let kc = KCHUNK.min(kdim - k0);
-                let panels = &mut col[..packed_len(kc, nt)];
-                fill_panels(panels, group_input, kh, kw, &ha, &wa, k0, kc, t0, nt);
-                let a = MatA { ptr: w_group[k0..].as_ptr(), rs: kdim as isize, cs: 1 };
-                // SAFETY: as in `pointwise_gemm`.
-                unsafe { gemm_packed(mb, nt, kc, a, MatB::Packed(panels), out_ptr.get().add(out_base + t0), npos, k0 > 0) };
-                k0 += kc;
-            }
-            if epi.any() {
-                for co in 0..mb {
-                    let off = out_base + co * npos + t0;
-                    // SAFETY: this task's rows, as above; no other reference to them lives.
-                    let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
-                    epi.apply(row, grp * g.og + m0 + co, off);
-                }
-            }
-        })
     });
 }
 
