@@ -31,16 +31,7 @@ impl Importer {
                 if seen != (0..s.len()).collect::<Vec<_>>() {
                     return Err(cx.err(format!("perm {perm:?} is not a permutation of the {} axes", s.len())));
                 }
-                let out: Vec<u64> = perm.iter().map(|&p| s[p]).collect();
-                if let Some(c) = self.konst(x) {
-                    let c = fold::transpose(c, &perm);
-                    self.constant(&Self::out_name(cx, 0), c)
-                } else if moves_only_unit_dims(&s, &perm) {
-                    self.device(cx, Kind::View { x }, out)
-                } else {
-                    rank_ok(cx, &s, "the input")?;
-                    self.device(cx, Kind::Transpose { x, dims: s, perm: perm.iter().map(|&p| p as u64).collect() }, out)
-                }
+                self.permuted(cx, x, &perm, None)?
             }
             "Concat" => self.concat(cx, ins)?,
             "Slice" => {
@@ -254,19 +245,9 @@ impl Importer {
             }
             (vec![n, c, h / b, b, w / b, b], [0, 3, 5, 1, 2, 4], vec![n, c * b * b, h / b, w / b])
         };
-        let moved: Vec<u64> = perm.iter().map(|&p| split[p]).collect();
-        if let Some(k) = self.konst(x).cloned() {
-            let k = Const { shape: split.clone(), data: k.data };
-            let t = fold::transpose(&k, &perm);
-            return Ok(self.constant(&Self::out_name(cx, 0), Const { shape: out, data: t.data }));
-        }
-        let v = self.device_tmp(cx, Kind::View { x }, split.clone(), "split");
-        let t = if moves_only_unit_dims(&split, &perm) {
-            self.device_tmp(cx, Kind::View { x: v }, moved, "moved")
-        } else {
-            self.device_tmp(cx, Kind::Transpose { x: v, dims: split, perm: perm.iter().map(|&p| p as u64).collect() }, moved, "moved")
-        };
-        Ok(self.device(cx, Kind::View { x: t }, out))
+        let v = self.reshaped(cx, x, split, Some("split"));
+        let t = self.permuted(cx, v, &perm, Some("moved"))?;
+        Ok(self.reshaped(cx, t, out, None))
     }
 
     /// Tile: folded on constants; at run time one STRIDED_COPY whose box

@@ -112,33 +112,6 @@ impl Importer {
         Ok(self.device(cx, kind, out))
     }
 
-    /// A run-time permutation of `x` (a view when it moves only size-1
-    /// dims, nothing when it is the identity).
-    fn permuted(&mut self, cx: &Cx, x: ValueId, perm: &[usize], tag: &str) -> Result<ValueId> {
-        let s = self.shape(x);
-        if perm.iter().enumerate().all(|(i, &p)| i == p) {
-            return Ok(x);
-        }
-        let out: Vec<u64> = perm.iter().map(|&p| s[p]).collect();
-        if let Some(c) = self.konst(x) {
-            let c = fold::transpose(c, perm);
-            return Ok(self.constant(&format!("{}.{tag}", cx.name), c));
-        }
-        if moves_only_unit_dims(&s, perm) {
-            return Ok(self.device_tmp(cx, Kind::View { x }, out, tag));
-        }
-        rank_ok(cx, &s, "an operand")?;
-        Ok(self.device_tmp(cx, Kind::Transpose { x, dims: s, perm: perm.iter().map(|&p| p as u64).collect() }, out, tag))
-    }
-
-    /// `x` with shape `to` (same element count).
-    fn reshaped(&mut self, cx: &Cx, x: ValueId, to: Vec<u64>, tag: &str) -> ValueId {
-        match self.konst(x).cloned() {
-            Some(c) => self.constant(&format!("{}.{tag}", cx.name), Const { shape: to, data: c.data }),
-            None => self.device_tmp(cx, Kind::View { x }, to, tag),
-        }
-    }
-
     /// Two-operand Einsum whose every index is a batch index (in both
     /// operands and the output), a contracted one (both operands, not the
     /// output) or a free one (one operand and the output): operands are
@@ -204,19 +177,19 @@ impl Importer {
         let pb = order(&ib, [batch.clone(), contr.clone(), fb.clone()].concat());
         let vol = |cs: &[char]| -> Result<u64> { cs.iter().map(|&c| size(c)).try_fold(1u64, |acc, d| Ok(acc * d?)) };
         let (bt, m, k, n) = (vol(&batch)?, vol(&fa)?, vol(&contr)?, vol(&fb)?);
-        let a = self.permuted(cx, xs[0], &pa, "a")?;
-        let b = self.permuted(cx, xs[1], &pb, "b")?;
-        let a = self.reshaped(cx, a, vec![bt, m, k], "a3");
-        let b = self.reshaped(cx, b, vec![bt, k, n], "b3");
+        let a = self.permuted(cx, xs[0], &pa, Some("a"))?;
+        let b = self.permuted(cx, xs[1], &pb, Some("b"))?;
+        let a = self.reshaped(cx, a, vec![bt, m, k], Some("a3"));
+        let b = self.reshaped(cx, b, vec![bt, k, n], Some("b3"));
         let p = self.matmul(cx, a, b)?;
         let prod: Vec<char> = [batch, fa, fb].concat();
         let dims: Result<Vec<u64>> = prod.iter().map(|&c| size(c)).collect();
-        let p = self.reshaped(cx, p, dims?, "product");
+        let p = self.reshaped(cx, p, dims?, Some("product"));
         let po = order(&prod, io.clone());
         if io.iter().any(|c| !prod.contains(c)) {
             return Err(cx.err(format!("output '{out}' names an index of neither operand")));
         }
-        let y = self.permuted(cx, p, &po, "out")?;
+        let y = self.permuted(cx, p, &po, Some("out"))?;
         Ok(self.alias(cx, y))
     }
 }

@@ -442,6 +442,51 @@ impl Importer {
         }
     }
 
+    /// A result of the node: its output (`tag` None) or an intermediate
+    /// value named `tag`; computed by `kind` on the device, or the
+    /// constant `c` when known.
+    fn result(&mut self, cx: &Cx, tag: Option<&str>, kind: Kind, shape: Vec<u64>) -> ValueId {
+        match tag {
+            Some(t) => self.device_tmp(cx, kind, shape, t),
+            None => self.device(cx, kind, shape),
+        }
+    }
+
+    fn result_const(&mut self, cx: &Cx, tag: Option<&str>, c: Const) -> ValueId {
+        match tag {
+            Some(t) => self.constant(&format!("{}.{t}", cx.name), c),
+            None => self.constant(&Self::out_name(cx, 0), c),
+        }
+    }
+
+    /// `x` with its axes permuted by `perm` (a permutation of its rank):
+    /// folded on a constant, a view when only size-1 dims move, else one
+    /// TRANSPOSE. An intermediate identity permutation is `x` itself.
+    pub(super) fn permuted(&mut self, cx: &Cx, x: ValueId, perm: &[usize], tag: Option<&str>) -> Result<ValueId> {
+        if tag.is_some() && perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return Ok(x);
+        }
+        let s = self.shape(x);
+        let out: Vec<u64> = perm.iter().map(|&p| s[p]).collect();
+        if let Some(c) = self.konst(x) {
+            let c = fold::transpose(c, perm);
+            return Ok(self.result_const(cx, tag, c));
+        }
+        if moves_only_unit_dims(&s, perm) {
+            return Ok(self.result(cx, tag, Kind::View { x }, out));
+        }
+        rank_ok(cx, &s, "the input")?;
+        Ok(self.result(cx, tag, Kind::Transpose { x, dims: s, perm: perm.iter().map(|&p| p as u64).collect() }, out))
+    }
+
+    /// `x` with shape `to` (same element count): a view.
+    pub(super) fn reshaped(&mut self, cx: &Cx, x: ValueId, to: Vec<u64>, tag: Option<&str>) -> ValueId {
+        match self.konst(x).cloned() {
+            Some(c) => self.result_const(cx, tag, Const { shape: to, data: c.data }),
+            None => self.result(cx, tag, Kind::View { x }, to),
+        }
+    }
+
     /// Output 0 is the same value as `x` (a constant keeps its data).
     fn alias(&mut self, cx: &Cx, x: ValueId) -> ValueId {
         let s = self.shape(x);

@@ -80,11 +80,18 @@ impl Importer {
         // y = x * s + t with s = scale / sqrt(var + eps), t = bias - mean * s.
         let sc: Vec<f32> = (0..c as usize).map(|i| p[0][i] / (p[3][i] + eps).sqrt()).collect();
         let sh: Vec<f32> = (0..c as usize).map(|i| p[1][i] - p[2][i] * sc[i]).collect();
-        let mut cshape = vec![c];
+        self.channel_affine(cx, x, sc, sh, "shift")
+    }
+
+    /// `x · scale[c] + shift[c]` over the channel axis 1 of `x`: two
+    /// broadcasting BINARY ops (the shift constant is named `cx.name.tag`).
+    fn channel_affine(&mut self, cx: &Cx, x: ValueId, scale: Vec<f32>, shift: Vec<f32>, tag: &str) -> Result<ValueId> {
+        let s = self.shape(x);
+        let mut cshape = vec![s[1]];
         cshape.extend(std::iter::repeat_n(1, s.len() - 2));
         let (sv, tv) = (
-            self.constant(&format!("{}.scale", cx.name), Const::f32(&cshape, sc)),
-            self.constant(&format!("{}.shift", cx.name), Const::f32(&cshape, sh)),
+            self.constant(&format!("{}.scale", cx.name), Const::f32(&cshape, scale)),
+            self.constant(&format!("{}.{tag}", cx.name), Const::f32(&cshape, shift)),
         );
         rank_ok(cx, &s, "the input")?;
         let padded = shape::pad_rank(&cshape, s.len());
@@ -128,17 +135,10 @@ impl Importer {
         let rows = n * groups;
         let cols = volume(&s[1..]) / groups;
         let eps = cx.float("epsilon", 1e-5);
-        let normed = self.device_tmp(cx, Kind::LayerNorm { x, gamma: None, beta: None, rows, cols, eps }, s.clone(), "normalized");
-        let mut cshape = vec![c];
-        cshape.extend(std::iter::repeat_n(1, s.len() - 2));
-        let (sv, tv) = (
-            self.constant(&format!("{}.scale", cx.name), Const::f32(&cshape, affine[0].clone())),
-            self.constant(&format!("{}.bias", cx.name), Const::f32(&cshape, affine[1].clone())),
-        );
-        rank_ok(cx, &s, "the input")?;
-        let padded = shape::pad_rank(&cshape, s.len());
-        let t = self.device_tmp(cx, Kind::Binary { kind: Binary::Mul, a: normed, b: sv, a_dims: s.clone(), b_dims: padded.clone(), act: Act::NONE }, s.clone(), "scaled");
-        Ok(self.device(cx, Kind::Binary { kind: Binary::Add, a: t, b: tv, a_dims: s.clone(), b_dims: padded, act: Act::NONE }, s))
+        let normed = self.device_tmp(cx, Kind::LayerNorm { x, gamma: None, beta: None, rows, cols, eps }, s, "normalized");
+        let shift = affine.pop().unwrap_or_default();
+        let scale = affine.pop().unwrap_or_default();
+        self.channel_affine(cx, normed, scale, shift, "bias")
     }
 
     /// ArgMax / ArgMin: a REDUCE that writes the index as f32, then a CAST to
