@@ -527,16 +527,15 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             vec![(d.to_bytes().to_vec(), r)]
         }
         Kind::Resize { x, dims, out, linear, nearest_mode, map } => {
-            let u32_of = |v: u64| u32::try_from(v).map_err(|_| CompileError::Invalid(format!("{}: dimension {v} exceeds 32 bits", op.name)));
             let d = ResizeDesc {
                 mode: if *linear { RESIZE_LINEAR } else { RESIZE_NEAREST },
                 nearest_mode: if *linear { 0 } else { *nearest_mode },
-                n: u32_of(dims[0])?,
-                c: u32_of(dims[1])?,
-                h: u32_of(dims[2])?,
-                w: u32_of(dims[3])?,
-                oh: u32_of(out[0])?,
-                ow: u32_of(out[1])?,
+                n: u32c(op, dims[0], "n")?,
+                c: u32c(op, dims[1], "c")?,
+                h: u32c(op, dims[2], "h")?,
+                w: u32c(op, dims[3], "w")?,
+                oh: u32c(op, out[0], "oh")?,
+                ow: u32c(op, out[1], "ow")?,
                 scale_y: map[0],
                 offset_y: map[1],
                 scale_x: map[2],
