@@ -257,7 +257,7 @@ fn finish_row(kind: PoolKind, cols: &[(usize, usize)], nrows: usize, window: usi
 #[inline(always)]
 fn pool_row<'a>(
     kind: PoolKind,
-    mut rows: impl Iterator<Item = &'a [f32]>,
+    rows: impl Iterator<Item = &'a [f32]>,
     vrow: &mut [f32],
     cols: &[(usize, usize)],
     dil: usize,
@@ -265,16 +265,7 @@ fn pool_row<'a>(
     window: usize,
     out: &mut [f32],
 ) {
-    match rows.next() {
-        Some(r) => vrow.copy_from_slice(r),
-        None => vrow.fill(match kind {
-            PoolKind::Max => f32::NEG_INFINITY,
-            PoolKind::Avg { .. } => 0.0,
-        }),
-    }
-    for r in rows {
-        reduce_rows(kind == PoolKind::Max, vrow, r);
-    }
+    reduce_window_rows(kind, rows, vrow);
     for (o, &(first, count)) in out.iter_mut().zip(cols) {
         *o = match kind {
             PoolKind::Max => {
