@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# The Python environment for the compiler tests: a venv holding the pinned
-# packages of tests/models/requirements.txt (onnx, onnxruntime, numpy), used
-# to build the ONNX test models and their reference outputs.
+# A Python environment for the tests: a venv holding the pinned packages of
+# one requirements file. Without an argument it is the compiler tests' venv,
+# tests/models/requirements.txt (onnx, onnxruntime, numpy), used to build
+# the ONNX test models and their reference outputs; the exporters' venvs
+# (tests/models/exports/*.txt: PyTorch, TensorFlow) are made the same way.
 #
-# The venv lives in $RBLN_CACHE/pyenv-HASH, HASH being a short hash of
-# requirements.txt, so changing a pin makes a new venv. Idempotent: a
-# complete venv (marked by .complete) is reused at once. Logs go to stderr;
-# the last line on stdout is the venv's python, e.g.
+# The venv lives in $RBLN_CACHE/pyenv-HASH, HASH being a short hash of the
+# requirements file, so changing a pin makes a new venv. A line
+# `# import: a b c` in the file names the modules checked after the install
+# (default: onnx onnxruntime numpy). Idempotent: a complete venv (marked by
+# .complete) is reused at once. Logs go to stderr; the last line on stdout
+# is the venv's python, e.g.
 #     PY=$(scripts/setup-python.sh) && "$PY" tests/models/gen_models.py OUT
+#     PY=$(scripts/setup-python.sh tests/models/exports/torch.txt)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-REQ=$RBLN_ROOT/tests/models/requirements.txt
+REQ=${1:-$RBLN_ROOT/tests/models/requirements.txt}
+[[ $REQ = /* ]] || REQ=$PWD/$REQ
 [[ -f $REQ ]] || die "missing $REQ"
+REQ_NAME=${REQ#"$RBLN_ROOT"/}
+IMPORTS=$(sed -n 's/^# import: *//p' "$REQ" | head -n 1)
+IMPORTS=${IMPORTS:-onnx onnxruntime numpy}
 VENV=$RBLN_CACHE/pyenv-$(hash_of "$REQ")
 PY=$VENV/bin/python
 
@@ -68,11 +77,11 @@ main() {
     rm -rf "$VENV"
     log "creating python venv $VENV ($("$sys_py" --version 2>&1))"
     "$sys_py" -m venv "$VENV" >&2 || die "python -m venv failed"
-    log "installing $(grep -cv '^\s*\(#\|$\)' "$REQ") pinned packages from tests/models/requirements.txt"
+    log "installing $(grep -cv '^\s*\(#\|$\)' "$REQ") pinned packages from $REQ_NAME"
     "$PY" -m pip install -q --no-input --disable-pip-version-check -r "$REQ" >&2 \
-        || die "pip install -r tests/models/requirements.txt failed"
-    "$PY" -c 'import onnx, onnxruntime, numpy' >&2 \
-        || die "the venv's packages do not import"
+        || die "pip install -r $REQ_NAME failed"
+    "$PY" -c "import ${IMPORTS// /, }" >&2 \
+        || die "the venv's packages do not import ($IMPORTS)"
     touch "$VENV/.complete"
     log "python venv ready: $VENV"
     echo "$PY"

@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Export public PyTorch architectures to ONNX with their own tools.
+
+    python export_torch.py OUTDIR [NAME ...]
+
+Runs in the venv of tests/models/exports/torch.txt. Every model is built
+from its library's own code or config with random weights (nothing is
+downloaded) and exported by that library's own exporter path:
+torch.onnx.export (the TorchScript exporter, opset 17) for torchvision,
+transformers and the UNet; ultralytics' `model.export(format="onnx")` for
+YOLOv8n.
+
+For each model NAME it writes OUTDIR/NAME.onnx, its inputs (NAME.input.npy,
+or NAME.input0.npy, NAME.input1.npy, ... for several),
+NAME.expected.npy: onnxruntime's CPU output on the same file with every
+graph optimization disabled (the plain reading of the graph), and NAME.tol:
+the tolerance a comparison with it may use, 1e-4 unless the reference's
+own noise is larger (see `tolerance`: onnxruntime's optimized and
+unoptimized outputs differ by up to ~3e-4 on the deepest nets). It prints
+one line per model: inputs, outputs, node count, file size, export time,
+reference noise and tolerance.
+
+Random initialisation leaves some parameters at constants that would hide
+a wrong kernel (BatchNorm gamma 1 / beta 0, zero-initialised heads, layer
+scales of 1e-6): `randomize` replaces every floating parameter and buffer
+with values of a similar scale, and BatchNorm statistics come from a few
+train-mode passes over random data. Deterministic: seeded per model.
+"""
+
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+import torch.nn as nn
+
+OPSET = 17
+torch.backends.mha.set_fastpath_enabled(False)
+
+
+def randomize(model, seed):
+    """Give every parameter non-trivial values of its layer's scale and
+    BatchNorm layers non-trivial running statistics."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not p.is_floating_point():
+                continue
+            if p.dim() >= 2:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
+            elif name.endswith("weight"):  # norm scales
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            else:  # biases, layer scales, ...
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def calibrate_bn(model, shape, seed, passes=3):
+    """BatchNorm running statistics from train-mode passes on random data
+    (momentum None: a cumulative average)."""
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None
+    g = torch.Generator().manual_seed(seed + 1)
+    model.train()
+    with torch.no_grad():
+        for _ in range(passes):
+            model(torch.randn(shape, generator=g))
+    model.eval()
+
+
+def onnxruntime(path, feeds, optimize):
+    opts = ort.SessionOptions()
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def tolerance(want, other):
+    """The comparison tolerance: 1e-4, or twice the reference's own noise
+    where that is larger. The noise is the largest scaled difference
+    |a - b| / (1 + |b|) between onnxruntime's optimized and unoptimized
+    outputs (fused kernels sum in another order); tolerances step through
+    1, 2 and 5 times powers of ten."""
+    noise = float(np.max(np.abs(other - want) / (1 + np.abs(want))))
+    steps = [m * 10.0**e for e in range(-4, 0) for m in (1, 2, 5)]
+    return noise, next(t for t in steps if t >= 2 * noise)
+
+
+def save(out, name, path, feeds, t_export):
+    """Inputs, reference output and a one-line description."""
+    model = onnx.load(path, load_external_data=False)
+    names = [i.name for i in model.graph.input]
+    assert list(feeds) == names, (names, list(feeds))
+    if len(feeds) == 1:
+        np.save(os.path.join(out, f"{name}.input.npy"), next(iter(feeds.values())))
+    else:
+        for i, v in enumerate(feeds.values()):
+            np.save(os.path.join(out, f"{name}.input{i}.npy"), v)
+    outs = onnxruntime(path, feeds, optimize=False)
+    np.save(os.path.join(out, f"{name}.expected.npy"), outs[0].astype(np.float32))
+    noise, tol = tolerance(outs[0], onnxruntime(path, feeds, optimize=True)[0])
+    with open(os.path.join(out, f"{name}.tol"), "w") as f:
+        f.write(f"{tol:g}\n")
+    ins = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in feeds.items())
+    outs_d = ", ".join(f"{o.name} {list(r.shape)}" for o, r in zip(model.graph.output, outs))
+    size = os.path.getsize(path) / 2**20
+    print(f"{name}: {ins} -> {outs_d}; {len(model.graph.node)} nodes, {size:.1f} MiB, exported in {t_export:.1f} s;"
+          f" reference noise {noise:.2g}, tolerance {tol:g}", flush=True)
+
+
+def export(out, name, model, args, input_names, output_names, seed):
+    path = os.path.join(out, f"{name}.onnx")
+    t0 = time.time()
+    torch.onnx.export(model, args, path, opset_version=OPSET, dynamo=False,
+                      input_names=input_names, output_names=output_names, do_constant_folding=True)
+    t = time.time() - t0
+    feeds = {n: a.numpy() for n, a in zip(input_names, args)}
+    save(out, name, path, feeds, t)
+
+
+def image(seed, shape):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed + 7))
+
+
+# -- torchvision --------------------------------------------------------------
+
+def torchvision_model(out, name, ctor, shape, seed, output="logits", **kw):
+    torch.manual_seed(seed)
+    model = randomize(ctor(weights=None, **kw), seed)
+    calibrate_bn(model, (2,) + shape[1:], seed)
+
+    class First(nn.Module):  # segmentation models return a dict
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            y = self.m(x)
+            return y["out"] if isinstance(y, dict) else y
+
+    export(out, name, First(model).eval(), (image(seed, shape),), ["input"], [output], seed)
+
+
+# -- UNet (the 2015 architecture: double convs, max-pool down, ConvTranspose up)
+
+class DoubleConv(nn.Sequential):
+    def __init__(self, cin, cout):
+        super().__init__(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                         nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class UNet(nn.Module):
+    def __init__(self, cin=3, classes=4, widths=(16, 32, 64, 128, 256)):
+        super().__init__()
+        self.inc = DoubleConv(cin, widths[0])
+        self.down = nn.ModuleList(DoubleConv(a, b) for a, b in zip(widths, widths[1:]))
+        self.up = nn.ModuleList(nn.ConvTranspose2d(b, a, 2, stride=2) for a, b in zip(widths, widths[1:]))
+        self.dec = nn.ModuleList(DoubleConv(2 * a, a) for a in widths[:-1])
+        self.head = nn.Conv2d(widths[0], classes, 1)
+
+    def forward(self, x):
+        skips = [self.inc(x)]
+        for d in self.down:
+            skips.append(d(nn.functional.max_pool2d(skips[-1], 2)))
+        x = skips.pop()
+        for up, dec in reversed(list(zip(self.up, self.dec))):
+            x = dec(torch.cat([skips.pop(), up(x)], dim=1))
+        return self.head(x)
+
+
+def unet(out, seed):
+    torch.manual_seed(seed)
+    model = randomize(UNet(), seed)
+    shape = (1, 3, 128, 128)
+    calibrate_bn(model, (2,) + shape[1:], seed)
+    export(out, "unet", model.eval(), (image(seed, shape),), ["input"], ["mask"], seed)
+
+
+# -- transformers ------------------------------------------------------------
+
+def ids(seed, batch, seq, vocab):
+    g = torch.Generator().manual_seed(seed + 3)
+    return torch.randint(0, vocab, (batch, seq), generator=g, dtype=torch.int64)
+
+
+def bert(out, seed):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                     intermediate_size=512, max_position_embeddings=128, attn_implementation="eager")
+    model = randomize(BertModel(cfg), seed).eval()
+    batch, seq = 2, 32
+    input_ids = ids(seed, batch, seq, cfg.vocab_size)
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[1, 20:] = 0  # the second sequence is padded
+
+    class Hidden(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    export(out, "bert", Hidden(model), (input_ids, mask), ["input_ids", "attention_mask"], ["last_hidden_state"], seed)
+
+
+def gpt2(out, seed):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=1000, n_positions=128, n_embd=128, n_layer=4, n_head=4, use_cache=False,
+                     attn_implementation="eager")
+    model = randomize(GPT2LMHeadModel(cfg), seed).eval()
+    batch, seq = 2, 32
+    input_ids = ids(seed, batch, seq, cfg.vocab_size)
+    # With an attention mask, as tokenizers give it (without one,
+    # transformers traces a packed-sequence check through aten::diff,
+    # which the TorchScript exporter lacks).
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[1, 24:] = 0
+
+    class Logits(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    export(out, "gpt2", Logits(model), (input_ids, mask), ["input_ids", "attention_mask"], ["logits"], seed)
+
+
+# -- ultralytics ---------------------------------------------------------------
+
+def yolov8n(out, seed):
+    os.environ["YOLO_OFFLINE"] = "1"
+    from ultralytics import YOLO
+
+    torch.manual_seed(seed)
+    yolo = YOLO("yolov8n.yaml")  # the bundled config: no weights, no network
+    randomize(yolo.model, seed)
+    calibrate_bn(yolo.model, (2, 3, 640, 640), seed, passes=1)
+    t0 = time.time()
+    path = yolo.export(format="onnx", opset=OPSET, simplify=False, imgsz=640, dynamic=False, verbose=False)
+    t = time.time() - t0
+    dest = os.path.join(out, "yolov8n.onnx")
+    os.replace(path, dest)
+    name = onnx.load(dest, load_external_data=False).graph.input[0].name
+    save(out, "yolov8n", dest, {name: image(seed, (1, 3, 640, 640)).numpy()}, t)
+
+
+MODELS = {
+    "resnet50": lambda out: torchvision_model(out, "resnet50", __import__("torchvision").models.resnet50, (1, 3, 224, 224), 50),
+    "mobilenet_v3_small": lambda out: torchvision_model(
+        out, "mobilenet_v3_small", __import__("torchvision").models.mobilenet_v3_small, (1, 3, 224, 224), 31),
+    "efficientnet_b0": lambda out: torchvision_model(
+        out, "efficientnet_b0", __import__("torchvision").models.efficientnet_b0, (1, 3, 224, 224), 70),
+    "deeplabv3": lambda out: torchvision_model(
+        out, "deeplabv3", __import__("torchvision").models.segmentation.deeplabv3_resnet50, (1, 3, 256, 256), 33,
+        output="out", weights_backbone=None, num_classes=21, aux_loss=False),
+    "unet": lambda out: unet(out, 12),
+    "bert": lambda out: bert(out, 7),
+    "gpt2": lambda out: gpt2(out, 2),
+    "yolov8n": lambda out: yolov8n(out, 8),
+}
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    out = os.path.abspath(sys.argv[1])
+    os.makedirs(out, exist_ok=True)
+    names = sys.argv[2:] or list(MODELS)
+    torch.set_num_threads(2)
+    cwd = os.getcwd()
+    os.chdir(out)  # ultralytics writes next to the working directory
+    try:
+        for n in names:
+            MODELS[n](out)
+    finally:
+        os.chdir(cwd)
+
+
+if __name__ == "__main__":
+    main()

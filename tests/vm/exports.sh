@@ -1,0 +1,33 @@
+# Real exports (tests/compiler/compile-exports.sh, run on the host first):
+# PyTorch models from torchvision, transformers and ultralytics run on the
+# NPU through rbln-run and match onnxruntime's outputs within
+# |got - want| <= tol * (1 + |want|), tol from NAME.tol: 1e-4, or twice the
+# reference's own noise where that is larger (export_torch.py's
+# `tolerance`; the exporter prints it per model).
+. tests/vm/lib.sh
+o=target/exports
+
+check "exported models were compiled on the host" test -f $o/yolov8n.rbln
+check "insmod rbln.ko" insmod kmd/rbln.ko
+
+# run NAME TOL: one inference of NAME with its saved inputs, compared.
+run() {
+    m=$1 tol=$2 ins=""
+    if [ -f $o/$m.input.npy ]; then ins="--input $o/$m.input.npy"; else
+        i=0; while [ -f $o/$m.input$i.npy ]; do ins="$ins --input $o/$m.input$i.npy"; i=$((i + 1)); done
+    fi
+    check "$m: rbln-run" rbln-run $o/$m.rbln $ins --output /tmp/$m.npy
+    rc=0; rbln-example-models compare /tmp/$m.npy $o/$m.expected.npy "$tol" >/tmp/cmp 2>&1 || rc=$?
+    sed "s/^/# $m: /" /tmp/cmp
+    check "$m matches onnxruntime (tol $tol)" test $rc = 0
+}
+
+for m in resnet50 mobilenet_v3_small efficientnet_b0 deeplabv3 unet bert gpt2 yolov8n; do
+    run $m "$(cat $o/$m.tol)"
+done
+# The tutorial's concurrent workload: YOLOv8n through AsyncRuntime with two
+# requests in flight.
+check "yolov8n through AsyncRuntime (parallel 2) matches" sh -c \
+    "rbln-run $o/yolov8n.rbln --async --parallel 2 --input $o/yolov8n.input.npy --output /tmp/ya.npy --iterations 4 >/dev/null && rbln-example-models compare /tmp/ya.npy $o/yolov8n.expected.npy $(cat $o/yolov8n.tol)"
+check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
+check "rmmod rbln" rmmod rbln
