@@ -1,5 +1,6 @@
 //! Compiler errors. Anything about a particular ONNX node names the node,
-//! its op type and the reason, so the message alone says what to change.
+//! its op type and the reason (a TFLite operator: its index, first output
+//! tensor and builtin op), so the message alone says what to change.
 
 use thiserror::Error;
 
@@ -7,12 +8,18 @@ use thiserror::Error;
 pub enum CompileError {
     #[error("not an ONNX model: protobuf decoding failed: {0}")]
     Decode(String),
+    #[error("not a valid TFLite model: {0}")]
+    TfliteDecode(String),
     #[error("invalid model: {0}")]
     Invalid(String),
     #[error("tensor '{name}': {reason}")]
     BadTensor { name: String, reason: String },
     #[error("node '{node}' ({op}): {reason}")]
     Unsupported { node: String, op: String, reason: String },
+    /// A TFLite operator: its index in the subgraph, the name of its first
+    /// output tensor and its builtin op name.
+    #[error("operator {index} '{name}' ({op}): {reason}")]
+    TfliteOp { index: usize, name: String, op: String, reason: String },
     #[error(
         "input '{input}' has a dynamic dimension '{dim}' (axis {axis}); give static shapes with --input-shape {input}=<d0>x<d1>x..."
     )]

@@ -1,6 +1,7 @@
-//! rbln-compile: ONNX models to `.rbln` files for the rbln NPU.
+//! rbln-compile: ONNX and TFLite models to `.rbln` files for the rbln NPU.
 //!
-//! Pipeline: decode the protobuf ([`onnx`]) -> import with static shapes
+//! Pipeline: decode the protobuf ([`onnx`]; a TFLite flatbuffer is first
+//! translated into the same ONNX structures by [`tflite`]) -> import with static shapes
 //! and constant folding ([`import`]) -> fuse ([`fuse`]) -> plan memory and
 //! emit descriptors and command streams ([`emit`]) -> a validated
 //! [`rbln_format::Model`].
@@ -13,6 +14,7 @@ pub mod import;
 pub mod ir;
 pub mod onnx;
 pub mod shape;
+pub mod tflite;
 
 use std::collections::BTreeMap;
 
@@ -21,10 +23,34 @@ pub use error::{CompileError, Result};
 pub use fuse::FuseStats;
 pub use import::Options;
 
+/// The kind of model file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceFormat {
+    Onnx,
+    Tflite,
+}
+
+impl SourceFormat {
+    /// What the report calls the model's nodes.
+    pub fn nodes_label(self) -> &'static str {
+        match self {
+            SourceFormat::Onnx => "ONNX nodes",
+            SourceFormat::Tflite => "TFLite operators",
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceFormat::Onnx => "onnx",
+            SourceFormat::Tflite => "tflite",
+        }
+    }
+}
+
 /// What a compilation did.
 #[derive(Clone, Debug)]
 pub struct Report {
-    /// Nodes in the ONNX graph.
+    pub format: SourceFormat,
+    /// Nodes in the ONNX graph, or operators in a TFLite model's subgraph.
     pub onnx_nodes: usize,
     /// Device ops in the `.rbln` graph (views excluded), by op label.
     pub device_ops: BTreeMap<String, usize>,
@@ -46,10 +72,37 @@ pub struct Compiled {
     pub report: Report,
 }
 
-/// Compile the bytes of an ONNX file; `name` becomes the model's name.
-pub fn compile(onnx_bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled> {
-    let proto = onnx::decode(onnx_bytes)?;
-    let mut g = import::import(&proto, opts)?;
+/// Compile the bytes of an ONNX or TFLite file (told apart by TFLite's
+/// "TFL3" identifier at bytes 4..8); `name` becomes the model's name.
+pub fn compile(bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled> {
+    if tflite::is_tflite(bytes) {
+        return compile_tflite(bytes, name, opts);
+    }
+    let proto = onnx::decode(bytes)?;
+    let g = import::import(&proto, opts)?;
+    let opset = proto.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map_or(0, |o| o.version);
+    let mut props = vec![("onnx.opset".to_string(), opset.to_string())];
+    if !proto.producer_name.is_empty() {
+        props.push(("onnx.producer".into(), format!("{} {}", proto.producer_name, proto.producer_version).trim().to_string()));
+    }
+    let onnx_nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
+    finish(g, name, &props, SourceFormat::Onnx, onnx_nodes)
+}
+
+/// Compile the bytes of a float32 TFLite file: its main subgraph is
+/// translated into ONNX nodes ([`tflite`]), then imported, fused and
+/// emitted as an ONNX model is.
+pub fn compile_tflite(bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled> {
+    let t = tflite::translate(bytes)?;
+    let g = import::import(&t.model, opts).map_err(|e| t.map_error(e))?;
+    let mut props = vec![("tflite.schema_version".to_string(), t.version.to_string())];
+    if !t.description.is_empty() {
+        props.push(("tflite.description".into(), t.description.clone()));
+    }
+    finish(g, name, &props, SourceFormat::Tflite, t.operators)
+}
+
+fn finish(mut g: ir::Graph, name: &str, props: &[(String, String)], format: SourceFormat, onnx_nodes: usize) -> Result<Compiled> {
     let fused = fuse::run(&mut g);
     let mut device_ops = BTreeMap::new();
     let mut views = 0;
@@ -60,14 +113,8 @@ pub fn compile(onnx_bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled
             *device_ops.entry(op.op.clone()).or_insert(0) += 1;
         }
     }
-    let opset = proto.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map_or(0, |o| o.version);
-    let mut props = vec![("onnx.opset".to_string(), opset.to_string())];
-    if !proto.producer_name.is_empty() {
-        props.push(("onnx.producer".into(), format!("{} {}", proto.producer_name, proto.producer_version).trim().to_string()));
-    }
-    let (model, memory) = emit::emit(&g, name, &props)?;
-    let onnx_nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
-    Ok(Compiled { model, report: Report { onnx_nodes, device_ops, views, fused, memory } })
+    let (model, memory) = emit::emit(&g, name, props)?;
+    Ok(Compiled { model, report: Report { format, onnx_nodes, device_ops, views, fused, memory } })
 }
 
 /// Parse `name=1x3x224x224`.

@@ -1,17 +1,19 @@
 //! `rbln-compile model.onnx -o model.rbln [--input-shape name=1x3x224x224]`
+//! `rbln-compile model.tflite -o model.rbln`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use rbln_compile::{compile, parse_input_shape, CompileError, Options};
+use rbln_compile::{compile, compile_tflite, parse_input_shape, tflite, CompileError, Options};
 
-/// Compile an ONNX model into a .rbln file for the rbln NPU.
+/// Compile an ONNX or float32 TFLite model into a .rbln file for the rbln NPU.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// The ONNX model.
+    /// The model: ONNX, or TFLite (recognised by its "TFL3" identifier or
+    /// a .tflite extension).
     model: PathBuf,
     /// Where to write the .rbln file (default: the model's path with .rbln).
     #[arg(short, long)]
@@ -54,7 +56,11 @@ fn main() -> ExitCode {
     let stem = args.model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
     let name = args.name.clone().unwrap_or(stem);
     let t0 = Instant::now();
-    let compiled = match compile(&bytes, &name, &opts) {
+    // By content; a .tflite file without the identifier gets the TFLite
+    // reader's error rather than the protobuf decoder's.
+    let is_tflite_name = args.model.extension().is_some_and(|e| e.eq_ignore_ascii_case("tflite"));
+    let result = if tflite::is_tflite(&bytes) || is_tflite_name { compile_tflite(&bytes, &name, &opts) } else { compile(&bytes, &name, &opts) };
+    let compiled = match result {
         Ok(c) => c,
         Err(e @ CompileError::BadInputShape(_)) => return fail(2, e.to_string()),
         Err(e) => return fail(1, format!("{}: {e}", args.model.display())),
@@ -74,13 +80,13 @@ fn main() -> ExitCode {
     if args.json {
         let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
         println!(
-            "{{\"model\":\"{name}\",\"output\":\"{}\",\"compile_ms\":{:.3},\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{},\"file_bytes\":{}}}",
-            out.display(), elapsed.as_secs_f64() * 1e3, r.onnx_nodes, r.device_op_count(), r.views, ops.join(","),
+            "{{\"model\":\"{name}\",\"output\":\"{}\",\"format\":\"{}\",\"compile_ms\":{:.3},\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{},\"file_bytes\":{}}}",
+            out.display(), r.format.name(), elapsed.as_secs_f64() * 1e3, r.onnx_nodes, r.device_op_count(), r.views, ops.join(","),
             m.weights_bytes, m.naive_bytes, m.planned_bytes, m.arena_bytes, file.len()
         );
     } else {
         println!("{} -> {} in {:.1} ms", args.model.display(), out.display(), elapsed.as_secs_f64() * 1e3);
-        println!("  ONNX nodes {} -> device ops {} (+{} views)", r.onnx_nodes, r.device_op_count(), r.views);
+        println!("  {} {} -> device ops {} (+{} views)", r.format.nodes_label(), r.onnx_nodes, r.device_op_count(), r.views);
         let f = &r.fused;
         println!(
             "  fused: {} GELU, {} SiLU, {} layer norm, {} scale into weights, {} pad + {} BatchNorm/affine into conv, {} bias, {} residual, {} activation; {} dead ops dropped",

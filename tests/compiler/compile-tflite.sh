@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Keras models converted to float32 TFLite, with ai-edge-litert references
+# (tests/models/exports/export_keras.py, in the venv of
+# tests/models/exports/tensorflow.txt), compiled with rbln-compile into
+# target/tflite; the models the compiler must refuse are refused with the
+# promised messages. tests/vm/tflite.sh then runs the compiled models on the
+# NPU.
+#
+# The exports are cached in $RBLN_CACHE/tflite-HASH (HASH: the exporter and
+# the requirements file), so only the first run pays for TensorFlow (about
+# a minute); later runs copy them.
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+
+OUT=$RBLN_ROOT/target/tflite
+COMPILE=$RBLN_ROOT/target/release/rbln-compile
+EXPORTER=$RBLN_ROOT/tests/models/exports/export_keras.py
+REQ=$RBLN_ROOT/tests/models/exports/tensorflow.txt
+MODELS="keras-cnn tf-ops keras-cnn-fp16 mobilenetv2 deeplabv3plus"
+[[ -x $COMPILE ]] || die "build rbln-compile first (cargo build --release)"
+
+fail() { log "FAIL: $*"; exit 1; }
+
+CACHE=$RBLN_CACHE/tflite-$(hash_of "$EXPORTER" "$REQ")
+if [[ ! -f $CACHE/.complete ]]; then
+    PY=$("$RBLN_ROOT/scripts/setup-python.sh" "$REQ" | tail -n 1)
+    rm -rf "$CACHE"
+    mkdir -p "$CACHE"
+    log "exporting the Keras models to TFLite (cached in $CACHE)"
+    "$PY" "$EXPORTER" "$CACHE" >&2 || fail "export_keras.py failed"
+    touch "$CACHE/.complete"
+fi
+rm -rf "$OUT"
+mkdir -p "$OUT"
+cp "$CACHE"/*.tflite "$CACHE"/*.npy "$CACHE"/*.ops.txt "$OUT"/
+
+for m in $MODELS; do
+    "$COMPILE" "$OUT/$m.tflite" -o "$OUT/$m.rbln" --json | tee "$OUT/$m.report.json" >&2 || fail "$m did not compile"
+    grep -q '"format":"tflite"' "$OUT/$m.report.json" || fail "$m: the report does not say tflite"
+done
+
+# expect_error STATUS MESSAGE ARGS...: rbln-compile ARGS fails with STATUS
+# and prints MESSAGE (a fixed string).
+expect_error() {
+    local want=$1 msg=$2 rc=0; shift 2
+    "$COMPILE" "$@" >"$OUT/err.txt" 2>&1 || rc=$?
+    cat "$OUT/err.txt" >&2
+    [[ $rc == "$want" ]] || fail "rbln-compile $*: status $rc, expected $want"
+    grep -qF -- "$msg" "$OUT/err.txt" || fail "rbln-compile $*: message lacks '$msg'"
+    log "ok - rbln-compile $* fails (status $rc): $msg"
+}
+head -c 3000 "$OUT/keras-cnn.tflite" >"$OUT/truncated.tflite"
+expect_error 1 "not a valid TFLite model: the flatbuffer does not verify" "$OUT/truncated.tflite" -o "$OUT/truncated.rbln"
+# Not a flatbuffer at all, named .tflite: the TFLite reader's error.
+head -c 100 "$OUT/keras-cnn.input.npy" >"$OUT/garbage.tflite"
+expect_error 1 "not a valid TFLite model: no \"TFL3\" file identifier" "$OUT/garbage.tflite"
+expect_error 1 "(TOPK_V2): operator TOPK_V2 is not supported by rbln-compile (supported: ABS, ADD," \
+    "$OUT/unsupported-op.tflite" -o "$OUT/unsupported.rbln"
+expect_error 1 "input 'serving_default_x:0' is int8 (quantized): quantized TFLite models are not supported yet" "$OUT/int8.tflite" -o "$OUT/int8.rbln"
+[[ ! -e $OUT/unsupported.rbln && ! -e $OUT/int8.rbln && ! -e $OUT/truncated.rbln ]] || fail "a failed compile left an output file"
+log "compiled TFLite models in $OUT"

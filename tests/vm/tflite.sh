@@ -1,0 +1,33 @@
+# vm-env: NPU_ARGS=--dram-mib=1024
+# Keras models converted to float32 TFLite and compiled by rbln-compile
+# (tests/compiler/compile-tflite.sh, run on the host first) run on the NPU
+# through rbln-run and match ai-edge-litert's interpreter:
+# |got - want| <= 1e-4 * (1 + |want|). DeepLabV3+ at 512x512 needs more
+# than the default 256 MiB of device DRAM (its arena is about 340 MB: the
+# decoder upsamples 256 channels to 512x512 before the last 1x1 conv).
+. tests/vm/lib.sh
+o=target/tflite
+
+check "compiled TFLite models were made on the host" test -f $o/deeplabv3plus.rbln
+check "insmod rbln.ko" insmod kmd/rbln.ko
+# compare NAME GOT WANT: prefix the errors so that they are easy to find.
+compare() {
+    rc=0; rbln-example-models compare "$2" "$3" 1e-4 >/tmp/cmp 2>&1 || rc=$?
+    sed "s/^/# $1: /" /tmp/cmp
+    return $rc
+}
+for m in keras-cnn tf-ops keras-cnn-fp16 mobilenetv2; do
+    check "$m: rbln-run" rbln-run $o/$m.rbln --input $o/$m.input.npy --output /tmp/$m.npy --iterations 3 --warmup 1
+    check "$m matches ai-edge-litert (tol 1e-4)" compare $m /tmp/$m.npy $o/$m.expected.npy
+done
+# keras-cnn's second output is 4-D NHWC, as in the TFLite model.
+check "keras-cnn output 1 (NHWC feature map) matches" compare keras-cnn.1 /tmp/keras-cnn.1.npy $o/keras-cnn.expected.1.npy
+check "keras-cnn-fp16 output 1 matches" compare keras-cnn-fp16.1 /tmp/keras-cnn-fp16.1.npy $o/keras-cnn-fp16.expected.1.npy
+m=deeplabv3plus
+check "$m (1x512x512x3): rbln-run --profile" rbln-run $o/$m.rbln --input $o/$m.input.npy --output /tmp/$m.npy --profile /tmp/$m.trace.json
+check "$m matches ai-edge-litert (tol 1e-4)" compare $m /tmp/$m.npy $o/$m.expected.npy
+check "$m through AsyncRuntime (parallel 2) matches" sh -c \
+    "rbln-run $o/$m.rbln --async --parallel 2 --input $o/$m.input.npy --output /tmp/$m.async.npy --iterations 4 >/dev/null"
+check "$m async output matches" compare $m.async /tmp/$m.async.npy $o/$m.expected.npy
+check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
+check "rmmod rbln" rmmod rbln
