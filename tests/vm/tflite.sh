@@ -2,7 +2,10 @@
 # Keras models converted to float32 TFLite and compiled by rbln-compile
 # (tests/compiler/compile-tflite.sh, run on the host first) run on the NPU
 # through rbln-run and match ai-edge-litert's interpreter:
-# |got - want| <= 1e-4 * (1 + |want|). DeepLabV3+ at 512x512 needs more
+# |got - want| <= 1e-4 * (1 + |want|), DeepLabV3+ 1e-3: its reference's own
+# noise is that large (litert's XNNPACK and builtin kernels differ by up to
+# 3.8e-4 on it, scaled; the NPU differs from the builtin kernels by 4.5e-4).
+# DeepLabV3+ at 512x512 needs more
 # than the default 256 MiB of device DRAM (its arena is about 340 MB: the
 # decoder upsamples 256 channels to 512x512 before the last 1x1 conv).
 . tests/vm/lib.sh
@@ -10,9 +13,9 @@ o=target/tflite
 
 check "compiled TFLite models were made on the host" test -f $o/deeplabv3plus.rbln
 check "insmod rbln.ko" insmod kmd/rbln.ko
-# compare NAME GOT WANT: prefix the errors so that they are easy to find.
+# compare NAME GOT WANT [TOL]: prefix the errors so that they are easy to find.
 compare() {
-    rc=0; rbln-example-models compare "$2" "$3" 1e-4 >/tmp/cmp 2>&1 || rc=$?
+    rc=0; rbln-example-models compare "$2" "$3" "${4:-1e-4}" >/tmp/cmp 2>&1 || rc=$?
     sed "s/^/# $1: /" /tmp/cmp
     return $rc
 }
@@ -25,9 +28,9 @@ check "keras-cnn output 1 (NHWC feature map) matches" compare keras-cnn.1 /tmp/k
 check "keras-cnn-fp16 output 1 matches" compare keras-cnn-fp16.1 /tmp/keras-cnn-fp16.1.npy $o/keras-cnn-fp16.expected.1.npy
 m=deeplabv3plus
 check "$m (1x512x512x3): rbln-run --profile" rbln-run $o/$m.rbln --input $o/$m.input.npy --output /tmp/$m.npy --profile /tmp/$m.trace.json
-check "$m matches ai-edge-litert (tol 1e-4)" compare $m /tmp/$m.npy $o/$m.expected.npy
-check "$m through AsyncRuntime (parallel 2) matches" sh -c \
+check "$m matches ai-edge-litert (tol 1e-3)" compare $m /tmp/$m.npy $o/$m.expected.npy 1e-3
+check "$m through AsyncRuntime (parallel 2)" sh -c \
     "rbln-run $o/$m.rbln --async --parallel 2 --input $o/$m.input.npy --output /tmp/$m.async.npy --iterations 4 >/dev/null"
-check "$m async output matches" compare $m.async /tmp/$m.async.npy $o/$m.expected.npy
+check "$m async output matches (tol 1e-3)" compare $m.async /tmp/$m.async.npy $o/$m.expected.npy 1e-3
 check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
 check "rmmod rbln" rmmod rbln

@@ -192,7 +192,7 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
         )));
     }
     let model = schema::root(bytes)
-        .map_err(|e| decode_err(format!("the flatbuffer does not verify: {}", e.to_string().replace("\n\t", "; ").trim_end())))?;
+        .map_err(|e| decode_err(format!("the flatbuffer does not verify: {}", e.to_string().replace(".\n\t", "; ").replace("\n\t", "; ").trim_end())))?;
     let subgraphs = model.subgraphs().ok_or_else(|| decode_err("the model has no subgraphs"))?;
     if subgraphs.is_empty() {
         return Err(decode_err("the model has no subgraphs"));
@@ -452,3 +452,6 @@ pub fn initializer(name: &str, c: &Const, elem_type: i32) -> TensorProto {
 pub fn node(op: &str, name: &str, inputs: Vec<String>, outputs: Vec<String>, attrs: Vec<AttributeProto>) -> NodeProto {
     NodeProto { input: inputs, output: outputs, name: name.into(), op_type: op.into(), attribute: attrs, domain: String::new() }
 }
+
+#[cfg(test)]
+mod tests;

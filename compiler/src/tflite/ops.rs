@@ -873,7 +873,7 @@ impl Lowering {
         let xd = self.need_dims(x)?;
         let od = self.need_dims(o)?;
         let k = wd[1];
-        let total: i64 = xd.iter().product();
+        let total = xd.iter().try_fold(1i64, |a, &d| a.checked_mul(d)).ok_or_else(|| self.err(format!("input {xd:?} is too large")))?;
         if k <= 0 || total % k != 0 {
             return Err(self.err(format!("input {xd:?} does not split into rows of {k}")));
         }
@@ -1210,7 +1210,7 @@ impl Lowering {
             if s.len() != n {
                 return Err(self.err(format!("{} sizes for {n} outputs", s.len())));
             }
-            let known: i64 = s.iter().filter(|&&x| x >= 0).sum();
+            let known = s.iter().filter(|&&x| x >= 0).fold(0i64, |a, &x| a.saturating_add(x));
             let unknown = s.iter().filter(|&&x| x < 0).count();
             if unknown > 1 {
                 return Err(self.err("more than one size is -1"));
@@ -1225,7 +1225,7 @@ impl Lowering {
             }
             vec![dim / n as i64; n]
         };
-        if sizes.iter().any(|&s| s < 0) || sizes.iter().sum::<i64>() != dim {
+        if sizes.iter().any(|&s| s < 0) || sizes.iter().fold(0i64, |a, &x| a.saturating_add(x)) != dim {
             return Err(self.err(format!("sizes {sizes:?} do not add up to {dim}")));
         }
         let nchw = rank == 4 && self.is_nchw(x);
@@ -1357,3 +1357,32 @@ pub const SUPPORTED: &[&str] = &[
     "SQRT", "SQUARE", "SQUARED_DIFFERENCE", "SQUEEZE", "STRIDED_SLICE", "SUB", "SUM", "TANH", "TILE", "TRANSPOSE", "TRANSPOSE_CONV",
     "UNPACK",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_padding_follows_tensorflow() {
+        // 224, k3, s2: out 112, total pad 1, the extra pixel at the end.
+        assert_eq!(same_pads(224, 3, 2, 1), (0, 1));
+        assert_eq!(same_pads(7, 3, 1, 1), (1, 1));
+        assert_eq!(same_pads(32, 3, 1, 18), (18, 18));
+        assert_eq!(same_pads(5, 1, 2, 1), (0, 0));
+        assert_eq!(same_pads(4, 2, 2, 1), (0, 0));
+    }
+
+    #[test]
+    fn permute_moves_axes() {
+        // [1, 2, 2, 3] NHWC -> NCHW
+        let v: Vec<u32> = (0..12).collect();
+        let (p, s) = permute(&v, &[1, 2, 2, 3], &TO_NCHW);
+        assert_eq!(s, [1, 3, 2, 2]);
+        assert_eq!(p, [0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11]);
+        let (back, s2) = permute(&p, &s, &TO_NHWC);
+        assert_eq!((back, s2), (v, vec![1, 2, 2, 3]));
+        for a in 0..4 {
+            assert_eq!(TO_NCHW[NHWC_TO_NCHW_AXIS[a]], a);
+        }
+    }
+}

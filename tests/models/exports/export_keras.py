@@ -160,7 +160,9 @@ class RawOps(layers.Layer):
         h = tf.squeeze(h, axis=1)
         hs = h[:, 2:10:2]  # strided slice
         out = tf.concat([tf.reshape(st, [1, 338]), tf.maximum(hs, 0.0), tf.minimum(h, 0.5)], axis=-1)
-        return tf.nn.softmax(out * 0.1)
+        # Softmax over the channels of a 4-D tensor (axis -1 of NHWC).
+        sm = tf.reduce_sum(tf.nn.softmax(r * 2.0) * r, axis=[1, 2])  # [1, 8]
+        return tf.concat([out, sm], axis=-1)
 
 
 def tf_ops():
@@ -265,7 +267,10 @@ MODELS = {
     "keras-cnn": (keras_cnn, False, 4),
     "tf-ops": (tf_ops, False, 0),
     "keras-cnn-fp16": (keras_cnn, False, 4),
-    "mobilenetv2": (lambda: keras.applications.MobileNetV2(weights=None, input_shape=(224, 224, 3), alpha=1.0), False, 2),
+    # Logits (no softmax): a softmax over 1000 near-uniform classes would
+    # hide errors.
+    "mobilenetv2": (lambda: keras.applications.MobileNetV2(weights=None, input_shape=(224, 224, 3), alpha=1.0,
+                                                           classifier_activation=None), False, 2),
     "deeplabv3plus": (deeplabv3plus, True, 1),
 }
 
