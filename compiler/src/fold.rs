@@ -109,6 +109,8 @@ pub fn unary(op: &str, c: &Const) -> Option<Const> {
         "Exp" => f32::exp,
         "Log" => f32::ln,
         "Reciprocal" => |x| 1.0 / x,
+        "Sin" => f32::sin,
+        "Cos" => f32::cos,
         "Relu" => |x| x.max(0.0),
         "Sigmoid" => |x| 1.0 / (1.0 + (-x).exp()),
         "Tanh" => f32::tanh,

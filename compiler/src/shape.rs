@@ -97,10 +97,15 @@ pub fn reshape(input: &[u64], spec: &[i64], allowzero: bool) -> R<Vec<u64>> {
 }
 
 /// Shape after ONNX Slice, and per-axis (start, step) of the source box.
+/// An axis sliced with a negative step is described by its elements in
+/// ascending order (`start` is the lowest index taken, `step` the
+/// magnitude) and marked `reversed`: the result is that box flipped along
+/// the axis.
 pub struct SliceBox {
     pub out: Vec<u64>,
     pub start: Vec<u64>,
     pub step: Vec<u64>,
+    pub reversed: Vec<bool>,
 }
 
 pub fn slice(input: &[u64], starts: &[i64], ends: &[i64], axes: Option<&[i64]>, steps: Option<&[i64]>) -> R<SliceBox> {
@@ -112,6 +117,7 @@ pub fn slice(input: &[u64], starts: &[i64], ends: &[i64], axes: Option<&[i64]>, 
     let mut start = vec![0u64; rank];
     let mut step = vec![1u64; rank];
     let mut seen = vec![false; rank];
+    let mut reversed = vec![false; rank];
     for i in 0..starts.len() {
         let a = match axes {
             Some(ax) => axis(*ax.get(i).ok_or("fewer axes than starts")?, rank, false)?,
@@ -122,10 +128,22 @@ pub fn slice(input: &[u64], starts: &[i64], ends: &[i64], axes: Option<&[i64]>, 
         }
         seen[a] = true;
         let st = steps.map_or(Ok(1), |s| s.get(i).copied().ok_or("fewer steps than starts"))?;
-        if st <= 0 {
-            return Err(format!("step {st} on axis {a}: only positive steps are supported"));
+        if st == 0 {
+            return Err(format!("step 0 on axis {a}"));
         }
         let d = input[a] as i64;
+        if st < 0 {
+            // Counting down: starts clamp to [0, d-1], ends to [-1, d-1].
+            let clamp = |v: i64| -> i64 { (if v < 0 { v.saturating_add(d) } else { v }).clamp(-1, d - 1) };
+            let (s, e) = (clamp(starts[i]).max(0), clamp(ends[i]));
+            let mag = st.unsigned_abs() as i64;
+            let len = if s > e && d > 0 { (s - e + mag - 1) / mag } else { 0 };
+            out[a] = len as u64;
+            start[a] = if len > 0 { (s - (len - 1) * mag) as u64 } else { 0 };
+            step[a] = mag as u64;
+            reversed[a] = true;
+            continue;
+        }
         let clamp = |v: i64| -> i64 {
             let v = if v < 0 { v.saturating_add(d) } else { v };
             v.clamp(0, d)
@@ -136,7 +154,7 @@ pub fn slice(input: &[u64], starts: &[i64], ends: &[i64], axes: Option<&[i64]>, 
         start[a] = s as u64;
         step[a] = st as u64;
     }
-    Ok(SliceBox { out, start, step })
+    Ok(SliceBox { out, start, step, reversed })
 }
 
 /// Flat source indices of the elements of a strided box, in row-major

@@ -1012,15 +1012,9 @@ fn compile_time_ops_refuse_run_time_inputs() {
         ("Sign", vec!["x"], vec![]),
         ("IsNaN", vec!["x"], vec![]),
         ("IsInf", vec!["x"], vec![]),
-        ("GatherElements", vec!["x", "k"], vec![ints2()]),
         ("ScatterND", vec!["x", "i", "u"], vec![i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 3], &[1., 2., 3.])]),
         ("ScatterElements", vec!["x", "k", "x"], vec![ints2()]),
-        ("CumSum", vec!["x", "ax"], vec![i64_tensor("ax", &[], &[0])]),
         ("ReduceProd", vec!["x"], vec![]),
-        ("ReduceL1", vec!["x"], vec![]),
-        ("ReduceL2", vec!["x"], vec![]),
-        ("ReduceSumSquare", vec!["x"], vec![]),
-        ("ReduceLogSum", vec!["x"], vec![]),
         ("ReduceLogSumExp", vec!["x"], vec![]),
         ("NonZero", vec!["x"], vec![]),
         ("Trilu", vec!["x"], vec![]),
@@ -1033,14 +1027,22 @@ fn compile_time_ops_refuse_run_time_inputs() {
     }
     // A run-time integer input is named as it is (no float conversion first).
     let bytes = model(
+        vec![node("Mod", "pos", &["mask", "two"], &["p"], vec![]), node("Cast", "f", &["p"], &["pf"], vec![attr_i("to", elem::FLOAT as i64)]), node("Add", "a", &["x", "pf"], &["y"], vec![])],
+        vec![i64_tensor("two", &[], &[2])],
+        vec![vinfo("x", &[1, 4]), typed_vinfo("mask", &[1, 4], elem::INT64)],
+        vec![vinfo("y", &[1, 4])],
+    );
+    let (who, op, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!((who.as_str(), op.as_str()), ("pos", "Mod"));
+    assert!(reason.contains("input 0 ('mask') is computed at run time"), "{reason}");
+    // CumSum of a run-time mask (position ids) runs on the device.
+    let bytes = model(
         vec![node("CumSum", "pos", &["mask", "ax"], &["p"], vec![]), node("Cast", "f", &["p"], &["pf"], vec![attr_i("to", elem::FLOAT as i64)]), node("Add", "a", &["x", "pf"], &["y"], vec![])],
         vec![i64_tensor("ax", &[], &[1])],
         vec![vinfo("x", &[1, 4]), typed_vinfo("mask", &[1, 4], elem::INT64)],
         vec![vinfo("y", &[1, 4])],
     );
-    let (who, op, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!((who.as_str(), op.as_str()), ("pos", "CumSum"));
-    assert!(reason.contains("input 0 ('mask') is computed at run time"), "{reason}");
+    assert!(compute_ops(&compiled(&bytes).model).contains(&"CumSum".to_string()));
     // The Reduce* ops the device has keep running on run-time inputs.
     let bytes = model(vec![node("ReduceMax", "rm", &["x"], &["y"], vec![attr_ints("axes", &[1])])], vec![], vec![vinfo("x", &[2, 3])], vec![vinfo("y", &[2, 1])]);
     assert_eq!(compute_ops(&compiled(&bytes).model), ["ReduceMax"]);
@@ -1224,4 +1226,57 @@ fn argmax_is_a_reduce_then_a_cast_to_int64() {
     let c = compiled(&bytes);
     assert_eq!(compute_ops(&c.model), ["ArgMax", "ArgMax"]);
     assert_eq!(c.model.meta.outputs[0].dtype, rbln_format::DType::I64);
+}
+
+// --- Ops that real exports compute at run time -------------------------------
+
+/// What transformers, torchvision and timm exports compute on run-time
+/// values: rotary embeddings (Sin, Cos), position ids from a mask (CumSum,
+/// GatherElements), cosine attention (ReduceL2), flips (negative Slice
+/// steps), upper-case Einsum subscripts. Each lowers to device ops (the VM
+/// suite tests/vm/exports.sh checks the numbers on real exports).
+#[test]
+fn run_time_forms_of_export_ops() {
+    let lowered = |nodes: Vec<NodeProto>, inits: Vec<TensorProto>, x: &[i64], y: &[i64]| {
+        compute_ops(&compiled(&model(nodes, inits, vec![vinfo("x", x)], vec![vinfo("y", y)])).model)
+    };
+    assert_eq!(lowered(vec![node("Sin", "s", &["x"], &["y"], vec![])], vec![], &[4], &[4]), ["Sin"]);
+    assert_eq!(lowered(vec![node("Cos", "c", &["x"], &["y"], vec![])], vec![], &[4], &[4]), ["Cos"]);
+    // CumSum: one GEMM against a triangle of ones, on the last axis or not.
+    let cumsum = |axis: i64, attrs: Vec<AttributeProto>| {
+        lowered(vec![node("CumSum", "cs", &["x", "ax"], &["y"], attrs)], vec![i64_tensor("ax", &[], &[axis])], &[2, 5, 3], &[2, 5, 3])
+    };
+    assert_eq!(cumsum(-1, vec![]), ["CumSum"]);
+    assert_eq!(cumsum(1, vec![attr_i("exclusive", 1), attr_i("reverse", 1)]), ["CumSum"]);
+    // ReduceL2 = sqrt(sum(x·x)); ReduceL1 = sum(|x|).
+    assert_eq!(lowered(vec![node("ReduceL2", "r", &["x"], &["y"], vec![attr_ints("axes", &[1])])], vec![], &[2, 3], &[2, 1]), ["ReduceL2"; 3]);
+    assert_eq!(lowered(vec![node("ReduceL1", "r", &["x"], &["y"], vec![attr_ints("axes", &[1])])], vec![], &[2, 3], &[2, 1]), ["ReduceL1"; 2]);
+    // A flip: the ascending box, then a Gather of reversed positions.
+    let flip = vec![node("Slice", "sl", &["x", "st", "en", "ax", "sp"], &["y"], vec![])];
+    let inits = || vec![i64_tensor("st", &[1], &[-1]), i64_tensor("en", &[1], &[i64::MIN]), i64_tensor("ax", &[1], &[0]), i64_tensor("sp", &[1], &[-1])];
+    assert_eq!(lowered(flip, inits(), &[4, 3], &[4, 3]), ["Slice"]);
+    let every_other = vec![node("Slice", "sl", &["x", "st", "en", "ax", "sp"], &["y"], vec![])];
+    let inits2 = vec![i64_tensor("st", &[1], &[4]), i64_tensor("en", &[1], &[0]), i64_tensor("ax", &[1], &[1]), i64_tensor("sp", &[1], &[-2])];
+    // Elements 4 and 2 of axis 1: a strided copy, then the flip.
+    assert_eq!(lowered(every_other, inits2, &[2, 6], &[2, 2]), ["Slice", "Slice"]);
+    // GatherElements with constant indices: one Gather from the flat data.
+    let ge = vec![node("GatherElements", "ge", &["x", "i"], &["y"], vec![attr_i("axis", 1)])];
+    assert_eq!(lowered(ge, vec![i64_tensor("i", &[2, 2], &[2, 0, -1, 1])], &[2, 3], &[2, 2]), ["GatherElements"]);
+    let einsum = vec![node("Einsum", "e", &["x", "w"], &["y"], vec![attr_s("equation", "BIJ,JK->BIK")])];
+    assert_eq!(lowered(einsum, vec![tensor("w", &[3, 4], &ramp(12, 0.1))], &[2, 5, 3], &[2, 5, 4]), ["Einsum"]);
+}
+
+/// GatherElements with run-time indices (position ids computed from a
+/// mask): flat positions computed on the device, checked, cast, gathered.
+#[test]
+fn gather_elements_with_run_time_indices() {
+    let bytes = model(
+        vec![node("GatherElements", "ge", &["E", "x"], &["y"], vec![attr_i("axis", 1)])],
+        vec![tensor("E", &[2, 5], &ramp(10, 0.5))],
+        vec![typed_vinfo("x", &[2, 3], elem::INT64)],
+        vec![vinfo("y", &[2, 3])],
+    );
+    let ops = compute_ops(&compiled(&bytes).model);
+    assert_eq!(ops.first().map(String::as_str), Some("Cast"), "{ops:?}");
+    assert_eq!(ops.last().map(String::as_str), Some("GatherElements"), "{ops:?}");
 }

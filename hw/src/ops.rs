@@ -61,6 +61,10 @@ pub enum Unary {
     HardSigmoid = 15,
     /// x * clamp(x / 6 + 1/2, 0, 1); since hardware minor version 1.
     HardSwish = 16,
+    /// sin(x), x in radians; since hardware minor version 3.
+    Sin = 17,
+    /// cos(x), x in radians; since hardware minor version 3.
+    Cos = 18,
 }
 
 /// Largest of the unary codes 0..=7 usable as a fused activation.
@@ -93,6 +97,8 @@ impl Unary {
             14 => Reciprocal,
             15 => HardSigmoid,
             16 => HardSwish,
+            17 => Sin,
+            18 => Cos,
             _ => return Option::None,
         })
     }

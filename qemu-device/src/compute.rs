@@ -284,6 +284,8 @@ fn unary_op(u: Unary, p0: f32, p1: f32) -> Option<k::UnaryOp> {
         Unary::Reciprocal => U::Reciprocal,
         Unary::HardSigmoid => U::HardSigmoid { alpha: p0, beta: p1 },
         Unary::HardSwish => U::HardSwish,
+        Unary::Sin => U::Sin,
+        Unary::Cos => U::Cos,
     })
 }
 

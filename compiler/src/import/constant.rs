@@ -1,5 +1,5 @@
 //! Ops computed at compile time: constants, shapes, and the shape and mask
-//! arithmetic exporters emit (Range, Mod, scatter and gather, CumSum, Trilu,
+//! arithmetic exporters emit (Range, Mod, scatter and gather, Trilu,
 //! NonZero, … on constants). Every input they read must be a constant; the
 //! values come from `fold`.
 
@@ -8,7 +8,7 @@ use super::*;
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
     "Constant", "Shape", "Size", "ConstantOfShape", "Range", "Floor", "Ceil", "Round",
-    "Sign", "IsNaN", "IsInf", "Mod", "GatherElements", "ScatterND", "ScatterElements", "CumSum",
+    "Sign", "IsNaN", "IsInf", "Mod", "ScatterND", "ScatterElements",
     "Trilu", "NonZero",
 ];
 
@@ -90,11 +90,6 @@ impl Importer {
                 let c = cx.shape(fold::modulo(&a, &b, fmod))?;
                 self.constant(&Self::out_name(cx, 0), c)
             }
-            "GatherElements" => {
-                let (d, i) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
-                let c = cx.shape(fold::gather_elements(&d, &i, cx.int("axis", 0)))?;
-                self.constant(&Self::out_name(cx, 0), c)
-            }
             "ScatterND" | "ScatterElements" => {
                 let (d, i, u) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?, self.need_const(cx, input(2)?, 2)?);
                 let r = cx.shape(fold::Reduction::parse(cx.string("reduction").as_deref().unwrap_or("none")))?;
@@ -103,12 +98,6 @@ impl Importer {
                 } else {
                     cx.shape(fold::scatter_elements(&d, &i, &u, cx.int("axis", 0), r))?
                 };
-                self.constant(&Self::out_name(cx, 0), c)
-            }
-            "CumSum" => {
-                let (x, axis) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
-                let axis = cx.shape(fold::int_scalar(&axis, "axis (input 1)"))?;
-                let c = cx.shape(fold::cumsum(&x, axis, cx.int("exclusive", 0) != 0, cx.int("reverse", 0) != 0))?;
                 self.constant(&Self::out_name(cx, 0), c)
             }
             "Trilu" => {

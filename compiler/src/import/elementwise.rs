@@ -7,7 +7,7 @@ use super::*;
 pub(super) const OPS: &[&str] = &[
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Relu",
     "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs", "Erf",
-    "Reciprocal", "Gelu", "Clip", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish",
+    "Reciprocal", "Gelu", "Clip", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish", "Sin", "Cos",
 ];
 
 impl Importer {
@@ -42,7 +42,7 @@ impl Importer {
                     }
                 }
             }
-            "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" | "Abs" | "Erf" | "Reciprocal" | "Gelu" => {
+            "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" | "Abs" | "Erf" | "Reciprocal" | "Sin" | "Cos" | "Gelu" => {
                 let x = input(0)?;
                 let kind = match op {
                     "Relu" => Unary::Relu,
@@ -55,6 +55,8 @@ impl Importer {
                     "Abs" => Unary::Abs,
                     "Erf" => Unary::Erf,
                     "Reciprocal" => Unary::Reciprocal,
+                    "Sin" => Unary::Sin,
+                    "Cos" => Unary::Cos,
                     _ => match cx.string("approximate").as_deref() {
                         None | Some("none") => Unary::Gelu,
                         Some("tanh") => Unary::GeluTanh,
@@ -172,6 +174,8 @@ impl Importer {
                 Unary::Neg => Some("Neg"),
                 Unary::Abs => Some("Abs"),
                 Unary::Reciprocal => Some("Reciprocal"),
+                Unary::Sin => Some("Sin"),
+                Unary::Cos => Some("Cos"),
                 _ => None,
             };
             if let Some(f) = name.and_then(|n| fold::unary(n, c)) {

@@ -1,12 +1,13 @@
 //! Gather: with constant indices (checked here, stored as weights, folded on
 //! constant data) or with run-time token ids (checked by the device, and
-//! by the runtime against the input's value range).
+//! by the runtime against the input's value range). GatherElements: folded
+//! on constants, else a Gather from the flattened data at flat indices.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Gather",
+    "Gather", "GatherElements",
 ];
 
 impl Importer {
@@ -17,6 +18,7 @@ impl Importer {
         let op = cx.n.op_type.as_str();
         let v = match op {
             "Gather" => self.gather(cx, input(0)?, input(1)?)?,
+            "GatherElements" => self.gather_elements(cx, input(0)?, input(1)?)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a gather op"))),
         };
         Ok(vec![v])
@@ -39,8 +41,16 @@ impl Importer {
             }
             norm.push(if i < 0 { i + d } else { i });
         }
+        self.gather_const(cx, data, &idx.shape, norm, a)
+    }
+
+    /// Gather along axis `a` at constant indices `norm` (each in range,
+    /// non-negative) of shape `ishape`: folded on a constant, else a GATHER
+    /// with the indices as a constant operand.
+    pub(super) fn gather_const(&mut self, cx: &Cx, data: ValueId, ishape: &[u64], norm: Vec<i64>, a: usize) -> Result<ValueId> {
+        let s = self.shape(data);
         let mut out: Vec<u64> = s[..a].to_vec();
-        out.extend(&idx.shape);
+        out.extend(ishape);
         out.extend(&s[a + 1..]);
         if let Some(c) = self.konst(data) {
             let (outer, inner) = (volume(&s[..a]), volume(&s[a + 1..]));
@@ -56,16 +66,90 @@ impl Importer {
             return Ok(self.constant(&Self::out_name(cx, 0), c));
         }
         rank_ok(cx, &s, "the data")?;
-        let iv = self.constant(&format!("{}.indices", cx.name), Const::i64(&idx.shape, norm));
-        let kind = Kind::Gather { data, indices: iv, dims: s, axis: a as u64, count: idx.len() as u64 };
+        let count = norm.len() as u64;
+        let iv = self.constant(&format!("{}.indices", cx.name), Const::i64(ishape, norm));
+        let kind = Kind::Gather { data, indices: iv, dims: s, axis: a as u64, count };
         Ok(self.device(cx, kind, out))
+    }
+
+    /// GatherElements: out[i] = data[i with axis coordinate idx[i]], shape
+    /// of `indices`. Data and indices constant: folded. Constant indices:
+    /// a Gather of the flattened data at the flat positions. Run-time
+    /// indices (position ids computed from a mask): the flat positions are
+    /// computed on the device in f32 (exact: at most 2^24 elements), an
+    /// index outside [-d, d) is replaced by one past the end so that the
+    /// device's bounds check faults on it, then cast to i64 for the Gather.
+    fn gather_elements(&mut self, cx: &Cx, data: ValueId, indices: ValueId) -> Result<ValueId> {
+        if let (Some(d), Some(i)) = (self.konst(data), self.konst(indices)) {
+            let c = cx.shape(fold::gather_elements(d, i, cx.int("axis", 0)))?;
+            return Ok(self.constant(&Self::out_name(cx, 0), c));
+        }
+        let (s, is) = (self.shape(data), self.shape(indices));
+        let a = cx.shape(shape::axis(cx.int("axis", 0), s.len(), false))?;
+        if is.len() != s.len() || is.iter().zip(&s).enumerate().any(|(k, (i, d))| k != a && i > d) {
+            return Err(cx.err(format!("indices {is:?} do not fit data {s:?} along axis {a}")));
+        }
+        let n = volume(&s);
+        if n >= 1 << 24 {
+            return Err(cx.err(format!("data of {n} elements; at most 2^24 with run-time operands")));
+        }
+        let (st, d) = (strides(&s), s[a] as i64);
+        // Flat offset of every output element along the other axes.
+        let mut other = Vec::with_capacity(volume(&is) as usize);
+        let mut idx = vec![0u64; is.len()];
+        for _ in 0..volume(&is) {
+            other.push(idx.iter().zip(&st).enumerate().filter(|(k, _)| *k != a).map(|(_, (i, s))| i * s).sum::<u64>());
+            for k in (0..is.len()).rev() {
+                idx[k] += 1;
+                if idx[k] < is[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+        let flat = self.reshaped(cx, data, vec![n], Some("flat"));
+        if let Some(i) = self.konst(indices) {
+            let mut pos = Vec::with_capacity(other.len());
+            for (&v, &o) in i.ints().iter().zip(&other) {
+                if v < -d || v >= d {
+                    return Err(cx.err(format!("index {v} is out of range for axis {a} of size {d}")));
+                }
+                pos.push((if v < 0 { v + d } else { v }) * st[a] as i64 + o as i64);
+            }
+            return self.gather_const(cx, flat, &is, pos, 0);
+        }
+        let scalar = |me: &mut Self, tag: &str, v: f32| me.constant(&format!("{}.{tag}", cx.name), Const::f32(&[], vec![v]));
+        let (zero, dim, stride, end) = (scalar(self, "zero", 0.0), scalar(self, "dim", d as f32), scalar(self, "stride", st[a] as f32), scalar(self, "end", n as f32));
+        let offsets = self.constant(&format!("{}.offsets", cx.name), Const::f32(&is, other.iter().map(|&o| o as f32).collect()));
+        let neg = self.binary(cx, Binary::Less, indices, zero, false)?;
+        let wrap = self.binary(cx, Binary::Mul, neg, dim, false)?;
+        let i = self.binary(cx, Binary::Add, indices, wrap, false)?;
+        let lo = self.binary(cx, Binary::GreaterOrEqual, i, zero, false)?;
+        let hi = self.binary(cx, Binary::Less, i, dim, false)?;
+        let ok = self.binary(cx, Binary::Mul, lo, hi, false)?;
+        let pos = self.binary(cx, Binary::Mul, i, stride, false)?;
+        let pos = self.binary(cx, Binary::Add, pos, offsets, false)?;
+        let pos = self.where_select(cx, ok, pos, end, Some("checked"))?;
+        let pos = self.device_tmp(cx, Kind::Cast { x: pos, from: DType::F32, to: DType::I64 }, is.clone(), "positions");
+        self.g.values[pos].dtype = DType::I64;
+        let kind = Kind::Gather { data: flat, indices: pos, dims: vec![n], axis: 0, count: volume(&is) };
+        Ok(self.device(cx, kind, is))
     }
 
     /// Gather with indices known only at run time (token ids): the device
     /// bounds-checks every index; a model input used as indices also gets
     /// the value range the runtime checks before submitting.
     pub(super) fn gather_run_time(&mut self, cx: &Cx, data: ValueId, indices: ValueId, s: Vec<u64>, a: usize) -> Result<ValueId> {
-        let it = self.g.values[indices].dtype;
+        let mut indices = indices;
+        let mut it = self.g.values[indices].dtype;
+        if it == DType::F32 && self.input_behind(indices).is_none() {
+            // Integer arithmetic on ids (position ids from a cumulative
+            // sum of the mask) runs in f32: back to i64, exact below 2^24.
+            // (A float model input stays refused below.)
+            indices = self.device_tmp(cx, Kind::Cast { x: indices, from: DType::F32, to: DType::I64 }, self.shape(indices), "ids");
+            self.g.values[indices].dtype = DType::I64;
+            it = DType::I64;
+        }
         if !matches!(it, DType::I32 | DType::I64) {
             return Err(cx.err(format!(
                 "indices '{}' are {} at run time; run-time indices must be int32 or int64 (a model input or a cast of one)",

@@ -44,7 +44,14 @@ impl Importer {
                     (get(self, 1)?.unwrap_or_default(), get(self, 2)?.unwrap_or_default(), get(self, 3)?, get(self, 4)?)
                 };
                 let b = cx.shape(shape::slice(&s, &starts, &ends, axes.as_deref(), steps.as_deref()))?;
-                self.slice_out(cx, 0, x, &b.out, &b.start, &b.step)?
+                let mut y = self.slice_out(cx, 0, x, &b.out, &b.start, &b.step)?;
+                // Negative steps: the ascending box, then flipped along
+                // each such axis by a Gather of the reversed positions.
+                for (a, _) in b.reversed.iter().enumerate().filter(|(a, &r)| r && b.out[*a] > 1) {
+                    let n = b.out[a] as i64;
+                    y = self.gather_const(cx, y, &[n as u64], (0..n).rev().collect(), a)?;
+                }
+                y
             }
             "Split" => return self.split(cx, ins),
             "Expand" => {

@@ -50,13 +50,14 @@ impl Importer {
                 let d = self.elementwise(cx, Binary::Sub, xs[0], xs[1], Some("difference"))?;
                 self.unary(cx, Unary::Abs, d, 0.0, 0.0)?
             }
-            "Where" => self.where_select(cx, xs[0], xs[1], xs[2])?,
+            "Where" => self.where_select(cx, xs[0], xs[1], xs[2], None)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a logic op"))),
         };
         Ok(vec![v])
     }
 
-    fn where_select(&mut self, cx: &Cx, cond: ValueId, a: ValueId, b: ValueId) -> Result<ValueId> {
+    /// `cond ≠ 0 ? a : b`; `tag` names an intermediate (None: the output).
+    pub(super) fn where_select(&mut self, cx: &Cx, cond: ValueId, a: ValueId, b: ValueId, tag: Option<&str>) -> Result<ValueId> {
         let (sc, sa, sb) = (self.shape(cond), self.shape(a), self.shape(b));
         let out = cx.shape(shape::broadcast(&cx.shape(shape::broadcast(&sc, &sa))?, &sb))?;
         rank_ok(cx, &out, "the result")?;
@@ -69,6 +70,6 @@ impl Importer {
             a_dims: shape::pad_rank(&sa, r),
             b_dims: shape::pad_rank(&sb, r),
         };
-        Ok(self.device(cx, kind, out))
+        Ok(self.result(cx, tag, kind, out))
     }
 }

@@ -1,11 +1,12 @@
-//! Matrix products: Gemm, MatMul (with batch broadcasting) and two-operand
-//! Einsum in its matrix-product forms, lowered to GEMM descriptors.
+//! Matrix products: Gemm, MatMul (with batch broadcasting), two-operand
+//! Einsum in its matrix-product forms, and CumSum (a product with a
+//! triangular matrix of ones), lowered to GEMM descriptors.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Gemm", "MatMul", "Einsum",
+    "Gemm", "MatMul", "Einsum", "CumSum",
 ];
 
 impl Importer {
@@ -19,9 +20,54 @@ impl Importer {
             "Gemm" => self.gemm(cx, input(0)?, input(1)?, opt(2))?,
             "MatMul" => self.matmul(cx, input(0)?, input(1)?)?,
             "Einsum" => self.einsum(cx, ins)?,
+            "CumSum" => self.cumsum(cx, input(0)?, input(1)?)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a matmul op"))),
         };
         Ok(vec![v])
+    }
+
+    /// CumSum along one axis: folded on a constant; at run time (position
+    /// ids counted from an attention mask) a product with a constant n×n
+    /// matrix M of ones and zeros, y[.., j, ..] = Σ_i M[i][j]·x[.., i, ..],
+    /// M[i][j] = 1 where i ≤ j (i < j exclusive; i ≥ j / i > j reversed).
+    /// Exact on integers below 2^24, as every run-time integer is.
+    fn cumsum(&mut self, cx: &Cx, x: ValueId, axis: ValueId) -> Result<ValueId> {
+        let axis = cx.shape(fold::int_scalar(&self.need_const(cx, axis, 1)?, "axis (input 1)"))?;
+        let (exclusive, reverse) = (cx.int("exclusive", 0) != 0, cx.int("reverse", 0) != 0);
+        if let Some(c) = self.konst(x) {
+            let c = cx.shape(fold::cumsum(c, axis, exclusive, reverse))?;
+            return Ok(self.constant(&Self::out_name(cx, 0), c));
+        }
+        let s = self.shape(x);
+        let a = cx.shape(shape::axis(axis, s.len(), false))?;
+        let n = s[a];
+        if n > 4096 {
+            return Err(cx.err(format!("a run-time CumSum over {n} elements (at most 4096)")));
+        }
+        let x = if self.g.values[x].dtype == DType::F32 { x } else { self.as_f32(cx, x) };
+        let included = |i: u64, j: u64| match (exclusive, reverse) {
+            (false, false) => i <= j,
+            (true, false) => i < j,
+            (false, true) => i >= j,
+            (true, true) => i > j,
+        };
+        let last = a + 1 == s.len();
+        // Last axis: x · M. Otherwise Mᵀ · x[pre] over [n, post] matrices.
+        let m: Vec<f32> = (0..n * n)
+            .map(|e| {
+                let (r, c) = (e / n, e % n);
+                let (i, j) = if last { (r, c) } else { (c, r) };
+                if included(i, j) { 1.0 } else { 0.0 }
+            })
+            .collect();
+        let mv = self.constant(&format!("{}.triangle", cx.name), Const::f32(&[n, n], m));
+        if last {
+            return self.matmul(cx, x, mv);
+        }
+        let x3 = self.reshaped(cx, x, vec![volume(&s[..a]), n, volume(&s[a + 1..])], Some("rows"));
+        let y = self.matmul(cx, mv, x3)?;
+        let y = self.reshaped(cx, y, s, Some("sums"));
+        Ok(self.alias(cx, y))
     }
 
     pub(super) fn dims_u64(&self, cx: &Cx, v: ValueId, rank: usize, what: &str) -> Result<Vec<u64>> {
@@ -126,14 +172,15 @@ impl Importer {
         let (lhs, out) = eq.split_once("->").ok_or_else(|| cx.err(format!("equation '{eq}' has no explicit output ('->')")))?;
         let (ea, eb) = lhs.split_once(',').ok_or_else(|| cx.err(format!("equation '{eq}' does not have two operands")))?;
         let (sa, sb) = (self.shape(xs[0]), self.shape(xs[1]));
-        // Ellipses become fresh upper-case letters, aligned from the right.
+        // Ellipses become digits, aligned from the right ('0' the innermost
+        // ellipsis axis in every operand), so they cannot clash with letters.
         let expand = |t: &str, rank: usize| -> Result<Vec<char>> {
             let named = t.replace("...", "").chars().count();
-            if !t.chars().all(|c| c.is_ascii_lowercase() || c == '.') {
-                return Err(cx.err(format!("subscripts '{t}' must be lower-case letters (and '...')")));
+            if !t.chars().all(|c| c.is_ascii_alphabetic() || c == '.') {
+                return Err(cx.err(format!("subscripts '{t}' must be letters (and '...')")));
             }
             let ell = if t.contains("...") { rank.checked_sub(named).ok_or_else(|| cx.err(format!("'{t}' has more indices than rank {rank}")))? } else { 0 };
-            let fresh: String = (0..ell).map(|i| (b'A' + (ell - 1 - i) as u8) as char).rev().collect();
+            let fresh: String = (0..ell).rev().map(|k| (b'0' + k as u8) as char).collect();
             let v: Vec<char> = t.replace("...", &fresh).chars().collect();
             if v.len() != rank {
                 return Err(cx.err(format!("subscripts '{t}' name {} axes of a rank-{rank} operand", v.len())));
@@ -141,8 +188,8 @@ impl Importer {
             Ok(v)
         };
         let (ia, ib) = (expand(ea, sa.len())?, expand(eb, sb.len())?);
-        let ell_rank = ia.iter().chain(&ib).filter(|c| c.is_ascii_uppercase()).map(|&c| (c as u8 - b'A' + 1) as usize).max().unwrap_or(0);
-        let fresh: String = (0..ell_rank).map(|i| (b'A' + i as u8) as char).collect();
+        let ell_rank = ia.iter().chain(&ib).filter(|c| c.is_ascii_digit()).map(|&c| (c as u8 - b'0' + 1) as usize).max().unwrap_or(0);
+        let fresh: String = (0..ell_rank).rev().map(|k| (b'0' + k as u8) as char).collect();
         let io: Vec<char> = out.replace("...", &fresh).chars().collect();
         let size = |c: char| -> Result<u64> {
             let a = ia.iter().position(|&x| x == c).map(|i| sa[i]);

@@ -73,18 +73,17 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "MatMul", "Max",
     "MaxPool", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "Range", "Reciprocal",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
-    "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign",
+    "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign", "Sin", "Cos",
     "Size", "Slice", "Softmax", "SpaceToDepth", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze", "Upsample",
     "Where", "Xor",
 ];
 
 /// Ops computed only at compile time: every input they read must be a
-/// constant (the Reduce* ops without a device form are here; ReduceSum,
-/// ReduceMean, ReduceMax and ReduceMin fold on constants and run on the
-/// device otherwise).
+/// constant (the Reduce* ops without a device form are here; the other
+/// Reduce* ops fold on constants and run on the device otherwise).
 pub const COMPILE_TIME_OPS: &[&str] = &[
-    "Ceil", "ConstantOfShape", "CumSum", "Floor", "GatherElements", "IsInf", "IsNaN", "Mod", "NonZero",
-    "Range", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceProd", "ReduceSumSquare", "Round", "ScatterElements",
+    "Ceil", "ConstantOfShape", "Floor", "IsInf", "IsNaN", "Mod", "NonZero",
+    "Range", "ReduceLogSumExp", "ReduceProd", "Round", "ScatterElements",
     "ScatterND", "Sign", "Trilu",
 ];
 

@@ -184,7 +184,9 @@ impl Importer {
             cx.ints("axes")
         };
         let keep = cx.int("keepdims", 1) != 0;
-        let device = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin");
+        // ReduceL1, ReduceL2, ReduceSumSquare and ReduceLogSum run as a sum
+        // between element-wise ops (|x| or x·x before, sqrt or log after).
+        let device = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum");
         let mut axes: Vec<usize> = match axes {
             Some(a) if !a.is_empty() => a.iter().map(|&v| cx.shape(shape::axis(v, s.len(), false))).collect::<Result<_>>()?,
             // No reduction. On constants each element is reduced alone
@@ -213,9 +215,22 @@ impl Importer {
         };
         let kind = match op {
             "ReduceMean" => REDUCE_MEAN,
-            "ReduceSum" => REDUCE_SUM,
             "ReduceMax" => REDUCE_MAX,
-            _ => REDUCE_MIN,
+            "ReduceMin" => REDUCE_MIN,
+            _ => REDUCE_SUM,
+        };
+        let x = match op {
+            "ReduceL1" => self.device_tmp(cx, Kind::Unary { kind: Unary::Abs, x, p0: 0.0, p1: 0.0 }, s.clone(), "abs"),
+            "ReduceL2" | "ReduceSumSquare" => {
+                let sq = Kind::Binary { kind: Binary::Mul, a: x, b: x, a_dims: s.clone(), b_dims: s.clone(), act: Act::NONE };
+                self.device_tmp(cx, sq, s.clone(), "square")
+            }
+            _ => x,
+        };
+        let post = match op {
+            "ReduceL2" => Some(Unary::Sqrt),
+            "ReduceLogSum" => Some(Unary::Log),
+            _ => None,
         };
         // Runs of adjacent axes reduce in one op ([outer, run, inner]),
         // last run first so the earlier axes keep their positions.
@@ -232,7 +247,14 @@ impl Importer {
             let dims = vec![volume(&cur[..a0]), volume(&cur[a0..=a1]), volume(&cur[a1 + 1..])];
             cur.drain(a0..=a1);
             let k = Kind::Reduce { kind, x: v, dims, axis: 1 };
-            v = if i == 0 { self.device(cx, k, out.clone()) } else { self.device_tmp(cx, k, cur.clone(), &format!("axis{a0}")) };
+            v = if i == 0 && post.is_none() {
+                self.device(cx, k, out.clone())
+            } else {
+                self.device_tmp(cx, k, if i == 0 { out.clone() } else { cur.clone() }, &format!("axis{a0}"))
+            };
+        }
+        if let Some(f) = post {
+            v = self.device(cx, Kind::Unary { kind: f, x: v, p0: 0.0, p1: 0.0 }, out);
         }
         Ok(v)
     }

@@ -65,6 +65,10 @@ pub enum UnaryOp {
     HardSigmoid { alpha: f32, beta: f32 },
     /// `x·clamp(x/6 + 1/2, 0, 1)`.
     HardSwish,
+    /// `sin(x)` (the C library's, correctly rounded in practice).
+    Sin,
+    /// `cos(x)`.
+    Cos,
 }
 
 impl Activation {
@@ -128,6 +132,8 @@ pub(crate) fn apply_inline<const FMA: bool>(op: UnaryOp, xs: &mut [f32]) {
         UnaryOp::Reciprocal => map(xs, |x| 1.0 / x),
         UnaryOp::HardSigmoid { alpha, beta } => map(xs, |x| (alpha * x + beta).max(0.0).min(1.0)),
         UnaryOp::HardSwish => map(xs, |x| x * (x * (1.0 / 6.0) + 0.5).max(0.0).min(1.0)),
+        UnaryOp::Sin => map(xs, f32::sin),
+        UnaryOp::Cos => map(xs, f32::cos),
     }
 }
 

@@ -295,7 +295,7 @@ fn unknown_major_version() {
 #[test]
 fn hardware_version() {
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| put_u32(m, META_HW, 2 << 16));
-    let e = assert_err_msg(read(&b), &["hardware version 2.0", "implements 1.2"]);
+    let e = assert_err_msg(read(&b), &["hardware version 2.0", "implements 1.3"]);
     assert!(matches!(e, FormatError::HwVersion { required_major: 2, .. }));
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| put_u32(m, META_HW, (1 << 16) | 9));
     assert!(matches!(read(&b), Err(FormatError::HwVersion { required_minor: 9, .. })));

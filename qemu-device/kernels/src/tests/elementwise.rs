@@ -234,6 +234,8 @@ fn unary_ref(op: UnaryOp, x: f64) -> f64 {
         // zero, where an f64 reference would differ by more than the tolerance.
         UnaryOp::HardSigmoid { alpha, beta } => (alpha * x as f32 + beta).clamp(0.0, 1.0) as f64,
         UnaryOp::HardSwish => x * (x as f32 * (1.0 / 6.0) + 0.5).clamp(0.0, 1.0) as f64,
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
     }
 }
 
@@ -257,6 +259,8 @@ fn unary_all_ops() {
         UnaryOp::Reciprocal,
         UnaryOp::HardSigmoid { alpha: 0.2, beta: 0.5 },
         UnaryOp::HardSwish,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
     ];
     for op in ops {
         for n in [0, 1, 7, 33, 40_000] {
