@@ -30,7 +30,7 @@ m=deeplabv3plus
 check "$m (1x512x512x3): rbln-run --profile" rbln-run $o/$m.rbln --input $o/$m.input.npy --output /tmp/$m.npy --profile /tmp/$m.trace.json
 check "$m matches ai-edge-litert (tol 1e-3)" compare $m /tmp/$m.npy $o/$m.expected.npy 1e-3
 check "$m through AsyncRuntime (parallel 2)" sh -c \
-    "rbln-run $o/$m.rbln --async --parallel 2 --input $o/$m.input.npy --output /tmp/$m.async.npy --iterations 4 >/dev/null"
+    "rbln-run $o/$m.rbln --async --parallel 2 --input $o/$m.input.npy --output /tmp/$m.async.npy --iterations 2 >/dev/null"
 check "$m async output matches (tol 1e-3)" compare $m.async /tmp/$m.async.npy $o/$m.expected.npy 1e-3
 check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
 check "rmmod rbln" rmmod rbln
