@@ -22,7 +22,7 @@ run() {
     check "$m matches onnxruntime (tol $tol)" test $rc = 0
 }
 
-for m in resnet50 mobilenet_v3_small efficientnet_b0 deeplabv3 unet bert gpt2 yolov8n; do
+for m in resnet50 mobilenet_v3_small efficientnet_b0 swin_v2_t maxvit_t deeplabv3 unet bert gpt2 llama roberta yolov8n; do
     run $m "$(cat $o/$m.tol)"
 done
 # The tutorial's concurrent workload: YOLOv8n through AsyncRuntime with two

@@ -243,6 +243,57 @@ def gpt2(out, seed):
     export(out, "gpt2", Logits(model), (input_ids, mask), ["input_ids", "attention_mask"], ["logits"], seed)
 
 
+def llama(out, seed):
+    """A Llama-style decoder (rotary embeddings, RMSNorm, SwiGLU MLP,
+    grouped-query attention) returning logits, without a KV cache."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, use_cache=False, attn_implementation="eager")
+    model = randomize(LlamaForCausalLM(cfg), seed).eval()
+    batch, seq = 2, 32
+    input_ids = ids(seed, batch, seq, cfg.vocab_size)
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[1, 20:] = 0
+    export(out, "llama", Logits(model), (input_ids, mask), ["input_ids", "attention_mask"], ["logits"], seed)
+
+
+def roberta(out, seed):
+    """RoBERTa: its position ids are counted from the non-padding tokens
+    at run time (CumSum of a mask, then GatherElements)."""
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(seed)
+    cfg = RobertaConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+                        max_position_embeddings=130, attn_implementation="eager")
+    model = randomize(RobertaModel(cfg), seed).eval()
+    batch, seq = 2, 32
+    input_ids = ids(seed, batch, seq, cfg.vocab_size)
+    input_ids[input_ids == cfg.pad_token_id] = 5
+    input_ids[1, 24:] = cfg.pad_token_id  # the second sequence is padded
+    mask = (input_ids != cfg.pad_token_id).to(torch.int64)
+    export(out, "roberta", Hidden(model), (input_ids, mask), ["input_ids", "attention_mask"], ["last_hidden_state"], seed)
+
+
+class Logits(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+class Hidden(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
 # -- ultralytics ---------------------------------------------------------------
 
 def yolov8n(out, seed):
@@ -271,9 +322,13 @@ MODELS = {
     "deeplabv3": lambda out: torchvision_model(
         out, "deeplabv3", __import__("torchvision").models.segmentation.deeplabv3_resnet50, (1, 3, 256, 256), 33,
         output="out", weights_backbone=None, num_classes=21, aux_loss=False),
+    "swin_v2_t": lambda out: torchvision_model(out, "swin_v2_t", __import__("torchvision").models.swin_v2_t, (1, 3, 256, 256), 41),
+    "maxvit_t": lambda out: torchvision_model(out, "maxvit_t", __import__("torchvision").models.maxvit_t, (1, 3, 224, 224), 43),
     "unet": lambda out: unet(out, 12),
     "bert": lambda out: bert(out, 7),
     "gpt2": lambda out: gpt2(out, 2),
+    "llama": lambda out: llama(out, 4),
+    "roberta": lambda out: roberta(out, 6),
     "yolov8n": lambda out: yolov8n(out, 8),
 }
 
