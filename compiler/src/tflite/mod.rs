@@ -148,8 +148,8 @@ pub struct Translated {
     pub operators: usize,
     pub version: u32,
     pub description: String,
-    /// ONNX node name -> (operator index, label "N 'name' (OP)").
-    node_ops: HashMap<String, (usize, String, String)>,
+    /// ONNX node name -> (operator index, first output name, op name).
+    node_ops: ops::NodeOps,
 }
 
 impl Translated {

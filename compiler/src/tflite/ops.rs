@@ -11,7 +11,7 @@
 //! form that does not exist yet is made by one Transpose the first time it
 //! is needed, and reused.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::schema::Operator;
 use super::{attr_f, attr_i, attr_ints, attr_s, initializer, node, ty, OpInfo, TensorInfo, QUANTIZED};
@@ -25,6 +25,9 @@ const NHWC_TO_NCHW_AXIS: [usize; 4] = [0, 2, 3, 1];
 const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
 /// Transpose permutation NCHW -> NHWC.
 const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
+
+/// ONNX node name -> (operator index, first output tensor name, op name).
+pub type NodeOps = HashMap<String, (usize, String, String)>;
 
 #[derive(Clone, Default)]
 struct Forms {
@@ -40,8 +43,8 @@ pub struct Lowering {
     nodes: Vec<NodeProto>,
     inits: Vec<TensorProto>,
     /// Initializer names already made.
-    init_names: HashMap<String, ()>,
-    node_ops: HashMap<String, (usize, String, String)>,
+    init_names: HashSet<String>,
+    node_ops: NodeOps,
     /// The operator being lowered: index, label name, op name.
     cur: (usize, String, String),
     /// Base for this operator's node and value names.
@@ -305,7 +308,7 @@ impl Lowering {
             forms: vec![Forms::default(); n],
             nodes: Vec::new(),
             inits: Vec::new(),
-            init_names: HashMap::new(),
+            init_names: HashSet::new(),
             node_ops: HashMap::new(),
             cur: (0, String::new(), String::new()),
             base: String::new(),
@@ -314,7 +317,7 @@ impl Lowering {
         }
     }
 
-    pub fn finish(self) -> (Vec<NodeProto>, Vec<TensorProto>, HashMap<String, (usize, String, String)>) {
+    pub fn finish(self) -> (Vec<NodeProto>, Vec<TensorProto>, NodeOps) {
         (self.nodes, self.inits, self.node_ops)
     }
 
@@ -384,7 +387,7 @@ impl Lowering {
 
     /// An initializer (made once per name).
     fn init(&mut self, name: String, c: &Const, elem_type: i32) -> String {
-        if self.init_names.insert(name.clone(), ()).is_none() {
+        if self.init_names.insert(name.clone()) {
             self.inits.push(initializer(&name, c, elem_type));
         }
         name

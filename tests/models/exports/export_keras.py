@@ -162,7 +162,17 @@ class RawOps(layers.Layer):
         out = tf.concat([tf.reshape(st, [1, 338]), tf.maximum(hs, 0.0), tf.minimum(h, 0.5)], axis=-1)
         # Softmax over the channels of a 4-D tensor (axis -1 of NHWC).
         sm = tf.reduce_sum(tf.nn.softmax(r * 2.0) * r, axis=[1, 2])  # [1, 8]
-        return tf.concat([out, sm], axis=-1)
+        # More ops on the 4-D map p [1,7,7,8]: SLICE, PADV2, REDUCE_MIN over
+        # channels without keep_dims, resizes without flags and nearest
+        # with align_corners, CAST, LOG, clipping.
+        q = tf.slice(p, [0, 1, 0, 2], [1, 5, -1, 4])  # [1,5,7,4]
+        q = tf.pad(q, [[0, 0], [1, 0], [0, 1], [0, 0]], constant_values=0.5)  # [1,6,8,4]
+        q = tf.compat.v1.image.resize_bilinear(q, (9, 11)) + tf.compat.v1.image.resize_nearest_neighbor(q, (9, 11), align_corners=True)
+        mn = tf.reduce_min(q, axis=3)  # [1,9,11]
+        ci = tf.cast(tf.cast(q * 4.0, tf.int32), tf.float32)
+        lg = tf.math.log(tf.abs(q) + 1.0) + tf.clip_by_value(q, -1.0, 1.0)
+        extra = tf.concat([tf.reshape(mn, [1, 99]), tf.reduce_mean(ci + lg, axis=[1, 3])], axis=-1)  # [1, 110]
+        return tf.concat([out, sm, extra], axis=-1)
 
 
 def tf_ops():
