@@ -67,11 +67,23 @@ else
     ORT_ARGS=(--warmup 3 --min-runs 8 --max-runs 60 --budget 2)
     NATIVE_ARGS=(--gemm 1024 --reps 11)
 fi
+# The real PyTorch exports of tests/compiler/compile-exports.sh, benched as
+# export-NAME when target/exports holds them (make test builds them; so
+# does that script alone).
+export_models() {
+    local m
+    for m in $(sed -n 's/^MODELS=(\(.*\))$/\1/p' "$RBLN_ROOT/tests/compiler/compile-exports.sh"); do
+        [[ -f $RBLN_ROOT/target/exports/$m.onnx ]] && echo "export-$m"
+    done
+}
+EXPORT_MODELS_LIST=""
+[[ $SMOKE == 1 ]] || EXPORT_MODELS_LIST=$(export_models | tr '\n' ' ')
 if [[ -n ${BENCH_MODELS:-} ]]; then
     all_tests=" $(test_models) "
-    TEST_MODELS="" BENCH_MODELS_LIST=""
+    TEST_MODELS="" BENCH_MODELS_LIST="" EXPORT_MODELS_LIST=""
     for m in $BENCH_MODELS; do
-        if [[ $all_tests == *" $m "* ]]; then TEST_MODELS+="${TEST_MODELS:+ }$m"; else BENCH_MODELS_LIST+="${BENCH_MODELS_LIST:+ }$m"; fi
+        if [[ $m == export-* ]]; then EXPORT_MODELS_LIST+="${EXPORT_MODELS_LIST:+ }$m"
+        elif [[ $all_tests == *" $m "* ]]; then TEST_MODELS+="${TEST_MODELS:+ }$m"; else BENCH_MODELS_LIST+="${BENCH_MODELS_LIST:+ }$m"; fi
     done
 fi
 MICRO_MODELS="micro-gemm micro-conv micro-add micro-relu"
@@ -154,11 +166,19 @@ main() {
         echo "rbln_npu_sha256=$(sha256sum "$RBLN_ROOT/target/release/rbln-npu" | cut -c1-16)"
     } >"$OUT/machine.env"
 
-    all=($TEST_MODELS $BENCH_MODELS_LIST $MICRO_MODELS)
-    log "generating ${#all[@]} ONNX models ($OUT_REL/models)"
+    local generated=($TEST_MODELS $BENCH_MODELS_LIST $MICRO_MODELS)
+    log "generating ${#generated[@]} ONNX models ($OUT_REL/models)"
     local smoke_flag=()
     [[ $SMOKE == 1 ]] && smoke_flag=(--smoke)
-    "$PY" "$RBLN_ROOT/tests/models/bench_models.py" gen "$OUT/models" "${smoke_flag[@]}" "${all[@]}"
+    "$PY" "$RBLN_ROOT/tests/models/bench_models.py" gen "$OUT/models" "${smoke_flag[@]}" "${generated[@]}"
+    local e f
+    for e in $EXPORT_MODELS_LIST; do
+        for f in "$RBLN_ROOT/target/exports/${e#export-}".{onnx,input*.npy}; do
+            [[ -f $f ]] || die "$f is missing: run tests/compiler/compile-exports.sh"
+            cp "$f" "$OUT/models/$e${f#"$RBLN_ROOT/target/exports/${e#export-}"}"
+        done
+    done
+    all=("${generated[@]}" $EXPORT_MODELS_LIST)
 
     local m rc
     for m in "${all[@]}"; do
@@ -176,12 +196,12 @@ main() {
     host_references before
     {
         local v
-        for v in SMOKE THREADS TEST_MODELS BENCH_MODELS_LIST MICRO_MODELS ITERS WARMUP PROFILES \
+        for v in SMOKE THREADS TEST_MODELS BENCH_MODELS_LIST EXPORT_MODELS_LIST MICRO_MODELS ITERS WARMUP PROFILES \
             MICRO_ITERS MICRO_WARMUP MICRO_PROFILES DMA_SIZES DMA_REPS LAT_RUNS LAT_WARMUP \
             ASYNC_MODEL ASYNC_ITERS ASYNC_WARMUP; do
             echo "${v%_LIST}='${!v}'"
         done
-        echo "MODELS='$TEST_MODELS $BENCH_MODELS_LIST'"
+        echo "MODELS='$TEST_MODELS $BENCH_MODELS_LIST $EXPORT_MODELS_LIST'"
     } >"$OUT/plan.env"
 
     echo "loadavg_before_vm='$(cut -d' ' -f1-3 /proc/loadavg)'" >>"$OUT/machine.env"

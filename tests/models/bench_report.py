@@ -433,6 +433,7 @@ def build_report(out):
     test = plan.get("TEST_MODELS", "").split()
     models = [model_row(out, n, ort, "test") for n in test]
     models += [model_row(out, n, ort, "bench") for n in plan.get("BENCH_MODELS", "").split()]
+    models += [model_row(out, n, ort, "export") for n in plan.get("EXPORT_MODELS", "").split()]
     ratios = [r["ratio"] for r in models if r["ratio"]]
     ratios_min = [r["ratio_min"] for r in models if r.get("ratio_min")]
     machine = machine_info(out, plan)
@@ -441,7 +442,7 @@ def build_report(out):
         "mode": "smoke" if plan.get("SMOKE") == "1" else "full",
         "threads": machine["threads"],
         "machine": machine,
-        "settings": {k.lower(): v for k, v in plan.items() if k not in ("TEST_MODELS", "BENCH_MODELS", "MODELS")},
+        "settings": {k.lower(): v for k, v in plan.items() if k not in ("TEST_MODELS", "BENCH_MODELS", "EXPORT_MODELS", "MODELS")},
         "vm_status": int(read_text(os.path.join(out, "vm.rc"), "-1")),
         "models": models,
         "geomean_ratio": geomean(ratios),
