@@ -1,7 +1,8 @@
 //! Convolutions (1-D and 2-D, groups, dilation, auto_pad), lowered to CONV2D
 //! descriptors, and the sliding-window geometry pooling shares.
 //!
-//! A transposed convolution (ConvTranspose) becomes the equivalent direct
+//! A transposed convolution (ConvTranspose) whose kernel equals its stride
+//! is a 1x1 convolution and a pixel shuffle; any other becomes the equivalent direct
 //! one: the input spread out with `stride − 1` zeros between elements and
 //! padded by `dilation·(k − 1) − pad` (a strided copy into a zero-filled
 //! buffer), then a stride-1 convolution with the kernel flipped and its
@@ -118,6 +119,55 @@ impl Importer {
 }
 
 impl Importer {
+    /// ConvTranspose whose kernel equals its stride (no dilation, padding
+    /// or groups): `cols = W'·x` as a 1x1 Conv with W'[(co, t), ci] =
+    /// W[ci, co, t] (t the kernel offset) and the bias repeated per offset,
+    /// then the columns shuffled into place: [n, o, k0, k1, h, w] ->
+    /// [n, o, h, k0, w, k1] -> [n, o, h·k0, w·k1] (1-D: [n, o, k, l] ->
+    /// [n, o, l, k] -> [n, o, l·k]).
+    fn conv_transpose_disjoint(&mut self, cx: &Cx, x: ValueId, wc: &Const, bias: Option<ValueId>, [n, c, o]: [u64; 3], input: &[u64], kernel: &[u64]) -> Result<ValueId> {
+        let kvol = volume(kernel);
+        let src = wc.floats();
+        let mut w = vec![0.0f32; src.len()];
+        for ci in 0..c as usize {
+            for co in 0..o as usize {
+                for t in 0..kvol as usize {
+                    w[(co * kvol as usize + t) * c as usize + ci] = src[(ci * o as usize + co) * kvol as usize + t];
+                }
+            }
+        }
+        let wv = self.constant(&format!("{}.column_weights", cx.name), Const::f32(&[o * kvol, c, 1, 1], w));
+        let bv = match bias.and_then(|b| self.konst(b)).map(|b| b.floats()) {
+            Some(b) => {
+                let rep: Vec<f32> = b.iter().flat_map(|&v| std::iter::repeat_n(v, kvol as usize)).collect();
+                Some(self.constant(&format!("{}.column_bias", cx.name), Const::f32(&[o * kvol], rep)))
+            }
+            None => None,
+        };
+        let (h, wd) = if input.len() == 1 { (1, input[0]) } else { (input[0], input[1]) };
+        let kind = Kind::Conv {
+            x,
+            w: wv,
+            bias: bv,
+            dims: [n, c, h, wd, o * kvol, 1, 1, 1],
+            stride: [1, 1],
+            dilation: [1, 1],
+            pads: [0; 4],
+            residual: None,
+            act: Act::NONE,
+        };
+        let cols = self.device_tmp(cx, kind, vec![n, o * kvol, h, wd], "columns");
+        let (blocks, perm, out) = if input.len() == 1 {
+            (vec![n, o, kernel[0], input[0]], vec![0, 1, 3, 2], vec![n, o, input[0] * kernel[0]])
+        } else {
+            (vec![n, o, kernel[0], kernel[1], input[0], input[1]], vec![0, 1, 4, 2, 5, 3], vec![n, o, input[0] * kernel[0], input[1] * kernel[1]])
+        };
+        let b = self.reshaped(cx, cols, blocks, Some("blocks"));
+        let y = self.permuted(cx, b, &perm, Some("shuffled"))?;
+        let y = self.reshaped(cx, y, out, Some("out"));
+        Ok(self.alias(cx, y))
+    }
+
     pub(super) fn conv_transpose(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
         let sx = self.shape(x);
         let sw = self.shape(w);
@@ -192,6 +242,16 @@ impl Importer {
                 other => return Err(cx.err(format!("auto_pad '{other}' is not supported"))),
             }
         };
+        // Kernel = stride, no overlap, nothing cropped (UNet's and FPN's k2 s2
+        // up-convolutions): every input pixel writes its own k-block, so the
+        // layer is a 1x1 convolution to o·k channels followed by a pixel
+        // shuffle, a quarter of the spread form's work for k = s = 2.
+        let disjoint = g == 1
+            && (0..sp).all(|i| kernel[i] == stride[i] && dil[i] == 1 && pads[i] == (0, 0) && out_pad[i] == 0)
+            && bias.is_none_or(|b| self.konst(b).is_some());
+        if disjoint {
+            return self.conv_transpose_disjoint(cx, x, &wc, bias, [n, c, o], input, kernel);
+        }
         // The spread, padded input of the equivalent direct convolution.
         let mut begin = vec![0u64; sx.len()];
         let mut end = vec![0u64; sx.len()];
