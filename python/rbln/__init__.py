@@ -1,0 +1,192 @@
+"""rbln: Python SDK of the rbln NPU stack.
+
+    import rbln, numpy as np
+    with rbln.Runtime("model.rbln") as rt:        # or a CompiledModel
+        y = rt.run(np.zeros((1, 3, 224, 224), np.float32))
+
+    rt = rbln.AsyncRuntime("model.rbln", parallel=2)
+    ys = await asyncio.gather(*(rt.async_run(x) for x in xs))   # in order
+
+    m = rbln.compile_from_onnx("model.onnx")      # or compile_from_torch(...)
+    m.save("model.rbln"); rt = m.create_runtime()
+
+The heavy lifting is the Rust stack (rbln_runtime, rbln_compile) in the
+extension module ``rbln._rbln``; this file adds asyncio, file handling and
+the PyTorch export.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import os
+from typing import Any, Iterable, Sequence, Union
+
+from . import _rbln
+from ._errors import *  # noqa: F401,F403  (the exception hierarchy)
+from ._errors import RBLNCompileError, RBLNValueError, __all__ as _error_names
+from ._rbln import CompiledModel, Runtime, Task, device_count, devices
+
+__version__: str = _rbln.__version__
+
+InputInfo = Sequence[Union[tuple, list]]
+
+
+class AsyncRuntime(_rbln.AsyncRuntime):
+    """Pipelined execution over ``parallel`` (1 or 2) model instances.
+
+    ``AsyncRuntime(model, *, device=0, parallel=1, tensor_type="np")``.
+    ``run(*inputs)`` returns an :class:`rbln.Task` at once (``task.wait()``
+    for the outputs); ``await rt.async_run(*inputs)`` on asyncio. Requests
+    run in the order they were made; results are handed to the event loop
+    with ``loop.call_soon_threadsafe``, never blocking it.
+    """
+
+    def async_run(self, *inputs: Any, **named: Any):
+        """Submit one inference now and return an awaitable of its outputs.
+
+        Must be called with a running asyncio loop in this thread (inside
+        a coroutine). Wrong inputs raise here, at the call. Cancelling the
+        awaiting task abandons only this result: the request still runs in
+        its turn, and every other request completes normally.
+        """
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        task = self.run(*inputs, **named)
+        task.add_done_callback(functools.partial(loop.call_soon_threadsafe, _deliver, fut, task))
+        return _await(fut)
+
+
+def _deliver(fut: asyncio.Future, task: Task) -> None:
+    """On the loop's thread: hand a finished request to its future."""
+    if fut.done():  # cancelled by its awaiter
+        return
+    try:
+        fut.set_result(task.result())
+    except BaseException as e:  # the request's error, raised by result()
+        fut.set_exception(e)
+
+
+async def _await(fut: asyncio.Future):
+    return await fut
+
+
+def _input_shapes(input_info: Any) -> list:
+    """``[(name, shape[, dtype]), ...]`` or ``{name: shape}`` as the
+    compiler's ``[(name, [dims])]``."""
+    if input_info is None:
+        return []
+    items = input_info.items() if isinstance(input_info, dict) else input_info
+    shapes = []
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) < 2:
+            raise RBLNValueError(f"input_info: expected (name, shape[, dtype]) entries, got {item!r}")
+        name, shape = item[0], item[1]
+        try:
+            dims = [int(d) for d in shape]
+        except (TypeError, ValueError):
+            raise RBLNValueError(f"input_info: input {name!r}: shape must be a sequence of integers, got {shape!r}") from None
+        if any(d <= 0 for d in dims):
+            raise RBLNValueError(f"input_info: input {name!r}: dimensions must be positive, got {dims}")
+        shapes.append((str(name), dims))
+    return shapes
+
+
+def _read_model(path_or_bytes: Any, what: str) -> tuple:
+    """The bytes of a model and a name for it."""
+    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        return bytes(path_or_bytes), "model"
+    if hasattr(path_or_bytes, "SerializeToString"):  # an onnx.ModelProto
+        return path_or_bytes.SerializeToString(), "model"
+    try:
+        path = os.fspath(path_or_bytes)
+    except TypeError:
+        raise RBLNValueError(
+            f"{what}: expected a file path, bytes or an onnx.ModelProto, not {type(path_or_bytes).__name__}"
+        ) from None
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise RBLNCompileError(f"{path}: {e.strerror or e}") from e
+    name = os.path.splitext(os.path.basename(path))[0] or "model"
+    return data, name
+
+
+def compile_from_onnx(path_or_bytes: Any, input_info: Any = None, *, name: str | None = None) -> CompiledModel:
+    """Compile an ONNX model (path, bytes or onnx.ModelProto) for the NPU.
+
+    ``input_info``: static shapes for inputs, ``[(name, shape[, dtype]),
+    ...]`` or ``{name: shape}`` (needed for dynamic dimensions). Raises
+    :class:`rbln.RBLNCompileError` for models the compiler does not take.
+    The GIL is released while compiling.
+    """
+    data, stem = _read_model(path_or_bytes, "compile_from_onnx")
+    return _rbln._compile(data, name or stem, _input_shapes(input_info))
+
+
+def compile_from_tflite(path_or_bytes: Any, *, name: str | None = None) -> CompiledModel:
+    """Compile a float32 TFLite model (path or bytes) for the NPU."""
+    data, stem = _read_model(path_or_bytes, "compile_from_tflite")
+    return _rbln._compile(data, name or stem, [])
+
+
+_TORCH_DTYPES = {"float32": "float32", "f32": "float32", "int64": "int64", "i64": "int64",
+                 "int32": "int32", "i32": "int32", "bool": "bool"}
+
+
+def compile_from_torch(module: Any, input_info: InputInfo, *, name: str | None = None,
+                       opset_version: int = 17) -> CompiledModel:
+    """Compile a ``torch.nn.Module`` for the NPU.
+
+    ``input_info = [("x", [1, 3, 224, 224], "float32"), ...]`` names the
+    inputs with static shapes and dtypes (float32, int64, int32, bool). The
+    module is exported with ``torch.onnx.export`` (TorchScript exporter,
+    opset 17) and compiled with :func:`compile_from_onnx`. Needs torch (and
+    onnx) installed.
+    """
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            "rbln.compile_from_torch needs PyTorch: install torch (and onnx) into this environment "
+            "(pip install torch onnx), or export the model to ONNX elsewhere and use rbln.compile_from_onnx"
+        ) from e
+    shapes = _input_shapes(input_info)
+    args = []
+    for item, (iname, dims) in zip(input_info, shapes):
+        dt = str(item[2]) if len(item) > 2 else "float32"
+        dt = dt.replace("torch.", "")
+        if dt not in _TORCH_DTYPES:
+            raise RBLNValueError(f"input_info: input {iname!r}: dtype must be one of float32, int64, int32, bool, not {dt!r}")
+        args.append(torch.zeros(dims, dtype=getattr(torch, _TORCH_DTYPES[dt])))
+    buf = io.BytesIO()
+    was_training = getattr(module, "training", False)
+    if hasattr(module, "eval"):
+        module.eval()
+    try:
+        with torch.no_grad():
+            torch.onnx.export(module, tuple(args), buf, input_names=[n for n, _ in shapes],
+                              opset_version=opset_version, dynamo=False)
+    except Exception as e:
+        raise RBLNCompileError(f"torch.onnx.export failed: {e}") from e
+    finally:
+        if was_training and hasattr(module, "train"):
+            module.train()
+    model_name = name or type(module).__name__
+    return _rbln._compile(buf.getvalue(), model_name, shapes)
+
+
+__all__ = [
+    "Runtime",
+    "AsyncRuntime",
+    "Task",
+    "CompiledModel",
+    "compile_from_onnx",
+    "compile_from_tflite",
+    "compile_from_torch",
+    "device_count",
+    "devices",
+    *_error_names,
+]

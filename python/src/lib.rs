@@ -1,0 +1,86 @@
+//! `rbln._rbln`: the Rust extension module of the `rbln` Python package.
+//!
+//! It wraps the runtime (`rbln_runtime::Runtime`, `AsyncRuntime`), the
+//! model container and the compiler; it re-implements none of them. The
+//! pure-Python layer (`rbln/__init__.py`) adds the asyncio entry point,
+//! the compile helpers that read files or export PyTorch modules, and the
+//! exception classes (`rbln/_errors.py`).
+//!
+//! Rules kept here: every Rust error becomes a Python exception (nothing
+//! reachable from Python panics on purpose), the GIL is released whenever
+//! the device or the compiler works, and inputs are read from NumPy's
+//! buffers without per-element conversion.
+
+mod asyncrt;
+mod errors;
+mod model;
+mod runtime;
+mod tensors;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// Indices N of the /dev/rblnN nodes present, ascending.
+fn device_indices() -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir("/dev")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("rbln")).and_then(|n| n.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// Number of rbln NPUs (/dev/rblnN nodes; 0 when rbln.ko is not loaded).
+#[pyfunction]
+fn device_count() -> usize {
+    device_indices().len()
+}
+
+/// One dict per NPU: index, path, name, hardware and driver versions,
+/// memory, queues, compute cores, DMA engines.
+#[pyfunction]
+fn devices<'py>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    let infos = py.detach(|| -> Result<Vec<_>, errors::Failure> {
+        let mut v = Vec::new();
+        for i in device_indices() {
+            let dev = rbln_umd::Device::open(i)?;
+            v.push((dev.path().display().to_string(), dev.info()));
+        }
+        Ok(v)
+    })?;
+    let mut out = Vec::new();
+    for (path, i) in infos {
+        let d = PyDict::new(py);
+        d.set_item("index", i.index)?;
+        d.set_item("path", path)?;
+        d.set_item("name", "rbln-npu")?;
+        d.set_item("vendor_id", i.vendor_id)?;
+        d.set_item("device_id", i.device_id)?;
+        d.set_item("hw_version", format!("{}.{}", i.hw_version.0, i.hw_version.1))?;
+        let (a, b, c) = i.driver_version;
+        d.set_item("driver_version", format!("{a}.{b}.{c}"))?;
+        d.set_item("uapi_version", i.uapi_version)?;
+        d.set_item("memory", i.dram_size)?;
+        d.set_item("num_queues", i.num_queues)?;
+        d.set_item("num_cores", i.num_cores)?;
+        d.set_item("num_dma_engines", i.num_dma_engines)?;
+        out.push(d);
+    }
+    Ok(out)
+}
+
+#[pymodule]
+fn _rbln(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<runtime::Runtime>()?;
+    m.add_class::<asyncrt::AsyncRuntime>()?;
+    m.add_class::<asyncrt::Task>()?;
+    m.add_class::<model::CompiledModel>()?;
+    m.add_function(wrap_pyfunction!(model::_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(devices, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! `rbln.Runtime`: one model on one device, synchronous runs.
+
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use rbln_runtime::ModelInfo;
+
+use crate::errors::Failure;
+use crate::model::{model_from, properties};
+use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_tensors, write_out, TensorType};
+
+/// A compiled model loaded on an NPU, ready to run.
+///
+/// `Runtime(model, *, device=0, tensor_type="np", activate_profiler=False)`:
+/// `model` is a .rbln path or an `rbln.CompiledModel`. `run(*inputs,
+/// **named)` (also `rt(*inputs)`) returns one array for a single-output
+/// model, a list otherwise; `out=` writes into pre-allocated arrays. The
+/// GIL is released while the device works; a Runtime may be shared between
+/// threads (runs are serialized). `close()` frees the device memory and
+/// queue at once; a Runtime is also a context manager.
+#[pyclass(module = "rbln._rbln", name = "Runtime", frozen)]
+pub struct Runtime {
+    inner: Mutex<Option<rbln_runtime::Runtime>>,
+    info: ModelInfo,
+    properties: Vec<(String, String)>,
+    tensor_type: TensorType,
+    profiler: bool,
+    device: u32,
+    /// Chrome trace of the last profiled run (activate_profiler=True).
+    trace: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[pymethods]
+impl Runtime {
+    #[new]
+    #[pyo3(signature = (model, *, device = 0, tensor_type = "np", activate_profiler = false))]
+    fn py_new(model: &Bound<'_, PyAny>, device: u32, tensor_type: &str, activate_profiler: bool) -> PyResult<Self> {
+        let py = model.py();
+        let tensor_type = TensorType::parse(tensor_type)?;
+        let model = model_from(model)?;
+        let info = rbln_runtime::inspect(&model);
+        let properties = properties(&model);
+        let rt = py
+            .detach(|| -> Result<_, Failure> {
+                let dev = rbln_umd::Device::open(device)?;
+                Ok(rbln_runtime::Runtime::new(&dev, model)?)
+            })
+            .map_err(PyErr::from)?;
+        Ok(Self {
+            inner: Mutex::new(Some(rt)),
+            info,
+            properties,
+            tensor_type,
+            profiler: activate_profiler,
+            device,
+            trace: Mutex::new(None),
+        })
+    }
+
+    /// Run one inference: inputs by position and/or by name.
+    #[pyo3(signature = (*args, out = None, **kwargs))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        out: Option<&Bound<'py, PyAny>>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let inputs = gather_inputs(&self.info, args, kwargs)?;
+        let tensors = to_tensors(&self.info, &inputs)?;
+        drop(inputs);
+        let outs = py
+            .detach(|| -> Result<_, Failure> {
+                let mut g = lock(&self.inner);
+                let rt = g.as_mut().ok_or_else(|| Failure::closed("runtime"))?;
+                if self.profiler {
+                    let (outs, profile) = rt.profile(&tensors)?;
+                    *lock(&self.trace) = Some(profile.to_chrome_trace(&self.info.name));
+                    Ok(outs)
+                } else {
+                    Ok(rt.run(&tensors)?)
+                }
+            })
+            .map_err(PyErr::from)?;
+        match out {
+            Some(o) => write_out(o, outs, &self.info),
+            None => outputs_to_py(py, outs, self.tensor_type),
+        }
+    }
+
+    /// `rt(*inputs)` is `rt.run(*inputs)`.
+    #[pyo3(signature = (*args, out = None, **kwargs))]
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        out: Option<&Bound<'py, PyAny>>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.run(py, args, out, kwargs)
+    }
+
+    /// Inputs, outputs, memory (arena, staging, weights), ops, properties.
+    fn inspect<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        info_dict(py, &self.info, &self.properties)
+    }
+
+    /// The Chrome trace (JSON text) of the last run, when the runtime was
+    /// made with `activate_profiler=True`; None before the first run.
+    fn profile_trace(&self) -> Option<String> {
+        lock(&self.trace).clone()
+    }
+
+    /// Free the model's device memory and queue; later runs raise
+    /// `rbln.RBLNClosedError`. Closing twice is allowed.
+    fn close(&self, py: Python<'_>) {
+        let rt = py.detach(|| lock(&self.inner).take());
+        drop(rt);
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        lock(&self.inner).is_none()
+    }
+
+    #[getter]
+    fn device(&self) -> u32 {
+        self.device
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.closed() { " closed" } else { "" };
+        format!("<rbln.Runtime '{}' device={}{state}>", self.info.name, self.device)
+    }
+}
