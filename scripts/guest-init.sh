@@ -4,7 +4,8 @@
 # scripts/vm.sh, runs /run/rbln/cmd.sh there, records its exit code and the
 # kernel log, and powers the VM off.
 /bin/busybox --install -s /bin
-export PATH=/rbln/target/release:/rbln/target/debug:/bin
+# python3: target/guest-python (scripts/build-guest-python.sh), when built.
+export PATH=/rbln/target/release:/rbln/target/debug:/rbln/target/guest-python/bin:/bin
 export HOME=/root
 
 mount -t proc proc /proc

@@ -139,10 +139,13 @@ pub fn to_tensor(obj: &Bound<'_, PyAny>, want: &IoInfo) -> PyResult<Tensor> {
 fn read<T: numpy::Element + Copy>(arr: &Bound<'_, PyUntypedArray>) -> PyResult<Vec<T>> {
     let a = arr.cast::<PyArrayDyn<T>>().map_err(PyErr::from)?;
     let ro = a.try_readonly().map_err(|e| Failure::new("RBLNInputError", format!("input array: {e}")))?;
-    Ok(match ro.as_slice() {
-        Ok(s) => s.to_vec(),
-        Err(_) => ro.as_array().iter().copied().collect(),
-    })
+    // as_slice also accepts Fortran order; the runtime wants row-major.
+    if arr.is_c_contiguous() {
+        if let Ok(s) = ro.as_slice() {
+            return Ok(s.to_vec());
+        }
+    }
+    Ok(ro.as_array().iter().copied().collect())
 }
 
 /// A runtime tensor as a NumPy array (owning the tensor's vector).
