@@ -1,5 +1,5 @@
 //! Ops computed at compile time: constants, shapes, and the shape and mask
-//! arithmetic exporters emit (Range, Mod, scatter and gather, Trilu,
+//! arithmetic exporters emit (Range, Mod, Trilu,
 //! NonZero, … on constants). Every input they read must be a constant; the
 //! values come from `fold`.
 
@@ -8,7 +8,7 @@ use super::*;
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
     "Constant", "Shape", "Size", "ConstantOfShape", "Range", "Floor", "Ceil", "Round",
-    "Sign", "IsNaN", "IsInf", "Mod", "ScatterND", "ScatterElements",
+    "Sign", "Mod",
     "Trilu", "NonZero",
 ];
 
@@ -70,14 +70,9 @@ impl Importer {
                 let c = cx.shape(fold::range(&s, &l, &d))?;
                 self.constant(&Self::out_name(cx, 0), c)
             }
-            "Floor" | "Ceil" | "Round" | "Sign" | "IsNaN" => {
+            "Floor" | "Ceil" | "Round" | "Sign" => {
                 let a = self.need_const(cx, input(0)?, 0)?;
                 let c = fold::unary(op, &a).ok_or_else(|| cx.err("cannot fold"))?;
-                self.constant(&Self::out_name(cx, 0), c)
-            }
-            "IsInf" => {
-                let a = self.need_const(cx, input(0)?, 0)?;
-                let c = fold::is_inf(&a, cx.int("detect_negative", 1) != 0, cx.int("detect_positive", 1) != 0);
                 self.constant(&Self::out_name(cx, 0), c)
             }
             "Mod" => {
@@ -88,16 +83,6 @@ impl Importer {
                     f => return Err(cx.err(format!("fmod={f}; it must be 0 or 1"))),
                 };
                 let c = cx.shape(fold::modulo(&a, &b, fmod))?;
-                self.constant(&Self::out_name(cx, 0), c)
-            }
-            "ScatterND" | "ScatterElements" => {
-                let (d, i, u) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?, self.need_const(cx, input(2)?, 2)?);
-                let r = cx.shape(fold::Reduction::parse(cx.string("reduction").as_deref().unwrap_or("none")))?;
-                let c = if op == "ScatterND" {
-                    cx.shape(fold::scatter_nd(&d, &i, &u, r))?
-                } else {
-                    cx.shape(fold::scatter_elements(&d, &i, &u, cx.int("axis", 0), r))?
-                };
                 self.constant(&Self::out_name(cx, 0), c)
             }
             "Trilu" => {

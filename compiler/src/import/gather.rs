@@ -2,12 +2,15 @@
 //! constant data) or with run-time token ids (checked by the device, and
 //! by the runtime against the input's value range). GatherElements: folded
 //! on constants, else a Gather from the flattened data at flat indices.
+//! ScatterND and ScatterElements: folded on constants; with constant
+//! indices and run-time data or updates, a Gather of the updates into
+//! the written positions and a Where against the data.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Gather", "GatherElements",
+    "Gather", "GatherElements", "ScatterND", "ScatterElements",
 ];
 
 impl Importer {
@@ -19,6 +22,7 @@ impl Importer {
         let v = match op {
             "Gather" => self.gather(cx, input(0)?, input(1)?)?,
             "GatherElements" => self.gather_elements(cx, input(0)?, input(1)?)?,
+            "ScatterND" | "ScatterElements" => self.scatter(cx, input(0)?, input(1)?, input(2)?)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a gather op"))),
         };
         Ok(vec![v])
@@ -48,6 +52,12 @@ impl Importer {
     /// non-negative) of shape `ishape`: folded on a constant, else a GATHER
     /// with the indices as a constant operand.
     pub(super) fn gather_const(&mut self, cx: &Cx, data: ValueId, ishape: &[u64], norm: Vec<i64>, a: usize) -> Result<ValueId> {
+        self.gather_const_tagged(cx, data, ishape, norm, a, None)
+    }
+
+    /// [`Self::gather_const`] whose result is an intermediate named by
+    /// `tag` (None: the node's output).
+    pub(super) fn gather_const_tagged(&mut self, cx: &Cx, data: ValueId, ishape: &[u64], norm: Vec<i64>, a: usize, tag: Option<&str>) -> Result<ValueId> {
         let s = self.shape(data);
         let mut out: Vec<u64> = s[..a].to_vec();
         out.extend(ishape);
@@ -63,13 +73,13 @@ impl Importer {
                 }
             }
             let c = fold::pick(c, &pick, &out);
-            return Ok(self.constant(&Self::out_name(cx, 0), c));
+            return Ok(self.result_const(cx, tag, c));
         }
         rank_ok(cx, &s, "the data")?;
         let count = norm.len() as u64;
         let iv = self.constant(&format!("{}.indices", cx.name), Const::i64(ishape, norm));
         let kind = Kind::Gather { data, indices: iv, dims: s, axis: a as u64, count };
-        Ok(self.device(cx, kind, out))
+        Ok(self.result(cx, tag, kind, out))
     }
 
     /// GatherElements: out[i] = data[i with axis coordinate idx[i]], shape
@@ -134,6 +144,42 @@ impl Importer {
         self.g.values[pos].dtype = DType::I64;
         let kind = Kind::Gather { data: flat, indices: pos, dims: vec![n], axis: 0, count: volume(&is) };
         Ok(self.device(cx, kind, is))
+    }
+
+    /// ScatterND / ScatterElements. All constant: folded. Constant indices
+    /// (BART's `shift_tokens_right`, in-place slice assignments): the fold
+    /// itself, run on stand-ins (data −1, update k holding k), says which
+    /// update lands on each output element (the last, as ONNX's reduction
+    /// none); then `out = written ? updates[source] : data`, one GATHER and
+    /// one WHERE. Run-time indices and other reductions are refused.
+    fn scatter(&mut self, cx: &Cx, data: ValueId, indices: ValueId, updates: ValueId) -> Result<ValueId> {
+        let op = cx.n.op_type.as_str();
+        let r = cx.shape(fold::Reduction::parse(cx.string("reduction").as_deref().unwrap_or("none")))?;
+        let apply = |d: &Const, i: &Const, u: &Const| -> std::result::Result<Const, String> {
+            if op == "ScatterND" { fold::scatter_nd(d, i, u, r) } else { fold::scatter_elements(d, i, u, cx.int("axis", 0), r) }
+        };
+        if let (Some(d), Some(i), Some(u)) = (self.konst(data), self.konst(indices), self.konst(updates)) {
+            let c = cx.shape(apply(d, i, u))?;
+            return Ok(self.constant(&Self::out_name(cx, 0), c));
+        }
+        let idx = self.need_const(cx, indices, 1)?;
+        if r != fold::Reduction::None {
+            return Err(cx.err("a reduction other than 'none' with run-time data or updates"));
+        }
+        let (ds, us) = (self.shape(data), self.shape(updates));
+        let nu = volume(&us);
+        if nu >= 1 << 24 {
+            return Err(cx.err(format!("{nu} updates; at most 2^24 with run-time operands")));
+        }
+        let stand_in = Const::f32(&ds, vec![-1.0; volume(&ds) as usize]);
+        let ids = Const::f32(&us, (0..nu).map(|k| k as f32).collect());
+        let source = cx.shape(apply(&stand_in, &idx, &ids))?.floats();
+        let written: Vec<f32> = source.iter().map(|&s| if s >= 0.0 { 1.0 } else { 0.0 }).collect();
+        let from: Vec<i64> = source.iter().map(|&s| s.max(0.0) as i64).collect();
+        let flat = self.reshaped(cx, updates, vec![nu], Some("updates"));
+        let picked = self.gather_const_tagged(cx, flat, &ds, from, 0, Some("picked"))?;
+        let mask = self.constant(&format!("{}.written", cx.name), Const::f32(&ds, written));
+        self.where_select(cx, mask, picked, data, None)
     }
 
     /// Gather with indices known only at run time (token ids): the device

@@ -3,13 +3,15 @@
 //! constant, on the device otherwise. At run time booleans are f32 0/1
 //! (what the BINARY comparison kinds write, and what a bool input becomes
 //! through its CAST): Not is `x == 0`, And a product, Or a maximum, Xor
-//! `|a − b|`, and Where one WHERE descriptor.
+//! `|a − b|`, and Where one WHERE descriptor. IsNaN is `(x == x) == 0`
+//! (a comparison with NaN is false), IsInf `|x| == inf` (or `x == ±inf`
+//! for one sign).
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Where",
+    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Where", "IsNaN", "IsInf",
 ];
 
 impl Importer {
@@ -19,7 +21,7 @@ impl Importer {
         };
         let op = cx.n.op_type.as_str();
         let arity = match op {
-            "Not" => 1,
+            "Not" | "IsNaN" | "IsInf" => 1,
             "Where" => 3,
             _ => 2,
         };
@@ -27,7 +29,8 @@ impl Importer {
         if xs.iter().all(|&x| self.konst(x).is_some()) {
             let k: Vec<Const> = xs.iter().map(|&x| self.konst(x).cloned().unwrap_or_else(|| Const::f32(&[], vec![0.0]))).collect();
             let c = match op {
-                "Not" => fold::unary(op, &k[0]).ok_or_else(|| cx.err("cannot fold"))?,
+                "Not" | "IsNaN" => fold::unary(op, &k[0]).ok_or_else(|| cx.err("cannot fold"))?,
+                "IsInf" => fold::is_inf(&k[0], cx.int("detect_negative", 1) != 0, cx.int("detect_positive", 1) != 0),
                 "And" | "Or" | "Xor" => cx.shape(fold::logical(op, &k[0], &k[1]))?,
                 "Where" => cx.shape(fold::where_(&k[0], &k[1], &k[2]))?,
                 _ => cx.shape(fold::binary(op, &k[0], &k[1]))?,
@@ -43,6 +46,31 @@ impl Importer {
             "Not" => {
                 let zero = self.scalar(cx, "zero", 0.0);
                 self.elementwise(cx, Binary::Equal, xs[0], zero, None)?
+            }
+            "IsNaN" => {
+                let same = self.elementwise(cx, Binary::Equal, xs[0], xs[0], Some("self_equal"))?;
+                let zero = self.scalar(cx, "zero", 0.0);
+                self.elementwise(cx, Binary::Equal, same, zero, None)?
+            }
+            "IsInf" => {
+                let (neg, pos) = (cx.int("detect_negative", 1) != 0, cx.int("detect_positive", 1) != 0);
+                match (neg, pos) {
+                    (true, true) => {
+                        let s = self.shape(xs[0]);
+                        let a = self.device_tmp(cx, Kind::Unary { kind: Unary::Abs, x: xs[0], p0: 0.0, p1: 0.0 }, s, "abs");
+                        let inf = self.scalar(cx, "inf", f32::INFINITY);
+                        self.elementwise(cx, Binary::Equal, a, inf, None)?
+                    }
+                    (false, false) => {
+                        // Neither sign: all false (nothing equals NaN).
+                        let nan = self.scalar(cx, "nan", f32::NAN);
+                        self.elementwise(cx, Binary::Equal, xs[0], nan, None)?
+                    }
+                    (n, _) => {
+                        let inf = self.scalar(cx, "inf", if n { f32::NEG_INFINITY } else { f32::INFINITY });
+                        self.elementwise(cx, Binary::Equal, xs[0], inf, None)?
+                    }
+                }
             }
             "And" => self.elementwise(cx, Binary::Mul, xs[0], xs[1], None)?,
             "Or" => self.elementwise(cx, Binary::Max, xs[0], xs[1], None)?,

@@ -82,9 +82,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
 /// constant (the Reduce* ops without a device form are here; the other
 /// Reduce* ops fold on constants and run on the device otherwise).
 pub const COMPILE_TIME_OPS: &[&str] = &[
-    "Ceil", "ConstantOfShape", "Floor", "IsInf", "IsNaN", "Mod", "NonZero",
-    "Range", "ReduceLogSumExp", "ReduceProd", "Round", "ScatterElements",
-    "ScatterND", "Sign", "Trilu",
+    "Ceil", "ConstantOfShape", "Floor", "Mod", "NonZero",
+    "Range", "ReduceLogSumExp", "ReduceProd", "Round", "Sign", "Trilu",
 ];
 
 /// The ONNX node being lowered.

@@ -1,7 +1,9 @@
 //! Resize and Upsample: nearest and (bi)linear resizing of the last one or
 //! two axes of an NCHW / NCW tensor, lowered to one RESIZE descriptor whose
 //! per-axis affine source-coordinate map encodes the ONNX
-//! `coordinate_transformation_mode`.
+//! `coordinate_transformation_mode`. Cubic resizing is folded on constants
+//! (the interpolated position embeddings of ViT-style models) and refused
+//! at run time.
 
 use super::*;
 
@@ -78,6 +80,8 @@ impl Importer {
         let linear = match mode.as_str() {
             "nearest" => false,
             "linear" | "bilinear" => true,
+            "cubic" | "bicubic" if self.konst(x).is_some() => false,
+            "cubic" | "bicubic" => return Err(cx.err("mode 'cubic' on a run-time tensor is not supported (nearest and linear are; cubic is folded on constants)")),
             other => return Err(cx.err(format!("mode '{other}' is not supported (nearest and linear are)"))),
         };
         let ctm = if legacy { "asymmetric".to_string() } else { cx.string("coordinate_transformation_mode").unwrap_or_else(|| "half_pixel".into()) };
@@ -122,6 +126,13 @@ impl Importer {
             let xx = map_axis(2)?;
             ([s[0], s[1], 1, s[2]], [1, out[2]], [0.0, 0.0, xx.0, xx.1])
         };
+        if mode == "cubic" || mode == "bicubic" {
+            let c = self.konst(x).ok_or_else(|| cx.err("internal error: cubic input is not constant"))?;
+            let a = cx.float("cubic_coeff_a", -0.75);
+            let exclude = cx.int("exclude_outside", 0) != 0;
+            let v = cubic(&c.floats(), dims, out2, map, a, exclude);
+            return Ok(vec![self.constant(&Self::out_name(cx, 0), Const::f32(&out, v))]);
+        }
         if out2 == [dims[2], dims[3]] && map == [1.0, 0.0, 1.0, 0.0] {
             // The identity: no data moves.
             return Ok(vec![self.alias(cx, x)]);
@@ -129,4 +140,67 @@ impl Importer {
         let kind = Kind::Resize { x, dims, out: out2, linear, nearest_mode, map };
         Ok(vec![self.device(cx, kind, out)])
     }
+}
+
+/// Cubic (Keys, coefficient `a`) resize of `[n, c, h, w]` to `out` with the
+/// source coordinate `map[0]·y + map[1]`, `map[2]·x + map[3]`, as ONNX
+/// Resize defines it: four taps per axis around the source coordinate,
+/// clamped to the edge, or (`exclude_outside`) dropped and the remaining
+/// weights renormalised. Separable: rows first, then columns.
+fn cubic(x: &[f32], [n, c, h, w]: [u64; 4], [oh, ow]: [u64; 2], map: [f32; 4], a: f32, exclude: bool) -> Vec<f32> {
+    let kernel = |d: f32| -> f32 {
+        let d = d.abs();
+        if d <= 1.0 {
+            ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+        } else if d < 2.0 {
+            ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
+        } else {
+            0.0
+        }
+    };
+    // Per output position of one axis: four (source index, weight) taps.
+    let taps = |len: u64, out: u64, scale: f32, offset: f32| -> Vec<[(usize, f32); 4]> {
+        (0..out)
+            .map(|o| {
+                let src = scale * o as f32 + offset;
+                let base = src.floor();
+                let t = src - base;
+                let mut ws = [0.0f32; 4];
+                let mut idx = [0usize; 4];
+                for k in 0..4 {
+                    let i = base as i64 + k as i64 - 1;
+                    let wgt = kernel(t + 1.0 - k as f32);
+                    let inside = i >= 0 && i < len as i64;
+                    ws[k] = if exclude && !inside { 0.0 } else { wgt };
+                    idx[k] = i.clamp(0, len as i64 - 1) as usize;
+                }
+                if exclude {
+                    let sum: f32 = ws.iter().sum();
+                    if sum != 0.0 {
+                        ws.iter_mut().for_each(|v| *v /= sum);
+                    }
+                }
+                [(idx[0], ws[0]), (idx[1], ws[1]), (idx[2], ws[2]), (idx[3], ws[3])]
+            })
+            .collect()
+    };
+    let (ty, tx) = (taps(h, oh, map[0], map[1]), taps(w, ow, map[2], map[3]));
+    let (h, w, oh, ow) = (h as usize, w as usize, oh as usize, ow as usize);
+    let mut out = vec![0.0f32; (n * c) as usize * oh * ow];
+    let mut rows = vec![0.0f32; oh * w];
+    for p in 0..(n * c) as usize {
+        let plane = &x[p * h * w..][..h * w];
+        for (oy, t) in ty.iter().enumerate() {
+            for xx in 0..w {
+                rows[oy * w + xx] = t.iter().map(|&(i, wt)| wt * plane[i * w + xx]).sum();
+            }
+        }
+        let o = &mut out[p * oh * ow..][..oh * ow];
+        for oy in 0..oh {
+            for (ox, t) in tx.iter().enumerate() {
+                o[oy * ow + ox] = t.iter().map(|&(i, wt)| wt * rows[oy * w + i]).sum();
+            }
+        }
+    }
+    out
 }
