@@ -14,7 +14,7 @@ OUT=$RBLN_ROOT/target/wheels
 # sources, and the Rust crates it links (by their sources).
 inputs_hash() {
     (cd "$RBLN_ROOT" && git ls-files -co --exclude-standard -- python runtime umd hw uapi compiler Cargo.lock \
-        | grep -v '^python/tests/' | LC_ALL=C sort | xargs -d '\n' sha256sum 2>/dev/null) | sha256sum | cut -c1-16
+        | grep -v '^python/tests/' | LC_ALL=C sort | xargs -d '\n' sha256sum 2>/dev/null || true) | sha256sum | cut -c1-16
 }
 
 main() {

@@ -137,14 +137,15 @@ _TORCH_DTYPES = {"float32": "float32", "f32": "float32", "int64": "int64", "i64"
 
 
 def compile_from_torch(module: Any, input_info: InputInfo, *, name: str | None = None,
-                       opset_version: int = 17) -> CompiledModel:
+                       output_names: Sequence[str] | None = None, opset_version: int = 17) -> CompiledModel:
     """Compile a ``torch.nn.Module`` for the NPU.
 
     ``input_info = [("x", [1, 3, 224, 224], "float32"), ...]`` names the
     inputs with static shapes and dtypes (float32, int64, int32, bool). The
     module is exported with ``torch.onnx.export`` (TorchScript exporter,
-    opset 17) and compiled with :func:`compile_from_onnx`. Needs torch (and
-    onnx) installed.
+    opset 17) and compiled with :func:`compile_from_onnx`; ``output_names``
+    names the outputs (default: the exporter's). Needs torch (and onnx)
+    installed.
     """
     try:
         import torch
@@ -168,6 +169,7 @@ def compile_from_torch(module: Any, input_info: InputInfo, *, name: str | None =
     try:
         with torch.no_grad():
             torch.onnx.export(module, tuple(args), buf, input_names=[n for n, _ in shapes],
+                              output_names=list(output_names) if output_names else None,
                               opset_version=opset_version, dynamo=False)
     except Exception as e:
         raise RBLNCompileError(f"torch.onnx.export failed: {e}") from e
