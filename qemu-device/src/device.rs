@@ -37,7 +37,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            dram_size: 256 << 20,
+            dram_size: 512 << 20,
             num_queues: 16,
             num_cores: 2,
             num_dma_engines: 2,

@@ -36,7 +36,7 @@ fn info() -> Res {
     if i.uapi_version != uapi::UAPI_VERSION || i.vendor_id != rbln_hw::pci::VENDOR_ID || i.device_id != rbln_hw::pci::DEVICE_ID {
         return Err(format!("unexpected identity {i:?}"));
     }
-    if i.hw_version >> 16 != rbln_hw::HW_VERSION_MAJOR || i.num_queues < 16 || i.dram_size != 256 << 20 || i.minor_index != 0 {
+    if i.hw_version >> 16 != rbln_hw::HW_VERSION_MAJOR || i.num_queues < 16 || i.dram_size != 512 << 20 || i.minor_index != 0 {
         return Err(format!("unexpected info {i:?}"));
     }
     println!("# info: {i:?}");
