@@ -219,6 +219,30 @@ def ids(seed, batch, seq, vocab):
     return torch.randint(0, vocab, (batch, seq), generator=g, dtype=torch.int64)
 
 
+def padded_mask(batch, seq, valid):
+    """An attention mask whose last sequence is padded after `valid` tokens."""
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[-1, valid:] = 0
+    return mask
+
+class Logits(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+class Hidden(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
 def bert(out, seed):
     from transformers import BertConfig, BertModel
 
@@ -228,16 +252,7 @@ def bert(out, seed):
     model = randomize(BertModel(cfg), seed).eval()
     batch, seq = 2, 32
     input_ids = ids(seed, batch, seq, cfg.vocab_size)
-    mask = torch.ones(batch, seq, dtype=torch.int64)
-    mask[1, 20:] = 0  # the second sequence is padded
-
-    class Hidden(nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, attention_mask):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    mask = padded_mask(batch, seq, 20)
 
     export(out, "bert", Hidden(model), (input_ids, mask), ["input_ids", "attention_mask"], ["last_hidden_state"], seed)
 
@@ -254,16 +269,7 @@ def gpt2(out, seed):
     # With an attention mask, as tokenizers give it (without one,
     # transformers traces a packed-sequence check through aten::diff,
     # which the TorchScript exporter lacks).
-    mask = torch.ones(batch, seq, dtype=torch.int64)
-    mask[1, 24:] = 0
-
-    class Logits(nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, attention_mask):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    mask = padded_mask(batch, seq, 24)
 
     export(out, "gpt2", Logits(model), (input_ids, mask), ["input_ids", "attention_mask"], ["logits"], seed)
 
@@ -279,8 +285,7 @@ def llama(out, seed):
     model = randomize(LlamaForCausalLM(cfg), seed).eval()
     batch, seq = 2, 32
     input_ids = ids(seed, batch, seq, cfg.vocab_size)
-    mask = torch.ones(batch, seq, dtype=torch.int64)
-    mask[1, 20:] = 0
+    mask = padded_mask(batch, seq, 20)
     export(out, "llama", Logits(model), (input_ids, mask), ["input_ids", "attention_mask"], ["logits"], seed)
 
 
@@ -314,8 +319,7 @@ def bart(out, seed):
     model = randomize(BartModel(cfg), seed).eval()
     batch, seq = 2, 24
     input_ids = ids(seed, batch, seq, cfg.vocab_size)
-    mask = torch.ones(batch, seq, dtype=torch.int64)
-    mask[1, 18:] = 0
+    mask = padded_mask(batch, seq, 18)
     export(out, "bart", Hidden(model), (input_ids, mask), ["input_ids", "attention_mask"], ["last_hidden_state"], seed)
 
 
@@ -359,22 +363,6 @@ def detr(out, seed):
     pixels(out, "detr", model, (1, 3, 160, 160), "pred_boxes", seed)
 
 
-class Logits(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, input_ids, attention_mask):
-        return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-
-
-class Hidden(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, input_ids, attention_mask):
-        return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 # -- ultralytics ---------------------------------------------------------------
