@@ -18,24 +18,9 @@ REQ=$RBLN_ROOT/tests/models/exports/torch.txt
 EXPORTER=$RBLN_ROOT/tests/models/exports/export_torch.py
 MODELS=(resnet50 mobilenet_v3_small efficientnet_b0 swin_v2_t maxvit_t deeplabv3 unet bert gpt2 llama roberta bart dinov2 detr yolov8n yolo11n)
 
-fail() { log "FAIL: $*"; exit 1; }
+source "$RBLN_ROOT/tests/compiler/lib.sh"
 
-CACHE=$RBLN_CACHE/exports-torch-$(hash_of "$REQ" "$EXPORTER")
-if [[ ! -f $CACHE/.complete ]]; then
-    PY=$("$RBLN_ROOT/scripts/setup-python.sh" "$REQ" | tail -n 1)
-    exec 9>"$CACHE.lock"
-    flock 9
-    if [[ ! -f $CACHE/.complete ]]; then
-        rm -rf "$CACHE"
-        mkdir -p "$CACHE"
-        log "exporting ${#MODELS[@]} models with PyTorch into $CACHE"
-        "$PY" "$EXPORTER" "$CACHE" "${MODELS[@]}" 2>"$CACHE/export.log" | tee "$CACHE/models.txt" >&2 \
-            || { tail -n 30 "$CACHE/export.log" >&2; fail "the PyTorch exports failed (log: $CACHE/export.log)"; }
-        touch "$CACHE/.complete"
-    fi
-else
-    log "PyTorch exports cached in $CACHE"
-fi
+CACHE=$(cached_exports exports-torch "$REQ" "$EXPORTER" "${MODELS[@]}") || exit 1
 rm -rf "$OUT"
 mkdir -p "$OUT"
 cp -l "$CACHE"/* "$OUT"/ 2>/dev/null || cp "$CACHE"/* "$OUT"/

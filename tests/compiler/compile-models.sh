@@ -15,7 +15,7 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 "$PY" "$RBLN_ROOT/tests/models/gen_models.py" "$OUT" >&2
 
-fail() { log "FAIL: $*"; exit 1; }
+source "$RBLN_ROOT/tests/compiler/lib.sh"
 
 for m in resnet mobilenet transformer ops gelu20 ops2 ops3 legacy resnet18 mobilenetv2 encoder4 bert-ids fold-ops resize convtranspose norm-space einsum masks; do
     "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json | tee "$OUT/$m.report.json" >&2 || fail "$m did not compile"
@@ -27,16 +27,6 @@ done
 "$COMPILE" "$OUT/dynamic-batch.onnx" -o "$OUT/dynamic-batch.rbln" --input-shape x=3x8 >&2 \
     || fail "dynamic-batch did not compile with --input-shape"
 
-# expect_error STATUS MESSAGE ARGS...: rbln-compile ARGS fails with STATUS
-# and prints MESSAGE (a fixed string).
-expect_error() {
-    local want=$1 msg=$2 rc=0; shift 2
-    "$COMPILE" "$@" >"$OUT/err.txt" 2>&1 || rc=$?
-    cat "$OUT/err.txt" >&2
-    [[ $rc == "$want" ]] || fail "rbln-compile $*: status $rc, expected $want"
-    grep -qF -- "$msg" "$OUT/err.txt" || fail "rbln-compile $*: message lacks '$msg'"
-    log "ok - rbln-compile $* fails (status $rc): $msg"
-}
 expect_error 1 "node 'topk1' (TopK): op type 'TopK' is not supported by rbln-compile" \
     "$OUT/unsupported-op.onnx" -o "$OUT/unsupported.rbln"
 expect_error 1 "input 'x' has a dynamic dimension 'batch' (axis 0); give static shapes with --input-shape x=" \

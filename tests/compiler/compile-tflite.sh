@@ -18,17 +18,9 @@ REQ=$RBLN_ROOT/tests/models/exports/tensorflow.txt
 MODELS="keras-cnn tf-ops keras-cnn-fp16 mobilenetv2 deeplabv3plus"
 [[ -x $COMPILE ]] || die "build rbln-compile first (cargo build --release)"
 
-fail() { log "FAIL: $*"; exit 1; }
+source "$RBLN_ROOT/tests/compiler/lib.sh"
 
-CACHE=$RBLN_CACHE/tflite-$(hash_of "$EXPORTER" "$REQ")
-if [[ ! -f $CACHE/.complete ]]; then
-    PY=$("$RBLN_ROOT/scripts/setup-python.sh" "$REQ" | tail -n 1)
-    rm -rf "$CACHE"
-    mkdir -p "$CACHE"
-    log "exporting the Keras models to TFLite (cached in $CACHE)"
-    "$PY" "$EXPORTER" "$CACHE" >&2 || fail "export_keras.py failed"
-    touch "$CACHE/.complete"
-fi
+CACHE=$(cached_exports tflite "$REQ" "$EXPORTER") || exit 1
 rm -rf "$OUT"
 mkdir -p "$OUT"
 cp "$CACHE"/*.tflite "$CACHE"/*.npy "$CACHE"/*.ops.txt "$OUT"/
@@ -38,16 +30,6 @@ for m in $MODELS; do
     grep -q '"format":"tflite"' "$OUT/$m.report.json" || fail "$m: the report does not say tflite"
 done
 
-# expect_error STATUS MESSAGE ARGS...: rbln-compile ARGS fails with STATUS
-# and prints MESSAGE (a fixed string).
-expect_error() {
-    local want=$1 msg=$2 rc=0; shift 2
-    "$COMPILE" "$@" >"$OUT/err.txt" 2>&1 || rc=$?
-    cat "$OUT/err.txt" >&2
-    [[ $rc == "$want" ]] || fail "rbln-compile $*: status $rc, expected $want"
-    grep -qF -- "$msg" "$OUT/err.txt" || fail "rbln-compile $*: message lacks '$msg'"
-    log "ok - rbln-compile $* fails (status $rc): $msg"
-}
 head -c 3000 "$OUT/keras-cnn.tflite" >"$OUT/truncated.tflite"
 expect_error 1 "not a valid TFLite model: the flatbuffer does not verify" "$OUT/truncated.tflite" -o "$OUT/truncated.rbln"
 # Not a flatbuffer at all, named .tflite: the TFLite reader's error.
