@@ -141,7 +141,6 @@ impl Importer {
         let pos = self.binary(cx, Binary::Add, pos, offsets, false)?;
         let pos = self.where_select(cx, ok, pos, end, Some("checked"))?;
         let pos = self.device_tmp(cx, Kind::Cast { x: pos, from: DType::F32, to: DType::I64 }, is.clone(), "positions");
-        self.g.values[pos].dtype = DType::I64;
         let kind = Kind::Gather { data: flat, indices: pos, dims: vec![n], axis: 0, count: volume(&is) };
         Ok(self.device(cx, kind, is))
     }
@@ -193,7 +192,6 @@ impl Importer {
             // sum of the mask) runs in f32: back to i64, exact below 2^24.
             // (A float model input stays refused below.)
             indices = self.device_tmp(cx, Kind::Cast { x: indices, from: DType::F32, to: DType::I64 }, self.shape(indices), "ids");
-            self.g.values[indices].dtype = DType::I64;
             it = DType::I64;
         }
         if !matches!(it, DType::I32 | DType::I64) {

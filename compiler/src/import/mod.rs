@@ -309,11 +309,7 @@ impl Importer {
 
     /// A device op computing output `i` of the node.
     fn device_out(&mut self, cx: &Cx, i: usize, kind: Kind, shape: Vec<u64>) -> ValueId {
-        let dtype = match &kind {
-            Kind::View { x } => self.g.values[*x].dtype,
-            Kind::Cast { to, .. } => *to,
-            _ => DType::F32,
-        };
+        let dtype = self.result_dtype(&kind);
         let out = self.g.add_value(&Self::out_name(cx, i), shape, None);
         self.g.values[out].dtype = dtype;
         self.g.ops.push(Op { name: cx.name.clone(), op: cx.n.op_type.clone(), kind, out });
@@ -324,9 +320,21 @@ impl Importer {
         self.device_out(cx, 0, kind, shape)
     }
 
+    /// The dtype of what `kind` computes: a view keeps its input's, a
+    /// cast has its target's, everything else is f32.
+    fn result_dtype(&self, kind: &Kind) -> DType {
+        match kind {
+            Kind::View { x } => self.g.values[*x].dtype,
+            Kind::Cast { to, .. } => *to,
+            _ => DType::F32,
+        }
+    }
+
     /// A device op computing an intermediate value of the node.
     fn device_tmp(&mut self, cx: &Cx, kind: Kind, shape: Vec<u64>, tag: &str) -> ValueId {
+        let dtype = self.result_dtype(&kind);
         let out = self.g.add_value(&format!("{}.{tag}", Self::out_name(cx, 0)), shape, None);
+        self.g.values[out].dtype = dtype;
         self.g.ops.push(Op { name: format!("{}.{tag}", cx.name), op: cx.n.op_type.clone(), kind, out });
         out
     }
