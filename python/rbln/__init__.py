@@ -21,12 +21,14 @@ import asyncio
 import functools
 import io
 import os
+import threading
+import weakref
 from typing import Any, Iterable, Sequence, Union
 
 from . import _rbln
 from ._errors import *  # noqa: F401,F403  (the exception hierarchy)
 from ._errors import RBLNCompileError, RBLNValueError, __all__ as _error_names
-from ._rbln import CompiledModel, Runtime, Task, device_count, devices
+from ._rbln import CompiledModel, Runtime, Task, device_count, devices, perf_counter_ns
 
 __version__: str = _rbln.__version__
 
@@ -39,8 +41,8 @@ class AsyncRuntime(_rbln.AsyncRuntime):
     ``AsyncRuntime(model, *, device=0, parallel=1, tensor_type="np")``.
     ``run(*inputs)`` returns an :class:`rbln.Task` at once (``task.wait()``
     for the outputs); ``await rt.async_run(*inputs)`` on asyncio. Requests
-    run in the order they were made; results are handed to the event loop
-    with ``loop.call_soon_threadsafe``, never blocking it.
+    run in the order they were made; finished requests reach the event
+    loop through a descriptor it watches, never blocking it.
     """
 
     def async_run(self, *inputs: Any, **named: Any):
@@ -53,9 +55,36 @@ class AsyncRuntime(_rbln.AsyncRuntime):
         """
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        task = self.run(*inputs, **named)
-        task.add_done_callback(functools.partial(loop.call_soon_threadsafe, _deliver, fut, task))
+        queue = _completion_queue(loop)
+        if queue is not None:
+            self._run_into(queue, fut, inputs, named)
+        else:
+            task = self.run(*inputs, **named)
+            task.add_done_callback(functools.partial(loop.call_soon_threadsafe, _deliver, fut, task))
         return _await(fut)
+
+
+# Per event loop: the queue finished requests of every runtime reach it
+# through (None: a loop without add_reader, which gets one
+# call_soon_threadsafe per request instead).
+_queues: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = weakref.WeakKeyDictionary()
+_queues_lock = threading.Lock()
+_NO_READER = object()
+
+
+def _completion_queue(loop: asyncio.AbstractEventLoop):
+    q = _queues.get(loop)
+    if q is None:
+        with _queues_lock:  # loops of other threads register concurrently
+            q = _queues.get(loop)
+            if q is None:
+                q = _rbln.CompletionQueue()
+                try:
+                    loop.add_reader(q.fileno(), q.deliver)
+                except NotImplementedError:
+                    q = _NO_READER
+                _queues[loop] = q
+    return None if q is _NO_READER else q
 
 
 def _deliver(fut: asyncio.Future, task: Task) -> None:
@@ -190,5 +219,6 @@ __all__ = [
     "compile_from_torch",
     "device_count",
     "devices",
+    "perf_counter_ns",
     *_error_names,
 ]

@@ -5,18 +5,25 @@
 //! runtime's submitter thread (a channel send): it never waits for the
 //! device, so asyncio's event loop is never blocked. The submitter thread
 //! owns the Rust `AsyncRuntime` and submits requests in call order (its
-//! `run` waits when both instances are busy); a completer thread waits for
-//! them in the same order and completes each request's [`Task`]: waiters
-//! of `Task.wait` are woken, and a registered callback (asyncio: hands the
-//! result to the loop with `loop.call_soon_threadsafe`) is called. A
-//! request whose waiter went away (a cancelled asyncio task) still runs to
-//! completion in its turn, so no other request is lost or reordered.
+//! `run` waits when both instances are busy). The Rust runtime's slot
+//! threads complete each request's [`Task`] (`RunHandle::on_complete`):
+//! waiters of `Task.wait` are woken, and either a registered callback is
+//! called (taking the GIL) or, for asyncio, the task's token is queued
+//! on a [`CompletionQueue`] whose descriptor the event loop watches: the
+//! loop collects every finished request in one wake-up, and the threads
+//! completing them never take the GIL. A request whose waiter went away
+//! (a cancelled asyncio task) still runs to completion in its turn, so no
+//! other request is lost or reordered.
 
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use rbln_runtime::{ModelInfo, Tensor};
@@ -27,6 +34,99 @@ use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_tensors, Tensor
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A finished request on its way to its asyncio future.
+struct Delivery {
+    future: Py<PyAny>,
+    result: Result<Vec<Tensor>, Failure>,
+    tensor_type: TensorType,
+}
+
+/// The sending side of a [`CompletionQueue`], shared with the threads
+/// that complete requests.
+struct QueueSender {
+    ready: Mutex<Vec<Delivery>>,
+    wake: UnixStream,
+}
+
+impl QueueSender {
+    /// Queue a finished request; the first after a delivery writes one
+    /// byte, which makes the queue's descriptor readable.
+    fn push(&self, d: Delivery) {
+        let was_empty = {
+            let mut r = lock(&self.ready);
+            r.push(d);
+            r.len() == 1
+        };
+        if was_empty {
+            // Non-blocking: a full socket buffer already means "readable".
+            let _ = (&self.wake).write(&[1]);
+        }
+    }
+}
+
+/// Finished requests for one asyncio event loop. `AsyncRuntime._run_into`
+/// queues each finished request here with its future (no GIL needed) and
+/// makes `fileno()` readable; the loop watches the descriptor
+/// (`loop.add_reader`) and calls `deliver()`, which sets the futures of
+/// every request finished since the last call: one wake-up of the loop
+/// for several requests under load, and no Python frame per request.
+#[pyclass(module = "rbln._rbln", name = "CompletionQueue", frozen)]
+pub struct CompletionQueue {
+    sender: Arc<QueueSender>,
+    wakeups: UnixStream,
+}
+
+#[pymethods]
+impl CompletionQueue {
+    #[new]
+    fn py_new() -> PyResult<Self> {
+        let failed = |e: std::io::Error| Failure::new("RBLNRuntimeError", format!("cannot create a completion queue: {e}"));
+        let (wakeups, wake) = UnixStream::pair().map_err(failed)?;
+        wakeups.set_nonblocking(true).map_err(failed)?;
+        wake.set_nonblocking(true).map_err(failed)?;
+        Ok(Self { sender: Arc::new(QueueSender { ready: Mutex::new(Vec::new()), wake }), wakeups })
+    }
+
+    /// The descriptor that is readable while finished requests wait.
+    fn fileno(&self) -> RawFd {
+        self.wakeups.as_raw_fd()
+    }
+
+    /// On the loop's thread: set the result (or exception) of the future
+    /// of every request finished since the last call, in the order they
+    /// finished; futures already done (cancelled) are skipped. Returns how
+    /// many requests were taken.
+    fn deliver(&self, py: Python<'_>) -> usize {
+        // Empty the socket first: a request queued after this read but
+        // before the take below is delivered now, and its byte only causes
+        // one empty call later; none is ever left without a byte.
+        let mut buf = [0u8; 256];
+        while matches!((&self.wakeups).read(&mut buf), Ok(n) if n > 0) {}
+        let ready = std::mem::take(&mut *lock(&self.sender.ready));
+        let n = ready.len();
+        for d in ready {
+            let fut = d.future.bind(py);
+            // A failure to set one future must not lose the others.
+            if let Err(e) = set_future(fut, d.result, d.tensor_type) {
+                e.write_unraisable(py, Some(fut));
+            }
+        }
+        n
+    }
+}
+
+fn set_future(fut: &Bound<'_, PyAny>, result: Result<Vec<Tensor>, Failure>, tt: TensorType) -> PyResult<()> {
+    let py = fut.py();
+    if fut.call_method0(intern!(py, "done"))?.is_truthy()? {
+        return Ok(()); // cancelled by its awaiter
+    }
+    match result.map_err(PyErr::from).and_then(|outs| outputs_to_py(py, outs, tt)) {
+        Ok(v) => fut.call_method1(intern!(py, "set_result"), (v,))?,
+        Err(e) => fut.call_method1(intern!(py, "set_exception"), (e.value(py),))?,
+    };
+    Ok(())
 }
 
 #[derive(Default)]
@@ -61,6 +161,23 @@ impl TaskState {
                     e.write_unraisable(py, None);
                 }
             });
+        }
+    }
+}
+
+/// Where a request's outcome goes.
+enum Completion {
+    /// An `rbln.Task` (`AsyncRuntime.run`).
+    Task(Arc<TaskState>),
+    /// An asyncio future, through its loop's queue (`async_run`).
+    Future(Arc<QueueSender>, Delivery),
+}
+
+impl Completion {
+    fn complete(self, r: Result<Vec<Tensor>, Failure>) {
+        match self {
+            Completion::Task(state) => state.complete(r),
+            Completion::Future(q, d) => q.push(Delivery { result: r, ..d }),
         }
     }
 }
@@ -175,7 +292,7 @@ impl Task {
 
 struct Job {
     inputs: Vec<Tensor>,
-    state: Arc<TaskState>,
+    done: Completion,
 }
 
 /// Pipelined execution: `AsyncRuntime(model, *, device=0, parallel=1,
@@ -184,7 +301,7 @@ struct Job {
 #[pyclass(module = "rbln._rbln", name = "AsyncRuntime", frozen, subclass)]
 pub struct AsyncRuntime {
     jobs: Mutex<Option<Sender<Job>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    submitter: Mutex<Option<JoinHandle<()>>>,
     info: ModelInfo,
     properties: Vec<(String, String)>,
     tensor_type: TensorType,
@@ -210,36 +327,25 @@ impl AsyncRuntime {
             .map_err(PyErr::from)?;
 
         let (jobs_tx, jobs_rx) = channel::<Job>();
-        let (done_tx, done_rx) = channel::<(rbln_runtime::RunHandle, Arc<TaskState>)>();
-        let spawn_failed = |e: std::io::Error| Failure::new("RBLNRuntimeError", format!("cannot start a runtime thread: {e}"));
         let submitter = std::thread::Builder::new()
             .name("rbln-py-submit".into())
             .spawn(move || {
                 for job in jobs_rx {
                     match rt.run(&job.inputs) {
                         Ok(h) => {
-                            if let Err(std::sync::mpsc::SendError((_, state))) = done_tx.send((h, job.state)) {
-                                state.complete(Err(Failure::new("RBLNRuntimeError", "the runtime's completion thread is gone")));
-                            }
+                            let done = job.done;
+                            h.on_complete(move |r| done.complete(r.map_err(Failure::from)));
                         }
-                        Err(e) => job.state.complete(Err(e.into())),
+                        Err(e) => job.done.complete(Err(e.into())),
                     }
                 }
                 // Closing: `rt` is dropped here, after its requests
                 // completed (their slots finish them first).
             })
-            .map_err(spawn_failed)?;
-        let completer = std::thread::Builder::new()
-            .name("rbln-py-complete".into())
-            .spawn(move || {
-                for (h, state) in done_rx {
-                    state.complete(h.wait().map_err(Failure::from));
-                }
-            })
-            .map_err(spawn_failed)?;
+            .map_err(|e| Failure::new("RBLNRuntimeError", format!("cannot start a runtime thread: {e}")))?;
         Ok(Self {
             jobs: Mutex::new(Some(jobs_tx)),
-            threads: Mutex::new(vec![submitter, completer]),
+            submitter: Mutex::new(Some(submitter)),
             info,
             properties,
             tensor_type,
@@ -254,17 +360,23 @@ impl AsyncRuntime {
     /// range errors are raised by the task.
     #[pyo3(signature = (*args, **kwargs))]
     fn run<'py>(&self, args: &Bound<'py, PyTuple>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Task> {
-        let inputs = gather_inputs(&self.info, args, kwargs)?;
-        let tensors = to_tensors(&self.info, &inputs)?;
-        precheck(&self.info, &tensors)?;
         let state = Arc::new(TaskState::default());
-        let job = Job { inputs: tensors, state: state.clone() };
-        let sent = lock(&self.jobs).as_ref().map(|tx| tx.send(job).is_ok());
-        match sent {
-            Some(true) => Ok(Task { state, tensor_type: self.tensor_type, value: Mutex::new(None) }),
-            Some(false) => Err(Failure::new("RBLNRuntimeError", "the runtime's submission thread is gone").into()),
-            None => Err(Failure::closed("runtime").into()),
-        }
+        self.submit(args, kwargs, Completion::Task(state.clone()))?;
+        Ok(Task { state, tensor_type: self.tensor_type, value: Mutex::new(None) })
+    }
+
+    /// `async_run`'s submission (rbln/__init__.py): like `run`, but the
+    /// outcome goes to the asyncio `future` through `queue`, the
+    /// `CompletionQueue` its loop watches.
+    fn _run_into<'py>(
+        &self,
+        queue: &CompletionQueue,
+        future: Py<PyAny>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<()> {
+        let d = Delivery { future, result: Ok(Vec::new()), tensor_type: self.tensor_type };
+        self.submit(args, kwargs, Completion::Future(queue.sender.clone(), d))
     }
 
     /// Inputs, outputs, memory, ops, properties.
@@ -292,10 +404,11 @@ impl AsyncRuntime {
     fn close(&self, py: Python<'_>) {
         let tx = lock(&self.jobs).take();
         drop(tx);
-        let threads = std::mem::take(&mut *lock(&self.threads));
-        // The completer may need the GIL to call callbacks: wait without it.
+        let submitter = lock(&self.submitter).take();
+        // The slot threads finishing the last requests may need the GIL to
+        // call callbacks: wait without it.
         py.detach(|| {
-            for t in threads {
+            if let Some(t) = submitter {
                 let _ = t.join();
             }
         });
@@ -317,11 +430,25 @@ impl AsyncRuntime {
     }
 }
 
+impl AsyncRuntime {
+    fn submit(&self, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>, done: Completion) -> PyResult<()> {
+        let inputs = gather_inputs(&self.info, args, kwargs)?;
+        let tensors = to_tensors(&self.info, &inputs)?;
+        precheck(&self.info, &tensors)?;
+        let sent = lock(&self.jobs).as_ref().map(|tx| tx.send(Job { inputs: tensors, done }).is_ok());
+        match sent {
+            Some(true) => Ok(()),
+            Some(false) => Err(Failure::new("RBLNRuntimeError", "the runtime's submission thread is gone").into()),
+            None => Err(Failure::closed("runtime").into()),
+        }
+    }
+}
+
 impl Drop for AsyncRuntime {
     fn drop(&mut self) {
-        // Dropped by the garbage collector (GIL held): do not join (the
-        // completer may need the GIL); closing the channel lets both
-        // threads finish what was submitted and exit on their own.
+        // Dropped by the garbage collector (GIL held): do not join (a
+        // slot thread may need the GIL for a callback); closing the
+        // channel lets the submitter finish what was submitted and exit.
         lock(&self.jobs).take();
     }
 }

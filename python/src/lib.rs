@@ -72,15 +72,27 @@ fn devices<'py>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
     Ok(out)
 }
 
+/// Nanoseconds from an arbitrary origin on the runtime's clock
+/// (`rbln_umd::clock`): fine-grained where `time.perf_counter_ns` is not
+/// (in a TCG guest the kernel's clock moves in 4 ms steps). For timing
+/// inferences; `rbln-run` measures with the same clock.
+#[pyfunction]
+fn perf_counter_ns() -> u128 {
+    static ORIGIN: std::sync::OnceLock<rbln_umd::clock::Stamp> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(rbln_umd::clock::now).elapsed().as_nanos()
+}
+
 #[pymodule]
 fn _rbln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<runtime::Runtime>()?;
     m.add_class::<asyncrt::AsyncRuntime>()?;
     m.add_class::<asyncrt::Task>()?;
+    m.add_class::<asyncrt::CompletionQueue>()?;
     m.add_class::<model::CompiledModel>()?;
     m.add_function(wrap_pyfunction!(model::_compile, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
+    m.add_function(wrap_pyfunction!(perf_counter_ns, m)?)?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use rbln_runtime::ModelInfo;
 
 use crate::errors::Failure;
 use crate::model::{model_from, properties};
-use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_tensors, write_out, TensorType};
+use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_inputs, write_out, Input, TensorType};
 
 /// A compiled model loaded on an NPU, ready to run.
 ///
@@ -72,21 +72,27 @@ impl Runtime {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let inputs = gather_inputs(&self.info, args, kwargs)?;
-        let tensors = to_tensors(&self.info, &inputs)?;
-        drop(inputs);
+        let inputs = to_inputs(&self.info, &inputs)?;
+        let views: Vec<_> = inputs.iter().map(Input::view).collect();
+        // Without the GIL, the arrays are read while staging them: another
+        // thread writing them meanwhile races as it would with NumPy's own
+        // GIL-free operations.
         let outs = py
             .detach(|| -> Result<_, Failure> {
                 let mut g = lock(&self.inner);
                 let rt = g.as_mut().ok_or_else(|| Failure::closed("runtime"))?;
                 if self.profiler {
-                    let (outs, profile) = rt.profile(&tensors)?;
+                    let (outs, profile) = rt.profile_views(&views)?;
                     *lock(&self.trace) = Some(profile.to_chrome_trace(&self.info.name));
                     Ok(outs)
                 } else {
-                    Ok(rt.run(&tensors)?)
+                    Ok(rt.run_views(&views)?)
                 }
             })
             .map_err(PyErr::from)?;
+        // Release the read borrows: `out` may be one of the inputs.
+        drop(views);
+        drop(inputs);
         match out {
             Some(o) => write_out(o, outs, &self.info),
             None => outputs_to_py(py, outs, self.tensor_type),

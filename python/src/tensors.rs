@@ -1,17 +1,19 @@
 //! NumPy arrays to runtime tensors and back.
 //!
 //! Inputs are read through NumPy's C API: a C-contiguous array of a dtype
-//! the runtime passes (float32, int32, int64, bool) is copied once into
-//! the tensor (one memcpy; the runtime then copies it into the device's
-//! staging buffer). Outputs become NumPy arrays that take ownership of the
-//! runtime's vectors, without a copy.
+//! the runtime passes (float32, int32, int64, bool) is borrowed, and
+//! `Runtime.run` copies it once, into the device's staging buffer
+//! (`AsyncRuntime` copies it at the call, since the request runs later).
+//! Outputs become NumPy arrays that take ownership of the runtime's
+//! vectors, without a copy.
 
 use numpy::{
-    dtype, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+    dtype, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray,
+    PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple};
-use rbln_runtime::{Data, IoInfo, ModelInfo, Tensor};
+use rbln_runtime::{Data, DataRef, IoInfo, ModelInfo, Tensor, TensorView};
 
 use crate::errors::Failure;
 
@@ -84,11 +86,54 @@ pub fn gather_inputs<'py>(
     Ok(slots.into_iter().flatten().collect())
 }
 
-/// One input as a runtime tensor (checked against `want` for dtype; shape
-/// and values are checked by the runtime with its messages).
-pub fn to_tensor(obj: &Bound<'_, PyAny>, want: &IoInfo) -> PyResult<Tensor> {
+/// One input, ready for the runtime: borrowed from a C-contiguous NumPy
+/// array of the right dtype (the runtime copies it once, into staging), or
+/// converted into an owned tensor (other arrays, lists, torch tensors).
+pub struct Input<'py> {
+    shape: Vec<u64>,
+    data: InputData<'py>,
+}
+
+enum InputData<'py> {
+    F32(PyReadonlyArrayDyn<'py, f32>),
+    I32(PyReadonlyArrayDyn<'py, i32>),
+    I64(PyReadonlyArrayDyn<'py, i64>),
+    Bool(PyReadonlyArrayDyn<'py, bool>),
+    Owned(Data),
+}
+
+impl Input<'_> {
+    /// The input borrowed for `Runtime::run_views`.
+    pub fn view(&self) -> TensorView<'_> {
+        // `borrowed` keeps only C-contiguous arrays, whose as_slice works.
+        let data = match &self.data {
+            InputData::F32(a) => DataRef::F32(a.as_slice().unwrap_or_default()),
+            InputData::I32(a) => DataRef::I32(a.as_slice().unwrap_or_default()),
+            InputData::I64(a) => DataRef::I64(a.as_slice().unwrap_or_default()),
+            InputData::Bool(a) => DataRef::Bool(a.as_slice().unwrap_or_default()),
+            InputData::Owned(d) => d.view(),
+        };
+        TensorView { shape: &self.shape, data }
+    }
+
+    /// The input as an owned tensor (one copy when borrowed).
+    pub fn into_tensor(self) -> Tensor {
+        let data = match self.data {
+            InputData::F32(a) => Data::F32(a.as_slice().unwrap_or_default().to_vec()),
+            InputData::I32(a) => Data::I32(a.as_slice().unwrap_or_default().to_vec()),
+            InputData::I64(a) => Data::I64(a.as_slice().unwrap_or_default().to_vec()),
+            InputData::Bool(a) => Data::Bool(a.as_slice().unwrap_or_default().to_vec()),
+            InputData::Owned(d) => d,
+        };
+        Tensor { shape: self.shape, data }
+    }
+}
+
+/// One input (checked against `want` for dtype; shape and values are
+/// checked by the runtime with its messages).
+pub fn to_input<'py>(obj: &Bound<'py, PyAny>, want: &IoInfo) -> PyResult<Input<'py>> {
     let py = obj.py();
-    let arr: Bound<'_, PyUntypedArray> = match obj.cast::<PyUntypedArray>() {
+    let arr: Bound<'py, PyUntypedArray> = match obj.cast::<PyUntypedArray>() {
         Ok(a) => a.clone(),
         Err(_) => {
             let np = py.import("numpy")?;
@@ -117,13 +162,13 @@ pub fn to_tensor(obj: &Bound<'_, PyAny>, want: &IoInfo) -> PyResult<Tensor> {
     let shape: Vec<u64> = arr.shape().iter().map(|&d| d as u64).collect();
     let dt = arr.dtype();
     let data = if dt.is_equiv_to(&dtype::<f32>(py)) {
-        Data::F32(read::<f32>(&arr)?)
+        borrowed(&arr, InputData::F32)?
     } else if dt.is_equiv_to(&dtype::<i64>(py)) {
-        Data::I64(read::<i64>(&arr)?)
+        borrowed(&arr, InputData::I64)?
     } else if dt.is_equiv_to(&dtype::<i32>(py)) {
-        Data::I32(read::<i32>(&arr)?)
+        borrowed(&arr, InputData::I32)?
     } else if dt.is_equiv_to(&dtype::<bool>(py)) {
-        Data::Bool(read::<bool>(&arr)?)
+        borrowed(&arr, InputData::Bool)?
     } else {
         return Err(Failure::new(
             "RBLNInputTypeError",
@@ -131,21 +176,25 @@ pub fn to_tensor(obj: &Bound<'_, PyAny>, want: &IoInfo) -> PyResult<Tensor> {
         )
         .into());
     };
-    Ok(Tensor { shape, data })
+    Ok(Input { shape, data })
 }
 
-/// The elements of an array of element type `T`: one memcpy when it is
-/// C-contiguous, an element walk otherwise.
-fn read<T: numpy::Element + Copy>(arr: &Bound<'_, PyUntypedArray>) -> PyResult<Vec<T>> {
+/// A read-only borrow of a C-contiguous array of element type `T`; other
+/// layouts are walked element by element into an owned copy.
+fn borrowed<'py, T: numpy::Element + Copy>(
+    arr: &Bound<'py, PyUntypedArray>,
+    wrap: fn(PyReadonlyArrayDyn<'py, T>) -> InputData<'py>,
+) -> PyResult<InputData<'py>>
+where
+    Vec<T>: Into<Data>,
+{
     let a = arr.cast::<PyArrayDyn<T>>().map_err(PyErr::from)?;
     let ro = a.try_readonly().map_err(|e| Failure::new("RBLNInputError", format!("input array: {e}")))?;
     // as_slice also accepts Fortran order; the runtime wants row-major.
-    if arr.is_c_contiguous() {
-        if let Ok(s) = ro.as_slice() {
-            return Ok(s.to_vec());
-        }
+    if arr.is_c_contiguous() && ro.as_slice().is_ok() {
+        return Ok(wrap(ro));
     }
-    Ok(ro.as_array().iter().copied().collect())
+    Ok(InputData::Owned(ro.as_array().iter().copied().collect::<Vec<T>>().into()))
 }
 
 /// A runtime tensor as a NumPy array (owning the tensor's vector).
@@ -268,7 +317,13 @@ pub fn info_dict<'py>(py: Python<'py>, info: &ModelInfo, properties: &[(String, 
     Ok(d)
 }
 
-/// Every input converted, in order.
+/// Every input, in order, borrowed where possible.
+pub fn to_inputs<'py>(info: &ModelInfo, inputs: &[Bound<'py, PyAny>]) -> PyResult<Vec<Input<'py>>> {
+    inputs.iter().zip(&info.inputs).map(|(o, want)| to_input(o, want)).collect()
+}
+
+/// Every input copied into an owned tensor, in order (for requests that
+/// run after the call returns: the caller may reuse its arrays at once).
 pub fn to_tensors(info: &ModelInfo, inputs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Tensor>> {
-    inputs.iter().zip(&info.inputs).map(|(o, want)| to_tensor(o, want)).collect()
+    Ok(to_inputs(info, inputs)?.into_iter().map(Input::into_tensor).collect())
 }

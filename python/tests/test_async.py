@@ -175,3 +175,41 @@ def test_inputs_copied_at_submission(scale_model):
             buf[:] = i
             tasks.append(rt.run(buf))
         assert [float(t.wait()[0, 0]) for t in tasks] == [3.0 * i for i in range(10)]
+
+
+def test_event_loops_in_threads_share_runtimes(scale_model, mlp):
+    """Each thread's loop gets the completions of its own requests, from two
+    runtimes at once; a loop closed and replaced (asyncio.run twice) too."""
+    path, x, want = mlp
+    errors = []
+    with scale_model.create_async_runtime(parallel=2) as rt, rbln.AsyncRuntime(path, parallel=2) as rt2:
+        def worker(k):
+            for rnd in range(2):  # a fresh event loop each round
+                xs = [np.full((4, 16), k * 1000 + rnd * 100 + i, np.float32) for i in range(25)]
+
+                async def main():
+                    return await asyncio.gather(*(rt.async_run(v) for v in xs), rt2.async_run(x))
+
+                ys = asyncio.run(main())
+                errors.extend((k, i) for i, (v, y) in enumerate(zip(xs, ys)) if not np.array_equal(y, 3 * v))
+                if not close(ys[-1], want):
+                    errors.append((k, "mlp"))
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+
+
+def test_async_run_is_a_coroutine(scale_model):
+    """async_run's awaitable works with asyncio.create_task and wait_for."""
+    async def main(rt):
+        x = np.full((4, 16), 5, np.float32)
+        t = asyncio.create_task(rt.async_run(x))
+        y2 = await asyncio.wait_for(rt.async_run(2 * x), timeout=60)
+        return await t, y2
+
+    with scale_model.create_async_runtime(parallel=2) as rt:
+        y, y2 = asyncio.run(main(rt))
+    assert np.array_equal(y, np.full((4, 16), 15, np.float32)) and np.array_equal(y2, 2 * y)

@@ -88,6 +88,9 @@ def test_several_outputs(two_outputs_model):
         assert close(outs[0], np.maximum(x, 0)) and close(outs[1], 2 * x + 1)
         o = [np.empty((2, 8), np.float32), np.empty((2, 8), np.float32)]
         assert rt.run(x, out=o) is o and close(o[1], 2 * x + 1)
+        # In place: an input array is also an output's destination.
+        y = x.copy()
+        assert rt.run(y, out=[o[0], y])[1] is y and close(y, 2 * x + 1)
         with pytest.raises(ValueError, match=r"out: the model has 2 output\(s\), got 1 array\(s\)"):
             rt.run(x, out=[o[0]])
 

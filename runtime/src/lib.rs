@@ -93,14 +93,13 @@ impl Data {
         }
     }
 
-    /// The bytes the device sees (little-endian; bool as one byte 0/1).
-    fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
-        use std::borrow::Cow;
+    /// The elements borrowed.
+    pub fn view(&self) -> DataRef<'_> {
         match self {
-            Data::F32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
-            Data::I32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
-            Data::I64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
-            Data::Bool(v) => Cow::Owned(v.iter().map(|&b| b as u8).collect()),
+            Data::F32(v) => DataRef::F32(v),
+            Data::I32(v) => DataRef::I32(v),
+            Data::I64(v) => DataRef::I64(v),
+            Data::Bool(v) => DataRef::Bool(v),
         }
     }
 
@@ -114,11 +113,58 @@ impl Data {
         }
     }
 
+}
+
+/// The elements of a tensor, borrowed: what the runtime reads inputs
+/// from ([`TensorView`]), so callers holding them elsewhere (a NumPy
+/// array, a memory map) are copied once, into the device's staging.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DataRef<'a> {
+    F32(&'a [f32]),
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+    Bool(&'a [bool]),
+}
+
+impl DataRef<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            DataRef::F32(v) => v.len(),
+            DataRef::I32(v) => v.len(),
+            DataRef::I64(v) => v.len(),
+            DataRef::Bool(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self {
+            DataRef::F32(_) => DType::F32,
+            DataRef::I32(_) => DType::I32,
+            DataRef::I64(_) => DType::I64,
+            DataRef::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The bytes the device sees (little-endian; bool as one byte 0/1).
+    fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        use std::borrow::Cow;
+        match *self {
+            DataRef::F32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            DataRef::I32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            DataRef::I64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            DataRef::Bool(v) => Cow::Owned(v.iter().map(|&b| b as u8).collect()),
+        }
+    }
+
     /// Element `i` as an integer (integer dtypes only).
     fn int(&self, i: usize) -> Option<i64> {
-        match self {
-            Data::I32(v) => v.get(i).map(|&x| x as i64),
-            Data::I64(v) => v.get(i).copied(),
+        match *self {
+            DataRef::I32(v) => v.get(i).map(|&x| x as i64),
+            DataRef::I64(v) => v.get(i).copied(),
             _ => None,
         }
     }
@@ -189,6 +235,28 @@ impl Tensor {
     pub fn elements(shape: &[u64]) -> u64 {
         shape.iter().product()
     }
+
+    /// The tensor borrowed, for [`Runtime::run_views`].
+    pub fn view(&self) -> TensorView<'_> {
+        TensorView { shape: &self.shape, data: self.data.view() }
+    }
+}
+
+/// A tensor's shape and elements, borrowed ([`Runtime::run_views`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TensorView<'a> {
+    pub shape: &'a [u64],
+    pub data: DataRef<'a>,
+}
+
+impl TensorView<'_> {
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+}
+
+fn views(tensors: &[Tensor]) -> Vec<TensorView<'_>> {
+    tensors.iter().map(Tensor::view).collect()
 }
 
 /// Row-major multi-index of flat element `i` of `shape`.
@@ -400,7 +468,7 @@ impl Runtime {
     }
 
     /// Check `inputs` against the model: count, shapes, lengths.
-    fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
+    fn check_inputs(&self, inputs: &[TensorView<'_>]) -> Result<()> {
         let want = &self.model.meta.inputs;
         if inputs.len() != want.len() {
             let names = want.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", ");
@@ -411,7 +479,7 @@ impl Runtime {
                 return Err(Error::InputDType { name: b.name.clone(), expected: b.dtype.name(), got: t.dtype().name() });
             }
             if t.shape != b.shape {
-                return Err(Error::InputShape { name: b.name.clone(), expected: b.shape.clone(), got: t.shape.clone() });
+                return Err(Error::InputShape { name: b.name.clone(), expected: b.shape.clone(), got: t.shape.to_vec() });
             }
             let n = Tensor::elements(&b.shape);
             if t.data.len() as u64 != n {
@@ -437,17 +505,28 @@ impl Runtime {
 
     /// Run one inference.
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.run_views(&views(inputs))
+    }
+
+    /// Run one inference on borrowed inputs (copied once, into staging).
+    pub fn run_views(&mut self, inputs: &[TensorView<'_>]) -> Result<Vec<Tensor>> {
         self.submit(inputs)?.wait(STREAM_TIMEOUT)?;
         self.read_outputs()
     }
 
-    /// Check and stage `inputs` and submit the per-inference streams;
-    /// returns the fence of the last one.
-    pub(crate) fn submit(&mut self, inputs: &[Tensor]) -> Result<rbln_umd::Fence> {
+    /// Check `inputs` and copy them into staging.
+    fn stage(&mut self, inputs: &[TensorView<'_>]) -> Result<()> {
         self.check_inputs(inputs)?;
         for (t, b) in inputs.iter().zip(&self.model.meta.inputs) {
             self.staging.write_slice(b.placement.offset(), &t.data.bytes())?;
         }
+        Ok(())
+    }
+
+    /// Check and stage `inputs` and submit the per-inference streams;
+    /// returns the fence of the last one.
+    pub(crate) fn submit(&mut self, inputs: &[TensorView<'_>]) -> Result<rbln_umd::Fence> {
+        self.stage(inputs)?;
         let mut last = None;
         for &(va, len) in &self.per_inference {
             last = Some(self.queue.submit_va(va, len)?);
@@ -459,10 +538,12 @@ impl Runtime {
     /// node (or every stream whose packets are not all assigned to nodes),
     /// each executed through an INDIRECT call of its pre-encoded packets.
     pub fn profile(&mut self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Profile)> {
-        self.check_inputs(inputs)?;
-        for (t, b) in inputs.iter().zip(&self.model.meta.inputs) {
-            self.staging.write_slice(b.placement.offset(), &t.data.bytes())?;
-        }
+        self.profile_views(&views(inputs))
+    }
+
+    /// [`Runtime::profile`] on borrowed inputs.
+    pub fn profile_views(&mut self, inputs: &[TensorView<'_>]) -> Result<(Vec<Tensor>, Profile)> {
+        self.stage(inputs)?;
         let p = &self.model.program;
         let mut spans: Vec<(String, &'static str, u64, u32)> = Vec::new();
         for role in [StreamRole::InputTransfer, StreamRole::Run, StreamRole::OutputTransfer] {

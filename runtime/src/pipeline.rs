@@ -21,6 +21,10 @@ use rbln_umd::{Device, Fence};
 
 use crate::{Result, Runtime, Tensor};
 
+/// Called with a request's outcome by the slot's completion thread
+/// ([`RunHandle::on_complete`]).
+type Callback = Box<dyn FnOnce(Result<Vec<Tensor>>) + Send>;
+
 #[derive(Default)]
 struct CellState {
     /// Set once the request finished (success or error), even after
@@ -28,6 +32,7 @@ struct CellState {
     done: bool,
     result: Option<Result<Vec<Tensor>>>,
     waker: Option<Waker>,
+    callback: Option<Callback>,
 }
 
 /// Where a request's outputs end up.
@@ -44,12 +49,23 @@ impl Cell {
 
     fn complete(&self, r: Result<Vec<Tensor>>) {
         let mut g = self.lock();
-        g.result = Some(r);
         g.done = true;
+        // A callback takes the outcome; otherwise it waits for `wait`/`poll`.
+        let call = match g.callback.take() {
+            Some(f) => Some((f, r)),
+            None => {
+                g.result = Some(r);
+                None
+            }
+        };
         if let Some(w) = g.waker.take() {
             w.wake();
         }
+        drop(g);
         self.cv.notify_all();
+        if let Some((f, r)) = call {
+            f(r);
+        }
     }
 
     /// Block until the request finished.
@@ -119,6 +135,21 @@ impl RunHandle {
         let mut g = self.cell.wait_done();
         g.result.take().unwrap_or(Err(crate::Error::Lost))
     }
+
+    /// Have the slot's completion thread call `f` with this request's
+    /// outcome (at once, on this thread, if it already finished): no
+    /// thread of the caller's has to wait. `f` runs while the slot's next
+    /// request waits for its completion, so it should be quick.
+    pub fn on_complete(self, f: impl FnOnce(Result<Vec<Tensor>>) + Send + 'static) {
+        let mut g = self.cell.lock();
+        if g.done {
+            let r = g.result.take().unwrap_or(Err(crate::Error::Lost));
+            drop(g);
+            f(r);
+        } else {
+            g.callback = Some(Box::new(f));
+        }
+    }
 }
 
 /// A request in flight as a `Future` (for async callers): the slot's
@@ -166,7 +197,7 @@ impl AsyncRuntime {
         if let Some(prev) = slot.last.take() {
             drop(prev.wait_done());
         }
-        let fence = slot.rt.lock().unwrap_or_else(|e| e.into_inner()).submit(inputs)?;
+        let fence = slot.rt.lock().unwrap_or_else(|e| e.into_inner()).submit(&crate::views(inputs))?;
         let cell = Arc::new(Cell::default());
         let sent = slot.jobs.as_ref().is_some_and(|tx| tx.send((fence, cell.clone())).is_ok()) && slot.worker.is_some();
         if !sent {
