@@ -54,6 +54,7 @@ if [[ $SMOKE == 1 ]]; then
     DMA_SIZES="65536 1048576" DMA_REPS=3
     LAT_RUNS=20 LAT_WARMUP=5
     ASYNC_ITERS=4 ASYNC_WARMUP=1
+    PY_MODELS=micro-mlp PY_ITERS=10 PY_WARMUP=2 PY_REQUESTS=10 PY_ROUNDS=1
     ORT_ARGS=(--warmup 1 --min-runs 3 --max-runs 10 --budget 0.5)
     NATIVE_ARGS=(--gemm 64 --reps 3)
 else
@@ -64,6 +65,9 @@ else
     DMA_SIZES="16777216 1048576" DMA_REPS=9
     LAT_RUNS=300 LAT_WARMUP=30
     ASYNC_ITERS=30 ASYNC_WARMUP=3
+    # The Python SDK against the Rust runtime on a small model (per-call
+    # costs) and a CNN (the common case).
+    PY_MODELS="micro-mlp resnet18" PY_ITERS=100 PY_WARMUP=10 PY_REQUESTS=100 PY_ROUNDS=3
     ORT_ARGS=(--warmup 3 --min-runs 8 --max-runs 60 --budget 2)
     NATIVE_ARGS=(--gemm 1024 --reps 11)
 fi
@@ -87,6 +91,11 @@ if [[ -n ${BENCH_MODELS:-} ]]; then
     done
 fi
 MICRO_MODELS="micro-gemm micro-conv micro-add micro-relu"
+# Python rows need their models generated; resnet18 is a test model.
+for m in $PY_MODELS; do
+    case " $TEST_MODELS $BENCH_MODELS_LIST $MICRO_MODELS resnet18 " in *" $m "*) ;; *) MICRO_MODELS+=" $m" ;; esac
+done
+[[ " $TEST_MODELS " == *" resnet18 "* ]] || PY_MODELS=${PY_MODELS//resnet18/}
 ASYNC_MODEL=micro-relu  # only run with --async (guest.sh)
 # The host copy reference covers the Add's tensor size and the DMA sizes.
 if [[ $SMOKE == 1 ]]; then ADD_BYTES=$((4 * 4 * 32 * 32)); else ADD_BYTES=$((4 * 64 * 256 * 256)); fi
@@ -143,6 +152,9 @@ main() {
         cargo build --release --workspace --quiet
         "$RBLN_ROOT/scripts/build-kmd.sh"
     fi
+    # The guest's Python with the rbln wheel (the Python SDK rows); quick
+    # when nothing changed.
+    "$RBLN_ROOT/scripts/build-guest-python.sh" >/dev/null
     PY=$("$RBLN_ROOT/scripts/setup-python.sh" | tail -n 1)
 
     rm -rf "$OUT"
@@ -198,7 +210,7 @@ main() {
         local v
         for v in SMOKE THREADS TEST_MODELS BENCH_MODELS_LIST EXPORT_MODELS_LIST MICRO_MODELS ITERS WARMUP PROFILES \
             MICRO_ITERS MICRO_WARMUP MICRO_PROFILES DMA_SIZES DMA_REPS LAT_RUNS LAT_WARMUP \
-            ASYNC_MODEL ASYNC_ITERS ASYNC_WARMUP; do
+            ASYNC_MODEL ASYNC_ITERS ASYNC_WARMUP PY_MODELS PY_ITERS PY_WARMUP PY_REQUESTS PY_ROUNDS; do
             echo "${v%_LIST}='${!v}'"
         done
         echo "MODELS='$TEST_MODELS $BENCH_MODELS_LIST $EXPORT_MODELS_LIST'"

@@ -87,6 +87,21 @@ if [ -f "$M/$a.rbln" ]; then
     done
 fi
 
+# The Python SDK (target/guest-python) against the Rust runtime on the
+# same model and input, run back to back: Runtime.run vs rbln-run's
+# latency, async_run under asyncio vs rbln-run --async --parallel 2.
+for m in $PY_MODELS; do
+    [ -f "$M/$m.rbln" ] || continue
+    elapsed "Python SDK vs Rust runtime: $m"
+    step "py.$m.rust-sync" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" \
+        --iterations "$PY_ITERS" --warmup "$PY_WARMUP" --json || true
+    step "py.$m.rust-async" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" --async --parallel 2 \
+        --iterations "$((PY_REQUESTS * PY_ROUNDS))" --warmup "$PY_REQUESTS" --json || true
+    step "py.$m.python" /rbln/target/guest-python/bin/python3 tests/bench/python_bench.py \
+        "$M/$m.rbln" "$M/$m.input.npy" --iterations "$PY_ITERS" --warmup "$PY_WARMUP" \
+        --requests "$PY_REQUESTS" --rounds "$PY_ROUNDS" || true
+done
+
 rmmod rbln || echo "rmmod failed" >"$G/rmmod-failed"
 elapsed "done"
 echo done >"$G/complete"

@@ -312,6 +312,16 @@ def micro_relu(smoke):
     return g.model("x", list(shape), "y", list(shape)), g.input_data(shape)
 
 
+def micro_mlp(smoke):
+    """A small model, where per-call costs show (the Python SDK rows):
+    [16, 256] -> Linear 256 -> Relu -> Linear 10."""
+    g = Graph("micro-mlp", 305)
+    h = g.node("Relu", [g.linear("x", "fc1", 256, 256)], "relu")
+    g.node("Add", [g.node("MatMul", [h, g.normal("fc2.weight", (256, 10), 1 / 16)], "fc2.matmul"),
+                   g.normal("fc2.bias", (10,), 0.1)], "fc2.add", outputs=["y"])
+    return g.model("x", [16, 256], "y", [16, 10]), g.input_data((16, 256))
+
+
 BENCH = {
     "resnet50": resnet50,
     "mobilenetv3-small": mobilenetv3_small,
@@ -326,6 +336,7 @@ MICRO = {
     "micro-conv": micro_conv,
     "micro-add": micro_add,
     "micro-relu": micro_relu,
+    "micro-mlp": micro_mlp,
 }
 
 

@@ -336,6 +336,32 @@ def micro_rows(out, plan, ort, native):
         row(f"AsyncRuntime parallel 2 vs 1, Relu {'x'.join(map(str, shape))}", "inferences/s",
             "higher", tp.get(2), tp.get(1), "; ".join(errs) or None,
             reference_what="--async --parallel 1", iterations=int(plan.get("ASYNC_ITERS", 0)))
+
+    # 7. The Python SDK against the Rust runtime, same model and input,
+    # back to back in one boot (tests/bench/python_bench.py).
+    for m in plan.get("PY_MODELS", "").split():
+        g = os.path.join(out, "guest", f"py.{m}")
+        rs, ra, py = (read_json(f"{g}.{k}.json") for k in ("rust-sync", "rust-async", "python"))
+
+        def why(*parts):
+            missing = [k for k, r in parts if not r]
+            return "; ".join(f"{k}: " + (last_line(f"{g}.{k}.err") or "no guest result") for k in missing) or None
+
+        rust_us = rs["latency"]["p50_ms"] * 1e3 if rs else None
+        py_us = py["sync"]["p50_us"] if py else None
+        allowed = max(30.0, 0.1 * rust_us) if rust_us else None
+        row(f"Python Runtime.run vs Rust Runtime, {m}", "us", "lower", py_us, rust_us,
+            why(("rust-sync", rs), ("python", py)),
+            overhead_us=py_us - rust_us if py_us and rust_us else None, allowed_overhead_us=allowed,
+            within_allowed=(py_us - rust_us <= allowed) if py_us and rust_us else None,
+            reference_what="rbln-run p50 (Rust Runtime), same model and input",
+            runs=int(plan.get("PY_ITERS", 0)))
+        row(f"Python async_run (asyncio.gather, parallel 2) vs rbln-run --async, {m}", "inferences/s",
+            "higher", py["async"]["throughput_per_s"] if py else None,
+            ra["latency"]["throughput_per_s"] if ra else None, why(("rust-async", ra), ("python", py)),
+            reference_what="rbln-run --async --parallel 2 (Rust AsyncRuntime)",
+            requests=int(plan.get("PY_REQUESTS", 0)), rounds=int(plan.get("PY_ROUNDS", 0)),
+            round_throughputs=py["async"]["round_throughputs"] if py else None)
     return rows
 
 
@@ -536,7 +562,8 @@ def check(path):
     if not pos(rep.get("geomean_ratio")):
         probs.append(f"geomean_ratio = {rep.get('geomean_ratio')!r}")
     names = " ".join(r.get("name", "") for r in rep.get("micro", []))
-    for want in ("gemm", "conv", "add", "dma", "ioctl", "user-mode", "AsyncRuntime"):
+    for want in ("gemm", "conv", "add", "dma", "ioctl", "user-mode", "AsyncRuntime", "Python Runtime.run",
+                 "Python async_run"):
         if want not in names:
             probs.append(f"no micro row for {want}")
     for r in rep.get("micro", []):
