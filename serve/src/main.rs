@@ -1,0 +1,154 @@
+//! `rbln-serve`: serve the models of a model repository on the rbln NPU
+//! with the Open Inference Protocol (KServe v2) over HTTP/REST and gRPC,
+//! and Prometheus metrics. See docs/serve.md.
+//!
+//!     rbln-serve --model-repository DIR [--http-port 8000] [--grpc-port 8001]
+//!                [--metrics-port 8002] [--host 0.0.0.0] [--device N]
+//!                [--max-body-bytes N] [--max-queue N] [--timeout-ms N]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use rbln_serve::metrics::Metrics;
+use rbln_serve::model::{Defaults, DeviceLoader};
+use rbln_serve::repo::{check_dir, Repository};
+use rbln_serve::App;
+
+#[derive(Parser)]
+#[command(version, about = "Serve .rbln models with the Open Inference Protocol (KServe v2) over REST and gRPC")]
+struct Args {
+    /// The model repository: DIR/<name>/<version>/model.rbln and an
+    /// optional DIR/<name>/config.json.
+    #[arg(long)]
+    model_repository: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    host: std::net::IpAddr,
+    #[arg(long, default_value_t = 8000)]
+    http_port: u16,
+    #[arg(long, default_value_t = 8001)]
+    grpc_port: u16,
+    #[arg(long, default_value_t = 8002)]
+    metrics_port: u16,
+    /// Device index (/dev/rblnN).
+    #[arg(long, default_value_t = 0)]
+    device: u32,
+    /// Largest REST request body / gRPC message accepted (bytes).
+    #[arg(long, default_value_t = 64 << 20)]
+    max_body_bytes: usize,
+    /// Default bound of each model's queue (config.json: max_queue).
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Default per-request timeout in ms (config.json: timeout_ms).
+    #[arg(long, default_value_t = 30_000)]
+    timeout_ms: u64,
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    eprintln!("rbln-serve: shutting down (finishing accepted requests)");
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Err(e) = check_dir(&args.model_repository) {
+        eprintln!("rbln-serve: {e}");
+        return ExitCode::from(2);
+    }
+    if args.max_queue == 0 {
+        eprintln!("rbln-serve: --max-queue must be at least 1");
+        return ExitCode::from(2);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rbln-serve: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rbln-serve: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(args: Args) -> Result<(), String> {
+    let metrics = Arc::new(Metrics::new());
+    let defaults = Defaults { max_queue: args.max_queue, timeout_ms: args.timeout_ms };
+    let repo = Arc::new(Repository::new(args.model_repository.clone(), Box::new(DeviceLoader { device: args.device }), defaults, metrics));
+    let app = App::new(repo.clone(), args.max_body_bytes);
+
+    let bind = |port: u16| SocketAddr::new(args.host, port);
+    let http = tokio::net::TcpListener::bind(bind(args.http_port)).await.map_err(|e| format!("HTTP port {}: {e}", args.http_port))?;
+    let metrics_l = tokio::net::TcpListener::bind(bind(args.metrics_port)).await.map_err(|e| format!("metrics port {}: {e}", args.metrics_port))?;
+    let grpc_l = tokio::net::TcpListener::bind(bind(args.grpc_port)).await.map_err(|e| format!("gRPC port {}: {e}", args.grpc_port))?;
+    eprintln!(
+        "rbln-serve: HTTP on {}, gRPC on {}, metrics on {} (/dev/rbln{}, repository {})",
+        bind(args.http_port),
+        bind(args.grpc_port),
+        bind(args.metrics_port),
+        args.device,
+        args.model_repository.display()
+    );
+
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let stopped = |tx: &tokio::sync::broadcast::Sender<()>| {
+        let mut rx = tx.subscribe();
+        async move {
+            let _ = rx.recv().await;
+        }
+    };
+    let http_srv = axum::serve(http, rbln_serve::http::router(app.clone())).with_graceful_shutdown(stopped(&stop_tx));
+    let metrics_srv = axum::serve(metrics_l, rbln_serve::http::metrics_router(app.clone())).with_graceful_shutdown(stopped(&stop_tx));
+    let grpc_srv = tonic::transport::Server::builder()
+        .add_service(rbln_serve::grpc::service(app.clone()))
+        .serve_with_incoming_shutdown(tokio_stream_listener(grpc_l), stopped(&stop_tx));
+
+    // Load the repository while the servers already answer liveness (and
+    // "not ready").
+    let loader = {
+        let app = app.clone();
+        tokio::task::spawn_blocking(move || {
+            app.repo.load_all();
+            app.set_ready();
+            eprintln!("rbln-serve: ready");
+        })
+    };
+    let stop = {
+        let tx = stop_tx.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = tx.send(());
+        })
+    };
+    let (h, m, g) = tokio::join!(
+        async { http_srv.await.map_err(|e| format!("HTTP server: {e}")) },
+        async { metrics_srv.await.map_err(|e| format!("metrics server: {e}")) },
+        async { grpc_srv.await.map_err(|e| format!("gRPC server: {e}")) }
+    );
+    stop.abort();
+    let _ = loader.await;
+    h.and(m).and(g)
+}
+
+/// The gRPC server's connections from a bound listener.
+fn tokio_stream_listener(l: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(l)
+}

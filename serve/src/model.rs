@@ -1,0 +1,280 @@
+//! A loaded model: its signature, a bounded queue and the backend that
+//! runs it. The device backend is one thread per model that owns an
+//! `rbln_runtime::AsyncRuntime` (1 or 2 instances on `/dev/rblnN`): it
+//! submits each request and the runtime's completion thread answers it
+//! through `RunHandle::on_complete`, so no tokio worker ever blocks on the
+//! device.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rbln_runtime::Tensor;
+use serde::Deserialize;
+use tokio::sync::oneshot;
+
+use crate::error::{Kind, Result, ServeError};
+use crate::metrics::Metrics;
+use crate::tensor::ModelSpec;
+
+/// `DIR/<name>/config.json`: every field optional.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Model instances on the device (AsyncRuntime `parallel`): 1 or 2.
+    #[serde(default = "default_instances")]
+    pub instances: usize,
+    /// Requests queued or running at once; beyond it: 503 / RESOURCE_EXHAUSTED.
+    #[serde(default)]
+    pub max_queue: Option<usize>,
+    /// Longest a request may wait and run, in milliseconds.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Serve this version instead of the highest one.
+    #[serde(default)]
+    pub version: Option<u64>,
+}
+
+fn default_instances() -> usize {
+    2
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self { instances: default_instances(), max_queue: None, timeout_ms: None, version: None }
+    }
+}
+
+impl ModelConfig {
+    /// Read `config.json` of a model directory (absent: the defaults).
+    pub fn read(model_dir: &Path) -> std::result::Result<Self, String> {
+        let p = model_dir.join("config.json");
+        let text = match std::fs::read_to_string(&p) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(e) => return Err(format!("cannot read config.json: {e}")),
+        };
+        let c: Self = serde_json::from_str(&text).map_err(|e| format!("config.json: {e}"))?;
+        if !(1..=2).contains(&c.instances) {
+            return Err(format!("config.json: instances must be 1 or 2, not {}", c.instances));
+        }
+        if c.max_queue == Some(0) {
+            return Err("config.json: max_queue must be at least 1".into());
+        }
+        Ok(c)
+    }
+}
+
+/// What a backend answers with.
+pub type Outcome = std::result::Result<Vec<Tensor>, String>;
+
+/// Released when a request leaves the model (answered or dropped):
+/// frees its place in the queue.
+pub struct QueueSlot {
+    pending: Arc<AtomicUsize>,
+    gauge: prometheus::IntGauge,
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+        self.gauge.dec();
+    }
+}
+
+/// One inference for a backend.
+pub struct Job {
+    pub inputs: Vec<Tensor>,
+    pub reply: oneshot::Sender<Outcome>,
+    pub slot: QueueSlot,
+}
+
+impl Job {
+    /// The caller gave up (timeout, client gone): no need to run it.
+    pub fn abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    pub fn answer(self, r: Outcome) {
+        let _ = self.reply.send(r);
+        drop(self.slot);
+    }
+}
+
+/// Runs inferences. `submit` must not block for long: it hands the job
+/// over and answers through `Job::answer` later.
+pub trait Backend: Send + Sync {
+    fn submit(&self, job: Job);
+}
+
+/// Loads a model version into a backend (the device, or a stand-in in tests).
+pub trait Loader: Send + Sync {
+    fn load(&self, name: &str, path: &Path, config: &ModelConfig) -> std::result::Result<(ModelSpec, Box<dyn Backend>), String>;
+}
+
+/// A model being served.
+pub struct LoadedModel {
+    pub name: String,
+    pub version: u64,
+    pub path: PathBuf,
+    pub spec: ModelSpec,
+    pub max_queue: usize,
+    pub timeout: Duration,
+    pub instances: usize,
+    backend: Box<dyn Backend>,
+    pending: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+}
+
+impl LoadedModel {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(name: &str, version: u64, path: PathBuf, spec: ModelSpec, backend: Box<dyn Backend>, config: &ModelConfig, defaults: &Defaults, metrics: Arc<Metrics>) -> Self {
+        let max_queue = config.max_queue.unwrap_or(defaults.max_queue);
+        metrics.queue_capacity.with_label_values(&[name]).set(max_queue as i64);
+        metrics.queue_depth.with_label_values(&[name]).set(0);
+        Self {
+            name: name.to_string(),
+            version,
+            path,
+            spec,
+            max_queue,
+            timeout: Duration::from_millis(config.timeout_ms.unwrap_or(defaults.timeout_ms)),
+            instances: config.instances,
+            backend,
+            pending: Arc::new(AtomicUsize::new(0)),
+            metrics,
+        }
+    }
+
+    /// Requests queued or running.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Run one inference (inputs already checked against `spec`).
+    pub async fn infer(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        let prev = self.pending.fetch_add(1, Ordering::AcqRel);
+        let gauge = self.metrics.queue_depth.with_label_values(&[&self.name]);
+        gauge.inc();
+        let slot = QueueSlot { pending: self.pending.clone(), gauge };
+        if prev >= self.max_queue {
+            drop(slot);
+            return Err(ServeError::new(
+                Kind::QueueFull,
+                format!("model '{}' is busy: its queue of {} request(s) is full, retry later", self.name, self.max_queue),
+            ));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.backend.submit(Job { inputs, reply: tx, slot });
+        match tokio::time::timeout(self.timeout, rx).await {
+            Err(_) => Err(ServeError::new(Kind::Timeout, format!("model '{}': the request timed out after {} ms", self.name, self.timeout.as_millis()))),
+            Ok(Err(_)) => Err(ServeError::internal(format!("model '{}': its instance stopped before answering", self.name))),
+            Ok(Ok(Err(e))) => Err(ServeError::internal(format!("model '{}': inference failed: {e}", self.name))),
+            Ok(Ok(Ok(outs))) => Ok(outs),
+        }
+    }
+}
+
+/// Server-wide defaults a model's config.json may override.
+#[derive(Clone, Debug)]
+pub struct Defaults {
+    pub max_queue: usize,
+    pub timeout_ms: u64,
+}
+
+/// Loads models onto `/dev/rbln{device}`.
+pub struct DeviceLoader {
+    pub device: u32,
+}
+
+impl Loader for DeviceLoader {
+    fn load(&self, name: &str, path: &Path, config: &ModelConfig) -> std::result::Result<(ModelSpec, Box<dyn Backend>), String> {
+        let model = rbln_format::Model::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let spec = ModelSpec::from_info(&rbln_runtime::inspect(&model))?;
+        let backend = DeviceBackend::start(name, self.device, model, config.instances)?;
+        Ok((spec, Box::new(backend)))
+    }
+}
+
+/// A thread that owns the model's device, AsyncRuntime and instances.
+pub struct DeviceBackend {
+    jobs: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DeviceBackend {
+    fn start(name: &str, device: u32, model: rbln_format::Model, parallel: usize) -> std::result::Result<Self, String> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<(), String>>();
+        let thread = std::thread::Builder::new()
+            .name(format!("rbln-serve:{name}"))
+            .spawn(move || {
+                let dev = match rbln_umd::Device::open(device) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let mut rt = match rbln_runtime::AsyncRuntime::new(&dev, model, parallel) {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                for job in rx {
+                    if job.abandoned() {
+                        continue;
+                    }
+                    // Blocks only while this instance's previous request
+                    // still holds its staging buffer.
+                    match rt.run(&job.inputs) {
+                        Ok(handle) => {
+                            let Job { reply, slot, .. } = job;
+                            handle.on_complete(move |r| {
+                                let _ = reply.send(r.map_err(|e| e.to_string()));
+                                drop(slot);
+                            });
+                        }
+                        Err(e) => job.answer(Err(e.to_string())),
+                    }
+                }
+                // Dropping rt waits for what is in flight.
+            })
+            .map_err(|e| format!("cannot start the model's thread: {e}"))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self { jobs: std::sync::Mutex::new(Some(tx)), thread: Some(thread) }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err("the model's thread ended while loading".into())
+            }
+        }
+    }
+}
+
+impl Backend for DeviceBackend {
+    fn submit(&self, job: Job) {
+        let g = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = g.as_ref() {
+            // A send error drops the job: its caller sees "stopped".
+            let _ = tx.send(job);
+        }
+    }
+}
+
+impl Drop for DeviceBackend {
+    fn drop(&mut self) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

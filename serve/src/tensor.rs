@@ -1,0 +1,337 @@
+//! Tensors of the protocol: datatypes, the model's input/output
+//! signature, and turning request inputs (JSON `data`, binary extension
+//! bytes, gRPC raw or typed contents) into runtime tensors checked against
+//! the model, and runtime outputs back into response tensors.
+
+use rbln_runtime::{Data, Tensor};
+use serde_json::Value;
+
+use crate::error::{Result, ServeError};
+
+/// The protocol datatypes this server passes (the runtime's f32, i32,
+/// i64 and bool tensors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataType {
+    Fp32,
+    Int32,
+    Int64,
+    Bool,
+}
+
+/// Datatype names of the protocol that this server knows but no model
+/// here can take (so the error can say "unsupported", not "unknown").
+const OTHER_DATATYPES: &[&str] = &["BYTES", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "FP16", "BF16", "FP64"];
+
+impl DataType {
+    /// The protocol's name: FP32, INT32, INT64, BOOL.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::Fp32 => "FP32",
+            DataType::Int32 => "INT32",
+            DataType::Int64 => "INT64",
+            DataType::Bool => "BOOL",
+        }
+    }
+
+    /// Parse a protocol datatype name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "FP32" => DataType::Fp32,
+            "INT32" => DataType::Int32,
+            "INT64" => DataType::Int64,
+            "BOOL" => DataType::Bool,
+            _ => return None,
+        })
+    }
+
+    /// The datatype of a model tensor (`rbln_format::DType::name`).
+    pub fn from_model(dtype: &str) -> Option<Self> {
+        Some(match dtype {
+            "f32" => DataType::Fp32,
+            "i32" => DataType::Int32,
+            "i64" => DataType::Int64,
+            "bool" => DataType::Bool,
+            _ => return None,
+        })
+    }
+
+    /// Bytes of one element in the binary (raw) encoding.
+    pub fn size(self) -> usize {
+        match self {
+            DataType::Fp32 | DataType::Int32 => 4,
+            DataType::Int64 => 8,
+            DataType::Bool => 1,
+        }
+    }
+
+    pub fn of(data: &Data) -> Self {
+        match data {
+            Data::F32(_) => DataType::Fp32,
+            Data::I32(_) => DataType::Int32,
+            Data::I64(_) => DataType::Int64,
+            Data::Bool(_) => DataType::Bool,
+        }
+    }
+}
+
+/// One input or output of a model as the protocol describes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub datatype: DataType,
+    pub shape: Vec<i64>,
+    /// Values an integer input may hold (`lo..hi`), if the model says.
+    pub range: Option<(i64, i64)>,
+}
+
+impl TensorSpec {
+    pub fn elements(&self) -> usize {
+        self.shape.iter().map(|&d| d.max(0) as usize).product()
+    }
+
+    pub fn metadata_json(&self) -> Value {
+        serde_json::json!({ "name": self.name, "datatype": self.datatype.name(), "shape": self.shape })
+    }
+}
+
+/// A model's signature.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+impl ModelSpec {
+    /// From the runtime's model description; fails for tensors of a dtype
+    /// the runtime cannot pass.
+    pub fn from_info(info: &rbln_runtime::ModelInfo) -> std::result::Result<Self, String> {
+        let conv = |io: &rbln_runtime::IoInfo| -> std::result::Result<TensorSpec, String> {
+            let datatype = DataType::from_model(io.dtype).ok_or_else(|| format!("tensor '{}' has dtype {}, which the server cannot pass", io.name, io.dtype))?;
+            let shape = io.shape.iter().map(|&d| i64::try_from(d).map_err(|_| format!("tensor '{}' has a dimension too large", io.name))).collect::<std::result::Result<_, _>>()?;
+            Ok(TensorSpec { name: io.name.clone(), datatype, shape, range: io.range })
+        };
+        Ok(Self {
+            inputs: info.inputs.iter().map(conv).collect::<std::result::Result<_, _>>()?,
+            outputs: info.outputs.iter().map(conv).collect::<std::result::Result<_, _>>()?,
+        })
+    }
+}
+
+/// The data of one request input, as it arrived.
+#[derive(Debug)]
+pub enum InputData<'a> {
+    /// JSON `data`: a flat or nested array of elements, row-major.
+    Json(&'a Value),
+    /// Little-endian bytes (binary extension, gRPC raw_input_contents).
+    Raw(&'a [u8]),
+    /// Typed values (gRPC `contents`), already in the request's datatype.
+    Typed(Data),
+    /// Nothing given.
+    Missing,
+}
+
+/// One input of a request.
+#[derive(Debug)]
+pub struct InputTensor<'a> {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+    pub data: InputData<'a>,
+}
+
+fn shape_str(s: &[i64]) -> String {
+    format!("{s:?}")
+}
+
+/// Check a request's inputs against the model and turn them into the
+/// runtime's tensors, in the model's input order.
+pub fn to_runtime_inputs(spec: &ModelSpec, inputs: Vec<InputTensor<'_>>) -> Result<Vec<Tensor>> {
+    let mut slots: Vec<Option<Tensor>> = vec![None; spec.inputs.len()];
+    for inp in inputs {
+        let Some(idx) = spec.inputs.iter().position(|s| s.name == inp.name) else {
+            let names: Vec<&str> = spec.inputs.iter().map(|s| s.name.as_str()).collect();
+            return Err(ServeError::bad(format!("unexpected input '{}': the model's inputs are {names:?}", inp.name)));
+        };
+        if slots[idx].is_some() {
+            return Err(ServeError::bad(format!("input '{}' is given more than once", inp.name)));
+        }
+        slots[idx] = Some(convert_input(&spec.inputs[idx], inp)?);
+    }
+    let missing: Vec<&str> = spec.inputs.iter().zip(&slots).filter(|(_, t)| t.is_none()).map(|(s, _)| s.name.as_str()).collect();
+    if !missing.is_empty() {
+        return Err(ServeError::bad(format!("missing input(s) {missing:?}: the model needs {} input(s)", spec.inputs.len())));
+    }
+    Ok(slots.into_iter().flatten().collect())
+}
+
+fn convert_input(want: &TensorSpec, inp: InputTensor<'_>) -> Result<Tensor> {
+    let name = &want.name;
+    let dt = match DataType::parse(&inp.datatype) {
+        Some(d) => d,
+        None if OTHER_DATATYPES.contains(&inp.datatype.as_str()) => {
+            return Err(ServeError::bad(format!("input '{name}': datatype {} is not supported by this model (it takes {})", inp.datatype, want.datatype.name())));
+        }
+        None => return Err(ServeError::bad(format!("input '{name}': unknown datatype '{}' (the model takes {})", inp.datatype, want.datatype.name()))),
+    };
+    if dt != want.datatype {
+        return Err(ServeError::bad(format!("input '{name}': datatype {} does not match the model's {}", dt.name(), want.datatype.name())));
+    }
+    if inp.shape != want.shape {
+        return Err(ServeError::bad(format!("input '{name}': shape {} does not match the model's {}", shape_str(&inp.shape), shape_str(&want.shape))));
+    }
+    let n = want.elements();
+    let data = match inp.data {
+        InputData::Missing => return Err(ServeError::bad(format!("input '{name}' has no data (neither 'data' nor binary data)"))),
+        InputData::Raw(bytes) => from_raw(name, dt, n, &want.shape, bytes)?,
+        InputData::Json(v) => from_json(name, dt, n, &want.shape, v)?,
+        InputData::Typed(d) => {
+            if d.len() != n {
+                return Err(ServeError::bad(format!("input '{name}': {} values for shape {} ({n} expected)", d.len(), shape_str(&want.shape))));
+            }
+            d
+        }
+    };
+    if let Some((lo, hi)) = want.range {
+        let bad = match &data {
+            Data::I32(v) => v.iter().position(|&x| (x as i64) < lo || (x as i64) >= hi).map(|i| (i, v[i] as i64)),
+            Data::I64(v) => v.iter().position(|&x| x < lo || x >= hi).map(|i| (i, v[i])),
+            _ => None,
+        };
+        if let Some((i, x)) = bad {
+            return Err(ServeError::bad(format!("input '{name}': element {i} is {x}, outside the range {lo}..{hi} the model accepts")));
+        }
+    }
+    let shape = want.shape.iter().map(|&d| d as u64).collect();
+    Ok(Tensor { shape, data })
+}
+
+fn from_raw(name: &str, dt: DataType, n: usize, shape: &[i64], bytes: &[u8]) -> Result<Data> {
+    let need = n * dt.size();
+    if bytes.len() != need {
+        return Err(ServeError::bad(format!(
+            "input '{name}': binary data has {} bytes, but shape {} of {} needs {need}",
+            bytes.len(),
+            shape_str(shape),
+            dt.name()
+        )));
+    }
+    Ok(match dt {
+        DataType::Fp32 => Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        DataType::Int32 => Data::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        DataType::Int64 => Data::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect()),
+        DataType::Bool => {
+            if let Some(i) = bytes.iter().position(|&b| b > 1) {
+                return Err(ServeError::bad(format!("input '{name}': BOOL element {i} is byte {}, not 0 or 1", bytes[i])));
+            }
+            Data::Bool(bytes.iter().map(|&b| b == 1).collect())
+        }
+    })
+}
+
+/// Flatten a (possibly nested) JSON array, row-major. Nesting deeper than
+/// the shape's rank + 1 is refused (so a hostile body cannot recurse deep).
+fn flatten<'v>(name: &str, v: &'v Value, depth: usize, max_depth: usize, out: &mut Vec<&'v Value>) -> Result<()> {
+    match v {
+        Value::Array(items) => {
+            if depth > max_depth {
+                return Err(ServeError::bad(format!("input '{name}': 'data' is nested deeper than the shape's {} dimension(s)", max_depth)));
+            }
+            for it in items {
+                flatten(name, it, depth + 1, max_depth, out)?;
+            }
+            Ok(())
+        }
+        other => {
+            out.push(other);
+            Ok(())
+        }
+    }
+}
+
+fn from_json(name: &str, dt: DataType, n: usize, shape: &[i64], v: &Value) -> Result<Data> {
+    if !v.is_array() {
+        return Err(ServeError::bad(format!("input '{name}': 'data' must be an array, not {}", json_kind(v))));
+    }
+    let mut flat = Vec::with_capacity(n);
+    flatten(name, v, 0, shape.len().max(1), &mut flat)?;
+    if flat.len() != n {
+        return Err(ServeError::bad(format!("input '{name}': 'data' has {} elements, but shape {} needs {n}", flat.len(), shape_str(shape))));
+    }
+    let elem_err = |i: usize, x: &Value| ServeError::bad(format!("input '{name}': element {i} is {}, not a valid {} value", short(x), dt.name()));
+    Ok(match dt {
+        DataType::Fp32 => Data::F32(flat.iter().enumerate().map(|(i, x)| x.as_f64().map(|f| f as f32).ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
+        DataType::Int32 => Data::I32(flat.iter().enumerate().map(|(i, x)| x.as_i64().and_then(|v| i32::try_from(v).ok()).ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
+        DataType::Int64 => Data::I64(flat.iter().enumerate().map(|(i, x)| x.as_i64().ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
+        DataType::Bool => Data::Bool(flat.iter().enumerate().map(|(i, x)| x.as_bool().ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
+    })
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A JSON value for an error message, cut short.
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 40 {
+        format!("{}...", &s[..s.char_indices().nth(37).map_or(s.len(), |(i, _)| i)])
+    } else {
+        s
+    }
+}
+
+/// Little-endian bytes of a tensor (binary extension, raw_output_contents).
+pub fn raw_bytes(data: &Data) -> Vec<u8> {
+    match data {
+        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+    }
+}
+
+/// A tensor's elements as a flat JSON array.
+pub fn json_data(data: &Data) -> Value {
+    match data {
+        Data::F32(v) => Value::Array(v.iter().map(|&x| serde_json::Number::from_f64(x as f64).map_or(Value::Null, Value::Number)).collect()),
+        Data::I32(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
+        Data::I64(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
+        Data::Bool(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
+    }
+}
+
+/// Which outputs a request wants, and whether each goes back as binary
+/// (the binary extension) or JSON.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputChoice {
+    /// Index into the model's outputs.
+    pub index: usize,
+    pub binary: bool,
+}
+
+/// Resolve requested outputs (name, per-output `binary_data`) against the
+/// model; none requested means all, with `binary_default`.
+pub fn choose_outputs(spec: &ModelSpec, requested: &[(String, Option<bool>)], binary_default: bool) -> Result<Vec<OutputChoice>> {
+    if requested.is_empty() {
+        return Ok((0..spec.outputs.len()).map(|index| OutputChoice { index, binary: binary_default }).collect());
+    }
+    let mut out = Vec::new();
+    for (name, binary) in requested {
+        let Some(index) = spec.outputs.iter().position(|s| &s.name == name) else {
+            let names: Vec<&str> = spec.outputs.iter().map(|s| s.name.as_str()).collect();
+            return Err(ServeError::bad(format!("unknown output '{name}' requested: the model's outputs are {names:?}")));
+        };
+        if out.iter().any(|o: &OutputChoice| o.index == index) {
+            return Err(ServeError::bad(format!("output '{name}' is requested more than once")));
+        }
+        out.push(OutputChoice { index, binary: binary.unwrap_or(binary_default) });
+    }
+    Ok(out)
+}
