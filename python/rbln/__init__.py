@@ -18,6 +18,7 @@ the PyTorch export.
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import functools
 import io
 import os
@@ -45,7 +46,7 @@ class AsyncRuntime(_rbln.AsyncRuntime):
     loop through a descriptor it watches, never blocking it.
     """
 
-    def async_run(self, *inputs: Any, **named: Any):
+    def async_run(self, *inputs: Any, **named: Any) -> "Request":
         """Submit one inference now and return an awaitable of its outputs.
 
         Must be called with a running asyncio loop in this thread (inside
@@ -54,25 +55,58 @@ class AsyncRuntime(_rbln.AsyncRuntime):
         its turn, and every other request completes normally.
         """
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        queue = _completion_queue(loop)
+        fut = Request(loop=loop)
+        last_loop, queue = _last_queue
+        if last_loop() is not loop:
+            queue = _completion_queue(loop)
         if queue is not None:
             self._run_into(queue, fut, inputs, named)
         else:
             task = self.run(*inputs, **named)
             task.add_done_callback(functools.partial(loop.call_soon_threadsafe, _deliver, fut, task))
-        return _await(fut)
+        return fut
 
+
+class Request(asyncio.Future):
+    """What :meth:`AsyncRuntime.async_run` returns: an asyncio future of
+    the request's outputs (await it, pass it to ``asyncio.gather``,
+    ``wait_for`` or ``wait``, cancel it), which ``asyncio.create_task``
+    also takes, as it takes a coroutine. Being a future, ``gather`` waits
+    on it directly instead of wrapping it in a task: under load that
+    wrapping would cost as much as the rest of a request's bookkeeping.
+    """
+
+    _iter = None
+
+    # The coroutine protocol, for create_task: run as `await self` would.
+    def send(self, value):
+        if self._iter is None:
+            self._iter = self.__await__()
+        return self._iter.send(value)
+
+    def throw(self, *exc):
+        if self._iter is None:
+            self._iter = self.__await__()
+        return self._iter.throw(*exc)
+
+    def close(self):
+        self._iter = None
+
+
+collections.abc.Coroutine.register(Request)
 
 # Per event loop: the queue finished requests of every runtime reach it
 # through (None: a loop without add_reader, which gets one
-# call_soon_threadsafe per request instead).
+# call_soon_threadsafe per request instead). `_last_queue` caches the last
+# lookup: (weak reference to the loop, its queue).
 _queues: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = weakref.WeakKeyDictionary()
 _queues_lock = threading.Lock()
 _NO_READER = object()
+_last_queue: tuple = (lambda: None, None)
 
 
 def _completion_queue(loop: asyncio.AbstractEventLoop):
+    global _last_queue
     q = _queues.get(loop)
     if q is None:
         with _queues_lock:  # loops of other threads register concurrently
@@ -84,7 +118,9 @@ def _completion_queue(loop: asyncio.AbstractEventLoop):
                 except NotImplementedError:
                     q = _NO_READER
                 _queues[loop] = q
-    return None if q is _NO_READER else q
+    q = None if q is _NO_READER else q
+    _last_queue = (weakref.ref(loop), q)
+    return q
 
 
 def _deliver(fut: asyncio.Future, task: Task) -> None:
@@ -95,10 +131,6 @@ def _deliver(fut: asyncio.Future, task: Task) -> None:
         fut.set_result(task.result())
     except BaseException as e:  # the request's error, raised by result()
         fut.set_exception(e)
-
-
-async def _await(fut: asyncio.Future):
-    return await fut
 
 
 def _input_shapes(input_info: Any) -> list:
@@ -213,6 +245,7 @@ __all__ = [
     "Runtime",
     "AsyncRuntime",
     "Task",
+    "Request",
     "CompiledModel",
     "compile_from_onnx",
     "compile_from_tflite",

@@ -18,19 +18,18 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc::{channel, Sender};
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use rbln_runtime::{ModelInfo, Tensor};
+use rbln_runtime::{ModelInfo, Tensor, TensorView};
 
 use crate::errors::Failure;
 use crate::model::{model_from, properties};
-use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_tensors, TensorType};
+use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_inputs, to_tensors, Input, TensorType};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -290,9 +289,117 @@ impl Task {
     }
 }
 
+/// A request waiting for a free model instance.
 struct Job {
     inputs: Vec<Tensor>,
     done: Completion,
+}
+
+/// The state of one `AsyncRuntime`'s requests, behind [`Dispatcher::state`].
+struct Dispatch {
+    /// The Rust runtime; taken by `close` once every request finished.
+    rt: Option<rbln_runtime::AsyncRuntime>,
+    /// Requests in call order that found the next instance busy.
+    waiting: VecDeque<Job>,
+    /// Requests started and not yet finished.
+    in_flight: usize,
+    /// `close` was called: no new requests.
+    closing: bool,
+}
+
+/// Starts requests on the Rust `AsyncRuntime` without a thread of its own:
+/// the caller's thread starts a request when the instance it goes to is
+/// free (staging its inputs straight from the caller's arrays); otherwise
+/// the request waits, copied, and the slot thread that finishes a request
+/// starts the next waiting one at once (it is awake anyway: no thread
+/// wake-up between requests, no idle gap on the device). Never holds its
+/// lock while taking the GIL: outcomes are delivered after unlocking.
+struct Dispatcher {
+    state: Mutex<Dispatch>,
+    /// Signalled when nothing is in flight or waiting (for `close`).
+    idle: Condvar,
+}
+
+/// A started request, to hook up once the lock is released (`on_complete`
+/// may call back at once, and the callback takes the lock).
+type Started = (Result<rbln_runtime::RunHandle, rbln_runtime::Error>, Completion);
+
+impl Dispatcher {
+    /// Start waiting requests while the next instance is free (lock held).
+    fn pump(d: &mut Dispatch, started: &mut Vec<Started>) {
+        while let Some(rt) = d.rt.as_mut() {
+            if d.waiting.is_empty() || !rt.ready() {
+                break;
+            }
+            let Some(job) = d.waiting.pop_front() else { break };
+            let r = rt.run(&job.inputs);
+            d.in_flight += r.is_ok() as usize;
+            started.push((r, job.done));
+        }
+    }
+
+    /// Hook started requests up to their completion (lock not held).
+    fn hook(self: &Arc<Self>, started: Vec<Started>) {
+        for (r, done) in started {
+            match r {
+                Ok(h) => {
+                    let me = self.clone();
+                    h.on_complete(move |r| me.finished(r, done));
+                }
+                Err(e) => done.complete(Err(e.into())),
+            }
+        }
+    }
+
+    /// On the slot thread that finished a request: start the next waiting
+    /// ones first (the device is idle meanwhile), then deliver.
+    fn finished(self: &Arc<Self>, r: rbln_runtime::Result<Vec<Tensor>>, done: Completion) {
+        let mut started = Vec::new();
+        {
+            let mut d = lock(&self.state);
+            d.in_flight -= 1;
+            Self::pump(&mut d, &mut started);
+            if d.in_flight == 0 && d.waiting.is_empty() {
+                self.idle.notify_all();
+            }
+        }
+        self.hook(started);
+        done.complete(r.map_err(Failure::from));
+    }
+
+    /// Start `inputs` now if the next instance is free and nothing waits,
+    /// else queue a copy. Without the GIL.
+    fn submit(self: &Arc<Self>, inputs: &[TensorView<'_>], done: Completion) -> Result<(), (Failure, Completion)> {
+        let mut started = Vec::new();
+        {
+            let mut guard = lock(&self.state);
+            let d = &mut *guard;
+            let closing = d.closing;
+            let Some(rt) = d.rt.as_mut().filter(|_| !closing) else {
+                return Err((Failure::closed("runtime"), done));
+            };
+            if d.waiting.is_empty() && rt.ready() {
+                let r = rt.run_views(inputs);
+                d.in_flight += r.is_ok() as usize;
+                started.push((r, done));
+            } else {
+                d.waiting.push_back(Job { inputs: inputs.iter().map(TensorView::to_tensor).collect(), done });
+            }
+        }
+        self.hook(started);
+        Ok(())
+    }
+
+    /// Stop taking requests, wait until every request finished, and hand
+    /// the runtime back (to be dropped off the slot threads).
+    fn drain(&self) -> Option<rbln_runtime::AsyncRuntime> {
+        let mut d = lock(&self.state);
+        d.closing = true;
+        while d.in_flight > 0 || !d.waiting.is_empty() {
+            d = self.idle.wait(d).unwrap_or_else(|e| e.into_inner());
+        }
+        d.rt.take()
+    }
 }
 
 /// Pipelined execution: `AsyncRuntime(model, *, device=0, parallel=1,
@@ -300,8 +407,7 @@ struct Job {
 /// `rbln.AsyncRuntime.async_run` awaits a request on asyncio.
 #[pyclass(module = "rbln._rbln", name = "AsyncRuntime", frozen, subclass)]
 pub struct AsyncRuntime {
-    jobs: Mutex<Option<Sender<Job>>>,
-    submitter: Mutex<Option<JoinHandle<()>>>,
+    dispatch: Arc<Dispatcher>,
     info: ModelInfo,
     properties: Vec<(String, String)>,
     tensor_type: TensorType,
@@ -319,39 +425,17 @@ impl AsyncRuntime {
         let model = model_from(model)?;
         let info = rbln_runtime::inspect(&model);
         let properties = properties(&model);
-        let mut rt = py
+        let rt = py
             .detach(|| -> Result<_, Failure> {
                 let dev = rbln_umd::Device::open(device)?;
                 Ok(rbln_runtime::AsyncRuntime::new(&dev, model, parallel)?)
             })
             .map_err(PyErr::from)?;
-
-        let (jobs_tx, jobs_rx) = channel::<Job>();
-        let submitter = std::thread::Builder::new()
-            .name("rbln-py-submit".into())
-            .spawn(move || {
-                for job in jobs_rx {
-                    match rt.run(&job.inputs) {
-                        Ok(h) => {
-                            let done = job.done;
-                            h.on_complete(move |r| done.complete(r.map_err(Failure::from)));
-                        }
-                        Err(e) => job.done.complete(Err(e.into())),
-                    }
-                }
-                // Closing: `rt` is dropped here, after its requests
-                // completed (their slots finish them first).
-            })
-            .map_err(|e| Failure::new("RBLNRuntimeError", format!("cannot start a runtime thread: {e}")))?;
-        Ok(Self {
-            jobs: Mutex::new(Some(jobs_tx)),
-            submitter: Mutex::new(Some(submitter)),
-            info,
-            properties,
-            tensor_type,
-            parallel,
-            device,
-        })
+        let dispatch = Arc::new(Dispatcher {
+            state: Mutex::new(Dispatch { rt: Some(rt), waiting: VecDeque::new(), in_flight: 0, closing: false }),
+            idle: Condvar::new(),
+        });
+        Ok(Self { dispatch, info, properties, tensor_type, parallel, device })
     }
 
     /// Submit one inference; returns an `rbln.Task` at once (inputs are
@@ -396,22 +480,15 @@ impl AsyncRuntime {
 
     #[getter]
     fn closed(&self) -> bool {
-        lock(&self.jobs).is_none()
+        lock(&self.dispatch.state).closing
     }
 
     /// Stop taking requests, let those submitted finish (their tasks
     /// complete), and free the device resources. Closing twice is allowed.
     fn close(&self, py: Python<'_>) {
-        let tx = lock(&self.jobs).take();
-        drop(tx);
-        let submitter = lock(&self.submitter).take();
-        // The slot threads finishing the last requests may need the GIL to
-        // call callbacks: wait without it.
-        py.detach(|| {
-            if let Some(t) = submitter {
-                let _ = t.join();
-            }
-        });
+        // Without the GIL: finishing requests may call Python callbacks,
+        // and dropping the runtime joins its slot threads.
+        py.detach(|| drop(self.dispatch.drain()));
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -432,37 +509,93 @@ impl AsyncRuntime {
 
 impl AsyncRuntime {
     fn submit(&self, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>, done: Completion) -> PyResult<()> {
+        let py = args.py();
         let inputs = gather_inputs(&self.info, args, kwargs)?;
-        let tensors = to_tensors(&self.info, &inputs)?;
-        precheck(&self.info, &tensors)?;
-        let sent = lock(&self.jobs).as_ref().map(|tx| tx.send(Job { inputs: tensors, done }).is_ok());
-        match sent {
-            Some(true) => Ok(()),
-            Some(false) => Err(Failure::new("RBLNRuntimeError", "the runtime's submission thread is gone").into()),
-            None => Err(Failure::closed("runtime").into()),
+        let inputs = to_inputs(&self.info, &inputs)?;
+        let views: Vec<_> = inputs.iter().map(Input::view).collect();
+        precheck(&self.info, &views)?;
+        let dispatch = &self.dispatch;
+        match py.detach(|| dispatch.submit(&views, done)) {
+            Ok(()) => Ok(()),
+            // `done` (which may hold a Python future) is dropped here,
+            // with the GIL.
+            Err((e, _done)) => Err(e.into()),
         }
     }
 }
 
 impl Drop for AsyncRuntime {
     fn drop(&mut self) {
-        // Dropped by the garbage collector (GIL held): do not join (a
-        // slot thread may need the GIL for a callback); closing the
-        // channel lets the submitter finish what was submitted and exit.
-        lock(&self.jobs).take();
+        // Dropped by the garbage collector (GIL held): do not wait here
+        // (finishing requests may need the GIL). A thread waits for them
+        // and drops the runtime; its slot threads must not drop it
+        // themselves (a thread cannot join itself).
+        let dispatch = self.dispatch.clone();
+        lock(&dispatch.state).closing = true;
+        let reaper = std::thread::Builder::new().name("rbln-py-close".into()).spawn(move || drop(dispatch.drain()));
+        if reaper.is_err() {
+            // No thread to spare: the runtime outlives its Python object
+            // (its device resources return when the process exits).
+            std::mem::forget(self.dispatch.clone());
+        }
     }
+}
+
+/// For `make bench` (tests/bench/python_bench.py): `n` requests through a
+/// Rust `AsyncRuntime` with `parallel` instances, `parallel` in flight, as
+/// `rbln-run --async` drives it (after `warmup` requests); returns the
+/// wall time in ns. The
+/// reference `async_run` under asyncio is measured against, interleaved,
+/// in the same process.
+#[pyfunction]
+#[pyo3(signature = (model, *args, n, warmup = 0, parallel = 2, device = 0))]
+pub fn _time_rust_async(
+    py: Python<'_>,
+    model: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyTuple>,
+    n: usize,
+    warmup: usize,
+    parallel: usize,
+    device: u32,
+) -> PyResult<u64> {
+    let model = model_from(model)?;
+    let info = rbln_runtime::inspect(&model);
+    let inputs = gather_inputs(&info, args, None)?;
+    let tensors = to_tensors(&info, &inputs)?;
+    py.detach(|| -> Result<u64, Failure> {
+        let dev = rbln_umd::Device::open(device)?;
+        let mut rt = rbln_runtime::AsyncRuntime::new(&dev, model, parallel)?;
+        for _ in 0..warmup {
+            rt.run(&tensors)?.wait()?;
+        }
+        let mut window = std::collections::VecDeque::new();
+        let t = rbln_umd::clock::now();
+        for _ in 0..n {
+            window.push_back(rt.run(&tensors)?);
+            if window.len() >= parallel {
+                if let Some(h) = window.pop_front() {
+                    h.wait()?;
+                }
+            }
+        }
+        for h in window {
+            h.wait()?;
+        }
+        Ok(t.elapsed().as_nanos() as u64)
+    })
+    .map_err(PyErr::from)
 }
 
 /// The runtime's own checks (count, dtype, shape), done at submission so
 /// that wrong inputs raise at the call, with the runtime's messages.
-fn precheck(info: &ModelInfo, tensors: &[Tensor]) -> Result<(), Failure> {
+fn precheck(info: &ModelInfo, tensors: &[TensorView<'_>]) -> Result<(), Failure> {
     use rbln_runtime::Error as E;
     for (t, b) in tensors.iter().zip(&info.inputs) {
         if t.dtype().name() != b.dtype {
             return Err(E::InputDType { name: b.name.clone(), expected: b.dtype, got: t.dtype().name() }.into());
         }
         if t.shape != b.shape {
-            return Err(E::InputShape { name: b.name.clone(), expected: b.shape.clone(), got: t.shape.clone() }.into());
+            return Err(E::InputShape { name: b.name.clone(), expected: b.shape.clone(), got: t.shape.to_vec() }.into());
         }
     }
     Ok(())

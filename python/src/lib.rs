@@ -94,5 +94,7 @@ fn _rbln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     m.add_function(wrap_pyfunction!(perf_counter_ns, m)?)?;
+    m.add_function(wrap_pyfunction!(asyncrt::_time_rust_async, m)?)?;
     Ok(())
 }
+

@@ -99,6 +99,29 @@ impl Runtime {
         }
     }
 
+    /// For `make bench` (tests/bench/python_bench.py): the latencies (ns)
+    /// of `n` runs of the Rust `Runtime` looped in Rust on these inputs,
+    /// the reference `run`'s own overhead is measured against, in the
+    /// same process, interleaved with Python calls.
+    #[pyo3(signature = (*args, n))]
+    fn _time_rust<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>, n: usize) -> PyResult<Vec<u64>> {
+        let inputs = gather_inputs(&self.info, args, None)?;
+        let inputs = to_inputs(&self.info, &inputs)?;
+        let views: Vec<_> = inputs.iter().map(Input::view).collect();
+        py.detach(|| -> Result<_, Failure> {
+            let mut g = lock(&self.inner);
+            let rt = g.as_mut().ok_or_else(|| Failure::closed("runtime"))?;
+            let mut lat = Vec::with_capacity(n);
+            for _ in 0..n {
+                let t = rbln_umd::clock::now();
+                rt.run_views(&views)?;
+                lat.push(t.elapsed().as_nanos() as u64);
+            }
+            Ok(lat)
+        })
+        .map_err(PyErr::from)
+    }
+
     /// `rt(*inputs)` is `rt.run(*inputs)`.
     #[pyo3(signature = (*args, out = None, **kwargs))]
     fn __call__<'py>(

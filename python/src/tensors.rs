@@ -8,7 +8,7 @@
 //! vectors, without a copy.
 
 use numpy::{
-    dtype, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray,
+    dtype, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray,
     PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
@@ -197,15 +197,21 @@ where
     Ok(InputData::Owned(ro.as_array().iter().copied().collect::<Vec<T>>().into()))
 }
 
-/// A runtime tensor as a NumPy array (owning the tensor's vector).
+/// A runtime tensor as a NumPy array (owning the tensor's vector; one
+/// array object, made with its shape).
 pub fn to_numpy<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyAny>> {
+    fn owned<'py, T: numpy::Element>(py: Python<'py>, shape: Vec<usize>, v: Vec<T>) -> PyResult<Bound<'py, PyAny>> {
+        let a = numpy::ndarray::ArrayD::from_shape_vec(shape, v)
+            .map_err(|e| Failure::new("RBLNRuntimeError", format!("output of the wrong size: {e}")))?;
+        Ok(PyArrayDyn::from_owned_array(py, a).into_any())
+    }
     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-    Ok(match t.data {
-        Data::F32(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
-        Data::I32(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
-        Data::I64(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
-        Data::Bool(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
-    })
+    match t.data {
+        Data::F32(v) => owned(py, shape, v),
+        Data::I32(v) => owned(py, shape, v),
+        Data::I64(v) => owned(py, shape, v),
+        Data::Bool(v) => owned(py, shape, v),
+    }
 }
 
 /// Outputs for Python: one array, or a list of them when the model has

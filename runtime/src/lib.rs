@@ -253,6 +253,17 @@ impl TensorView<'_> {
     pub fn dtype(&self) -> DType {
         self.data.dtype()
     }
+
+    /// A copy that owns its elements.
+    pub fn to_tensor(&self) -> Tensor {
+        let data = match self.data {
+            DataRef::F32(v) => Data::F32(v.to_vec()),
+            DataRef::I32(v) => Data::I32(v.to_vec()),
+            DataRef::I64(v) => Data::I64(v.to_vec()),
+            DataRef::Bool(v) => Data::Bool(v.to_vec()),
+        };
+        Tensor { shape: self.shape.to_vec(), data }
+    }
 }
 
 fn views(tensors: &[Tensor]) -> Vec<TensorView<'_>> {

@@ -188,16 +188,28 @@ impl AsyncRuntime {
         self.slots.len()
     }
 
+    /// Whether [`AsyncRuntime::run`] would start at once: the instance the
+    /// next request goes to has finished its previous request.
+    pub fn ready(&self) -> bool {
+        self.slots[self.next].last.as_ref().is_none_or(|c| c.lock().done)
+    }
+
     /// Submit one inference; returns once its input is on its way, with a
     /// handle for the outputs.
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<RunHandle> {
+        self.run_views(&crate::views(inputs))
+    }
+
+    /// [`AsyncRuntime::run`] on borrowed inputs (copied into staging
+    /// before this returns).
+    pub fn run_views(&mut self, inputs: &[crate::TensorView<'_>]) -> Result<RunHandle> {
         let slot = &mut self.slots[self.next];
         // The slot's previous request completes (its outputs are copied
         // out) before its staging is reused.
         if let Some(prev) = slot.last.take() {
             drop(prev.wait_done());
         }
-        let fence = slot.rt.lock().unwrap_or_else(|e| e.into_inner()).submit(&crate::views(inputs))?;
+        let fence = slot.rt.lock().unwrap_or_else(|e| e.into_inner()).submit(inputs)?;
         let cell = Arc::new(Cell::default());
         let sent = slot.jobs.as_ref().is_some_and(|tx| tx.send((fence, cell.clone())).is_ok()) && slot.worker.is_some();
         if !sent {
