@@ -154,7 +154,8 @@ main() {
     fi
     # The guest's Python with the rbln wheel (the Python SDK rows); quick
     # when nothing changed.
-    "$RBLN_ROOT/scripts/build-guest-python.sh" >/dev/null
+    local pyout
+    pyout=$("$RBLN_ROOT/scripts/build-guest-python.sh" 2>&1) || { echo "$pyout" >&2; die "scripts/build-guest-python.sh failed"; }
     PY=$("$RBLN_ROOT/scripts/setup-python.sh" | tail -n 1)
 
     rm -rf "$OUT"
