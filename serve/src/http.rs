@@ -113,15 +113,40 @@ async fn model_ready_v(State(app): State<Arc<App>>, Path((name, version)): Path<
     }
 }
 
+/// Bytes of an oversized body that are read and dropped before the 413
+/// goes out, so that a client still writing its body reads the answer
+/// instead of a reset connection.
+const DRAIN_BYTES: u64 = 16 << 20;
+
 /// Read the whole body, refusing more than `max` bytes.
 async fn read_body(body: Body, headers: &HeaderMap, max: usize) -> Result<Bytes> {
+    use http_body_util::BodyExt;
     let too_large = || ServeError::new(Kind::TooLarge, format!("the request body is larger than the server's limit of {max} bytes (--max-body-bytes)"));
-    if let Some(len) = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok()) {
-        if len > max as u64 {
-            return Err(too_large());
+    let declared = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > max as u64 + DRAIN_BYTES) {
+        return Err(too_large());
+    }
+    let mut body = body;
+    let mut buf = bytes::BytesMut::new();
+    let mut seen: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ServeError::bad(format!("cannot read the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            seen += data.len() as u64;
+            if seen > max as u64 {
+                buf = bytes::BytesMut::new();
+                if seen > max as u64 + DRAIN_BYTES {
+                    break;
+                }
+            } else {
+                buf.extend_from_slice(&data);
+            }
         }
     }
-    axum::body::to_bytes(body, max).await.map_err(|_| too_large())
+    if seen > max as u64 {
+        return Err(too_large());
+    }
+    Ok(buf.freeze())
 }
 
 #[derive(Deserialize)]

@@ -1,0 +1,64 @@
+# rbln-serve on the NPU, driven by the official Open Inference Protocol
+# clients (tritonclient HTTP and gRPC, in the guest's python) and by raw
+# HTTP: metadata, inference (JSON, binary extension, gRPC raw and typed)
+# matching the references, the repository extension, every bad-input
+# case, the queue bound, timeouts and metrics (tests/serve/client.py);
+# then SIGTERM shuts the server down cleanly and every device resource
+# comes back.
+. tests/vm/lib.sh
+m=target/models
+o=target/onnx
+R=/tmp/repo
+LOG=/tmp/rbln-serve.log
+
+check "rbln-serve is built (target/release)" test -x target/release/rbln-serve
+check "the guest python has tritonclient (python/guest-requirements.txt)" python3 -c "import tritonclient.http, tritonclient.grpc"
+check "test models were built on the host" test -f $m/mlp.rbln -a -f $m/cnn.rbln -a -f $o/bert-ids.rbln -a -f target/exports/detr.rbln -a -f target/exports/unet.rbln
+check "insmod rbln.ko" insmod kmd/rbln.ko
+check "loopback up" ip link set lo up
+
+# The repository: mlp in versions 1 and 2 (2 is served), cnn with one
+# instance and a queue of 1, bert-ids (INT64 inputs), detr-timeout (the
+# DETR export, 186 device ops, with a 2 ms timeout it cannot meet), unet
+# (~70 ms an inference, one instance, a queue of 1: the queue-bound
+# tests) and
+# broken (a truncated file: listed, not loaded).
+mkdir -p $R/mlp/1 $R/mlp/2 $R/cnn/1 $R/bert-ids/1 $R/detr-timeout/1 $R/unet/1 $R/broken/1
+cp $m/mlp.rbln $R/mlp/1/model.rbln
+cp $m/mlp.rbln $R/mlp/2/model.rbln
+cp $m/cnn.rbln $R/cnn/1/model.rbln
+echo '{"instances": 1, "max_queue": 1}' >$R/cnn/config.json
+cp $o/bert-ids.rbln $R/bert-ids/1/model.rbln
+cp target/exports/detr.rbln $R/detr-timeout/1/model.rbln
+echo '{"instances": 1, "timeout_ms": 2}' >$R/detr-timeout/config.json
+cp target/exports/unet.rbln $R/unet/1/model.rbln
+echo '{"instances": 1, "max_queue": 1}' >$R/unet/config.json
+head -c 5000 $m/mlp.rbln >$R/broken/1/model.rbln
+
+rbln-serve --model-repository $R --host 127.0.0.1 --http-port 8000 --grpc-port 8001 --metrics-port 8002 \
+    --max-body-bytes 2097152 >$LOG 2>&1 &
+pid=$!
+ready=0
+i=0
+while [ $i -lt 240 ]; do
+    if wget -q -O /dev/null http://127.0.0.1:8000/v2/health/ready 2>/dev/null; then ready=1; break; fi
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.5
+    i=$((i + 1))
+done
+cat $LOG
+check "rbln-serve is ready" test $ready = 1
+check "the broken model's load failure is logged, the others loaded" sh -c "grep -q \"model 'broken' not loaded\" $LOG && grep -q \"loaded model 'bert-ids' version 1\" $LOG && grep -q \"loaded model 'mlp' version 2\" $LOG"
+
+t0=$(date +%s)
+rc=0; python3 tests/serve/client.py 8000 8001 8002 || rc=$?
+echo "# client checks took $(( $(date +%s) - t0 )) s"
+check "tritonclient HTTP + gRPC and raw HTTP checks (tests/serve/client.py, status $rc)" test $rc = 0
+check "rbln-serve survived all of it" kill -0 $pid
+kill -TERM $pid
+src=0; wait $pid || src=$?
+tail -n 5 $LOG
+check "SIGTERM: rbln-serve exits 0 after a graceful shutdown (status $src)" sh -c "test $src = 0 && grep -q 'shutting down' $LOG"
+check "no panic in the server's log" sh -c "! grep -q panicked $LOG"
+check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
+check "rmmod rbln" rmmod rbln
