@@ -3,8 +3,8 @@
 # HTTP: metadata, inference (JSON, binary extension, gRPC raw and typed)
 # matching the references, the repository extension, every bad-input
 # case, the queue bound, timeouts and metrics (tests/serve/client.py);
-# then SIGTERM shuts the server down cleanly and every device resource
-# comes back.
+# unloading every model gives every device resource back while the server
+# runs; SIGTERM shuts it down cleanly.
 . tests/vm/lib.sh
 m=target/models
 o=target/onnx
@@ -55,6 +55,10 @@ rc=0; python3 tests/serve/client.py 8000 8001 8002 || rc=$?
 echo "# client checks took $(( $(date +%s) - t0 )) s"
 check "tritonclient HTTP + gRPC and raw HTTP checks (tests/serve/client.py, status $rc)" test $rc = 0
 check "rbln-serve survived all of it" kill -0 $pid
+check "unload every model through the repository extension" python3 tests/serve/unload_all.py 8000
+cat /sys/kernel/debug/rbln0/state
+check "all unloaded: the running server holds no device context or buffer" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
+check "still live" wget -q -O /dev/null http://127.0.0.1:8000/v2/health/live
 kill -TERM $pid
 src=0; wait $pid || src=$?
 tail -n 5 $LOG
