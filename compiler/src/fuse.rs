@@ -1,6 +1,7 @@
 //! Graph rewrites that make fewer, bigger device ops:
 //!
-//! - the erf form of GELU (`x * 0.5 * (1 + erf(x / sqrt 2))`) becomes one
+//! - the erf form of GELU (`x * 0.5 * (1 + erf(x / sqrt 2))`) and its tanh
+//!   approximation (`... tanh(sqrt(2/pi) * (x + 0.044715 x^3))`) become one
 //!   GELU op, `x * sigmoid(x)` one SiLU op, and the decomposed layer norm
 //!   (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div [, Mul, Add]) one
 //!   LayerNorm op;
@@ -28,6 +29,7 @@ use crate::shape::volume;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FuseStats {
     pub gelu: usize,
+    pub gelu_tanh: usize,
     pub silu: usize,
     pub layer_norm: usize,
     pub folded_into_conv: usize,
@@ -45,8 +47,9 @@ pub fn run(g: &mut Graph) -> FuseStats {
     // first (they consume plain element-wise ops), then the Conv folds,
     // then bias before activation (the activation applies after the bias);
     // scales move into weights once the projections carry their biases.
-    let rules: [(Rule, &mut usize); 9] = [
+    let rules: [(Rule, &mut usize); 10] = [
         (gelu, &mut st.gelu),
+        (gelu_tanh, &mut st.gelu_tanh),
         (silu, &mut st.silu),
         (layer_norm, &mut st.layer_norm),
         (pad_into_conv, &mut st.pad_into_conv),
@@ -176,8 +179,96 @@ fn gelu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         _ => return None,
     };
     let mut dead = vec![p, i];
+    let c = gelu_tail(g, ix, i, x, &mut dead)?;
+    let op = &mut g.ops[c];
+    op.kind = Kind::Unary { kind: Unary::Gelu, x, p0: 0.0, p1: 0.0 };
+    op.op = "Gelu(erf)".into();
+    Some(dead)
+}
+
+/// The tanh approximation of GELU (GPT-2's `gelu_new`, PyTorch's
+/// `gelu(approximate="tanh")` as exporters decompose it):
+/// `x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))`, with x^3 as
+/// `Pow(x, 3)` or `x * x * x`, in the operand orders exporters use.
+fn gelu_tanh(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    let Kind::Unary { kind: Unary::Tanh, x: u, .. } = g.ops[i].kind else { return None };
+    // u = sqrt(2/pi) * v
+    let p = ix.producer[u]?;
+    ix.sole_reader(u)?;
+    let (Binary::Mul, a, b) = binary(&g.ops[p])? else { return None };
+    let k = std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
+    let v = if scalar_near(g, a, k) { b } else if scalar_near(g, b, k) { a } else { return None };
+    // v = x + w
+    let q = ix.producer[v]?;
+    ix.sole_reader(v)?;
+    let (Binary::Add, a, b) = binary(&g.ops[q])? else { return None };
+    // w = 0.044715 * x^3, and the Add's other operand is x.
+    let (x, w, r) = [(a, b), (b, a)].into_iter().find_map(|(x, w)| {
+        let r = ix.producer[w]?;
+        ix.sole_reader(w)?;
+        let (Binary::Mul, ra, rb) = binary(&g.ops[r])? else { return None };
+        let cube = if scalar_near(g, ra, 0.044715) { rb } else if scalar_near(g, rb, 0.044715) { ra } else { return None };
+        is_cube_of(g, ix, cube, x).then_some((x, w, r))
+    })?;
+    let _ = w;
+    let mut dead = vec![p, q, r, i];
+    dead.extend(cube_ops(g, ix, &g.ops[r]));
+    let c = gelu_tail(g, ix, i, x, &mut dead)?;
+    let op = &mut g.ops[c];
+    op.kind = Kind::Unary { kind: Unary::GeluTanh, x, p0: 0.0, p1: 0.0 };
+    op.op = "Gelu(tanh)".into();
+    Some(dead)
+}
+
+/// Whether `c` (read only by the 0.044715 scale) is `Pow(x, 3)` or
+/// `x * x * x` (either association).
+fn is_cube_of(g: &Graph, ix: &Index, c: ValueId, x: ValueId) -> bool {
+    let Some(pc) = ix.producer[c].filter(|_| ix.sole_reader(c).is_some()) else { return false };
+    match binary(&g.ops[pc]) {
+        Some((Binary::Pow, a, b)) => a == x && scalar_near(g, b, 3.0),
+        Some((Binary::Mul, a, b)) => {
+            let square = |s: ValueId| {
+                ix.producer[s].filter(|_| ix.sole_reader(s).is_some()).and_then(|ps| binary(&g.ops[ps]))
+                    == Some((Binary::Mul, x, x))
+            };
+            (a == x && square(b)) || (b == x && square(a))
+        }
+        _ => false,
+    }
+}
+
+/// The ops making the cube that the scale op `scale` reads (valid after
+/// [`is_cube_of`] said yes).
+fn cube_ops(g: &Graph, ix: &Index, scale: &Op) -> Vec<usize> {
+    let mut ops = Vec::new();
+    let Some((_, a, b)) = binary(scale) else { return ops };
+    for c in [a, b] {
+        let Some(pc) = ix.producer[c] else { continue };
+        match binary(&g.ops[pc]) {
+            Some((Binary::Pow, ..)) => ops.push(pc),
+            Some((Binary::Mul, ma, mb)) => {
+                ops.push(pc);
+                for s in [ma, mb] {
+                    if let Some(ps) = ix.producer[s] {
+                        if binary(&g.ops[ps]).is_some_and(|(k, ..)| k == Binary::Mul) && ix.sole_reader(s).is_some() {
+                            ops.push(ps);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    ops
+}
+
+/// The `* 0.5 * (1 + t) * x` tail shared by both GELU forms, from op `t`
+/// (erf or tanh), in any order, `x * 0.5` possibly computed on the side.
+/// Pushes the consumed ops onto `dead` and returns the last op, which
+/// becomes the GELU.
+fn gelu_tail(g: &Graph, ix: &Index, t: usize, x: ValueId, dead: &mut Vec<usize>) -> Option<usize> {
     let (mut add, mut with_x, mut half) = (false, false, false);
-    let mut cur = g.ops[i].out;
+    let mut cur = g.ops[t].out;
     loop {
         let c = ix.sole_reader(cur)?;
         let (k, a, b) = binary(&g.ops[c])?;
@@ -203,13 +294,7 @@ fn gelu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         }
         cur = g.ops[c].out;
         if add && with_x && half {
-            if g.values[cur].shape != g.values[x].shape {
-                return None;
-            }
-            let op = &mut g.ops[c];
-            op.kind = Kind::Unary { kind: Unary::Gelu, x, p0: 0.0, p1: 0.0 };
-            op.op = "Gelu(erf)".into();
-            return Some(dead);
+            return (g.values[cur].shape == g.values[x].shape).then_some(c);
         }
         dead.push(c);
     }
@@ -490,7 +575,13 @@ fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         Kind::Gemm { act, .. } | Kind::Conv { act, .. } | Kind::Binary { act, .. } if *act == Act::NONE => {}
         _ => return None,
     }
-    let c = ix.sole_reader(g.ops[i].out)?;
+    let mut c = ix.sole_reader(g.ops[i].out)?;
+    // Through a reshape (GPT-2's Conv1D: Gemm on 2-D rows, then back to
+    // 3-D): an element-wise activation commutes with it.
+    let view = matches!(g.ops[c].kind, Kind::View { .. }).then_some(c);
+    if let Some(v) = view {
+        c = ix.sole_reader(g.ops[v].out)?;
+    }
     let Kind::Unary { kind, p0, p1, .. } = g.ops[c].kind else { return None };
     if kind == Unary::None || !rbln_hw::ops::is_activation(kind as u32) {
         return None;
@@ -500,7 +591,17 @@ fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         Kind::Gemm { act, .. } | Kind::Conv { act, .. } | Kind::Binary { act, .. } => *act = Act { kind, p0, p1 },
         _ => return None,
     }
-    absorb(g, i, c, k)
+    let Some(v) = view else { return absorb(g, i, c, k) };
+    // op i takes the activation; the view now produces the activation's
+    // result (same shape and dtype), and the activation op goes.
+    if g.values[g.ops[c].out].shape != g.values[g.ops[v].out].shape {
+        return None;
+    }
+    let label = join(&g.ops[i].op, &g.ops[c].op);
+    g.ops[i].kind = k;
+    g.ops[i].op = label;
+    g.ops[v].out = g.ops[c].out;
+    Some(vec![c])
 }
 
 /// A residual connection: `Add(conv_or_gemm(..), r)` with `r` computed at

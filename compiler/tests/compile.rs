@@ -218,6 +218,57 @@ fn erf_gelu_and_decomposed_layernorm_are_recognised() {
     assert_eq!((c.report.fused.layer_norm, c.report.fused.gelu), (1, 1));
 }
 
+/// GPT-2's MLP entry as exporters write it: Conv1D (rows Gemm between two
+/// Reshapes), then the tanh GELU with the cube as `Pow(x, 3)` or `x*x*x`.
+fn conv1d_gelu_tanh(cube_by_pow: bool) -> Vec<u8> {
+    let mut nodes = vec![
+        node("Reshape", "fc.rows", &["x", "rows"], &["xr"], vec![]),
+        node("Gemm", "fc", &["xr", "W", "b"], &["hr"], vec![]),
+        node("Reshape", "fc.back", &["hr", "back"], &["h"], vec![]),
+    ];
+    if cube_by_pow {
+        nodes.push(node("Pow", "g.pow", &["h", "three"], &["h3"], vec![]));
+    } else {
+        nodes.push(node("Mul", "g.sq", &["h", "h"], &["h2"], vec![]));
+        nodes.push(node("Mul", "g.cube", &["h2", "h"], &["h3"], vec![]));
+    }
+    nodes.extend([
+        node("Mul", "g.c", &["c", "h3"], &["ch3"], vec![]),
+        node("Add", "g.add", &["h", "ch3"], &["v"], vec![]),
+        node("Mul", "g.k", &["v", "k"], &["u"], vec![]),
+        node("Tanh", "g.tanh", &["u"], &["t"], vec![]),
+        node("Mul", "g.half", &["h", "half"], &["hh"], vec![]),
+        node("Add", "g.one", &["t", "one"], &["t1"], vec![]),
+        node("Mul", "g.out", &["hh", "t1"], &["y"], vec![]),
+    ]);
+    model(
+        nodes,
+        vec![
+            ints("rows", &[6, 8]),
+            ints("back", &[2, 3, 8]),
+            tensor("W", &[8, 8], &ramp(64, 0.05)),
+            tensor("b", &[8], &ramp(8, 0.1)),
+            tensor("three", &[], &[3.0]),
+            tensor("c", &[], &[0.044715]),
+            tensor("k", &[], &[(2.0 / std::f32::consts::PI).sqrt()]),
+            tensor("half", &[], &[0.5]),
+            tensor("one", &[], &[1.0]),
+        ],
+        vec![vinfo("x", &[2, 3, 8])],
+        vec![vinfo("y", &[2, 3, 8])],
+    )
+}
+
+#[test]
+fn tanh_gelu_is_recognised_and_fuses_into_the_gemm_through_a_reshape() {
+    for by_pow in [true, false] {
+        let c = compiled(&conv1d_gelu_tanh(by_pow));
+        assert_eq!(compute_ops(&c.model), ["Gemm+Gelu(tanh)"], "cube by Pow: {by_pow}");
+        assert_eq!((c.report.fused.gelu_tanh, c.report.fused.activation), (1, 1));
+        assert_eq!(c.model.meta.outputs[0].shape, [2, 3, 8]);
+    }
+}
+
 #[test]
 fn memory_plan_reuses_arena_bytes() {
     // A chain of 6 element-wise ops on 64 KiB tensors: at most 3 live at once.

@@ -89,8 +89,8 @@ fn main() -> ExitCode {
         println!("  {} {} -> device ops {} (+{} views)", r.format.nodes_label(), r.onnx_nodes, r.device_op_count(), r.views);
         let f = &r.fused;
         println!(
-            "  fused: {} GELU, {} SiLU, {} layer norm, {} scale into weights, {} pad + {} BatchNorm/affine into conv, {} bias, {} residual, {} activation; {} dead ops dropped",
-            f.gelu, f.silu, f.layer_norm, f.scale_into_weights, f.pad_into_conv, f.folded_into_conv, f.bias, f.residual, f.activation, f.dead
+            "  fused: {} GELU (erf), {} GELU (tanh), {} SiLU, {} layer norm, {} scale into weights, {} pad + {} BatchNorm/affine into conv, {} bias, {} residual, {} activation; {} dead ops dropped",
+            f.gelu, f.gelu_tanh, f.silu, f.layer_norm, f.scale_into_weights, f.pad_into_conv, f.folded_into_conv, f.bias, f.residual, f.activation, f.dead
         );
         let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("{k} x{v}")).collect();
         println!("  ops: {}", ops.join(", "));

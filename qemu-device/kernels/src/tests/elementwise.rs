@@ -170,6 +170,29 @@ fn binary_comparisons_special_values() {
     assert_eq!(y, [0.0, 1.0, 1.0, 0.0]);
 }
 
+/// Pow by a constant 2 or 3 multiplies (the fast path) and agrees with
+/// powf to rounding, special values included; other exponents and
+/// per-element exponents still take powf.
+#[test]
+fn pow_constant_exponents() {
+    let mut rng = Rng::new(31);
+    let mut x: Vec<f32> = (0..5000).map(|_| rng.f32_in(-8.0, 8.0)).collect();
+    x.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e20, -1e-20, 3.0e12]);
+    for e in [2.0f32, 3.0, 0.5, -1.0, 2.5] {
+        let mut y = vec![0.0; x.len()];
+        binary(BinaryOp::Pow, &x, &[x.len()], &[e], &[1], &mut y).unwrap();
+        for (i, (&a, &g)) in x.iter().zip(&y).enumerate() {
+            let w = a.powf(e);
+            let same = g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= 2.0 * f32::EPSILON * w.abs();
+            assert!(same, "{a}^{e} (element {i}): got {g}, powf {w}");
+        }
+    }
+    // A per-element exponent of 3s is not the scalar fast path.
+    let mut y = vec![0.0; 3];
+    binary(BinaryOp::Pow, &[-2.0, 1.5, 4.0], &[3], &[3.0, 3.0, 0.5], &[3], &mut y).unwrap();
+    assert_eq!(y, [-8.0, 3.375, 2.0]);
+}
+
 /// Comparisons of small integers (so ties are frequent) with random
 /// broadcasts, including the parallel paths, and fused activations of
 /// the 0/1 result.
