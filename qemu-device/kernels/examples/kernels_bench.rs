@@ -279,6 +279,12 @@ fn main() {
     bench_gemm(&mut b, "gemm bert 128x768x3072 +bias+res", 128, 768, 3072, None, true);
     bench_gemm(&mut b, "gemm bert 128x768x768 +bias", 128, 768, 768, None, false);
     bench_gemm(&mut b, "gemm bert 128x2304x768 +bias (qkv)", 128, 2304, 768, None, false);
+    // Small decoders (the llama/gpt2 exports: 64 tokens, hidden 128).
+    bench_gemm(&mut b, "gemm small-llm 64x128x128", 64, 128, 128, None, false);
+    bench_gemm(&mut b, "gemm small-llm 64x256x128", 64, 256, 128, None, false);
+    bench_gemm(&mut b, "gemm small-llm 64x128x256", 64, 128, 256, None, false);
+    bench_gemm(&mut b, "gemm small-llm 64x1000x128 (lm head)", 64, 1000, 128, None, false);
+    bench_gemm(&mut b, "gemm small-llm 64x3072x768 (gpt2 fc)", 64, 3072, 768, None, false);
     bench_gemm_t(&mut b, "gemm bert 128x768x768 +bias transB", 128, 768, 768, None, false, true);
     bench_gemm_t(&mut b, "gemm bert 128x3072x768 +bias+gelu transB", 128, 3072, 768, Gelu, false, true);
 
