@@ -3,7 +3,7 @@
 use crate::activation::{epilogue, Activation, Bias};
 use crate::error::Result;
 use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, MR, NR};
-use crate::util::{check_len, mul, rows_per_task, with_scratch, SendPtr};
+use crate::util::{check_len, for_each_task, mul, plan_threads, rows_per_task, sequential, with_scratch, SendPtr};
 use rayon::prelude::*;
 
 /// Parameters of [`gemm()`].
@@ -70,10 +70,7 @@ pub fn gemm_residual(
         None => Bias::None,
     };
     let has_epilogue = !matches!(bias, Bias::None) || residual.is_some() || p.activation != Activation::None;
-    // Small products run on the calling thread: waking a sleeping helper
-    // costs more than it gains (measured in the VM: a 64x1000x128 GEMM
-    // took 1.04 ms on two threads, 0.53 ms on one).
-    let sequential = m.saturating_mul(n).saturating_mul(k).saturating_mul(2) < SEQ_MAX_FLOPS;
+    let sequential = sequential(m.saturating_mul(n).saturating_mul(k).saturating_mul(2));
     if m < 2 * MR || k == 0 {
         // Matrix-vector shapes: the 6-row microkernel would mostly compute
         // padding rows; the gemm crate has kernels for them.
@@ -98,7 +95,7 @@ pub fn gemm_residual(
     // sized to stay in L2) times blocks of A's rows when the chunks alone
     // are too few for the threads. Each task applies the epilogue to its
     // tile of C while it is in cache.
-    let threads = if sequential { 1 } else { rayon::current_num_threads().max(1) };
+    let threads = plan_threads(sequential);
     let panels = n.div_ceil(NR);
     let chunk = (B_CHUNK / (k * NR)).clamp(1, panels);
     let mut nchunks = panels.div_ceil(chunk);
@@ -139,16 +136,9 @@ pub fn gemm_residual(
             }
         })
     };
-    if sequential {
-        (0..nchunks * mblocks).for_each(task);
-    } else {
-        (0..nchunks * mblocks).into_par_iter().for_each(task);
-    }
+    for_each_task(nchunks * mblocks, sequential, task);
     Ok(())
 }
-
-/// GEMMs of fewer floating-point operations run on the calling thread.
-const SEQ_MAX_FLOPS: usize = 32 << 20;
 
 /// Floats of B one task packs (256 KiB: stays in L2).
 const B_CHUNK: usize = 1 << 16;

@@ -13,6 +13,38 @@ pub(crate) const SEQ_MAX: usize = 1 << 15;
 /// Smallest parallel task of a memory-bound loop, in elements.
 const MIN_TASK: usize = 1 << 14;
 
+/// Compute-bound kernels (GEMM, convolution) of fewer floating-point
+/// operations run on the calling thread: waking a sleeping helper costs
+/// more than it gains (measured in the VM, where the host's cores are
+/// shared with the guest: a 64x1000x128 GEMM took 1.04 ms on two threads,
+/// 0.53 ms on one).
+pub(crate) const SEQ_MAX_FLOPS: usize = 32 << 20;
+
+/// Whether a compute-bound kernel of `flops` runs on the calling thread.
+pub(crate) fn sequential(flops: usize) -> bool {
+    flops < SEQ_MAX_FLOPS
+}
+
+/// The threads a kernel plans its tasks for: 1 when `seq`.
+pub(crate) fn plan_threads(seq: bool) -> usize {
+    if seq {
+        1
+    } else {
+        rayon::current_num_threads().max(1)
+    }
+}
+
+/// `f(t)` for every task `t < n`: on the calling thread if `seq`, else as
+/// rayon tasks.
+pub(crate) fn for_each_task(n: usize, seq: bool, f: impl Fn(usize) + Sync + Send) {
+    use rayon::prelude::*;
+    if seq {
+        (0..n).for_each(f);
+    } else {
+        (0..n).into_par_iter().for_each(f);
+    }
+}
+
 /// Elements per task of a memory-bound element-wise loop over `len`
 /// elements: everything below [`SEQ_MAX`], otherwise many equal tasks per
 /// thread (for load balance) of at least [`MIN_TASK`], a multiple of 64.

@@ -29,7 +29,11 @@ pub(super) fn direct(
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
     let phased = PhaseGeometry::new(&ha, &wa, g.in_plane, g.out_plane);
-    let planes_per_task = (16_384 / g.out_plane.max(1)).max(1);
+    let planes = output.len() / g.out_plane.max(1);
+    // Small convolutions as one task, on the calling thread. Depthwise
+    // work runs at about an eighth of a GEMM's flop rate, hence the weight.
+    let flops = output.len().saturating_mul(2 * kh * kw).saturating_mul(8);
+    let planes_per_task = if crate::util::sequential(flops) { planes.max(1) } else { (16_384 / g.out_plane.max(1)).max(1) };
     output
         .par_chunks_mut(g.out_plane)
         .with_min_len(planes_per_task)

@@ -23,7 +23,7 @@ use super::phases::PhaseGeometry;
 use super::{gather_strided, Axis, Conv2dParams, Geometry, Padding2d};
 use crate::activation::{epilogue, Activation, Bias};
 use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, MR, NR};
-use crate::util::{with_op_scratch, with_scratch, SendPtr};
+use crate::util::{for_each_task, plan_threads, sequential, with_op_scratch, with_scratch, SendPtr};
 use rayon::prelude::*;
 
 /// Target size of one task's output tile (and im2col chunk), in elements
@@ -106,9 +106,10 @@ impl Split {
     /// at most `max`); enough tasks for every thread. Few positions and
     /// many output channels (late CNN stages) split the channels instead,
     /// so that each task streams only its slice of the weights.
-    fn new(images: usize, npos: usize, og: usize, max: usize) -> Split {
-        let threads = rayon::current_num_threads().max(1);
-        let want = 8 * threads;
+    fn new(images: usize, npos: usize, og: usize, max: usize, seq: bool) -> Split {
+        let threads = plan_threads(seq);
+        // One thread: no split of the channels (it would re-pack the input).
+        let want = if seq { 1 } else { 8 * threads };
         let round = |t: usize| t.div_ceil(NR) * NR;
         let mut tile = round((TILE_BUDGET / og.clamp(1, 256)).max(1)).min(round(npos)).min(max);
         let mut ntiles = npos.div_ceil(tile);
@@ -139,6 +140,11 @@ impl Split {
         let m0 = m * self.mb;
         (rest / self.ntiles, rest % self.ntiles, m0, self.mb.min(og - m0))
     }
+}
+
+/// Multiply-adds ×2 of a convolution lowered to GEMMs (saturating).
+fn conv_flops(images: usize, og: usize, npos: usize, kdim: usize) -> usize {
+    images.saturating_mul(og).saturating_mul(npos).saturating_mul(kdim).saturating_mul(2)
 }
 
 /// Smallest block of output channels a task takes when splitting them.
@@ -181,10 +187,11 @@ fn packed_gemm(
     let npos = g.out_plane;
     let kdim = g.kdim;
     let images = p.batch * p.groups;
-    let sp = Split::new(images, npos, g.og, max_tile);
+    let seq = sequential(conv_flops(images, g.og, npos, kdim));
+    let sp = Split::new(images, npos, g.og, max_tile, seq);
     let out_ptr = SendPtr(output.as_mut_ptr());
     let col_len = packed_len(KCHUNK.min(kdim), sp.tile);
-    (0..sp.tasks(images)).into_par_iter().for_each(|task| {
+    for_each_task(sp.tasks(images), seq, |task| {
         with_scratch(col_len, |col| {
             let (image, t, m0, mb) = sp.task(task, g.og);
             let (b, grp) = (image / p.groups, image % p.groups);
@@ -239,20 +246,24 @@ fn indirect_gemm(
     let images = p.batch * p.groups;
     let kdim = g.kdim;
     let chans = p.batch * p.in_channels;
+    let seq = sequential(conv_flops(images, g.og, qn, kdim));
     with_op_scratch(chans * set, |phases| {
-        phases.par_chunks_mut(set).enumerate().for_each(|(c, dst)| {
-            ph.fill(&input[c * g.in_plane..][..g.in_plane], ha, wa, dst, true);
-        });
+        let fill = |(c, dst): (usize, &mut [f32])| ph.fill(&input[c * g.in_plane..][..g.in_plane], ha, wa, dst, true);
+        if seq {
+            phases.chunks_mut(set).enumerate().for_each(fill);
+        } else {
+            phases.par_chunks_mut(set).enumerate().for_each(fill);
+        }
         // Row r = (ci·kh + ky)·kw + kx of the GEMM: tap (ky, kx) of channel
         // ci's phase set.
         let offs: Vec<isize> = (0..kdim)
             .map(|r| ((r / (kh * kw)) * set + ph.tap_offsets[r % (kh * kw)]) as isize)
             .collect();
-        let sp = Split::new(images, qn, g.og, MAX_TILE_DIRECT);
+        let sp = Split::new(images, qn, g.og, MAX_TILE_DIRECT, seq);
         let tile = sp.tile;
         let out_ptr = SendPtr(output.as_mut_ptr());
         let phases = &*phases;
-        (0..sp.tasks(images)).into_par_iter().for_each(|task| {
+        for_each_task(sp.tasks(images), seq, |task| {
             with_scratch(sp.mb * tile, |stage| {
                 let (image, t, m0, mb) = sp.task(task, g.og);
                 let (b, grp) = (image / p.groups, image % p.groups);
