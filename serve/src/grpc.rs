@@ -4,7 +4,6 @@
 //! `raw_output_contents`, as Triton does.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use rbln_runtime::Data;
 use tonic::{Request, Response, Status};
@@ -121,7 +120,7 @@ impl GrpcInferenceService for Service {
     }
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> std::result::Result<Response<ModelInferResponse>, Status> {
-        let start = Instant::now();
+        let start = rbln_runtime::clock::now();
         let mut r = req.into_inner();
         let name = r.model_name.clone();
         let out = self.infer(&mut r).await;
@@ -182,7 +181,7 @@ impl Service {
                 shape: t.shape.iter().map(|&d| d as i64).collect(),
                 ..Default::default()
             });
-            resp.raw_output_contents.push(tensor::raw_bytes(&t.data));
+            resp.raw_output_contents.push(tensor::raw_bytes(&t.data).into());
         }
         Ok(resp)
     }

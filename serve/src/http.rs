@@ -3,7 +3,6 @@
 //! repository extension. Every error is the protocol's `{"error": "..."}`.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -317,7 +316,7 @@ async fn infer_v(State(app): State<Arc<App>>, Path((name, version)): Path<(Strin
 }
 
 async fn infer_common(app: Arc<App>, name: String, version: Option<String>, headers: HeaderMap, body: Body) -> Response {
-    let start = Instant::now();
+    let start = rbln_runtime::clock::now();
     let r = infer_inner(&app, &name, version.as_deref(), &headers, body).await;
     app.record(&name, "http", start, &r.as_ref().map(|_| ()));
     match r {

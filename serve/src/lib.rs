@@ -19,7 +19,6 @@ pub mod pb {
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use error::{Result, ServeError};
 use model::LoadedModel;
@@ -62,7 +61,7 @@ impl App {
     }
 
     /// Count one inference request and, if it succeeded, its latency.
-    pub fn record(&self, model: &str, protocol: &str, start: Instant, r: &std::result::Result<(), &ServeError>) {
+    pub fn record(&self, model: &str, protocol: &str, start: rbln_runtime::clock::Stamp, r: &std::result::Result<(), &ServeError>) {
         let label = self.model_label(model);
         let m = &self.repo.metrics;
         match r {

@@ -73,6 +73,8 @@ fn main() -> ExitCode {
         eprintln!("rbln-serve: --max-queue must be at least 1");
         return ExitCode::from(2);
     }
+    // Latencies use the TSC when the kernel's clock is coarse (TCG guests).
+    rbln_runtime::clock::init();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -115,6 +117,12 @@ async fn serve(args: Args) -> Result<(), String> {
             let _ = rx.recv().await;
         }
     };
+    // TCP_NODELAY everywhere: a response written in pieces must not wait
+    // for the client's delayed ACK (40 ms a request otherwise).
+    use axum::serve::ListenerExt;
+    let http = http.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let http_srv = axum::serve(http, rbln_serve::http::router(app.clone())).with_graceful_shutdown(stopped(&stop_tx));
     let metrics_srv = axum::serve(metrics_l, rbln_serve::http::metrics_router(app.clone())).with_graceful_shutdown(stopped(&stop_tx));
     let grpc_srv = tonic::transport::Server::builder()
@@ -150,5 +158,5 @@ async fn serve(args: Args) -> Result<(), String> {
 
 /// The gRPC server's connections from a bound listener.
 fn tokio_stream_listener(l: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(l)
+    tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true))
 }

@@ -216,9 +216,9 @@ fn from_raw(name: &str, dt: DataType, n: usize, shape: &[i64], bytes: &[u8]) -> 
         )));
     }
     Ok(match dt {
-        DataType::Fp32 => Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-        DataType::Int32 => Data::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-        DataType::Int64 => Data::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect()),
+        DataType::Fp32 => Data::F32(from_le(bytes, f32::from_le_bytes)),
+        DataType::Int32 => Data::I32(from_le(bytes, i32::from_le_bytes)),
+        DataType::Int64 => Data::I64(from_le(bytes, i64::from_le_bytes)),
         DataType::Bool => {
             if let Some(i) = bytes.iter().position(|&b| b > 1) {
                 return Err(ServeError::bad(format!("input '{name}': BOOL element {i} is byte {}, not 0 or 1", bytes[i])));
@@ -226,6 +226,16 @@ fn from_raw(name: &str, dt: DataType, n: usize, shape: &[i64], bytes: &[u8]) -> 
             Data::Bool(bytes.iter().map(|&b| b == 1).collect())
         }
     })
+}
+
+/// Little-endian elements from bytes (whole elements: the caller checked
+/// the length). One memcpy on little-endian machines.
+fn from_le<T: bytemuck::Pod, const N: usize>(bytes: &[u8], conv: fn([u8; N]) -> T) -> Vec<T> {
+    if cfg!(target_endian = "little") {
+        bytemuck::pod_collect_to_vec(bytes)
+    } else {
+        bytes.chunks_exact(N).map(|c| conv(c.try_into().unwrap_or([0; N]))).collect()
+    }
 }
 
 /// Flatten a (possibly nested) JSON array, row-major. Nesting deeper than
@@ -289,10 +299,17 @@ fn short(v: &Value) -> String {
 
 /// Little-endian bytes of a tensor (binary extension, raw_output_contents).
 pub fn raw_bytes(data: &Data) -> Vec<u8> {
+    fn le<T: bytemuck::Pod, const N: usize>(v: &[T], conv: fn(&T) -> [u8; N]) -> Vec<u8> {
+        if cfg!(target_endian = "little") {
+            bytemuck::cast_slice(v).to_vec()
+        } else {
+            v.iter().flat_map(conv).collect()
+        }
+    }
     match data {
-        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F32(v) => le(v, |x| x.to_le_bytes()),
+        Data::I32(v) => le(v, |x| x.to_le_bytes()),
+        Data::I64(v) => le(v, |x| x.to_le_bytes()),
         Data::Bool(v) => v.iter().map(|&b| b as u8).collect(),
     }
 }

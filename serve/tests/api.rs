@@ -556,7 +556,7 @@ async fn grpc_infer_metadata_and_errors() {
         model_name: "addone".into(),
         id: "g1".into(),
         inputs: vec![input("x", "FP32", vec![2, 3], None), input("ids", "INT64", vec![2], None)],
-        raw_input_contents: vec![f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), i64_bytes(&[7, 8])],
+        raw_input_contents: vec![f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).into(), i64_bytes(&[7, 8]).into()],
         ..Default::default()
     };
     let r = c.model_infer(req.clone()).await.unwrap().into_inner();
@@ -579,7 +579,8 @@ async fn grpc_infer_metadata_and_errors() {
     };
     let r = c.model_infer(typed.clone()).await.unwrap().into_inner();
     assert_eq!(r.outputs.len(), 1);
-    assert_eq!(r.raw_output_contents, vec![i64_bytes(&[2, 4])]);
+    assert_eq!(r.raw_output_contents.len(), 1);
+    assert_eq!(r.raw_output_contents[0], i64_bytes(&[2, 4]));
     // Errors.
     let mut bad = req.clone();
     bad.inputs[0].datatype = "INT32".into();
@@ -587,7 +588,7 @@ async fn grpc_infer_metadata_and_errors() {
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     assert_eq!(s.message(), "input 'x': datatype INT32 does not match the model's FP32");
     let mut bad = req.clone();
-    bad.raw_input_contents[0].pop();
+    bad.raw_input_contents[0].truncate(23);
     let s = c.model_infer(bad).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     assert!(s.message().contains("binary data has 23 bytes"), "{}", s.message());
@@ -608,7 +609,7 @@ async fn grpc_infer_metadata_and_errors() {
     assert_eq!(c.model_infer(bad).await.unwrap_err().code(), tonic::Code::InvalidArgument);
     // Oversized message (limit 4096).
     let mut big = req.clone();
-    big.raw_input_contents[0] = vec![0; 10_000];
+    big.raw_input_contents[0] = vec![0u8; 10_000].into();
     let s = c.model_infer(big).await.unwrap_err();
     assert!(matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange), "{s:?}");
 

@@ -5,7 +5,7 @@
 
 The server (tests/vm/serve.sh) serves the repository that suite builds:
 mlp (versions 1 and 2), cnn (1 instance, queue 1), bert-ids (two INT64
-inputs), detr-timeout (timeout_ms 2), unet (1 instance,
+inputs), yolo-timeout (timeout_ms 2), unet (1 instance,
 queue 1) and broken (a truncated file). Prints
 "ok - ..." per check; exits 1 at the first failure.
 """
@@ -161,7 +161,7 @@ raw_error(
     "POST", "/v2/models/mlp/infer", hdr, 400, "Inference-Header-Content-Length is 99999",
     {"Inference-Header-Content-Length": "99999"},
 )
-raw_error("raw HTTP: body over --max-body-bytes", "POST", "/v2/models/mlp/infer", b" " * (3 << 20), 413, "larger than the server's limit of 2097152 bytes")
+raw_error("raw HTTP: body over --max-body-bytes", "POST", "/v2/models/mlp/infer", b" " * (9 << 20), 413, "larger than the server's limit of 8388608 bytes")
 raw_error("raw HTTP: unknown endpoint", "GET", "/v2/nothing", b"", 404, "no endpoint GET /v2/nothing")
 raw_error("raw HTTP: unknown model metadata", "GET", "/v2/models/nosuch", b"", 404, "unknown model 'nosuch'")
 st, data, headers = raw("POST", "/v2/models/mlp/infer", hdr + x.tobytes(), {"Inference-Header-Content-Length": str(len(hdr))})
@@ -188,10 +188,10 @@ for garbage in [b"GARBAGE\r\n\r\n", b"\x00\xff\xfe\x01 / HTTP/1.1\r\n\r\n", b"PO
     check(f"raw socket garbage {garbage[:12]!r} -> 400", reply.startswith(b"HTTP/1.1 400"), reply[:60])
 check("HTTP: server still live after the garbage", h.is_server_live())
 
-# ---- timeout (detr-timeout: timeout_ms 2, far less than one inference) ----
-detr_x = np.load("target/exports/detr.input.npy")
-dm = h.get_model_metadata("detr-timeout")["inputs"][0]
-expect_error("HTTP: per-request timeout", bad(dm["name"], dm["shape"], "FP32", detr_x, model="detr-timeout"), "504", "model 'detr-timeout': the request timed out after 2 ms")
+# ---- timeout (yolo-timeout: timeout_ms 2, far less than one inference) ----
+yolo_x = np.load("target/exports/yolov8n.input.npy")
+ym = h.get_model_metadata("yolo-timeout")["inputs"][0]
+expect_error("HTTP: per-request timeout", bad(ym["name"], ym["shape"], "FP32", yolo_x, model="yolo-timeout"), "504", "model 'yolo-timeout': the request timed out after 2 ms")
 
 # ---- queue bound (unet: 1 instance, max_queue 1, ~70 ms a run): 6 requests written at once ----
 unet_x = np.load("target/exports/unet.input.npy")
@@ -226,7 +226,7 @@ check(f"queue bound: 6 requests at once on a queue of 1 -> some 200, some 503 ({
 
 # ---- repository extension (HTTP) ----
 idx = {m["name"]: m for m in h.get_model_repository_index()}
-check("HTTP: repository index lists every model directory", sorted(idx) == ["bert-ids", "broken", "cnn", "detr-timeout", "mlp", "unet"], sorted(idx))
+check("HTTP: repository index lists every model directory", sorted(idx) == ["bert-ids", "broken", "cnn", "mlp", "unet", "yolo-timeout"], sorted(idx))
 check("HTTP: index states (mlp READY v2, broken UNAVAILABLE with a reason)", idx["mlp"]["state"] == "READY" and idx["mlp"]["version"] == "2" and idx["broken"]["state"] == "UNAVAILABLE" and "failed to load" in idx["broken"]["reason"], idx)
 h.unload_model("cnn")
 check("HTTP: unload cnn -> not ready", not h.is_model_ready("cnn"))
@@ -276,7 +276,7 @@ def gbad(model, inputs):
 expect_error("gRPC: wrong datatype", gbad("mlp", [grpc_in("x", x.astype(np.int32), "INT32")]), "StatusCode.INVALID_ARGUMENT", "input 'x': datatype INT32 does not match the model's FP32")
 expect_error("gRPC: wrong shape", gbad("mlp", [grpc_in("x", x[:2], "FP32")]), "StatusCode.INVALID_ARGUMENT", "input 'x': shape [2, 256] does not match the model's [16, 256]")
 expect_error("gRPC: unknown model", gbad("nosuch", [grpc_in("x", x, "FP32")]), "StatusCode.NOT_FOUND", "unknown model 'nosuch'")
-expect_error("gRPC: timeout", gbad("detr-timeout", [grpc_in(dm["name"], detr_x, "FP32")]), "StatusCode.DEADLINE_EXCEEDED", "timed out after 2 ms")
+expect_error("gRPC: timeout", gbad("yolo-timeout", [grpc_in(ym["name"], yolo_x, "FP32")]), "StatusCode.DEADLINE_EXCEEDED", "timed out after 2 ms")
 gidx = {m["name"]: m for m in g.get_model_repository_index(as_json=True)["models"]}
 check("gRPC: repository index", gidx["mlp"]["state"] == "READY" and gidx["broken"]["state"] == "UNAVAILABLE", gidx)
 g.unload_model("bert-ids")
@@ -319,7 +319,7 @@ check("metrics: mlp HTTP successes counted", (metric('rbln_serve_requests_total{
 check("metrics: mlp gRPC successes counted", (metric('rbln_serve_requests_total{model="mlp",outcome="success",protocol="grpc"}') or 0) >= 2)
 check("metrics: bad requests counted", (metric('rbln_serve_requests_total{model="mlp",outcome="bad_request",protocol="http"}') or 0) >= 5)
 check("metrics: queue_full counted for unet, HTTP and gRPC", (metric('rbln_serve_requests_total{model="unet",outcome="queue_full",protocol="http"}') or 0) >= 1 and (metric('rbln_serve_requests_total{model="unet",outcome="queue_full",protocol="grpc"}') or 0) >= 1)
-check("metrics: timeouts counted", (metric('rbln_serve_requests_total{model="detr-timeout",outcome="timeout",protocol="http"}') or 0) == 1)
+check("metrics: timeouts counted", (metric('rbln_serve_requests_total{model="yolo-timeout",outcome="timeout",protocol="http"}') or 0) == 1)
 check("metrics: unknown models share one label", (metric('rbln_serve_requests_total{model="_unknown",outcome="not_found",protocol="http"}') or 0) >= 1)
 check("metrics: latency histogram", (metric('rbln_serve_request_duration_seconds_count{model="mlp",protocol="http"}') or 0) >= 4 and 'le="0.005"' in text)
 check("metrics: queue depth back to 0, capacity 1 for unet", metric('rbln_serve_queue_depth{model="mlp"}') == 0 and metric('rbln_serve_queue_depth{model="unet"}') == 0 and metric('rbln_serve_queue_capacity{model="unet"}') == 1)
