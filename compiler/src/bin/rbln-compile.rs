@@ -41,6 +41,9 @@ fn fail(code: u8, msg: String) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: restoring a signal's default disposition at start-up, before
+    // any other thread exists; no handler code is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let args = Args::parse();
     let mut opts = Options::default();
     for s in &args.input_shapes {

@@ -128,6 +128,9 @@ fn random_values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: restoring a signal's default disposition at start-up, before
+    // any other thread exists; no handler code is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let args = Args::parse();
     let model = match rbln_format::Model::open(&args.model) {
         Ok(m) => m,
