@@ -307,6 +307,7 @@ fn main() {
         ("conv 1x1 16->64 @112 (mbv3)", conv_params(16, 64, 112, 1, 1, 1, Relu), false),
         ("conv 1x1 240->40 @28 (effnet)", conv_params(240, 40, 28, 1, 1, 1, None), false),
         ("conv 1x1 16->96 @112 (effnet)", conv_params(16, 96, 112, 1, 1, 1, Silu), false),
+        ("conv 1x1 16->96 @112 noact (effnet)", conv_params(16, 96, 112, 1, 1, 1, None), false),
         ("conv 1x1 320->1280 @7 (effnet head)", conv_params(320, 1280, 7, 1, 1, 1, Silu), false),
         ("conv 3x3 s2 3->32 @224 (effnet stem)", conv_params(3, 32, 224, 3, 2, 1, Silu), false),
     ];
