@@ -45,6 +45,9 @@ struct Args {
     /// Default per-request timeout in ms (config.json: timeout_ms).
     #[arg(long, default_value_t = 30_000)]
     timeout_ms: u64,
+    /// Threads running the HTTP and gRPC front ends (default: one per CPU).
+    #[arg(long)]
+    workers: Option<usize>,
 }
 
 async fn shutdown_signal() {
@@ -75,7 +78,11 @@ fn main() -> ExitCode {
     }
     // Latencies use the TSC when the kernel's clock is coarse (TCG guests).
     rbln_runtime::clock::init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.workers {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rbln-serve: cannot start the async runtime: {e}");

@@ -352,3 +352,80 @@ pub fn choose_outputs(spec: &ModelSpec, requested: &[(String, Option<bool>)], bi
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec() -> ModelSpec {
+        ModelSpec {
+            inputs: vec![
+                TensorSpec { name: "a".into(), datatype: DataType::Fp32, shape: vec![2, 2], range: None },
+                TensorSpec { name: "m".into(), datatype: DataType::Bool, shape: vec![3], range: None },
+                TensorSpec { name: "k".into(), datatype: DataType::Int32, shape: vec![2], range: Some((-5, 5)) },
+            ],
+            outputs: vec![TensorSpec { name: "o".into(), datatype: DataType::Fp32, shape: vec![2], range: None }],
+        }
+    }
+
+    fn inp<'a>(name: &str, dt: &str, shape: &[i64], data: InputData<'a>) -> InputTensor<'a> {
+        InputTensor { name: name.into(), datatype: dt.into(), shape: shape.to_vec(), data }
+    }
+
+    #[test]
+    fn datatype_names_round_trip() {
+        for d in [DataType::Fp32, DataType::Int32, DataType::Int64, DataType::Bool] {
+            assert_eq!(DataType::parse(d.name()), Some(d));
+        }
+        assert_eq!(DataType::from_model("f32"), Some(DataType::Fp32));
+        assert_eq!(DataType::from_model("f16"), None);
+        assert_eq!(DataType::parse("fp32"), None, "names are case-sensitive");
+    }
+
+    #[test]
+    fn raw_and_json_inputs_in_model_order() {
+        let a = json!([[1.5, 2], [3, 4]]);
+        let m: Vec<u8> = vec![1, 0, 1];
+        let k: Vec<u8> = [-5i32, 4].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let ts = to_runtime_inputs(
+            &spec(),
+            vec![inp("k", "INT32", &[2], InputData::Raw(&k)), inp("m", "BOOL", &[3], InputData::Raw(&m)), inp("a", "FP32", &[2, 2], InputData::Json(&a))],
+        )
+        .unwrap();
+        assert_eq!(ts[0].data, Data::F32(vec![1.5, 2.0, 3.0, 4.0]));
+        assert_eq!(ts[0].shape, vec![2, 2]);
+        assert_eq!(ts[1].data, Data::Bool(vec![true, false, true]));
+        assert_eq!(ts[2].data, Data::I32(vec![-5, 4]));
+        assert_eq!(raw_bytes(&ts[2].data), k);
+        assert_eq!(raw_bytes(&ts[1].data), m);
+        assert_eq!(json_data(&ts[0].data), json!([1.5, 2.0, 3.0, 4.0]));
+    }
+
+    #[test]
+    fn element_errors() {
+        let a = json!([1, 2, 3, 4]);
+        let err = |m: InputData<'_>, k: InputData<'_>| {
+            to_runtime_inputs(&spec(), vec![inp("a", "FP32", &[2, 2], InputData::Json(&a)), inp("m", "BOOL", &[3], m), inp("k", "INT32", &[2], k)]).unwrap_err().msg
+        };
+        let ok_k: Vec<u8> = vec![0; 8];
+        assert_eq!(err(InputData::Raw(&[0, 2, 1]), InputData::Raw(&ok_k)), "input 'm': BOOL element 1 is byte 2, not 0 or 1");
+        let big = json!([1, 3_000_000_000i64]);
+        assert_eq!(err(InputData::Raw(&[0, 1, 1]), InputData::Json(&big)), "input 'k': element 1 is 3000000000, not a valid INT32 value");
+        let out = json!([1, 5]);
+        assert_eq!(err(InputData::Raw(&[0, 1, 1]), InputData::Json(&out)), "input 'k': element 1 is 5, outside the range -5..5 the model accepts");
+        let bools = json!([true, 1, false]);
+        assert_eq!(err(InputData::Json(&bools), InputData::Raw(&ok_k)), "input 'm': element 1 is 1, not a valid BOOL value");
+        assert_eq!(err(InputData::Typed(Data::Bool(vec![true])), InputData::Raw(&ok_k)), "input 'm': 1 values for shape [3] (3 expected)");
+        let long = json!(["a very long string that goes on and on and on and on", 1]);
+        assert!(err(InputData::Raw(&[0, 1, 1]), InputData::Json(&long)).contains("element 0 is \"a very long string that goes on and ..., not a valid INT32 value"));
+    }
+
+    #[test]
+    fn outputs_chosen() {
+        let s = spec();
+        assert_eq!(choose_outputs(&s, &[], true).unwrap(), vec![OutputChoice { index: 0, binary: true }]);
+        assert_eq!(choose_outputs(&s, &[("o".into(), Some(false))], true).unwrap(), vec![OutputChoice { index: 0, binary: false }]);
+        assert_eq!(choose_outputs(&s, &[("o".into(), None), ("o".into(), None)], false).unwrap_err().msg, "output 'o' is requested more than once");
+    }
+}

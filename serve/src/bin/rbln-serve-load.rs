@@ -42,13 +42,20 @@ struct Args {
     tol: f64,
     #[arg(long)]
     json: bool,
+    /// Client threads (default: one per CPU).
+    #[arg(long)]
+    workers: Option<usize>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     // Latencies with the TSC when the kernel's clock is coarse (TCG guests).
     clock::init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.workers {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rbln-serve-load: {e}");
