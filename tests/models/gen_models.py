@@ -781,6 +781,39 @@ def bert_ids():
     return model, [ids_v, mask_v]
 
 
+def dilated():
+    """Dilated convolutions whose outer taps read only padding (DeepLabV3's
+    ASPP on a small map): a 3x3 at dilation 12 on 12x12 (only the centre
+    tap is live), a 5x3 at dilations (6, 13) (rows 1-3 and the centre
+    column live), a 3x3 at stride 2 and dilation 11 (the first tap of each
+    axis dead: asymmetric padding), a 3x3 at dilation 8 whose taps all
+    stay live, and a 1-D conv at dilation 150 (centre tap only); flattened
+    and concatenated."""
+    g = Graph("dilated", 121)
+    x = "x"  # [1,8,12,12]
+
+    def conv(name, cout, k, dil, pads, stride=(1, 1)):
+        w = g.normal(f"{name}.weight", (cout, 8, *k), np.sqrt(1.0 / (8 * k[0] * k[1])))
+        y = g.node("Conv", [x, w, g.normal(f"{name}.bias", (cout,), 0.1)], name, dilations=list(dil),
+                   group=1, kernel_shape=list(k), pads=list(pads), strides=list(stride))
+        return g.node("Flatten", [y], f"{name}.flatten", axis=1)
+
+    parts = [
+        conv("centre", 4, (3, 3), (12, 12), [12, 12, 12, 12]),          # [1,4,12,12]
+        conv("rows", 4, (5, 3), (6, 13), [12, 13, 12, 13]),             # [1,4,12,12]
+        conv("strided", 4, (3, 3), (11, 11), [11, 11, 11, 11], (2, 2)),  # [1,4,6,6]
+        conv("live", 4, (3, 3), (8, 8), [8, 8, 8, 8]),                  # [1,4,12,12]
+    ]
+    r = g.node("Reshape", [x, g.i64("r.shape", [1, 8, 144])], "r.reshape")
+    w = g.normal("line.weight", (4, 8, 3), np.sqrt(1.0 / 24))
+    line = g.node("Conv", [r, w], "line", dilations=[150], group=1, kernel_shape=[3], pads=[150, 150],
+                  strides=[1])  # [1,4,144]
+    parts.append(g.node("Flatten", [line], "line.flatten", axis=1))
+    y = g.node("Concat", parts, "concat", outputs=["y"], axis=1)
+    n = 4 * 144 * 3 + 4 * 36 + 4 * 144
+    return g.model("x", [1, 8, 12, 12], "y", [1, n]), g.input_data((1, 8, 12, 12))
+
+
 def fold_ops():
     """Opset 18: every op rbln-compile evaluates only at compile time, on
     constants, each result combined with the run-time input so the output
@@ -1112,6 +1145,7 @@ MODELS = [
     ("einsum", einsum, ""),
     ("masks", masks, ""),
     ("fold-ops", fold_ops, ""),
+    ("dilated", dilated, ""),
 ]
 
 

@@ -101,8 +101,9 @@ impl Importer {
                 return Err(cx.err(format!("bias has shape {:?}; [{o}] expected", self.shape(bv))));
             }
         }
-        let win = self.window(cx, &sx[2..], &sw[2..])?;
+        let mut win = self.window(cx, &sx[2..], &sw[2..])?;
         let out_sp = win.output(cx)?;
+        let w = self.trim_dead_taps(cx, w, &mut win, out_sp);
         let kind = Kind::Conv {
             x, w, bias,
             dims: [n, c, win.input[0], win.input[1], o, win.kernel[0], win.kernel[1], g],
@@ -119,6 +120,55 @@ impl Importer {
 }
 
 impl Importer {
+    /// Kernel taps that read only padding for every output position (a
+    /// dilated convolution on a small input: DeepLabV3's ASPP at rates 24
+    /// and 36 on a 32x32 map) multiply zeros: constant weights lose them,
+    /// and the padding shrinks by as much, so the output is unchanged
+    /// (rate 36 on 32x32 becomes a 1x1 convolution, 9x fewer operations).
+    /// Live taps along an axis form one run; a run that would need negative
+    /// padding, or an axis with no live tap, is left as it is.
+    fn trim_dead_taps(&mut self, cx: &Cx, w: ValueId, win: &mut Window, out: [u64; 2]) -> ValueId {
+        let mut keep = [(0u64, 0u64); 2];
+        for a in 0..2 {
+            let (i, k, s, d) = (win.input[a] as i64, win.kernel[a] as i64, win.stride[a] as i64, win.dilation[a] as i64);
+            let (pb, pe) = (win.pads[a].0 as i64, win.pads[a].1 as i64);
+            let o = out[a] as i64;
+            // Tap t reads o'·s - pb + t·d, o' in 0..o: live if one lands in 0..i.
+            let live = |t: i64| (0..o).any(|q| (0..i).contains(&(q * s - pb + t * d)));
+            let (Some(t0), Some(t1)) = ((0..k).find(|&t| live(t)), (0..k).rev().find(|&t| live(t))) else { return w };
+            if pb - t0 * d < 0 || pe - (k - 1 - t1) * d < 0 {
+                return w;
+            }
+            keep[a] = (t0 as u64, t1 as u64);
+        }
+        let [(y0, y1), (x0, x1)] = keep;
+        if (y0, y1, x0, x1) == (0, win.kernel[0] - 1, 0, win.kernel[1] - 1) {
+            return w;
+        }
+        let Some(wc) = self.konst(w) else { return w };
+        let sw = self.shape(w);
+        let (kh, kw) = (win.kernel[0] as usize, win.kernel[1] as usize);
+        let (nh, nw) = ((y1 - y0 + 1) as usize, (x1 - x0 + 1) as usize);
+        let src = wc.floats();
+        let mut dst = Vec::with_capacity(src.len() / (kh * kw) * nh * nw);
+        for plane in src.chunks_exact(kh * kw) {
+            for ky in y0 as usize..=y1 as usize {
+                dst.extend_from_slice(&plane[ky * kw + x0 as usize..=ky * kw + x1 as usize]);
+            }
+        }
+        let mut shape = sw[..2].to_vec();
+        shape.extend(if sw.len() == 3 { vec![nw as u64] } else { vec![nh as u64, nw as u64] });
+        for (a, (t0, t1)) in keep.into_iter().enumerate() {
+            let d = win.dilation[a];
+            win.pads[a] = (win.pads[a].0 - t0 * d, win.pads[a].1 - (win.kernel[a] - 1 - t1) * d);
+            win.kernel[a] = t1 - t0 + 1;
+            if win.kernel[a] == 1 {
+                win.dilation[a] = 1;
+            }
+        }
+        self.constant(&format!("{}.live_taps", cx.name), Const::f32(&shape, dst))
+    }
+
     /// ConvTranspose whose kernel equals its stride (no dilation, padding
     /// or groups): `cols = W'·x` as a 1x1 Conv with W'[(co, t), ci] =
     /// W[ci, co, t] (t the kernel offset) and the bias repeated per offset,
