@@ -302,6 +302,26 @@ for f in futures:
 codes.sort()
 check(f"gRPC queue bound: some succeed (matching), the rest RESOURCE_EXHAUSTED ({codes})", "ok" in codes and "StatusCode.RESOURCE_EXHAUSTED" in codes and set(codes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"})
 
+# ---- clients that go away mid-request ----
+s = socket.create_connection((HOST, HTTP), timeout=30)
+s.sendall(req[: len(req) // 2])  # half of a unet request, then gone
+s.close()
+s = socket.create_connection((HOST, HTTP), timeout=30)
+s.sendall(req)  # a whole one, gone before the answer
+s.close()
+stub.ModelInfer.future(qreq, timeout=120).cancel()  # gRPC: cancelled
+t0 = time.time()
+while time.time() - t0 < 30:
+    c = http.client.HTTPConnection(HOST, METRICS, timeout=30)
+    c.request("GET", "/metrics")
+    depth = [ln for ln in c.getresponse().read().decode().splitlines() if ln.startswith('rbln_serve_queue_depth{model="unet"}')]
+    if depth and depth[0].split()[-1] == "0":
+        break
+    time.sleep(0.2)
+check("clients gone mid-request: unet's queue drains back to 0", depth and depth[0].split()[-1] == "0", depth)
+r = http_infer("unet", [("input", unet_x)])
+check("unet still answers correctly after them", np.allclose(r.as_numpy("mask"), unet_ref, atol=unet_tol, rtol=unet_tol))
+
 # ---- metrics ----
 c = http.client.HTTPConnection(HOST, METRICS, timeout=30)
 c.request("GET", "/metrics")
