@@ -421,7 +421,7 @@ impl AsyncRuntime {
     #[pyo3(signature = (model, *, device = 0, parallel = 1, tensor_type = "np"))]
     fn py_new(model: &Bound<'_, PyAny>, device: u32, parallel: usize, tensor_type: &str) -> PyResult<Self> {
         let py = model.py();
-        let tensor_type = TensorType::parse(tensor_type)?;
+        let tensor_type = TensorType::parse(py, tensor_type)?;
         let model = model_from(model)?;
         let info = rbln_runtime::inspect(&model);
         let properties = properties(&model);

@@ -41,7 +41,7 @@ impl Runtime {
     #[pyo3(signature = (model, *, device = 0, tensor_type = "np", activate_profiler = false))]
     fn py_new(model: &Bound<'_, PyAny>, device: u32, tensor_type: &str, activate_profiler: bool) -> PyResult<Self> {
         let py = model.py();
-        let tensor_type = TensorType::parse(tensor_type)?;
+        let tensor_type = TensorType::parse(py, tensor_type)?;
         let model = model_from(model)?;
         let info = rbln_runtime::inspect(&model);
         let properties = properties(&model);

@@ -39,11 +39,19 @@ pub enum TensorType {
 }
 
 impl TensorType {
-    pub fn parse(s: &str) -> Result<Self, Failure> {
+    /// The tensor type a runtime was asked for; "pt" checks that torch
+    /// imports now, rather than after the first inference ran.
+    pub fn parse(py: Python<'_>, s: &str) -> PyResult<Self> {
         match s {
             "np" | "numpy" => Ok(TensorType::Numpy),
-            "pt" | "torch" => Ok(TensorType::Torch),
-            _ => Err(Failure::new("RBLNValueError", format!("tensor_type must be \"np\" or \"pt\", not {s:?}"))),
+            "pt" | "torch" => match py.import("torch") {
+                Ok(_) => Ok(TensorType::Torch),
+                Err(e) => Err(pyo3::exceptions::PyImportError::new_err(format!(
+                    "tensor_type=\"pt\" needs PyTorch, which does not import here ({}); install torch or use tensor_type=\"np\"",
+                    e.value(py)
+                ))),
+            },
+            _ => Err(Failure::new("RBLNValueError", format!("tensor_type must be \"np\" or \"pt\", not {s:?}")).into()),
         }
     }
 }

@@ -199,3 +199,20 @@ def test_threads_share_one_runtime(scale_model):
         for t in threads:
             t.join()
     assert errors == []
+
+
+def test_tensor_type_pt(mlp):
+    """tensor_type="pt": torch tensors in and out where torch imports; where
+    it does not (the guest's Python has numpy only), a clear ImportError at
+    construction, before any device work."""
+    path, x, want = mlp
+    try:
+        import torch
+    except ImportError:
+        for make in (rbln.Runtime, rbln.AsyncRuntime):
+            with pytest.raises(ImportError, match=r'tensor_type="pt" needs PyTorch, which does not import here'):
+                make(path, tensor_type="pt")
+        return
+    with rbln.Runtime(path, tensor_type="pt") as rt:
+        y = rt.run(torch.from_numpy(x))
+        assert isinstance(y, torch.Tensor) and close(y.numpy(), want)
