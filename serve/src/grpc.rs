@@ -120,6 +120,7 @@ impl GrpcInferenceService for Service {
     }
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> std::result::Result<Response<ModelInferResponse>, Status> {
+        let _inflight = self.app.enter();
         let start = rbln_runtime::clock::now();
         let mut r = req.into_inner();
         let name = r.model_name.clone();

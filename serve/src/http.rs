@@ -316,6 +316,7 @@ async fn infer_v(State(app): State<Arc<App>>, Path((name, version)): Path<(Strin
 }
 
 async fn infer_common(app: Arc<App>, name: String, version: Option<String>, headers: HeaderMap, body: Body) -> Response {
+    let _inflight = app.enter();
     let start = rbln_runtime::clock::now();
     let r = infer_inner(&app, &name, version.as_deref(), &headers, body).await;
     app.record(&name, "http", start, &r.as_ref().map(|_| ()));

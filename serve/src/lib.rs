@@ -17,7 +17,7 @@ pub mod pb {
     tonic::include_proto!("inference");
 }
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use error::{Result, ServeError};
@@ -36,11 +36,28 @@ pub struct App {
     pub max_body: usize,
     /// Set once the models of the repository were loaded at start.
     pub ready: AtomicBool,
+    /// Inference requests being handled (REST and gRPC).
+    pub inflight: AtomicUsize,
+}
+
+/// Counts one inference request in [`App::inflight`] while it lives.
+pub struct InflightGuard<'a>(&'a AtomicUsize);
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl App {
     pub fn new(repo: Arc<repo::Repository>, max_body: usize) -> Arc<Self> {
-        Arc::new(Self { repo, max_body, ready: AtomicBool::new(false) })
+        Arc::new(Self { repo, max_body, ready: AtomicBool::new(false), inflight: AtomicUsize::new(0) })
+    }
+
+    /// Count an inference request until the guard drops.
+    pub fn enter(&self) -> InflightGuard<'_> {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        InflightGuard(&self.inflight)
     }
 
     pub fn is_ready(&self) -> bool {

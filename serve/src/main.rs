@@ -63,7 +63,6 @@ async fn shutdown_signal() {
         }
     };
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    eprintln!("rbln-serve: shutting down (finishing accepted requests)");
 }
 
 fn main() -> ExitCode {
@@ -148,8 +147,11 @@ async fn serve(args: Args) -> Result<(), String> {
     };
     let stop = {
         let tx = stop_tx.clone();
+        let app = app.clone();
         tokio::spawn(async move {
             shutdown_signal().await;
+            let n = app.inflight.load(std::sync::atomic::Ordering::Acquire);
+            eprintln!("rbln-serve: shutting down: {n} inference request(s) in flight, finishing them; no new connections");
             let _ = tx.send(());
         })
     };
@@ -160,6 +162,7 @@ async fn serve(args: Args) -> Result<(), String> {
     );
     stop.abort();
     let _ = loader.await;
+    eprintln!("rbln-serve: stopped ({} inference request(s) left unanswered)", app.inflight.load(std::sync::atomic::Ordering::Acquire));
     h.and(m).and(g)
 }
 

@@ -66,10 +66,25 @@ check "unload every model through the repository extension" python3 tests/serve/
 cat /sys/kernel/debug/rbln0/state
 check "all unloaded: the running server holds no device context or buffer" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
 check "still live" wget -q -O /dev/null http://127.0.0.1:8000/v2/health/live
+# SIGTERM under load: the requests in flight are answered (correctly),
+# the rest are refused, the server exits 0.
+check "load mlp again" python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/v2/repository/models/mlp/load', data=b'{}', method='POST'), timeout=60)"
+rbln-serve-load mlp --input $m/mlp.input.npy --expected $m/mlp.expected.npy \
+    --requests 2000 --concurrency 4 --json >/tmp/load.json 2>/tmp/load.err &
+lpid=$!
+sleep 3
 kill -TERM $pid
 src=0; wait $pid || src=$?
-tail -n 5 $LOG
-check "SIGTERM: rbln-serve exits 0 after a graceful shutdown (status $src)" sh -c "test $src = 0 && grep -q 'shutting down' $LOG"
+lrc=0; wait $lpid || lrc=$?
+cat /tmp/load.json /tmp/load.err
+tail -n 8 $LOG
+check "SIGTERM under load: rbln-serve exits 0 with every accepted request answered (status $src)" \
+    sh -c "test $src = 0 && grep -q 'shutting down: [0-9]* inference request(s) in flight' $LOG && grep -q 'stopped (0 inference request(s) left unanswered)' $LOG"
+check "the load saw only correct answers and, after the signal, refused requests" python3 -c "
+import json
+r = json.load(open('/tmp/load.json'))
+assert r['wrong'] == 0 and r['ok'] >= 1 and set(r['error_codes']) <= {'Unavailable', 'Unknown', 'Cancelled'}, r
+"
 check "no panic in the server's log" sh -c "! grep -q panicked $LOG"
 check "every resource came back" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln0/state && grep -q '^bos: 0' /sys/kernel/debug/rbln0/state"
 check "rmmod rbln" rmmod rbln

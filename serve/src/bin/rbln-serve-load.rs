@@ -101,7 +101,7 @@ async fn run(args: Args) -> Result<bool, String> {
     for _ in 0..args.concurrency.max(1) {
         let (mut c, req, expected, next, n, tol) = (client.clone(), req.clone(), expected.clone(), next.clone(), args.requests, args.tol);
         tasks.push(tokio::spawn(async move {
-            let (mut lat, mut errors, mut wrong, mut first_err) = (Vec::new(), 0usize, 0usize, None);
+            let (mut lat, mut errors, mut wrong, mut first_err, mut codes) = (Vec::new(), 0usize, 0usize, None, std::collections::BTreeMap::<String, usize>::new());
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
                 let t0 = clock::now();
                 match c.model_infer((*req).clone()).await {
@@ -117,16 +117,21 @@ async fn run(args: Args) -> Result<bool, String> {
                     }
                     Err(s) => {
                         errors += 1;
+                        *codes.entry(format!("{:?}", s.code())).or_default() += 1;
                         first_err.get_or_insert_with(|| format!("{:?}: {}", s.code(), s.message()));
                     }
                 }
             }
-            (lat, errors, wrong, first_err)
+            (lat, errors, wrong, first_err, codes)
         }));
     }
     let (mut lat, mut errors, mut wrong, mut first_err): (Vec<Duration>, usize, usize, Option<String>) = (Vec::new(), 0, 0, None);
+    let mut codes = std::collections::BTreeMap::<String, usize>::new();
     for t in tasks {
-        let (l, e, w, f) = t.await.map_err(|e| e.to_string())?;
+        let (l, e, w, f, c) = t.await.map_err(|e| e.to_string())?;
+        for (k, v) in c {
+            *codes.entry(k).or_default() += v;
+        }
         lat.extend(l);
         errors += e;
         wrong += w;
@@ -140,7 +145,7 @@ async fn run(args: Args) -> Result<bool, String> {
     if args.json {
         println!(
             "{}",
-            serde_json::json!({"model": args.model, "requests": args.requests, "concurrency": args.concurrency, "ok": lat.len(), "errors": errors, "wrong": wrong,
+            serde_json::json!({"model": args.model, "requests": args.requests, "concurrency": args.concurrency, "ok": lat.len(), "errors": errors, "error_codes": codes, "wrong": wrong,
                 "throughput_per_s": tp, "p50_ms": p50, "p99_ms": p99, "wall_s": wall.as_secs_f64()})
         );
     } else {
