@@ -277,6 +277,8 @@ expect_error("gRPC: wrong datatype", gbad("mlp", [grpc_in("x", x.astype(np.int32
 expect_error("gRPC: wrong shape", gbad("mlp", [grpc_in("x", x[:2], "FP32")]), "StatusCode.INVALID_ARGUMENT", "input 'x': shape [2, 256] does not match the model's [16, 256]")
 expect_error("gRPC: unknown model", gbad("nosuch", [grpc_in("x", x, "FP32")]), "StatusCode.NOT_FOUND", "unknown model 'nosuch'")
 expect_error("gRPC: timeout", gbad("yolo-timeout", [grpc_in(ym["name"], yolo_x, "FP32")]), "StatusCode.DEADLINE_EXCEEDED", "timed out after 2 ms")
+big = np.zeros((16, 256 * 600), np.float32)  # 9.4 MB, over --max-body-bytes
+expect_error("gRPC: message over --max-body-bytes", gbad("mlp", [grpc_in("x", big, "FP32")]), "StatusCode.OUT_OF_RANGE", "decoded message length too large")
 gidx = {m["name"]: m for m in g.get_model_repository_index(as_json=True)["models"]}
 check("gRPC: repository index", gidx["mlp"]["state"] == "READY" and gidx["broken"]["state"] == "UNAVAILABLE", gidx)
 g.unload_model("bert-ids")
