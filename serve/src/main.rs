@@ -33,9 +33,10 @@ struct Args {
     grpc_port: u16,
     #[arg(long, default_value_t = 8002)]
     metrics_port: u16,
-    /// Device index (/dev/rblnN).
-    #[arg(long, default_value_t = 0)]
-    device: u32,
+    /// Device index (/dev/rblnN); repeat it to spread every model's
+    /// instances over several devices (config.json: devices).
+    #[arg(long = "device", default_values_t = [0u32])]
+    devices: Vec<u32>,
     /// Largest REST request body / gRPC message accepted (bytes).
     #[arg(long, default_value_t = 64 << 20)]
     max_body_bytes: usize,
@@ -100,7 +101,7 @@ fn main() -> ExitCode {
 async fn serve(args: Args) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new());
     let defaults = Defaults { max_queue: args.max_queue, timeout_ms: args.timeout_ms };
-    let repo = Arc::new(Repository::new(args.model_repository.clone(), Box::new(DeviceLoader { device: args.device }), defaults, metrics));
+    let repo = Arc::new(Repository::new(args.model_repository.clone(), Box::new(DeviceLoader { devices: args.devices.clone() }), defaults, metrics));
     let app = App::new(repo.clone(), args.max_body_bytes);
 
     let bind = |port: u16| SocketAddr::new(args.host, port);
@@ -108,11 +109,11 @@ async fn serve(args: Args) -> Result<(), String> {
     let metrics_l = tokio::net::TcpListener::bind(bind(args.metrics_port)).await.map_err(|e| format!("metrics port {}: {e}", args.metrics_port))?;
     let grpc_l = tokio::net::TcpListener::bind(bind(args.grpc_port)).await.map_err(|e| format!("gRPC port {}: {e}", args.grpc_port))?;
     eprintln!(
-        "rbln-serve: HTTP on {}, gRPC on {}, metrics on {} (/dev/rbln{}, repository {})",
+        "rbln-serve: HTTP on {}, gRPC on {}, metrics on {} (devices {}, repository {})",
         bind(args.http_port),
         bind(args.grpc_port),
         bind(args.metrics_port),
-        args.device,
+        args.devices.iter().map(|d| format!("/dev/rbln{d}")).collect::<Vec<_>>().join(" "),
         args.model_repository.display()
     );
 

@@ -35,6 +35,10 @@ pub struct ModelConfig {
     /// Serve this version instead of the highest one.
     #[serde(default)]
     pub version: Option<u64>,
+    /// Devices (N of /dev/rblnN) to put `instances` instances on, each;
+    /// default: every `--device` of the server.
+    #[serde(default)]
+    pub devices: Option<Vec<u32>>,
 }
 
 fn default_instances() -> usize {
@@ -43,7 +47,7 @@ fn default_instances() -> usize {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self { instances: default_instances(), max_queue: None, timeout_ms: None, version: None }
+        Self { instances: default_instances(), max_queue: None, timeout_ms: None, version: None, devices: None }
     }
 }
 
@@ -63,6 +67,14 @@ impl ModelConfig {
         if c.max_queue == Some(0) {
             return Err("config.json: max_queue must be at least 1".into());
         }
+        if let Some(d) = &c.devices {
+            if d.is_empty() {
+                return Err("config.json: devices must name at least one device".into());
+            }
+            if (1..d.len()).any(|i| d[..i].contains(&d[i])) {
+                return Err(format!("config.json: devices {d:?} names a device twice"));
+            }
+        }
         Ok(c)
     }
 }
@@ -75,12 +87,17 @@ pub type Outcome = std::result::Result<Vec<Tensor>, String>;
 pub struct QueueSlot {
     pending: Arc<AtomicUsize>,
     gauge: prometheus::IntGauge,
+    /// The load count of the device the request went to (several devices).
+    device: Option<Arc<AtomicUsize>>,
 }
 
 impl Drop for QueueSlot {
     fn drop(&mut self) {
         self.pending.fetch_sub(1, Ordering::AcqRel);
         self.gauge.dec();
+        if let Some(d) = &self.device {
+            d.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -97,9 +114,11 @@ impl Job {
         self.reply.is_closed()
     }
 
+    /// Answer; the queue place is freed first, so a caller that saw the
+    /// answer never finds its own request still counted.
     pub fn answer(self, r: Outcome) {
-        let _ = self.reply.send(r);
         drop(self.slot);
+        let _ = self.reply.send(r);
     }
 }
 
@@ -123,6 +142,8 @@ pub struct LoadedModel {
     pub max_queue: usize,
     pub timeout: Duration,
     pub instances: usize,
+    /// The model's own `devices` (config.json), if any.
+    pub devices: Option<Vec<u32>>,
     backend: Box<dyn Backend>,
     pending: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
@@ -142,6 +163,7 @@ impl LoadedModel {
             max_queue,
             timeout: Duration::from_millis(config.timeout_ms.unwrap_or(defaults.timeout_ms)),
             instances: config.instances,
+            devices: config.devices.clone(),
             backend,
             pending: Arc::new(AtomicUsize::new(0)),
             metrics,
@@ -158,7 +180,7 @@ impl LoadedModel {
         let prev = self.pending.fetch_add(1, Ordering::AcqRel);
         let gauge = self.metrics.queue_depth.with_label_values(&[&self.name]);
         gauge.inc();
-        let slot = QueueSlot { pending: self.pending.clone(), gauge };
+        let slot = QueueSlot { pending: self.pending.clone(), gauge, device: None };
         if prev >= self.max_queue {
             drop(slot);
             return Err(ServeError::new(
@@ -184,17 +206,50 @@ pub struct Defaults {
     pub timeout_ms: u64,
 }
 
-/// Loads models onto `/dev/rbln{device}`.
+/// Loads models onto `/dev/rbln{device}` for each of `devices` (or the
+/// model's own `devices`).
 pub struct DeviceLoader {
-    pub device: u32,
+    pub devices: Vec<u32>,
 }
 
 impl Loader for DeviceLoader {
     fn load(&self, name: &str, path: &Path, config: &ModelConfig) -> std::result::Result<(ModelSpec, Box<dyn Backend>), String> {
         let model = rbln_format::Model::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let spec = ModelSpec::from_info(&rbln_runtime::inspect(&model))?;
-        let backend = DeviceBackend::start(name, self.device, model, config.instances)?;
-        Ok((spec, Box::new(backend)))
+        let devices = config.devices.as_ref().unwrap_or(&self.devices);
+        let mut backends = Vec::with_capacity(devices.len());
+        for &d in devices {
+            backends.push(DeviceBackend::start(name, d, model.clone(), config.instances).map_err(|e| format!("/dev/rbln{d}: {e}"))?);
+        }
+        if backends.len() == 1 {
+            if let Some(b) = backends.pop() {
+                return Ok((spec, Box::new(b)));
+            }
+        }
+        Ok((spec, Box::new(Spread::new(backends.into_iter().map(|b| Box::new(b) as Box<dyn Backend>).collect()))))
+    }
+}
+
+/// A model on several devices: each request goes to the device with the
+/// fewest requests queued or running (the first of them on a tie).
+pub struct Spread {
+    backends: Vec<(Box<dyn Backend>, Arc<AtomicUsize>)>,
+}
+
+impl Spread {
+    pub fn new(backends: Vec<Box<dyn Backend>>) -> Self {
+        Self { backends: backends.into_iter().map(|b| (b, Arc::new(AtomicUsize::new(0)))).collect() }
+    }
+}
+
+impl Backend for Spread {
+    fn submit(&self, mut job: Job) {
+        let Some((b, load)) = self.backends.iter().min_by_key(|(_, l)| l.load(Ordering::Acquire)) else {
+            return;
+        };
+        load.fetch_add(1, Ordering::AcqRel);
+        job.slot.device = Some(load.clone());
+        b.submit(job);
     }
 }
 
@@ -236,8 +291,8 @@ impl DeviceBackend {
                         Ok(handle) => {
                             let Job { reply, slot, .. } = job;
                             handle.on_complete(move |r| {
-                                let _ = reply.send(r.map_err(|e| e.to_string()));
                                 drop(slot);
+                                let _ = reply.send(r.map_err(|e| e.to_string()));
                             });
                         }
                         Err(e) => job.answer(Err(e.to_string())),

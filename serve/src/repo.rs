@@ -85,9 +85,10 @@ impl Repository {
         for name in self.scan() {
             match self.load(&name) {
                 Ok(m) => eprintln!(
-                    "rbln-serve: loaded model '{name}' version {} ({} instance(s), queue {}, timeout {} ms)",
+                    "rbln-serve: loaded model '{name}' version {} ({} instance(s){}, queue {}, timeout {} ms)",
                     m.version,
                     m.instances,
+                    m.devices.as_ref().map(|d| format!(" on each of devices {d:?}")).unwrap_or_default(),
                     m.max_queue,
                     m.timeout.as_millis()
                 ),

@@ -468,6 +468,12 @@ fn config_json_is_checked() {
     std::fs::write(d.join("config.json"), r#"{"instances": 1, "max_queue": 4, "timeout_ms": 100}"#).unwrap();
     let c = ModelConfig::read(&d).unwrap();
     assert_eq!((c.instances, c.max_queue, c.timeout_ms), (1, Some(4), Some(100)));
+    std::fs::write(d.join("config.json"), r#"{"devices": []}"#).unwrap();
+    assert_eq!(ModelConfig::read(&d).unwrap_err(), "config.json: devices must name at least one device");
+    std::fs::write(d.join("config.json"), r#"{"devices": [1, 0, 1]}"#).unwrap();
+    assert_eq!(ModelConfig::read(&d).unwrap_err(), "config.json: devices [1, 0, 1] names a device twice");
+    std::fs::write(d.join("config.json"), r#"{"devices": [1, 0]}"#).unwrap();
+    assert_eq!(ModelConfig::read(&d).unwrap().devices, Some(vec![1, 0]));
     std::fs::remove_file(d.join("config.json")).unwrap();
     assert_eq!(ModelConfig::read(&d).unwrap(), ModelConfig::default());
 }
@@ -644,4 +650,53 @@ async fn grpc_infer_metadata_and_errors() {
     let s = c.repository_model_load(RepositoryModelLoadRequest { model_name: "nosuch".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::NotFound);
     assert!(c.model_infer(req).await.is_ok());
+}
+
+/// A backend that counts its jobs and answers after 200 ms.
+struct Counting {
+    jobs: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Backend for Counting {
+    fn submit(&self, job: Job) {
+        self.jobs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let inputs = job.inputs.clone();
+            job.answer(compute(inputs));
+        });
+    }
+}
+
+struct SpreadLoader {
+    counts: Vec<Arc<std::sync::atomic::AtomicUsize>>,
+}
+
+impl Loader for SpreadLoader {
+    fn load(&self, name: &str, path: &Path, config: &ModelConfig) -> Result<(ModelSpec, Box<dyn Backend>), String> {
+        let (spec, _) = FakeLoader.load(name, path, config)?;
+        let backends = self.counts.iter().map(|c| Box::new(Counting { jobs: c.clone() }) as Box<dyn Backend>).collect();
+        Ok((spec, Box::new(rbln_serve::model::Spread::new(backends))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_spread_over_devices() {
+    let counts: Vec<_> = (0..2).map(|_| Arc::new(std::sync::atomic::AtomicUsize::new(0))).collect();
+    let repo = Repository::new(repo_dir("spread"), Box::new(SpreadLoader { counts: counts.clone() }), Defaults { max_queue: 8, timeout_ms: 5000 }, Arc::new(Metrics::new()));
+    let app = App::new(Arc::new(repo), 4096);
+    app.repo.load_all();
+    // 6 at once: the least-loaded device takes each, so 3 and 3.
+    let reqs: Vec<_> = (0..6)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { post_json(&app, "/v2/models/addone/infer", good_request()).await.status })
+        })
+        .collect();
+    for r in reqs {
+        assert_eq!(r.await.unwrap(), StatusCode::OK);
+    }
+    let n: Vec<usize> = counts.iter().map(|c| c.load(std::sync::atomic::Ordering::SeqCst)).collect();
+    assert_eq!(n, vec![3, 3]);
+    assert_eq!(app.repo.get("addone", None).unwrap().pending(), 0);
 }

@@ -70,7 +70,7 @@ check "still live" wget -q -O /dev/null http://127.0.0.1:8000/v2/health/live
 # the rest are refused, the server exits 0.
 check "load mlp again" python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/v2/repository/models/mlp/load', data=b'{}', method='POST'), timeout=60)"
 rbln-serve-load mlp --input $m/mlp.input.npy --expected $m/mlp.expected.npy \
-    --requests 2000 --concurrency 4 --json >/tmp/load.json 2>/tmp/load.err &
+    --requests 600 --concurrency 4 --json >/tmp/load.json 2>/tmp/load.err &
 lpid=$!
 sleep 3
 kill -TERM $pid

@@ -1,0 +1,56 @@
+# vm-env: VM_DEVICES=2
+# rbln-serve spreads a model over two NPUs (--device 0 --device 1): each
+# device holds an instance set and both execute requests; a model pinned
+# to one device (config.json "devices") stays there. Then SIGTERM, exit 0,
+# every resource back on both devices.
+. tests/vm/lib.sh
+m=target/models
+R=/tmp/repo
+LOG=/tmp/rbln-serve.log
+
+packets() { sed -n 's/^hw_packets: //p' /sys/kernel/debug/rbln$1/state; }
+contexts() { sed -n 's/^contexts_open: //p' /sys/kernel/debug/rbln$1/state; }
+
+check "insmod rbln.ko" insmod kmd/rbln.ko
+check "two NPUs" test -c /dev/rbln0 -a -c /dev/rbln1
+check "loopback up" ip link set lo up
+mkdir -p $R/mlp/1 $R/cnn/1
+cp $m/mlp.rbln $R/mlp/1/model.rbln
+cp $m/cnn.rbln $R/cnn/1/model.rbln
+echo '{"instances": 1, "devices": [1]}' >$R/cnn/config.json
+
+rbln-serve --model-repository $R --host 127.0.0.1 --device 0 --device 1 >$LOG 2>&1 &
+pid=$!
+ready=0
+i=0
+while [ $i -lt 240 ]; do
+    if wget -q -O /dev/null http://127.0.0.1:8000/v2/health/ready 2>/dev/null; then ready=1; break; fi
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.5
+    i=$((i + 1))
+done
+cat $LOG
+check "rbln-serve is ready" test $ready = 1
+c0=$(contexts 0); c1=$(contexts 1)
+check "mlp on both devices, cnn on rbln1 only (contexts: rbln0 $c0, rbln1 $c1)" sh -c "test $c0 = 1 && test $c1 = 2"
+
+p0=$(packets 0); p1=$(packets 1)
+check "100 requests on mlp at concurrency 4: 0 errors, all match" \
+    rbln-serve-load mlp --input $m/mlp.input.npy --expected $m/mlp.expected.npy --requests 100 --concurrency 4
+d0=$(( $(packets 0) - p0 )); d1=$(( $(packets 1) - p1 ))
+echo "# hw_packets during the load: rbln0 +$d0, rbln1 +$d1"
+check "both devices executed mlp requests" sh -c "test $d0 -gt 0 && test $d1 -gt 0"
+p0=$(packets 0)
+check "cnn (pinned to rbln1) answers correctly" \
+    rbln-serve-load cnn --input $m/cnn.input.npy --expected $m/cnn.expected.npy --requests 10 --concurrency 2
+check "cnn did not touch rbln0" test "$(packets 0)" = "$p0"
+
+kill -TERM $pid
+src=0; wait $pid || src=$?
+tail -n 3 $LOG
+check "SIGTERM: exit 0 (status $src)" test $src = 0
+check "no panic in the server's log" sh -c "! grep -q panicked $LOG"
+for d in 0 1; do
+    check "every resource came back on rbln$d" sh -c "grep -q '^contexts_open: 0' /sys/kernel/debug/rbln$d/state && grep -q '^bos: 0' /sys/kernel/debug/rbln$d/state"
+done
+check "rmmod rbln" rmmod rbln
