@@ -5,12 +5,11 @@
 
 The server (tests/vm/serve.sh) serves the repository that suite builds:
 mlp (versions 1 and 2), cnn (1 instance, queue 1), bert-ids (two INT64
-inputs), yolo-timeout (timeout_ms 2), unet (1 instance,
-queue 1) and broken (a truncated file). Prints
-"ok - ..." per check; exits 1 at the first failure.
+inputs), yolo-timeout (timeout_ms 2), unet (1 instance, queue 1) and
+broken (a truncated file). Prints "ok - ..." per check; exits 1 at the
+first failure.
 """
 
-import concurrent.futures
 import http.client
 import json
 import socket
