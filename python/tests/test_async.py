@@ -47,12 +47,15 @@ def test_gather_in_order(scale_model):
 
 
 def test_event_loop_not_blocked():
-    """While requests are in flight the loop keeps running other work: a
-    CNN (a few ms per inference) so that most of the requests are still
-    running when the submissions are done."""
-    path = need(ONNX / "resnet.rbln")
-    x = np.load(need(ONNX / "resnet.input.npy"))
-    want = np.load(need(ONNX / "resnet.expected.npy"))
+    """While requests are in flight the loop keeps running other work.
+    resnet18 at 224x224 takes tens of ms per inference on the device, far
+    more than a submission, so the requests are still running when the
+    ticker starts, whatever the guest's scheduling (the small CNN this used
+    was sometimes done with all 40 before the loop's first turn)."""
+    path = need(ONNX / "resnet18.rbln")
+    x = np.load(need(ONNX / "resnet18.input.npy"))
+    want = np.load(need(ONNX / "resnet18.expected.npy"))
+    n = 8
 
     async def main(rt):
         ticks = []
@@ -65,7 +68,7 @@ def test_event_loop_not_blocked():
 
         futs = []
         t = asyncio.create_task(ticker())
-        futs += [rt.async_run(x) for _ in range(40)]
+        futs += [rt.async_run(x) for _ in range(n)]
         ys = await asyncio.gather(*futs)
         stop = True
         await t
@@ -74,9 +77,10 @@ def test_event_loop_not_blocked():
     with rbln.AsyncRuntime(path, parallel=2) as rt:
         ys, ticks = asyncio.run(main(rt))
     assert all(close(y, want) for y in ys)
-    # The ticker ran while requests were completing, not only before or
-    # after all of them.
-    assert len([k for k in ticks if 0 < k < 40]) > 10, ticks
+    # The ticker ran before, between and after completions: several
+    # distinct partial counts, not a jump from none to all.
+    partial = {k for k in ticks if 0 < k < n}
+    assert len(partial) >= 2 and ticks[0] < n, (partial, ticks[:3], len(ticks))
 
 
 def test_cancel_does_not_disturb_others(scale_model):
