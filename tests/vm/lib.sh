@@ -46,3 +46,16 @@ msix_vectors() {
         ptr=$(config_byte "$1" $((ptr + 1)))
     done
 }
+
+# Wait up to 2 minutes for an HTTP server (process $1) to answer 200 at
+# URL $2; 0 once it does, 1 when it exited or the time ran out.
+wait_http_ready() {
+    _i=0
+    while [ $_i -lt 240 ]; do
+        wget -q -O /dev/null "$2" 2>/dev/null && return 0
+        kill -0 "$1" 2>/dev/null || return 1
+        sleep 0.5
+        _i=$((_i + 1))
+    done
+    return 1
+}

@@ -22,13 +22,7 @@ echo '{"instances": 1, "devices": [1]}' >$R/cnn/config.json
 rbln-serve --model-repository $R --host 127.0.0.1 --device 0 --device 1 >$LOG 2>&1 &
 pid=$!
 ready=0
-i=0
-while [ $i -lt 240 ]; do
-    if wget -q -O /dev/null http://127.0.0.1:8000/v2/health/ready 2>/dev/null; then ready=1; break; fi
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.5
-    i=$((i + 1))
-done
+wait_http_ready $pid http://127.0.0.1:8000/v2/health/ready && ready=1
 cat $LOG
 check "rbln-serve is ready" test $ready = 1
 c0=$(contexts 0); c1=$(contexts 1)

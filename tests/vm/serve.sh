@@ -40,13 +40,7 @@ rbln-serve --model-repository $R --host 127.0.0.1 --http-port 8000 --grpc-port 8
     --max-body-bytes 8388608 >$LOG 2>&1 &
 pid=$!
 ready=0
-i=0
-while [ $i -lt 240 ]; do
-    if wget -q -O /dev/null http://127.0.0.1:8000/v2/health/ready 2>/dev/null; then ready=1; break; fi
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.5
-    i=$((i + 1))
-done
+wait_http_ready $pid http://127.0.0.1:8000/v2/health/ready && ready=1
 cat $LOG
 check "rbln-serve is ready" test $ready = 1
 check "the broken model's load failure is logged, the others loaded" sh -c "grep -q \"model 'broken' not loaded\" $LOG && grep -q \"loaded model 'bert-ids' version 1\" $LOG && grep -q \"loaded model 'mlp' version 2\" $LOG"
