@@ -2,7 +2,8 @@
 //!
 //! Pipeline: decode the protobuf ([`onnx`]; a TFLite flatbuffer is first
 //! translated into the same ONNX structures by [`tflite`]) -> import with static shapes
-//! and constant folding ([`import`]) -> fuse ([`fuse`]) -> plan memory and
+//! and constant folding ([`import`]) -> fuse ([`fuse`]) -> lay out constant
+//! weights for the cores ([`pack`]) -> plan memory and
 //! emit descriptors and command streams ([`emit`]) -> a validated
 //! [`rbln_format::Model`].
 
@@ -13,6 +14,7 @@ pub mod fuse;
 pub mod import;
 pub mod ir;
 pub mod onnx;
+pub mod pack;
 pub mod shape;
 pub mod tflite;
 
@@ -22,6 +24,7 @@ pub use emit::MemoryPlan;
 pub use error::{CompileError, Result};
 pub use fuse::FuseStats;
 pub use import::Options;
+pub use pack::Layout;
 
 /// The kind of model file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +59,9 @@ pub struct Report {
     pub device_ops: BTreeMap<String, usize>,
     /// Views (reshapes that move no data).
     pub views: usize,
+    /// Weight layout decisions, one per op whose weights were laid out
+    /// for the cores.
+    pub layouts: Vec<Layout>,
     pub fused: FuseStats,
     pub memory: MemoryPlan,
 }
@@ -80,10 +86,19 @@ pub fn compile(bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled> {
     }
     let proto = onnx::decode(bytes)?;
     let g = import::import(&proto, opts)?;
-    let opset = proto.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map_or(0, |o| o.version);
+    let opset = proto
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map_or(0, |o| o.version);
     let mut props = vec![("onnx.opset".to_string(), opset.to_string())];
     if !proto.producer_name.is_empty() {
-        props.push(("onnx.producer".into(), format!("{} {}", proto.producer_name, proto.producer_version).trim().to_string()));
+        props.push((
+            "onnx.producer".into(),
+            format!("{} {}", proto.producer_name, proto.producer_version)
+                .trim()
+                .to_string(),
+        ));
     }
     let onnx_nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
     finish(g, name, &props, SourceFormat::Onnx, onnx_nodes)
@@ -102,8 +117,15 @@ pub fn compile_tflite(bytes: &[u8], name: &str, opts: &Options) -> Result<Compil
     finish(g, name, &props, SourceFormat::Tflite, t.operators)
 }
 
-fn finish(mut g: ir::Graph, name: &str, props: &[(String, String)], format: SourceFormat, onnx_nodes: usize) -> Result<Compiled> {
+fn finish(
+    mut g: ir::Graph,
+    name: &str,
+    props: &[(String, String)],
+    format: SourceFormat,
+    onnx_nodes: usize,
+) -> Result<Compiled> {
     let fused = fuse::run(&mut g);
+    let layouts = pack::run(&mut g);
     let mut device_ops = BTreeMap::new();
     let mut views = 0;
     for op in &g.ops {
@@ -114,15 +136,33 @@ fn finish(mut g: ir::Graph, name: &str, props: &[(String, String)], format: Sour
         }
     }
     let (model, memory) = emit::emit(&g, name, props)?;
-    Ok(Compiled { model, report: Report { format, onnx_nodes, device_ops, views, fused, memory } })
+    Ok(Compiled {
+        model,
+        report: Report {
+            format,
+            onnx_nodes,
+            device_ops,
+            views,
+            layouts,
+            fused,
+            memory,
+        },
+    })
 }
 
 /// Parse `name=1x3x224x224`.
 pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>)> {
-    let (name, dims) = s.rsplit_once('=').ok_or_else(|| CompileError::BadInputShape(format!("'{s}': expected NAME=D0xD1x...")))?;
-    let dims: std::result::Result<Vec<u64>, _> = dims.split(['x', 'X', ',']).map(|d| d.trim().parse::<u64>()).collect();
+    let (name, dims) = s
+        .rsplit_once('=')
+        .ok_or_else(|| CompileError::BadInputShape(format!("'{s}': expected NAME=D0xD1x...")))?;
+    let dims: std::result::Result<Vec<u64>, _> = dims
+        .split(['x', 'X', ','])
+        .map(|d| d.trim().parse::<u64>())
+        .collect();
     match dims {
         Ok(d) if !d.is_empty() && !name.is_empty() => Ok((name.to_string(), d)),
-        _ => Err(CompileError::BadInputShape(format!("'{s}': expected NAME=D0xD1x... with positive integers"))),
+        _ => Err(CompileError::BadInputShape(format!(
+            "'{s}': expected NAME=D0xD1x... with positive integers"
+        ))),
     }
 }

@@ -102,7 +102,11 @@ pub(crate) fn check_rank(what: &'static str, shape: &[usize]) -> Result<()> {
 /// ONNX-style axis: `-rank..rank`, negative counts from the end.
 pub(crate) fn normalize_axis(axis: isize, rank: usize) -> Result<usize> {
     let r = rank as isize;
-    let a = if axis < 0 { axis.checked_add(r) } else { Some(axis) };
+    let a = if axis < 0 {
+        axis.checked_add(r)
+    } else {
+        Some(axis)
+    };
     match a {
         Some(a) if a >= 0 && a < r => Ok(a as usize),
         _ => Err(KernelError::AxisOutOfRange { axis, rank }),
@@ -110,8 +114,16 @@ pub(crate) fn normalize_axis(axis: isize, rank: usize) -> Result<usize> {
 }
 
 /// Splits `shape` around `axis` into (outer, axis length, inner) volumes.
-pub(crate) fn split_axis(what: &'static str, shape: &[usize], axis: usize) -> Result<(usize, usize, usize)> {
-    Ok((volume(what, &shape[..axis])?, shape[axis], volume(what, &shape[axis + 1..])?))
+pub(crate) fn split_axis(
+    what: &'static str,
+    shape: &[usize],
+    axis: usize,
+) -> Result<(usize, usize, usize)> {
+    Ok((
+        volume(what, &shape[..axis])?,
+        shape[axis],
+        volume(what, &shape[axis + 1..])?,
+    ))
 }
 
 /// Rows per parallel task so that a task covers about `PAR_CHUNK` elements.

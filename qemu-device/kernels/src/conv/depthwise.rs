@@ -33,14 +33,19 @@ pub(super) fn direct(
     // Small convolutions as one task, on the calling thread. Depthwise
     // work runs at about an eighth of a GEMM's flop rate, hence the weight.
     let flops = output.len().saturating_mul(2 * kh * kw).saturating_mul(8);
-    let planes_per_task = if crate::util::sequential(flops) { planes.max(1) } else { (16_384 / g.out_plane.max(1)).max(1) };
+    let planes_per_task = if crate::util::sequential(flops) {
+        planes.max(1)
+    } else {
+        (16_384 / g.out_plane.max(1)).max(1)
+    };
     output
         .par_chunks_mut(g.out_plane)
         .with_min_len(planes_per_task)
         .enumerate()
         .for_each_init(
             || (Vec::new(), Vec::new(), Vec::new()),
-            |(scratch, acc, taps): &mut (Vec<f32>, Vec<f32>, Vec<(f32, usize)>), (plane_idx, out)| {
+            |(scratch, acc, taps): &mut (Vec<f32>, Vec<f32>, Vec<(f32, usize)>),
+             (plane_idx, out)| {
                 let b = plane_idx / p.out_channels;
                 let co = plane_idx % p.out_channels;
                 let ci = co / g.og; // group index == input channel within group 0
@@ -97,7 +102,6 @@ simd_dispatch! {
     }
 }
 
-
 simd_dispatch! {
     /// `out += Σ_taps w[tap] · shifted(inp)` for one plane.
     fn depthwise_plane(inp: &[f32], wts: &[f32], kh: usize, kw: usize, ha: &Axis, wa: &Axis, out: &mut [f32]) {
@@ -129,7 +133,6 @@ simd_dispatch! {
         }
     }
 }
-
 
 impl PhaseGeometry {
     /// Computes one output plane (`bias` + the taps, no activation).
