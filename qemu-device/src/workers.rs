@@ -8,8 +8,10 @@
 //! small op takes; two things keep that latency off the critical path:
 //!
 //! - the kernel never waits for a worker to *start* it (it would, were it
-//!   handed to a pool from outside), so an op too small to be worth the
-//!   helpers runs as if sequential;
+//!   handed to a pool from outside), and hands its tasks out one at a time
+//!   (`rbln_kernels`' task loop), so a helper that wakes late only takes
+//!   what is left and an op too small to be worth the helpers runs as if
+//!   sequential;
 //! - while a command buffer's ops follow each other, the helpers spin,
 //!   running any work they can steal, and go back to sleep once no op has
 //!   run for a while ([`DEFAULT_SPIN`], `rbln-npu --spin-us`). A model's chain of small ops thus runs on all
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 use rbln_kernels::rayon;
 
 /// How long helpers keep spinning after the last op ended, by default.
-pub const DEFAULT_SPIN: Duration = Duration::ZERO;
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(1000);
 
 /// State shared between the command processor and its spinning helpers.
 struct Hot {

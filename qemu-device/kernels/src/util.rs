@@ -14,11 +14,15 @@ pub(crate) const SEQ_MAX: usize = 1 << 15;
 const MIN_TASK: usize = 1 << 14;
 
 /// Compute-bound kernels (GEMM, convolution) of fewer floating-point
-/// operations run on the calling thread: waking a sleeping helper costs
-/// more than it gains (measured in the VM, where the host's cores are
-/// shared with the guest: a 64x1000x128 GEMM took 1.04 ms on two threads,
-/// 0.53 ms on one).
-pub(crate) const SEQ_MAX_FLOPS: usize = 32 << 20;
+/// operations run on the calling thread (about 30 µs of work): below it,
+/// handing out tasks costs more than a second thread gains. Larger ones
+/// share their tasks with the helpers ([`for_each_task`]), which never
+/// makes the caller wait for a helper to wake. Measured in the VM
+/// (device span of 9 models against onnxruntime, geometric mean of the
+/// ratios): 2.53 with a 32 MFLOP threshold and rayon's split-in-halves,
+/// 2.02 with this one, dynamic tasks and helpers kept spinning between
+/// the ops of a command buffer (`rbln_npu::workers`).
+pub(crate) const SEQ_MAX_FLOPS: usize = 1 << 20;
 
 /// Whether a compute-bound kernel of `flops` runs on the calling thread.
 pub(crate) fn sequential(flops: usize) -> bool {
@@ -34,15 +38,52 @@ pub(crate) fn plan_threads(seq: bool) -> usize {
     }
 }
 
-/// `f(t)` for every task `t < n`: on the calling thread if `seq`, else as
-/// rayon tasks.
+/// `f(t)` for every task `t < n`: on the calling thread if `seq`, else
+/// shared with the pool's other threads.
+///
+/// The tasks are handed out one at a time from a counter, and the calling
+/// thread starts on them at once: a helper that takes long to wake (on a
+/// virtualised host, ~100 µs, as long as a small op) only joins in for
+/// what is left, and the caller never waits for a helper to *start* on a
+/// share set aside for it (as it does when rayon splits a range in halves
+/// and the half it pushed is stolen late). At the end the caller waits only
+/// for tasks already running, spinning: they are short.
 pub(crate) fn for_each_task(n: usize, seq: bool, f: impl Fn(usize) + Sync + Send) {
-    use rayon::prelude::*;
-    if seq {
+    use core::sync::atomic::{AtomicUsize, Ordering};
+    let helpers = rayon::current_num_threads()
+        .saturating_sub(1)
+        .min(n.saturating_sub(1));
+    if seq || helpers == 0 {
         (0..n).for_each(f);
-    } else {
-        (0..n).into_par_iter().for_each(f);
+        return;
     }
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    /// Counts a task as finished even if it panics (rayon re-raises the
+    /// panic when the scope ends; the caller must not spin forever first).
+    struct Finished<'a>(&'a AtomicUsize);
+    impl Drop for Finished<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Release);
+        }
+    }
+    let work = || loop {
+        let t = next.fetch_add(1, Ordering::Relaxed);
+        if t >= n {
+            break;
+        }
+        let _done = Finished(&finished);
+        f(t);
+    };
+    rayon::scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
+        }
+        work();
+        while finished.load(Ordering::Acquire) < n {
+            core::hint::spin_loop();
+        }
+    });
 }
 
 /// Elements per task of a memory-bound element-wise loop over `len`

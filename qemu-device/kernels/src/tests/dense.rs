@@ -296,6 +296,32 @@ fn check_conv(rng: &mut Rng, p: &Conv2dParams, with_bias: bool) {
     assert_close(&format!("conv {p:?}"), &y, &want, Some(&scale), 1e-5);
 }
 
+/// Depthwise buffers are kept per thread between ops: an unpadded op whose
+/// phase plane has the same length as a padded one's fills the padded
+/// one's border with data, which must not leak into the padded op's taps.
+#[test]
+fn depthwise_padding_survives_a_previous_op_of_the_same_scratch_size() {
+    let mut rng = Rng::new(41);
+    let dw = |hw: usize, pad: usize| Conv2dParams {
+        in_channels: 3,
+        out_channels: 3,
+        groups: 3,
+        in_h: hw,
+        in_w: hw,
+        kernel: [3, 3],
+        padding: Padding2d::uniform(pad),
+        ..Default::default()
+    };
+    // 8x8 padded by 1 and 10x10 unpadded: both 8x8 outputs over 10-column
+    // phase planes of 10 rows.
+    thread_pool(1).unwrap().install(|| {
+        for _ in 0..3 {
+            check_conv(&mut rng, &dw(10, 0), false);
+            check_conv(&mut rng, &dw(8, 1), true);
+        }
+    });
+}
+
 #[test]
 fn conv2d_random() {
     let mut rng = Rng::new(4);
