@@ -7,10 +7,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/grpc_service.proto");
     // `bytes` fields as `bytes::Bytes`: raw tensor buffers are sliced out of
     // the received message instead of copied, and cloned for free.
-    tonic_prost_build::configure()
-        .bytes(".")
-        .build_client(true)
-        .build_server(true)
-        .compile_protos(&["proto/grpc_service.proto"], &["proto"])?;
+    tonic_prost_build::configure().bytes(".").build_client(true).build_server(true).compile_protos(&["proto/grpc_service.proto"], &["proto"])?;
     Ok(())
 }

@@ -109,9 +109,7 @@ fn copy_bench(bytes: usize, threads: usize, reps: usize) -> serde_json::Value {
     });
     let chunk = bytes.div_ceil(threads.max(1)).max(1);
     let (medn, bestn) = time(reps, || {
-        dst.par_chunks_mut(chunk)
-            .zip(src.par_chunks(chunk))
-            .for_each(|(d, s)| d.copy_from_slice(s));
+        dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s));
         black_box(&dst);
     });
     let gb = |t: f64| bytes as f64 / t / 1e9;
@@ -126,16 +124,10 @@ fn copy_bench(bytes: usize, threads: usize, reps: usize) -> serde_json::Value {
 
 fn main() {
     let args = Args::parse();
-    let pool = match rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build()
-    {
+    let pool = match rayon::ThreadPoolBuilder::new().num_threads(args.threads).build() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!(
-                "rbln-bench-host: cannot build a pool of {} threads: {e}",
-                args.threads
-            );
+            eprintln!("rbln-bench-host: cannot build a pool of {} threads: {e}", args.threads);
             std::process::exit(1);
         }
     };

@@ -88,11 +88,7 @@ fn u32c(op: &Op, v: u64, what: &str) -> Result<u32> {
 fn dims6(op: &Op, d: &[u64], what: &str) -> Result<[u32; 6]> {
     let mut out = [0u32; 6];
     if d.len() > 6 {
-        return Err(CompileError::Unsupported {
-            node: op.name.clone(),
-            op: op.op.clone(),
-            reason: format!("{what} has rank {}", d.len()),
-        });
+        return Err(CompileError::Unsupported { node: op.name.clone(), op: op.op.clone(), reason: format!("{what} has rank {}", d.len()) });
     }
     for (o, &v) in out.iter_mut().zip(d) {
         *o = u32c(op, v, what)?;
@@ -123,11 +119,7 @@ impl Names {
     }
 }
 
-pub fn emit(
-    g: &Graph,
-    model_name: &str,
-    properties: &[(String, String)],
-) -> Result<(Model, MemoryPlan)> {
+pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Result<(Model, MemoryPlan)> {
     let mut b = ModelBuilder::new(model_name);
     b.producer(&format!("rbln-compile {}", env!("CARGO_PKG_VERSION")));
     for (k, v) in properties {
@@ -137,17 +129,8 @@ pub fn emit(
     let mut tid: HashMap<ValueId, TensorId> = HashMap::new();
 
     // Weights: every constant an op reads, in first-use order.
-    let gather_indices: HashSet<ValueId> = g
-        .ops
-        .iter()
-        .filter_map(|o| {
-            if let Kind::Gather { indices, .. } = o.kind {
-                Some(indices)
-            } else {
-                None
-            }
-        })
-        .collect();
+    let gather_indices: HashSet<ValueId> =
+        g.ops.iter().filter_map(|o| if let Kind::Gather { indices, .. } = o.kind { Some(indices) } else { None }).collect();
     for op in &g.ops {
         for v in op.kind.inputs() {
             let Some(c) = g.konst(v) else { continue };
@@ -190,12 +173,7 @@ pub fn emit(
     for (i, op) in g.ops.iter().enumerate() {
         for v in op.kind.inputs() {
             if g.konst(v).is_none() {
-                let r = *root.get(&v).ok_or_else(|| {
-                    CompileError::Invalid(format!(
-                        "'{}' is read before it is computed",
-                        g.values[v].name
-                    ))
-                })?;
+                let r = *root.get(&v).ok_or_else(|| CompileError::Invalid(format!("'{}' is read before it is computed", g.values[v].name)))?;
                 touch(&mut life, r, op_time(i));
             }
         }
@@ -207,30 +185,18 @@ pub fn emit(
         touch(&mut life, r, op_time(i));
     }
     for (j, (name, v)) in g.outputs.iter().enumerate() {
-        let r = *root
-            .get(v)
-            .ok_or_else(|| CompileError::Invalid(format!("output '{name}' is not computed")))?;
+        let r = *root.get(v).ok_or_else(|| CompileError::Invalid(format!("output '{name}' is not computed")))?;
         touch(&mut life, r, out_time0 + j as u64);
     }
     let byte_size = |v: ValueId| g.values[v].elems() * g.values[v].dtype.size();
     let mut roots: Vec<ValueId> = life.keys().copied().collect();
     roots.sort_unstable();
-    let items: Vec<Interval> = roots
-        .iter()
-        .map(|r| Interval {
-            first: life[r].0,
-            last: life[r].1,
-            size: byte_size(*r),
-        })
-        .collect();
+    let items: Vec<Interval> =
+        roots.iter().map(|r| Interval { first: life[r].0, last: life[r].1, size: byte_size(*r) }).collect();
     let (offsets, planned) = plan(&items);
     let naive: u64 = items.iter().map(|i| round_up(i.size, ACT_ALIGN)).sum();
     let act_base = round_up(weights_bytes, rbln_hw::PAGE_SIZE);
-    let root_off: HashMap<ValueId, u64> = roots
-        .iter()
-        .zip(&offsets)
-        .map(|(r, o)| (*r, act_base + o))
-        .collect();
+    let root_off: HashMap<ValueId, u64> = roots.iter().zip(&offsets).map(|(r, o)| (*r, act_base + o)).collect();
     let arena = round_up(act_base + planned, rbln_hw::PAGE_SIZE);
     b.arena_size(arena);
 
@@ -242,32 +208,15 @@ pub fn emit(
         staging = round_up(staging + volume(shape) * dtype.size(), ACT_ALIGN);
         t
     };
-    let in_stage: Vec<TensorId> = g
-        .inputs
-        .iter()
-        .map(|(n, v)| stage(&mut b, &mut names, n, *v))
-        .collect();
-    let out_stage: Vec<TensorId> = g
-        .outputs
-        .iter()
-        .map(|(n, v)| stage(&mut b, &mut names, n, *v))
-        .collect();
+    let in_stage: Vec<TensorId> = g.inputs.iter().map(|(n, v)| stage(&mut b, &mut names, n, *v)).collect();
+    let out_stage: Vec<TensorId> = g.outputs.iter().map(|(n, v)| stage(&mut b, &mut names, n, *v)).collect();
     let staging_bytes = round_up(staging.max(1), rbln_hw::PAGE_SIZE);
     b.staging_size(staging_bytes);
 
     // Arena tensors of run-time values.
     let arena_tensor = |b: &mut ModelBuilder, names: &mut Names, v: ValueId| -> TensorId {
-        let name = if g.inputs.iter().any(|(_, i)| *i == v) {
-            format!("{}.dev", g.values[v].name)
-        } else {
-            g.values[v].name.clone()
-        };
-        b.arena_tensor(
-            &names.get(&name),
-            g.values[v].dtype,
-            &g.values[v].shape,
-            root_off[&root[&v]],
-        )
+        let name = if g.inputs.iter().any(|(_, i)| *i == v) { format!("{}.dev", g.values[v].name) } else { g.values[v].name.clone() };
+        b.arena_tensor(&names.get(&name), g.values[v].dtype, &g.values[v].shape, root_off[&root[&v]])
     };
     for (_, v) in &g.inputs {
         let t = arena_tensor(&mut b, &mut names, *v);
@@ -283,21 +232,14 @@ pub fn emit(
     let run = b.add_stream("run", StreamRole::Run);
     let output = b.add_stream("output", StreamRole::OutputTransfer);
     if weights_bytes > 0 {
-        b.dma_copy(
-            upload,
-            Va::Rel(RelocKind::WeightsSource, 0),
-            Va::arena(0),
-            weights_bytes,
-        );
+        b.dma_copy(upload, Va::Rel(RelocKind::WeightsSource, 0), Va::arena(0), weights_bytes);
     } else {
         b.nop(upload);
     }
     for (i, (name, v)) in g.inputs.iter().enumerate() {
         let (src, dst) = (in_stage[i], tid[v]);
         let at = b.dma_copy(input, b.va_of(src), b.va_of(dst), byte_size(*v));
-        b.add_node(
-            Node::host_to_device(&format!("{name}.upload"), src, dst).with_commands(input, at, 32),
-        );
+        b.add_node(Node::host_to_device(&format!("{name}.upload"), src, dst).with_commands(input, at, 32));
     }
     let off = |b: &ModelBuilder, v: ValueId| b.placement(tid[&v]).map_or(0, |p| p.offset());
     for op in &g.ops {
@@ -316,14 +258,9 @@ pub fn emit(
         }
         // Descriptors first (contiguous in .rbln.desc: every size is a
         // multiple of DESC_ALIGN), then one COMPUTE packet each.
-        let placed: Vec<(u64, u32)> = descs
-            .iter()
-            .map(|(bytes, relocs)| (b.add_descriptor(bytes, relocs), bytes.len() as u32))
-            .collect();
+        let placed: Vec<(u64, u32)> = descs.iter().map(|(bytes, relocs)| (b.add_descriptor(bytes, relocs), bytes.len() as u32)).collect();
         let first = placed.first().map(|p| p.0);
-        let total = placed
-            .last()
-            .map_or(0, |&(at, size)| at + size as u64 - first.unwrap_or(at));
+        let total = placed.last().map_or(0, |&(at, size)| at + size as u64 - first.unwrap_or(at));
         for &(d, size) in &placed {
             let at = b.compute(run, d, size);
             cmd_at.get_or_insert(at);
@@ -339,10 +276,7 @@ pub fn emit(
     for (j, (name, v)) in g.outputs.iter().enumerate() {
         let (src, dst) = (tid[v], out_stage[j]);
         let at = b.dma_copy(output, b.va_of(src), b.va_of(dst), byte_size(*v));
-        b.add_node(
-            Node::device_to_host(&format!("{name}.download"), src, dst)
-                .with_commands(output, at, 32),
-        );
+        b.add_node(Node::device_to_host(&format!("{name}.download"), src, dst).with_commands(output, at, 32));
     }
     for (i, (name, v)) in g.inputs.iter().enumerate() {
         b.input(name, in_stage[i]);
@@ -353,13 +287,7 @@ pub fn emit(
     for (j, (name, _)) in g.outputs.iter().enumerate() {
         b.output(name, out_stage[j]);
     }
-    let mem = MemoryPlan {
-        weights_bytes,
-        naive_bytes: naive,
-        planned_bytes: planned,
-        arena_bytes: arena,
-        staging_bytes,
-    };
+    let mem = MemoryPlan { weights_bytes, naive_bytes: naive, planned_bytes: planned, arena_bytes: arena, staging_bytes };
     b.property("memory.weights_bytes", &weights_bytes.to_string())
         .property("memory.activations_naive_bytes", &naive.to_string())
         .property("memory.activations_planned_bytes", &planned.to_string());
@@ -369,12 +297,7 @@ pub fn emit(
 /// Nominal FLOPs and bytes touched by an op (`.rbln.profile`).
 fn cost(g: &Graph, op: &Op) -> (u64, u64) {
     let out = g.values[op.out].elems();
-    let bytes = op
-        .kind
-        .inputs()
-        .iter()
-        .fold(out, |a, &v| a.saturating_add(g.values[v].elems()))
-        .saturating_mul(4);
+    let bytes = op.kind.inputs().iter().fold(out, |a, &v| a.saturating_add(g.values[v].elems())).saturating_mul(4);
     let mul = |f: &[u64]| f.iter().fold(1u64, |a, &b| a.saturating_mul(b));
     let flops = match &op.kind {
         Kind::Gemm { m, n, k, batch, .. } => mul(&[2, *m, *n, *k, *batch]),
@@ -397,21 +320,7 @@ fn reloc(field: usize, arena_offset: u64) -> (u64, RelocKind, u64) {
 fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<Desc>> {
     let o = off(op.out);
     Ok(match &op.kind {
-        Kind::Gemm {
-            a,
-            b,
-            bias,
-            m,
-            n,
-            k,
-            batch,
-            strides,
-            trans_a,
-            trans_b,
-            b_packed,
-            residual,
-            act,
-        } => {
+        Kind::Gemm { a, b, bias, m, n, k, batch, strides, trans_a, trans_b, b_packed, residual, act } => {
             let mut flags = 0;
             if *b_packed {
                 flags |= GEMM_B_PACKED;
@@ -443,11 +352,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 ..Default::default()
             }
             .with_header();
-            let mut r = vec![
-                reloc(offset_of!(GemmDesc, a_va), off(*a)),
-                reloc(offset_of!(GemmDesc, b_va), off(*b)),
-                reloc(offset_of!(GemmDesc, c_va), o),
-            ];
+            let mut r = vec![reloc(offset_of!(GemmDesc, a_va), off(*a)), reloc(offset_of!(GemmDesc, b_va), off(*b)), reloc(offset_of!(GemmDesc, c_va), o)];
             if let Some(bv) = bias {
                 r.push(reloc(offset_of!(GemmDesc, bias_va), off(*bv)));
             }
@@ -456,17 +361,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             }
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Conv {
-            x,
-            w,
-            bias,
-            dims,
-            stride,
-            dilation,
-            pads,
-            residual,
-            act,
-        } => {
+        Kind::Conv { x, w, bias, dims, stride, dilation, pads, residual, act } => {
             let d = Conv2dDesc {
                 n: u32c(op, dims[0], "n")?,
                 c_in: u32c(op, dims[1], "c_in")?,
@@ -484,19 +379,14 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 pad_left: u32c(op, pads[1], "pad")?,
                 pad_bottom: u32c(op, pads[2], "pad")?,
                 pad_right: u32c(op, pads[3], "pad")?,
-                flags: if bias.is_some() { CONV_BIAS } else { 0 }
-                    | if residual.is_some() { CONV_RESIDUAL } else { 0 },
+                flags: if bias.is_some() { CONV_BIAS } else { 0 } | if residual.is_some() { CONV_RESIDUAL } else { 0 },
                 activation: act.kind as u32,
                 act_param0: act.p0,
                 act_param1: act.p1,
                 ..Default::default()
             }
             .with_header();
-            let mut r = vec![
-                reloc(offset_of!(Conv2dDesc, input_va), off(*x)),
-                reloc(offset_of!(Conv2dDesc, weight_va), off(*w)),
-                reloc(offset_of!(Conv2dDesc, output_va), o),
-            ];
+            let mut r = vec![reloc(offset_of!(Conv2dDesc, input_va), off(*x)), reloc(offset_of!(Conv2dDesc, weight_va), off(*w)), reloc(offset_of!(Conv2dDesc, output_va), o)];
             if let Some(bv) = bias {
                 r.push(reloc(offset_of!(Conv2dDesc, bias_va), off(*bv)));
             }
@@ -505,23 +395,10 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             }
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Pool {
-            x,
-            max,
-            count_include_pad,
-            dims,
-            kernel,
-            stride,
-            dilation,
-            pads,
-        } => {
+        Kind::Pool { x, max, count_include_pad, dims, kernel, stride, dilation, pads } => {
             let d = PoolDesc {
                 kind: if *max { POOL_MAX } else { POOL_AVG },
-                flags: if *count_include_pad {
-                    POOL_COUNT_INCLUDE_PAD
-                } else {
-                    0
-                },
+                flags: if *count_include_pad { POOL_COUNT_INCLUDE_PAD } else { 0 },
                 n: u32c(op, dims[0], "n")?,
                 c: u32c(op, dims[1], "c")?,
                 h: u32c(op, dims[2], "h")?,
@@ -539,22 +416,9 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 ..Default::default()
             }
             .with_header();
-            vec![(
-                d.to_bytes().to_vec(),
-                vec![
-                    reloc(offset_of!(PoolDesc, input_va), off(*x)),
-                    reloc(offset_of!(PoolDesc, output_va), o),
-                ],
-            )]
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(PoolDesc, input_va), off(*x)), reloc(offset_of!(PoolDesc, output_va), o)])]
         }
-        Kind::Binary {
-            kind,
-            a,
-            b,
-            a_dims,
-            b_dims,
-            act,
-        } => {
+        Kind::Binary { kind, a, b, a_dims, b_dims, act } => {
             let d = BinaryDesc {
                 kind: *kind as u32,
                 rank: a_dims.len() as u32,
@@ -566,68 +430,21 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 ..Default::default()
             }
             .with_header();
-            let r = vec![
-                reloc(offset_of!(BinaryDesc, a_va), off(*a)),
-                reloc(offset_of!(BinaryDesc, b_va), off(*b)),
-                reloc(offset_of!(BinaryDesc, out_va), o),
-            ];
+            let r = vec![reloc(offset_of!(BinaryDesc, a_va), off(*a)), reloc(offset_of!(BinaryDesc, b_va), off(*b)), reloc(offset_of!(BinaryDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
         Kind::Unary { kind, x, p0, p1 } => {
-            let d = UnaryDesc {
-                kind: *kind as u32,
-                param0: *p0,
-                param1: *p1,
-                count: g.values[op.out].elems(),
-                ..Default::default()
-            }
-            .with_header();
-            vec![(
-                d.to_bytes().to_vec(),
-                vec![
-                    reloc(offset_of!(UnaryDesc, in_va), off(*x)),
-                    reloc(offset_of!(UnaryDesc, out_va), o),
-                ],
-            )]
+            let d = UnaryDesc { kind: *kind as u32, param0: *p0, param1: *p1, count: g.values[op.out].elems(), ..Default::default() }.with_header();
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(UnaryDesc, in_va), off(*x)), reloc(offset_of!(UnaryDesc, out_va), o)])]
         }
         Kind::Softmax { x, dims, axis } => {
-            let d = SoftmaxDesc {
-                rank: dims.len() as u32,
-                axis: *axis as u32,
-                dims: dims6(op, dims, "dims")?,
-                ..Default::default()
-            }
-            .with_header();
-            vec![(
-                d.to_bytes().to_vec(),
-                vec![
-                    reloc(offset_of!(SoftmaxDesc, in_va), off(*x)),
-                    reloc(offset_of!(SoftmaxDesc, out_va), o),
-                ],
-            )]
+            let d = SoftmaxDesc { rank: dims.len() as u32, axis: *axis as u32, dims: dims6(op, dims, "dims")?, ..Default::default() }.with_header();
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(SoftmaxDesc, in_va), off(*x)), reloc(offset_of!(SoftmaxDesc, out_va), o)])]
         }
-        Kind::LayerNorm {
-            x,
-            gamma,
-            beta,
-            rows,
-            cols,
-            eps,
-        } => {
-            let flags = if gamma.is_some() { LAYERNORM_GAMMA } else { 0 }
-                | if beta.is_some() { LAYERNORM_BETA } else { 0 };
-            let d = LayerNormDesc {
-                rows: u32c(op, *rows, "rows")?,
-                cols: u32c(op, *cols, "cols")?,
-                epsilon: *eps,
-                flags,
-                ..Default::default()
-            }
-            .with_header();
-            let mut r = vec![
-                reloc(offset_of!(LayerNormDesc, in_va), off(*x)),
-                reloc(offset_of!(LayerNormDesc, out_va), o),
-            ];
+        Kind::LayerNorm { x, gamma, beta, rows, cols, eps } => {
+            let flags = if gamma.is_some() { LAYERNORM_GAMMA } else { 0 } | if beta.is_some() { LAYERNORM_BETA } else { 0 };
+            let d = LayerNormDesc { rows: u32c(op, *rows, "rows")?, cols: u32c(op, *cols, "cols")?, epsilon: *eps, flags, ..Default::default() }.with_header();
+            let mut r = vec![reloc(offset_of!(LayerNormDesc, in_va), off(*x)), reloc(offset_of!(LayerNormDesc, out_va), o)];
             if let Some(v) = gamma {
                 r.push(reloc(offset_of!(LayerNormDesc, gamma_va), off(*v)));
             }
@@ -636,44 +453,14 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             }
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Reduce {
-            kind,
-            x,
-            dims,
-            axis,
-        } => {
-            let d = ReduceDesc {
-                kind: *kind,
-                rank: dims.len() as u32,
-                dims: dims6(op, dims, "dims")?,
-                axis: *axis as u32,
-                ..Default::default()
-            }
-            .with_header();
-            vec![(
-                d.to_bytes().to_vec(),
-                vec![
-                    reloc(offset_of!(ReduceDesc, in_va), off(*x)),
-                    reloc(offset_of!(ReduceDesc, out_va), o),
-                ],
-            )]
+        Kind::Reduce { kind, x, dims, axis } => {
+            let d = ReduceDesc { kind: *kind, rank: dims.len() as u32, dims: dims6(op, dims, "dims")?, axis: *axis as u32, ..Default::default() }.with_header();
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(ReduceDesc, in_va), off(*x)), reloc(offset_of!(ReduceDesc, out_va), o)])]
         }
         Kind::Transpose { x, dims, perm } => {
             let p: Vec<u64> = perm.clone();
-            let d = TransposeDesc {
-                rank: dims.len() as u32,
-                dims: dims6(op, dims, "dims")?,
-                perm: dims6(op, &p, "perm")?,
-                ..Default::default()
-            }
-            .with_header();
-            vec![(
-                d.to_bytes().to_vec(),
-                vec![
-                    reloc(offset_of!(TransposeDesc, in_va), off(*x)),
-                    reloc(offset_of!(TransposeDesc, out_va), o),
-                ],
-            )]
+            let d = TransposeDesc { rank: dims.len() as u32, dims: dims6(op, dims, "dims")?, perm: dims6(op, &p, "perm")?, ..Default::default() }.with_header();
+            vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(TransposeDesc, in_va), off(*x)), reloc(offset_of!(TransposeDesc, out_va), o)])]
         }
         Kind::Copy { parts } => {
             let mut v = Vec::new();
@@ -687,34 +474,21 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 }
                 .with_header();
                 let r = vec![
-                    reloc(
-                        offset_of!(StridedCopyDesc, src_va),
-                        off(p.src) + 4 * p.src_offset,
-                    ),
+                    reloc(offset_of!(StridedCopyDesc, src_va), off(p.src) + 4 * p.src_offset),
                     reloc(offset_of!(StridedCopyDesc, dst_va), o + 4 * p.dst_offset),
                 ];
                 v.push((d.to_bytes().to_vec(), r));
             }
             v
         }
-        Kind::Gather {
-            data,
-            indices,
-            dims,
-            axis,
-            count,
-        } => {
+        Kind::Gather { data, indices, dims, axis, count } => {
             // Constant indices are stored as i64; run-time ones as they come.
             let i32_indices = g.konst(*indices).is_none() && g.values[*indices].dtype == DType::I32;
             let d = GatherDesc {
                 rank: dims.len() as u32,
                 axis: *axis as u32,
                 dims: dims6(op, dims, "dims")?,
-                index_type: if i32_indices {
-                    GATHER_INDEX_I32
-                } else {
-                    GATHER_INDEX_I64
-                },
+                index_type: if i32_indices { GATHER_INDEX_I32 } else { GATHER_INDEX_I64 },
                 num_indices: *count,
                 ..Default::default()
             }
@@ -726,13 +500,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             ];
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Pad {
-            x,
-            dims,
-            begin,
-            step,
-            ..
-        } => {
+        Kind::Pad { x, dims, begin, step, .. } => {
             let out_dims: Vec<u64> = g.values[op.out].shape.clone();
             let out_strides = crate::shape::strides(&out_dims);
             let at: u64 = begin.iter().zip(&out_strides).map(|(b, s)| b * s).sum();
@@ -745,10 +513,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 ..Default::default()
             }
             .with_header();
-            let r = vec![
-                reloc(offset_of!(StridedCopyDesc, src_va), off(*x)),
-                reloc(offset_of!(StridedCopyDesc, dst_va), o + 4 * at),
-            ];
+            let r = vec![reloc(offset_of!(StridedCopyDesc, src_va), off(*x)), reloc(offset_of!(StridedCopyDesc, dst_va), o + 4 * at)];
             vec![(d.to_bytes().to_vec(), r)]
         }
         Kind::Cast { x, from, to } => {
@@ -757,39 +522,16 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 DType::I64 => Ok(CAST_I64),
                 DType::Bool => Ok(CAST_BOOL),
                 DType::F32 => Ok(CAST_F32),
-                other => Err(CompileError::Invalid(format!(
-                    "{}: no device cast for {}",
-                    op.name,
-                    other.name()
-                ))),
+                other => Err(CompileError::Invalid(format!("{}: no device cast for {}", op.name, other.name()))),
             };
-            let d = CastDesc {
-                src_type: code(from)?,
-                dst_type: code(to)?,
-                count: g.values[op.out].elems(),
-                ..Default::default()
-            }
-            .with_header();
-            let r = vec![
-                reloc(offset_of!(CastDesc, in_va), off(*x)),
-                reloc(offset_of!(CastDesc, out_va), o),
-            ];
+            let d = CastDesc { src_type: code(from)?, dst_type: code(to)?, count: g.values[op.out].elems(), ..Default::default() }
+                .with_header();
+            let r = vec![reloc(offset_of!(CastDesc, in_va), off(*x)), reloc(offset_of!(CastDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Resize {
-            x,
-            dims,
-            out,
-            linear,
-            nearest_mode,
-            map,
-        } => {
+        Kind::Resize { x, dims, out, linear, nearest_mode, map } => {
             let d = ResizeDesc {
-                mode: if *linear {
-                    RESIZE_LINEAR
-                } else {
-                    RESIZE_NEAREST
-                },
+                mode: if *linear { RESIZE_LINEAR } else { RESIZE_NEAREST },
                 nearest_mode: if *linear { 0 } else { *nearest_mode },
                 n: u32c(op, dims[0], "n")?,
                 c: u32c(op, dims[1], "c")?,
@@ -804,20 +546,10 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 ..Default::default()
             }
             .with_header();
-            let r = vec![
-                reloc(offset_of!(ResizeDesc, in_va), off(*x)),
-                reloc(offset_of!(ResizeDesc, out_va), o),
-            ];
+            let r = vec![reloc(offset_of!(ResizeDesc, in_va), off(*x)), reloc(offset_of!(ResizeDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Where {
-            cond,
-            a,
-            b,
-            cond_dims,
-            a_dims,
-            b_dims,
-        } => {
+        Kind::Where { cond, a, b, cond_dims, a_dims, b_dims } => {
             let d = WhereDesc {
                 rank: a_dims.len() as u32,
                 cond_dims: dims6(op, cond_dims, "cond dims")?,
@@ -846,26 +578,10 @@ mod tests {
     fn plan_reuses_bytes_of_dead_values() {
         // a chain x -> y -> z -> w: x and z can share, y and w can share.
         let items = [
-            Interval {
-                first: 1,
-                last: 2,
-                size: 1000,
-            },
-            Interval {
-                first: 2,
-                last: 3,
-                size: 1000,
-            },
-            Interval {
-                first: 3,
-                last: 4,
-                size: 1000,
-            },
-            Interval {
-                first: 4,
-                last: 5,
-                size: 1000,
-            },
+            Interval { first: 1, last: 2, size: 1000 },
+            Interval { first: 2, last: 3, size: 1000 },
+            Interval { first: 3, last: 4, size: 1000 },
+            Interval { first: 4, last: 5, size: 1000 },
         ];
         let (off, end) = plan(&items);
         assert_eq!(end, 2 * 1024);

@@ -15,28 +15,15 @@ pub enum CompileError {
     #[error("tensor '{name}': {reason}")]
     BadTensor { name: String, reason: String },
     #[error("node '{node}' ({op}): {reason}")]
-    Unsupported {
-        node: String,
-        op: String,
-        reason: String,
-    },
+    Unsupported { node: String, op: String, reason: String },
     /// A TFLite operator: its index in the subgraph, the name of its first
     /// output tensor and its builtin op name.
     #[error("operator {index} '{name}' ({op}): {reason}")]
-    TfliteOp {
-        index: usize,
-        name: String,
-        op: String,
-        reason: String,
-    },
+    TfliteOp { index: usize, name: String, op: String, reason: String },
     #[error(
         "input '{input}' has a dynamic dimension '{dim}' (axis {axis}); give static shapes with --input-shape {input}=<d0>x<d1>x..."
     )]
-    DynamicShape {
-        input: String,
-        dim: String,
-        axis: usize,
-    },
+    DynamicShape { input: String, dim: String, axis: usize },
     #[error("--input-shape {0}")]
     BadInputShape(String),
     #[error("building the .rbln file failed: {0}")]

@@ -12,10 +12,7 @@ pub fn pick(c: &Const, idx: &[usize], shape: &[u64]) -> Const {
         Data::F(v) => Data::F(idx.iter().map(|&i| v[i]).collect()),
         Data::I(v) => Data::I(idx.iter().map(|&i| v[i]).collect()),
     };
-    Const {
-        shape: shape.to_vec(),
-        data,
-    }
+    Const { shape: shape.to_vec(), data }
 }
 
 fn broadcast_to(c: &Const, out: &[u64]) -> Vec<usize> {
@@ -28,10 +25,7 @@ pub fn binary(op: &str, a: &Const, b: &Const) -> R<Const> {
     let out = shape::broadcast(&a.shape, &b.shape)?;
     shape::fold_limit(&out)?;
     let (ia, ib) = (broadcast_to(a, &out), broadcast_to(b, &out));
-    let cmp = matches!(
-        op,
-        "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual"
-    );
+    let cmp = matches!(op, "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual");
     if !a.is_float() && !b.is_float() {
         let (x, y) = (a.ints(), b.ints());
         let mut v = Vec::with_capacity(ia.len());
@@ -123,53 +117,24 @@ pub fn unary(op: &str, c: &Const) -> Option<Const> {
         "Floor" => f32::floor,
         "Ceil" => f32::ceil,
         "Round" => f32::round_ties_even,
-        "Sign" => |x| {
-            if x > 0.0 {
-                1.0
-            } else if x < 0.0 {
-                -1.0
-            } else if x.is_nan() {
-                x
-            } else {
-                0.0
-            }
-        },
+        "Sign" => |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else if x.is_nan() { x } else { 0.0 },
         "Identity" => |x| x,
         _ => return None,
     };
-    Some(Const::f32(
-        &c.shape,
-        c.floats().into_iter().map(f).collect(),
-    ))
+    Some(Const::f32(&c.shape, c.floats().into_iter().map(f).collect()))
 }
 
 pub fn where_(cond: &Const, a: &Const, b: &Const) -> R<Const> {
     let out = shape::broadcast(&shape::broadcast(&cond.shape, &a.shape)?, &b.shape)?;
     shape::fold_limit(&out)?;
-    let (ic, ia, ib) = (
-        broadcast_to(cond, &out),
-        broadcast_to(a, &out),
-        broadcast_to(b, &out),
-    );
+    let (ic, ia, ib) = (broadcast_to(cond, &out), broadcast_to(a, &out), broadcast_to(b, &out));
     let c = cond.ints();
     if a.is_float() || b.is_float() {
         let (x, y) = (a.floats(), b.floats());
-        Ok(Const::f32(
-            &out,
-            ic.iter()
-                .zip(ia.iter().zip(&ib))
-                .map(|(&k, (&i, &j))| if c[k] != 0 { x[i] } else { y[j] })
-                .collect(),
-        ))
+        Ok(Const::f32(&out, ic.iter().zip(ia.iter().zip(&ib)).map(|(&k, (&i, &j))| if c[k] != 0 { x[i] } else { y[j] }).collect()))
     } else {
         let (x, y) = (a.ints(), b.ints());
-        Ok(Const::i64(
-            &out,
-            ic.iter()
-                .zip(ia.iter().zip(&ib))
-                .map(|(&k, (&i, &j))| if c[k] != 0 { x[i] } else { y[j] })
-                .collect(),
-        ))
+        Ok(Const::i64(&out, ic.iter().zip(ia.iter().zip(&ib)).map(|(&k, (&i, &j))| if c[k] != 0 { x[i] } else { y[j] }).collect()))
     }
 }
 
@@ -222,17 +187,9 @@ pub fn cast(c: &Const, to: i32) -> R<Const> {
         UINT16 => |v| v as u16 as i64,
         INT8 => |v| v as i8 as i64,
         UINT8 => |v| v as u8 as i64,
-        other => {
-            return Err(format!(
-                "a cast to {} ({other}) cannot be folded",
-                crate::onnx::elem::name(other)
-            ))
-        }
+        other => return Err(format!("a cast to {} ({other}) cannot be folded", crate::onnx::elem::name(other))),
     };
-    Ok(Const::i64(
-        &c.shape,
-        c.ints().into_iter().map(wrap).collect(),
-    ))
+    Ok(Const::i64(&c.shape, c.ints().into_iter().map(wrap).collect()))
 }
 
 pub fn range(start: &Const, limit: &Const, delta: &Const) -> R<Const> {
@@ -311,10 +268,7 @@ fn index_values(c: &Const, what: &str) -> R<Vec<i64>> {
 /// as an input).
 pub fn int_scalar(c: &Const, what: &str) -> R<i64> {
     if c.len() != 1 || c.shape.len() > 1 {
-        return Err(format!(
-            "{what} must be a scalar or have one element (it has shape {:?})",
-            c.shape
-        ));
+        return Err(format!("{what} must be a scalar or have one element (it has shape {:?})", c.shape));
     }
     Ok(index_values(c, what)?[0])
 }
@@ -352,15 +306,10 @@ pub fn modulo(a: &Const, b: &Const, fmod: bool) -> R<Const> {
     let (ia, ib) = (broadcast_to(a, &out), broadcast_to(b, &out));
     if a.is_float() || b.is_float() {
         if !fmod {
-            return Err(
-                "fmod=0 on floating-point inputs; ONNX defines only fmod=1 for them".into(),
-            );
+            return Err("fmod=0 on floating-point inputs; ONNX defines only fmod=1 for them".into());
         }
         let (x, y) = (a.floats(), b.floats());
-        return Ok(Const::f32(
-            &out,
-            ia.iter().zip(&ib).map(|(&i, &j)| x[i] % y[j]).collect(),
-        ));
+        return Ok(Const::f32(&out, ia.iter().zip(&ib).map(|(&i, &j)| x[i] % y[j]).collect()));
     }
     let (x, y) = (a.ints(), b.ints());
     let mut v = Vec::with_capacity(ia.len());
@@ -370,11 +319,7 @@ pub fn modulo(a: &Const, b: &Const, fmod: bool) -> R<Const> {
             return Err(format!("integer Mod of {p} by zero"));
         }
         let r = p.wrapping_rem(q);
-        v.push(if !fmod && r != 0 && (r < 0) != (q < 0) {
-            r + q
-        } else {
-            r
-        });
+        v.push(if !fmod && r != 0 && (r < 0) != (q < 0) { r + q } else { r });
     }
     Ok(Const::i64(&out, v))
 }
@@ -391,21 +336,14 @@ pub fn logical(op: &str, a: &Const, b: &Const) -> R<Const> {
     shape::fold_limit(&out)?;
     let (ia, ib) = (broadcast_to(a, &out), broadcast_to(b, &out));
     let (x, y) = (truth(a), truth(b));
-    Ok(bools(
-        &out,
-        ia.iter().zip(&ib).map(|(&i, &j)| f(x[i], y[j])),
-    ))
+    Ok(bools(&out, ia.iter().zip(&ib).map(|(&i, &j)| f(x[i], y[j]))))
 }
 
 /// IsInf: which elements are +inf (when `positive`) or -inf (when
 /// `negative`), as 0/1.
 pub fn is_inf(c: &Const, negative: bool, positive: bool) -> Const {
     match &c.data {
-        Data::F(v) => bools(
-            &c.shape,
-            v.iter()
-                .map(|&x| x.is_infinite() && if x > 0.0 { positive } else { negative }),
-        ),
+        Data::F(v) => bools(&c.shape, v.iter().map(|&x| x.is_infinite() && if x > 0.0 { positive } else { negative })),
         Data::I(v) => bools(&c.shape, v.iter().map(|_| false)),
     }
 }
@@ -415,15 +353,11 @@ pub fn is_inf(c: &Const, negative: bool, positive: bool) -> Const {
 fn along_axis(ds: &[u64], indices: &Const, axis: i64) -> R<Vec<usize>> {
     let is = &indices.shape;
     if ds.is_empty() || ds.len() != is.len() {
-        return Err(format!(
-            "data {ds:?} and indices {is:?} must have the same rank, at least 1"
-        ));
+        return Err(format!("data {ds:?} and indices {is:?} must have the same rank, at least 1"));
     }
     let a = shape::axis(axis, ds.len(), false)?;
     if let Some(k) = (0..ds.len()).find(|&k| k != a && is[k] > ds[k]) {
-        return Err(format!(
-            "indices {is:?} are larger than data {ds:?} on axis {k}"
-        ));
+        return Err(format!("indices {is:?} are larger than data {ds:?} on axis {k}"));
     }
     shape::fold_limit(is)?;
     let idx = index_values(indices, "indices")?;
@@ -462,11 +396,7 @@ impl Reduction {
             "mul" => Self::Mul,
             "max" => Self::Max,
             "min" => Self::Min,
-            o => {
-                return Err(format!(
-                    "reduction '{o}' is not one of none, add, mul, max, min"
-                ))
-            }
+            o => return Err(format!("reduction '{o}' is not one of none, add, mul, max, min")),
         })
     }
 
@@ -499,26 +429,14 @@ fn scatter(data: &Const, updates: &Const, moves: &[(usize, usize)], r: Reduction
         (Data::I(d), Data::I(u)) => Data::I(go(d, u, moves, r)),
         _ => return Err("data and updates have different element types".into()),
     };
-    Ok(Const {
-        shape: data.shape.clone(),
-        data: v,
-    })
+    Ok(Const { shape: data.shape.clone(), data: v })
 }
 
 /// ScatterElements: `out[p with p[axis] = indices[p]] = updates[p]`
 /// (combined per `r`), the rest a copy of `data`.
-pub fn scatter_elements(
-    data: &Const,
-    indices: &Const,
-    updates: &Const,
-    axis: i64,
-    r: Reduction,
-) -> R<Const> {
+pub fn scatter_elements(data: &Const, indices: &Const, updates: &Const, axis: i64, r: Reduction) -> R<Const> {
     if indices.shape != updates.shape {
-        return Err(format!(
-            "indices {:?} and updates {:?} must have the same shape",
-            indices.shape, updates.shape
-        ));
+        return Err(format!("indices {:?} and updates {:?} must have the same shape", indices.shape, updates.shape));
     }
     let at = along_axis(&data.shape, indices, axis)?;
     let moves: Vec<(usize, usize)> = at.into_iter().enumerate().map(|(s, d)| (d, s)).collect();
@@ -540,18 +458,12 @@ pub fn scatter_nd(data: &Const, indices: &Const, updates: &Const, r: Reduction) 
     let k = k as usize;
     let want: Vec<u64> = lead.iter().chain(&ds[k..]).copied().collect();
     if updates.shape != want {
-        return Err(format!(
-            "updates have shape {:?}; indices {is:?} on data {ds:?} need {want:?}",
-            updates.shape
-        ));
+        return Err(format!("updates have shape {:?}; indices {is:?} on data {ds:?} need {want:?}", updates.shape));
     }
     shape::fold_limit(&want)?;
     let idx = index_values(indices, "indices")?;
     let st = shape::strides(ds);
-    let (rows, slice) = (
-        shape::volume(lead) as usize,
-        shape::volume(&ds[k..]) as usize,
-    );
+    let (rows, slice) = (shape::volume(lead) as usize, shape::volume(&ds[k..]) as usize);
     let mut moves = Vec::with_capacity(rows * slice);
     for t in 0..rows {
         let mut at = 0;
@@ -568,21 +480,14 @@ pub fn tile(c: &Const, repeats: &Const) -> R<Const> {
     let reps = index_values(repeats, "repeats")?;
     let s = &c.shape;
     if reps.len() != s.len() {
-        return Err(format!(
-            "{} repeats for an input of rank {}",
-            reps.len(),
-            s.len()
-        ));
+        return Err(format!("{} repeats for an input of rank {}", reps.len(), s.len()));
     }
     let mut out = Vec::with_capacity(s.len());
     for (&d, &r) in s.iter().zip(&reps) {
         if r < 0 {
             return Err(format!("repeats {reps:?} has a negative count"));
         }
-        out.push(
-            d.checked_mul(r as u64)
-                .ok_or_else(|| format!("repeats {reps:?} overflow the shape {s:?}"))?,
-        );
+        out.push(d.checked_mul(r as u64).ok_or_else(|| format!("repeats {reps:?} overflow the shape {s:?}"))?);
     }
     shape::fold_limit(&out)?;
     let st = shape::strides(s);
@@ -590,13 +495,7 @@ pub fn tile(c: &Const, repeats: &Const) -> R<Const> {
     let mut at = Vec::with_capacity(n as usize);
     let mut idx = vec![0u64; s.len()];
     for _ in 0..n {
-        at.push(
-            idx.iter()
-                .zip(s)
-                .zip(&st)
-                .map(|((&i, &d), &w)| (i % d) * w)
-                .sum::<u64>() as usize,
-        );
+        at.push(idx.iter().zip(s).zip(&st).map(|((&i, &d), &w)| (i % d) * w).sum::<u64>() as usize);
         for k in (0..out.len()).rev() {
             idx[k] += 1;
             if idx[k] < out[k] {
@@ -611,14 +510,7 @@ pub fn tile(c: &Const, repeats: &Const) -> R<Const> {
 /// CumSum along `axis`; `exclusive` leaves out the element itself,
 /// `reverse` sums from the end.
 pub fn cumsum(c: &Const, axis: i64, exclusive: bool, reverse: bool) -> R<Const> {
-    fn go<T: Num>(
-        v: &[T],
-        outer: usize,
-        n: usize,
-        inner: usize,
-        exclusive: bool,
-        reverse: bool,
-    ) -> Vec<T> {
+    fn go<T: Num>(v: &[T], outer: usize, n: usize, inner: usize, exclusive: bool, reverse: bool) -> Vec<T> {
         let mut out = vec![T::ZERO; v.len()];
         for o in 0..outer {
             for i in 0..inner {
@@ -643,19 +535,12 @@ pub fn cumsum(c: &Const, axis: i64, exclusive: bool, reverse: bool) -> R<Const> 
         return Err("the input must have rank at least 1".into());
     }
     let a = shape::axis(axis, s.len(), false)?;
-    let (outer, n, inner) = (
-        shape::volume(&s[..a]) as usize,
-        s[a] as usize,
-        shape::volume(&s[a + 1..]) as usize,
-    );
+    let (outer, n, inner) = (shape::volume(&s[..a]) as usize, s[a] as usize, shape::volume(&s[a + 1..]) as usize);
     let data = match &c.data {
         Data::F(v) => Data::F(go(v, outer, n, inner, exclusive, reverse)),
         Data::I(v) => Data::I(go(v, outer, n, inner, exclusive, reverse)),
     };
-    Ok(Const {
-        shape: s.clone(),
-        data,
-    })
+    Ok(Const { shape: s.clone(), data })
 }
 
 /// Trilu: keeps the upper (`upper`: column − row ≥ k) or lower (column −
@@ -677,35 +562,17 @@ pub fn trilu(c: &Const, k: i64, upper: bool) -> R<Const> {
         }
     };
     let data = match &c.data {
-        Data::F(v) => Data::F(
-            v.iter()
-                .enumerate()
-                .map(|(p, &x)| if keep(p) { x } else { 0.0 })
-                .collect(),
-        ),
-        Data::I(v) => Data::I(
-            v.iter()
-                .enumerate()
-                .map(|(p, &x)| if keep(p) { x } else { 0 })
-                .collect(),
-        ),
+        Data::F(v) => Data::F(v.iter().enumerate().map(|(p, &x)| if keep(p) { x } else { 0.0 }).collect()),
+        Data::I(v) => Data::I(v.iter().enumerate().map(|(p, &x)| if keep(p) { x } else { 0 }).collect()),
     };
-    Ok(Const {
-        shape: s.clone(),
-        data,
-    })
+    Ok(Const { shape: s.clone(), data })
 }
 
 /// NonZero: the coordinates of the non-zero elements in row-major order,
 /// as [rank, count] (a scalar counts as rank 1).
 pub fn nonzero(c: &Const) -> Const {
     let s = &c.shape;
-    let hits: Vec<u64> = truth(c)
-        .iter()
-        .enumerate()
-        .filter(|(_, &t)| t)
-        .map(|(p, _)| p as u64)
-        .collect();
+    let hits: Vec<u64> = truth(c).iter().enumerate().filter(|(_, &t)| t).map(|(p, _)| p as u64).collect();
     let rank = s.len().max(1);
     let mut v = vec![0i64; rank * hits.len()];
     for (n, &p) in hits.iter().enumerate() {
@@ -718,13 +585,7 @@ pub fn nonzero(c: &Const) -> Const {
 
 /// A float reduction of the elements `x(i)`, element i going to group
 /// `group[i]` of `n` elements each, accumulated in f64.
-fn reduce_f64(
-    op: &str,
-    x: impl Fn(usize) -> f64,
-    group: &[usize],
-    groups: usize,
-    n: u64,
-) -> R<Vec<f64>> {
+fn reduce_f64(op: &str, x: impl Fn(usize) -> f64, group: &[usize], groups: usize, n: u64) -> R<Vec<f64>> {
     Ok(match op {
         "ReduceMax" | "ReduceMin" => {
             // As onnxruntime: start from the first element, replace on a
@@ -738,15 +599,7 @@ fn reduce_f64(
                     _ => b,
                 });
             }
-            acc.into_iter()
-                .map(|a| {
-                    a.unwrap_or(if max {
-                        f64::NEG_INFINITY
-                    } else {
-                        f64::INFINITY
-                    })
-                })
-                .collect()
+            acc.into_iter().map(|a| a.unwrap_or(if max { f64::NEG_INFINITY } else { f64::INFINITY })).collect()
         }
         "ReduceLogSumExp" => {
             let mut m = vec![f64::NEG_INFINITY; groups];
@@ -757,10 +610,7 @@ fn reduce_f64(
             for (i, &g) in group.iter().enumerate() {
                 acc[g] += (x(i) - m[g]).exp();
             }
-            acc.iter()
-                .zip(&m)
-                .map(|(&a, &m)| if m.is_infinite() { m } else { a.ln() + m })
-                .collect()
+            acc.iter().zip(&m).map(|(&a, &m)| if m.is_infinite() { m } else { a.ln() + m }).collect()
         }
         _ => {
             let (init, term): (f64, fn(f64, f64) -> f64) = match op {
@@ -799,20 +649,9 @@ pub fn reduce(op: &str, c: &Const, axes: &[usize], keepdims: bool) -> R<Const> {
     if let Some(&a) = axes.iter().find(|&&a| a >= s.len()) {
         return Err(format!("axis {a} is out of range for rank {}", s.len()));
     }
-    let kept: Vec<u64> = s
-        .iter()
-        .enumerate()
-        .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
-        .collect();
-    let out: Vec<u64> = if keepdims {
-        kept.clone()
-    } else {
-        s.iter()
-            .enumerate()
-            .filter(|(i, _)| !axes.contains(i))
-            .map(|(_, &d)| d)
-            .collect()
-    };
+    let kept: Vec<u64> = s.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+    let out: Vec<u64> =
+        if keepdims { kept.clone() } else { s.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect() };
     let mut ost = shape::strides(&kept);
     for &a in axes {
         ost[a] = 0;
@@ -834,13 +673,7 @@ pub fn reduce(op: &str, c: &Const, axes: &[usize], keepdims: bool) -> R<Const> {
             for (i, &g) in group.iter().enumerate() {
                 acc[g] = acc[g].wrapping_add((v[i].wrapping_sub(m[g]) as f64).exp() as i64);
             }
-            Ok(Const::i64(
-                &out,
-                acc.iter()
-                    .zip(&m)
-                    .map(|(&a, &m)| ((a as f64).ln() as i64).wrapping_add(m))
-                    .collect(),
-            ))
+            Ok(Const::i64(&out, acc.iter().zip(&m).map(|(&a, &m)| ((a as f64).ln() as i64).wrapping_add(m)).collect()))
         }
         Data::I(v) if matches!(op, "ReduceL2" | "ReduceLogSum") => {
             let r = reduce_f64(op, |i| v[i] as f64, &group, groups, n)?;
@@ -848,9 +681,7 @@ pub fn reduce(op: &str, c: &Const, axes: &[usize], keepdims: bool) -> R<Const> {
         }
         Data::I(v) => {
             if n == 0 && matches!(op, "ReduceMax" | "ReduceMin") {
-                return Err(format!(
-                    "{op} of an empty set of integers (its value depends on the integer type)"
-                ));
+                return Err(format!("{op} of an empty set of integers (its value depends on the integer type)"));
             }
             let (init, term): (i64, fn(i64, i64) -> i64) = match op {
                 "ReduceSum" | "ReduceMean" => (0, |a, b| a.wrapping_add(b)),
@@ -867,8 +698,7 @@ pub fn reduce(op: &str, c: &Const, axes: &[usize], keepdims: bool) -> R<Const> {
             }
             if op == "ReduceMean" {
                 let n = n as i64;
-                acc.iter_mut()
-                    .for_each(|a| *a = if n == 0 { 0 } else { a.wrapping_div(n) });
+                acc.iter_mut().for_each(|a| *a = if n == 0 { 0 } else { a.wrapping_div(n) });
             }
             Ok(Const::i64(&out, acc))
         }
@@ -883,37 +713,13 @@ mod tests {
     fn folds() {
         let a = Const::i64(&[2], vec![2, 16]);
         let b = Const::i64(&[1], vec![3]);
-        assert_eq!(
-            binary("Mul", &a, &b).unwrap(),
-            Const::i64(&[2], vec![6, 48])
-        );
+        assert_eq!(binary("Mul", &a, &b).unwrap(), Const::i64(&[2], vec![6, 48]));
         let x = Const::f32(&[2, 3], vec![0., 1., 2., 3., 4., 5.]);
-        assert_eq!(
-            transpose(&x, &[1, 0]).data,
-            Data::F(vec![0., 3., 1., 4., 2., 5.])
-        );
-        let c = concat(
-            &[&Const::i64(&[1], vec![2]), &Const::i64(&[2], vec![16, 2])],
-            0,
-            &[3],
-        );
+        assert_eq!(transpose(&x, &[1, 0]).data, Data::F(vec![0., 3., 1., 4., 2., 5.]));
+        let c = concat(&[&Const::i64(&[1], vec![2]), &Const::i64(&[2], vec![16, 2])], 0, &[3]);
         assert_eq!(c.data, Data::I(vec![2, 16, 2]));
-        assert_eq!(
-            range(
-                &Const::i64(&[], vec![0]),
-                &Const::i64(&[], vec![5]),
-                &Const::i64(&[], vec![2])
-            )
-            .unwrap()
-            .data,
-            Data::I(vec![0, 2, 4])
-        );
-        let w = where_(
-            &Const::i64(&[2], vec![1, 0]),
-            &Const::i64(&[2], vec![7, 7]),
-            &Const::i64(&[], vec![-1]),
-        )
-        .unwrap();
+        assert_eq!(range(&Const::i64(&[], vec![0]), &Const::i64(&[], vec![5]), &Const::i64(&[], vec![2])).unwrap().data, Data::I(vec![0, 2, 4]));
+        let w = where_(&Const::i64(&[2], vec![1, 0]), &Const::i64(&[2], vec![7, 7]), &Const::i64(&[], vec![-1])).unwrap();
         assert_eq!(w.data, Data::I(vec![7, -1]));
         assert!(binary("Div", &a, &Const::i64(&[], vec![0])).is_err());
     }
@@ -942,21 +748,11 @@ mod tests {
         assert_eq!(ints(&modulo(&a, &b, true).unwrap()), [2, -2, 2, -2]); // dividend's sign
         let fa = Const::f32(&[4], vec![5.5, -5.5, 5.5, -5.5]);
         let fb = Const::f32(&[4], vec![2.0, 2.0, -2.0, -2.0]);
-        assert_eq!(
-            floats(&modulo(&fa, &fb, true).unwrap()),
-            [1.5, -1.5, 1.5, -1.5]
-        );
+        assert_eq!(floats(&modulo(&fa, &fb, true).unwrap()), [1.5, -1.5, 1.5, -1.5]);
         assert!(modulo(&fa, &fb, false).unwrap_err().contains("fmod=0"));
-        assert!(modulo(&a, &Const::i64(&[], vec![0]), false)
-            .unwrap_err()
-            .contains("by zero"));
+        assert!(modulo(&a, &Const::i64(&[], vec![0]), false).unwrap_err().contains("by zero"));
         // Broadcast, and no overflow trap on MIN % -1.
-        let m = modulo(
-            &Const::i64(&[2, 1], vec![i64::MIN, 7]),
-            &Const::i64(&[2], vec![-1, 4]),
-            false,
-        )
-        .unwrap();
+        let m = modulo(&Const::i64(&[2, 1], vec![i64::MIN, 7]), &Const::i64(&[2], vec![-1, 4]), false).unwrap();
         assert_eq!((m.shape.clone(), ints(&m)), (vec![2, 2], vec![0, 0, 0, 3]));
     }
 
@@ -969,49 +765,21 @@ mod tests {
         assert_eq!(ints(&logical("Xor", &a, &b).unwrap()), [0, 1, 0, 1, 0, 1]);
         assert_eq!(ints(&unary("Not", &a).unwrap()), [0, 1, 0]);
         let v = Const::f32(&[6], vec![0.5, 1.5, 2.5, -0.5, -1.5, 2.4999]);
-        assert_eq!(
-            floats(&unary("Round", &v).unwrap()),
-            [0.0, 2.0, 2.0, -0.0, -2.0, 2.0]
-        ); // half to even
-        assert_eq!(
-            floats(&unary("Floor", &v).unwrap()),
-            [0.0, 1.0, 2.0, -1.0, -2.0, 2.0]
-        );
-        assert_eq!(
-            floats(&unary("Ceil", &v).unwrap()),
-            [1.0, 2.0, 3.0, -0.0, -1.0, 3.0]
-        );
-        let s = floats(
-            &unary(
-                "Sign",
-                &Const::f32(&[5], vec![f32::NAN, -0.0, 0.0, -2.0, 3.0]),
-            )
-            .unwrap(),
-        );
+        assert_eq!(floats(&unary("Round", &v).unwrap()), [0.0, 2.0, 2.0, -0.0, -2.0, 2.0]); // half to even
+        assert_eq!(floats(&unary("Floor", &v).unwrap()), [0.0, 1.0, 2.0, -1.0, -2.0, 2.0]);
+        assert_eq!(floats(&unary("Ceil", &v).unwrap()), [1.0, 2.0, 3.0, -0.0, -1.0, 3.0]);
+        let s = floats(&unary("Sign", &Const::f32(&[5], vec![f32::NAN, -0.0, 0.0, -2.0, 3.0])).unwrap());
         assert!(s[0].is_nan());
         assert_eq!(&s[1..], [0.0, 0.0, -1.0, 1.0]);
-        assert_eq!(
-            ints(&unary("Sign", &Const::i64(&[3], vec![-7, 0, 9])).unwrap()),
-            [-1, 0, 1]
-        );
-        assert_eq!(
-            ints(&unary("Round", &Const::i64(&[2], vec![-7, 9])).unwrap()),
-            [-7, 9]
-        );
+        assert_eq!(ints(&unary("Sign", &Const::i64(&[3], vec![-7, 0, 9])).unwrap()), [-1, 0, 1]);
+        assert_eq!(ints(&unary("Round", &Const::i64(&[2], vec![-7, 9])).unwrap()), [-7, 9]);
         let x = Const::f32(&[4], vec![f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0]);
         assert_eq!(ints(&unary("IsNaN", &x).unwrap()), [0, 0, 1, 0]);
         assert_eq!(ints(&is_inf(&x, true, true)), [1, 1, 0, 0]);
         assert_eq!(ints(&is_inf(&x, false, true)), [1, 0, 0, 0]);
         assert_eq!(ints(&is_inf(&x, true, false)), [0, 1, 0, 0]);
         // Max and Min propagate NaN.
-        let m = floats(
-            &binary(
-                "Max",
-                &Const::f32(&[2], vec![f32::NAN, 1.0]),
-                &Const::f32(&[2], vec![1.0, f32::NAN]),
-            )
-            .unwrap(),
-        );
+        let m = floats(&binary("Max", &Const::f32(&[2], vec![f32::NAN, 1.0]), &Const::f32(&[2], vec![1.0, f32::NAN])).unwrap());
         assert!(m.iter().all(|v| v.is_nan()));
     }
 
@@ -1019,165 +787,54 @@ mod tests {
     fn gather_and_scatter() {
         let d = Const::f32(&[2, 3], vec![0., 1., 2., 3., 4., 5.]);
         let g = gather_elements(&d, &Const::i64(&[2, 2], vec![-1, 0, 1, -3]), 1).unwrap();
-        assert_eq!(
-            (g.shape.clone(), floats(&g)),
-            (vec![2, 2], vec![2., 0., 4., 3.])
-        );
+        assert_eq!((g.shape.clone(), floats(&g)), (vec![2, 2], vec![2., 0., 4., 3.]));
         // The indices may be longer than the data on the gathered axis.
         let g = gather_elements(&d, &Const::i64(&[1, 4], vec![0, 1, 2, 0]), 1).unwrap();
         assert_eq!(floats(&g), [0., 1., 2., 0.]);
-        assert!(gather_elements(&d, &Const::i64(&[1, 1], vec![3]), 1)
-            .unwrap_err()
-            .contains("index 3 is out of range"));
-        assert!(gather_elements(&d, &Const::i64(&[3, 1], vec![0, 0, 0]), 1)
-            .unwrap_err()
-            .contains("larger than data"));
-        assert!(gather_elements(&d, &Const::f32(&[1, 1], vec![0.0]), 1)
-            .unwrap_err()
-            .contains("integers"));
+        assert!(gather_elements(&d, &Const::i64(&[1, 1], vec![3]), 1).unwrap_err().contains("index 3 is out of range"));
+        assert!(gather_elements(&d, &Const::i64(&[3, 1], vec![0, 0, 0]), 1).unwrap_err().contains("larger than data"));
+        assert!(gather_elements(&d, &Const::f32(&[1, 1], vec![0.0]), 1).unwrap_err().contains("integers"));
 
         let v = Const::f32(&[4], vec![0., 1., 2., 3.]);
-        let nd = |i: Vec<i64>, u: Vec<f32>, r| {
-            scatter_nd(
-                &v,
-                &Const::i64(&[i.len() as u64, 1], i),
-                &Const::f32(&[u.len() as u64], u),
-                r,
-            )
-        };
-        assert_eq!(
-            floats(&nd(vec![-1], vec![9.], Reduction::None).unwrap()),
-            [0., 1., 2., 9.]
-        );
-        assert_eq!(
-            floats(&nd(vec![1, 1], vec![9., 10.], Reduction::Add).unwrap()),
-            [0., 20., 2., 3.]
-        );
-        assert_eq!(
-            floats(&nd(vec![1, 1], vec![9., 10.], Reduction::None).unwrap()),
-            [0., 10., 2., 3.]
-        ); // last wins
-        assert_eq!(
-            floats(&nd(vec![2, 2], vec![5., 0.5], Reduction::Mul).unwrap()),
-            [0., 1., 5., 3.]
-        );
-        assert_eq!(
-            floats(&nd(vec![1, 3], vec![-1., 7.], Reduction::Max).unwrap()),
-            [0., 1., 2., 7.]
-        );
-        assert_eq!(
-            floats(&nd(vec![1, 3], vec![-1., 7.], Reduction::Min).unwrap()),
-            [0., -1., 2., 3.]
-        );
-        assert!(nd(vec![4], vec![9.], Reduction::None)
-            .unwrap_err()
-            .contains("index 4 is out of range"));
+        let nd = |i: Vec<i64>, u: Vec<f32>, r| scatter_nd(&v, &Const::i64(&[i.len() as u64, 1], i), &Const::f32(&[u.len() as u64], u), r);
+        assert_eq!(floats(&nd(vec![-1], vec![9.], Reduction::None).unwrap()), [0., 1., 2., 9.]);
+        assert_eq!(floats(&nd(vec![1, 1], vec![9., 10.], Reduction::Add).unwrap()), [0., 20., 2., 3.]);
+        assert_eq!(floats(&nd(vec![1, 1], vec![9., 10.], Reduction::None).unwrap()), [0., 10., 2., 3.]); // last wins
+        assert_eq!(floats(&nd(vec![2, 2], vec![5., 0.5], Reduction::Mul).unwrap()), [0., 1., 5., 3.]);
+        assert_eq!(floats(&nd(vec![1, 3], vec![-1., 7.], Reduction::Max).unwrap()), [0., 1., 2., 7.]);
+        assert_eq!(floats(&nd(vec![1, 3], vec![-1., 7.], Reduction::Min).unwrap()), [0., -1., 2., 3.]);
+        assert!(nd(vec![4], vec![9.], Reduction::None).unwrap_err().contains("index 4 is out of range"));
         // Slices: a [2,4] data indexed by rows.
         let m = Const::i64(&[2, 4], (0..8).collect());
-        let r = scatter_nd(
-            &m,
-            &Const::i64(&[1, 1], vec![-2]),
-            &Const::i64(&[1, 4], vec![9, 9, 9, 9]),
-            Reduction::Add,
-        )
-        .unwrap();
+        let r = scatter_nd(&m, &Const::i64(&[1, 1], vec![-2]), &Const::i64(&[1, 4], vec![9, 9, 9, 9]), Reduction::Add).unwrap();
         assert_eq!(ints(&r), [9, 10, 11, 12, 4, 5, 6, 7]);
-        assert!(scatter_nd(
-            &m,
-            &Const::i64(&[1, 1], vec![0]),
-            &Const::i64(&[1, 3], vec![0; 3]),
-            Reduction::None
-        )
-        .unwrap_err()
-        .contains("need [1, 4]"));
-        assert!(scatter_nd(
-            &m,
-            &Const::i64(&[1, 3], vec![0; 3]),
-            &Const::i64(&[1], vec![0]),
-            Reduction::None
-        )
-        .is_err());
-        assert!(scatter_nd(
-            &v,
-            &Const::i64(&[1, 1], vec![0]),
-            &Const::i64(&[1], vec![1]),
-            Reduction::None
-        )
-        .unwrap_err()
-        .contains("different element types"));
+        assert!(scatter_nd(&m, &Const::i64(&[1, 1], vec![0]), &Const::i64(&[1, 3], vec![0; 3]), Reduction::None)
+            .unwrap_err()
+            .contains("need [1, 4]"));
+        assert!(scatter_nd(&m, &Const::i64(&[1, 3], vec![0; 3]), &Const::i64(&[1], vec![0]), Reduction::None).is_err());
+        assert!(scatter_nd(&v, &Const::i64(&[1, 1], vec![0]), &Const::i64(&[1], vec![1]), Reduction::None)
+            .unwrap_err()
+            .contains("different element types"));
 
         let z = Const::f32(&[2, 3], vec![0.; 6]);
-        let r = scatter_elements(
-            &z,
-            &Const::i64(&[1, 2], vec![-1, 0]),
-            &Const::f32(&[1, 2], vec![5., 6.]),
-            1,
-            Reduction::Max,
-        )
-        .unwrap();
+        let r = scatter_elements(&z, &Const::i64(&[1, 2], vec![-1, 0]), &Const::f32(&[1, 2], vec![5., 6.]), 1, Reduction::Max).unwrap();
         assert_eq!(floats(&r), [6., 0., 5., 0., 0., 0.]);
-        let r = scatter_elements(
-            &z,
-            &Const::i64(&[1, 2], vec![1, 0]),
-            &Const::f32(&[1, 2], vec![5., 6.]),
-            0,
-            Reduction::None,
-        )
-        .unwrap();
+        let r = scatter_elements(&z, &Const::i64(&[1, 2], vec![1, 0]), &Const::f32(&[1, 2], vec![5., 6.]), 0, Reduction::None).unwrap();
         assert_eq!(floats(&r), [0., 6., 0., 5., 0., 0.]);
-        assert!(scatter_elements(
-            &z,
-            &Const::i64(&[1, 2], vec![0, 3]),
-            &Const::f32(&[1, 2], vec![1., 1.]),
-            1,
-            Reduction::None
-        )
-        .is_err());
-        assert!(scatter_elements(
-            &z,
-            &Const::i64(&[1, 2], vec![0, 0]),
-            &Const::f32(&[2, 1], vec![1., 1.]),
-            1,
-            Reduction::None
-        )
-        .is_err());
+        assert!(scatter_elements(&z, &Const::i64(&[1, 2], vec![0, 3]), &Const::f32(&[1, 2], vec![1., 1.]), 1, Reduction::None).is_err());
+        assert!(scatter_elements(&z, &Const::i64(&[1, 2], vec![0, 0]), &Const::f32(&[2, 1], vec![1., 1.]), 1, Reduction::None).is_err());
         assert_eq!(Reduction::parse("max").unwrap(), Reduction::Max);
         assert!(Reduction::parse("mean").unwrap_err().contains("'mean'"));
     }
 
     #[test]
     fn tile_cumsum_trilu_nonzero() {
-        let t = tile(
-            &Const::i64(&[1, 2], vec![1, 2]),
-            &Const::i64(&[2], vec![2, 2]),
-        )
-        .unwrap();
-        assert_eq!(
-            (t.shape.clone(), ints(&t)),
-            (vec![2, 4], vec![1, 2, 1, 2, 1, 2, 1, 2])
-        );
-        assert_eq!(
-            tile(&Const::i64(&[2], vec![1, 2]), &Const::i64(&[1], vec![0]))
-                .unwrap()
-                .shape,
-            [0]
-        );
-        assert!(
-            tile(&Const::i64(&[2], vec![1, 2]), &Const::i64(&[1], vec![-1]))
-                .unwrap_err()
-                .contains("negative")
-        );
-        assert!(
-            tile(&Const::i64(&[2], vec![1, 2]), &Const::i64(&[2], vec![1, 1]))
-                .unwrap_err()
-                .contains("rank 1")
-        );
-        assert!(tile(
-            &Const::i64(&[2], vec![1, 2]),
-            &Const::i64(&[1], vec![1 << 40])
-        )
-        .unwrap_err()
-        .contains("too large"));
+        let t = tile(&Const::i64(&[1, 2], vec![1, 2]), &Const::i64(&[2], vec![2, 2])).unwrap();
+        assert_eq!((t.shape.clone(), ints(&t)), (vec![2, 4], vec![1, 2, 1, 2, 1, 2, 1, 2]));
+        assert_eq!(tile(&Const::i64(&[2], vec![1, 2]), &Const::i64(&[1], vec![0])).unwrap().shape, [0]);
+        assert!(tile(&Const::i64(&[2], vec![1, 2]), &Const::i64(&[1], vec![-1])).unwrap_err().contains("negative"));
+        assert!(tile(&Const::i64(&[2], vec![1, 2]), &Const::i64(&[2], vec![1, 1])).unwrap_err().contains("rank 1"));
+        assert!(tile(&Const::i64(&[2], vec![1, 2]), &Const::i64(&[1], vec![1 << 40])).unwrap_err().contains("too large"));
 
         let x = Const::i64(&[4], vec![1, 2, 3, 4]);
         assert_eq!(ints(&cumsum(&x, 0, false, false).unwrap()), [1, 3, 6, 10]);
@@ -1185,41 +842,19 @@ mod tests {
         assert_eq!(ints(&cumsum(&x, 0, false, true).unwrap()), [10, 9, 7, 4]);
         assert_eq!(ints(&cumsum(&x, 0, true, true).unwrap()), [9, 7, 4, 0]);
         let m = Const::f32(&[2, 2], vec![1., 2., 3., 4.]);
-        assert_eq!(
-            floats(&cumsum(&m, 0, false, false).unwrap()),
-            [1., 2., 4., 6.]
-        );
-        assert!(cumsum(&x, 1, false, false)
-            .unwrap_err()
-            .contains("out of range"));
+        assert_eq!(floats(&cumsum(&m, 0, false, false).unwrap()), [1., 2., 4., 6.]);
+        assert!(cumsum(&x, 1, false, false).unwrap_err().contains("out of range"));
 
         let a = Const::f32(&[3, 4], (0..12).map(|v| v as f32).collect());
-        assert_eq!(
-            floats(&trilu(&a, 1, false).unwrap()),
-            [0., 1., 0., 0., 4., 5., 6., 0., 8., 9., 10., 11.]
-        );
-        assert_eq!(
-            floats(&trilu(&a, -1, true).unwrap()),
-            [0., 1., 2., 3., 4., 5., 6., 7., 0., 9., 10., 11.]
-        );
-        assert_eq!(
-            floats(&trilu(&a, 0, true).unwrap()),
-            [0., 1., 2., 3., 0., 5., 6., 7., 0., 0., 10., 11.]
-        );
+        assert_eq!(floats(&trilu(&a, 1, false).unwrap()), [0., 1., 0., 0., 4., 5., 6., 0., 8., 9., 10., 11.]);
+        assert_eq!(floats(&trilu(&a, -1, true).unwrap()), [0., 1., 2., 3., 4., 5., 6., 7., 0., 9., 10., 11.]);
+        assert_eq!(floats(&trilu(&a, 0, true).unwrap()), [0., 1., 2., 3., 0., 5., 6., 7., 0., 0., 10., 11.]);
         assert_eq!(floats(&trilu(&a, i64::MIN, false).unwrap()), [0.; 12]);
-        assert!(trilu(&Const::f32(&[3], vec![1.; 3]), 0, true)
-            .unwrap_err()
-            .contains("rank at least 2"));
+        assert!(trilu(&Const::f32(&[3], vec![1.; 3]), 0, true).unwrap_err().contains("rank at least 2"));
 
         let n = nonzero(&Const::i64(&[2, 3], vec![1, 0, 3, 0, 0, 2]));
-        assert_eq!(
-            (n.shape.clone(), ints(&n)),
-            (vec![2, 3], vec![0, 0, 1, 0, 2, 2])
-        );
-        assert_eq!(
-            ints(&nonzero(&Const::f32(&[3], vec![0.0, f32::NAN, -1.0]))),
-            [1, 2]
-        );
+        assert_eq!((n.shape.clone(), ints(&n)), (vec![2, 3], vec![0, 0, 1, 0, 2, 2]));
+        assert_eq!(ints(&nonzero(&Const::f32(&[3], vec![0.0, f32::NAN, -1.0]))), [1, 2]);
         let n = nonzero(&Const::i64(&[], vec![3]));
         assert_eq!((n.shape.clone(), ints(&n)), (vec![1, 1], vec![0]));
         assert_eq!(nonzero(&Const::i64(&[], vec![0])).shape, [1, 0]);
@@ -1230,124 +865,44 @@ mod tests {
         let p = Const::i64(&[2, 2], vec![1, 2, 3, 4]);
         let r = reduce("ReduceProd", &p, &[1], true).unwrap();
         assert_eq!((r.shape.clone(), ints(&r)), (vec![2, 1], vec![2, 12]));
-        assert_eq!(
-            ints(&reduce("ReduceProd", &p, &[0, 1], false).unwrap()),
-            [24]
-        );
-        assert_eq!(
-            reduce("ReduceProd", &p, &[0, 1], false).unwrap().shape,
-            Vec::<u64>::new()
-        );
-        assert_eq!(
-            ints(&reduce("ReduceMean", &Const::i64(&[2], vec![-1, -2]), &[0], false).unwrap()),
-            [-1]
-        ); // truncates
-        assert_eq!(
-            ints(&reduce("ReduceL2", &Const::i64(&[4], vec![1, 2, 2, 1]), &[0], false).unwrap()),
-            [3]
-        );
-        assert_eq!(
-            ints(
-                &reduce(
-                    "ReduceLogSumExp",
-                    &Const::i64(&[4], vec![3, 3, 3, 1]),
-                    &[0],
-                    false
-                )
-                .unwrap()
-            ),
-            [4]
-        );
-        assert_eq!(
-            ints(&reduce("ReduceSumSquare", &p, &[], true).unwrap()),
-            [1, 4, 9, 16]
-        ); // each alone
+        assert_eq!(ints(&reduce("ReduceProd", &p, &[0, 1], false).unwrap()), [24]);
+        assert_eq!(reduce("ReduceProd", &p, &[0, 1], false).unwrap().shape, Vec::<u64>::new());
+        assert_eq!(ints(&reduce("ReduceMean", &Const::i64(&[2], vec![-1, -2]), &[0], false).unwrap()), [-1]); // truncates
+        assert_eq!(ints(&reduce("ReduceL2", &Const::i64(&[4], vec![1, 2, 2, 1]), &[0], false).unwrap()), [3]);
+        assert_eq!(ints(&reduce("ReduceLogSumExp", &Const::i64(&[4], vec![3, 3, 3, 1]), &[0], false).unwrap()), [4]);
+        assert_eq!(ints(&reduce("ReduceSumSquare", &p, &[], true).unwrap()), [1, 4, 9, 16]); // each alone
         let f = Const::f32(&[2, 2], vec![1., -2., 3., 4.]);
-        assert_eq!(
-            floats(&reduce("ReduceL1", &f, &[0], false).unwrap()),
-            [4., 6.]
-        );
-        assert_eq!(
-            floats(&reduce("ReduceSumSquare", &f, &[1], false).unwrap()),
-            [5., 25.]
-        );
-        assert_eq!(
-            floats(&reduce("ReduceL2", &f, &[1], false).unwrap()),
-            [5f32.sqrt(), 5.]
-        );
-        assert_eq!(
-            floats(&reduce("ReduceMin", &f, &[0, 1], false).unwrap()),
-            [-2.]
-        );
-        let lse = floats(
-            &reduce(
-                "ReduceLogSumExp",
-                &Const::f32(&[2], vec![1000., 1000.]),
-                &[0],
-                false,
-            )
-            .unwrap(),
-        );
+        assert_eq!(floats(&reduce("ReduceL1", &f, &[0], false).unwrap()), [4., 6.]);
+        assert_eq!(floats(&reduce("ReduceSumSquare", &f, &[1], false).unwrap()), [5., 25.]);
+        assert_eq!(floats(&reduce("ReduceL2", &f, &[1], false).unwrap()), [5f32.sqrt(), 5.]);
+        assert_eq!(floats(&reduce("ReduceMin", &f, &[0, 1], false).unwrap()), [-2.]);
+        let lse = floats(&reduce("ReduceLogSumExp", &Const::f32(&[2], vec![1000., 1000.]), &[0], false).unwrap());
         assert!((lse[0] - 1000.6931).abs() < 1e-3, "{lse:?}");
-        assert!(
-            (floats(&reduce("ReduceLogSum", &f, &[1], false).unwrap())[1] - 7f32.ln()).abs() < 1e-6
-        );
+        assert!((floats(&reduce("ReduceLogSum", &f, &[1], false).unwrap())[1] - 7f32.ln()).abs() < 1e-6);
         // Empty sets.
         let e = Const::f32(&[0, 3], vec![]);
-        assert_eq!(
-            floats(&reduce("ReduceMax", &e, &[0], false).unwrap()),
-            [f32::NEG_INFINITY; 3]
-        );
-        assert_eq!(
-            floats(&reduce("ReduceProd", &e, &[0], false).unwrap()),
-            [1.; 3]
-        );
-        assert_eq!(
-            floats(&reduce("ReduceMean", &e, &[0], false).unwrap()),
-            [0.; 3]
-        );
-        assert!(reduce("ReduceMax", &Const::i64(&[0], vec![]), &[0], false)
-            .unwrap_err()
-            .contains("empty"));
+        assert_eq!(floats(&reduce("ReduceMax", &e, &[0], false).unwrap()), [f32::NEG_INFINITY; 3]);
+        assert_eq!(floats(&reduce("ReduceProd", &e, &[0], false).unwrap()), [1.; 3]);
+        assert_eq!(floats(&reduce("ReduceMean", &e, &[0], false).unwrap()), [0.; 3]);
+        assert!(reduce("ReduceMax", &Const::i64(&[0], vec![]), &[0], false).unwrap_err().contains("empty"));
         // NaN: kept only when first (onnxruntime's order).
-        let r =
-            |op, v: Vec<f32>| floats(&reduce(op, &Const::f32(&[3], v), &[0], false).unwrap())[0];
+        let r = |op, v: Vec<f32>| floats(&reduce(op, &Const::f32(&[3], v), &[0], false).unwrap())[0];
         assert_eq!(r("ReduceMax", vec![1., f32::NAN, 3.]), 3.);
         assert!(r("ReduceMin", vec![f32::NAN, 1., 3.]).is_nan());
         assert!(reduce("ReduceMedian", &p, &[0], false).is_err());
-        assert!(reduce("ReduceSum", &p, &[2], false)
-            .unwrap_err()
-            .contains("out of range"));
+        assert!(reduce("ReduceSum", &p, &[2], false).unwrap_err().contains("out of range"));
     }
 
     #[test]
     fn casts_wrap_to_the_target_width() {
         let f = Const::f32(&[4], vec![0.5, 0.0, -2.0, 300.7]);
-        assert_eq!(
-            ints(&cast(&f, crate::onnx::elem::BOOL).unwrap()),
-            [1, 0, 1, 1]
-        );
-        assert_eq!(
-            ints(&cast(&f, crate::onnx::elem::UINT8).unwrap()),
-            [0, 0, 254, 44]
-        );
-        assert_eq!(
-            ints(&cast(&f, crate::onnx::elem::INT8).unwrap()),
-            [0, 0, -2, 44]
-        );
+        assert_eq!(ints(&cast(&f, crate::onnx::elem::BOOL).unwrap()), [1, 0, 1, 1]);
+        assert_eq!(ints(&cast(&f, crate::onnx::elem::UINT8).unwrap()), [0, 0, 254, 44]);
+        assert_eq!(ints(&cast(&f, crate::onnx::elem::INT8).unwrap()), [0, 0, -2, 44]);
         let i = Const::i64(&[3], vec![(1 << 31) + 5, -1, 65537]);
-        assert_eq!(
-            ints(&cast(&i, crate::onnx::elem::INT32).unwrap()),
-            [-2147483643, -1, 65537]
-        );
-        assert_eq!(
-            ints(&cast(&i, crate::onnx::elem::UINT16).unwrap()),
-            [5, 65535, 1]
-        );
-        assert_eq!(
-            floats(&cast(&i, crate::onnx::elem::DOUBLE).unwrap()),
-            [2147483653.0, -1.0, 65537.0]
-        );
+        assert_eq!(ints(&cast(&i, crate::onnx::elem::INT32).unwrap()), [-2147483643, -1, 65537]);
+        assert_eq!(ints(&cast(&i, crate::onnx::elem::UINT16).unwrap()), [5, 65535, 1]);
+        assert_eq!(floats(&cast(&i, crate::onnx::elem::DOUBLE).unwrap()), [2147483653.0, -1.0, 65537.0]);
         assert!(cast(&i, 8).unwrap_err().contains("string"));
     }
 }

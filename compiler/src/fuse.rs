@@ -91,11 +91,7 @@ impl Index {
         for (_, v) in &g.outputs {
             is_output[*v] = true;
         }
-        Index {
-            producer,
-            consumers,
-            is_output,
-        }
+        Index { producer, consumers, is_output }
     }
 
     /// The one op reading `v`, if exactly one does and `v` is internal.
@@ -127,9 +123,7 @@ fn rewrite_once(g: &mut Graph, rule: Rule) -> Option<()> {
 }
 
 fn scalar_near(g: &Graph, v: ValueId, want: f32) -> bool {
-    g.konst(v)
-        .and_then(Const::scalar)
-        .is_some_and(|x| (x - want).abs() <= 1e-4 * want.abs().max(1.0))
+    g.konst(v).and_then(Const::scalar).is_some_and(|x| (x - want).abs() <= 1e-4 * want.abs().max(1.0))
 }
 
 /// `(kind, a, b)` of a Binary op.
@@ -174,14 +168,7 @@ fn join(a: &str, b: &str) -> String {
 
 /// `x * 0.5 * (1 + erf(x / sqrt(2)))`, in the operand orders exporters use.
 fn gelu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
-    let Kind::Unary {
-        kind: Unary::Erf,
-        x: u,
-        ..
-    } = g.ops[i].kind
-    else {
-        return None;
-    };
+    let Kind::Unary { kind: Unary::Erf, x: u, .. } = g.ops[i].kind else { return None };
     let p = ix.producer[u]?;
     ix.sole_reader(u)?;
     let (pk, pa, pb) = binary(&g.ops[p])?;
@@ -194,12 +181,7 @@ fn gelu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     let mut dead = vec![p, i];
     let c = gelu_tail(g, ix, i, x, &mut dead)?;
     let op = &mut g.ops[c];
-    op.kind = Kind::Unary {
-        kind: Unary::Gelu,
-        x,
-        p0: 0.0,
-        p1: 0.0,
-    };
+    op.kind = Kind::Unary { kind: Unary::Gelu, x, p0: 0.0, p1: 0.0 };
     op.op = "Gelu(erf)".into();
     Some(dead)
 }
@@ -209,48 +191,23 @@ fn gelu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
 /// `x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))`, with x^3 as
 /// `Pow(x, 3)` or `x * x * x`, in the operand orders exporters use.
 fn gelu_tanh(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
-    let Kind::Unary {
-        kind: Unary::Tanh,
-        x: u,
-        ..
-    } = g.ops[i].kind
-    else {
-        return None;
-    };
+    let Kind::Unary { kind: Unary::Tanh, x: u, .. } = g.ops[i].kind else { return None };
     // u = sqrt(2/pi) * v
     let p = ix.producer[u]?;
     ix.sole_reader(u)?;
-    let (Binary::Mul, a, b) = binary(&g.ops[p])? else {
-        return None;
-    };
+    let (Binary::Mul, a, b) = binary(&g.ops[p])? else { return None };
     let k = std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
-    let v = if scalar_near(g, a, k) {
-        b
-    } else if scalar_near(g, b, k) {
-        a
-    } else {
-        return None;
-    };
+    let v = if scalar_near(g, a, k) { b } else if scalar_near(g, b, k) { a } else { return None };
     // v = x + w
     let q = ix.producer[v]?;
     ix.sole_reader(v)?;
-    let (Binary::Add, a, b) = binary(&g.ops[q])? else {
-        return None;
-    };
+    let (Binary::Add, a, b) = binary(&g.ops[q])? else { return None };
     // w = 0.044715 * x^3, and the Add's other operand is x.
     let (x, w, r) = [(a, b), (b, a)].into_iter().find_map(|(x, w)| {
         let r = ix.producer[w]?;
         ix.sole_reader(w)?;
-        let (Binary::Mul, ra, rb) = binary(&g.ops[r])? else {
-            return None;
-        };
-        let cube = if scalar_near(g, ra, 0.044715) {
-            rb
-        } else if scalar_near(g, rb, 0.044715) {
-            ra
-        } else {
-            return None;
-        };
+        let (Binary::Mul, ra, rb) = binary(&g.ops[r])? else { return None };
+        let cube = if scalar_near(g, ra, 0.044715) { rb } else if scalar_near(g, rb, 0.044715) { ra } else { return None };
         is_cube_of(g, ix, cube, x).then_some((x, w, r))
     })?;
     let _ = w;
@@ -258,12 +215,7 @@ fn gelu_tanh(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     dead.extend(cube_ops(g, ix, &g.ops[r]));
     let c = gelu_tail(g, ix, i, x, &mut dead)?;
     let op = &mut g.ops[c];
-    op.kind = Kind::Unary {
-        kind: Unary::GeluTanh,
-        x,
-        p0: 0.0,
-        p1: 0.0,
-    };
+    op.kind = Kind::Unary { kind: Unary::GeluTanh, x, p0: 0.0, p1: 0.0 };
     op.op = "Gelu(tanh)".into();
     Some(dead)
 }
@@ -271,16 +223,12 @@ fn gelu_tanh(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
 /// Whether `c` (read only by the 0.044715 scale) is `Pow(x, 3)` or
 /// `x * x * x` (either association).
 fn is_cube_of(g: &Graph, ix: &Index, c: ValueId, x: ValueId) -> bool {
-    let Some(pc) = ix.producer[c].filter(|_| ix.sole_reader(c).is_some()) else {
-        return false;
-    };
+    let Some(pc) = ix.producer[c].filter(|_| ix.sole_reader(c).is_some()) else { return false };
     match binary(&g.ops[pc]) {
         Some((Binary::Pow, a, b)) => a == x && scalar_near(g, b, 3.0),
         Some((Binary::Mul, a, b)) => {
             let square = |s: ValueId| {
-                ix.producer[s]
-                    .filter(|_| ix.sole_reader(s).is_some())
-                    .and_then(|ps| binary(&g.ops[ps]))
+                ix.producer[s].filter(|_| ix.sole_reader(s).is_some()).and_then(|ps| binary(&g.ops[ps]))
                     == Some((Binary::Mul, x, x))
             };
             (a == x && square(b)) || (b == x && square(a))
@@ -293,9 +241,7 @@ fn is_cube_of(g: &Graph, ix: &Index, c: ValueId, x: ValueId) -> bool {
 /// [`is_cube_of`] said yes).
 fn cube_ops(g: &Graph, ix: &Index, scale: &Op) -> Vec<usize> {
     let mut ops = Vec::new();
-    let Some((_, a, b)) = binary(scale) else {
-        return ops;
-    };
+    let Some((_, a, b)) = binary(scale) else { return ops };
     for c in [a, b] {
         let Some(pc) = ix.producer[c] else { continue };
         match binary(&g.ops[pc]) {
@@ -304,9 +250,7 @@ fn cube_ops(g: &Graph, ix: &Index, scale: &Op) -> Vec<usize> {
                 ops.push(pc);
                 for s in [ma, mb] {
                     if let Some(ps) = ix.producer[s] {
-                        if binary(&g.ops[ps]).is_some_and(|(k, ..)| k == Binary::Mul)
-                            && ix.sole_reader(s).is_some()
-                        {
+                        if binary(&g.ops[ps]).is_some_and(|(k, ..)| k == Binary::Mul) && ix.sole_reader(s).is_some() {
                             ops.push(ps);
                         }
                     }
@@ -338,8 +282,7 @@ fn gelu_tail(g: &Graph, ix: &Index, t: usize, x: ValueId, dead: &mut Vec<usize>)
                 let h = ix.producer[o]?;
                 ix.sole_reader(o)?;
                 let (hk, ha, hb) = binary(&g.ops[h])?;
-                let ok =
-                    hk == Binary::Mul && other(ha, hb, x).is_some_and(|c| scalar_near(g, c, 0.5));
+                let ok = hk == Binary::Mul && other(ha, hb, x).is_some_and(|c| scalar_near(g, c, 0.5));
                 if !ok {
                     return None;
                 }
@@ -359,28 +302,14 @@ fn gelu_tail(g: &Graph, ix: &Index, t: usize, x: ValueId, dead: &mut Vec<usize>)
 
 /// `x * sigmoid(x)` (SiLU, Swish).
 fn silu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
-    let Kind::Unary {
-        kind: Unary::Sigmoid,
-        x,
-        ..
-    } = g.ops[i].kind
-    else {
-        return None;
-    };
+    let Kind::Unary { kind: Unary::Sigmoid, x, .. } = g.ops[i].kind else { return None };
     let m = ix.sole_reader(g.ops[i].out)?;
-    let (Binary::Mul, a, b) = binary(&g.ops[m])? else {
-        return None;
-    };
+    let (Binary::Mul, a, b) = binary(&g.ops[m])? else { return None };
     if other(a, b, g.ops[i].out)? != x || g.values[g.ops[m].out].shape != g.values[x].shape {
         return None;
     }
     let op = &mut g.ops[m];
-    op.kind = Kind::Unary {
-        kind: Unary::Silu,
-        x,
-        p0: 0.0,
-        p1: 0.0,
-    };
+    op.kind = Kind::Unary { kind: Unary::Silu, x, p0: 0.0, p1: 0.0 };
     op.op = "Silu".into();
     Some(vec![i])
 }
@@ -388,12 +317,7 @@ fn silu(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
 /// Whether `p` (a per-row parameter of a layer norm over the last `cols`
 /// elements of `x`) broadcasts only over the leading dims.
 fn trailing(g: &Graph, p: ValueId, x: ValueId, cols: u64) -> bool {
-    let ps: Vec<u64> = g.values[p]
-        .shape
-        .iter()
-        .copied()
-        .skip_while(|&d| d == 1)
-        .collect();
+    let ps: Vec<u64> = g.values[p].shape.iter().copied().skip_while(|&d| d == 1).collect();
     let xs = &g.values[x].shape;
     volume(&ps) == cols && xs.ends_with(&ps) && g.konst(p).is_some()
 }
@@ -403,21 +327,14 @@ fn trailing(g: &Graph, p: ValueId, x: ValueId, cols: u64) -> bool {
 fn layer_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     let reduce_rows = |op: &Op| -> Option<(ValueId, u64, u64)> {
         match &op.kind {
-            Kind::Reduce {
-                kind: REDUCE_MEAN,
-                x,
-                dims,
-                axis: 1,
-            } if dims[2] == 1 => Some((*x, dims[0], dims[1])),
+            Kind::Reduce { kind: REDUCE_MEAN, x, dims, axis: 1 } if dims[2] == 1 => Some((*x, dims[0], dims[1])),
             _ => None,
         }
     };
     let (x, rows, cols) = reduce_rows(&g.ops[i])?;
     let mean = g.ops[i].out;
     let s = ix.sole_reader(mean)?;
-    let (Binary::Sub, sx, sm) = binary(&g.ops[s])? else {
-        return None;
-    };
+    let (Binary::Sub, sx, sm) = binary(&g.ops[s])? else { return None };
     if sx != x || sm != mean {
         return None;
     }
@@ -433,36 +350,21 @@ fn layer_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
             Some((Binary::Mul, a, b)) => a == d && b == d,
             _ => false,
         };
-        if is_sq(c0) {
-            (c0, c1)
-        } else if is_sq(c1) {
-            (c1, c0)
-        } else {
-            return None;
-        }
+        if is_sq(c0) { (c0, c1) } else if is_sq(c1) { (c1, c0) } else { return None }
     };
     let r2 = ix.sole_reader(g.ops[q].out)?;
     if reduce_rows(&g.ops[r2])? != (g.ops[q].out, rows, cols) {
         return None;
     }
     let a = ix.sole_reader(g.ops[r2].out)?;
-    let (Binary::Add, av, ae) = binary(&g.ops[a])? else {
-        return None;
-    };
+    let (Binary::Add, av, ae) = binary(&g.ops[a])? else { return None };
     let eps = g.konst(other(av, ae, g.ops[r2].out)?)?.scalar()?;
     let sq = ix.sole_reader(g.ops[a].out)?;
-    let Kind::Unary {
-        kind: Unary::Sqrt, ..
-    } = g.ops[sq].kind
-    else {
-        return None;
-    };
+    let Kind::Unary { kind: Unary::Sqrt, .. } = g.ops[sq].kind else { return None };
     if ix.sole_reader(g.ops[sq].out)? != div {
         return None;
     }
-    let (Binary::Div, dn, dd) = binary(&g.ops[div])? else {
-        return None;
-    };
+    let (Binary::Div, dn, dd) = binary(&g.ops[div])? else { return None };
     if dn != d || dd != g.ops[sq].out {
         return None;
     }
@@ -494,14 +396,7 @@ fn layer_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     }
     let name = g.ops[i].name.clone();
     let op = &mut g.ops[last];
-    op.kind = Kind::LayerNorm {
-        x,
-        gamma,
-        beta,
-        rows,
-        cols,
-        eps,
-    };
+    op.kind = Kind::LayerNorm { x, gamma, beta, rows, cols, eps };
     op.op = "LayerNorm(decomposed)".into();
     op.name = name;
     Some(dead)
@@ -515,27 +410,14 @@ fn per_channel(g: &Graph, v: ValueId, c_out: u64, rank: usize) -> Option<Vec<f32
         return None;
     }
     let p = crate::shape::pad_rank(&c.shape, rank);
-    let ok = p
-        .iter()
-        .enumerate()
-        .all(|(i, &d)| d == if i == 1 { c_out } else { 1 });
+    let ok = p.iter().enumerate().all(|(i, &d)| d == if i == 1 { c_out } else { 1 });
     ok.then(|| c.floats())
 }
 
 /// Conv followed by a per-channel constant Mul or Add (a folded
 /// BatchNormalization): scale the weights and bias, or shift the bias.
 fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
-    let Kind::Conv {
-        w,
-        bias,
-        dims,
-        act,
-        residual: None,
-        ..
-    } = g.ops[i].kind.clone()
-    else {
-        return None;
-    };
+    let Kind::Conv { w, bias, dims, act, residual: None, .. } = g.ops[i].kind.clone() else { return None };
     if act != Act::NONE {
         return None;
     }
@@ -551,25 +433,10 @@ fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         Binary::Mul => {
             let wc = g.konst(w)?;
             let per = wc.len() / dims[4] as usize;
-            let wv: Vec<f32> = wc
-                .floats()
-                .iter()
-                .enumerate()
-                .map(|(j, &x)| x * vals[j / per])
-                .collect();
-            (
-                Some(Const::f32(&wc.shape, wv)),
-                old_bias
-                    .iter()
-                    .zip(&vals)
-                    .map(|(b, s)| b * s)
-                    .collect::<Vec<f32>>(),
-            )
+            let wv: Vec<f32> = wc.floats().iter().enumerate().map(|(j, &x)| x * vals[j / per]).collect();
+            (Some(Const::f32(&wc.shape, wv)), old_bias.iter().zip(&vals).map(|(b, s)| b * s).collect::<Vec<f32>>())
         }
-        Binary::Add => (
-            None,
-            old_bias.iter().zip(&vals).map(|(b, t)| b + t).collect(),
-        ),
+        Binary::Add => (None, old_bias.iter().zip(&vals).map(|(b, t)| b + t).collect()),
         _ => return None,
     };
     let name = g.ops[i].name.clone();
@@ -577,82 +444,23 @@ fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         Some(c) => g.add_value(&format!("{name}.W.folded"), c.shape.clone(), Some(c)),
         None => w,
     };
-    let b2 = g.add_value(
-        &format!("{name}.B.folded"),
-        vec![dims[4]],
-        Some(Const::f32(&[dims[4]], new_b)),
-    );
-    let Kind::Conv {
-        x,
-        stride,
-        dilation,
-        pads,
-        ..
-    } = g.ops[i].kind
-    else {
-        return None;
-    };
-    absorb(
-        g,
-        i,
-        c,
-        Kind::Conv {
-            x,
-            w: w2,
-            bias: Some(b2),
-            dims,
-            stride,
-            dilation,
-            pads,
-            residual: None,
-            act,
-        },
-    )
+    let b2 = g.add_value(&format!("{name}.B.folded"), vec![dims[4]], Some(Const::f32(&[dims[4]], new_b)));
+    let Kind::Conv { x, stride, dilation, pads, .. } = g.ops[i].kind else { return None };
+    absorb(g, i, c, Kind::Conv { x, w: w2, bias: Some(b2), dims, stride, dilation, pads, residual: None, act })
 }
 
 /// Zero padding of the spatial dims before a Conv becomes the Conv's own
 /// padding (TensorFlow exports write it as a separate Pad).
 fn pad_into_conv(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
-    let Kind::Pad {
-        x,
-        value,
-        ref begin,
-        ref end,
-        ref step,
-        ..
-    } = g.ops[i].kind
-    else {
-        return None;
-    };
+    let Kind::Pad { x, value, ref begin, ref end, ref step, .. } = g.ops[i].kind else { return None };
     let r = begin.len();
-    if value != 0.0
-        || !(r == 3 || r == 4)
-        || begin[..2].iter().chain(&end[..2]).any(|&p| p != 0)
-        || step.iter().any(|&s| s != 1)
-    {
+    if value != 0.0 || !(r == 3 || r == 4) || begin[..2].iter().chain(&end[..2]).any(|&p| p != 0) || step.iter().any(|&s| s != 1) {
         return None;
     }
     // (top, left, bottom, right) added; a 1-D conv has no height to pad.
-    let add = if r == 4 {
-        [begin[2], begin[3], end[2], end[3]]
-    } else {
-        [0, begin[2], 0, end[2]]
-    };
+    let add = if r == 4 { [begin[2], begin[3], end[2], end[3]] } else { [0, begin[2], 0, end[2]] };
     let c = ix.sole_reader(g.ops[i].out)?;
-    let Kind::Conv {
-        x: cx,
-        w,
-        bias,
-        mut dims,
-        stride,
-        dilation,
-        mut pads,
-        residual,
-        act,
-    } = g.ops[c].kind.clone()
-    else {
-        return None;
-    };
+    let Kind::Conv { x: cx, w, bias, mut dims, stride, dilation, mut pads, residual, act } = g.ops[c].kind.clone() else { return None };
     if cx != g.ops[i].out {
         return None;
     }
@@ -663,17 +471,7 @@ fn pad_into_conv(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     }
     let label = join(&g.ops[i].op, &g.ops[c].op);
     let op = &mut g.ops[c];
-    op.kind = Kind::Conv {
-        x,
-        w,
-        bias,
-        dims,
-        stride,
-        dilation,
-        pads,
-        residual,
-        act,
-    };
+    op.kind = Kind::Conv { x, w, bias, dims, stride, dilation, pads, residual, act };
     op.op = label;
     Some(vec![i])
 }
@@ -686,11 +484,7 @@ fn scale_into_weights(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>>
     let (k, a, b) = binary(&g.ops[i])?;
     let (prod, c) = match k {
         Binary::Div => (a, g.konst(b)?.scalar()?),
-        Binary::Mul => g
-            .konst(b)
-            .and_then(Const::scalar)
-            .map(|c| (a, c))
-            .or_else(|| Some((b, g.konst(a)?.scalar()?)))?,
+        Binary::Mul => g.konst(b).and_then(Const::scalar).map(|c| (a, c)).or_else(|| Some((b, g.konst(a)?.scalar()?)))?,
         _ => return None,
     };
     let factor = if k == Binary::Div { 1.0 / c } else { c };
@@ -699,17 +493,7 @@ fn scale_into_weights(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>>
     }
     let p = ix.producer[prod]?;
     ix.sole_reader(prod)?;
-    let Kind::Gemm {
-        a: ga,
-        b: gb,
-        bias: None,
-        residual: None,
-        act,
-        ..
-    } = g.ops[p].kind
-    else {
-        return None;
-    };
+    let Kind::Gemm { a: ga, b: gb, bias: None, residual: None, act, .. } = g.ops[p].kind else { return None };
     if act != Act::NONE {
         return None;
     }
@@ -720,16 +504,7 @@ fn scale_into_weights(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>>
             let q = ix.producer[v]?;
             match g.ops[q].kind {
                 Kind::View { x } | Kind::Transpose { x, .. } => v = x,
-                Kind::Gemm {
-                    b,
-                    bias,
-                    act,
-                    residual: None,
-                    ..
-                } if act == Act::NONE
-                    && g.konst(b).is_some()
-                    && bias.is_none_or(|x| g.konst(x).is_some()) =>
-                {
+                Kind::Gemm { b, bias, act, residual: None, .. } if act == Act::NONE && g.konst(b).is_some() && bias.is_none_or(|x| g.konst(x).is_some()) => {
                     return Some(q)
                 }
                 _ => return None,
@@ -737,12 +512,7 @@ fn scale_into_weights(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>>
         }
     };
     let w = source(ga).or_else(|| source(gb))?;
-    let Kind::Gemm {
-        b: wb, bias: wbias, ..
-    } = g.ops[w].kind
-    else {
-        return None;
-    };
+    let Kind::Gemm { b: wb, bias: wbias, .. } = g.ops[w].kind else { return None };
     let scaled = |g: &mut Graph, v: ValueId| -> Option<ValueId> {
         let c = g.konst(v)?;
         let data: Vec<f32> = c.floats().iter().map(|x| x * factor).collect();
@@ -768,21 +538,12 @@ fn scale_into_weights(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>>
 /// A constant bias Add after a GEMM (over its n columns) or a Conv.
 fn bias(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     let (n, is_conv) = match &g.ops[i].kind {
-        Kind::Gemm {
-            bias: None, act, n, ..
-        } if *act == Act::NONE => (*n, false),
-        Kind::Conv {
-            bias: None,
-            act,
-            dims,
-            ..
-        } if *act == Act::NONE => (dims[4], true),
+        Kind::Gemm { bias: None, act, n, .. } if *act == Act::NONE => (*n, false),
+        Kind::Conv { bias: None, act, dims, .. } if *act == Act::NONE => (dims[4], true),
         _ => return None,
     };
     let c = ix.sole_reader(g.ops[i].out)?;
-    let (Binary::Add, a, b) = binary(&g.ops[c])? else {
-        return None;
-    };
+    let (Binary::Add, a, b) = binary(&g.ops[c])? else { return None };
     let p = other(a, b, g.ops[i].out)?;
     let vals = if is_conv {
         per_channel(g, p, n, g.values[g.ops[i].out].shape.len())?
@@ -799,11 +560,7 @@ fn bias(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         return None;
     }
     let name = g.ops[i].name.clone();
-    let bv = g.add_value(
-        &format!("{name}.bias"),
-        vec![n],
-        Some(Const::f32(&[n], vals)),
-    );
+    let bv = g.add_value(&format!("{name}.bias"), vec![n], Some(Const::f32(&[n], vals)));
     let mut kind = g.ops[i].kind.clone();
     match &mut kind {
         Kind::Gemm { bias, .. } | Kind::Conv { bias, .. } => *bias = Some(bv),
@@ -815,8 +572,7 @@ fn bias(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
 /// An activation after a GEMM, Conv or element-wise binary op.
 fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     match &g.ops[i].kind {
-        Kind::Gemm { act, .. } | Kind::Conv { act, .. } | Kind::Binary { act, .. }
-            if *act == Act::NONE => {}
+        Kind::Gemm { act, .. } | Kind::Conv { act, .. } | Kind::Binary { act, .. } if *act == Act::NONE => {}
         _ => return None,
     }
     let mut c = ix.sole_reader(g.ops[i].out)?;
@@ -826,22 +582,16 @@ fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     if let Some(v) = view {
         c = ix.sole_reader(g.ops[v].out)?;
     }
-    let Kind::Unary { kind, p0, p1, .. } = g.ops[c].kind else {
-        return None;
-    };
+    let Kind::Unary { kind, p0, p1, .. } = g.ops[c].kind else { return None };
     if kind == Unary::None || !rbln_hw::ops::is_activation(kind as u32) {
         return None;
     }
     let mut k = g.ops[i].kind.clone();
     match &mut k {
-        Kind::Gemm { act, .. } | Kind::Conv { act, .. } | Kind::Binary { act, .. } => {
-            *act = Act { kind, p0, p1 }
-        }
+        Kind::Gemm { act, .. } | Kind::Conv { act, .. } | Kind::Binary { act, .. } => *act = Act { kind, p0, p1 },
         _ => return None,
     }
-    let Some(v) = view else {
-        return absorb(g, i, c, k);
-    };
+    let Some(v) = view else { return absorb(g, i, c, k) };
     // op i takes the activation; the view now produces the activation's
     // result (same shape and dtype), and the activation op goes.
     if g.values[g.ops[c].out].shape != g.values[g.ops[v].out].shape {
@@ -860,31 +610,16 @@ fn activation(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
 /// activation rule then takes the Relu after it too.
 fn residual(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     match &g.ops[i].kind {
-        Kind::Gemm {
-            act,
-            residual: None,
-            ..
-        }
-        | Kind::Conv {
-            act,
-            residual: None,
-            ..
-        } if *act == Act::NONE => {}
+        Kind::Gemm { act, residual: None, .. } | Kind::Conv { act, residual: None, .. } if *act == Act::NONE => {}
         _ => return None,
     }
     let out = g.ops[i].out;
     let c = ix.sole_reader(out)?;
-    let (Binary::Add, a, b) = binary(&g.ops[c])? else {
-        return None;
-    };
+    let (Binary::Add, a, b) = binary(&g.ops[c])? else { return None };
     let r = other(a, b, out)?;
     // Same shape on all three: no broadcasting, and not x + x.
     let shape = &g.values[out].shape;
-    if r == out
-        || g.konst(r).is_some()
-        || &g.values[r].shape != shape
-        || &g.values[g.ops[c].out].shape != shape
-    {
+    if r == out || g.konst(r).is_some() || &g.values[r].shape != shape || &g.values[g.ops[c].out].shape != shape {
         return None;
     }
     let mut k = g.ops[i].kind.clone();

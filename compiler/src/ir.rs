@@ -21,16 +21,10 @@ pub struct Const {
 
 impl Const {
     pub fn f32(shape: &[u64], v: Vec<f32>) -> Self {
-        Const {
-            shape: shape.to_vec(),
-            data: Data::F(v),
-        }
+        Const { shape: shape.to_vec(), data: Data::F(v) }
     }
     pub fn i64(shape: &[u64], v: Vec<i64>) -> Self {
-        Const {
-            shape: shape.to_vec(),
-            data: Data::I(v),
-        }
+        Const { shape: shape.to_vec(), data: Data::I(v) }
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -90,11 +84,7 @@ pub struct Act {
 }
 
 impl Act {
-    pub const NONE: Act = Act {
-        kind: Unary::None,
-        p0: 0.0,
-        p1: 0.0,
-    };
+    pub const NONE: Act = Act { kind: Unary::None, p0: 0.0, p1: 0.0 };
 }
 
 /// One rank-`sizes.len()` box copied from `src` into the op's output
@@ -165,92 +155,32 @@ pub enum Kind {
         /// Applied to the result.
         act: Act,
     },
-    Unary {
-        kind: Unary,
-        x: ValueId,
-        p0: f32,
-        p1: f32,
-    },
-    Softmax {
-        x: ValueId,
-        dims: Vec<u64>,
-        axis: u64,
-    },
-    LayerNorm {
-        x: ValueId,
-        gamma: Option<ValueId>,
-        beta: Option<ValueId>,
-        rows: u64,
-        cols: u64,
-        eps: f32,
-    },
+    Unary { kind: Unary, x: ValueId, p0: f32, p1: f32 },
+    Softmax { x: ValueId, dims: Vec<u64>, axis: u64 },
+    LayerNorm { x: ValueId, gamma: Option<ValueId>, beta: Option<ValueId>, rows: u64, cols: u64, eps: f32 },
     /// `kind` is one of rbln_hw::ops::REDUCE_*.
-    Reduce {
-        kind: u32,
-        x: ValueId,
-        dims: Vec<u64>,
-        axis: u64,
-    },
-    Transpose {
-        x: ValueId,
-        dims: Vec<u64>,
-        perm: Vec<u64>,
-    },
-    Copy {
-        parts: Vec<CopyPart>,
-    },
+    Reduce { kind: u32, x: ValueId, dims: Vec<u64>, axis: u64 },
+    Transpose { x: ValueId, dims: Vec<u64>, perm: Vec<u64> },
+    Copy { parts: Vec<CopyPart> },
     /// `indices` is a constant (i64) or a run-time i32/i64 value.
-    Gather {
-        data: ValueId,
-        indices: ValueId,
-        dims: Vec<u64>,
-        axis: u64,
-        count: u64,
-    },
+    Gather { data: ValueId, indices: ValueId, dims: Vec<u64>, axis: u64, count: u64 },
     /// Element-wise conversion between run-time dtypes.
-    Cast {
-        x: ValueId,
-        from: DType,
-        to: DType,
-    },
+    Cast { x: ValueId, from: DType, to: DType },
     /// Spatial resize of `[n, c, h, w]` to `[n, c, out[0], out[1]]`:
     /// output (y, x) samples the input at `(map[0]·y + map[1], map[2]·x +
     /// map[3])`, nearest (with `nearest_mode`, a RESIZE_* rounding code) or
     /// bilinear.
-    Resize {
-        x: ValueId,
-        dims: [u64; 4],
-        out: [u64; 2],
-        linear: bool,
-        nearest_mode: u32,
-        map: [f32; 4],
-    },
+    Resize { x: ValueId, dims: [u64; 4], out: [u64; 2], linear: bool, nearest_mode: u32, map: [f32; 4] },
     /// `cond ≠ 0 ? a : b` with broadcasting; all dims padded to one rank.
-    Where {
-        cond: ValueId,
-        a: ValueId,
-        b: ValueId,
-        cond_dims: Vec<u64>,
-        a_dims: Vec<u64>,
-        b_dims: Vec<u64>,
-    },
+    Where { cond: ValueId, a: ValueId, b: ValueId, cond_dims: Vec<u64>, a_dims: Vec<u64>, b_dims: Vec<u64> },
     /// Constant padding: the output (`dims` grown by `begin` and `end`, and
     /// each axis spread by its `step`: `(d − 1)·step + 1`) is filled with
     /// `value`, then `x` is copied into it at `begin`, element `i` of an
     /// axis at `begin + i·step` (steps > 1 interleave zeros, as a
     /// transposed convolution needs).
-    Pad {
-        x: ValueId,
-        value: f32,
-        dims: Vec<u64>,
-        begin: Vec<u64>,
-        end: Vec<u64>,
-        step: Vec<u64>,
-    },
+    Pad { x: ValueId, value: f32, dims: Vec<u64>, begin: Vec<u64>, end: Vec<u64>, step: Vec<u64> },
     /// The output reinterprets the input's bytes with another shape.
-    View {
-        x: ValueId,
-    },
+    View { x: ValueId },
 }
 
 impl Kind {
@@ -258,40 +188,12 @@ impl Kind {
     pub fn inputs(&self) -> Vec<ValueId> {
         use Kind::*;
         match self {
-            Gemm {
-                a,
-                b,
-                bias,
-                residual,
-                ..
-            } => [Some(*a), Some(*b), *bias, *residual]
-                .into_iter()
-                .flatten()
-                .collect(),
-            Conv {
-                x,
-                w,
-                bias,
-                residual,
-                ..
-            } => [Some(*x), Some(*w), *bias, *residual]
-                .into_iter()
-                .flatten()
-                .collect(),
-            Pool { x, .. }
-            | Unary { x, .. }
-            | Softmax { x, .. }
-            | Reduce { x, .. }
-            | Transpose { x, .. }
-            | Pad { x, .. }
-            | View { x }
-            | Cast { x, .. }
-            | Resize { x, .. } => vec![*x],
+            Gemm { a, b, bias, residual, .. } => [Some(*a), Some(*b), *bias, *residual].into_iter().flatten().collect(),
+            Conv { x, w, bias, residual, .. } => [Some(*x), Some(*w), *bias, *residual].into_iter().flatten().collect(),
+            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } | Resize { x, .. } => vec![*x],
             Binary { a, b, .. } => vec![*a, *b],
             Where { cond, a, b, .. } => vec![*cond, *a, *b],
-            LayerNorm { x, gamma, beta, .. } => {
-                [Some(*x), *gamma, *beta].into_iter().flatten().collect()
-            }
+            LayerNorm { x, gamma, beta, .. } => [Some(*x), *gamma, *beta].into_iter().flatten().collect(),
             Copy { parts } => {
                 let mut v: Vec<ValueId> = parts.iter().map(|p| p.src).collect();
                 v.dedup();
@@ -326,12 +228,7 @@ pub struct Graph {
 
 impl Graph {
     pub fn add_value(&mut self, name: &str, shape: Vec<u64>, konst: Option<Const>) -> ValueId {
-        self.values.push(Value {
-            name: name.into(),
-            shape,
-            konst,
-            dtype: DType::F32,
-        });
+        self.values.push(Value { name: name.into(), shape, konst, dtype: DType::F32 });
         self.values.len() - 1
     }
     /// Narrows the values input `v` may hold to `lo..hi`.

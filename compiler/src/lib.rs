@@ -86,19 +86,10 @@ pub fn compile(bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled> {
     }
     let proto = onnx::decode(bytes)?;
     let g = import::import(&proto, opts)?;
-    let opset = proto
-        .opset_import
-        .iter()
-        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map_or(0, |o| o.version);
+    let opset = proto.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map_or(0, |o| o.version);
     let mut props = vec![("onnx.opset".to_string(), opset.to_string())];
     if !proto.producer_name.is_empty() {
-        props.push((
-            "onnx.producer".into(),
-            format!("{} {}", proto.producer_name, proto.producer_version)
-                .trim()
-                .to_string(),
-        ));
+        props.push(("onnx.producer".into(), format!("{} {}", proto.producer_name, proto.producer_version).trim().to_string()));
     }
     let onnx_nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
     finish(g, name, &props, SourceFormat::Onnx, onnx_nodes)
@@ -117,13 +108,7 @@ pub fn compile_tflite(bytes: &[u8], name: &str, opts: &Options) -> Result<Compil
     finish(g, name, &props, SourceFormat::Tflite, t.operators)
 }
 
-fn finish(
-    mut g: ir::Graph,
-    name: &str,
-    props: &[(String, String)],
-    format: SourceFormat,
-    onnx_nodes: usize,
-) -> Result<Compiled> {
+fn finish(mut g: ir::Graph, name: &str, props: &[(String, String)], format: SourceFormat, onnx_nodes: usize) -> Result<Compiled> {
     let fused = fuse::run(&mut g);
     let layouts = pack::run(&mut g);
     let mut device_ops = BTreeMap::new();
@@ -136,33 +121,15 @@ fn finish(
         }
     }
     let (model, memory) = emit::emit(&g, name, props)?;
-    Ok(Compiled {
-        model,
-        report: Report {
-            format,
-            onnx_nodes,
-            device_ops,
-            views,
-            layouts,
-            fused,
-            memory,
-        },
-    })
+    Ok(Compiled { model, report: Report { format, onnx_nodes, device_ops, views, layouts, fused, memory } })
 }
 
 /// Parse `name=1x3x224x224`.
 pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>)> {
-    let (name, dims) = s
-        .rsplit_once('=')
-        .ok_or_else(|| CompileError::BadInputShape(format!("'{s}': expected NAME=D0xD1x...")))?;
-    let dims: std::result::Result<Vec<u64>, _> = dims
-        .split(['x', 'X', ','])
-        .map(|d| d.trim().parse::<u64>())
-        .collect();
+    let (name, dims) = s.rsplit_once('=').ok_or_else(|| CompileError::BadInputShape(format!("'{s}': expected NAME=D0xD1x...")))?;
+    let dims: std::result::Result<Vec<u64>, _> = dims.split(['x', 'X', ',']).map(|d| d.trim().parse::<u64>()).collect();
     match dims {
         Ok(d) if !d.is_empty() && !name.is_empty() => Ok((name.to_string(), d)),
-        _ => Err(CompileError::BadInputShape(format!(
-            "'{s}': expected NAME=D0xD1x... with positive integers"
-        ))),
+        _ => Err(CompileError::BadInputShape(format!("'{s}': expected NAME=D0xD1x... with positive integers"))),
     }
 }

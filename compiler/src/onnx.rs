@@ -197,10 +197,7 @@ pub mod elem {
 
     /// Integer-like types the constant folder keeps as i64.
     pub fn is_int(t: i32) -> bool {
-        matches!(
-            t,
-            UINT8 | INT8 | UINT16 | INT16 | INT32 | INT64 | BOOL | UINT32 | UINT64
-        )
+        matches!(t, UINT8 | INT8 | UINT16 | INT16 | INT32 | INT64 | BOOL | UINT32 | UINT64)
     }
 }
 
@@ -210,32 +207,21 @@ pub fn decode(bytes: &[u8]) -> Result<ModelProto> {
 
 /// Values of a tensor proto as a compile-time constant (f32 or i64).
 pub fn tensor_const(t: &TensorProto, what: &str) -> Result<Const> {
-    let bad = |reason: String| CompileError::BadTensor {
-        name: what.to_string(),
-        reason,
-    };
+    let bad = |reason: String| CompileError::BadTensor { name: what.to_string(), reason };
     if t.data_location == 1 || !t.external_data.is_empty() {
-        return Err(bad(
-            "its data is stored in an external file, which rbln-compile does not read".into(),
-        ));
+        return Err(bad("its data is stored in an external file, which rbln-compile does not read".into()));
     }
     let mut shape = Vec::with_capacity(t.dims.len());
     for &d in &t.dims {
         shape.push(u64::try_from(d).map_err(|_| bad(format!("negative dimension {d}")))?);
     }
-    let count = shape
-        .iter()
-        .try_fold(1u64, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| bad("too many elements".into()))?;
+    let count = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).ok_or_else(|| bad("too many elements".into()))?;
     // Never allocate more than the file can hold: every element costs at
     // least one byte of raw data or of a packed repeated field.
-    let total_len = t.raw_data.len()
-        + 8 * (t.float_data.len() + t.int32_data.len() + t.int64_data.len())
+    let total_len = t.raw_data.len() + 8 * (t.float_data.len() + t.int32_data.len() + t.int64_data.len())
         + 8 * (t.double_data.len() + t.uint64_data.len());
     if count > total_len as u64 && count > 0 {
-        return Err(bad(format!(
-            "{count} elements declared but only {total_len} bytes of data"
-        )));
+        return Err(bad(format!("{count} elements declared but only {total_len} bytes of data")));
     }
     let n = count as usize;
     let raw = !t.raw_data.is_empty();
@@ -248,70 +234,31 @@ pub fn tensor_const(t: &TensorProto, what: &str) -> Result<Const> {
     };
     let from_raw = |width: usize| -> Result<Vec<&[u8]>> {
         if t.raw_data.len() != n * width {
-            return Err(bad(format!(
-                "raw data is {} bytes, {n} elements need {}",
-                t.raw_data.len(),
-                n * width
-            )));
+            return Err(bad(format!("raw data is {} bytes, {n} elements need {}", t.raw_data.len(), n * width)));
         }
         Ok(t.raw_data.chunks_exact(width).collect())
     };
     use elem::*;
     let data = match t.data_type {
-        FLOAT if raw => Data::F(
-            from_raw(4)?
-                .iter()
-                .map(|c| f32::from_le_bytes(c[..4].try_into().unwrap_or([0; 4])))
-                .collect(),
-        ),
+        FLOAT if raw => Data::F(from_raw(4)?.iter().map(|c| f32::from_le_bytes(c[..4].try_into().unwrap_or([0; 4]))).collect()),
         FLOAT => {
             check_len(t.float_data.len())?;
             Data::F(t.float_data.clone())
         }
-        DOUBLE if raw => Data::F(
-            from_raw(8)?
-                .iter()
-                .map(|c| f64::from_le_bytes(c[..8].try_into().unwrap_or([0; 8])) as f32)
-                .collect(),
-        ),
+        DOUBLE if raw => Data::F(from_raw(8)?.iter().map(|c| f64::from_le_bytes(c[..8].try_into().unwrap_or([0; 8])) as f32).collect()),
         DOUBLE => {
             check_len(t.double_data.len())?;
             Data::F(t.double_data.iter().map(|&v| v as f32).collect())
         }
-        INT64 if raw => Data::I(
-            from_raw(8)?
-                .iter()
-                .map(|c| i64::from_le_bytes(c[..8].try_into().unwrap_or([0; 8])))
-                .collect(),
-        ),
+        INT64 if raw => Data::I(from_raw(8)?.iter().map(|c| i64::from_le_bytes(c[..8].try_into().unwrap_or([0; 8]))).collect()),
         INT64 => {
             check_len(t.int64_data.len())?;
             Data::I(t.int64_data.clone())
         }
-        INT32 if raw => Data::I(
-            from_raw(4)?
-                .iter()
-                .map(|c| i32::from_le_bytes(c[..4].try_into().unwrap_or([0; 4])) as i64)
-                .collect(),
-        ),
-        UINT32 if raw => Data::I(
-            from_raw(4)?
-                .iter()
-                .map(|c| u32::from_le_bytes(c[..4].try_into().unwrap_or([0; 4])) as i64)
-                .collect(),
-        ),
-        INT16 if raw => Data::I(
-            from_raw(2)?
-                .iter()
-                .map(|c| i16::from_le_bytes([c[0], c[1]]) as i64)
-                .collect(),
-        ),
-        UINT16 if raw => Data::I(
-            from_raw(2)?
-                .iter()
-                .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64)
-                .collect(),
-        ),
+        INT32 if raw => Data::I(from_raw(4)?.iter().map(|c| i32::from_le_bytes(c[..4].try_into().unwrap_or([0; 4])) as i64).collect()),
+        UINT32 if raw => Data::I(from_raw(4)?.iter().map(|c| u32::from_le_bytes(c[..4].try_into().unwrap_or([0; 4])) as i64).collect()),
+        INT16 if raw => Data::I(from_raw(2)?.iter().map(|c| i16::from_le_bytes([c[0], c[1]]) as i64).collect()),
+        UINT16 if raw => Data::I(from_raw(2)?.iter().map(|c| u16::from_le_bytes([c[0], c[1]]) as i64).collect()),
         INT8 if raw => Data::I(from_raw(1)?.iter().map(|c| c[0] as i8 as i64).collect()),
         UINT8 | BOOL if raw => Data::I(from_raw(1)?.iter().map(|c| c[0] as i64).collect()),
         INT32 | INT16 | UINT16 | INT8 | UINT8 | BOOL => {
@@ -322,12 +269,7 @@ pub fn tensor_const(t: &TensorProto, what: &str) -> Result<Const> {
             check_len(t.uint64_data.len())?;
             Data::I(t.uint64_data.iter().map(|&v| v as i64).collect())
         }
-        other => {
-            return Err(bad(format!(
-                "element type {} is not supported",
-                elem::name(other)
-            )))
-        }
+        other => return Err(bad(format!("element type {} is not supported", elem::name(other)))),
     };
     Ok(Const { shape, data })
 }
@@ -338,50 +280,19 @@ mod tests {
 
     #[test]
     fn decodes_raw_and_typed_tensors() {
-        let t = TensorProto {
-            dims: vec![2],
-            data_type: elem::FLOAT,
-            raw_data: [1f32, -2.5].iter().flat_map(|v| v.to_le_bytes()).collect(),
-            ..Default::default()
-        };
-        assert_eq!(
-            tensor_const(&t, "t").unwrap().data,
-            Data::F(vec![1.0, -2.5])
-        );
-        let t = TensorProto {
-            dims: vec![3],
-            data_type: elem::INT64,
-            int64_data: vec![1, -1, 7],
-            ..Default::default()
-        };
+        let t = TensorProto { dims: vec![2], data_type: elem::FLOAT, raw_data: [1f32, -2.5].iter().flat_map(|v| v.to_le_bytes()).collect(), ..Default::default() };
+        assert_eq!(tensor_const(&t, "t").unwrap().data, Data::F(vec![1.0, -2.5]));
+        let t = TensorProto { dims: vec![3], data_type: elem::INT64, int64_data: vec![1, -1, 7], ..Default::default() };
         assert_eq!(tensor_const(&t, "t").unwrap().data, Data::I(vec![1, -1, 7]));
         // A huge claimed size with no data is refused before allocating.
-        let t = TensorProto {
-            dims: vec![1 << 40],
-            data_type: elem::FLOAT,
-            ..Default::default()
-        };
-        assert!(matches!(
-            tensor_const(&t, "t"),
-            Err(CompileError::BadTensor { .. })
-        ));
-        let t = TensorProto {
-            dims: vec![2],
-            data_type: elem::FLOAT,
-            raw_data: vec![0; 7],
-            ..Default::default()
-        };
-        assert!(tensor_const(&t, "t")
-            .unwrap_err()
-            .to_string()
-            .contains("raw data is 7 bytes"));
+        let t = TensorProto { dims: vec![1 << 40], data_type: elem::FLOAT, ..Default::default() };
+        assert!(matches!(tensor_const(&t, "t"), Err(CompileError::BadTensor { .. })));
+        let t = TensorProto { dims: vec![2], data_type: elem::FLOAT, raw_data: vec![0; 7], ..Default::default() };
+        assert!(tensor_const(&t, "t").unwrap_err().to_string().contains("raw data is 7 bytes"));
     }
 
     #[test]
     fn garbage_is_a_decode_error() {
-        assert!(matches!(
-            decode(&[0xff, 0xff, 0xff]),
-            Err(CompileError::Decode(_))
-        ));
+        assert!(matches!(decode(&[0xff, 0xff, 0xff]), Err(CompileError::Decode(_))));
     }
 }

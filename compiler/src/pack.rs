@@ -29,24 +29,10 @@ pub fn run(g: &mut Graph) -> Vec<Layout> {
     // (B, k, n, trans_b, matrices, stride) -> packed value.
     let mut done: HashMap<(ValueId, u64, u64, bool, u64, u64), ValueId> = HashMap::new();
     for i in 0..g.ops.len() {
-        let Kind::Gemm {
-            b,
-            n,
-            k,
-            batch,
-            strides,
-            trans_b,
-            b_packed: false,
-            ..
-        } = g.ops[i].kind
-        else {
+        let Kind::Gemm { b, n, k, batch, strides, trans_b, b_packed: false, .. } = g.ops[i].kind else {
             continue;
         };
-        let Some(Const {
-            data: Data::F(data),
-            ..
-        }) = g.konst(b)
-        else {
+        let Some(Const { data: Data::F(data), .. }) = g.konst(b) else {
             continue;
         };
         let Some(plen) = gemm_packed_b_len(k, n) else {
@@ -57,26 +43,13 @@ pub fn run(g: &mut Graph) -> Vec<Layout> {
             continue;
         }
         // One matrix, or one per batch index at B's batch stride.
-        let (mats, stride) = if batch > 1 && strides[1] != 0 {
-            (batch, strides[1])
-        } else {
-            (1, 0)
-        };
+        let (mats, stride) = if batch > 1 && strides[1] != 0 { (batch, strides[1]) } else { (1, 0) };
         let key = (b, k, n, trans_b, mats, stride);
         let packed = match done.get(&key) {
             Some(&v) => v,
             None => {
-                let (k, n, plen, mats, stride) = (
-                    k as usize,
-                    n as usize,
-                    plen as usize,
-                    mats as usize,
-                    stride as usize,
-                );
-                let fits = (mats - 1)
-                    .checked_mul(stride)
-                    .and_then(|o| o.checked_add(k * n))
-                    .is_some_and(|end| end <= data.len());
+                let (k, n, plen, mats, stride) = (k as usize, n as usize, plen as usize, mats as usize, stride as usize);
+                let fits = (mats - 1).checked_mul(stride).and_then(|o| o.checked_add(k * n)).is_some_and(|end| end <= data.len());
                 if !fits {
                     continue;
                 }
@@ -85,23 +58,12 @@ pub fn run(g: &mut Graph) -> Vec<Layout> {
                     pack_gemm_b(&data[m * stride..][..k * n], k, n, trans_b, dst);
                 }
                 let name = format!("{}.panels", g.values[b].name);
-                let v = g.add_value(
-                    &name,
-                    vec![out.len() as u64],
-                    Some(Const::f32(&[out.len() as u64], out)),
-                );
+                let v = g.add_value(&name, vec![out.len() as u64], Some(Const::f32(&[out.len() as u64], out)));
                 done.insert(key, v);
                 v
             }
         };
-        if let Kind::Gemm {
-            b,
-            strides,
-            trans_b,
-            b_packed,
-            ..
-        } = &mut g.ops[i].kind
-        {
+        if let Kind::Gemm { b, strides, trans_b, b_packed, .. } = &mut g.ops[i].kind {
             *b = packed;
             *b_packed = true;
             *trans_b = false;
@@ -113,11 +75,7 @@ pub fn run(g: &mut Graph) -> Vec<Layout> {
             op: g.ops[i].name.clone(),
             note: format!(
                 "B packed: {k}x{n} weights in {GEMM_PANEL}-column panels{}",
-                if mats > 1 {
-                    format!(", {mats} matrices")
-                } else {
-                    String::new()
-                }
+                if mats > 1 { format!(", {mats} matrices") } else { String::new() }
             ),
         });
     }

@@ -28,9 +28,7 @@ pub const MAX_FOLD_ELEMS: u64 = 1 << 26;
 pub fn fold_limit(shape: &[u64]) -> R<()> {
     let n = volume(shape);
     if n > MAX_FOLD_ELEMS {
-        return Err(format!(
-            "a {n}-element constant result is too large to fold (limit {MAX_FOLD_ELEMS})"
-        ));
+        return Err(format!("a {n}-element constant result is too large to fold (limit {MAX_FOLD_ELEMS})"));
     }
     Ok(())
 }
@@ -49,11 +47,7 @@ pub fn axis(a: i64, rank: usize, inclusive: bool) -> R<usize> {
 /// Numpy broadcast of two shapes.
 pub fn broadcast(a: &[u64], b: &[u64]) -> R<Vec<u64>> {
     let r = a.len().max(b.len());
-    let pad = |s: &[u64]| -> Vec<u64> {
-        std::iter::repeat_n(1, r - s.len())
-            .chain(s.iter().copied())
-            .collect()
-    };
+    let pad = |s: &[u64]| -> Vec<u64> { std::iter::repeat_n(1, r - s.len()).chain(s.iter().copied()).collect() };
     let (pa, pb) = (pad(a), pad(b));
     pa.iter()
         .zip(&pb)
@@ -68,9 +62,7 @@ pub fn broadcast(a: &[u64], b: &[u64]) -> R<Vec<u64>> {
 
 /// `shape` padded with leading 1s to `rank`.
 pub fn pad_rank(shape: &[u64], rank: usize) -> Vec<u64> {
-    std::iter::repeat_n(1, rank.saturating_sub(shape.len()))
-        .chain(shape.iter().copied())
-        .collect()
+    std::iter::repeat_n(1, rank.saturating_sub(shape.len())).chain(shape.iter().copied()).collect()
 }
 
 /// ONNX Reshape target: 0 copies the input dim (unless `allowzero`), one
@@ -85,11 +77,7 @@ pub fn reshape(input: &[u64], spec: &[i64], allowzero: bool) -> R<Vec<u64>> {
                 out.push(1);
             }
             -1 => return Err("shape has more than one -1".into()),
-            0 if !allowzero => {
-                out.push(*input.get(i).ok_or_else(|| {
-                    format!("shape {spec:?}: 0 at axis {i} beyond the input's rank")
-                })?)
-            }
+            0 if !allowzero => out.push(*input.get(i).ok_or_else(|| format!("shape {spec:?}: 0 at axis {i} beyond the input's rank"))?),
             d if d < 0 => return Err(format!("shape {spec:?} has a negative dimension")),
             d => out.push(d as u64),
         }
@@ -103,9 +91,7 @@ pub fn reshape(input: &[u64], spec: &[i64], allowzero: bool) -> R<Vec<u64>> {
         out[i] = n / rest;
     }
     if volume(&out) != n {
-        return Err(format!(
-            "cannot reshape {input:?} ({n} elements) to {out:?}"
-        ));
+        return Err(format!("cannot reshape {input:?} ({n} elements) to {out:?}"));
     }
     Ok(out)
 }
@@ -122,13 +108,7 @@ pub struct SliceBox {
     pub reversed: Vec<bool>,
 }
 
-pub fn slice(
-    input: &[u64],
-    starts: &[i64],
-    ends: &[i64],
-    axes: Option<&[i64]>,
-    steps: Option<&[i64]>,
-) -> R<SliceBox> {
+pub fn slice(input: &[u64], starts: &[i64], ends: &[i64], axes: Option<&[i64]>, steps: Option<&[i64]>) -> R<SliceBox> {
     let rank = input.len();
     if starts.len() != ends.len() {
         return Err(format!("{} starts but {} ends", starts.len(), ends.len()));
@@ -147,30 +127,19 @@ pub fn slice(
             return Err(format!("axis {a} is repeated or out of range"));
         }
         seen[a] = true;
-        let st = steps.map_or(Ok(1), |s| {
-            s.get(i).copied().ok_or("fewer steps than starts")
-        })?;
+        let st = steps.map_or(Ok(1), |s| s.get(i).copied().ok_or("fewer steps than starts"))?;
         if st == 0 {
             return Err(format!("step 0 on axis {a}"));
         }
         let d = input[a] as i64;
         if st < 0 {
             // Counting down: starts clamp to [0, d-1], ends to [-1, d-1].
-            let clamp =
-                |v: i64| -> i64 { (if v < 0 { v.saturating_add(d) } else { v }).clamp(-1, d - 1) };
+            let clamp = |v: i64| -> i64 { (if v < 0 { v.saturating_add(d) } else { v }).clamp(-1, d - 1) };
             let (s, e) = (clamp(starts[i]).max(0), clamp(ends[i]));
             let mag = st.unsigned_abs() as i64;
-            let len = if s > e && d > 0 {
-                (s - e + mag - 1) / mag
-            } else {
-                0
-            };
+            let len = if s > e && d > 0 { (s - e + mag - 1) / mag } else { 0 };
             out[a] = len as u64;
-            start[a] = if len > 0 {
-                (s - (len - 1) * mag) as u64
-            } else {
-                0
-            };
+            start[a] = if len > 0 { (s - (len - 1) * mag) as u64 } else { 0 };
             step[a] = mag as u64;
             reversed[a] = true;
             continue;
@@ -185,12 +154,7 @@ pub fn slice(
         start[a] = s as u64;
         step[a] = st as u64;
     }
-    Ok(SliceBox {
-        out,
-        start,
-        step,
-        reversed,
-    })
+    Ok(SliceBox { out, start, step, reversed })
 }
 
 /// Flat source indices of the elements of a strided box, in row-major
@@ -216,10 +180,7 @@ pub fn box_indices(sizes: &[u64], strides: &[u64], offset: u64) -> Vec<usize> {
 pub fn broadcast_strides(shape: &[u64], out: &[u64]) -> Vec<u64> {
     let p = pad_rank(shape, out.len());
     let s = strides(&p);
-    p.iter()
-        .zip(s)
-        .map(|(&d, s)| if d == 1 { 0 } else { s })
-        .collect()
+    p.iter().zip(s).map(|(&d, s)| if d == 1 { 0 } else { s }).collect()
 }
 
 #[cfg(test)]
@@ -230,18 +191,12 @@ mod tests {
     fn shape_rules() {
         assert_eq!(broadcast(&[2, 1, 4], &[3, 1]).unwrap(), vec![2, 3, 4]);
         assert!(broadcast(&[2, 3], &[4]).is_err());
-        assert_eq!(
-            reshape(&[2, 16, 2, 16], &[2, 16, -1], false).unwrap(),
-            vec![2, 16, 32]
-        );
+        assert_eq!(reshape(&[2, 16, 2, 16], &[2, 16, -1], false).unwrap(), vec![2, 16, 32]);
         assert_eq!(reshape(&[2, 3, 4], &[0, -1], false).unwrap(), vec![2, 12]);
         assert!(reshape(&[2, 3], &[-1, -1], false).is_err());
         assert!(reshape(&[2, 3], &[4, 2], false).is_err());
         let b = slice(&[4, 9], &[1], &[8], Some(&[1]), Some(&[2])).unwrap();
-        assert_eq!(
-            (b.out, b.start, b.step),
-            (vec![4, 4], vec![0, 1], vec![1, 2])
-        );
+        assert_eq!((b.out, b.start, b.step), (vec![4, 4], vec![0, 1], vec![1, 2]));
         let b = slice(&[10], &[-3], &[i64::MAX], None, None).unwrap();
         assert_eq!((b.out, b.start), (vec![3], vec![7]));
         assert_eq!(axis(-1, 3, false).unwrap(), 2);

@@ -9,23 +9,11 @@ use rbln_compile::{compile, parse_input_shape, CompileError, Options};
 use rbln_format::{Model, NodeKind, Placement};
 
 fn tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: dims.to_vec(),
-        data_type: elem::FLOAT,
-        float_data: v.to_vec(),
-        ..Default::default()
-    }
+    TensorProto { name: name.into(), dims: dims.to_vec(), data_type: elem::FLOAT, float_data: v.to_vec(), ..Default::default() }
 }
 
 fn ints(name: &str, v: &[i64]) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: vec![v.len() as i64],
-        data_type: elem::INT64,
-        int64_data: v.to_vec(),
-        ..Default::default()
-    }
+    TensorProto { name: name.into(), dims: vec![v.len() as i64], data_type: elem::INT64, int64_data: v.to_vec(), ..Default::default() }
 }
 
 fn vinfo(name: &str, dims: &[i64]) -> ValueInfoProto {
@@ -33,36 +21,19 @@ fn vinfo(name: &str, dims: &[i64]) -> ValueInfoProto {
         .iter()
         .map(|&d| {
             if d < 0 {
-                Dimension {
-                    dim_param: Some("batch".into()),
-                    dim_value: None,
-                }
+                Dimension { dim_param: Some("batch".into()), dim_value: None }
             } else {
-                Dimension {
-                    dim_value: Some(d),
-                    dim_param: None,
-                }
+                Dimension { dim_value: Some(d), dim_param: None }
             }
         })
         .collect();
     ValueInfoProto {
         name: name.into(),
-        r#type: Some(TypeProto {
-            tensor_type: Some(TypeProtoTensor {
-                elem_type: elem::FLOAT,
-                shape: Some(TensorShapeProto { dim }),
-            }),
-        }),
+        r#type: Some(TypeProto { tensor_type: Some(TypeProtoTensor { elem_type: elem::FLOAT, shape: Some(TensorShapeProto { dim }) }) }),
     }
 }
 
-fn node(
-    op: &str,
-    name: &str,
-    ins: &[&str],
-    outs: &[&str],
-    attrs: Vec<AttributeProto>,
-) -> NodeProto {
+fn node(op: &str, name: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
     NodeProto {
         op_type: op.into(),
         name: name.into(),
@@ -74,62 +45,30 @@ fn node(
 }
 
 fn attr_i(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        i: v,
-        r#type: 2,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), i: v, r#type: 2, ..Default::default() }
 }
 
 fn attr_f(name: &str, v: f32) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        f: v,
-        r#type: 1,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), f: v, r#type: 1, ..Default::default() }
 }
 
 fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        ints: v.to_vec(),
-        r#type: 7,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), ints: v.to_vec(), r#type: 7, ..Default::default() }
 }
 
-fn model(
-    nodes: Vec<NodeProto>,
-    inits: Vec<TensorProto>,
-    ins: Vec<ValueInfoProto>,
-    outs: Vec<ValueInfoProto>,
-) -> Vec<u8> {
+fn model(nodes: Vec<NodeProto>, inits: Vec<TensorProto>, ins: Vec<ValueInfoProto>, outs: Vec<ValueInfoProto>) -> Vec<u8> {
     ModelProto {
         ir_version: 8,
         producer_name: "rbln-compile tests".into(),
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(GraphProto {
-            node: nodes,
-            initializer: inits,
-            input: ins,
-            output: outs,
-            name: "g".into(),
-            ..Default::default()
-        }),
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+        graph: Some(GraphProto { node: nodes, initializer: inits, input: ins, output: outs, name: "g".into(), ..Default::default() }),
         ..Default::default()
     }
     .encode_to_vec()
 }
 
 fn ramp(n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i * 7 % 13) as f32 - 6.0) * scale)
-        .collect()
+    (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) * scale).collect()
 }
 
 fn compiled(bytes: &[u8]) -> rbln_compile::Compiled {
@@ -137,12 +76,7 @@ fn compiled(bytes: &[u8]) -> rbln_compile::Compiled {
 }
 
 fn compute_ops(m: &Model) -> Vec<String> {
-    m.graph
-        .nodes
-        .iter()
-        .filter(|n| n.kind == NodeKind::Compute)
-        .map(|n| n.op.clone())
-        .collect()
+    m.graph.nodes.iter().filter(|n| n.kind == NodeKind::Compute).map(|n| n.op.clone()).collect()
 }
 
 fn unsupported(bytes: &[u8], opts: &Options) -> (String, String, String) {
@@ -161,10 +95,7 @@ fn mlp() -> Vec<u8> {
             node("Add", "fc.bias", &["h", "b"], &["hb"], vec![]),
             node("Relu", "act", &["hb"], &["y"], vec![]),
         ],
-        vec![
-            tensor("W", &[8, 4], &ramp(32, 0.1)),
-            tensor("b", &[4], &[0.1, 0.2, 0.3, 0.4]),
-        ],
+        vec![tensor("W", &[8, 4], &ramp(32, 0.1)), tensor("b", &[4], &[0.1, 0.2, 0.3, 0.4])],
         vec![vinfo("x", &[2, 8])],
         vec![vinfo("y", &[2, 4])],
     )
@@ -192,31 +123,14 @@ fn shape_chains_fold_to_a_static_reshape() {
     let bytes = model(
         vec![
             node("Shape", "s", &["x"], &["s"], vec![]),
-            node(
-                "Gather",
-                "g",
-                &["s", "zero"],
-                &["b"],
-                vec![attr_i("axis", 0)],
-            ),
+            node("Gather", "g", &["s", "zero"], &["b"], vec![attr_i("axis", 0)]),
             node("Unsqueeze", "u", &["b", "axes0"], &["b1"], vec![]),
-            node(
-                "Concat",
-                "c",
-                &["b1", "minus1"],
-                &["shape"],
-                vec![attr_i("axis", 0)],
-            ),
+            node("Concat", "c", &["b1", "minus1"], &["shape"], vec![attr_i("axis", 0)]),
             node("Reshape", "r", &["x", "shape"], &["flat"], vec![]),
             node("Sigmoid", "sig", &["flat"], &["y"], vec![]),
         ],
         vec![
-            TensorProto {
-                name: "zero".into(),
-                data_type: elem::INT64,
-                int64_data: vec![0],
-                ..Default::default()
-            },
+            TensorProto { name: "zero".into(), data_type: elem::INT64, int64_data: vec![0], ..Default::default() },
             ints("axes0", &[0]),
             ints("minus1", &[-1]),
         ],
@@ -234,20 +148,8 @@ fn conv_bn() -> Vec<u8> {
     let (co, ci) = (4usize, 2usize);
     model(
         vec![
-            node(
-                "Conv",
-                "conv",
-                &["x", "W"],
-                &["c"],
-                vec![attr_ints("pads", &[1, 1, 1, 1])],
-            ),
-            node(
-                "BatchNormalization",
-                "bn",
-                &["c", "g", "be", "mu", "var"],
-                &["n"],
-                vec![attr_f("epsilon", 1e-5)],
-            ),
+            node("Conv", "conv", &["x", "W"], &["c"], vec![attr_ints("pads", &[1, 1, 1, 1])]),
+            node("BatchNormalization", "bn", &["c", "g", "be", "mu", "var"], &["n"], vec![attr_f("epsilon", 1e-5)]),
             node("Relu", "relu", &["n"], &["y"], vec![]),
         ],
         vec![
@@ -269,24 +171,13 @@ fn batchnorm_folds_into_conv_and_relu_fuses() {
     let c = compiled(&bytes);
     assert_eq!(compute_ops(&c.model), ["Conv+BatchNormalization+Relu"]);
     // Folded weights: conv weight * gamma / sqrt(var + eps), per channel.
-    let w = c
-        .model
-        .graph
-        .tensors
-        .iter()
-        .find(|t| t.name == "conv.W.folded")
-        .expect("folded weights");
-    let Placement::Weight { offset, size } = w.placement else {
-        panic!("not a weight")
-    };
+    let w = c.model.graph.tensors.iter().find(|t| t.name == "conv.W.folded").expect("folded weights");
+    let Placement::Weight { offset, size } = w.placement else { panic!("not a weight") };
     assert_eq!(size, (co * ci * 9 * 4) as u64);
     let data = &c.model.weights[offset as usize..(offset + size) as usize];
     let first_of_ch1 = f32::from_le_bytes(data[ci * 9 * 4..ci * 9 * 4 + 4].try_into().unwrap());
     let want = ramp(co * ci * 9, 0.1)[ci * 9] * 0.5 / (2.0f32 + 1e-5).sqrt();
-    assert!(
-        (first_of_ch1 - want).abs() < 1e-6,
-        "{first_of_ch1} vs {want}"
-    );
+    assert!((first_of_ch1 - want).abs() < 1e-6, "{first_of_ch1} vs {want}");
 }
 
 /// x[2,3,8] -> layer norm (decomposed) -> GELU (erf form) -> y
@@ -295,22 +186,10 @@ fn ln_gelu() -> Vec<u8> {
     model(
         vec![
             // Layer norm, decomposed.
-            node(
-                "ReduceMean",
-                "ln.mean",
-                &["x"],
-                &["mu"],
-                vec![attr_ints("axes", &[-1])],
-            ),
+            node("ReduceMean", "ln.mean", &["x"], &["mu"], vec![attr_ints("axes", &[-1])]),
             node("Sub", "ln.sub", &["x", "mu"], &["xc"], vec![]),
             node("Pow", "ln.pow", &["xc", "two"], &["sq"], vec![]),
-            node(
-                "ReduceMean",
-                "ln.var",
-                &["sq"],
-                &["var"],
-                vec![attr_ints("axes", &[-1])],
-            ),
+            node("ReduceMean", "ln.var", &["sq"], &["var"], vec![attr_ints("axes", &[-1])]),
             node("Add", "ln.eps", &["var", "eps"], &["ve"], vec![]),
             node("Sqrt", "ln.sqrt", &["ve"], &["sd"], vec![]),
             node("Div", "ln.div", &["xc", "sd"], &["nx"], vec![]),
@@ -341,10 +220,7 @@ fn ln_gelu() -> Vec<u8> {
 fn erf_gelu_and_decomposed_layernorm_are_recognised() {
     let bytes = ln_gelu();
     let c = compiled(&bytes);
-    assert_eq!(
-        compute_ops(&c.model),
-        ["LayerNorm(decomposed)", "Gelu(erf)"]
-    );
+    assert_eq!(compute_ops(&c.model), ["LayerNorm(decomposed)", "Gelu(erf)"]);
     assert_eq!((c.report.fused.layer_norm, c.report.fused.gelu), (1, 1));
 }
 
@@ -393,15 +269,8 @@ fn conv1d_gelu_tanh(cube_by_pow: bool) -> Vec<u8> {
 fn tanh_gelu_is_recognised_and_fuses_into_the_gemm_through_a_reshape() {
     for by_pow in [true, false] {
         let c = compiled(&conv1d_gelu_tanh(by_pow));
-        assert_eq!(
-            compute_ops(&c.model),
-            ["Gemm+Gelu(tanh)"],
-            "cube by Pow: {by_pow}"
-        );
-        assert_eq!(
-            (c.report.fused.gelu_tanh, c.report.fused.activation),
-            (1, 1)
-        );
+        assert_eq!(compute_ops(&c.model), ["Gemm+Gelu(tanh)"], "cube by Pow: {by_pow}");
+        assert_eq!((c.report.fused.gelu_tanh, c.report.fused.activation), (1, 1));
         assert_eq!(c.model.meta.outputs[0].shape, [2, 3, 8]);
     }
 }
@@ -414,47 +283,20 @@ fn memory_plan_reuses_arena_bytes() {
     let names = ["x", "a", "b", "c", "d", "e", "y"];
     for i in 0..6 {
         let op = if i % 2 == 0 { "Sigmoid" } else { "Tanh" };
-        nodes.push(node(
-            op,
-            &format!("n{i}"),
-            &[names[i]],
-            &[names[i + 1]],
-            vec![],
-        ));
+        nodes.push(node(op, &format!("n{i}"), &[names[i]], &[names[i + 1]], vec![]));
     }
-    let c = compiled(&model(
-        nodes,
-        vec![],
-        vec![vinfo("x", &[n])],
-        vec![vinfo("y", &[n])],
-    ));
+    let c = compiled(&model(nodes, vec![], vec![vinfo("x", &[n])], vec![vinfo("y", &[n])]));
     let m = &c.report.memory;
     assert_eq!(m.naive_bytes, 7 * n as u64 * 4);
-    assert!(
-        m.planned_bytes <= 3 * n as u64 * 4,
-        "planned {} bytes",
-        m.planned_bytes
-    );
+    assert!(m.planned_bytes <= 3 * n as u64 * 4, "planned {} bytes", m.planned_bytes);
     // The reader's liveness check accepted the plan (compile validates).
-    assert_eq!(
-        c.model
-            .meta
-            .properties
-            .iter()
-            .find(|p| p.key == "memory.activations_planned_bytes")
-            .unwrap()
-            .value,
-        m.planned_bytes.to_string()
-    );
+    assert_eq!(c.model.meta.properties.iter().find(|p| p.key == "memory.activations_planned_bytes").unwrap().value, m.planned_bytes.to_string());
 }
 
 #[test]
 fn unsupported_op_names_node_op_and_reason() {
     let bytes = model(
-        vec![
-            node("Relu", "relu0", &["x"], &["r"], vec![]),
-            node("TopK", "topk1", &["r", "k"], &["y", "i"], vec![]),
-        ],
+        vec![node("Relu", "relu0", &["x"], &["r"], vec![]), node("TopK", "topk1", &["r", "k"], &["y", "i"], vec![])],
         vec![ints("k", &[3])],
         vec![vinfo("x", &[1, 8])],
         vec![vinfo("y", &[1, 3])],
@@ -462,14 +304,8 @@ fn unsupported_op_names_node_op_and_reason() {
     let (who, op, reason) = unsupported(&bytes, &Options::default());
     assert_eq!((who.as_str(), op.as_str()), ("topk1", "TopK"));
     assert!(reason.contains("not supported"), "{reason}");
-    let msg = compile(&bytes, "t", &Options::default())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        msg.starts_with("node 'topk1' (TopK): op type 'TopK' is not supported"),
-        "{msg}"
-    );
+    let msg = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(msg.starts_with("node 'topk1' (TopK): op type 'TopK' is not supported"), "{msg}");
 }
 
 #[test]
@@ -481,33 +317,16 @@ fn dynamic_shapes_need_input_shape() {
         vec![vinfo("y", &[-1, 8])],
     );
     let e = compile(&bytes, "t", &Options::default()).err().unwrap();
-    assert!(
-        matches!(e, CompileError::DynamicShape { ref input, axis: 0, .. } if input == "x"),
-        "{e}"
-    );
+    assert!(matches!(e, CompileError::DynamicShape { ref input, axis: 0, .. } if input == "x"), "{e}");
     assert!(e.to_string().contains("--input-shape x="), "{e}");
-    let opts = Options {
-        input_shapes: vec![parse_input_shape("x=5x8").unwrap()],
-    };
+    let opts = Options { input_shapes: vec![parse_input_shape("x=5x8").unwrap()] };
     let c = compile(&bytes, "t", &opts).unwrap();
     assert_eq!(c.model.meta.inputs[0].shape, [5, 8]);
     // A fixed dim cannot be overridden; unknown names and bad syntax are errors.
-    let bad = Options {
-        input_shapes: vec![parse_input_shape("x=5x9").unwrap()],
-    };
-    assert!(compile(&bytes, "t", &bad)
-        .err()
-        .unwrap()
-        .to_string()
-        .contains("axis 1 is fixed to 8"));
-    let bad = Options {
-        input_shapes: vec![parse_input_shape("z=5x8").unwrap()],
-    };
-    assert!(compile(&bytes, "t", &bad)
-        .err()
-        .unwrap()
-        .to_string()
-        .contains("'z' is not an input"));
+    let bad = Options { input_shapes: vec![parse_input_shape("x=5x9").unwrap()] };
+    assert!(compile(&bytes, "t", &bad).err().unwrap().to_string().contains("axis 1 is fixed to 8"));
+    let bad = Options { input_shapes: vec![parse_input_shape("z=5x8").unwrap()] };
+    assert!(compile(&bytes, "t", &bad).err().unwrap().to_string().contains("'z' is not an input"));
     assert!(parse_input_shape("x=5xq").is_err());
     assert!(parse_input_shape("5x8").is_err());
 }
@@ -515,24 +334,13 @@ fn dynamic_shapes_need_input_shape() {
 #[test]
 fn bad_models_get_precise_errors() {
     // Not protobuf at all.
-    assert!(matches!(
-        compile(b"\xff\xff\xff\xff", "t", &Options::default()),
-        Err(CompileError::Decode(_))
-    ));
+    assert!(matches!(compile(b"\xff\xff\xff\xff", "t", &Options::default()), Err(CompileError::Decode(_))));
     // Truncated file.
     let good = mlp();
     assert!(compile(&good[..good.len() / 2], "t", &Options::default()).is_err());
     // A node reading a name nobody defines.
-    let bytes = model(
-        vec![node("Relu", "r", &["nope"], &["y"], vec![])],
-        vec![],
-        vec![vinfo("x", &[2])],
-        vec![vinfo("y", &[2])],
-    );
-    let e = compile(&bytes, "t", &Options::default())
-        .err()
-        .unwrap()
-        .to_string();
+    let bytes = model(vec![node("Relu", "r", &["nope"], &["y"], vec![])], vec![], vec![vinfo("x", &[2])], vec![vinfo("y", &[2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
     assert!(e.contains("reads 'nope', which no earlier node"), "{e}");
     // Shapes that do not multiply.
     let bytes = model(
@@ -551,127 +359,52 @@ fn bad_models_get_precise_errors() {
         vec![vinfo("x", &[2, 8])],
         vec![vinfo("y", &[2, 4])],
     );
-    let e = compile(&bytes, "t", &Options::default())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("tensor 'W'") && e.contains("32 elements declared, 20 stored"),
-        "{e}"
-    );
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("tensor 'W'") && e.contains("32 elements declared, 20 stored"), "{e}");
     // Declared output shape that disagrees with inference.
-    let bytes = model(
-        vec![node("Relu", "r", &["x"], &["y"], vec![])],
-        vec![],
-        vec![vinfo("x", &[2, 3])],
-        vec![vinfo("y", &[3, 2])],
-    );
-    let e = compile(&bytes, "t", &Options::default())
-        .err()
-        .unwrap()
-        .to_string();
+    let bytes = model(vec![node("Relu", "r", &["x"], &["y"], vec![])], vec![], vec![vinfo("x", &[2, 3])], vec![vinfo("y", &[3, 2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
     assert!(e.contains("shape inference gives [2, 3]"), "{e}");
     // Inputs of types the NPU does not take are refused with the reason.
     let mut m = ModelProto::decode(mlp().as_slice()).unwrap();
-    m.graph.as_mut().unwrap().input[0]
-        .r#type
-        .as_mut()
-        .unwrap()
-        .tensor_type
-        .as_mut()
-        .unwrap()
-        .elem_type = elem::UINT16;
-    let e = compile(&m.encode_to_vec(), "t", &Options::default())
-        .err()
-        .unwrap()
-        .to_string();
+    m.graph.as_mut().unwrap().input[0].r#type.as_mut().unwrap().tensor_type.as_mut().unwrap().elem_type = elem::UINT16;
+    let e = compile(&m.encode_to_vec(), "t", &Options::default()).err().unwrap().to_string();
     assert!(e.contains("input 'x' is uint16"), "{e}");
     // A run-time cast to a type that does not exist at run time.
     let bytes = model(
-        vec![node(
-            "Cast",
-            "to_f64",
-            &["x"],
-            &["y"],
-            vec![attr_i("to", elem::DOUBLE as i64)],
-        )],
+        vec![node("Cast", "to_f64", &["x"], &["y"], vec![attr_i("to", elem::DOUBLE as i64)])],
         vec![],
         vec![vinfo("x", &[2])],
         vec![vinfo("y", &[2])],
     );
     let (who, _, reason) = unsupported(&bytes, &Options::default());
     assert_eq!(who, "to_f64");
-    assert!(
-        reason.contains("casts a run-time tensor to double"),
-        "{reason}"
-    );
+    assert!(reason.contains("casts a run-time tensor to double"), "{reason}");
     // A run-time cast to int64 whose result the model declares float.
     let bytes = model(
-        vec![node(
-            "Cast",
-            "to_int",
-            &["x"],
-            &["y"],
-            vec![attr_i("to", elem::INT64 as i64)],
-        )],
+        vec![node("Cast", "to_int", &["x"], &["y"], vec![attr_i("to", elem::INT64 as i64)])],
         vec![],
         vec![vinfo("x", &[2])],
         vec![vinfo("y", &[2])],
     );
-    let e = compile(&bytes, "t", &Options::default())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("output 'y' is float in the model but computed as i64"),
-        "{e}"
-    );
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("output 'y' is float in the model but computed as i64"), "{e}");
     // Reading an output the compiler does not produce (MaxPool's indices).
     let bytes = model(
         vec![
-            node(
-                "MaxPool",
-                "mp",
-                &["x"],
-                &["p", "idx"],
-                vec![attr_ints("kernel_shape", &[2, 2])],
-            ),
-            node(
-                "Cast",
-                "c",
-                &["idx"],
-                &["y"],
-                vec![attr_i("to", elem::FLOAT as i64)],
-            ),
+            node("MaxPool", "mp", &["x"], &["p", "idx"], vec![attr_ints("kernel_shape", &[2, 2])]),
+            node("Cast", "c", &["idx"], &["y"], vec![attr_i("to", elem::FLOAT as i64)]),
         ],
         vec![],
         vec![vinfo("x", &[1, 1, 4, 4])],
         vec![vinfo("y", &[1, 1, 3, 3])],
     );
-    let e = compile(&bytes, "t", &Options::default())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains(
-            "reads 'idx', output 1 of node 'mp' (MaxPool), which rbln-compile does not produce"
-        ),
-        "{e}"
-    );
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
+    assert!(e.contains("reads 'idx', output 1 of node 'mp' (MaxPool), which rbln-compile does not produce"), "{e}");
     // Control flow.
     let mut n = node("If", "branch", &["x"], &["y"], vec![]);
-    n.attribute.push(AttributeProto {
-        name: "then_branch".into(),
-        g: Some(vec![]),
-        r#type: 5,
-        ..Default::default()
-    });
-    let bytes = model(
-        vec![n],
-        vec![],
-        vec![vinfo("x", &[2])],
-        vec![vinfo("y", &[2])],
-    );
+    n.attribute.push(AttributeProto { name: "then_branch".into(), g: Some(vec![]), r#type: 5, ..Default::default() });
+    let bytes = model(vec![n], vec![], vec![vinfo("x", &[2])], vec![vinfo("y", &[2])]);
     let (_, op, reason) = unsupported(&bytes, &Options::default());
     assert_eq!(op, "If");
     assert!(reason.contains("control flow"), "{reason}");
@@ -697,16 +430,8 @@ fn random_bytes_never_panic() {
 
 #[test]
 fn oversized_shapes_are_errors() {
-    let bytes = model(
-        vec![node("Relu", "r", &["x"], &["y"], vec![])],
-        vec![],
-        vec![vinfo("x", &[1 << 40, 1 << 40])],
-        vec![vinfo("y", &[2])],
-    );
-    let e = compile(&bytes, "t", &Options::default())
-        .err()
-        .unwrap()
-        .to_string();
+    let bytes = model(vec![node("Relu", "r", &["x"], &["y"], vec![])], vec![], vec![vinfo("x", &[1 << 40, 1 << 40])], vec![vinfo("y", &[2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
     assert!(e.contains("too large"), "{e}");
     // Broadcasting two inputs into a tensor too large for the device.
     let bytes = model(
@@ -720,10 +445,7 @@ fn oversized_shapes_are_errors() {
     assert!(reason.contains("too large"), "{reason}");
     // Expanding a constant into a huge one is not folded.
     let bytes = model(
-        vec![
-            node("Expand", "ex", &["c", "shape"], &["e"], vec![]),
-            node("Add", "a", &["x", "e"], &["y"], vec![]),
-        ],
+        vec![node("Expand", "ex", &["c", "shape"], &["e"], vec![]), node("Add", "a", &["x", "e"], &["y"], vec![])],
         vec![tensor("c", &[1], &[1.0]), ints("shape", &[1 << 30])],
         vec![vinfo("x", &[1])],
         vec![vinfo("y", &[1 << 30])],
@@ -736,70 +458,20 @@ fn oversized_shapes_are_errors() {
 /// A chain of compile-time-only ops (a base for the structured mutations):
 /// every intermediate is a small constant, the result is added to x.
 fn fold_chain() -> Vec<u8> {
-    let f = |name: &str, inp: &str| {
-        node(
-            "Cast",
-            name,
-            &[inp],
-            &[name],
-            vec![attr_i("to", elem::FLOAT as i64)],
-        )
-    };
+    let f = |name: &str, inp: &str| node("Cast", name, &[inp], &[name], vec![attr_i("to", elem::FLOAT as i64)]);
     model(
         vec![
-            node(
-                "GatherElements",
-                "ge",
-                &["d", "gi"],
-                &["g"],
-                vec![attr_i("axis", 1)],
-            ),
+            node("GatherElements", "ge", &["d", "gi"], &["g"], vec![attr_i("axis", 1)]),
             node("ScatterND", "sn", &["g", "si", "su"], &["s"], vec![]),
-            node(
-                "ScatterElements",
-                "se",
-                &["s", "gi", "g"],
-                &["s2"],
-                vec![attr_i("axis", 1)],
-            ),
-            node(
-                "CumSum",
-                "cs",
-                &["s2", "ax"],
-                &["c"],
-                vec![attr_i("exclusive", 1)],
-            ),
-            node(
-                "Trilu",
-                "tri",
-                &["c", "k"],
-                &["t"],
-                vec![attr_i("upper", 0)],
-            ),
+            node("ScatterElements", "se", &["s", "gi", "g"], &["s2"], vec![attr_i("axis", 1)]),
+            node("CumSum", "cs", &["s2", "ax"], &["c"], vec![attr_i("exclusive", 1)]),
+            node("Trilu", "tri", &["c", "k"], &["t"], vec![attr_i("upper", 0)]),
             node("Tile", "tile", &["t", "reps"], &["ti"], vec![]),
-            node(
-                "Mod",
-                "mod",
-                &["ti", "three"],
-                &["m"],
-                vec![attr_i("fmod", 1)],
-            ),
+            node("Mod", "mod", &["ti", "three"], &["m"], vec![attr_i("fmod", 1)]),
             node("Round", "round", &["m"], &["r0"], vec![]),
-            node(
-                "ReduceProd",
-                "rp",
-                &["r0"],
-                &["p"],
-                vec![attr_ints("axes", &[0]), attr_i("keepdims", 1)],
-            ),
+            node("ReduceProd", "rp", &["r0"], &["p"], vec![attr_ints("axes", &[0]), attr_i("keepdims", 1)]),
             node("NonZero", "nz", &["p"], &["nzi"], vec![]),
-            node(
-                "ReduceSum",
-                "nzs",
-                &["nzi"],
-                &["n0"],
-                vec![attr_i("keepdims", 0)],
-            ),
+            node("ReduceSum", "nzs", &["nzi"], &["n0"], vec![attr_i("keepdims", 0)]),
             node("Greater", "gt", &["p", "n0"], &["b"], vec![]),
             node("Xor", "xor", &["b", "b"], &["bx"], vec![]),
             node("Not", "not", &["bx"], &["bn"], vec![]),
@@ -833,55 +505,12 @@ fn fold_chain_compiles_to_one_add() {
 /// types): every one compiles or fails with an error, none panics.
 #[test]
 fn mutated_models_never_panic() {
-    let ops = [
-        "Conv",
-        "MatMul",
-        "Gemm",
-        "Reshape",
-        "Transpose",
-        "Softmax",
-        "Gather",
-        "Slice",
-        "Concat",
-        "ReduceMean",
-        "Pad",
-        "PRelu",
-        "MaxPool",
-        "AveragePool",
-        "Split",
-        "Squeeze",
-        "Unsqueeze",
-        "Expand",
-        "LayerNormalization",
-        "Flatten",
-        "Clip",
-        "LeakyRelu",
-        "Mod",
-        "And",
-        "Xor",
-        "Not",
-        "GatherElements",
-        "ScatterND",
-        "ScatterElements",
-        "Tile",
-        "CumSum",
-        "Round",
-        "Sign",
-        "ReduceProd",
-        "ReduceLogSumExp",
-        "ReduceL2",
-        "NonZero",
-        "Trilu",
-        "IsInf",
-        "Cast",
-        "Where",
-        "Range",
-    ];
+    let ops = ["Conv", "MatMul", "Gemm", "Reshape", "Transpose", "Softmax", "Gather", "Slice", "Concat", "ReduceMean", "Pad", "PRelu",
+        "MaxPool", "AveragePool", "Split", "Squeeze", "Unsqueeze", "Expand", "LayerNormalization", "Flatten", "Clip", "LeakyRelu",
+        "Mod", "And", "Xor", "Not", "GatherElements", "ScatterND", "ScatterElements", "Tile", "CumSum", "Round", "Sign",
+        "ReduceProd", "ReduceLogSumExp", "ReduceL2", "NonZero", "Trilu", "IsInf", "Cast", "Where", "Range"];
     let vals = [-(1i64 << 40), -3, -1, 0, 1, 2, 3, 7, 1 << 31, i64::MAX];
-    let bases: Vec<ModelProto> = [mlp(), conv_bn(), ln_gelu(), fold_chain()]
-        .iter()
-        .map(|b| ModelProto::decode(b.as_slice()).unwrap())
-        .collect();
+    let bases: Vec<ModelProto> = [mlp(), conv_bn(), ln_gelu(), fold_chain()].iter().map(|b| ModelProto::decode(b.as_slice()).unwrap()).collect();
     let mut s = 0x9E3779B97F4A7C15u64;
     let mut rnd = |n: usize| {
         s ^= s << 13;
@@ -890,11 +519,7 @@ fn mutated_models_never_panic() {
         (s % n.max(1) as u64) as usize
     };
     let (mut ok, mut err) = (0, 0);
-    for case in 0..std::env::var("RBLN_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4000usize)
-    {
+    for case in 0..std::env::var("RBLN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000usize) {
         let mut m = bases[case % bases.len()].clone();
         let g = m.graph.as_mut().unwrap();
         for _ in 0..1 + rnd(3) {
@@ -905,31 +530,10 @@ fn mutated_models_never_panic() {
                 }
                 1 => {
                     let n = rnd(g.node.len());
-                    let names = [
-                        "axis",
-                        "axes",
-                        "pads",
-                        "strides",
-                        "kernel_shape",
-                        "group",
-                        "perm",
-                        "transB",
-                        "keepdims",
-                        "dilations",
-                        "upper",
-                        "exclusive",
-                        "reverse",
-                        "fmod",
-                        "noop_with_empty_axes",
-                        "to",
-                    ];
+                    let names = ["axis", "axes", "pads", "strides", "kernel_shape", "group", "perm", "transB", "keepdims", "dilations",
+                        "upper", "exclusive", "reverse", "fmod", "noop_with_empty_axes", "to"];
                     let v: Vec<i64> = (0..rnd(5)).map(|_| vals[rnd(vals.len())]).collect();
-                    g.node[n].attribute.push(AttributeProto {
-                        name: names[rnd(names.len())].into(),
-                        i: vals[rnd(vals.len())],
-                        ints: v,
-                        ..Default::default()
-                    });
+                    g.node[n].attribute.push(AttributeProto { name: names[rnd(names.len())].into(), i: vals[rnd(vals.len())], ints: v, ..Default::default() });
                 }
                 2 => {
                     let t = rnd(g.initializer.len());
@@ -941,35 +545,16 @@ fn mutated_models_never_panic() {
                     }
                 }
                 3 => {
-                    let dims = &mut g.input[0]
-                        .r#type
-                        .as_mut()
-                        .unwrap()
-                        .tensor_type
-                        .as_mut()
-                        .unwrap()
-                        .shape
-                        .as_mut()
-                        .unwrap()
-                        .dim;
+                    let dims = &mut g.input[0].r#type.as_mut().unwrap().tensor_type.as_mut().unwrap().shape.as_mut().unwrap().dim;
                     let d = rnd(dims.len());
                     dims[d].dim_value = Some(vals[rnd(vals.len())]);
                 }
                 4 => {
                     let n = rnd(g.node.len());
-                    let all: Vec<String> = g
-                        .node
-                        .iter()
-                        .flat_map(|n| n.output.clone())
-                        .chain(g.initializer.iter().map(|t| t.name.clone()))
-                        .collect();
+                    let all: Vec<String> = g.node.iter().flat_map(|n| n.output.clone()).chain(g.initializer.iter().map(|t| t.name.clone())).collect();
                     let k = rnd(g.node[n].input.len() + 1);
                     let pick = all[rnd(all.len())].clone();
-                    if k < g.node[n].input.len() {
-                        g.node[n].input[k] = pick
-                    } else {
-                        g.node[n].input.push(pick)
-                    }
+                    if k < g.node[n].input.len() { g.node[n].input[k] = pick } else { g.node[n].input.push(pick) }
                 }
                 _ => {
                     let n = rnd(g.node.len());
@@ -997,10 +582,7 @@ fn silu_fuses_into_conv() {
             node("Sigmoid", "sig", &["c"], &["s"], vec![]),
             node("Mul", "swish", &["c", "s"], &["y"], vec![]),
         ],
-        vec![
-            tensor("W", &[3, 2, 1, 1], &ramp(6, 0.2)),
-            tensor("B", &[3], &[0.1, 0.0, -0.1]),
-        ],
+        vec![tensor("W", &[3, 2, 1, 1], &ramp(6, 0.2)), tensor("B", &[3], &[0.1, 0.0, -0.1])],
         vec![vinfo("x", &[1, 2, 4, 4])],
         vec![vinfo("y", &[1, 3, 4, 4])],
     );
@@ -1012,20 +594,12 @@ fn silu_fuses_into_conv() {
 #[test]
 fn degenerate_graphs_compile() {
     // Output = input (through Identity): only transfers and a view.
-    let bytes = model(
-        vec![node("Identity", "id", &["x"], &["y"], vec![])],
-        vec![],
-        vec![vinfo("x", &[4])],
-        vec![vinfo("y", &[4])],
-    );
+    let bytes = model(vec![node("Identity", "id", &["x"], &["y"], vec![])], vec![], vec![vinfo("x", &[4])], vec![vinfo("y", &[4])]);
     let c = compiled(&bytes);
     assert!(compute_ops(&c.model).is_empty());
     // Two outputs, one of them an intermediate that is also read further.
     let bytes = model(
-        vec![
-            node("Relu", "r", &["x"], &["h"], vec![]),
-            node("Sigmoid", "s", &["h"], &["y"], vec![]),
-        ],
+        vec![node("Relu", "r", &["x"], &["h"], vec![]), node("Sigmoid", "s", &["h"], &["y"], vec![])],
         vec![],
         vec![vinfo("x", &[4])],
         vec![vinfo("h", &[4]), vinfo("y", &[4])],
@@ -1034,16 +608,8 @@ fn degenerate_graphs_compile() {
     assert_eq!(compute_ops(&c.model), ["Relu", "Sigmoid"]);
     assert_eq!(c.model.meta.outputs.len(), 2);
     // An output that is a constant is refused.
-    let bytes = model(
-        vec![],
-        vec![tensor("k", &[2], &[1.0, 2.0])],
-        vec![vinfo("x", &[2])],
-        vec![vinfo("k", &[2])],
-    );
-    let e = compile(&bytes, "t", &Options::default())
-        .err()
-        .unwrap()
-        .to_string();
+    let bytes = model(vec![], vec![tensor("k", &[2], &[1.0, 2.0])], vec![vinfo("x", &[2])], vec![vinfo("k", &[2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
     assert!(e.contains("output 'k' is a constant"), "{e}");
 }
 
@@ -1053,27 +619,14 @@ fn zero_pad_folds_into_conv_and_1d_conv_compiles() {
         vec![
             node("Pad", "pad", &["x", "pads", "zero"], &["p"], vec![]),
             node("Conv", "conv", &["p", "W"], &["c"], vec![]),
-            node(
-                "LeakyRelu",
-                "lrelu",
-                &["c"],
-                &["y"],
-                vec![attr_f("alpha", 0.1)],
-            ),
+            node("LeakyRelu", "lrelu", &["c"], &["y"], vec![attr_f("alpha", 0.1)]),
         ],
-        vec![
-            ints("pads", &[0, 0, 2, 0, 0, 1]),
-            tensor("zero", &[], &[0.0]),
-            tensor("W", &[3, 2, 3], &ramp(18, 0.2)),
-        ],
+        vec![ints("pads", &[0, 0, 2, 0, 0, 1]), tensor("zero", &[], &[0.0]), tensor("W", &[3, 2, 3], &ramp(18, 0.2))],
         vec![vinfo("x", &[1, 2, 8])],
         vec![vinfo("y", &[1, 3, 9])],
     );
     let c = compiled(&bytes);
-    assert_eq!(
-        compute_ops(&c.model),
-        ["Pad+Conv", "LeakyRelu", "LeakyRelu"]
-    );
+    assert_eq!(compute_ops(&c.model), ["Pad+Conv", "LeakyRelu", "LeakyRelu"]);
     assert_eq!(c.report.fused.pad_into_conv, 1);
     // A non-zero pad value stays a Pad (FILL + copy).
     let bytes = model(
@@ -1085,28 +638,14 @@ fn zero_pad_folds_into_conv_and_1d_conv_compiles() {
     assert_eq!(compute_ops(&compiled(&bytes).model), ["Pad"]);
     // Reflect padding is refused with the reason.
     let bytes = model(
-        vec![node(
-            "Pad",
-            "pad",
-            &["x", "pads"],
-            &["y"],
-            vec![AttributeProto {
-                name: "mode".into(),
-                s: b"reflect".to_vec(),
-                r#type: 3,
-                ..Default::default()
-            }],
-        )],
+        vec![node("Pad", "pad", &["x", "pads"], &["y"], vec![AttributeProto { name: "mode".into(), s: b"reflect".to_vec(), r#type: 3, ..Default::default() }])],
         vec![ints("pads", &[0, 1, 0, 2])],
         vec![vinfo("x", &[2, 3])],
         vec![vinfo("y", &[2, 6])],
     );
     let (who, _, reason) = unsupported(&bytes, &Options::default());
     assert_eq!(who, "pad");
-    assert!(
-        reason.contains("mode 'reflect' is not supported"),
-        "{reason}"
-    );
+    assert!(reason.contains("mode 'reflect' is not supported"), "{reason}");
 }
 
 #[test]
@@ -1118,13 +657,7 @@ fn attention_scale_moves_into_the_query_weights() {
             node("MatMul", "q", &["x", "Wq"], &["q0"], vec![]),
             node("Add", "q.bias", &["q0", "bq"], &["qb"], vec![]),
             node("MatMul", "k", &["x", "Wk"], &["k0"], vec![]),
-            node(
-                "Transpose",
-                "kt",
-                &["k0"],
-                &["kT"],
-                vec![attr_ints("perm", &[1, 0])],
-            ),
+            node("Transpose", "kt", &["k0"], &["kT"], vec![attr_ints("perm", &[1, 0])]),
             node("MatMul", "scores", &["qb", "kT"], &["s"], vec![]),
             node("Div", "scale", &["s", "three"], &["y"], vec![]),
         ],
@@ -1139,33 +672,12 @@ fn attention_scale_moves_into_the_query_weights() {
     );
     let c = compiled(&bytes);
     assert_eq!(c.report.fused.scale_into_weights, 1);
-    assert_eq!(
-        compute_ops(&c.model),
-        ["MatMul+Add+Div(scale)", "MatMul", "Transpose", "MatMul+Div"]
-    );
+    assert_eq!(compute_ops(&c.model), ["MatMul+Add+Div(scale)", "MatMul", "Transpose", "MatMul+Div"]);
     // The scaled copy of the query bias is bq / 3.
-    let names: Vec<&str> = c
-        .model
-        .graph
-        .tensors
-        .iter()
-        .map(|t| t.name.as_str())
-        .collect();
-    let t = c
-        .model
-        .graph
-        .tensors
-        .iter()
-        .find(|t| t.name.ends_with(".bias.scaled"))
-        .unwrap_or_else(|| panic!("no scaled bias in {names:?}"));
-    let Placement::Weight { offset, .. } = t.placement else {
-        panic!("not a weight")
-    };
-    let v = f32::from_le_bytes(
-        c.model.weights[offset as usize + 12..offset as usize + 16]
-            .try_into()
-            .unwrap(),
-    );
+    let names: Vec<&str> = c.model.graph.tensors.iter().map(|t| t.name.as_str()).collect();
+    let t = c.model.graph.tensors.iter().find(|t| t.name.ends_with(".bias.scaled")).unwrap_or_else(|| panic!("no scaled bias in {names:?}"));
+    let Placement::Weight { offset, .. } = t.placement else { panic!("not a weight") };
+    let v = f32::from_le_bytes(c.model.weights[offset as usize + 12..offset as usize + 16].try_into().unwrap());
     assert!((v - 0.3).abs() < 1e-6, "{v}");
 }
 
@@ -1176,20 +688,8 @@ fn residual_add_and_relu_fuse_into_the_conv_and_binary_ops() {
     let c = 4usize;
     let bytes = model(
         vec![
-            node(
-                "Conv",
-                "conv",
-                &["x", "W"],
-                &["c"],
-                vec![attr_ints("pads", &[1, 1, 1, 1])],
-            ),
-            node(
-                "BatchNormalization",
-                "bn",
-                &["c", "g", "be", "mu", "var"],
-                &["n"],
-                vec![attr_f("epsilon", 1e-5)],
-            ),
+            node("Conv", "conv", &["x", "W"], &["c"], vec![attr_ints("pads", &[1, 1, 1, 1])]),
+            node("BatchNormalization", "bn", &["c", "g", "be", "mu", "var"], &["n"], vec![attr_f("epsilon", 1e-5)]),
             node("Add", "skip", &["n", "x"], &["s"], vec![]),
             node("Relu", "relu", &["s"], &["y"], vec![]),
             node("Sigmoid", "sig", &["y"], &["y2"], vec![]),
@@ -1207,18 +707,13 @@ fn residual_add_and_relu_fuse_into_the_conv_and_binary_ops() {
         vec![vinfo("z", &[1, 4, 6, 6])],
     );
     let c = compiled(&bytes);
-    assert_eq!(
-        compute_ops(&c.model),
-        ["Conv+BatchNormalization+Add+Relu", "Sigmoid", "Add+Relu"]
-    );
+    assert_eq!(compute_ops(&c.model), ["Conv+BatchNormalization+Add+Relu", "Sigmoid", "Add+Relu"]);
     assert_eq!((c.report.fused.residual, c.report.fused.activation), (1, 2));
     // The conv's descriptor carries the residual flag and a Relu; the
     // binary one a Relu.
     let descs = &c.model.program.descriptors;
     let conv = rbln_hw::ops::Desc::decode(&descs[..rbln_hw::ops::Conv2dDesc::SIZE]).unwrap();
-    let rbln_hw::ops::Desc::Conv2d(d) = conv else {
-        panic!("{conv:?}")
-    };
+    let rbln_hw::ops::Desc::Conv2d(d) = conv else { panic!("{conv:?}") };
     assert_ne!(d.flags & rbln_hw::ops::CONV_RESIDUAL, 0);
     assert_eq!(d.activation, rbln_hw::ops::Unary::Relu as u32);
 }
@@ -1240,10 +735,7 @@ fn residual_fusion_needs_a_sole_reader_and_equal_shapes() {
     let c = compiled(&bytes);
     assert_eq!(compute_ops(&c.model), ["Conv", "Add", "Mul"]);
     let bytes = model(
-        vec![
-            node("Conv", "conv", &["x", "W"], &["c"], vec![]),
-            node("Add", "skip", &["c", "r"], &["z"], vec![]),
-        ],
+        vec![node("Conv", "conv", &["x", "W"], &["c"], vec![]), node("Add", "skip", &["c", "r"], &["z"], vec![])],
         vec![tensor("W", &[2, 2, 1, 1], &ramp(4, 0.1))],
         vec![vinfo("x", &[1, 2, 3, 3]), vinfo("r", &[1, 1, 3, 3])],
         vec![vinfo("z", &[1, 2, 3, 3])],
@@ -1259,13 +751,7 @@ fn hardswish_fuses_into_conv_and_hardsigmoid_is_one_op() {
         vec![
             node("Conv", "conv", &["x", "W"], &["c"], vec![]),
             node("HardSwish", "hs", &["c"], &["h"], vec![]),
-            node(
-                "HardSigmoid",
-                "gate",
-                &["h"],
-                &["y"],
-                vec![attr_f("alpha", 0.25), attr_f("beta", 0.4)],
-            ),
+            node("HardSigmoid", "gate", &["h"], &["y"], vec![attr_f("alpha", 0.25), attr_f("beta", 0.4)]),
         ],
         vec![tensor("W", &[2, 2, 1, 1], &ramp(4, 0.1))],
         vec![vinfo("x", &[1, 2, 3, 3])],
@@ -1274,29 +760,15 @@ fn hardswish_fuses_into_conv_and_hardsigmoid_is_one_op() {
     let c = compiled(&bytes);
     assert_eq!(compute_ops(&c.model), ["Conv+HardSwish", "HardSigmoid"]);
     let descs = &c.model.program.descriptors;
-    let rbln_hw::ops::Desc::Conv2d(d) =
-        rbln_hw::ops::Desc::decode(&descs[..rbln_hw::ops::Conv2dDesc::SIZE]).unwrap()
-    else {
+    let rbln_hw::ops::Desc::Conv2d(d) = rbln_hw::ops::Desc::decode(&descs[..rbln_hw::ops::Conv2dDesc::SIZE]).unwrap() else {
         panic!("not a conv")
     };
     assert_eq!(d.activation, rbln_hw::ops::Unary::HardSwish as u32);
-    let u = c
-        .model
-        .graph
-        .nodes
-        .iter()
-        .find(|n| n.op == "HardSigmoid")
-        .and_then(|n| n.descriptors)
-        .expect("descriptor");
-    let rbln_hw::ops::Desc::Unary(d) =
-        rbln_hw::ops::Desc::decode(&descs[u.offset as usize..(u.offset + u.len) as usize]).unwrap()
-    else {
+    let u = c.model.graph.nodes.iter().find(|n| n.op == "HardSigmoid").and_then(|n| n.descriptors).expect("descriptor");
+    let rbln_hw::ops::Desc::Unary(d) = rbln_hw::ops::Desc::decode(&descs[u.offset as usize..(u.offset + u.len) as usize]).unwrap() else {
         panic!("not a unary")
     };
-    assert_eq!(
-        (d.kind, d.param0, d.param1),
-        (rbln_hw::ops::Unary::HardSigmoid as u32, 0.25, 0.4)
-    );
+    assert_eq!((d.kind, d.param0, d.param1), (rbln_hw::ops::Unary::HardSigmoid as u32, 0.25, 0.4));
 }
 
 fn typed_vinfo(name: &str, dims: &[i64], elem_type: i32) -> ValueInfoProto {
@@ -1313,45 +785,22 @@ fn typed_vinfo(name: &str, dims: &[i64], elem_type: i32) -> ValueInfoProto {
 fn token_model(ids_type: i32) -> Vec<u8> {
     model(
         vec![
-            node(
-                "Gather",
-                "emb",
-                &["E", "ids"],
-                &["e"],
-                vec![attr_i("axis", 0)],
-            ),
+            node("Gather", "emb", &["E", "ids"], &["e"], vec![attr_i("axis", 0)]),
             node("Unsqueeze", "m1", &["mask", "ax2"], &["mu"], vec![]),
-            node(
-                "Cast",
-                "mc",
-                &["mu"],
-                &["mf"],
-                vec![attr_i("to", elem::FLOAT as i64)],
-            ),
+            node("Cast", "mc", &["mu"], &["mf"], vec![attr_i("to", elem::FLOAT as i64)]),
             node("Sub", "ms", &["one", "mf"], &["mi"], vec![]),
             node("Mul", "mm", &["mi", "big"], &["mb"], vec![]),
             node("Add", "add", &["e", "mb"], &["y"], vec![]),
         ],
-        vec![
-            tensor("E", &[7, 3], &ramp(21, 0.1)),
-            ints("ax2", &[2]),
-            tensor("one", &[], &[1.0]),
-            tensor("big", &[], &[-1e4]),
-        ],
-        vec![
-            typed_vinfo("ids", &[2, 5], ids_type),
-            typed_vinfo("mask", &[2, 5], elem::INT64),
-        ],
+        vec![tensor("E", &[7, 3], &ramp(21, 0.1)), ints("ax2", &[2]), tensor("one", &[], &[1.0]), tensor("big", &[], &[-1e4])],
+        vec![typed_vinfo("ids", &[2, 5], ids_type), typed_vinfo("mask", &[2, 5], elem::INT64)],
         vec![vinfo("y", &[2, 5, 3])],
     )
 }
 
 #[test]
 fn integer_inputs_index_embeddings_and_cast_at_run_time() {
-    for (ty, dtype) in [
-        (elem::INT64, rbln_format::DType::I64),
-        (elem::INT32, rbln_format::DType::I32),
-    ] {
+    for (ty, dtype) in [(elem::INT64, rbln_format::DType::I64), (elem::INT32, rbln_format::DType::I32)] {
         let c = compiled(&token_model(ty));
         let m = &c.model;
         let ids = &m.meta.inputs[0];
@@ -1384,71 +833,32 @@ fn integer_inputs_index_embeddings_and_cast_at_run_time() {
     assert_eq!((who.as_str(), op.as_str()), ("g", "Gather"));
     assert!(reason.contains("must be int32 or int64"), "{reason}");
     // Inputs of other types name the input and the type.
-    let bytes = model(
-        vec![node("Relu", "r", &["x"], &["y"], vec![])],
-        vec![],
-        vec![typed_vinfo("x", &[2], elem::DOUBLE)],
-        vec![vinfo("y", &[2])],
-    );
-    let e = compile(&bytes, "t", &Options::default())
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let bytes = model(vec![node("Relu", "r", &["x"], &["y"], vec![])], vec![], vec![typed_vinfo("x", &[2], elem::DOUBLE)], vec![vinfo("y", &[2])]);
+    let e = compile(&bytes, "t", &Options::default()).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(e.contains("input 'x' is double"), "{e}");
 }
 
 // --- Constant folding of shape and mask subgraphs --------------------------
 
 fn i64_tensor(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: dims.to_vec(),
-        data_type: elem::INT64,
-        int64_data: v.to_vec(),
-        ..Default::default()
-    }
+    TensorProto { name: name.into(), dims: dims.to_vec(), data_type: elem::INT64, int64_data: v.to_vec(), ..Default::default() }
 }
 
 fn bool_tensor(name: &str, dims: &[i64], v: &[bool]) -> TensorProto {
     let v: Vec<i32> = v.iter().map(|&b| b as i32).collect();
-    TensorProto {
-        name: name.into(),
-        dims: dims.to_vec(),
-        data_type: elem::BOOL,
-        int32_data: v,
-        ..Default::default()
-    }
+    TensorProto { name: name.into(), dims: dims.to_vec(), data_type: elem::BOOL, int32_data: v, ..Default::default() }
 }
 
 fn attr_s(name: &str, v: &str) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        s: v.as_bytes().to_vec(),
-        r#type: 3,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), s: v.as_bytes().to_vec(), r#type: 3, ..Default::default() }
 }
 
 /// An output whose shape the file leaves open.
 fn unshaped(name: &str) -> ValueInfoProto {
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            tensor_type: Some(TypeProtoTensor {
-                elem_type: elem::FLOAT,
-                shape: None,
-            }),
-        }),
-    }
+    ValueInfoProto { name: name.into(), r#type: Some(TypeProto { tensor_type: Some(TypeProtoTensor { elem_type: elem::FLOAT, shape: None }) }) }
 }
 
-fn model_at(
-    opset: i64,
-    nodes: Vec<NodeProto>,
-    inits: Vec<TensorProto>,
-    ins: Vec<ValueInfoProto>,
-    outs: Vec<ValueInfoProto>,
-) -> Vec<u8> {
+fn model_at(opset: i64, nodes: Vec<NodeProto>, inits: Vec<TensorProto>, ins: Vec<ValueInfoProto>, outs: Vec<ValueInfoProto>) -> Vec<u8> {
     let mut m = ModelProto::decode(model(nodes, inits, ins, outs).as_slice()).unwrap();
     m.opset_import[0].version = opset;
     m.encode_to_vec()
@@ -1459,32 +869,12 @@ fn model_at(
 /// the device, and returns r (the Add's weight operand) with its shape.
 fn fold_at(opset: i64, mut nodes: Vec<NodeProto>, inits: Vec<TensorProto>) -> (Vec<u64>, Vec<f32>) {
     nodes.push(node("Add", "use", &["x", "r"], &["y"], vec![]));
-    let c = compiled(&model_at(
-        opset,
-        nodes,
-        inits,
-        vec![vinfo("x", &[1])],
-        vec![unshaped("y")],
-    ));
+    let c = compiled(&model_at(opset, nodes, inits, vec![vinfo("x", &[1])], vec![unshaped("y")]));
     assert_eq!(compute_ops(&c.model), ["Add"]);
-    let t = c
-        .model
-        .graph
-        .tensors
-        .iter()
-        .find(|t| t.name == "r")
-        .expect("the folded value is a weight");
-    let Placement::Weight { offset, size } = t.placement else {
-        panic!("r is not a weight")
-    };
+    let t = c.model.graph.tensors.iter().find(|t| t.name == "r").expect("the folded value is a weight");
+    let Placement::Weight { offset, size } = t.placement else { panic!("r is not a weight") };
     let bytes = &c.model.weights[offset as usize..(offset + size) as usize];
-    (
-        t.shape.clone(),
-        bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect(),
-    )
+    (t.shape.clone(), bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
 }
 
 fn fold(nodes: Vec<NodeProto>, inits: Vec<TensorProto>) -> (Vec<u64>, Vec<f32>) {
@@ -1493,26 +883,9 @@ fn fold(nodes: Vec<NodeProto>, inits: Vec<TensorProto>) -> (Vec<u64>, Vec<f32>) 
 
 /// The error of a model whose one node `op` reads `ins` (initializers,
 /// or the run-time input x [2,3]).
-fn fold_error(
-    op: &str,
-    ins: &[&str],
-    inits: Vec<TensorProto>,
-    attrs: Vec<AttributeProto>,
-) -> (String, String, String) {
-    let nodes = vec![
-        node(op, "n", ins, &["r"], attrs),
-        node("Add", "use", &["x", "r"], &["y"], vec![]),
-    ];
-    unsupported(
-        &model_at(
-            18,
-            nodes,
-            inits,
-            vec![vinfo("x", &[2, 3])],
-            vec![unshaped("y")],
-        ),
-        &Options::default(),
-    )
+fn fold_error(op: &str, ins: &[&str], inits: Vec<TensorProto>, attrs: Vec<AttributeProto>) -> (String, String, String) {
+    let nodes = vec![node(op, "n", ins, &["r"], attrs), node("Add", "use", &["x", "r"], &["y"], vec![])];
+    unsupported(&model_at(18, nodes, inits, vec![vinfo("x", &[2, 3])], vec![unshaped("y")]), &Options::default())
 }
 
 /// Expected values are onnxruntime 1.32's on the same subgraphs.
@@ -1525,74 +898,26 @@ fn mask_subgraphs_fold() {
             node("CumSum", "cs", &["mask", "one"], &["c"], vec![]),
             node("Mul", "m", &["c", "mask"], &["cm"], vec![]),
             node("Add", "a", &["cm", "one"], &["p"], vec![]),
-            node(
-                "Cast",
-                "f",
-                &["p"],
-                &["r"],
-                vec![attr_i("to", elem::FLOAT as i64)],
-            ),
+            node("Cast", "f", &["p"], &["r"], vec![attr_i("to", elem::FLOAT as i64)]),
         ],
-        vec![
-            i64_tensor("mask", &[1, 5], &[1, 1, 1, 0, 0]),
-            i64_tensor("one", &[], &[1]),
-        ],
+        vec![i64_tensor("mask", &[1, 5], &[1, 1, 1, 0, 0]), i64_tensor("one", &[], &[1])],
     );
     assert_eq!((s, v), (vec![1, 5], vec![2., 3., 4., 1., 1.]));
     // A causal mask: Trilu of ones (lower, k=0) -> bool -> Not -> Where(-1e4, 0).
     let (s, v) = fold(
         vec![
-            node(
-                "ConstantOfShape",
-                "ones",
-                &["sq"],
-                &["o"],
-                vec![AttributeProto {
-                    name: "value".into(),
-                    t: Some(i64_tensor("", &[1], &[1])),
-                    r#type: 4,
-                    ..Default::default()
-                }],
-            ),
+            node("ConstantOfShape", "ones", &["sq"], &["o"], vec![AttributeProto { name: "value".into(), t: Some(i64_tensor("", &[1], &[1])), r#type: 4, ..Default::default() }]),
             node("Trilu", "tri", &["o"], &["t"], vec![attr_i("upper", 0)]),
-            node(
-                "Cast",
-                "b",
-                &["t"],
-                &["tb"],
-                vec![attr_i("to", elem::BOOL as i64)],
-            ),
+            node("Cast", "b", &["t"], &["tb"], vec![attr_i("to", elem::BOOL as i64)]),
             node("Not", "not", &["tb"], &["nb"], vec![]),
             node("Where", "w", &["nb", "neg", "zero"], &["r"], vec![]),
         ],
-        vec![
-            i64_tensor("sq", &[2], &[3, 3]),
-            tensor("neg", &[], &[-1e4]),
-            tensor("zero", &[], &[0.0]),
-        ],
+        vec![i64_tensor("sq", &[2], &[3, 3]), tensor("neg", &[], &[-1e4]), tensor("zero", &[], &[0.0])],
     );
-    assert_eq!(
-        (s, v),
-        (vec![3, 3], vec![0., -1e4, -1e4, 0., 0., -1e4, 0., 0., 0.])
-    );
+    assert_eq!((s, v), (vec![3, 3], vec![0., -1e4, -1e4, 0., 0., -1e4, 0., 0., 0.]));
     // A Cast to bool is 0/1, not the value (0.5 -> true).
     let (_, v) = fold(
-        vec![
-            node(
-                "Cast",
-                "b",
-                &["h"],
-                &["hb"],
-                vec![attr_i("to", elem::BOOL as i64)],
-            ),
-            node(
-                "Cast",
-                "f",
-                &["hb"],
-                &["r"],
-                vec![attr_i("to", elem::FLOAT as i64)],
-            ),
-        ],
+        vec![node("Cast", "b", &["h"], &["hb"], vec![attr_i("to", elem::BOOL as i64)]), node("Cast", "f", &["hb"], &["r"], vec![attr_i("to", elem::FLOAT as i64)])],
         vec![tensor("h", &[3], &[0.5, 0.0, -2.0])],
     );
     assert_eq!(v, [1., 0., 1.]);
@@ -1601,15 +926,7 @@ fn mask_subgraphs_fold() {
 #[test]
 fn arithmetic_folds_follow_onnx() {
     let cat = |ins: &[&str]| node("Concat", "cat", ins, &["r"], vec![attr_i("axis", 0)]);
-    let f = |name: &str, inp: &str| {
-        node(
-            "Cast",
-            name,
-            &[inp],
-            &[name],
-            vec![attr_i("to", elem::FLOAT as i64)],
-        )
-    };
+    let f = |name: &str, inp: &str| node("Cast", name, &[inp], &[name], vec![attr_i("to", elem::FLOAT as i64)]);
     // Mod: integers with both sign rules, floats with fmod=1.
     let (_, v) = fold(
         vec![
@@ -1620,12 +937,7 @@ fn arithmetic_folds_follow_onnx() {
             f("m1", "m1i"),
             cat(&["m0", "m1", "m2"]),
         ],
-        vec![
-            i64_tensor("a", &[4], &[5, -5, 5, -5]),
-            i64_tensor("b", &[4], &[3, 3, -3, -3]),
-            tensor("fa", &[2], &[5.5, -5.5]),
-            tensor("fb", &[2], &[-2.0, 2.0]),
-        ],
+        vec![i64_tensor("a", &[4], &[5, -5, 5, -5]), i64_tensor("b", &[4], &[3, 3, -3, -3]), tensor("fa", &[2], &[5.5, -5.5]), tensor("fb", &[2], &[-2.0, 2.0])],
     );
     assert_eq!(v, [2., 1., -1., -2., 2., -2., 2., -2., 1.5, -1.5]);
     // Rounding (half to even), Sign; variadic Max/Min on integers; IsNaN/IsInf.
@@ -1639,13 +951,7 @@ fn arithmetic_folds_follow_onnx() {
             node("Min", "min", &["i1", "i2", "i3"], &["mni"], vec![]),
             f("mx", "mxi"),
             f("mn", "mni"),
-            node(
-                "IsInf",
-                "isinf",
-                &["nf"],
-                &["ii"],
-                vec![attr_i("detect_negative", 0)],
-            ),
+            node("IsInf", "isinf", &["nf"], &["ii"], vec![attr_i("detect_negative", 0)]),
             node("IsNaN", "isnan", &["nf"], &["in"], vec![]),
             f("iif", "ii"),
             f("inf", "in"),
@@ -1671,260 +977,83 @@ fn arithmetic_folds_follow_onnx() {
             node("And", "and", &["le", "ge"], &["an"], vec![]),
             node("Or", "or", &["le", "ge"], &["or"], vec![]),
             node("Xor", "xor", &["le", "ge"], &["xo"], vec![]),
-            node(
-                "Concat",
-                "c",
-                &["le", "ge", "an", "or", "xo"],
-                &["ci"],
-                vec![attr_i("axis", 0)],
-            ),
+            node("Concat", "c", &["le", "ge", "an", "or", "xo"], &["ci"], vec![attr_i("axis", 0)]),
             f("r", "ci"),
         ],
-        vec![
-            i64_tensor("i1", &[3], &[1, 3, 5]),
-            i64_tensor("i2", &[], &[3]),
-        ],
+        vec![i64_tensor("i1", &[3], &[1, 3, 5]), i64_tensor("i2", &[], &[3])],
     );
-    assert_eq!(
-        v,
-        [1., 1., 0., 0., 1., 1., 0., 1., 0., 1., 1., 1., 1., 0., 1.]
-    );
+    assert_eq!(v, [1., 1., 0., 0., 1., 1., 0., 1., 0., 1., 1., 1., 1., 0., 1.]);
 }
 
 #[test]
 fn index_folds_follow_onnx() {
-    let f = |inp: &str| {
-        node(
-            "Cast",
-            "f",
-            &[inp],
-            &["r"],
-            vec![attr_i("to", elem::FLOAT as i64)],
-        )
-    };
+    let f = |inp: &str| node("Cast", "f", &[inp], &["r"], vec![attr_i("to", elem::FLOAT as i64)]);
     let d = || tensor("d", &[2, 3], &[0., 1., 2., 3., 4., 5.]);
     // GatherElements with negative indices.
-    let (s, v) = fold(
-        vec![node(
-            "GatherElements",
-            "ge",
-            &["d", "i"],
-            &["r"],
-            vec![attr_i("axis", 1)],
-        )],
-        vec![d(), i64_tensor("i", &[2, 2], &[-1, 0, 1, -3])],
-    );
+    let (s, v) = fold(vec![node("GatherElements", "ge", &["d", "i"], &["r"], vec![attr_i("axis", 1)])], vec![d(), i64_tensor("i", &[2, 2], &[-1, 0, 1, -3])]);
     assert_eq!((s, v), (vec![2, 2], vec![2., 0., 4., 3.]));
     // ScatterND: every reduction, with a duplicated index.
-    for (red, want) in [
-        ("none", [0., 10., 2., 3., 4., 5.]),
-        ("add", [0., 20., 2., 3., 4., 5.]),
-        ("mul", [0., 90., 2., 3., 4., 5.]),
-        ("max", [0., 10., 2., 3., 4., 5.]),
-        ("min", [0., 1., 2., 3., 4., 5.]),
-    ] {
+    for (red, want) in [("none", [0., 10., 2., 3., 4., 5.]), ("add", [0., 20., 2., 3., 4., 5.]), ("mul", [0., 90., 2., 3., 4., 5.]), ("max", [0., 10., 2., 3., 4., 5.]), ("min", [0., 1., 2., 3., 4., 5.])] {
         let (_, v) = fold(
-            vec![node(
-                "ScatterND",
-                "sn",
-                &["d", "i", "u"],
-                &["r"],
-                vec![attr_s("reduction", red)],
-            )],
-            vec![
-                d(),
-                i64_tensor("i", &[2, 2], &[0, 1, -2, -2]),
-                tensor("u", &[2], &[9., 10.]),
-            ],
+            vec![node("ScatterND", "sn", &["d", "i", "u"], &["r"], vec![attr_s("reduction", red)])],
+            vec![d(), i64_tensor("i", &[2, 2], &[0, 1, -2, -2]), tensor("u", &[2], &[9., 10.])],
         );
         assert_eq!(v, want, "reduction {red}");
     }
     // ScatterElements along axis 0 (negative index) with add.
     let (_, v) = fold(
-        vec![node(
-            "ScatterElements",
-            "se",
-            &["d", "i", "u"],
-            &["r"],
-            vec![attr_i("axis", 0), attr_s("reduction", "add")],
-        )],
-        vec![
-            d(),
-            i64_tensor("i", &[1, 3], &[-1, 0, 1]),
-            tensor("u", &[1, 3], &[10., 20., 30.]),
-        ],
+        vec![node("ScatterElements", "se", &["d", "i", "u"], &["r"], vec![attr_i("axis", 0), attr_s("reduction", "add")])],
+        vec![d(), i64_tensor("i", &[1, 3], &[-1, 0, 1]), tensor("u", &[1, 3], &[10., 20., 30.])],
     );
     assert_eq!(v, [0., 21., 2., 13., 4., 35.]);
     // Tile of integers, then Cast.
-    let (s, v) = fold(
-        vec![node("Tile", "t", &["a", "reps"], &["ti"], vec![]), f("ti")],
-        vec![
-            i64_tensor("a", &[1, 2], &[7, 8]),
-            i64_tensor("reps", &[2], &[2, 2]),
-        ],
-    );
+    let (s, v) = fold(vec![node("Tile", "t", &["a", "reps"], &["ti"], vec![]), f("ti")], vec![i64_tensor("a", &[1, 2], &[7, 8]), i64_tensor("reps", &[2], &[2, 2])]);
     assert_eq!((s, v), (vec![2, 4], vec![7., 8., 7., 8., 7., 8., 7., 8.]));
     // CumSum, exclusive and reversed, axis as a 1-element int32 input.
-    let axis = TensorProto {
-        name: "ax".into(),
-        dims: vec![1],
-        data_type: elem::INT32,
-        int32_data: vec![1],
-        ..Default::default()
-    };
-    let (_, v) = fold(
-        vec![node(
-            "CumSum",
-            "cs",
-            &["d", "ax"],
-            &["r"],
-            vec![attr_i("exclusive", 1), attr_i("reverse", 1)],
-        )],
-        vec![d(), axis],
-    );
+    let axis = TensorProto { name: "ax".into(), dims: vec![1], data_type: elem::INT32, int32_data: vec![1], ..Default::default() };
+    let (_, v) = fold(vec![node("CumSum", "cs", &["d", "ax"], &["r"], vec![attr_i("exclusive", 1), attr_i("reverse", 1)])], vec![d(), axis]);
     assert_eq!(v, [3., 2., 0., 9., 5., 0.]);
     // NonZero of a constant mask, used as run-time Gather indices of x.
     let bytes = model_at(
         18,
-        vec![
-            node("NonZero", "nz", &["m"], &["idx"], vec![]),
-            node(
-                "Gather",
-                "g",
-                &["x", "idx"],
-                &["y"],
-                vec![attr_i("axis", 1)],
-            ),
-        ],
+        vec![node("NonZero", "nz", &["m"], &["idx"], vec![]), node("Gather", "g", &["x", "idx"], &["y"], vec![attr_i("axis", 1)])],
         vec![bool_tensor("m", &[4], &[false, true, false, true])],
         vec![vinfo("x", &[2, 4])],
         vec![vinfo("y", &[2, 1, 2])],
     );
     let c = compiled(&bytes);
     assert_eq!(compute_ops(&c.model), ["Gather"]);
-    let t = c
-        .model
-        .graph
-        .tensors
-        .iter()
-        .find(|t| t.name == "g.indices")
-        .expect("the indices are a weight");
-    let Placement::Weight { offset, .. } = t.placement else {
-        panic!("not a weight")
-    };
-    let idx: Vec<i64> = c.model.weights[offset as usize..offset as usize + 16]
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-        .collect();
+    let t = c.model.graph.tensors.iter().find(|t| t.name == "g.indices").expect("the indices are a weight");
+    let Placement::Weight { offset, .. } = t.placement else { panic!("not a weight") };
+    let idx: Vec<i64> = c.model.weights[offset as usize..offset as usize + 16].chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
     assert_eq!((t.shape.clone(), idx), (vec![1, 2], vec![1, 3]));
 }
 
 #[test]
 fn constant_reductions_fold() {
     let p = || i64_tensor("p", &[2, 2], &[1, 2, 3, 4]);
-    let f = |inp: &str| {
-        node(
-            "Cast",
-            "f",
-            &[inp],
-            &["r"],
-            vec![attr_i("to", elem::FLOAT as i64)],
-        )
-    };
+    let f = |inp: &str| node("Cast", "f", &[inp], &["r"], vec![attr_i("to", elem::FLOAT as i64)]);
     // ReduceProd on integers: axes as an input (opset 18) ...
-    let (s, v) = fold(
-        vec![
-            node("ReduceProd", "rp", &["p", "ax"], &["q"], vec![]),
-            f("q"),
-        ],
-        vec![p(), i64_tensor("ax", &[1], &[-1])],
-    );
+    let (s, v) = fold(vec![node("ReduceProd", "rp", &["p", "ax"], &["q"], vec![]), f("q")], vec![p(), i64_tensor("ax", &[1], &[-1])]);
     assert_eq!((s, v), (vec![2, 1], vec![2., 12.]));
     // ... and as an attribute (opset 17), keepdims=0.
-    let (s, v) = fold_at(
-        17,
-        vec![
-            node(
-                "ReduceProd",
-                "rp",
-                &["p"],
-                &["q"],
-                vec![attr_ints("axes", &[0]), attr_i("keepdims", 0)],
-            ),
-            f("q"),
-        ],
-        vec![p()],
-    );
+    let (s, v) = fold_at(17, vec![node("ReduceProd", "rp", &["p"], &["q"], vec![attr_ints("axes", &[0]), attr_i("keepdims", 0)]), f("q")], vec![p()]);
     assert_eq!((s, v), (vec![2], vec![3., 8.]));
     // The device reductions fold on constants too; no axes reduces all.
-    let (s, v) = fold(
-        vec![
-            node(
-                "ReduceMax",
-                "rm",
-                &["p"],
-                &["q"],
-                vec![attr_i("keepdims", 0)],
-            ),
-            f("q"),
-        ],
-        vec![p()],
-    );
+    let (s, v) = fold(vec![node("ReduceMax", "rm", &["p"], &["q"], vec![attr_i("keepdims", 0)]), f("q")], vec![p()]);
     assert_eq!((s, v), (vec![], vec![4.]));
     // noop_with_empty_axes: each element alone (SumSquare squares it).
-    let (_, v) = fold(
-        vec![
-            node(
-                "ReduceSumSquare",
-                "rs",
-                &["p", "none"],
-                &["q"],
-                vec![attr_i("noop_with_empty_axes", 1)],
-            ),
-            f("q"),
-        ],
-        vec![p(), i64_tensor("none", &[0], &[])],
-    );
+    let (_, v) = fold(vec![node("ReduceSumSquare", "rs", &["p", "none"], &["q"], vec![attr_i("noop_with_empty_axes", 1)]), f("q")], vec![p(), i64_tensor("none", &[0], &[])]);
     assert_eq!(v, [1., 4., 9., 16.]);
     // Float reductions: L1, L2, LogSumExp, mean of integers truncates.
     let x = || tensor("x3", &[2, 2], &[3., -4., 0., 2.]);
-    let (_, v) = fold(
-        vec![node(
-            "ReduceL2",
-            "l2",
-            &["x3", "ax"],
-            &["r"],
-            vec![attr_i("keepdims", 0)],
-        )],
-        vec![x(), i64_tensor("ax", &[1], &[1])],
-    );
+    let (_, v) = fold(vec![node("ReduceL2", "l2", &["x3", "ax"], &["r"], vec![attr_i("keepdims", 0)])], vec![x(), i64_tensor("ax", &[1], &[1])]);
     assert_eq!(v, [5., 2.]);
-    let (_, v) = fold(
-        vec![node(
-            "ReduceL1",
-            "l1",
-            &["x3"],
-            &["r"],
-            vec![attr_i("keepdims", 0)],
-        )],
-        vec![x()],
-    );
+    let (_, v) = fold(vec![node("ReduceL1", "l1", &["x3"], &["r"], vec![attr_i("keepdims", 0)])], vec![x()]);
     assert_eq!(v, [9.]);
-    let (_, v) = fold(
-        vec![node("ReduceMean", "mean", &["n"], &["q"], vec![]), f("q")],
-        vec![i64_tensor("n", &[3], &[-3, -2, 2])],
-    );
+    let (_, v) = fold(vec![node("ReduceMean", "mean", &["n"], &["q"], vec![]), f("q")], vec![i64_tensor("n", &[3], &[-3, -2, 2])]);
     assert_eq!(v, [-1.]);
-    let (_, v) = fold(
-        vec![node(
-            "ReduceLogSumExp",
-            "lse",
-            &["x3"],
-            &["r"],
-            vec![attr_i("keepdims", 0)],
-        )],
-        vec![x()],
-    );
+    let (_, v) = fold(vec![node("ReduceLogSumExp", "lse", &["x3"], &["r"], vec![attr_i("keepdims", 0)])], vec![x()]);
     let want = (3f32.exp() + (-4f32).exp() + 1.0 + 2f32.exp()).ln();
     assert!((v[0] - want).abs() < 1e-6, "{v:?} vs {want}");
 }
@@ -1951,64 +1080,24 @@ fn compile_time_ops_refuse_run_time_inputs() {
     }
     // A run-time integer input is named as it is (no float conversion first).
     let bytes = model(
-        vec![
-            node("Mod", "pos", &["mask", "two"], &["p"], vec![]),
-            node(
-                "Cast",
-                "f",
-                &["p"],
-                &["pf"],
-                vec![attr_i("to", elem::FLOAT as i64)],
-            ),
-            node("Add", "a", &["x", "pf"], &["y"], vec![]),
-        ],
+        vec![node("Mod", "pos", &["mask", "two"], &["p"], vec![]), node("Cast", "f", &["p"], &["pf"], vec![attr_i("to", elem::FLOAT as i64)]), node("Add", "a", &["x", "pf"], &["y"], vec![])],
         vec![i64_tensor("two", &[], &[2])],
-        vec![
-            vinfo("x", &[1, 4]),
-            typed_vinfo("mask", &[1, 4], elem::INT64),
-        ],
+        vec![vinfo("x", &[1, 4]), typed_vinfo("mask", &[1, 4], elem::INT64)],
         vec![vinfo("y", &[1, 4])],
     );
     let (who, op, reason) = unsupported(&bytes, &Options::default());
     assert_eq!((who.as_str(), op.as_str()), ("pos", "Mod"));
-    assert!(
-        reason.contains("input 0 ('mask') is computed at run time"),
-        "{reason}"
-    );
+    assert!(reason.contains("input 0 ('mask') is computed at run time"), "{reason}");
     // CumSum of a run-time mask (position ids) runs on the device.
     let bytes = model(
-        vec![
-            node("CumSum", "pos", &["mask", "ax"], &["p"], vec![]),
-            node(
-                "Cast",
-                "f",
-                &["p"],
-                &["pf"],
-                vec![attr_i("to", elem::FLOAT as i64)],
-            ),
-            node("Add", "a", &["x", "pf"], &["y"], vec![]),
-        ],
+        vec![node("CumSum", "pos", &["mask", "ax"], &["p"], vec![]), node("Cast", "f", &["p"], &["pf"], vec![attr_i("to", elem::FLOAT as i64)]), node("Add", "a", &["x", "pf"], &["y"], vec![])],
         vec![i64_tensor("ax", &[], &[1])],
-        vec![
-            vinfo("x", &[1, 4]),
-            typed_vinfo("mask", &[1, 4], elem::INT64),
-        ],
+        vec![vinfo("x", &[1, 4]), typed_vinfo("mask", &[1, 4], elem::INT64)],
         vec![vinfo("y", &[1, 4])],
     );
     assert!(compute_ops(&compiled(&bytes).model).contains(&"CumSum".to_string()));
     // The Reduce* ops the device has keep running on run-time inputs.
-    let bytes = model(
-        vec![node(
-            "ReduceMax",
-            "rm",
-            &["x"],
-            &["y"],
-            vec![attr_ints("axes", &[1])],
-        )],
-        vec![],
-        vec![vinfo("x", &[2, 3])],
-        vec![vinfo("y", &[2, 1])],
-    );
+    let bytes = model(vec![node("ReduceMax", "rm", &["x"], &["y"], vec![attr_ints("axes", &[1])])], vec![], vec![vinfo("x", &[2, 3])], vec![vinfo("y", &[2, 1])]);
     assert_eq!(compute_ops(&compiled(&bytes).model), ["ReduceMax"]);
 }
 
@@ -2016,199 +1105,31 @@ fn compile_time_ops_refuse_run_time_inputs() {
 fn bad_constant_folds_name_node_op_and_reason() {
     let d = || tensor("d", &[2, 3], &[0., 1., 2., 3., 4., 5.]);
     /// Op, its inputs, the initializers, its attributes, and the reason expected.
-    type Case<'a> = (
-        &'a str,
-        Vec<&'a str>,
-        Vec<TensorProto>,
-        Vec<AttributeProto>,
-        &'a str,
-    );
+    type Case<'a> = (&'a str, Vec<&'a str>, Vec<TensorProto>, Vec<AttributeProto>, &'a str);
     let cases: Vec<Case> = vec![
-        (
-            "Mod",
-            vec!["a", "z"],
-            vec![i64_tensor("a", &[1], &[5]), i64_tensor("z", &[1], &[0])],
-            vec![],
-            "integer Mod of 5 by zero",
-        ),
-        (
-            "Mod",
-            vec!["d", "d"],
-            vec![d()],
-            vec![],
-            "fmod=0 on floating-point inputs",
-        ),
-        (
-            "Mod",
-            vec!["d", "d"],
-            vec![d()],
-            vec![attr_i("fmod", 2)],
-            "fmod=2; it must be 0 or 1",
-        ),
-        (
-            "GatherElements",
-            vec!["d", "i"],
-            vec![d(), i64_tensor("i", &[1, 1], &[3])],
-            vec![attr_i("axis", 1)],
-            "index 3 is out of range for axis 1 of size 3",
-        ),
-        (
-            "GatherElements",
-            vec!["d", "i"],
-            vec![d(), i64_tensor("i", &[2], &[0, 0])],
-            vec![],
-            "must have the same rank",
-        ),
-        (
-            "GatherElements",
-            vec!["d", "i"],
-            vec![d(), i64_tensor("i", &[1, 1], &[0])],
-            vec![attr_i("axis", 2)],
-            "axis 2 is out of range for rank 2",
-        ),
-        (
-            "GatherElements",
-            vec!["d", "d"],
-            vec![d()],
-            vec![],
-            "indices must be integers",
-        ),
-        (
-            "ScatterND",
-            vec!["d", "i", "u"],
-            vec![
-                d(),
-                i64_tensor("i", &[1, 2], &[2, 0]),
-                tensor("u", &[1], &[1.]),
-            ],
-            vec![],
-            "index 2 is out of range for axis 0 of size 2",
-        ),
-        (
-            "ScatterND",
-            vec!["d", "i", "u"],
-            vec![
-                d(),
-                i64_tensor("i", &[1, 1], &[0]),
-                tensor("u", &[1, 2], &[1., 1.]),
-            ],
-            vec![],
-            "updates have shape [1, 2]",
-        ),
-        (
-            "ScatterND",
-            vec!["d", "i", "u"],
-            vec![
-                d(),
-                i64_tensor("i", &[1, 3], &[0, 0, 0]),
-                tensor("u", &[1], &[1.]),
-            ],
-            vec![],
-            "address 3 axes",
-        ),
-        (
-            "ScatterND",
-            vec!["d", "i", "u"],
-            vec![
-                d(),
-                i64_tensor("i", &[1, 1], &[0]),
-                tensor("u", &[1, 3], &[1., 1., 1.]),
-            ],
-            vec![attr_s("reduction", "mean")],
-            "reduction 'mean' is not one of",
-        ),
-        (
-            "ScatterElements",
-            vec!["d", "i", "u"],
-            vec![
-                d(),
-                i64_tensor("i", &[1, 1], &[-4]),
-                tensor("u", &[1, 1], &[1.]),
-            ],
-            vec![attr_i("axis", 1)],
-            "index -4 is out of range",
-        ),
-        (
-            "ScatterElements",
-            vec!["d", "i", "u"],
-            vec![
-                d(),
-                i64_tensor("i", &[1, 1], &[0]),
-                tensor("u", &[1, 2], &[1., 1.]),
-            ],
-            vec![],
-            "must have the same shape",
-        ),
-        (
-            "Tile",
-            vec!["d", "reps"],
-            vec![d(), i64_tensor("reps", &[2], &[1, -2])],
-            vec![],
-            "negative count",
-        ),
-        (
-            "Tile",
-            vec!["d", "reps"],
-            vec![d(), i64_tensor("reps", &[1], &[2])],
-            vec![],
-            "1 repeats for an input of rank 2",
-        ),
-        (
-            "Tile",
-            vec!["d", "reps"],
-            vec![d(), i64_tensor("reps", &[2], &[1 << 20, 1 << 20])],
-            vec![],
-            "too large to fold",
-        ),
-        (
-            "CumSum",
-            vec!["d", "ax"],
-            vec![d(), i64_tensor("ax", &[2], &[0, 1])],
-            vec![],
-            "axis (input 1) must be a scalar",
-        ),
-        (
-            "CumSum",
-            vec!["d", "ax"],
-            vec![d(), i64_tensor("ax", &[], &[2])],
-            vec![],
-            "axis 2 is out of range",
-        ),
-        (
-            "Trilu",
-            vec!["v"],
-            vec![tensor("v", &[3], &[1., 2., 3.])],
-            vec![],
-            "must have rank at least 2",
-        ),
-        (
-            "Trilu",
-            vec!["d", "k"],
-            vec![d(), tensor("k", &[], &[1.0])],
-            vec![],
-            "k (input 1) must be integers",
-        ),
-        (
-            "ReduceProd",
-            vec!["d", "ax"],
-            vec![d(), i64_tensor("ax", &[1], &[5])],
-            vec![],
-            "axis 5 is out of range",
-        ),
-        (
-            "ReduceMax",
-            vec!["e", "ax"],
-            vec![i64_tensor("e", &[0, 2], &[]), i64_tensor("ax", &[1], &[0])],
-            vec![],
-            "empty set of integers",
-        ),
-        (
-            "Cast",
-            vec!["d"],
-            vec![d()],
-            vec![attr_i("to", 8)],
-            "a cast to string (8) cannot be folded",
-        ),
+        ("Mod", vec!["a", "z"], vec![i64_tensor("a", &[1], &[5]), i64_tensor("z", &[1], &[0])], vec![], "integer Mod of 5 by zero"),
+        ("Mod", vec!["d", "d"], vec![d()], vec![], "fmod=0 on floating-point inputs"),
+        ("Mod", vec!["d", "d"], vec![d()], vec![attr_i("fmod", 2)], "fmod=2; it must be 0 or 1"),
+        ("GatherElements", vec!["d", "i"], vec![d(), i64_tensor("i", &[1, 1], &[3])], vec![attr_i("axis", 1)], "index 3 is out of range for axis 1 of size 3"),
+        ("GatherElements", vec!["d", "i"], vec![d(), i64_tensor("i", &[2], &[0, 0])], vec![], "must have the same rank"),
+        ("GatherElements", vec!["d", "i"], vec![d(), i64_tensor("i", &[1, 1], &[0])], vec![attr_i("axis", 2)], "axis 2 is out of range for rank 2"),
+        ("GatherElements", vec!["d", "d"], vec![d()], vec![], "indices must be integers"),
+        ("ScatterND", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 2], &[2, 0]), tensor("u", &[1], &[1.])], vec![], "index 2 is out of range for axis 0 of size 2"),
+        ("ScatterND", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 2], &[1., 1.])], vec![], "updates have shape [1, 2]"),
+        ("ScatterND", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 3], &[0, 0, 0]), tensor("u", &[1], &[1.])], vec![], "address 3 axes"),
+        ("ScatterND", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 3], &[1., 1., 1.])], vec![attr_s("reduction", "mean")], "reduction 'mean' is not one of"),
+        ("ScatterElements", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 1], &[-4]), tensor("u", &[1, 1], &[1.])], vec![attr_i("axis", 1)], "index -4 is out of range"),
+        ("ScatterElements", vec!["d", "i", "u"], vec![d(), i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 2], &[1., 1.])], vec![], "must have the same shape"),
+        ("Tile", vec!["d", "reps"], vec![d(), i64_tensor("reps", &[2], &[1, -2])], vec![], "negative count"),
+        ("Tile", vec!["d", "reps"], vec![d(), i64_tensor("reps", &[1], &[2])], vec![], "1 repeats for an input of rank 2"),
+        ("Tile", vec!["d", "reps"], vec![d(), i64_tensor("reps", &[2], &[1 << 20, 1 << 20])], vec![], "too large to fold"),
+        ("CumSum", vec!["d", "ax"], vec![d(), i64_tensor("ax", &[2], &[0, 1])], vec![], "axis (input 1) must be a scalar"),
+        ("CumSum", vec!["d", "ax"], vec![d(), i64_tensor("ax", &[], &[2])], vec![], "axis 2 is out of range"),
+        ("Trilu", vec!["v"], vec![tensor("v", &[3], &[1., 2., 3.])], vec![], "must have rank at least 2"),
+        ("Trilu", vec!["d", "k"], vec![d(), tensor("k", &[], &[1.0])], vec![], "k (input 1) must be integers"),
+        ("ReduceProd", vec!["d", "ax"], vec![d(), i64_tensor("ax", &[1], &[5])], vec![], "axis 5 is out of range"),
+        ("ReduceMax", vec!["e", "ax"], vec![i64_tensor("e", &[0, 2], &[]), i64_tensor("ax", &[1], &[0])], vec![], "empty set of integers"),
+        ("Cast", vec!["d"], vec![d()], vec![attr_i("to", 8)], "a cast to string (8) cannot be folded"),
     ];
     for (op, ins, inits, attrs, want) in cases {
         let (who, got_op, reason) = fold_error(op, &ins, inits, attrs);
@@ -2228,28 +1149,12 @@ fn resize_and_conv_transpose_lower_or_say_why_not() {
             vec![vinfo("y", &[1, 2, 6, 8])],
         )
     };
-    assert_eq!(
-        compute_ops(&compiled(&resize(vec![attr_s("mode", "nearest")])).model),
-        ["Resize"]
-    );
-    let (who, op, reason) =
-        unsupported(&resize(vec![attr_s("mode", "cubic")]), &Options::default());
+    assert_eq!(compute_ops(&compiled(&resize(vec![attr_s("mode", "nearest")])).model), ["Resize"]);
+    let (who, op, reason) = unsupported(&resize(vec![attr_s("mode", "cubic")]), &Options::default());
     assert_eq!((who.as_str(), op.as_str()), ("up", "Resize"));
-    assert!(
-        reason.contains("mode 'cubic' on a run-time tensor is not supported"),
-        "{reason}"
-    );
-    let (_, _, reason) = unsupported(
-        &resize(vec![attr_s(
-            "coordinate_transformation_mode",
-            "tf_crop_and_resize",
-        )]),
-        &Options::default(),
-    );
-    assert!(
-        reason.contains("'tf_crop_and_resize' is not supported"),
-        "{reason}"
-    );
+    assert!(reason.contains("mode 'cubic' on a run-time tensor is not supported"), "{reason}");
+    let (_, _, reason) = unsupported(&resize(vec![attr_s("coordinate_transformation_mode", "tf_crop_and_resize")]), &Options::default());
+    assert!(reason.contains("'tf_crop_and_resize' is not supported"), "{reason}");
     // Resizing the channel axis is refused.
     let bytes = model(
         vec![node("Resize", "up", &["x", "", "s"], &["y"], vec![])],
@@ -2257,34 +1162,19 @@ fn resize_and_conv_transpose_lower_or_say_why_not() {
         vec![vinfo("x", &[1, 2, 3, 4])],
         vec![vinfo("y", &[1, 4, 3, 4])],
     );
-    assert!(unsupported(&bytes, &Options::default())
-        .2
-        .contains("only spatial axes"));
+    assert!(unsupported(&bytes, &Options::default()).2.contains("only spatial axes"));
 
     // ConvTranspose k2 s2: a zero-spreading copy and a stride-1 conv.
     let ct = |weights_const: bool| {
         let w = tensor("w", &[2, 3, 2, 2], &ramp(24, 0.1));
         model(
-            vec![node(
-                "ConvTranspose",
-                "up",
-                &["x", "w"],
-                &["y"],
-                vec![attr_ints("strides", &[2, 2])],
-            )],
+            vec![node("ConvTranspose", "up", &["x", "w"], &["y"], vec![attr_ints("strides", &[2, 2])])],
             if weights_const { vec![w] } else { vec![] },
-            if weights_const {
-                vec![vinfo("x", &[1, 2, 3, 4])]
-            } else {
-                vec![vinfo("x", &[1, 2, 3, 4]), vinfo("w", &[2, 3, 2, 2])]
-            },
+            if weights_const { vec![vinfo("x", &[1, 2, 3, 4])] } else { vec![vinfo("x", &[1, 2, 3, 4]), vinfo("w", &[2, 3, 2, 2])] },
             vec![vinfo("y", &[1, 3, 6, 8])],
         )
     };
-    assert_eq!(
-        compute_ops(&compiled(&ct(true)).model),
-        ["ConvTranspose", "ConvTranspose"]
-    );
+    assert_eq!(compute_ops(&compiled(&ct(true)).model), ["ConvTranspose", "ConvTranspose"]);
     let (_, op, reason) = unsupported(&ct(false), &Options::default());
     assert_eq!(op, "ConvTranspose");
     assert!(reason.contains("weights computed at run time"), "{reason}");
@@ -2297,17 +1187,8 @@ fn group_norms_and_pixel_shuffles_lower_to_existing_descriptors() {
     let gn = |opset_scale: usize| {
         let mut m = ModelProto::decode(
             model(
-                vec![node(
-                    "GroupNormalization",
-                    "gn",
-                    &["x", "s", "b"],
-                    &["y"],
-                    vec![attr_i("num_groups", 2)],
-                )],
-                vec![
-                    tensor("s", &[opset_scale as i64], &ramp(opset_scale, 0.5)),
-                    tensor("b", &[opset_scale as i64], &ramp(opset_scale, 0.1)),
-                ],
+                vec![node("GroupNormalization", "gn", &["x", "s", "b"], &["y"], vec![attr_i("num_groups", 2)])],
+                vec![tensor("s", &[opset_scale as i64], &ramp(opset_scale, 0.5)), tensor("b", &[opset_scale as i64], &ramp(opset_scale, 0.1))],
                 vec![vinfo("x", &[1, 4, 3, 3])],
                 vec![vinfo("y", &[1, 4, 3, 3])],
             )
@@ -2318,27 +1199,14 @@ fn group_norms_and_pixel_shuffles_lower_to_existing_descriptors() {
         m.encode_to_vec()
     };
     let ops = compute_ops(&compiled(&gn(2)).model);
-    assert_eq!(
-        ops.iter().filter(|o| *o == "GroupNormalization").count(),
-        3,
-        "{ops:?}"
-    );
+    assert_eq!(ops.iter().filter(|o| *o == "GroupNormalization").count(), 3, "{ops:?}");
     let (who, _, reason) = unsupported(&gn(3), &Options::default());
     assert_eq!(who, "gn");
-    assert!(
-        reason.contains("3 values; 4 (one per channel) expected"),
-        "{reason}"
-    );
+    assert!(reason.contains("3 values; 4 (one per channel) expected"), "{reason}");
     // DepthToSpace is views around one TRANSPOSE; a bad blocksize says why.
     let d2s = |bs: i64| {
         model(
-            vec![node(
-                "DepthToSpace",
-                "d2s",
-                &["x"],
-                &["y"],
-                vec![attr_i("blocksize", bs)],
-            )],
+            vec![node("DepthToSpace", "d2s", &["x"], &["y"], vec![attr_i("blocksize", bs)])],
             vec![],
             vec![vinfo("x", &[1, 8, 2, 3])],
             vec![vinfo("y", &[1, 2, 4, 6])],
@@ -2347,10 +1215,7 @@ fn group_norms_and_pixel_shuffles_lower_to_existing_descriptors() {
     assert_eq!(compute_ops(&compiled(&d2s(2)).model), ["DepthToSpace"]);
     let (_, op, reason) = unsupported(&d2s(3), &Options::default());
     assert_eq!(op, "DepthToSpace");
-    assert!(
-        reason.contains("not a multiple of blocksize² = 9"),
-        "{reason}"
-    );
+    assert!(reason.contains("not a multiple of blocksize² = 9"), "{reason}");
 }
 
 #[test]
@@ -2367,33 +1232,18 @@ fn comparisons_logic_and_where_run_on_the_device() {
             node("Xor", "one", &["kp", "ko"], &["kx"], vec![]),
             node("Where", "sel", &["kx", "x", "neg"], &["y"], vec![]),
         ],
-        vec![
-            ints("zero", &[0]),
-            tensor("zero_f", &[], &[0.0]),
-            tensor("neg", &[], &[-1e9]),
-        ],
-        vec![
-            vinfo("x", &[2, 4]),
-            typed_vinfo("mask", &[2, 4], elem::INT64),
-        ],
+        vec![ints("zero", &[0]), tensor("zero_f", &[], &[0.0]), tensor("neg", &[], &[-1e9])],
+        vec![vinfo("x", &[2, 4]), typed_vinfo("mask", &[2, 4], elem::INT64)],
         vec![vinfo("y", &[2, 4])],
     );
     let ops = compute_ops(&compiled(&bytes).model);
-    for want in [
-        "Cast", "Equal", "Not", "Greater", "And", "Or", "Xor", "Where",
-    ] {
+    for want in ["Cast", "Equal", "Not", "Greater", "And", "Or", "Xor", "Where"] {
         assert!(ops.iter().any(|o| o == want), "{want} missing from {ops:?}");
     }
     // All-constant inputs still fold to nothing on the device.
     let bytes = model(
-        vec![
-            node("Less", "c", &["a", "b"], &["m"], vec![]),
-            node("Where", "w", &["m", "x", "x2"], &["y"], vec![]),
-        ],
-        vec![
-            tensor("a", &[2], &[1.0, 3.0]),
-            tensor("b", &[2], &[2.0, 2.0]),
-        ],
+        vec![node("Less", "c", &["a", "b"], &["m"], vec![]), node("Where", "w", &["m", "x", "x2"], &["y"], vec![])],
+        vec![tensor("a", &[2], &[1.0, 3.0]), tensor("b", &[2], &[2.0, 2.0])],
         vec![vinfo("x", &[2]), vinfo("x2", &[2])],
         vec![vinfo("y", &[2])],
     );
@@ -2421,13 +1271,7 @@ fn tile_of_a_run_time_tensor_is_one_strided_copy() {
 #[test]
 fn argmax_is_a_reduce_then_a_cast_to_int64() {
     let bytes = model(
-        vec![node(
-            "ArgMax",
-            "am",
-            &["x"],
-            &["i"],
-            vec![attr_i("axis", 1), attr_i("keepdims", 0)],
-        )],
+        vec![node("ArgMax", "am", &["x"], &["i"], vec![attr_i("axis", 1), attr_i("keepdims", 0)])],
         vec![],
         vec![vinfo("x", &[2, 5])],
         vec![typed_vinfo("i", &[2], elem::INT64)],
@@ -2447,87 +1291,21 @@ fn argmax_is_a_reduce_then_a_cast_to_int64() {
 #[test]
 fn run_time_forms_of_export_ops() {
     let lowered = |nodes: Vec<NodeProto>, inits: Vec<TensorProto>, x: &[i64], y: &[i64]| {
-        compute_ops(
-            &compiled(&model(
-                nodes,
-                inits,
-                vec![vinfo("x", x)],
-                vec![vinfo("y", y)],
-            ))
-            .model,
-        )
+        compute_ops(&compiled(&model(nodes, inits, vec![vinfo("x", x)], vec![vinfo("y", y)])).model)
     };
-    assert_eq!(
-        lowered(
-            vec![node("Sin", "s", &["x"], &["y"], vec![])],
-            vec![],
-            &[4],
-            &[4]
-        ),
-        ["Sin"]
-    );
-    assert_eq!(
-        lowered(
-            vec![node("Cos", "c", &["x"], &["y"], vec![])],
-            vec![],
-            &[4],
-            &[4]
-        ),
-        ["Cos"]
-    );
+    assert_eq!(lowered(vec![node("Sin", "s", &["x"], &["y"], vec![])], vec![], &[4], &[4]), ["Sin"]);
+    assert_eq!(lowered(vec![node("Cos", "c", &["x"], &["y"], vec![])], vec![], &[4], &[4]), ["Cos"]);
     // CumSum: one GEMM against a triangle of ones, on the last axis or not.
     let cumsum = |axis: i64, attrs: Vec<AttributeProto>| {
-        lowered(
-            vec![node("CumSum", "cs", &["x", "ax"], &["y"], attrs)],
-            vec![i64_tensor("ax", &[], &[axis])],
-            &[2, 5, 3],
-            &[2, 5, 3],
-        )
+        lowered(vec![node("CumSum", "cs", &["x", "ax"], &["y"], attrs)], vec![i64_tensor("ax", &[], &[axis])], &[2, 5, 3], &[2, 5, 3])
     };
     assert_eq!(cumsum(-1, vec![]), ["CumSum"]);
-    assert_eq!(
-        cumsum(1, vec![attr_i("exclusive", 1), attr_i("reverse", 1)]),
-        ["CumSum"]
-    );
+    assert_eq!(cumsum(1, vec![attr_i("exclusive", 1), attr_i("reverse", 1)]), ["CumSum"]);
     // ReduceL2 = sqrt(sum(x·x)); ReduceL1 = sum(|x|).
-    assert_eq!(
-        lowered(
-            vec![node(
-                "ReduceL2",
-                "r",
-                &["x"],
-                &["y"],
-                vec![attr_ints("axes", &[1])]
-            )],
-            vec![],
-            &[2, 3],
-            &[2, 1]
-        ),
-        ["ReduceL2"; 3]
-    );
-    assert_eq!(
-        lowered(
-            vec![node(
-                "ReduceL1",
-                "r",
-                &["x"],
-                &["y"],
-                vec![attr_ints("axes", &[1])]
-            )],
-            vec![],
-            &[2, 3],
-            &[2, 1]
-        ),
-        ["ReduceL1"; 2]
-    );
+    assert_eq!(lowered(vec![node("ReduceL2", "r", &["x"], &["y"], vec![attr_ints("axes", &[1])])], vec![], &[2, 3], &[2, 1]), ["ReduceL2"; 3]);
+    assert_eq!(lowered(vec![node("ReduceL1", "r", &["x"], &["y"], vec![attr_ints("axes", &[1])])], vec![], &[2, 3], &[2, 1]), ["ReduceL1"; 2]);
     // A flip: the ascending box, then a Gather of reversed positions.
-    let flip = vec![node(
-        "Slice",
-        "sl",
-        &["x", "st", "en", "ax", "sp"],
-        &["y"],
-        vec![],
-    )];
+    let flip = vec![node("Slice", "sl", &["x", "st", "en", "ax", "sp"], &["y"], vec![])];
     let inits = || {
         vec![
             i64_tensor("st", &[1], &[-1]),
@@ -2537,57 +1315,15 @@ fn run_time_forms_of_export_ops() {
         ]
     };
     assert_eq!(lowered(flip, inits(), &[4, 3], &[4, 3]), ["Slice"]);
-    let every_other = vec![node(
-        "Slice",
-        "sl",
-        &["x", "st", "en", "ax", "sp"],
-        &["y"],
-        vec![],
-    )];
-    let inits2 = vec![
-        i64_tensor("st", &[1], &[4]),
-        i64_tensor("en", &[1], &[0]),
-        i64_tensor("ax", &[1], &[1]),
-        i64_tensor("sp", &[1], &[-2]),
-    ];
+    let every_other = vec![node("Slice", "sl", &["x", "st", "en", "ax", "sp"], &["y"], vec![])];
+    let inits2 = vec![i64_tensor("st", &[1], &[4]), i64_tensor("en", &[1], &[0]), i64_tensor("ax", &[1], &[1]), i64_tensor("sp", &[1], &[-2])];
     // Elements 4 and 2 of axis 1: a strided copy, then the flip.
-    assert_eq!(
-        lowered(every_other, inits2, &[2, 6], &[2, 2]),
-        ["Slice", "Slice"]
-    );
+    assert_eq!(lowered(every_other, inits2, &[2, 6], &[2, 2]), ["Slice", "Slice"]);
     // GatherElements with constant indices: one Gather from the flat data.
-    let ge = vec![node(
-        "GatherElements",
-        "ge",
-        &["x", "i"],
-        &["y"],
-        vec![attr_i("axis", 1)],
-    )];
-    assert_eq!(
-        lowered(
-            ge,
-            vec![i64_tensor("i", &[2, 2], &[2, 0, -1, 1])],
-            &[2, 3],
-            &[2, 2]
-        ),
-        ["GatherElements"]
-    );
-    let einsum = vec![node(
-        "Einsum",
-        "e",
-        &["x", "w"],
-        &["y"],
-        vec![attr_s("equation", "BIJ,JK->BIK")],
-    )];
-    assert_eq!(
-        lowered(
-            einsum,
-            vec![tensor("w", &[3, 4], &ramp(12, 0.1))],
-            &[2, 5, 3],
-            &[2, 5, 4]
-        ),
-        ["Einsum"]
-    );
+    let ge = vec![node("GatherElements", "ge", &["x", "i"], &["y"], vec![attr_i("axis", 1)])];
+    assert_eq!(lowered(ge, vec![i64_tensor("i", &[2, 2], &[2, 0, -1, 1])], &[2, 3], &[2, 2]), ["GatherElements"]);
+    let einsum = vec![node("Einsum", "e", &["x", "w"], &["y"], vec![attr_s("equation", "BIJ,JK->BIK")])];
+    assert_eq!(lowered(einsum, vec![tensor("w", &[3, 4], &ramp(12, 0.1))], &[2, 5, 3], &[2, 5, 4]), ["Einsum"]);
 }
 
 /// GatherElements with run-time indices (position ids computed from a
@@ -2595,24 +1331,14 @@ fn run_time_forms_of_export_ops() {
 #[test]
 fn gather_elements_with_run_time_indices() {
     let bytes = model(
-        vec![node(
-            "GatherElements",
-            "ge",
-            &["E", "x"],
-            &["y"],
-            vec![attr_i("axis", 1)],
-        )],
+        vec![node("GatherElements", "ge", &["E", "x"], &["y"], vec![attr_i("axis", 1)])],
         vec![tensor("E", &[2, 5], &ramp(10, 0.5))],
         vec![typed_vinfo("x", &[2, 3], elem::INT64)],
         vec![vinfo("y", &[2, 3])],
     );
     let ops = compute_ops(&compiled(&bytes).model);
     assert_eq!(ops.first().map(String::as_str), Some("Cast"), "{ops:?}");
-    assert_eq!(
-        ops.last().map(String::as_str),
-        Some("GatherElements"),
-        "{ops:?}"
-    );
+    assert_eq!(ops.last().map(String::as_str), Some("GatherElements"), "{ops:?}");
 }
 
 /// IsNaN / IsInf on run-time values (DETR's activation checks) are
@@ -2622,86 +1348,25 @@ fn gather_elements_with_run_time_indices() {
 #[test]
 fn run_time_checks_scatters_and_cubic() {
     let lowered = |nodes: Vec<NodeProto>, inits: Vec<TensorProto>, x: &[i64], y: &[i64]| {
-        compute_ops(
-            &compiled(&model(
-                nodes,
-                inits,
-                vec![vinfo("x", x)],
-                vec![vinfo("y", y)],
-            ))
-            .model,
-        )
+        compute_ops(&compiled(&model(nodes, inits, vec![vinfo("x", x)], vec![vinfo("y", y)])).model)
     };
-    let isnan = vec![
-        node("IsNaN", "n", &["x"], &["b"], vec![]),
-        node(
-            "Cast",
-            "c",
-            &["b"],
-            &["y"],
-            vec![attr_i("to", elem::FLOAT as i64)],
-        ),
-    ];
+    let isnan = vec![node("IsNaN", "n", &["x"], &["b"], vec![]), node("Cast", "c", &["b"], &["y"], vec![attr_i("to", elem::FLOAT as i64)])];
     // (The Cast of a run-time 0/1 to float moves nothing.)
     assert_eq!(lowered(isnan, vec![], &[4], &[4]), ["IsNaN", "IsNaN"]);
-    let isinf = vec![
-        node(
-            "IsInf",
-            "i",
-            &["x"],
-            &["b"],
-            vec![attr_i("detect_negative", 0)],
-        ),
-        node(
-            "Cast",
-            "c",
-            &["b"],
-            &["y"],
-            vec![attr_i("to", elem::FLOAT as i64)],
-        ),
-    ];
+    let isinf = vec![node("IsInf", "i", &["x"], &["b"], vec![attr_i("detect_negative", 0)]), node("Cast", "c", &["b"], &["y"], vec![attr_i("to", elem::FLOAT as i64)])];
     assert_eq!(lowered(isinf, vec![], &[4], &[4]), ["IsInf"]);
     // shifted[:, 1:] = x[:, :-1] as exporters write it.
-    let idx: Vec<i64> = (0..2)
-        .flat_map(|b| (1..4).flat_map(move |j| [b, j]))
-        .collect();
+    let idx: Vec<i64> = (0..2).flat_map(|b| (1..4).flat_map(move |j| [b, j])).collect();
     let scatter = vec![node("ScatterND", "s", &["z", "i", "x"], &["y"], vec![])];
-    let inits = vec![
-        tensor("z", &[2, 4], &[0.0; 8]),
-        i64_tensor("i", &[2, 3, 2], &idx),
-    ];
-    assert_eq!(
-        lowered(scatter, inits, &[2, 3], &[2, 4]),
-        ["ScatterND", "ScatterND"]
-    );
-    let scatter = vec![node(
-        "ScatterElements",
-        "s",
-        &["x", "i", "u"],
-        &["y"],
-        vec![attr_i("axis", 1)],
-    )];
-    let inits = vec![
-        i64_tensor("i", &[1, 2], &[0, -1]),
-        tensor("u", &[1, 2], &[5.0, 6.0]),
-    ];
-    assert_eq!(
-        lowered(scatter, inits, &[2, 3], &[2, 3]),
-        ["ScatterElements"]
-    );
+    let inits = vec![tensor("z", &[2, 4], &[0.0; 8]), i64_tensor("i", &[2, 3, 2], &idx)];
+    assert_eq!(lowered(scatter, inits, &[2, 3], &[2, 4]), ["ScatterND", "ScatterND"]);
+    let scatter = vec![node("ScatterElements", "s", &["x", "i", "u"], &["y"], vec![attr_i("axis", 1)])];
+    let inits = vec![i64_tensor("i", &[1, 2], &[0, -1]), tensor("u", &[1, 2], &[5.0, 6.0])];
+    assert_eq!(lowered(scatter, inits, &[2, 3], &[2, 3]), ["ScatterElements"]);
     // Reductions other than none need constants.
     let bytes = model(
-        vec![node(
-            "ScatterND",
-            "s",
-            &["x", "i", "u"],
-            &["y"],
-            vec![attr_s("reduction", "add")],
-        )],
-        vec![
-            i64_tensor("i", &[1, 1], &[0]),
-            tensor("u", &[1, 3], &[1., 2., 3.]),
-        ],
+        vec![node("ScatterND", "s", &["x", "i", "u"], &["y"], vec![attr_s("reduction", "add")])],
+        vec![i64_tensor("i", &[1, 1], &[0]), tensor("u", &[1, 3], &[1., 2., 3.])],
         vec![vinfo("x", &[2, 3])],
         vec![vinfo("y", &[2, 3])],
     );
@@ -2709,26 +1374,10 @@ fn run_time_checks_scatters_and_cubic() {
     assert_eq!((who.as_str(), op.as_str()), ("s", "ScatterND"));
     assert!(reason.contains("a reduction other than 'none'"), "{reason}");
     // Cubic on a run-time tensor is refused naming the mode.
-    let cubic = |x: &str| {
-        node(
-            "Resize",
-            "r",
-            &[x, "", "sc"],
-            &["y"],
-            vec![attr_s("mode", "cubic")],
-        )
-    };
-    let bytes = model(
-        vec![cubic("x")],
-        vec![tensor("sc", &[4], &[1., 1., 2., 2.])],
-        vec![vinfo("x", &[1, 1, 2, 2])],
-        vec![vinfo("y", &[1, 1, 4, 4])],
-    );
+    let cubic = |x: &str| node("Resize", "r", &[x, "", "sc"], &["y"], vec![attr_s("mode", "cubic")]);
+    let bytes = model(vec![cubic("x")], vec![tensor("sc", &[4], &[1., 1., 2., 2.])], vec![vinfo("x", &[1, 1, 2, 2])], vec![vinfo("y", &[1, 1, 4, 4])]);
     let (_, _, reason) = unsupported(&bytes, &Options::default());
-    assert!(
-        reason.contains("mode 'cubic' on a run-time tensor"),
-        "{reason}"
-    );
+    assert!(reason.contains("mode 'cubic' on a run-time tensor"), "{reason}");
 }
 
 /// Cubic Resize folded on a constant matches the ONNX definition (Keys'
@@ -2739,22 +1388,10 @@ fn cubic_resize_folds_on_constants() {
     let ramp: Vec<f32> = (0..4).map(|i| i as f32).collect();
     let bytes = model(
         vec![
-            node(
-                "Resize",
-                "r",
-                &["c", "", "sc"],
-                &["up"],
-                vec![
-                    attr_s("mode", "cubic"),
-                    attr_s("coordinate_transformation_mode", "align_corners"),
-                ],
-            ),
+            node("Resize", "r", &["c", "", "sc"], &["up"], vec![attr_s("mode", "cubic"), attr_s("coordinate_transformation_mode", "align_corners")]),
             node("Add", "a", &["x", "up"], &["y"], vec![]),
         ],
-        vec![
-            tensor("c", &[1, 1, 1, 4], &ramp),
-            tensor("sc", &[4], &[1., 1., 1., 1.75]),
-        ],
+        vec![tensor("c", &[1, 1, 1, 4], &ramp), tensor("sc", &[4], &[1., 1., 1., 1.75])],
         vec![vinfo("x", &[1, 1, 1, 7])],
         vec![vinfo("y", &[1, 1, 1, 7])],
     );
@@ -2764,20 +1401,10 @@ fn cubic_resize_folds_on_constants() {
     // are inputs [0 (clamped -1), 0, 1, 2] with weights [-3/32, 19/32,
     // 19/32, -3/32]: 0.40625; inside (i = 2, 3) the ramp gives i/2.
     let want = [0.0, 0.40625, 1.0, 1.5, 2.0, 2.59375, 3.0];
-    let t = m
-        .graph
-        .tensors
-        .iter()
-        .find(|t| t.name == "up")
-        .expect("the folded resize is a weight");
-    let Placement::Weight { offset, size } = t.placement else {
-        panic!("not a weight")
-    };
+    let t = m.graph.tensors.iter().find(|t| t.name == "up").expect("the folded resize is a weight");
+    let Placement::Weight { offset, size } = t.placement else { panic!("not a weight") };
     assert_eq!(size, 7 * 4);
-    let w: Vec<f32> = m.weights[offset as usize..(offset + size) as usize]
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
+    let w: Vec<f32> = m.weights[offset as usize..(offset + size) as usize].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
     for (i, (v, want)) in w.iter().zip(want).enumerate() {
         assert!((v - want).abs() < 1e-5, "{i}: {v} vs {want}");
     }
@@ -2795,36 +1422,17 @@ fn constant_gemm_weights_are_packed_once_per_use() {
         vec![
             node("MatMul", "a", &["x", "W"], &["ya"], vec![]),
             node("MatMul", "b", &["x", "W"], &["yb"], vec![]),
-            node(
-                "Gemm",
-                "c",
-                &["x", "Wt"],
-                &["yc"],
-                vec![attr_i("transB", 1)],
-            ),
+            node("Gemm", "c", &["x", "Wt"], &["yc"], vec![attr_i("transB", 1)]),
             node("MatMul", "d", &["x", "Wsmall"], &["yd"], vec![]),
         ],
-        vec![
-            tensor("W", &[8, 32], &w),
-            tensor("Wt", &[32, 8], &w),
-            tensor("Wsmall", &[8, 4], &ramp(32, 0.1)),
-        ],
+        vec![tensor("W", &[8, 32], &w), tensor("Wt", &[32, 8], &w), tensor("Wsmall", &[8, 4], &ramp(32, 0.1))],
         vec![vinfo("x", &[2, 8])],
-        vec![
-            vinfo("ya", &[2, 32]),
-            vinfo("yb", &[2, 32]),
-            vinfo("yc", &[2, 32]),
-            vinfo("yd", &[2, 4]),
-        ],
+        vec![vinfo("ya", &[2, 32]), vinfo("yb", &[2, 32]), vinfo("yc", &[2, 32]), vinfo("yd", &[2, 4])],
     );
     let c = compiled(&bytes);
     let packed: Vec<&str> = c.report.layouts.iter().map(|l| l.op.as_str()).collect();
     assert_eq!(packed, ["a", "b", "c"]);
-    assert!(
-        c.report.layouts[0].note.contains("8x32"),
-        "{:?}",
-        c.report.layouts[0]
-    );
+    assert!(c.report.layouts[0].note.contains("8x32"), "{:?}", c.report.layouts[0]);
     // W packed once (8·32 floats, no padding), Wt packed once, Wsmall as is.
     let weights: Vec<(String, u64)> = c
         .model
@@ -2835,13 +1443,7 @@ fn constant_gemm_weights_are_packed_once_per_use() {
         .map(|t| (t.name.clone(), t.shape.iter().product()))
         .collect();
     assert_eq!(weights.len(), 3, "{weights:?}");
-    assert!(
-        weights.contains(&("W.panels".to_string(), 256)),
-        "{weights:?}"
-    );
-    assert!(
-        weights.contains(&("Wt.panels".to_string(), 256)),
-        "{weights:?}"
-    );
+    assert!(weights.contains(&("W.panels".to_string(), 256)), "{weights:?}");
+    assert!(weights.contains(&("Wt.panels".to_string(), 256)), "{weights:?}");
     assert!(weights.contains(&("Wsmall".to_string(), 32)), "{weights:?}");
 }

@@ -209,10 +209,7 @@ impl Packet {
     /// Decode the packet at the start of `buf`. Returns it and its size in
     /// bytes.
     pub fn decode(buf: &[u8]) -> Result<(Packet, usize), DecodeError> {
-        let h = buf
-            .get(..4)
-            .map(<u32 as super::Wire>::get)
-            .ok_or(DecodeError::Truncated)?;
+        let h = buf.get(..4).map(<u32 as super::Wire>::get).ok_or(DecodeError::Truncated)?;
         let (op, flags, size) = split_header(h);
         let op = Opcode::from_u8(op).ok_or(DecodeError::UnknownOpcode(op))?;
         if size == 0 {
@@ -334,93 +331,38 @@ impl<B: Extend<u8> + AsRef<[u8]>> Encoder<B> {
 
     pub fn dma_copy(&mut self, src_va: u64, dst_va: u64, size: u64) -> &mut Self {
         let header = header(Opcode::DmaCopy, 0, size_dw!(DmaCopy));
-        self.push(
-            DmaCopy {
-                header,
-                reserved: 0,
-                src_va,
-                dst_va,
-                size,
-            }
-            .to_bytes(),
-        )
+        self.push(DmaCopy { header, reserved: 0, src_va, dst_va, size }.to_bytes())
     }
 
     pub fn fill(&mut self, dst_va: u64, size: u64, value: u32) -> &mut Self {
         let header = header(Opcode::Fill, 0, size_dw!(Fill));
-        self.push(
-            Fill {
-                header,
-                dst_va,
-                size,
-                value,
-            }
-            .to_bytes(),
-        )
+        self.push(Fill { header, dst_va, size, value }.to_bytes())
     }
 
     pub fn compute(&mut self, desc_va: u64, desc_size: u32) -> &mut Self {
         let header = header(Opcode::Compute, 0, size_dw!(Compute));
-        self.push(
-            Compute {
-                header,
-                desc_va,
-                desc_size,
-            }
-            .to_bytes(),
-        )
+        self.push(Compute { header, desc_va, desc_size }.to_bytes())
     }
 
     pub fn sem_wait(&mut self, addr_va: u64, value: u64, cond: u32) -> &mut Self {
         let header = header(Opcode::SemWait, 0, size_dw!(SemWait));
-        self.push(
-            SemWait {
-                header,
-                addr_va,
-                value,
-                cond,
-            }
-            .to_bytes(),
-        )
+        self.push(SemWait { header, addr_va, value, cond }.to_bytes())
     }
 
     pub fn sem_signal(&mut self, addr_va: u64, value: u64, op: u32) -> &mut Self {
         let header = header(Opcode::SemSignal, 0, size_dw!(SemSignal));
-        self.push(
-            SemSignal {
-                header,
-                addr_va,
-                value,
-                op,
-            }
-            .to_bytes(),
-        )
+        self.push(SemSignal { header, addr_va, value, op }.to_bytes())
     }
 
     pub fn fence(&mut self, value: u64, addr_va: u64, irq: bool) -> &mut Self {
         let flags = if irq { FENCE_FLAG_IRQ } else { 0 };
         let header = header(Opcode::Fence, flags, size_dw!(Fence));
-        self.push(
-            Fence {
-                header,
-                reserved: 0,
-                value,
-                addr_va,
-            }
-            .to_bytes(),
-        )
+        self.push(Fence { header, reserved: 0, value, addr_va }.to_bytes())
     }
 
     pub fn timestamp(&mut self, addr_va: u64) -> &mut Self {
         let header = header(Opcode::Timestamp, 0, size_dw!(Timestamp));
-        self.push(
-            Timestamp {
-                header,
-                reserved: 0,
-                addr_va,
-            }
-            .to_bytes(),
-        )
+        self.push(Timestamp { header, reserved: 0, addr_va }.to_bytes())
     }
 
     pub fn indirect(&mut self, va: u64, size: u32) -> &mut Self {
@@ -456,23 +398,8 @@ mod tests {
             off += n;
         }
         assert_eq!(got.len(), 9);
-        assert!(matches!(
-            got[1],
-            Packet::DmaCopy(DmaCopy {
-                src_va: 0x1000,
-                dst_va: 0x2000,
-                size: 77,
-                ..
-            })
-        ));
-        assert!(matches!(
-            got[6],
-            Packet::Fence(Fence {
-                value: 42,
-                addr_va: 0x6000,
-                ..
-            })
-        ));
+        assert!(matches!(got[1], Packet::DmaCopy(DmaCopy { src_va: 0x1000, dst_va: 0x2000, size: 77, .. })));
+        assert!(matches!(got[6], Packet::Fence(Fence { value: 42, addr_va: 0x6000, .. })));
         let (_, flags, _) = split_header(match got[6] {
             Packet::Fence(f) => f.header,
             _ => unreachable!(),
@@ -483,22 +410,10 @@ mod tests {
     #[test]
     fn rejects_bad_packets() {
         assert_eq!(Packet::decode(&[]), Err(DecodeError::Truncated));
-        assert_eq!(
-            Packet::decode(&0x0000_00ffu32.to_le_bytes()),
-            Err(DecodeError::UnknownOpcode(0xff))
-        );
-        assert_eq!(
-            Packet::decode(&header(Opcode::Nop, 0, 0).to_le_bytes()),
-            Err(DecodeError::BadSize)
-        );
-        assert_eq!(
-            Packet::decode(&header(Opcode::Nop, 0, 2).to_le_bytes()),
-            Err(DecodeError::Truncated)
-        );
-        assert_eq!(
-            Packet::decode(&header(Opcode::Nop, 1, 1).to_le_bytes()),
-            Err(DecodeError::BadFlags)
-        );
+        assert_eq!(Packet::decode(&0x0000_00ffu32.to_le_bytes()), Err(DecodeError::UnknownOpcode(0xff)));
+        assert_eq!(Packet::decode(&header(Opcode::Nop, 0, 0).to_le_bytes()), Err(DecodeError::BadSize));
+        assert_eq!(Packet::decode(&header(Opcode::Nop, 0, 2).to_le_bytes()), Err(DecodeError::Truncated));
+        assert_eq!(Packet::decode(&header(Opcode::Nop, 1, 1).to_le_bytes()), Err(DecodeError::BadFlags));
         let mut b = [0u8; 64];
         b[..4].copy_from_slice(&header(Opcode::Timestamp, 0, 3).to_le_bytes());
         assert_eq!(Packet::decode(&b), Err(DecodeError::BadSize));

@@ -86,11 +86,7 @@ pub fn decode_leaf(pte: u64) -> Result<Leaf, PteError> {
     }
     Ok(Leaf {
         addr: pte & PTE_ADDR_MASK,
-        target: if pte & PTE_DRAM != 0 {
-            Target::Dram
-        } else {
-            Target::Host
-        },
+        target: if pte & PTE_DRAM != 0 { Target::Dram } else { Target::Host },
         read: pte & PTE_READ != 0,
         write: pte & PTE_WRITE != 0,
     })
@@ -115,15 +111,7 @@ mod tests {
     fn leaf_round_trip() {
         let pte = leaf_pte(0x1234_5000, Target::Dram, true, false);
         let l = decode_leaf(pte).unwrap();
-        assert_eq!(
-            l,
-            Leaf {
-                addr: 0x1234_5000,
-                target: Target::Dram,
-                read: true,
-                write: false
-            }
-        );
+        assert_eq!(l, Leaf { addr: 0x1234_5000, target: Target::Dram, read: true, write: false });
         assert_eq!(decode_leaf(pte | 1 << 60), Err(PteError::Reserved));
         assert_eq!(decode_leaf(0), Err(PteError::NotValid));
         assert_eq!(decode_table(pte), Err(PteError::Reserved));
@@ -133,9 +121,6 @@ mod tests {
     #[test]
     fn va_split() {
         let va = (3u64 << 30) | (5 << 21) | (7 << 12) | 0x123;
-        assert_eq!(
-            (va_index(va, 2), va_index(va, 1), va_index(va, 0)),
-            (3, 5, 7)
-        );
+        assert_eq!((va_index(va, 2), va_index(va, 1), va_index(va, 0)), (3, 5, 7));
     }
 }

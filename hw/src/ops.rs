@@ -199,11 +199,7 @@ pub const fn gemm_packed_b_len(k: u64, n: u64) -> Option<u64> {
 /// `gemm_packed_b_len(k, n)` long.
 pub fn pack_gemm_b(b: &[f32], k: usize, n: usize, trans_b: bool, dst: &mut [f32]) {
     assert_eq!(b.len(), k * n, "B holds k·n elements");
-    assert_eq!(
-        Some(dst.len() as u64),
-        gemm_packed_b_len(k as u64, n as u64),
-        "dst is one packed matrix"
-    );
+    assert_eq!(Some(dst.len() as u64), gemm_packed_b_len(k as u64, n as u64), "dst is one packed matrix");
     if k == 0 {
         return;
     }
@@ -595,10 +591,7 @@ macro_rules! encode_fn {
             pub const OP: OpCode = OpCode::$op;
             /// The descriptor with its header filled in.
             pub fn with_header(mut self) -> Self {
-                self.header = OpHeader {
-                    op: OpCode::$op as u32,
-                    size: Self::SIZE as u32,
-                };
+                self.header = OpHeader { op: OpCode::$op as u32, size: Self::SIZE as u32 };
                 self
             }
         }
@@ -622,19 +615,11 @@ encode_fn!(WhereDesc, Where);
 /// Sizes of descriptors written for hardware minor version 0, before
 /// fields were appended: such a descriptor reads as the current one with
 /// the new fields zero (their features off).
-const V0_SIZES: [(OpCode, usize); 3] = [
-    (OpCode::Gemm, 96),
-    (OpCode::Conv2d, 120),
-    (OpCode::Binary, 88),
-];
+const V0_SIZES: [(OpCode, usize); 3] = [(OpCode::Gemm, 96), (OpCode::Conv2d, 120), (OpCode::Binary, 88)];
 
 /// Largest descriptor of any op.
 const LARGEST_DESC: usize = StridedCopyDesc::SIZE;
-const _: () = assert!(
-    LARGEST_DESC >= GemmDesc::SIZE
-        && LARGEST_DESC >= Conv2dDesc::SIZE
-        && LARGEST_DESC >= BinaryDesc::SIZE
-);
+const _: () = assert!(LARGEST_DESC >= GemmDesc::SIZE && LARGEST_DESC >= Conv2dDesc::SIZE && LARGEST_DESC >= BinaryDesc::SIZE);
 
 impl Desc {
     /// Decode and field-check a descriptor occupying exactly `buf`.
@@ -644,10 +629,7 @@ impl Desc {
         if h.size as usize != buf.len() {
             return Err(BadSize);
         }
-        if V0_SIZES
-            .iter()
-            .any(|&(op, size)| op as u32 == h.op && size == buf.len())
-        {
+        if V0_SIZES.iter().any(|&(op, size)| op as u32 == h.op && size == buf.len()) {
             let mut wide = [0u8; LARGEST_DESC];
             wide[..buf.len()].copy_from_slice(buf);
             let size = match h.op {
@@ -670,14 +652,7 @@ impl Desc {
         let d = match h.op {
             1 => {
                 let d = get!(GemmDesc);
-                if d.flags
-                    & !(GEMM_TRANS_A
-                        | GEMM_TRANS_B
-                        | GEMM_ACCUMULATE
-                        | GEMM_BIAS
-                        | GEMM_RESIDUAL
-                        | GEMM_B_PACKED)
-                    != 0
+                if d.flags & !(GEMM_TRANS_A | GEMM_TRANS_B | GEMM_ACCUMULATE | GEMM_BIAS | GEMM_RESIDUAL | GEMM_B_PACKED) != 0
                     || d.flags & (GEMM_TRANS_B | GEMM_B_PACKED) == GEMM_TRANS_B | GEMM_B_PACKED
                 {
                     return Err(BadField("gemm flags"));
@@ -801,21 +776,14 @@ impl Desc {
                 if d.mode == RESIZE_LINEAR && d.nearest_mode != 0 {
                     return Err(BadField("nearest_mode of a linear resize"));
                 }
-                if ![d.scale_y, d.offset_y, d.scale_x, d.offset_x]
-                    .iter()
-                    .all(|v| v.is_finite())
-                {
+                if ![d.scale_y, d.offset_y, d.scale_x, d.offset_x].iter().all(|v| v.is_finite()) {
                     return Err(BadField("coordinate map"));
                 }
                 Desc::Resize(d)
             }
             14 => {
                 let d = get!(WhereDesc);
-                if !dims_ok(d.rank, &d.cond_dims)
-                    || !dims_ok(d.rank, &d.a_dims)
-                    || !dims_ok(d.rank, &d.b_dims)
-                    || d.reserved != 0
-                {
+                if !dims_ok(d.rank, &d.cond_dims) || !dims_ok(d.rank, &d.a_dims) || !dims_ok(d.rank, &d.b_dims) || d.reserved != 0 {
                     return Err(BadField("rank/dims"));
                 }
                 Desc::Where(d)
@@ -832,35 +800,16 @@ mod tests {
 
     #[test]
     fn descriptor_round_trip_and_rejects() {
-        let d = GemmDesc {
-            m: 3,
-            n: 4,
-            k: 5,
-            batch: 1,
-            a_va: 0x1000,
-            ..Default::default()
-        }
-        .with_header();
+        let d = GemmDesc { m: 3, n: 4, k: 5, batch: 1, a_va: 0x1000, ..Default::default() }.with_header();
         let b = d.to_bytes();
         assert_eq!(Desc::decode(&b), Ok(Desc::Gemm(d)));
         assert_eq!(Desc::decode(&b[..50]), Err(DescError::BadSize));
         let mut bad = d;
         bad.activation = 99;
-        assert!(matches!(
-            Desc::decode(&bad.to_bytes()),
-            Err(DescError::BadField(_))
-        ));
-        let t = TransposeDesc {
-            rank: 2,
-            dims: [2, 3, 0, 0, 0, 0],
-            perm: [1, 1, 0, 0, 0, 0],
-            ..Default::default()
-        }
-        .with_header();
-        assert!(matches!(
-            Desc::decode(&t.to_bytes()),
-            Err(DescError::BadField("perm"))
-        ));
+        assert!(matches!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField(_))));
+        let t = TransposeDesc { rank: 2, dims: [2, 3, 0, 0, 0, 0], perm: [1, 1, 0, 0, 0, 0], ..Default::default() }
+            .with_header();
+        assert!(matches!(Desc::decode(&t.to_bytes()), Err(DescError::BadField("perm"))));
         // A minor-version-0 descriptor (before residual_va) reads with the
         // appended fields zero; flags of the new features need the new size.
         let old = &b[..96];

@@ -15,10 +15,10 @@
 //! (a cancelled asyncio task) still runs to completion in its turn, so no
 //! other request is lost or reordered.
 
-use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -29,9 +29,7 @@ use rbln_runtime::{ModelInfo, Tensor, TensorView};
 
 use crate::errors::Failure;
 use crate::model::{model_from, properties};
-use crate::tensors::{
-    gather_inputs, info_dict, outputs_to_py, to_inputs, to_tensors, Input, TensorType,
-};
+use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_inputs, to_tensors, Input, TensorType};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -83,22 +81,11 @@ pub struct CompletionQueue {
 impl CompletionQueue {
     #[new]
     fn py_new() -> PyResult<Self> {
-        let failed = |e: std::io::Error| {
-            Failure::new(
-                "RBLNRuntimeError",
-                format!("cannot create a completion queue: {e}"),
-            )
-        };
+        let failed = |e: std::io::Error| Failure::new("RBLNRuntimeError", format!("cannot create a completion queue: {e}"));
         let (wakeups, wake) = UnixStream::pair().map_err(failed)?;
         wakeups.set_nonblocking(true).map_err(failed)?;
         wake.set_nonblocking(true).map_err(failed)?;
-        Ok(Self {
-            sender: Arc::new(QueueSender {
-                ready: Mutex::new(Vec::new()),
-                wake,
-            }),
-            wakeups,
-        })
+        Ok(Self { sender: Arc::new(QueueSender { ready: Mutex::new(Vec::new()), wake }), wakeups })
     }
 
     /// The descriptor that is readable while finished requests wait.
@@ -129,19 +116,12 @@ impl CompletionQueue {
     }
 }
 
-fn set_future(
-    fut: &Bound<'_, PyAny>,
-    result: Result<Vec<Tensor>, Failure>,
-    tt: TensorType,
-) -> PyResult<()> {
+fn set_future(fut: &Bound<'_, PyAny>, result: Result<Vec<Tensor>, Failure>, tt: TensorType) -> PyResult<()> {
     let py = fut.py();
     if fut.call_method0(intern!(py, "done"))?.is_truthy()? {
         return Ok(()); // cancelled by its awaiter
     }
-    match result
-        .map_err(PyErr::from)
-        .and_then(|outs| outputs_to_py(py, outs, tt))
-    {
+    match result.map_err(PyErr::from).and_then(|outs| outputs_to_py(py, outs, tt)) {
         Ok(v) => fut.call_method1(intern!(py, "set_result"), (v,))?,
         Err(e) => fut.call_method1(intern!(py, "set_exception"), (e.value(py),))?,
     };
@@ -226,14 +206,8 @@ impl Task {
                     g.result = Some(Err(f.clone()));
                     Err(f)
                 }
-                None if g.done => Err(Failure::new(
-                    "RBLNRuntimeError",
-                    "the request's result was already taken",
-                )),
-                None => Err(Failure::new(
-                    "RBLNRuntimeError",
-                    "the request has not finished",
-                )),
+                None if g.done => Err(Failure::new("RBLNRuntimeError", "the request's result was already taken")),
+                None => Err(Failure::new("RBLNRuntimeError", "the request has not finished")),
             }
         };
         let v = outputs_to_py(py, r?, self.tensor_type)?;
@@ -256,11 +230,7 @@ impl Task {
     fn wait<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
         let deadline = match timeout {
             Some(t) if !t.is_finite() || t < 0.0 => {
-                return Err(Failure::new(
-                    "RBLNValueError",
-                    format!("timeout must be a non-negative number of seconds, not {t}"),
-                )
-                .into())
+                return Err(Failure::new("RBLNValueError", format!("timeout must be a non-negative number of seconds, not {t}")).into())
             }
             Some(t) => Some(Instant::now() + Duration::from_secs_f64(t)),
             None => None,
@@ -275,12 +245,7 @@ impl Task {
                         if now >= d {
                             return false;
                         }
-                        g = self
-                            .state
-                            .cv
-                            .wait_timeout(g, d - now)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+                        g = self.state.cv.wait_timeout(g, d - now).unwrap_or_else(|e| e.into_inner()).0;
                     }
                 }
             }
@@ -320,10 +285,7 @@ impl Task {
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "<rbln.Task {}>",
-            if self.done() { "done" } else { "pending" }
-        )
+        format!("<rbln.Task {}>", if self.done() { "done" } else { "pending" })
     }
 }
 
@@ -360,10 +322,7 @@ struct Dispatcher {
 
 /// A started request, to hook up once the lock is released (`on_complete`
 /// may call back at once, and the callback takes the lock).
-type Started = (
-    Result<rbln_runtime::RunHandle, rbln_runtime::Error>,
-    Completion,
-);
+type Started = (Result<rbln_runtime::RunHandle, rbln_runtime::Error>, Completion);
 
 impl Dispatcher {
     /// Start waiting requests while the next instance is free (lock held).
@@ -372,9 +331,7 @@ impl Dispatcher {
             if d.waiting.is_empty() || !rt.ready() {
                 break;
             }
-            let Some(job) = d.waiting.pop_front() else {
-                break;
-            };
+            let Some(job) = d.waiting.pop_front() else { break };
             let r = rt.run(&job.inputs);
             d.in_flight += r.is_ok() as usize;
             started.push((r, job.done));
@@ -412,11 +369,7 @@ impl Dispatcher {
 
     /// Start `inputs` now if the next instance is free and nothing waits,
     /// else queue a copy. Without the GIL.
-    fn submit(
-        self: &Arc<Self>,
-        inputs: &[TensorView<'_>],
-        done: Completion,
-    ) -> Result<(), (Failure, Completion)> {
+    fn submit(self: &Arc<Self>, inputs: &[TensorView<'_>], done: Completion) -> Result<(), (Failure, Completion)> {
         let mut started = Vec::new();
         {
             let mut guard = lock(&self.state);
@@ -430,10 +383,7 @@ impl Dispatcher {
                 d.in_flight += r.is_ok() as usize;
                 started.push((r, done));
             } else {
-                d.waiting.push_back(Job {
-                    inputs: inputs.iter().map(TensorView::to_tensor).collect(),
-                    done,
-                });
+                d.waiting.push_back(Job { inputs: inputs.iter().map(TensorView::to_tensor).collect(), done });
             }
         }
         self.hook(started);
@@ -469,12 +419,7 @@ pub struct AsyncRuntime {
 impl AsyncRuntime {
     #[new]
     #[pyo3(signature = (model, *, device = 0, parallel = 1, tensor_type = "np"))]
-    fn py_new(
-        model: &Bound<'_, PyAny>,
-        device: u32,
-        parallel: usize,
-        tensor_type: &str,
-    ) -> PyResult<Self> {
+    fn py_new(model: &Bound<'_, PyAny>, device: u32, parallel: usize, tensor_type: &str) -> PyResult<Self> {
         let py = model.py();
         let tensor_type = TensorType::parse(py, tensor_type)?;
         let model = model_from(model)?;
@@ -487,22 +432,10 @@ impl AsyncRuntime {
             })
             .map_err(PyErr::from)?;
         let dispatch = Arc::new(Dispatcher {
-            state: Mutex::new(Dispatch {
-                rt: Some(rt),
-                waiting: VecDeque::new(),
-                in_flight: 0,
-                closing: false,
-            }),
+            state: Mutex::new(Dispatch { rt: Some(rt), waiting: VecDeque::new(), in_flight: 0, closing: false }),
             idle: Condvar::new(),
         });
-        Ok(Self {
-            dispatch,
-            info,
-            properties,
-            tensor_type,
-            parallel,
-            device,
-        })
+        Ok(Self { dispatch, info, properties, tensor_type, parallel, device })
     }
 
     /// Submit one inference; returns an `rbln.Task` at once (inputs are
@@ -510,18 +443,10 @@ impl AsyncRuntime {
     /// inputs (count, dtype, shape) raise here; device errors and value
     /// range errors are raised by the task.
     #[pyo3(signature = (*args, **kwargs))]
-    fn run<'py>(
-        &self,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Task> {
+    fn run<'py>(&self, args: &Bound<'py, PyTuple>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Task> {
         let state = Arc::new(TaskState::default());
         self.submit(args, kwargs, Completion::Task(state.clone()))?;
-        Ok(Task {
-            state,
-            tensor_type: self.tensor_type,
-            value: Mutex::new(None),
-        })
+        Ok(Task { state, tensor_type: self.tensor_type, value: Mutex::new(None) })
     }
 
     /// `async_run`'s submission (rbln/__init__.py): like `run`, but the
@@ -534,11 +459,7 @@ impl AsyncRuntime {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<()> {
-        let d = Delivery {
-            future,
-            result: Ok(Vec::new()),
-            tensor_type: self.tensor_type,
-        };
+        let d = Delivery { future, result: Ok(Vec::new()), tensor_type: self.tensor_type };
         self.submit(args, kwargs, Completion::Future(queue.sender.clone(), d))
     }
 
@@ -582,20 +503,12 @@ impl AsyncRuntime {
 
     fn __repr__(&self) -> String {
         let state = if self.closed() { " closed" } else { "" };
-        format!(
-            "<rbln.AsyncRuntime '{}' device={} parallel={}{state}>",
-            self.info.name, self.device, self.parallel
-        )
+        format!("<rbln.AsyncRuntime '{}' device={} parallel={}{state}>", self.info.name, self.device, self.parallel)
     }
 }
 
 impl AsyncRuntime {
-    fn submit(
-        &self,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
-        done: Completion,
-    ) -> PyResult<()> {
+    fn submit(&self, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>, done: Completion) -> PyResult<()> {
         let py = args.py();
         let inputs = gather_inputs(&self.info, args, kwargs)?;
         let inputs = to_inputs(&self.info, &inputs)?;
@@ -619,9 +532,7 @@ impl Drop for AsyncRuntime {
         // themselves (a thread cannot join itself).
         let dispatch = self.dispatch.clone();
         lock(&dispatch.state).closing = true;
-        let reaper = std::thread::Builder::new()
-            .name("rbln-py-close".into())
-            .spawn(move || drop(dispatch.drain()));
+        let reaper = std::thread::Builder::new().name("rbln-py-close".into()).spawn(move || drop(dispatch.drain()));
         if reaper.is_err() {
             // No thread to spare: the runtime outlives its Python object
             // (its device resources return when the process exits).
@@ -681,20 +592,10 @@ fn precheck(info: &ModelInfo, tensors: &[TensorView<'_>]) -> Result<(), Failure>
     use rbln_runtime::Error as E;
     for (t, b) in tensors.iter().zip(&info.inputs) {
         if t.dtype().name() != b.dtype {
-            return Err(E::InputDType {
-                name: b.name.clone(),
-                expected: b.dtype,
-                got: t.dtype().name(),
-            }
-            .into());
+            return Err(E::InputDType { name: b.name.clone(), expected: b.dtype, got: t.dtype().name() }.into());
         }
         if t.shape != b.shape {
-            return Err(E::InputShape {
-                name: b.name.clone(),
-                expected: b.shape.clone(),
-                got: t.shape.to_vec(),
-            }
-            .into());
+            return Err(E::InputShape { name: b.name.clone(), expected: b.shape.clone(), got: t.shape.to_vec() }.into());
         }
     }
     Ok(())

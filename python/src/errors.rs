@@ -19,10 +19,7 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(class: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            class,
-            message: message.into(),
-        }
+        Self { class, message: message.into() }
     }
 
     pub fn closed(what: &str) -> Self {
@@ -53,11 +50,9 @@ impl From<Failure> for PyErr {
 fn umd_class(e: &rbln_umd::Error) -> &'static str {
     use rbln_umd::Error as E;
     match e {
-        E::NoDevice { .. }
-        | E::PermissionDenied { .. }
-        | E::NoContext { .. }
-        | E::NotAnNpu { .. }
-        | E::Open { .. } => "RBLNDeviceError",
+        E::NoDevice { .. } | E::PermissionDenied { .. } | E::NoContext { .. } | E::NotAnNpu { .. } | E::Open { .. } => {
+            "RBLNDeviceError"
+        }
         E::DeviceGone { .. } | E::Faulted { .. } | E::Poisoned { .. } => "RBLNDeviceLostError",
         E::Timeout { .. } => "RBLNTimeoutError",
         _ => "RBLNRuntimeError",
@@ -77,16 +72,12 @@ impl From<rbln_runtime::Error> for Failure {
             E::Device(d) => umd_class(d),
             E::Format(f) => return format_failure(f, e.to_string()),
             E::InputDType { .. } => "RBLNInputTypeError",
-            E::InputCount { .. }
-            | E::InputShape { .. }
-            | E::InputValue { .. }
-            | E::InputLength { .. }
-            | E::Parallel(_) => "RBLNInputError",
-            E::HardwareVersion { .. }
-            | E::NotStaged { .. }
-            | E::EdgeDType { .. }
-            | E::TooLarge { .. }
-            | E::EmptyProgram => "RBLNModelError",
+            E::InputCount { .. } | E::InputShape { .. } | E::InputValue { .. } | E::InputLength { .. } | E::Parallel(_) => {
+                "RBLNInputError"
+            }
+            E::HardwareVersion { .. } | E::NotStaged { .. } | E::EdgeDType { .. } | E::TooLarge { .. } | E::EmptyProgram => {
+                "RBLNModelError"
+            }
             _ => "RBLNRuntimeError",
         };
         Failure::new(class, e.to_string())
@@ -97,9 +88,7 @@ impl From<rbln_runtime::Error> for Failure {
 /// else wrong with it is a bad model.
 fn format_failure(f: &rbln_format::FormatError, message: String) -> Failure {
     match f {
-        rbln_format::FormatError::Io { source, .. }
-            if source.kind() == std::io::ErrorKind::NotFound =>
-        {
+        rbln_format::FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             Failure::new("RBLNModelNotFoundError", message)
         }
         _ => Failure::new("RBLNModelError", message),

@@ -25,12 +25,7 @@ fn device_indices() -> Vec<u32> {
     let mut v: Vec<u32> = std::fs::read_dir("/dev")
         .map(|d| {
             d.filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    e.file_name()
-                        .to_str()
-                        .and_then(|n| n.strip_prefix("rbln"))
-                        .and_then(|n| n.parse().ok())
-                })
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("rbln")).and_then(|n| n.parse().ok()))
                 .collect()
         })
         .unwrap_or_default();
@@ -64,10 +59,7 @@ fn devices<'py>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         d.set_item("name", "rbln-npu")?;
         d.set_item("vendor_id", i.vendor_id)?;
         d.set_item("device_id", i.device_id)?;
-        d.set_item(
-            "hw_version",
-            format!("{}.{}", i.hw_version.0, i.hw_version.1),
-        )?;
+        d.set_item("hw_version", format!("{}.{}", i.hw_version.0, i.hw_version.1))?;
         let (a, b, c) = i.driver_version;
         d.set_item("driver_version", format!("{a}.{b}.{c}"))?;
         d.set_item("uapi_version", i.uapi_version)?;
@@ -87,10 +79,7 @@ fn devices<'py>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
 #[pyfunction]
 fn perf_counter_ns() -> u128 {
     static ORIGIN: std::sync::OnceLock<rbln_umd::clock::Stamp> = std::sync::OnceLock::new();
-    ORIGIN
-        .get_or_init(rbln_umd::clock::now)
-        .elapsed()
-        .as_nanos()
+    ORIGIN.get_or_init(rbln_umd::clock::now).elapsed().as_nanos()
 }
 
 #[pymodule]
@@ -108,3 +97,4 @@ fn _rbln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(asyncrt::_time_rust_async, m)?)?;
     Ok(())
 }
+

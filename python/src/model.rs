@@ -29,12 +29,7 @@ struct Report {
 
 /// `(key, value)` properties of a model's metadata.
 pub fn properties(model: &Model) -> Vec<(String, String)> {
-    model
-        .meta
-        .properties
-        .iter()
-        .map(|p| (p.key.clone(), p.value.clone()))
-        .collect()
+    model.meta.properties.iter().map(|p| (p.key.clone(), p.value.clone())).collect()
 }
 
 /// The model a Runtime is made from: a `CompiledModel`, or the path of a
@@ -46,20 +41,14 @@ pub fn model_from(obj: &Bound<'_, PyAny>) -> PyResult<Model> {
     let path: PathBuf = obj.extract().map_err(|_| {
         Failure::new(
             "RBLNTypeError",
-            format!(
-                "model must be a .rbln path or an rbln.CompiledModel, not {}",
-                type_name(obj)
-            ),
+            format!("model must be a .rbln path or an rbln.CompiledModel, not {}", type_name(obj)),
         )
     })?;
     open(obj.py(), path)
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".into())
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
 fn open(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
@@ -83,18 +72,14 @@ impl CompiledModel {
     /// Load a compiled model from a .rbln file.
     #[new]
     fn py_new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        Ok(Self {
-            model: open(py, path)?,
-            report: None,
-        })
+        Ok(Self { model: open(py, path)?, report: None })
     }
 
     /// Write the model as a .rbln file.
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         py.detach(|| {
             let bytes = self.model.to_bytes().map_err(Failure::from)?;
-            std::fs::write(&path, bytes)
-                .map_err(|e| Failure::new("RBLNOSError", format!("{}: {e}", path.display())))
+            std::fs::write(&path, bytes).map_err(|e| Failure::new("RBLNOSError", format!("{}: {e}", path.display())))
         })
         .map_err(PyErr::from)
     }
@@ -113,11 +98,7 @@ impl CompiledModel {
 
     /// Inputs, outputs, memory, ops and properties (no device needed).
     fn inspect<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = info_dict(
-            py,
-            &rbln_runtime::inspect(&self.model),
-            &properties(&self.model),
-        )?;
+        let d = info_dict(py, &rbln_runtime::inspect(&self.model), &properties(&self.model))?;
         if let Some(r) = &self.report {
             let rep = PyDict::new(py);
             rep.set_item("format", r.format)?;
@@ -138,20 +119,14 @@ impl CompiledModel {
 
     /// `rbln.Runtime(self, **kwargs)`.
     #[pyo3(signature = (**kwargs))]
-    fn create_runtime<'py>(
-        slf: &Bound<'py, Self>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    fn create_runtime<'py>(slf: &Bound<'py, Self>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyAny>> {
         let cls = slf.py().import("rbln")?.getattr("Runtime")?;
         cls.call(PyTuple::new(slf.py(), [slf])?, kwargs)
     }
 
     /// `rbln.AsyncRuntime(self, **kwargs)` (e.g. `parallel=2`).
     #[pyo3(signature = (**kwargs))]
-    fn create_async_runtime<'py>(
-        slf: &Bound<'py, Self>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    fn create_async_runtime<'py>(slf: &Bound<'py, Self>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyAny>> {
         let cls = slf.py().import("rbln")?.getattr("AsyncRuntime")?;
         cls.call(PyTuple::new(slf.py(), [slf])?, kwargs)
     }
@@ -159,17 +134,9 @@ impl CompiledModel {
     fn __repr__(&self) -> String {
         let m = &self.model.meta;
         let io = |v: &[rbln_format::IoBinding]| {
-            v.iter()
-                .map(|b| format!("{}: {}{:?}", b.name, b.dtype.name(), b.shape))
-                .collect::<Vec<_>>()
-                .join(", ")
+            v.iter().map(|b| format!("{}: {}{:?}", b.name, b.dtype.name(), b.shape)).collect::<Vec<_>>().join(", ")
         };
-        format!(
-            "<rbln.CompiledModel '{}' inputs=({}) outputs=({})>",
-            m.name,
-            io(&m.inputs),
-            io(&m.outputs)
-        )
+        format!("<rbln.CompiledModel '{}' inputs=({}) outputs=({})>", m.name, io(&m.inputs), io(&m.outputs))
     }
 }
 
@@ -177,16 +144,9 @@ impl CompiledModel {
 /// static shapes for inputs (needed for dynamic dimensions).
 #[pyfunction]
 #[pyo3(signature = (data, name, input_shapes))]
-pub fn _compile(
-    py: Python<'_>,
-    data: &[u8],
-    name: &str,
-    input_shapes: Vec<(String, Vec<u64>)>,
-) -> PyResult<CompiledModel> {
+pub fn _compile(py: Python<'_>, data: &[u8], name: &str, input_shapes: Vec<(String, Vec<u64>)>) -> PyResult<CompiledModel> {
     let opts = rbln_compile::Options { input_shapes };
-    let compiled = py
-        .detach(|| rbln_compile::compile(data, name, &opts))
-        .map_err(Failure::from)?;
+    let compiled = py.detach(|| rbln_compile::compile(data, name, &opts)).map_err(Failure::from)?;
     let r = compiled.report;
     Ok(CompiledModel {
         model: compiled.model,

@@ -8,9 +8,7 @@ use rbln_runtime::ModelInfo;
 
 use crate::errors::Failure;
 use crate::model::{model_from, properties};
-use crate::tensors::{
-    gather_inputs, info_dict, outputs_to_py, to_inputs, write_out, Input, TensorType,
-};
+use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_inputs, write_out, Input, TensorType};
 
 /// A compiled model loaded on an NPU, ready to run.
 ///
@@ -41,12 +39,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Runtime {
     #[new]
     #[pyo3(signature = (model, *, device = 0, tensor_type = "np", activate_profiler = false))]
-    fn py_new(
-        model: &Bound<'_, PyAny>,
-        device: u32,
-        tensor_type: &str,
-        activate_profiler: bool,
-    ) -> PyResult<Self> {
+    fn py_new(model: &Bound<'_, PyAny>, device: u32, tensor_type: &str, activate_profiler: bool) -> PyResult<Self> {
         let py = model.py();
         let tensor_type = TensorType::parse(py, tensor_type)?;
         let model = model_from(model)?;
@@ -111,12 +104,7 @@ impl Runtime {
     /// the reference `run`'s own overhead is measured against, in the
     /// same process, interleaved with Python calls.
     #[pyo3(signature = (*args, n))]
-    fn _time_rust<'py>(
-        &self,
-        py: Python<'py>,
-        args: &Bound<'py, PyTuple>,
-        n: usize,
-    ) -> PyResult<Vec<u64>> {
+    fn _time_rust<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>, n: usize) -> PyResult<Vec<u64>> {
         let inputs = gather_inputs(&self.info, args, None)?;
         let inputs = to_inputs(&self.info, &inputs)?;
         let views: Vec<_> = inputs.iter().map(Input::view).collect();
@@ -186,9 +174,6 @@ impl Runtime {
 
     fn __repr__(&self) -> String {
         let state = if self.closed() { " closed" } else { "" };
-        format!(
-            "<rbln.Runtime '{}' device={}{state}>",
-            self.info.name, self.device
-        )
+        format!("<rbln.Runtime '{}' device={}{state}>", self.info.name, self.device)
     }
 }

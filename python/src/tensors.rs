@@ -63,19 +63,9 @@ pub fn gather_inputs<'py>(
     kwargs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let want = &info.inputs;
-    let names = || {
-        want.iter()
-            .map(|b| b.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let names = || want.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", ");
     let count_error = |got: usize| -> PyErr {
-        Failure::from(rbln_runtime::Error::InputCount {
-            expected: want.len(),
-            got,
-            names: names(),
-        })
-        .into()
+        Failure::from(rbln_runtime::Error::InputCount { expected: want.len(), got, names: names() }).into()
     };
     let n_kw = kwargs.map_or(0, |k| k.len());
     let mut slots: Vec<Option<Bound<'py, PyAny>>> = vec![None; want.len()];
@@ -89,18 +79,10 @@ pub fn gather_inputs<'py>(
         for (k, v) in kw.iter() {
             let k: String = k.extract()?;
             let Some(i) = want.iter().position(|b| b.name == k) else {
-                return Err(Failure::new(
-                    "RBLNInputError",
-                    format!("the model has no input '{k}' (its inputs: {})", names()),
-                )
-                .into());
+                return Err(Failure::new("RBLNInputError", format!("the model has no input '{k}' (its inputs: {})", names())).into());
             };
             if slots[i].is_some() {
-                return Err(Failure::new(
-                    "RBLNInputTypeError",
-                    format!("input '{k}' given twice (by position and by name)"),
-                )
-                .into());
+                return Err(Failure::new("RBLNInputTypeError", format!("input '{k}' given twice (by position and by name)")).into());
             }
             slots[i] = Some(v);
         }
@@ -139,10 +121,7 @@ impl Input<'_> {
             InputData::Bool(a) => DataRef::Bool(a.as_slice().unwrap_or_default()),
             InputData::Owned(d) => d.view(),
         };
-        TensorView {
-            shape: &self.shape,
-            data,
-        }
+        TensorView { shape: &self.shape, data }
     }
 
     /// The input as an owned tensor (one copy when borrowed).
@@ -154,10 +133,7 @@ impl Input<'_> {
             InputData::Bool(a) => Data::Bool(a.as_slice().unwrap_or_default().to_vec()),
             InputData::Owned(d) => d,
         };
-        Tensor {
-            shape: self.shape,
-            data,
-        }
+        Tensor { shape: self.shape, data }
     }
 }
 
@@ -182,9 +158,7 @@ pub fn to_input<'py>(obj: &Bound<'py, PyAny>, want: &IoInfo) -> PyResult<Input<'
             } else {
                 // torch tensors on the CPU and other array-likes.
                 let o = if obj.hasattr("detach")? && obj.hasattr("numpy")? {
-                    obj.call_method0("detach")?
-                        .call_method0("cpu")?
-                        .call_method0("numpy")?
+                    obj.call_method0("detach")?.call_method0("cpu")?.call_method0("numpy")?
                 } else {
                     obj.clone()
                 };
@@ -206,12 +180,7 @@ pub fn to_input<'py>(obj: &Bound<'py, PyAny>, want: &IoInfo) -> PyResult<Input<'
     } else {
         return Err(Failure::new(
             "RBLNInputTypeError",
-            format!(
-                "input '{}': expected dtype {}, got {}",
-                want.name,
-                want.dtype,
-                dt.str()?
-            ),
+            format!("input '{}': expected dtype {}, got {}", want.name, want.dtype, dt.str()?),
         )
         .into());
     };
@@ -228,29 +197,20 @@ where
     Vec<T>: Into<Data>,
 {
     let a = arr.cast::<PyArrayDyn<T>>().map_err(PyErr::from)?;
-    let ro = a
-        .try_readonly()
-        .map_err(|e| Failure::new("RBLNInputError", format!("input array: {e}")))?;
+    let ro = a.try_readonly().map_err(|e| Failure::new("RBLNInputError", format!("input array: {e}")))?;
     // as_slice also accepts Fortran order; the runtime wants row-major.
     if arr.is_c_contiguous() && ro.as_slice().is_ok() {
         return Ok(wrap(ro));
     }
-    Ok(InputData::Owned(
-        ro.as_array().iter().copied().collect::<Vec<T>>().into(),
-    ))
+    Ok(InputData::Owned(ro.as_array().iter().copied().collect::<Vec<T>>().into()))
 }
 
 /// A runtime tensor as a NumPy array (owning the tensor's vector; one
 /// array object, made with its shape).
 pub fn to_numpy<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyAny>> {
-    fn owned<'py, T: numpy::Element>(
-        py: Python<'py>,
-        shape: Vec<usize>,
-        v: Vec<T>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let a = numpy::ndarray::ArrayD::from_shape_vec(shape, v).map_err(|e| {
-            Failure::new("RBLNRuntimeError", format!("output of the wrong size: {e}"))
-        })?;
+    fn owned<'py, T: numpy::Element>(py: Python<'py>, shape: Vec<usize>, v: Vec<T>) -> PyResult<Bound<'py, PyAny>> {
+        let a = numpy::ndarray::ArrayD::from_shape_vec(shape, v)
+            .map_err(|e| Failure::new("RBLNRuntimeError", format!("output of the wrong size: {e}")))?;
         Ok(PyArrayDyn::from_owned_array(py, a).into_any())
     }
     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
@@ -264,11 +224,7 @@ pub fn to_numpy<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyAny>> 
 
 /// Outputs for Python: one array, or a list of them when the model has
 /// several.
-pub fn outputs_to_py<'py>(
-    py: Python<'py>,
-    outs: Vec<Tensor>,
-    tt: TensorType,
-) -> PyResult<Bound<'py, PyAny>> {
+pub fn outputs_to_py<'py>(py: Python<'py>, outs: Vec<Tensor>, tt: TensorType) -> PyResult<Bound<'py, PyAny>> {
     let mut arrays = Vec::with_capacity(outs.len());
     for t in outs {
         let a = to_numpy(py, t)?;
@@ -286,13 +242,8 @@ pub fn outputs_to_py<'py>(
 
 /// Copy outputs into caller-provided arrays (`out=`): one array for a
 /// single-output model, a sequence of them otherwise. Returns `out`.
-pub fn write_out<'py>(
-    out: &Bound<'py, PyAny>,
-    outs: Vec<Tensor>,
-    info: &ModelInfo,
-) -> PyResult<Bound<'py, PyAny>> {
-    let targets: Vec<Bound<'py, PyAny>> = if outs.len() == 1 && out.cast::<PyUntypedArray>().is_ok()
-    {
+pub fn write_out<'py>(out: &Bound<'py, PyAny>, outs: Vec<Tensor>, info: &ModelInfo) -> PyResult<Bound<'py, PyAny>> {
+    let targets: Vec<Bound<'py, PyAny>> = if outs.len() == 1 && out.cast::<PyUntypedArray>().is_ok() {
         vec![out.clone()]
     } else {
         out.try_iter()?.collect::<PyResult<_>>()?
@@ -300,11 +251,7 @@ pub fn write_out<'py>(
     if targets.len() != outs.len() {
         return Err(Failure::new(
             "RBLNInputError",
-            format!(
-                "out: the model has {} output(s), got {} array(s)",
-                outs.len(),
-                targets.len()
-            ),
+            format!("out: the model has {} output(s), got {} array(s)", outs.len(), targets.len()),
         )
         .into());
     }
@@ -348,11 +295,7 @@ fn copy_into<T: numpy::Element + Copy>(arr: &Bound<'_, PyUntypedArray>, v: &[T])
 }
 
 /// `inspect()`'s dictionary.
-pub fn info_dict<'py>(
-    py: Python<'py>,
-    info: &ModelInfo,
-    properties: &[(String, String)],
-) -> PyResult<Bound<'py, PyDict>> {
+pub fn info_dict<'py>(py: Python<'py>, info: &ModelInfo, properties: &[(String, String)]) -> PyResult<Bound<'py, PyDict>> {
     let io = |v: &[IoInfo]| -> PyResult<Bound<'py, PyList>> {
         let l = PyList::empty(py);
         for t in v {
@@ -390,18 +333,11 @@ pub fn info_dict<'py>(
 
 /// Every input, in order, borrowed where possible.
 pub fn to_inputs<'py>(info: &ModelInfo, inputs: &[Bound<'py, PyAny>]) -> PyResult<Vec<Input<'py>>> {
-    inputs
-        .iter()
-        .zip(&info.inputs)
-        .map(|(o, want)| to_input(o, want))
-        .collect()
+    inputs.iter().zip(&info.inputs).map(|(o, want)| to_input(o, want)).collect()
 }
 
 /// Every input copied into an owned tensor, in order (for requests that
 /// run after the call returns: the caller may reuse its arrays at once).
 pub fn to_tensors(info: &ModelInfo, inputs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Tensor>> {
-    Ok(to_inputs(info, inputs)?
-        .into_iter()
-        .map(Input::into_tensor)
-        .collect())
+    Ok(to_inputs(info, inputs)?.into_iter().map(Input::into_tensor).collect())
 }

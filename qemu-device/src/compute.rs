@@ -166,9 +166,7 @@ impl<'p> Op<'p, '_, '_> {
     /// claim (or, for a writable claim, with any claim), and room left.
     fn claim(&mut self, piece: Piece, write: bool) -> bool {
         let (start, end) = (piece.ptr as usize, piece.ptr as usize + piece.len);
-        let clash = self.claims[..self.nclaims]
-            .iter()
-            .any(|&(s, e, w)| (w || write) && start < e && s < end);
+        let clash = self.claims[..self.nclaims].iter().any(|&(s, e, w)| (w || write) && start < e && s < end);
         if clash || self.nclaims == MAX_CLAIMS {
             return false;
         }
@@ -197,9 +195,7 @@ impl<'p> Op<'p, '_, '_> {
                 // under real DMA: values are then unspecified, but the
                 // kernels only compute with them (sizes and indices never
                 // come from operand memory).
-                return Ok(Cow::Borrowed(unsafe {
-                    std::slice::from_raw_parts(p.ptr.cast::<T>(), count)
-                }));
+                return Ok(Cow::Borrowed(unsafe { std::slice::from_raw_parts(p.ptr.cast::<T>(), count) }));
             }
         }
         Ok(Cow::Owned(gather_span(&span, count)))
@@ -218,24 +214,15 @@ impl<'p> Op<'p, '_, '_> {
             if p.ptr.cast::<T>().is_aligned() && self.claim(p, true) {
                 // SAFETY: as in `input_of`, and the claim guarantees no
                 // other slice of this op overlaps these bytes.
-                return Ok(Out::Direct(unsafe {
-                    std::slice::from_raw_parts_mut(p.ptr.cast::<T>(), count)
-                }));
+                return Ok(Out::Direct(unsafe { std::slice::from_raw_parts_mut(p.ptr.cast::<T>(), count) }));
             }
         }
-        let v = if preserve {
-            gather_span(&span, count)
-        } else {
-            vec![T::default(); count]
-        };
+        let v = if preserve { gather_span(&span, count) } else { vec![T::default(); count] };
         Ok(Out::Staged(v, span))
     }
 
     fn flops(&self, parts: &[u64]) -> R<u64> {
-        let f = parts
-            .iter()
-            .try_fold(1u64, |a, &b| a.checked_mul(b))
-            .ok_or_else(|| self.bad())?;
+        let f = parts.iter().try_fold(1u64, |a, &b| a.checked_mul(b)).ok_or_else(|| self.bad())?;
         if f > MAX_FLOPS {
             return Err(self.bad());
         }
@@ -243,22 +230,12 @@ impl<'p> Op<'p, '_, '_> {
     }
 
     /// Run `f` on an output that is written after every input was read.
-    fn write_out(
-        &mut self,
-        va: u64,
-        count: usize,
-        f: impl FnOnce(&mut [f32]) -> k::Result<()>,
-    ) -> R<()> {
+    fn write_out(&mut self, va: u64, count: usize, f: impl FnOnce(&mut [f32]) -> k::Result<()>) -> R<()> {
         self.write_out_of(va, count, f)
     }
 
     /// [`Op::write_out`] for an output of element type `T`.
-    fn write_out_of<T: Elem>(
-        &mut self,
-        va: u64,
-        count: usize,
-        f: impl FnOnce(&mut [T]) -> k::Result<()>,
-    ) -> R<()> {
+    fn write_out_of<T: Elem>(&mut self, va: u64, count: usize, f: impl FnOnce(&mut [T]) -> k::Result<()>) -> R<()> {
         let mut out = self.output_of::<T>(va, count, false)?;
         let r = f(out.buf());
         self.kernel(r)?;
@@ -280,10 +257,7 @@ fn activation(code: u32, p0: f32, p1: f32) -> k::Activation {
         Some(Unary::Sigmoid) => k::Activation::Sigmoid,
         Some(Unary::Tanh) => k::Activation::Tanh,
         Some(Unary::Clip) => k::Activation::Clip { min: p0, max: p1 },
-        Some(Unary::HardSigmoid) => k::Activation::HardSigmoid {
-            alpha: p0,
-            beta: p1,
-        },
+        Some(Unary::HardSigmoid) => k::Activation::HardSigmoid { alpha: p0, beta: p1 },
         Some(Unary::HardSwish) => k::Activation::HardSwish,
         // Descriptor decoding only lets activation codes through.
         _ => k::Activation::None,
@@ -308,10 +282,7 @@ fn unary_op(u: Unary, p0: f32, p1: f32) -> Option<k::UnaryOp> {
         Unary::Abs => U::Abs,
         Unary::Erf => U::Erf,
         Unary::Reciprocal => U::Reciprocal,
-        Unary::HardSigmoid => U::HardSigmoid {
-            alpha: p0,
-            beta: p1,
-        },
+        Unary::HardSigmoid => U::HardSigmoid { alpha: p0, beta: p1 },
         Unary::HardSwish => U::HardSwish,
         Unary::Sin => U::Sin,
         Unary::Cos => U::Cos,
@@ -327,12 +298,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         bad
     })?;
     let pinned = mem.pin();
-    let mut op = Op {
-        mem: &pinned,
-        desc_va,
-        claims: [(0, 0, false); MAX_CLAIMS],
-        nclaims: 0,
-    };
+    let mut op = Op { mem: &pinned, desc_va, claims: [(0, 0, false); MAX_CLAIMS], nclaims: 0 };
     match desc {
         Desc::Gemm(d) => gemm(&mut op, &d),
         Desc::Conv2d(d) => conv2d(&mut op, &d),
@@ -361,9 +327,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let act = activation(d.activation, d.act_param0, d.act_param1);
             let a = op.input(d.a_va, na)?;
             let b = op.input(d.b_va, nb)?;
-            op.write_out(d.out_va, no, |out| {
-                k::binary_act(kind, &a, &ad, &b, &bd, act, out)
-            })?;
+            op.write_out(d.out_va, no, |out| k::binary_act(kind, &a, &ad, &b, &bd, act, out))?;
             Ok(flops)
         }
         Desc::Unary(d) => {
@@ -402,19 +366,9 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let (rows, cols) = (d.rows as usize, d.cols as usize);
             let n = op.volume(&[rows, cols])?;
             let x = op.input(d.in_va, n)?;
-            let gamma = if d.flags & ops::LAYERNORM_GAMMA != 0 {
-                Some(op.input(d.gamma_va, cols)?)
-            } else {
-                None
-            };
-            let beta = if d.flags & ops::LAYERNORM_BETA != 0 {
-                Some(op.input(d.beta_va, cols)?)
-            } else {
-                None
-            };
-            op.write_out(d.out_va, n, |y| {
-                k::layer_norm(&x, cols, gamma.as_deref(), beta.as_deref(), d.epsilon, y)
-            })?;
+            let gamma = if d.flags & ops::LAYERNORM_GAMMA != 0 { Some(op.input(d.gamma_va, cols)?) } else { None };
+            let beta = if d.flags & ops::LAYERNORM_BETA != 0 { Some(op.input(d.beta_va, cols)?) } else { None };
+            op.write_out(d.out_va, n, |y| k::layer_norm(&x, cols, gamma.as_deref(), beta.as_deref(), d.epsilon, y))?;
             Ok(8 * n as u64)
         }
         Desc::Reduce(d) => {
@@ -428,9 +382,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             if d.kind >= ops::REDUCE_ARGMAX {
                 let max = matches!(d.kind, ops::REDUCE_ARGMAX | ops::REDUCE_ARGMAX_LAST);
                 let last = d.kind >= ops::REDUCE_ARGMAX_LAST;
-                op.write_out(d.out_va, out_n, |y| {
-                    k::arg_reduce(max, last, &shape, axis, &x, y)
-                })?;
+                op.write_out(d.out_va, out_n, |y| k::arg_reduce(max, last, &shape, axis, &x, y))?;
                 return Ok(n as u64);
             }
             let kind = match d.kind {
@@ -444,10 +396,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         }
         Desc::Transpose(d) => {
             let shape = dims(&d.dims, d.rank);
-            let perm: Vec<usize> = d.perm[..d.rank as usize]
-                .iter()
-                .map(|&p| p as usize)
-                .collect();
+            let perm: Vec<usize> = d.perm[..d.rank as usize].iter().map(|&p| p as usize).collect();
             let n = op.volume(&shape)?;
             let x = op.input(d.in_va, n)?;
             op.write_out(d.out_va, n, |y| k::permute(&shape, &perm, &x, y))?;
@@ -457,25 +406,14 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::Cast(d) => cast(&mut op, &d),
         Desc::Resize(d) => resize(&mut op, &d),
         Desc::Where(d) => {
-            let (cd, ad, bd) = (
-                dims(&d.cond_dims, d.rank),
-                dims(&d.a_dims, d.rank),
-                dims(&d.b_dims, d.rank),
-            );
+            let (cd, ad, bd) = (dims(&d.cond_dims, d.rank), dims(&d.a_dims, d.rank), dims(&d.b_dims, d.rank));
             let out_shape = op.kernel(k::broadcast_shape3(&cd, &ad, &bd))?;
-            let (nc, na, nb, no) = (
-                op.volume(&cd)?,
-                op.volume(&ad)?,
-                op.volume(&bd)?,
-                op.volume(&out_shape)?,
-            );
+            let (nc, na, nb, no) = (op.volume(&cd)?, op.volume(&ad)?, op.volume(&bd)?, op.volume(&out_shape)?);
             let flops = op.flops(&[no as u64])?;
             let cond = op.input(d.cond_va, nc)?;
             let a = op.input(d.a_va, na)?;
             let b = op.input(d.b_va, nb)?;
-            op.write_out(d.out_va, no, |out| {
-                k::where_select(&cond, &cd, &a, &ad, &b, &bd, out)
-            })?;
+            op.write_out(d.out_va, no, |out| k::where_select(&cond, &cd, &a, &ad, &b, &bd, out))?;
             Ok(flops)
         }
         Desc::Gather(d) => {
@@ -485,35 +423,20 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let (n, no) = (op.volume(&shape)?, op.volume(&out_shape)?);
             op.volume(&[ni, 2])?;
             let dim = shape.get(d.axis as usize).copied().ok_or(bad)?;
-            let (align, width) = if d.index_type == ops::GATHER_INDEX_I32 {
-                (4, 4)
-            } else {
-                (8, 8)
-            };
+            let (align, width) = if d.index_type == ops::GATHER_INDEX_I32 { (4, 4) } else { (8, 8) };
             if d.indices_va % align != 0 {
                 return Err(Fault::new(FaultCode::Alignment, Access::Read, d.indices_va));
             }
             // Indices are copied out before use: the guest could change
             // them under the device after the bounds check otherwise.
-            let span = op
-                .mem
-                .resolve(d.indices_va, (ni * width) as u64, Access::Read)?;
+            let span = op.mem.resolve(d.indices_va, (ni * width) as u64, Access::Read)?;
             let mut raw = vec![0u8; ni * width];
             gather_into(&span, &mut raw);
             let data = op.input(d.data_va, n)?;
-            let g = GatherArgs {
-                shape: &shape,
-                axis: d.axis as usize,
-                dim,
-                indices_va: d.indices_va,
-                out_va: d.out_va,
-                no,
-            };
+            let g =
+                GatherArgs { shape: &shape, axis: d.axis as usize, dim, indices_va: d.indices_va, out_va: d.out_va, no };
             if d.index_type == ops::GATHER_INDEX_I32 {
-                let idx: Vec<i32> = raw
-                    .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
+                let idx: Vec<i32> = raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
                 gather(&mut op, &g, &data, &idx)?;
             } else {
                 let idx: Vec<i64> = raw
@@ -553,20 +476,13 @@ fn first_bad_index<I: k::GatherIndex>(idx: &[I], dim: usize) -> Option<usize> {
 /// GATHER with its indices copied out of guest memory: translate the
 /// output, check every index (an IndexOutOfRange fault at the first bad
 /// index's VA), then gather. Nothing is written on a fault.
-fn gather<I: k::GatherIndex>(
-    op: &mut Op<'_, '_, '_>,
-    g: &GatherArgs<'_>,
-    data: &[f32],
-    idx: &[I],
-) -> R<()> {
+fn gather<I: k::GatherIndex>(op: &mut Op<'_, '_, '_>, g: &GatherArgs<'_>, data: &[f32], idx: &[I]) -> R<()> {
     let mut out = op.output(g.out_va, g.no, false)?;
     if let Some(i) = first_bad_index(idx, g.dim) {
         let width = std::mem::size_of::<I>() as u64;
         // Inside the translated index range (below VA_LIMIT): cannot
         // saturate.
-        let va = g
-            .indices_va
-            .saturating_add((i as u64).saturating_mul(width));
+        let va = g.indices_va.saturating_add((i as u64).saturating_mul(width));
         return Err(Fault::new(FaultCode::IndexOutOfRange, Access::Read, va));
     }
     let r = k::gather(data, g.shape, g.axis as isize, idx, &[idx.len()], out.buf());
@@ -595,10 +511,7 @@ impl CastIn<'_> {
 }
 
 fn cast(op: &mut Op<'_, '_, '_>, d: &ops::CastDesc) -> R<u64> {
-    let (src_size, dst_size) = match (
-        ops::cast_type_size(d.src_type),
-        ops::cast_type_size(d.dst_type),
-    ) {
+    let (src_size, dst_size) = match (ops::cast_type_size(d.src_type), ops::cast_type_size(d.dst_type)) {
         (Some(s), Some(t)) => (s, t),
         // Descriptor decoding only lets the element types through.
         _ => return Err(op.bad()),
@@ -627,12 +540,7 @@ fn cast(op: &mut Op<'_, '_, '_>, d: &ops::CastDesc) -> R<u64> {
 }
 
 fn padding(top: u32, left: u32, bottom: u32, right: u32) -> k::Padding2d {
-    k::Padding2d {
-        top: top as usize,
-        left: left as usize,
-        bottom: bottom as usize,
-        right: right as usize,
-    }
+    k::Padding2d { top: top as usize, left: left as usize, bottom: bottom as usize, right: right as usize }
 }
 
 fn gemm(op: &mut Op<'_, '_, '_>, d: &ops::GemmDesc) -> R<u64> {
@@ -642,24 +550,16 @@ fn gemm(op: &mut Op<'_, '_, '_>, d: &ops::GemmDesc) -> R<u64> {
         return Ok(0);
     }
     let b_packed = d.flags & ops::GEMM_B_PACKED != 0;
-    // A packed B holds whole panels: n rounded up to the panel width.
-    let b_cols = if b_packed {
-        n.div_ceil(ops::GEMM_PANEL)
-            .checked_mul(ops::GEMM_PANEL)
-            .ok_or_else(|| op.bad())?
+    // A packed B holds whole panels (the contract's packed length).
+    let b_len = if b_packed {
+        ops::gemm_packed_b_len(kk as u64, n as u64).filter(|&l| l <= MAX_TENSOR_ELEMS).ok_or_else(|| op.bad())? as usize
     } else {
-        n
+        op.volume(&[kk, n])?
     };
-    let (a_len, b_len, c_len) = (
-        op.volume(&[m, kk])?,
-        op.volume(&[kk, b_cols])?,
-        op.volume(&[m, n])?,
-    );
+    let (a_len, c_len) = (op.volume(&[m, kk])?, op.volume(&[m, n])?);
     // Extent of each operand over the batch: (batch-1)*stride + matrix.
     let extent = |op: &Op<'_, '_, '_>, stride: u64, len: usize| -> R<usize> {
-        let e = (batch as u64 - 1)
-            .checked_mul(stride)
-            .and_then(|x| x.checked_add(len as u64));
+        let e = (batch as u64 - 1).checked_mul(stride).and_then(|x| x.checked_add(len as u64));
         match e {
             Some(e) if e <= MAX_TENSOR_ELEMS => Ok(e as usize),
             _ => Err(op.bad()),
@@ -675,16 +575,8 @@ fn gemm(op: &mut Op<'_, '_, '_>, d: &ops::GemmDesc) -> R<u64> {
     }
     let a = op.input(d.a_va, a_ext)?;
     let b = op.input(d.b_va, b_ext)?;
-    let bias = if d.flags & ops::GEMM_BIAS != 0 {
-        Some(op.input(d.bias_va, n)?)
-    } else {
-        None
-    };
-    let residual = if d.flags & ops::GEMM_RESIDUAL != 0 {
-        Some(op.input(d.residual_va, c_ext)?)
-    } else {
-        None
-    };
+    let bias = if d.flags & ops::GEMM_BIAS != 0 { Some(op.input(d.bias_va, n)?) } else { None };
+    let residual = if d.flags & ops::GEMM_RESIDUAL != 0 { Some(op.input(d.residual_va, c_ext)?) } else { None };
     let accumulate = d.flags & ops::GEMM_ACCUMULATE != 0;
     // C's old contents matter with accumulation, and in the gaps between
     // batch matrices, which must survive.
@@ -701,20 +593,10 @@ fn gemm(op: &mut Op<'_, '_, '_>, d: &ops::GemmDesc) -> R<u64> {
         activation: activation(d.activation, d.act_param0, d.act_param1),
     };
     for i in 0..batch {
-        let (ao, bo, co) = (
-            i * d.a_batch_stride as usize,
-            i * d.b_batch_stride as usize,
-            i * d.c_batch_stride as usize,
-        );
+        let (ao, bo, co) =
+            (i * d.a_batch_stride as usize, i * d.b_batch_stride as usize, i * d.c_batch_stride as usize);
         let res = residual.as_deref().map(|r| &r[co..co + c_len]);
-        let r = k::gemm_residual(
-            &p,
-            &a[ao..ao + a_len],
-            &b[bo..bo + b_len],
-            bias.as_deref(),
-            res,
-            &mut c.buf()[co..co + c_len],
-        );
+        let r = k::gemm_residual(&p, &a[ao..ao + a_len], &b[bo..bo + b_len], bias.as_deref(), res, &mut c.buf()[co..co + c_len]);
         op.kernel(r)?;
     }
     c.commit();
@@ -743,34 +625,13 @@ fn conv2d(op: &mut Op<'_, '_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
     let n_in = op.volume(&[p.batch, p.in_channels, p.in_h, p.in_w])?;
     let n_w = op.volume(&[p.out_channels, cin_g, p.kernel[0], p.kernel[1]])?;
     let n_out = op.volume(&out_shape)?;
-    let flops = op.flops(&[
-        2,
-        n_out as u64,
-        cin_g as u64,
-        p.kernel[0] as u64,
-        p.kernel[1] as u64,
-    ])?;
+    let flops = op.flops(&[2, n_out as u64, cin_g as u64, p.kernel[0] as u64, p.kernel[1] as u64])?;
     let input = op.input(d.input_va, n_in)?;
     let weight = op.input(d.weight_va, n_w)?;
-    let bias = if d.flags & ops::CONV_BIAS != 0 {
-        Some(op.input(d.bias_va, p.out_channels)?)
-    } else {
-        None
-    };
-    let residual = if d.flags & ops::CONV_RESIDUAL != 0 {
-        Some(op.input(d.residual_va, n_out)?)
-    } else {
-        None
-    };
+    let bias = if d.flags & ops::CONV_BIAS != 0 { Some(op.input(d.bias_va, p.out_channels)?) } else { None };
+    let residual = if d.flags & ops::CONV_RESIDUAL != 0 { Some(op.input(d.residual_va, n_out)?) } else { None };
     op.write_out(d.output_va, n_out, |out| {
-        k::conv2d_residual(
-            &p,
-            &input,
-            &weight,
-            bias.as_deref(),
-            residual.as_deref(),
-            out,
-        )
+        k::conv2d_residual(&p, &input, &weight, bias.as_deref(), residual.as_deref(), out)
     })?;
     Ok(flops)
 }
@@ -788,9 +649,7 @@ fn pool(op: &mut Op<'_, '_, '_>, d: &ops::PoolDesc) -> R<u64> {
         kind: if d.kind == ops::POOL_MAX {
             k::PoolKind::Max
         } else {
-            k::PoolKind::Avg {
-                count_include_pad: d.flags & ops::POOL_COUNT_INCLUDE_PAD != 0,
-            }
+            k::PoolKind::Avg { count_include_pad: d.flags & ops::POOL_COUNT_INCLUDE_PAD != 0 }
         },
     };
     let out_shape = op.kernel(k::pool2d_output_shape(&p))?;
@@ -811,9 +670,7 @@ fn resize(op: &mut Op<'_, '_, '_>, d: &ops::ResizeDesc) -> R<u64> {
     };
     let mode = match (d.mode, d.nearest_mode) {
         (ops::RESIZE_LINEAR, _) => k::ResizeMode::Linear,
-        (_, ops::RESIZE_ROUND_PREFER_CEIL) => {
-            k::ResizeMode::Nearest(k::NearestMode::RoundPreferCeil)
-        }
+        (_, ops::RESIZE_ROUND_PREFER_CEIL) => k::ResizeMode::Nearest(k::NearestMode::RoundPreferCeil),
         (_, ops::RESIZE_FLOOR) => k::ResizeMode::Nearest(k::NearestMode::Floor),
         (_, ops::RESIZE_CEIL) => k::ResizeMode::Nearest(k::NearestMode::Ceil),
         _ => k::ResizeMode::Nearest(k::NearestMode::RoundPreferFloor),
@@ -845,10 +702,7 @@ fn strided_copy(op: &mut Op<'_, '_, '_>, d: &ops::StridedCopyDesc) -> R<u64> {
     let extent = |op: &Op<'_, '_, '_>, strides: &[u64]| -> R<usize> {
         let mut e: u64 = 1;
         for (&s, &st) in sizes.iter().zip(strides) {
-            e = (s as u64 - 1)
-                .checked_mul(st)
-                .and_then(|x| x.checked_add(e))
-                .ok_or_else(|| op.bad())?;
+            e = (s as u64 - 1).checked_mul(st).and_then(|x| x.checked_add(e)).ok_or_else(|| op.bad())?;
         }
         if e > MAX_TENSOR_ELEMS {
             return Err(op.bad());
@@ -863,13 +717,7 @@ fn strided_copy(op: &mut Op<'_, '_, '_>, d: &ops::StridedCopyDesc) -> R<u64> {
     let src = op.input(d.src_va, src_ext)?;
     // The destination box may have gaps that must keep their contents.
     let mut dst = op.output(d.dst_va, dst_ext, true)?;
-    let p = k::StridedCopy {
-        sizes: &sizes,
-        src_offset: 0,
-        src_strides: &src_strides,
-        dst_offset: 0,
-        dst_strides: &dst_strides,
-    };
+    let p = k::StridedCopy { sizes: &sizes, src_offset: 0, src_strides: &src_strides, dst_offset: 0, dst_strides: &dst_strides };
     let r = k::strided_copy(&p, &src, dst.buf());
     op.kernel(r)?;
     dst.commit();

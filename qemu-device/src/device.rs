@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rbln_hw::pci::{BAR_DOORBELL, BAR_DRAM, BAR_REGS, DOORBELL_TAIL};
 use rbln_hw::regs::{self, qctl};
 use rbln_hw::ring::{fault_code_reg, Access, FaultCode, QueueState, QueueStatus};
-use rbln_hw::{HW_VERSION, PAGE_SIZE};
+use rbln_hw::{PAGE_SIZE, HW_VERSION};
 
 use crate::engines::{Counters, EnginePool};
 use crate::exec;
@@ -178,8 +178,7 @@ impl QueueRegs {
     fn config_ok(&self) -> bool {
         self.ring_base.is_multiple_of(PAGE_SIZE)
             && self.ring_size.is_power_of_two()
-            && (rbln_hw::ring::MIN_RING_ENTRIES..=rbln_hw::ring::MAX_RING_ENTRIES)
-                .contains(&self.ring_size)
+            && (rbln_hw::ring::MIN_RING_ENTRIES..=rbln_hw::ring::MAX_RING_ENTRIES).contains(&self.ring_size)
             && self.ctx_id < regs::MAX_CONTEXTS
             && self.status_addr.is_multiple_of(64)
             && self.tail < self.ring_size
@@ -235,15 +234,9 @@ impl Device {
             start: Instant::now(),
             global: Mutex::new(GlobalRegs::reset_value()),
             queues: (0..cfg.num_queues)
-                .map(|index| Queue {
-                    index,
-                    regs: Mutex::new(QueueRegs::new()),
-                    cv: Condvar::new(),
-                })
+                .map(|index| Queue { index, regs: Mutex::new(QueueRegs::new()), cv: Condvar::new() })
                 .collect(),
-            invalidation: (0..regs::MAX_CONTEXTS)
-                .map(|_| Invalidation::default())
-                .collect(),
+            invalidation: (0..regs::MAX_CONTEXTS).map(|_| Invalidation::default()).collect(),
             counters: Counters::default(),
             dma_engines: EnginePool::new(cfg.num_dma_engines),
             cores: EnginePool::new(cfg.num_cores),
@@ -303,11 +296,12 @@ impl Device {
             BAR_DRAM => {
                 let _ = self.shared.dram.read(off, data);
             }
-            BAR_DOORBELL if off % PAGE_SIZE == DOORBELL_TAIL && data.len() == 4 => {
-                if let Some(q) = self.shared.queues.get((off / PAGE_SIZE) as usize) {
-                    data.copy_from_slice(&q.lock().tail.to_le_bytes());
+            BAR_DOORBELL
+                if off % PAGE_SIZE == DOORBELL_TAIL && data.len() == 4 => {
+                    if let Some(q) = self.shared.queues.get((off / PAGE_SIZE) as usize) {
+                        data.copy_from_slice(&q.lock().tail.to_le_bytes());
+                    }
                 }
-            }
             _ => {}
         }
     }
@@ -317,10 +311,7 @@ impl Device {
     pub fn bar_write(&self, bar: u32, off: u64, data: &[u8]) {
         match bar {
             BAR_REGS => match data.len() {
-                4 => self.shared.reg_write32(
-                    off,
-                    u32::from_le_bytes([data[0], data[1], data[2], data[3]]),
-                ),
+                4 => self.shared.reg_write32(off, u32::from_le_bytes([data[0], data[1], data[2], data[3]])),
                 8 => {
                     let v = u64::from_le_bytes(data.try_into().unwrap_or([0; 8]));
                     self.shared.reg_write32(off, v as u32);
@@ -328,15 +319,16 @@ impl Device {
                 }
                 n => log::warn!("ignored {n}-byte register write at {off:#x}"),
             },
-            BAR_DRAM if self.shared.dram.write(off, data).is_err() => {
-                log::warn!("DRAM write outside BAR2 at {off:#x}");
-            }
-            BAR_DOORBELL if off % PAGE_SIZE == DOORBELL_TAIL && data.len() == 4 => {
-                if let Some(q) = self.shared.queues.get((off / PAGE_SIZE) as usize) {
-                    self.shared
-                        .write_tail(q, u32::from_le_bytes([data[0], data[1], data[2], data[3]]));
+            BAR_DRAM
+                if self.shared.dram.write(off, data).is_err() => {
+                    log::warn!("DRAM write outside BAR2 at {off:#x}");
                 }
-            }
+            BAR_DOORBELL
+                if off % PAGE_SIZE == DOORBELL_TAIL && data.len() == 4 => {
+                    if let Some(q) = self.shared.queues.get((off / PAGE_SIZE) as usize) {
+                        self.shared.write_tail(q, u32::from_le_bytes([data[0], data[1], data[2], data[3]]));
+                    }
+                }
             _ => {}
         }
     }
@@ -398,10 +390,7 @@ impl Shared {
     /// Context `ctx`'s page-table root, if the context is valid.
     pub fn context_root(&self, ctx: u32) -> Option<u64> {
         let g = self.global();
-        g.contexts
-            .get(ctx as usize)
-            .filter(|c| c.valid)
-            .map(|c| c.pt_root & !(PAGE_SIZE - 1))
+        g.contexts.get(ctx as usize).filter(|c| c.valid).map(|c| c.pt_root & !(PAGE_SIZE - 1))
     }
 
     /// A FENCE packet with the IRQ flag completed on queue `q`.
@@ -425,12 +414,7 @@ impl Shared {
         r.fault_addr = fault.addr;
         self.write_status(r);
         Counters::add(&self.counters.faults, 1);
-        log::info!(
-            "queue {q}: fault {} ({:?}) at {:#x}",
-            fault.code.name(),
-            fault.access,
-            fault.addr
-        );
+        log::info!("queue {q}: fault {} ({:?}) at {:#x}", fault.code.name(), fault.access, fault.addr);
         let fire = {
             let mut g = self.global();
             g.error_count = g.error_count.wrapping_add(1);
@@ -444,16 +428,8 @@ impl Shared {
 
     /// Write the queue's status block to host memory, if it has one.
     pub fn write_status(&self, r: &QueueRegs) {
-        if r.status_addr != 0
-            && self
-                .host
-                .write(r.status_addr, &r.status_block().to_bytes())
-                .is_err()
-        {
-            log::warn!(
-                "status block at {:#x} is not in shared memory",
-                r.status_addr
-            );
+        if r.status_addr != 0 && self.host.write(r.status_addr, &r.status_block().to_bytes()).is_err() {
+            log::warn!("status block at {:#x} is not in shared memory", r.status_addr);
         }
     }
 
@@ -461,12 +437,7 @@ impl Shared {
         let mut r = q.lock();
         if r.ring_size != 0 && tail >= r.ring_size {
             if r.enabled && r.state != QueueState::Faulted {
-                self.record_fault(
-                    q.index,
-                    &mut r,
-                    Fault::new(FaultCode::BadDoorbell, Access::None, tail as u64),
-                    0,
-                );
+                self.record_fault(q.index, &mut r, Fault::new(FaultCode::BadDoorbell, Access::None, tail as u64), 0);
             }
             return;
         }
@@ -524,20 +495,11 @@ impl Shared {
             if !r.config_ok() {
                 r.enabled = true;
                 let base = r.ring_base;
-                self.record_fault(
-                    q.index,
-                    &mut r,
-                    Fault::new(FaultCode::BadQueueConfig, Access::None, base),
-                    0,
-                );
+                self.record_fault(q.index, &mut r, Fault::new(FaultCode::BadQueueConfig, Access::None, base), 0);
                 return;
             }
             r.enabled = true;
-            r.state = if r.head == r.tail {
-                QueueState::Idle
-            } else {
-                QueueState::Running
-            };
+            r.state = if r.head == r.tail { QueueState::Idle } else { QueueState::Running };
             self.write_status(&r);
             q.cv.notify_all();
         } else if !enable && r.enabled {
@@ -555,10 +517,7 @@ impl Shared {
         for q in &self.queues {
             self.queue_reset(q, false);
             let mut r = q.lock();
-            *r = QueueRegs {
-                generation: r.generation,
-                ..QueueRegs::new()
-            };
+            *r = QueueRegs { generation: r.generation, ..QueueRegs::new() };
         }
         *self.global() = GlobalRegs::reset_value();
         self.counters.reset();
@@ -589,24 +548,15 @@ impl Shared {
             regs::CNT_COMPUTE_OPS_64 => Counters::get(&c.compute_ops),
             regs::CNT_COMPUTE_FLOPS_64 => Counters::get(&c.compute_flops),
             regs::CNT_FAULTS_64 => Counters::get(&c.faults),
-            o if (regs::CNT_DMA_BUSY_NS_64
-                ..regs::CNT_DMA_BUSY_NS_64 + 8 * regs::MAX_DMA_ENGINES as u64)
-                .contains(&o) =>
-            {
-                self.dma_engines
-                    .busy_ns(((o - regs::CNT_DMA_BUSY_NS_64) / 8) as usize)
+            o if (regs::CNT_DMA_BUSY_NS_64..regs::CNT_DMA_BUSY_NS_64 + 8 * regs::MAX_DMA_ENGINES as u64).contains(&o) => {
+                self.dma_engines.busy_ns(((o - regs::CNT_DMA_BUSY_NS_64) / 8) as usize)
             }
-            o if (regs::CNT_CORE_BUSY_NS_64
-                ..regs::CNT_CORE_BUSY_NS_64 + 8 * regs::MAX_CORES as u64)
-                .contains(&o) =>
-            {
-                self.cores
-                    .busy_ns(((o - regs::CNT_CORE_BUSY_NS_64) / 8) as usize)
+            o if (regs::CNT_CORE_BUSY_NS_64..regs::CNT_CORE_BUSY_NS_64 + 8 * regs::MAX_CORES as u64).contains(&o) => {
+                self.cores.busy_ns(((o - regs::CNT_CORE_BUSY_NS_64) / 8) as usize)
             }
             o => {
                 if let Some((i, reg)) = Self::context_index(o) {
-                    return (reg == regs::CTX_PT_ROOT_64)
-                        .then(|| self.global().contexts[i].pt_root);
+                    return (reg == regs::CTX_PT_ROOT_64).then(|| self.global().contexts[i].pt_root);
                 }
                 let (q, reg) = self.queue_for(o)?;
                 let r = q.lock();
@@ -645,15 +595,9 @@ impl Shared {
             regs::ERROR_COUNT => g().error_count,
             o => {
                 if let Some((i, reg)) = Self::context_index(o) {
-                    return if reg == regs::CTX_CONTROL {
-                        g().contexts[i].valid as u32
-                    } else {
-                        0
-                    };
+                    return if reg == regs::CTX_CONTROL { g().contexts[i].valid as u32 } else { 0 };
                 }
-                let Some((q, reg)) = self.queue_for(o) else {
-                    return 0;
-                };
+                let Some((q, reg)) = self.queue_for(o) else { return 0 };
                 let r = q.lock();
                 match reg {
                     regs::Q_RING_SIZE => r.ring_size,
@@ -709,16 +653,12 @@ impl Shared {
                     let mut g = self.global();
                     match reg & !4 {
                         regs::CTX_PT_ROOT_64 => set_half(&mut g.contexts[i].pt_root, high, v),
-                        regs::CTX_CONTROL if !high => {
-                            g.contexts[i].valid = v & regs::CTX_CONTROL_VALID != 0
-                        }
+                        regs::CTX_CONTROL if !high => g.contexts[i].valid = v & regs::CTX_CONTROL_VALID != 0,
                         _ => {}
                     }
                     return;
                 }
-                let Some((q, reg)) = self.queue_for(o) else {
-                    return;
-                };
+                let Some((q, reg)) = self.queue_for(o) else { return };
                 match reg {
                     regs::Q_CONTROL => return self.queue_control(q, v),
                     regs::Q_TAIL => return self.write_tail(q, v),
@@ -780,11 +720,7 @@ fn command_processor(s: &Shared, qi: usize) {
                 Ok(()) if r.state == QueueState::Faulted => {}
                 Ok(()) => {
                     r.head = (r.head + 1) % r.ring_size.max(1);
-                    r.state = if r.head == r.tail {
-                        QueueState::Idle
-                    } else {
-                        QueueState::Running
-                    };
+                    r.state = if r.head == r.tail { QueueState::Idle } else { QueueState::Running };
                     s.write_status(&r);
                 }
                 Err(exec::Stop::Fault(f, depth)) => s.record_fault(q.index, &mut r, f, depth),

@@ -23,33 +23,21 @@ impl EnginePool {
     pub fn new(n: u32) -> Self {
         assert!((1..=32).contains(&n), "engine count is validated by Config");
         let free = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
-        Self {
-            free: Mutex::new(free),
-            cv: Condvar::new(),
-            busy_ns: (0..n).map(|_| AtomicU64::new(0)).collect(),
-        }
+        Self { free: Mutex::new(free), cv: Condvar::new(), busy_ns: (0..n).map(|_| AtomicU64::new(0)).collect() }
     }
 
     /// Take a free engine, waiting at most `timeout` for one.
     pub fn acquire_timeout(&self, timeout: std::time::Duration) -> Option<EngineGuard<'_>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if *free == 0 {
-            free = self
-                .cv
-                .wait_timeout(free, timeout)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            free = self.cv.wait_timeout(free, timeout).unwrap_or_else(|e| e.into_inner()).0;
             if *free == 0 {
                 return None;
             }
         }
         let index = free.trailing_zeros() as usize;
         *free &= !(1 << index);
-        Some(EngineGuard {
-            pool: self,
-            index,
-            start: Instant::now(),
-        })
+        Some(EngineGuard { pool: self, index, start: Instant::now() })
     }
 
     pub fn busy_ns(&self, i: usize) -> u64 {
@@ -93,13 +81,7 @@ impl Counters {
     }
 
     pub fn reset(&self) {
-        for c in [
-            &self.packets,
-            &self.dma_bytes,
-            &self.compute_ops,
-            &self.compute_flops,
-            &self.faults,
-        ] {
+        for c in [&self.packets, &self.dma_bytes, &self.compute_ops, &self.compute_flops, &self.faults] {
             c.store(0, Ordering::Relaxed);
         }
     }

@@ -49,10 +49,7 @@ pub(crate) fn run_ring_entry(s: &Shared, job: &Job, workers: &Workers) -> Result
         .read(entry_addr, &mut raw)
         .map_err(|_| Stop::Fault(Fault::new(FaultCode::BusError, Access::Read, entry_addr), 0))?;
     let entry = RingEntry::read_from(&raw).unwrap_or_default();
-    let bad_entry = Stop::Fault(
-        Fault::new(FaultCode::BadRingEntry, Access::Read, entry_addr),
-        0,
-    );
+    let bad_entry = Stop::Fault(Fault::new(FaultCode::BadRingEntry, Access::Read, entry_addr), 0);
     if entry.flags != 0
         || entry.reserved != 0
         || !entry.cmdbuf_size.is_multiple_of(4)
@@ -61,18 +58,11 @@ pub(crate) fn run_ring_entry(s: &Shared, job: &Job, workers: &Workers) -> Result
     {
         return Err(bad_entry);
     }
-    let root = s.context_root(job.ctx_id).ok_or(Stop::Fault(
-        Fault::new(FaultCode::ContextInvalid, Access::None, job.ctx_id as u64),
-        0,
-    ))?;
+    let root = s
+        .context_root(job.ctx_id)
+        .ok_or(Stop::Fault(Fault::new(FaultCode::ContextInvalid, Access::None, job.ctx_id as u64), 0))?;
     let inval = &s.invalidation[job.ctx_id as usize];
-    let mut ex = Exec {
-        s,
-        workers,
-        job,
-        mem: AddressSpace::new(&s.host, &s.dram, root, inval),
-        depth: 0,
-    };
+    let mut ex = Exec { s, workers, job, mem: AddressSpace::new(&s.host, &s.dram, root, inval), depth: 0 };
     ex.run_cmdbuf(entry.cmdbuf_va, entry.cmdbuf_size)
 }
 
@@ -98,10 +88,7 @@ impl Exec<'_> {
     }
 
     fn run_cmdbuf(&mut self, va: u64, size: u32) -> Result<(), Stop> {
-        let buf = self
-            .mem
-            .read_vec(va, size as usize)
-            .map_err(|f| self.fault(f))?;
+        let buf = self.mem.read_vec(va, size as usize).map_err(|f| self.fault(f))?;
         let mut off = 0usize;
         while off < buf.len() {
             self.check_live()?;
@@ -136,10 +123,7 @@ impl Exec<'_> {
                 self.mem.read(p.desc_va, desc).map_err(|f| self.fault(f))?;
                 let _core = self.acquire(&self.s.cores)?;
                 let mem = &mut self.mem;
-                let flops = self
-                    .workers
-                    .run(|| compute::run(mem, desc, p.desc_va))
-                    .map_err(|f| self.fault(f))?;
+                let flops = self.workers.run(|| compute::run(mem, desc, p.desc_va)).map_err(|f| self.fault(f))?;
                 Counters::add(&self.s.counters.compute_ops, 1);
                 Counters::add(&self.s.counters.compute_flops, flops);
                 Ok(())
@@ -149,26 +133,16 @@ impl Exec<'_> {
                 // Atomic against other queues' SEM_SIGNALs (not against
                 // the guest CPU, which has no device atomics).
                 let _g = self.s.sem_lock.lock().unwrap_or_else(|e| e.into_inner());
-                self.mem
-                    .check(p.addr_va, 8, Access::Write)
-                    .map_err(|f| self.fault(f))?;
+                self.mem.check(p.addr_va, 8, Access::Write).map_err(|f| self.fault(f))?;
                 let old = self.mem.read_u64(p.addr_va).map_err(|f| self.fault(f))?;
-                let new = if p.op == cmd::SEM_OP_ADD {
-                    old.wrapping_add(p.value)
-                } else {
-                    p.value
-                };
-                self.mem
-                    .write_u64(p.addr_va, new)
-                    .map_err(|f| self.fault(f))?;
+                let new = if p.op == cmd::SEM_OP_ADD { old.wrapping_add(p.value) } else { p.value };
+                self.mem.write_u64(p.addr_va, new).map_err(|f| self.fault(f))?;
                 self.s.sem_cv.notify_all();
                 Ok(())
             }
             Packet::Fence(p) => {
                 if p.addr_va != 0 {
-                    self.mem
-                        .write_u64(p.addr_va, p.value)
-                        .map_err(|f| self.fault(f))?;
+                    self.mem.write_u64(p.addr_va, p.value).map_err(|f| self.fault(f))?;
                 }
                 {
                     let mut r = self.s.queues[self.job.queue as usize].lock();
@@ -185,9 +159,7 @@ impl Exec<'_> {
             }
             Packet::Timestamp(p) => {
                 let now = self.s.now_ns();
-                self.mem
-                    .write_u64(p.addr_va, now)
-                    .map_err(|f| self.fault(f))
+                self.mem.write_u64(p.addr_va, now).map_err(|f| self.fault(f))
             }
             Packet::Indirect(p) => {
                 if self.depth as u32 >= MAX_INDIRECT_DEPTH {
@@ -202,10 +174,7 @@ impl Exec<'_> {
     }
 
     /// Take an engine from `pool`, giving up if the queue is reset meanwhile.
-    fn acquire<'p>(
-        &self,
-        pool: &'p crate::engines::EnginePool,
-    ) -> Result<crate::engines::EngineGuard<'p>, Stop> {
+    fn acquire<'p>(&self, pool: &'p crate::engines::EnginePool) -> Result<crate::engines::EngineGuard<'p>, Stop> {
         loop {
             if let Some(g) = pool.acquire_timeout(SEM_POLL) {
                 return Ok(g);
@@ -220,9 +189,7 @@ impl Exec<'_> {
         // nothing), then fill it where it lies, chunk by chunk.
         let depth = self.depth;
         let pinned = self.mem.pin();
-        let to = pinned
-            .resolve(dst, size, Access::Write)
-            .map_err(|f| Stop::Fault(f, depth))?;
+        let to = pinned.resolve(dst, size, Access::Write).map_err(|f| Stop::Fault(f, depth))?;
         let pattern = value.to_le_bytes();
         let mut chunks = Chunks::new(to.pieces());
         while let Some(p) = chunks.next(DMA_CHUNK as usize) {
@@ -247,20 +214,14 @@ impl Exec<'_> {
         // then copy memory to memory in place, chunk by chunk.
         let depth = self.depth;
         let pinned = self.mem.pin();
-        let from = pinned
-            .resolve(src, size, Access::Read)
-            .map_err(|f| Stop::Fault(f, depth))?;
-        let to = pinned
-            .resolve(dst, size, Access::Write)
-            .map_err(|f| Stop::Fault(f, depth))?;
+        let from = pinned.resolve(src, size, Access::Read).map_err(|f| Stop::Fault(f, depth))?;
+        let to = pinned.resolve(dst, size, Access::Write).map_err(|f| Stop::Fault(f, depth))?;
         let (mut a, mut b) = (Chunks::new(from.pieces()), Chunks::new(to.pieces()));
         let mut since_check = 0;
         loop {
             // The largest step both sides can take contiguously.
             let n = a.peek().min(b.peek()).min(DMA_CHUNK as usize);
-            let (Some(s), Some(d)) = (a.next(n), b.next(n)) else {
-                break;
-            };
+            let (Some(s), Some(d)) = (a.next(n), b.next(n)) else { break };
             if since_check == 0 {
                 self.check_live()?;
             }
@@ -319,18 +280,12 @@ struct Chunks<'p> {
 
 impl<'p> Chunks<'p> {
     fn new(pieces: &'p [Piece]) -> Self {
-        Self {
-            pieces,
-            index: 0,
-            offset: 0,
-        }
+        Self { pieces, index: 0, offset: 0 }
     }
 
     /// Bytes left in the current piece (0 at the end).
     fn peek(&self) -> usize {
-        self.pieces
-            .get(self.index)
-            .map_or(0, |p| p.len - self.offset)
+        self.pieces.get(self.index).map_or(0, |p| p.len - self.offset)
     }
 
     /// The next contiguous step of at most `max` bytes.

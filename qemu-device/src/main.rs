@@ -71,10 +71,7 @@ fn install_signal_thread(socket: PathBuf) -> nix::Result<()> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    env_logger::Builder::new()
-        .filter_level(args.log_level)
-        .format_timestamp_millis()
-        .init();
+    env_logger::Builder::new().filter_level(args.log_level).format_timestamp_millis().init();
     let cfg = Config {
         dram_size: args.dram_mib.saturating_mul(1 << 20),
         num_queues: args.queues,

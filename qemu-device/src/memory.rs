@@ -27,8 +27,7 @@ pub struct Mapping {
 impl Mapping {
     /// Map `len` bytes of `file` at `offset`, shared and writable.
     pub fn new(file: &File, offset: u64, len: u64) -> std::io::Result<Self> {
-        let len =
-            usize::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let len = usize::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
         let map = MmapOptions::new().offset(offset).len(len).map_raw(file)?;
         Ok(Self { map })
     }
@@ -45,10 +44,7 @@ impl Mapping {
         let end = off.checked_add(len as u64);
         match end {
             Some(end) if end <= self.len() => Ok(off as usize),
-            _ => Err(BusError {
-                addr: off,
-                len: len as u64,
-            }),
+            _ => Err(BusError { addr: off, len: len as u64 }),
         }
     }
 
@@ -57,9 +53,7 @@ impl Mapping {
         // SAFETY: `check` keeps [off, off+len) inside the mapping, which
         // lives as long as `self`; `buf` is a distinct Rust allocation, so
         // the ranges cannot overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
-        };
+        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off), buf.as_mut_ptr(), buf.len()) };
         Ok(())
     }
 
@@ -67,9 +61,7 @@ impl Mapping {
         let off = self.check(off, buf.len())?;
         // SAFETY: as in `read`; the mapping is writable (map_raw maps
         // read-write shared).
-        unsafe {
-            std::ptr::copy_nonoverlapping(buf.as_ptr(), self.map.as_mut_ptr().add(off), buf.len())
-        };
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.map.as_mut_ptr().add(off), buf.len()) };
         Ok(())
     }
 
@@ -87,13 +79,7 @@ impl Mapping {
         let n = usize::try_from(len).map_err(|_| BusError { addr: off, len })?;
         self.check(off, n)?;
         // Copy a pattern chunk rather than storing byte by byte.
-        let chunk: Vec<u8> = pattern
-            .to_le_bytes()
-            .iter()
-            .copied()
-            .cycle()
-            .take(n.min(64 * 1024))
-            .collect();
+        let chunk: Vec<u8> = pattern.to_le_bytes().iter().copied().cycle().take(n.min(64 * 1024)).collect();
         let mut done = 0usize;
         while done < n {
             let k = chunk.len().min(n - done);
@@ -122,16 +108,10 @@ impl HostMemory {
         let len = map.len();
         let end = addr.checked_add(len).ok_or(BusError { addr, len })?;
         let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
-        if regions
-            .iter()
-            .any(|r| addr < r.addr + r.map.len() && r.addr < end)
-        {
+        if regions.iter().any(|r| addr < r.addr + r.map.len() && r.addr < end) {
             return Err(BusError { addr, len });
         }
-        regions.push(HostRegion {
-            addr,
-            map: Arc::new(map),
-        });
+        regions.push(HostRegion { addr, map: Arc::new(map) });
         regions.sort_by_key(|r| r.addr);
         Ok(())
     }
@@ -146,10 +126,7 @@ impl HostMemory {
     }
 
     pub fn clear(&self) {
-        self.regions
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.regions.write().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     /// The region holding [addr, addr+len), and addr's offset in it.
@@ -173,18 +150,12 @@ impl HostMemory {
 
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), BusError> {
         let (m, off) = self.find(addr, buf.len() as u64)?;
-        m.read(off, buf).map_err(|_| BusError {
-            addr,
-            len: buf.len() as u64,
-        })
+        m.read(off, buf).map_err(|_| BusError { addr, len: buf.len() as u64 })
     }
 
     pub fn write(&self, addr: u64, buf: &[u8]) -> Result<(), BusError> {
         let (m, off) = self.find(addr, buf.len() as u64)?;
-        m.write(off, buf).map_err(|_| BusError {
-            addr,
-            len: buf.len() as u64,
-        })
+        m.write(off, buf).map_err(|_| BusError { addr, len: buf.len() as u64 })
     }
 
     pub fn read_u64(&self, addr: u64) -> Result<u64, BusError> {

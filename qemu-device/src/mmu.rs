@@ -66,15 +66,8 @@ enum Phys {
     Dram(u64),
 }
 
-fn read_pte(
-    host: &HostMemory,
-    table: u64,
-    index: usize,
-    va: u64,
-    access: Access,
-) -> Result<u64, Fault> {
-    host.read_u64(table + index as u64 * 8)
-        .map_err(|_| Fault::new(FaultCode::BusError, access, va))
+fn read_pte(host: &HostMemory, table: u64, index: usize, va: u64, access: Access) -> Result<u64, Fault> {
+    host.read_u64(table + index as u64 * 8).map_err(|_| Fault::new(FaultCode::BusError, access, va))
 }
 
 fn pte_fault(e: PteError, access: Access, va: u64) -> Fault {
@@ -113,14 +106,7 @@ fn leaf_phys(e0: u64, va: u64, access: Access) -> Result<Phys, Fault> {
 
 impl<'a> AddressSpace<'a> {
     pub fn new(host: &'a HostMemory, dram: &'a Dram, root: u64, inval: &'a Invalidation) -> Self {
-        Self {
-            host,
-            dram,
-            root,
-            inval,
-            epoch: inval.epoch.load(Ordering::SeqCst),
-            cached_l0: None,
-        }
+        Self { host, dram, root, inval, epoch: inval.epoch.load(Ordering::SeqCst), cached_l0: None }
     }
 
     /// Translate the page holding `va` for `access`.
@@ -320,18 +306,12 @@ impl Pinned<'_, '_> {
             let region_end = ((region + 1) << 21).min(end);
             let (i0, i1) = (mmu::va_index(cur, 0), mmu::va_index(region_end - 1, 0));
             let raw = &mut ptes[..(i1 - i0 + 1) * 8];
-            self.host
-                .read(l0 + i0 as u64 * 8, raw)
-                .map_err(|_| Fault::new(FaultCode::BusError, access, cur))?;
+            self.host.read(l0 + i0 as u64 * 8, raw).map_err(|_| Fault::new(FaultCode::BusError, access, cur))?;
             for e in raw.chunks_exact(8) {
                 let e0 = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
                 let phys = leaf_phys(e0, cur, access)?;
                 let chunk = (PAGE_SIZE - (cur & (PAGE_SIZE - 1))).min(end - cur);
-                let last = if rest.is_empty() {
-                    first.as_mut()
-                } else {
-                    rest.last_mut()
-                };
+                let last = if rest.is_empty() { first.as_mut() } else { rest.last_mut() };
                 match last {
                     Some((_, p, n)) if follows(*p, *n, phys) => *n += chunk,
                     Some(_) => rest.push((cur, phys, chunk)),
@@ -350,10 +330,7 @@ impl Pinned<'_, '_> {
                     ptr
                 }
             };
-            Ok(Piece {
-                ptr,
-                len: n as usize,
-            })
+            Ok(Piece { ptr, len: n as usize })
         };
         let first = piece(first.ok_or(Fault::new(FaultCode::Unmapped, access, va))?)?;
         if rest.is_empty() {
@@ -371,9 +348,7 @@ impl Pinned<'_, '_> {
 /// Whether `next` continues a run of `len` bytes starting at `start`.
 fn follows(start: Phys, len: u64, next: Phys) -> bool {
     match (start, next) {
-        (Phys::Dram(a), Phys::Dram(b)) | (Phys::Host(a), Phys::Host(b)) => {
-            a.checked_add(len) == Some(b)
-        }
+        (Phys::Dram(a), Phys::Dram(b)) | (Phys::Host(a), Phys::Host(b)) => a.checked_add(len) == Some(b),
         _ => false,
     }
 }

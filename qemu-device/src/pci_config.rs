@@ -32,11 +32,7 @@ pub struct PciConfig {
 
 impl PciConfig {
     pub fn new(dram_size: u64, doorbell_size: u64) -> Self {
-        let mut c = Self {
-            bytes: [0; CONFIG_SIZE],
-            bar_sizes: [0; 6],
-            bar_types: [0; 6],
-        };
+        let mut c = Self { bytes: [0; CONFIG_SIZE], bar_sizes: [0; 6], bar_types: [0; 6] };
         c.put16(0x00, pci::VENDOR_ID);
         c.put16(0x02, pci::DEVICE_ID);
         c.put16(0x06, 1 << 4); // status: capabilities list
@@ -70,12 +66,7 @@ impl PciConfig {
     }
 
     fn get32(&self, off: usize) -> u32 {
-        u32::from_le_bytes([
-            self.bytes[off],
-            self.bytes[off + 1],
-            self.bytes[off + 2],
-            self.bytes[off + 3],
-        ])
+        u32::from_le_bytes([self.bytes[off], self.bytes[off + 1], self.bytes[off + 2], self.bytes[off + 3]])
     }
 
     pub fn read(&self, off: u64, data: &mut [u8]) {
@@ -105,7 +96,7 @@ impl PciConfig {
             0x04 => COMMAND_WRITABLE as u8,
             0x05 => (COMMAND_WRITABLE >> 8) as u8,
             0x0C | 0x0D | 0x3C => 0xFF,
-            0x10..=0x27 => 0xFF,            // BARs, masked by fix_bar
+            0x10..=0x27 => 0xFF, // BARs, masked by fix_bar
             o if o == MSIX_CAP + 3 => 0xC0, // MSI-X enable + function mask
             _ => 0,
         };
@@ -142,10 +133,7 @@ mod tests {
         let mut c = PciConfig::new(256 << 20, 64 << 10);
         let mut b = [0u8; 4];
         c.read(0, &mut b);
-        assert_eq!(
-            u32::from_le_bytes(b),
-            (pci::DEVICE_ID as u32) << 16 | pci::VENDOR_ID as u32
-        );
+        assert_eq!(u32::from_le_bytes(b), (pci::DEVICE_ID as u32) << 16 | pci::VENDOR_ID as u32);
         c.read(0x08, &mut b);
         assert_eq!(u32::from_le_bytes(b) >> 8, 0x120000);
         c.write(0x18, &[0xFF; 4]);
@@ -162,10 +150,6 @@ mod tests {
         assert_eq!(u32::from_le_bytes(b), 0);
         c.write(0x00, &[0, 0, 0, 0]);
         c.read(0, &mut b);
-        assert_eq!(
-            u16::from_le_bytes([b[0], b[1]]),
-            pci::VENDOR_ID,
-            "IDs are read-only"
-        );
+        assert_eq!(u16::from_le_bytes([b[0], b[1]]), pci::VENDOR_ID, "IDs are read-only");
     }
 }

@@ -12,13 +12,11 @@ use std::sync::{Arc, RwLock};
 
 use vfio_bindings::bindings::vfio::{
     vfio_region_info, vfio_region_sparse_mmap_area, VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_NORESIZE,
-    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_CONFIG_REGION_INDEX,
-    VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_NUM_IRQS, VFIO_PCI_NUM_REGIONS,
-    VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
+    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_INTX_IRQ_INDEX,
+    VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_NUM_IRQS, VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_MMAP,
+    VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
-use vfio_user::{
-    DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion, SparseArea,
-};
+use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion, SparseArea};
 
 use rbln_hw::pci;
 use rbln_hw::regs::MSIX_VECTORS;
@@ -73,8 +71,7 @@ pub fn serve(device: Arc<Device>, path: &Path) -> Result<(), vfio_user::Error> {
     let cfg = device.config().clone();
     let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
     let doorbell_size = pci::doorbell_bar_size(cfg.num_queues);
-    let mut regions: Vec<ServerRegion> =
-        (0..VFIO_PCI_NUM_REGIONS).map(|i| region(i, 0, 0)).collect();
+    let mut regions: Vec<ServerRegion> = (0..VFIO_PCI_NUM_REGIONS).map(|i| region(i, 0, 0)).collect();
     regions[pci::BAR_REGS as usize] = region(pci::BAR_REGS, pci::BAR_REGS_SIZE, rw);
     regions[pci::BAR_DOORBELL as usize] = region(pci::BAR_DOORBELL, doorbell_size, rw);
     regions[VFIO_PCI_CONFIG_REGION_INDEX as usize] =
@@ -82,17 +79,8 @@ pub fn serve(device: Arc<Device>, path: &Path) -> Result<(), vfio_user::Error> {
     // DRAM: the whole BAR is one mappable area of the memfd, so guest CPU
     // accesses never trap. (The crate sends the fd with the sparse-mmap
     // capability, hence the single area covering the region.)
-    let mut dram = region(
-        pci::BAR_DRAM,
-        cfg.dram_size,
-        rw | VFIO_REGION_INFO_FLAG_MMAP,
-    );
-    dram.sparse_areas = vec![SparseArea {
-        area: vfio_region_sparse_mmap_area {
-            offset: 0,
-            size: cfg.dram_size,
-        },
-    }];
+    let mut dram = region(pci::BAR_DRAM, cfg.dram_size, rw | VFIO_REGION_INFO_FLAG_MMAP);
+    dram.sparse_areas = vec![SparseArea { area: vfio_region_sparse_mmap_area { offset: 0, size: cfg.dram_size } }];
     dram.mmap_fd = Some(device.dram().file().as_raw_fd());
     regions[pci::BAR_DRAM as usize] = dram;
 
@@ -100,37 +88,22 @@ pub fn serve(device: Arc<Device>, path: &Path) -> Result<(), vfio_user::Error> {
         .map(|index| {
             let (flags, count) = match index {
                 VFIO_PCI_INTX_IRQ_INDEX => (VFIO_IRQ_INFO_EVENTFD, 1),
-                VFIO_PCI_MSIX_IRQ_INDEX => {
-                    (VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE, MSIX_VECTORS)
-                }
+                VFIO_PCI_MSIX_IRQ_INDEX => (VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE, MSIX_VECTORS),
                 _ => (0, 0),
             };
-            IrqInfo {
-                index,
-                flags,
-                count,
-            }
+            IrqInfo { index, flags, count }
         })
         .collect();
 
     let server = Server::new(path, true, irqs, regions)?;
     let msix = Arc::new(MsixEventfds::default());
     device.set_irq_sink(msix.clone());
-    let mut backend = Backend {
-        config: PciConfig::new(cfg.dram_size, doorbell_size),
-        device,
-        msix,
-    };
+    let mut backend = Backend { config: PciConfig::new(cfg.dram_size, doorbell_size), device, msix };
     server.run(&mut backend)
 }
 
 impl ServerBackend for Backend {
-    fn region_read(
-        &mut self,
-        region: u32,
-        offset: u64,
-        data: &mut [u8],
-    ) -> Result<(), std::io::Error> {
+    fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> Result<(), std::io::Error> {
         if region == VFIO_PCI_CONFIG_REGION_INDEX {
             self.config.read(offset, data);
         } else {
@@ -139,12 +112,7 @@ impl ServerBackend for Backend {
         Ok(())
     }
 
-    fn region_write(
-        &mut self,
-        region: u32,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<(), std::io::Error> {
+    fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
         if region == VFIO_PCI_CONFIG_REGION_INDEX {
             self.config.write(offset, data);
         } else {
@@ -180,12 +148,7 @@ impl ServerBackend for Backend {
         Ok(())
     }
 
-    fn dma_unmap(
-        &mut self,
-        flags: DmaUnmapFlags,
-        address: u64,
-        size: u64,
-    ) -> Result<(), std::io::Error> {
+    fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> Result<(), std::io::Error> {
         if flags.contains(DmaUnmapFlags::UNMAP_ALL) {
             self.device.host_memory().clear();
         } else {

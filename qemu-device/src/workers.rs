@@ -49,10 +49,7 @@ impl Hot {
 
     fn idle(&self) -> bool {
         !self.busy.load(Ordering::Acquire)
-            && self
-                .now_ns()
-                .saturating_sub(self.last_end_ns.load(Ordering::Acquire))
-                > self.spin_ns
+            && self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Acquire)) > self.spin_ns
     }
 }
 
@@ -85,10 +82,7 @@ impl Workers {
             spinners: AtomicUsize::new(0),
             spin_ns: u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX),
         };
-        Workers {
-            pool,
-            hot: Arc::new(hot),
-        }
+        Workers { pool, hot: Arc::new(hot) }
     }
 
     /// Runs one op's kernel `f` on this (the calling) thread, with the
@@ -96,16 +90,11 @@ impl Workers {
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> T {
         let Some(pool) = &self.pool else { return f() };
         self.hot.busy.store(true, Ordering::Release);
-        if self.hot.spin_ns > 0
-            && pool.current_num_threads() > 1
-            && self.hot.spinners.load(Ordering::Acquire) == 0
-        {
+        if self.hot.spin_ns > 0 && pool.current_num_threads() > 1 && self.hot.spinners.load(Ordering::Acquire) == 0 {
             self.wake(pool);
         }
         let r = f();
-        self.hot
-            .last_end_ns
-            .store(self.hot.now_ns(), Ordering::Release);
+        self.hot.last_end_ns.store(self.hot.now_ns(), Ordering::Release);
         self.hot.busy.store(false, Ordering::Release);
         r
     }
@@ -114,9 +103,7 @@ impl Workers {
     /// delivered to its thread and cannot be stolen, so the copy addressed
     /// to this thread (index 0) just returns when it runs.
     fn wake(&self, pool: &rayon::ThreadPool) {
-        self.hot
-            .spinners
-            .fetch_add(pool.current_num_threads() - 1, Ordering::AcqRel);
+        self.hot.spinners.fetch_add(pool.current_num_threads() - 1, Ordering::AcqRel);
         let hot = self.hot.clone();
         pool.spawn_broadcast(move |ctx| {
             if ctx.index() == 0 {

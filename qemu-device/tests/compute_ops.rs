@@ -29,9 +29,7 @@ impl OpRig {
         let mut rig = Rig::new();
         let ctx = rig.context(0);
         let q = rig.queue(0, &ctx, 64);
-        let bus = (0..5)
-            .map(|i| rig.host_buffer(&ctx, tva(i), 1 << 20))
-            .collect();
+        let bus = (0..5).map(|i| rig.host_buffer(&ctx, tva(i), 1 << 20)).collect();
         Self { rig, ctx, q, bus }
     }
 
@@ -64,9 +62,7 @@ fn close(got: &[f32], want: &[f32]) {
 }
 
 fn seq(n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i * 37 % 23) as f32 - 11.0) * scale)
-        .collect()
+    (0..n).map(|i| ((i * 37 % 23) as f32 - 11.0) * scale).collect()
 }
 
 #[test]
@@ -81,36 +77,14 @@ fn conv2d_with_padding_stride_groups() {
     r.put(1, &wt);
     r.put(2, &b);
     let d = Conv2dDesc {
-        n: n as u32,
-        c_in: c as u32,
-        h: h as u32,
-        w: w as u32,
-        c_out: co as u32,
-        kh: kh as u32,
-        kw: kw as u32,
-        groups: g as u32,
-        stride_h: s,
-        stride_w: s,
-        dil_h: 1,
-        dil_w: 1,
-        pad_top: p,
-        pad_left: p,
-        pad_bottom: p,
-        pad_right: p,
-        flags: CONV_BIAS,
-        activation: 0,
-        input_va: tva(0),
-        weight_va: tva(1),
-        bias_va: tva(2),
-        output_va: tva(3),
-        ..Default::default()
+        n: n as u32, c_in: c as u32, h: h as u32, w: w as u32, c_out: co as u32, kh: kh as u32, kw: kw as u32,
+        groups: g as u32, stride_h: s, stride_w: s, dil_h: 1, dil_w: 1, pad_top: p, pad_left: p, pad_bottom: p,
+        pad_right: p, flags: CONV_BIAS, activation: 0, input_va: tva(0), weight_va: tva(1), bias_va: tva(2),
+        output_va: tva(3), ..Default::default()
     }
     .with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
-    let (oh, ow) = (
-        (h + 2 * p as usize - kh) / s as usize + 1,
-        (w + 2 * p as usize - kw) / s as usize + 1,
-    );
+    let (oh, ow) = ((h + 2 * p as usize - kh) / s as usize + 1, (w + 2 * p as usize - kw) / s as usize + 1);
     let mut want = vec![0f32; co * oh * ow];
     for o in 0..co {
         let grp = o / (co / g);
@@ -124,8 +98,7 @@ fn conv2d_with_padding_stride_groups() {
                             let ix = (xx * s as usize + kx) as isize - p as isize;
                             if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
                                 let cin = grp * (c / g) + ci;
-                                acc += x[(cin * h + iy as usize) * w + ix as usize]
-                                    * wt[((o * (c / g) + ci) * kh + ky) * kw + kx];
+                                acc += x[(cin * h + iy as usize) * w + ix as usize] * wt[((o * (c / g) + ci) * kh + ky) * kw + kx];
                             }
                         }
                     }
@@ -143,44 +116,19 @@ fn elementwise_softmax_layernorm_reduce_transpose_gather_copy_pool() {
     // Binary with broadcasting: [2,3] * [3].
     r.put(0, &[1., 2., 3., 4., 5., 6.]);
     r.put(1, &[10., 20., 30.]);
-    let d = BinaryDesc {
-        kind: Binary::Mul as u32,
-        rank: 2,
-        a_dims: [2, 3, 0, 0, 0, 0],
-        b_dims: [1, 3, 0, 0, 0, 0],
-        a_va: tva(0),
-        b_va: tva(1),
-        out_va: tva(2),
-        ..Default::default()
-    }
-    .with_header();
+    let d = BinaryDesc { kind: Binary::Mul as u32, rank: 2, a_dims: [2, 3, 0, 0, 0, 0], b_dims: [1, 3, 0, 0, 0, 0], a_va: tva(0), b_va: tva(1), out_va: tva(2), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     close(&r.get(2, 6), &[10., 40., 90., 40., 100., 180.]);
 
     // Unary in place: tanh.
     r.put(0, &[-1., 0., 0.5]);
-    let d = UnaryDesc {
-        kind: Unary::Tanh as u32,
-        count: 3,
-        in_va: tva(0),
-        out_va: tva(0),
-        ..Default::default()
-    }
-    .with_header();
+    let d = UnaryDesc { kind: Unary::Tanh as u32, count: 3, in_va: tva(0), out_va: tva(0), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     close(&r.get(0, 3), &[(-1f32).tanh(), 0., 0.5f32.tanh()]);
 
     // Softmax over the last axis of [2,2].
     r.put(0, &[1., 2., 3., 3.]);
-    let d = SoftmaxDesc {
-        rank: 2,
-        axis: 1,
-        dims: [2, 2, 0, 0, 0, 0],
-        in_va: tva(0),
-        out_va: tva(1),
-        ..Default::default()
-    }
-    .with_header();
+    let d = SoftmaxDesc { rank: 2, axis: 1, dims: [2, 2, 0, 0, 0, 0], in_va: tva(0), out_va: tva(1), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     let e = (1f32).exp();
     close(&r.get(1, 4), &[1. / (1. + e), e / (1. + e), 0.5, 0.5]);
@@ -189,50 +137,19 @@ fn elementwise_softmax_layernorm_reduce_transpose_gather_copy_pool() {
     r.put(0, &[1., 2., 3., 4.]);
     r.put(1, &[2., 2., 2., 2.]);
     r.put(2, &[1., 1., 1., 1.]);
-    let d = LayerNormDesc {
-        rows: 1,
-        cols: 4,
-        epsilon: 0.0,
-        flags: LAYERNORM_GAMMA | LAYERNORM_BETA,
-        in_va: tva(0),
-        gamma_va: tva(1),
-        beta_va: tva(2),
-        out_va: tva(3),
-        ..Default::default()
-    }
-    .with_header();
+    let d = LayerNormDesc { rows: 1, cols: 4, epsilon: 0.0, flags: LAYERNORM_GAMMA | LAYERNORM_BETA, in_va: tva(0), gamma_va: tva(1), beta_va: tva(2), out_va: tva(3), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     let sd = 1.25f32.sqrt();
-    close(
-        &r.get(3, 4),
-        &[1. - 3. / sd, 1. - 1. / sd, 1. + 1. / sd, 1. + 3. / sd],
-    );
+    close(&r.get(3, 4), &[1. - 3. / sd, 1. - 1. / sd, 1. + 1. / sd, 1. + 3. / sd]);
 
     // Reduce mean over axis 0 of [2,3].
     r.put(0, &[1., 2., 3., 5., 6., 7.]);
-    let d = ReduceDesc {
-        kind: REDUCE_MEAN,
-        rank: 2,
-        dims: [2, 3, 0, 0, 0, 0],
-        axis: 0,
-        in_va: tva(0),
-        out_va: tva(1),
-        ..Default::default()
-    }
-    .with_header();
+    let d = ReduceDesc { kind: REDUCE_MEAN, rank: 2, dims: [2, 3, 0, 0, 0, 0], axis: 0, in_va: tva(0), out_va: tva(1), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     close(&r.get(1, 3), &[3., 4., 5.]);
 
     // Transpose [2,3] -> [3,2].
-    let d = TransposeDesc {
-        rank: 2,
-        dims: [2, 3, 0, 0, 0, 0],
-        perm: [1, 0, 0, 0, 0, 0],
-        in_va: tva(0),
-        out_va: tva(1),
-        ..Default::default()
-    }
-    .with_header();
+    let d = TransposeDesc { rank: 2, dims: [2, 3, 0, 0, 0, 0], perm: [1, 0, 0, 0, 0, 0], in_va: tva(0), out_va: tva(1), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     close(&r.get(1, 6), &[1., 5., 2., 6., 3., 7.]);
 
@@ -240,56 +157,20 @@ fn elementwise_softmax_layernorm_reduce_transpose_gather_copy_pool() {
     r.put(0, &[0., 1., 10., 11., 20., 21.]);
     let idx: Vec<u8> = [2i64, 0, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
     r.rig.write(r.bus[1], &idx);
-    let d = GatherDesc {
-        rank: 2,
-        axis: 0,
-        dims: [3, 2, 0, 0, 0, 0],
-        index_type: GATHER_INDEX_I64,
-        num_indices: 3,
-        data_va: tva(0),
-        indices_va: tva(1),
-        out_va: tva(2),
-        ..Default::default()
-    }
-    .with_header();
+    let d = GatherDesc { rank: 2, axis: 0, dims: [3, 2, 0, 0, 0, 0], index_type: GATHER_INDEX_I64, num_indices: 3, data_va: tva(0), indices_va: tva(1), out_va: tva(2), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     close(&r.get(2, 6), &[20., 21., 0., 1., 20., 21.]);
 
     // Strided copy: column 1 of a [3,4] matrix into a contiguous [3].
     r.put(0, &(0..12).map(|i| i as f32).collect::<Vec<_>>());
     r.put(1, &[-1.; 4]);
-    let d = StridedCopyDesc {
-        rank: 1,
-        sizes: [3, 0, 0, 0, 0, 0],
-        src_strides: [4, 0, 0, 0, 0, 0],
-        dst_strides: [1, 0, 0, 0, 0, 0],
-        src_va: tva(0) + 4,
-        dst_va: tva(1),
-        ..Default::default()
-    }
-    .with_header();
+    let d = StridedCopyDesc { rank: 1, sizes: [3, 0, 0, 0, 0, 0], src_strides: [4, 0, 0, 0, 0, 0], dst_strides: [1, 0, 0, 0, 0, 0], src_va: tva(0) + 4, dst_va: tva(1), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     close(&r.get(1, 4), &[1., 5., 9., -1.]);
 
     // Max pool 2x2 stride 2 over [1,1,2,4].
     r.put(0, &[1., 5., 2., 0., 3., 4., 8., 7.]);
-    let d = PoolDesc {
-        kind: POOL_MAX,
-        n: 1,
-        c: 1,
-        h: 2,
-        w: 4,
-        kh: 2,
-        kw: 2,
-        stride_h: 2,
-        stride_w: 2,
-        dil_h: 1,
-        dil_w: 1,
-        input_va: tva(0),
-        output_va: tva(1),
-        ..Default::default()
-    }
-    .with_header();
+    let d = PoolDesc { kind: POOL_MAX, n: 1, c: 1, h: 2, w: 4, kh: 2, kw: 2, stride_h: 2, stride_w: 2, dil_h: 1, dil_w: 1, input_va: tva(0), output_va: tva(1), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     close(&r.get(1, 2), &[5., 8.]);
     assert_eq!(r.rig.state(&r.q), QueueState::Idle);
@@ -303,28 +184,13 @@ fn batched_gemm_with_transposed_b() {
     let b = seq(n * k, 0.2); // one B, broadcast over the batch, stored [n,k]
     r.put(0, &a);
     r.put(1, &b);
-    let d = GemmDesc {
-        m: m as u32,
-        n: n as u32,
-        k: k as u32,
-        batch: batch as u32,
-        flags: GEMM_TRANS_B,
-        a_batch_stride: (m * k) as u64,
-        b_batch_stride: 0,
-        c_batch_stride: (m * n) as u64,
-        a_va: tva(0),
-        b_va: tva(1),
-        c_va: tva(2),
-        ..Default::default()
-    }
-    .with_header();
+    let d = GemmDesc { m: m as u32, n: n as u32, k: k as u32, batch: batch as u32, flags: GEMM_TRANS_B, a_batch_stride: (m * k) as u64, b_batch_stride: 0, c_batch_stride: (m * n) as u64, a_va: tva(0), b_va: tva(1), c_va: tva(2), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     let mut want = vec![0f32; batch * m * n];
     for bi in 0..batch {
         for i in 0..m {
             for j in 0..n {
-                want[(bi * m + i) * n + j] =
-                    (0..k).map(|p| a[(bi * m + i) * k + p] * b[j * k + p]).sum();
+                want[(bi * m + i) * n + j] = (0..k).map(|p| a[(bi * m + i) * k + p] * b[j * k + p]).sum();
             }
         }
     }
@@ -345,13 +211,7 @@ fn batched_gemm_with_packed_b() {
     assert_eq!(plen, k * 32, "21 columns fill two panels of 16");
     let mut packed = vec![0f32; batch * plen];
     for bi in 0..batch {
-        pack_gemm_b(
-            &b[bi * k * n..][..k * n],
-            k,
-            n,
-            false,
-            &mut packed[bi * plen..][..plen],
-        );
+        pack_gemm_b(&b[bi * k * n..][..k * n], k, n, false, &mut packed[bi * plen..][..plen]);
     }
     r.put(0, &a);
     r.put(1, &packed);
@@ -375,9 +235,7 @@ fn batched_gemm_with_packed_b() {
     for bi in 0..batch {
         for i in 0..m {
             for j in 0..n {
-                want[(bi * m + i) * n + j] = (0..k)
-                    .map(|p| a[(bi * m + i) * k + p] * b[bi * k * n + p * n + j])
-                    .sum();
+                want[(bi * m + i) * n + j] = (0..k).map(|p| a[(bi * m + i) * k + p] * b[bi * k * n + p * n + j]).sum();
             }
         }
     }
@@ -386,10 +244,7 @@ fn batched_gemm_with_packed_b() {
     // B packed and transposed at once: refused at decode.
     let mut r = OpRig::new();
     r.put(2, &[42.0; 4]);
-    let bad = GemmDesc {
-        flags: GEMM_B_PACKED | GEMM_TRANS_B,
-        ..d
-    };
+    let bad = GemmDesc { flags: GEMM_B_PACKED | GEMM_TRANS_B, ..d };
     assert_eq!(r.run(&bad.to_bytes()), FaultCode::BadDescriptor);
     assert_eq!(r.get(2, 1), [42.0]);
     // B in the last 1 MiB buffer, k chosen so that one panel fills it
@@ -409,11 +264,7 @@ fn batched_gemm_with_packed_b() {
         ..Default::default()
     }
     .with_header();
-    assert_eq!(
-        r.run(&over.to_bytes()),
-        FaultCode::Unmapped,
-        "17 columns need a second panel beyond the buffer"
-    );
+    assert_eq!(r.run(&over.to_bytes()), FaultCode::Unmapped, "17 columns need a second panel beyond the buffer");
     assert_eq!(r.get(2, 1), [42.0]);
 }
 
@@ -422,101 +273,21 @@ fn inconsistent_descriptors_fault_without_writing() {
     let mut r = OpRig::new();
     r.put(3, &[42.0; 16]);
     // Output tensor runs into unmapped memory: 1 MiB buffers, 2M elements.
-    let d = UnaryDesc {
-        kind: Unary::Relu as u32,
-        count: 2 << 20,
-        in_va: tva(0),
-        out_va: tva(3),
-        ..Default::default()
-    }
-    .with_header();
+    let d = UnaryDesc { kind: Unary::Relu as u32, count: 2 << 20, in_va: tva(0), out_va: tva(3), ..Default::default() }.with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
     assert_eq!(r.get(3, 1), [42.0], "no partial write");
     for bad in [
-        GemmDesc {
-            m: u32::MAX,
-            n: u32::MAX,
-            k: u32::MAX,
-            batch: 1,
-            a_va: tva(0),
-            b_va: tva(1),
-            c_va: tva(3),
-            ..Default::default()
-        }
-        .with_header()
-        .to_bytes()
-        .to_vec(),
-        Conv2dDesc {
-            n: 1,
-            c_in: 3,
-            h: 4,
-            w: 4,
-            c_out: 2,
-            kh: 3,
-            kw: 3,
-            groups: 2,
-            stride_h: 1,
-            stride_w: 1,
-            dil_h: 1,
-            dil_w: 1,
-            ..Default::default()
-        }
-        .with_header()
-        .to_bytes()
-        .to_vec(),
-        Conv2dDesc {
-            n: 1,
-            c_in: 1,
-            h: 4,
-            w: 4,
-            c_out: 1,
-            kh: 3,
-            kw: 3,
-            groups: 1,
-            stride_h: 0,
-            stride_w: 1,
-            dil_h: 1,
-            dil_w: 1,
-            ..Default::default()
-        }
-        .with_header()
-        .to_bytes()
-        .to_vec(),
-        BinaryDesc {
-            kind: 0,
-            rank: 1,
-            a_dims: [3, 0, 0, 0, 0, 0],
-            b_dims: [4, 0, 0, 0, 0, 0],
-            a_va: tva(0),
-            b_va: tva(1),
-            out_va: tva(3),
-            ..Default::default()
-        }
-        .with_header()
-        .to_bytes()
-        .to_vec(),
-        GatherDesc {
-            rank: 1,
-            axis: 0,
-            dims: [3, 0, 0, 0, 0, 0],
-            num_indices: 1,
-            data_va: tva(0),
-            indices_va: tva(1),
-            out_va: tva(3),
-            ..Default::default()
-        }
-        .with_header()
-        .to_bytes()
-        .to_vec(),
+        GemmDesc { m: u32::MAX, n: u32::MAX, k: u32::MAX, batch: 1, a_va: tva(0), b_va: tva(1), c_va: tva(3), ..Default::default() }.with_header().to_bytes().to_vec(),
+        Conv2dDesc { n: 1, c_in: 3, h: 4, w: 4, c_out: 2, kh: 3, kw: 3, groups: 2, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1, ..Default::default() }.with_header().to_bytes().to_vec(),
+        Conv2dDesc { n: 1, c_in: 1, h: 4, w: 4, c_out: 1, kh: 3, kw: 3, groups: 1, stride_h: 0, stride_w: 1, dil_h: 1, dil_w: 1, ..Default::default() }.with_header().to_bytes().to_vec(),
+        BinaryDesc { kind: 0, rank: 1, a_dims: [3, 0, 0, 0, 0, 0], b_dims: [4, 0, 0, 0, 0, 0], a_va: tva(0), b_va: tva(1), out_va: tva(3), ..Default::default() }.with_header().to_bytes().to_vec(),
+        GatherDesc { rank: 1, axis: 0, dims: [3, 0, 0, 0, 0, 0], num_indices: 1, data_va: tva(0), indices_va: tva(1), out_va: tva(3), ..Default::default() }.with_header().to_bytes().to_vec(),
     ] {
         let mut r = OpRig::new();
         r.rig.write(r.bus[1], &[0xff; 64]); // gather index -1 is fine; 0xff.. as i32 = -1
         r.put(3, &[42.0; 4]);
         let code = r.run(&bad);
-        assert!(
-            matches!(code, FaultCode::BadDescriptor | FaultCode::None),
-            "{code:?}"
-        );
+        assert!(matches!(code, FaultCode::BadDescriptor | FaultCode::None), "{code:?}");
         if code == FaultCode::None {
             // Only the gather case is legal (index -1 -> last row).
             continue;
@@ -544,47 +315,17 @@ fn in_place_output_reaching_a_read_only_page_faults_and_writes_nothing() {
     r.put(1, &y);
     let out_va = 0x400_0000;
     let ctx = r.ctx;
-    r.rig.map(
-        &ctx,
-        out_va,
-        rbln_hw::mmu::Target::Dram,
-        0x10_0000,
-        2 * PAGE,
-        true,
-        true,
-    );
-    r.rig.map(
-        &ctx,
-        out_va + 2 * PAGE,
-        rbln_hw::mmu::Target::Dram,
-        0x10_0000 + 2 * PAGE,
-        PAGE,
-        true,
-        false,
-    );
+    r.rig.map(&ctx, out_va, rbln_hw::mmu::Target::Dram, 0x10_0000, 2 * PAGE, true, true);
+    r.rig.map(&ctx, out_va + 2 * PAGE, rbln_hw::mmu::Target::Dram, 0x10_0000 + 2 * PAGE, PAGE, true, false);
     let before = r.rig.dram_read(0x10_0000, 3 * PAGE as usize);
     let d = BinaryDesc {
-        kind: Binary::Add as u32,
-        rank: 1,
-        a_dims: [n as u32, 0, 0, 0, 0, 0],
-        b_dims: [n as u32, 0, 0, 0, 0, 0],
-        a_va: tva(0),
-        b_va: tva(1),
-        out_va,
-        ..Default::default()
+        kind: Binary::Add as u32, rank: 1, a_dims: [n as u32, 0, 0, 0, 0, 0], b_dims: [n as u32, 0, 0, 0, 0, 0],
+        a_va: tva(0), b_va: tva(1), out_va, ..Default::default()
     }
     .with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::Permission);
-    assert_eq!(
-        r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)),
-        out_va + 2 * PAGE,
-        "fault names the page"
-    );
-    assert_eq!(
-        r.rig.dram_read(0x10_0000, 3 * PAGE as usize),
-        before,
-        "no byte of the output was written"
-    );
+    assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), out_va + 2 * PAGE, "fault names the page");
+    assert_eq!(r.rig.dram_read(0x10_0000, 3 * PAGE as usize), before, "no byte of the output was written");
     assert!(r.rig.private_canary_intact());
 }
 
@@ -600,26 +341,9 @@ fn in_place_conv_output_over_an_unmapped_page_faults_and_writes_nothing() {
     let bus = r.rig.host_buffer(&ctx, out_va, PAGE); // 1 of the 2 pages needed
     r.rig.write(bus, &[0xAB; PAGE as usize]);
     let d = Conv2dDesc {
-        n: 1,
-        c_in: c as u32,
-        h: h as u32,
-        w: w as u32,
-        c_out: c as u32,
-        kh: 3,
-        kw: 3,
-        groups: 1,
-        stride_h: 1,
-        stride_w: 1,
-        dil_h: 1,
-        dil_w: 1,
-        pad_top: 1,
-        pad_left: 1,
-        pad_bottom: 1,
-        pad_right: 1,
-        input_va: tva(0),
-        weight_va: tva(1),
-        output_va: out_va,
-        ..Default::default()
+        n: 1, c_in: c as u32, h: h as u32, w: w as u32, c_out: c as u32, kh: 3, kw: 3, groups: 1, stride_h: 1,
+        stride_w: 1, dil_h: 1, dil_w: 1, pad_top: 1, pad_left: 1, pad_bottom: 1, pad_right: 1,
+        input_va: tva(0), weight_va: tva(1), output_va: out_va, ..Default::default()
     }
     .with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
@@ -635,15 +359,7 @@ fn scattered_pages_and_overlapping_operands_compute_correctly() {
     let scattered = |r: &mut OpRig, va: u64| -> Vec<u64> {
         let pages: Vec<u64> = (0..4).map(|_| r.rig.alloc(PAGE)).collect();
         for (i, &p) in pages.iter().rev().enumerate() {
-            r.rig.map(
-                &ctx,
-                va + i as u64 * PAGE,
-                rbln_hw::mmu::Target::Host,
-                p,
-                PAGE,
-                true,
-                true,
-            );
+            r.rig.map(&ctx, va + i as u64 * PAGE, rbln_hw::mmu::Target::Host, p, PAGE, true, true);
         }
         pages.into_iter().rev().collect()
     };
@@ -658,23 +374,14 @@ fn scattered_pages_and_overlapping_operands_compute_correctly() {
     r.put(1, &y);
     let add = |a_va: u64, out_va: u64| {
         BinaryDesc {
-            kind: Binary::Add as u32,
-            rank: 1,
-            a_dims: [n as u32, 0, 0, 0, 0, 0],
-            b_dims: [n as u32, 0, 0, 0, 0, 0],
-            a_va,
-            b_va: tva(1),
-            out_va,
-            ..Default::default()
+            kind: Binary::Add as u32, rank: 1, a_dims: [n as u32, 0, 0, 0, 0, 0], b_dims: [n as u32, 0, 0, 0, 0, 0],
+            a_va, b_va: tva(1), out_va, ..Default::default()
         }
         .with_header()
     };
     // Scattered input -> scattered output.
     assert_eq!(r.run(&add(in_va, out_va).to_bytes()), FaultCode::None);
-    let got: Vec<f32> = out_pages
-        .iter()
-        .flat_map(|&p| r.rig.read_f32s(p, 1024))
-        .collect();
+    let got: Vec<f32> = out_pages.iter().flat_map(|&p| r.rig.read_f32s(p, 1024)).collect();
     let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
     close(&got, &want);
     // Output equal to an input (contiguous): a += y in place.
@@ -687,31 +394,18 @@ fn scattered_pages_and_overlapping_operands_compute_correctly() {
     let m = seq(rows * cols, 1.0);
     r.put(2, &m);
     let t = TransposeDesc {
-        rank: 2,
-        dims: [rows as u32, cols as u32, 0, 0, 0, 0],
-        perm: [1, 0, 0, 0, 0, 0],
-        in_va: tva(2),
-        out_va: tva(2) + cols as u64 * 4,
-        ..Default::default()
+        rank: 2, dims: [rows as u32, cols as u32, 0, 0, 0, 0], perm: [1, 0, 0, 0, 0, 0], in_va: tva(2),
+        out_va: tva(2) + cols as u64 * 4, ..Default::default()
     }
     .with_header();
     assert_eq!(r.run(&t.to_bytes()), FaultCode::None);
     let got = r.get(2, cols + rows * cols);
     close(&got[..cols], &m[..cols]);
-    let want: Vec<f32> = (0..cols)
-        .flat_map(|j| (0..rows).map(move |i| (i, j)))
-        .map(|(i, j)| m[i * cols + j])
-        .collect();
+    let want: Vec<f32> = (0..cols).flat_map(|j| (0..rows).map(move |i| (i, j))).map(|(i, j)| m[i * cols + j]).collect();
     close(&got[cols..], &want);
     // Unary in place (in == out).
-    let u = UnaryDesc {
-        kind: Unary::Relu as u32,
-        count: n as u64,
-        in_va: tva(0),
-        out_va: tva(0),
-        ..Default::default()
-    }
-    .with_header();
+    let u = UnaryDesc { kind: Unary::Relu as u32, count: n as u64, in_va: tva(0), out_va: tva(0), ..Default::default() }
+        .with_header();
     assert_eq!(r.run(&u.to_bytes()), FaultCode::None);
     let relu: Vec<f32> = want_relu(&x, &y);
     close(&r.get(0, n), &relu);
@@ -735,26 +429,9 @@ fn fused_residual_and_binary_activation() {
     r.put(2, &b);
     r.put(3, &res);
     let d = Conv2dDesc {
-        n: 1,
-        c_in: c as u32,
-        h: 4,
-        w: 4,
-        c_out: co as u32,
-        kh: 1,
-        kw: 1,
-        groups: 1,
-        stride_h: 1,
-        stride_w: 1,
-        dil_h: 1,
-        dil_w: 1,
-        flags: CONV_BIAS | CONV_RESIDUAL,
-        activation: Unary::Relu as u32,
-        input_va: tva(0),
-        weight_va: tva(1),
-        bias_va: tva(2),
-        output_va: tva(4),
-        residual_va: tva(3),
-        ..Default::default()
+        n: 1, c_in: c as u32, h: 4, w: 4, c_out: co as u32, kh: 1, kw: 1, groups: 1, stride_h: 1, stride_w: 1,
+        dil_h: 1, dil_w: 1, flags: CONV_BIAS | CONV_RESIDUAL, activation: Unary::Relu as u32, input_va: tva(0),
+        weight_va: tva(1), bias_va: tva(2), output_va: tva(4), residual_va: tva(3), ..Default::default()
     }
     .with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
@@ -776,17 +453,8 @@ fn fused_residual_and_binary_activation() {
     r.put(1, &bm);
     r.put(3, &res);
     let g = GemmDesc {
-        m: m as u32,
-        n: n as u32,
-        k: k as u32,
-        batch: 2,
-        flags: GEMM_RESIDUAL,
-        a_batch_stride: (m * k) as u64,
-        c_batch_stride: (m * n) as u64,
-        a_va: tva(0),
-        b_va: tva(1),
-        c_va: tva(4),
-        residual_va: tva(3),
+        m: m as u32, n: n as u32, k: k as u32, batch: 2, flags: GEMM_RESIDUAL, a_batch_stride: (m * k) as u64,
+        c_batch_stride: (m * n) as u64, a_va: tva(0), b_va: tva(1), c_va: tva(4), residual_va: tva(3),
         ..Default::default()
     }
     .with_header();
@@ -794,10 +462,7 @@ fn fused_residual_and_binary_activation() {
     let want: Vec<f32> = (0..2 * m * n)
         .map(|i| {
             let (bt, row, col) = (i / (m * n), (i / n) % m, i % n);
-            (0..k)
-                .map(|l| a[bt * m * k + row * k + l] * bm[l * n + col])
-                .sum::<f32>()
-                + res[i]
+            (0..k).map(|l| a[bt * m * k + row * k + l] * bm[l * n + col]).sum::<f32>() + res[i]
         })
         .collect();
     close(&r.get(4, 2 * m * n), &want);
@@ -807,25 +472,13 @@ fn fused_residual_and_binary_activation() {
     r.put(0, &p);
     r.put(1, &q);
     let d = BinaryDesc {
-        kind: Binary::Sub as u32,
-        rank: 1,
-        a_dims: [64, 0, 0, 0, 0, 0],
-        b_dims: [64, 0, 0, 0, 0, 0],
-        a_va: tva(0),
-        b_va: tva(1),
-        out_va: tva(2),
-        activation: Unary::Clip as u32,
-        act_param0: -1.0,
-        act_param1: 1.0,
+        kind: Binary::Sub as u32, rank: 1, a_dims: [64, 0, 0, 0, 0, 0], b_dims: [64, 0, 0, 0, 0, 0], a_va: tva(0),
+        b_va: tva(1), out_va: tva(2), activation: Unary::Clip as u32, act_param0: -1.0, act_param1: 1.0,
         ..Default::default()
     }
     .with_header();
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
-    let want: Vec<f32> = p
-        .iter()
-        .zip(&q)
-        .map(|(a, b)| (a - b).clamp(-1.0, 1.0))
-        .collect();
+    let want: Vec<f32> = p.iter().zip(&q).map(|(a, b)| (a - b).clamp(-1.0, 1.0)).collect();
     close(&r.get(2, 64), &want);
 }
 
@@ -877,15 +530,11 @@ fn reference(v: Val, dst: u32) -> Vec<u8> {
         (CAST_F32, Val::F(x)) => x.to_le_bytes().to_vec(),
         (CAST_F32, Val::I(x)) => (x as f32).to_le_bytes().to_vec(),
         (CAST_F32, Val::B(b)) => (b as u8 as f32).to_le_bytes().to_vec(),
-        (CAST_I32, Val::F(x)) => (sat(x, i32::MIN as i64, i32::MAX as i64, 2_147_483_648.0) as i32)
-            .to_le_bytes()
-            .to_vec(),
+        (CAST_I32, Val::F(x)) => (sat(x, i32::MIN as i64, i32::MAX as i64, 2_147_483_648.0) as i32).to_le_bytes().to_vec(),
         // Low 32 bits.
         (CAST_I32, Val::I(x)) => ((x as u64 & 0xffff_ffff) as u32).to_le_bytes().to_vec(),
         (CAST_I32, Val::B(b)) => (b as i32).to_le_bytes().to_vec(),
-        (CAST_I64, Val::F(x)) => sat(x, i64::MIN, i64::MAX, 9_223_372_036_854_775_808.0)
-            .to_le_bytes()
-            .to_vec(),
+        (CAST_I64, Val::F(x)) => sat(x, i64::MIN, i64::MAX, 9_223_372_036_854_775_808.0).to_le_bytes().to_vec(),
         (CAST_I64, Val::I(x)) => x.to_le_bytes().to_vec(),
         (CAST_I64, Val::B(b)) => (b as i64).to_le_bytes().to_vec(),
         (_, Val::F(x)) => vec![(x != 0.0) as u8],
@@ -898,39 +547,14 @@ fn reference(v: Val, dst: u32) -> Vec<u8> {
 fn cast_source(t: u32) -> Vec<u8> {
     match t {
         CAST_F32 => f32_bytes(&[
-            0.0,
-            -0.0,
-            1.5,
-            -1.5,
-            2.5e9,
-            -2.5e9,
-            1e19,
-            -1e19,
-            f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            3.0,
-            0.25,
+            0.0, -0.0, 1.5, -1.5, 2.5e9, -2.5e9, 1e19, -1e19, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3.0, 0.25,
             -2_147_483_648.0,
         ]),
-        CAST_I32 => [0, 1, -1, i32::MAX, i32::MIN, 16_777_217, 256, -7]
+        CAST_I32 => [0, 1, -1, i32::MAX, i32::MIN, 16_777_217, 256, -7].iter().flat_map(|v: &i32| v.to_le_bytes()).collect(),
+        CAST_I64 => [0, 1, -1, 1 << 32, (1 << 32) + 7, i64::MAX, i64::MIN, 0x8000_0000, (1 << 53) + 1]
             .iter()
-            .flat_map(|v: &i32| v.to_le_bytes())
+            .flat_map(|v: &i64| v.to_le_bytes())
             .collect(),
-        CAST_I64 => [
-            0,
-            1,
-            -1,
-            1 << 32,
-            (1 << 32) + 7,
-            i64::MAX,
-            i64::MIN,
-            0x8000_0000,
-            (1 << 53) + 1,
-        ]
-        .iter()
-        .flat_map(|v: &i64| v.to_le_bytes())
-        .collect(),
         _ => vec![0, 1, 2, 0xff, 0, 0x80, 1],
     }
 }
@@ -945,15 +569,7 @@ fn fault_addr(r: &OpRig) -> u64 {
 }
 
 fn cast_desc(src_type: u32, dst_type: u32, count: u64, in_va: u64, out_va: u64) -> CastDesc {
-    CastDesc {
-        src_type,
-        dst_type,
-        count,
-        in_va,
-        out_va,
-        ..Default::default()
-    }
-    .with_header()
+    CastDesc { src_type, dst_type, count, in_va, out_va, ..Default::default() }.with_header()
 }
 
 #[test]
@@ -968,66 +584,29 @@ fn cast_every_type_pair_through_the_device() {
             r.rig.write(r.bus[0], &input);
             r.rig.write(r.bus[1], &[0xA5; 256]);
             let d = cast_desc(src, dst, n as u64, tva(0), tva(1));
-            assert_eq!(
-                r.run(&d.to_bytes()),
-                FaultCode::None,
-                "{} -> {}",
-                type_name(src),
-                type_name(dst)
-            );
+            assert_eq!(r.run(&d.to_bytes()), FaultCode::None, "{} -> {}", type_name(src), type_name(dst));
             let got = r.rig.read(r.bus[1], 256);
             let (out, rest) = got.split_at(want.len());
             assert_eq!(out, &want[..], "{} -> {}", type_name(src), type_name(dst));
-            assert!(
-                rest.iter().all(|&b| b == 0xA5),
-                "{} -> {}: wrote past the output",
-                type_name(src),
-                type_name(dst)
-            );
+            assert!(rest.iter().all(|&b| b == 0xA5), "{} -> {}: wrote past the output", type_name(src), type_name(dst));
             assert_eq!(r.rig.read(r.bus[0], input.len()), input, "input unchanged");
         }
     }
     // Spot checks of the rules, independent of the reference above.
-    let i32s = |b: Vec<u8>| -> Vec<i32> {
-        b.chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
+    let i32s = |b: Vec<u8>| -> Vec<i32> { b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect() };
     r.put(0, &[1e19, f32::NAN, -1.9, -0.0, -3e9]);
-    assert_eq!(
-        r.run(&cast_desc(CAST_F32, CAST_I32, 5, tva(0), tva(1)).to_bytes()),
-        FaultCode::None
-    );
-    assert_eq!(
-        i32s(r.rig.read(r.bus[1], 20)),
-        [i32::MAX, 0, -1, 0, i32::MIN]
-    );
-    let wide: Vec<u8> = [(5i64 << 32) | 0xFFFF_FFFE, -1, 1 << 31]
-        .iter()
-        .flat_map(|v: &i64| v.to_le_bytes())
-        .collect();
+    assert_eq!(r.run(&cast_desc(CAST_F32, CAST_I32, 5, tva(0), tva(1)).to_bytes()), FaultCode::None);
+    assert_eq!(i32s(r.rig.read(r.bus[1], 20)), [i32::MAX, 0, -1, 0, i32::MIN]);
+    let wide: Vec<u8> = [(5i64 << 32) | 0xFFFF_FFFE, -1, 1 << 31].iter().flat_map(|v: &i64| v.to_le_bytes()).collect();
     r.rig.write(r.bus[0], &wide);
-    assert_eq!(
-        r.run(&cast_desc(CAST_I64, CAST_I32, 3, tva(0), tva(1)).to_bytes()),
-        FaultCode::None
-    );
-    assert_eq!(
-        i32s(r.rig.read(r.bus[1], 12)),
-        [-2, -1, i32::MIN],
-        "i64 -> i32 keeps the low 32 bits"
-    );
+    assert_eq!(r.run(&cast_desc(CAST_I64, CAST_I32, 3, tva(0), tva(1)).to_bytes()), FaultCode::None);
+    assert_eq!(i32s(r.rig.read(r.bus[1], 12)), [-2, -1, i32::MIN], "i64 -> i32 keeps the low 32 bits");
     r.rig.write(r.bus[0], &[0, 7, 0x80, 0]);
-    assert_eq!(
-        r.run(&cast_desc(CAST_BOOL, CAST_F32, 4, tva(0), tva(1)).to_bytes()),
-        FaultCode::None
-    );
+    assert_eq!(r.run(&cast_desc(CAST_BOOL, CAST_F32, 4, tva(0), tva(1)).to_bytes()), FaultCode::None);
     assert_eq!(r.get(1, 4), [0.0, 1.0, 1.0, 0.0]);
     // count = 0 does nothing.
     r.rig.write(r.bus[1], &[0x11; 8]);
-    assert_eq!(
-        r.run(&cast_desc(CAST_I64, CAST_I64, 0, tva(0), tva(1)).to_bytes()),
-        FaultCode::None
-    );
+    assert_eq!(r.run(&cast_desc(CAST_I64, CAST_I64, 0, tva(0), tva(1)).to_bytes()), FaultCode::None);
     assert_eq!(r.rig.read(r.bus[1], 8), [0x11; 8]);
     assert_eq!(r.rig.state(&r.q), QueueState::Idle);
 }
@@ -1047,13 +626,7 @@ fn cast_misaligned_addresses_fault_with_alignment() {
         r.rig.write(r.bus[0], &[1; 64]);
         r.rig.write(r.bus[1], &[0x5C; 64]);
         let d = cast_desc(src, dst, 4, in_va, out_va);
-        assert_eq!(
-            r.run(&d.to_bytes()),
-            FaultCode::Alignment,
-            "{} -> {}",
-            type_name(src),
-            type_name(dst)
-        );
+        assert_eq!(r.run(&d.to_bytes()), FaultCode::Alignment, "{} -> {}", type_name(src), type_name(dst));
         assert_eq!(fault_addr(&r), at);
         assert_eq!(fault_access(&r), access);
         assert_eq!(r.rig.read(r.bus[1], 64), [0x5C; 64], "output untouched");
@@ -1062,10 +635,7 @@ fn cast_misaligned_addresses_fault_with_alignment() {
     // Bool tensors have 1-byte elements: any address is aligned.
     let mut r = OpRig::new();
     r.rig.write(r.bus[0], &[0, 0, 0, 9, 0, 3]);
-    assert_eq!(
-        r.run(&cast_desc(CAST_BOOL, CAST_BOOL, 3, tva(0) + 3, tva(1) + 5).to_bytes()),
-        FaultCode::None
-    );
+    assert_eq!(r.run(&cast_desc(CAST_BOOL, CAST_BOOL, 3, tva(0) + 3, tva(1) + 5).to_bytes()), FaultCode::None);
     assert_eq!(r.rig.read(r.bus[1], 8), [0, 0, 0, 0, 0, 1, 0, 1]);
 }
 
@@ -1088,9 +658,7 @@ fn cast_bad_types_and_oversized_counts_are_bad_descriptors() {
     }
     // A CAST descriptor of any other size is rejected: 48 bytes.
     let mut r = OpRig::new();
-    let mut b = cast_desc(CAST_F32, CAST_I32, 1, tva(0), tva(1))
-        .to_bytes()
-        .to_vec();
+    let mut b = cast_desc(CAST_F32, CAST_I32, 1, tva(0), tva(1)).to_bytes().to_vec();
     b.extend_from_slice(&[0; 8]);
     b[4..8].copy_from_slice(&48u32.to_le_bytes());
     assert_eq!(r.run(&b), FaultCode::BadDescriptor);
@@ -1102,71 +670,30 @@ fn cast_output_reaching_a_read_only_page_faults_and_writes_nothing() {
     // the in-place path) whose last page is read-only.
     let mut r = OpRig::new();
     let n = 3 * PAGE as usize / 8;
-    let x: Vec<u8> = (0..n as i32)
-        .flat_map(|i| (i * 7 - 100).to_le_bytes())
-        .collect();
+    let x: Vec<u8> = (0..n as i32).flat_map(|i| (i * 7 - 100).to_le_bytes()).collect();
     r.rig.write(r.bus[0], &x);
     let out_va = 0x400_0000;
     let ctx = r.ctx;
-    r.rig.map(
-        &ctx,
-        out_va,
-        rbln_hw::mmu::Target::Dram,
-        0x10_0000,
-        2 * PAGE,
-        true,
-        true,
-    );
-    r.rig.map(
-        &ctx,
-        out_va + 2 * PAGE,
-        rbln_hw::mmu::Target::Dram,
-        0x10_0000 + 2 * PAGE,
-        PAGE,
-        true,
-        false,
-    );
-    r.rig
-        .dev
-        .dram()
-        .write(0x10_0000, &[0xEF; 3 * PAGE as usize])
-        .unwrap();
+    r.rig.map(&ctx, out_va, rbln_hw::mmu::Target::Dram, 0x10_0000, 2 * PAGE, true, true);
+    r.rig.map(&ctx, out_va + 2 * PAGE, rbln_hw::mmu::Target::Dram, 0x10_0000 + 2 * PAGE, PAGE, true, false);
+    r.rig.dev.dram().write(0x10_0000, &[0xEF; 3 * PAGE as usize]).unwrap();
     let before = r.rig.dram_read(0x10_0000, 3 * PAGE as usize);
     let d = cast_desc(CAST_I32, CAST_I64, n as u64, tva(0), out_va);
     assert_eq!(r.run(&d.to_bytes()), FaultCode::Permission);
     assert_eq!(fault_addr(&r), out_va + 2 * PAGE, "fault names the page");
     assert_eq!(fault_access(&r), 2);
-    assert_eq!(
-        r.rig.dram_read(0x10_0000, 3 * PAGE as usize),
-        before,
-        "no byte of the output was written"
-    );
+    assert_eq!(r.rig.dram_read(0x10_0000, 3 * PAGE as usize), before, "no byte of the output was written");
     assert!(r.rig.private_canary_intact());
 
     // The same range minus the read-only page works, through the same path.
     let mut r2 = OpRig::new();
     r2.rig.write(r2.bus[0], &x);
     let ctx = r2.ctx;
-    r2.rig.map(
-        &ctx,
-        out_va,
-        rbln_hw::mmu::Target::Dram,
-        0x10_0000,
-        2 * PAGE,
-        true,
-        true,
-    );
+    r2.rig.map(&ctx, out_va, rbln_hw::mmu::Target::Dram, 0x10_0000, 2 * PAGE, true, true);
     let m = 2 * PAGE as usize / 8;
-    assert_eq!(
-        r2.run(&cast_desc(CAST_I32, CAST_I64, m as u64, tva(0), out_va).to_bytes()),
-        FaultCode::None
-    );
-    let got: Vec<i64> = r2
-        .rig
-        .dram_read(0x10_0000, m * 8)
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    assert_eq!(r2.run(&cast_desc(CAST_I32, CAST_I64, m as u64, tva(0), out_va).to_bytes()), FaultCode::None);
+    let got: Vec<i64> =
+        r2.rig.dram_read(0x10_0000, m * 8).chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(got, (0..m as i64).map(|i| i * 7 - 100).collect::<Vec<_>>());
 }
 
@@ -1174,71 +701,33 @@ fn cast_output_reaching_a_read_only_page_faults_and_writes_nothing() {
 fn cast_in_place_reads_the_input_first() {
     let mut r = OpRig::new();
     let n = 3000; // more than a page, so overlapping pages matter
-                  // f32 -> i32 in place (same VA, same element size).
+    // f32 -> i32 in place (same VA, same element size).
     let x: Vec<f32> = (0..n).map(|i| (i as f32 - 1500.0) * 0.75).collect();
     r.put(0, &x);
-    assert_eq!(
-        r.run(&cast_desc(CAST_F32, CAST_I32, n as u64, tva(0), tva(0)).to_bytes()),
-        FaultCode::None
-    );
-    let got: Vec<i32> = r
-        .rig
-        .read(r.bus[0], n * 4)
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    assert_eq!(r.run(&cast_desc(CAST_F32, CAST_I32, n as u64, tva(0), tva(0)).to_bytes()), FaultCode::None);
+    let got: Vec<i32> = r.rig.read(r.bus[0], n * 4).chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(got, x.iter().map(|&v| v.trunc() as i32).collect::<Vec<_>>());
     // And back: i32 -> f32 in place.
-    assert_eq!(
-        r.run(&cast_desc(CAST_I32, CAST_F32, n as u64, tva(0), tva(0)).to_bytes()),
-        FaultCode::None
-    );
-    assert_eq!(
-        r.get(0, n),
-        got.iter().map(|&v| v as f32).collect::<Vec<_>>()
-    );
+    assert_eq!(r.run(&cast_desc(CAST_I32, CAST_F32, n as u64, tva(0), tva(0)).to_bytes()), FaultCode::None);
+    assert_eq!(r.get(0, n), got.iter().map(|&v| v as f32).collect::<Vec<_>>());
     // bool -> bool in place normalises.
     r.rig.write(r.bus[2], &[0, 3, 0xff, 0, 1]);
-    assert_eq!(
-        r.run(&cast_desc(CAST_BOOL, CAST_BOOL, 5, tva(2), tva(2)).to_bytes()),
-        FaultCode::None
-    );
+    assert_eq!(r.run(&cast_desc(CAST_BOOL, CAST_BOOL, 5, tva(2), tva(2)).to_bytes()), FaultCode::None);
     assert_eq!(r.rig.read(r.bus[2], 5), [0, 1, 1, 0, 1]);
     // Widening onto its own input (i32 -> i64, same start, output twice
     // as long): every element converts from the input as it was.
     let v: Vec<i32> = (0..n as i32).map(|i| i - 2000).collect();
-    r.rig.write(
-        r.bus[3],
-        &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
-    );
-    assert_eq!(
-        r.run(&cast_desc(CAST_I32, CAST_I64, n as u64, tva(3), tva(3)).to_bytes()),
-        FaultCode::None
-    );
-    let got: Vec<i64> = r
-        .rig
-        .read(r.bus[3], n * 8)
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    r.rig.write(r.bus[3], &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    assert_eq!(r.run(&cast_desc(CAST_I32, CAST_I64, n as u64, tva(3), tva(3)).to_bytes()), FaultCode::None);
+    let got: Vec<i64> = r.rig.read(r.bus[3], n * 8).chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(got, v.iter().map(|&x| x as i64).collect::<Vec<_>>());
     // Narrowing into the second half of its own input (i64 -> i32).
     let w: Vec<i64> = (0..n as i64).map(|i| (i << 32) | (i + 5)).collect();
-    r.rig.write(
-        r.bus[4],
-        &w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
-    );
+    r.rig.write(r.bus[4], &w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
     let out_va = tva(4) + (n * 4) as u64;
-    assert_eq!(
-        r.run(&cast_desc(CAST_I64, CAST_I32, n as u64, tva(4), out_va).to_bytes()),
-        FaultCode::None
-    );
-    let got: Vec<i32> = r
-        .rig
-        .read(r.bus[4] + (n * 4) as u64, n * 4)
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    assert_eq!(r.run(&cast_desc(CAST_I64, CAST_I32, n as u64, tva(4), out_va).to_bytes()), FaultCode::None);
+    let got: Vec<i32> =
+        r.rig.read(r.bus[4] + (n * 4) as u64, n * 4).chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(got, w.iter().map(|&x| x as i32).collect::<Vec<_>>());
 }
 
@@ -1247,31 +736,18 @@ fn gather_out_of_range_index_faults_at_that_index() {
     let table = [0., 1., 10., 11., 20., 21.]; // [3, 2], gathered along axis 0
     let gather = |index_type: u32, n: u64, out_va: u64| {
         GatherDesc {
-            rank: 2,
-            axis: 0,
-            dims: [3, 2, 0, 0, 0, 0],
-            index_type,
-            num_indices: n,
-            data_va: tva(0),
-            indices_va: tva(1),
-            out_va,
-            ..Default::default()
+            rank: 2, axis: 0, dims: [3, 2, 0, 0, 0, 0], index_type, num_indices: n, data_va: tva(0),
+            indices_va: tva(1), out_va, ..Default::default()
         }
         .with_header()
     };
     // i64 indices; the first bad one is 3 at position 2 (-3 is fine).
     let mut r = OpRig::new();
     r.put(0, &table);
-    let idx: Vec<u8> = [1i64, -3, 3, 0, 99]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
+    let idx: Vec<u8> = [1i64, -3, 3, 0, 99].iter().flat_map(|v| v.to_le_bytes()).collect();
     r.rig.write(r.bus[1], &idx);
     r.put(2, &[42.0; 16]);
-    assert_eq!(
-        r.run(&gather(GATHER_INDEX_I64, 5, tva(2)).to_bytes()),
-        FaultCode::IndexOutOfRange
-    );
+    assert_eq!(r.run(&gather(GATHER_INDEX_I64, 5, tva(2)).to_bytes()), FaultCode::IndexOutOfRange);
     assert_eq!(fault_addr(&r), tva(1) + 2 * 8, "the offending index's VA");
     assert_eq!(fault_access(&r), 1);
     assert_eq!(r.get(2, 16), [42.0; 16], "output untouched");
@@ -1283,28 +759,16 @@ fn gather_out_of_range_index_faults_at_that_index() {
     let idx: Vec<u8> = [2i32, -4, 5].iter().flat_map(|v| v.to_le_bytes()).collect();
     r.rig.write(r.bus[1], &idx);
     r.put(2, &[42.0; 16]);
-    assert_eq!(
-        r.run(&gather(GATHER_INDEX_I32, 3, tva(2)).to_bytes()),
-        FaultCode::IndexOutOfRange
-    );
+    assert_eq!(r.run(&gather(GATHER_INDEX_I32, 3, tva(2)).to_bytes()), FaultCode::IndexOutOfRange);
     assert_eq!(fault_addr(&r), tva(1) + 4);
     assert_eq!(r.get(2, 16), [42.0; 16]);
 
     // A huge i64 (beyond i32) is out of range too, not truncated.
     let mut r = OpRig::new();
     r.put(0, &table);
-    r.rig.write(
-        r.bus[1],
-        &[0i64, 1 << 32]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<u8>>(),
-    );
+    r.rig.write(r.bus[1], &[0i64, 1 << 32].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
     r.put(2, &[42.0; 16]);
-    assert_eq!(
-        r.run(&gather(GATHER_INDEX_I64, 2, tva(2)).to_bytes()),
-        FaultCode::IndexOutOfRange
-    );
+    assert_eq!(r.run(&gather(GATHER_INDEX_I64, 2, tva(2)).to_bytes()), FaultCode::IndexOutOfRange);
     assert_eq!(fault_addr(&r), tva(1) + 8);
     assert_eq!(r.get(2, 16), [42.0; 16]);
 
@@ -1313,54 +777,23 @@ fn gather_out_of_range_index_faults_at_that_index() {
     let mut r = OpRig::new();
     r.put(0, &table);
     r.rig.write(r.bus[1], &7i64.to_le_bytes());
-    assert_eq!(
-        r.run(&gather(GATHER_INDEX_I64, 1, 0x7700_0000).to_bytes()),
-        FaultCode::Unmapped
-    );
+    assert_eq!(r.run(&gather(GATHER_INDEX_I64, 1, 0x7700_0000).to_bytes()), FaultCode::Unmapped);
     assert_eq!(fault_addr(&r), 0x7700_0000);
 
     // Indices at the edges of [-dim, dim) are fine.
     let mut r = OpRig::new();
     r.put(0, &table);
-    r.rig.write(
-        r.bus[1],
-        &[-3i64, 2]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<u8>>(),
-    );
-    assert_eq!(
-        r.run(&gather(GATHER_INDEX_I64, 2, tva(2)).to_bytes()),
-        FaultCode::None
-    );
+    r.rig.write(r.bus[1], &[-3i64, 2].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+    assert_eq!(r.run(&gather(GATHER_INDEX_I64, 2, tva(2)).to_bytes()), FaultCode::None);
     close(&r.get(2, 4), &[0., 1., 20., 21.]);
 }
 
-fn resize_desc(
-    mode: u32,
-    nearest_mode: u32,
-    hw: [u32; 4],
-    map: [f32; 4],
-    out_va: u64,
-) -> ResizeDesc {
+fn resize_desc(mode: u32, nearest_mode: u32, hw: [u32; 4], map: [f32; 4], out_va: u64) -> ResizeDesc {
     let [h, w, oh, ow] = hw;
     let [scale_y, offset_y, scale_x, offset_x] = map;
     ResizeDesc {
-        mode,
-        nearest_mode,
-        n: 1,
-        c: 2,
-        h,
-        w,
-        oh,
-        ow,
-        scale_y,
-        offset_y,
-        scale_x,
-        offset_x,
-        in_va: tva(0),
-        out_va,
-        ..Default::default()
+        mode, nearest_mode, n: 1, c: 2, h, w, oh, ow, scale_y, offset_y, scale_x, offset_x,
+        in_va: tva(0), out_va, ..Default::default()
     }
     .with_header()
 }
@@ -1371,23 +804,13 @@ fn resize_nearest_and_bilinear_through_the_device() {
     let x: Vec<f32> = (0..2 * 3 * 4).map(|i| i as f32).collect(); // [1, 2, 3, 4]
     r.put(0, &x);
     // Nearest 2x (asymmetric, floor): every input pixel becomes a 2x2 block.
-    let d = resize_desc(
-        RESIZE_NEAREST,
-        RESIZE_FLOOR,
-        [3, 4, 6, 8],
-        [0.5, 0.0, 0.5, 0.0],
-        tva(3),
-    );
+    let d = resize_desc(RESIZE_NEAREST, RESIZE_FLOOR, [3, 4, 6, 8], [0.5, 0.0, 0.5, 0.0], tva(3));
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     let got = r.get(3, 2 * 6 * 8);
     for c in 0..2 {
         for y in 0..6 {
             for xx in 0..8 {
-                assert_eq!(
-                    got[(c * 6 + y) * 8 + xx],
-                    x[(c * 3 + y / 2) * 4 + xx / 2],
-                    "c{c} ({y},{xx})"
-                );
+                assert_eq!(got[(c * 6 + y) * 8 + xx], x[(c * 3 + y / 2) * 4 + xx / 2], "c{c} ({y},{xx})");
             }
         }
     }
@@ -1396,37 +819,16 @@ fn resize_nearest_and_bilinear_through_the_device() {
     let d = resize_desc(RESIZE_LINEAR, 0, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(3));
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     let got = r.get(3, 2 * 5 * 7);
-    assert_eq!(
-        [got[0], got[6], got[28], got[34]],
-        [x[0], x[3], x[8], x[11]]
-    );
+    assert_eq!([got[0], got[6], got[28], got[34]], [x[0], x[3], x[8], x[11]]);
     close(&[got[7 * 2 + 3]], &[(x[5] + x[6]) / 2.0]);
     // A non-finite coordinate map or an unknown mode is a bad descriptor,
     // and nothing is written.
     r.put(4, &[42.0; 4]);
     for d in [
-        resize_desc(
-            RESIZE_LINEAR,
-            0,
-            [3, 4, 5, 7],
-            [f32::INFINITY, 0.0, 0.5, 0.0],
-            tva(4),
-        ),
+        resize_desc(RESIZE_LINEAR, 0, [3, 4, 5, 7], [f32::INFINITY, 0.0, 0.5, 0.0], tva(4)),
         resize_desc(2, 0, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
-        resize_desc(
-            RESIZE_LINEAR,
-            RESIZE_CEIL,
-            [3, 4, 5, 7],
-            [0.5, 0.0, 0.5, 0.0],
-            tva(4),
-        ),
-        resize_desc(
-            RESIZE_NEAREST,
-            0,
-            [0, 4, 5, 7],
-            [0.5, 0.0, 0.5, 0.0],
-            tva(4),
-        ),
+        resize_desc(RESIZE_LINEAR, RESIZE_CEIL, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
+        resize_desc(RESIZE_NEAREST, 0, [0, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
     ] {
         let mut r = OpRig::new();
         r.put(4, &[42.0; 4]);
@@ -1437,24 +839,9 @@ fn resize_nearest_and_bilinear_through_the_device() {
 
 // ---- BINARY comparisons and WHERE (hardware minor version 2) ----
 
-fn binary_desc(
-    kind: Binary,
-    rank: u32,
-    a_dims: [u32; 6],
-    b_dims: [u32; 6],
-    out_va: u64,
-) -> BinaryDesc {
-    BinaryDesc {
-        kind: kind as u32,
-        rank,
-        a_dims,
-        b_dims,
-        a_va: tva(0),
-        b_va: tva(1),
-        out_va,
-        ..Default::default()
-    }
-    .with_header()
+fn binary_desc(kind: Binary, rank: u32, a_dims: [u32; 6], b_dims: [u32; 6], out_va: u64) -> BinaryDesc {
+    BinaryDesc { kind: kind as u32, rank, a_dims, b_dims, a_va: tva(0), b_va: tva(1), out_va, ..Default::default() }
+        .with_header()
 }
 
 #[test]
@@ -1473,38 +860,21 @@ fn comparisons_through_the_device_with_broadcasting_and_activation() {
         (Binary::LessOrEqual, |x, y| x <= y),
         (Binary::GreaterOrEqual, |x, y| x >= y),
     ];
-    let want_of =
-        |f: Holds| -> Vec<f32> { (0..6).map(|i| f(a[i], b[i % 3]) as u32 as f32).collect() };
+    let want_of = |f: Holds| -> Vec<f32> { (0..6).map(|i| f(a[i], b[i % 3]) as u32 as f32).collect() };
     for (kind, f) in cmp {
         r.put(2, &[7.0; 6]);
         let flops = r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64);
         let d = binary_desc(kind, 2, [2, 3, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0], tva(2));
         assert_eq!(r.run(&d.to_bytes()), FaultCode::None, "{kind:?}");
         assert_eq!(r.get(2, 6), want_of(f), "{kind:?}");
-        assert_eq!(
-            r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64) - flops,
-            6,
-            "{kind:?}: FLOPs = N_out"
-        );
+        assert_eq!(r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64) - flops, 6, "{kind:?}: FLOPs = N_out");
     }
     // Spelled out for two kinds: NaN is never equal nor ordered, -0 == +0.
-    let d = binary_desc(
-        Binary::LessOrEqual,
-        2,
-        [2, 3, 0, 0, 0, 0],
-        [1, 3, 0, 0, 0, 0],
-        tva(2),
-    );
+    let d = binary_desc(Binary::LessOrEqual, 2, [2, 3, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0], tva(2));
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     assert_eq!(r.get(2, 6), [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]);
     r.put(1, &[0.0, 5.0, 3.0]);
-    let d = binary_desc(
-        Binary::Equal,
-        2,
-        [2, 3, 0, 0, 0, 0],
-        [1, 3, 0, 0, 0, 0],
-        tva(2),
-    );
+    let d = binary_desc(Binary::Equal, 2, [2, 3, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0], tva(2));
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     assert_eq!(r.get(2, 6), [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
 
@@ -1513,13 +883,7 @@ fn comparisons_through_the_device_with_broadcasting_and_activation() {
     // where a > b and 0.25 elsewhere; Less + Sigmoid gives σ(1) or σ(0).
     r.put(0, &[0.0, 2.0, 4.0]);
     r.put(1, &[1.0, 2.0, 3.0, f32::NAN]);
-    let mut d = binary_desc(
-        Binary::Greater,
-        2,
-        [3, 1, 0, 0, 0, 0],
-        [1, 4, 0, 0, 0, 0],
-        tva(2),
-    );
+    let mut d = binary_desc(Binary::Greater, 2, [3, 1, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0], tva(2));
     d.activation = Unary::Clip as u32;
     d.act_param0 = 0.25;
     d.act_param1 = 0.5;
@@ -1530,13 +894,7 @@ fn comparisons_through_the_device_with_broadcasting_and_activation() {
         0.5, 0.25, 0.25, 0.25,
         0.5, 0.5, 0.5, 0.25,
     ]);
-    let mut d = binary_desc(
-        Binary::Less,
-        2,
-        [3, 1, 0, 0, 0, 0],
-        [1, 4, 0, 0, 0, 0],
-        tva(2),
-    );
+    let mut d = binary_desc(Binary::Less, 2, [3, 1, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0], tva(2));
     d.activation = Unary::Sigmoid as u32;
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     let (s0, s1) = (0.5, 1.0 / (1.0 + (-1f32).exp()));
@@ -1548,25 +906,9 @@ fn comparisons_through_the_device_with_broadcasting_and_activation() {
     ]);
 }
 
-fn where_desc(
-    rank: u32,
-    cond_dims: [u32; 6],
-    a_dims: [u32; 6],
-    b_dims: [u32; 6],
-    out_va: u64,
-) -> WhereDesc {
-    WhereDesc {
-        rank,
-        cond_dims,
-        a_dims,
-        b_dims,
-        cond_va: tva(0),
-        a_va: tva(1),
-        b_va: tva(2),
-        out_va,
-        ..Default::default()
-    }
-    .with_header()
+fn where_desc(rank: u32, cond_dims: [u32; 6], a_dims: [u32; 6], b_dims: [u32; 6], out_va: u64) -> WhereDesc {
+    WhereDesc { rank, cond_dims, a_dims, b_dims, cond_va: tva(0), a_va: tva(1), b_va: tva(2), out_va, ..Default::default() }
+        .with_header()
 }
 
 #[test]
@@ -1581,19 +923,9 @@ fn where_through_the_device_with_broadcasting() {
     r.put(2, &[-1.0]);
     r.put(3, &[7.0; 25]);
     let flops = r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64);
-    let d = where_desc(
-        3,
-        [2, 1, 3, 0, 0, 0],
-        [1, 4, 1, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0],
-        tva(3),
-    );
+    let d = where_desc(3, [2, 1, 3, 0, 0, 0], [1, 4, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0], tva(3));
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
-    assert_eq!(
-        r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64) - flops,
-        24,
-        "FLOPs = N_out"
-    );
+    assert_eq!(r.rig.reg64(regs::CNT_COMPUTE_FLOPS_64) - flops, 24, "FLOPs = N_out");
     let mut want = vec![];
     for c in cond.chunks(3) {
         for &aj in &a {
@@ -1621,30 +953,15 @@ fn where_through_the_device_with_broadcasting() {
     r.put(2, &x10);
     r.put(3, &[0.0]);
     let g = BinaryDesc {
-        kind: Binary::Greater as u32,
-        rank: 1,
-        a_dims: [n as u32, 0, 0, 0, 0, 0],
-        b_dims: [1, 0, 0, 0, 0, 0],
-        a_va: tva(1),
-        b_va: tva(3),
-        out_va: tva(0),
-        ..Default::default()
+        kind: Binary::Greater as u32, rank: 1, a_dims: [n as u32, 0, 0, 0, 0, 0], b_dims: [1, 0, 0, 0, 0, 0],
+        a_va: tva(1), b_va: tva(3), out_va: tva(0), ..Default::default()
     }
     .with_header();
     assert_eq!(r.run(&g.to_bytes()), FaultCode::None);
-    let mut d = where_desc(
-        1,
-        [n as u32, 0, 0, 0, 0, 0],
-        [n as u32, 0, 0, 0, 0, 0],
-        [n as u32, 0, 0, 0, 0, 0],
-        tva(1),
-    );
+    let mut d = where_desc(1, [n as u32, 0, 0, 0, 0, 0], [n as u32, 0, 0, 0, 0, 0], [n as u32, 0, 0, 0, 0, 0], tva(1));
     d.a_va = tva(1);
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
-    let want: Vec<f32> = x
-        .iter()
-        .map(|&v| if v > 0.0 { v } else { 0.1 * v })
-        .collect();
+    let want: Vec<f32> = x.iter().map(|&v| if v > 0.0 { v } else { 0.1 * v }).collect();
     assert_eq!(r.get(1, n), want);
 }
 
@@ -1656,47 +973,14 @@ fn bad_where_descriptors_fault_without_writing() {
     let mut wide = where_desc(2, full([2, 3]), full([2, 3]), full([2, 3]), tva(3));
     wide.b_dims[2] = 1; // a dim beyond rank
     for (what, d) in [
-        (
-            "cond [2,3] vs a [3,2]",
-            where_desc(2, full([2, 3]), full([3, 2]), full([1, 1]), tva(3)),
-        ),
-        (
-            "a [2,3] vs b [2,2]",
-            where_desc(2, full([1, 3]), full([2, 3]), full([2, 2]), tva(3)),
-        ),
-        (
-            "cond [4,1] vs b [2,3]",
-            where_desc(2, full([4, 1]), full([1, 1]), full([2, 3]), tva(3)),
-        ),
-        (
-            "output above MAX_TENSOR_ELEMS",
-            where_desc(
-                2,
-                full([1 << 15, 1]),
-                full([1, 1 << 15]),
-                full([1, 1]),
-                tva(3),
-            ),
-        ),
-        (
-            "operand above MAX_TENSOR_ELEMS",
-            where_desc(
-                2,
-                full([1, 1]),
-                full([1 << 15, 1 << 14]),
-                full([1, 1]),
-                tva(3),
-            ),
-        ),
+        ("cond [2,3] vs a [3,2]", where_desc(2, full([2, 3]), full([3, 2]), full([1, 1]), tva(3))),
+        ("a [2,3] vs b [2,2]", where_desc(2, full([1, 3]), full([2, 3]), full([2, 2]), tva(3))),
+        ("cond [4,1] vs b [2,3]", where_desc(2, full([4, 1]), full([1, 1]), full([2, 3]), tva(3))),
+        ("output above MAX_TENSOR_ELEMS", where_desc(2, full([1 << 15, 1]), full([1, 1 << 15]), full([1, 1]), tva(3))),
+        ("operand above MAX_TENSOR_ELEMS", where_desc(2, full([1, 1]), full([1 << 15, 1 << 14]), full([1, 1]), tva(3))),
         ("reserved", reserved),
         ("dim beyond rank", wide),
-        (
-            "rank 7",
-            WhereDesc {
-                rank: 7,
-                ..where_desc(2, full([1, 1]), full([1, 1]), full([1, 1]), tva(3))
-            },
-        ),
+        ("rank 7", WhereDesc { rank: 7, ..where_desc(2, full([1, 1]), full([1, 1]), full([1, 1]), tva(3)) }),
     ] {
         let mut r = OpRig::new();
         r.put(0, &[1.0; 6]);
@@ -1704,11 +988,7 @@ fn bad_where_descriptors_fault_without_writing() {
         r.put(2, &[3.0; 6]);
         r.put(3, &[42.0; 8]);
         assert_eq!(r.run(&d.to_bytes()), FaultCode::BadDescriptor, "{what}");
-        assert_eq!(
-            r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)),
-            0x80_0000,
-            "{what}: fault at desc_va"
-        );
+        assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), 0x80_0000, "{what}: fault at desc_va");
         assert_eq!(r.get(3, 8), [42.0; 8], "{what}: output untouched");
         assert!(r.rig.dev.healthy());
     }
@@ -1719,10 +999,7 @@ fn bad_where_descriptors_fault_without_writing() {
     let mut d = where_desc(2, full([2, 3]), full([2, 3]), full([2, 3]), tva(3));
     d.b_va = 0x7700_0000;
     assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
-    assert_eq!(
-        r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)),
-        0x7700_0000
-    );
+    assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), 0x7700_0000);
     assert_eq!(r.get(3, 8), [42.0; 8]);
     // A misaligned operand is an Alignment fault at it.
     let mut r = OpRig::new();
@@ -1730,10 +1007,7 @@ fn bad_where_descriptors_fault_without_writing() {
     let mut d = where_desc(2, full([2, 3]), full([2, 3]), full([2, 3]), tva(3));
     d.cond_va = tva(0) + 2;
     assert_eq!(r.run(&d.to_bytes()), FaultCode::Alignment);
-    assert_eq!(
-        r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)),
-        tva(0) + 2
-    );
+    assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), tva(0) + 2);
     assert_eq!(r.get(3, 8), [42.0; 8]);
 }
 
@@ -1743,18 +1017,10 @@ fn argmax_and_argmin_reduce_to_indices() {
     // [2, 3] along axis 1: ties resolve to the first (or, LAST, the last).
     r.put(0, &[1.0, 4.0, 4.0, 2.0, -1.0, -1.0]);
     let red = |kind: u32| {
-        ReduceDesc {
-            kind,
-            rank: 2,
-            dims: [2, 3, 0, 0, 0, 0],
-            axis: 1,
-            in_va: tva(0),
-            out_va: tva(3),
-            ..Default::default()
-        }
-        .with_header()
-        .to_bytes()
-        .to_vec()
+        ReduceDesc { kind, rank: 2, dims: [2, 3, 0, 0, 0, 0], axis: 1, in_va: tva(0), out_va: tva(3), ..Default::default() }
+            .with_header()
+            .to_bytes()
+            .to_vec()
     };
     for (kind, want) in [
         (REDUCE_ARGMAX, [1.0, 0.0]),
@@ -1767,9 +1033,6 @@ fn argmax_and_argmin_reduce_to_indices() {
     }
     // Kinds past ARGMIN_LAST are bad descriptors; the output stays.
     r.put(3, &[42.0, 42.0]);
-    assert_eq!(
-        r.run(&red(REDUCE_ARGMIN_LAST + 1)),
-        FaultCode::BadDescriptor
-    );
+    assert_eq!(r.run(&red(REDUCE_ARGMIN_LAST + 1)), FaultCode::BadDescriptor);
     assert_eq!(r.get(3, 2), [42.0, 42.0]);
 }

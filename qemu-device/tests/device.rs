@@ -94,12 +94,7 @@ fn queue_runs_every_packet_in_order() {
         .fence(42, 0x20_7018, true);
     rig.run(&ctx, &mut q, 0x30_0000, &e.buf);
     let st = rig.wait_idle(&q, T);
-    assert_eq!(
-        rig.state(&q),
-        QueueState::Idle,
-        "fault: {:?}",
-        fault_code(&rig, &q)
-    );
+    assert_eq!(rig.state(&q), QueueState::Idle, "fault: {:?}", fault_code(&rig, &q));
     assert_eq!(st.fence, 42);
     assert_eq!(st.head, 1);
     assert_eq!(st.packets, 13);
@@ -114,11 +109,7 @@ fn queue_runs_every_packet_in_order() {
         for j in 0..n {
             let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
             let want = (dot + bias[j]).max(0.0);
-            assert!(
-                (got[i * n + j] - want).abs() < 1e-4,
-                "C[{i},{j}] = {} want {want}",
-                got[i * n + j]
-            );
+            assert!((got[i * n + j] - want).abs() < 1e-4, "C[{i},{j}] = {} want {want}", got[i * n + j]);
         }
     }
     // Semaphore, timestamps, fence write.
@@ -135,10 +126,7 @@ fn queue_runs_every_packet_in_order() {
     // Counters.
     assert_eq!(rig.reg64(regs::CNT_PACKETS_64), 13);
     assert_eq!(rig.reg64(regs::CNT_COMPUTE_OPS_64), 1);
-    assert_eq!(
-        rig.reg64(regs::CNT_COMPUTE_FLOPS_64),
-        (2 * m * n * k) as u64
-    );
+    assert_eq!(rig.reg64(regs::CNT_COMPUTE_FLOPS_64), (2 * m * n * k) as u64);
     assert!(rig.reg64(regs::CNT_DMA_BYTES_64) >= 256 * 2);
 }
 
@@ -153,23 +141,13 @@ fn two_queues_run_concurrently_with_semaphores() {
     let mut q1 = rig.queue(1, &ctx, 8);
 
     let mut waiter = cmds();
-    waiter
-        .sem_wait(0x10_0000, 1, SEM_COND_GE)
-        .fill(0x10_0010, 8, 0x1111_1111)
-        .fence(1, 0, false);
+    waiter.sem_wait(0x10_0000, 1, SEM_COND_GE).fill(0x10_0010, 8, 0x1111_1111).fence(1, 0, false);
     rig.run(&ctx, &mut q0, 0x20_0000, &waiter.buf);
     std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(
-        rig.state(&q0),
-        QueueState::Waiting,
-        "queue 0 waits for the semaphore"
-    );
+    assert_eq!(rig.state(&q0), QueueState::Waiting, "queue 0 waits for the semaphore");
 
     let mut signaller = cmds();
-    signaller
-        .fill(0x10_0020, 8, 0x2222_2222)
-        .sem_signal(0x10_0000, 1, SEM_OP_SET)
-        .fence(9, 0, false);
+    signaller.fill(0x10_0020, 8, 0x2222_2222).sem_signal(0x10_0000, 1, SEM_OP_SET).fence(9, 0, false);
     rig.run(&ctx, &mut q1, 0x30_0000, &signaller.buf);
     assert_eq!(rig.wait_idle(&q1, T).fence, 9);
     assert_eq!(rig.wait_idle(&q0, T).fence, 1);
@@ -192,27 +170,14 @@ fn fault_stops_only_the_faulting_queue() {
     let good_host = rig.host_buffer(&good_ctx, 0x10_0000, 4096);
 
     let mut e = cmds();
-    e.fill(0x10_0000, 16, 1)
-        .fill(0xdead_0000, 16, 2)
-        .fence(5, 0, false);
+    e.fill(0x10_0000, 16, 1).fill(0xdead_0000, 16, 2).fence(5, 0, false);
     rig.run(&bad_ctx, &mut bad_q, 0x20_0000, &e.buf);
     rig.wait_idle(&bad_q, T);
     assert_eq!(rig.state(&bad_q), QueueState::Faulted);
     assert_eq!(fault_code(&rig, &bad_q), Some(FaultCode::Unmapped));
-    assert_eq!(
-        rig.reg64(regs::queue_reg(3, regs::Q_FAULT_ADDR_64)),
-        0xdead_0000
-    );
-    assert_eq!(
-        rig.reg32(regs::queue_reg(3, regs::Q_FAULT_CODE)) >> 8 & 0xFF,
-        2,
-        "write access"
-    );
-    assert_eq!(
-        rig.status(&bad_q).fence,
-        0,
-        "the fence after the fault never ran"
-    );
+    assert_eq!(rig.reg64(regs::queue_reg(3, regs::Q_FAULT_ADDR_64)), 0xdead_0000);
+    assert_eq!(rig.reg32(regs::queue_reg(3, regs::Q_FAULT_CODE)) >> 8 & 0xFF, 2, "write access");
+    assert_eq!(rig.status(&bad_q).fence, 0, "the fence after the fault never ran");
     assert_eq!(rig.irqs.get(regs::MSIX_ERROR_VECTOR), 1);
     assert_eq!(rig.reg32(regs::IRQ_ERROR_STATUS), 1 << 3);
     assert_eq!(rig.reg32(regs::ERROR_COUNT), 1);
@@ -225,12 +190,7 @@ fn fault_stops_only_the_faulting_queue() {
     assert_eq!(rig.read(good_host, 4), 0x7777_7777u32.to_le_bytes());
 
     // Further doorbells on the faulted queue do nothing until a reset.
-    rig.run(
-        &bad_ctx,
-        &mut bad_q,
-        0x30_0000,
-        &cmds().fence(6, 0, false).buf,
-    );
+    rig.run(&bad_ctx, &mut bad_q, 0x30_0000, &cmds().fence(6, 0, false).buf);
     std::thread::sleep(Duration::from_millis(10));
     assert_eq!(rig.state(&bad_q), QueueState::Faulted);
 
@@ -239,12 +199,7 @@ fn fault_stops_only_the_faulting_queue() {
     assert_eq!(fault_code(&rig, &bad_q), Some(FaultCode::None));
     assert_eq!(rig.reg32(regs::IRQ_ERROR_STATUS), 0);
     rig.set32(regs::queue_reg(3, regs::Q_CONTROL), qctl::ENABLE);
-    rig.run(
-        &bad_ctx,
-        &mut bad_q,
-        0x40_0000,
-        &cmds().fence(7, 0, false).buf,
-    );
+    rig.run(&bad_ctx, &mut bad_q, 0x40_0000, &cmds().fence(7, 0, false).buf);
     assert_eq!(rig.wait_idle(&bad_q, T).fence, 7);
     assert_eq!(rig.state(&bad_q), QueueState::Idle);
 }
@@ -265,19 +220,13 @@ fn write_to_read_only_page_is_a_permission_fault() {
 #[test]
 fn malformed_input_faults_with_a_precise_code() {
     let cases: Vec<(Vec<u8>, FaultCode)> = vec![
-        (vec![0xff, 0, 1, 0], FaultCode::BadPacket), // unknown opcode
-        (
-            cmds().indirect(0x20_0000, 16).buf.clone(),
-            FaultCode::Nesting,
-        ), // calls itself
-        (
-            {
-                let mut e = cmds();
-                e.compute(0x20_0000, 16);
-                e.buf
-            },
-            FaultCode::BadDescriptor,
-        ), // the packet itself is no descriptor
+        (vec![0xff, 0, 1, 0], FaultCode::BadPacket),          // unknown opcode
+        (cmds().indirect(0x20_0000, 16).buf.clone(), FaultCode::Nesting), // calls itself
+        ({
+            let mut e = cmds();
+            e.compute(0x20_0000, 16);
+            e.buf
+        }, FaultCode::BadDescriptor), // the packet itself is no descriptor
     ];
     for (buf, want) in cases {
         let mut rig = Rig::new();
@@ -297,10 +246,7 @@ fn malformed_input_faults_with_a_precise_code() {
     // A queue enabled with a bad ring size.
     rig.set32(regs::queue_reg(1, regs::Q_RING_SIZE), 3);
     rig.set32(regs::queue_reg(1, regs::Q_CONTROL), qctl::ENABLE);
-    assert_eq!(
-        FaultCode::from_u8(rig.reg32(regs::queue_reg(1, regs::Q_FAULT_CODE)) as u8),
-        Some(FaultCode::BadQueueConfig)
-    );
+    assert_eq!(FaultCode::from_u8(rig.reg32(regs::queue_reg(1, regs::Q_FAULT_CODE)) as u8), Some(FaultCode::BadQueueConfig));
     // A queue bound to an invalid context.
     let mut q2 = rig.queue(2, &ctx, 4);
     rig.set32(regs::ctx_reg(0, regs::CTX_CONTROL), 0);
@@ -317,12 +263,7 @@ fn resets_stop_hung_work_and_restore_reset_values() {
     let ctx = rig.context(0);
     rig.host_buffer(&ctx, 0x10_0000, 4096);
     let mut q = rig.queue(5, &ctx, 4);
-    rig.run(
-        &ctx,
-        &mut q,
-        0x20_0000,
-        &cmds().sem_wait(0x10_0000, 1, SEM_COND_EQ).buf,
-    );
+    rig.run(&ctx, &mut q, 0x20_0000, &cmds().sem_wait(0x10_0000, 1, SEM_COND_EQ).buf);
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(rig.state(&q), QueueState::Waiting);
     let t0 = std::time::Instant::now();
@@ -330,11 +271,7 @@ fn resets_stop_hung_work_and_restore_reset_values() {
     assert!(t0.elapsed() < Duration::from_secs(1), "reset is prompt");
     assert_eq!(rig.state(&q), QueueState::Disabled);
     assert_eq!(rig.reg32(regs::queue_reg(5, regs::Q_HEAD)), 0);
-    assert_eq!(
-        rig.reg64(regs::queue_reg(5, regs::Q_FENCE_64)),
-        0,
-        "a reset queue starts a new fence timeline"
-    );
+    assert_eq!(rig.reg64(regs::queue_reg(5, regs::Q_FENCE_64)), 0, "a reset queue starts a new fence timeline");
 
     // Device reset.
     rig.set32(regs::SCRATCH, 7);
@@ -369,12 +306,7 @@ fn bad_doorbell_during_a_running_entry_is_not_lost() {
     let ctx = rig.context(0);
     rig.host_buffer(&ctx, 0x10_0000, 4096);
     let mut q = rig.queue(0, &ctx, 4);
-    rig.run(
-        &ctx,
-        &mut q,
-        0x20_0000,
-        &cmds().sem_wait(0x10_0000, 1, SEM_COND_EQ).buf,
-    );
+    rig.run(&ctx, &mut q, 0x20_0000, &cmds().sem_wait(0x10_0000, 1, SEM_COND_EQ).buf);
     std::thread::sleep(Duration::from_millis(10));
     rig.doorbell(0, 9);
     // Let the blocked entry finish: signal the semaphore from the CPU side.
@@ -390,13 +322,9 @@ fn rig_bus_of(rig: &Rig, ctx: &Ctx, va: u64) -> u64 {
     use rbln_hw::mmu;
     let mut table = ctx.root;
     for level in [2, 1] {
-        table =
-            mmu::decode_table(rig.read_u64(table + mmu::va_index(va, level) as u64 * 8)).unwrap();
+        table = mmu::decode_table(rig.read_u64(table + mmu::va_index(va, level) as u64 * 8)).unwrap();
     }
-    mmu::decode_leaf(rig.read_u64(table + mmu::va_index(va, 0) as u64 * 8))
-        .unwrap()
-        .addr
-        + (va & 0xfff)
+    mmu::decode_leaf(rig.read_u64(table + mmu::va_index(va, 0) as u64 * 8)).unwrap().addr + (va & 0xfff)
 }
 
 /// A DMA whose destination runs into an unmapped page writes nothing.
@@ -408,22 +336,11 @@ fn faulting_dma_writes_nothing() {
     let dst = rig.host_buffer(&ctx, 0x20_0000, 4096); // 0x20_1000 is unmapped
     rig.write(src, &[0xAB; 8192]);
     let mut q = rig.queue(0, &ctx, 4);
-    rig.run(
-        &ctx,
-        &mut q,
-        0x30_0000,
-        &cmds().dma_copy(0x10_0000, 0x20_0000, 8192).buf,
-    );
+    rig.run(&ctx, &mut q, 0x30_0000, &cmds().dma_copy(0x10_0000, 0x20_0000, 8192).buf);
     rig.wait_idle(&q, T);
     assert_eq!(fault_code(&rig, &q), Some(FaultCode::Unmapped));
-    assert_eq!(
-        rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)),
-        0x20_1000
-    );
-    assert!(
-        rig.read(dst, 4096).iter().all(|&b| b == 0),
-        "no partial DMA"
-    );
+    assert_eq!(rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), 0x20_1000);
+    assert!(rig.read(dst, 4096).iter().all(|&b| b == 0), "no partial DMA");
 }
 
 /// SEM_SIGNAL ADD from several queues at once loses no update.
@@ -458,9 +375,7 @@ fn mmu_invalidate_drops_cached_translations() {
     let mut q = rig.queue(0, &ctx, 4);
     // Fill, wait for the CPU's go, fill the same page again.
     let mut e = cmds();
-    e.fill(0x10_0000, 8, 1)
-        .sem_wait(0x11_0000, 1, SEM_COND_EQ)
-        .fill(0x10_0000, 8, 2);
+    e.fill(0x10_0000, 8, 1).sem_wait(0x11_0000, 1, SEM_COND_EQ).fill(0x10_0000, 8, 2);
     rig.run(&ctx, &mut q, 0x20_0000, &e.buf);
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(rig.read(host, 4), 1u32.to_le_bytes());
@@ -471,20 +386,14 @@ fn mmu_invalidate_drops_cached_translations() {
     let sem = rig_bus_of(&rig, &ctx, 0x11_0000);
     let l1 = rbln_hw::mmu::decode_table(rig.read_u64(ctx.root)).unwrap();
     let fresh = rig.alloc(4096);
-    rig.write(
-        fresh + rbln_hw::mmu::va_index(0x11_0000, 0) as u64 * 8,
-        &rbln_hw::mmu::leaf_pte(sem & !0xfff, Target::Host, true, true).to_le_bytes(),
-    );
+    rig.write(fresh + rbln_hw::mmu::va_index(0x11_0000, 0) as u64 * 8,
+        &rbln_hw::mmu::leaf_pte(sem & !0xfff, Target::Host, true, true).to_le_bytes());
     rig.write(l1, &rbln_hw::mmu::table_pte(fresh).to_le_bytes());
     rig.set32(regs::MMU_INVALIDATE, 4);
     rig.write(sem, &1u64.to_le_bytes());
     rig.wait_idle(&q, T);
     assert_eq!(fault_code(&rig, &q), Some(FaultCode::Unmapped));
-    assert_eq!(
-        rig.read(host, 4),
-        1u32.to_le_bytes(),
-        "the unmapped page was not written"
-    );
+    assert_eq!(rig.read(host, 4), 1u32.to_le_bytes(), "the unmapped page was not written");
 }
 
 #[test]

@@ -19,10 +19,7 @@ use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
 
 fn cases(default: u32) -> u32 {
-    std::env::var("RBLN_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    std::env::var("RBLN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// VAs the context maps: host RAM at HOST_VA, DRAM at DRAM_VA, descriptors
@@ -48,16 +45,7 @@ fn address() -> impl Strategy<Value = u64> {
 }
 
 fn size() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        Just(0u64),
-        Just(4),
-        Just(64),
-        Just(4096),
-        Just(WINDOW),
-        Just(1 << 20),
-        Just(u64::MAX),
-        0..(1u64 << 40),
-    ]
+    prop_oneof![Just(0u64), Just(4), Just(64), Just(4096), Just(WINDOW), Just(1 << 20), Just(u64::MAX), 0..(1u64 << 40),]
 }
 
 /// A packet with a valid header and random (often nonsensical) fields, or
@@ -65,16 +53,8 @@ fn size() -> impl Strategy<Value = u64> {
 fn packet() -> impl Strategy<Value = Vec<u8>> {
     let words = prop::collection::vec(any::<u32>(), 1..8)
         .prop_map(|w| w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
-    let structured = (
-        0u8..10,
-        any::<u8>(),
-        address(),
-        address(),
-        size(),
-        any::<u32>(),
-        any::<bool>(),
-    )
-        .prop_map(|(op, flags, a, b, n, v, keep_flags)| {
+    let structured = (0u8..10, any::<u8>(), address(), address(), size(), any::<u32>(), any::<bool>()).prop_map(
+        |(op, flags, a, b, n, v, keep_flags)| {
             let size_dw: u16 = match op {
                 1 => 8,
                 2 | 4 | 5 | 6 => 6,
@@ -82,9 +62,7 @@ fn packet() -> impl Strategy<Value = Vec<u8>> {
                 _ => 1,
             };
             let flags = if keep_flags { flags & 1 } else { flags };
-            let mut p = header(Opcode::from_u8(op).unwrap_or(Opcode::Nop), flags, size_dw)
-                .to_le_bytes()
-                .to_vec();
+            let mut p = header(Opcode::from_u8(op).unwrap_or(Opcode::Nop), flags, size_dw).to_le_bytes().to_vec();
             if op == 9 {
                 p[0] = 9; // unknown opcode
             }
@@ -100,7 +78,8 @@ fn packet() -> impl Strategy<Value = Vec<u8>> {
                 p[4..8].copy_from_slice(&((v % 200) & !3).to_le_bytes());
             }
             p
-        });
+        },
+    );
     prop_oneof![1 => words, 4 => structured]
 }
 
@@ -130,51 +109,22 @@ fn typed_descriptor() -> impl Strategy<Value = Vec<u8>> {
         1 => Just(1 << 28),
         1 => size(),
     ];
-    let cast = (ty(), ty(), count, element_address(), element_address()).prop_map(
-        |(src_type, dst_type, count, in_va, out_va)| {
-            CastDesc {
-                src_type,
-                dst_type,
-                count,
-                in_va,
-                out_va,
+    let cast = (ty(), ty(), count, element_address(), element_address()).prop_map(|(src_type, dst_type, count, in_va, out_va)| {
+        CastDesc { src_type, dst_type, count, in_va, out_va, ..Default::default() }.with_header().to_bytes().to_vec()
+    });
+    let indices_at = prop_oneof![3 => Just(HOST_VA), 1 => element_address()];
+    let gather = (1u32..4, 0u32..3, prop::collection::vec(0u32..6, 3), 0u32..2, 0u64..32, indices_at, element_address())
+        .prop_map(|(rank, axis, dims, index_type, num_indices, indices_va, out_va)| {
+            let mut d = [0u32; 6];
+            d[..rank as usize].copy_from_slice(&dims[..rank as usize]);
+            GatherDesc {
+                rank, axis: axis % rank, dims: d, index_type, num_indices, data_va: DRAM_VA, indices_va, out_va,
                 ..Default::default()
             }
             .with_header()
             .to_bytes()
             .to_vec()
-        },
-    );
-    let indices_at = prop_oneof![3 => Just(HOST_VA), 1 => element_address()];
-    let gather = (
-        1u32..4,
-        0u32..3,
-        prop::collection::vec(0u32..6, 3),
-        0u32..2,
-        0u64..32,
-        indices_at,
-        element_address(),
-    )
-        .prop_map(
-            |(rank, axis, dims, index_type, num_indices, indices_va, out_va)| {
-                let mut d = [0u32; 6];
-                d[..rank as usize].copy_from_slice(&dims[..rank as usize]);
-                GatherDesc {
-                    rank,
-                    axis: axis % rank,
-                    dims: d,
-                    index_type,
-                    num_indices,
-                    data_va: DRAM_VA,
-                    indices_va,
-                    out_va,
-                    ..Default::default()
-                }
-                .with_header()
-                .to_bytes()
-                .to_vec()
-            },
-        );
+        });
     prop_oneof![3 => cast, 1 => gather]
 }
 
@@ -192,49 +142,20 @@ fn where_descriptor() -> impl Strategy<Value = Vec<u8>> {
     (0u32..7)
         .prop_flat_map(move |rank| (Just(rank), dims(rank), dims(rank), dims(rank)))
         .prop_flat_map(|(rank, c, a, b)| {
-            (
-                Just((rank, c, a, b)),
-                element_address(),
-                element_address(),
-                element_address(),
-                element_address(),
-            )
+            (Just((rank, c, a, b)), element_address(), element_address(), element_address(), element_address())
         })
-        .prop_map(
-            |((rank, cond_dims, a_dims, b_dims), cond_va, a_va, b_va, out_va)| {
-                WhereDesc {
-                    rank,
-                    cond_dims,
-                    a_dims,
-                    b_dims,
-                    cond_va,
-                    a_va,
-                    b_va,
-                    out_va,
-                    ..Default::default()
-                }
+        .prop_map(|((rank, cond_dims, a_dims, b_dims), cond_va, a_va, b_va, out_va)| {
+            WhereDesc { rank, cond_dims, a_dims, b_dims, cond_va, a_va, b_va, out_va, ..Default::default() }
                 .with_header()
                 .to_bytes()
                 .to_vec()
-            },
-        )
+        })
 }
 
 /// A descriptor page: a valid header for a random op with random fields
 /// drawn mostly from small numbers and mapped addresses.
 fn descriptor() -> impl Strategy<Value = Vec<u8>> {
-    (
-        1u32..15,
-        prop::collection::vec(
-            prop_oneof![
-                0u32..8,
-                0u32..100,
-                address().prop_map(|a| a as u32),
-                any::<u32>()
-            ],
-            40,
-        ),
-    )
+    (1u32..15, prop::collection::vec(prop_oneof![0u32..8, 0u32..100, address().prop_map(|a| a as u32), any::<u32>()], 40))
         .prop_map(|(op, fields)| {
             let mut d: Vec<u8> = fields.iter().flat_map(|x| x.to_le_bytes()).collect();
             d.truncate(152);
@@ -273,19 +194,8 @@ fn setup() -> Setup {
     let desc = rig.host_buffer(&ctx, DESC_VA, 4096);
     let cmd = rig.host_buffer(&ctx, CMD_VA, 1 << 16);
     // The ring is written by the driver (this test), not by commands.
-    let writable = vec![
-        (host, WINDOW),
-        (desc, 4096),
-        (cmd, 1 << 16),
-        (q.status, 64),
-        (q.ring, 4096),
-    ];
-    Setup {
-        rig,
-        ctx,
-        q,
-        writable,
-    }
+    let writable = vec![(host, WINDOW), (desc, 4096), (cmd, 1 << 16), (q.status, 64), (q.ring, 4096)];
+    Setup { rig, ctx, q, writable }
 }
 
 /// Snapshot of all shared RAM the rig allocated, with legitimately
@@ -301,9 +211,7 @@ fn protected_snapshot(s: &Setup) -> Vec<u8> {
 }
 
 fn dram_outside_window_untouched(rig: &Rig) -> bool {
-    rig.dram_read(WINDOW, (16 << 20) - WINDOW as usize)
-        .iter()
-        .all(|&b| b == 0)
+    rig.dram_read(WINDOW, (16 << 20) - WINDOW as usize).iter().all(|&b| b == 0)
 }
 
 /// After hostile input: a clean job on a fresh queue of another context
@@ -315,11 +223,7 @@ fn still_works(rig: &mut Rig) {
     let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
     e.fill(0x10_0000, 8, 0x5A5A_5A5A).fence(77, 0, false);
     rig.run(&ctx, &mut q, 0x20_0000, &e.buf);
-    assert_eq!(
-        rig.wait_idle(&q, Duration::from_secs(10)).fence,
-        77,
-        "device still executes work"
-    );
+    assert_eq!(rig.wait_idle(&q, Duration::from_secs(10)).fence, 77, "device still executes work");
     assert_eq!(rig.read(host, 4), 0x5A5A_5A5Au32.to_le_bytes());
 }
 
@@ -338,18 +242,9 @@ fn run_checked(s: &mut Setup, cmds: &[u8]) -> Result<(), TestCaseError> {
         prop_assert_eq!(s.rig.state(&s.q), QueueState::Disabled);
     }
     prop_assert!(s.rig.dev.healthy(), "a command processor died");
-    prop_assert!(
-        s.rig.private_canary_intact(),
-        "unshared guest memory was written"
-    );
-    prop_assert!(
-        protected_snapshot(s) == before,
-        "memory outside the context's mappings changed"
-    );
-    prop_assert!(
-        dram_outside_window_untouched(&s.rig),
-        "DRAM outside the context's mappings changed"
-    );
+    prop_assert!(s.rig.private_canary_intact(), "unshared guest memory was written");
+    prop_assert!(protected_snapshot(s) == before, "memory outside the context's mappings changed");
+    prop_assert!(dram_outside_window_untouched(&s.rig), "DRAM outside the context's mappings changed");
     let _ = &s.ctx;
     still_works(&mut s.rig);
     Ok(())

@@ -40,11 +40,7 @@ fn dense(x: &[f32], w: &[f32], b: &[f32], m: usize, k: usize, n: usize, relu: bo
             for p in 0..k {
                 acc += x[i * k + p] as f64 * w[p * n + j] as f64;
             }
-            y[i * n + j] = if relu {
-                acc.max(0.0) as f32
-            } else {
-                acc as f32
-            };
+            y[i * n + j] = if relu { acc.max(0.0) as f32 } else { acc as f32 };
         }
     }
     y
@@ -53,30 +49,15 @@ fn dense(x: &[f32], w: &[f32], b: &[f32], m: usize, k: usize, n: usize, relu: bo
 /// A GEMM descriptor (+ bias, activation) with its VA fields relocated to
 /// arena offsets; returns (descriptor offset, size).
 fn gemm(b: &mut ModelBuilder, m: u64, n: u64, k: u64, act: Unary, offs: [u64; 4]) -> (u64, u32) {
-    let d = GemmDesc {
-        m: m as u32,
-        n: n as u32,
-        k: k as u32,
-        batch: 1,
-        flags: GEMM_BIAS,
-        activation: act as u32,
-        ..Default::default()
-    }
-    .with_header();
+    let d = GemmDesc { m: m as u32, n: n as u32, k: k as u32, batch: 1, flags: GEMM_BIAS, activation: act as u32, ..Default::default() }
+        .with_header();
     let relocs = [
         (offset_of!(GemmDesc, a_va) as u64, RelocKind::Arena, offs[0]),
         (offset_of!(GemmDesc, b_va) as u64, RelocKind::Arena, offs[1]),
-        (
-            offset_of!(GemmDesc, bias_va) as u64,
-            RelocKind::Arena,
-            offs[2],
-        ),
+        (offset_of!(GemmDesc, bias_va) as u64, RelocKind::Arena, offs[2]),
         (offset_of!(GemmDesc, c_va) as u64, RelocKind::Arena, offs[3]),
     ];
-    (
-        b.add_descriptor(&d.to_bytes(), &relocs),
-        GemmDesc::SIZE as u32,
-    )
+    (b.add_descriptor(&d.to_bytes(), &relocs), GemmDesc::SIZE as u32)
 }
 
 /// A 2-layer MLP: `y[batch,outs] = relu(x W1 + b1) W2 + b2`.
@@ -101,8 +82,7 @@ pub fn mlp(batch: u64, ins: u64, hidden: u64, outs: u64) -> Example {
     let y_off = h_off + round_up(batch * hidden * 4, 256);
     let arena = round_up(y_off + batch * outs * 4, 4096);
     let y_stage = round_up(batch * ins * 4, 256);
-    b.arena_size(arena)
-        .staging_size(round_up(y_stage + batch * outs * 4, 4096));
+    b.arena_size(arena).staging_size(round_up(y_stage + batch * outs * 4, 4096));
 
     let x_host = b.staging_tensor("x", DType::F32, &[batch, ins], 0);
     let y_host = b.staging_tensor("y", DType::F32, &[batch, outs], y_stage);
@@ -114,12 +94,7 @@ pub fn mlp(batch: u64, ins: u64, hidden: u64, outs: u64) -> Example {
     let input = b.add_stream("input", StreamRole::InputTransfer);
     let run = b.add_stream("run", StreamRole::Run);
     let output = b.add_stream("output", StreamRole::OutputTransfer);
-    b.dma_copy(
-        upload,
-        Va::Rel(RelocKind::WeightsSource, 0),
-        Va::arena(0),
-        wlen,
-    );
+    b.dma_copy(upload, Va::Rel(RelocKind::WeightsSource, 0), Va::arena(0), wlen);
 
     let at = b.dma_copy(input, b.va_of(x_host), b.va_of(x), batch * ins * 4);
     b.add_node(Node::host_to_device("x.upload", x_host, x).with_commands(input, at, 32));
@@ -127,69 +102,35 @@ pub fn mlp(batch: u64, ins: u64, hidden: u64, outs: u64) -> Example {
     let offs1 = [off(&b, x), off(&b, w1), off(&b, b1), off(&b, h)];
     let (d1, s1) = gemm(&mut b, batch, hidden, ins, Unary::Relu, offs1);
     let at = b.compute(run, d1, s1);
-    let n1 = b.add_node(
-        Node::compute("fc1", "Gemm", &[x, w1, b1], &[h])
-            .with_commands(run, at, 16)
-            .with_descriptors(d1, s1 as u64),
-    );
+    let n1 = b.add_node(Node::compute("fc1", "Gemm", &[x, w1, b1], &[h]).with_commands(run, at, 16).with_descriptors(d1, s1 as u64));
     let offs2 = [off(&b, h), off(&b, w2), off(&b, b2), off(&b, y)];
     let (d2, s2) = gemm(&mut b, batch, outs, hidden, Unary::None, offs2);
     let at = b.compute(run, d2, s2);
-    let n2 = b.add_node(
-        Node::compute("fc2", "Gemm", &[h, w2, b2], &[y])
-            .with_commands(run, at, 16)
-            .with_descriptors(d2, s2 as u64),
-    );
+    let n2 = b.add_node(Node::compute("fc2", "Gemm", &[h, w2, b2], &[y]).with_commands(run, at, 16).with_descriptors(d2, s2 as u64));
     let at = b.dma_copy(output, b.va_of(y), b.va_of(y_host), batch * outs * 4);
     b.add_node(Node::device_to_host("y.download", y, y_host).with_commands(output, at, 32));
     b.input("x", x_host).output("y", y_host);
-    b.node_profile(
-        n1,
-        2 * batch * ins * hidden,
-        4 * (batch * ins + ins * hidden + hidden + batch * hidden),
-    );
-    b.node_profile(
-        n2,
-        2 * batch * hidden * outs,
-        4 * (batch * hidden + hidden * outs + outs + batch * outs),
-    );
+    b.node_profile(n1, 2 * batch * ins * hidden, 4 * (batch * ins + ins * hidden + hidden + batch * hidden));
+    b.node_profile(n2, 2 * batch * hidden * outs, 4 * (batch * hidden + hidden * outs + outs + batch * outs));
 
     let model = b.build_model().expect("the example MLP is a valid model");
     let (bs, i, hd, o) = (batch as usize, ins as usize, hidden as usize, outs as usize);
     let hv = dense(&xv, &w1v, &b1v, bs, i, hd, true);
     let yv = dense(&hv, &w2v, &b2v, bs, hd, o, false);
-    Example {
-        model,
-        inputs: vec![Tensor::new(&[batch, ins], xv)],
-        expected: vec![Tensor::new(&[batch, outs], yv)],
-    }
+    Example { model, inputs: vec![Tensor::new(&[batch, ins], xv)], expected: vec![Tensor::new(&[batch, outs], yv)] }
 }
 
 /// Largest absolute and relative differences between two tensors.
 pub fn max_errors(got: &Tensor, want: &Tensor) -> (f32, f32) {
-    got.data
-        .to_f64()
-        .iter()
-        .zip(want.data.to_f64())
-        .fold((0f32, 0f32), |(a, r), (g, w)| {
-            let d = (g - w).abs() as f32;
-            (a.max(d), r.max(d / (w.abs() as f32).max(1e-6)))
-        })
+    got.data.to_f64().iter().zip(want.data.to_f64()).fold((0f32, 0f32), |(a, r), (g, w)| {
+        let d = (g - w).abs() as f32;
+        (a.max(d), r.max(d / (w.abs() as f32).max(1e-6)))
+    })
 }
 
 /// CPU conv2d (NCHW, stride 1, `pad` on every side) + ReLU, in f64.
 #[allow(clippy::too_many_arguments)] // a reference in the shape of the layer it checks
-fn conv_relu(
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
-    n: usize,
-    ci: usize,
-    hw: usize,
-    co: usize,
-    k: usize,
-    pad: usize,
-) -> Vec<f32> {
+fn conv_relu(x: &[f32], w: &[f32], b: &[f32], n: usize, ci: usize, hw: usize, co: usize, k: usize, pad: usize) -> Vec<f32> {
     let mut y = vec![0f32; n * co * hw * hw];
     for img in 0..n {
         for o in 0..co {
@@ -199,13 +140,9 @@ fn conv_relu(
                     for i in 0..ci {
                         for kr in 0..k {
                             for kc in 0..k {
-                                let (rr, cc) = (
-                                    (r + kr) as isize - pad as isize,
-                                    (c + kc) as isize - pad as isize,
-                                );
+                                let (rr, cc) = ((r + kr) as isize - pad as isize, (c + kc) as isize - pad as isize);
                                 if rr >= 0 && cc >= 0 && (rr as usize) < hw && (cc as usize) < hw {
-                                    acc += x[((img * ci + i) * hw + rr as usize) * hw + cc as usize]
-                                        as f64
+                                    acc += x[((img * ci + i) * hw + rr as usize) * hw + cc as usize] as f64
                                         * w[((o * ci + i) * k + kr) * k + kc] as f64;
                                 }
                             }
@@ -241,19 +178,14 @@ pub fn cnn(batch: u64, channels: u64, size: u64, filters: u64, classes: u64) -> 
     let k = 3u64;
     let half = size / 2;
     let flat = filters * half * half;
-    let wcv = values(
-        filters * channels * k * k,
-        11,
-        1.0 / ((channels * k * k) as f32).sqrt(),
-    );
+    let wcv = values(filters * channels * k * k, 11, 1.0 / ((channels * k * k) as f32).sqrt());
     let bcv = values(filters, 12, 0.1);
     let wdv = values(flat * classes, 13, 1.0 / (flat as f32).sqrt());
     let bdv = values(classes, 14, 0.1);
     let xv = values(batch * channels * size * size, 15, 1.0);
 
     let mut b = ModelBuilder::new("cnn");
-    b.producer("rbln-runtime examples")
-        .property("layers", "conv,pool,dense");
+    b.producer("rbln-runtime examples").property("layers", "conv,pool,dense");
     let wc = b.add_weight_f32("conv.W", &[filters, channels, k, k], &wcv);
     let bc = b.add_weight_f32("conv.b", &[filters], &bcv);
     let wd = b.add_weight_f32("fc.W", &[flat, classes], &wdv);
@@ -270,12 +202,7 @@ pub fn cnn(batch: u64, channels: u64, size: u64, filters: u64, classes: u64) -> 
 
     let x_host = b.staging_tensor("image", DType::F32, &[batch, channels, size, size], 0);
     let y_host = b.staging_tensor("logits", DType::F32, &[batch, classes], y_stage);
-    let x = b.arena_tensor(
-        "image.dev",
-        DType::F32,
-        &[batch, channels, size, size],
-        x_off,
-    );
+    let x = b.arena_tensor("image.dev", DType::F32, &[batch, channels, size, size], x_off);
     let cv = b.arena_tensor("conv", DType::F32, &[batch, filters, size, size], c_off);
     let pl = b.arena_tensor("pool", DType::F32, &[batch, filters, half, half], p_off);
     let y = b.arena_tensor("logits.dev", DType::F32, &[batch, classes], y_off);
@@ -284,126 +211,50 @@ pub fn cnn(batch: u64, channels: u64, size: u64, filters: u64, classes: u64) -> 
     let input = b.add_stream("input", StreamRole::InputTransfer);
     let run = b.add_stream("run", StreamRole::Run);
     let output = b.add_stream("output", StreamRole::OutputTransfer);
-    b.dma_copy(
-        upload,
-        Va::Rel(RelocKind::WeightsSource, 0),
-        Va::arena(0),
-        wlen,
-    );
-    let at = b.dma_copy(
-        input,
-        b.va_of(x_host),
-        b.va_of(x),
-        batch * channels * size * size * 4,
-    );
+    b.dma_copy(upload, Va::Rel(RelocKind::WeightsSource, 0), Va::arena(0), wlen);
+    let at = b.dma_copy(input, b.va_of(x_host), b.va_of(x), batch * channels * size * size * 4);
     b.add_node(Node::host_to_device("image.upload", x_host, x).with_commands(input, at, 32));
 
     let off = |b: &ModelBuilder, t| b.placement(t).map_or(0, |p| p.offset());
     let conv = Conv2dDesc {
-        n: batch as u32,
-        c_in: channels as u32,
-        h: size as u32,
-        w: size as u32,
-        c_out: filters as u32,
-        kh: 3,
-        kw: 3,
-        groups: 1,
-        stride_h: 1,
-        stride_w: 1,
-        dil_h: 1,
-        dil_w: 1,
-        pad_top: 1,
-        pad_left: 1,
-        pad_bottom: 1,
-        pad_right: 1,
-        flags: CONV_BIAS,
-        activation: Unary::Relu as u32,
+        n: batch as u32, c_in: channels as u32, h: size as u32, w: size as u32, c_out: filters as u32,
+        kh: 3, kw: 3, groups: 1, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1,
+        pad_top: 1, pad_left: 1, pad_bottom: 1, pad_right: 1, flags: CONV_BIAS, activation: Unary::Relu as u32,
         ..Default::default()
     }
     .with_header();
     let relocs = [
-        (
-            offset_of!(Conv2dDesc, input_va) as u64,
-            RelocKind::Arena,
-            off(&b, x),
-        ),
-        (
-            offset_of!(Conv2dDesc, weight_va) as u64,
-            RelocKind::Arena,
-            off(&b, wc),
-        ),
-        (
-            offset_of!(Conv2dDesc, bias_va) as u64,
-            RelocKind::Arena,
-            off(&b, bc),
-        ),
-        (
-            offset_of!(Conv2dDesc, output_va) as u64,
-            RelocKind::Arena,
-            off(&b, cv),
-        ),
+        (offset_of!(Conv2dDesc, input_va) as u64, RelocKind::Arena, off(&b, x)),
+        (offset_of!(Conv2dDesc, weight_va) as u64, RelocKind::Arena, off(&b, wc)),
+        (offset_of!(Conv2dDesc, bias_va) as u64, RelocKind::Arena, off(&b, bc)),
+        (offset_of!(Conv2dDesc, output_va) as u64, RelocKind::Arena, off(&b, cv)),
     ];
     let d = b.add_descriptor(&conv.to_bytes(), &relocs);
     let at = b.compute(run, d, Conv2dDesc::SIZE as u32);
-    b.add_node(
-        Node::compute("conv1", "Conv", &[x, wc, bc], &[cv])
-            .with_commands(run, at, 16)
-            .with_descriptors(d, Conv2dDesc::SIZE as u64),
-    );
+    b.add_node(Node::compute("conv1", "Conv", &[x, wc, bc], &[cv]).with_commands(run, at, 16).with_descriptors(d, Conv2dDesc::SIZE as u64));
     let pool = PoolDesc {
-        kind: POOL_MAX,
-        n: batch as u32,
-        c: filters as u32,
-        h: size as u32,
-        w: size as u32,
-        kh: 2,
-        kw: 2,
-        stride_h: 2,
-        stride_w: 2,
-        dil_h: 1,
-        dil_w: 1,
-        ..Default::default()
+        kind: POOL_MAX, n: batch as u32, c: filters as u32, h: size as u32, w: size as u32,
+        kh: 2, kw: 2, stride_h: 2, stride_w: 2, dil_h: 1, dil_w: 1, ..Default::default()
     }
     .with_header();
     let relocs = [
-        (
-            offset_of!(PoolDesc, input_va) as u64,
-            RelocKind::Arena,
-            off(&b, cv),
-        ),
-        (
-            offset_of!(PoolDesc, output_va) as u64,
-            RelocKind::Arena,
-            off(&b, pl),
-        ),
+        (offset_of!(PoolDesc, input_va) as u64, RelocKind::Arena, off(&b, cv)),
+        (offset_of!(PoolDesc, output_va) as u64, RelocKind::Arena, off(&b, pl)),
     ];
     let d = b.add_descriptor(&pool.to_bytes(), &relocs);
     let at = b.compute(run, d, PoolDesc::SIZE as u32);
-    b.add_node(
-        Node::compute("pool1", "MaxPool", &[cv], &[pl])
-            .with_commands(run, at, 16)
-            .with_descriptors(d, PoolDesc::SIZE as u64),
-    );
+    b.add_node(Node::compute("pool1", "MaxPool", &[cv], &[pl]).with_commands(run, at, 16).with_descriptors(d, PoolDesc::SIZE as u64));
     // The pooled NCHW tensor is read as [batch, flat] (row-major flatten).
     let offs = [off(&b, pl), off(&b, wd), off(&b, bd), off(&b, y)];
     let (d, s) = gemm(&mut b, batch, classes, flat, Unary::None, offs);
     let at = b.compute(run, d, s);
-    b.add_node(
-        Node::compute("fc", "Gemm", &[pl, wd, bd], &[y])
-            .with_commands(run, at, 16)
-            .with_descriptors(d, s as u64),
-    );
+    b.add_node(Node::compute("fc", "Gemm", &[pl, wd, bd], &[y]).with_commands(run, at, 16).with_descriptors(d, s as u64));
     let at = b.dma_copy(output, b.va_of(y), b.va_of(y_host), batch * classes * 4);
     b.add_node(Node::device_to_host("logits.download", y, y_host).with_commands(output, at, 32));
     b.input("image", x_host).output("logits", y_host);
 
     let model = b.build_model().expect("the example CNN is a valid model");
-    let (bs, ci, hw, co) = (
-        batch as usize,
-        channels as usize,
-        size as usize,
-        filters as usize,
-    );
+    let (bs, ci, hw, co) = (batch as usize, channels as usize, size as usize, filters as usize);
     let cvv = conv_relu(&xv, &wcv, &bcv, bs, ci, hw, co, 3, 1);
     let plv = maxpool2(&cvv, bs, co, hw);
     let yv = dense(&plv, &wdv, &bdv, bs, flat as usize, classes as usize, false);

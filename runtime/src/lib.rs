@@ -33,45 +33,17 @@ pub enum Error {
     #[error("{0}")]
     Device(#[from] rbln_umd::Error),
     #[error("the model needs hardware version {need}.{need_minor} or a later minor, but the device is {have_major}.{have_minor}")]
-    HardwareVersion {
-        need: u32,
-        need_minor: u32,
-        have_major: u32,
-        have_minor: u32,
-    },
+    HardwareVersion { need: u32, need_minor: u32, have_major: u32, have_minor: u32 },
     #[error("the model has {expected} input(s) ({names}), got {got}")]
-    InputCount {
-        expected: usize,
-        got: usize,
-        names: String,
-    },
+    InputCount { expected: usize, got: usize, names: String },
     #[error("input '{name}': expected shape {expected:?}, got {got:?}")]
-    InputShape {
-        name: String,
-        expected: Vec<u64>,
-        got: Vec<u64>,
-    },
+    InputShape { name: String, expected: Vec<u64>, got: Vec<u64> },
     #[error("input '{name}': expected dtype {expected}, got {got}")]
-    InputDType {
-        name: String,
-        expected: &'static str,
-        got: &'static str,
-    },
+    InputDType { name: String, expected: &'static str, got: &'static str },
     #[error("input '{name}': element {index:?} is {value}, outside the range {lo}..{hi} the model accepts (e.g. the rows of the table it indexes)")]
-    InputValue {
-        name: String,
-        index: Vec<u64>,
-        value: i64,
-        lo: i64,
-        hi: i64,
-    },
+    InputValue { name: String, index: Vec<u64>, value: i64, lo: i64, hi: i64 },
     #[error("input '{name}': {got} values for shape {shape:?} ({expected} expected)")]
-    InputLength {
-        name: String,
-        shape: Vec<u64>,
-        expected: u64,
-        got: usize,
-    },
+    InputLength { name: String, shape: Vec<u64>, expected: u64, got: usize },
     #[error("model input/output '{name}' is not in the staging buffer (placement {region}); the runtime cannot move it")]
     NotStaged { name: String, region: &'static str },
     #[error("model input/output '{name}' has dtype {dtype}; the runtime passes f32, i32, i64 and bool tensors")]
@@ -140,6 +112,7 @@ impl Data {
             Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
         }
     }
+
 }
 
 /// The elements of a tensor, borrowed: what the runtime reads inputs
@@ -229,10 +202,7 @@ impl Tensor {
     /// A tensor of any supported dtype: `Tensor::new(&[2], vec![1.0f32, 2.0])`,
     /// `Tensor::new(&[1, 8], token_ids_i64)`.
     pub fn new(shape: &[u64], data: impl Into<Data>) -> Self {
-        Self {
-            shape: shape.to_vec(),
-            data: data.into(),
-        }
+        Self { shape: shape.to_vec(), data: data.into() }
     }
 
     /// An f32 tensor of zeros.
@@ -268,10 +238,7 @@ impl Tensor {
 
     /// The tensor borrowed, for [`Runtime::run_views`].
     pub fn view(&self) -> TensorView<'_> {
-        TensorView {
-            shape: &self.shape,
-            data: self.data.view(),
-        }
+        TensorView { shape: &self.shape, data: self.data.view() }
     }
 }
 
@@ -295,10 +262,7 @@ impl TensorView<'_> {
             DataRef::I64(v) => Data::I64(v.to_vec()),
             DataRef::Bool(v) => Data::Bool(v.to_vec()),
         };
-        Tensor {
-            shape: self.shape.to_vec(),
-            data,
-        }
+        Tensor { shape: self.shape.to_vec(), data }
     }
 }
 
@@ -344,12 +308,7 @@ pub struct ModelInfo {
 }
 
 fn io_info(b: &rbln_format::IoBinding) -> IoInfo {
-    IoInfo {
-        name: b.name.clone(),
-        dtype: b.dtype.name(),
-        shape: b.shape.clone(),
-        range: b.range.map(|r| (r.lo, r.hi)),
-    }
+    IoInfo { name: b.name.clone(), dtype: b.dtype.name(), shape: b.shape.clone(), range: b.range.map(|r| (r.lo, r.hi)) }
 }
 
 /// Metadata of a model (no device needed).
@@ -439,25 +398,14 @@ impl Runtime {
         let info = dev.info();
         let (need, need_minor) = (model.meta.hw_version >> 16, model.meta.hw_version & 0xffff);
         if need != info.hw_version.0 || need_minor > info.hw_version.1 {
-            return Err(Error::HardwareVersion {
-                need,
-                need_minor,
-                have_major: info.hw_version.0,
-                have_minor: info.hw_version.1,
-            });
+            return Err(Error::HardwareVersion { need, need_minor, have_major: info.hw_version.0, have_minor: info.hw_version.1 });
         }
         for b in model.meta.inputs.iter().chain(&model.meta.outputs) {
             if !matches!(b.dtype, DType::F32 | DType::I32 | DType::I64 | DType::Bool) {
-                return Err(Error::EdgeDType {
-                    name: b.name.clone(),
-                    dtype: b.dtype.name(),
-                });
+                return Err(Error::EdgeDType { name: b.name.clone(), dtype: b.dtype.name() });
             }
             if !matches!(b.placement, Region::Staging { .. }) {
-                return Err(Error::NotStaged {
-                    name: b.name.clone(),
-                    region: b.placement.region(),
-                });
+                return Err(Error::NotStaged { name: b.name.clone(), region: b.placement.region() });
             }
         }
         let arena = if model.meta.arena_size > 0 {
@@ -479,10 +427,7 @@ impl Runtime {
         let weights_off = off;
         let total = weights_off + model.weights.len() as u64;
         if total > 1 << 30 {
-            return Err(Error::TooLarge {
-                what: "program and weights",
-                size: total,
-            });
+            return Err(Error::TooLarge { what: "program and weights", size: total });
         }
         let (program, program_va) = alloc_mapped(dev, total, Placement::Host)?;
         let bases = RelocBases {
@@ -509,11 +454,7 @@ impl Runtime {
             }
         }
         let mut per_inference = Vec::new();
-        for role in [
-            StreamRole::InputTransfer,
-            StreamRole::Run,
-            StreamRole::OutputTransfer,
-        ] {
+        for role in [StreamRole::InputTransfer, StreamRole::Run, StreamRole::OutputTransfer] {
             for (i, s) in p.streams.iter().enumerate() {
                 if s.role == role && !s.bytes.is_empty() {
                     per_inference.push(va_of(i));
@@ -541,46 +482,24 @@ impl Runtime {
     fn check_inputs(&self, inputs: &[TensorView<'_>]) -> Result<()> {
         let want = &self.model.meta.inputs;
         if inputs.len() != want.len() {
-            let names = want
-                .iter()
-                .map(|b| b.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(Error::InputCount {
-                expected: want.len(),
-                got: inputs.len(),
-                names,
-            });
+            let names = want.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(Error::InputCount { expected: want.len(), got: inputs.len(), names });
         }
         for (t, b) in inputs.iter().zip(want) {
             if b.dtype != t.dtype() {
-                return Err(Error::InputDType {
-                    name: b.name.clone(),
-                    expected: b.dtype.name(),
-                    got: t.dtype().name(),
-                });
+                return Err(Error::InputDType { name: b.name.clone(), expected: b.dtype.name(), got: t.dtype().name() });
             }
             if t.shape != b.shape {
-                return Err(Error::InputShape {
-                    name: b.name.clone(),
-                    expected: b.shape.clone(),
-                    got: t.shape.to_vec(),
-                });
+                return Err(Error::InputShape { name: b.name.clone(), expected: b.shape.clone(), got: t.shape.to_vec() });
             }
             let n = Tensor::elements(&b.shape);
             if t.data.len() as u64 != n {
-                return Err(Error::InputLength {
-                    name: b.name.clone(),
-                    shape: b.shape.clone(),
-                    expected: n,
-                    got: t.data.len(),
-                });
+                return Err(Error::InputLength { name: b.name.clone(), shape: b.shape.clone(), expected: n, got: t.data.len() });
             }
             // Values the device would refuse with a fault (which poisons
             // the context) are refused here, naming the input.
             if let Some(r) = b.range {
-                let bad = (0..t.data.len())
-                    .find_map(|i| t.data.int(i).filter(|&v| !r.contains(v)).map(|v| (i, v)));
+                let bad = (0..t.data.len()).find_map(|i| t.data.int(i).filter(|&v| !r.contains(v)).map(|v| (i, v)));
                 if let Some((i, value)) = bad {
                     return Err(Error::InputValue {
                         name: b.name.clone(),
@@ -610,8 +529,7 @@ impl Runtime {
     fn stage(&mut self, inputs: &[TensorView<'_>]) -> Result<()> {
         self.check_inputs(inputs)?;
         for (t, b) in inputs.iter().zip(&self.model.meta.inputs) {
-            self.staging
-                .write_slice(b.placement.offset(), &t.data.bytes())?;
+            self.staging.write_slice(b.placement.offset(), &t.data.bytes())?;
         }
         Ok(())
     }
@@ -639,34 +557,19 @@ impl Runtime {
         self.stage(inputs)?;
         let p = &self.model.program;
         let mut spans: Vec<(String, &'static str, u64, u32)> = Vec::new();
-        for role in [
-            StreamRole::InputTransfer,
-            StreamRole::Run,
-            StreamRole::OutputTransfer,
-        ] {
-            for (i, s) in p
-                .streams
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.role == role && !s.bytes.is_empty())
-            {
+        for role in [StreamRole::InputTransfer, StreamRole::Run, StreamRole::OutputTransfer] {
+            for (i, s) in p.streams.iter().enumerate().filter(|(_, s)| s.role == role && !s.bytes.is_empty()) {
                 let (va, len) = self.streams[i];
                 let mut nodes: Vec<_> = self
                     .model
                     .graph
                     .nodes
                     .iter()
-                    .filter_map(|n| {
-                        n.commands
-                            .filter(|c| c.stream as usize == i)
-                            .map(|c| (c, n))
-                    })
+                    .filter_map(|n| n.commands.filter(|c| c.stream as usize == i).map(|c| (c, n)))
                     .collect();
                 nodes.sort_by_key(|(c, _)| c.offset);
                 let covered = nodes.iter().map(|(c, _)| c.len).sum::<u64>() == s.bytes.len() as u64
-                    && nodes
-                        .windows(2)
-                        .all(|w| w[0].0.offset + w[0].0.len <= w[1].0.offset);
+                    && nodes.windows(2).all(|w| w[0].0.offset + w[0].0.len <= w[1].0.offset);
                 if covered {
                     for (c, n) in nodes {
                         spans.push((n.name.clone(), n.kind.name(), va + c.offset, c.len as u32));
@@ -676,27 +579,18 @@ impl Runtime {
                 }
             }
         }
-        let ts = self
-            .dev
-            .alloc((spans.len() as u64 * 16).max(16), Placement::Host)?;
+        let ts = self.dev.alloc((spans.len() as u64 * 16).max(16), Placement::Host)?;
         let ts_va = ts.map(Perms::RW)?;
         let mut cb = rbln_umd::CommandBuffer::new(&self.dev)?;
         for (i, (_, _, va, len)) in spans.iter().enumerate() {
-            cb.timestamp_va(ts_va + 16 * i as u64)
-                .indirect_va(*va, *len)
-                .timestamp_va(ts_va + 16 * i as u64 + 8);
+            cb.timestamp_va(ts_va + 16 * i as u64).indirect_va(*va, *len).timestamp_va(ts_va + 16 * i as u64 + 8);
         }
         self.queue.submit_ioctl(&mut cb)?.wait(STREAM_TIMEOUT)?;
         let stamps: Vec<u64> = ts.read_vec(0, spans.len() * 2)?;
         let events = spans
             .into_iter()
             .enumerate()
-            .map(|(i, (name, cat, _, _))| ProfileEvent {
-                name,
-                cat,
-                start_ns: stamps[2 * i],
-                dur_ns: stamps[2 * i + 1].saturating_sub(stamps[2 * i]),
-            })
+            .map(|(i, (name, cat, _, _))| ProfileEvent { name, cat, start_ns: stamps[2 * i], dur_ns: stamps[2 * i + 1].saturating_sub(stamps[2 * i]) })
             .collect();
         Ok((self.read_outputs()?, Profile { events }))
     }
@@ -710,20 +604,11 @@ impl Runtime {
             let data = match b.dtype {
                 DType::I32 => Data::I32(self.staging.read_vec::<i32>(at, n)?),
                 DType::I64 => Data::I64(self.staging.read_vec::<i64>(at, n)?),
-                DType::Bool => Data::Bool(
-                    self.staging
-                        .read_vec::<u8>(at, n)?
-                        .into_iter()
-                        .map(|x| x != 0)
-                        .collect(),
-                ),
+                DType::Bool => Data::Bool(self.staging.read_vec::<u8>(at, n)?.into_iter().map(|x| x != 0).collect()),
                 // Load refuses models with other dtypes at their edges.
                 _ => Data::F32(self.staging.read_vec::<f32>(at, n)?),
             };
-            out.push(Tensor {
-                shape: b.shape.clone(),
-                data,
-            });
+            out.push(Tensor { shape: b.shape.clone(), data });
         }
         Ok(out)
     }

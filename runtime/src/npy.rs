@@ -9,13 +9,9 @@ use crate::{Data, Tensor};
 /// Read a tensor from a `.npy` file.
 pub fn read(path: &Path) -> Result<Tensor, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let npy = npyz::NpyFile::new(&bytes[..])
-        .map_err(|e| format!("{}: not a .npy file: {e}", path.display()))?;
+    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| format!("{}: not a .npy file: {e}", path.display()))?;
     if npy.order() != npyz::Order::C {
-        return Err(format!(
-            "{}: Fortran-order arrays are not supported; save it in C order",
-            path.display()
-        ));
+        return Err(format!("{}: Fortran-order arrays are not supported; save it in C order", path.display()));
     }
     let shape = npy.shape().to_vec();
     let unsupported = || {
@@ -42,16 +38,9 @@ pub fn read(path: &Path) -> Result<Tensor, String> {
 
 /// Write a tensor to a `.npy` file.
 pub fn write(path: &Path, t: &Tensor) -> Result<(), String> {
-    fn put<T: npyz::Serialize + npyz::AutoSerialize + Copy>(
-        shape: &[u64],
-        v: &[T],
-    ) -> std::io::Result<Vec<u8>> {
+    fn put<T: npyz::Serialize + npyz::AutoSerialize + Copy>(shape: &[u64], v: &[T]) -> std::io::Result<Vec<u8>> {
         let mut out = Vec::new();
-        let mut w = npyz::WriteOptions::new()
-            .default_dtype()
-            .shape(shape)
-            .writer(&mut out)
-            .begin_nd()?;
+        let mut w = npyz::WriteOptions::new().default_dtype().shape(shape).writer(&mut out).begin_nd()?;
         w.extend(v.iter().copied())?;
         w.finish()?;
         Ok(out)
@@ -87,12 +76,7 @@ mod tests {
         let mut buf = Vec::new();
         {
             use npyz::WriterBuilder;
-            let mut w = npyz::WriteOptions::<u16>::new()
-                .default_dtype()
-                .shape(&[1])
-                .writer(&mut buf)
-                .begin_nd()
-                .unwrap();
+            let mut w = npyz::WriteOptions::<u16>::new().default_dtype().shape(&[1]).writer(&mut buf).begin_nd().unwrap();
             w.push(&3u16).unwrap();
             w.finish().unwrap();
         }

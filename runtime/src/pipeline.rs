@@ -96,25 +96,14 @@ impl Slot {
             .name("rbln-complete".into())
             .spawn(move || {
                 for (fence, cell) in rx {
-                    let r = fence
-                        .wait(crate::STREAM_TIMEOUT)
-                        .map_err(crate::Error::from)
-                        .and_then(|()| {
-                            worker_rt
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .read_outputs()
-                        });
+                    let r = fence.wait(crate::STREAM_TIMEOUT).map_err(crate::Error::from).and_then(|()| {
+                        worker_rt.lock().unwrap_or_else(|e| e.into_inner()).read_outputs()
+                    });
                     cell.complete(r);
                 }
             })
             .ok();
-        Self {
-            rt,
-            jobs: Some(tx),
-            worker,
-            last: None,
-        }
+        Self { rt, jobs: Some(tx), worker, last: None }
     }
 }
 
@@ -202,10 +191,7 @@ impl AsyncRuntime {
     /// Whether [`AsyncRuntime::run`] would start at once: the instance the
     /// next request goes to has finished its previous request.
     pub fn ready(&self) -> bool {
-        self.slots[self.next]
-            .last
-            .as_ref()
-            .is_none_or(|c| c.lock().done)
+        self.slots[self.next].last.as_ref().is_none_or(|c| c.lock().done)
     }
 
     /// Submit one inference; returns once its input is on its way, with a
@@ -223,17 +209,9 @@ impl AsyncRuntime {
         if let Some(prev) = slot.last.take() {
             drop(prev.wait_done());
         }
-        let fence = slot
-            .rt
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .submit(inputs)?;
+        let fence = slot.rt.lock().unwrap_or_else(|e| e.into_inner()).submit(inputs)?;
         let cell = Arc::new(Cell::default());
-        let sent = slot
-            .jobs
-            .as_ref()
-            .is_some_and(|tx| tx.send((fence, cell.clone())).is_ok())
-            && slot.worker.is_some();
+        let sent = slot.jobs.as_ref().is_some_and(|tx| tx.send((fence, cell.clone())).is_ok()) && slot.worker.is_some();
         if !sent {
             return Err(crate::Error::Lost);
         }
@@ -244,8 +222,6 @@ impl AsyncRuntime {
 
     /// Submit one inference; the future resolves to its outputs.
     pub fn async_run(&mut self, inputs: &[Tensor]) -> Result<RunFuture> {
-        Ok(RunFuture {
-            cell: self.run(inputs)?.cell,
-        })
+        Ok(RunFuture { cell: self.run(inputs)?.cell })
     }
 }

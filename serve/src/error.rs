@@ -32,10 +32,7 @@ pub type Result<T> = std::result::Result<T, ServeError>;
 
 impl ServeError {
     pub fn new(kind: Kind, msg: impl Into<String>) -> Self {
-        Self {
-            kind,
-            msg: msg.into(),
-        }
+        Self { kind, msg: msg.into() }
     }
     pub fn bad(msg: impl Into<String>) -> Self {
         Self::new(Kind::BadRequest, msg)

@@ -23,19 +23,13 @@ pub const HEADER_LEN: &str = "inference-header-content-length";
 
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (status, [("content-type", "application/json")], self.json()).into_response()
     }
 }
 
 fn json_response(v: Value) -> Response {
-    (
-        StatusCode::OK,
-        [("content-type", "application/json")],
-        v.to_string(),
-    )
-        .into_response()
+    (StatusCode::OK, [("content-type", "application/json")], v.to_string()).into_response()
 }
 
 /// The REST routes.
@@ -45,15 +39,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v2/health/ready", get(health_ready))
         .route("/v2", get(server_metadata))
         .route("/v2/models/{name}", get(model_metadata))
-        .route(
-            "/v2/models/{name}/versions/{version}",
-            get(model_metadata_v),
-        )
+        .route("/v2/models/{name}/versions/{version}", get(model_metadata_v))
         .route("/v2/models/{name}/ready", get(model_ready))
-        .route(
-            "/v2/models/{name}/versions/{version}/ready",
-            get(model_ready_v),
-        )
+        .route("/v2/models/{name}/versions/{version}/ready", get(model_ready_v))
         .route("/v2/models/{name}/infer", post(infer))
         .route("/v2/models/{name}/versions/{version}/infer", post(infer_v))
         .route("/v2/repository/index", post(repo_index))
@@ -70,12 +58,7 @@ async fn not_found(method: Method, uri: Uri) -> Response {
 
 async fn method_not_allowed(method: Method, uri: Uri) -> Response {
     let e = ServeError::bad(format!("method {method} is not allowed on {}", uri.path()));
-    (
-        StatusCode::METHOD_NOT_ALLOWED,
-        [("content-type", "application/json")],
-        e.json(),
-    )
-        .into_response()
+    (StatusCode::METHOD_NOT_ALLOWED, [("content-type", "application/json")], e.json()).into_response()
 }
 
 async fn health_ready(State(app): State<Arc<App>>) -> Response {
@@ -87,9 +70,7 @@ async fn health_ready(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn server_metadata() -> Response {
-    json_response(
-        json!({ "name": crate::SERVER_NAME, "version": crate::SERVER_VERSION, "extensions": crate::EXTENSIONS }),
-    )
+    json_response(json!({ "name": crate::SERVER_NAME, "version": crate::SERVER_VERSION, "extensions": crate::EXTENSIONS }))
 }
 
 /// The protocol's model metadata object.
@@ -110,10 +91,7 @@ async fn model_metadata(State(app): State<Arc<App>>, Path(name): Path<String>) -
     }
 }
 
-async fn model_metadata_v(
-    State(app): State<Arc<App>>,
-    Path((name, version)): Path<(String, String)>,
-) -> Response {
+async fn model_metadata_v(State(app): State<Arc<App>>, Path((name, version)): Path<(String, String)>) -> Response {
     match app.repo.get(&name, Some(&version)) {
         Ok(m) => json_response(metadata_json(&m)),
         Err(e) => e.into_response(),
@@ -127,10 +105,7 @@ async fn model_ready(State(app): State<Arc<App>>, Path(name): Path<String>) -> R
     }
 }
 
-async fn model_ready_v(
-    State(app): State<Arc<App>>,
-    Path((name, version)): Path<(String, String)>,
-) -> Response {
+async fn model_ready_v(State(app): State<Arc<App>>, Path((name, version)): Path<(String, String)>) -> Response {
     match app.repo.get(&name, Some(&version)) {
         Ok(_) => StatusCode::OK.into_response(),
         Err(e) => e.into_response(),
@@ -145,13 +120,8 @@ const DRAIN_BYTES: u64 = 16 << 20;
 /// Read the whole body, refusing more than `max` bytes.
 async fn read_body(body: Body, headers: &HeaderMap, max: usize) -> Result<Bytes> {
     use http_body_util::BodyExt;
-    let too_large = || {
-        ServeError::new(Kind::TooLarge, format!("the request body is larger than the server's limit of {max} bytes (--max-body-bytes)"))
-    };
-    let declared = headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.parse::<u64>().ok());
+    let too_large = || ServeError::new(Kind::TooLarge, format!("the request body is larger than the server's limit of {max} bytes (--max-body-bytes)"));
+    let declared = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
     if declared.is_some_and(|len| len > max as u64 + DRAIN_BYTES) {
         return Err(too_large());
     }
@@ -159,8 +129,7 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize) -> Result<Bytes>
     let mut buf = bytes::BytesMut::new();
     let mut seen: u64 = 0;
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| ServeError::bad(format!("cannot read the request body: {e}")))?;
+        let frame = frame.map_err(|e| ServeError::bad(format!("cannot read the request body: {e}")))?;
         if let Ok(data) = frame.into_data() {
             seen += data.len() as u64;
             if seen > max as u64 {
@@ -213,9 +182,7 @@ fn bool_param(params: &Map<String, Value>, key: &str, what: &str) -> Result<Opti
     match params.get(key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(ServeError::bad(format!(
-            "{what}: parameter '{key}' must be a boolean, not {v}"
-        ))),
+        Some(v) => Err(ServeError::bad(format!("{what}: parameter '{key}' must be a boolean, not {v}"))),
     }
 }
 
@@ -242,20 +209,14 @@ impl ParsedRequest {
                     .to_str()
                     .ok()
                     .and_then(|s| s.trim().parse().ok())
-                    .ok_or_else(|| {
-                        ServeError::bad(format!(
-                            "header Inference-Header-Content-Length is not a byte count: {:?}",
-                            String::from_utf8_lossy(v.as_bytes())
-                        ))
-                    })?;
+                    .ok_or_else(|| ServeError::bad(format!("header Inference-Header-Content-Length is not a byte count: {:?}", String::from_utf8_lossy(v.as_bytes()))))?;
                 if n > body.len() {
                     return Err(ServeError::bad(format!("header Inference-Header-Content-Length is {n}, but the body has only {} bytes", body.len())));
                 }
                 (body.slice(..n), body.slice(n..))
             }
         };
-        let req: InferRequestJson = serde_json::from_slice(&json_part)
-            .map_err(|e| ServeError::bad(format!("malformed inference request JSON: {e}")))?;
+        let req: InferRequestJson = serde_json::from_slice(&json_part).map_err(|e| ServeError::bad(format!("malformed inference request JSON: {e}")))?;
         let mut ranges = Vec::with_capacity(req.inputs.len());
         let mut at = 0usize;
         for inp in &req.inputs {
@@ -265,9 +226,7 @@ impl ParsedRequest {
                 Some(v) => {
                     let size = v.as_u64().ok_or_else(|| ServeError::bad(format!("{what}: parameter 'binary_data_size' must be a non-negative integer, not {v}")))?;
                     if inp.data.is_some() {
-                        return Err(ServeError::bad(format!(
-                            "{what} has both 'data' and binary data (binary_data_size)"
-                        )));
+                        return Err(ServeError::bad(format!("{what} has both 'data' and binary data (binary_data_size)")));
                     }
                     let end = usize::try_from(size).ok().and_then(|s| at.checked_add(s)).filter(|&e| e <= binary.len()).ok_or_else(|| {
                         ServeError::bad(format!(
@@ -287,27 +246,12 @@ impl ParsedRequest {
                 binary.len()
             )));
         }
-        let binary_output_default =
-            bool_param(&req.parameters, "binary_data_output", "request")?.unwrap_or(false);
+        let binary_output_default = bool_param(&req.parameters, "binary_data_output", "request")?.unwrap_or(false);
         let mut outputs = Vec::with_capacity(req.outputs.len());
         for o in &req.outputs {
-            outputs.push((
-                o.name.clone(),
-                bool_param(
-                    &o.parameters,
-                    "binary_data",
-                    &format!("output '{}'", o.name),
-                )?,
-            ));
+            outputs.push((o.name.clone(), bool_param(&o.parameters, "binary_data", &format!("output '{}'", o.name))?));
         }
-        Ok(Self {
-            id: req.id,
-            inputs: req.inputs,
-            ranges,
-            binary,
-            outputs,
-            binary_output_default,
-        })
+        Ok(Self { id: req.id, inputs: req.inputs, ranges, binary, outputs, binary_output_default })
     }
 
     /// The inputs, borrowing their data from this request.
@@ -337,12 +281,7 @@ pub struct InferBody {
 }
 
 /// Build the response of an inference.
-pub fn build_response(
-    m: &LoadedModel,
-    id: Option<&str>,
-    choices: &[tensor::OutputChoice],
-    outs: &[rbln_runtime::Tensor],
-) -> InferBody {
+pub fn build_response(m: &LoadedModel, id: Option<&str>, choices: &[tensor::OutputChoice], outs: &[rbln_runtime::Tensor]) -> InferBody {
     let mut binary = Vec::new();
     let mut outputs = Vec::with_capacity(choices.len());
     for c in choices {
@@ -361,78 +300,39 @@ pub fn build_response(
         }
         outputs.push(o);
     }
-    let mut body =
-        json!({ "model_name": m.name, "model_version": m.version.to_string(), "outputs": outputs });
+    let mut body = json!({ "model_name": m.name, "model_version": m.version.to_string(), "outputs": outputs });
     if let Some(id) = id {
         body["id"] = Value::from(id);
     }
-    InferBody {
-        json: body.to_string().into_bytes(),
-        binary,
-    }
+    InferBody { json: body.to_string().into_bytes(), binary }
 }
 
-async fn infer(
-    State(app): State<Arc<App>>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn infer(State(app): State<Arc<App>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
     infer_common(app, name, None, headers, body).await
 }
 
-async fn infer_v(
-    State(app): State<Arc<App>>,
-    Path((name, version)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn infer_v(State(app): State<Arc<App>>, Path((name, version)): Path<(String, String)>, headers: HeaderMap, body: Body) -> Response {
     infer_common(app, name, Some(version), headers, body).await
 }
 
-async fn infer_common(
-    app: Arc<App>,
-    name: String,
-    version: Option<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn infer_common(app: Arc<App>, name: String, version: Option<String>, headers: HeaderMap, body: Body) -> Response {
     let _inflight = app.enter();
     let start = rbln_runtime::clock::now();
     let r = infer_inner(&app, &name, version.as_deref(), &headers, body).await;
     app.record(&name, "http", start, &r.as_ref().map(|_| ()));
     match r {
-        Ok(b) if b.binary.is_empty() => (
-            StatusCode::OK,
-            [("content-type", "application/json")],
-            b.json,
-        )
-            .into_response(),
+        Ok(b) if b.binary.is_empty() => (StatusCode::OK, [("content-type", "application/json")], b.json).into_response(),
         Ok(b) => {
             let json_len = b.json.len();
             let mut all = b.json;
             all.extend_from_slice(&b.binary);
-            (
-                StatusCode::OK,
-                [
-                    ("content-type", "application/octet-stream".to_string()),
-                    (HEADER_LEN, json_len.to_string()),
-                ],
-                all,
-            )
-                .into_response()
+            (StatusCode::OK, [("content-type", "application/octet-stream".to_string()), (HEADER_LEN, json_len.to_string())], all).into_response()
         }
         Err(e) => e.into_response(),
     }
 }
 
-async fn infer_inner(
-    app: &App,
-    name: &str,
-    version: Option<&str>,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<InferBody> {
+async fn infer_inner(app: &App, name: &str, version: Option<&str>, headers: &HeaderMap, body: Body) -> Result<InferBody> {
     let model = app.repo.get(name, version)?;
     let bytes = read_body(body, headers, app.max_body).await?;
     let req = ParsedRequest::parse(bytes, headers.get(HEADER_LEN))?;
@@ -449,9 +349,7 @@ fn optional_json(body: &Bytes, what: &str) -> Result<Map<String, Value>> {
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(v) => Err(ServeError::bad(format!(
-            "{what}: the body must be a JSON object, not {v}"
-        ))),
+        Ok(v) => Err(ServeError::bad(format!("{what}: the body must be a JSON object, not {v}"))),
         Err(e) => Err(ServeError::bad(format!("{what}: malformed JSON: {e}"))),
     }
 }
@@ -476,34 +374,23 @@ async fn repo_index(State(app): State<Arc<App>>, headers: HeaderMap, body: Body)
 fn check_params(req: &Map<String, Value>, allowed: &[&str], what: &str) -> Result<()> {
     if let Some(p) = req.get("parameters") {
         let Value::Object(p) = p else {
-            return Err(ServeError::bad(format!(
-                "{what}: 'parameters' must be an object"
-            )));
+            return Err(ServeError::bad(format!("{what}: 'parameters' must be an object")));
         };
         if let Some(k) = p.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(ServeError::bad(format!(
-                "{what}: parameter '{k}' is not supported"
-            )));
+            return Err(ServeError::bad(format!("{what}: parameter '{k}' is not supported")));
         }
     }
     Ok(())
 }
 
-async fn repo_load(
-    State(app): State<Arc<App>>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn repo_load(State(app): State<Arc<App>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
     let r = async {
         let body = read_body(body, &headers, app.max_body).await?;
         let req = optional_json(&body, "load")?;
         check_params(&req, &[], &format!("load of model '{name}'"))?;
         let repo = app.repo.clone();
         let n = name.clone();
-        tokio::task::spawn_blocking(move || repo.load(&n).map(|_| ()))
-            .await
-            .map_err(|e| ServeError::internal(format!("load of model '{name}' failed: {e}")))?
+        tokio::task::spawn_blocking(move || repo.load(&n).map(|_| ())).await.map_err(|e| ServeError::internal(format!("load of model '{name}' failed: {e}")))?
     }
     .await;
     match r {
@@ -515,27 +402,16 @@ async fn repo_load(
     }
 }
 
-async fn repo_unload(
-    State(app): State<Arc<App>>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn repo_unload(State(app): State<Arc<App>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
     let r = async {
         let body = read_body(body, &headers, app.max_body).await?;
         let req = optional_json(&body, "unload")?;
-        check_params(
-            &req,
-            &["unload_dependents"],
-            &format!("unload of model '{name}'"),
-        )?;
+        check_params(&req, &["unload_dependents"], &format!("unload of model '{name}'"))?;
         let repo = app.repo.clone();
         let n = name.clone();
         // Teardown (waiting for in-flight requests, freeing the device
         // memory) runs off the executor.
-        tokio::task::spawn_blocking(move || repo.unload(&n).map(drop))
-            .await
-            .map_err(|e| ServeError::internal(format!("unload of model '{name}' failed: {e}")))?
+        tokio::task::spawn_blocking(move || repo.unload(&n).map(drop)).await.map_err(|e| ServeError::internal(format!("unload of model '{name}' failed: {e}")))?
     }
     .await;
     match r {
@@ -552,12 +428,7 @@ pub fn metrics_router(app: Arc<App>) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(app): State<Arc<App>>| async move {
-                (
-                    [("content-type", "text/plain; version=0.0.4")],
-                    app.repo.metrics.render(),
-                )
-            }),
+            get(|State(app): State<Arc<App>>| async move { ([("content-type", "text/plain; version=0.0.4")], app.repo.metrics.render()) }),
         )
         .with_state(app)
 }

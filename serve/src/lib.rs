@@ -51,12 +51,7 @@ impl Drop for InflightGuard<'_> {
 
 impl App {
     pub fn new(repo: Arc<repo::Repository>, max_body: usize) -> Arc<Self> {
-        Arc::new(Self {
-            repo,
-            max_body,
-            ready: AtomicBool::new(false),
-            inflight: AtomicUsize::new(0),
-        })
+        Arc::new(Self { repo, max_body, ready: AtomicBool::new(false), inflight: AtomicUsize::new(0) })
     }
 
     /// Count an inference request until the guard drops.
@@ -83,28 +78,15 @@ impl App {
     }
 
     /// Count one inference request and, if it succeeded, its latency.
-    pub fn record(
-        &self,
-        model: &str,
-        protocol: &str,
-        start: rbln_runtime::clock::Stamp,
-        r: &std::result::Result<(), &ServeError>,
-    ) {
+    pub fn record(&self, model: &str, protocol: &str, start: rbln_runtime::clock::Stamp, r: &std::result::Result<(), &ServeError>) {
         let label = self.model_label(model);
         let m = &self.repo.metrics;
         match r {
             Ok(()) => {
-                m.requests
-                    .with_label_values(&[label, protocol, "success"])
-                    .inc();
-                m.latency
-                    .with_label_values(&[label, protocol])
-                    .observe(start.elapsed().as_secs_f64());
+                m.requests.with_label_values(&[label, protocol, "success"]).inc();
+                m.latency.with_label_values(&[label, protocol]).observe(start.elapsed().as_secs_f64());
             }
-            Err(e) => m
-                .requests
-                .with_label_values(&[label, protocol, e.outcome()])
-                .inc(),
+            Err(e) => m.requests.with_label_values(&[label, protocol, e.outcome()]).inc(),
         }
     }
 }
@@ -113,12 +95,7 @@ impl App {
 pub async fn run_model(model: &LoadedModel, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
     let outs = model.infer(inputs).await?;
     if outs.len() != model.spec.outputs.len() {
-        return Err(ServeError::internal(format!(
-            "model '{}' returned {} outputs, its signature has {}",
-            model.name,
-            outs.len(),
-            model.spec.outputs.len()
-        )));
+        return Err(ServeError::internal(format!("model '{}' returned {} outputs, its signature has {}", model.name, outs.len(), model.spec.outputs.len())));
     }
     Ok(outs)
 }

@@ -18,10 +18,7 @@ use rbln_serve::repo::{check_dir, Repository};
 use rbln_serve::App;
 
 #[derive(Parser)]
-#[command(
-    version,
-    about = "Serve .rbln models with the Open Inference Protocol (KServe v2) over REST and gRPC"
-)]
+#[command(version, about = "Serve .rbln models with the Open Inference Protocol (KServe v2) over REST and gRPC")]
 struct Args {
     /// The model repository: DIR/<name>/<version>/model.rbln and an
     /// optional DIR/<name>/config.json.
@@ -103,40 +100,20 @@ fn main() -> ExitCode {
 
 async fn serve(args: Args) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new());
-    let defaults = Defaults {
-        max_queue: args.max_queue,
-        timeout_ms: args.timeout_ms,
-    };
-    let repo = Arc::new(Repository::new(
-        args.model_repository.clone(),
-        Box::new(DeviceLoader {
-            devices: args.devices.clone(),
-        }),
-        defaults,
-        metrics,
-    ));
+    let defaults = Defaults { max_queue: args.max_queue, timeout_ms: args.timeout_ms };
+    let repo = Arc::new(Repository::new(args.model_repository.clone(), Box::new(DeviceLoader { devices: args.devices.clone() }), defaults, metrics));
     let app = App::new(repo.clone(), args.max_body_bytes);
 
     let bind = |port: u16| SocketAddr::new(args.host, port);
-    let http = tokio::net::TcpListener::bind(bind(args.http_port))
-        .await
-        .map_err(|e| format!("HTTP port {}: {e}", args.http_port))?;
-    let metrics_l = tokio::net::TcpListener::bind(bind(args.metrics_port))
-        .await
-        .map_err(|e| format!("metrics port {}: {e}", args.metrics_port))?;
-    let grpc_l = tokio::net::TcpListener::bind(bind(args.grpc_port))
-        .await
-        .map_err(|e| format!("gRPC port {}: {e}", args.grpc_port))?;
+    let http = tokio::net::TcpListener::bind(bind(args.http_port)).await.map_err(|e| format!("HTTP port {}: {e}", args.http_port))?;
+    let metrics_l = tokio::net::TcpListener::bind(bind(args.metrics_port)).await.map_err(|e| format!("metrics port {}: {e}", args.metrics_port))?;
+    let grpc_l = tokio::net::TcpListener::bind(bind(args.grpc_port)).await.map_err(|e| format!("gRPC port {}: {e}", args.grpc_port))?;
     eprintln!(
         "rbln-serve: HTTP on {}, gRPC on {}, metrics on {} (devices {}, repository {})",
         bind(args.http_port),
         bind(args.grpc_port),
         bind(args.metrics_port),
-        args.devices
-            .iter()
-            .map(|d| format!("/dev/rbln{d}"))
-            .collect::<Vec<_>>()
-            .join(" "),
+        args.devices.iter().map(|d| format!("/dev/rbln{d}")).collect::<Vec<_>>().join(" "),
         args.model_repository.display()
     );
 
@@ -153,10 +130,8 @@ async fn serve(args: Args) -> Result<(), String> {
     let http = http.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let http_srv = axum::serve(http, rbln_serve::http::router(app.clone()))
-        .with_graceful_shutdown(stopped(&stop_tx));
-    let metrics_srv = axum::serve(metrics_l, rbln_serve::http::metrics_router(app.clone()))
-        .with_graceful_shutdown(stopped(&stop_tx));
+    let http_srv = axum::serve(http, rbln_serve::http::router(app.clone())).with_graceful_shutdown(stopped(&stop_tx));
+    let metrics_srv = axum::serve(metrics_l, rbln_serve::http::metrics_router(app.clone())).with_graceful_shutdown(stopped(&stop_tx));
     let grpc_srv = tonic::transport::Server::builder()
         .add_service(rbln_serve::grpc::service(app.clone()))
         .serve_with_incoming_shutdown(tokio_stream_listener(grpc_l), stopped(&stop_tx));
@@ -183,19 +158,12 @@ async fn serve(args: Args) -> Result<(), String> {
     };
     let (h, m, g) = tokio::join!(
         async { http_srv.await.map_err(|e| format!("HTTP server: {e}")) },
-        async {
-            metrics_srv
-                .await
-                .map_err(|e| format!("metrics server: {e}"))
-        },
+        async { metrics_srv.await.map_err(|e| format!("metrics server: {e}")) },
         async { grpc_srv.await.map_err(|e| format!("gRPC server: {e}")) }
     );
     stop.abort();
     let _ = loader.await;
-    eprintln!(
-        "rbln-serve: stopped ({} inference request(s) left unanswered)",
-        app.inflight.load(std::sync::atomic::Ordering::Acquire)
-    );
+    eprintln!("rbln-serve: stopped ({} inference request(s) left unanswered)", app.inflight.load(std::sync::atomic::Ordering::Acquire));
     h.and(m).and(g)
 }
 

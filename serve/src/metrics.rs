@@ -1,8 +1,6 @@
 //! Prometheus metrics (`GET /metrics` on `--metrics-port`).
 
-use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 pub struct Metrics {
     registry: Registry,
@@ -26,50 +24,20 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new(
-                "rbln_serve_requests_total",
-                "Inference requests by model, protocol (http, grpc) and outcome",
-            ),
+            Opts::new("rbln_serve_requests_total", "Inference requests by model, protocol (http, grpc) and outcome"),
             &["model", "protocol", "outcome"],
         )
         .expect("valid metric");
-        let buckets = vec![
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            30.0,
-        ];
+        let buckets = vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
         let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "rbln_serve_request_duration_seconds",
-                "Latency of successful inference requests",
-            )
-            .buckets(buckets),
+            HistogramOpts::new("rbln_serve_request_duration_seconds", "Latency of successful inference requests").buckets(buckets),
             &["model", "protocol"],
         )
         .expect("valid metric");
-        let queue_depth = IntGaugeVec::new(
-            Opts::new(
-                "rbln_serve_queue_depth",
-                "Requests queued or running on a model",
-            ),
-            &["model"],
-        )
-        .expect("valid metric");
-        let queue_capacity = IntGaugeVec::new(
-            Opts::new(
-                "rbln_serve_queue_capacity",
-                "Requests a model accepts at once (max_queue)",
-            ),
-            &["model"],
-        )
-        .expect("valid metric");
-        let model_ready = IntGaugeVec::new(
-            Opts::new(
-                "rbln_serve_model_ready",
-                "1 while the model is loaded and ready",
-            ),
-            &["model"],
-        )
-        .expect("valid metric");
+        let queue_depth = IntGaugeVec::new(Opts::new("rbln_serve_queue_depth", "Requests queued or running on a model"), &["model"]).expect("valid metric");
+        let queue_capacity =
+            IntGaugeVec::new(Opts::new("rbln_serve_queue_capacity", "Requests a model accepts at once (max_queue)"), &["model"]).expect("valid metric");
+        let model_ready = IntGaugeVec::new(Opts::new("rbln_serve_model_ready", "1 while the model is loaded and ready"), &["model"]).expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency.clone()),
@@ -79,14 +47,7 @@ impl Metrics {
         ] {
             registry.register(c).expect("metric registered once");
         }
-        Self {
-            registry,
-            requests,
-            latency,
-            queue_depth,
-            queue_capacity,
-            model_ready,
-        }
+        Self { registry, requests, latency, queue_depth, queue_capacity, model_ready }
     }
 
     /// The text exposition format.

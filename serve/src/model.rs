@@ -47,13 +47,7 @@ fn default_instances() -> usize {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self {
-            instances: default_instances(),
-            max_queue: None,
-            timeout_ms: None,
-            version: None,
-            devices: None,
-        }
+        Self { instances: default_instances(), max_queue: None, timeout_ms: None, version: None, devices: None }
     }
 }
 
@@ -68,10 +62,7 @@ impl ModelConfig {
         };
         let c: Self = serde_json::from_str(&text).map_err(|e| format!("config.json: {e}"))?;
         if !(1..=2).contains(&c.instances) {
-            return Err(format!(
-                "config.json: instances must be 1 or 2, not {}",
-                c.instances
-            ));
+            return Err(format!("config.json: instances must be 1 or 2, not {}", c.instances));
         }
         if c.max_queue == Some(0) {
             return Err("config.json: max_queue must be at least 1".into());
@@ -139,12 +130,7 @@ pub trait Backend: Send + Sync {
 
 /// Loads a model version into a backend (the device, or a stand-in in tests).
 pub trait Loader: Send + Sync {
-    fn load(
-        &self,
-        name: &str,
-        path: &Path,
-        config: &ModelConfig,
-    ) -> std::result::Result<(ModelSpec, Box<dyn Backend>), String>;
+    fn load(&self, name: &str, path: &Path, config: &ModelConfig) -> std::result::Result<(ModelSpec, Box<dyn Backend>), String>;
 }
 
 /// A model being served.
@@ -165,21 +151,9 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        name: &str,
-        version: u64,
-        path: PathBuf,
-        spec: ModelSpec,
-        backend: Box<dyn Backend>,
-        config: &ModelConfig,
-        defaults: &Defaults,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(name: &str, version: u64, path: PathBuf, spec: ModelSpec, backend: Box<dyn Backend>, config: &ModelConfig, defaults: &Defaults, metrics: Arc<Metrics>) -> Self {
         let max_queue = config.max_queue.unwrap_or(defaults.max_queue);
-        metrics
-            .queue_capacity
-            .with_label_values(&[name])
-            .set(max_queue as i64);
+        metrics.queue_capacity.with_label_values(&[name]).set(max_queue as i64);
         metrics.queue_depth.with_label_values(&[name]).set(0);
         Self {
             name: name.to_string(),
@@ -206,44 +180,20 @@ impl LoadedModel {
         let prev = self.pending.fetch_add(1, Ordering::AcqRel);
         let gauge = self.metrics.queue_depth.with_label_values(&[&self.name]);
         gauge.inc();
-        let slot = QueueSlot {
-            pending: self.pending.clone(),
-            gauge,
-            device: None,
-        };
+        let slot = QueueSlot { pending: self.pending.clone(), gauge, device: None };
         if prev >= self.max_queue {
             drop(slot);
             return Err(ServeError::new(
                 Kind::QueueFull,
-                format!(
-                    "model '{}' is busy: its queue of {} request(s) is full, retry later",
-                    self.name, self.max_queue
-                ),
+                format!("model '{}' is busy: its queue of {} request(s) is full, retry later", self.name, self.max_queue),
             ));
         }
         let (tx, rx) = oneshot::channel();
-        self.backend.submit(Job {
-            inputs,
-            reply: tx,
-            slot,
-        });
+        self.backend.submit(Job { inputs, reply: tx, slot });
         match tokio::time::timeout(self.timeout, rx).await {
-            Err(_) => Err(ServeError::new(
-                Kind::Timeout,
-                format!(
-                    "model '{}': the request timed out after {} ms",
-                    self.name,
-                    self.timeout.as_millis()
-                ),
-            )),
-            Ok(Err(_)) => Err(ServeError::internal(format!(
-                "model '{}': its instance stopped before answering",
-                self.name
-            ))),
-            Ok(Ok(Err(e))) => Err(ServeError::internal(format!(
-                "model '{}': inference failed: {e}",
-                self.name
-            ))),
+            Err(_) => Err(ServeError::new(Kind::Timeout, format!("model '{}': the request timed out after {} ms", self.name, self.timeout.as_millis()))),
+            Ok(Err(_)) => Err(ServeError::internal(format!("model '{}': its instance stopped before answering", self.name))),
+            Ok(Ok(Err(e))) => Err(ServeError::internal(format!("model '{}': inference failed: {e}", self.name))),
             Ok(Ok(Ok(outs))) => Ok(outs),
         }
     }
@@ -263,37 +213,20 @@ pub struct DeviceLoader {
 }
 
 impl Loader for DeviceLoader {
-    fn load(
-        &self,
-        name: &str,
-        path: &Path,
-        config: &ModelConfig,
-    ) -> std::result::Result<(ModelSpec, Box<dyn Backend>), String> {
-        let model =
-            rbln_format::Model::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    fn load(&self, name: &str, path: &Path, config: &ModelConfig) -> std::result::Result<(ModelSpec, Box<dyn Backend>), String> {
+        let model = rbln_format::Model::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let spec = ModelSpec::from_info(&rbln_runtime::inspect(&model))?;
         let devices = config.devices.as_ref().unwrap_or(&self.devices);
         let mut backends = Vec::with_capacity(devices.len());
         for &d in devices {
-            backends.push(
-                DeviceBackend::start(name, d, model.clone(), config.instances)
-                    .map_err(|e| format!("/dev/rbln{d}: {e}"))?,
-            );
+            backends.push(DeviceBackend::start(name, d, model.clone(), config.instances).map_err(|e| format!("/dev/rbln{d}: {e}"))?);
         }
         if backends.len() == 1 {
             if let Some(b) = backends.pop() {
                 return Ok((spec, Box::new(b)));
             }
         }
-        Ok((
-            spec,
-            Box::new(Spread::new(
-                backends
-                    .into_iter()
-                    .map(|b| Box::new(b) as Box<dyn Backend>)
-                    .collect(),
-            )),
-        ))
+        Ok((spec, Box::new(Spread::new(backends.into_iter().map(|b| Box::new(b) as Box<dyn Backend>).collect()))))
     }
 }
 
@@ -305,22 +238,13 @@ pub struct Spread {
 
 impl Spread {
     pub fn new(backends: Vec<Box<dyn Backend>>) -> Self {
-        Self {
-            backends: backends
-                .into_iter()
-                .map(|b| (b, Arc::new(AtomicUsize::new(0))))
-                .collect(),
-        }
+        Self { backends: backends.into_iter().map(|b| (b, Arc::new(AtomicUsize::new(0)))).collect() }
     }
 }
 
 impl Backend for Spread {
     fn submit(&self, mut job: Job) {
-        let Some((b, load)) = self
-            .backends
-            .iter()
-            .min_by_key(|(_, l)| l.load(Ordering::Acquire))
-        else {
+        let Some((b, load)) = self.backends.iter().min_by_key(|(_, l)| l.load(Ordering::Acquire)) else {
             return;
         };
         load.fetch_add(1, Ordering::AcqRel);
@@ -336,12 +260,7 @@ pub struct DeviceBackend {
 }
 
 impl DeviceBackend {
-    fn start(
-        name: &str,
-        device: u32,
-        model: rbln_format::Model,
-        parallel: usize,
-    ) -> std::result::Result<Self, String> {
+    fn start(name: &str, device: u32, model: rbln_format::Model, parallel: usize) -> std::result::Result<Self, String> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<(), String>>();
         let thread = std::thread::Builder::new()
@@ -383,10 +302,7 @@ impl DeviceBackend {
             })
             .map_err(|e| format!("cannot start the model's thread: {e}"))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self {
-                jobs: std::sync::Mutex::new(Some(tx)),
-                thread: Some(thread),
-            }),
+            Ok(Ok(())) => Ok(Self { jobs: std::sync::Mutex::new(Some(tx)), thread: Some(thread) }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)

@@ -42,29 +42,12 @@ pub struct Repository {
 /// A model name a client may use: the name of a directory in the
 /// repository (no path separators, no dot-names).
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 200
-        && !name.starts_with('.')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    !name.is_empty() && name.len() <= 200 && !name.starts_with('.') && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
 impl Repository {
-    pub fn new(
-        dir: PathBuf,
-        loader: Box<dyn Loader>,
-        defaults: Defaults,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        Self {
-            dir,
-            loader,
-            defaults,
-            metrics,
-            models: RwLock::new(BTreeMap::new()),
-            changing: Mutex::new(()),
-        }
+    pub fn new(dir: PathBuf, loader: Box<dyn Loader>, defaults: Defaults, metrics: Arc<Metrics>) -> Self {
+        Self { dir, loader, defaults, metrics, models: RwLock::new(BTreeMap::new()), changing: Mutex::new(()) }
     }
 
     /// Model names in the repository directory (sorted).
@@ -118,9 +101,7 @@ impl Repository {
     /// version. Blocking (reads the file, loads the device).
     pub fn load(&self, name: &str) -> Result<Arc<LoadedModel>> {
         if !valid_name(name) || !self.dir.join(name).is_dir() {
-            return Err(ServeError::not_found(format!(
-                "model '{name}' is not in the model repository"
-            )));
+            return Err(ServeError::not_found(format!("model '{name}' is not in the model repository")));
         }
         let _g = self.changing.lock().unwrap_or_else(|e| e.into_inner());
         let r = self.load_locked(name);
@@ -130,10 +111,7 @@ impl Repository {
             Err(e) => models.insert(name.to_string(), State::Unavailable(e.msg.clone())),
         };
         drop(models);
-        self.metrics
-            .model_ready
-            .with_label_values(&[name])
-            .set(r.is_ok() as i64);
+        self.metrics.model_ready.with_label_values(&[name]).set(r.is_ok() as i64);
         // The old instance goes once its requests finish (they hold it).
         drop(old);
         r
@@ -141,8 +119,7 @@ impl Repository {
 
     fn load_locked(&self, name: &str) -> Result<Arc<LoadedModel>> {
         let mdir = self.dir.join(name);
-        let config = ModelConfig::read(&mdir)
-            .map_err(|e| ServeError::bad(format!("model '{name}': {e}")))?;
+        let config = ModelConfig::read(&mdir).map_err(|e| ServeError::bad(format!("model '{name}': {e}")))?;
         let versions = self.versions(name);
         let version = match config.version {
             Some(v) if versions.contains(&v) => v,
@@ -150,21 +127,8 @@ impl Repository {
             None => *versions.last().ok_or_else(|| ServeError::bad(format!("model '{name}' has no version directory with a model.rbln (<name>/<version>/model.rbln)")))?,
         };
         let path = mdir.join(version.to_string()).join("model.rbln");
-        let (spec, backend) = self.loader.load(name, &path, &config).map_err(|e| {
-            ServeError::bad(format!(
-                "model '{name}' version {version} failed to load: {e}"
-            ))
-        })?;
-        Ok(Arc::new(LoadedModel::new(
-            name,
-            version,
-            path,
-            spec,
-            backend,
-            &config,
-            &self.defaults,
-            self.metrics.clone(),
-        )))
+        let (spec, backend) = self.loader.load(name, &path, &config).map_err(|e| ServeError::bad(format!("model '{name}' version {version} failed to load: {e}")))?;
+        Ok(Arc::new(LoadedModel::new(name, version, path, spec, backend, &config, &self.defaults, self.metrics.clone())))
     }
 
     /// Unload a model (it stays in the index as UNAVAILABLE). Returns the
@@ -174,9 +138,7 @@ impl Repository {
         let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
         let known = models.contains_key(name) || (valid_name(name) && self.dir.join(name).is_dir());
         if !known {
-            return Err(ServeError::not_found(format!(
-                "model '{name}' is not in the model repository"
-            )));
+            return Err(ServeError::not_found(format!("model '{name}' is not in the model repository")));
         }
         let old = models.insert(name.to_string(), State::Unavailable("unloaded".into()));
         drop(models);
@@ -193,20 +155,14 @@ impl Repository {
         let m = match models.get(name) {
             Some(State::Ready(m)) => m.clone(),
             Some(State::Unavailable(why)) => {
-                return Err(ServeError::new(
-                    Kind::NotReady,
-                    format!("model '{name}' is not ready: {why}"),
-                ));
+                return Err(ServeError::new(Kind::NotReady, format!("model '{name}' is not ready: {why}")));
             }
             None => return Err(ServeError::not_found(format!("unknown model '{name}'"))),
         };
         drop(models);
         if let Some(v) = version.filter(|v| !v.is_empty()) {
             if v != m.version.to_string() {
-                return Err(ServeError::not_found(format!(
-                    "model '{name}' has no version '{v}' loaded (serving version {})",
-                    m.version
-                )));
+                return Err(ServeError::not_found(format!("model '{name}' has no version '{v}' loaded (serving version {})", m.version)));
             }
         }
         Ok(m)
@@ -214,19 +170,12 @@ impl Repository {
 
     /// Whether `name` is a model the repository has heard of (for metric labels).
     pub fn is_known(&self, name: &str) -> bool {
-        self.models
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(name)
+        self.models.read().unwrap_or_else(|e| e.into_inner()).contains_key(name)
     }
 
     /// The repository index: every model directory, with its state.
     pub fn index(&self, ready_only: bool) -> Vec<IndexEntry> {
-        let models = self
-            .models
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let models = self.models.read().unwrap_or_else(|e| e.into_inner()).clone();
         let mut names = self.scan();
         for k in models.keys() {
             if !names.contains(k) {
@@ -237,37 +186,14 @@ impl Repository {
         let mut out = Vec::new();
         for name in names {
             let e = match models.get(&name) {
-                Some(State::Ready(m)) => IndexEntry {
-                    name,
-                    version: m.version.to_string(),
-                    state: "READY",
-                    reason: String::new(),
-                },
+                Some(State::Ready(m)) => IndexEntry { name, version: m.version.to_string(), state: "READY", reason: String::new() },
                 Some(State::Unavailable(why)) => {
-                    let v = self
-                        .versions(&name)
-                        .last()
-                        .map(|v| v.to_string())
-                        .unwrap_or_default();
-                    IndexEntry {
-                        name,
-                        version: v,
-                        state: "UNAVAILABLE",
-                        reason: why.clone(),
-                    }
+                    let v = self.versions(&name).last().map(|v| v.to_string()).unwrap_or_default();
+                    IndexEntry { name, version: v, state: "UNAVAILABLE", reason: why.clone() }
                 }
                 None => {
-                    let v = self
-                        .versions(&name)
-                        .last()
-                        .map(|v| v.to_string())
-                        .unwrap_or_default();
-                    IndexEntry {
-                        name,
-                        version: v,
-                        state: "UNAVAILABLE",
-                        reason: "not loaded".into(),
-                    }
+                    let v = self.versions(&name).last().map(|v| v.to_string()).unwrap_or_default();
+                    IndexEntry { name, version: v, state: "UNAVAILABLE", reason: "not loaded".into() }
                 }
             };
             if !ready_only || e.state == "READY" {
@@ -283,9 +209,6 @@ pub fn check_dir(dir: &Path) -> std::result::Result<(), String> {
     if dir.is_dir() {
         Ok(())
     } else {
-        Err(format!(
-            "--model-repository {}: not a directory",
-            dir.display()
-        ))
+        Err(format!("--model-repository {}: not a directory", dir.display()))
     }
 }

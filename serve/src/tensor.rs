@@ -20,9 +20,7 @@ pub enum DataType {
 
 /// Datatype names of the protocol that this server knows but no model
 /// here can take (so the error can say "unsupported", not "unknown").
-const OTHER_DATATYPES: &[&str] = &[
-    "BYTES", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "FP16", "BF16", "FP64",
-];
+const OTHER_DATATYPES: &[&str] = &["BYTES", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "FP16", "BF16", "FP64"];
 
 impl DataType {
     /// The protocol's name: FP32, INT32, INT64, BOOL.
@@ -108,38 +106,13 @@ impl ModelSpec {
     /// the runtime cannot pass.
     pub fn from_info(info: &rbln_runtime::ModelInfo) -> std::result::Result<Self, String> {
         let conv = |io: &rbln_runtime::IoInfo| -> std::result::Result<TensorSpec, String> {
-            let datatype = DataType::from_model(io.dtype).ok_or_else(|| {
-                format!(
-                    "tensor '{}' has dtype {}, which the server cannot pass",
-                    io.name, io.dtype
-                )
-            })?;
-            let shape = io
-                .shape
-                .iter()
-                .map(|&d| {
-                    i64::try_from(d)
-                        .map_err(|_| format!("tensor '{}' has a dimension too large", io.name))
-                })
-                .collect::<std::result::Result<_, _>>()?;
-            Ok(TensorSpec {
-                name: io.name.clone(),
-                datatype,
-                shape,
-                range: io.range,
-            })
+            let datatype = DataType::from_model(io.dtype).ok_or_else(|| format!("tensor '{}' has dtype {}, which the server cannot pass", io.name, io.dtype))?;
+            let shape = io.shape.iter().map(|&d| i64::try_from(d).map_err(|_| format!("tensor '{}' has a dimension too large", io.name))).collect::<std::result::Result<_, _>>()?;
+            Ok(TensorSpec { name: io.name.clone(), datatype, shape, range: io.range })
         };
         Ok(Self {
-            inputs: info
-                .inputs
-                .iter()
-                .map(conv)
-                .collect::<std::result::Result<_, _>>()?,
-            outputs: info
-                .outputs
-                .iter()
-                .map(conv)
-                .collect::<std::result::Result<_, _>>()?,
+            inputs: info.inputs.iter().map(conv).collect::<std::result::Result<_, _>>()?,
+            outputs: info.outputs.iter().map(conv).collect::<std::result::Result<_, _>>()?,
         })
     }
 }
@@ -177,31 +150,16 @@ pub fn to_runtime_inputs(spec: &ModelSpec, inputs: Vec<InputTensor<'_>>) -> Resu
     for inp in inputs {
         let Some(idx) = spec.inputs.iter().position(|s| s.name == inp.name) else {
             let names: Vec<&str> = spec.inputs.iter().map(|s| s.name.as_str()).collect();
-            return Err(ServeError::bad(format!(
-                "unexpected input '{}': the model's inputs are {names:?}",
-                inp.name
-            )));
+            return Err(ServeError::bad(format!("unexpected input '{}': the model's inputs are {names:?}", inp.name)));
         };
         if slots[idx].is_some() {
-            return Err(ServeError::bad(format!(
-                "input '{}' is given more than once",
-                inp.name
-            )));
+            return Err(ServeError::bad(format!("input '{}' is given more than once", inp.name)));
         }
         slots[idx] = Some(convert_input(&spec.inputs[idx], inp)?);
     }
-    let missing: Vec<&str> = spec
-        .inputs
-        .iter()
-        .zip(&slots)
-        .filter(|(_, t)| t.is_none())
-        .map(|(s, _)| s.name.as_str())
-        .collect();
+    let missing: Vec<&str> = spec.inputs.iter().zip(&slots).filter(|(_, t)| t.is_none()).map(|(s, _)| s.name.as_str()).collect();
     if !missing.is_empty() {
-        return Err(ServeError::bad(format!(
-            "missing input(s) {missing:?}: the model needs {} input(s)",
-            spec.inputs.len()
-        )));
+        return Err(ServeError::bad(format!("missing input(s) {missing:?}: the model needs {} input(s)", spec.inputs.len())));
     }
     Ok(slots.into_iter().flatten().collect())
 }
@@ -211,60 +169,31 @@ fn convert_input(want: &TensorSpec, inp: InputTensor<'_>) -> Result<Tensor> {
     let dt = match DataType::parse(&inp.datatype) {
         Some(d) => d,
         None if OTHER_DATATYPES.contains(&inp.datatype.as_str()) => {
-            return Err(ServeError::bad(format!(
-                "input '{name}': datatype {} is not supported by this model (it takes {})",
-                inp.datatype,
-                want.datatype.name()
-            )));
+            return Err(ServeError::bad(format!("input '{name}': datatype {} is not supported by this model (it takes {})", inp.datatype, want.datatype.name())));
         }
-        None => {
-            return Err(ServeError::bad(format!(
-                "input '{name}': unknown datatype '{}' (the model takes {})",
-                inp.datatype,
-                want.datatype.name()
-            )))
-        }
+        None => return Err(ServeError::bad(format!("input '{name}': unknown datatype '{}' (the model takes {})", inp.datatype, want.datatype.name()))),
     };
     if dt != want.datatype {
-        return Err(ServeError::bad(format!(
-            "input '{name}': datatype {} does not match the model's {}",
-            dt.name(),
-            want.datatype.name()
-        )));
+        return Err(ServeError::bad(format!("input '{name}': datatype {} does not match the model's {}", dt.name(), want.datatype.name())));
     }
     if inp.shape != want.shape {
-        return Err(ServeError::bad(format!(
-            "input '{name}': shape {} does not match the model's {}",
-            shape_str(&inp.shape),
-            shape_str(&want.shape)
-        )));
+        return Err(ServeError::bad(format!("input '{name}': shape {} does not match the model's {}", shape_str(&inp.shape), shape_str(&want.shape))));
     }
     let n = want.elements();
     let data = match inp.data {
-        InputData::Missing => {
-            return Err(ServeError::bad(format!(
-                "input '{name}' has no data (neither 'data' nor binary data)"
-            )))
-        }
+        InputData::Missing => return Err(ServeError::bad(format!("input '{name}' has no data (neither 'data' nor binary data)"))),
         InputData::Raw(bytes) => from_raw(name, dt, n, &want.shape, bytes)?,
         InputData::Json(v) => from_json(name, dt, n, &want.shape, v)?,
         InputData::Typed(d) => {
             if d.len() != n {
-                return Err(ServeError::bad(format!(
-                    "input '{name}': {} values for shape {} ({n} expected)",
-                    d.len(),
-                    shape_str(&want.shape)
-                )));
+                return Err(ServeError::bad(format!("input '{name}': {} values for shape {} ({n} expected)", d.len(), shape_str(&want.shape))));
             }
             d
         }
     };
     if let Some((lo, hi)) = want.range {
         let bad = match &data {
-            Data::I32(v) => v
-                .iter()
-                .position(|&x| (x as i64) < lo || (x as i64) >= hi)
-                .map(|i| (i, v[i] as i64)),
+            Data::I32(v) => v.iter().position(|&x| (x as i64) < lo || (x as i64) >= hi).map(|i| (i, v[i] as i64)),
             Data::I64(v) => v.iter().position(|&x| x < lo || x >= hi).map(|i| (i, v[i])),
             _ => None,
         };
@@ -292,10 +221,7 @@ fn from_raw(name: &str, dt: DataType, n: usize, shape: &[i64], bytes: &[u8]) -> 
         DataType::Int64 => Data::I64(from_le(bytes, i64::from_le_bytes)),
         DataType::Bool => {
             if let Some(i) = bytes.iter().position(|&b| b > 1) {
-                return Err(ServeError::bad(format!(
-                    "input '{name}': BOOL element {i} is byte {}, not 0 or 1",
-                    bytes[i]
-                )));
+                return Err(ServeError::bad(format!("input '{name}': BOOL element {i} is byte {}, not 0 or 1", bytes[i])));
             }
             Data::Bool(bytes.iter().map(|&b| b == 1).collect())
         }
@@ -308,29 +234,17 @@ fn from_le<T: bytemuck::Pod, const N: usize>(bytes: &[u8], conv: fn([u8; N]) -> 
     if cfg!(target_endian = "little") {
         bytemuck::pod_collect_to_vec(bytes)
     } else {
-        bytes
-            .chunks_exact(N)
-            .map(|c| conv(c.try_into().unwrap_or([0; N])))
-            .collect()
+        bytes.chunks_exact(N).map(|c| conv(c.try_into().unwrap_or([0; N]))).collect()
     }
 }
 
 /// Flatten a (possibly nested) JSON array, row-major. Nesting deeper than
 /// the shape's rank + 1 is refused (so a hostile body cannot recurse deep).
-fn flatten<'v>(
-    name: &str,
-    v: &'v Value,
-    depth: usize,
-    max_depth: usize,
-    out: &mut Vec<&'v Value>,
-) -> Result<()> {
+fn flatten<'v>(name: &str, v: &'v Value, depth: usize, max_depth: usize, out: &mut Vec<&'v Value>) -> Result<()> {
     match v {
         Value::Array(items) => {
             if depth > max_depth {
-                return Err(ServeError::bad(format!(
-                    "input '{name}': 'data' is nested deeper than the shape's {} dimension(s)",
-                    max_depth
-                )));
+                return Err(ServeError::bad(format!("input '{name}': 'data' is nested deeper than the shape's {} dimension(s)", max_depth)));
             }
             for it in items {
                 flatten(name, it, depth + 1, max_depth, out)?;
@@ -346,56 +260,19 @@ fn flatten<'v>(
 
 fn from_json(name: &str, dt: DataType, n: usize, shape: &[i64], v: &Value) -> Result<Data> {
     if !v.is_array() {
-        return Err(ServeError::bad(format!(
-            "input '{name}': 'data' must be an array, not {}",
-            json_kind(v)
-        )));
+        return Err(ServeError::bad(format!("input '{name}': 'data' must be an array, not {}", json_kind(v))));
     }
     let mut flat = Vec::with_capacity(n);
     flatten(name, v, 0, shape.len().max(1), &mut flat)?;
     if flat.len() != n {
-        return Err(ServeError::bad(format!(
-            "input '{name}': 'data' has {} elements, but shape {} needs {n}",
-            flat.len(),
-            shape_str(shape)
-        )));
+        return Err(ServeError::bad(format!("input '{name}': 'data' has {} elements, but shape {} needs {n}", flat.len(), shape_str(shape))));
     }
-    let elem_err = |i: usize, x: &Value| {
-        ServeError::bad(format!(
-            "input '{name}': element {i} is {}, not a valid {} value",
-            short(x),
-            dt.name()
-        ))
-    };
+    let elem_err = |i: usize, x: &Value| ServeError::bad(format!("input '{name}': element {i} is {}, not a valid {} value", short(x), dt.name()));
     Ok(match dt {
-        DataType::Fp32 => Data::F32(
-            flat.iter()
-                .enumerate()
-                .map(|(i, x)| x.as_f64().map(|f| f as f32).ok_or_else(|| elem_err(i, x)))
-                .collect::<Result<_>>()?,
-        ),
-        DataType::Int32 => Data::I32(
-            flat.iter()
-                .enumerate()
-                .map(|(i, x)| {
-                    x.as_i64()
-                        .and_then(|v| i32::try_from(v).ok())
-                        .ok_or_else(|| elem_err(i, x))
-                })
-                .collect::<Result<_>>()?,
-        ),
-        DataType::Int64 => Data::I64(
-            flat.iter()
-                .enumerate()
-                .map(|(i, x)| x.as_i64().ok_or_else(|| elem_err(i, x)))
-                .collect::<Result<_>>()?,
-        ),
-        DataType::Bool => Data::Bool(
-            flat.iter()
-                .enumerate()
-                .map(|(i, x)| x.as_bool().ok_or_else(|| elem_err(i, x)))
-                .collect::<Result<_>>()?,
-        ),
+        DataType::Fp32 => Data::F32(flat.iter().enumerate().map(|(i, x)| x.as_f64().map(|f| f as f32).ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
+        DataType::Int32 => Data::I32(flat.iter().enumerate().map(|(i, x)| x.as_i64().and_then(|v| i32::try_from(v).ok()).ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
+        DataType::Int64 => Data::I64(flat.iter().enumerate().map(|(i, x)| x.as_i64().ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
+        DataType::Bool => Data::Bool(flat.iter().enumerate().map(|(i, x)| x.as_bool().ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
     })
 }
 
@@ -414,10 +291,7 @@ fn json_kind(v: &Value) -> &'static str {
 fn short(v: &Value) -> String {
     let s = v.to_string();
     if s.len() > 40 {
-        format!(
-            "{}...",
-            &s[..s.char_indices().nth(37).map_or(s.len(), |(i, _)| i)]
-        )
+        format!("{}...", &s[..s.char_indices().nth(37).map_or(s.len(), |(i, _)| i)])
     } else {
         s
     }
@@ -443,11 +317,7 @@ pub fn raw_bytes(data: &Data) -> Vec<u8> {
 /// A tensor's elements as a flat JSON array.
 pub fn json_data(data: &Data) -> Value {
     match data {
-        Data::F32(v) => Value::Array(
-            v.iter()
-                .map(|&x| serde_json::Number::from_f64(x as f64).map_or(Value::Null, Value::Number))
-                .collect(),
-        ),
+        Data::F32(v) => Value::Array(v.iter().map(|&x| serde_json::Number::from_f64(x as f64).map_or(Value::Null, Value::Number)).collect()),
         Data::I32(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
         Data::I64(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
         Data::Bool(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
@@ -465,36 +335,20 @@ pub struct OutputChoice {
 
 /// Resolve requested outputs (name, per-output `binary_data`) against the
 /// model; none requested means all, with `binary_default`.
-pub fn choose_outputs(
-    spec: &ModelSpec,
-    requested: &[(String, Option<bool>)],
-    binary_default: bool,
-) -> Result<Vec<OutputChoice>> {
+pub fn choose_outputs(spec: &ModelSpec, requested: &[(String, Option<bool>)], binary_default: bool) -> Result<Vec<OutputChoice>> {
     if requested.is_empty() {
-        return Ok((0..spec.outputs.len())
-            .map(|index| OutputChoice {
-                index,
-                binary: binary_default,
-            })
-            .collect());
+        return Ok((0..spec.outputs.len()).map(|index| OutputChoice { index, binary: binary_default }).collect());
     }
     let mut out = Vec::new();
     for (name, binary) in requested {
         let Some(index) = spec.outputs.iter().position(|s| &s.name == name) else {
             let names: Vec<&str> = spec.outputs.iter().map(|s| s.name.as_str()).collect();
-            return Err(ServeError::bad(format!(
-                "unknown output '{name}' requested: the model's outputs are {names:?}"
-            )));
+            return Err(ServeError::bad(format!("unknown output '{name}' requested: the model's outputs are {names:?}")));
         };
         if out.iter().any(|o: &OutputChoice| o.index == index) {
-            return Err(ServeError::bad(format!(
-                "output '{name}' is requested more than once"
-            )));
+            return Err(ServeError::bad(format!("output '{name}' is requested more than once")));
         }
-        out.push(OutputChoice {
-            index,
-            binary: binary.unwrap_or(binary_default),
-        });
+        out.push(OutputChoice { index, binary: binary.unwrap_or(binary_default) });
     }
     Ok(out)
 }
@@ -507,51 +361,21 @@ mod tests {
     fn spec() -> ModelSpec {
         ModelSpec {
             inputs: vec![
-                TensorSpec {
-                    name: "a".into(),
-                    datatype: DataType::Fp32,
-                    shape: vec![2, 2],
-                    range: None,
-                },
-                TensorSpec {
-                    name: "m".into(),
-                    datatype: DataType::Bool,
-                    shape: vec![3],
-                    range: None,
-                },
-                TensorSpec {
-                    name: "k".into(),
-                    datatype: DataType::Int32,
-                    shape: vec![2],
-                    range: Some((-5, 5)),
-                },
+                TensorSpec { name: "a".into(), datatype: DataType::Fp32, shape: vec![2, 2], range: None },
+                TensorSpec { name: "m".into(), datatype: DataType::Bool, shape: vec![3], range: None },
+                TensorSpec { name: "k".into(), datatype: DataType::Int32, shape: vec![2], range: Some((-5, 5)) },
             ],
-            outputs: vec![TensorSpec {
-                name: "o".into(),
-                datatype: DataType::Fp32,
-                shape: vec![2],
-                range: None,
-            }],
+            outputs: vec![TensorSpec { name: "o".into(), datatype: DataType::Fp32, shape: vec![2], range: None }],
         }
     }
 
     fn inp<'a>(name: &str, dt: &str, shape: &[i64], data: InputData<'a>) -> InputTensor<'a> {
-        InputTensor {
-            name: name.into(),
-            datatype: dt.into(),
-            shape: shape.to_vec(),
-            data,
-        }
+        InputTensor { name: name.into(), datatype: dt.into(), shape: shape.to_vec(), data }
     }
 
     #[test]
     fn datatype_names_round_trip() {
-        for d in [
-            DataType::Fp32,
-            DataType::Int32,
-            DataType::Int64,
-            DataType::Bool,
-        ] {
+        for d in [DataType::Fp32, DataType::Int32, DataType::Int64, DataType::Bool] {
             assert_eq!(DataType::parse(d.name()), Some(d));
         }
         assert_eq!(DataType::from_model("f32"), Some(DataType::Fp32));
@@ -566,11 +390,7 @@ mod tests {
         let k: Vec<u8> = [-5i32, 4].iter().flat_map(|x| x.to_le_bytes()).collect();
         let ts = to_runtime_inputs(
             &spec(),
-            vec![
-                inp("k", "INT32", &[2], InputData::Raw(&k)),
-                inp("m", "BOOL", &[3], InputData::Raw(&m)),
-                inp("a", "FP32", &[2, 2], InputData::Json(&a)),
-            ],
+            vec![inp("k", "INT32", &[2], InputData::Raw(&k)), inp("m", "BOOL", &[3], InputData::Raw(&m)), inp("a", "FP32", &[2, 2], InputData::Json(&a))],
         )
         .unwrap();
         assert_eq!(ts[0].data, Data::F32(vec![1.5, 2.0, 3.0, 4.0]));
@@ -586,74 +406,26 @@ mod tests {
     fn element_errors() {
         let a = json!([1, 2, 3, 4]);
         let err = |m: InputData<'_>, k: InputData<'_>| {
-            to_runtime_inputs(
-                &spec(),
-                vec![
-                    inp("a", "FP32", &[2, 2], InputData::Json(&a)),
-                    inp("m", "BOOL", &[3], m),
-                    inp("k", "INT32", &[2], k),
-                ],
-            )
-            .unwrap_err()
-            .msg
+            to_runtime_inputs(&spec(), vec![inp("a", "FP32", &[2, 2], InputData::Json(&a)), inp("m", "BOOL", &[3], m), inp("k", "INT32", &[2], k)]).unwrap_err().msg
         };
         let ok_k: Vec<u8> = vec![0; 8];
-        assert_eq!(
-            err(InputData::Raw(&[0, 2, 1]), InputData::Raw(&ok_k)),
-            "input 'm': BOOL element 1 is byte 2, not 0 or 1"
-        );
+        assert_eq!(err(InputData::Raw(&[0, 2, 1]), InputData::Raw(&ok_k)), "input 'm': BOOL element 1 is byte 2, not 0 or 1");
         let big = json!([1, 3_000_000_000i64]);
-        assert_eq!(
-            err(InputData::Raw(&[0, 1, 1]), InputData::Json(&big)),
-            "input 'k': element 1 is 3000000000, not a valid INT32 value"
-        );
+        assert_eq!(err(InputData::Raw(&[0, 1, 1]), InputData::Json(&big)), "input 'k': element 1 is 3000000000, not a valid INT32 value");
         let out = json!([1, 5]);
-        assert_eq!(
-            err(InputData::Raw(&[0, 1, 1]), InputData::Json(&out)),
-            "input 'k': element 1 is 5, outside the range -5..5 the model accepts"
-        );
+        assert_eq!(err(InputData::Raw(&[0, 1, 1]), InputData::Json(&out)), "input 'k': element 1 is 5, outside the range -5..5 the model accepts");
         let bools = json!([true, 1, false]);
-        assert_eq!(
-            err(InputData::Json(&bools), InputData::Raw(&ok_k)),
-            "input 'm': element 1 is 1, not a valid BOOL value"
-        );
-        assert_eq!(
-            err(
-                InputData::Typed(Data::Bool(vec![true])),
-                InputData::Raw(&ok_k)
-            ),
-            "input 'm': 1 values for shape [3] (3 expected)"
-        );
+        assert_eq!(err(InputData::Json(&bools), InputData::Raw(&ok_k)), "input 'm': element 1 is 1, not a valid BOOL value");
+        assert_eq!(err(InputData::Typed(Data::Bool(vec![true])), InputData::Raw(&ok_k)), "input 'm': 1 values for shape [3] (3 expected)");
         let long = json!(["a very long string that goes on and on and on and on", 1]);
-        assert!(
-            err(InputData::Raw(&[0, 1, 1]), InputData::Json(&long)).contains(
-                "element 0 is \"a very long string that goes on and ..., not a valid INT32 value"
-            )
-        );
+        assert!(err(InputData::Raw(&[0, 1, 1]), InputData::Json(&long)).contains("element 0 is \"a very long string that goes on and ..., not a valid INT32 value"));
     }
 
     #[test]
     fn outputs_chosen() {
         let s = spec();
-        assert_eq!(
-            choose_outputs(&s, &[], true).unwrap(),
-            vec![OutputChoice {
-                index: 0,
-                binary: true
-            }]
-        );
-        assert_eq!(
-            choose_outputs(&s, &[("o".into(), Some(false))], true).unwrap(),
-            vec![OutputChoice {
-                index: 0,
-                binary: false
-            }]
-        );
-        assert_eq!(
-            choose_outputs(&s, &[("o".into(), None), ("o".into(), None)], false)
-                .unwrap_err()
-                .msg,
-            "output 'o' is requested more than once"
-        );
+        assert_eq!(choose_outputs(&s, &[], true).unwrap(), vec![OutputChoice { index: 0, binary: true }]);
+        assert_eq!(choose_outputs(&s, &[("o".into(), Some(false))], true).unwrap(), vec![OutputChoice { index: 0, binary: false }]);
+        assert_eq!(choose_outputs(&s, &[("o".into(), None), ("o".into(), None)], false).unwrap_err().msg, "output 'o' is requested more than once");
     }
 }

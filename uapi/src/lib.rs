@@ -36,11 +36,7 @@ pub const fn iowr(nr: u32, size: usize) -> u32 {
 
 /// Split an ioctl command into (type, nr, size).
 pub const fn decode(cmd: u32) -> (u32, u32, usize) {
-    (
-        (cmd >> 8) & 0xFF,
-        cmd & 0xFF,
-        ((cmd >> 16) & 0x3FFF) as usize,
-    )
+    ((cmd >> 8) & 0xFF, cmd & 0xFF, ((cmd >> 16) & 0x3FFF) as usize)
 }
 
 macro_rules! abi_struct {
@@ -302,14 +298,8 @@ mod tests {
 
     #[test]
     fn ioctl_numbers_match_the_linux_encoding() {
-        assert_eq!(
-            RBLN_IOCTL_INFO as u64,
-            nix::request_code_readwrite!(b'R', 0x00, core::mem::size_of::<DeviceInfo>()) as u64
-        );
-        assert_eq!(
-            RBLN_IOCTL_SUBMIT as u64,
-            nix::request_code_readwrite!(b'R', 0x08, core::mem::size_of::<Submit>()) as u64
-        );
+        assert_eq!(RBLN_IOCTL_INFO as u64, nix::request_code_readwrite!(b'R', 0x00, core::mem::size_of::<DeviceInfo>()) as u64);
+        assert_eq!(RBLN_IOCTL_SUBMIT as u64, nix::request_code_readwrite!(b'R', 0x08, core::mem::size_of::<Submit>()) as u64);
         assert_eq!(decode(RBLN_IOCTL_FENCE_WAIT), (IOCTL_TYPE, 0x09, 32));
     }
 
@@ -318,11 +308,7 @@ mod tests {
         let off = mmap_offset(MMAP_KIND_DOORBELL, 17);
         assert_eq!(mmap_decode(off), Some((MMAP_KIND_DOORBELL, 17)));
         assert_eq!(mmap_decode(off + 1), None);
-        assert_eq!(
-            mmap_decode(off + 4096),
-            None,
-            "an offset inside one object names no other"
-        );
+        assert_eq!(mmap_decode(off + 4096), None, "an offset inside one object names no other");
     }
 
     #[test]

@@ -96,28 +96,14 @@ impl Buffer {
             Placement::Host => uapi::BO_HOST,
             Placement::Dram => uapi::BO_DRAM,
         };
-        let mut a = uapi::BoCreate {
-            size,
-            flags,
-            ..Default::default()
-        };
+        let mut a = uapi::BoCreate { size, flags, ..Default::default() };
         dev.ioctl(&mut a)?;
-        let mut buf = Buffer {
-            dev: dev.clone(),
-            handle: a.handle,
-            size,
-            placement,
-            cpu: None,
-            maps: Mutex::new(Vec::new()),
-        };
+        let mut buf =
+            Buffer { dev: dev.clone(), handle: a.handle, size, placement, cpu: None, maps: Mutex::new(Vec::new()) };
         if placement == Placement::Host {
-            let mut info = uapi::BoInfo {
-                handle: a.handle,
-                ..Default::default()
-            };
+            let mut info = uapi::BoInfo { handle: a.handle, ..Default::default() };
             dev.ioctl(&mut info)?;
-            let len = usize::try_from(info.size)
-                .map_err(|_| Error::InvalidInput("buffer too large to map".into()))?;
+            let len = usize::try_from(info.size).map_err(|_| Error::InvalidInput("buffer too large to map".into()))?;
             buf.cpu = Some(
                 Mapping::new(&dev.file, info.mmap_offset, len, Prot::ReadWrite)
                     .map_err(|e| Error::from_errno(Op::MmapBo, e))?,
@@ -145,16 +131,9 @@ impl Buffer {
     /// several times (e.g. read-only and read-write); every mapping is
     /// removed when the buffer is dropped, or with [`unmap`](Self::unmap).
     pub fn map(&self, perms: Perms) -> Result<u64> {
-        let mut a = uapi::VmMap {
-            handle: self.handle,
-            flags: perms.bits(),
-            ..Default::default()
-        };
+        let mut a = uapi::VmMap { handle: self.handle, flags: perms.bits(), ..Default::default() };
         self.dev.ioctl(&mut a)?;
-        self.maps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(VaMap { va: a.va, perms });
+        self.maps.lock().unwrap_or_else(|e| e.into_inner()).push(VaMap { va: a.va, perms });
         Ok(a.va)
     }
 
@@ -164,14 +143,8 @@ impl Buffer {
         let i = maps
             .iter()
             .position(|m| m.va == va)
-            .ok_or(Error::NotFound {
-                op: Op::VmUnmap,
-                hint: "this buffer has no mapping at that device VA",
-            })?;
-        let mut a = uapi::VmUnmap {
-            va,
-            ..Default::default()
-        };
+            .ok_or(Error::NotFound { op: Op::VmUnmap, hint: "this buffer has no mapping at that device VA" })?;
+        let mut a = uapi::VmUnmap { va, ..Default::default() };
         self.dev.ioctl(&mut a)?;
         maps.remove(i);
         Ok(())
@@ -180,46 +153,24 @@ impl Buffer {
     /// Device VA of the buffer's first mapping.
     pub fn device_va(&self) -> Result<u64> {
         let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        maps.first().map(|m| m.va).ok_or(Error::NotMapped {
-            handle: self.handle,
-        })
+        maps.first().map(|m| m.va).ok_or(Error::NotMapped { handle: self.handle })
     }
 
     /// Device VA of `[offset, offset + len)` in a mapping with at least
     /// `need`, for a command that does `what`. Checks bounds, mapping and
     /// permission, so mistakes are reported here rather than as a device
     /// fault that poisons the context.
-    pub(crate) fn va_range(
-        &self,
-        offset: u64,
-        len: u64,
-        need: Perms,
-        what: &'static str,
-    ) -> Result<u64> {
+    pub(crate) fn va_range(&self, offset: u64, len: u64, need: Perms, what: &'static str) -> Result<u64> {
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
-            return Err(Error::OutOfBounds {
-                what,
-                offset,
-                len,
-                size: self.size,
-            });
+            return Err(Error::OutOfBounds { what, offset, len, size: self.size });
         }
         let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        let first = maps.first().ok_or(Error::NotMapped {
+        let first = maps.first().ok_or(Error::NotMapped { handle: self.handle })?;
+        let m = maps.iter().find(|m| m.perms.contains(need)).ok_or(Error::PermissionMissing {
             handle: self.handle,
+            what,
+            needed: if need.contains(Perms::WRITE) && !first.perms.contains(Perms::WRITE) { "WRITE" } else { "READ" },
         })?;
-        let m = maps
-            .iter()
-            .find(|m| m.perms.contains(need))
-            .ok_or(Error::PermissionMissing {
-                handle: self.handle,
-                what,
-                needed: if need.contains(Perms::WRITE) && !first.perms.contains(Perms::WRITE) {
-                    "WRITE"
-                } else {
-                    "READ"
-                },
-            })?;
         Ok(m.va + offset)
     }
 
@@ -227,9 +178,7 @@ impl Buffer {
         if Arc::ptr_eq(&self.dev, dev) {
             Ok(())
         } else {
-            Err(Error::ForeignDevice {
-                handle: self.handle,
-            })
+            Err(Error::ForeignDevice { handle: self.handle })
         }
     }
 
@@ -237,12 +186,7 @@ impl Buffer {
         let m = self.cpu.as_ref().ok_or(Error::NotHostVisible)?;
         let len = len as u64;
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
-            return Err(Error::OutOfBounds {
-                what,
-                offset,
-                len,
-                size: self.size,
-            });
+            return Err(Error::OutOfBounds { what, offset, len, size: self.size });
         }
         Ok((m, offset as usize))
     }
@@ -287,40 +231,24 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         let maps = std::mem::take(self.maps.get_mut().unwrap_or_else(|e| e.into_inner()));
         for m in maps {
-            let _ = self.dev.ioctl(&mut uapi::VmUnmap {
-                va: m.va,
-                ..Default::default()
-            });
+            let _ = self.dev.ioctl(&mut uapi::VmUnmap { va: m.va, ..Default::default() });
         }
         self.cpu = None;
-        let _ = self.dev.ioctl(&mut uapi::BoDestroy {
-            handle: self.handle,
-            ..Default::default()
-        });
+        let _ = self.dev.ioctl(&mut uapi::BoDestroy { handle: self.handle, ..Default::default() });
     }
 }
 
 #[cfg(test)]
 impl Buffer {
     /// A buffer for host tests (see `Device::fake`), mapped at `maps`.
-    pub(crate) fn fake(
-        dev: &Device,
-        handle: u32,
-        size: u64,
-        placement: Placement,
-        maps: &[(u64, Perms)],
-    ) -> Buffer {
+    pub(crate) fn fake(dev: &Device, handle: u32, size: u64, placement: Placement, maps: &[(u64, Perms)]) -> Buffer {
         Buffer {
             dev: dev.inner.clone(),
             handle,
             size,
             placement,
             cpu: None,
-            maps: Mutex::new(
-                maps.iter()
-                    .map(|&(va, perms)| VaMap { va, perms })
-                    .collect(),
-            ),
+            maps: Mutex::new(maps.iter().map(|&(va, perms)| VaMap { va, perms }).collect()),
         }
     }
 }

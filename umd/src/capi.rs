@@ -20,9 +20,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use crate::{
-    Buffer, CommandBuffer, Device, Error, Fence, Perms, Placement, Queue, SemCond, SemOp, UserQueue,
-};
+use crate::{Buffer, CommandBuffer, Device, Error, Fence, Perms, Placement, Queue, SemCond, SemOp, UserQueue};
 
 /// Status of a call. `RBLN_OK` is 0; everything else is an error, with a
 /// detailed message in `rbln_last_error()`.
@@ -244,20 +242,14 @@ fn ffi(f: impl FnOnce() -> Result<(), Failure>) -> rbln_status {
     let (status, msg) = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => return rbln_status::RBLN_OK,
         Ok(Err(Failure::Umd(e))) => (status_of(&e), e.to_string()),
-        Ok(Err(Failure::Null(what))) => (
-            rbln_status::RBLN_ERR_NULL_POINTER,
-            format!("{what} is NULL"),
-        ),
+        Ok(Err(Failure::Null(what))) => (rbln_status::RBLN_ERR_NULL_POINTER, format!("{what} is NULL")),
         Err(p) => {
             let m = p
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            (
-                rbln_status::RBLN_ERR_PANIC,
-                format!("internal error in librbln_umd (please report it): {m}"),
-            )
+            (rbln_status::RBLN_ERR_PANIC, format!("internal error in librbln_umd (please report it): {m}"))
         }
     };
     // Recording the message must not unwind across the boundary either.
@@ -322,24 +314,18 @@ pub extern "C" fn rbln_strerror(status: rbln_status) -> *const c_char {
         RBLN_ERR_PERMISSION => c"permission denied on the device node",
         RBLN_ERR_INVALID_ARGUMENT => c"invalid argument",
         RBLN_ERR_NOT_FOUND => c"no such object (destroyed, or from another device context)",
-        RBLN_ERR_BUSY => {
-            c"resource busy (ring full, no free hardware queue or context, VA range in use)"
-        }
+        RBLN_ERR_BUSY => c"resource busy (ring full, no free hardware queue or context, VA range in use)",
         RBLN_ERR_NO_SPACE => c"out of device memory or device address space",
         RBLN_ERR_NO_MEMORY => c"out of host memory",
         RBLN_ERR_FAULT => c"the queue faulted; the device context is poisoned: reopen the device",
-        RBLN_ERR_POISONED => {
-            c"the device context is poisoned by an earlier fault: reopen the device"
-        }
+        RBLN_ERR_POISONED => c"the device context is poisoned by an earlier fault: reopen the device",
         RBLN_ERR_TIMEOUT => c"timed out",
         RBLN_ERR_INTERRUPTED => c"interrupted by a signal: retry",
         RBLN_ERR_DEVICE_GONE => c"the device is gone (driver unbound or device removed)",
         RBLN_ERR_OUT_OF_BOUNDS => c"range outside the buffer",
         RBLN_ERR_MISALIGNED => c"misaligned offset or address",
         RBLN_ERR_NOT_HOST_VISIBLE => c"device DRAM buffers have no CPU mapping",
-        RBLN_ERR_NOT_MAPPED => {
-            c"buffer not mapped into the device VA space (with the needed permission)"
-        }
+        RBLN_ERR_NOT_MAPPED => c"buffer not mapped into the device VA space (with the needed permission)",
         RBLN_ERR_CMDBUF_FULL => c"command buffer full",
         RBLN_ERR_CMDBUF_BUSY => c"command buffer still executing",
         RBLN_ERR_NULL_POINTER => c"NULL pointer argument",
@@ -385,10 +371,7 @@ pub unsafe extern "C" fn rbln_device_open(index: u32, out: *mut *mut rbln_device
 /// # Safety
 /// `path` is a NUL-terminated string; `out` is valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_device_open_path(
-    path: *const c_char,
-    out: *mut *mut rbln_device,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_device_open_path(path: *const c_char, out: *mut *mut rbln_device) -> rbln_status {
     ffi(|| {
         if path.is_null() {
             return Err(Failure::Null("path"));
@@ -398,9 +381,7 @@ pub unsafe extern "C" fn rbln_device_open_path(
         }
         // SAFETY: non-NULL and NUL-terminated by the caller's contract.
         let p = unsafe { CStr::from_ptr(path) };
-        let p = p
-            .to_str()
-            .map_err(|_| Error::InvalidInput("the path is not UTF-8".into()))?;
+        let p = p.to_str().map_err(|_| Error::InvalidInput("the path is not UTF-8".into()))?;
         let dev = Device::open_path(p)?;
         // SAFETY: checked non-NULL; valid by the caller's contract.
         unsafe { put(out, Box::into_raw(Box::new(rbln_device { dev })), "out") }
@@ -423,10 +404,7 @@ pub unsafe extern "C" fn rbln_device_close(dev: *mut rbln_device) {
 /// # Safety
 /// `dev` is a live handle; `out` is valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_device_get_info(
-    dev: *const rbln_device,
-    out: *mut rbln_device_info,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_device_get_info(dev: *const rbln_device, out: *mut rbln_device_info) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let d = unsafe { r(dev, "dev") }?;
@@ -499,18 +477,12 @@ pub unsafe extern "C" fn rbln_buffer_free(buf: *mut rbln_buffer) {
 /// # Safety
 /// `buf` is a live handle; `va_out` is NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_buffer_map(
-    buf: *const rbln_buffer,
-    perms: u32,
-    va_out: *mut u64,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_buffer_map(buf: *const rbln_buffer, perms: u32, va_out: *mut u64) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let b = unsafe { r(buf, "buf") }?;
         let p = Perms::from_bits(perms).ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "permissions {perms:#x}: use RBLN_PERM_READ and/or RBLN_PERM_WRITE"
-            ))
+            Error::InvalidInput(format!("permissions {perms:#x}: use RBLN_PERM_READ and/or RBLN_PERM_WRITE"))
         })?;
         let va = b.buf.map(p)?;
         if !va_out.is_null() {
@@ -550,10 +522,7 @@ pub unsafe extern "C" fn rbln_buffer_size(buf: *const rbln_buffer) -> u64 {
 /// # Safety
 /// `buf` is a live handle; `va_out` is valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_buffer_device_va(
-    buf: *const rbln_buffer,
-    va_out: *mut u64,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_buffer_device_va(buf: *const rbln_buffer, va_out: *mut u64) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let b = unsafe { r(buf, "buf") }?;
@@ -568,12 +537,7 @@ pub unsafe extern "C" fn rbln_buffer_device_va(
 /// # Safety
 /// `buf` is a live handle; `src` is valid for reads of `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_buffer_write(
-    buf: *const rbln_buffer,
-    offset: u64,
-    src: *const c_void,
-    len: usize,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_buffer_write(buf: *const rbln_buffer, offset: u64, src: *const c_void, len: usize) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let b = unsafe { r(buf, "buf") }?;
@@ -595,12 +559,7 @@ pub unsafe extern "C" fn rbln_buffer_write(
 /// # Safety
 /// `buf` is a live handle; `dst` is valid for writes of `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_buffer_read(
-    buf: *const rbln_buffer,
-    offset: u64,
-    dst: *mut c_void,
-    len: usize,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_buffer_read(buf: *const rbln_buffer, offset: u64, dst: *mut c_void, len: usize) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let b = unsafe { r(buf, "buf") }?;
@@ -666,12 +625,8 @@ pub unsafe extern "C" fn rbln_queue_destroy(q: *mut rbln_queue) {
 pub unsafe extern "C" fn rbln_queue_id(q: *const rbln_queue) -> u32 {
     // SAFETY: the caller's contract.
     match unsafe { q.as_ref() } {
-        Some(rbln_queue {
-            q: QueueKind::Kernel(k),
-        }) => k.id(),
-        Some(rbln_queue {
-            q: QueueKind::User(u),
-        }) => u.id(),
+        Some(rbln_queue { q: QueueKind::Kernel(k) }) => k.id(),
+        Some(rbln_queue { q: QueueKind::User(u) }) => u.id(),
         None => 0,
     }
 }
@@ -685,10 +640,7 @@ pub unsafe extern "C" fn rbln_queue_id(q: *const rbln_queue) -> u32 {
 /// # Safety
 /// `q` is a live handle used by no other thread during the call.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_queue_set_fence_interrupts(
-    q: *mut rbln_queue,
-    on: bool,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_queue_set_fence_interrupts(q: *mut rbln_queue, on: bool) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let q = unsafe { m(q, "queue") }?;
@@ -696,10 +648,7 @@ pub unsafe extern "C" fn rbln_queue_set_fence_interrupts(
             QueueKind::User(u) => u.set_fence_interrupts(on),
             QueueKind::Kernel(_) if on => {}
             QueueKind::Kernel(_) => {
-                return Err(Error::InvalidInput(
-                    "kernel-submitted queues always raise fence interrupts".into(),
-                )
-                .into())
+                return Err(Error::InvalidInput("kernel-submitted queues always raise fence interrupts".into()).into())
             }
         }
         Ok(())
@@ -713,11 +662,7 @@ pub unsafe extern "C" fn rbln_queue_set_fence_interrupts(
 /// `q` and `cb` are live handles used by no other thread during the call;
 /// `fence_out` is NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_queue_submit(
-    q: *mut rbln_queue,
-    cb: *mut rbln_cmdbuf,
-    fence_out: *mut rbln_fence,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_queue_submit(q: *mut rbln_queue, cb: *mut rbln_cmdbuf, fence_out: *mut rbln_fence) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let q = unsafe { m(q, "queue") }?;
@@ -729,13 +674,7 @@ pub unsafe extern "C" fn rbln_queue_submit(
         };
         if !fence_out.is_null() {
             // SAFETY: non-NULL, valid by the caller's contract.
-            unsafe {
-                fence_out.write(rbln_fence {
-                    queue_id: f.queue_id(),
-                    reserved: 0,
-                    value: f.value(),
-                })
-            };
+            unsafe { fence_out.write(rbln_fence { queue_id: f.queue_id(), reserved: 0, value: f.value() }) };
         }
         Ok(())
     })
@@ -767,11 +706,7 @@ fn fence_of(q: &rbln_queue, f: rbln_fence) -> Result<Fence, Failure> {
 /// # Safety
 /// `q` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_fence_wait(
-    q: *const rbln_queue,
-    fence: rbln_fence,
-    timeout_ns: u64,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_fence_wait(q: *const rbln_queue, fence: rbln_fence, timeout_ns: u64) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let q = unsafe { r(q, "queue") }?;
@@ -786,11 +721,7 @@ pub unsafe extern "C" fn rbln_fence_wait(
 /// # Safety
 /// `q` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_fence_spin_wait(
-    q: *const rbln_queue,
-    fence: rbln_fence,
-    timeout_ns: u64,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_fence_spin_wait(q: *const rbln_queue, fence: rbln_fence, timeout_ns: u64) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let q = unsafe { r(q, "queue") }?;
@@ -804,11 +735,7 @@ pub unsafe extern "C" fn rbln_fence_spin_wait(
 /// # Safety
 /// `q` is a live handle; `signalled` is valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_fence_poll(
-    q: *const rbln_queue,
-    fence: rbln_fence,
-    signalled: *mut bool,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_fence_poll(q: *const rbln_queue, fence: rbln_fence, signalled: *mut bool) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let q = unsafe { r(q, "queue") }?;
@@ -826,19 +753,9 @@ pub unsafe extern "C" fn rbln_fence_poll(
 /// # Safety
 /// `dev` is a live handle; `out` is valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_cmdbuf_create(
-    dev: *const rbln_device,
-    out: *mut *mut rbln_cmdbuf,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_cmdbuf_create(dev: *const rbln_device, out: *mut *mut rbln_cmdbuf) -> rbln_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe {
-        rbln_cmdbuf_create_with_capacity(
-            dev,
-            crate::DEFAULT_COMMAND_BYTES,
-            crate::DEFAULT_DESCRIPTOR_BYTES,
-            out,
-        )
-    }
+    unsafe { rbln_cmdbuf_create_with_capacity(dev, crate::DEFAULT_COMMAND_BYTES, crate::DEFAULT_DESCRIPTOR_BYTES, out) }
 }
 
 /// Create a command buffer with room for `command_bytes` of commands and
@@ -880,10 +797,7 @@ pub unsafe extern "C" fn rbln_cmdbuf_destroy(cb: *mut rbln_cmdbuf) {
 ///
 /// # Safety
 /// `cb` is NULL or a live handle used by no other thread during the call.
-unsafe fn with_cb(
-    cb: *mut rbln_cmdbuf,
-    f: impl FnOnce(&mut CommandBuffer) -> Result<(), Error>,
-) -> rbln_status {
+unsafe fn with_cb(cb: *mut rbln_cmdbuf, f: impl FnOnce(&mut CommandBuffer) -> Result<(), Error>) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let cb = unsafe { m(cb, "cmdbuf") }?;
@@ -962,13 +876,7 @@ pub unsafe extern "C" fn rbln_cmdbuf_copy(
 /// # Safety
 /// `cb` and `dst` are live handles.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_cmdbuf_fill(
-    cb: *mut rbln_cmdbuf,
-    dst: *const rbln_buffer,
-    offset: u64,
-    size: u64,
-    value: u32,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_cmdbuf_fill(cb: *mut rbln_cmdbuf, dst: *const rbln_buffer, offset: u64, size: u64, value: u32) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let d = unsafe { r(dst, "dst") }?;
@@ -985,11 +893,7 @@ pub unsafe extern "C" fn rbln_cmdbuf_fill(
 /// # Safety
 /// `cb` and `buf` are live handles.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_cmdbuf_timestamp(
-    cb: *mut rbln_cmdbuf,
-    buf: *const rbln_buffer,
-    offset: u64,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_cmdbuf_timestamp(cb: *mut rbln_cmdbuf, buf: *const rbln_buffer, offset: u64) -> rbln_status {
     ffi(|| {
         // SAFETY: the caller's contract.
         let b = unsafe { r(buf, "buf") }?;
@@ -1077,14 +981,7 @@ pub unsafe extern "C" fn rbln_cmdbuf_gemm(
         let (ab, bb, cbuf) = unsafe { (r(a, "a")?, r(b, "b")?, r(c, "c")?) };
         // SAFETY: the caller's contract.
         let cmd = unsafe { m(cb, "cmdbuf") }?;
-        cmd.cb.gemm(
-            m_rows,
-            n_cols,
-            k_inner,
-            (&ab.buf, a_offset),
-            (&bb.buf, b_offset),
-            (&cbuf.buf, c_offset),
-        )?;
+        cmd.cb.gemm(m_rows, n_cols, k_inner, (&ab.buf, a_offset), (&bb.buf, b_offset), (&cbuf.buf, c_offset))?;
         Ok(())
     })
 }
@@ -1096,11 +993,7 @@ pub unsafe extern "C" fn rbln_cmdbuf_gemm(
 /// # Safety
 /// `cb` is a live handle; `desc` is valid for reads of `desc_size` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_cmdbuf_compute(
-    cb: *mut rbln_cmdbuf,
-    desc: *const c_void,
-    desc_size: usize,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_cmdbuf_compute(cb: *mut rbln_cmdbuf, desc: *const c_void, desc_size: usize) -> rbln_status {
     ffi(|| {
         if desc.is_null() {
             return Err(Failure::Null("desc"));
@@ -1121,10 +1014,7 @@ pub unsafe extern "C" fn rbln_cmdbuf_compute(
 /// # Safety
 /// `cb` and `other` are distinct live handles.
 #[no_mangle]
-pub unsafe extern "C" fn rbln_cmdbuf_call(
-    cb: *mut rbln_cmdbuf,
-    other: *mut rbln_cmdbuf,
-) -> rbln_status {
+pub unsafe extern "C" fn rbln_cmdbuf_call(cb: *mut rbln_cmdbuf, other: *mut rbln_cmdbuf) -> rbln_status {
     ffi(|| {
         if cb == other {
             return Err(Error::InvalidInput("a command buffer cannot call itself".into()).into());
@@ -1142,39 +1032,23 @@ mod tests {
 
     fn last_error() -> String {
         // SAFETY: the library's own NUL-terminated string.
-        unsafe { CStr::from_ptr(rbln_last_error()) }
-            .to_str()
-            .unwrap()
-            .to_owned()
+        unsafe { CStr::from_ptr(rbln_last_error()) }.to_str().unwrap().to_owned()
     }
 
     #[test]
     fn null_pointers_are_errors_not_crashes() {
         // SAFETY: deliberately NULL arguments; each must be rejected.
         unsafe {
-            assert_eq!(
-                rbln_device_open(0, std::ptr::null_mut()),
-                rbln_status::RBLN_ERR_NULL_POINTER
-            );
+            assert_eq!(rbln_device_open(0, std::ptr::null_mut()), rbln_status::RBLN_ERR_NULL_POINTER);
             assert_eq!(last_error(), "out is NULL");
             let mut info = rbln_device_info::default();
-            assert_eq!(
-                rbln_device_get_info(std::ptr::null(), &mut info),
-                rbln_status::RBLN_ERR_NULL_POINTER
-            );
+            assert_eq!(rbln_device_get_info(std::ptr::null(), &mut info), rbln_status::RBLN_ERR_NULL_POINTER);
             assert_eq!(last_error(), "dev is NULL");
             assert_eq!(
-                rbln_queue_submit(
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut()
-                ),
+                rbln_queue_submit(std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()),
                 rbln_status::RBLN_ERR_NULL_POINTER
             );
-            assert_eq!(
-                rbln_cmdbuf_nop(std::ptr::null_mut()),
-                rbln_status::RBLN_ERR_NULL_POINTER
-            );
+            assert_eq!(rbln_cmdbuf_nop(std::ptr::null_mut()), rbln_status::RBLN_ERR_NULL_POINTER);
             assert_eq!(rbln_buffer_size(std::ptr::null()), 0);
             rbln_device_close(std::ptr::null_mut());
             rbln_buffer_free(std::ptr::null_mut());
@@ -1193,9 +1067,7 @@ mod tests {
         let msg = last_error();
         assert!(msg.contains("is rbln.ko loaded?"), "{msg}");
         // SAFETY: a static NUL-terminated string.
-        let s = unsafe { CStr::from_ptr(rbln_strerror(st)) }
-            .to_str()
-            .unwrap();
+        let s = unsafe { CStr::from_ptr(rbln_strerror(st)) }.to_str().unwrap();
         assert!(s.contains("rbln.ko"), "{s}");
     }
 
@@ -1211,39 +1083,17 @@ mod tests {
         use crate::Op;
         use nix::errno::Errno;
         let st = |op, e| status_of(&Error::from_errno(op, e));
-        assert_eq!(
-            st(Op::BoCreate, Errno::ENOSPC),
-            rbln_status::RBLN_ERR_NO_SPACE
-        );
+        assert_eq!(st(Op::BoCreate, Errno::ENOSPC), rbln_status::RBLN_ERR_NO_SPACE);
         assert_eq!(st(Op::Submit, Errno::EBUSY), rbln_status::RBLN_ERR_BUSY);
         assert_eq!(st(Op::Submit, Errno::EIO), rbln_status::RBLN_ERR_POISONED);
-        assert_eq!(
-            st(Op::VmUnmap, Errno::ENOENT),
-            rbln_status::RBLN_ERR_NOT_FOUND
-        );
-        assert_eq!(
-            st(Op::FenceWait, Errno::EINTR),
-            rbln_status::RBLN_ERR_INTERRUPTED
-        );
-        assert_eq!(
-            st(Op::QueueCreate, Errno::ENODEV),
-            rbln_status::RBLN_ERR_DEVICE_GONE
-        );
-        assert_eq!(
-            st(Op::BoCreate, Errno::EINVAL),
-            rbln_status::RBLN_ERR_INVALID_ARGUMENT
-        );
+        assert_eq!(st(Op::VmUnmap, Errno::ENOENT), rbln_status::RBLN_ERR_NOT_FOUND);
+        assert_eq!(st(Op::FenceWait, Errno::EINTR), rbln_status::RBLN_ERR_INTERRUPTED);
+        assert_eq!(st(Op::QueueCreate, Errno::ENODEV), rbln_status::RBLN_ERR_DEVICE_GONE);
+        assert_eq!(st(Op::BoCreate, Errno::EINVAL), rbln_status::RBLN_ERR_INVALID_ARGUMENT);
         assert_eq!(st(Op::Info, Errno::EFAULT), rbln_status::RBLN_ERR_OS);
-        let f = Error::Faulted {
-            queue: 3,
-            fault: None,
-        };
+        let f = Error::Faulted { queue: 3, fault: None };
         assert_eq!(status_of(&f), rbln_status::RBLN_ERR_FAULT);
-        let t = Error::Timeout {
-            queue: 1,
-            value: 2,
-            timeout: Duration::from_millis(5),
-        };
+        let t = Error::Timeout { queue: 1, value: 2, timeout: Duration::from_millis(5) };
         assert_eq!(status_of(&t), rbln_status::RBLN_ERR_TIMEOUT);
     }
 }

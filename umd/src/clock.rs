@@ -113,11 +113,7 @@ fn device_rate(dev: &crate::Device) -> Option<f64> {
         let mut best: Option<(u64, f64, u64)> = None; // (span, midpoint, device ns)
         for _ in 0..5 {
             let a = tsc()?;
-            queue
-                .submit_ioctl(&mut cb)
-                .ok()?
-                .wait(Duration::from_secs(5))
-                .ok()?;
+            queue.submit_ioctl(&mut cb).ok()?.wait(Duration::from_secs(5)).ok()?;
             let b = tsc()?;
             let ns = buf.read::<u64>(0).ok()?;
             let mid = a as f64 + (b - a) as f64 / 2.0;
@@ -136,9 +132,8 @@ fn device_rate(dev: &crate::Device) -> Option<f64> {
 /// How intervals are measured, e.g. "clocksource tsc, resolution 1µs" or
 /// "clocksource refined-jiffies has 4ms steps: TSC at 2.873 GHz".
 pub fn describe() -> String {
-    let src =
-        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
-            .unwrap_or_default();
+    let src = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .unwrap_or_default();
     let src = src.trim();
     match tsc_per_ns() {
         None => format!("clocksource {src}, resolution {:?}", resolution()),
@@ -161,9 +156,7 @@ pub fn now() -> Stamp {
 impl Stamp {
     pub fn elapsed(&self) -> Duration {
         match (tsc_per_ns(), tsc()) {
-            (Some(r), Some(now)) => {
-                Duration::from_nanos((now.wrapping_sub(self.1) as f64 / r) as u64)
-            }
+            (Some(r), Some(now)) => Duration::from_nanos((now.wrapping_sub(self.1) as f64 / r) as u64),
             _ => self.0.elapsed(),
         }
     }
@@ -177,10 +170,7 @@ mod tests {
         let t = super::now();
         std::thread::sleep(std::time::Duration::from_millis(20));
         let e = t.elapsed();
-        assert!(
-            e >= std::time::Duration::from_millis(15) && e < std::time::Duration::from_secs(5),
-            "{e:?}"
-        );
+        assert!(e >= std::time::Duration::from_millis(15) && e < std::time::Duration::from_secs(5), "{e:?}");
         assert!(super::describe().contains("clocksource"));
     }
 }

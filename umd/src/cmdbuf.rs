@@ -71,17 +71,7 @@ descriptors!(
 /// A GEMM descriptor `C[m,n] = A[m,k] * B[k,n]` (fp32, row-major, batch 1,
 /// no bias or activation) over device VAs; adjust fields for the rest.
 pub fn gemm_desc(m: u32, n: u32, k: u32, a_va: u64, b_va: u64, c_va: u64) -> ops::GemmDesc {
-    ops::GemmDesc {
-        m,
-        n,
-        k,
-        batch: 1,
-        a_va,
-        b_va,
-        c_va,
-        ..Default::default()
-    }
-    .with_header()
+    ops::GemmDesc { m, n, k, batch: 1, a_va, b_va, c_va, ..Default::default() }.with_header()
 }
 
 /// A command buffer being built, and the host buffer its bytes go to.
@@ -117,10 +107,7 @@ impl std::fmt::Debug for CommandBuffer {
             .field("command_bytes", &self.enc.len())
             .field("descriptor_bytes", &self.descs.len())
             .field("capacity", &(self.cmd_cap, self.desc_cap))
-            .field(
-                "last",
-                &self.last.as_ref().map(|f| (f.queue_id(), f.value())),
-            )
+            .field("last", &self.last.as_ref().map(|f| (f.queue_id(), f.value())))
             .finish()
     }
 }
@@ -134,11 +121,7 @@ impl CommandBuffer {
 
     /// A command buffer with room for `command_bytes` of commands (at most
     /// 16 MiB) and `descriptor_bytes` of compute descriptors.
-    pub fn with_capacity(
-        dev: &Device,
-        command_bytes: u64,
-        descriptor_bytes: u64,
-    ) -> Result<CommandBuffer> {
+    pub fn with_capacity(dev: &Device, command_bytes: u64, descriptor_bytes: u64) -> Result<CommandBuffer> {
         if command_bytes == 0 || command_bytes > rbln_hw::ring::MAX_CMDBUF_SIZE as u64 {
             return Err(Error::InvalidInput(format!(
                 "a command buffer holds 1 ..= {} bytes of commands, not {command_bytes}",
@@ -263,21 +246,11 @@ impl CommandBuffer {
 
     /// DMA copy `size` bytes from `src` at `src_offset` to `dst` at
     /// `dst_offset` (host ↔ DRAM ↔ host, any direction).
-    pub fn copy(
-        &mut self,
-        src: &Buffer,
-        src_offset: u64,
-        dst: &Buffer,
-        dst_offset: u64,
-        size: u64,
-    ) -> Result<&mut Self> {
+    pub fn copy(&mut self, src: &Buffer, src_offset: u64, dst: &Buffer, dst_offset: u64, size: u64) -> Result<&mut Self> {
         self.same(src)?;
         self.same(dst)?;
         if size > cmd::MAX_DMA_SIZE {
-            return Err(Error::InvalidInput(format!(
-                "one DMA copy moves at most {} bytes, not {size}",
-                cmd::MAX_DMA_SIZE
-            )));
+            return Err(Error::InvalidInput(format!("one DMA copy moves at most {} bytes, not {size}", cmd::MAX_DMA_SIZE)));
         }
         let s = src.va_range(src_offset, size, Perms::READ, "DMA copy source")?;
         let d = dst.va_range(dst_offset, size, Perms::WRITE, "DMA copy destination")?;
@@ -291,10 +264,7 @@ impl CommandBuffer {
         aligned("a fill's offset", offset, 4)?;
         aligned("a fill's size", size, 4)?;
         if size > cmd::MAX_DMA_SIZE {
-            return Err(Error::InvalidInput(format!(
-                "one fill writes at most {} bytes, not {size}",
-                cmd::MAX_DMA_SIZE
-            )));
+            return Err(Error::InvalidInput(format!("one fill writes at most {} bytes, not {size}", cmd::MAX_DMA_SIZE)));
         }
         let d = dst.va_range(offset, size, Perms::WRITE, "fill destination")?;
         Ok(self.fill_va(d, size, value))
@@ -312,13 +282,7 @@ impl CommandBuffer {
 
     /// Wait until the u64 in `buf` at `offset` satisfies `cond` against
     /// `value` (a cross-queue dependency).
-    pub fn sem_wait(
-        &mut self,
-        buf: &Buffer,
-        offset: u64,
-        value: u64,
-        cond: SemCond,
-    ) -> Result<&mut Self> {
+    pub fn sem_wait(&mut self, buf: &Buffer, offset: u64, value: u64, cond: SemCond) -> Result<&mut Self> {
         self.same(buf)?;
         aligned("a semaphore's offset", offset, 8)?;
         let va = buf.va_range(offset, 8, Perms::READ, "semaphore wait")?;
@@ -326,13 +290,7 @@ impl CommandBuffer {
     }
 
     /// Set or add to the u64 in `buf` at `offset`.
-    pub fn sem_signal(
-        &mut self,
-        buf: &Buffer,
-        offset: u64,
-        value: u64,
-        op: SemOp,
-    ) -> Result<&mut Self> {
+    pub fn sem_signal(&mut self, buf: &Buffer, offset: u64, value: u64, op: SemOp) -> Result<&mut Self> {
         self.same(buf)?;
         aligned("a semaphore's offset", offset, 8)?;
         let va = buf.va_range(offset, 8, Perms::RW, "semaphore signal")?;
@@ -343,9 +301,7 @@ impl CommandBuffer {
     /// it must not change while this buffer may still run.
     pub fn call(&mut self, other: &mut CommandBuffer) -> Result<&mut Self> {
         if !Arc::ptr_eq(&self.dev, &other.dev) {
-            return Err(Error::ForeignDevice {
-                handle: other.bo.as_ref().map_or(0, |b| b.handle()),
-            });
+            return Err(Error::ForeignDevice { handle: other.bo.as_ref().map_or(0, |b| b.handle()) });
         }
         let (va, size) = other.prepare()?;
         Ok(self.indirect_va(va, size))
@@ -369,11 +325,7 @@ impl CommandBuffer {
         let off = (self.descs.len() as u64).div_ceil(8) * 8;
         let need = off + desc.len() as u64;
         if need > self.desc_cap {
-            return Err(Error::CommandBufferFull {
-                what: "the descriptor area",
-                need,
-                capacity: self.desc_cap,
-            });
+            return Err(Error::CommandBufferFull { what: "the descriptor area", need, capacity: self.desc_cap });
         }
         self.descs.resize(off as usize, 0);
         self.descs.extend_from_slice(desc);
@@ -383,15 +335,7 @@ impl CommandBuffer {
 
     /// `C = A * B` in fp32: A is `m×k` at `a.1` in `a.0`, B `k×n`, C `m×n`
     /// (row-major, densely packed, offsets multiples of 4).
-    pub fn gemm(
-        &mut self,
-        m: u32,
-        n: u32,
-        k: u32,
-        a: (&Buffer, u64),
-        b: (&Buffer, u64),
-        c: (&Buffer, u64),
-    ) -> Result<&mut Self> {
+    pub fn gemm(&mut self, m: u32, n: u32, k: u32, a: (&Buffer, u64), b: (&Buffer, u64), c: (&Buffer, u64)) -> Result<&mut Self> {
         let f = 4u64;
         let mut vas = [0u64; 3];
         for (i, ((buf, off), elems, need, what)) in [
@@ -417,9 +361,7 @@ impl CommandBuffer {
         if Arc::ptr_eq(&self.dev, dev) {
             Ok(())
         } else {
-            Err(Error::ForeignDevice {
-                handle: self.bo.as_ref().map_or(0, |b| b.handle()),
-            })
+            Err(Error::ForeignDevice { handle: self.bo.as_ref().map_or(0, |b| b.handle()) })
         }
     }
 
@@ -430,20 +372,13 @@ impl CommandBuffer {
         }
         let len = self.enc.len() as u64;
         if len > self.cmd_cap {
-            return Err(Error::CommandBufferFull {
-                what: "the command area",
-                need: len,
-                capacity: self.cmd_cap,
-            });
+            return Err(Error::CommandBufferFull { what: "the command area", need: len, capacity: self.cmd_cap });
         }
         if self.dirty {
             if let Some(f) = &self.last {
                 // A stopped queue (error) runs nothing more: safe to rewrite.
                 if !f.poll().unwrap_or(true) {
-                    return Err(Error::CommandBufferBusy {
-                        queue: f.queue_id(),
-                        fence: f.value(),
-                    });
+                    return Err(Error::CommandBufferBusy { queue: f.queue_id(), fence: f.value() });
                 }
             }
             let bo = self.bo.as_ref().ok_or(Error::EmptyCommandBuffer)?;
@@ -528,15 +463,8 @@ mod tests {
             }
             other => panic!("decoded {other:?}"),
         }
-        let u = ops::UnaryDesc {
-            kind: ops::Unary::Relu as u32,
-            count: 4,
-            ..Default::default()
-        };
-        assert!(matches!(
-            ops::Desc::decode(&u.encode()),
-            Ok(ops::Desc::Unary(_))
-        ));
+        let u = ops::UnaryDesc { kind: ops::Unary::Relu as u32, count: 4, ..Default::default() };
+        assert!(matches!(ops::Desc::decode(&u.encode()), Ok(ops::Desc::Unary(_))));
     }
 
     #[test]
@@ -560,77 +488,23 @@ mod tests {
             .nop();
         let p = packets(cb.commands());
         assert_eq!(p.len(), 7);
-        assert!(matches!(
-            p[0],
-            Packet::DmaCopy(cmd::DmaCopy {
-                src_va: 0x20_0010,
-                dst_va: 0x40_0020,
-                size: 100,
-                ..
-            })
-        ));
-        assert!(matches!(
-            p[1],
-            Packet::Fill(cmd::Fill {
-                dst_va: 0x40_0040,
-                size: 256,
-                value: 0xdead_beef,
-                ..
-            })
-        ));
-        assert!(matches!(
-            p[2],
-            Packet::Timestamp(cmd::Timestamp {
-                addr_va: 0x20_1000,
-                ..
-            })
-        ));
-        assert!(matches!(
-            p[3],
-            Packet::SemWait(cmd::SemWait {
-                addr_va: 0x20_0008,
-                value: 1,
-                cond: cmd::SEM_COND_GE,
-                ..
-            })
-        ));
-        assert!(matches!(
-            p[4],
-            Packet::SemSignal(cmd::SemSignal {
-                op: cmd::SEM_OP_ADD,
-                ..
-            })
-        ));
+        assert!(matches!(p[0], Packet::DmaCopy(cmd::DmaCopy { src_va: 0x20_0010, dst_va: 0x40_0020, size: 100, .. })));
+        assert!(matches!(p[1], Packet::Fill(cmd::Fill { dst_va: 0x40_0040, size: 256, value: 0xdead_beef, .. })));
+        assert!(matches!(p[2], Packet::Timestamp(cmd::Timestamp { addr_va: 0x20_1000, .. })));
+        assert!(matches!(p[3], Packet::SemWait(cmd::SemWait { addr_va: 0x20_0008, value: 1, cond: cmd::SEM_COND_GE, .. })));
+        assert!(matches!(p[4], Packet::SemSignal(cmd::SemSignal { op: cmd::SEM_OP_ADD, .. })));
         // The descriptor sits in the descriptor area, after the commands.
-        let Packet::Compute(c) = p[5] else {
-            panic!("{:?}", p[5])
-        };
-        assert_eq!(
-            (c.desc_va, c.desc_size as usize),
-            (0x80_0000 + 4096, ops::GemmDesc::SIZE)
-        );
-        let Ok(ops::Desc::Gemm(g)) = ops::Desc::decode(&cb.descs[..ops::GemmDesc::SIZE]) else {
-            panic!()
-        };
-        assert_eq!(
-            (g.m, g.n, g.k, g.a_va, g.b_va, g.c_va),
-            (2, 3, 4, 0x40_0000, 0x40_0400, 0x40_0800)
-        );
+        let Packet::Compute(c) = p[5] else { panic!("{:?}", p[5]) };
+        assert_eq!((c.desc_va, c.desc_size as usize), (0x80_0000 + 4096, ops::GemmDesc::SIZE));
+        let Ok(ops::Desc::Gemm(g)) = ops::Desc::decode(&cb.descs[..ops::GemmDesc::SIZE]) else { panic!() };
+        assert_eq!((g.m, g.n, g.k, g.a_va, g.b_va, g.c_va), (2, 3, 4, 0x40_0000, 0x40_0400, 0x40_0800));
         assert!(matches!(p[6], Packet::Nop { size_dwords: 1 }));
         // A second descriptor goes 8-byte aligned after the first.
-        cb.compute_bytes(&[0u8; 12])
-            .unwrap()
-            .compute_bytes(&[0u8; 8])
-            .unwrap();
+        cb.compute_bytes(&[0u8; 12]).unwrap().compute_bytes(&[0u8; 8]).unwrap();
         let p = packets(cb.commands());
-        let (Packet::Compute(a), Packet::Compute(b)) = (p[7], p[8]) else {
-            panic!()
-        };
+        let (Packet::Compute(a), Packet::Compute(b)) = (p[7], p[8]) else { panic!() };
         assert_eq!(a.desc_va, 0x80_0000 + 4096 + ops::GemmDesc::SIZE as u64);
-        assert_eq!(
-            b.desc_va,
-            0x80_0000 + 4096 + ops::GemmDesc::SIZE as u64 + 16
-        );
+        assert_eq!(b.desc_va, 0x80_0000 + 4096 + ops::GemmDesc::SIZE as u64 + 16);
         cb.reset();
         assert!(cb.is_empty());
     }
@@ -643,97 +517,34 @@ mod tests {
         let unmapped = Buffer::fake(&dev, 3, 4096, Placement::Dram, &[]);
         let mut cb = CommandBuffer::fake(&dev, 0x80_0000, 4096, 128);
         let e = cb.copy(&host, 4000, &host, 0, 200).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::OutOfBounds {
-                    offset: 4000,
-                    len: 200,
-                    size: 4096,
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert_eq!(
-            e.to_string(),
-            "DMA copy source: bytes 4000..4200 lie outside the buffer of 4096 bytes"
-        );
+        assert!(matches!(e, Error::OutOfBounds { offset: 4000, len: 200, size: 4096, .. }), "{e}");
+        assert_eq!(e.to_string(), "DMA copy source: bytes 4000..4200 lie outside the buffer of 4096 bytes");
         let e = cb.copy(&host, 0, &ro, 0, 16).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::PermissionMissing {
-                    handle: 2,
-                    needed: "WRITE",
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, Error::PermissionMissing { handle: 2, needed: "WRITE", .. }), "{e}");
         assert!(e.to_string().contains("map it with Perms::WRITE"), "{e}");
         let e = cb.fill(&unmapped, 0, 16, 0).unwrap_err();
         assert!(matches!(e, Error::NotMapped { handle: 3 }), "{e}");
         assert!(e.to_string().contains("call Buffer::map first"), "{e}");
-        assert!(matches!(
-            cb.timestamp(&host, 4).unwrap_err(),
-            Error::Misaligned { align: 8, .. }
-        ));
-        assert!(matches!(
-            cb.fill(&host, 2, 4, 0).unwrap_err(),
-            Error::Misaligned { align: 4, .. }
-        ));
-        assert!(matches!(
-            cb.gemm(64, 64, 64, (&host, 0), (&host, 0), (&host, 0))
-                .unwrap_err(),
-            Error::OutOfBounds { .. }
-        ));
+        assert!(matches!(cb.timestamp(&host, 4).unwrap_err(), Error::Misaligned { align: 8, .. }));
+        assert!(matches!(cb.fill(&host, 2, 4, 0).unwrap_err(), Error::Misaligned { align: 4, .. }));
+        assert!(matches!(cb.gemm(64, 64, 64, (&host, 0), (&host, 0), (&host, 0)).unwrap_err(), Error::OutOfBounds { .. }));
         // 128 bytes of descriptor room: one GEMM (104) fits, a second not.
-        cb.gemm(1, 1, 1, (&host, 0), (&host, 4), (&host, 8))
-            .unwrap();
-        let e = cb
-            .gemm(1, 1, 1, (&host, 0), (&host, 4), (&host, 8))
-            .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::CommandBufferFull {
-                    need: 208,
-                    capacity: 128,
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert!(matches!(
-            cb.compute_bytes(&[0; 6]).unwrap_err(),
-            Error::InvalidInput(_)
-        ));
+        cb.gemm(1, 1, 1, (&host, 0), (&host, 4), (&host, 8)).unwrap();
+        let e = cb.gemm(1, 1, 1, (&host, 0), (&host, 4), (&host, 8)).unwrap_err();
+        assert!(matches!(e, Error::CommandBufferFull { need: 208, capacity: 128, .. }), "{e}");
+        assert!(matches!(cb.compute_bytes(&[0; 6]).unwrap_err(), Error::InvalidInput(_)));
         // Buffers of another open device are refused.
         let other = Device::fake();
         let foreign = Buffer::fake(&other, 9, 4096, Placement::Host, &[(0x20_0000, Perms::RW)]);
-        assert!(matches!(
-            cb.copy(&foreign, 0, &host, 0, 4).unwrap_err(),
-            Error::ForeignDevice { handle: 9 }
-        ));
+        assert!(matches!(cb.copy(&foreign, 0, &host, 0, 4).unwrap_err(), Error::ForeignDevice { handle: 9 }));
         // Nothing invalid was encoded along the way.
         assert_eq!(packets(cb.commands()).len(), 1);
         // An empty command buffer is not submitted.
         let mut empty = CommandBuffer::fake(&dev, 0x80_0000, 4096, 128);
-        assert!(matches!(
-            empty.prepare().unwrap_err(),
-            Error::EmptyCommandBuffer
-        ));
+        assert!(matches!(empty.prepare().unwrap_err(), Error::EmptyCommandBuffer));
         // Commands beyond the command area are refused at submission.
         let mut small = CommandBuffer::fake(&dev, 0x80_0000, 8, 128);
         small.nop().nop().nop();
-        assert!(matches!(
-            small.prepare().unwrap_err(),
-            Error::CommandBufferFull {
-                need: 12,
-                capacity: 8,
-                ..
-            }
-        ));
+        assert!(matches!(small.prepare().unwrap_err(), Error::CommandBufferFull { need: 12, capacity: 8, .. }));
     }
 }

@@ -36,11 +36,7 @@ impl From<uapi::DeviceInfo> for DeviceInfo {
     fn from(i: uapi::DeviceInfo) -> Self {
         DeviceInfo {
             uapi_version: i.uapi_version,
-            driver_version: (
-                i.driver_version >> 16,
-                (i.driver_version >> 8) & 0xff,
-                i.driver_version & 0xff,
-            ),
+            driver_version: (i.driver_version >> 16, (i.driver_version >> 8) & 0xff, i.driver_version & 0xff),
             vendor_id: i.vendor_id,
             device_id: i.device_id,
             hw_version: (i.hw_version >> 16, i.hw_version & 0xffff),
@@ -103,11 +99,7 @@ impl Device {
     /// Open an rbln device node by path.
     pub fn open_path(path: impl AsRef<Path>) -> Result<Device> {
         let path = path.as_ref().to_path_buf();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::open(path.clone(), e))?;
+        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::open(path.clone(), e))?;
         let mut raw = uapi::DeviceInfo::default();
         match sys::ioctl(&file, &mut raw) {
             Ok(()) => {}
@@ -120,14 +112,7 @@ impl Device {
         if info.uapi_version < uapi::UAPI_VERSION {
             return Err(Error::NotAnNpu { path, op: Op::Info });
         }
-        Ok(Device {
-            inner: Arc::new(DeviceInner {
-                file,
-                path,
-                info,
-                poisoned: AtomicBool::new(false),
-            }),
-        })
+        Ok(Device { inner: Arc::new(DeviceInner { file, path, info, poisoned: AtomicBool::new(false) }) })
     }
 
     /// What the device is (queried once, at open).

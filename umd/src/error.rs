@@ -89,26 +89,14 @@ impl FaultInfo {
     /// Whether the fault is a memory (MMU) fault rather than a malformed
     /// command.
     pub fn is_memory_fault(&self) -> bool {
-        matches!(
-            self.code,
-            Some(
-                FaultCode::Unmapped
-                    | FaultCode::Permission
-                    | FaultCode::BadPte
-                    | FaultCode::BusError
-            )
-        )
+        matches!(self.code, Some(FaultCode::Unmapped | FaultCode::Permission | FaultCode::BadPte | FaultCode::BusError))
     }
 }
 
 impl fmt::Display for FaultInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = self.code.map_or("unknown fault", |c| c.name());
-        let kind = if self.is_memory_fault() {
-            "a memory fault"
-        } else {
-            "a fault"
-        };
+        let kind = if self.is_memory_fault() { "a memory fault" } else { "a fault" };
         write!(f, "the device reported {kind}: {name}")?;
         match self.access() {
             "-" => write!(f, " at {:#x}", self.addr),
@@ -166,24 +154,14 @@ pub enum Error {
     #[error("{op}: out of host memory (ENOMEM): free buffers or queues and retry")]
     OutOfMemory { op: Op },
 
-    #[error(
-        "queue {queue} faulted: {}; the context is poisoned, reopen the device",
-        fault_text(fault)
-    )]
-    Faulted {
-        queue: u32,
-        fault: Option<FaultInfo>,
-    },
+    #[error("queue {queue} faulted: {}; the context is poisoned, reopen the device", fault_text(fault))]
+    Faulted { queue: u32, fault: Option<FaultInfo> },
 
     #[error("{op} refused: an earlier fault or hang poisoned this device context (EIO); reopen the device")]
     Poisoned { op: Op },
 
     #[error("fence {value} of queue {queue} did not signal within {timeout:?} (ETIMEDOUT): the job is still running or blocked (e.g. in a semaphore wait); wait longer or release what it waits for")]
-    Timeout {
-        queue: u32,
-        value: u64,
-        timeout: Duration,
-    },
+    Timeout { queue: u32, value: u64, timeout: Duration },
 
     #[error("{op}: interrupted by a signal (EINTR); retry the call")]
     Interrupted { op: Op },
@@ -192,19 +170,10 @@ pub enum Error {
     Os { op: Op, errno: Errno },
 
     #[error("{what}: bytes {offset}..{} lie outside the buffer of {size} bytes", *offset as u128 + *len as u128)]
-    OutOfBounds {
-        what: &'static str,
-        offset: u64,
-        len: u64,
-        size: u64,
-    },
+    OutOfBounds { what: &'static str, offset: u64, len: u64, size: u64 },
 
     #[error("{what} must be {align}-byte aligned, got {value:#x}")]
-    Misaligned {
-        what: &'static str,
-        value: u64,
-        align: u64,
-    },
+    Misaligned { what: &'static str, value: u64, align: u64 },
 
     #[error("the buffer lives in device DRAM and has no CPU mapping: move its data through a host buffer with a DMA copy")]
     NotHostVisible,
@@ -213,11 +182,7 @@ pub enum Error {
     NotMapped { handle: u32 },
 
     #[error("buffer {handle} is mapped without {needed} permission, which {what} needs: map it with Perms::{needed}")]
-    PermissionMissing {
-        handle: u32,
-        what: &'static str,
-        needed: &'static str,
-    },
+    PermissionMissing { handle: u32, what: &'static str, needed: &'static str },
 
     #[error("buffer {handle} belongs to another open device: buffers, command buffers and queues must come from the same Device")]
     ForeignDevice { handle: u32 },
@@ -226,11 +191,7 @@ pub enum Error {
     EmptyCommandBuffer,
 
     #[error("command buffer overflow: {what} needs {need} bytes but has room for {capacity}; create it with CommandBuffer::with_capacity")]
-    CommandBufferFull {
-        what: &'static str,
-        need: u64,
-        capacity: u64,
-    },
+    CommandBufferFull { what: &'static str, need: u64, capacity: u64 },
 
     #[error("the command buffer was changed while its last submission (fence {fence} of queue {queue}) is still executing: wait for that fence first, or build into another command buffer")]
     CommandBufferBusy { queue: u32, fence: u64 },
@@ -353,10 +314,7 @@ mod tests {
         assert!(matches!(e(Op::Submit, ENOENT), Error::NotFound { .. }));
         assert!(matches!(e(Op::FenceWait, EINTR), Error::Interrupted { .. }));
         assert!(matches!(e(Op::VmMap, ENODEV), Error::DeviceGone { .. }));
-        assert!(matches!(
-            e(Op::Info, EFAULT),
-            Error::Os { errno: EFAULT, .. }
-        ));
+        assert!(matches!(e(Op::Info, EFAULT), Error::Os { errno: EFAULT, .. }));
         assert_eq!(e(Op::BoDestroy, EBUSY).errno(), Some(EBUSY));
         assert_eq!(e(Op::Submit, EIO).errno(), Some(EIO));
         // Messages say what went wrong and what to do.
@@ -375,63 +333,28 @@ mod tests {
         let io = |e: Errno| std::io::Error::from_raw_os_error(e as i32);
         let m = Error::open("/dev/rbln0".into(), io(ENOENT)).to_string();
         assert_eq!(m, "no /dev/rbln0: is rbln.ko loaded? (insmod kmd/rbln.ko; `ls /dev/rbln*` lists the NPUs)");
-        assert!(matches!(
-            Error::open("/dev/rbln0".into(), io(EACCES)),
-            Error::PermissionDenied { .. }
-        ));
-        assert!(matches!(
-            Error::open("/dev/rbln0".into(), io(EBUSY)),
-            Error::NoContext { .. }
-        ));
-        assert!(matches!(
-            Error::open("/dev/rbln0".into(), io(EIO)),
-            Error::Open { .. }
-        ));
+        assert!(matches!(Error::open("/dev/rbln0".into(), io(EACCES)), Error::PermissionDenied { .. }));
+        assert!(matches!(Error::open("/dev/rbln0".into(), io(EBUSY)), Error::NoContext { .. }));
+        assert!(matches!(Error::open("/dev/rbln0".into(), io(EIO)), Error::Open { .. }));
     }
 
     #[test]
     fn fault_messages_name_the_fault() {
         let f = FaultInfo {
             code: Some(FaultCode::Unmapped),
-            raw: rbln_hw::ring::fault_code_reg(
-                FaultCode::Unmapped,
-                rbln_hw::ring::Access::Write,
-                0,
-            ),
+            raw: rbln_hw::ring::fault_code_reg(FaultCode::Unmapped, rbln_hw::ring::Access::Write, 0),
             addr: 0x7000_0000,
             ring_index: 4,
         };
-        let m = Error::Faulted {
-            queue: 3,
-            fault: Some(f),
-        }
-        .to_string();
+        let m = Error::Faulted { queue: 3, fault: Some(f) }.to_string();
         assert_eq!(
             m,
             "queue 3 faulted: the device reported a memory fault: unmapped address (write at 0x70000000); the context is poisoned, reopen the device"
         );
-        let m = Error::Faulted {
-            queue: 3,
-            fault: None,
-        }
-        .to_string();
-        assert!(
-            m.starts_with("queue 3 faulted: the device stopped the queue"),
-            "{m}"
-        );
-        assert!(
-            m.ends_with("the context is poisoned, reopen the device"),
-            "{m}"
-        );
-        let m = Error::Timeout {
-            queue: 2,
-            value: 9,
-            timeout: Duration::from_millis(50),
-        }
-        .to_string();
-        assert!(
-            m.starts_with("fence 9 of queue 2 did not signal within 50ms"),
-            "{m}"
-        );
+        let m = Error::Faulted { queue: 3, fault: None }.to_string();
+        assert!(m.starts_with("queue 3 faulted: the device stopped the queue"), "{m}");
+        assert!(m.ends_with("the context is poisoned, reopen the device"), "{m}");
+        let m = Error::Timeout { queue: 2, value: 9, timeout: Duration::from_millis(50) }.to_string();
+        assert!(m.starts_with("fence 9 of queue 2 did not signal within 50ms"), "{m}");
     }
 }

@@ -80,19 +80,19 @@ mod sys;
 
 pub use buffer::{Buffer, Perms, Placement};
 pub use cmdbuf::{
-    gemm_desc, CommandBuffer, Descriptor, SemCond, SemOp, DEFAULT_COMMAND_BYTES,
-    DEFAULT_DESCRIPTOR_BYTES, MAX_DESC_SIZE,
+    gemm_desc, CommandBuffer, Descriptor, SemCond, SemOp, DEFAULT_COMMAND_BYTES, DEFAULT_DESCRIPTOR_BYTES,
+    MAX_DESC_SIZE,
 };
 pub use device::{Device, DeviceInfo};
 pub use error::{Error, FaultInfo, Op, Result};
 pub use queue::{Fence, Queue, Submit, UserQueue, DEFAULT_RING_ENTRIES};
 
-/// For [`Buffer::write_slice`] and friends (`T: bytemuck::Pod`).
-pub use bytemuck;
-pub use nix::errno::Errno;
 /// The contract crates, for descriptors ([`hw::ops`]) and constants.
 pub use rbln_hw as hw;
 pub use rbln_uapi as uapi;
+/// For [`Buffer::write_slice`] and friends (`T: bytemuck::Pod`).
+pub use bytemuck;
+pub use nix::errno::Errno;
 
 #[cfg(test)]
 mod tests {

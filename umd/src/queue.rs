@@ -49,8 +49,7 @@ impl QueueShared {
 
     /// The fence value in the status block (one atomic read).
     fn status_fence(&self) -> u64 {
-        self.status
-            .read_u64(std::mem::offset_of!(QueueStatus, fence))
+        self.status.read_u64(std::mem::offset_of!(QueueStatus, fence))
     }
 
     fn fault_info(&self) -> Option<FaultInfo> {
@@ -66,28 +65,16 @@ impl QueueShared {
 
     fn faulted(&self) -> Error {
         self.dev.poison();
-        Error::Faulted {
-            queue: self.id,
-            fault: self.fault_info(),
-        }
+        Error::Faulted { queue: self.id, fault: self.fault_info() }
     }
 
     /// RBLN_IOCTL_FENCE_WAIT.
     fn fence_wait(&self, value: u64, timeout: Duration) -> Result<()> {
         let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        let mut a = uapi::FenceWait {
-            queue_id: self.id,
-            value,
-            timeout_ns,
-            ..Default::default()
-        };
+        let mut a = uapi::FenceWait { queue_id: self.id, value, timeout_ns, ..Default::default() };
         match sys::ioctl(&self.dev.file, &mut a) {
             Ok(()) => Ok(()),
-            Err(Errno::ETIMEDOUT) => Err(Error::Timeout {
-                queue: self.id,
-                value,
-                timeout,
-            }),
+            Err(Errno::ETIMEDOUT) => Err(Error::Timeout { queue: self.id, value, timeout }),
             Err(Errno::EIO) => Err(self.faulted()),
             Err(e) => Err(Error::from_errno(Op::FenceWait, e)),
         }
@@ -146,11 +133,7 @@ impl Fence {
             }
             let spent = t0.elapsed();
             if spent >= timeout {
-                return Err(Error::Timeout {
-                    queue: self.q.id,
-                    value: self.value,
-                    timeout,
-                });
+                return Err(Error::Timeout { queue: self.q.id, value: self.value, timeout });
             }
             if spent < Duration::from_micros(100) {
                 std::hint::spin_loop();
@@ -196,11 +179,7 @@ impl Fence {
                     return Ok(());
                 }
                 if t0.elapsed() >= timeout {
-                    return Err(Error::Timeout {
-                        queue: self.q.id,
-                        value: self.value,
-                        timeout,
-                    });
+                    return Err(Error::Timeout { queue: self.q.id, value: self.value, timeout });
                 }
             }
             std::hint::spin_loop();
@@ -217,10 +196,7 @@ struct HwQueue {
 impl Drop for HwQueue {
     fn drop(&mut self) {
         self.q.destroyed.store(true, Ordering::Relaxed);
-        let _ = self.q.dev.ioctl(&mut uapi::QueueDestroy {
-            queue_id: self.q.id,
-            ..Default::default()
-        });
+        let _ = self.q.dev.ioctl(&mut uapi::QueueDestroy { queue_id: self.q.id, ..Default::default() });
     }
 }
 
@@ -253,48 +229,29 @@ impl Device {
     /// (the command buffer and its fence), so `entries / 2 - 1` can be in
     /// flight.
     pub fn create_queue(&self, entries: u32) -> Result<Queue> {
-        let entries = if entries == 0 {
-            DEFAULT_RING_ENTRIES
-        } else {
-            entries
-        };
+        let entries = if entries == 0 { DEFAULT_RING_ENTRIES } else { entries };
         if !entries.is_power_of_two() || entries < 4 {
             return Err(Error::InvalidInput(format!(
                 "a queue needs a power-of-two ring of at least 4 entries (two per submission), not {entries}"
             )));
         }
         if self.inner.is_poisoned() {
-            return Err(Error::Poisoned {
-                op: Op::QueueCreate,
-            });
+            return Err(Error::Poisoned { op: Op::QueueCreate });
         }
-        let mut a = uapi::QueueCreate {
-            ring_entries: entries,
-            ..Default::default()
-        };
+        let mut a = uapi::QueueCreate { ring_entries: entries, ..Default::default() };
         match sys::ioctl(&self.inner.file, &mut a) {
             Ok(()) => {}
             // The driver refuses new queues in a poisoned context.
             Err(Errno::EIO) => {
                 self.inner.poison();
-                return Err(Error::Poisoned {
-                    op: Op::QueueCreate,
-                });
+                return Err(Error::Poisoned { op: Op::QueueCreate });
             }
             Err(e) => return Err(Error::from_errno(Op::QueueCreate, e)),
         }
-        let status = match Mapping::new(
-            &self.inner.file,
-            a.status_mmap_offset,
-            rbln_hw::PAGE_SIZE as usize,
-            Prot::Read,
-        ) {
+        let status = match Mapping::new(&self.inner.file, a.status_mmap_offset, rbln_hw::PAGE_SIZE as usize, Prot::Read) {
             Ok(m) => m,
             Err(e) => {
-                let _ = self.inner.ioctl(&mut uapi::QueueDestroy {
-                    queue_id: a.queue_id,
-                    ..Default::default()
-                });
+                let _ = self.inner.ioctl(&mut uapi::QueueDestroy { queue_id: a.queue_id, ..Default::default() });
                 return Err(Error::from_errno(Op::MmapStatus, e));
             }
         };
@@ -308,12 +265,7 @@ impl Device {
                 fault: Mutex::new(None),
             }),
         };
-        Ok(Queue {
-            hw,
-            entries,
-            create: a,
-            _not_sync: Default::default(),
-        })
+        Ok(Queue { hw, entries, create: a, _not_sync: Default::default() })
     }
 
     /// Create a queue and switch it to user-mode submission at once.
@@ -359,18 +311,9 @@ impl Queue {
         if q.dev.is_poisoned() {
             return Err(Error::Poisoned { op: Op::Submit });
         }
-        let mut a = uapi::Submit {
-            queue_id: q.id,
-            cmdbuf_va: va,
-            cmdbuf_size: size,
-            ..Default::default()
-        };
+        let mut a = uapi::Submit { queue_id: q.id, cmdbuf_va: va, cmdbuf_size: size, ..Default::default() };
         match sys::ioctl(&q.dev.file, &mut a) {
-            Ok(()) => Ok(Fence {
-                q: q.clone(),
-                value: a.fence,
-                irq: true,
-            }),
+            Ok(()) => Ok(Fence { q: q.clone(), value: a.fence, irq: true }),
             Err(Errno::EIO) => {
                 q.dev.poison();
                 Err(Error::Poisoned { op: Op::Submit })
@@ -434,12 +377,7 @@ const FENCE_BYTES: u64 = rbln_hw::cmd::Fence::SIZE as u64;
 
 impl UserQueue {
     fn new(queue: Queue) -> Result<UserQueue> {
-        let Queue {
-            hw,
-            entries,
-            create,
-            ..
-        } = queue;
+        let Queue { hw, entries, create, .. } = queue;
         let q = hw.q.clone();
         let status = q.status();
         if QueueShared::stopped(&status) {
@@ -458,20 +396,10 @@ impl UserQueue {
         let fences = Buffer::new(&q.dev, slots as u64 * FENCE_BYTES, Placement::Host)?;
         let fences_va = fences.map(Perms::READ)?;
         let ring_len = sys::page_round(entries as u64 * RingEntry::SIZE as u64) as usize;
-        let ring = Mapping::new(
-            &q.dev.file,
-            create.ring_mmap_offset,
-            ring_len,
-            Prot::ReadWrite,
-        )
-        .map_err(|e| Error::from_errno(Op::MmapRing, e))?;
-        let doorbell = Mapping::new(
-            &q.dev.file,
-            create.doorbell_mmap_offset,
-            rbln_hw::PAGE_SIZE as usize,
-            Prot::Write,
-        )
-        .map_err(|e| Error::from_errno(Op::MmapDoorbell, e))?;
+        let ring = Mapping::new(&q.dev.file, create.ring_mmap_offset, ring_len, Prot::ReadWrite)
+            .map_err(|e| Error::from_errno(Op::MmapRing, e))?;
+        let doorbell = Mapping::new(&q.dev.file, create.doorbell_mmap_offset, rbln_hw::PAGE_SIZE as usize, Prot::Write)
+            .map_err(|e| Error::from_errno(Op::MmapDoorbell, e))?;
         Ok(UserQueue {
             ring,
             doorbell,
@@ -542,11 +470,7 @@ impl UserQueue {
             return Err(Error::Poisoned { op: Op::UserSubmit });
         }
         if !va.is_multiple_of(4) {
-            return Err(Error::Misaligned {
-                what: "a command buffer's device VA",
-                value: va,
-                align: 4,
-            });
+            return Err(Error::Misaligned { what: "a command buffer's device VA", value: va, align: 4 });
         }
         if size == 0 || !size.is_multiple_of(4) || size > MAX_CMDBUF_SIZE {
             return Err(Error::InvalidInput(format!(
@@ -560,35 +484,22 @@ impl UserQueue {
         let fence_off = self.slot as u64 * FENCE_BYTES;
         self.fences.write_slice(fence_off, &enc.buf)?;
         let mask = self.entries - 1;
-        let user = RingEntry {
-            cmdbuf_va: va,
-            cmdbuf_size: size,
-            tag: value,
-            ..Default::default()
-        };
+        let user = RingEntry { cmdbuf_va: va, cmdbuf_size: size, tag: value, ..Default::default() };
         let ours = RingEntry {
             cmdbuf_va: self.fences_va + fence_off,
             cmdbuf_size: FENCE_BYTES as u32,
             tag: value,
             ..Default::default()
         };
-        self.ring
-            .copy_in(self.tail as usize * RingEntry::SIZE, &user.to_bytes());
-        self.ring.copy_in(
-            ((self.tail + 1) & mask) as usize * RingEntry::SIZE,
-            &ours.to_bytes(),
-        );
+        self.ring.copy_in(self.tail as usize * RingEntry::SIZE, &user.to_bytes());
+        self.ring.copy_in(((self.tail + 1) & mask) as usize * RingEntry::SIZE, &ours.to_bytes());
         self.tail = (self.tail + 2) & mask;
         // A full fence first: the command buffer, fence packet and ring
         // entries are visible to the device before it sees the new tail.
         self.doorbell.mmio_write_u32(0, self.tail);
         self.next_fence = value.wrapping_add(1);
         self.slot = (self.slot + 1) % self.slots;
-        Ok(Fence {
-            q,
-            value,
-            irq: self.fence_irq,
-        })
+        Ok(Fence { q, value, irq: self.fence_irq })
     }
 
     /// Make sure two ring entries are free.

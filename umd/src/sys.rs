@@ -22,11 +22,7 @@ pub(crate) fn ioctl<T: IoctlArg>(file: &File, arg: &mut T) -> Result<(), Errno> 
     let r = unsafe { libc::ioctl(file.as_raw_fd(), T::CMD as _, arg as *mut T) };
     // EINTR (a signal handler without SA_RESTART interrupted a fence wait)
     // is reported to the caller, who decides whether to retry.
-    if r < 0 {
-        Err(Errno::last())
-    } else {
-        Ok(())
-    }
+    if r < 0 { Err(Errno::last()) } else { Ok(()) }
 }
 
 /// An ioctl argument struct and its command number.
@@ -103,16 +99,7 @@ impl Mapping {
         let off = libc::off_t::try_from(offset).map_err(|_| Errno::EINVAL)?;
         // SAFETY: a new shared mapping chosen by the kernel (no fixed
         // address, so nothing existing is replaced); the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                off,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), off) };
         if p == libc::MAP_FAILED {
             return Err(Errno::last());
         }
@@ -124,11 +111,7 @@ impl Mapping {
     /// offsets keep their alignment as addresses.
     fn check(&self, off: usize, len: usize) {
         let end = off.checked_add(len).expect("mapping range overflows");
-        assert!(
-            end <= self.len,
-            "mapping access {off}+{len} past its end {}",
-            self.len
-        );
+        assert!(end <= self.len, "mapping access {off}+{len} past its end {}", self.len);
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
@@ -154,18 +137,14 @@ impl Mapping {
         // while a job using them runs (ordered by fences, read with Acquire),
         // and this process never accesses the same bytes atomically during
         // the copy: word accesses are for fences and status words.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len())
-        };
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len()) };
     }
 
     /// Copy the mapping at `off` into `dst` (one `memcpy`, as `copy_in`).
     pub(crate) fn copy_out(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len());
         // SAFETY: as in `copy_in`, in the other direction.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
-        };
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
     }
 
     /// A 32-bit store to an MMIO page (the doorbell), after a full fence so
@@ -178,13 +157,7 @@ impl Mapping {
         // SAFETY: in bounds and aligned (checked) of a live mapping of the
         // queue's doorbell page; MMIO wants exactly one 32-bit store, which
         // a volatile write of a u32 is.
-        unsafe {
-            self.ptr
-                .as_ptr()
-                .add(off)
-                .cast::<u32>()
-                .write_volatile(v.to_le())
-        };
+        unsafe { self.ptr.as_ptr().add(off).cast::<u32>().write_volatile(v.to_le()) };
     }
 }
 

@@ -11,8 +11,7 @@ fn dir() -> PathBuf {
 }
 
 fn generate() -> Vec<u8> {
-    let config =
-        cbindgen::Config::from_file(dir().join("cbindgen.toml")).expect("umd/cbindgen.toml");
+    let config = cbindgen::Config::from_file(dir().join("cbindgen.toml")).expect("umd/cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_config(config)
         .with_src(dir().join("src/capi.rs"))
@@ -34,10 +33,7 @@ fn header_is_fresh() {
     }
     let old = std::fs::read(&path).unwrap_or_default();
     if old != fresh {
-        let first = old
-            .split(|&b| b == b'\n')
-            .zip(fresh.split(|&b| b == b'\n'))
-            .position(|(a, b)| a != b);
+        let first = old.split(|&b| b == b'\n').zip(fresh.split(|&b| b == b'\n')).position(|(a, b)| a != b);
         panic!(
             "umd/include/rbln_umd.h is stale: it differs from what cbindgen generates from umd/src/capi.rs{}.\n\
              Regenerate it with\n    {REGENERATE}\nand commit the result.",
@@ -48,22 +44,10 @@ fn header_is_fresh() {
 
 fn compiles(compiler: &str, lang: &str, header: &Path) -> Option<std::process::Output> {
     let src = format!("#include \"{}\"\nint main(void) {{ return rbln_umd_abi_version() == RBLN_UMD_ABI_VERSION ? 0 : 1; }}\n", header.display());
-    let tmp = std::env::temp_dir().join(format!(
-        "rbln_umd_header_{}_{lang}.{}",
-        std::process::id(),
-        if lang == "c" { "c" } else { "cpp" }
-    ));
+    let tmp = std::env::temp_dir().join(format!("rbln_umd_header_{}_{lang}.{}", std::process::id(), if lang == "c" { "c" } else { "cpp" }));
     std::fs::write(&tmp, src).ok()?;
-    let std = if lang == "c" {
-        "-std=c11"
-    } else {
-        "-std=c++17"
-    };
-    let out = Command::new(compiler)
-        .args([std, "-Wall", "-Wextra", "-Werror", "-fsyntax-only"])
-        .arg(&tmp)
-        .output()
-        .ok();
+    let std = if lang == "c" { "-std=c11" } else { "-std=c++17" };
+    let out = Command::new(compiler).args([std, "-Wall", "-Wextra", "-Werror", "-fsyntax-only"]).arg(&tmp).output().ok();
     let _ = std::fs::remove_file(&tmp);
     out
 }

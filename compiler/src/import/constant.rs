@@ -7,31 +7,15 @@ use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Constant",
-    "Shape",
-    "Size",
-    "ConstantOfShape",
-    "Range",
-    "Floor",
-    "Ceil",
-    "Round",
-    "Sign",
-    "Mod",
-    "Trilu",
-    "NonZero",
+    "Constant", "Shape", "Size", "ConstantOfShape", "Range", "Floor", "Ceil", "Round",
+    "Sign", "Mod",
+    "Trilu", "NonZero",
 ];
 
 impl Importer {
-    pub(super) fn lower_constant(
-        &mut self,
-        cx: &Cx,
-        ins: &[Option<ValueId>],
-    ) -> Result<Vec<ValueId>> {
+    pub(super) fn lower_constant(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let input = |i: usize| -> Result<ValueId> {
-            ins.get(i)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err(format!("input {i} is missing")))
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
         };
         let opt = |i: usize| ins.get(i).copied().flatten();
         let op = cx.n.op_type.as_str();
@@ -48,9 +32,7 @@ impl Importer {
                 } else if let Some(a) = cx.attr("value_ints") {
                     Const::i64(&[a.ints.len() as u64], a.ints.clone())
                 } else {
-                    return Err(cx.err(
-                        "no supported value attribute (value, value_float(s), value_int(s))",
-                    ));
+                    return Err(cx.err("no supported value attribute (value, value_float(s), value_int(s))"));
                 };
                 self.constant(&Self::out_name(cx, 0), c)
             }
@@ -60,10 +42,7 @@ impl Importer {
                 let norm = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
                 let (a, b) = (norm(cx.int("start", 0)), norm(cx.int("end", r)));
                 let dims: Vec<i64> = s[a..b.max(a)].iter().map(|&d| d as i64).collect();
-                self.constant(
-                    &Self::out_name(cx, 0),
-                    Const::i64(&[dims.len() as u64], dims),
-                )
+                self.constant(&Self::out_name(cx, 0), Const::i64(&[dims.len() as u64], dims))
             }
             "Size" => {
                 let n = volume(&self.shape(input(0)?)) as i64;
@@ -81,21 +60,13 @@ impl Importer {
                     None => Const::f32(&[1], vec![0.0]),
                 };
                 let c = match fill.data {
-                    Data::F(v) => {
-                        Const::f32(&shape, vec![v.first().copied().unwrap_or(0.0); n as usize])
-                    }
-                    Data::I(v) => {
-                        Const::i64(&shape, vec![v.first().copied().unwrap_or(0); n as usize])
-                    }
+                    Data::F(v) => Const::f32(&shape, vec![v.first().copied().unwrap_or(0.0); n as usize]),
+                    Data::I(v) => Const::i64(&shape, vec![v.first().copied().unwrap_or(0); n as usize]),
                 };
                 self.constant(&Self::out_name(cx, 0), c)
             }
             "Range" => {
-                let (s, l, d) = (
-                    self.need_const(cx, input(0)?, 0)?,
-                    self.need_const(cx, input(1)?, 1)?,
-                    self.need_const(cx, input(2)?, 2)?,
-                );
+                let (s, l, d) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?, self.need_const(cx, input(2)?, 2)?);
                 let c = cx.shape(fold::range(&s, &l, &d))?;
                 self.constant(&Self::out_name(cx, 0), c)
             }
@@ -105,10 +76,7 @@ impl Importer {
                 self.constant(&Self::out_name(cx, 0), c)
             }
             "Mod" => {
-                let (a, b) = (
-                    self.need_const(cx, input(0)?, 0)?,
-                    self.need_const(cx, input(1)?, 1)?,
-                );
+                let (a, b) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
                 let fmod = match cx.int("fmod", 0) {
                     0 => false,
                     1 => true,
@@ -120,9 +88,7 @@ impl Importer {
             "Trilu" => {
                 let x = self.need_const(cx, input(0)?, 0)?;
                 let k = match opt(1) {
-                    Some(v) => {
-                        cx.shape(fold::int_scalar(&self.need_const(cx, v, 1)?, "k (input 1)"))?
-                    }
+                    Some(v) => cx.shape(fold::int_scalar(&self.need_const(cx, v, 1)?, "k (input 1)"))?,
                     None => 0,
                 };
                 let c = cx.shape(fold::trilu(&x, k, cx.int("upper", 1) != 0))?;
@@ -136,4 +102,6 @@ impl Importer {
         };
         Ok(vec![v])
     }
+
+
 }

@@ -12,15 +12,14 @@
 use super::*;
 
 /// The ONNX op types this module lowers.
-pub(super) const OPS: &[&str] = &["Conv", "ConvTranspose"];
+pub(super) const OPS: &[&str] = &[
+    "Conv", "ConvTranspose",
+];
 
 impl Importer {
     pub(super) fn lower_conv(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let input = |i: usize| -> Result<ValueId> {
-            ins.get(i)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err(format!("input {i} is missing")))
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
         };
         let opt = |i: usize| ins.get(i).copied().flatten();
         let op = cx.n.op_type.as_str();
@@ -33,23 +32,13 @@ impl Importer {
     }
 
     /// (pad_begin, pad_end) per spatial axis from pads/auto_pad.
-    pub(super) fn pads(
-        &self,
-        cx: &Cx,
-        input: &[u64],
-        kernel: &[u64],
-        stride: &[u64],
-        dil: &[u64],
-    ) -> Result<Vec<(u64, u64)>> {
+    pub(super) fn pads(&self, cx: &Cx, input: &[u64], kernel: &[u64], stride: &[u64], dil: &[u64]) -> Result<Vec<(u64, u64)>> {
         let sp = input.len();
         match cx.string("auto_pad").as_deref().unwrap_or("NOTSET") {
             "NOTSET" => {
                 let p = cx.ints("pads").unwrap_or_else(|| vec![0; 2 * sp]);
                 if p.len() != 2 * sp || p.iter().any(|&v| v < 0) {
-                    return Err(cx.err(format!(
-                        "pads {p:?}: {} non-negative values expected",
-                        2 * sp
-                    )));
+                    return Err(cx.err(format!("pads {p:?}: {} non-negative values expected", 2 * sp)));
                 }
                 Ok((0..sp).map(|i| (p[i] as u64, p[i + sp] as u64)).collect())
             }
@@ -57,14 +46,9 @@ impl Importer {
             mode @ ("SAME_UPPER" | "SAME_LOWER") => Ok((0..sp)
                 .map(|i| {
                     let out = input[i].div_ceil(stride[i]);
-                    let need = ((out - 1) * stride[i] + (kernel[i] - 1) * dil[i] + 1)
-                        .saturating_sub(input[i]);
+                    let need = ((out - 1) * stride[i] + (kernel[i] - 1) * dil[i] + 1).saturating_sub(input[i]);
                     let small = need / 2;
-                    if mode == "SAME_UPPER" {
-                        (small, need - small)
-                    } else {
-                        (need - small, small)
-                    }
+                    if mode == "SAME_UPPER" { (small, need - small) } else { (need - small, small) }
                 })
                 .collect()),
             other => Err(cx.err(format!("auto_pad '{other}' is not supported"))),
@@ -74,9 +58,7 @@ impl Importer {
     pub(super) fn spatial_attr(&self, cx: &Cx, name: &str, sp: usize) -> Result<Vec<u64>> {
         match cx.ints(name) {
             None => Ok(vec![1; sp]),
-            Some(v) if v.len() == sp && v.iter().all(|&x| x > 0) => {
-                Ok(v.iter().map(|&x| x as u64).collect())
-            }
+            Some(v) if v.len() == sp && v.iter().all(|&x| x > 0) => Ok(v.iter().map(|&x| x as u64).collect()),
             Some(v) => Err(cx.err(format!("{name} {v:?}: {sp} positive values expected"))),
         }
     }
@@ -88,33 +70,17 @@ impl Importer {
         let stride = self.spatial_attr(cx, "strides", sp)?;
         let dil = self.spatial_attr(cx, "dilations", sp)?;
         let pads = self.pads(cx, input, kernel, &stride, &dil)?;
-        let lift = |v: &[u64], one: u64| -> [u64; 2] {
-            if sp == 1 {
-                [one, v[0]]
-            } else {
-                [v[0], v[1]]
-            }
-        };
+        let lift = |v: &[u64], one: u64| -> [u64; 2] { if sp == 1 { [one, v[0]] } else { [v[0], v[1]] } };
         Ok(Window {
             input: lift(input, 1),
             kernel: lift(kernel, 1),
             stride: lift(&stride, 1),
             dilation: lift(&dil, 1),
-            pads: if sp == 1 {
-                [(0, 0), pads[0]]
-            } else {
-                [pads[0], pads[1]]
-            },
+            pads: if sp == 1 { [(0, 0), pads[0]] } else { [pads[0], pads[1]] },
         })
     }
 
-    pub(super) fn conv(
-        &mut self,
-        cx: &Cx,
-        x: ValueId,
-        w: ValueId,
-        bias: Option<ValueId>,
-    ) -> Result<ValueId> {
+    pub(super) fn conv(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
         let sx = self.shape(x);
         let sw = self.shape(w);
         if !(sx.len() == 3 || sx.len() == 4) || sw.len() != sx.len() {
@@ -123,43 +89,24 @@ impl Importer {
         let g = cx.int("group", 1).max(1) as u64;
         let (n, c, o) = (sx[0], sx[1], sw[0]);
         if c % g != 0 || o % g != 0 || sw[1] * g != c {
-            return Err(cx.err(format!(
-                "weights {sw:?} do not fit {c} input channels in {g} groups"
-            )));
+            return Err(cx.err(format!("weights {sw:?} do not fit {c} input channels in {g} groups")));
         }
         if let Some(ks) = cx.ints("kernel_shape") {
             if ks.iter().map(|&k| k as u64).ne(sw[2..].iter().copied()) {
-                return Err(cx.err(format!(
-                    "kernel_shape {ks:?} differs from the weights' {:?}",
-                    &sw[2..]
-                )));
+                return Err(cx.err(format!("kernel_shape {ks:?} differs from the weights' {:?}", &sw[2..])));
             }
         }
         if let Some(bv) = bias {
             if self.shape(bv) != [o] {
-                return Err(cx.err(format!(
-                    "bias has shape {:?}; [{o}] expected",
-                    self.shape(bv)
-                )));
+                return Err(cx.err(format!("bias has shape {:?}; [{o}] expected", self.shape(bv))));
             }
         }
         let mut win = self.window(cx, &sx[2..], &sw[2..])?;
         let out_sp = win.output(cx)?;
         let w = self.trim_dead_taps(cx, w, &mut win, out_sp);
         let kind = Kind::Conv {
-            x,
-            w,
-            bias,
-            dims: [
-                n,
-                c,
-                win.input[0],
-                win.input[1],
-                o,
-                win.kernel[0],
-                win.kernel[1],
-                g,
-            ],
+            x, w, bias,
+            dims: [n, c, win.input[0], win.input[1], o, win.kernel[0], win.kernel[1], g],
             stride: win.stride,
             dilation: win.dilation,
             pads: win.pad4(),
@@ -183,20 +130,12 @@ impl Importer {
     fn trim_dead_taps(&mut self, cx: &Cx, w: ValueId, win: &mut Window, out: [u64; 2]) -> ValueId {
         let mut keep = [(0u64, 0u64); 2];
         for a in 0..2 {
-            let (i, k, s, d) = (
-                win.input[a] as i64,
-                win.kernel[a] as i64,
-                win.stride[a] as i64,
-                win.dilation[a] as i64,
-            );
+            let (i, k, s, d) = (win.input[a] as i64, win.kernel[a] as i64, win.stride[a] as i64, win.dilation[a] as i64);
             let (pb, pe) = (win.pads[a].0 as i64, win.pads[a].1 as i64);
             let o = out[a] as i64;
             // Tap t reads o'·s - pb + t·d, o' in 0..o: live if one lands in 0..i.
             let live = |t: i64| (0..o).any(|q| (0..i).contains(&(q * s - pb + t * d)));
-            let (Some(t0), Some(t1)) = ((0..k).find(|&t| live(t)), (0..k).rev().find(|&t| live(t)))
-            else {
-                return w;
-            };
+            let (Some(t0), Some(t1)) = ((0..k).find(|&t| live(t)), (0..k).rev().find(|&t| live(t))) else { return w };
             if pb - t0 * d < 0 || pe - (k - 1 - t1) * d < 0 {
                 return w;
             }
@@ -218,17 +157,10 @@ impl Importer {
             }
         }
         let mut shape = sw[..2].to_vec();
-        shape.extend(if sw.len() == 3 {
-            vec![nw as u64]
-        } else {
-            vec![nh as u64, nw as u64]
-        });
+        shape.extend(if sw.len() == 3 { vec![nw as u64] } else { vec![nh as u64, nw as u64] });
         for (a, (t0, t1)) in keep.into_iter().enumerate() {
             let d = win.dilation[a];
-            win.pads[a] = (
-                win.pads[a].0 - t0 * d,
-                win.pads[a].1 - (win.kernel[a] - 1 - t1) * d,
-            );
+            win.pads[a] = (win.pads[a].0 - t0 * d, win.pads[a].1 - (win.kernel[a] - 1 - t1) * d);
             win.kernel[a] = t1 - t0 + 1;
             if win.kernel[a] == 1 {
                 win.dilation[a] = 1;
@@ -243,49 +175,26 @@ impl Importer {
     /// then the columns shuffled into place: [n, o, k0, k1, h, w] ->
     /// [n, o, h, k0, w, k1] -> [n, o, h·k0, w·k1] (1-D: [n, o, k, l] ->
     /// [n, o, l, k] -> [n, o, l·k]).
-    fn conv_transpose_disjoint(
-        &mut self,
-        cx: &Cx,
-        x: ValueId,
-        wc: &Const,
-        bias: Option<ValueId>,
-        [n, c, o]: [u64; 3],
-        input: &[u64],
-        kernel: &[u64],
-    ) -> Result<ValueId> {
+    fn conv_transpose_disjoint(&mut self, cx: &Cx, x: ValueId, wc: &Const, bias: Option<ValueId>, [n, c, o]: [u64; 3], input: &[u64], kernel: &[u64]) -> Result<ValueId> {
         let kvol = volume(kernel);
         let src = wc.floats();
         let mut w = vec![0.0f32; src.len()];
         for ci in 0..c as usize {
             for co in 0..o as usize {
                 for t in 0..kvol as usize {
-                    w[(co * kvol as usize + t) * c as usize + ci] =
-                        src[(ci * o as usize + co) * kvol as usize + t];
+                    w[(co * kvol as usize + t) * c as usize + ci] = src[(ci * o as usize + co) * kvol as usize + t];
                 }
             }
         }
-        let wv = self.constant(
-            &format!("{}.column_weights", cx.name),
-            Const::f32(&[o * kvol, c, 1, 1], w),
-        );
+        let wv = self.constant(&format!("{}.column_weights", cx.name), Const::f32(&[o * kvol, c, 1, 1], w));
         let bv = match bias.and_then(|b| self.konst(b)).map(|b| b.floats()) {
             Some(b) => {
-                let rep: Vec<f32> = b
-                    .iter()
-                    .flat_map(|&v| std::iter::repeat_n(v, kvol as usize))
-                    .collect();
-                Some(self.constant(
-                    &format!("{}.column_bias", cx.name),
-                    Const::f32(&[o * kvol], rep),
-                ))
+                let rep: Vec<f32> = b.iter().flat_map(|&v| std::iter::repeat_n(v, kvol as usize)).collect();
+                Some(self.constant(&format!("{}.column_bias", cx.name), Const::f32(&[o * kvol], rep)))
             }
             None => None,
         };
-        let (h, wd) = if input.len() == 1 {
-            (1, input[0])
-        } else {
-            (input[0], input[1])
-        };
+        let (h, wd) = if input.len() == 1 { (1, input[0]) } else { (input[0], input[1]) };
         let kind = Kind::Conv {
             x,
             w: wv,
@@ -299,17 +208,9 @@ impl Importer {
         };
         let cols = self.device_tmp(cx, kind, vec![n, o * kvol, h, wd], "columns");
         let (blocks, perm, out) = if input.len() == 1 {
-            (
-                vec![n, o, kernel[0], input[0]],
-                vec![0, 1, 3, 2],
-                vec![n, o, input[0] * kernel[0]],
-            )
+            (vec![n, o, kernel[0], input[0]], vec![0, 1, 3, 2], vec![n, o, input[0] * kernel[0]])
         } else {
-            (
-                vec![n, o, kernel[0], kernel[1], input[0], input[1]],
-                vec![0, 1, 4, 2, 5, 3],
-                vec![n, o, input[0] * kernel[0], input[1] * kernel[1]],
-            )
+            (vec![n, o, kernel[0], kernel[1], input[0], input[1]], vec![0, 1, 4, 2, 5, 3], vec![n, o, input[0] * kernel[0], input[1] * kernel[1]])
         };
         let b = self.reshaped(cx, cols, blocks, Some("blocks"));
         let y = self.permuted(cx, b, &perm, Some("shuffled"))?;
@@ -317,13 +218,7 @@ impl Importer {
         Ok(self.alias(cx, y))
     }
 
-    pub(super) fn conv_transpose(
-        &mut self,
-        cx: &Cx,
-        x: ValueId,
-        w: ValueId,
-        bias: Option<ValueId>,
-    ) -> Result<ValueId> {
+    pub(super) fn conv_transpose(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
         let sx = self.shape(x);
         let sw = self.shape(w);
         if !(sx.len() == 3 || sx.len() == 4) || sw.len() != sx.len() {
@@ -333,56 +228,34 @@ impl Importer {
         let g = cx.int("group", 1).max(1) as u64;
         let (n, c) = (sx[0], sx[1]);
         if sw[0] != c || c % g != 0 {
-            return Err(cx.err(format!(
-                "weights {sw:?} do not fit {c} input channels in {g} groups"
-            )));
+            return Err(cx.err(format!("weights {sw:?} do not fit {c} input channels in {g} groups")));
         }
         let og = sw[1];
         let o = og * g;
         let kernel = &sw[2..];
         if let Some(ks) = cx.ints("kernel_shape") {
             if ks.iter().map(|&k| k as u64).ne(kernel.iter().copied()) {
-                return Err(cx.err(format!(
-                    "kernel_shape {ks:?} differs from the weights' {kernel:?}"
-                )));
+                return Err(cx.err(format!("kernel_shape {ks:?} differs from the weights' {kernel:?}")));
             }
         }
-        let wc = self
-            .konst(w)
-            .cloned()
-            .ok_or_else(|| cx.err("weights computed at run time are not supported"))?;
+        let wc = self.konst(w).cloned().ok_or_else(|| cx.err("weights computed at run time are not supported"))?;
         if let Some(bv) = bias {
             if self.shape(bv) != [o] {
-                return Err(cx.err(format!(
-                    "bias has shape {:?}; [{o}] expected",
-                    self.shape(bv)
-                )));
+                return Err(cx.err(format!("bias has shape {:?}; [{o}] expected", self.shape(bv))));
             }
         }
         let stride = self.spatial_attr(cx, "strides", sp)?;
         let dil = self.spatial_attr(cx, "dilations", sp)?;
         let out_pad = match cx.ints("output_padding") {
-            Some(p)
-                if p.len() == sp
-                    && p.iter()
-                        .zip(&stride)
-                        .zip(&dil)
-                        .all(|((&v, &s), &d)| v >= 0 && ((v as u64) < s || (v as u64) < d)) =>
-            {
+            Some(p) if p.len() == sp && p.iter().zip(&stride).zip(&dil).all(|((&v, &s), &d)| v >= 0 && ((v as u64) < s || (v as u64) < d)) => {
                 p.iter().map(|&v| v as u64).collect::<Vec<_>>()
             }
-            Some(p) => {
-                return Err(cx.err(format!(
-                    "output_padding {p:?}: {sp} values below the stride or dilation expected"
-                )))
-            }
+            Some(p) => return Err(cx.err(format!("output_padding {p:?}: {sp} values below the stride or dilation expected"))),
             None => vec![0; sp],
         };
         let input = &sx[2..];
         // Full output extent before padding is removed, per axis.
-        let full: Vec<u64> = (0..sp)
-            .map(|i| stride[i] * (input[i] - 1) + out_pad[i] + dil[i] * (kernel[i] - 1) + 1)
-            .collect();
+        let full: Vec<u64> = (0..sp).map(|i| stride[i] * (input[i] - 1) + out_pad[i] + dil[i] * (kernel[i] - 1) + 1).collect();
         let explicit_out = cx.ints("output_shape").filter(|v| !v.is_empty());
         let auto = cx.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
         let pads: Vec<(u64, u64)> = if let Some(os) = explicit_out.as_ref() {
@@ -405,10 +278,7 @@ impl Importer {
                 "NOTSET" => {
                     let p = cx.ints("pads").unwrap_or_else(|| vec![0; 2 * sp]);
                     if p.len() != 2 * sp || p.iter().any(|&v| v < 0) {
-                        return Err(cx.err(format!(
-                            "pads {p:?}: {} non-negative values expected",
-                            2 * sp
-                        )));
+                        return Err(cx.err(format!("pads {p:?}: {} non-negative values expected", 2 * sp)));
                     }
                     (0..sp).map(|i| (p[i] as u64, p[i + sp] as u64)).collect()
                 }
@@ -416,11 +286,7 @@ impl Importer {
                 "SAME_UPPER" | "SAME_LOWER" => (0..sp)
                     .map(|i| {
                         let t = full[i].saturating_sub(input[i] * stride[i]);
-                        if auto == "SAME_LOWER" {
-                            (t - t / 2, t / 2)
-                        } else {
-                            (t / 2, t - t / 2)
-                        }
+                        if auto == "SAME_LOWER" { (t - t / 2, t / 2) } else { (t / 2, t - t / 2) }
                     })
                     .collect(),
                 other => return Err(cx.err(format!("auto_pad '{other}' is not supported"))),
@@ -431,9 +297,7 @@ impl Importer {
         // layer is a 1x1 convolution to o·k channels followed by a pixel
         // shuffle, a quarter of the spread form's work for k = s = 2.
         let disjoint = g == 1
-            && (0..sp).all(|i| {
-                kernel[i] == stride[i] && dil[i] == 1 && pads[i] == (0, 0) && out_pad[i] == 0
-            })
+            && (0..sp).all(|i| kernel[i] == stride[i] && dil[i] == 1 && pads[i] == (0, 0) && out_pad[i] == 0)
             && bias.is_none_or(|b| self.konst(b).is_some());
         if disjoint {
             return self.conv_transpose_disjoint(cx, x, &wc, bias, [n, c, o], input, kernel);
@@ -447,10 +311,7 @@ impl Importer {
             let reach = dil[i] * (kernel[i] - 1);
             let (pb, pe) = pads[i];
             if pb > reach || pe > reach + out_pad[i] {
-                return Err(cx.err(format!(
-                    "pads {:?} exceed the kernel's reach {reach}: cropping is not supported",
-                    pads[i]
-                )));
+                return Err(cx.err(format!("pads {:?} exceed the kernel's reach {reach}: cropping is not supported", pads[i])));
             }
             begin[i + 2] = reach - pb;
             end[i + 2] = reach + out_pad[i] - pe;
@@ -463,19 +324,7 @@ impl Importer {
         rank_ok(cx, &spread, "the spread input")?;
         cx.shape(shape::fold_limit(&spread))?;
         let dims: Vec<u64> = sx.clone();
-        let xs = self.device_tmp(
-            cx,
-            Kind::Pad {
-                x,
-                value: 0.0,
-                dims,
-                begin,
-                end,
-                step,
-            },
-            spread.clone(),
-            "spread",
-        );
+        let xs = self.device_tmp(cx, Kind::Pad { x, value: 0.0, dims, begin, end, step }, spread.clone(), "spread");
         // Weights [c, og, k...] -> [o = g·og, c/g, k... flipped].
         let cg = c / g;
         let kvol = volume(kernel) as usize;
@@ -494,17 +343,8 @@ impl Importer {
         }
         let mut wshape = vec![o, cg];
         wshape.extend(kernel);
-        let wv = self.constant(
-            &format!("{}.flipped_weights", cx.name),
-            Const::f32(&wshape, wt),
-        );
-        let lift = |v: &[u64], one: u64| -> [u64; 2] {
-            if sp == 1 {
-                [one, v[0]]
-            } else {
-                [v[0], v[1]]
-            }
-        };
+        let wv = self.constant(&format!("{}.flipped_weights", cx.name), Const::f32(&wshape, wt));
+        let lift = |v: &[u64], one: u64| -> [u64; 2] { if sp == 1 { [one, v[0]] } else { [v[0], v[1]] } };
         let sin = lift(&spread[2..], 1);
         let k2 = lift(kernel, 1);
         let d2 = lift(&dil, 1);
@@ -542,25 +382,14 @@ impl Window {
     pub(super) fn output(&self, cx: &Cx) -> Result<[u64; 2]> {
         let mut o = [0; 2];
         for (i, v) in o.iter_mut().enumerate() {
-            *v = out_len(
-                self.input[i],
-                self.kernel[i],
-                self.stride[i],
-                self.dilation[i],
-                self.pads[i],
-            )
-            .ok_or_else(|| cx.err("the kernel is larger than the padded input"))?;
+            *v = out_len(self.input[i], self.kernel[i], self.stride[i], self.dilation[i], self.pads[i])
+                .ok_or_else(|| cx.err("the kernel is larger than the padded input"))?;
         }
         Ok(o)
     }
     /// Pads as the descriptors order them: top, left, bottom, right.
     pub(super) fn pad4(&self) -> [u64; 4] {
-        [
-            self.pads[0].0,
-            self.pads[1].0,
-            self.pads[0].1,
-            self.pads[1].1,
-        ]
+        [self.pads[0].0, self.pads[1].0, self.pads[0].1, self.pads[1].1]
     }
 }
 

@@ -9,19 +9,14 @@
 use super::*;
 
 /// The ONNX op types this module lowers.
-pub(super) const OPS: &[&str] = &["Gather", "GatherElements", "ScatterND", "ScatterElements"];
+pub(super) const OPS: &[&str] = &[
+    "Gather", "GatherElements", "ScatterND", "ScatterElements",
+];
 
 impl Importer {
-    pub(super) fn lower_gather(
-        &mut self,
-        cx: &Cx,
-        ins: &[Option<ValueId>],
-    ) -> Result<Vec<ValueId>> {
+    pub(super) fn lower_gather(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let input = |i: usize| -> Result<ValueId> {
-            ins.get(i)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err(format!("input {i} is missing")))
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
         };
         let op = cx.n.op_type.as_str();
         let v = match op {
@@ -46,9 +41,7 @@ impl Importer {
         let mut norm = Vec::with_capacity(idx.len());
         for &i in &idx.ints() {
             if i < -d || i >= d {
-                return Err(cx.err(format!(
-                    "index {i} is out of range for axis {a} of size {d}"
-                )));
+                return Err(cx.err(format!("index {i} is out of range for axis {a} of size {d}")));
             }
             norm.push(if i < 0 { i + d } else { i });
         }
@@ -58,28 +51,13 @@ impl Importer {
     /// Gather along axis `a` at constant indices `norm` (each in range,
     /// non-negative) of shape `ishape`: folded on a constant, else a GATHER
     /// with the indices as a constant operand.
-    pub(super) fn gather_const(
-        &mut self,
-        cx: &Cx,
-        data: ValueId,
-        ishape: &[u64],
-        norm: Vec<i64>,
-        a: usize,
-    ) -> Result<ValueId> {
+    pub(super) fn gather_const(&mut self, cx: &Cx, data: ValueId, ishape: &[u64], norm: Vec<i64>, a: usize) -> Result<ValueId> {
         self.gather_const_tagged(cx, data, ishape, norm, a, None)
     }
 
     /// [`Self::gather_const`] whose result is an intermediate named by
     /// `tag` (None: the node's output).
-    pub(super) fn gather_const_tagged(
-        &mut self,
-        cx: &Cx,
-        data: ValueId,
-        ishape: &[u64],
-        norm: Vec<i64>,
-        a: usize,
-        tag: Option<&str>,
-    ) -> Result<ValueId> {
+    pub(super) fn gather_const_tagged(&mut self, cx: &Cx, data: ValueId, ishape: &[u64], norm: Vec<i64>, a: usize, tag: Option<&str>) -> Result<ValueId> {
         let s = self.shape(data);
         let mut out: Vec<u64> = s[..a].to_vec();
         out.extend(ishape);
@@ -100,13 +78,7 @@ impl Importer {
         rank_ok(cx, &s, "the data")?;
         let count = norm.len() as u64;
         let iv = self.constant(&format!("{}.indices", cx.name), Const::i64(ishape, norm));
-        let kind = Kind::Gather {
-            data,
-            indices: iv,
-            dims: s,
-            axis: a as u64,
-            count,
-        };
+        let kind = Kind::Gather { data, indices: iv, dims: s, axis: a as u64, count };
         Ok(self.result(cx, tag, kind, out))
     }
 
@@ -124,36 +96,19 @@ impl Importer {
         }
         let (s, is) = (self.shape(data), self.shape(indices));
         let a = cx.shape(shape::axis(cx.int("axis", 0), s.len(), false))?;
-        if is.len() != s.len()
-            || is
-                .iter()
-                .zip(&s)
-                .enumerate()
-                .any(|(k, (i, d))| k != a && i > d)
-        {
-            return Err(cx.err(format!(
-                "indices {is:?} do not fit data {s:?} along axis {a}"
-            )));
+        if is.len() != s.len() || is.iter().zip(&s).enumerate().any(|(k, (i, d))| k != a && i > d) {
+            return Err(cx.err(format!("indices {is:?} do not fit data {s:?} along axis {a}")));
         }
         let n = volume(&s);
         if n >= 1 << 24 {
-            return Err(cx.err(format!(
-                "data of {n} elements; at most 2^24 with run-time operands"
-            )));
+            return Err(cx.err(format!("data of {n} elements; at most 2^24 with run-time operands")));
         }
         let (st, d) = (strides(&s), s[a] as i64);
         // Flat offset of every output element along the other axes.
         let mut other = Vec::with_capacity(volume(&is) as usize);
         let mut idx = vec![0u64; is.len()];
         for _ in 0..volume(&is) {
-            other.push(
-                idx.iter()
-                    .zip(&st)
-                    .enumerate()
-                    .filter(|(k, _)| *k != a)
-                    .map(|(_, (i, s))| i * s)
-                    .sum::<u64>(),
-            );
+            other.push(idx.iter().zip(&st).enumerate().filter(|(k, _)| *k != a).map(|(_, (i, s))| i * s).sum::<u64>());
             for k in (0..is.len()).rev() {
                 idx[k] += 1;
                 if idx[k] < is[k] {
@@ -167,27 +122,15 @@ impl Importer {
             let mut pos = Vec::with_capacity(other.len());
             for (&v, &o) in i.ints().iter().zip(&other) {
                 if v < -d || v >= d {
-                    return Err(cx.err(format!(
-                        "index {v} is out of range for axis {a} of size {d}"
-                    )));
+                    return Err(cx.err(format!("index {v} is out of range for axis {a} of size {d}")));
                 }
                 pos.push((if v < 0 { v + d } else { v }) * st[a] as i64 + o as i64);
             }
             return self.gather_const(cx, flat, &is, pos, 0);
         }
-        let scalar = |me: &mut Self, tag: &str, v: f32| {
-            me.constant(&format!("{}.{tag}", cx.name), Const::f32(&[], vec![v]))
-        };
-        let (zero, dim, stride, end) = (
-            scalar(self, "zero", 0.0),
-            scalar(self, "dim", d as f32),
-            scalar(self, "stride", st[a] as f32),
-            scalar(self, "end", n as f32),
-        );
-        let offsets = self.constant(
-            &format!("{}.offsets", cx.name),
-            Const::f32(&is, other.iter().map(|&o| o as f32).collect()),
-        );
+        let scalar = |me: &mut Self, tag: &str, v: f32| me.constant(&format!("{}.{tag}", cx.name), Const::f32(&[], vec![v]));
+        let (zero, dim, stride, end) = (scalar(self, "zero", 0.0), scalar(self, "dim", d as f32), scalar(self, "stride", st[a] as f32), scalar(self, "end", n as f32));
+        let offsets = self.constant(&format!("{}.offsets", cx.name), Const::f32(&is, other.iter().map(|&o| o as f32).collect()));
         let neg = self.binary(cx, Binary::Less, indices, zero, false)?;
         let wrap = self.binary(cx, Binary::Mul, neg, dim, false)?;
         let i = self.binary(cx, Binary::Add, indices, wrap, false)?;
@@ -197,23 +140,8 @@ impl Importer {
         let pos = self.binary(cx, Binary::Mul, i, stride, false)?;
         let pos = self.binary(cx, Binary::Add, pos, offsets, false)?;
         let pos = self.where_select(cx, ok, pos, end, Some("checked"))?;
-        let pos = self.device_tmp(
-            cx,
-            Kind::Cast {
-                x: pos,
-                from: DType::F32,
-                to: DType::I64,
-            },
-            is.clone(),
-            "positions",
-        );
-        let kind = Kind::Gather {
-            data: flat,
-            indices: pos,
-            dims: vec![n],
-            axis: 0,
-            count: volume(&is),
-        };
+        let pos = self.device_tmp(cx, Kind::Cast { x: pos, from: DType::F32, to: DType::I64 }, is.clone(), "positions");
+        let kind = Kind::Gather { data: flat, indices: pos, dims: vec![n], axis: 0, count: volume(&is) };
         Ok(self.device(cx, kind, is))
     }
 
@@ -223,27 +151,13 @@ impl Importer {
     /// update lands on each output element (the last, as ONNX's reduction
     /// none); then `out = written ? updates[source] : data`, one GATHER and
     /// one WHERE. Run-time indices and other reductions are refused.
-    fn scatter(
-        &mut self,
-        cx: &Cx,
-        data: ValueId,
-        indices: ValueId,
-        updates: ValueId,
-    ) -> Result<ValueId> {
+    fn scatter(&mut self, cx: &Cx, data: ValueId, indices: ValueId, updates: ValueId) -> Result<ValueId> {
         let op = cx.n.op_type.as_str();
-        let r = cx.shape(fold::Reduction::parse(
-            cx.string("reduction").as_deref().unwrap_or("none"),
-        ))?;
+        let r = cx.shape(fold::Reduction::parse(cx.string("reduction").as_deref().unwrap_or("none")))?;
         let apply = |d: &Const, i: &Const, u: &Const| -> std::result::Result<Const, String> {
-            if op == "ScatterND" {
-                fold::scatter_nd(d, i, u, r)
-            } else {
-                fold::scatter_elements(d, i, u, cx.int("axis", 0), r)
-            }
+            if op == "ScatterND" { fold::scatter_nd(d, i, u, r) } else { fold::scatter_elements(d, i, u, cx.int("axis", 0), r) }
         };
-        if let (Some(d), Some(i), Some(u)) =
-            (self.konst(data), self.konst(indices), self.konst(updates))
-        {
+        if let (Some(d), Some(i), Some(u)) = (self.konst(data), self.konst(indices), self.konst(updates)) {
             let c = cx.shape(apply(d, i, u))?;
             return Ok(self.constant(&Self::out_name(cx, 0), c));
         }
@@ -259,10 +173,7 @@ impl Importer {
         let stand_in = Const::f32(&ds, vec![-1.0; volume(&ds) as usize]);
         let ids = Const::f32(&us, (0..nu).map(|k| k as f32).collect());
         let source = cx.shape(apply(&stand_in, &idx, &ids))?.floats();
-        let written: Vec<f32> = source
-            .iter()
-            .map(|&s| if s >= 0.0 { 1.0 } else { 0.0 })
-            .collect();
+        let written: Vec<f32> = source.iter().map(|&s| if s >= 0.0 { 1.0 } else { 0.0 }).collect();
         let from: Vec<i64> = source.iter().map(|&s| s.max(0.0) as i64).collect();
         let flat = self.reshaped(cx, updates, vec![nu], Some("updates"));
         let picked = self.gather_const_tagged(cx, flat, &ds, from, 0, Some("picked"))?;
@@ -273,30 +184,14 @@ impl Importer {
     /// Gather with indices known only at run time (token ids): the device
     /// bounds-checks every index; a model input used as indices also gets
     /// the value range the runtime checks before submitting.
-    pub(super) fn gather_run_time(
-        &mut self,
-        cx: &Cx,
-        data: ValueId,
-        indices: ValueId,
-        s: Vec<u64>,
-        a: usize,
-    ) -> Result<ValueId> {
+    pub(super) fn gather_run_time(&mut self, cx: &Cx, data: ValueId, indices: ValueId, s: Vec<u64>, a: usize) -> Result<ValueId> {
         let mut indices = indices;
         let mut it = self.g.values[indices].dtype;
         if it == DType::F32 && self.input_behind(indices).is_none() {
             // Integer arithmetic on ids (position ids from a cumulative
             // sum of the mask) runs in f32: back to i64, exact below 2^24.
             // (A float model input stays refused below.)
-            indices = self.device_tmp(
-                cx,
-                Kind::Cast {
-                    x: indices,
-                    from: DType::F32,
-                    to: DType::I64,
-                },
-                self.shape(indices),
-                "ids",
-            );
+            indices = self.device_tmp(cx, Kind::Cast { x: indices, from: DType::F32, to: DType::I64 }, self.shape(indices), "ids");
             it = DType::I64;
         }
         if !matches!(it, DType::I32 | DType::I64) {
@@ -317,13 +212,7 @@ impl Importer {
             self.g.restrict_range(input, -d, d);
         }
         let count = volume(&ishape);
-        let kind = Kind::Gather {
-            data,
-            indices,
-            dims: s,
-            axis: a as u64,
-            count,
-        };
+        let kind = Kind::Gather { data, indices, dims: s, axis: a as u64, count };
         Ok(self.device(cx, kind, out))
     }
 }

@@ -6,59 +6,30 @@ use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Identity",
-    "Dropout",
-    "Cast",
-    "Reshape",
-    "Flatten",
-    "Squeeze",
-    "Unsqueeze",
-    "Transpose",
-    "DepthToSpace",
-    "SpaceToDepth",
-    "Tile",
-    "Concat",
-    "Slice",
-    "Split",
-    "Expand",
-    "Pad",
+    "Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "DepthToSpace", "SpaceToDepth", "Tile",
+    "Concat", "Slice", "Split", "Expand", "Pad",
 ];
 
 impl Importer {
-    pub(super) fn lower_layout(
-        &mut self,
-        cx: &Cx,
-        ins: &[Option<ValueId>],
-    ) -> Result<Vec<ValueId>> {
+    pub(super) fn lower_layout(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let input = |i: usize| -> Result<ValueId> {
-            ins.get(i)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err(format!("input {i} is missing")))
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
         };
         let opt = |i: usize| ins.get(i).copied().flatten();
         let op = cx.n.op_type.as_str();
         let v = match op {
-            "Identity" | "Dropout" | "Cast" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
-                self.view_op(cx, ins)?
-            }
+            "Identity" | "Dropout" | "Cast" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => self.view_op(cx, ins)?,
             "Transpose" => {
                 let x = input(0)?;
                 let s = self.shape(x);
                 let perm: Vec<usize> = match cx.ints("perm") {
-                    Some(p) => p
-                        .iter()
-                        .map(|&a| cx.shape(shape::axis(a, s.len(), false)))
-                        .collect::<Result<_>>()?,
+                    Some(p) => p.iter().map(|&a| cx.shape(shape::axis(a, s.len(), false))).collect::<Result<_>>()?,
                     None => (0..s.len()).rev().collect(),
                 };
                 let mut seen = perm.clone();
                 seen.sort_unstable();
                 if seen != (0..s.len()).collect::<Vec<_>>() {
-                    return Err(cx.err(format!(
-                        "perm {perm:?} is not a permutation of the {} axes",
-                        s.len()
-                    )));
+                    return Err(cx.err(format!("perm {perm:?} is not a permutation of the {} axes", s.len())));
                 }
                 self.permuted(cx, x, &perm, None)?
             }
@@ -67,39 +38,16 @@ impl Importer {
                 let x = input(0)?;
                 let s = self.shape(x);
                 let (starts, ends, axes, steps) = if self.opset < 10 {
-                    (
-                        cx.ints("starts").unwrap_or_default(),
-                        cx.ints("ends").unwrap_or_default(),
-                        cx.ints("axes"),
-                        None,
-                    )
+                    (cx.ints("starts").unwrap_or_default(), cx.ints("ends").unwrap_or_default(), cx.ints("axes"), None)
                 } else {
-                    let get = |me: &Self, i: usize| -> Result<Option<Vec<i64>>> {
-                        opt(i).map(|v| me.const_ints(cx, v, i)).transpose()
-                    };
-                    (
-                        get(self, 1)?.unwrap_or_default(),
-                        get(self, 2)?.unwrap_or_default(),
-                        get(self, 3)?,
-                        get(self, 4)?,
-                    )
+                    let get = |me: &Self, i: usize| -> Result<Option<Vec<i64>>> { opt(i).map(|v| me.const_ints(cx, v, i)).transpose() };
+                    (get(self, 1)?.unwrap_or_default(), get(self, 2)?.unwrap_or_default(), get(self, 3)?, get(self, 4)?)
                 };
-                let b = cx.shape(shape::slice(
-                    &s,
-                    &starts,
-                    &ends,
-                    axes.as_deref(),
-                    steps.as_deref(),
-                ))?;
+                let b = cx.shape(shape::slice(&s, &starts, &ends, axes.as_deref(), steps.as_deref()))?;
                 let mut y = self.slice_out(cx, 0, x, &b.out, &b.start, &b.step)?;
                 // Negative steps: the ascending box, then flipped along
                 // each such axis by a Gather of the reversed positions.
-                for (a, _) in b
-                    .reversed
-                    .iter()
-                    .enumerate()
-                    .filter(|(a, &r)| r && b.out[*a] > 1)
-                {
+                for (a, _) in b.reversed.iter().enumerate().filter(|(a, &r)| r && b.out[*a] > 1) {
                     let n = b.out[a] as i64;
                     y = self.gather_const(cx, y, &[n as u64], (0..n).rev().collect(), a)?;
                 }
@@ -121,14 +69,7 @@ impl Importer {
                     self.device(cx, Kind::View { x }, out)
                 } else {
                     rank_ok(cx, &out, "the output")?;
-                    let part = CopyPart {
-                        src: x,
-                        src_offset: 0,
-                        dst_offset: 0,
-                        dst_strides: strides(&out),
-                        sizes: out.clone(),
-                        src_strides,
-                    };
+                    let part = CopyPart { src: x, src_offset: 0, dst_offset: 0, dst_strides: strides(&out), sizes: out.clone(), src_strides };
                     self.device(cx, Kind::Copy { parts: vec![part] }, out)
                 }
             }
@@ -142,32 +83,21 @@ impl Importer {
 
     /// Ops that only reinterpret (or, for constants, convert) a tensor.
     pub(super) fn view_op(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
-        let x = ins
-            .first()
-            .copied()
-            .flatten()
-            .ok_or_else(|| cx.err("input 0 is missing"))?;
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
         let op = cx.n.op_type.as_str();
         let axes = |me: &Self| -> Result<Option<Vec<i64>>> {
             if me.opset < 13 {
                 Ok(cx.ints("axes"))
             } else {
-                ins.get(1)
-                    .copied()
-                    .flatten()
-                    .map(|v| me.const_ints(cx, v, 1))
-                    .transpose()
+                ins.get(1).copied().flatten().map(|v| me.const_ints(cx, v, 1)).transpose()
             }
         };
         let out = match op {
             "Identity" => s.clone(),
             "Dropout" => {
                 if let Some(t) = ins.get(2).copied().flatten() {
-                    if self
-                        .konst(t)
-                        .is_none_or(|c| c.ints().iter().any(|&b| b != 0))
-                    {
+                    if self.konst(t).is_none_or(|c| c.ints().iter().any(|&b| b != 0)) {
                         return Err(cx.err("training_mode must be a constant false"));
                     }
                 }
@@ -189,14 +119,8 @@ impl Importer {
                 s.clone()
             }
             "Reshape" => {
-                let spec = if self.opset < 5 {
-                    cx.ints("shape").unwrap_or_default()
-                } else {
-                    let v = ins
-                        .get(1)
-                        .copied()
-                        .flatten()
-                        .ok_or_else(|| cx.err("input 1 (shape) is missing"))?;
+                let spec = if self.opset < 5 { cx.ints("shape").unwrap_or_default() } else {
+                    let v = ins.get(1).copied().flatten().ok_or_else(|| cx.err("input 1 (shape) is missing"))?;
                     self.const_ints(cx, v, 1)?
                 };
                 cx.shape(shape::reshape(&s, &spec, cx.int("allowzero", 0) != 0))?
@@ -216,11 +140,7 @@ impl Importer {
                         }
                         drop[a] = true;
                     }
-                    s.iter()
-                        .zip(&drop)
-                        .filter(|(_, &d)| !d)
-                        .map(|(&v, _)| v)
-                        .collect()
+                    s.iter().zip(&drop).filter(|(_, &d)| !d).map(|(&v, _)| v).collect()
                 }
             },
             _ => {
@@ -236,9 +156,7 @@ impl Importer {
                     at[a] = true;
                 }
                 let mut it = s.iter();
-                at.iter()
-                    .map(|&one| if one { 1 } else { *it.next().unwrap_or(&1) })
-                    .collect()
+                at.iter().map(|&one| if one { 1 } else { *it.next().unwrap_or(&1) }).collect()
             }
         };
         Ok(match self.konst(x).cloned() {
@@ -252,72 +170,40 @@ impl Importer {
 
     /// clip(alpha * x + beta, 0, 1); the node's output when `last`.
     pub(super) fn pad(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
-        let x = ins
-            .first()
-            .copied()
-            .flatten()
-            .ok_or_else(|| cx.err("input 0 is missing"))?;
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
         let r = s.len();
         let mode = cx.string("mode").unwrap_or_else(|| "constant".into());
         if mode != "constant" {
-            return Err(cx.err(format!(
-                "mode '{mode}' is not supported (only constant padding)"
-            )));
+            return Err(cx.err(format!("mode '{mode}' is not supported (only constant padding)")));
         }
         let (pads, value, axes) = if self.opset < 11 {
-            (
-                cx.ints("pads").ok_or_else(|| cx.err("pads are missing"))?,
-                cx.float("value", 0.0),
-                None,
-            )
+            (cx.ints("pads").ok_or_else(|| cx.err("pads are missing"))?, cx.float("value", 0.0), None)
         } else {
-            let pads = self.const_ints(
-                cx,
-                ins.get(1)
-                    .copied()
-                    .flatten()
-                    .ok_or_else(|| cx.err("input 1 (pads) is missing"))?,
-                1,
-            )?;
+            let pads = self.const_ints(cx, ins.get(1).copied().flatten().ok_or_else(|| cx.err("input 1 (pads) is missing"))?, 1)?;
             let value = match ins.get(2).copied().flatten() {
-                Some(v) => self
-                    .konst(v)
-                    .and_then(Const::scalar)
-                    .ok_or_else(|| cx.err("constant_value must be a one-element constant"))?,
+                Some(v) => self.konst(v).and_then(Const::scalar).ok_or_else(|| cx.err("constant_value must be a one-element constant"))?,
                 None => 0.0,
             };
-            let axes = ins
-                .get(3)
-                .copied()
-                .flatten()
-                .map(|v| self.const_ints(cx, v, 3))
-                .transpose()?;
+            let axes = ins.get(3).copied().flatten().map(|v| self.const_ints(cx, v, 3)).transpose()?;
             (pads, value, axes)
         };
         let axes: Vec<usize> = match axes {
-            Some(a) => a
-                .iter()
-                .map(|&v| cx.shape(shape::axis(v, r, false)))
-                .collect::<Result<_>>()?,
+            Some(a) => a.iter().map(|&v| cx.shape(shape::axis(v, r, false))).collect::<Result<_>>()?,
             None => (0..r).collect(),
         };
         if pads.len() != 2 * axes.len() {
             return Err(cx.err(format!("{} pads for {} axes", pads.len(), axes.len())));
         }
         if pads.iter().any(|&p| p < 0) {
-            return Err(cx.err(format!(
-                "negative pads {pads:?} (cropping) are not supported"
-            )));
+            return Err(cx.err(format!("negative pads {pads:?} (cropping) are not supported")));
         }
         let (mut begin, mut end) = (vec![0u64; r], vec![0u64; r]);
         for (i, &a) in axes.iter().enumerate() {
             begin[a] = pads[i] as u64;
             end[a] = pads[i + axes.len()] as u64;
         }
-        let out: Vec<u64> = (0..r)
-            .map(|i| s[i].saturating_add(begin[i]).saturating_add(end[i]))
-            .collect();
+        let out: Vec<u64> = (0..r).map(|i| s[i].saturating_add(begin[i]).saturating_add(end[i])).collect();
         if let Some(c) = self.konst(x) {
             cx.shape(shape::fold_limit(&out))?;
             let st = strides(&out);
@@ -333,18 +219,7 @@ impl Importer {
         }
         rank_ok(cx, &out, "the output")?;
         let step = vec![1; r];
-        Ok(self.device(
-            cx,
-            Kind::Pad {
-                x,
-                value,
-                dims: s,
-                begin,
-                end,
-                step,
-            },
-            out,
-        ))
+        Ok(self.device(cx, Kind::Pad { x, value, dims: s, begin, end, step }, out))
     }
 
     /// DepthToSpace (DCR and CRD) and SpaceToDepth: a rank-6 reshape, a
@@ -360,13 +235,9 @@ impl Importer {
         }
         let b = b as u64;
         let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
-        let (split, perm, out): (Vec<u64>, [usize; 6], Vec<u64>) = if cx.n.op_type == "DepthToSpace"
-        {
+        let (split, perm, out): (Vec<u64>, [usize; 6], Vec<u64>) = if cx.n.op_type == "DepthToSpace" {
             if c % (b * b) != 0 {
-                return Err(cx.err(format!(
-                    "{c} channels are not a multiple of blocksize² = {}",
-                    b * b
-                )));
+                return Err(cx.err(format!("{c} channels are not a multiple of blocksize² = {}", b * b)));
             }
             let co = c / (b * b);
             let out = vec![n, co, h * b, w * b];
@@ -377,15 +248,9 @@ impl Importer {
             }
         } else {
             if h % b != 0 || w % b != 0 {
-                return Err(cx.err(format!(
-                    "height {h} and width {w} must be multiples of blocksize {b}"
-                )));
+                return Err(cx.err(format!("height {h} and width {w} must be multiples of blocksize {b}")));
             }
-            (
-                vec![n, c, h / b, b, w / b, b],
-                [0, 3, 5, 1, 2, 4],
-                vec![n, c * b * b, h / b, w / b],
-            )
+            (vec![n, c, h / b, b, w / b, b], [0, 3, 5, 1, 2, 4], vec![n, c * b * b, h / b, w / b])
         };
         let v = self.reshaped(cx, x, split, Some("split"));
         let t = self.permuted(cx, v, &perm, Some("moved"))?;
@@ -404,10 +269,7 @@ impl Importer {
         let s = self.shape(x);
         let reps = r.ints();
         if reps.len() != s.len() || reps.iter().any(|&k| k < 0) {
-            return Err(cx.err(format!(
-                "repeats {reps:?}: {} non-negative counts expected",
-                s.len()
-            )));
+            return Err(cx.err(format!("repeats {reps:?}: {} non-negative counts expected", s.len())));
         }
         let out: Vec<u64> = s.iter().zip(&reps).map(|(&d, &k)| d * k as u64).collect();
         if out == s {
@@ -426,21 +288,9 @@ impl Importer {
             dst_strides.push(dst_st[i]);
         }
         if sizes.len() > MAX_RANK {
-            return Err(cx.err(format!(
-                "repeating {} axes of a rank-{} input needs a copy of rank {} (at most {MAX_RANK})",
-                sizes.len() - s.len(),
-                s.len(),
-                sizes.len()
-            )));
+            return Err(cx.err(format!("repeating {} axes of a rank-{} input needs a copy of rank {} (at most {MAX_RANK})", sizes.len() - s.len(), s.len(), sizes.len())));
         }
-        let part = CopyPart {
-            src: x,
-            src_offset: 0,
-            dst_offset: 0,
-            sizes,
-            src_strides,
-            dst_strides,
-        };
+        let part = CopyPart { src: x, src_offset: 0, dst_offset: 0, sizes, src_strides, dst_strides };
         Ok(self.device(cx, Kind::Copy { parts: vec![part] }, out))
     }
 
@@ -454,17 +304,12 @@ impl Importer {
         for &x in &xs {
             let s = self.shape(x);
             if s.len() != s0.len() || s.iter().enumerate().any(|(i, &d)| i != a && d != s0[i]) {
-                return Err(cx.err(format!(
-                    "input shapes {s0:?} and {s:?} do not concatenate on axis {a}"
-                )));
+                return Err(cx.err(format!("input shapes {s0:?} and {s:?} do not concatenate on axis {a}")));
             }
             out[a] += s[a];
         }
         if xs.iter().all(|&x| self.konst(x).is_some()) {
-            let cs: Vec<&Const> = xs
-                .iter()
-                .map(|&x| self.konst(x).expect("checked"))
-                .collect();
+            let cs: Vec<&Const> = xs.iter().map(|&x| self.konst(x).expect("checked")).collect();
             let c = fold::concat(&cs, a, &out);
             return Ok(self.constant(&Self::out_name(cx, 0), c));
         }
@@ -489,15 +334,7 @@ impl Importer {
     }
 
     /// Output `i` is the box (start, step, shape `out`) of `x`.
-    pub(super) fn slice_out(
-        &mut self,
-        cx: &Cx,
-        i: usize,
-        x: ValueId,
-        out: &[u64],
-        start: &[u64],
-        step: &[u64],
-    ) -> Result<ValueId> {
+    pub(super) fn slice_out(&mut self, cx: &Cx, i: usize, x: ValueId, out: &[u64], start: &[u64], step: &[u64]) -> Result<ValueId> {
         let s = self.shape(x);
         let st = strides(&s);
         let src_strides: Vec<u64> = st.iter().zip(step).map(|(a, b)| a * b).collect();
@@ -510,45 +347,26 @@ impl Importer {
             return Ok(self.device_out(cx, i, Kind::View { x }, s));
         }
         rank_ok(cx, &s, "the input")?;
-        let part = CopyPart {
-            src: x,
-            src_offset: offset,
-            dst_offset: 0,
-            sizes: out.to_vec(),
-            src_strides,
-            dst_strides: strides(out),
-        };
+        let part = CopyPart { src: x, src_offset: offset, dst_offset: 0, sizes: out.to_vec(), src_strides, dst_strides: strides(out) };
         Ok(self.device_out(cx, i, Kind::Copy { parts: vec![part] }, out.to_vec()))
     }
 
     pub(super) fn split(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
-        let x = ins
-            .first()
-            .copied()
-            .flatten()
-            .ok_or_else(|| cx.err("input 0 is missing"))?;
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
         let a = cx.shape(shape::axis(cx.int("axis", 0), s.len(), false))?;
         let outs = cx.n.output.len() as u64;
         let sizes: Vec<u64> = match (ins.get(1).copied().flatten(), cx.ints("split")) {
-            (Some(v), _) => self
-                .const_ints(cx, v, 1)?
-                .iter()
-                .map(|&d| d.max(0) as u64)
-                .collect(),
+            (Some(v), _) => self.const_ints(cx, v, 1)?.iter().map(|&d| d.max(0) as u64).collect(),
             (None, Some(sp)) => sp.iter().map(|&d| d.max(0) as u64).collect(),
             (None, None) => {
                 let parts = cx.int("num_outputs", outs as i64).max(1) as u64;
                 let each = s[a].div_ceil(parts);
-                (0..parts)
-                    .map(|i| each.min(s[a].saturating_sub(i * each)))
-                    .collect()
+                (0..parts).map(|i| each.min(s[a].saturating_sub(i * each))).collect()
             }
         };
         if sizes.iter().sum::<u64>() != s[a] || sizes.len() as u64 != outs {
-            return Err(cx.err(format!(
-                "split sizes {sizes:?} do not cover axis {a} of {s:?} with {outs} outputs"
-            )));
+            return Err(cx.err(format!("split sizes {sizes:?} do not cover axis {a} of {s:?} with {outs} outputs")));
         }
         let mut res = Vec::new();
         let mut at = 0;

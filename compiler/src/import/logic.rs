@@ -11,27 +11,13 @@ use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Equal",
-    "Less",
-    "Greater",
-    "LessOrEqual",
-    "GreaterOrEqual",
-    "Not",
-    "And",
-    "Or",
-    "Xor",
-    "Where",
-    "IsNaN",
-    "IsInf",
+    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Where", "IsNaN", "IsInf",
 ];
 
 impl Importer {
     pub(super) fn lower_logic(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let input = |i: usize| -> Result<ValueId> {
-            ins.get(i)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err(format!("input {i} is missing")))
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
         };
         let op = cx.n.op_type.as_str();
         let arity = match op {
@@ -41,21 +27,10 @@ impl Importer {
         };
         let xs = (0..arity).map(input).collect::<Result<Vec<_>>>()?;
         if xs.iter().all(|&x| self.konst(x).is_some()) {
-            let k: Vec<Const> = xs
-                .iter()
-                .map(|&x| {
-                    self.konst(x)
-                        .cloned()
-                        .unwrap_or_else(|| Const::f32(&[], vec![0.0]))
-                })
-                .collect();
+            let k: Vec<Const> = xs.iter().map(|&x| self.konst(x).cloned().unwrap_or_else(|| Const::f32(&[], vec![0.0]))).collect();
             let c = match op {
                 "Not" | "IsNaN" => fold::unary(op, &k[0]).ok_or_else(|| cx.err("cannot fold"))?,
-                "IsInf" => fold::is_inf(
-                    &k[0],
-                    cx.int("detect_negative", 1) != 0,
-                    cx.int("detect_positive", 1) != 0,
-                ),
+                "IsInf" => fold::is_inf(&k[0], cx.int("detect_negative", 1) != 0, cx.int("detect_positive", 1) != 0),
                 "And" | "Or" | "Xor" => cx.shape(fold::logical(op, &k[0], &k[1]))?,
                 "Where" => cx.shape(fold::where_(&k[0], &k[1], &k[2]))?,
                 _ => cx.shape(fold::binary(op, &k[0], &k[1]))?,
@@ -78,24 +53,11 @@ impl Importer {
                 self.elementwise(cx, Binary::Equal, same, zero, None)?
             }
             "IsInf" => {
-                let (neg, pos) = (
-                    cx.int("detect_negative", 1) != 0,
-                    cx.int("detect_positive", 1) != 0,
-                );
+                let (neg, pos) = (cx.int("detect_negative", 1) != 0, cx.int("detect_positive", 1) != 0);
                 match (neg, pos) {
                     (true, true) => {
                         let s = self.shape(xs[0]);
-                        let a = self.device_tmp(
-                            cx,
-                            Kind::Unary {
-                                kind: Unary::Abs,
-                                x: xs[0],
-                                p0: 0.0,
-                                p1: 0.0,
-                            },
-                            s,
-                            "abs",
-                        );
+                        let a = self.device_tmp(cx, Kind::Unary { kind: Unary::Abs, x: xs[0], p0: 0.0, p1: 0.0 }, s, "abs");
                         let inf = self.scalar(cx, "inf", f32::INFINITY);
                         self.elementwise(cx, Binary::Equal, a, inf, None)?
                     }
@@ -105,11 +67,7 @@ impl Importer {
                         self.elementwise(cx, Binary::Equal, xs[0], nan, None)?
                     }
                     (n, _) => {
-                        let inf = self.scalar(
-                            cx,
-                            "inf",
-                            if n { f32::NEG_INFINITY } else { f32::INFINITY },
-                        );
+                        let inf = self.scalar(cx, "inf", if n { f32::NEG_INFINITY } else { f32::INFINITY });
                         self.elementwise(cx, Binary::Equal, xs[0], inf, None)?
                     }
                 }
@@ -127,19 +85,9 @@ impl Importer {
     }
 
     /// `cond ≠ 0 ? a : b`; `tag` names an intermediate (None: the output).
-    pub(super) fn where_select(
-        &mut self,
-        cx: &Cx,
-        cond: ValueId,
-        a: ValueId,
-        b: ValueId,
-        tag: Option<&str>,
-    ) -> Result<ValueId> {
+    pub(super) fn where_select(&mut self, cx: &Cx, cond: ValueId, a: ValueId, b: ValueId, tag: Option<&str>) -> Result<ValueId> {
         let (sc, sa, sb) = (self.shape(cond), self.shape(a), self.shape(b));
-        let out = cx.shape(shape::broadcast(
-            &cx.shape(shape::broadcast(&sc, &sa))?,
-            &sb,
-        ))?;
+        let out = cx.shape(shape::broadcast(&cx.shape(shape::broadcast(&sc, &sa))?, &sb))?;
         rank_ok(cx, &out, "the result")?;
         let r = out.len();
         let kind = Kind::Where {

@@ -13,9 +13,9 @@ use std::collections::HashMap;
 
 use rbln_format::DType;
 use rbln_hw::ops::{
-    Binary, Unary, MAX_RANK, REDUCE_ARGMAX, REDUCE_ARGMAX_LAST, REDUCE_ARGMIN, REDUCE_ARGMIN_LAST,
-    REDUCE_MAX, REDUCE_MEAN, REDUCE_MIN, REDUCE_SUM, RESIZE_CEIL, RESIZE_FLOOR,
-    RESIZE_ROUND_PREFER_CEIL, RESIZE_ROUND_PREFER_FLOOR,
+    Binary, Unary, MAX_RANK, REDUCE_ARGMAX, REDUCE_ARGMAX_LAST, REDUCE_ARGMIN, REDUCE_ARGMIN_LAST, REDUCE_MAX, REDUCE_MEAN,
+    REDUCE_MIN, REDUCE_SUM, RESIZE_CEIL, RESIZE_FLOOR, RESIZE_ROUND_PREFER_CEIL,
+    RESIZE_ROUND_PREFER_FLOOR,
 };
 
 use crate::error::{CompileError, Result};
@@ -67,121 +67,23 @@ pub const MAX_OPSET: i64 = 22;
 
 /// The ONNX op types rbln-compile handles (folded or on the device).
 pub const SUPPORTED_OPS: &[&str] = &[
-    "Abs",
-    "Add",
-    "And",
-    "ArgMax",
-    "ArgMin",
-    "AveragePool",
-    "BatchNormalization",
-    "Cast",
-    "Ceil",
-    "Clip",
-    "Concat",
-    "Constant",
-    "ConstantOfShape",
-    "Conv",
-    "ConvTranspose",
-    "CumSum",
-    "DepthToSpace",
-    "Div",
-    "Dropout",
-    "Einsum",
-    "Equal",
-    "Erf",
-    "Exp",
-    "Expand",
-    "Flatten",
-    "Floor",
-    "Gather",
-    "GatherElements",
-    "Gelu",
-    "Gemm",
-    "GlobalAveragePool",
-    "GlobalMaxPool",
-    "Greater",
-    "GreaterOrEqual",
-    "GroupNormalization",
-    "HardSigmoid",
-    "HardSwish",
-    "Identity",
-    "InstanceNormalization",
-    "IsInf",
-    "IsNaN",
-    "LayerNormalization",
-    "LeakyRelu",
-    "Less",
-    "LessOrEqual",
-    "Log",
-    "MatMul",
-    "Max",
-    "MaxPool",
-    "Min",
-    "Mod",
-    "Mul",
-    "Neg",
-    "NonZero",
-    "Not",
-    "Or",
-    "Pad",
-    "Pow",
-    "PRelu",
-    "Range",
-    "Reciprocal",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceSum",
-    "ReduceSumSquare",
-    "Relu",
-    "Reshape",
-    "Resize",
-    "Round",
-    "ScatterElements",
-    "ScatterND",
-    "Shape",
-    "Sigmoid",
-    "Sign",
-    "Sin",
-    "Cos",
-    "Size",
-    "Slice",
-    "Softmax",
-    "SpaceToDepth",
-    "Split",
-    "Sqrt",
-    "Squeeze",
-    "Sub",
-    "Tanh",
-    "Tile",
-    "Transpose",
-    "Trilu",
-    "Unsqueeze",
-    "Upsample",
-    "Where",
-    "Xor",
+    "Abs", "Add", "And", "ArgMax", "ArgMin", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape",
+    "Conv", "ConvTranspose", "CumSum", "DepthToSpace", "Div", "Dropout", "Einsum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
+    "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "GroupNormalization", "HardSigmoid", "HardSwish",
+    "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "MatMul", "Max",
+    "MaxPool", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "Range", "Reciprocal",
+    "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
+    "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign", "Sin", "Cos",
+    "Size", "Slice", "Softmax", "SpaceToDepth", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze", "Upsample",
+    "Where", "Xor",
 ];
 
 /// Ops computed only at compile time: every input they read must be a
 /// constant (the Reduce* ops without a device form are here; the other
 /// Reduce* ops fold on constants and run on the device otherwise).
 pub const COMPILE_TIME_OPS: &[&str] = &[
-    "Ceil",
-    "ConstantOfShape",
-    "Floor",
-    "Mod",
-    "NonZero",
-    "Range",
-    "ReduceLogSumExp",
-    "ReduceProd",
-    "Round",
-    "Sign",
-    "Trilu",
+    "Ceil", "ConstantOfShape", "Floor", "Mod", "NonZero",
+    "Range", "ReduceLogSumExp", "ReduceProd", "Round", "Sign", "Trilu",
 ];
 
 /// The ONNX node being lowered.
@@ -192,11 +94,7 @@ struct Cx<'a> {
 
 impl Cx<'_> {
     fn err(&self, reason: impl Into<String>) -> CompileError {
-        CompileError::Unsupported {
-            node: self.name.clone(),
-            op: self.n.op_type.clone(),
-            reason: reason.into(),
-        }
+        CompileError::Unsupported { node: self.name.clone(), op: self.n.op_type.clone(), reason: reason.into() }
     }
     fn attr(&self, name: &str) -> Option<&AttributeProto> {
         self.n.attribute.iter().find(|a| a.name == name)
@@ -211,8 +109,7 @@ impl Cx<'_> {
         self.attr(name).map(|a| a.ints.clone())
     }
     fn string(&self, name: &str) -> Option<String> {
-        self.attr(name)
-            .map(|a| String::from_utf8_lossy(&a.s).into_owned())
+        self.attr(name).map(|a| String::from_utf8_lossy(&a.s).into_owned())
     }
     fn shape<T>(&self, r: std::result::Result<T, String>) -> Result<T> {
         r.map_err(|e| self.err(e))
@@ -231,78 +128,42 @@ struct Importer {
 
 /// Import a decoded ONNX model.
 pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
-    let graph = m
-        .graph
-        .as_ref()
-        .ok_or_else(|| CompileError::Invalid("the model has no graph".into()))?;
+    let graph = m.graph.as_ref().ok_or_else(|| CompileError::Invalid("the model has no graph".into()))?;
     let opset = m
         .opset_import
         .iter()
         .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
         .map(|o| o.version)
-        .ok_or_else(|| {
-            CompileError::Invalid("the model imports no default-domain (ai.onnx) opset".into())
-        })?;
+        .ok_or_else(|| CompileError::Invalid("the model imports no default-domain (ai.onnx) opset".into()))?;
     if !(MIN_OPSET..=MAX_OPSET).contains(&opset) {
         return Err(CompileError::Invalid(format!(
             "opset {opset} is not supported (rbln-compile reads opsets {MIN_OPSET} to {MAX_OPSET})"
         )));
     }
     if !graph.sparse_initializer.is_empty() {
-        return Err(CompileError::Invalid(
-            "sparse initializers are not supported".into(),
-        ));
+        return Err(CompileError::Invalid("sparse initializers are not supported".into()));
     }
-    let mut im = Importer {
-        g: Graph::default(),
-        names: HashMap::new(),
-        missing: HashMap::new(),
-        opset,
-        as_f32: HashMap::new(),
-    };
+    let mut im = Importer { g: Graph::default(), names: HashMap::new(), missing: HashMap::new(), opset, as_f32: HashMap::new() };
     for t in &graph.initializer {
         let c = onnx::tensor_const(t, &t.name)?;
         let id = im.g.add_value(&t.name, c.shape.clone(), Some(c));
         im.names.insert(t.name.clone(), id);
     }
     for (name, _) in &opts.input_shapes {
-        if !graph
-            .input
-            .iter()
-            .any(|i| &i.name == name && !im.names.contains_key(name))
-        {
-            let all: Vec<&str> = graph
-                .input
-                .iter()
-                .filter(|i| !im.names.contains_key(&i.name))
-                .map(|i| i.name.as_str())
-                .collect();
-            return Err(CompileError::BadInputShape(format!(
-                "'{name}' is not an input of the model (inputs: {})",
-                all.join(", ")
-            )));
+        if !graph.input.iter().any(|i| &i.name == name && !im.names.contains_key(name)) {
+            let all: Vec<&str> =
+                graph.input.iter().filter(|i| !im.names.contains_key(&i.name)).map(|i| i.name.as_str()).collect();
+            return Err(CompileError::BadInputShape(format!("'{name}' is not an input of the model (inputs: {})", all.join(", "))));
         }
     }
     for vi in &graph.input {
         if im.names.contains_key(&vi.name) {
             continue; // an initializer listed as an input (IR < 4): a constant
         }
-        let given = opts
-            .input_shapes
-            .iter()
-            .find(|(n, _)| n == &vi.name)
-            .map(|(_, s)| s.as_slice());
+        let given = opts.input_shapes.iter().find(|(n, _)| n == &vi.name).map(|(_, s)| s.as_slice());
         let (shape, dtype) = input_shape(vi, given)?;
-        if shape
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d))
-            .is_none_or(|n| n > shape::MAX_ELEMS)
-        {
-            return Err(CompileError::Invalid(format!(
-                "input '{}' of shape {shape:?} is too large (limit {} elements)",
-                vi.name,
-                shape::MAX_ELEMS
-            )));
+        if shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {
+            return Err(CompileError::Invalid(format!("input '{}' of shape {shape:?} is too large (limit {} elements)", vi.name, shape::MAX_ELEMS)));
         }
         let id = im.g.add_value(&vi.name, shape, None);
         im.g.values[id].dtype = dtype;
@@ -310,9 +171,7 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
         im.g.inputs.push((vi.name.clone(), id));
     }
     if im.g.inputs.is_empty() {
-        return Err(CompileError::Invalid(
-            "the model has no run-time inputs".into(),
-        ));
+        return Err(CompileError::Invalid("the model has no run-time inputs".into()));
     }
     for (i, n) in graph.node.iter().enumerate() {
         im.node(n, i)?;
@@ -338,21 +197,10 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
             if let Some(s) = &tt.shape {
                 let got = &im.g.values[id].shape;
                 let agrees = s.dim.len() == got.len()
-                    && s.dim
-                        .iter()
-                        .zip(got)
-                        .all(|(d, &g)| d.dim_value.is_none_or(|v| v <= 0 || v as u64 == g));
+                    && s.dim.iter().zip(got).all(|(d, &g)| d.dim_value.is_none_or(|v| v <= 0 || v as u64 == g));
                 if !agrees {
-                    let want: Vec<String> = s
-                        .dim
-                        .iter()
-                        .map(|d| {
-                            d.dim_value.map_or_else(
-                                || d.dim_param.clone().unwrap_or("?".into()),
-                                |v| v.to_string(),
-                            )
-                        })
-                        .collect();
+                    let want: Vec<String> =
+                        s.dim.iter().map(|d| d.dim_value.map_or_else(|| d.dim_param.clone().unwrap_or("?".into()), |v| v.to_string())).collect();
                     return Err(CompileError::Invalid(format!(
                         "output '{}': shape inference gives {got:?} but the model declares [{}]",
                         vi.name,
@@ -379,16 +227,9 @@ fn run_time_dtype(t: i32) -> Option<DType> {
 
 /// Static shape and dtype of a graph input from the file and `--input-shape`.
 fn input_shape(vi: &ValueInfoProto, given: Option<&[u64]>) -> Result<(Vec<u64>, DType)> {
-    let tt = vi
-        .r#type
-        .as_ref()
-        .and_then(|t| t.tensor_type.as_ref())
-        .ok_or_else(|| {
-            CompileError::Invalid(format!(
-                "input '{}' is not a tensor (sequences, maps and optionals are not supported)",
-                vi.name
-            ))
-        })?;
+    let tt = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()).ok_or_else(|| {
+        CompileError::Invalid(format!("input '{}' is not a tensor (sequences, maps and optionals are not supported)", vi.name))
+    })?;
     let dtype = run_time_dtype(tt.elem_type).ok_or_else(|| {
         CompileError::Invalid(format!(
             "input '{}' is {}; model inputs are float32, int32, int64 or bool (convert it outside the model)",
@@ -400,57 +241,31 @@ fn input_shape(vi: &ValueInfoProto, given: Option<&[u64]>) -> Result<(Vec<u64>, 
     if let Some(g) = given {
         if let Some(d) = dims {
             if d.len() != g.len() {
-                return Err(CompileError::BadInputShape(format!(
-                    "{}: the model's input has rank {}, {} dims given",
-                    vi.name,
-                    d.len(),
-                    g.len()
-                )));
+                return Err(CompileError::BadInputShape(format!("{}: the model's input has rank {}, {} dims given", vi.name, d.len(), g.len())));
             }
             for (axis, (dim, &v)) in d.iter().zip(g).enumerate() {
                 if let Some(fixed) = dim.dim_value.filter(|&x| x > 0) {
                     if fixed as u64 != v {
-                        return Err(CompileError::BadInputShape(format!(
-                            "{}: axis {axis} is fixed to {fixed} in the model, {v} given",
-                            vi.name
-                        )));
+                        return Err(CompileError::BadInputShape(format!("{}: axis {axis} is fixed to {fixed} in the model, {v} given", vi.name)));
                     }
                 }
             }
         }
         if g.contains(&0) {
-            return Err(CompileError::BadInputShape(format!(
-                "{}: dimensions must be positive",
-                vi.name
-            )));
+            return Err(CompileError::BadInputShape(format!("{}: dimensions must be positive", vi.name)));
         }
-        if g.iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d))
-            .is_none_or(|n| n > shape::MAX_ELEMS)
-        {
-            return Err(CompileError::BadInputShape(format!(
-                "{}: {g:?} is too large (limit {} elements)",
-                vi.name,
-                shape::MAX_ELEMS
-            )));
+        if g.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {
+            return Err(CompileError::BadInputShape(format!("{}: {g:?} is too large (limit {} elements)", vi.name, shape::MAX_ELEMS)));
         }
         return Ok((g.to_vec(), dtype));
     }
-    let d = dims.ok_or_else(|| CompileError::DynamicShape {
-        input: vi.name.clone(),
-        dim: "<unknown rank>".into(),
-        axis: 0,
-    })?;
+    let d = dims.ok_or_else(|| CompileError::DynamicShape { input: vi.name.clone(), dim: "<unknown rank>".into(), axis: 0 })?;
     let shape = d
         .iter()
         .enumerate()
         .map(|(axis, dim)| match dim.dim_value {
             Some(v) if v > 0 => Ok(v as u64),
-            _ => Err(CompileError::DynamicShape {
-                input: vi.name.clone(),
-                dim: dim.dim_param.clone().unwrap_or_else(|| "?".into()),
-                axis,
-            }),
+            _ => Err(CompileError::DynamicShape { input: vi.name.clone(), dim: dim.dim_param.clone().unwrap_or_else(|| "?".into()), axis }),
         })
         .collect::<Result<Vec<u64>>>()?;
     Ok((shape, dtype))
@@ -458,10 +273,7 @@ fn input_shape(vi: &ValueInfoProto, given: Option<&[u64]>) -> Result<(Vec<u64>, 
 
 fn rank_ok(cx: &Cx, shape: &[u64], what: &str) -> Result<()> {
     if shape.len() > MAX_RANK {
-        return Err(cx.err(format!(
-            "{what} has rank {}; the device handles up to {MAX_RANK}",
-            shape.len()
-        )));
+        return Err(cx.err(format!("{what} has rank {}; the device handles up to {MAX_RANK}", shape.len())));
     }
     Ok(())
 }
@@ -488,10 +300,7 @@ impl Importer {
     }
 
     fn out_name(cx: &Cx, i: usize) -> String {
-        cx.n.output
-            .get(i)
-            .cloned()
-            .unwrap_or_else(|| format!("{}:{i}", cx.name))
+        cx.n.output.get(i).cloned().unwrap_or_else(|| format!("{}:{i}", cx.name))
     }
 
     fn constant(&mut self, name: &str, c: Const) -> ValueId {
@@ -503,12 +312,7 @@ impl Importer {
         let dtype = self.result_dtype(&kind);
         let out = self.g.add_value(&Self::out_name(cx, i), shape, None);
         self.g.values[out].dtype = dtype;
-        self.g.ops.push(Op {
-            name: cx.name.clone(),
-            op: cx.n.op_type.clone(),
-            kind,
-            out,
-        });
+        self.g.ops.push(Op { name: cx.name.clone(), op: cx.n.op_type.clone(), kind, out });
         out
     }
 
@@ -529,65 +333,39 @@ impl Importer {
     /// A device op computing an intermediate value of the node.
     fn device_tmp(&mut self, cx: &Cx, kind: Kind, shape: Vec<u64>, tag: &str) -> ValueId {
         let dtype = self.result_dtype(&kind);
-        let out = self
-            .g
-            .add_value(&format!("{}.{tag}", Self::out_name(cx, 0)), shape, None);
+        let out = self.g.add_value(&format!("{}.{tag}", Self::out_name(cx, 0)), shape, None);
         self.g.values[out].dtype = dtype;
-        self.g.ops.push(Op {
-            name: format!("{}.{tag}", cx.name),
-            op: cx.n.op_type.clone(),
-            kind,
-            out,
-        });
+        self.g.ops.push(Op { name: format!("{}.{tag}", cx.name), op: cx.n.op_type.clone(), kind, out });
         out
     }
 
     fn node(&mut self, n: &NodeProto, idx: usize) -> Result<()> {
-        let name = if n.name.is_empty() {
-            format!("{}_{idx}", n.op_type)
-        } else {
-            n.name.clone()
-        };
+        let name = if n.name.is_empty() { format!("{}_{idx}", n.op_type) } else { n.name.clone() };
         let cx = Cx { n, name };
         if !(n.domain.is_empty() || n.domain == "ai.onnx") {
-            return Err(cx.err(format!(
-                "operator domain '{}' is not supported (only the default ONNX domain)",
-                n.domain
-            )));
+            return Err(cx.err(format!("operator domain '{}' is not supported (only the default ONNX domain)", n.domain)));
         }
         for a in &n.attribute {
             if a.g.is_some() {
-                return Err(cx.err(format!(
-                    "attribute '{}' is a subgraph; control flow (If/Loop/Scan) is not supported",
-                    a.name
-                )));
+                return Err(cx.err(format!("attribute '{}' is a subgraph; control flow (If/Loop/Scan) is not supported", a.name)));
             }
         }
         let mut ins = Vec::with_capacity(n.input.len());
         for i in &n.input {
-            ins.push(if i.is_empty() {
-                None
-            } else {
-                Some(self.lookup(i, &format!("node '{}' ({})", cx.name, n.op_type))?)
-            });
+            ins.push(if i.is_empty() { None } else { Some(self.lookup(i, &format!("node '{}' ({})", cx.name, n.op_type))?) });
         }
         // Device ops compute in f32: a run-time integer or bool operand
         // (a mask, say) is converted first; exact for |values| < 2^24.
         // Views, casts and Gather's indices keep their type.
         let keeps_type: &[usize] = match n.op_type.as_str() {
-            "Identity" | "Dropout" | "Cast" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze"
-            | "Shape" | "Size" => &[0, 1, 2],
+            "Identity" | "Dropout" | "Cast" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Shape" | "Size" => &[0, 1, 2],
             "Gather" => &[1],
             _ => &[],
         };
         let compile_time = COMPILE_TIME_OPS.contains(&n.op_type.as_str());
         for (k, v) in ins.iter_mut().enumerate() {
             if let Some(x) = *v {
-                if !compile_time
-                    && !keeps_type.contains(&k)
-                    && self.konst(x).is_none()
-                    && self.g.values[x].dtype != DType::F32
-                {
+                if !compile_time && !keeps_type.contains(&k) && self.konst(x).is_none() && self.g.values[x].dtype != DType::F32 {
                     *v = Some(self.as_f32(&cx, x));
                 }
             }
@@ -595,14 +373,8 @@ impl Importer {
         let outs = self.lower(&cx, &ins)?;
         for &v in &outs {
             let s = &self.g.values[v].shape;
-            if s.iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .is_none_or(|n| n > shape::MAX_ELEMS)
-            {
-                return Err(cx.err(format!(
-                    "its output shape {s:?} is too large (limit {} elements)",
-                    shape::MAX_ELEMS
-                )));
+            if s.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {
+                return Err(cx.err(format!("its output shape {s:?} is too large (limit {} elements)", shape::MAX_ELEMS)));
             }
         }
         for (i, o) in n.output.iter().enumerate() {
@@ -616,10 +388,7 @@ impl Importer {
                 None => {
                     self.missing.insert(
                         o.clone(),
-                        format!(
-                            "output {i} of node '{}' ({}), which rbln-compile does not produce",
-                            cx.name, n.op_type
-                        ),
+                        format!("output {i} of node '{}' ({}), which rbln-compile does not produce", cx.name, n.op_type),
                     );
                 }
             }
@@ -636,10 +405,7 @@ impl Importer {
                 return lower(self, cx, ins);
             }
         }
-        Err(cx.err(format!(
-            "op type '{op}' is not supported by rbln-compile (supported: {})",
-            SUPPORTED_OPS.join(", ")
-        )))
+        Err(cx.err(format!("op type '{op}' is not supported by rbln-compile (supported: {})", SUPPORTED_OPS.join(", "))))
     }
 
     fn need_const(&self, cx: &Cx, v: ValueId, i: usize) -> Result<Const> {
@@ -664,16 +430,7 @@ impl Importer {
         let from = self.g.values[x].dtype;
         let name = format!("{}.f32", self.g.values[x].name);
         let out = self.g.add_value(&name, self.shape(x), None);
-        self.g.ops.push(Op {
-            name: format!("{}.cast", cx.name),
-            op: "Cast".into(),
-            kind: Kind::Cast {
-                x,
-                from,
-                to: DType::F32,
-            },
-            out,
-        });
+        self.g.ops.push(Op { name: format!("{}.cast", cx.name), op: "Cast".into(), kind: Kind::Cast { x, from, to: DType::F32 }, out });
         self.as_f32.insert(x, out);
         out
     }
@@ -711,13 +468,7 @@ impl Importer {
     /// `x` with its axes permuted by `perm` (a permutation of its rank):
     /// folded on a constant, a view when only size-1 dims move, else one
     /// TRANSPOSE. An intermediate identity permutation is `x` itself.
-    pub(super) fn permuted(
-        &mut self,
-        cx: &Cx,
-        x: ValueId,
-        perm: &[usize],
-        tag: Option<&str>,
-    ) -> Result<ValueId> {
+    pub(super) fn permuted(&mut self, cx: &Cx, x: ValueId, perm: &[usize], tag: Option<&str>) -> Result<ValueId> {
         if tag.is_some() && perm.iter().enumerate().all(|(i, &p)| i == p) {
             return Ok(x);
         }
@@ -731,35 +482,13 @@ impl Importer {
             return Ok(self.result(cx, tag, Kind::View { x }, out));
         }
         rank_ok(cx, &s, "the input")?;
-        Ok(self.result(
-            cx,
-            tag,
-            Kind::Transpose {
-                x,
-                dims: s,
-                perm: perm.iter().map(|&p| p as u64).collect(),
-            },
-            out,
-        ))
+        Ok(self.result(cx, tag, Kind::Transpose { x, dims: s, perm: perm.iter().map(|&p| p as u64).collect() }, out))
     }
 
     /// `x` with shape `to` (same element count): a view.
-    pub(super) fn reshaped(
-        &mut self,
-        cx: &Cx,
-        x: ValueId,
-        to: Vec<u64>,
-        tag: Option<&str>,
-    ) -> ValueId {
+    pub(super) fn reshaped(&mut self, cx: &Cx, x: ValueId, to: Vec<u64>, tag: Option<&str>) -> ValueId {
         match self.konst(x).cloned() {
-            Some(c) => self.result_const(
-                cx,
-                tag,
-                Const {
-                    shape: to,
-                    data: c.data,
-                },
-            ),
+            Some(c) => self.result_const(cx, tag, Const { shape: to, data: c.data }),
             None => self.result(cx, tag, Kind::View { x }, to),
         }
     }
@@ -774,6 +503,7 @@ impl Importer {
     }
 }
 
+
 /// Whether a permutation keeps every dim larger than 1 in order, so the
 /// bytes do not move.
 fn moves_only_unit_dims(shape: &[u64], perm: &[usize]) -> bool {
@@ -787,10 +517,7 @@ mod tests {
 
     #[test]
     fn every_supported_op_has_exactly_one_family() {
-        let mut all: Vec<&str> = FAMILIES
-            .iter()
-            .flat_map(|(ops, _)| ops.iter().copied())
-            .collect();
+        let mut all: Vec<&str> = FAMILIES.iter().flat_map(|(ops, _)| ops.iter().copied()).collect();
         all.sort_unstable();
         let n = all.len();
         all.dedup();

@@ -7,32 +7,14 @@ use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "BatchNormalization",
-    "Softmax",
-    "LayerNormalization",
-    "InstanceNormalization",
-    "GroupNormalization",
-    "ArgMax",
-    "ArgMin",
-    "ReduceMean",
-    "ReduceSum",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceSumSquare",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
+    "BatchNormalization", "Softmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "ArgMax", "ArgMin", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+    "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
 ];
 
 impl Importer {
     pub(super) fn lower_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let input = |i: usize| -> Result<ValueId> {
-            ins.get(i)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err(format!("input {i} is missing")))
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
         };
         let opt = |i: usize| ins.get(i).copied().flatten();
         let op = cx.n.op_type.as_str();
@@ -42,11 +24,7 @@ impl Importer {
                 let x = input(0)?;
                 let s = self.shape(x);
                 let legacy = self.opset < 13;
-                let a = cx.shape(shape::axis(
-                    cx.int("axis", if legacy { 1 } else { -1 }),
-                    s.len(),
-                    false,
-                ))?;
+                let a = cx.shape(shape::axis(cx.int("axis", if legacy { 1 } else { -1 }), s.len(), false))?;
                 let dims = if legacy {
                     vec![volume(&s[..a]), volume(&s[a..]), 1]
                 } else {
@@ -68,23 +46,10 @@ impl Importer {
                         }
                     }
                 }
-                self.device(
-                    cx,
-                    Kind::LayerNorm {
-                        x,
-                        gamma: Some(gamma),
-                        beta,
-                        rows,
-                        cols,
-                        eps: cx.float("epsilon", 1e-5),
-                    },
-                    s,
-                )
+                self.device(cx, Kind::LayerNorm { x, gamma: Some(gamma), beta, rows, cols, eps: cx.float("epsilon", 1e-5) }, s)
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
-            | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
-                self.reduce(cx, ins)?
-            }
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
+            | "ReduceLogSum" | "ReduceLogSumExp" => self.reduce(cx, ins)?,
             "InstanceNormalization" | "GroupNormalization" => self.group_norm(cx, ins)?,
             "ArgMax" | "ArgMin" => self.arg_extreme(cx, input(0)?)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a norm op"))),
@@ -96,11 +61,7 @@ impl Importer {
         if cx.int("training_mode", 0) != 0 {
             return Err(cx.err("training_mode=1 is not supported (inference only)"));
         }
-        let x = ins
-            .first()
-            .copied()
-            .flatten()
-            .ok_or_else(|| cx.err("input 0 is missing"))?;
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
         if s.len() < 2 {
             return Err(cx.err(format!("input {s:?} has no channel axis")));
@@ -108,11 +69,7 @@ impl Importer {
         let c = s[1];
         let mut p = Vec::new();
         for i in 1..5 {
-            let v = ins
-                .get(i)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err(format!("input {i} is missing")))?;
+            let v = ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))?;
             let k = self.need_const(cx, v, i)?;
             if k.len() as u64 != c {
                 return Err(cx.err(format!("input {i} has {} values for {c} channels", k.len())));
@@ -121,23 +78,14 @@ impl Importer {
         }
         let eps = cx.float("epsilon", 1e-5);
         // y = x * s + t with s = scale / sqrt(var + eps), t = bias - mean * s.
-        let sc: Vec<f32> = (0..c as usize)
-            .map(|i| p[0][i] / (p[3][i] + eps).sqrt())
-            .collect();
+        let sc: Vec<f32> = (0..c as usize).map(|i| p[0][i] / (p[3][i] + eps).sqrt()).collect();
         let sh: Vec<f32> = (0..c as usize).map(|i| p[1][i] - p[2][i] * sc[i]).collect();
         self.channel_affine(cx, x, sc, sh, "shift")
     }
 
     /// `x · scale[c] + shift[c]` over the channel axis 1 of `x`: two
     /// broadcasting BINARY ops (the shift constant is named `cx.name.tag`).
-    fn channel_affine(
-        &mut self,
-        cx: &Cx,
-        x: ValueId,
-        scale: Vec<f32>,
-        shift: Vec<f32>,
-        tag: &str,
-    ) -> Result<ValueId> {
+    fn channel_affine(&mut self, cx: &Cx, x: ValueId, scale: Vec<f32>, shift: Vec<f32>, tag: &str) -> Result<ValueId> {
         let s = self.shape(x);
         let mut cshape = vec![s[1]];
         cshape.extend(std::iter::repeat_n(1, s.len() - 2));
@@ -147,57 +95,24 @@ impl Importer {
         );
         rank_ok(cx, &s, "the input")?;
         let padded = shape::pad_rank(&cshape, s.len());
-        let t = self.device_tmp(
-            cx,
-            Kind::Binary {
-                kind: Binary::Mul,
-                a: x,
-                b: sv,
-                a_dims: s.clone(),
-                b_dims: padded.clone(),
-                act: Act::NONE,
-            },
-            s.clone(),
-            "scaled",
-        );
-        Ok(self.device(
-            cx,
-            Kind::Binary {
-                kind: Binary::Add,
-                a: t,
-                b: tv,
-                a_dims: s.clone(),
-                b_dims: padded,
-                act: Act::NONE,
-            },
-            s,
-        ))
+        let t = self.device_tmp(cx, Kind::Binary { kind: Binary::Mul, a: x, b: sv, a_dims: s.clone(), b_dims: padded.clone(), act: Act::NONE }, s.clone(), "scaled");
+        Ok(self.device(cx, Kind::Binary { kind: Binary::Add, a: t, b: tv, a_dims: s.clone(), b_dims: padded, act: Act::NONE }, s))
     }
 
     /// InstanceNormalization (one group per channel) and GroupNormalization:
     /// each (image, group) slice is normalised on its own, then scaled and
     /// shifted per channel.
     pub(super) fn group_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
-        let x = ins
-            .first()
-            .copied()
-            .flatten()
-            .ok_or_else(|| cx.err("input 0 is missing"))?;
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
         if s.len() < 3 {
             return Err(cx.err(format!("input {s:?}: N, C and spatial dims expected")));
         }
         let (n, c) = (s[0], s[1]);
         let instance = cx.n.op_type == "InstanceNormalization";
-        let groups = if instance {
-            c
-        } else {
-            cx.int("num_groups", 0).max(0) as u64
-        };
+        let groups = if instance { c } else { cx.int("num_groups", 0).max(0) as u64 };
         if groups == 0 || c % groups != 0 {
-            return Err(cx.err(format!(
-                "num_groups {groups} does not divide the {c} channels"
-            )));
+            return Err(cx.err(format!("num_groups {groups} does not divide the {c} channels")));
         }
         if !instance && cx.int("stash_type", 1) != 1 {
             return Err(cx.err("stash_type other than float32 is not supported"));
@@ -206,42 +121,21 @@ impl Importer {
         // 21) per group, each group's value repeated over its channels.
         let mut affine = Vec::new();
         for i in [1, 2] {
-            let v = ins
-                .get(i)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err(format!("input {i} is missing")))?;
+            let v = ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))?;
             let k = self.need_const(cx, v, i)?.floats();
             let per_channel: Vec<f32> = if k.len() as u64 == c {
                 k
             } else if !instance && k.len() as u64 == groups && self.opset < 21 {
-                (0..c as usize)
-                    .map(|ch| k[ch / (c / groups) as usize])
-                    .collect()
+                (0..c as usize).map(|ch| k[ch / (c / groups) as usize]).collect()
             } else {
-                return Err(cx.err(format!(
-                    "input {i} has {} values; {c} (one per channel) expected",
-                    k.len()
-                )));
+                return Err(cx.err(format!("input {i} has {} values; {c} (one per channel) expected", k.len())));
             };
             affine.push(per_channel);
         }
         let rows = n * groups;
         let cols = volume(&s[1..]) / groups;
         let eps = cx.float("epsilon", 1e-5);
-        let normed = self.device_tmp(
-            cx,
-            Kind::LayerNorm {
-                x,
-                gamma: None,
-                beta: None,
-                rows,
-                cols,
-                eps,
-            },
-            s,
-            "normalized",
-        );
+        let normed = self.device_tmp(cx, Kind::LayerNorm { x, gamma: None, beta: None, rows, cols, eps }, s, "normalized");
         let shift = affine.pop().unwrap_or_default();
         let scale = affine.pop().unwrap_or_default();
         self.channel_affine(cx, normed, scale, shift, "bias")
@@ -272,34 +166,12 @@ impl Importer {
             out.remove(a);
         }
         let dims = vec![volume(&s[..a]), s[a], volume(&s[a + 1..])];
-        let idx = self.device_tmp(
-            cx,
-            Kind::Reduce {
-                kind,
-                x,
-                dims,
-                axis: 1,
-            },
-            out.clone(),
-            "index",
-        );
-        Ok(self.device(
-            cx,
-            Kind::Cast {
-                x: idx,
-                from: DType::F32,
-                to: DType::I64,
-            },
-            out,
-        ))
+        let idx = self.device_tmp(cx, Kind::Reduce { kind, x, dims, axis: 1 }, out.clone(), "index");
+        Ok(self.device(cx, Kind::Cast { x: idx, from: DType::F32, to: DType::I64 }, out))
     }
 
     pub(super) fn reduce(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
-        let x = ins
-            .first()
-            .copied()
-            .flatten()
-            .ok_or_else(|| cx.err("input 0 is missing"))?;
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
         let op = cx.n.op_type.as_str();
         let axes_from_input = self.opset >= 18 || (op == "ReduceSum" && self.opset >= 13);
@@ -314,22 +186,9 @@ impl Importer {
         let keep = cx.int("keepdims", 1) != 0;
         // ReduceL1, ReduceL2, ReduceSumSquare and ReduceLogSum run as a sum
         // between element-wise ops (|x| or x·x before, sqrt or log after).
-        let device = matches!(
-            op,
-            "ReduceMean"
-                | "ReduceSum"
-                | "ReduceMax"
-                | "ReduceMin"
-                | "ReduceL1"
-                | "ReduceL2"
-                | "ReduceSumSquare"
-                | "ReduceLogSum"
-        );
+        let device = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum");
         let mut axes: Vec<usize> = match axes {
-            Some(a) if !a.is_empty() => a
-                .iter()
-                .map(|&v| cx.shape(shape::axis(v, s.len(), false)))
-                .collect::<Result<_>>()?,
+            Some(a) if !a.is_empty() => a.iter().map(|&v| cx.shape(shape::axis(v, s.len(), false))).collect::<Result<_>>()?,
             // No reduction. On constants each element is reduced alone
             // (ReduceSumSquare squares it, as onnxruntime does).
             _ if cx.int("noop_with_empty_axes", 0) != 0 => {
@@ -350,16 +209,9 @@ impl Importer {
             return Ok(self.constant(&Self::out_name(cx, 0), c));
         }
         let out: Vec<u64> = if keep {
-            s.iter()
-                .enumerate()
-                .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
-                .collect()
+            s.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect()
         } else {
-            s.iter()
-                .enumerate()
-                .filter(|(i, _)| !axes.contains(i))
-                .map(|(_, &d)| d)
-                .collect()
+            s.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
         };
         let kind = match op {
             "ReduceMean" => REDUCE_MEAN,
@@ -368,26 +220,9 @@ impl Importer {
             _ => REDUCE_SUM,
         };
         let x = match op {
-            "ReduceL1" => self.device_tmp(
-                cx,
-                Kind::Unary {
-                    kind: Unary::Abs,
-                    x,
-                    p0: 0.0,
-                    p1: 0.0,
-                },
-                s.clone(),
-                "abs",
-            ),
+            "ReduceL1" => self.device_tmp(cx, Kind::Unary { kind: Unary::Abs, x, p0: 0.0, p1: 0.0 }, s.clone(), "abs"),
             "ReduceL2" | "ReduceSumSquare" => {
-                let sq = Kind::Binary {
-                    kind: Binary::Mul,
-                    a: x,
-                    b: x,
-                    a_dims: s.clone(),
-                    b_dims: s.clone(),
-                    act: Act::NONE,
-                };
+                let sq = Kind::Binary { kind: Binary::Mul, a: x, b: x, a_dims: s.clone(), b_dims: s.clone(), act: Act::NONE };
                 self.device_tmp(cx, sq, s.clone(), "square")
             }
             _ => x,
@@ -409,40 +244,17 @@ impl Importer {
         let mut cur = s.clone();
         let mut v = x;
         for (i, &(a0, a1)) in runs.iter().enumerate().rev() {
-            let dims = vec![
-                volume(&cur[..a0]),
-                volume(&cur[a0..=a1]),
-                volume(&cur[a1 + 1..]),
-            ];
+            let dims = vec![volume(&cur[..a0]), volume(&cur[a0..=a1]), volume(&cur[a1 + 1..])];
             cur.drain(a0..=a1);
-            let k = Kind::Reduce {
-                kind,
-                x: v,
-                dims,
-                axis: 1,
-            };
+            let k = Kind::Reduce { kind, x: v, dims, axis: 1 };
             v = if i == 0 && post.is_none() {
                 self.device(cx, k, out.clone())
             } else {
-                self.device_tmp(
-                    cx,
-                    k,
-                    if i == 0 { out.clone() } else { cur.clone() },
-                    &format!("axis{a0}"),
-                )
+                self.device_tmp(cx, k, if i == 0 { out.clone() } else { cur.clone() }, &format!("axis{a0}"))
             };
         }
         if let Some(f) = post {
-            v = self.device(
-                cx,
-                Kind::Unary {
-                    kind: f,
-                    x: v,
-                    p0: 0.0,
-                    p1: 0.0,
-                },
-                out,
-            );
+            v = self.device(cx, Kind::Unary { kind: f, x: v, p0: 0.0, p1: 0.0 }, out);
         }
         Ok(v)
     }

@@ -5,19 +5,13 @@ use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "MaxPool",
-    "AveragePool",
-    "GlobalAveragePool",
-    "GlobalMaxPool",
+    "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
 ];
 
 impl Importer {
     pub(super) fn lower_pool(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let input = |i: usize| -> Result<ValueId> {
-            ins.get(i)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err(format!("input {i} is missing")))
+            ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))
         };
         let op = cx.n.op_type.as_str();
         let v = match op {
@@ -29,29 +23,14 @@ impl Importer {
                 let x = input(0)?;
                 let s = self.shape(x);
                 if s.len() < 3 {
-                    return Err(cx.err(format!(
-                        "input has shape {s:?}; N, C and spatial dims expected"
-                    )));
+                    return Err(cx.err(format!("input has shape {s:?}; N, C and spatial dims expected")));
                 }
                 let nc = s[0] * s[1];
                 let sp = volume(&s[2..]);
                 let mut out = s[..2].to_vec();
                 out.extend(std::iter::repeat_n(1, s.len() - 2));
-                let kind = if op == "GlobalMaxPool" {
-                    REDUCE_MAX
-                } else {
-                    REDUCE_MEAN
-                };
-                self.device(
-                    cx,
-                    Kind::Reduce {
-                        kind,
-                        x,
-                        dims: vec![nc, sp, 1],
-                        axis: 1,
-                    },
-                    out,
-                )
+                let kind = if op == "GlobalMaxPool" { REDUCE_MAX } else { REDUCE_MEAN };
+                self.device(cx, Kind::Reduce { kind, x, dims: vec![nc, sp, 1], axis: 1 }, out)
             }
             _ => return Err(cx.err(format!("internal error: '{op}' is not a pool op"))),
         };
@@ -61,9 +40,7 @@ impl Importer {
     pub(super) fn pool(&mut self, cx: &Cx, x: ValueId, max: bool) -> Result<ValueId> {
         let s = self.shape(x);
         if !(s.len() == 3 || s.len() == 4) {
-            return Err(cx.err(format!(
-                "input {s:?}: only 1-D and 2-D pooling (NCL / NCHW) is supported"
-            )));
+            return Err(cx.err(format!("input {s:?}: only 1-D and 2-D pooling (NCL / NCHW) is supported")));
         }
         if cx.int("storage_order", 0) != 0 {
             return Err(cx.err("storage_order=1 is not supported"));
@@ -98,9 +75,7 @@ impl Importer {
         }
         let out_sp = win.output(cx)?;
         let kind = Kind::Pool {
-            x,
-            max,
-            count_include_pad: include_pad,
+            x, max, count_include_pad: include_pad,
             dims: [s[0], s[1], win.input[0], win.input[1]],
             kernel: win.kernel,
             stride: win.stride,

@@ -11,79 +11,43 @@ use super::*;
 pub(super) const OPS: &[&str] = &["Resize", "Upsample"];
 
 impl Importer {
-    pub(super) fn lower_resize(
-        &mut self,
-        cx: &Cx,
-        ins: &[Option<ValueId>],
-    ) -> Result<Vec<ValueId>> {
-        let x = ins
-            .first()
-            .copied()
-            .flatten()
-            .ok_or_else(|| cx.err("input 0 is missing"))?;
+    pub(super) fn lower_resize(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
         if !(3..=4).contains(&s.len()) {
-            return Err(cx.err(format!(
-                "input has shape {s:?}; N, C and one or two spatial dims are supported"
-            )));
+            return Err(cx.err(format!("input has shape {s:?}; N, C and one or two spatial dims are supported")));
         }
         let legacy = cx.n.op_type == "Upsample" || self.opset < 11;
         // Scales or sizes: Upsample-7 has a `scales` attribute; Upsample-9
         // and Resize-10 a scales input; Resize-11+ scales (input 2) or sizes
         // (input 3).
         let (scales, sizes) = if cx.n.op_type == "Upsample" && self.opset < 9 {
-            (
-                Some(
-                    cx.attr("scales")
-                        .map(|a| a.floats.clone())
-                        .unwrap_or_default(),
-                ),
-                None,
-            )
+            (Some(cx.attr("scales").map(|a| a.floats.clone()).unwrap_or_default()), None)
         } else if legacy {
-            let v = ins
-                .get(1)
-                .copied()
-                .flatten()
-                .ok_or_else(|| cx.err("input 1 (scales) is missing"))?;
+            let v = ins.get(1).copied().flatten().ok_or_else(|| cx.err("input 1 (scales) is missing"))?;
             (Some(self.need_const(cx, v, 1)?.floats()), None)
         } else {
             let get = |me: &Self, i: usize| -> Result<Option<Const>> {
                 match ins.get(i).copied().flatten() {
-                    Some(v) => me
-                        .need_const(cx, v, i)
-                        .map(|c| (!c.is_empty()).then_some(c)),
+                    Some(v) => me.need_const(cx, v, i).map(|c| (!c.is_empty()).then_some(c)),
                     None => Ok(None),
                 }
             };
-            (
-                get(self, 2)?.map(|c| c.floats()),
-                get(self, 3)?.map(|c| c.ints()),
-            )
+            (get(self, 2)?.map(|c| c.floats()), get(self, 3)?.map(|c| c.ints()))
         };
         if !legacy {
             if let Some(axes) = cx.ints("axes") {
                 let all: Vec<i64> = (0..s.len() as i64).collect();
                 if axes != all {
-                    return Err(cx.err(format!(
-                        "axes {axes:?}: only the default (every axis) is supported"
-                    )));
+                    return Err(cx.err(format!("axes {axes:?}: only the default (every axis) is supported")));
                 }
             }
-            if cx.int("antialias", 0) != 0
-                && scales
-                    .as_ref()
-                    .is_some_and(|sc| sc.iter().any(|&v| v < 1.0))
-            {
+            if cx.int("antialias", 0) != 0 && scales.as_ref().is_some_and(|sc| sc.iter().any(|&v| v < 1.0)) {
                 return Err(cx.err("antialias downsampling is not supported"));
             }
-            let policy = cx
-                .string("keep_aspect_ratio_policy")
-                .unwrap_or_else(|| "stretch".into());
+            let policy = cx.string("keep_aspect_ratio_policy").unwrap_or_else(|| "stretch".into());
             if policy != "stretch" {
-                return Err(cx.err(format!(
-                    "keep_aspect_ratio_policy '{policy}' is not supported (only 'stretch')"
-                )));
+                return Err(cx.err(format!("keep_aspect_ratio_policy '{policy}' is not supported (only 'stretch')")));
             }
         }
         // Per axis: output length and the scale the coordinate map uses.
@@ -94,24 +58,14 @@ impl Importer {
                     return Err(cx.err(format!("sizes {sz:?} must be {r} positive lengths")));
                 }
                 let out: Vec<u64> = sz.iter().map(|&v| v as u64).collect();
-                let scale = out
-                    .iter()
-                    .zip(&s)
-                    .map(|(&o, &i)| o as f32 / i.max(1) as f32)
-                    .collect();
+                let scale = out.iter().zip(&s).map(|(&o, &i)| o as f32 / i.max(1) as f32).collect();
                 (out, scale)
             }
             (Some(sc), None) => {
                 if sc.len() != r || sc.iter().any(|&v| !(v.is_finite() && v > 0.0)) {
-                    return Err(
-                        cx.err(format!("scales {sc:?} must be {r} positive finite factors"))
-                    );
+                    return Err(cx.err(format!("scales {sc:?} must be {r} positive finite factors")));
                 }
-                let out = sc
-                    .iter()
-                    .zip(&s)
-                    .map(|(&f, &i)| (i as f32 * f).floor() as u64)
-                    .collect();
+                let out = sc.iter().zip(&s).map(|(&f, &i)| (i as f32 * f).floor() as u64).collect();
                 (out, sc.clone())
             }
             (None, None) => return Err(cx.err("neither scales nor sizes is given")),
@@ -130,12 +84,7 @@ impl Importer {
             "cubic" | "bicubic" => return Err(cx.err("mode 'cubic' on a run-time tensor is not supported (nearest and linear are; cubic is folded on constants)")),
             other => return Err(cx.err(format!("mode '{other}' is not supported (nearest and linear are)"))),
         };
-        let ctm = if legacy {
-            "asymmetric".to_string()
-        } else {
-            cx.string("coordinate_transformation_mode")
-                .unwrap_or_else(|| "half_pixel".into())
-        };
+        let ctm = if legacy { "asymmetric".to_string() } else { cx.string("coordinate_transformation_mode").unwrap_or_else(|| "half_pixel".into()) };
         let nearest_mode = if legacy {
             // Upsample / Resize-10 round like onnxruntime's "simple" mode:
             // down when enlarging, up when shrinking.
@@ -148,11 +97,7 @@ impl Importer {
                 return Err(cx.err("nearest resizing that enlarges one axis and shrinks the other (opset < 11) is not supported"));
             }
         } else {
-            match cx
-                .string("nearest_mode")
-                .as_deref()
-                .unwrap_or("round_prefer_floor")
-            {
+            match cx.string("nearest_mode").as_deref().unwrap_or("round_prefer_floor") {
                 "round_prefer_floor" => RESIZE_ROUND_PREFER_FLOOR,
                 "round_prefer_ceil" => RESIZE_ROUND_PREFER_CEIL,
                 "floor" => RESIZE_FLOOR,
@@ -171,47 +116,28 @@ impl Importer {
                 "align_corners" => (0.0, 0.0),
                 "asymmetric" => (1.0 / f, 0.0),
                 "tf_half_pixel_for_nearest" => (1.0 / f, 0.5 / f),
-                other => {
-                    return Err(cx.err(format!(
-                        "coordinate_transformation_mode '{other}' is not supported"
-                    )))
-                }
+                other => return Err(cx.err(format!("coordinate_transformation_mode '{other}' is not supported"))),
             })
         };
         let (dims, out2, map) = if r == 4 {
             let (y, xx) = (map_axis(2)?, map_axis(3)?);
-            (
-                [s[0], s[1], s[2], s[3]],
-                [out[2], out[3]],
-                [y.0, y.1, xx.0, xx.1],
-            )
+            ([s[0], s[1], s[2], s[3]], [out[2], out[3]], [y.0, y.1, xx.0, xx.1])
         } else {
             let xx = map_axis(2)?;
             ([s[0], s[1], 1, s[2]], [1, out[2]], [0.0, 0.0, xx.0, xx.1])
         };
         if mode == "cubic" || mode == "bicubic" {
-            let c = self
-                .konst(x)
-                .ok_or_else(|| cx.err("internal error: cubic input is not constant"))?;
+            let c = self.konst(x).ok_or_else(|| cx.err("internal error: cubic input is not constant"))?;
             let a = cx.float("cubic_coeff_a", -0.75);
             let exclude = cx.int("exclude_outside", 0) != 0;
             let v = cubic(&c.floats(), dims, out2, map, a, exclude);
-            return Ok(vec![
-                self.constant(&Self::out_name(cx, 0), Const::f32(&out, v))
-            ]);
+            return Ok(vec![self.constant(&Self::out_name(cx, 0), Const::f32(&out, v))]);
         }
         if out2 == [dims[2], dims[3]] && map == [1.0, 0.0, 1.0, 0.0] {
             // The identity: no data moves.
             return Ok(vec![self.alias(cx, x)]);
         }
-        let kind = Kind::Resize {
-            x,
-            dims,
-            out: out2,
-            linear,
-            nearest_mode,
-            map,
-        };
+        let kind = Kind::Resize { x, dims, out: out2, linear, nearest_mode, map };
         Ok(vec![self.device(cx, kind, out)])
     }
 }
@@ -221,14 +147,7 @@ impl Importer {
 /// Resize defines it: four taps per axis around the source coordinate,
 /// clamped to the edge, or (`exclude_outside`) dropped and the remaining
 /// weights renormalised. Separable: rows first, then columns.
-fn cubic(
-    x: &[f32],
-    [n, c, h, w]: [u64; 4],
-    [oh, ow]: [u64; 2],
-    map: [f32; 4],
-    a: f32,
-    exclude: bool,
-) -> Vec<f32> {
+fn cubic(x: &[f32], [n, c, h, w]: [u64; 4], [oh, ow]: [u64; 2], map: [f32; 4], a: f32, exclude: bool) -> Vec<f32> {
     let kernel = |d: f32| -> f32 {
         let d = d.abs();
         if d <= 1.0 {
@@ -261,12 +180,7 @@ fn cubic(
                         ws.iter_mut().for_each(|v| *v /= sum);
                     }
                 }
-                [
-                    (idx[0], ws[0]),
-                    (idx[1], ws[1]),
-                    (idx[2], ws[2]),
-                    (idx[3], ws[3]),
-                ]
+                [(idx[0], ws[0]), (idx[1], ws[1]), (idx[2], ws[2]), (idx[3], ws[3])]
             })
             .collect()
     };

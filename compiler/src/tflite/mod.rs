@@ -25,13 +25,12 @@ use std::collections::HashMap;
 use crate::error::{CompileError, Result};
 use crate::ir::{Const, Data};
 use crate::onnx::{
-    elem, AttributeProto, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    TensorProto, TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto,
+    elem, AttributeProto, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto,
+    TypeProto, TypeProtoTensor, ValueInfoProto,
 };
 
 /// Why a quantized tensor is refused.
-pub const QUANTIZED: &str =
-    "quantized TFLite models are not supported yet (rbln-compile takes float32 models)";
+pub const QUANTIZED: &str = "quantized TFLite models are not supported yet (rbln-compile takes float32 models)";
 
 /// The ONNX opset the translation writes.
 pub const OPSET: i64 = 17;
@@ -49,34 +48,11 @@ pub mod ty {
 
     pub fn name(t: i8) -> &'static str {
         const NAMES: [&str; 23] = [
-            "float32",
-            "float16",
-            "int32",
-            "uint8",
-            "int64",
-            "string",
-            "bool",
-            "int16",
-            "complex64",
-            "int8",
-            "float64",
-            "complex128",
-            "uint64",
-            "resource",
-            "variant",
-            "uint32",
-            "uint16",
-            "int4",
-            "bfloat16",
-            "int2",
-            "uint4",
-            "float8_e4m3fn",
-            "float8_e5m2",
+            "float32", "float16", "int32", "uint8", "int64", "string", "bool", "int16", "complex64", "int8", "float64",
+            "complex128", "uint64", "resource", "variant", "uint32", "uint16", "int4", "bfloat16", "int2", "uint4",
+            "float8_e4m3fn", "float8_e5m2",
         ];
-        usize::try_from(t)
-            .ok()
-            .and_then(|i| NAMES.get(i).copied())
-            .unwrap_or("unknown")
+        usize::try_from(t).ok().and_then(|i| NAMES.get(i).copied()).unwrap_or("unknown")
     }
 
     /// The ONNX element type of a TFLite type the translation keeps.
@@ -99,175 +75,30 @@ pub mod ty {
 /// `BuiltinOperator` names, by code (0..=209); `None` for gaps.
 pub fn op_name(code: i32) -> Option<&'static str> {
     const NAMES: &[&str] = &[
-        "ADD",
-        "AVERAGE_POOL_2D",
-        "CONCATENATION",
-        "CONV_2D",
-        "DEPTHWISE_CONV_2D",
-        "DEPTH_TO_SPACE",
-        "DEQUANTIZE",
-        "EMBEDDING_LOOKUP",
-        "FLOOR",
-        "FULLY_CONNECTED",
-        "HASHTABLE_LOOKUP",
-        "L2_NORMALIZATION",
-        "L2_POOL_2D",
-        "LOCAL_RESPONSE_NORMALIZATION",
-        "LOGISTIC",
-        "LSH_PROJECTION",
-        "LSTM",
-        "MAX_POOL_2D",
-        "MUL",
-        "RELU",
-        "RELU_N1_TO_1",
-        "RELU6",
-        "RESHAPE",
-        "RESIZE_BILINEAR",
-        "RNN",
-        "SOFTMAX",
-        "SPACE_TO_DEPTH",
-        "SVDF",
-        "TANH",
-        "CONCAT_EMBEDDINGS",
-        "SKIP_GRAM",
-        "CALL",
-        "CUSTOM",
-        "EMBEDDING_LOOKUP_SPARSE",
-        "PAD",
-        "UNIDIRECTIONAL_SEQUENCE_RNN",
-        "GATHER",
-        "BATCH_TO_SPACE_ND",
-        "SPACE_TO_BATCH_ND",
-        "TRANSPOSE",
-        "MEAN",
-        "SUB",
-        "DIV",
-        "SQUEEZE",
-        "UNIDIRECTIONAL_SEQUENCE_LSTM",
-        "STRIDED_SLICE",
-        "BIDIRECTIONAL_SEQUENCE_RNN",
-        "EXP",
-        "TOPK_V2",
-        "SPLIT",
-        "LOG_SOFTMAX",
-        "DELEGATE",
-        "BIDIRECTIONAL_SEQUENCE_LSTM",
-        "CAST",
-        "PRELU",
-        "MAXIMUM",
-        "ARG_MAX",
-        "MINIMUM",
-        "LESS",
-        "NEG",
-        "PADV2",
-        "GREATER",
-        "GREATER_EQUAL",
-        "LESS_EQUAL",
-        "SELECT",
-        "SLICE",
-        "SIN",
-        "TRANSPOSE_CONV",
-        "SPARSE_TO_DENSE",
-        "TILE",
-        "EXPAND_DIMS",
-        "EQUAL",
-        "NOT_EQUAL",
-        "LOG",
-        "SUM",
-        "SQRT",
-        "RSQRT",
-        "SHAPE",
-        "POW",
-        "ARG_MIN",
-        "FAKE_QUANT",
-        "REDUCE_PROD",
-        "REDUCE_MAX",
-        "PACK",
-        "LOGICAL_OR",
-        "ONE_HOT",
-        "LOGICAL_AND",
-        "LOGICAL_NOT",
-        "UNPACK",
-        "REDUCE_MIN",
-        "FLOOR_DIV",
-        "REDUCE_ANY",
-        "SQUARE",
-        "ZEROS_LIKE",
-        "FILL",
-        "FLOOR_MOD",
-        "RANGE",
-        "RESIZE_NEAREST_NEIGHBOR",
-        "LEAKY_RELU",
-        "SQUARED_DIFFERENCE",
-        "MIRROR_PAD",
-        "ABS",
-        "SPLIT_V",
-        "UNIQUE",
-        "CEIL",
-        "REVERSE_V2",
-        "ADD_N",
-        "GATHER_ND",
-        "COS",
-        "WHERE",
-        "RANK",
-        "ELU",
-        "REVERSE_SEQUENCE",
-        "MATRIX_DIAG",
-        "QUANTIZE",
-        "MATRIX_SET_DIAG",
-        "ROUND",
-        "HARD_SWISH",
-        "IF",
-        "WHILE",
-        "NON_MAX_SUPPRESSION_V4",
-        "NON_MAX_SUPPRESSION_V5",
-        "SCATTER_ND",
-        "SELECT_V2",
-        "DENSIFY",
-        "SEGMENT_SUM",
-        "BATCH_MATMUL",
-        "PLACEHOLDER_FOR_GREATER_OP_CODES",
-        "CUMSUM",
-        "CALL_ONCE",
-        "BROADCAST_TO",
-        "RFFT2D",
-        "CONV_3D",
-        "IMAG",
-        "REAL",
-        "COMPLEX_ABS",
-        "HASHTABLE",
-        "HASHTABLE_FIND",
-        "HASHTABLE_IMPORT",
-        "HASHTABLE_SIZE",
-        "REDUCE_ALL",
-        "CONV_3D_TRANSPOSE",
-        "VAR_HANDLE",
-        "READ_VARIABLE",
-        "ASSIGN_VARIABLE",
-        "BROADCAST_ARGS",
-        "RANDOM_STANDARD_NORMAL",
-        "BUCKETIZE",
-        "RANDOM_UNIFORM",
-        "MULTINOMIAL",
-        "GELU",
-        "DYNAMIC_UPDATE_SLICE",
-        "RELU_0_TO_1",
-        "UNSORTED_SEGMENT_PROD",
-        "UNSORTED_SEGMENT_MAX",
-        "UNSORTED_SEGMENT_SUM",
-        "ATAN2",
-        "UNSORTED_SEGMENT_MIN",
-        "SIGN",
-        "BITCAST",
-        "BITWISE_XOR",
-        "RIGHT_SHIFT",
+        "ADD", "AVERAGE_POOL_2D", "CONCATENATION", "CONV_2D", "DEPTHWISE_CONV_2D", "DEPTH_TO_SPACE", "DEQUANTIZE", "EMBEDDING_LOOKUP",
+        "FLOOR", "FULLY_CONNECTED", "HASHTABLE_LOOKUP", "L2_NORMALIZATION", "L2_POOL_2D", "LOCAL_RESPONSE_NORMALIZATION", "LOGISTIC",
+        "LSH_PROJECTION", "LSTM", "MAX_POOL_2D", "MUL", "RELU", "RELU_N1_TO_1", "RELU6", "RESHAPE", "RESIZE_BILINEAR", "RNN", "SOFTMAX",
+        "SPACE_TO_DEPTH", "SVDF", "TANH", "CONCAT_EMBEDDINGS", "SKIP_GRAM", "CALL", "CUSTOM", "EMBEDDING_LOOKUP_SPARSE", "PAD",
+        "UNIDIRECTIONAL_SEQUENCE_RNN", "GATHER", "BATCH_TO_SPACE_ND", "SPACE_TO_BATCH_ND", "TRANSPOSE", "MEAN", "SUB", "DIV", "SQUEEZE",
+        "UNIDIRECTIONAL_SEQUENCE_LSTM", "STRIDED_SLICE", "BIDIRECTIONAL_SEQUENCE_RNN", "EXP", "TOPK_V2", "SPLIT", "LOG_SOFTMAX",
+        "DELEGATE", "BIDIRECTIONAL_SEQUENCE_LSTM", "CAST", "PRELU", "MAXIMUM", "ARG_MAX", "MINIMUM", "LESS", "NEG", "PADV2", "GREATER",
+        "GREATER_EQUAL", "LESS_EQUAL", "SELECT", "SLICE", "SIN", "TRANSPOSE_CONV", "SPARSE_TO_DENSE", "TILE", "EXPAND_DIMS", "EQUAL",
+        "NOT_EQUAL", "LOG", "SUM", "SQRT", "RSQRT", "SHAPE", "POW", "ARG_MIN", "FAKE_QUANT", "REDUCE_PROD", "REDUCE_MAX", "PACK",
+        "LOGICAL_OR", "ONE_HOT", "LOGICAL_AND", "LOGICAL_NOT", "UNPACK", "REDUCE_MIN", "FLOOR_DIV", "REDUCE_ANY", "SQUARE", "ZEROS_LIKE",
+        "FILL", "FLOOR_MOD", "RANGE", "RESIZE_NEAREST_NEIGHBOR", "LEAKY_RELU", "SQUARED_DIFFERENCE", "MIRROR_PAD", "ABS", "SPLIT_V",
+        "UNIQUE", "CEIL", "REVERSE_V2", "ADD_N", "GATHER_ND", "COS", "WHERE", "RANK", "ELU", "REVERSE_SEQUENCE", "MATRIX_DIAG",
+        "QUANTIZE", "MATRIX_SET_DIAG", "ROUND", "HARD_SWISH", "IF", "WHILE", "NON_MAX_SUPPRESSION_V4", "NON_MAX_SUPPRESSION_V5",
+        "SCATTER_ND", "SELECT_V2", "DENSIFY", "SEGMENT_SUM", "BATCH_MATMUL", "PLACEHOLDER_FOR_GREATER_OP_CODES", "CUMSUM", "CALL_ONCE",
+        "BROADCAST_TO", "RFFT2D", "CONV_3D", "IMAG", "REAL", "COMPLEX_ABS", "HASHTABLE", "HASHTABLE_FIND", "HASHTABLE_IMPORT",
+        "HASHTABLE_SIZE", "REDUCE_ALL", "CONV_3D_TRANSPOSE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "BROADCAST_ARGS",
+        "RANDOM_STANDARD_NORMAL", "BUCKETIZE", "RANDOM_UNIFORM", "MULTINOMIAL", "GELU", "DYNAMIC_UPDATE_SLICE", "RELU_0_TO_1",
+        "UNSORTED_SEGMENT_PROD", "UNSORTED_SEGMENT_MAX", "UNSORTED_SEGMENT_SUM", "ATAN2", "UNSORTED_SEGMENT_MIN", "SIGN", "BITCAST",
+        "BITWISE_XOR", "RIGHT_SHIFT",
     ];
     if (162..=209).contains(&code) {
         return Some("STABLEHLO_*");
     }
-    usize::try_from(code)
-        .ok()
-        .and_then(|i| NAMES.get(i).copied())
+    usize::try_from(code).ok().and_then(|i| NAMES.get(i).copied())
 }
 
 /// One TFLite tensor as the translation sees it.
@@ -352,10 +183,7 @@ fn decode_err(msg: impl Into<String>) -> CompileError {
 /// Read and translate a TFLite file.
 pub fn translate(bytes: &[u8]) -> Result<Translated> {
     if bytes.len() < 8 {
-        return Err(decode_err(format!(
-            "the file is {} bytes long, too short for a flatbuffer",
-            bytes.len()
-        )));
+        return Err(decode_err(format!("the file is {} bytes long, too short for a flatbuffer", bytes.len())));
     }
     if !is_tflite(bytes) {
         return Err(decode_err(format!(
@@ -363,18 +191,9 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
             &bytes[4..8]
         )));
     }
-    let model = schema::root(bytes).map_err(|e| {
-        decode_err(format!(
-            "the flatbuffer does not verify: {}",
-            e.to_string()
-                .replace(".\n\t", "; ")
-                .replace("\n\t", "; ")
-                .trim_end()
-        ))
-    })?;
-    let subgraphs = model
-        .subgraphs()
-        .ok_or_else(|| decode_err("the model has no subgraphs"))?;
+    let model = schema::root(bytes)
+        .map_err(|e| decode_err(format!("the flatbuffer does not verify: {}", e.to_string().replace(".\n\t", "; ").replace("\n\t", "; ").trim_end())))?;
+    let subgraphs = model.subgraphs().ok_or_else(|| decode_err("the model has no subgraphs"))?;
     if subgraphs.is_empty() {
         return Err(decode_err("the model has no subgraphs"));
     }
@@ -383,79 +202,38 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
     let codes = model.operator_codes();
 
     // Tensors, with constants read from their buffers.
-    let ts = sg
-        .tensors()
-        .ok_or_else(|| decode_err("subgraph 0 has no tensor list"))?;
+    let ts = sg.tensors().ok_or_else(|| decode_err("subgraph 0 has no tensor list"))?;
     let mut tensors = Vec::with_capacity(ts.len());
     let mut used_names: HashMap<String, usize> = HashMap::new();
     for (i, t) in ts.iter().enumerate() {
         let name = t.name().unwrap_or("").to_string();
-        let base = if name.is_empty() {
-            format!("tensor{i}")
-        } else {
-            name.clone()
-        };
+        let base = if name.is_empty() { format!("tensor{i}") } else { name.clone() };
         let n = used_names.entry(base.clone()).or_insert(0);
         *n += 1;
-        let uname = if *n == 1 {
-            base
-        } else {
-            format!("{base}#t{i}")
-        };
-        let shape: Vec<i64> = t
-            .shape()
-            .map(|s| s.iter().map(i64::from).collect())
-            .unwrap_or_default();
-        let quant = t
-            .quantization()
-            .is_some_and(|q| q.scale().is_some_and(|s| !s.is_empty()));
-        let mut info = TensorInfo {
-            name,
-            uname,
-            shape,
-            ty: t.tensor_type(),
-            konst: None,
-            quantized: ty::is_quantized(t.tensor_type()) || quant,
-        };
-        let bad = |reason: String| CompileError::BadTensor {
-            name: info.name.clone(),
-            reason,
-        };
+        let uname = if *n == 1 { base } else { format!("{base}#t{i}") };
+        let shape: Vec<i64> = t.shape().map(|s| s.iter().map(i64::from).collect()).unwrap_or_default();
+        let quant = t.quantization().is_some_and(|q| q.scale().is_some_and(|s| !s.is_empty()));
+        let mut info = TensorInfo { name, uname, shape, ty: t.tensor_type(), konst: None, quantized: ty::is_quantized(t.tensor_type()) || quant };
+        let bad = |reason: String| CompileError::BadTensor { name: info.name.clone(), reason };
         if t.sparsity().is_some() {
-            return Err(bad(
-                "is sparse (TFLite sparsity parameters); rbln-compile reads dense tensors only"
-                    .into(),
-            ));
+            return Err(bad("is sparse (TFLite sparsity parameters); rbln-compile reads dense tensors only".into()));
         }
         if t.external_buffer() != 0 {
-            return Err(bad(
-                "its data is in an external buffer group, which rbln-compile does not read".into(),
-            ));
+            return Err(bad("its data is in an external buffer group, which rbln-compile does not read".into()));
         }
         if t.is_variable() {
-            return Err(bad(
-                "is a variable tensor (stateful models are not supported)".into(),
-            ));
+            return Err(bad("is a variable tensor (stateful models are not supported)".into()));
         }
         let b = t.buffer() as usize;
         if b != 0 {
-            let buffers = buffers.ok_or_else(|| {
-                bad(format!(
-                    "refers to buffer {b} but the model has no buffer list"
-                ))
-            })?;
+            let buffers = buffers.ok_or_else(|| bad(format!("refers to buffer {b} but the model has no buffer list")))?;
             if b >= buffers.len() {
-                return Err(bad(format!(
-                    "refers to buffer {b}, out of range (the model has {})",
-                    buffers.len()
-                )));
+                return Err(bad(format!("refers to buffer {b}, out of range (the model has {})", buffers.len())));
             }
             let buf = buffers.get(b);
             let data: &[u8] = if buf.offset() > 1 {
-                let start = usize::try_from(buf.offset())
-                    .map_err(|_| bad("buffer offset does not fit in memory".into()))?;
-                let size = usize::try_from(buf.size())
-                    .map_err(|_| bad("buffer size does not fit in memory".into()))?;
+                let start = usize::try_from(buf.offset()).map_err(|_| bad("buffer offset does not fit in memory".into()))?;
+                let size = usize::try_from(buf.size()).map_err(|_| bad("buffer size does not fit in memory".into()))?;
                 start
                     .checked_add(size)
                     .and_then(|end| bytes.get(start..end))
@@ -471,20 +249,11 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
     }
 
     // Operators.
-    let op_list = sg
-        .operators()
-        .map(|o| o.iter().collect::<Vec<_>>())
-        .unwrap_or_default();
+    let op_list = sg.operators().map(|o| o.iter().collect::<Vec<_>>()).unwrap_or_default();
     let tensor_index = |v: i32, what: &str| -> Result<usize> {
-        usize::try_from(v)
-            .ok()
-            .filter(|&i| i < tensors.len())
-            .ok_or_else(|| {
-                decode_err(format!(
-                    "{what} refers to tensor {v}, out of range (subgraph 0 has {} tensors)",
-                    tensors.len()
-                ))
-            })
+        usize::try_from(v).ok().filter(|&i| i < tensors.len()).ok_or_else(|| {
+            decode_err(format!("{what} refers to tensor {v}, out of range (subgraph 0 has {} tensors)", tensors.len()))
+        })
     };
     let mut op_infos = Vec::with_capacity(op_list.len());
     for (index, o) in op_list.iter().enumerate() {
@@ -492,11 +261,7 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
         let oc = codes
             .filter(|c| ci < c.len())
             .map(|c| c.get(ci))
-            .ok_or_else(|| {
-                decode_err(format!(
-                    "operator {index} uses operator code {ci}, out of range"
-                ))
-            })?;
+            .ok_or_else(|| decode_err(format!("operator {index} uses operator code {ci}, out of range")))?;
         let code = i32::from(oc.deprecated_builtin_code()).max(oc.builtin_code());
         let name = if code == 32 {
             format!("CUSTOM '{}'", oc.custom_code().unwrap_or(""))
@@ -505,36 +270,17 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
         };
         let mut inputs = Vec::new();
         for (k, v) in o.inputs().iter().flat_map(|v| v.iter()).enumerate() {
-            inputs.push(if v < 0 {
-                None
-            } else {
-                Some(tensor_index(
-                    v,
-                    &format!("operator {index} ({name}) input {k}"),
-                )?)
-            });
+            inputs.push(if v < 0 { None } else { Some(tensor_index(v, &format!("operator {index} ({name}) input {k}"))?) });
         }
         let mut outputs = Vec::new();
         for (k, v) in o.outputs().iter().flat_map(|v| v.iter()).enumerate() {
-            outputs.push(tensor_index(
-                v,
-                &format!("operator {index} ({name}) output {k}"),
-            )?);
+            outputs.push(tensor_index(v, &format!("operator {index} ({name}) output {k}"))?);
         }
         if outputs.is_empty() {
-            return Err(decode_err(format!(
-                "operator {index} ({name}) has no outputs"
-            )));
+            return Err(decode_err(format!("operator {index} ({name}) has no outputs")));
         }
         let opts = ops::OptionsRef::read(o, code);
-        op_infos.push(OpInfo {
-            index,
-            code,
-            name,
-            inputs,
-            outputs,
-            opts,
-        });
+        op_infos.push(OpInfo { index, code, name, inputs, outputs, opts });
     }
 
     let mut graph_inputs = Vec::new();
@@ -553,16 +299,9 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
         if info.konst.is_some() {
             continue;
         }
-        let what = if info.name.is_empty() {
-            format!("input {t}")
-        } else {
-            format!("input '{}'", info.name)
-        };
+        let what = if info.name.is_empty() { format!("input {t}") } else { format!("input '{}'", info.name) };
         if info.quantized {
-            return Err(CompileError::Invalid(format!(
-                "{what} is {} (quantized): {QUANTIZED}",
-                ty::name(info.ty)
-            )));
+            return Err(CompileError::Invalid(format!("{what} is {} (quantized): {QUANTIZED}", ty::name(info.ty))));
         }
         let Some(et) = ty::onnx(info.ty) else {
             return Err(CompileError::Invalid(format!(
@@ -571,10 +310,7 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
             )));
         };
         if let Some(&d) = info.shape.iter().find(|&&d| d <= 0) {
-            return Err(CompileError::Invalid(format!(
-                "{what} has dimension {d} in shape {:?}; static positive dims are needed",
-                info.shape
-            )));
+            return Err(CompileError::Invalid(format!("{what} has dimension {d} in shape {:?}; static positive dims are needed", info.shape)));
         }
         inputs_vi.push(value_info(&info.uname, et, &info.shape));
         lw.set_input(t);
@@ -586,11 +322,7 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
     for &t in &graph_outputs {
         let info = lw.tensors[t].clone();
         let et = ty::onnx(info.ty).ok_or_else(|| {
-            CompileError::Invalid(format!(
-                "output '{}' is {}; outputs must be float32, int32, int64 or bool",
-                info.name,
-                ty::name(info.ty)
-            ))
+            CompileError::Invalid(format!("output '{}' is {}; outputs must be float32, int32, int64 or bool", info.name, ty::name(info.ty)))
         })?;
         let name = lw.plain_output(t)?;
         outputs_vi.push(value_info(&name, et, &info.shape));
@@ -609,10 +341,7 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
         producer_name: "tflite".into(),
         producer_version: String::new(),
         graph: Some(graph),
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: OPSET,
-        }],
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: OPSET }],
         functions: vec![],
     };
     Ok(Translated {
@@ -629,17 +358,9 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
 fn read_const(info: &TensorInfo, data: &[u8]) -> std::result::Result<Const, String> {
     let mut shape = Vec::with_capacity(info.shape.len());
     for &d in &info.shape {
-        shape.push(u64::try_from(d).map_err(|_| {
-            format!(
-                "constant with negative dimension {d} in shape {:?}",
-                info.shape
-            )
-        })?);
+        shape.push(u64::try_from(d).map_err(|_| format!("constant with negative dimension {d} in shape {:?}", info.shape))?);
     }
-    let count = shape
-        .iter()
-        .try_fold(1u64, |a, &d| a.checked_mul(d))
-        .ok_or("too many elements")?;
+    let count = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).ok_or("too many elements")?;
     let width: u64 = match info.ty {
         ty::FLOAT32 | ty::INT32 => 4,
         ty::INT64 => 8,
@@ -658,31 +379,11 @@ fn read_const(info: &TensorInfo, data: &[u8]) -> std::result::Result<Const, Stri
     }
     let le4 = |c: &[u8]| [c[0], c[1], c[2], c[3]];
     let d = match info.ty {
-        ty::FLOAT32 => Data::F(
-            data.chunks_exact(4)
-                .map(|c| f32::from_le_bytes(le4(c)))
-                .collect(),
-        ),
-        ty::FLOAT16 => Data::F(
-            data.chunks_exact(2)
-                .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-                .collect(),
-        ),
-        ty::INT32 => Data::I(
-            data.chunks_exact(4)
-                .map(|c| i64::from(i32::from_le_bytes(le4(c))))
-                .collect(),
-        ),
-        ty::INT64 => Data::I(
-            data.chunks_exact(8)
-                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect(),
-        ),
-        ty::INT16 => Data::I(
-            data.chunks_exact(2)
-                .map(|c| i64::from(i16::from_le_bytes([c[0], c[1]])))
-                .collect(),
-        ),
+        ty::FLOAT32 => Data::F(data.chunks_exact(4).map(|c| f32::from_le_bytes(le4(c))).collect()),
+        ty::FLOAT16 => Data::F(data.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()),
+        ty::INT32 => Data::I(data.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(le4(c)))).collect()),
+        ty::INT64 => Data::I(data.chunks_exact(8).map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect()),
+        ty::INT16 => Data::I(data.chunks_exact(2).map(|c| i64::from(i16::from_le_bytes([c[0], c[1]]))).collect()),
         ty::INT8 => Data::I(data.iter().map(|&b| i64::from(b as i8)).collect()),
         _ => Data::I(data.iter().map(|&b| i64::from(b)).collect()),
     };
@@ -714,15 +415,7 @@ fn value_info(name: &str, elem_type: i32, shape: &[i64]) -> ValueInfoProto {
         r#type: Some(TypeProto {
             tensor_type: Some(TypeProtoTensor {
                 elem_type,
-                shape: Some(TensorShapeProto {
-                    dim: shape
-                        .iter()
-                        .map(|&d| Dimension {
-                            dim_value: Some(d),
-                            dim_param: None,
-                        })
-                        .collect(),
-                }),
+                shape: Some(TensorShapeProto { dim: shape.iter().map(|&d| Dimension { dim_value: Some(d), dim_param: None }).collect() }),
             }),
         }),
     }
@@ -730,48 +423,23 @@ fn value_info(name: &str, elem_type: i32, shape: &[i64]) -> ValueInfoProto {
 
 /// ONNX attribute builders.
 pub fn attr_i(name: &str, i: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        i,
-        r#type: 2,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), i, r#type: 2, ..Default::default() }
 }
 pub fn attr_f(name: &str, f: f32) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        f,
-        r#type: 1,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), f, r#type: 1, ..Default::default() }
 }
 pub fn attr_ints(name: &str, ints: Vec<i64>) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        ints,
-        r#type: 7,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), ints, r#type: 7, ..Default::default() }
 }
 pub fn attr_s(name: &str, s: &str) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        s: s.as_bytes().to_vec(),
-        r#type: 3,
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), s: s.as_bytes().to_vec(), r#type: 3, ..Default::default() }
 }
 
 /// An ONNX initializer from a constant (`elem_type` FLOAT, INT32, INT64 or
 /// BOOL).
 pub fn initializer(name: &str, c: &Const, elem_type: i32) -> TensorProto {
     let dims = c.shape.iter().map(|&d| d as i64).collect();
-    let mut t = TensorProto {
-        name: name.to_string(),
-        dims,
-        data_type: elem_type,
-        ..Default::default()
-    };
+    let mut t = TensorProto { name: name.to_string(), dims, data_type: elem_type, ..Default::default() };
     match elem_type {
         elem::FLOAT => t.float_data = c.floats(),
         elem::INT64 => t.int64_data = c.ints(),
@@ -781,21 +449,8 @@ pub fn initializer(name: &str, c: &Const, elem_type: i32) -> TensorProto {
 }
 
 /// A node with its attributes.
-pub fn node(
-    op: &str,
-    name: &str,
-    inputs: Vec<String>,
-    outputs: Vec<String>,
-    attrs: Vec<AttributeProto>,
-) -> NodeProto {
-    NodeProto {
-        input: inputs,
-        output: outputs,
-        name: name.into(),
-        op_type: op.into(),
-        attribute: attrs,
-        domain: String::new(),
-    }
+pub fn node(op: &str, name: &str, inputs: Vec<String>, outputs: Vec<String>, attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto { input: inputs, output: outputs, name: name.into(), op_type: op.into(), attribute: attrs, domain: String::new() }
 }
 
 #[cfg(test)]

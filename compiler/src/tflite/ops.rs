@@ -14,9 +14,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::schema::Operator;
-use super::{
-    attr_f, attr_i, attr_ints, attr_s, initializer, node, ty, OpInfo, TensorInfo, QUANTIZED,
-};
+use super::{attr_f, attr_i, attr_ints, attr_s, initializer, node, ty, OpInfo, TensorInfo, QUANTIZED};
 use crate::error::{CompileError, Result};
 use crate::ir::{Const, Data};
 use crate::onnx::{elem, AttributeProto, NodeProto, TensorProto};
@@ -93,11 +91,7 @@ impl OptionsRef {
     /// The options of `o` for the builtin `code`, with schema defaults when
     /// the table is absent.
     pub fn read(o: &Operator<'_>, code: i32) -> OptionsRef {
-        let mut r = OptionsRef {
-            dilation_w: 1,
-            dilation_h: 1,
-            ..Default::default()
-        };
+        let mut r = OptionsRef { dilation_w: 1, dilation_h: 1, ..Default::default() };
         match code {
             3 => {
                 if let Some(p) = o.conv2d_options() {
@@ -162,11 +156,7 @@ impl OptionsRef {
                 }
             }
             0 | 18 | 41 | 42 => {
-                let a = o
-                    .add_options()
-                    .or(o.mul_options())
-                    .or(o.sub_options())
-                    .or(o.div_options());
+                let a = o.add_options().or(o.mul_options()).or(o.sub_options()).or(o.div_options());
                 if let Some(p) = a {
                     r.present = true;
                     r.activation = p.fused_activation_function();
@@ -297,17 +287,11 @@ fn permute_const(c: &Const, perm: &[usize]) -> Const {
     match &c.data {
         Data::F(v) => {
             let (d, s) = permute(v, &c.shape, perm);
-            Const {
-                shape: s,
-                data: Data::F(d),
-            }
+            Const { shape: s, data: Data::F(d) }
         }
         Data::I(v) => {
             let (d, s) = permute(v, &c.shape, perm);
-            Const {
-                shape: s,
-                data: Data::I(d),
-            }
+            Const { shape: s, data: Data::I(d) }
         }
     }
 }
@@ -339,11 +323,7 @@ impl Lowering {
 
     /// A model input: held in its plain form under its own name.
     pub fn set_input(&mut self, t: usize) {
-        self.forms[t] = Forms {
-            plain: Some(self.tensors[t].uname.clone()),
-            nchw: None,
-            primary_nchw: false,
-        };
+        self.forms[t] = Forms { plain: Some(self.tensors[t].uname.clone()), nchw: None, primary_nchw: false };
     }
 
     /// The plain form of a model output (the interface name).
@@ -362,12 +342,7 @@ impl Lowering {
     }
 
     fn err(&self, reason: impl Into<String>) -> CompileError {
-        CompileError::TfliteOp {
-            index: self.cur.0,
-            name: self.cur.1.clone(),
-            op: self.cur.2.clone(),
-            reason: reason.into(),
-        }
+        CompileError::TfliteOp { index: self.cur.0, name: self.cur.1.clone(), op: self.cur.2.clone(), reason: reason.into() }
     }
 
     fn opts(&self) -> OptionsRef {
@@ -388,13 +363,7 @@ impl Lowering {
         }
     }
 
-    fn emit(
-        &mut self,
-        op: &str,
-        inputs: Vec<String>,
-        outputs: Vec<String>,
-        attrs: Vec<AttributeProto>,
-    ) {
+    fn emit(&mut self, op: &str, inputs: Vec<String>, outputs: Vec<String>, attrs: Vec<AttributeProto>) {
         let name = self.node_name();
         self.node_ops.insert(name.clone(), self.cur.clone());
         self.nodes.push(node(op, &name, inputs, outputs, attrs));
@@ -404,11 +373,7 @@ impl Lowering {
     fn node_name(&mut self) -> String {
         let mut k = 1;
         loop {
-            let n = if k == 1 {
-                self.base.clone()
-            } else {
-                format!("{}#{k}", self.base)
-            };
+            let n = if k == 1 { self.base.clone() } else { format!("{}#{k}", self.base) };
             if !self.node_ops.contains_key(&n) {
                 return n;
             }
@@ -441,19 +406,9 @@ impl Lowering {
     fn elem_of(&self, t: usize) -> Result<i32> {
         let info = &self.tensors[t];
         if info.quantized {
-            return Err(self.err(format!(
-                "tensor '{}' is {} (quantized): {QUANTIZED}",
-                info.name,
-                ty::name(info.ty)
-            )));
+            return Err(self.err(format!("tensor '{}' is {} (quantized): {QUANTIZED}", info.name, ty::name(info.ty))));
         }
-        ty::onnx(info.ty).ok_or_else(|| {
-            self.err(format!(
-                "tensor '{}' is {}, which rbln-compile does not handle",
-                info.name,
-                ty::name(info.ty)
-            ))
-        })
+        ty::onnx(info.ty).ok_or_else(|| self.err(format!("tensor '{}' is {}, which rbln-compile does not handle", info.name, ty::name(info.ty))))
     }
 
     /// Whether a run-time tensor's producer wrote it in NCHW form.
@@ -475,11 +430,7 @@ impl Lowering {
         if let Some(n) = have {
             return Ok(n.clone());
         }
-        let src = if nchw {
-            f.plain.clone()
-        } else {
-            f.nchw.clone()
-        };
+        let src = if nchw { f.plain.clone() } else { f.nchw.clone() };
         let Some(src) = src else {
             let info = &self.tensors[t];
             return Err(self.err(format!(
@@ -489,12 +440,7 @@ impl Lowering {
         };
         let out = self.form_name(t, nchw);
         let perm = if nchw { TO_NCHW } else { TO_NHWC };
-        self.emit(
-            "Transpose",
-            vec![src],
-            vec![out.clone()],
-            vec![attr_ints("perm", perm.iter().map(|&p| p as i64).collect())],
-        );
+        self.emit("Transpose", vec![src], vec![out.clone()], vec![attr_ints("perm", perm.iter().map(|&p| p as i64).collect())]);
         if nchw {
             self.forms[t].nchw = Some(out.clone());
         } else {
@@ -507,17 +453,9 @@ impl Lowering {
     fn set(&mut self, t: usize, name: String, nchw: bool) {
         let nchw = nchw && self.tensors[t].rank() == 4;
         self.forms[t] = if nchw {
-            Forms {
-                plain: None,
-                nchw: Some(name),
-                primary_nchw: true,
-            }
+            Forms { plain: None, nchw: Some(name), primary_nchw: true }
         } else {
-            Forms {
-                plain: Some(name),
-                nchw: None,
-                primary_nchw: false,
-            }
+            Forms { plain: Some(name), nchw: None, primary_nchw: false }
         };
     }
 
@@ -528,15 +466,7 @@ impl Lowering {
 
     /// Write `op(inputs)` into output tensor `t`, followed by the fused
     /// activation `act`.
-    fn emit_act(
-        &mut self,
-        op: &str,
-        inputs: Vec<String>,
-        t: usize,
-        nchw: bool,
-        attrs: Vec<AttributeProto>,
-        act: i8,
-    ) -> Result<()> {
+    fn emit_act(&mut self, op: &str, inputs: Vec<String>, t: usize, nchw: bool, attrs: Vec<AttributeProto>, act: i8) -> Result<()> {
         let out = self.out(t, nchw);
         if act == 0 {
             self.emit(op, inputs, vec![out.clone()], attrs);
@@ -569,36 +499,23 @@ impl Lowering {
     }
 
     fn input(&self, op: &OpInfo, k: usize) -> Result<usize> {
-        op.inputs
-            .get(k)
-            .copied()
-            .flatten()
-            .ok_or_else(|| self.err(format!("input {k} is missing")))
+        op.inputs.get(k).copied().flatten().ok_or_else(|| self.err(format!("input {k} is missing")))
     }
 
     fn output(&self, op: &OpInfo, k: usize) -> Result<usize> {
-        op.outputs
-            .get(k)
-            .copied()
-            .ok_or_else(|| self.err(format!("output {k} is missing")))
+        op.outputs.get(k).copied().ok_or_else(|| self.err(format!("output {k} is missing")))
     }
 
     fn need_const(&self, t: usize, what: &str) -> Result<Const> {
-        self.konst(t).cloned().ok_or_else(|| {
-            self.err(format!(
-                "{what} ('{}') is computed at run time; rbln-compile needs it to be a constant",
-                self.tensors[t].name
-            ))
-        })
+        self.konst(t)
+            .cloned()
+            .ok_or_else(|| self.err(format!("{what} ('{}') is computed at run time; rbln-compile needs it to be a constant", self.tensors[t].name)))
     }
 
     fn need_rank(&self, t: usize, rank: usize, what: &str) -> Result<()> {
         let r = self.tensors[t].rank();
         if r != rank {
-            return Err(self.err(format!(
-                "{what} ('{}') has rank {r}; {rank} expected",
-                self.tensors[t].name
-            )));
+            return Err(self.err(format!("{what} ('{}') has rank {r}; {rank} expected", self.tensors[t].name)));
         }
         Ok(())
     }
@@ -606,10 +523,7 @@ impl Lowering {
     fn need_dims(&self, t: usize) -> Result<Vec<i64>> {
         let s = &self.tensors[t].shape;
         if s.iter().any(|&d| d < 0) {
-            return Err(self.err(format!(
-                "tensor '{}' has a dynamic shape {s:?}; static shapes are needed",
-                self.tensors[t].name
-            )));
+            return Err(self.err(format!("tensor '{}' has a dynamic shape {s:?}; static shapes are needed", self.tensors[t].name)));
         }
         Ok(s.clone())
     }
@@ -634,11 +548,7 @@ impl Lowering {
         for &t in op.inputs.iter().flatten().chain(&op.outputs) {
             let info = &self.tensors[t];
             if info.quantized && !(op.code == 6 && info.konst.is_some()) {
-                return Err(self.err(format!(
-                    "tensor '{}' is {} (quantized): {QUANTIZED}",
-                    info.name,
-                    ty::name(info.ty)
-                )));
+                return Err(self.err(format!("tensor '{}' is {} (quantized): {QUANTIZED}", info.name, ty::name(info.ty))));
             }
         }
         match op.code {
@@ -719,19 +629,13 @@ impl Lowering {
             return self.form(t, nchw);
         }
         if rank > 4 {
-            return Err(self.err(format!(
-                "operand '{}' of rank {rank} broadcasts against a 4-D tensor",
-                self.tensors[t].name
-            )));
+            return Err(self.err(format!("operand '{}' of rank {rank} broadcasts against a 4-D tensor", self.tensors[t].name)));
         }
         let mut dims4 = vec![1i64; 4 - rank];
         dims4.extend(self.need_dims(t)?);
         if let Some(c) = self.konst(t).cloned() {
             let et = self.elem_of(t)?;
-            let c4 = Const {
-                shape: dims4.iter().map(|&d| d as u64).collect(),
-                data: c.data,
-            };
+            let c4 = Const { shape: dims4.iter().map(|&d| d as u64).collect(), data: c.data };
             let c4 = permute_const(&c4, &TO_NCHW);
             let name = format!("{}#b4nchw", self.tensors[t].uname);
             return Ok(self.init(name, &c4, et));
@@ -741,22 +645,14 @@ impl Lowering {
         let r4 = self.fresh("rank4");
         self.emit("Reshape", vec![plain, shape], vec![r4.clone()], vec![]);
         let out = self.fresh("rank4nchw");
-        self.emit(
-            "Transpose",
-            vec![r4],
-            vec![out.clone()],
-            vec![attr_ints("perm", vec![0, 3, 1, 2])],
-        );
+        self.emit("Transpose", vec![r4], vec![out.clone()], vec![attr_ints("perm", vec![0, 3, 1, 2])]);
         Ok(out)
     }
 
     /// Compute an element-wise op in NCHW when its output is 4-D and a
     /// run-time operand is held in NCHW.
     fn pick_nchw(&self, ins: &[usize], out: usize) -> bool {
-        self.tensors[out].rank() == 4
-            && ins
-                .iter()
-                .any(|&t| self.tensors[t].rank() == 4 && self.is_nchw(t))
+        self.tensors[out].rank() == 4 && ins.iter().any(|&t| self.tensors[t].rank() == 4 && self.is_nchw(t))
     }
 
     fn binary(&mut self, op: &OpInfo, onnx: &str) -> Result<()> {
@@ -816,14 +712,7 @@ impl Lowering {
         let to = self.elem_of(o)?;
         let nchw = self.is_nchw(a) && self.tensors[o].rank() == 4;
         let x = self.form(a, nchw)?;
-        self.emit_act(
-            "Cast",
-            vec![x],
-            o,
-            nchw,
-            vec![attr_i("to", i64::from(to))],
-            0,
-        )
+        self.emit_act("Cast", vec![x], o, nchw, vec![attr_i("to", i64::from(to))], 0)
     }
 
     /// DEQUANTIZE of a float16 constant (weights stored as fp16): folded.
@@ -836,13 +725,8 @@ impl Lowering {
                 self.tensors[o].konst = Some(c);
                 Ok(())
             }
-            (Some(_), t) => Err(self.err(format!(
-                "DEQUANTIZE of a {} constant: {QUANTIZED}",
-                ty::name(t)
-            ))),
-            (None, _) => Err(self.err(format!(
-                "DEQUANTIZE at run time (only float16 constants are folded): {QUANTIZED}"
-            ))),
+            (Some(_), t) => Err(self.err(format!("DEQUANTIZE of a {} constant: {QUANTIZED}", ty::name(t)))),
+            (None, _) => Err(self.err(format!("DEQUANTIZE at run time (only float16 constants are folded): {QUANTIZED}"))),
         }
     }
 
@@ -857,21 +741,12 @@ impl Lowering {
     fn strides(&self) -> Result<(i64, i64)> {
         let o = self.opts();
         if o.stride_h < 1 || o.stride_w < 1 {
-            return Err(self.err(format!(
-                "strides ({}, {}) must be positive",
-                o.stride_h, o.stride_w
-            )));
+            return Err(self.err(format!("strides ({}, {}) must be positive", o.stride_h, o.stride_w)));
         }
         Ok((i64::from(o.stride_h), i64::from(o.stride_w)))
     }
 
-    fn pads(
-        &self,
-        (h, w): (i64, i64),
-        (kh, kw): (i64, i64),
-        (sh, sw): (i64, i64),
-        (dh, dw): (i64, i64),
-    ) -> Result<Vec<i64>> {
+    fn pads(&self, (h, w): (i64, i64), (kh, kw): (i64, i64), (sh, sw): (i64, i64), (dh, dw): (i64, i64)) -> Result<Vec<i64>> {
         match self.opts().padding {
             0 => {
                 let (t, b) = same_pads(h, kh, sh, dh);
@@ -892,27 +767,19 @@ impl Lowering {
         let fd: Vec<i64> = wc.shape.iter().map(|&d| d as i64).collect();
         let opts = self.opts();
         if opts.dilation_h < 1 || opts.dilation_w < 1 {
-            return Err(self.err(format!(
-                "dilations ({}, {}) must be positive",
-                opts.dilation_h, opts.dilation_w
-            )));
+            return Err(self.err(format!("dilations ({}, {}) must be positive", opts.dilation_h, opts.dilation_w)));
         }
         let s = self.strides()?;
         let d = (i64::from(opts.dilation_h), i64::from(opts.dilation_w));
         let pads = self.pads(hw, (fd[1], fd[2]), s, d)?;
         let (weights, group) = if depthwise {
             if fd[0] != 1 || cin <= 0 || fd[3] % cin != 0 {
-                return Err(self.err(format!(
-                    "depthwise filter {fd:?} does not fit {cin} input channels"
-                )));
+                return Err(self.err(format!("depthwise filter {fd:?} does not fit {cin} input channels")));
             }
             (permute_const(&wc, &[3, 0, 1, 2]), cin)
         } else {
             if fd[3] <= 0 || cin % fd[3] != 0 {
-                return Err(self.err(format!(
-                    "filter {fd:?} has {} input channels; the input has {cin}",
-                    fd[3]
-                )));
+                return Err(self.err(format!("filter {fd:?} has {} input channels; the input has {cin}", fd[3])));
             }
             (permute_const(&wc, &TO_NCHW), cin / fd[3])
         };
@@ -946,10 +813,7 @@ impl Lowering {
         let (sh, sw) = self.strides()?;
         let mut pads = vec![0; 4];
         let mut out_pad = vec![0; 2];
-        for (i, (inp, k, s, out)) in [(h, fd[1], sh, od[1]), (wd, fd[2], sw, od[2])]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, (inp, k, s, out)) in [(h, fd[1], sh, od[1]), (wd, fd[2], sw, od[2])].into_iter().enumerate() {
             let full = (inp - 1).saturating_mul(s).saturating_add(k);
             let total = match self.opts().padding {
                 0 => (full - out).max(0),
@@ -958,9 +822,7 @@ impl Lowering {
             };
             let extra = out - (full - total);
             if !(0..s).contains(&extra) {
-                return Err(self.err(format!(
-                    "output size {out} does not follow from input {inp}, kernel {k} and stride {s}"
-                )));
+                return Err(self.err(format!("output size {out} does not follow from input {inp}, kernel {k} and stride {s}")));
             }
             pads[i] = total / 2;
             pads[i + 2] = total - total / 2;
@@ -990,20 +852,13 @@ impl Lowering {
         let hw = self.spatial(x)?;
         let opts = self.opts();
         if opts.filter_h < 1 || opts.filter_w < 1 {
-            return Err(self.err(format!(
-                "filter size ({}, {}) must be positive",
-                opts.filter_h, opts.filter_w
-            )));
+            return Err(self.err(format!("filter size ({}, {}) must be positive", opts.filter_h, opts.filter_w)));
         }
         let k = (i64::from(opts.filter_h), i64::from(opts.filter_w));
         let s = self.strides()?;
         let pads = self.pads(hw, k, s, (1, 1))?;
         let xin = self.form(x, true)?;
-        let mut attrs = vec![
-            attr_ints("kernel_shape", vec![k.0, k.1]),
-            attr_ints("strides", vec![s.0, s.1]),
-            attr_ints("pads", pads),
-        ];
+        let mut attrs = vec![attr_ints("kernel_shape", vec![k.0, k.1]), attr_ints("strides", vec![s.0, s.1]), attr_ints("pads", pads)];
         if onnx == "AveragePool" {
             attrs.push(attr_i("count_include_pad", 0));
         }
@@ -1021,10 +876,7 @@ impl Lowering {
         let xd = self.need_dims(x)?;
         let od = self.need_dims(o)?;
         let k = wd[1];
-        let total = xd
-            .iter()
-            .try_fold(1i64, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| self.err(format!("input {xd:?} is too large")))?;
+        let total = xd.iter().try_fold(1i64, |a, &d| a.checked_mul(d)).ok_or_else(|| self.err(format!("input {xd:?} is too large")))?;
         if k <= 0 || total % k != 0 {
             return Err(self.err(format!("input {xd:?} does not split into rows of {k}")));
         }
@@ -1041,16 +893,8 @@ impl Lowering {
         let act = opts.activation;
         let rows_out = if keep { xd.len() } else { 2 };
         let needs_reshape = od.len() != rows_out;
-        let result = if needs_reshape {
-            self.fresh("fc")
-        } else {
-            self.out(o, false)
-        };
-        let mid = if act != 0 {
-            self.fresh("pre_act")
-        } else {
-            result.clone()
-        };
+        let result = if needs_reshape { self.fresh("fc") } else { self.out(o, false) };
+        let mid = if act != 0 { self.fresh("pre_act") } else { result.clone() };
         if !keep {
             let mut ins = vec![xin, win];
             if let Some(b) = bias {
@@ -1059,12 +903,7 @@ impl Lowering {
             self.emit("Gemm", ins, vec![mid.clone()], vec![attr_i("transB", 1)]);
         } else {
             let wt = self.fresh("wT");
-            self.emit(
-                "Transpose",
-                vec![win],
-                vec![wt.clone()],
-                vec![attr_ints("perm", vec![1, 0])],
-            );
+            self.emit("Transpose", vec![win], vec![wt.clone()], vec![attr_ints("perm", vec![1, 0])]);
             if let Some(b) = bias {
                 let mm = self.fresh("mm");
                 self.emit("MatMul", vec![xin, wt], vec![mm.clone()], vec![]);
@@ -1100,12 +939,7 @@ impl Lowering {
                 let mut perm: Vec<i64> = (0..r as i64).collect();
                 perm.swap(r - 2, r - 1);
                 let tv = self.fresh("adj");
-                self.emit(
-                    "Transpose",
-                    vec![v],
-                    vec![tv.clone()],
-                    vec![attr_ints("perm", perm)],
-                );
+                self.emit("Transpose", vec![v], vec![tv.clone()], vec![attr_ints("perm", perm)]);
                 ins.push(tv);
             } else {
                 ins.push(v);
@@ -1142,11 +976,7 @@ impl Lowering {
             let kept = |a: usize| !axes.contains(&a);
             keep || !(kept(3) && (kept(1) || kept(2)))
         };
-        let axes: Vec<i64> = if nchw {
-            axes.iter().map(|&a| NHWC_TO_NCHW_AXIS[a] as i64).collect()
-        } else {
-            axes.iter().map(|&a| a as i64).collect()
-        };
+        let axes: Vec<i64> = if nchw { axes.iter().map(|&a| NHWC_TO_NCHW_AXIS[a] as i64).collect() } else { axes.iter().map(|&a| a as i64).collect() };
         let xin = self.form(x, nchw)?;
         let keepdims = attr_i("keepdims", i64::from(keep));
         let out_nchw = nchw && keep;
@@ -1154,14 +984,7 @@ impl Lowering {
             let a = self.init_ints(&axes);
             self.emit_act(onnx, vec![xin, a], o, out_nchw, vec![keepdims], 0)
         } else {
-            self.emit_act(
-                onnx,
-                vec![xin],
-                o,
-                out_nchw,
-                vec![attr_ints("axes", axes), keepdims],
-                0,
-            )
+            self.emit_act(onnx, vec![xin], o, out_nchw, vec![attr_ints("axes", axes), keepdims], 0)
         }
     }
 
@@ -1198,24 +1021,13 @@ impl Lowering {
         let mut names = Vec::new();
         for &t in &ins {
             if self.tensors[t].rank() != rank {
-                return Err(self.err(format!(
-                    "input '{}' has rank {}, the output {rank}",
-                    self.tensors[t].name,
-                    self.tensors[t].rank()
-                )));
+                return Err(self.err(format!("input '{}' has rank {}, the output {rank}", self.tensors[t].name, self.tensors[t].rank())));
             }
             names.push(self.form(t, nchw)?);
         }
         let axis = if nchw { NHWC_TO_NCHW_AXIS[axis] } else { axis };
         let act = self.opts().activation;
-        self.emit_act(
-            "Concat",
-            names,
-            o,
-            nchw,
-            vec![attr_i("axis", axis as i64)],
-            act,
-        )
+        self.emit_act("Concat", names, o, nchw, vec![attr_i("axis", axis as i64)], act)
     }
 
     fn pad(&mut self, op: &OpInfo) -> Result<()> {
@@ -1224,11 +1036,7 @@ impl Lowering {
         let pc = self.need_const(p, "the paddings")?;
         let pv = pc.ints();
         if pv.len() != 2 * rank {
-            return Err(self.err(format!(
-                "paddings have {} values; rank {rank} needs {}",
-                pv.len(),
-                2 * rank
-            )));
+            return Err(self.err(format!("paddings have {} values; rank {rank} needs {}", pv.len(), 2 * rank)));
         }
         let nchw = rank == 4 && self.is_nchw(x);
         let src = |j: usize| if nchw { TO_NCHW[j] } else { j };
@@ -1275,48 +1083,16 @@ impl Lowering {
         }
         let nchw = rank == 4 && self.is_nchw(x);
         // From the NCHW form: plain axis a is NCHW axis NHWC_TO_NCHW_AXIS[a].
-        let perm: Vec<i64> = perm
-            .iter()
-            .map(|&a| {
-                if nchw {
-                    NHWC_TO_NCHW_AXIS[a] as i64
-                } else {
-                    a as i64
-                }
-            })
-            .collect();
+        let perm: Vec<i64> = perm.iter().map(|&a| if nchw { NHWC_TO_NCHW_AXIS[a] as i64 } else { a as i64 }).collect();
         let xin = self.form(x, nchw)?;
-        self.emit_act(
-            "Transpose",
-            vec![xin],
-            o,
-            false,
-            vec![attr_ints("perm", perm)],
-            0,
-        )
+        self.emit_act("Transpose", vec![xin], o, false, vec![attr_ints("perm", perm)], 0)
     }
 
     /// One ONNX Slice of `x` (axes in TFLite's plain numbering), on the
     /// NCHW form when `x` is held so; returns the value and its form.
-    fn slice_axes(
-        &mut self,
-        x: usize,
-        starts: Vec<i64>,
-        ends: Vec<i64>,
-        axes: Vec<usize>,
-        steps: Vec<i64>,
-    ) -> Result<(String, bool)> {
+    fn slice_axes(&mut self, x: usize, starts: Vec<i64>, ends: Vec<i64>, axes: Vec<usize>, steps: Vec<i64>) -> Result<(String, bool)> {
         let nchw = self.tensors[x].rank() == 4 && self.is_nchw(x);
-        let axes: Vec<i64> = axes
-            .iter()
-            .map(|&a| {
-                if nchw {
-                    NHWC_TO_NCHW_AXIS[a] as i64
-                } else {
-                    a as i64
-                }
-            })
-            .collect();
+        let axes: Vec<i64> = axes.iter().map(|&a| if nchw { NHWC_TO_NCHW_AXIS[a] as i64 } else { a as i64 }).collect();
         let xin = self.form(x, nchw)?;
         let s = self.init_ints(&starts);
         let e = self.init_ints(&ends);
@@ -1339,12 +1115,7 @@ impl Lowering {
         }
         let plain = if nchw {
             let p = self.fresh("plain");
-            self.emit(
-                "Transpose",
-                vec![v],
-                vec![p.clone()],
-                vec![attr_ints("perm", vec![0, 2, 3, 1])],
-            );
+            self.emit("Transpose", vec![v], vec![p.clone()], vec![attr_ints("perm", vec![0, 2, 3, 1])]);
             p
         } else {
             v
@@ -1357,13 +1128,7 @@ impl Lowering {
     }
 
     fn strided_slice(&mut self, op: &OpInfo) -> Result<()> {
-        let (x, b, e, s, o) = (
-            self.input(op, 0)?,
-            self.input(op, 1)?,
-            self.input(op, 2)?,
-            self.input(op, 3)?,
-            self.output(op, 0)?,
-        );
+        let (x, b, e, s, o) = (self.input(op, 0)?, self.input(op, 1)?, self.input(op, 2)?, self.input(op, 3)?, self.output(op, 0)?);
         let opts = self.opts();
         if opts.ellipsis_mask != 0 || opts.new_axis_mask != 0 {
             return Err(self.err("ellipsis and new-axis masks are not supported"));
@@ -1373,27 +1138,17 @@ impl Lowering {
         }
         let dims = self.need_dims(x)?;
         let rank = dims.len();
-        let (bv, ev, sv) = (
-            self.need_const(b, "begin")?.ints(),
-            self.need_const(e, "end")?.ints(),
-            self.need_const(s, "strides")?.ints(),
-        );
+        let (bv, ev, sv) =
+            (self.need_const(b, "begin")?.ints(), self.need_const(e, "end")?.ints(), self.need_const(s, "strides")?.ints());
         if bv.len() > rank || ev.len() != bv.len() || sv.len() != bv.len() {
-            return Err(self.err(format!(
-                "begin/end/strides of lengths {}/{}/{} for rank {rank}",
-                bv.len(),
-                ev.len(),
-                sv.len()
-            )));
+            return Err(self.err(format!("begin/end/strides of lengths {}/{}/{} for rank {rank}", bv.len(), ev.len(), sv.len())));
         }
         let (mut starts, mut ends, mut axes, mut steps) = (vec![], vec![], vec![], vec![]);
         for i in 0..bv.len() {
             let bit = |m: i32| i < 31 && (m >> i) & 1 == 1;
             let st = sv[i];
             if st <= 0 {
-                return Err(self.err(format!(
-                    "stride {st} on axis {i}: only positive strides are supported"
-                )));
+                return Err(self.err(format!("stride {st} on axis {i}: only positive strides are supported")));
             }
             if bit(opts.shrink_axis_mask) {
                 let mut p = bv[i];
@@ -1401,10 +1156,7 @@ impl Lowering {
                     p += dims[i];
                 }
                 if !(0..dims[i]).contains(&p) {
-                    return Err(self.err(format!(
-                        "index {} is out of range for axis {i} of size {}",
-                        bv[i], dims[i]
-                    )));
+                    return Err(self.err(format!("index {} is out of range for axis {i} of size {}", bv[i], dims[i])));
                 }
                 starts.push(p);
                 ends.push(p + 1);
@@ -1420,29 +1172,13 @@ impl Lowering {
     }
 
     fn slice(&mut self, op: &OpInfo) -> Result<()> {
-        let (x, b, s, o) = (
-            self.input(op, 0)?,
-            self.input(op, 1)?,
-            self.input(op, 2)?,
-            self.output(op, 0)?,
-        );
+        let (x, b, s, o) = (self.input(op, 0)?, self.input(op, 1)?, self.input(op, 2)?, self.output(op, 0)?);
         let rank = self.tensors[x].rank();
-        let (bv, sv) = (
-            self.need_const(b, "begin")?.ints(),
-            self.need_const(s, "size")?.ints(),
-        );
+        let (bv, sv) = (self.need_const(b, "begin")?.ints(), self.need_const(s, "size")?.ints());
         if bv.len() != rank || sv.len() != rank {
-            return Err(self.err(format!(
-                "begin/size of lengths {}/{} for rank {rank}",
-                bv.len(),
-                sv.len()
-            )));
+            return Err(self.err(format!("begin/size of lengths {}/{} for rank {rank}", bv.len(), sv.len())));
         }
-        let ends: Vec<i64> = bv
-            .iter()
-            .zip(&sv)
-            .map(|(&b, &s)| if s < 0 { i64::MAX } else { b.saturating_add(s) })
-            .collect();
+        let ends: Vec<i64> = bv.iter().zip(&sv).map(|(&b, &s)| if s < 0 { i64::MAX } else { b.saturating_add(s) }).collect();
         let (v, nchw) = self.slice_axes(x, bv, ends, (0..rank).collect(), vec![1; rank])?;
         self.bind_sliced(v, nchw, o, rank)
     }
@@ -1459,24 +1195,13 @@ impl Lowering {
         let xin = self.form(x, nchw)?;
         let idx = self.form(i, false)?;
         let axis = if nchw { NHWC_TO_NCHW_AXIS[axis] } else { axis };
-        self.emit_act(
-            "Gather",
-            vec![xin, idx],
-            o,
-            nchw,
-            vec![attr_i("axis", axis as i64)],
-            0,
-        )
+        self.emit_act("Gather", vec![xin, idx], o, nchw, vec![attr_i("axis", axis as i64)], 0)
     }
 
     fn split(&mut self, op: &OpInfo) -> Result<()> {
         // SPLIT: (axis, input); SPLIT_V: (input, size_splits, axis).
         let v = op.code == 102;
-        let (x, ax) = if v {
-            (self.input(op, 0)?, self.input(op, 2)?)
-        } else {
-            (self.input(op, 1)?, self.input(op, 0)?)
-        };
+        let (x, ax) = if v { (self.input(op, 0)?, self.input(op, 2)?) } else { (self.input(op, 1)?, self.input(op, 0)?) };
         let dims = self.need_dims(x)?;
         let rank = dims.len();
         let a = self.need_const(ax, "the axis")?.ints();
@@ -1488,10 +1213,7 @@ impl Lowering {
             if s.len() != n {
                 return Err(self.err(format!("{} sizes for {n} outputs", s.len())));
             }
-            let known = s
-                .iter()
-                .filter(|&&x| x >= 0)
-                .fold(0i64, |a, &x| a.saturating_add(x));
+            let known = s.iter().filter(|&&x| x >= 0).fold(0i64, |a, &x| a.saturating_add(x));
             let unknown = s.iter().filter(|&&x| x < 0).count();
             if unknown > 1 {
                 return Err(self.err("more than one size is -1"));
@@ -1502,15 +1224,11 @@ impl Lowering {
             s
         } else {
             if n == 0 || dim % n as i64 != 0 {
-                return Err(self.err(format!(
-                    "axis of size {dim} does not split into {n} outputs"
-                )));
+                return Err(self.err(format!("axis of size {dim} does not split into {n} outputs")));
             }
             vec![dim / n as i64; n]
         };
-        if sizes.iter().any(|&s| s < 0)
-            || sizes.iter().fold(0i64, |a, &x| a.saturating_add(x)) != dim
-        {
+        if sizes.iter().any(|&s| s < 0) || sizes.iter().fold(0i64, |a, &x| a.saturating_add(x)) != dim {
             return Err(self.err(format!("sizes {sizes:?} do not add up to {dim}")));
         }
         let nchw = rank == 4 && self.is_nchw(x);
@@ -1518,12 +1236,7 @@ impl Lowering {
         let sz = self.init_ints(&sizes);
         let outs: Vec<String> = op.outputs.iter().map(|&t| self.out(t, nchw)).collect();
         let axis = if nchw { NHWC_TO_NCHW_AXIS[axis] } else { axis };
-        self.emit(
-            "Split",
-            vec![xin, sz],
-            outs.clone(),
-            vec![attr_i("axis", axis as i64)],
-        );
+        self.emit("Split", vec![xin, sz], outs.clone(), vec![attr_i("axis", axis as i64)]);
         for (&t, name) in op.outputs.iter().zip(outs) {
             self.set(t, name, nchw);
         }
@@ -1553,12 +1266,7 @@ impl Lowering {
             self.emit("Reshape", vec![xin, shape], vec![u.clone()], vec![]);
             if nchw {
                 let n = self.fresh("unsq_nchw");
-                self.emit(
-                    "Transpose",
-                    vec![u],
-                    vec![n.clone()],
-                    vec![attr_ints("perm", vec![0, 3, 1, 2])],
-                );
+                self.emit("Transpose", vec![u], vec![n.clone()], vec![attr_ints("perm", vec![0, 3, 1, 2])]);
                 names.push(n);
             } else {
                 names.push(u);
@@ -1582,12 +1290,7 @@ impl Lowering {
         let sz = self.init_ints(&vec![1; n]);
         let pieces: Vec<String> = (0..n).map(|_| self.fresh("piece")).collect();
         let saxis = if nchw { NHWC_TO_NCHW_AXIS[axis] } else { axis };
-        self.emit(
-            "Split",
-            vec![xin, sz],
-            pieces.clone(),
-            vec![attr_i("axis", saxis as i64)],
-        );
+        self.emit("Split", vec![xin, sz], pieces.clone(), vec![attr_i("axis", saxis as i64)]);
         for (&t, p) in op.outputs.iter().zip(pieces) {
             self.bind_sliced(p, nchw, t, rank)?;
         }
@@ -1602,11 +1305,7 @@ impl Lowering {
             return Err(self.err(format!("{} multiples for rank {rank}", mv.len())));
         }
         let nchw = rank == 4 && self.is_nchw(x);
-        let reps: Vec<i64> = if nchw {
-            TO_NCHW.iter().map(|&j| mv[j]).collect()
-        } else {
-            mv
-        };
+        let reps: Vec<i64> = if nchw { TO_NCHW.iter().map(|&j| mv[j]).collect() } else { mv };
         let xin = self.form(x, nchw)?;
         let r = self.init_ints(&reps);
         self.emit_act("Tile", vec![xin, r], o, nchw, vec![], 0)
@@ -1625,13 +1324,7 @@ impl Lowering {
         self.need_rank(x, 4, "the input")?;
         self.need_rank(o, 4, "the output")?;
         let od = self.need_dims(o)?;
-        if let Some(sz) = op
-            .inputs
-            .get(1)
-            .copied()
-            .flatten()
-            .and_then(|t| self.konst(t))
-        {
+        if let Some(sz) = op.inputs.get(1).copied().flatten().and_then(|t| self.konst(t)) {
             let s = sz.ints();
             if s.len() != 2 || s[0] != od[1] || s[1] != od[2] {
                 return Err(self.err(format!("size {s:?} disagrees with the output shape {od:?}")));
@@ -1640,11 +1333,7 @@ impl Lowering {
         let opts = self.opts();
         let bilinear = op.code == 23;
         let (coord, nearest) = match (opts.align_corners, opts.half_pixel_centers, bilinear) {
-            (true, true, _) => {
-                return Err(
-                    self.err("align_corners together with half_pixel_centers is not supported")
-                )
-            }
+            (true, true, _) => return Err(self.err("align_corners together with half_pixel_centers is not supported")),
             (false, false, _) => ("asymmetric", "floor"),
             (true, false, true) => ("align_corners", "floor"),
             (false, true, true) => ("half_pixel", "floor"),
@@ -1658,74 +1347,17 @@ impl Lowering {
             attr_s("coordinate_transformation_mode", coord),
             attr_s("nearest_mode", nearest),
         ];
-        self.emit_act(
-            "Resize",
-            vec![xin, String::new(), String::new(), sizes],
-            o,
-            true,
-            attrs,
-            0,
-        )
+        self.emit_act("Resize", vec![xin, String::new(), String::new(), sizes], o, true, attrs, 0)
     }
 }
 
 /// The builtin operators the translation handles.
 pub const SUPPORTED: &[&str] = &[
-    "ABS",
-    "ADD",
-    "AVERAGE_POOL_2D",
-    "BATCH_MATMUL",
-    "CAST",
-    "CONCATENATION",
-    "CONV_2D",
-    "DEPTHWISE_CONV_2D",
-    "DEQUANTIZE (float16 constants)",
-    "DIV",
-    "EXP",
-    "EXPAND_DIMS",
-    "FULLY_CONNECTED",
-    "GATHER",
-    "HARD_SWISH",
-    "LEAKY_RELU",
-    "LOG",
-    "LOGISTIC",
-    "MAXIMUM",
-    "MAX_POOL_2D",
-    "MEAN",
-    "MINIMUM",
-    "MUL",
-    "NEG",
-    "PACK",
-    "PAD",
-    "PADV2",
-    "POW",
-    "PRELU",
-    "REDUCE_MAX",
-    "REDUCE_MIN",
-    "RELU",
-    "RELU6",
-    "RELU_0_TO_1",
-    "RELU_N1_TO_1",
-    "RESHAPE",
-    "RESIZE_BILINEAR",
-    "RESIZE_NEAREST_NEIGHBOR",
-    "RSQRT",
-    "SHAPE",
-    "SLICE",
-    "SOFTMAX",
-    "SPLIT",
-    "SPLIT_V",
-    "SQRT",
-    "SQUARE",
-    "SQUARED_DIFFERENCE",
-    "SQUEEZE",
-    "STRIDED_SLICE",
-    "SUB",
-    "SUM",
-    "TANH",
-    "TILE",
-    "TRANSPOSE",
-    "TRANSPOSE_CONV",
+    "ABS", "ADD", "AVERAGE_POOL_2D", "BATCH_MATMUL", "CAST", "CONCATENATION", "CONV_2D", "DEPTHWISE_CONV_2D", "DEQUANTIZE (float16 constants)", "DIV",
+    "EXP", "EXPAND_DIMS", "FULLY_CONNECTED", "GATHER", "HARD_SWISH", "LEAKY_RELU", "LOG", "LOGISTIC", "MAXIMUM", "MAX_POOL_2D", "MEAN",
+    "MINIMUM", "MUL", "NEG", "PACK", "PAD", "PADV2", "POW", "PRELU", "REDUCE_MAX", "REDUCE_MIN", "RELU", "RELU6", "RELU_0_TO_1",
+    "RELU_N1_TO_1", "RESHAPE", "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", "RSQRT", "SHAPE", "SLICE", "SOFTMAX", "SPLIT", "SPLIT_V",
+    "SQRT", "SQUARE", "SQUARED_DIFFERENCE", "SQUEEZE", "STRIDED_SLICE", "SUB", "SUM", "TANH", "TILE", "TRANSPOSE", "TRANSPOSE_CONV",
     "UNPACK",
 ];
 

@@ -18,10 +18,7 @@
 //! returned by [`root`], which ran the verifier over the same fields and
 //! types.
 
-use flatbuffers::{
-    Follow, ForwardsUOffset, InvalidFlatbuffer, Table, Vector, Verifiable, Verifier,
-    VerifierOptions,
-};
+use flatbuffers::{Follow, ForwardsUOffset, InvalidFlatbuffer, Table, Vector, Verifiable, Verifier, VerifierOptions};
 
 /// A table: a struct around `flatbuffers::Table`, its `Follow` and
 /// `Verifiable` impls, and one accessor per field. `scalar` fields return
@@ -399,9 +396,6 @@ pub const IDENTIFIER: &[u8; 4] = b"TFL3";
 pub fn root(bytes: &[u8]) -> Result<Model<'_>, InvalidFlatbuffer> {
     // The default limits except the size: a model's weights may take up to
     // the 4 GiB a flatbuffer can address.
-    let opts = VerifierOptions {
-        max_apparent_size: 1 << 32,
-        ..Default::default()
-    };
+    let opts = VerifierOptions { max_apparent_size: 1 << 32, ..Default::default() };
     flatbuffers::root_with_opts::<Model>(&opts, bytes)
 }

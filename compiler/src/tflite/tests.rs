@@ -55,28 +55,13 @@ fn spec() -> Spec {
             (vec![1, 4, 4, 3], ty::FLOAT32, 0, "z".into()),
         ],
         buffers: vec![
-            BufSpec {
-                data: vec![],
-                external: false,
-            },
-            BufSpec {
-                data: f32_bytes(&filter),
-                external: false,
-            },
-            BufSpec {
-                data: f32_bytes(&[0.1, -0.2, 0.3]),
-                external: false,
-            },
-            BufSpec {
-                data: f32_bytes(&[1.0, 2.0, 3.0]),
-                external: false,
-            },
+            BufSpec { data: vec![], external: false },
+            BufSpec { data: f32_bytes(&filter), external: false },
+            BufSpec { data: f32_bytes(&[0.1, -0.2, 0.3]), external: false },
+            BufSpec { data: f32_bytes(&[1.0, 2.0, 3.0]), external: false },
         ],
         codes: vec![(3, None), (0, None)],
-        ops: vec![
-            (0, vec![0, 1, 2], vec![3], Opt::Conv(0, 1, 1, 1)),
-            (1, vec![3, 4], vec![5], Opt::Add(0)),
-        ],
+        ops: vec![(0, vec![0, 1, 2], vec![3], Opt::Conv(0, 1, 1, 1)), (1, vec![3, 4], vec![5], Opt::Add(0))],
         inputs: vec![0],
         outputs: vec![5],
     }
@@ -208,33 +193,17 @@ fn a_valid_model_compiles_nchw_inside_nhwc_outside() {
     // One transpose in, the conv and its activation, the add in NCHW, one
     // transpose out.
     assert_eq!(ops, ["Transpose", "Conv", "Relu", "Add", "Transpose"]);
-    let c = g
-        .initializer
-        .iter()
-        .find(|i| i.name == "c#b4nchw")
-        .expect("the [3] constant laid out as [1,3,1,1]");
+    let c = g.initializer.iter().find(|i| i.name == "c#b4nchw").expect("the [3] constant laid out as [1,3,1,1]");
     assert_eq!(c.dims, [1, 3, 1, 1]);
-    let w = g
-        .initializer
-        .iter()
-        .find(|i| i.name == "filter#oihw")
-        .unwrap();
+    let w = g.initializer.iter().find(|i| i.name == "filter#oihw").unwrap();
     assert_eq!(w.dims, [3, 2, 1, 1]);
     assert_eq!(g.output[0].name, "z");
     let compiled = compile(&bytes, "t", &Options::default()).unwrap();
     assert_eq!(compiled.report.format, crate::SourceFormat::Tflite);
     assert_eq!(compiled.report.onnx_nodes, 2);
     let m = &compiled.model.graph;
-    let io: Vec<_> = m
-        .nodes
-        .iter()
-        .flat_map(|n| n.outputs.iter())
-        .map(|&i| m.tensors[i as usize].shape.clone())
-        .collect();
-    assert!(
-        io.contains(&vec![1, 4, 4, 3]),
-        "the output stays NHWC: {io:?}"
-    );
+    let io: Vec<_> = m.nodes.iter().flat_map(|n| n.outputs.iter()).map(|&i| m.tensors[i as usize].shape.clone()).collect();
+    assert!(io.contains(&vec![1, 4, 4, 3]), "the output stays NHWC: {io:?}");
 }
 
 #[test]
@@ -257,10 +226,7 @@ fn refusals_name_the_operator() {
     let mut s = spec();
     s.codes[1] = (48, None); // TOPK_V2
     let e = err(&build(&s));
-    assert!(
-        e.starts_with("operator 1 'z' (TOPK_V2): operator TOPK_V2 is not supported"),
-        "{e}"
-    );
+    assert!(e.starts_with("operator 1 'z' (TOPK_V2): operator TOPK_V2 is not supported"), "{e}");
 
     let mut s = spec();
     s.codes[1] = (32, Some("MyOp".into()));
@@ -268,8 +234,7 @@ fn refusals_name_the_operator() {
 
     let mut s = spec();
     s.tensors[0].1 = ty::INT8;
-    assert!(err(&build(&s))
-        .contains("input 'x' is int8 (quantized): quantized TFLite models are not supported"));
+    assert!(err(&build(&s)).contains("input 'x' is int8 (quantized): quantized TFLite models are not supported"));
 
     let mut s = spec();
     s.tensors[3].1 = ty::INT8;
@@ -283,10 +248,7 @@ fn refusals_name_the_operator() {
     let mut s = spec();
     s.tensors[1].2 = 0;
     let e = err(&build(&s));
-    assert!(
-        e.contains("operator 0 'y' (CONV_2D): the filter ('filter') is computed at run time"),
-        "{e}"
-    );
+    assert!(e.contains("operator 0 'y' (CONV_2D): the filter ('filter') is computed at run time"), "{e}");
 
     // SIGN_BIT activation.
     let mut s = spec();
@@ -312,10 +274,7 @@ fn inconsistent_files_are_errors() {
     let mut s = spec();
     s.buffers[3].data.pop();
     let e = err(&build(&s));
-    assert!(
-        e.contains("tensor 'c': its buffer holds 11 bytes but shape [3] of float32 needs 12"),
-        "{e}"
-    );
+    assert!(e.contains("tensor 'c': its buffer holds 11 bytes but shape [3] of float32 needs 12"), "{e}");
 
     let mut s = spec();
     s.ops[0].0 = 5;
@@ -334,10 +293,7 @@ fn inconsistent_files_are_errors() {
     assert!(err(b"hello").contains("too short"));
     assert!(err(&[0u8; 64]).contains("no \"TFL3\" file identifier"));
     // The ONNX path still takes ONNX: the identifier decides.
-    assert!(matches!(
-        compile(&[0xff, 0xff, 0xff], "t", &Options::default()),
-        Err(CompileError::Decode(_))
-    ));
+    assert!(matches!(compile(&[0xff, 0xff, 0xff], "t", &Options::default()), Err(CompileError::Decode(_))));
 }
 
 /// Small deterministic generator (xorshift64*).
@@ -363,10 +319,7 @@ fn truncated_and_mutated_files_never_panic() {
         for len in 0..valid.len() {
             let _ = compile_tflite(&valid[..len], "t", &Options::default());
         }
-        let cases: usize = std::env::var("RBLN_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(3000);
+        let cases: usize = std::env::var("RBLN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let (mut ok, mut failed) = (0, 0);
         for _ in 0..cases {
@@ -401,9 +354,6 @@ fn helpers() {
     assert_eq!(op_name(161), Some("RIGHT_SHIFT"));
     assert_eq!(op_name(200), Some("STABLEHLO_*"));
     assert_eq!(op_name(500), None);
-    assert!(
-        SUPPORTED.windows(2).all(|w| w[0] < w[1]),
-        "SUPPORTED is sorted"
-    );
+    assert!(SUPPORTED.windows(2).all(|w| w[0] < w[1]), "SUPPORTED is sorted");
     assert_eq!(OptionsRef::default().activation, 0);
 }

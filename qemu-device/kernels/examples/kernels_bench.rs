@@ -21,10 +21,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 fn reps() -> usize {
-    std::env::var("BENCH_REPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(15)
+    std::env::var("BENCH_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(15)
 }
 
 #[repr(C)]
@@ -40,10 +37,7 @@ extern "C" {
 /// Seconds on the process CPU clock (all threads).
 fn cpu_seconds() -> f64 {
     const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
-    let mut ts = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec (64-bit Linux layout).
     unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -165,15 +159,7 @@ impl Bench {
     }
 }
 
-fn conv_params(
-    cin: usize,
-    cout: usize,
-    hw: usize,
-    k: usize,
-    s: usize,
-    groups: usize,
-    act: Activation,
-) -> Conv2dParams {
+fn conv_params(cin: usize, cout: usize, hw: usize, k: usize, s: usize, groups: usize, act: Activation) -> Conv2dParams {
     Conv2dParams {
         batch: 1,
         in_channels: cin,
@@ -236,15 +222,7 @@ fn bench_conv(b: &mut Bench, name: &str, p: Conv2dParams, residual: bool) {
     }
 }
 
-fn bench_gemm(
-    b: &mut Bench,
-    name: &str,
-    m: usize,
-    n: usize,
-    k: usize,
-    act: Activation,
-    residual: bool,
-) {
+fn bench_gemm(b: &mut Bench, name: &str, m: usize, n: usize, k: usize, act: Activation, residual: bool) {
     bench_gemm_t(b, name, m, n, k, act, residual, false);
     bench_gemm_t(b, &format!("{name} packedB"), m, n, k, act, residual, false);
 }
@@ -252,16 +230,7 @@ fn bench_gemm(
 /// `trans_b`: B stored `[n×k]` (ONNX Gemm transB=1 / PyTorch Linear); the
 /// reference multiplies the same untransposed shape.
 #[allow(clippy::too_many_arguments)]
-fn bench_gemm_t(
-    b: &mut Bench,
-    name: &str,
-    m: usize,
-    n: usize,
-    k: usize,
-    act: Activation,
-    residual: bool,
-    trans_b: bool,
-) {
+fn bench_gemm_t(b: &mut Bench, name: &str, m: usize, n: usize, k: usize, act: Activation, residual: bool, trans_b: bool) {
     if !b.wants(name) {
         return;
     }
@@ -281,21 +250,9 @@ fn bench_gemm_t(
         ..Default::default()
     };
     // B as the compiler stores constant weights: packed once, streamed.
-    let mut packed =
-        vec![0.0f32; rbln_hw::ops::gemm_packed_b_len(k as u64, n as u64).unwrap() as usize];
+    let mut packed = vec![0.0f32; rbln_hw::ops::gemm_packed_b_len(k as u64, n as u64).unwrap() as usize];
     rbln_hw::ops::pack_gemm_b(&bm, k, n, trans_b, &mut packed);
-    let (bm, p) = if packed_b {
-        (
-            &packed,
-            GemmParams {
-                trans_b: false,
-                b_packed: true,
-                ..p
-            },
-        )
-    } else {
-        (&bm, p)
-    };
+    let (bm, p) = if packed_b { (&packed, GemmParams { trans_b: false, b_packed: true, ..p }) } else { (&bm, p) };
     let r = race(
         || {
             if residual {
@@ -317,275 +274,54 @@ fn main() {
         ratios: Vec::new(),
     };
     let threads = rayon::current_num_threads();
-    println!(
-        "rbln-kernels benchmark: {threads} rayon threads, best of {}",
-        reps()
-    );
+    println!("rbln-kernels benchmark: {threads} rayon threads, best of {}", reps());
 
     // ---- GEMM (MatMul / Gemm nodes), bias + activation fused.
     use Activation::*;
-    bench_gemm(
-        &mut b,
-        "gemm 1024x1024x1024 +bias",
-        1024,
-        1024,
-        1024,
-        None,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm convnext 3136x384x96 +bias+gelu",
-        3136,
-        384,
-        96,
-        Gelu,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm convnext 3136x96x384 +bias+res",
-        3136,
-        96,
-        384,
-        None,
-        true,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm bert 128x3072x768 +bias+gelu",
-        128,
-        3072,
-        768,
-        Gelu,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm bert 128x768x3072 +bias+res",
-        128,
-        768,
-        3072,
-        None,
-        true,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm bert 128x768x768 +bias",
-        128,
-        768,
-        768,
-        None,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm bert 128x2304x768 +bias (qkv)",
-        128,
-        2304,
-        768,
-        None,
-        false,
-    );
+    bench_gemm(&mut b, "gemm 1024x1024x1024 +bias", 1024, 1024, 1024, None, false);
+    bench_gemm(&mut b, "gemm convnext 3136x384x96 +bias+gelu", 3136, 384, 96, Gelu, false);
+    bench_gemm(&mut b, "gemm convnext 3136x96x384 +bias+res", 3136, 96, 384, None, true);
+    bench_gemm(&mut b, "gemm bert 128x3072x768 +bias+gelu", 128, 3072, 768, Gelu, false);
+    bench_gemm(&mut b, "gemm bert 128x768x3072 +bias+res", 128, 768, 3072, None, true);
+    bench_gemm(&mut b, "gemm bert 128x768x768 +bias", 128, 768, 768, None, false);
+    bench_gemm(&mut b, "gemm bert 128x2304x768 +bias (qkv)", 128, 2304, 768, None, false);
     // Small decoders (the llama/gpt2 exports: 64 tokens, hidden 128).
-    bench_gemm(
-        &mut b,
-        "gemm small-llm 64x128x128",
-        64,
-        128,
-        128,
-        None,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm small-llm 64x256x128",
-        64,
-        256,
-        128,
-        None,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm small-llm 64x128x256",
-        64,
-        128,
-        256,
-        None,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm small-llm 64x1000x128 (lm head)",
-        64,
-        1000,
-        128,
-        None,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm small-llm 64x3072x768 (gpt2 fc)",
-        64,
-        3072,
-        768,
-        None,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm classifier 1x1000x1280",
-        1,
-        1000,
-        1280,
-        None,
-        false,
-    );
-    bench_gemm(
-        &mut b,
-        "gemm classifier 4x1000x1280",
-        4,
-        1000,
-        1280,
-        None,
-        false,
-    );
-    bench_gemm_t(
-        &mut b,
-        "gemm bert 128x768x768 +bias transB",
-        128,
-        768,
-        768,
-        None,
-        false,
-        true,
-    );
-    bench_gemm_t(
-        &mut b,
-        "gemm bert 128x3072x768 +bias+gelu transB",
-        128,
-        3072,
-        768,
-        Gelu,
-        false,
-        true,
-    );
+    bench_gemm(&mut b, "gemm small-llm 64x128x128", 64, 128, 128, None, false);
+    bench_gemm(&mut b, "gemm small-llm 64x256x128", 64, 256, 128, None, false);
+    bench_gemm(&mut b, "gemm small-llm 64x128x256", 64, 128, 256, None, false);
+    bench_gemm(&mut b, "gemm small-llm 64x1000x128 (lm head)", 64, 1000, 128, None, false);
+    bench_gemm(&mut b, "gemm small-llm 64x3072x768 (gpt2 fc)", 64, 3072, 768, None, false);
+    bench_gemm(&mut b, "gemm classifier 1x1000x1280", 1, 1000, 1280, None, false);
+    bench_gemm(&mut b, "gemm classifier 4x1000x1280", 4, 1000, 1280, None, false);
+    bench_gemm_t(&mut b, "gemm bert 128x768x768 +bias transB", 128, 768, 768, None, false, true);
+    bench_gemm_t(&mut b, "gemm bert 128x3072x768 +bias+gelu transB", 128, 3072, 768, Gelu, false, true);
 
     // ---- ResNet-50 convolutions (bias + relu fused, as the compiler emits).
     let resnet = [
-        (
-            "conv 3x3 s1 64->64 @56",
-            conv_params(64, 64, 56, 3, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 3x3 s1 128->128 @28",
-            conv_params(128, 128, 28, 3, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 3x3 s1 256->256 @14",
-            conv_params(256, 256, 14, 3, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 3x3 s1 512->512 @7",
-            conv_params(512, 512, 7, 3, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 1x1 64->256 @56 +res+relu",
-            conv_params(64, 256, 56, 1, 1, 1, Relu),
-            true,
-        ),
-        (
-            "conv 1x1 256->64 @56",
-            conv_params(256, 64, 56, 1, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 1x1 1024->256 @14",
-            conv_params(1024, 256, 14, 1, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 1x1 2048->512 @7",
-            conv_params(2048, 512, 7, 1, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 1x1 512->2048 @7 +res+relu",
-            conv_params(512, 2048, 7, 1, 1, 1, Relu),
-            true,
-        ),
-        (
-            "conv 3x3 s2 128->128 @56",
-            conv_params(128, 128, 56, 3, 2, 1, Relu),
-            false,
-        ),
-        (
-            "conv 1x1 s2 256->512 @56 (proj)",
-            conv_params(256, 512, 56, 1, 2, 1, None),
-            false,
-        ),
-        (
-            "conv 1x1 s2 1024->2048 @14 (proj)",
-            conv_params(1024, 2048, 14, 1, 2, 1, None),
-            false,
-        ),
-        (
-            "conv 7x7 s2 3->64 @224 (stem)",
-            conv_params(3, 64, 224, 7, 2, 1, Relu),
-            false,
-        ),
+        ("conv 3x3 s1 64->64 @56", conv_params(64, 64, 56, 3, 1, 1, Relu), false),
+        ("conv 3x3 s1 128->128 @28", conv_params(128, 128, 28, 3, 1, 1, Relu), false),
+        ("conv 3x3 s1 256->256 @14", conv_params(256, 256, 14, 3, 1, 1, Relu), false),
+        ("conv 3x3 s1 512->512 @7", conv_params(512, 512, 7, 3, 1, 1, Relu), false),
+        ("conv 1x1 64->256 @56 +res+relu", conv_params(64, 256, 56, 1, 1, 1, Relu), true),
+        ("conv 1x1 256->64 @56", conv_params(256, 64, 56, 1, 1, 1, Relu), false),
+        ("conv 1x1 1024->256 @14", conv_params(1024, 256, 14, 1, 1, 1, Relu), false),
+        ("conv 1x1 2048->512 @7", conv_params(2048, 512, 7, 1, 1, 1, Relu), false),
+        ("conv 1x1 512->2048 @7 +res+relu", conv_params(512, 2048, 7, 1, 1, 1, Relu), true),
+        ("conv 3x3 s2 128->128 @56", conv_params(128, 128, 56, 3, 2, 1, Relu), false),
+        ("conv 1x1 s2 256->512 @56 (proj)", conv_params(256, 512, 56, 1, 2, 1, None), false),
+        ("conv 1x1 s2 1024->2048 @14 (proj)", conv_params(1024, 2048, 14, 1, 2, 1, None), false),
+        ("conv 7x7 s2 3->64 @224 (stem)", conv_params(3, 64, 224, 7, 2, 1, Relu), false),
         // MobileNet / EfficientNet pointwise.
-        (
-            "conv 1x1 16->64 @112 (mbv3)",
-            conv_params(16, 64, 112, 1, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 1x1 240->40 @28 (effnet)",
-            conv_params(240, 40, 28, 1, 1, 1, None),
-            false,
-        ),
-        (
-            "conv 1x1 16->96 @112 (effnet)",
-            conv_params(16, 96, 112, 1, 1, 1, Silu),
-            false,
-        ),
-        (
-            "conv 1x1 16->96 @112 noact (effnet)",
-            conv_params(16, 96, 112, 1, 1, 1, None),
-            false,
-        ),
-        (
-            "conv 1x1 320->1280 @7 (effnet head)",
-            conv_params(320, 1280, 7, 1, 1, 1, Silu),
-            false,
-        ),
-        (
-            "conv 3x3 s2 3->32 @224 (effnet stem)",
-            conv_params(3, 32, 224, 3, 2, 1, Silu),
-            false,
-        ),
+        ("conv 1x1 16->64 @112 (mbv3)", conv_params(16, 64, 112, 1, 1, 1, Relu), false),
+        ("conv 1x1 240->40 @28 (effnet)", conv_params(240, 40, 28, 1, 1, 1, None), false),
+        ("conv 1x1 16->96 @112 (effnet)", conv_params(16, 96, 112, 1, 1, 1, Silu), false),
+        ("conv 1x1 16->96 @112 noact (effnet)", conv_params(16, 96, 112, 1, 1, 1, None), false),
+        ("conv 1x1 320->1280 @7 (effnet head)", conv_params(320, 1280, 7, 1, 1, 1, Silu), false),
+        ("conv 3x3 s2 3->32 @224 (effnet stem)", conv_params(3, 32, 224, 3, 2, 1, Silu), false),
         // Small feature maps (the test suite's CNNs): fixed costs dominate.
-        (
-            "conv 3x3 s1 16->16 @16 (small)",
-            conv_params(16, 16, 16, 3, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 3x3 s1 32->32 @8 (small)",
-            conv_params(32, 32, 8, 3, 1, 1, Relu),
-            false,
-        ),
-        (
-            "conv 3x3 s1 3->16 @32 (small stem)",
-            conv_params(3, 16, 32, 3, 1, 1, Relu),
-            false,
-        ),
+        ("conv 3x3 s1 16->16 @16 (small)", conv_params(16, 16, 16, 3, 1, 1, Relu), false),
+        ("conv 3x3 s1 32->32 @8 (small)", conv_params(32, 32, 8, 3, 1, 1, Relu), false),
+        ("conv 3x3 s1 3->16 @32 (small stem)", conv_params(3, 16, 32, 3, 1, 1, Relu), false),
     ];
     for (name, p, res) in resnet {
         bench_conv(&mut b, name, p, res);
@@ -593,38 +329,14 @@ fn main() {
     // ---- Depthwise (MobileNetV3 / EfficientNet-B0).
     let hs = Clip { min: 0.0, max: 6.0 };
     let dw = [
-        (
-            "dw 3x3 s1 32 @112",
-            conv_params(32, 32, 112, 3, 1, 32, Silu),
-        ),
-        (
-            "dw 3x3 s2 96 @112",
-            conv_params(96, 96, 112, 3, 2, 96, Silu),
-        ),
-        (
-            "dw 3x3 s1 64 @56 (mbv3)",
-            conv_params(64, 64, 56, 3, 1, 64, Relu),
-        ),
-        (
-            "dw 5x5 s2 144 @56",
-            conv_params(144, 144, 56, 5, 2, 144, Silu),
-        ),
-        (
-            "dw 5x5 s1 240 @28",
-            conv_params(240, 240, 28, 5, 1, 240, Silu),
-        ),
-        (
-            "dw 3x3 s1 480 @14",
-            conv_params(480, 480, 14, 3, 1, 480, Silu),
-        ),
-        (
-            "dw 5x5 s1 672 @14",
-            conv_params(672, 672, 14, 5, 1, 672, hs),
-        ),
-        (
-            "dw 5x5 s1 1152 @7",
-            conv_params(1152, 1152, 7, 5, 1, 1152, Silu),
-        ),
+        ("dw 3x3 s1 32 @112", conv_params(32, 32, 112, 3, 1, 32, Silu)),
+        ("dw 3x3 s2 96 @112", conv_params(96, 96, 112, 3, 2, 96, Silu)),
+        ("dw 3x3 s1 64 @56 (mbv3)", conv_params(64, 64, 56, 3, 1, 64, Relu)),
+        ("dw 5x5 s2 144 @56", conv_params(144, 144, 56, 5, 2, 144, Silu)),
+        ("dw 5x5 s1 240 @28", conv_params(240, 240, 28, 5, 1, 240, Silu)),
+        ("dw 3x3 s1 480 @14", conv_params(480, 480, 14, 3, 1, 480, Silu)),
+        ("dw 5x5 s1 672 @14", conv_params(672, 672, 14, 5, 1, 672, hs)),
+        ("dw 5x5 s1 1152 @7", conv_params(1152, 1152, 7, 5, 1, 1152, Silu)),
     ];
     for (name, p) in dw {
         bench_conv(&mut b, name, p, false);
@@ -685,72 +397,46 @@ fn main() {
             let s = data(c, 2);
             let mut out = vec![0.0f32; n];
             b.mem(&name, 8 * n, || {
-                binary(
-                    BinaryOp::Mul,
-                    &a,
-                    &[1, c, hw, hw],
-                    &s,
-                    &[1, c, 1, 1],
-                    &mut out,
-                )
-                .unwrap();
+                binary(BinaryOp::Mul, &a, &[1, c, hw, hw], &s, &[1, c, 1, 1], &mut out).unwrap();
                 black_box(&mut out);
             });
         }
     }
     // Pooling.
     let pools = [
-        (
-            "maxpool 3x3 s2 64@112 (stem)",
-            Pool2dParams {
-                channels: 64,
-                in_h: 112,
-                in_w: 112,
-                kernel: [3, 3],
-                stride: [2, 2],
-                padding: Padding2d::uniform(1),
-                ..Default::default()
-            },
-        ),
-        (
-            "gap 2048@7",
-            Pool2dParams {
-                channels: 2048,
-                in_h: 7,
-                in_w: 7,
-                kernel: [7, 7],
-                kind: PoolKind::Avg {
-                    count_include_pad: false,
-                },
-                ..Default::default()
-            },
-        ),
-        (
-            "gap 1280@7",
-            Pool2dParams {
-                channels: 1280,
-                in_h: 7,
-                in_w: 7,
-                kernel: [7, 7],
-                kind: PoolKind::Avg {
-                    count_include_pad: false,
-                },
-                ..Default::default()
-            },
-        ),
-        (
-            "gap 672@14 (se)",
-            Pool2dParams {
-                channels: 672,
-                in_h: 14,
-                in_w: 14,
-                kernel: [14, 14],
-                kind: PoolKind::Avg {
-                    count_include_pad: false,
-                },
-                ..Default::default()
-            },
-        ),
+        ("maxpool 3x3 s2 64@112 (stem)", Pool2dParams {
+            channels: 64,
+            in_h: 112,
+            in_w: 112,
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: Padding2d::uniform(1),
+            ..Default::default()
+        }),
+        ("gap 2048@7", Pool2dParams {
+            channels: 2048,
+            in_h: 7,
+            in_w: 7,
+            kernel: [7, 7],
+            kind: PoolKind::Avg { count_include_pad: false },
+            ..Default::default()
+        }),
+        ("gap 1280@7", Pool2dParams {
+            channels: 1280,
+            in_h: 7,
+            in_w: 7,
+            kernel: [7, 7],
+            kind: PoolKind::Avg { count_include_pad: false },
+            ..Default::default()
+        }),
+        ("gap 672@14 (se)", Pool2dParams {
+            channels: 672,
+            in_h: 14,
+            in_w: 14,
+            kernel: [14, 14],
+            kind: PoolKind::Avg { count_include_pad: false },
+            ..Default::default()
+        }),
     ];
     for (name, p) in pools {
         if !b.wants(name) {
@@ -851,9 +537,6 @@ fn main() {
 
     if b.ratios.len() > 1 {
         let geo = (b.ratios.iter().map(|(_, r)| r.ln()).sum::<f64>() / b.ratios.len() as f64).exp();
-        println!(
-            "geometric mean ratio over {} benchmarks: {geo:.3}",
-            b.ratios.len()
-        );
+        println!("geometric mean ratio over {} benchmarks: {geo:.3}", b.ratios.len());
     }
 }

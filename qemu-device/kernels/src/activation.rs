@@ -194,12 +194,7 @@ pub(crate) const EPI_BLOCK: usize = 512;
 /// `x = act(x + bias + residual)` in one pass over `xs`, sequentially
 /// (the inlinable body; see [`epilogue`]).
 #[inline(always)]
-pub(crate) fn epilogue_inline<const FMA: bool>(
-    xs: &mut [f32],
-    bias: Bias<'_>,
-    residual: Option<&[f32]>,
-    act: Activation,
-) {
+pub(crate) fn epilogue_inline<const FMA: bool>(xs: &mut [f32], bias: Bias<'_>, residual: Option<&[f32]>, act: Activation) {
     let op = act.as_unary();
     if matches!(bias, Bias::None) && residual.is_none() && op.is_none() {
         return;

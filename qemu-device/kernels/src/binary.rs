@@ -41,16 +41,8 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i < rank - a.len() {
-            1
-        } else {
-            a[i - (rank - a.len())]
-        };
-        let db = if i < rank - b.len() {
-            1
-        } else {
-            b[i - (rank - b.len())]
-        };
+        let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
+        let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
@@ -67,14 +59,7 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 
 /// `out = op(a, b)` with broadcasting; `out` has the element count of
 /// [`broadcast_shape`]`(a_shape, b_shape)` (row-major). Parallel.
-pub fn binary(
-    op: BinaryOp,
-    a: &[f32],
-    a_shape: &[usize],
-    b: &[f32],
-    b_shape: &[usize],
-    out: &mut [f32],
-) -> Result<()> {
+pub fn binary(op: BinaryOp, a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize], out: &mut [f32]) -> Result<()> {
     binary_act(op, a, a_shape, b, b_shape, Activation::None, out)
 }
 
@@ -150,11 +135,7 @@ impl<const N: usize> Geom<N> {
             let size = out_shape[i];
             let mut s = [0usize; N];
             for (k, sh) in shapes.iter().enumerate() {
-                let d = if i + sh.len() >= rank {
-                    sh[i + sh.len() - rank]
-                } else {
-                    1
-                };
+                let d = if i + sh.len() >= rank { sh[i + sh.len() - rank] } else { 1 };
                 s[k] = if d == 1 { 0 } else { stride[k] };
                 // Cannot overflow: the output is non-empty, so the products
                 // are bounded by the validated operand volumes.
@@ -198,9 +179,7 @@ where
         if chunk >= out.len() {
             body(0, out);
         } else {
-            out.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(t, o)| body(t, o));
+            out.par_chunks_mut(chunk).enumerate().for_each(|(t, o)| body(t, o));
         }
         return;
     }
@@ -239,9 +218,7 @@ where
     if task >= out.len() {
         body(0, out);
     } else {
-        out.par_chunks_mut(task)
-            .enumerate()
-            .for_each(|(t, c)| body(t, c));
+        out.par_chunks_mut(task).enumerate().for_each(|(t, c)| body(t, c));
     }
 }
 
@@ -274,15 +251,7 @@ fn row<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: usize
 /// [`row`] followed by `act`, block by block so that the activation reads
 /// the block from L1.
 #[inline(always)]
-fn row_act<F: Fn(f32, f32) -> f32>(
-    f: &F,
-    a: &[f32],
-    sa: usize,
-    b: &[f32],
-    sb: usize,
-    act: Activation,
-    out: &mut [f32],
-) {
+fn row_act<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: usize, act: Activation, out: &mut [f32]) {
     if act == Activation::None {
         row(f, a, sa, b, sb, out);
         return;
@@ -294,18 +263,9 @@ fn row_act<F: Fn(f32, f32) -> f32>(
     }
 }
 
-fn run<F: Fn(f32, f32) -> f32 + Sync>(
-    f: F,
-    a: &[f32],
-    b: &[f32],
-    g: &Geom<2>,
-    act: Activation,
-    out: &mut [f32],
-) {
+fn run<F: Fn(f32, f32) -> f32 + Sync>(f: F, a: &[f32], b: &[f32], g: &Geom<2>, act: Activation, out: &mut [f32]) {
     let [sa, sb] = g.dims[0].s;
-    drive(g, out, |[oa, ob], o| {
-        row_act(&f, &a[oa..], sa, &b[ob..], sb, act, o)
-    });
+    drive(g, out, |[oa, ob], o| row_act(&f, &a[oa..], sa, &b[ob..], sb, act, o));
 }
 
 /// 1.0 where `holds`, else 0.0 (a select the compiler vectorizes).

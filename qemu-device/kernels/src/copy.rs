@@ -31,13 +31,7 @@ struct Dim {
 }
 
 /// Smallest and largest element offset reachable from `offset`.
-fn reach(
-    what: &'static str,
-    offset: usize,
-    sizes: &[usize],
-    strides: &[isize],
-    len: usize,
-) -> Result<()> {
+fn reach(what: &'static str, offset: usize, sizes: &[usize], strides: &[isize], len: usize) -> Result<()> {
     let of = || KernelError::Overflow { what };
     let (mut lo, mut hi) = (offset as i128, offset as i128);
     for (&s, &st) in sizes.iter().zip(strides) {
@@ -49,18 +43,10 @@ fn reach(
         }
     }
     if lo < 0 {
-        return Err(KernelError::OutOfBounds {
-            what,
-            index: lo,
-            len,
-        });
+        return Err(KernelError::OutOfBounds { what, index: lo, len });
     }
     if hi >= len as i128 {
-        return Err(KernelError::OutOfBounds {
-            what,
-            index: hi,
-            len,
-        });
+        return Err(KernelError::OutOfBounds { what, index: hi, len });
     }
     Ok(())
 }
@@ -86,26 +72,11 @@ pub fn strided_copy(p: &StridedCopy<'_>, src: &[f32], dst: &mut [f32]) -> Result
     if total > dst.len() {
         return Err(KernelError::invalid(
             "strided_copy destination strides",
-            format!(
-                "{total} elements cannot be written to distinct places of a slice of {}",
-                dst.len()
-            ),
+            format!("{total} elements cannot be written to distinct places of a slice of {}", dst.len()),
         ));
     }
-    reach(
-        "strided_copy source",
-        p.src_offset,
-        p.sizes,
-        p.src_strides,
-        src.len(),
-    )?;
-    reach(
-        "strided_copy destination",
-        p.dst_offset,
-        p.sizes,
-        p.dst_strides,
-        dst.len(),
-    )?;
+    reach("strided_copy source", p.src_offset, p.sizes, p.src_strides, src.len())?;
+    reach("strided_copy destination", p.dst_offset, p.sizes, p.dst_strides, dst.len())?;
     let dims: Vec<Dim> = (0..p.sizes.len())
         .map(|d| Dim {
             size: p.sizes[d],
@@ -125,11 +96,7 @@ pub fn permute(shape: &[usize], perm: &[usize], x: &[f32], y: &mut [f32]) -> Res
     check_rank("permute shape", shape)?;
     let rank = shape.len();
     let mut seen = [false; crate::MAX_RANK];
-    if perm.len() != rank
-        || perm
-            .iter()
-            .any(|&p| p >= rank || std::mem::replace(&mut seen[p], true))
-    {
+    if perm.len() != rank || perm.iter().any(|&p| p >= rank || std::mem::replace(&mut seen[p], true)) {
         return Err(KernelError::invalid(
             "permute perm",
             format!("{perm:?} is not a permutation of 0..{rank}"),
@@ -147,14 +114,7 @@ pub fn permute(shape: &[usize], perm: &[usize], x: &[f32], y: &mut [f32]) -> Res
         in_strides[d] = s as isize;
         s *= shape[d];
     }
-    let mut dims = vec![
-        Dim {
-            size: 1,
-            ss: 0,
-            ds: 0
-        };
-        rank
-    ];
+    let mut dims = vec![Dim { size: 1, ss: 0, ds: 0 }; rank];
     let mut ds = 1usize;
     for i in (0..rank).rev() {
         dims[i] = Dim {
@@ -199,11 +159,7 @@ unsafe fn run(mut dims: Vec<Dim>, src: &[f32], src_off: usize, dst: &mut [f32], 
     }
     merged.reverse(); // outer → inner
     if merged.is_empty() {
-        merged.push(Dim {
-            size: 1,
-            ss: 0,
-            ds: 0,
-        });
+        merged.push(Dim { size: 1, ss: 0, ds: 0 });
     }
     // A transposing copy: some non-innermost dim reads contiguously while the
     // innermost does not. Make it the second-innermost and tile the pair.
@@ -242,8 +198,7 @@ unsafe fn run(mut dims: Vec<Dim>, src: &[f32], src_off: usize, dst: &mut [f32], 
 /// Sufficient condition for the destination mapping to be one-to-one: in
 /// order of increasing |stride|, each stride exceeds the span of the smaller ones.
 fn is_injective(dims: &[Dim]) -> bool {
-    let mut strides: Vec<(usize, usize)> =
-        dims.iter().map(|d| (d.ds.unsigned_abs(), d.size)).collect();
+    let mut strides: Vec<(usize, usize)> = dims.iter().map(|d| (d.ds.unsigned_abs(), d.size)).collect();
     strides.sort_unstable();
     let mut span = 0usize; // max offset reachable by the dims seen so far
     for (st, size) in strides {
@@ -261,12 +216,7 @@ unsafe fn walk(dims: &[Dim], tiled: bool, src: *mut f32, dst: *mut f32) {
     if dims.len() > base {
         let d = dims[0];
         for i in 0..d.size as isize {
-            walk(
-                &dims[1..],
-                tiled,
-                src.offset(i * d.ss),
-                dst.offset(i * d.ds),
-            );
+            walk(&dims[1..], tiled, src.offset(i * d.ss), dst.offset(i * d.ds));
         }
     } else if tiled {
         let (a, b) = (dims[0], dims[1]);
@@ -281,11 +231,7 @@ unsafe fn walk(dims: &[Dim], tiled: bool, src: *mut f32, dst: *mut f32) {
             for j0 in (0..b.size).step_by(TILE) {
                 let j1 = (j0 + TILE).min(b.size);
                 // [i0, ie) × [j0, je): whole 8×8 blocks; the rest element-wise.
-                let (ie, je) = if blocks {
-                    (i0 + (i1 - i0) / 8 * 8, j0 + (j1 - j0) / 8 * 8)
-                } else {
-                    (i0, j0)
-                };
+                let (ie, je) = if blocks { (i0 + (i1 - i0) / 8 * 8, j0 + (j1 - j0) / 8 * 8) } else { (i0, j0) };
                 #[cfg(target_arch = "x86_64")]
                 for i in (i0..ie).step_by(8) {
                     for j in (j0..je).step_by(8) {
@@ -364,33 +310,12 @@ unsafe fn transpose8x8(src: *const f32, src_stride: isize, dst: *mut f32, dst_st
         let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
         let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
         _mm256_storeu_ps(dst, _mm256_permute2f128_ps::<0x20>(s0, s4));
-        _mm256_storeu_ps(
-            dst.offset(dst_stride),
-            _mm256_permute2f128_ps::<0x20>(s1, s5),
-        );
-        _mm256_storeu_ps(
-            dst.offset(2 * dst_stride),
-            _mm256_permute2f128_ps::<0x20>(s2, s6),
-        );
-        _mm256_storeu_ps(
-            dst.offset(3 * dst_stride),
-            _mm256_permute2f128_ps::<0x20>(s3, s7),
-        );
-        _mm256_storeu_ps(
-            dst.offset(4 * dst_stride),
-            _mm256_permute2f128_ps::<0x31>(s0, s4),
-        );
-        _mm256_storeu_ps(
-            dst.offset(5 * dst_stride),
-            _mm256_permute2f128_ps::<0x31>(s1, s5),
-        );
-        _mm256_storeu_ps(
-            dst.offset(6 * dst_stride),
-            _mm256_permute2f128_ps::<0x31>(s2, s6),
-        );
-        _mm256_storeu_ps(
-            dst.offset(7 * dst_stride),
-            _mm256_permute2f128_ps::<0x31>(s3, s7),
-        );
+        _mm256_storeu_ps(dst.offset(dst_stride), _mm256_permute2f128_ps::<0x20>(s1, s5));
+        _mm256_storeu_ps(dst.offset(2 * dst_stride), _mm256_permute2f128_ps::<0x20>(s2, s6));
+        _mm256_storeu_ps(dst.offset(3 * dst_stride), _mm256_permute2f128_ps::<0x20>(s3, s7));
+        _mm256_storeu_ps(dst.offset(4 * dst_stride), _mm256_permute2f128_ps::<0x31>(s0, s4));
+        _mm256_storeu_ps(dst.offset(5 * dst_stride), _mm256_permute2f128_ps::<0x31>(s1, s5));
+        _mm256_storeu_ps(dst.offset(6 * dst_stride), _mm256_permute2f128_ps::<0x31>(s2, s6));
+        _mm256_storeu_ps(dst.offset(7 * dst_stride), _mm256_permute2f128_ps::<0x31>(s3, s7));
     }
 }

@@ -30,7 +30,7 @@ fn exp_split<const FMA: bool>(xc: f32) -> (i32, f32) {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     const C1: f32 = 0.693_359_4; // ln 2, high part
     const C2: f32 = -2.121_944_4e-4; // ln 2, low part
-                                     // 1.5·2^23: adding it rounds to an integer (ties to even).
+    // 1.5·2^23: adding it rounds to an integer (ties to even).
     const MAGIC: f32 = 12_582_912.0;
     let y = madd::<FMA>(xc, LOG2E, MAGIC);
     let n = (y.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
@@ -186,13 +186,7 @@ pub(crate) use simd_dispatch;
 #[cfg(test)]
 mod tests {
     /// Dense sweep of each function against f64, reporting worst errors.
-    fn sweep(
-        lo: f32,
-        hi: f32,
-        n: usize,
-        f: impl Fn(f32) -> f32,
-        r: impl Fn(f64) -> f64,
-    ) -> (f64, f64) {
+    fn sweep(lo: f32, hi: f32, n: usize, f: impl Fn(f32) -> f32, r: impl Fn(f64) -> f64) -> (f64, f64) {
         let (mut max_rel, mut max_abs) = (0.0f64, 0.0f64);
         for i in 0..=n {
             let x = lo + (hi - lo) * (i as f32 / n as f32);
@@ -223,18 +217,12 @@ mod tests {
         assert!(abs < 5e-7, "erf abs {abs}");
         let (rel, _) = sweep(-0.5, 0.5, 200_000, super::erf::<F>, libm::erf);
         assert!(rel < 1e-6, "erf small rel {rel}");
-        let (rel, _) = sweep(-20.0, 20.0, 1_000_000, super::sigmoid::<F>, |x| {
-            1.0 / (1.0 + (-x).exp())
-        });
+        let (rel, _) = sweep(-20.0, 20.0, 1_000_000, super::sigmoid::<F>, |x| 1.0 / (1.0 + (-x).exp()));
         assert!(rel < 5e-7, "sigmoid rel {rel}");
         // Far tails: the logistic exp saturates early, harmlessly.
-        let (_, abs) = sweep(-120.0, 120.0, 1_000_000, super::sigmoid::<F>, |x| {
-            1.0 / (1.0 + (-x).exp())
-        });
+        let (_, abs) = sweep(-120.0, 120.0, 1_000_000, super::sigmoid::<F>, |x| 1.0 / (1.0 + (-x).exp()));
         assert!(abs < 1e-7, "sigmoid abs {abs}");
-        let (rel, _) = sweep(-80.0, 80.0, 1_000_000, super::silu::<F>, |x| {
-            x / (1.0 + (-x).exp())
-        });
+        let (rel, _) = sweep(-80.0, 80.0, 1_000_000, super::silu::<F>, |x| x / (1.0 + (-x).exp()));
         assert!(rel < 1e-6, "silu rel {rel}");
         assert_eq!(super::sigmoid::<F>(f32::NEG_INFINITY), 0.0);
         assert_eq!(super::sigmoid::<F>(f32::INFINITY), 1.0);

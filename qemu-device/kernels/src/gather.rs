@@ -32,11 +32,7 @@ fn resolve(i: i64, size: usize) -> Option<usize> {
 
 /// Output shape of [`gather`]:
 /// `shape[..axis] ++ indices_shape ++ shape[axis+1..]`.
-pub fn gather_output_shape(
-    shape: &[usize],
-    axis: isize,
-    indices_shape: &[usize],
-) -> Result<Vec<usize>> {
+pub fn gather_output_shape(shape: &[usize], axis: isize, indices_shape: &[usize]) -> Result<Vec<usize>> {
     check_rank("gather data shape", shape)?;
     check_rank("gather indices shape", indices_shape)?;
     let axis = normalize_axis(axis, shape.len())?;
@@ -68,16 +64,8 @@ pub fn gather<I: GatherIndex>(
     let n_idx = volume("gather indices", indices_shape)?;
     check_len("gather indices", indices.len(), n_idx)?;
     let (outer, size, inner) = split_axis("gather data shape", shape, axis)?;
-    check_len(
-        "gather output",
-        out.len(),
-        volume("gather output", &[outer, n_idx, inner])?,
-    )?;
-    if let Some((position, &index)) = indices
-        .iter()
-        .enumerate()
-        .find(|(_, i)| resolve(i.to_i64(), size).is_none())
-    {
+    check_len("gather output", out.len(), volume("gather output", &[outer, n_idx, inner])?)?;
+    if let Some((position, &index)) = indices.iter().enumerate().find(|(_, i)| resolve(i.to_i64(), size).is_none()) {
         return Err(KernelError::IndexOutOfRange {
             index: index.to_i64(),
             position,
@@ -89,16 +77,14 @@ pub fn gather<I: GatherIndex>(
     }
     let rows = rows_per_task(inner);
     let block = mul("gather output", rows, inner)?;
-    out.par_chunks_mut(block)
-        .enumerate()
-        .for_each(|(task, chunk)| {
-            for (r, dst) in chunk.chunks_exact_mut(inner).enumerate() {
-                let row = task * rows + r;
-                let (o, t) = (row / n_idx, row % n_idx);
-                // Validated above.
-                let j = resolve(indices[t].to_i64(), size).unwrap_or(0);
-                dst.copy_from_slice(&data[(o * size + j) * inner..][..inner]);
-            }
-        });
+    out.par_chunks_mut(block).enumerate().for_each(|(task, chunk)| {
+        for (r, dst) in chunk.chunks_exact_mut(inner).enumerate() {
+            let row = task * rows + r;
+            let (o, t) = (row / n_idx, row % n_idx);
+            // Validated above.
+            let j = resolve(indices[t].to_i64(), size).unwrap_or(0);
+            dst.copy_from_slice(&data[(o * size + j) * inner..][..inner]);
+        }
+    });
     Ok(())
 }

@@ -5,9 +5,7 @@ use crate::error::KernelError;
 use crate::error::Result;
 use crate::fastmath::{madd, simd_dispatch};
 use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, MR, NR};
-use crate::util::{
-    check_len, for_each_task, mul, plan_threads, rows_per_task, sequential, with_scratch, SendPtr,
-};
+use crate::util::{check_len, for_each_task, mul, plan_threads, rows_per_task, sequential, with_scratch, SendPtr};
 use rayon::prelude::*;
 
 /// Parameters of [`gemm()`].
@@ -42,13 +40,7 @@ pub struct GemmParams {
 /// has `n`, and `c` has `m·n`. `k = 0` yields `act(bias + C?)`.
 ///
 /// Runs on the current rayon pool (see the crate docs).
-pub fn gemm(
-    p: &GemmParams,
-    a: &[f32],
-    b: &[f32],
-    bias: Option<&[f32]>,
-    c: &mut [f32],
-) -> Result<()> {
+pub fn gemm(p: &GemmParams, a: &[f32], b: &[f32], bias: Option<&[f32]>, c: &mut [f32]) -> Result<()> {
     gemm_residual(p, a, b, bias, None, c)
 }
 
@@ -67,16 +59,10 @@ pub fn gemm_residual(
     check_len("gemm A", a.len(), mul("gemm A size", m, k)?)?;
     if p.b_packed {
         if p.trans_b {
-            return Err(KernelError::invalid(
-                "gemm B",
-                "a packed B cannot also be transposed",
-            ));
+            return Err(KernelError::invalid("gemm B", "a packed B cannot also be transposed"));
         }
-        check_len(
-            "gemm B (packed)",
-            b.len(),
-            mul("gemm B size", k, mul("gemm B size", n.div_ceil(NR), NR)?)?,
-        )?;
+        let len = rbln_hw::ops::gemm_packed_b_len(k as u64, n as u64).and_then(|l| usize::try_from(l).ok());
+        check_len("gemm B (packed)", b.len(), len.ok_or(KernelError::Overflow { what: "gemm B size" })?)?;
     } else {
         check_len("gemm B", b.len(), mul("gemm B size", k, n)?)?;
     }
@@ -91,47 +77,27 @@ pub fn gemm_residual(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let (a_rs, a_cs) = if p.trans_a {
-        (1, m as isize)
-    } else {
-        (k as isize, 1)
-    };
-    let (b_rs, b_cs) = if p.trans_b {
-        (1, k as isize)
-    } else {
-        (n as isize, 1)
-    };
+    let (a_rs, a_cs) = if p.trans_a { (1, m as isize) } else { (k as isize, 1) };
+    let (b_rs, b_cs) = if p.trans_b { (1, k as isize) } else { (n as isize, 1) };
     let bias = match bias {
         Some(b) => Bias::Row(b),
         None => Bias::None,
     };
-    let has_epilogue =
-        !matches!(bias, Bias::None) || residual.is_some() || p.activation != Activation::None;
+    let has_epilogue = !matches!(bias, Bias::None) || residual.is_some() || p.activation != Activation::None;
     let sequential = sequential(m.saturating_mul(n).saturating_mul(k).saturating_mul(2));
     let epilogue_rows = |c: &mut [f32]| {
         let rows = rows_per_task(n);
-        c.par_chunks_mut(rows * n)
-            .enumerate()
-            .for_each(|(t, chunk)| {
-                for (r, row) in chunk.chunks_exact_mut(n).enumerate() {
-                    let off = (t * rows + r) * n;
-                    epilogue(
-                        row,
-                        bias,
-                        residual.map(|res| &res[off..off + n]),
-                        p.activation,
-                    );
-                }
-            });
+        c.par_chunks_mut(rows * n).enumerate().for_each(|(t, chunk)| {
+            for (r, row) in chunk.chunks_exact_mut(n).enumerate() {
+                let off = (t * rows + r) * n;
+                epilogue(row, bias, residual.map(|res| &res[off..off + n]), p.activation);
+            }
+        });
     };
     if p.b_packed && (m < 2 * MR || k == 0) {
         // Few rows: stream each panel once for all of them.
         let panels = n.div_ceil(NR);
-        let per_task = if sequential {
-            panels
-        } else {
-            panels.div_ceil(4 * plan_threads(false)).max(1)
-        };
+        let per_task = if sequential { panels } else { panels.div_ceil(4 * plan_threads(false)).max(1) };
         let c_ptr = SendPtr(c.as_mut_ptr());
         for_each_task(panels.div_ceil(per_task), sequential, |t| {
             let (p0, p1) = (t * per_task, ((t + 1) * per_task).min(panels));
@@ -151,21 +117,7 @@ pub fn gemm_residual(
         // l < k maps to an element of `a` under (a_rs, a_cs), likewise for
         // `b` and `c`.
         unsafe {
-            raw_gemm(
-                m,
-                n,
-                k,
-                c.as_mut_ptr(),
-                n,
-                p.accumulate,
-                a.as_ptr(),
-                a_rs,
-                a_cs,
-                b.as_ptr(),
-                b_rs,
-                b_cs,
-                !sequential,
-            );
+            raw_gemm(m, n, k, c.as_mut_ptr(), n, p.accumulate, a.as_ptr(), a_rs, a_cs, b.as_ptr(), b_rs, b_cs, !sequential);
         }
         if has_epilogue {
             epilogue_rows(c);
@@ -190,11 +142,7 @@ pub fn gemm_residual(
     let chunk = panels.div_ceil(nchunks);
     nchunks = panels.div_ceil(chunk);
     // Unpacked B: one thread packs each chunk once.
-    let mblocks = if nchunks >= want {
-        1
-    } else {
-        want.div_ceil(nchunks).min(m.div_ceil(4 * MR)).max(1)
-    };
+    let mblocks = if nchunks >= want { 1 } else { want.div_ceil(nchunks).min(m.div_ceil(4 * MR)).max(1) };
     let mb = m.div_ceil(mblocks).div_ceil(MR) * MR;
     let mblocks = m.div_ceil(mb);
     let c_ptr = SendPtr(c.as_mut_ptr());
@@ -208,21 +156,8 @@ pub fn gemm_residual(
             // SAFETY: rows i0..i0+mc of A; C's block (i0.., j0..) of mc × nc
             // with row stride n is written by this task only.
             unsafe {
-                let a_blk = MatA {
-                    ptr: a.as_ptr().offset(i0 as isize * a_rs),
-                    rs: a_rs,
-                    cs: a_cs,
-                };
-                gemm_packed(
-                    mc,
-                    nc,
-                    k,
-                    a_blk,
-                    MatB::Packed(bp),
-                    c_ptr.get().add(i0 * n + j0),
-                    n,
-                    p.accumulate,
-                );
+                let a_blk = MatA { ptr: a.as_ptr().offset(i0 as isize * a_rs), rs: a_rs, cs: a_cs };
+                gemm_packed(mc, nc, k, a_blk, MatB::Packed(bp), c_ptr.get().add(i0 * n + j0), n, p.accumulate);
             }
         };
         if p.b_packed {
@@ -306,9 +241,7 @@ unsafe fn few_rows_packed(
                 for (r, o) in out.iter().enumerate().take(rows) {
                     // SAFETY: row i0 + r < m, columns j0..j0+w < n of C:
                     // this task's (contract).
-                    let dst = unsafe {
-                        core::slice::from_raw_parts_mut(c.get().add((i0 + r) * n + j0), w)
-                    };
+                    let dst = unsafe { core::slice::from_raw_parts_mut(c.get().add((i0 + r) * n + j0), w) };
                     if acc {
                         for (d, &v) in dst.iter_mut().zip(o) {
                             *d += v;

@@ -79,9 +79,7 @@ pub use gather::{gather, gather_output_shape, GatherIndex};
 pub use gemm::{gemm, gemm_residual, GemmParams};
 pub use pool::{pool2d, pool2d_output_shape, Pool2dParams, PoolKind};
 pub use reduce::{arg_reduce, reduce, ReduceOp};
-pub use resize::{
-    resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams,
-};
+pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams};
 pub use select::{broadcast_shape3, where_select};
 pub use softmax::{layer_norm, softmax};
 

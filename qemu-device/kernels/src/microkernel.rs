@@ -39,14 +39,7 @@ pub(crate) fn packed_len(k: usize, n: usize) -> usize {
 ///
 /// # Safety
 /// Every `b + l·rs + j·cs` with `l < k`, `j < n` must be readable.
-pub(crate) unsafe fn pack_b(
-    dst: &mut [f32],
-    b: *const f32,
-    rs: isize,
-    cs: isize,
-    k: usize,
-    n: usize,
-) {
+pub(crate) unsafe fn pack_b(dst: &mut [f32], b: *const f32, rs: isize, cs: isize, k: usize, n: usize) {
     debug_assert_eq!(dst.len(), packed_len(k, n));
     if k == 0 {
         return;
@@ -93,16 +86,7 @@ pub(crate) enum MatB<'a> {
 /// A microkernel: `tile[MR×NR] (row stride ldc) (+)= A'[MR×kc] · B'[kc×NR]`,
 /// where row `i` of `A'` starts at `rows[i]` and steps by `a_cs`, and row
 /// `l` of `B'` is at `b + offs[l]` if `offs` is non-null, else at `b + l·NR`.
-type Micro = unsafe fn(
-    kc: usize,
-    rows: &[*const f32; MR],
-    a_cs: isize,
-    b: *const f32,
-    offs: *const isize,
-    c: *mut f32,
-    ldc: usize,
-    acc: bool,
-);
+type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool);
 
 /// The (packed, indirect) microkernels for this CPU.
 fn select() -> (Micro, Micro) {
@@ -125,16 +109,7 @@ fn select() -> (Micro, Micro) {
 /// variant says; `c + i·ldc + j` (`i < m`, `j < n`) writable (and readable if
 /// `accumulate`) and not overlapping `a` or `b`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_packed(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatA,
-    b: MatB<'_>,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
+pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<'_>, c: *mut f32, ldc: usize, accumulate: bool) {
     match b {
         MatB::Packed(bp) => debug_assert_eq!(bp.len(), packed_len(k, n)),
         MatB::Rows { offs, .. } => debug_assert_eq!(offs.len(), k),
@@ -164,15 +139,9 @@ pub(crate) unsafe fn gemm_packed(
                 let j0 = p * NR;
                 let nr = NR.min(n - j0);
                 let (micro, bpan, offs) = match b {
-                    MatB::Packed(bp) => (
-                        packed,
-                        bp[p * k * NR + k0 * NR..].as_ptr(),
-                        core::ptr::null(),
-                    ),
+                    MatB::Packed(bp) => (packed, bp[p * k * NR + k0 * NR..].as_ptr(), core::ptr::null()),
                     // SAFETY: column j0 of the rows (contract); offsets k0.. exist.
-                    MatB::Rows { base, offs } => {
-                        (indirect, unsafe { base.add(j0) }, offs[k0..].as_ptr())
-                    }
+                    MatB::Rows { base, offs } => (indirect, unsafe { base.add(j0) }, offs[k0..].as_ptr()),
                 };
                 let mut i = i0;
                 while i < i0 + mc {
@@ -195,8 +164,7 @@ pub(crate) unsafe fn gemm_packed(
                         if acc {
                             for r in 0..mr {
                                 // SAFETY: row r < mr of the tile, nr columns.
-                                let src =
-                                    unsafe { core::slice::from_raw_parts(ct.add(r * ldc), nr) };
+                                let src = unsafe { core::slice::from_raw_parts(ct.add(r * ldc), nr) };
                                 tile[r * NR..r * NR + nr].copy_from_slice(src);
                             }
                         }
@@ -204,8 +172,7 @@ pub(crate) unsafe fn gemm_packed(
                         unsafe { micro(kc, &rows, a.cs, bpan, offs, tile.as_mut_ptr(), NR, acc) };
                         for r in 0..mr {
                             // SAFETY: as above.
-                            let dst =
-                                unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), nr) };
+                            let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), nr) };
                             dst.copy_from_slice(&tile[r * NR..r * NR + nr]);
                         }
                     }
@@ -238,16 +205,7 @@ unsafe fn b_row<const INDIRECT: bool>(b: *const f32, offs: *const isize, l: usiz
 /// See [`Micro`]: `rows[i] + l·a_cs` and B's row `l` (NR floats) readable
 /// for `l < kc`, the tile at `c` writable (readable if `acc`).
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable<const INDIRECT: bool>(
-    kc: usize,
-    rows: &[*const f32; MR],
-    a_cs: isize,
-    b: *const f32,
-    offs: *const isize,
-    c: *mut f32,
-    ldc: usize,
-    acc: bool,
-) {
+unsafe fn portable<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
     let mut t = [[0.0f32; NR]; MR];
     if acc {
         for (i, row) in t.iter_mut().enumerate() {
@@ -279,16 +237,7 @@ unsafe fn portable<const INDIRECT: bool>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx2_fma<const INDIRECT: bool>(
-    kc: usize,
-    rows: &[*const f32; MR],
-    a_cs: isize,
-    b: *const f32,
-    offs: *const isize,
-    c: *mut f32,
-    ldc: usize,
-    acc: bool,
-) {
+unsafe fn avx2_fma<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
     use core::arch::x86_64::*;
     // SAFETY (whole body): every pointer dereferenced is inside the tile,
     // the panel's kc rows or A's kc columns of the six rows (contract).
@@ -339,9 +288,7 @@ mod tests {
         let mut c = vec![0.0f32; m * n];
         for i in 0..m {
             for j in 0..n {
-                c[i * n + j] = (0..k)
-                    .map(|l| a[i * k + l] as f64 * b[l * n + j] as f64)
-                    .sum::<f64>() as f32;
+                c[i * n + j] = (0..k).map(|l| a[i * k + l] as f64 * b[l * n + j] as f64).sum::<f64>() as f32;
             }
         }
         c
@@ -350,12 +297,8 @@ mod tests {
     /// `gemm_packed` with `micros`, B packed and B through row offsets,
     /// against f64 sums; C has padding columns that must stay untouched.
     fn check(m: usize, n: usize, k: usize, micros: Pair) {
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
-            .collect();
-        let b: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1)
-            .collect();
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1).collect();
         let want = naive(m, n, k, &a, &b);
         let mut bp = vec![f32::NAN; packed_len(k, n)];
         // SAFETY: b is k×n row-major.
@@ -368,18 +311,8 @@ mod tests {
         for l in 0..k {
             rows_b[(k - 1 - l) * stride..][..n].copy_from_slice(&b[l * n..][..n]);
         }
-        let a_m = MatA {
-            ptr: a.as_ptr(),
-            rs: k as isize,
-            cs: 1,
-        };
-        for operand in [
-            MatB::Packed(&bp),
-            MatB::Rows {
-                base: rows_b.as_ptr(),
-                offs: &offs,
-            },
-        ] {
+        let a_m = MatA { ptr: a.as_ptr(), rs: k as isize, cs: 1 };
+        for operand in [MatB::Packed(&bp), MatB::Rows { base: rows_b.as_ptr(), offs: &offs }] {
             let ldc = n + 3;
             let mut c = vec![1.0f32; m * ldc];
             MICRO_OVERRIDE.with(|o| o.set(Some(micros)));
@@ -390,10 +323,7 @@ mod tests {
                 for j in 0..ldc {
                     let got = c[i * ldc + j];
                     let w = if j < n { want[i * n + j] + 1.0 } else { 1.0 };
-                    assert!(
-                        (got - w).abs() <= 1e-4 * (1.0 + w.abs()),
-                        "{m}x{n}x{k} ({i},{j}): {got} vs {w}"
-                    );
+                    assert!((got - w).abs() <= 1e-4 * (1.0 + w.abs()), "{m}x{n}x{k} ({i},{j}): {got} vs {w}");
                 }
             }
         }
@@ -417,19 +347,11 @@ mod tests {
     fn edges_and_k_blocks_match_naive() {
         let mut micros: Vec<Pair> = vec![(portable::<false>, portable::<true>)];
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             micros.push((avx2_fma::<false>, avx2_fma::<true>));
         }
         for pair in micros {
-            for &(m, n, k) in &[
-                (1, 1, 1),
-                (6, 16, 3),
-                (7, 17, 5),
-                (13, 40, 300),
-                (250, 33, 520),
-                (5, 3, 0),
-            ] {
+            for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 40, 300), (250, 33, 520), (5, 3, 0)] {
                 check(m, n, k, pair);
             }
         }

@@ -56,24 +56,8 @@ impl Default for Pool2dParams {
 fn axes(p: &Pool2dParams) -> Result<(Axis, Axis)> {
     let pad = p.padding;
     Ok((
-        Axis::new(
-            "pool2d height",
-            p.in_h,
-            pad.top,
-            pad.bottom,
-            p.kernel[0],
-            p.stride[0],
-            p.dilation[0],
-        )?,
-        Axis::new(
-            "pool2d width",
-            p.in_w,
-            pad.left,
-            pad.right,
-            p.kernel[1],
-            p.stride[1],
-            p.dilation[1],
-        )?,
+        Axis::new("pool2d height", p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0])?,
+        Axis::new("pool2d width", p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1])?,
     ))
 }
 
@@ -89,29 +73,14 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
     let in_plane = mul("pool2d input", p.in_h, p.in_w)?;
     let out_plane = mul("pool2d output", ha.output, wa.output)?;
     let window = mul("pool2d window", p.kernel[0], p.kernel[1])?;
-    check_len(
-        "pool2d input",
-        input.len(),
-        volume("pool2d input", &[p.batch, p.channels, in_plane])?,
-    )?;
-    check_len(
-        "pool2d output",
-        output.len(),
-        volume("pool2d output", &[p.batch, p.channels, out_plane])?,
-    )?;
+    check_len("pool2d input", input.len(), volume("pool2d input", &[p.batch, p.channels, in_plane])?)?;
+    check_len("pool2d output", output.len(), volume("pool2d output", &[p.batch, p.channels, out_plane])?)?;
     if output.is_empty() {
         return Ok(());
     }
     let kind = p.kind;
     let planes_per_task = (16_384 / in_plane.max(out_plane).max(1)).max(1);
-    let global = ha.output == 1
-        && wa.output == 1
-        && ha.kernel == p.in_h
-        && wa.kernel == p.in_w
-        && ha.pad_before == 0
-        && wa.pad_before == 0
-        && ha.dilation == 1
-        && wa.dilation == 1;
+    let global = ha.output == 1 && wa.output == 1 && ha.kernel == p.in_h && wa.kernel == p.in_w && ha.pad_before == 0 && wa.pad_before == 0 && ha.dilation == 1 && wa.dilation == 1;
     if global {
         // Global pooling: one reduction per plane (the window is the plane).
         output
@@ -143,11 +112,7 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
     let cols: Vec<(usize, usize)> = (0..wa.output)
         .map(|ox| {
             let r = valid_range(wa.base(ox), wa.dilation, wa.kernel, wa.input);
-            let first = if r.is_empty() {
-                0
-            } else {
-                wa.input_index(ox, r.start) as usize
-            };
+            let first = if r.is_empty() { 0 } else { wa.input_index(ox, r.start) as usize };
             (first, r.len())
         })
         .collect();
@@ -163,9 +128,7 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
                 vrow.resize(wa.input, 0.0);
                 for oy in 0..ha.output {
                     let ky_range = valid_range(ha.base(oy), ha.dilation, ha.kernel, ha.input);
-                    let rows = ky_range
-                        .clone()
-                        .map(|ky| &inp[ha.input_index(oy, ky) as usize * wa.input..][..wa.input]);
+                    let rows = ky_range.clone().map(|ky| &inp[ha.input_index(oy, ky) as usize * wa.input..][..wa.input]);
                     let o = &mut out[oy * wa.output..][..wa.output];
                     let nrows = ky_range.len();
                     match &hz {
@@ -203,12 +166,7 @@ impl Phased {
         let (s, k, ow) = (wa.stride, wa.kernel, wa.output);
         let padded = (ow - 1).checked_mul(s)?.checked_add(k)?.checked_add(s)?;
         // Only for geometries whose padding is comparable to the data.
-        if padded
-            > wa.input
-                .saturating_add(ow)
-                .saturating_mul(4)
-                .saturating_add(64)
-        {
+        if padded > wa.input.saturating_add(ow).saturating_mul(4).saturating_add(64) {
             return None;
         }
         Some(Phased {
@@ -257,11 +215,7 @@ impl Phased {
 /// Column-wise reduction of the window's input rows into `vrow` (the
 /// identity when there are none).
 #[inline]
-fn reduce_window_rows<'a>(
-    kind: PoolKind,
-    mut rows: impl Iterator<Item = &'a [f32]>,
-    vrow: &mut [f32],
-) {
+fn reduce_window_rows<'a>(kind: PoolKind, mut rows: impl Iterator<Item = &'a [f32]>, vrow: &mut [f32]) {
     match rows.next() {
         Some(r) => vrow.copy_from_slice(r),
         None => vrow.fill(match kind {
@@ -275,30 +229,20 @@ fn reduce_window_rows<'a>(
 }
 
 /// Averages (or, for max, fixes windows without rows) one output row.
-fn finish_row(
-    kind: PoolKind,
-    cols: &[(usize, usize)],
-    nrows: usize,
-    window: usize,
-    out: &mut [f32],
-) {
+fn finish_row(kind: PoolKind, cols: &[(usize, usize)], nrows: usize, window: usize, out: &mut [f32]) {
     match kind {
         PoolKind::Max => {
             if nrows == 0 {
                 out.fill(f32::NEG_INFINITY);
             }
         }
-        PoolKind::Avg {
-            count_include_pad: true,
-        } => {
+        PoolKind::Avg { count_include_pad: true } => {
             let w = window as f32;
             for o in out.iter_mut() {
                 *o /= w;
             }
         }
-        PoolKind::Avg {
-            count_include_pad: false,
-        } => {
+        PoolKind::Avg { count_include_pad: false } => {
             for (o, &(_, count)) in out.iter_mut().zip(cols) {
                 let n = nrows * count;
                 *o = if n == 0 { 0.0 } else { *o / n as f32 };

@@ -1,10 +1,7 @@
 //! Reductions along one axis.
 
 use crate::error::Result;
-use crate::util::{
-    check_len, check_rank, max_f32, min_f32, normalize_axis, rows_per_task, split_axis, sum_f32,
-    volume, PAR_CHUNK,
-};
+use crate::util::{check_len, check_rank, max_f32, min_f32, normalize_axis, rows_per_task, split_axis, sum_f32, volume, PAR_CHUNK};
 use rayon::prelude::*;
 
 /// Reduction operator.
@@ -39,11 +36,7 @@ pub fn reduce(op: ReduceOp, shape: &[usize], axis: isize, x: &[f32], y: &mut [f3
     let axis = normalize_axis(axis, shape.len())?;
     check_len("reduce input", x.len(), volume("reduce input", shape)?)?;
     let (outer, len, inner) = split_axis("reduce shape", shape, axis)?;
-    check_len(
-        "reduce output",
-        y.len(),
-        crate::util::mul("reduce output", outer, inner)?,
-    )?;
+    check_len("reduce output", y.len(), crate::util::mul("reduce output", outer, inner)?)?;
     if y.is_empty() {
         return Ok(());
     }
@@ -78,11 +71,9 @@ pub fn reduce(op: ReduceOp, shape: &[usize], axis: isize, x: &[f32], y: &mut [f3
         // Few, wide blocks: split each into column chunks.
         y.par_chunks_mut(inner).enumerate().for_each(|(o, yb)| {
             let xb = &x[o * len * inner..][..len * inner];
-            yb.par_chunks_mut(PAR_CHUNK)
-                .enumerate()
-                .for_each(|(c, yc)| {
-                    reduce_columns(op, xb, inner, c * PAR_CHUNK, yc, scale);
-                });
+            yb.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, yc)| {
+                reduce_columns(op, xb, inner, c * PAR_CHUNK, yc, scale);
+            });
         });
     } else {
         let blocks = rows_per_task(len * inner);
@@ -131,30 +122,13 @@ fn reduce_columns(op: ReduceOp, xb: &[f32], inner: usize, j0: usize, yc: &mut [f
 /// `axis` of `x` (shape `shape`) into `y` (the shape without `axis`): the
 /// first such element, or the last with `last`. NaN never wins; a line of
 /// only NaN (or an empty axis) gives 0.
-pub fn arg_reduce(
-    max: bool,
-    last: bool,
-    shape: &[usize],
-    axis: isize,
-    x: &[f32],
-    y: &mut [f32],
-) -> Result<()> {
+pub fn arg_reduce(max: bool, last: bool, shape: &[usize], axis: isize, x: &[f32], y: &mut [f32]) -> Result<()> {
     check_rank("argmax shape", shape)?;
     let axis = normalize_axis(axis, shape.len())?;
     check_len("argmax input", x.len(), volume("argmax input", shape)?)?;
     let (outer, len, inner) = split_axis("argmax shape", shape, axis)?;
-    check_len(
-        "argmax output",
-        y.len(),
-        crate::util::mul("argmax output", outer, inner)?,
-    )?;
-    let better = |v: f32, best: f32| {
-        if max {
-            v > best || (last && v == best)
-        } else {
-            v < best || (last && v == best)
-        }
-    };
+    check_len("argmax output", y.len(), crate::util::mul("argmax output", outer, inner)?)?;
+    let better = |v: f32, best: f32| if max { v > best || (last && v == best) } else { v < best || (last && v == best) };
     let rows = rows_per_task(len.max(1));
     y.par_chunks_mut(rows).enumerate().for_each(|(t, yc)| {
         for (r, o) in yc.iter_mut().enumerate() {
@@ -185,20 +159,7 @@ mod arg_tests {
     #[test]
     fn first_and_last_extremes_along_any_axis() {
         // [2, 3, 2]: along axis 1.
-        let x = [
-            1.0,
-            5.0,
-            3.0,
-            5.0,
-            3.0,
-            f32::NAN,
-            0.0,
-            -1.0,
-            0.0,
-            7.0,
-            f32::NAN,
-            7.0,
-        ];
+        let x = [1.0, 5.0, 3.0, 5.0, 3.0, f32::NAN, 0.0, -1.0, 0.0, 7.0, f32::NAN, 7.0];
         let mut y = [9.0; 4];
         arg_reduce(true, false, &[2, 3, 2], 1, &x, &mut y).unwrap();
         assert_eq!(y, [1.0, 0.0, 0.0, 1.0]);

@@ -44,9 +44,7 @@ pub fn where_select(
     // (validated above) bound all strides.
     let g = Geom::new([cond_dims, a_dims, b_dims], &out_shape);
     let [sc, sa, sb] = g.dims[0].s;
-    drive(&g, out, |[oc, oa, ob], o| {
-        select_row(&cond[oc..], sc, &a[oa..], sa, &b[ob..], sb, o)
-    });
+    drive(&g, out, |[oc, oa, ob], o| select_row(&cond[oc..], sc, &a[oa..], sa, &b[ob..], sb, o));
     Ok(())
 }
 

@@ -2,9 +2,7 @@
 
 use crate::error::{KernelError, Result};
 use crate::fastmath::{self, simd_dispatch};
-use crate::util::{
-    check_len, check_rank, max_f32, normalize_axis, rows_per_task, split_axis, sum_f32, volume,
-};
+use crate::util::{check_len, check_rank, max_f32, normalize_axis, rows_per_task, split_axis, sum_f32, volume};
 use rayon::prelude::*;
 
 /// Numerically stable softmax of `x` (shape `shape`, rank ≤ 6) along `axis`
@@ -72,25 +70,16 @@ pub fn layer_norm(
     y: &mut [f32],
 ) -> Result<()> {
     if norm_size == 0 {
-        return Err(KernelError::invalid(
-            "layer_norm norm_size",
-            "norm_size is zero",
-        ));
+        return Err(KernelError::invalid("layer_norm norm_size", "norm_size is zero"));
     }
     if !x.len().is_multiple_of(norm_size) {
         return Err(KernelError::invalid(
             "layer_norm norm_size",
-            format!(
-                "input length {} is not a multiple of norm_size {norm_size}",
-                x.len()
-            ),
+            format!("input length {} is not a multiple of norm_size {norm_size}", x.len()),
         ));
     }
     if !(eps.is_finite() && eps >= 0.0) {
-        return Err(KernelError::invalid(
-            "layer_norm epsilon",
-            format!("{eps} is not finite and non-negative"),
-        ));
+        return Err(KernelError::invalid("layer_norm epsilon", format!("{eps} is not finite and non-negative")));
     }
     check_len("layer_norm output", y.len(), x.len())?;
     if let Some(g) = gamma {

@@ -50,9 +50,7 @@ pub(crate) fn plan_threads(seq: bool) -> usize {
 /// for tasks already running, spinning: they are short.
 pub(crate) fn for_each_task(n: usize, seq: bool, f: impl Fn(usize) + Sync + Send) {
     use core::sync::atomic::{AtomicUsize, Ordering};
-    let helpers = rayon::current_num_threads()
-        .saturating_sub(1)
-        .min(n.saturating_sub(1));
+    let helpers = rayon::current_num_threads().saturating_sub(1).min(n.saturating_sub(1));
     if seq || helpers == 0 {
         (0..n).for_each(f);
         return;
@@ -143,11 +141,7 @@ pub(crate) fn check_rank(what: &'static str, shape: &[usize]) -> Result<()> {
 /// ONNX-style axis: `-rank..rank`, negative counts from the end.
 pub(crate) fn normalize_axis(axis: isize, rank: usize) -> Result<usize> {
     let r = rank as isize;
-    let a = if axis < 0 {
-        axis.checked_add(r)
-    } else {
-        Some(axis)
-    };
+    let a = if axis < 0 { axis.checked_add(r) } else { Some(axis) };
     match a {
         Some(a) if a >= 0 && a < r => Ok(a as usize),
         _ => Err(KernelError::AxisOutOfRange { axis, rank }),
@@ -155,16 +149,8 @@ pub(crate) fn normalize_axis(axis: isize, rank: usize) -> Result<usize> {
 }
 
 /// Splits `shape` around `axis` into (outer, axis length, inner) volumes.
-pub(crate) fn split_axis(
-    what: &'static str,
-    shape: &[usize],
-    axis: usize,
-) -> Result<(usize, usize, usize)> {
-    Ok((
-        volume(what, &shape[..axis])?,
-        shape[axis],
-        volume(what, &shape[axis + 1..])?,
-    ))
+pub(crate) fn split_axis(what: &'static str, shape: &[usize], axis: usize) -> Result<(usize, usize, usize)> {
+    Ok((volume(what, &shape[..axis])?, shape[axis], volume(what, &shape[axis + 1..])?))
 }
 
 /// Rows per parallel task so that a task covers about `PAR_CHUNK` elements.
@@ -199,6 +185,15 @@ std::thread_local! {
     static SCRATCH: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
+/// Runs `f` on this thread's buffer in `key` (kept between calls: no
+/// allocation per op), or on a new one if a caller up the stack holds it.
+pub(crate) fn with_local<T: Default, R>(key: &'static std::thread::LocalKey<core::cell::RefCell<T>>, f: impl FnOnce(&mut T) -> R) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => f(&mut v),
+        Err(_) => f(&mut T::default()),
+    })
+}
+
 /// Runs `f` on a scratch slice of `len` elements with unspecified contents,
 /// reusing a per-thread buffer: no allocation or page faults per task.
 /// (A nested call on the same thread, or a request above `SCRATCH_KEEP`,
@@ -207,15 +202,15 @@ pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R 
     if len > SCRATCH_KEEP {
         return f(&mut vec![0.0; len]);
     }
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut buf) => {
-            if buf.len() < len {
-                buf.resize(len, 0.0);
-            }
-            f(&mut buf[..len])
-        }
-        Err(_) => f(&mut vec![0.0; len]),
-    })
+    with_local(&SCRATCH, |buf| sized(buf, len, f))
+}
+
+/// `f` on the first `len` elements of `buf`, grown if needed.
+fn sized<R>(buf: &mut Vec<f32>, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    f(&mut buf[..len])
 }
 
 /// Largest op-level scratch buffer kept alive per thread (64 MiB).
@@ -232,15 +227,7 @@ pub(crate) fn with_op_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) ->
     if len > OP_SCRATCH_KEEP {
         return f(&mut vec![0.0; len]);
     }
-    OP_SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut buf) => {
-            if buf.len() < len {
-                buf.resize(len, 0.0);
-            }
-            f(&mut buf[..len])
-        }
-        Err(_) => f(&mut vec![0.0; len]),
-    })
+    with_local(&OP_SCRATCH, |buf| sized(buf, len, f))
 }
 
 /// A raw pointer that may be shared between rayon tasks which write

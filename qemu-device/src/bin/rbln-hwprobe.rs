@@ -35,22 +35,13 @@ struct Bar {
 impl Bar {
     fn open(dev: &Path, index: u32) -> Res<Self> {
         let path = dev.join(format!("resource{index}"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let map = MmapOptions::new()
-            .map_raw(&file)
-            .map_err(|e| format!("mmap {}: {e}", path.display()))?;
+        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let map = MmapOptions::new().map_raw(&file).map_err(|e| format!("mmap {}: {e}", path.display()))?;
         Ok(Self { map })
     }
 
     fn ptr(&self, off: u64, width: usize) -> *mut u8 {
-        assert!(
-            off as usize + width <= self.map.len() && (off as usize).is_multiple_of(width),
-            "BAR access out of range"
-        );
+        assert!(off as usize + width <= self.map.len() && (off as usize).is_multiple_of(width), "BAR access out of range");
         // SAFETY: the assertion keeps the offset inside the mapping.
         unsafe { self.map.as_mut_ptr().add(off as usize) }
     }
@@ -86,10 +77,7 @@ struct Pages {
 impl Pages {
     fn new(count: usize) -> Res<Self> {
         let len = count * PAGE_SIZE as usize;
-        let map = MmapOptions::new()
-            .len(len)
-            .map_anon()
-            .map_err(|e| format!("mmap: {e}"))?;
+        let map = MmapOptions::new().len(len).map_anon().map_err(|e| format!("mmap: {e}"))?;
         let map = MmapRaw::from(map);
         // SAFETY: the range is this process's own anonymous mapping.
         if unsafe { libc::mlock(map.as_ptr() as *const libc::c_void, len) } != 0 {
@@ -102,10 +90,7 @@ impl Pages {
             // SAFETY: inside the mapping; touching it makes the page present.
             unsafe { std::ptr::write_volatile(va as *mut u8, 0) };
             let mut e = [0u8; 8];
-            pagemap
-                .seek(SeekFrom::Start(va / PAGE_SIZE * 8))
-                .and_then(|_| pagemap.read_exact(&mut e))
-                .map_err(|e| format!("pagemap: {e}"))?;
+            pagemap.seek(SeekFrom::Start(va / PAGE_SIZE * 8)).and_then(|_| pagemap.read_exact(&mut e)).map_err(|e| format!("pagemap: {e}"))?;
             let e = u64::from_le_bytes(e);
             if e >> 63 == 0 || e & ((1 << 55) - 1) == 0 {
                 return Err("page not present or PFN hidden (need root)".into());
@@ -120,14 +105,7 @@ impl Pages {
         for (i, b) in data.iter().enumerate() {
             // SAFETY: in bounds of page `page` (asserted); the device may
             // read it concurrently, hence volatile.
-            unsafe {
-                std::ptr::write_volatile(
-                    self.map
-                        .as_mut_ptr()
-                        .add(page * PAGE_SIZE as usize + off + i),
-                    *b,
-                )
-            };
+            unsafe { std::ptr::write_volatile(self.map.as_mut_ptr().add(page * PAGE_SIZE as usize + off + i), *b) };
         }
     }
 
@@ -135,9 +113,7 @@ impl Pages {
         assert!(off + len <= PAGE_SIZE as usize);
         (0..len)
             // SAFETY: in bounds (asserted); written by the device, hence volatile.
-            .map(|i| unsafe {
-                std::ptr::read_volatile(self.map.as_ptr().add(page * PAGE_SIZE as usize + off + i))
-            })
+            .map(|i| unsafe { std::ptr::read_volatile(self.map.as_ptr().add(page * PAGE_SIZE as usize + off + i)) })
             .collect()
     }
 
@@ -150,19 +126,9 @@ fn find_device(arg: Option<String>) -> Res<PathBuf> {
     if let Some(a) = arg {
         return Ok(PathBuf::from(a));
     }
-    let read = |p: PathBuf| {
-        std::fs::read_to_string(p)
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    };
-    for e in std::fs::read_dir("/sys/bus/pci/devices")
-        .map_err(|e| e.to_string())?
-        .flatten()
-    {
-        if read(e.path().join("vendor")) == format!("{VENDOR_ID:#06x}")
-            && read(e.path().join("device")) == format!("{DEVICE_ID:#06x}")
-        {
+    let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
+    for e in std::fs::read_dir("/sys/bus/pci/devices").map_err(|e| e.to_string())?.flatten() {
+        if read(e.path().join("vendor")) == format!("{VENDOR_ID:#06x}") && read(e.path().join("device")) == format!("{DEVICE_ID:#06x}") {
             return Ok(e.path());
         }
     }
@@ -198,61 +164,23 @@ fn run(dev: &Path) -> Res<()> {
     let dram = Bar::open(dev, 2)?;
     let doorbells = Bar::open(dev, 4)?;
 
-    check(
-        regs_bar.r32(regs::ID) == regs::ID_VALUE,
-        "BAR0 ID register reads \"RBLN\" through vfio-user",
-    )?;
-    check(
-        regs_bar.r32(regs::VERSION) >> 16 == HW_VERSION_MAJOR,
-        "hardware major version matches",
-    )?;
+    check(regs_bar.r32(regs::ID) == regs::ID_VALUE, "BAR0 ID register reads \"RBLN\" through vfio-user")?;
+    check(regs_bar.r32(regs::VERSION) >> 16 == HW_VERSION_MAJOR, "hardware major version matches")?;
     regs_bar.w32(regs::SCRATCH, 0xA5A5_1234);
-    check(
-        regs_bar.r32(regs::SCRATCH) == 0xA5A5_1234,
-        "SCRATCH write/read round trip",
-    )?;
-    check(
-        regs_bar.r64(regs::DRAM_SIZE_64) == dram.map.len() as u64,
-        "DRAM_SIZE equals the BAR2 size",
-    )?;
+    check(regs_bar.r32(regs::SCRATCH) == 0xA5A5_1234, "SCRATCH write/read round trip")?;
+    check(regs_bar.r64(regs::DRAM_SIZE_64) == dram.map.len() as u64, "DRAM_SIZE equals the BAR2 size")?;
     regs_bar.w32(regs::DEVICE_RESET, regs::RESET_MAGIC);
-    check(
-        regs_bar.r32(regs::SCRATCH) == 0,
-        "device reset clears SCRATCH",
-    )?;
+    check(regs_bar.r32(regs::SCRATCH) == 0, "device reset clears SCRATCH")?;
     dram.w64(0x1000, 0x0123_4567_89AB_CDEF);
-    check(
-        dram.r64(0x1000) == 0x0123_4567_89AB_CDEF,
-        "BAR2 DRAM write/read (mapped memfd)",
-    )?;
+    check(dram.r64(0x1000) == 0x0123_4567_89AB_CDEF, "BAR2 DRAM write/read (mapped memfd)")?;
 
     let p = Pages::new(NPAGES)?;
     // Page tables: L2[0] -> L1, L1[1] -> L0 (VA 2 MiB..4 MiB), three leaves.
-    p.write(
-        L2,
-        mmu::va_index(VA_CMDS, 2) * 8,
-        &mmu::table_pte(p.phys[L1]).to_le_bytes(),
-    );
-    p.write(
-        L1,
-        mmu::va_index(VA_CMDS, 1) * 8,
-        &mmu::table_pte(p.phys[L0]).to_le_bytes(),
-    );
-    p.write(
-        L0,
-        mmu::va_index(VA_CMDS, 0) * 8,
-        &mmu::leaf_pte(p.phys[CMDS], Target::Host, true, false).to_le_bytes(),
-    );
-    p.write(
-        L0,
-        mmu::va_index(VA_DATA, 0) * 8,
-        &mmu::leaf_pte(p.phys[DATA], Target::Host, true, true).to_le_bytes(),
-    );
-    p.write(
-        L0,
-        mmu::va_index(VA_DRAM, 0) * 8,
-        &mmu::leaf_pte(0x8000, Target::Dram, true, true).to_le_bytes(),
-    );
+    p.write(L2, mmu::va_index(VA_CMDS, 2) * 8, &mmu::table_pte(p.phys[L1]).to_le_bytes());
+    p.write(L1, mmu::va_index(VA_CMDS, 1) * 8, &mmu::table_pte(p.phys[L0]).to_le_bytes());
+    p.write(L0, mmu::va_index(VA_CMDS, 0) * 8, &mmu::leaf_pte(p.phys[CMDS], Target::Host, true, false).to_le_bytes());
+    p.write(L0, mmu::va_index(VA_DATA, 0) * 8, &mmu::leaf_pte(p.phys[DATA], Target::Host, true, true).to_le_bytes());
+    p.write(L0, mmu::va_index(VA_DRAM, 0) * 8, &mmu::leaf_pte(0x8000, Target::Dram, true, true).to_le_bytes());
     regs_bar.w64(regs::ctx_reg(2, regs::CTX_PT_ROOT_64), p.phys[L2]);
     regs_bar.w32(regs::ctx_reg(2, regs::CTX_CONTROL), regs::CTX_CONTROL_VALID);
 
@@ -262,10 +190,7 @@ fn run(dev: &Path) -> Res<()> {
     regs_bar.w32(regs::queue_reg(q, regs::Q_CTX_ID), 2);
     regs_bar.w64(regs::queue_reg(q, regs::Q_STATUS_ADDR_64), p.phys[STATUS]);
     regs_bar.w32(regs::queue_reg(q, regs::Q_CONTROL), qctl::ENABLE);
-    check(
-        regs_bar.r32(regs::queue_reg(q, regs::Q_STATE)) == QueueState::Idle as u32,
-        "queue enabled and idle",
-    )?;
+    check(regs_bar.r32(regs::queue_reg(q, regs::Q_STATE)) == QueueState::Idle as u32, "queue enabled and idle")?;
 
     let mut e = Encoder::new(Vec::new());
     e.fill(VA_DATA, 64, 0x600D_F00D)
@@ -273,87 +198,42 @@ fn run(dev: &Path) -> Res<()> {
         .timestamp(VA_DATA + 0x200)
         .fence(7, VA_DATA + 0x100, false);
     p.write(CMDS, 0, &e.buf);
-    let entry = RingEntry {
-        cmdbuf_va: VA_CMDS,
-        cmdbuf_size: e.buf.len() as u32,
-        ..Default::default()
-    };
+    let entry = RingEntry { cmdbuf_va: VA_CMDS, cmdbuf_size: e.buf.len() as u32, ..Default::default() };
     p.write(RING, 0, &entry.to_bytes());
     doorbells.w32(doorbell_page_offset(q), 1);
 
     let t0 = Instant::now();
     let status = loop {
         let s = QueueStatus::read_from(&p.read(STATUS, 0, 64)).unwrap_or_default();
-        if s.fence == 7
-            || s.state == QueueState::Faulted as u32
-            || t0.elapsed() > Duration::from_secs(10)
-        {
+        if s.fence == 7 || s.state == QueueState::Faulted as u32 || t0.elapsed() > Duration::from_secs(10) {
             break s;
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    check(
-        status.fence == 7 && status.head == 1,
-        "fence 7 completes; status block written back to guest RAM",
-    )?;
-    check(
-        p.read(DATA, 0, 64)
-            .chunks(4)
-            .all(|c| c == 0x600D_F00Du32.to_le_bytes()),
-        "FILL wrote guest RAM through the device MMU",
-    )?;
-    check(
-        dram.r32(0x8000) == 0x600D_F00D && dram.r32(0x803C) == 0x600D_F00D,
-        "DMA_COPY guest RAM -> DRAM, seen through BAR2",
-    )?;
-    check(
-        p.u64_at(DATA, 0x100) == 7,
-        "FENCE wrote its value to memory",
-    )?;
-    check(
-        p.u64_at(DATA, 0x200) > 0,
-        "TIMESTAMP wrote the device clock",
-    )?;
-    check(
-        regs_bar.r64(regs::queue_reg(q, regs::Q_FENCE_64)) == 7,
-        "Q_FENCE register reads 7",
-    )?;
+    check(status.fence == 7 && status.head == 1, "fence 7 completes; status block written back to guest RAM")?;
+    check(p.read(DATA, 0, 64).chunks(4).all(|c| c == 0x600D_F00Du32.to_le_bytes()), "FILL wrote guest RAM through the device MMU")?;
+    check(dram.r32(0x8000) == 0x600D_F00D && dram.r32(0x803C) == 0x600D_F00D, "DMA_COPY guest RAM -> DRAM, seen through BAR2")?;
+    check(p.u64_at(DATA, 0x100) == 7, "FENCE wrote its value to memory")?;
+    check(p.u64_at(DATA, 0x200) > 0, "TIMESTAMP wrote the device clock")?;
+    check(regs_bar.r64(regs::queue_reg(q, regs::Q_FENCE_64)) == 7, "Q_FENCE register reads 7")?;
 
     // A write to the read-only command page faults the queue, not the device.
     let mut bad = Encoder::new(Vec::new());
     bad.fill(VA_CMDS + 0x800, 4, 1);
     p.write(CMDS, 0x400, &bad.buf);
-    let entry = RingEntry {
-        cmdbuf_va: VA_CMDS + 0x400,
-        cmdbuf_size: bad.buf.len() as u32,
-        ..Default::default()
-    };
+    let entry = RingEntry { cmdbuf_va: VA_CMDS + 0x400, cmdbuf_size: bad.buf.len() as u32, ..Default::default() };
     p.write(RING, RingEntry::SIZE, &entry.to_bytes());
     doorbells.w32(doorbell_page_offset(q), 2);
     let t0 = Instant::now();
-    while regs_bar.r32(regs::queue_reg(q, regs::Q_STATE)) != QueueState::Faulted as u32
-        && t0.elapsed() < Duration::from_secs(10)
-    {
+    while regs_bar.r32(regs::queue_reg(q, regs::Q_STATE)) != QueueState::Faulted as u32 && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(1));
     }
     let code = regs_bar.r32(regs::queue_reg(q, regs::Q_FAULT_CODE));
-    check(
-        code as u8 == FaultCode::Permission as u8,
-        "write to a read-only page: permission fault",
-    )?;
-    check(
-        regs_bar.r64(regs::queue_reg(q, regs::Q_FAULT_ADDR_64)) == VA_CMDS + 0x800,
-        "error record holds the faulting VA",
-    )?;
-    check(
-        regs_bar.r32(regs::IRQ_ERROR_STATUS) & (1 << q) != 0,
-        "error status bit set for the queue",
-    )?;
+    check(code as u8 == FaultCode::Permission as u8, "write to a read-only page: permission fault")?;
+    check(regs_bar.r64(regs::queue_reg(q, regs::Q_FAULT_ADDR_64)) == VA_CMDS + 0x800, "error record holds the faulting VA")?;
+    check(regs_bar.r32(regs::IRQ_ERROR_STATUS) & (1 << q) != 0, "error status bit set for the queue")?;
     regs_bar.w32(regs::queue_reg(q, regs::Q_CONTROL), qctl::RESET);
-    check(
-        regs_bar.r32(regs::queue_reg(q, regs::Q_STATE)) == QueueState::Disabled as u32,
-        "queue reset clears the fault",
-    )?;
+    check(regs_bar.r32(regs::queue_reg(q, regs::Q_STATE)) == QueueState::Disabled as u32, "queue reset clears the fault")?;
     regs_bar.w32(regs::DEVICE_RESET, regs::RESET_MAGIC);
     Ok(())
 }

@@ -64,45 +64,31 @@ pub struct Queue {
 
 impl Rig {
     pub fn new() -> Self {
-        Self::with_config(Config {
-            dram_size: 16 << 20,
-            ..Config::default()
-        })
+        Self::with_config(Config { dram_size: 16 << 20, ..Config::default() })
     }
 
     pub fn with_config(cfg: Config) -> Self {
         let dev = Device::new(cfg).expect("device");
         let file = memfd("guest-ram", RAM_SIZE + PRIVATE_SIZE).unwrap();
         let ram = Mapping::new(&file, 0, RAM_SIZE + PRIVATE_SIZE).unwrap();
-        dev.host_memory()
-            .map(RAM_BASE, Mapping::new(&file, 0, RAM_SIZE).unwrap())
-            .unwrap();
+        dev.host_memory().map(RAM_BASE, Mapping::new(&file, 0, RAM_SIZE).unwrap()).unwrap();
         ram.fill(RAM_SIZE, PRIVATE_SIZE, 0xC0DE_CAFE).unwrap();
         let irqs = Arc::new(IrqCounter::default());
         dev.set_irq_sink(irqs.clone());
-        Self {
-            dev,
-            ram,
-            next_free: RAM_BASE,
-            irqs,
-        }
+        Self { dev, ram, next_free: RAM_BASE, irqs }
     }
 
     pub fn private_canary_intact(&self) -> bool {
         let mut b = vec![0u8; PRIVATE_SIZE as usize];
         self.ram.read(RAM_SIZE, &mut b).unwrap();
-        b.chunks_exact(4)
-            .all(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) == 0xC0DE_CAFE)
+        b.chunks_exact(4).all(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) == 0xC0DE_CAFE)
     }
 
     /// Allocate zeroed, page-aligned guest RAM; returns its bus address.
     pub fn alloc(&mut self, bytes: u64) -> u64 {
         let addr = self.next_free;
         let len = bytes.div_ceil(PAGE_SIZE).max(1) * PAGE_SIZE;
-        assert!(
-            addr + len <= RAM_BASE + RAM_SIZE,
-            "fake guest RAM exhausted"
-        );
+        assert!(addr + len <= RAM_BASE + RAM_SIZE, "fake guest RAM exhausted");
         self.next_free += len;
         self.ram.fill(addr - RAM_BASE, len, 0).unwrap();
         addr
@@ -133,10 +119,7 @@ impl Rig {
     }
 
     pub fn read_f32s(&self, bus: u64, n: usize) -> Vec<f32> {
-        self.read(bus, n * 4)
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
+        self.read(bus, n * 4).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
     }
 
     pub fn dram_read(&self, off: u64, len: usize) -> Vec<u8> {
@@ -169,10 +152,7 @@ impl Rig {
     pub fn context(&mut self, id: u32) -> Ctx {
         let root = self.alloc(PAGE_SIZE);
         self.set64(regs::ctx_reg(id, regs::CTX_PT_ROOT_64), root);
-        self.set32(
-            regs::ctx_reg(id, regs::CTX_CONTROL),
-            regs::CTX_CONTROL_VALID,
-        );
+        self.set32(regs::ctx_reg(id, regs::CTX_CONTROL), regs::CTX_CONTROL_VALID);
         Ctx { id, root }
     }
 
@@ -189,16 +169,7 @@ impl Rig {
 
     /// Map [va, va+len) to `target` memory starting at `addr`.
     #[allow(clippy::too_many_arguments)] // one PTE's worth of fields
-    pub fn map(
-        &mut self,
-        ctx: &Ctx,
-        va: u64,
-        target: Target,
-        addr: u64,
-        len: u64,
-        read: bool,
-        write: bool,
-    ) {
+    pub fn map(&mut self, ctx: &Ctx, va: u64, target: Target, addr: u64, len: u64, read: bool, write: bool) {
         let mut off = 0;
         while off < len {
             let v = va + off;
@@ -213,15 +184,7 @@ impl Rig {
     /// Allocate host RAM of `len` bytes and map it read-write at `va`.
     pub fn host_buffer(&mut self, ctx: &Ctx, va: u64, len: u64) -> u64 {
         let bus = self.alloc(len);
-        self.map(
-            ctx,
-            va,
-            Target::Host,
-            bus,
-            len.div_ceil(PAGE_SIZE) * PAGE_SIZE,
-            true,
-            true,
-        );
+        self.map(ctx, va, Target::Host, bus, len.div_ceil(PAGE_SIZE) * PAGE_SIZE, true, true);
         bus
     }
 
@@ -234,35 +197,19 @@ impl Rig {
         self.set32(regs::queue_reg(index, regs::Q_CTX_ID), ctx.id);
         self.set64(regs::queue_reg(index, regs::Q_STATUS_ADDR_64), status);
         self.set32(regs::queue_reg(index, regs::Q_CONTROL), qctl::ENABLE);
-        Queue {
-            index,
-            ring,
-            status,
-            entries,
-            tail: 0,
-        }
+        Queue { index, ring, status, entries, tail: 0 }
     }
 
     /// Put a command buffer on the ring and ring the doorbell.
     pub fn submit(&self, q: &mut Queue, cmdbuf_va: u64, size: u32) {
-        let e = RingEntry {
-            cmdbuf_va,
-            cmdbuf_size: size,
-            flags: 0,
-            tag: 0,
-            reserved: 0,
-        };
-        self.write(
-            q.ring + q.tail as u64 * RingEntry::SIZE as u64,
-            &e.to_bytes(),
-        );
+        let e = RingEntry { cmdbuf_va, cmdbuf_size: size, flags: 0, tag: 0, reserved: 0 };
+        self.write(q.ring + q.tail as u64 * RingEntry::SIZE as u64, &e.to_bytes());
         q.tail = (q.tail + 1) % q.entries;
         self.doorbell(q.index, q.tail);
     }
 
     pub fn doorbell(&self, q: u32, tail: u32) {
-        self.dev
-            .bar_write(BAR_DOORBELL, doorbell_page_offset(q), &tail.to_le_bytes());
+        self.dev.bar_write(BAR_DOORBELL, doorbell_page_offset(q), &tail.to_le_bytes());
     }
 
     /// Write a command buffer to host RAM mapped at `va` and submit it.
@@ -282,9 +229,7 @@ impl Rig {
         loop {
             let s = self.status(q);
             let state = QueueState::from_u32(self.reg32(regs::queue_reg(q.index, regs::Q_STATE)));
-            if state == Some(QueueState::Faulted)
-                || (s.head == q.tail && state == Some(QueueState::Idle))
-            {
+            if state == Some(QueueState::Faulted) || (s.head == q.tail && state == Some(QueueState::Idle)) {
                 return self.status(q);
             }
             if t0.elapsed() > timeout {

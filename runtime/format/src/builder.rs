@@ -110,10 +110,7 @@ impl ModelBuilder {
     }
 
     pub fn property(&mut self, key: &str, value: &str) -> &mut Self {
-        self.properties.push(Property {
-            key: key.into(),
-            value: value.into(),
-        });
+        self.properties.push(Property { key: key.into(), value: value.into() });
         self
     }
 
@@ -143,19 +140,8 @@ impl ModelBuilder {
 
     // ---- tensors ---------------------------------------------------------
 
-    pub fn add_tensor(
-        &mut self,
-        name: &str,
-        dtype: DType,
-        shape: &[u64],
-        placement: Placement,
-    ) -> TensorId {
-        self.tensors.push(Tensor {
-            name: name.into(),
-            dtype,
-            shape: shape.to_vec(),
-            placement,
-        });
+    pub fn add_tensor(&mut self, name: &str, dtype: DType, shape: &[u64], placement: Placement) -> TensorId {
+        self.tensors.push(Tensor { name: name.into(), dtype, shape: shape.to_vec(), placement });
         (self.tensors.len() - 1) as TensorId
     }
 
@@ -164,25 +150,13 @@ impl ModelBuilder {
     }
 
     /// A tensor at `offset` in the arena.
-    pub fn arena_tensor(
-        &mut self,
-        name: &str,
-        dtype: DType,
-        shape: &[u64],
-        offset: u64,
-    ) -> TensorId {
+    pub fn arena_tensor(&mut self, name: &str, dtype: DType, shape: &[u64], offset: u64) -> TensorId {
         let size = Self::bytes(dtype, shape);
         self.add_tensor(name, dtype, shape, Placement::Arena { offset, size })
     }
 
     /// A tensor at `offset` in the host staging buffer.
-    pub fn staging_tensor(
-        &mut self,
-        name: &str,
-        dtype: DType,
-        shape: &[u64],
-        offset: u64,
-    ) -> TensorId {
+    pub fn staging_tensor(&mut self, name: &str, dtype: DType, shape: &[u64], offset: u64) -> TensorId {
         let size = Self::bytes(dtype, shape);
         self.add_tensor(name, dtype, shape, Placement::Staging { offset, size })
     }
@@ -195,15 +169,7 @@ impl ModelBuilder {
         self.weights.resize(at as usize, 0);
         self.weights.extend_from_slice(data);
         let offset = self.weights_offset.saturating_add(at);
-        self.add_tensor(
-            name,
-            dtype,
-            shape,
-            Placement::Weight {
-                offset,
-                size: data.len() as u64,
-            },
-        )
+        self.add_tensor(name, dtype, shape, Placement::Weight { offset, size: data.len() as u64 })
     }
 
     pub fn add_weight_f32(&mut self, name: &str, shape: &[u64], values: &[f32]) -> TensorId {
@@ -227,9 +193,7 @@ impl ModelBuilder {
     /// Arena (or staging) offset of a tensor as a VA operand.
     pub fn va_of(&self, id: TensorId) -> Va {
         match self.placement(id) {
-            Some(Placement::Arena { offset, .. } | Placement::Weight { offset, .. }) => {
-                Va::arena(offset)
-            }
+            Some(Placement::Arena { offset, .. } | Placement::Weight { offset, .. }) => Va::arena(offset),
             Some(Placement::Staging { offset, .. }) => Va::staging(offset),
             None => Va::Abs(0),
         }
@@ -245,12 +209,7 @@ impl ModelBuilder {
         self.descriptors.resize(at as usize, 0);
         self.descriptors.extend_from_slice(bytes);
         for &(off, kind, addend) in relocs {
-            self.reloc(
-                RelocTarget::Descriptors,
-                at.saturating_add(off),
-                kind,
-                addend,
-            );
+            self.reloc(RelocTarget::Descriptors, at.saturating_add(off), kind, addend);
         }
         at
     }
@@ -262,19 +221,13 @@ impl ModelBuilder {
     // ---- command streams ---------------------------------------------------
 
     pub fn add_stream(&mut self, name: &str, role: StreamRole) -> StreamId {
-        self.streams.push(CommandStream {
-            name: name.into(),
-            role,
-            bytes: Vec::new(),
-        });
+        self.streams.push(CommandStream { name: name.into(), role, bytes: Vec::new() });
         (self.streams.len() - 1) as StreamId
     }
 
     /// Current length of a stream (the offset of the next packet).
     pub fn stream_len(&self, stream: StreamId) -> u64 {
-        self.streams
-            .get(stream as usize)
-            .map_or(0, |s| s.bytes.len() as u64)
+        self.streams.get(stream as usize).map_or(0, |s| s.bytes.len() as u64)
     }
 
     /// Append raw packets to a stream; returns their offset.
@@ -294,39 +247,21 @@ impl ModelBuilder {
 
     /// Record a relocation and write its addend into the field (if the
     /// field exists; otherwise [`Self::build`] reports it).
-    pub fn reloc(
-        &mut self,
-        target: RelocTarget,
-        offset: u64,
-        kind: RelocKind,
-        addend: u64,
-    ) -> &mut Self {
+    pub fn reloc(&mut self, target: RelocTarget, offset: u64, kind: RelocKind, addend: u64) -> &mut Self {
         let bytes = match target {
             RelocTarget::Descriptors => Some(&mut self.descriptors),
             RelocTarget::Stream(n) => self.streams.get_mut(n as usize).map(|s| &mut s.bytes),
         };
-        if let Some(f) =
-            bytes.and_then(|b| b.get_mut(offset as usize..(offset as usize).checked_add(8)?))
-        {
+        if let Some(f) = bytes.and_then(|b| b.get_mut(offset as usize..(offset as usize).checked_add(8)?)) {
             f.copy_from_slice(&addend.to_le_bytes());
         }
-        self.relocations.push(Relocation {
-            target,
-            offset,
-            kind,
-            addend,
-        });
+        self.relocations.push(Relocation { target, offset, kind, addend });
         self
     }
 
     /// Append one packet encoded by `f`, with relocations for the VA
     /// operands at the given byte offsets within the packet.
-    fn emit(
-        &mut self,
-        stream: StreamId,
-        vas: &[(u64, Va)],
-        f: impl FnOnce(&mut Encoder<Vec<u8>>),
-    ) -> u64 {
+    fn emit(&mut self, stream: StreamId, vas: &[(u64, Va)], f: impl FnOnce(&mut Encoder<Vec<u8>>)) -> u64 {
         let mut e = Encoder::new(Vec::new());
         f(&mut e);
         let at = self.append_commands(stream, &e.buf);
@@ -426,17 +361,13 @@ impl ModelBuilder {
     /// on purpose). Derived fields (sizes, io descriptions, op summary) are
     /// filled in; relocations and profile entries are sorted.
     pub fn build_model_unchecked(&self) -> Model {
-        let w_end = self
-            .weights_offset
-            .saturating_add(self.weights.len() as u64);
+        let w_end = self.weights_offset.saturating_add(self.weights.len() as u64);
         let mut arena_end = if self.weights.is_empty() { 0 } else { w_end };
         let mut staging_end = 0;
         for t in &self.tensors {
             let end = t.placement.offset().saturating_add(t.placement.size());
             match t.placement {
-                Placement::Arena { .. } | Placement::Weight { .. } => {
-                    arena_end = arena_end.max(end)
-                }
+                Placement::Arena { .. } | Placement::Weight { .. } => arena_end = arena_end.max(end),
                 Placement::Staging { .. } => staging_end = staging_end.max(end),
             }
         }
@@ -449,11 +380,7 @@ impl ModelBuilder {
                         dtype: x.dtype,
                         shape: x.shape.clone(),
                         placement: x.placement,
-                        range: if ranged {
-                            self.ranges.iter().find(|(n, _)| n == name).map(|&(_, r)| r)
-                        } else {
-                            None
-                        },
+                        range: if ranged { self.ranges.iter().find(|(n, _)| n == name).map(|&(_, r)| r) } else { None },
                     },
                     None => IoBinding {
                         name: name.clone(),
@@ -483,36 +410,17 @@ impl ModelBuilder {
                 producer: self.producer.clone(),
                 hw_version: self.hw_version,
                 arena_size: self.arena_size.unwrap_or(round_up(arena_end, SIZE_ROUND)),
-                staging_size: self
-                    .staging_size
-                    .unwrap_or(round_up(staging_end, SIZE_ROUND)),
+                staging_size: self.staging_size.unwrap_or(round_up(staging_end, SIZE_ROUND)),
                 weights_offset: self.weights_offset,
                 inputs: bind(&self.inputs, true),
                 outputs: bind(&self.outputs, false),
-                ops: ops
-                    .into_iter()
-                    .map(|(op, count)| OpCount {
-                        op: op.into(),
-                        count,
-                    })
-                    .collect(),
+                ops: ops.into_iter().map(|(op, count)| OpCount { op: op.into(), count }).collect(),
                 properties: self.properties.clone(),
             },
-            graph: Graph {
-                tensors: self.tensors.clone(),
-                nodes: self.nodes.clone(),
-            },
-            program: Program {
-                descriptors: self.descriptors.clone(),
-                streams: self.streams.clone(),
-                relocations,
-            },
+            graph: Graph { tensors: self.tensors.clone(), nodes: self.nodes.clone() },
+            program: Program { descriptors: self.descriptors.clone(), streams: self.streams.clone(), relocations },
             weights: self.weights.clone(),
-            profile: if self.profile.is_empty() {
-                None
-            } else {
-                Some(profile)
-            },
+            profile: if self.profile.is_empty() { None } else { Some(profile) },
         }
     }
 

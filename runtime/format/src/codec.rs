@@ -26,11 +26,7 @@ pub(crate) struct Dec<'a> {
 
 impl<'a> Dec<'a> {
     pub fn new(section: &'a str, buf: &'a [u8]) -> Self {
-        Self {
-            section,
-            buf,
-            pos: 0,
-        }
+        Self { section, buf, pos: 0 }
     }
 
     pub fn remaining(&self) -> usize {
@@ -86,12 +82,7 @@ impl<'a> Dec<'a> {
     }
 
     pub fn limit(&self, field: Field, found: u64, limit: u64) -> FormatError {
-        FormatError::LimitExceeded {
-            section: self.section.to_string(),
-            field: field(),
-            found,
-            limit,
-        }
+        FormatError::LimitExceeded { section: self.section.to_string(), field: field(), found, limit }
     }
 
     /// A zero (reserved) field of the given width.
@@ -122,10 +113,7 @@ impl<'a> Dec<'a> {
         let b = self.take(len as usize, field)?;
         match std::str::from_utf8(b) {
             Ok(s) => Ok(s.to_string()),
-            Err(_) => Err(FormatError::InvalidUtf8 {
-                section: self.section.to_string(),
-                field: field(),
-            }),
+            Err(_) => Err(FormatError::InvalidUtf8 { section: self.section.to_string(), field: field() }),
         }
     }
 
@@ -174,19 +162,10 @@ impl<'a> Dec<'a> {
     }
 
     pub fn unknown(&self, field: Field, value: u64) -> FormatError {
-        FormatError::UnknownValue {
-            section: self.section.to_string(),
-            field: field(),
-            value,
-        }
+        FormatError::UnknownValue { section: self.section.to_string(), field: field(), value }
     }
 
-    pub fn bad(
-        &self,
-        field: Field,
-        expected: impl Into<String>,
-        found: impl ToString,
-    ) -> FormatError {
+    pub fn bad(&self, field: Field, expected: impl Into<String>, found: impl ToString) -> FormatError {
         FormatError::BadField {
             section: self.section.to_string(),
             field: field(),

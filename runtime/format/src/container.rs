@@ -65,27 +65,19 @@ pub fn write(sections: &[SectionSpec]) -> Result<Vec<u8>> {
     // The check section's size depends only on the names, so lay it out
     // with zero checksums first and patch them in afterwards.
     let mut enc = Enc::default();
-    enc.raw(&crate::CHECK_MAGIC)
-        .u32(crate::CHECK_ALGO_CRC32)
-        .count(sections.len());
+    enc.raw(&crate::CHECK_MAGIC).u32(crate::CHECK_ALGO_CRC32).count(sections.len());
     for s in sections {
         enc.str(s.name).u64(s.data.len() as u64).u32(crc32(s.data));
     }
     enc.u32(0).u32(0); // file crc, self crc
     let check = enc.buf;
     let mut all = sections.to_vec();
-    all.push(SectionSpec {
-        name: names::CHECK,
-        align: 8,
-        data: &check,
-    });
+    all.push(SectionSpec { name: names::CHECK, align: 8, data: &check });
     let (mut out, ranges) = write_elf(&all)?;
     let (off, size) = ranges.last().copied().unwrap_or_default();
     let (off, end) = (off as usize, (off + size) as usize);
     if end < off + 8 || end > out.len() {
-        return Err(FormatError::Builder(
-            "internal error: check section misplaced".into(),
-        ));
+        return Err(FormatError::Builder("internal error: check section misplaced".into()));
     }
     let mut h = crc32fast::Hasher::new();
     h.update(&out[..off]);
@@ -105,19 +97,9 @@ pub fn write_elf(sections: &[SectionSpec]) -> Result<(Vec<u8>, Ranges)> {
     let werr = |e: object::write::Error| FormatError::Builder(format!("ELF writer: {e}"));
     // ELF section names are NUL-terminated; a NUL inside one cannot be
     // represented.
-    let names: Vec<Vec<u8>> = sections
-        .iter()
-        .map(|s| {
-            s.name
-                .bytes()
-                .map(|b| if b == 0 { b'?' } else { b })
-                .collect()
-        })
-        .collect();
-    let aligns: Vec<u64> = sections
-        .iter()
-        .map(|s| s.align.clamp(1, 1 << 16).next_power_of_two())
-        .collect();
+    let names: Vec<Vec<u8>> =
+        sections.iter().map(|s| s.name.bytes().map(|b| if b == 0 { b'?' } else { b }).collect()).collect();
+    let aligns: Vec<u64> = sections.iter().map(|s| s.align.clamp(1, 1 << 16).next_power_of_two()).collect();
     let mut buf = Vec::new();
     let mut ranges = Vec::with_capacity(sections.len());
     {
@@ -178,46 +160,31 @@ pub fn read(bytes: &[u8]) -> Result<Container<'_>> {
 }
 
 fn hdr_err(field: &'static str, expected: impl Into<String>, found: impl ToString) -> FormatError {
-    FormatError::ElfHeader {
-        field,
-        expected: expected.into(),
-        found: found.to_string(),
-    }
+    FormatError::ElfHeader { field, expected: expected.into(), found: found.to_string() }
 }
 
 /// Parse and validate the ELF structure only (no checksums): header,
 /// section table, names, bounds, alignment, overlaps, duplicates.
 pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
     let file_size = bytes.len() as u64;
-    let trunc = |what: &str, offset: u64, len: u64| FormatError::Truncated {
-        what: what.into(),
-        offset,
-        len,
-        file_size,
-    };
+    let trunc =
+        |what: &str, offset: u64, len: u64| FormatError::Truncated { what: what.into(), offset, len, file_size };
     if bytes.len() < 4 {
         return Err(trunc("ELF magic", 0, 4));
     }
     if bytes[..4] != elf::ELFMAG {
-        return Err(FormatError::BadMagic {
-            found: bytes[..4].to_vec(),
-        });
+        return Err(FormatError::BadMagic { found: bytes[..4].to_vec() });
     }
     if file_size < EHDR_SIZE {
         return Err(trunc("ELF header", 0, EHDR_SIZE));
     }
-    let (h, _) = object::pod::from_bytes::<FileHeader64<LE>>(bytes)
-        .map_err(|_| trunc("ELF header", 0, EHDR_SIZE))?;
+    let (h, _) = object::pod::from_bytes::<FileHeader64<LE>>(bytes).map_err(|_| trunc("ELF header", 0, EHDR_SIZE))?;
     let id = &h.e_ident;
     if id.class != elf::ELFCLASS64 {
         return Err(hdr_err("EI_CLASS", "2 (ELFCLASS64)", id.class.0));
     }
     if id.data != elf::ELFDATA2LSB {
-        return Err(hdr_err(
-            "EI_DATA",
-            "1 (ELFDATA2LSB, little-endian)",
-            id.data.0,
-        ));
+        return Err(hdr_err("EI_DATA", "1 (ELFDATA2LSB, little-endian)", id.data.0));
     }
     if id.version != elf::EV_CURRENT {
         return Err(hdr_err("EI_VERSION", "1 (EV_CURRENT)", id.version.0));
@@ -243,11 +210,7 @@ pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
         return Err(hdr_err("e_ehsize", "64", h.e_ehsize.get(LE)));
     }
     if h.e_phnum.get(LE) != 0 {
-        return Err(hdr_err(
-            "e_phnum",
-            "0 (no program headers)",
-            h.e_phnum.get(LE),
-        ));
+        return Err(hdr_err("e_phnum", "0 (no program headers)", h.e_phnum.get(LE)));
     }
     if h.e_shentsize.get(LE) as u64 != SHDR_SIZE {
         return Err(hdr_err("e_shentsize", "64", h.e_shentsize.get(LE)));
@@ -275,11 +238,8 @@ pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
     if shstrndx == 0 || shstrndx >= shnum {
         return Err(hdr_err("e_shstrndx", format!("1..{shnum}"), shstrndx));
     }
-    let (shdrs, _) = object::pod::slice_from_bytes::<SectionHeader64<LE>>(
-        &bytes[shoff as usize..],
-        shnum as usize,
-    )
-    .map_err(|_| trunc("section header table", shoff, sht_len))?;
+    let (shdrs, _) = object::pod::slice_from_bytes::<SectionHeader64<LE>>(&bytes[shoff as usize..], shnum as usize)
+        .map_err(|_| trunc("section header table", shoff, sht_len))?;
 
     if object::pod::bytes_of(&shdrs[0]).iter().any(|&b| b != 0) {
         return Err(FormatError::SectionHeader {
@@ -300,12 +260,7 @@ pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
         let (off, size) = (s.sh_offset.get(LE), s.sh_size.get(LE));
         match off.checked_add(size) {
             Some(end) if end <= file_size => Ok(&bytes[off as usize..end as usize]),
-            _ => Err(FormatError::SectionOutOfBounds {
-                name: name.into(),
-                offset: off,
-                size,
-                file_size,
-            }),
+            _ => Err(FormatError::SectionOutOfBounds { name: name.into(), offset: off, size, file_size }),
         }
     };
 
@@ -325,18 +280,14 @@ pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
     for (i, s) in shdrs.iter().enumerate().skip(1) {
         let index = i as u32;
         let sh_name = s.sh_name.get(LE) as usize;
-        let bad = |field: &'static str, expected: &str, found: String, name: &str| {
-            FormatError::SectionHeader {
-                index,
-                name: name.into(),
-                field,
-                expected: expected.into(),
-                found,
-            }
+        let bad = |field: &'static str, expected: &str, found: String, name: &str| FormatError::SectionHeader {
+            index,
+            name: name.into(),
+            field,
+            expected: expected.into(),
+            found,
         };
-        let raw = strtab
-            .get(sh_name..)
-            .and_then(|t| t.iter().position(|&b| b == 0).map(|n| &t[..n]));
+        let raw = strtab.get(sh_name..).and_then(|t| t.iter().position(|&b| b == 0).map(|n| &t[..n]));
         let Some(raw) = raw else {
             return Err(bad(
                 "sh_name",
@@ -346,12 +297,7 @@ pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
             ));
         };
         if raw.is_empty() || raw.len() as u64 > MAX_NAME_LEN {
-            return Err(bad(
-                "sh_name",
-                "a name of 1 to 4096 bytes",
-                format!("{} bytes", raw.len()),
-                "?",
-            ));
+            return Err(bad("sh_name", "a name of 1 to 4096 bytes", format!("{} bytes", raw.len()), "?"));
         }
         let Ok(name) = std::str::from_utf8(raw) else {
             return Err(bad("sh_name", "UTF-8", format!("{raw:02x?}"), "?"));
@@ -359,12 +305,7 @@ pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
         let sh_type = s.sh_type.get(LE).0;
         let is_rbln = name.starts_with(names::PREFIX);
         if is_rbln && sh_type != elf::SHT_PROGBITS.0 {
-            return Err(bad(
-                "sh_type",
-                "1 (SHT_PROGBITS)",
-                sh_type.to_string(),
-                name,
-            ));
+            return Err(bad("sh_type", "1 (SHT_PROGBITS)", sh_type.to_string(), name));
         }
         let flags = s.sh_flags.get(LE).0;
         if is_rbln && flags != 0 {
@@ -372,31 +313,14 @@ pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
         }
         let align = s.sh_addralign.get(LE);
         if align != 0 && !align.is_power_of_two() {
-            return Err(bad(
-                "sh_addralign",
-                "0 or a power of two",
-                align.to_string(),
-                name,
-            ));
+            return Err(bad("sh_addralign", "0 or a power of two", align.to_string(), name));
         }
         let data = data_of(i, name)?;
         let offset = s.sh_offset.get(LE);
         if sh_type != elf::SHT_NOBITS.0 && align > 1 && offset % align != 0 {
-            return Err(bad(
-                "sh_offset",
-                &format!("a multiple of sh_addralign ({align})"),
-                offset.to_string(),
-                name,
-            ));
+            return Err(bad("sh_offset", &format!("a multiple of sh_addralign ({align})"), offset.to_string(), name));
         }
-        sections.push(Section {
-            index,
-            name,
-            sh_type,
-            offset,
-            align,
-            data,
-        });
+        sections.push(Section { index, name, sh_type, offset, align, data });
     }
 
     // Duplicate names.
@@ -418,20 +342,13 @@ pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
     ranges.push((shoff, shoff + sht_len, "the section header table".into()));
     for s in &sections {
         if !s.data.is_empty() {
-            ranges.push((
-                s.offset,
-                s.offset + s.data.len() as u64,
-                format!("section {}", s.name),
-            ));
+            ranges.push((s.offset, s.offset + s.data.len() as u64, format!("section {}", s.name)));
         }
     }
     ranges.sort_by_key(|r| (r.0, r.1));
     for w in ranges.windows(2) {
         if w[1].0 < w[0].1 {
-            return Err(FormatError::SectionOverlap {
-                a: w[0].2.clone(),
-                b: w[1].2.clone(),
-            });
+            return Err(FormatError::SectionOverlap { a: w[0].2.clone(), b: w[1].2.clone() });
         }
     }
     Ok(Container { sections })
@@ -441,9 +358,7 @@ pub fn read_elf(bytes: &[u8]) -> Result<Container<'_>> {
 /// that every `.rbln.*` section is listed, and the whole-file CRC.
 pub fn verify_checksums(c: &Container, bytes: &[u8]) -> Result<()> {
     let sec = names::CHECK;
-    let check = c
-        .get(sec)
-        .ok_or_else(|| FormatError::MissingSection { name: sec.into() })?;
+    let check = c.get(sec).ok_or_else(|| FormatError::MissingSection { name: sec.into() })?;
     let data = check.data;
     // magic 8 + algo 4 + count 4 + file crc 4 + self crc 4
     if data.len() < 24 {
@@ -459,11 +374,7 @@ pub fn verify_checksums(c: &Container, bytes: &[u8]) -> Result<()> {
     let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
     let computed = crc32(body);
     if stored != computed {
-        return Err(FormatError::ChecksumMismatch {
-            section: sec.into(),
-            stored,
-            computed,
-        });
+        return Err(FormatError::ChecksumMismatch { section: sec.into(), stored, computed });
     }
     let mut d = Dec::new(sec, body);
     let magic: [u8; 8] = d.bytes(field!("magic"))?;
@@ -485,35 +396,22 @@ pub fn verify_checksums(c: &Container, bytes: &[u8]) -> Result<()> {
             return Err(FormatError::MissingSection { name });
         };
         if listed.contains(&s.name) {
-            return Err(FormatError::DuplicateName {
-                kind: "check entry",
-                name,
-            });
+            return Err(FormatError::DuplicateName { kind: "check entry", name });
         }
         listed.push(s.name);
         if size != s.data.len() as u64 {
-            return Err(d.bad(
-                field!("entries[{i}].size (section {name})"),
-                s.data.len().to_string(),
-                size,
-            ));
+            return Err(d.bad(field!("entries[{i}].size (section {name})"), s.data.len().to_string(), size));
         }
         let computed = crc32(s.data);
         if stored != computed {
-            return Err(FormatError::ChecksumMismatch {
-                section: name,
-                stored,
-                computed,
-            });
+            return Err(FormatError::ChecksumMismatch { section: name, stored, computed });
         }
     }
     let stored_file = d.u32(field!("file crc32"))?;
     d.finish()?;
     for s in &c.sections {
         if s.name.starts_with(names::PREFIX) && s.name != sec && !listed.contains(&s.name) {
-            return Err(FormatError::UncheckedSection {
-                section: s.name.into(),
-            });
+            return Err(FormatError::UncheckedSection { section: s.name.into() });
         }
     }
     let off = check.offset as usize;
@@ -523,10 +421,7 @@ pub fn verify_checksums(c: &Container, bytes: &[u8]) -> Result<()> {
     h.update(bytes.get(end..).unwrap_or_default());
     let computed = h.finalize();
     if stored_file != computed {
-        return Err(FormatError::FileChecksumMismatch {
-            stored: stored_file,
-            computed,
-        });
+        return Err(FormatError::FileChecksumMismatch { stored: stored_file, computed });
     }
     Ok(())
 }

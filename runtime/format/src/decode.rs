@@ -17,21 +17,12 @@ pub(crate) fn model_from_bytes(bytes: &[u8]) -> Result<Model> {
     let mut d = Dec::new(names::META, meta_data);
     let magic: [u8; 8] = match d.bytes(field!("magic")) {
         Ok(m) => m,
-        Err(_) => {
-            return Err(FormatError::NotRbln {
-                found: meta_data.iter().take(8).copied().collect(),
-            })
-        }
+        Err(_) => return Err(FormatError::NotRbln { found: meta_data.iter().take(8).copied().collect() }),
     };
     if magic != crate::META_MAGIC {
-        return Err(FormatError::NotRbln {
-            found: magic.to_vec(),
-        });
+        return Err(FormatError::NotRbln { found: magic.to_vec() });
     }
-    let version = Version {
-        major: d.u16(field!("format major"))?,
-        minor: d.u16(field!("format minor"))?,
-    };
+    let version = Version { major: d.u16(field!("format major"))?, minor: d.u16(field!("format minor"))? };
     if version.major != crate::FORMAT_MAJOR {
         return Err(FormatError::UnsupportedVersion {
             major: version.major,
@@ -48,21 +39,13 @@ pub(crate) fn model_from_bytes(bytes: &[u8]) -> Result<Model> {
     // section must not make us copy it twice.
     for (i, (_, name)) in streams.iter().enumerate() {
         if streams[..i].iter().any(|(_, n)| n == name) {
-            return Err(FormatError::DuplicateName {
-                kind: "command stream",
-                name: name.clone(),
-            });
+            return Err(FormatError::DuplicateName { kind: "command stream", name: name.clone() });
         }
     }
     let mut cmd_sections = Vec::with_capacity(streams.len());
     for (role, name) in &streams {
         let sname = format!("{}{}", names::CMD_PREFIX, name);
-        let data = c
-            .get(&sname)
-            .map(|s| s.data)
-            .ok_or(FormatError::MissingSection {
-                name: sname.clone(),
-            })?;
+        let data = c.get(&sname).map(|s| s.data).ok_or(FormatError::MissingSection { name: sname.clone() })?;
         if data.len() as u64 > MAX_STREAM_SIZE {
             return Err(FormatError::LimitExceeded {
                 section: sname,
@@ -71,27 +54,14 @@ pub(crate) fn model_from_bytes(bytes: &[u8]) -> Result<Model> {
                 limit: MAX_STREAM_SIZE,
             });
         }
-        cmd_sections.push(CommandStream {
-            name: name.clone(),
-            role: *role,
-            bytes: data.to_vec(),
-        });
+        cmd_sections.push(CommandStream { name: name.clone(), role: *role, bytes: data.to_vec() });
     }
     for s in &c.sections {
         let known = matches!(
             s.name,
-            names::META
-                | names::GRAPH
-                | names::DESC
-                | names::RELOC
-                | names::WEIGHTS
-                | names::PROFILE
-                | names::CHECK
+            names::META | names::GRAPH | names::DESC | names::RELOC | names::WEIGHTS | names::PROFILE | names::CHECK
         );
-        let is_cmd = s
-            .name
-            .strip_prefix(names::CMD_PREFIX)
-            .is_some_and(|n| streams.iter().any(|(_, sn)| sn == n));
+        let is_cmd = s.name.strip_prefix(names::CMD_PREFIX).is_some_and(|n| streams.iter().any(|(_, sn)| sn == n));
         if !s.name.starts_with(names::PREFIX) || known || is_cmd {
             continue;
         }
@@ -100,11 +70,7 @@ pub(crate) fn model_from_bytes(bytes: &[u8]) -> Result<Model> {
         if version.minor > crate::FORMAT_MINOR && !s.name.starts_with(names::CMD_PREFIX) {
             continue;
         }
-        return Err(FormatError::UnknownSection {
-            name: s.name.into(),
-            major: version.major,
-            minor: version.minor,
-        });
+        return Err(FormatError::UnknownSection { name: s.name.into(), major: version.major, minor: version.minor });
     }
 
     let graph = decode_graph(section(&c, names::GRAPH)?)?;
@@ -135,11 +101,7 @@ pub(crate) fn model_from_bytes(bytes: &[u8]) -> Result<Model> {
     let model = Model {
         meta,
         graph,
-        program: Program {
-            descriptors: descriptors.to_vec(),
-            streams: cmd_sections,
-            relocations,
-        },
+        program: Program { descriptors: descriptors.to_vec(), streams: cmd_sections, relocations },
         weights: weights.to_vec(),
         profile,
     };
@@ -148,18 +110,10 @@ pub(crate) fn model_from_bytes(bytes: &[u8]) -> Result<Model> {
 }
 
 fn section<'a>(c: &Container<'a>, name: &str) -> Result<&'a [u8]> {
-    c.get(name)
-        .map(|s| s.data)
-        .ok_or_else(|| FormatError::MissingSection { name: name.into() })
+    c.get(name).map(|s| s.data).ok_or_else(|| FormatError::MissingSection { name: name.into() })
 }
 
-fn placement(
-    d: &Dec,
-    code: u8,
-    offset: u64,
-    size: u64,
-    f: crate::codec::Field,
-) -> Result<Placement> {
+fn placement(d: &Dec, code: u8, offset: u64, size: u64, f: crate::codec::Field) -> Result<Placement> {
     Placement::from_code(code, offset, size).ok_or_else(|| d.unknown(f, code as u64))
 }
 
@@ -187,14 +141,7 @@ fn decode_io(d: &mut Dec, what: &str, i: usize) -> Result<IoBinding> {
     let offset = d.u64(field!("{what}[{i}].offset"))?;
     let size = d.u64(field!("{what}[{i}].size"))?;
     let placement = placement(d, pl, offset, size, field!("{what}[{i}].placement"))?;
-    Ok(IoBinding {
-        name,
-        tensor,
-        dtype: dt,
-        shape,
-        placement,
-        range: None,
-    })
+    Ok(IoBinding { name, tensor, dtype: dt, shape, placement, range: None })
 }
 
 type Streams = Vec<(StreamRole, String)>;
@@ -213,8 +160,7 @@ fn decode_meta(d: &mut Dec, version: Version) -> Result<(Meta, Streams, u64)> {
     let mut streams = Vec::with_capacity(n);
     for i in 0..n {
         let r = d.u8(field!("streams[{i}].role"))?;
-        let role = StreamRole::from_u8(r)
-            .ok_or_else(|| d.unknown(field!("streams[{i}].role"), r as u64))?;
+        let role = StreamRole::from_u8(r).ok_or_else(|| d.unknown(field!("streams[{i}].role"), r as u64))?;
         let name = d.str(MAX_STREAM_NAME_LEN, field!("streams[{i}].name"))?;
         streams.push((role, name));
     }
@@ -248,9 +194,7 @@ fn decode_meta(d: &mut Dec, version: Version) -> Result<(Meta, Streams, u64)> {
             let i = d.u32(field!("input_ranges[{k}].input"))?;
             let lo = d.u64(field!("input_ranges[{k}].lo"))? as i64;
             let hi = d.u64(field!("input_ranges[{k}].hi"))? as i64;
-            let b = inputs
-                .get_mut(i as usize)
-                .ok_or_else(|| d.unknown(field!("input_ranges[{k}].input"), i as u64))?;
+            let b = inputs.get_mut(i as usize).ok_or_else(|| d.unknown(field!("input_ranges[{k}].input"), i as u64))?;
             if b.range.is_some() {
                 return Err(d.unknown(field!("input_ranges[{k}].input (listed twice)"), i as u64));
             }
@@ -299,20 +243,14 @@ pub(crate) fn decode_graph(data: &[u8]) -> Result<Graph> {
         let offset = d.u64(field!("tensors[{i}].offset"))?;
         let size = d.u64(field!("tensors[{i}].size"))?;
         let placement = placement(&d, pl, offset, size, field!("tensors[{i}].placement"))?;
-        tensors.push(Tensor {
-            name,
-            dtype: dt,
-            shape,
-            placement,
-        });
+        tensors.push(Tensor { name, dtype: dt, shape, placement });
     }
     let n = d.count(MIN_NODE, MAX_NODES, field!("nodes"))?;
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {
         let name = d.str(MAX_NAME_LEN, field!("nodes[{i}].name"))?;
         let k = d.u8(field!("nodes[{i}].kind"))?;
-        let kind =
-            NodeKind::from_u8(k).ok_or_else(|| d.unknown(field!("nodes[{i}].kind"), k as u64))?;
+        let kind = NodeKind::from_u8(k).ok_or_else(|| d.unknown(field!("nodes[{i}].kind"), k as u64))?;
         let op = d.str(MAX_NAME_LEN, field!("nodes[{i}].op"))?;
         let inputs = decode_ids(&mut d, "inputs", i)?;
         let outputs = decode_ids(&mut d, "outputs", i)?;
@@ -331,36 +269,17 @@ pub(crate) fn decode_graph(data: &[u8]) -> Result<Graph> {
             }
             None
         } else {
-            Some(CmdRange {
-                stream,
-                offset: cmd_offset,
-                len: cmd_len,
-            })
+            Some(CmdRange { stream, offset: cmd_offset, len: cmd_len })
         };
         let descriptors = if desc_len == 0 {
             if desc_offset != 0 {
-                return Err(d.bad(
-                    field!("nodes[{i}].desc_offset"),
-                    "0 (desc_len is 0)",
-                    desc_offset,
-                ));
+                return Err(d.bad(field!("nodes[{i}].desc_offset"), "0 (desc_len is 0)", desc_offset));
             }
             None
         } else {
-            Some(DescRange {
-                offset: desc_offset,
-                len: desc_len,
-            })
+            Some(DescRange { offset: desc_offset, len: desc_len })
         };
-        nodes.push(Node {
-            name,
-            kind,
-            op,
-            inputs,
-            outputs,
-            commands,
-            descriptors,
-        });
+        nodes.push(Node { name, kind, op, inputs, outputs, commands, descriptors });
     }
     d.finish()?;
     Ok(Graph { tensors, nodes })
@@ -377,21 +296,12 @@ pub(crate) fn decode_relocs(data: &[u8]) -> Result<Vec<Relocation>> {
         d.reserved(4, field!("relocations[{i}].reserved"))?;
         let offset = d.u64(field!("relocations[{i}].offset"))?;
         let addend = d.u64(field!("relocations[{i}].addend"))?;
-        let k = RelocKind::from_code(kind, index)
-            .ok_or_else(|| d.unknown(field!("relocations[{i}].kind"), kind as u64))?;
+        let k =
+            RelocKind::from_code(kind, index).ok_or_else(|| d.unknown(field!("relocations[{i}].kind"), kind as u64))?;
         if !matches!(k, RelocKind::Stream(_)) && index != 0 {
-            return Err(d.bad(
-                field!("relocations[{i}].index"),
-                "0 (only stream relocations use it)",
-                index,
-            ));
+            return Err(d.bad(field!("relocations[{i}].index"), "0 (only stream relocations use it)", index));
         }
-        v.push(Relocation {
-            target: RelocTarget::from_code(target),
-            offset,
-            kind: k,
-            addend,
-        });
+        v.push(Relocation { target: RelocTarget::from_code(target), offset, kind: k, addend });
     }
     d.finish()?;
     Ok(v)

@@ -15,78 +15,36 @@ pub(crate) fn model_to_bytes(m: &Model) -> Result<Vec<u8>> {
     let graph = encode_graph(&m.graph);
     let reloc = encode_relocs(&m.program.relocations);
     let profile = m.profile.as_ref().map(|p| encode_profile(p));
-    let cmd_names: Vec<String> = m
-        .program
-        .streams
-        .iter()
-        .map(|s| format!("{}{}", names::CMD_PREFIX, s.name))
-        .collect();
+    let cmd_names: Vec<String> = m.program.streams.iter().map(|s| format!("{}{}", names::CMD_PREFIX, s.name)).collect();
 
     let mut secs = vec![
-        SectionSpec {
-            name: names::META,
-            align: 8,
-            data: &meta,
-        },
-        SectionSpec {
-            name: names::GRAPH,
-            align: 8,
-            data: &graph,
-        },
-        SectionSpec {
-            name: names::DESC,
-            align: 8,
-            data: &m.program.descriptors,
-        },
+        SectionSpec { name: names::META, align: 8, data: &meta },
+        SectionSpec { name: names::GRAPH, align: 8, data: &graph },
+        SectionSpec { name: names::DESC, align: 8, data: &m.program.descriptors },
     ];
     for (s, name) in m.program.streams.iter().zip(&cmd_names) {
-        secs.push(SectionSpec {
-            name,
-            align: 8,
-            data: &s.bytes,
-        });
+        secs.push(SectionSpec { name, align: 8, data: &s.bytes });
     }
-    secs.push(SectionSpec {
-        name: names::RELOC,
-        align: 8,
-        data: &reloc,
-    });
+    secs.push(SectionSpec { name: names::RELOC, align: 8, data: &reloc });
     if let Some(p) = &profile {
-        secs.push(SectionSpec {
-            name: names::PROFILE,
-            align: 8,
-            data: p,
-        });
+        secs.push(SectionSpec { name: names::PROFILE, align: 8, data: p });
     }
-    secs.push(SectionSpec {
-        name: names::WEIGHTS,
-        align: crate::WEIGHTS_FILE_ALIGN,
-        data: &m.weights,
-    });
+    secs.push(SectionSpec { name: names::WEIGHTS, align: crate::WEIGHTS_FILE_ALIGN, data: &m.weights });
     container::write(&secs)
 }
 
 fn io(e: &mut Enc, b: &IoBinding) {
-    e.str(&b.name)
-        .u32(b.tensor)
-        .u8(b.dtype as u8)
-        .u8(b.placement.code())
-        .shape(&b.shape);
+    e.str(&b.name).u32(b.tensor).u8(b.dtype as u8).u8(b.placement.code()).shape(&b.shape);
     e.u64(b.placement.offset()).u64(b.placement.size());
 }
 
 pub(crate) fn encode_meta(m: &Model) -> Vec<u8> {
     let mt = &m.meta;
     let mut e = Enc::default();
-    e.raw(&crate::META_MAGIC)
-        .u16(mt.version.major)
-        .u16(mt.version.minor);
+    e.raw(&crate::META_MAGIC).u16(mt.version.major).u16(mt.version.minor);
     e.u32(mt.hw_version).u32(0);
     e.str(&mt.name).str(&mt.producer);
-    e.u64(mt.arena_size)
-        .u64(mt.staging_size)
-        .u64(mt.weights_offset)
-        .u64(m.weights.len() as u64);
+    e.u64(mt.arena_size).u64(mt.staging_size).u64(mt.weights_offset).u64(m.weights.len() as u64);
     e.count(m.program.streams.len());
     for s in &m.program.streams {
         e.u8(s.role as u8).str(&s.name);
@@ -108,12 +66,7 @@ pub(crate) fn encode_meta(m: &Model) -> Vec<u8> {
         e.str(&p.key).str(&p.value);
     }
     // Minor 1: value ranges of inputs.
-    let ranged: Vec<_> = mt
-        .inputs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, b)| b.range.map(|r| (i, r)))
-        .collect();
+    let ranged: Vec<_> = mt.inputs.iter().enumerate().filter_map(|(i, b)| b.range.map(|r| (i, r))).collect();
     e.count(ranged.len());
     for (i, r) in ranged {
         e.u32(i as u32).u64(r.lo as u64).u64(r.hi as u64);
@@ -125,10 +78,7 @@ pub(crate) fn encode_graph(g: &Graph) -> Vec<u8> {
     let mut e = Enc::default();
     e.count(g.tensors.len());
     for t in &g.tensors {
-        e.str(&t.name)
-            .u8(t.dtype as u8)
-            .u8(t.placement.code())
-            .shape(&t.shape);
+        e.str(&t.name).u8(t.dtype as u8).u8(t.placement.code()).shape(&t.shape);
         e.u64(t.placement.offset()).u64(t.placement.size());
     }
     e.count(g.nodes.len());
@@ -159,12 +109,7 @@ pub(crate) fn encode_relocs(r: &[Relocation]) -> Vec<u8> {
     e.count(r.len());
     for r in r {
         let (kind, index) = r.kind.code();
-        e.u32(r.target.code())
-            .u32(kind)
-            .u32(index)
-            .u32(0)
-            .u64(r.offset)
-            .u64(r.addend);
+        e.u32(r.target.code()).u32(kind).u32(index).u32(0).u64(r.offset).u64(r.addend);
     }
     e.buf
 }

@@ -9,10 +9,7 @@ pub struct Version {
 
 impl Version {
     /// The version this crate writes.
-    pub const CURRENT: Version = Version {
-        major: crate::FORMAT_MAJOR,
-        minor: crate::FORMAT_MINOR,
-    };
+    pub const CURRENT: Version = Version { major: crate::FORMAT_MAJOR, minor: crate::FORMAT_MINOR };
 }
 
 impl std::fmt::Display for Version {
@@ -79,9 +76,7 @@ impl DType {
 
 /// Bytes of a dense tensor of `dtype` and `shape`; `None` on overflow.
 pub fn tensor_bytes(dtype: DType, shape: &[u64]) -> Option<u64> {
-    shape
-        .iter()
-        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+    shape.iter().try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
 }
 
 /// Where a tensor lives. Offsets are relative to the base of the region;
@@ -117,16 +112,14 @@ impl Placement {
     }
     pub fn offset(&self) -> u64 {
         match *self {
-            Placement::Arena { offset, .. }
-            | Placement::Weight { offset, .. }
-            | Placement::Staging { offset, .. } => offset,
+            Placement::Arena { offset, .. } | Placement::Weight { offset, .. } | Placement::Staging { offset, .. } => {
+                offset
+            }
         }
     }
     pub fn size(&self) -> u64 {
         match *self {
-            Placement::Arena { size, .. }
-            | Placement::Weight { size, .. }
-            | Placement::Staging { size, .. } => size,
+            Placement::Arena { size, .. } | Placement::Weight { size, .. } | Placement::Staging { size, .. } => size,
         }
     }
     /// Human name of the region.
@@ -243,11 +236,7 @@ impl Node {
         }
     }
     pub fn with_commands(mut self, stream: u32, offset: u64, len: u64) -> Self {
-        self.commands = Some(CmdRange {
-            stream,
-            offset,
-            len,
-        });
+        self.commands = Some(CmdRange { stream, offset, len });
         self
     }
     pub fn with_descriptors(mut self, offset: u64, len: u64) -> Self {
@@ -517,16 +506,10 @@ impl Model {
     /// Read and parse a `.rbln` file (at most [`crate::limits::MAX_FILE_SIZE`]).
     pub fn open(path: impl AsRef<std::path::Path>) -> Result<Model, crate::FormatError> {
         let path = path.as_ref();
-        let io = |source| crate::FormatError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| crate::FormatError::Io { path: path.to_path_buf(), source };
         let size = std::fs::metadata(path).map_err(io)?.len();
         if size > crate::limits::MAX_FILE_SIZE {
-            return Err(crate::FormatError::FileTooLarge {
-                size,
-                limit: crate::limits::MAX_FILE_SIZE,
-            });
+            return Err(crate::FormatError::FileTooLarge { size, limit: crate::limits::MAX_FILE_SIZE });
         }
         let bytes = std::fs::read(path).map_err(io)?;
         Self::from_bytes(&bytes)
@@ -554,19 +537,12 @@ impl Model {
     pub fn save(&self, path: impl AsRef<std::path::Path>) -> Result<(), crate::FormatError> {
         let path = path.as_ref();
         let bytes = self.to_bytes()?;
-        std::fs::write(path, bytes).map_err(|source| crate::FormatError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        std::fs::write(path, bytes).map_err(|source| crate::FormatError::Io { path: path.to_path_buf(), source })
     }
 
     /// Index of the stream with `role` (the first one for `Aux`).
     pub fn stream_by_role(&self, role: StreamRole) -> Option<u32> {
-        self.program
-            .streams
-            .iter()
-            .position(|s| s.role == role)
-            .map(|i| i as u32)
+        self.program.streams.iter().position(|s| s.role == role).map(|i| i as u32)
     }
 
     /// Apply every relocation for the given bases.

@@ -35,22 +35,12 @@ pub(crate) fn validate(m: &Model) -> Result<()> {
 
 fn limit(section: &str, field: impl Into<String>, found: u64, limit: u64) -> Result<()> {
     if found > limit {
-        return Err(FormatError::LimitExceeded {
-            section: section.into(),
-            field: field.into(),
-            found,
-            limit,
-        });
+        return Err(FormatError::LimitExceeded { section: section.into(), field: field.into(), found, limit });
     }
     Ok(())
 }
 
-fn bad(
-    section: &str,
-    field: impl Into<String>,
-    expected: impl Into<String>,
-    found: impl ToString,
-) -> FormatError {
+fn bad(section: &str, field: impl Into<String>, expected: impl Into<String>, found: impl ToString) -> FormatError {
     FormatError::BadField {
         section: section.into(),
         field: field.into(),
@@ -70,8 +60,7 @@ fn meta(m: &Model) -> Result<()> {
         });
     }
     let (req_major, req_minor) = ((mt.hw_version >> 16) as u16, mt.hw_version as u16);
-    if req_major as u32 != rbln_hw::HW_VERSION_MAJOR || req_minor as u32 > rbln_hw::HW_VERSION_MINOR
-    {
+    if req_major as u32 != rbln_hw::HW_VERSION_MAJOR || req_minor as u32 > rbln_hw::HW_VERSION_MINOR {
         return Err(FormatError::HwVersion {
             required_major: req_major,
             required_minor: req_minor,
@@ -85,27 +74,13 @@ fn meta(m: &Model) -> Result<()> {
     limit(s, "staging_size", mt.staging_size, MAX_STAGING_SIZE)?;
     limit(s, "inputs count", mt.inputs.len() as u64, MAX_IO)?;
     limit(s, "outputs count", mt.outputs.len() as u64, MAX_IO)?;
-    limit(
-        s,
-        "properties count",
-        mt.properties.len() as u64,
-        MAX_PROPERTIES,
-    )?;
+    limit(s, "properties count", mt.properties.len() as u64, MAX_PROPERTIES)?;
     limit(s, "ops count", mt.ops.len() as u64, MAX_NODES)?;
     if !mt.weights_offset.is_multiple_of(crate::TENSOR_ALIGN) {
-        return Err(bad(
-            s,
-            "weights_offset",
-            format!("a multiple of {}", crate::TENSOR_ALIGN),
-            mt.weights_offset,
-        ));
+        return Err(bad(s, "weights_offset", format!("a multiple of {}", crate::TENSOR_ALIGN), mt.weights_offset));
     }
     let wsize = m.weights.len() as u64;
-    if mt
-        .weights_offset
-        .checked_add(wsize)
-        .is_none_or(|end| end > mt.arena_size)
-    {
+    if mt.weights_offset.checked_add(wsize).is_none_or(|end| end > mt.arena_size) {
         return Err(FormatError::WeightsOutOfArena {
             offset: mt.weights_offset,
             size: wsize,
@@ -115,30 +90,12 @@ fn meta(m: &Model) -> Result<()> {
     let mut keys = HashSet::with_capacity(mt.properties.len());
     for (i, p) in mt.properties.iter().enumerate() {
         if p.key.is_empty() {
-            return Err(bad(
-                s,
-                format!("properties[{i}].key"),
-                "a non-empty key",
-                "\"\"",
-            ));
+            return Err(bad(s, format!("properties[{i}].key"), "a non-empty key", "\"\""));
         }
-        limit(
-            s,
-            format!("properties[{i}].key length"),
-            p.key.len() as u64,
-            MAX_NAME_LEN,
-        )?;
-        limit(
-            s,
-            format!("properties[{i}].value length"),
-            p.value.len() as u64,
-            MAX_VALUE_LEN,
-        )?;
+        limit(s, format!("properties[{i}].key length"), p.key.len() as u64, MAX_NAME_LEN)?;
+        limit(s, format!("properties[{i}].value length"), p.value.len() as u64, MAX_VALUE_LEN)?;
         if !keys.insert(p.key.as_str()) {
-            return Err(FormatError::DuplicateName {
-                kind: "property",
-                name: p.key.clone(),
-            });
+            return Err(FormatError::DuplicateName { kind: "property", name: p.key.clone() });
         }
     }
     Ok(())
@@ -149,35 +106,18 @@ fn meta(m: &Model) -> Result<()> {
 fn streams(m: &Model) -> Result<Vec<Vec<u64>>> {
     let st = &m.program.streams;
     limit(names::META, "streams count", st.len() as u64, MAX_STREAMS)?;
-    limit(
-        names::DESC,
-        "size",
-        m.program.descriptors.len() as u64,
-        MAX_DESC_SIZE,
-    )?;
+    limit(names::DESC, "size", m.program.descriptors.len() as u64, MAX_DESC_SIZE)?;
     let mut seen = HashSet::with_capacity(st.len());
     let mut roles = [0u32; 5];
     let mut out = Vec::with_capacity(st.len());
     for (i, s) in st.iter().enumerate() {
-        let err = |problem: String| FormatError::BadStream {
-            stream: i as u32,
-            name: s.name.clone(),
-            problem,
-        };
+        let err = |problem: String| FormatError::BadStream { stream: i as u32, name: s.name.clone(), problem };
         let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-        if s.name.is_empty()
-            || s.name.len() as u64 > MAX_STREAM_NAME_LEN
-            || !s.name.chars().all(valid)
-        {
-            return Err(err(format!(
-                "name must be 1 to {MAX_STREAM_NAME_LEN} characters from [A-Za-z0-9_.-]"
-            )));
+        if s.name.is_empty() || s.name.len() as u64 > MAX_STREAM_NAME_LEN || !s.name.chars().all(valid) {
+            return Err(err(format!("name must be 1 to {MAX_STREAM_NAME_LEN} characters from [A-Za-z0-9_.-]")));
         }
         if !seen.insert(s.name.as_str()) {
-            return Err(FormatError::DuplicateName {
-                kind: "command stream",
-                name: s.name.clone(),
-            });
+            return Err(FormatError::DuplicateName { kind: "command stream", name: s.name.clone() });
         }
         roles[s.role as usize] += 1;
         if s.role != StreamRole::Aux && roles[s.role as usize] > 1 {
@@ -186,10 +126,7 @@ fn streams(m: &Model) -> Result<Vec<Vec<u64>>> {
         let sec = format!("{}{}", names::CMD_PREFIX, s.name);
         limit(&sec, "size", s.bytes.len() as u64, MAX_STREAM_SIZE)?;
         if !s.bytes.len().is_multiple_of(4) {
-            return Err(err(format!(
-                "size {} is not a whole number of dwords",
-                s.bytes.len()
-            )));
+            return Err(err(format!("size {} is not a whole number of dwords", s.bytes.len())));
         }
         let mut starts = Vec::new();
         let mut off = 0usize;
@@ -231,31 +168,13 @@ fn tensors(m: &Model) -> Result<()> {
     for (i, t) in g.tensors.iter().enumerate() {
         let id = i as u32;
         if t.name.is_empty() {
-            return Err(bad(
-                s,
-                format!("tensors[{i}].name"),
-                "a non-empty name",
-                "\"\"",
-            ));
+            return Err(bad(s, format!("tensors[{i}].name"), "a non-empty name", "\"\""));
         }
-        limit(
-            s,
-            format!("tensors[{i}].name length"),
-            t.name.len() as u64,
-            MAX_NAME_LEN,
-        )?;
+        limit(s, format!("tensors[{i}].name length"), t.name.len() as u64, MAX_NAME_LEN)?;
         if !seen.insert(t.name.as_str()) {
-            return Err(FormatError::DuplicateName {
-                kind: "tensor",
-                name: t.name.clone(),
-            });
+            return Err(FormatError::DuplicateName { kind: "tensor", name: t.name.clone() });
         }
-        limit(
-            s,
-            format!("tensors[{i}].shape rank"),
-            t.shape.len() as u64,
-            MAX_RANK,
-        )?;
+        limit(s, format!("tensors[{i}].shape rank"), t.shape.len() as u64, MAX_RANK)?;
         let (offset, size) = (t.placement.offset(), t.placement.size());
         match tensor_bytes(t.dtype, &t.shape) {
             Some(b) if b == size => {}
@@ -299,10 +218,7 @@ fn tensors(m: &Model) -> Result<()> {
             }
             Placement::Weight { .. } => {
                 if offset < w_lo || end.is_none_or(|e| e > w_hi) {
-                    return Err(oob(
-                        format!("weights region (arena bytes {w_lo}..{w_hi})"),
-                        w_hi - w_lo,
-                    ));
+                    return Err(oob(format!("weights region (arena bytes {w_lo}..{w_hi})"), w_hi - w_lo));
                 }
             }
             Placement::Staging { .. } => {
@@ -323,32 +239,18 @@ fn io_ids(m: &Model) -> Result<HashSet<u32>> {
         let mut names = HashSet::with_capacity(list.len());
         let mut ids = HashSet::with_capacity(list.len());
         for (i, b) in list.iter().enumerate() {
-            let err = |problem: String| FormatError::BadIo {
-                io: what,
-                index: i as u32,
-                name: b.name.clone(),
-                problem,
-            };
+            let err = |problem: String| FormatError::BadIo { io: what, index: i as u32, name: b.name.clone(), problem };
             if b.name.is_empty() || b.name.len() as u64 > MAX_NAME_LEN {
                 return Err(err(format!("name must be 1 to {MAX_NAME_LEN} bytes")));
             }
             if !names.insert(b.name.as_str()) {
-                return Err(FormatError::DuplicateName {
-                    kind: what,
-                    name: b.name.clone(),
-                });
+                return Err(FormatError::DuplicateName { kind: what, name: b.name.clone() });
             }
             if b.tensor as usize >= count {
-                return Err(err(format!(
-                    "tensor {} does not exist (the graph has {count} tensors)",
-                    b.tensor
-                )));
+                return Err(err(format!("tensor {} does not exist (the graph has {count} tensors)", b.tensor)));
             }
             if !ids.insert(b.tensor) {
-                return Err(err(format!(
-                    "tensor {} is already bound to another {what}",
-                    b.tensor
-                )));
+                return Err(err(format!("tensor {} is already bound to another {what}", b.tensor)));
             }
             if what == "input" {
                 inputs.insert(b.tensor);
@@ -373,30 +275,10 @@ fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Ve
     // Ids, arity, producers.
     for (i, n) in g.nodes.iter().enumerate() {
         let node = i as u32;
-        limit(
-            s,
-            format!("nodes[{i}].name length"),
-            n.name.len() as u64,
-            MAX_NAME_LEN,
-        )?;
-        limit(
-            s,
-            format!("nodes[{i}].op length"),
-            n.op.len() as u64,
-            MAX_NAME_LEN,
-        )?;
-        limit(
-            s,
-            format!("nodes[{i}].inputs count"),
-            n.inputs.len() as u64,
-            MAX_NODE_ARITY,
-        )?;
-        limit(
-            s,
-            format!("nodes[{i}].outputs count"),
-            n.outputs.len() as u64,
-            MAX_NODE_ARITY,
-        )?;
+        limit(s, format!("nodes[{i}].name length"), n.name.len() as u64, MAX_NAME_LEN)?;
+        limit(s, format!("nodes[{i}].op length"), n.op.len() as u64, MAX_NAME_LEN)?;
+        limit(s, format!("nodes[{i}].inputs count"), n.inputs.len() as u64, MAX_NODE_ARITY)?;
+        limit(s, format!("nodes[{i}].outputs count"), n.outputs.len() as u64, MAX_NODE_ARITY)?;
         for (role, list) in [("input", &n.inputs), ("output", &n.outputs)] {
             for (slot, &t) in list.iter().enumerate() {
                 if t >= count {
@@ -428,12 +310,7 @@ fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Ve
     for (i, n) in g.nodes.iter().enumerate() {
         let node = i as u32;
         let kind = n.kind.name();
-        let bad_node = |problem: String| FormatError::BadNode {
-            node,
-            name: n.name.clone(),
-            kind,
-            problem,
-        };
+        let bad_node = |problem: String| FormatError::BadNode { node, name: n.name.clone(), kind, problem };
 
         // Topological order and initialisation.
         for &t in &n.inputs {
@@ -448,10 +325,7 @@ fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Ve
                     producer: p,
                 });
             }
-            if p == NONE
-                && !inputs.contains(&t)
-                && !matches!(tensor.placement, Placement::Weight { .. })
-            {
+            if p == NONE && !inputs.contains(&t) && !matches!(tensor.placement, Placement::Weight { .. }) {
                 return Err(FormatError::UninitializedRead {
                     node,
                     name: n.name.clone(),
@@ -518,10 +392,7 @@ fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Ve
             }
             NodeKind::View => {
                 arity(1, 1)?;
-                let (a, b) = (
-                    &g.tensors[n.inputs[0] as usize],
-                    &g.tensors[n.outputs[0] as usize],
-                );
+                let (a, b) = (&g.tensors[n.inputs[0] as usize], &g.tensors[n.outputs[0] as usize]);
                 if a.placement != b.placement {
                     return Err(bad_node(format!(
                         "output '{}' must occupy exactly the input's bytes ({:?}), found {:?}",
@@ -531,16 +402,10 @@ fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Ve
             }
         }
         if n.kind != NodeKind::Compute && !n.op.is_empty() {
-            return Err(bad_node(format!(
-                "op must be empty for {kind} nodes, found '{}'",
-                n.op
-            )));
+            return Err(bad_node(format!("op must be empty for {kind} nodes, found '{}'", n.op)));
         }
         if matches!(n.kind, NodeKind::HostToDevice | NodeKind::DeviceToHost) {
-            let (a, b) = (
-                &g.tensors[n.inputs[0] as usize],
-                &g.tensors[n.outputs[0] as usize],
-            );
+            let (a, b) = (&g.tensors[n.inputs[0] as usize], &g.tensors[n.outputs[0] as usize]);
             if a.placement.size() != b.placement.size() {
                 return Err(bad_node(format!(
                     "copies {} bytes ('{}') into {} bytes ('{}')",
@@ -553,15 +418,14 @@ fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Ve
         }
 
         // Commands and descriptors.
-        let range_err =
-            |what: &str, offset: u64, len: u64, problem: String| FormatError::NodeRange {
-                node,
-                name: n.name.clone(),
-                what: what.into(),
-                offset,
-                len,
-                problem,
-            };
+        let range_err = |what: &str, offset: u64, len: u64, problem: String| FormatError::NodeRange {
+            node,
+            name: n.name.clone(),
+            what: what.into(),
+            offset,
+            len,
+            problem,
+        };
         match (n.kind, n.commands) {
             (NodeKind::View, Some(_)) => return Err(bad_node("a view runs no commands".into())),
             (NodeKind::View, None) => {}
@@ -572,11 +436,7 @@ fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Ve
                         "command",
                         c.offset,
                         c.len,
-                        format!(
-                            "names stream {}, but there are {}",
-                            c.stream,
-                            m.program.streams.len()
-                        ),
+                        format!("names stream {}, but there are {}", c.stream, m.program.streams.len()),
                     ));
                 };
                 let what = format!("command (stream '{}')", stream.name);
@@ -585,20 +445,10 @@ fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Ve
                     return Err(range_err(&what, c.offset, c.len, "is empty".into()));
                 }
                 if c.offset.checked_add(c.len).is_none_or(|e| e > slen) {
-                    return Err(range_err(
-                        &what,
-                        c.offset,
-                        c.len,
-                        format!("exceeds the {slen}-byte stream"),
-                    ));
+                    return Err(range_err(&what, c.offset, c.len, format!("exceeds the {slen}-byte stream")));
                 }
-                let starts = boundaries
-                    .get(c.stream as usize)
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
-                if !is_boundary(starts, slen, c.offset)
-                    || !is_boundary(starts, slen, c.offset + c.len)
-                {
+                let starts = boundaries.get(c.stream as usize).map(Vec::as_slice).unwrap_or_default();
+                if !is_boundary(starts, slen, c.offset) || !is_boundary(starts, slen, c.offset + c.len) {
                     return Err(range_err(
                         &what,
                         c.offset,
@@ -677,22 +527,14 @@ fn desc_range(m: &Model, node: u32, name: &str, d: DescRange) -> Result<()> {
         problem,
     };
     if d.len == 0 {
-        return Err(range_err(
-            "is empty (a node without descriptors has none)".into(),
-        ));
+        return Err(range_err("is empty (a node without descriptors has none)".into()));
     }
     if !d.offset.is_multiple_of(crate::RELOC_ALIGN) {
-        return Err(range_err(format!(
-            "offset is not a multiple of {}",
-            crate::RELOC_ALIGN
-        )));
+        return Err(range_err(format!("offset is not a multiple of {}", crate::RELOC_ALIGN)));
     }
     match d.offset.checked_add(d.len) {
         Some(e) if e <= blob.len() as u64 => Ok(()),
-        _ => Err(range_err(format!(
-            "exceeds the {}-byte .rbln.desc",
-            blob.len()
-        ))),
+        _ => Err(range_err(format!("exceeds the {}-byte .rbln.desc", blob.len()))),
     }
 }
 
@@ -702,22 +544,12 @@ fn descriptors(m: &Model, node: u32, name: &str, d: DescRange) -> Result<()> {
     let end = (d.offset + d.len) as usize;
     let mut p = d.offset as usize;
     while p < end {
-        let bad = |problem: String| FormatError::BadDescriptor {
-            node,
-            name: name.into(),
-            offset: p as u64,
-            problem,
-        };
+        let bad = |problem: String| FormatError::BadDescriptor { node, name: name.into(), offset: p as u64, problem };
         let Some(h) = blob.get(p..end).and_then(OpHeader::read_from) else {
-            return Err(bad(format!(
-                "{} bytes left in the range, a descriptor header needs 8",
-                end - p
-            )));
+            return Err(bad(format!("{} bytes left in the range, a descriptor header needs 8", end - p)));
         };
         let size = h.size as usize;
-        if !(OpHeader::SIZE..=rbln_hw::ops::MAX_DESC_SIZE).contains(&size)
-            || !size.is_multiple_of(4)
-            || size > end - p
+        if !(OpHeader::SIZE..=rbln_hw::ops::MAX_DESC_SIZE).contains(&size) || !size.is_multiple_of(4) || size > end - p
         {
             return Err(bad(format!(
                 "header size {size} is not a multiple of 4 in 8..={} within the range",
@@ -739,55 +571,31 @@ fn io(m: &Model, producer: &[u32]) -> Result<()> {
         for (i, b) in list.iter().enumerate() {
             let index = i as u32;
             let t = &g.tensors[b.tensor as usize];
-            let mismatch =
-                |field: &'static str, expected: String, found: String| FormatError::IoMismatch {
-                    io: what,
-                    index,
-                    name: b.name.clone(),
-                    tensor: b.tensor,
-                    field,
-                    expected,
-                    found,
-                };
-            if b.dtype != t.dtype {
-                return Err(mismatch(
-                    "dtype",
-                    t.dtype.name().into(),
-                    b.dtype.name().into(),
-                ));
-            }
-            if b.shape != t.shape {
-                return Err(mismatch(
-                    "shape",
-                    format!("{:?}", t.shape),
-                    format!("{:?}", b.shape),
-                ));
-            }
-            if b.placement != t.placement {
-                return Err(mismatch(
-                    "placement",
-                    format!("{:?}", t.placement),
-                    format!("{:?}", b.placement),
-                ));
-            }
-            let err = |problem: String| FormatError::BadIo {
+            let mismatch = |field: &'static str, expected: String, found: String| FormatError::IoMismatch {
                 io: what,
                 index,
                 name: b.name.clone(),
-                problem,
+                tensor: b.tensor,
+                field,
+                expected,
+                found,
             };
+            if b.dtype != t.dtype {
+                return Err(mismatch("dtype", t.dtype.name().into(), b.dtype.name().into()));
+            }
+            if b.shape != t.shape {
+                return Err(mismatch("shape", format!("{:?}", t.shape), format!("{:?}", b.shape)));
+            }
+            if b.placement != t.placement {
+                return Err(mismatch("placement", format!("{:?}", t.placement), format!("{:?}", b.placement)));
+            }
+            let err = |problem: String| FormatError::BadIo { io: what, index, name: b.name.clone(), problem };
             if let Placement::Weight { .. } = t.placement {
-                return Err(err(format!(
-                    "tensor {} ('{}') is a weight",
-                    b.tensor, t.name
-                )));
+                return Err(err(format!("tensor {} ('{}') is a weight", b.tensor, t.name)));
             }
             if let Some(r) = b.range {
                 if !matches!(b.dtype, DType::I32 | DType::I64) {
-                    return Err(err(format!(
-                        "a value range on a {} tensor (only integer inputs have one)",
-                        b.dtype.name()
-                    )));
+                    return Err(err(format!("a value range on a {} tensor (only integer inputs have one)", b.dtype.name())));
                 }
                 if r.lo >= r.hi {
                     return Err(err(format!("empty value range {}..{}", r.lo, r.hi)));
@@ -795,16 +603,10 @@ fn io(m: &Model, producer: &[u32]) -> Result<()> {
             }
             let p = producer[b.tensor as usize];
             if what == "input" && p != NONE {
-                return Err(err(format!(
-                    "tensor {} ('{}') is produced by node {p}",
-                    b.tensor, t.name
-                )));
+                return Err(err(format!("tensor {} ('{}') is produced by node {p}", b.tensor, t.name)));
             }
             if what == "output" && p == NONE && !inputs.contains(&b.tensor) {
-                return Err(err(format!(
-                    "no node produces tensor {} ('{}')",
-                    b.tensor, t.name
-                )));
+                return Err(err(format!("no node produces tensor {} ('{}')", b.tensor, t.name)));
             }
         }
     }
@@ -855,17 +657,22 @@ fn liveness(m: &Model, producer: &[u32]) -> Result<()> {
 
     for (region, code) in [("arena", 0u8), ("staging buffer", 2u8)] {
         // (start, end, offset, size, id) of each live root in the region.
-        let mut items: Vec<(u64, u64, u64, u64, u32)> =
-            live.iter()
-                .enumerate()
-                .filter_map(|(t, l)| {
-                    let tensor = &g.tensors[t];
-                    let (s, e) = (*l)?;
-                    let size = tensor.placement.size();
-                    (root[t] as usize == t && tensor.placement.code() == code && size > 0)
-                        .then_some((s, e, tensor.placement.offset(), size, t as u32))
-                })
-                .collect();
+        let mut items: Vec<(u64, u64, u64, u64, u32)> = live
+            .iter()
+            .enumerate()
+            .filter_map(|(t, l)| {
+                let tensor = &g.tensors[t];
+                let (s, e) = (*l)?;
+                let size = tensor.placement.size();
+                (root[t] as usize == t && tensor.placement.code() == code && size > 0).then_some((
+                    s,
+                    e,
+                    tensor.placement.offset(),
+                    size,
+                    t as u32,
+                ))
+            })
+            .collect();
         items.sort_unstable();
         // Active roots: offset -> (end offset, id); expiry heap by end time.
         let mut active: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
@@ -915,10 +722,7 @@ fn op_summary(m: &Model) -> Result<()> {
     for w in listed.windows(2) {
         if w[0].op.as_bytes() >= w[1].op.as_bytes() {
             return Err(FormatError::OpSummary {
-                detail: format!(
-                    "'{}' listed before '{}' (entries must be sorted and unique)",
-                    w[0].op, w[1].op
-                ),
+                detail: format!("'{}' listed before '{}' (entries must be sorted and unique)", w[0].op, w[1].op),
             });
         }
     }
@@ -938,14 +742,8 @@ fn op_summary(m: &Model) -> Result<()> {
         }
     }
     if listed.len() != counts.len() {
-        let missing = counts
-            .keys()
-            .find(|k| !listed.iter().any(|o| o.op == **k))
-            .copied()
-            .unwrap_or_default();
-        return Err(FormatError::OpSummary {
-            detail: format!("'{missing}' is used by the graph but not listed"),
-        });
+        let missing = counts.keys().find(|k| !listed.iter().any(|o| o.op == **k)).copied().unwrap_or_default();
+        return Err(FormatError::OpSummary { detail: format!("'{missing}' is used by the graph but not listed") });
     }
     Ok(())
 }
@@ -963,22 +761,13 @@ fn target_name(m: &Model, t: RelocTarget) -> String {
 fn target_bytes(m: &Model, t: RelocTarget) -> Option<&[u8]> {
     match t {
         RelocTarget::Descriptors => Some(&m.program.descriptors),
-        RelocTarget::Stream(n) => m
-            .program
-            .streams
-            .get(n as usize)
-            .map(|s| s.bytes.as_slice()),
+        RelocTarget::Stream(n) => m.program.streams.get(n as usize).map(|s| s.bytes.as_slice()),
     }
 }
 
 fn relocations(m: &Model) -> Result<()> {
     let p = &m.program;
-    limit(
-        names::RELOC,
-        "relocations count",
-        p.relocations.len() as u64,
-        MAX_RELOCS,
-    )?;
+    limit(names::RELOC, "relocations count", p.relocations.len() as u64, MAX_RELOCS)?;
     let mut prev: Option<(RelocTarget, u64)> = None;
     for (i, r) in p.relocations.iter().enumerate() {
         let index = i as u64;
@@ -986,36 +775,19 @@ fn relocations(m: &Model) -> Result<()> {
         let Some(bytes) = target_bytes(m, r.target) else {
             return Err(FormatError::BadRelocation {
                 index,
-                problem: format!(
-                    "target {target} does not exist (there are {} streams)",
-                    p.streams.len()
-                ),
+                problem: format!("target {target} does not exist (there are {} streams)", p.streams.len()),
             });
         };
         if !r.offset.is_multiple_of(crate::RELOC_ALIGN) {
-            return Err(FormatError::RelocMisaligned {
-                index,
-                target,
-                offset: r.offset,
-                align: crate::RELOC_ALIGN,
-            });
+            return Err(FormatError::RelocMisaligned { index, target, offset: r.offset, align: crate::RELOC_ALIGN });
         }
         let size = bytes.len() as u64;
         if r.offset.checked_add(8).is_none_or(|e| e > size) {
-            return Err(FormatError::RelocOutOfBounds {
-                index,
-                target,
-                offset: r.offset,
-                size,
-            });
+            return Err(FormatError::RelocOutOfBounds { index, target, offset: r.offset, size });
         }
         if let Some((pt, po)) = prev {
             if r.target < pt || (r.target == pt && r.offset < po + 8) {
-                return Err(FormatError::RelocOrder {
-                    index,
-                    target,
-                    offset: r.offset,
-                });
+                return Err(FormatError::RelocOrder { index, target, offset: r.offset });
             }
         }
         prev = Some((r.target, r.offset));
@@ -1029,10 +801,7 @@ fn relocations(m: &Model) -> Result<()> {
                 None => {
                     return Err(FormatError::BadRelocation {
                         index,
-                        problem: format!(
-                            "refers to stream {n}, but there are {} streams",
-                            p.streams.len()
-                        ),
+                        problem: format!("refers to stream {n}, but there are {} streams", p.streams.len()),
                     })
                 }
             },
@@ -1052,13 +821,7 @@ fn relocations(m: &Model) -> Result<()> {
         field.copy_from_slice(&bytes[o..o + 8]);
         let stored = u64::from_le_bytes(field);
         if stored != r.addend {
-            return Err(FormatError::RelocStoredValue {
-                index,
-                target,
-                offset: r.offset,
-                stored,
-                addend: r.addend,
-            });
+            return Err(FormatError::RelocStoredValue { index, target, offset: r.offset, stored, addend: r.addend });
         }
     }
     Ok(())
@@ -1073,10 +836,7 @@ fn profile(m: &Model) -> Result<()> {
         if e.node as u64 >= nodes {
             return Err(FormatError::BadProfile {
                 index,
-                problem: format!(
-                    "node {} does not exist (the graph has {nodes} nodes)",
-                    e.node
-                ),
+                problem: format!("node {} does not exist (the graph has {nodes} nodes)", e.node),
             });
         }
         if prev.is_some_and(|pn| e.node <= pn) {
@@ -1098,11 +858,7 @@ pub(crate) fn relocate(m: &Model, bases: &RelocBases) -> Result<Relocated> {
     let p = &m.program;
     if bases.streams.len() != p.streams.len() {
         return Err(FormatError::Relocate {
-            problem: format!(
-                "{} stream bases given for {} streams",
-                bases.streams.len(),
-                p.streams.len()
-            ),
+            problem: format!("{} stream bases given for {} streams", bases.streams.len(), p.streams.len()),
         });
     }
     let mut descriptors = p.descriptors.clone();
@@ -1113,38 +869,21 @@ pub(crate) fn relocate(m: &Model, bases: &RelocBases) -> Result<Relocated> {
             RelocKind::Staging => bases.staging,
             RelocKind::Descriptors => bases.descriptors,
             RelocKind::WeightsSource => bases.weights_source,
-            RelocKind::Stream(n) => {
-                *bases
-                    .streams
-                    .get(n as usize)
-                    .ok_or_else(|| FormatError::Relocate {
-                        problem: format!(
-                            "relocation {i} refers to stream {n}, which does not exist"
-                        ),
-                    })?
-            }
+            RelocKind::Stream(n) => *bases.streams.get(n as usize).ok_or_else(|| FormatError::Relocate {
+                problem: format!("relocation {i} refers to stream {n}, which does not exist"),
+            })?,
         };
-        let value = base
-            .checked_add(r.addend)
-            .ok_or_else(|| FormatError::Relocate {
-                problem: format!(
-                    "relocation {i}: base {base:#x} + addend {:#x} overflows",
-                    r.addend
-                ),
-            })?;
+        let value = base.checked_add(r.addend).ok_or_else(|| FormatError::Relocate {
+            problem: format!("relocation {i}: base {base:#x} + addend {:#x} overflows", r.addend),
+        })?;
         let target = match r.target {
             RelocTarget::Descriptors => Some(&mut descriptors),
             RelocTarget::Stream(n) => streams.get_mut(n as usize),
         };
         let field = target
             .and_then(|t| t.get_mut(r.offset as usize..(r.offset as usize).checked_add(8)?))
-            .ok_or_else(|| FormatError::Relocate {
-                problem: format!("relocation {i} lies outside its target"),
-            })?;
+            .ok_or_else(|| FormatError::Relocate { problem: format!("relocation {i} lies outside its target") })?;
         field.copy_from_slice(&value.to_le_bytes());
     }
-    Ok(Relocated {
-        descriptors,
-        streams,
-    })
+    Ok(Relocated { descriptors, streams })
 }

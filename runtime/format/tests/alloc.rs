@@ -63,48 +63,18 @@ fn huge_claims_allocate_nothing_big() {
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         // ~1M tensors (within MAX_TENSORS) claimed by a 700-byte section:
         // 1M decoded tensors would take ~100 MB.
-        (
-            "tensor count",
-            patch_section(&base, ".rbln.graph", |d| put_u32(d, 0, 1 << 20)),
-            "CountExceedsData",
-        ),
+        ("tensor count", patch_section(&base, ".rbln.graph", |d| put_u32(d, 0, 1 << 20)), "CountExceedsData"),
         (
             "tensor count above the limit",
             patch_section(&base, ".rbln.graph", |d| put_u32(d, 0, u32::MAX)),
             "LimitExceeded",
         ),
-        (
-            "4 KiB name",
-            patch_section(&base, ".rbln.graph", |d| put_u32(d, 4, 4096)),
-            "SectionTruncated",
-        ),
-        (
-            "4 GiB name",
-            patch_section(&base, ".rbln.graph", |d| put_u32(d, 4, u32::MAX)),
-            "LimitExceeded",
-        ),
-        (
-            "16M relocations",
-            patch_section(&base, ".rbln.reloc", |d| put_u32(d, 0, 1 << 24)),
-            "CountExceedsData",
-        ),
-        (
-            "1M profile entries",
-            patch_section(&base, ".rbln.profile", |d| put_u32(d, 0, 1 << 20)),
-            "CountExceedsData",
-        ),
-        (
-            "1T weights",
-            patch_section(&base, ".rbln.meta", |d| {
-                put_u64(d, weights_size_at, 1 << 40)
-            }),
-            "BadField",
-        ),
-        (
-            "64 streams",
-            patch_section(&base, ".rbln.meta", |d| put_u32(d, streams_at, 64)),
-            "CountExceedsData",
-        ),
+        ("4 KiB name", patch_section(&base, ".rbln.graph", |d| put_u32(d, 4, 4096)), "SectionTruncated"),
+        ("4 GiB name", patch_section(&base, ".rbln.graph", |d| put_u32(d, 4, u32::MAX)), "LimitExceeded"),
+        ("16M relocations", patch_section(&base, ".rbln.reloc", |d| put_u32(d, 0, 1 << 24)), "CountExceedsData"),
+        ("1M profile entries", patch_section(&base, ".rbln.profile", |d| put_u32(d, 0, 1 << 20)), "CountExceedsData"),
+        ("1T weights", patch_section(&base, ".rbln.meta", |d| put_u64(d, weights_size_at, 1 << 40)), "BadField"),
+        ("64 streams", patch_section(&base, ".rbln.meta", |d| put_u32(d, streams_at, 64)), "CountExceedsData"),
         (
             "1 TiB section",
             {
@@ -143,20 +113,11 @@ fn huge_claims_allocate_nothing_big() {
     for (what, bytes, variant) in cases {
         let (r, largest, total, took) = measure(&bytes);
         let e = r.expect_err(what);
-        assert!(
-            format!("{e:?}").starts_with(variant),
-            "{what}: expected {variant}, got {e:?}"
-        );
+        assert!(format!("{e:?}").starts_with(variant), "{what}: expected {variant}, got {e:?}");
         // Nothing bigger than the file itself (the reader copies sections
         // it has verified), and a few file sizes in total.
-        assert!(
-            largest <= file.max(64 << 10),
-            "{what}: allocated {largest} bytes at once ({e})"
-        );
-        assert!(
-            total <= 16 * file + (256 << 10),
-            "{what}: allocated {total} bytes in total ({e})"
-        );
+        assert!(largest <= file.max(64 << 10), "{what}: allocated {largest} bytes at once ({e})");
+        assert!(total <= 16 * file + (256 << 10), "{what}: allocated {total} bytes in total ({e})");
         assert!(took < Duration::from_secs(1), "{what}: took {took:?}");
         eprintln!("{what}: {e} (largest allocation {largest} B, total {total} B, {took:?})");
     }
@@ -164,13 +125,9 @@ fn huge_claims_allocate_nothing_big() {
     // A valid model planning a 1 TiB arena and staging buffer is read
     // without allocating either: the reader only describes memory.
     let (mut b, _) = mlp_builder();
-    b.arena_size(limits::MAX_ARENA_SIZE)
-        .staging_size(limits::MAX_STAGING_SIZE);
+    b.arena_size(limits::MAX_ARENA_SIZE).staging_size(limits::MAX_STAGING_SIZE);
     let bytes = b.build().unwrap();
     let (r, largest, _, _) = measure(&bytes);
     assert_eq!(r.unwrap().meta.arena_size, 1 << 40);
-    assert!(
-        largest <= bytes.len().max(64 << 10),
-        "allocated {largest} bytes at once"
-    );
+    assert!(largest <= bytes.len().max(64 << 10), "allocated {largest} bytes at once");
 }

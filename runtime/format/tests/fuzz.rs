@@ -94,20 +94,13 @@ impl Stats {
         eprintln!("fuzz {strategy}: {} ok, errors {:?}", self.ok, self.err);
     }
     fn errors_other_than(&self, kinds: &[&str]) -> u64 {
-        self.err
-            .iter()
-            .filter(|(k, _)| !kinds.contains(&k.as_str()))
-            .map(|(_, n)| n)
-            .sum()
+        self.err.iter().filter(|(k, _)| !kinds.contains(&k.as_str())).map(|(_, n)| n).sum()
     }
 }
 
 fn variant(e: &FormatError) -> String {
     let d = format!("{e:?}");
-    d.split(|c: char| !c.is_alphanumeric())
-        .next()
-        .unwrap_or_default()
-        .to_string()
+    d.split(|c: char| !c.is_alphanumeric()).next().unwrap_or_default().to_string()
 }
 
 /// Parse `input`; a panic fails the test with a reproducible report.
@@ -117,17 +110,13 @@ fn run(input: &[u8], strategy: &str, case: u64, stats: &mut Stats) -> Option<For
         if let Ok(m) = &r {
             // Whatever the reader accepts, the writer reproduces exactly,
             // and relocating it works.
-            let again = m
-                .to_bytes()
-                .expect("a model the reader accepted must pass the writer's checks");
+            let again = m.to_bytes().expect("a model the reader accepted must pass the writer's checks");
             assert_eq!(&Model::from_bytes(&again).expect("re-read"), m);
             let bases = RelocBases {
                 arena: 1 << 32,
                 staging: 2 << 32,
                 descriptors: 3 << 32,
-                streams: (0..m.program.streams.len() as u64)
-                    .map(|i| (4 + i) << 32)
-                    .collect(),
+                streams: (0..m.program.streams.len() as u64).map(|i| (4 + i) << 32).collect(),
                 weights_source: 5 << 32,
             };
             m.relocate(&bases).expect("relocating an accepted model");
@@ -271,11 +260,7 @@ fn header_edits() {
                 let at = shdr_field(&base, rng.below(shnum as u64) as u32, fo);
                 let old = le(&b[at..at + w]);
                 // Offsets and sizes: also try values around the file size.
-                let around = if (fo == 24 || fo == 32) && rng.chance(2) {
-                    base.len() as u64
-                } else {
-                    old
-                };
+                let around = if (fo == 24 || fo == 32) && rng.chance(2) { base.len() as u64 } else { old };
                 let v = rng.interesting(around);
                 b[at..at + w].copy_from_slice(&v.to_le_bytes()[..w]);
             }
@@ -356,16 +341,8 @@ fn section_edits_with_valid_checksums() {
     }
     stats.report("section_edits");
     // The harness must get past the checksums into the section parsers.
-    assert!(
-        stats.errors_other_than(&["ChecksumMismatch", "FileChecksumMismatch"]) > cases() / 2,
-        "{:?}",
-        stats.err
-    );
-    assert!(
-        stats.err.len() >= 8,
-        "too few distinct errors reached: {:?}",
-        stats.err
-    );
+    assert!(stats.errors_other_than(&["ChecksumMismatch", "FileChecksumMismatch"]) > cases() / 2, "{:?}", stats.err);
+    assert!(stats.err.len() >= 8, "too few distinct errors reached: {:?}", stats.err);
 }
 
 /// Random semantic edits of the decoded model.
@@ -380,11 +357,7 @@ fn mutate_model(m: &mut Model, rng: &mut Rng) {
         0 => {
             let t = &mut m.graph.tensors[rng.idx(nt)];
             let (o, s) = (t.placement.offset(), t.placement.size());
-            let (o, s) = if rng.chance(2) {
-                (rng.interesting(o), s)
-            } else {
-                (o, rng.interesting(s))
-            };
+            let (o, s) = if rng.chance(2) { (rng.interesting(o), s) } else { (o, rng.interesting(s)) };
             t.placement = Placement::from_code(rng.below(3) as u8, o, s).unwrap();
         }
         1 => {
@@ -399,11 +372,7 @@ fn mutate_model(m: &mut Model, rng: &mut Rng) {
         2 => m.graph.tensors[rng.idx(nt)].dtype = DType::from_u8(1 + rng.below(8) as u8).unwrap(),
         3 => {
             let n = &mut m.graph.nodes[rng.idx(nn)];
-            let list = if rng.chance(2) {
-                &mut n.inputs
-            } else {
-                &mut n.outputs
-            };
+            let list = if rng.chance(2) { &mut n.inputs } else { &mut n.outputs };
             if !list.is_empty() && rng.chance(2) {
                 let k = rng.idx(list.len());
                 list[k] = rng.below(nt as u64 + 2) as u32;
@@ -417,27 +386,15 @@ fn mutate_model(m: &mut Model, rng: &mut Rng) {
         5 => {
             let n = &mut m.graph.nodes[rng.idx(nn)];
             n.commands = match n.commands {
-                Some(c) if rng.chance(4) => Some(CmdRange {
-                    stream: rng.below(6) as u32,
-                    ..c
-                }),
-                Some(c) if rng.chance(2) => Some(CmdRange {
-                    offset: rng.interesting(c.offset) & !3,
-                    ..c
-                }),
-                Some(c) if rng.chance(2) => Some(CmdRange {
-                    len: rng.interesting(c.len),
-                    ..c
-                }),
+                Some(c) if rng.chance(4) => Some(CmdRange { stream: rng.below(6) as u32, ..c }),
+                Some(c) if rng.chance(2) => Some(CmdRange { offset: rng.interesting(c.offset) & !3, ..c }),
+                Some(c) if rng.chance(2) => Some(CmdRange { len: rng.interesting(c.len), ..c }),
                 _ => None,
             }
         }
         6 => {
             let n = &mut m.graph.nodes[rng.idx(nn)];
-            n.descriptors = Some(DescRange {
-                offset: rng.interesting(0) & !3,
-                len: rng.interesting(96),
-            });
+            n.descriptors = Some(DescRange { offset: rng.interesting(0) & !3, len: rng.interesting(96) });
         }
         7 => {
             let (a, b) = (rng.idx(nn), rng.idx(nn));
@@ -459,17 +416,11 @@ fn mutate_model(m: &mut Model, rng: &mut Rng) {
                 0 => r.offset = rng.interesting(r.offset),
                 1 => r.addend = rng.interesting(r.addend),
                 2 => r.target = RelocTarget::from_code(rng.below(6) as u32),
-                _ => {
-                    r.kind =
-                        RelocKind::from_code(1 + rng.below(5) as u32, rng.below(6) as u32).unwrap()
-                }
+                _ => r.kind = RelocKind::from_code(1 + rng.below(5) as u32, rng.below(6) as u32).unwrap(),
             }
         }
         10 if !m.program.relocations.is_empty() => {
-            let (a, b) = (
-                rng.idx(m.program.relocations.len()),
-                rng.idx(m.program.relocations.len()),
-            );
+            let (a, b) = (rng.idx(m.program.relocations.len()), rng.idx(m.program.relocations.len()));
             m.program.relocations.swap(a, b);
         }
         11 => {
@@ -498,21 +449,12 @@ fn mutate_model(m: &mut Model, rng: &mut Rng) {
         15 => m.meta.staging_size = rng.interesting(m.meta.staging_size),
         16 => m.meta.weights_offset = rng.interesting(m.meta.weights_offset),
         17 => {
-            let list = if rng.chance(2) {
-                &mut m.meta.inputs
-            } else {
-                &mut m.meta.outputs
-            };
+            let list = if rng.chance(2) { &mut m.meta.inputs } else { &mut m.meta.outputs };
             if let Some(b) = list.first_mut() {
                 match rng.below(4) {
                     0 => b.tensor = rng.below(nt as u64 + 1) as u32,
                     1 => b.shape.push(1),
-                    2 => {
-                        b.placement = Placement::Arena {
-                            offset: b.placement.offset(),
-                            size: b.placement.size(),
-                        }
-                    }
+                    2 => b.placement = Placement::Arena { offset: b.placement.offset(), size: b.placement.size() },
                     _ => b.dtype = DType::I64,
                 }
             }
@@ -534,12 +476,7 @@ fn mutate_model(m: &mut Model, rng: &mut Rng) {
             let (a, b) = (rng.below(nt as u64) as u32, rng.below(nt as u64) as u32);
             m.graph.nodes.insert(rng.idx(nn + 1), Node::view("v", a, b));
         }
-        _ => m
-            .meta
-            .ops
-            .first_mut()
-            .into_iter()
-            .for_each(|o| o.count = rng.below(4) as u32),
+        _ => m.meta.ops.first_mut().into_iter().for_each(|o| o.count = rng.below(4) as u32),
     }
 }
 
@@ -554,12 +491,10 @@ fn model_edits() {
         for _ in 0..1 + rng.below(3) {
             mutate_model(&mut m, &mut rng);
         }
-        let verdict = catch_unwind(AssertUnwindSafe(|| {
-            m.validate().err().map(|e| e.to_string())
-        }))
-        .unwrap_or_else(|_| {
-            panic!("Model::validate panicked on model_edits case {case}: {m:?}");
-        });
+        let verdict =
+            catch_unwind(AssertUnwindSafe(|| m.validate().err().map(|e| e.to_string()))).unwrap_or_else(|_| {
+                panic!("Model::validate panicked on model_edits case {case}: {m:?}");
+            });
         let bytes = m.to_bytes_unchecked().unwrap();
         let e = run(&bytes, "model_edits", case, &mut stats);
         // The writer's check and the reader agree: a model passes
@@ -567,18 +502,10 @@ fn model_edits() {
         // (A model the file cannot represent, e.g. an empty descriptor
         // range, fails validate() and reads back as a different model.)
         let same = e.is_none() && Model::from_bytes(&bytes).is_ok_and(|back| back == m);
-        assert_eq!(
-            verdict.is_none(),
-            same,
-            "case {case}: validate() said {verdict:?}, the reader said {e:?}"
-        );
+        assert_eq!(verdict.is_none(), same, "case {case}: validate() said {verdict:?}, the reader said {e:?}");
         agree += 1;
     }
     stats.report("model_edits");
     assert_eq!(agree, cases());
-    assert!(
-        stats.err.len() >= 12,
-        "too few distinct errors reached: {:?}",
-        stats.err
-    );
+    assert!(stats.err.len() >= 12, "too few distinct errors reached: {:?}", stats.err);
 }

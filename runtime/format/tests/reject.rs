@@ -26,19 +26,8 @@ const META_STREAMS: usize = META_WEIGHTS_SIZE + 8;
 fn empty_and_tiny_files_are_truncated() {
     let e = assert_err_msg(read(&[]), &["truncated", "ELF magic"]);
     assert!(matches!(e, FormatError::Truncated { file_size: 0, .. }));
-    let e = assert_err_msg(
-        read(&mlp_bytes()[..10]),
-        &["truncated", "ELF header", "0..0+64", "10 bytes"],
-    );
-    assert!(matches!(
-        e,
-        FormatError::Truncated {
-            offset: 0,
-            len: 64,
-            file_size: 10,
-            ..
-        }
-    ));
+    let e = assert_err_msg(read(&mlp_bytes()[..10]), &["truncated", "ELF header", "0..0+64", "10 bytes"]);
+    assert!(matches!(e, FormatError::Truncated { offset: 0, len: 64, file_size: 10, .. }));
 }
 
 #[test]
@@ -58,10 +47,7 @@ fn truncated_files_name_what_is_cut() {
     let at = shdr_field(&b, idx, 32);
     put_u64(&mut b, at, 1 << 20);
     let e = assert_err_msg(read(&b), &[".rbln.weights", "outside"]);
-    assert!(matches!(
-        e,
-        FormatError::SectionOutOfBounds { size: 0x100000, .. }
-    ));
+    assert!(matches!(e, FormatError::SectionOutOfBounds { size: 0x100000, .. }));
 }
 
 #[test]
@@ -89,10 +75,7 @@ fn wrong_class_endianness_type_machine() {
         let mut b = mlp_bytes();
         b[at..at + v.len()].copy_from_slice(v);
         let e = read(&b).unwrap_err();
-        assert!(
-            matches!(&e, FormatError::ElfHeader { field: f, .. } if *f == field),
-            "{field}: {e}"
-        );
+        assert!(matches!(&e, FormatError::ElfHeader { field: f, .. } if *f == field), "{field}: {e}");
         assert!(e.to_string().contains(field));
     }
     let mut b = mlp_bytes();
@@ -108,14 +91,7 @@ fn section_table_counts_and_indices() {
     let mut b = mlp_bytes();
     b[60..62].copy_from_slice(&0xffffu16.to_le_bytes());
     let e = assert_err_msg(read(&b), &["e_shnum", "65535", "1024"]);
-    assert!(matches!(
-        e,
-        FormatError::LimitExceeded {
-            found: 65535,
-            limit: 1024,
-            ..
-        }
-    ));
+    assert!(matches!(e, FormatError::LimitExceeded { found: 65535, limit: 1024, .. }));
     let mut b = mlp_bytes();
     b[60..62].copy_from_slice(&0u16.to_le_bytes());
     assert_err_msg(read(&b), &["e_shnum"]);
@@ -195,62 +171,27 @@ fn duplicate_sections() {
     let mut secs = sections(&bytes);
     let g = secs.iter().find(|s| s.0 == ".rbln.graph").unwrap().clone();
     secs.push(g);
-    let specs: Vec<SectionSpec> = secs
-        .iter()
-        .map(|(n, a, d)| SectionSpec {
-            name: n,
-            align: *a,
-            data: d,
-        })
-        .collect();
-    let e = assert_err_msg(
-        read(&container::write(&specs).unwrap()),
-        &["duplicate section .rbln.graph"],
-    );
+    let specs: Vec<SectionSpec> = secs.iter().map(|(n, a, d)| SectionSpec { name: n, align: *a, data: d }).collect();
+    let e = assert_err_msg(read(&container::write(&specs).unwrap()), &["duplicate section .rbln.graph"]);
     assert!(matches!(e, FormatError::DuplicateSection { first: 2, .. }));
 }
 
 #[test]
 fn missing_sections() {
     let bytes = mlp_bytes();
-    for name in [
-        ".rbln.meta",
-        ".rbln.graph",
-        ".rbln.desc",
-        ".rbln.reloc",
-        ".rbln.weights",
-        ".rbln.cmd.run",
-    ] {
-        let secs: Vec<_> = sections(&bytes)
-            .into_iter()
-            .filter(|s| s.0 != name)
-            .collect();
+    for name in [".rbln.meta", ".rbln.graph", ".rbln.desc", ".rbln.reloc", ".rbln.weights", ".rbln.cmd.run"] {
+        let secs: Vec<_> = sections(&bytes).into_iter().filter(|s| s.0 != name).collect();
         let e = read(&rewrap(&secs)).unwrap_err();
-        assert!(
-            matches!(&e, FormatError::MissingSection { name: n } if n == name),
-            "{name}: {e}"
-        );
-        assert!(e
-            .to_string()
-            .contains(&format!("required section {name} is missing")));
+        assert!(matches!(&e, FormatError::MissingSection { name: n } if n == name), "{name}: {e}");
+        assert!(e.to_string().contains(&format!("required section {name} is missing")));
     }
     // No .rbln.check at all.
     let secs = sections(&bytes);
-    let specs: Vec<SectionSpec> = secs
-        .iter()
-        .map(|(n, a, d)| SectionSpec {
-            name: n,
-            align: *a,
-            data: d,
-        })
-        .collect();
+    let specs: Vec<SectionSpec> = secs.iter().map(|(n, a, d)| SectionSpec { name: n, align: *a, data: d }).collect();
     let (raw, _) = container::write_elf(&specs).unwrap();
     assert_err_msg(read(&raw), &["required section .rbln.check is missing"]);
     // The profile is optional.
-    let secs: Vec<_> = sections(&bytes)
-        .into_iter()
-        .filter(|s| s.0 != ".rbln.profile")
-        .collect();
+    let secs: Vec<_> = sections(&bytes).into_iter().filter(|s| s.0 != ".rbln.profile").collect();
     assert!(read(&rewrap(&secs)).unwrap().profile.is_none());
 }
 
@@ -260,26 +201,15 @@ fn missing_sections() {
 fn corrupted_section_names_the_section() {
     let bytes = mlp_bytes();
     let c = container::read(&bytes).unwrap();
-    for name in [
-        ".rbln.meta",
-        ".rbln.graph",
-        ".rbln.desc",
-        ".rbln.cmd.run",
-        ".rbln.reloc",
-        ".rbln.weights",
-        ".rbln.profile",
-    ] {
+    for name in
+        [".rbln.meta", ".rbln.graph", ".rbln.desc", ".rbln.cmd.run", ".rbln.reloc", ".rbln.weights", ".rbln.profile"]
+    {
         let s = c.get(name).unwrap();
         let mut b = bytes.clone();
         b[s.offset as usize + s.data.len() / 2] ^= 0x10;
         let e = read(&b).unwrap_err();
-        assert!(
-            matches!(&e, FormatError::ChecksumMismatch { section, .. } if section == name),
-            "{name}: {e}"
-        );
-        assert!(e
-            .to_string()
-            .contains(&format!("checksum mismatch in section {name}")));
+        assert!(matches!(&e, FormatError::ChecksumMismatch { section, .. } if section == name), "{name}: {e}");
+        assert!(e.to_string().contains(&format!("checksum mismatch in section {name}")));
     }
     // The check table itself.
     let s = c.get(".rbln.check").unwrap();
@@ -301,10 +231,7 @@ fn corruption_outside_sections_fails_the_file_checksum() {
     let p = c.get(".rbln.profile").unwrap();
     let w = c.get(".rbln.weights").unwrap();
     let gap = w.offset as usize - 1;
-    assert!(
-        gap >= p.offset as usize + p.data.len(),
-        "no padding before the weights"
-    );
+    assert!(gap >= p.offset as usize + p.data.len(), "no padding before the weights");
     let mut b = bytes.clone();
     b[gap] = 0xff;
     assert_err_msg(read(&b), &["whole-file checksum mismatch"]);
@@ -321,18 +248,12 @@ fn check_table_must_cover_every_rbln_section() {
     // The independent check writer reproduces a valid file.
     read(&with_check(&secs, &all)).unwrap();
     let some: Vec<&str> = all.iter().copied().filter(|n| *n != ".rbln.desc").collect();
-    let e = assert_err_msg(
-        read(&with_check(&secs, &some)),
-        &[".rbln.desc", "not covered by .rbln.check"],
-    );
+    let e = assert_err_msg(read(&with_check(&secs, &some)), &[".rbln.desc", "not covered by .rbln.check"]);
     assert!(matches!(e, FormatError::UncheckedSection { .. }));
     // Listing a section twice, or one that does not exist.
     let mut twice = all.clone();
     twice.push(".rbln.desc");
-    assert_err_msg(
-        read(&with_check(&secs, &twice)),
-        &["duplicate check entry name '.rbln.desc'"],
-    );
+    assert_err_msg(read(&with_check(&secs, &twice)), &["duplicate check entry name '.rbln.desc'"]);
 }
 
 #[test]
@@ -340,20 +261,11 @@ fn check_table_header() {
     let secs = sections(&mlp_bytes());
     let all: Vec<&str> = secs.iter().map(|s| s.0.as_str()).collect();
     let good = with_check(&secs, &all);
-    let chk = container::read(&good)
-        .unwrap()
-        .get(".rbln.check")
-        .unwrap()
-        .offset as usize;
+    let chk = container::read(&good).unwrap().get(".rbln.check").unwrap().offset as usize;
     // Unknown algorithm (self crc repaired).
     let mut b = good.clone();
     b[chk + 8] = 2;
-    let n = container::read_elf(&b)
-        .unwrap()
-        .get(".rbln.check")
-        .unwrap()
-        .data
-        .len();
+    let n = container::read_elf(&b).unwrap().get(".rbln.check").unwrap().data.len();
     let fixed = crc(&b[chk..chk + n - 4]);
     b[chk + n - 4..chk + n].copy_from_slice(&fixed.to_le_bytes());
     let e = assert_err_msg(read(&b), &[".rbln.check", "algorithm", "unknown value 2"]);
@@ -364,9 +276,7 @@ fn check_table_header() {
 
 #[test]
 fn not_an_rbln_model() {
-    let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| {
-        m[..8].copy_from_slice(b"ONNXMODL")
-    });
+    let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| m[..8].copy_from_slice(b"ONNXMODL"));
     let e = assert_err_msg(read(&b), &["not an rbln model"]);
     assert!(matches!(e, FormatError::NotRbln { .. }));
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| m.truncate(3));
@@ -375,56 +285,21 @@ fn not_an_rbln_model() {
 
 #[test]
 fn unknown_major_version() {
-    let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| {
-        m[8..10].copy_from_slice(&2u16.to_le_bytes())
-    });
-    let e = assert_err_msg(
-        read(&b),
-        &["unsupported format version 2.1", "major version 1"],
-    );
-    assert!(matches!(
-        e,
-        FormatError::UnsupportedVersion {
-            major: 2,
-            minor: 1,
-            supported: 1
-        }
-    ));
-    let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| {
-        m[8..10].copy_from_slice(&0u16.to_le_bytes())
-    });
-    assert!(matches!(
-        read(&b),
-        Err(FormatError::UnsupportedVersion { major: 0, .. })
-    ));
+    let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| m[8..10].copy_from_slice(&2u16.to_le_bytes()));
+    let e = assert_err_msg(read(&b), &["unsupported format version 2.1", "major version 1"]);
+    assert!(matches!(e, FormatError::UnsupportedVersion { major: 2, minor: 1, supported: 1 }));
+    let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| m[8..10].copy_from_slice(&0u16.to_le_bytes()));
+    assert!(matches!(read(&b), Err(FormatError::UnsupportedVersion { major: 0, .. })));
 }
 
 #[test]
 fn hardware_version() {
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| put_u32(m, META_HW, 2 << 16));
-    let implements = format!(
-        "implements {}.{}",
-        rbln_hw::HW_VERSION_MAJOR,
-        rbln_hw::HW_VERSION_MINOR
-    );
+    let implements = format!("implements {}.{}", rbln_hw::HW_VERSION_MAJOR, rbln_hw::HW_VERSION_MINOR);
     let e = assert_err_msg(read(&b), &["hardware version 2.0", &implements]);
-    assert!(matches!(
-        e,
-        FormatError::HwVersion {
-            required_major: 2,
-            ..
-        }
-    ));
-    let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| {
-        put_u32(m, META_HW, (1 << 16) | 9)
-    });
-    assert!(matches!(
-        read(&b),
-        Err(FormatError::HwVersion {
-            required_minor: 9,
-            ..
-        })
-    ));
+    assert!(matches!(e, FormatError::HwVersion { required_major: 2, .. }));
+    let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| put_u32(m, META_HW, (1 << 16) | 9));
+    assert!(matches!(read(&b), Err(FormatError::HwVersion { required_minor: 9, .. })));
 }
 
 // ---- structured-section decoding -------------------------------------------------
@@ -440,25 +315,13 @@ fn truncated_and_overlong_sections() {
         );
         let b = patch_section(&mlp_bytes(), name, |d| d.extend_from_slice(&[0; 5]));
         let e = read(&b).unwrap_err();
-        assert!(
-            matches!(&e, FormatError::TrailingBytes { section, count: 5, .. } if section == name),
-            "{name}: {e}"
-        );
+        assert!(matches!(&e, FormatError::TrailingBytes { section, count: 5, .. } if section == name), "{name}: {e}");
     }
     let b = patch_section(&mlp_bytes(), ".rbln.graph", |d| d.truncate(30));
-    let e = assert_err_msg(
-        read(&b),
-        &[".rbln.graph", "tensors claims 9 entries", "only 26 remain"],
-    );
+    let e = assert_err_msg(read(&b), &[".rbln.graph", "tensors claims 9 entries", "only 26 remain"]);
     assert!(matches!(e, FormatError::CountExceedsData { count: 9, .. }));
     let b = patch_section(&mlp_bytes(), ".rbln.graph", |d| d.truncate(240));
-    assert_err_msg(
-        read(&b),
-        &[
-            ".rbln.graph",
-            "tensors[5].offset at offset 234 needs 8 bytes, only 6 remain",
-        ],
-    );
+    assert_err_msg(read(&b), &[".rbln.graph", "tensors[5].offset at offset 234 needs 8 bytes, only 6 remain"]);
 }
 
 #[test]
@@ -466,10 +329,7 @@ fn claimed_counts_beyond_the_data_or_the_limits() {
     // 1000 tensors claimed, a few hundred bytes present.
     let b = patch_section(&mlp_bytes(), ".rbln.graph", |d| put_u32(d, 0, 1000));
     let e = assert_err_msg(read(&b), &[".rbln.graph", "tensors", "claims 1000 entries"]);
-    assert!(matches!(
-        e,
-        FormatError::CountExceedsData { count: 1000, .. }
-    ));
+    assert!(matches!(e, FormatError::CountExceedsData { count: 1000, .. }));
     // Above the sane limit.
     let b = patch_section(&mlp_bytes(), ".rbln.graph", |d| put_u32(d, 0, u32::MAX));
     let e = assert_err_msg(read(&b), &["tensors count", "4294967295", "limit"]);
@@ -482,21 +342,12 @@ fn claimed_counts_beyond_the_data_or_the_limits() {
     assert_err_msg(read(&b), &["tensors[0].name", "needs 4000 bytes"]);
     // Relocations.
     let b = patch_section(&mlp_bytes(), ".rbln.reloc", |d| put_u32(d, 0, 100_000));
-    assert_err_msg(
-        read(&b),
-        &[
-            ".rbln.reloc",
-            "claims 100000 entries",
-            "needing at least 3200000 bytes",
-        ],
-    );
+    assert_err_msg(read(&b), &[".rbln.reloc", "claims 100000 entries", "needing at least 3200000 bytes"]);
     // Rank.
     let b = patch_section(&mlp_bytes(), ".rbln.graph", |d| put_u32(d, 12, 9));
     assert_err_msg(read(&b), &["tensors[0].shape rank count", "limit of 8"]);
     // Sizes in .rbln.meta.
-    let b = patch_section(&mlp_bytes(), ".rbln.meta", |d| {
-        put_u64(d, META_ARENA, 1 << 50)
-    });
+    let b = patch_section(&mlp_bytes(), ".rbln.meta", |d| put_u64(d, META_ARENA, 1 << 50));
     assert_err_msg(read(&b), &["arena_size", "above the limit"]);
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |d| put_u32(d, META_STREAMS, 65));
     assert_err_msg(read(&b), &["streams count", "limit of 64"]);
@@ -517,10 +368,7 @@ fn invalid_utf8_and_unknown_enums() {
     let b = patch_section(&mlp_bytes(), ".rbln.reloc", |d| put_u32(d, 4 + 4, 77)); // kind
     assert_err_msg(read(&b), &["relocations[0].kind", "unknown value 77"]);
     let b = patch_section(&mlp_bytes(), ".rbln.reloc", |d| put_u32(d, 4 + 8, 1)); // index
-    assert_err_msg(
-        read(&b),
-        &["relocations[0].index", "only stream relocations"],
-    );
+    assert_err_msg(read(&b), &["relocations[0].index", "only stream relocations"]);
     let b = patch_section(&mlp_bytes(), ".rbln.reloc", |d| put_u32(d, 4 + 12, 1)); // reserved
     assert_err_msg(read(&b), &["relocations[0].reserved", "reserved"]);
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |d| put_u32(d, META_FLAGS, 1));
@@ -538,10 +386,7 @@ fn node_records() {
         let n = d.len();
         put_u32(d, n - 36, u32::MAX);
     });
-    assert_err_msg(
-        read(&b),
-        &["nodes[3].cmd_offset/cmd_len", "no command stream"],
-    );
+    assert_err_msg(read(&b), &["nodes[3].cmd_offset/cmd_len", "no command stream"]);
     let b = patch_section(&bytes, ".rbln.graph", |d| {
         let n = d.len();
         put_u64(d, n - 16, 8); // desc_offset with desc_len 0
@@ -551,9 +396,7 @@ fn node_records() {
 
 #[test]
 fn weights_size_must_match_the_section() {
-    let b = patch_section(&mlp_bytes(), ".rbln.meta", |d| {
-        put_u64(d, META_WEIGHTS_SIZE, 4)
-    });
+    let b = patch_section(&mlp_bytes(), ".rbln.meta", |d| put_u64(d, META_WEIGHTS_SIZE, 4));
     let e = assert_err_msg(read(&b), &[".rbln.meta", "weights_size", "found 4"]);
     assert!(matches!(e, FormatError::BadField { .. }));
 }
@@ -575,50 +418,19 @@ fn unknown_and_unlisted_sections() {
 #[test]
 fn tensors_outside_their_region() {
     let ids = mlp_builder().1;
-    let b = mutate(|m| {
-        m.graph.tensors[ids.h as usize].placement = Placement::Arena {
-            offset: 8192 - 16,
-            size: 32,
-        }
-    });
-    let e = assert_err_msg(
-        read(&b),
-        &["tensor 7 ('h')", "outside the arena (8192 bytes)"],
-    );
+    let b = mutate(|m| m.graph.tensors[ids.h as usize].placement = Placement::Arena { offset: 8192 - 16, size: 32 });
+    let e = assert_err_msg(read(&b), &["tensor 7 ('h')", "outside the arena (8192 bytes)"]);
     assert!(matches!(e, FormatError::TensorOutOfBounds { .. }));
-    let b = mutate(|m| {
-        m.graph.tensors[ids.h as usize].placement = Placement::Arena {
-            offset: u64::MAX - 15,
-            size: 32,
-        }
-    });
+    let b =
+        mutate(|m| m.graph.tensors[ids.h as usize].placement = Placement::Arena { offset: u64::MAX - 15, size: 32 });
     assert_err_msg(read(&b), &["tensor 7 ('h')", "outside the arena"]);
-    let b = mutate(|m| {
-        m.graph.tensors[ids.h as usize].placement = Placement::Arena {
-            offset: 64,
-            size: 32,
-        }
-    });
+    let b = mutate(|m| m.graph.tensors[ids.h as usize].placement = Placement::Arena { offset: 64, size: 32 });
     assert_err_msg(read(&b), &["tensor 7 ('h')", "outside the weights region"]);
+    let b = mutate(|m| m.graph.tensors[ids.w2 as usize].placement = Placement::Weight { offset: 4096, size: 96 });
+    assert_err_msg(read(&b), &["tensor 2 ('W2')", "weights region (arena bytes 0..332)"]);
     let b = mutate(|m| {
-        m.graph.tensors[ids.w2 as usize].placement = Placement::Weight {
-            offset: 4096,
-            size: 96,
-        }
-    });
-    assert_err_msg(
-        read(&b),
-        &["tensor 2 ('W2')", "weights region (arena bytes 0..332)"],
-    );
-    let b = mutate(|m| {
-        m.graph.tensors[ids.y_host as usize].placement = Placement::Staging {
-            offset: 4092,
-            size: 12,
-        };
-        m.meta.outputs[0].placement = Placement::Staging {
-            offset: 4092,
-            size: 12,
-        };
+        m.graph.tensors[ids.y_host as usize].placement = Placement::Staging { offset: 4092, size: 12 };
+        m.meta.outputs[0].placement = Placement::Staging { offset: 4092, size: 12 };
     });
     assert_err_msg(read(&b), &["tensor 5 ('y')", "staging buffer (4096 bytes)"]);
 }
@@ -631,16 +443,8 @@ fn tensor_size_and_alignment() {
     assert!(matches!(e, FormatError::TensorSize { .. }));
     let b = mutate(|m| m.graph.tensors[ids.h as usize].shape = vec![u64::MAX, 4]);
     assert_err_msg(read(&b), &["more than 2^64 bytes"]);
-    let b = mutate(|m| {
-        m.graph.tensors[ids.h as usize].placement = Placement::Arena {
-            offset: 4096 + 66,
-            size: 32,
-        }
-    });
-    let e = assert_err_msg(
-        read(&b),
-        &["tensor 7 ('h')", "offset 4162 is not a multiple of 4"],
-    );
+    let b = mutate(|m| m.graph.tensors[ids.h as usize].placement = Placement::Arena { offset: 4096 + 66, size: 32 });
+    let e = assert_err_msg(read(&b), &["tensor 7 ('h')", "offset 4162 is not a multiple of 4"]);
     assert!(matches!(e, FormatError::TensorMisaligned { .. }));
 }
 
@@ -648,46 +452,20 @@ fn tensor_size_and_alignment() {
 fn live_tensors_must_not_overlap() {
     let ids = mlp_builder().1;
     // h overlaps x.dev, which gemm1 reads while writing h.
-    let b = mutate(|m| {
-        m.graph.tensors[ids.h as usize].placement = Placement::Arena {
-            offset: ACT + 8,
-            size: 32,
-        }
-    });
-    let e = assert_err_msg(
-        read(&b),
-        &["tensors 6 ('x.dev') and 7 ('h') overlap in the arena"],
-    );
-    assert!(matches!(
-        e,
-        FormatError::TensorOverlap {
-            a: 6,
-            b: 7,
-            region: "arena",
-            ..
-        }
-    ));
+    let b = mutate(|m| m.graph.tensors[ids.h as usize].placement = Placement::Arena { offset: ACT + 8, size: 32 });
+    let e = assert_err_msg(read(&b), &["tensors 6 ('x.dev') and 7 ('h') overlap in the arena"]);
+    assert!(matches!(e, FormatError::TensorOverlap { a: 6, b: 7, region: "arena", .. }));
     // y.dev overlapping h (both live at gemm2).
-    let b = mutate(|m| {
-        m.graph.tensors[ids.y as usize].placement = Placement::Arena {
-            offset: ACT + 64 + 28,
-            size: 12,
-        }
-    });
+    let b =
+        mutate(|m| m.graph.tensors[ids.y as usize].placement = Placement::Arena { offset: ACT + 64 + 28, size: 12 });
     assert_err_msg(read(&b), &["('h')", "('y.dev')", "overlap"]);
     // Staging: input and output buffers are both live for the whole run.
     let b = mutate(|m| {
-        let p = Placement::Staging {
-            offset: 8,
-            size: 12,
-        };
+        let p = Placement::Staging { offset: 8, size: 12 };
         m.graph.tensors[ids.y_host as usize].placement = p;
         m.meta.outputs[0].placement = p;
     });
-    assert_err_msg(
-        read(&b),
-        &["('x')", "('y')", "overlap in the staging buffer"],
-    );
+    assert_err_msg(read(&b), &["('x')", "('y')", "overlap in the staging buffer"]);
 }
 
 #[test]
@@ -695,10 +473,7 @@ fn duplicate_names() {
     let ids = mlp_builder().1;
     let b = mutate(|m| m.graph.tensors[ids.h as usize].name = "W1".into());
     let e = assert_err_msg(read(&b), &["duplicate tensor name 'W1'"]);
-    assert!(matches!(
-        e,
-        FormatError::DuplicateName { kind: "tensor", .. }
-    ));
+    assert!(matches!(e, FormatError::DuplicateName { kind: "tensor", .. }));
     let b = mutate(|m| m.meta.properties[1].key = "source".into());
     assert_err_msg(read(&b), &["duplicate property name 'source'"]);
     // Two streams with one name: the writer refuses, the file would hold
@@ -706,13 +481,7 @@ fn duplicate_names() {
     // refused before anything is copied.
     let mut m = mlp_model();
     m.program.streams[3].name = "upload".into();
-    assert!(matches!(
-        m.validate(),
-        Err(FormatError::DuplicateName {
-            kind: "command stream",
-            ..
-        })
-    ));
+    assert!(matches!(m.validate(), Err(FormatError::DuplicateName { kind: "command stream", .. })));
     let e = read(&m.to_bytes_unchecked().unwrap()).unwrap_err();
     assert!(matches!(e, FormatError::DuplicateSection { .. }), "{e}");
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |d| {
@@ -725,16 +494,10 @@ fn duplicate_names() {
 #[test]
 fn weights_must_fit_the_arena() {
     let b = mutate(|m| m.meta.weights_offset = 8192 - 100);
-    let e = assert_err_msg(
-        read(&b),
-        &["weights (arena bytes 8092..8092+332)", "8192-byte arena"],
-    );
+    let e = assert_err_msg(read(&b), &["weights (arena bytes 8092..8092+332)", "8192-byte arena"]);
     assert!(matches!(e, FormatError::WeightsOutOfArena { .. }));
     let b = mutate(|m| m.meta.weights_offset = u64::MAX - 3);
-    assert!(matches!(
-        read(&b),
-        Err(FormatError::WeightsOutOfArena { .. })
-    ));
+    assert!(matches!(read(&b), Err(FormatError::WeightsOutOfArena { .. })));
 }
 
 // ---- graph -----------------------------------------------------------------------
@@ -742,19 +505,8 @@ fn weights_must_fit_the_arena() {
 #[test]
 fn unknown_tensor_ids() {
     let b = mutate(|m| m.graph.nodes[1].inputs[1] = 42);
-    let e = assert_err_msg(
-        read(&b),
-        &["node 1 ('fc1')", "input 1 is tensor 42", "9 tensors"],
-    );
-    assert!(matches!(
-        e,
-        FormatError::UnknownTensor {
-            tensor: 42,
-            role: "input",
-            slot: 1,
-            ..
-        }
-    ));
+    let e = assert_err_msg(read(&b), &["node 1 ('fc1')", "input 1 is tensor 42", "9 tensors"]);
+    assert!(matches!(e, FormatError::UnknownTensor { tensor: 42, role: "input", slot: 1, .. }));
     let b = mutate(|m| m.graph.nodes[2].outputs[0] = 9);
     assert_err_msg(read(&b), &["node 2 ('fc2')", "output 0 is tensor 9"]);
     let b = mutate(|m| m.meta.inputs[0].tensor = 1000);
@@ -764,52 +516,20 @@ fn unknown_tensor_ids() {
 #[test]
 fn graph_must_be_topologically_ordered() {
     let b = mutate(|m| m.graph.nodes.swap(1, 2));
-    let e = assert_err_msg(
-        read(&b),
-        &[
-            "not in topological order",
-            "node 1 ('fc2')",
-            "tensor 7 ('h')",
-            "later node 2",
-        ],
-    );
-    assert!(matches!(
-        e,
-        FormatError::NotTopological {
-            node: 1,
-            producer: 2,
-            ..
-        }
-    ));
+    let e = assert_err_msg(read(&b), &["not in topological order", "node 1 ('fc2')", "tensor 7 ('h')", "later node 2"]);
+    assert!(matches!(e, FormatError::NotTopological { node: 1, producer: 2, .. }));
     // A node reading its own output.
     let ids = mlp_builder().1;
     let b = mutate(|m| m.graph.nodes[1].inputs.push(ids.h));
-    assert!(matches!(
-        read(&b),
-        Err(FormatError::NotTopological {
-            node: 1,
-            producer: 1,
-            ..
-        })
-    ));
+    assert!(matches!(read(&b), Err(FormatError::NotTopological { node: 1, producer: 1, .. })));
 }
 
 #[test]
 fn one_producer_per_tensor() {
     let ids = mlp_builder().1;
     let b = mutate(|m| m.graph.nodes[2].outputs[0] = ids.h);
-    let e = assert_err_msg(
-        read(&b),
-        &["tensor 7 ('h') is produced by node 1 and again by node 2"],
-    );
-    assert!(matches!(
-        e,
-        FormatError::MultipleProducers {
-            first: 1,
-            second: 2,
-            ..
-        }
-    ));
+    let e = assert_err_msg(read(&b), &["tensor 7 ('h') is produced by node 1 and again by node 2"]);
+    assert!(matches!(e, FormatError::MultipleProducers { first: 1, second: 2, .. }));
 }
 
 #[test]
@@ -818,13 +538,7 @@ fn reads_of_unproduced_tensors() {
         m.graph.nodes.remove(0);
         m.profile = None;
     });
-    let e = assert_err_msg(
-        read(&b),
-        &[
-            "node 0 ('fc1') reads tensor 6 ('x.dev')",
-            "no earlier node produces",
-        ],
-    );
+    let e = assert_err_msg(read(&b), &["node 0 ('fc1') reads tensor 6 ('x.dev')", "no earlier node produces"]);
     assert!(matches!(e, FormatError::UninitializedRead { .. }));
 }
 
@@ -835,33 +549,15 @@ fn node_kinds_and_placements() {
     let b = mutate(|m| m.graph.nodes[1].inputs[0] = ids.x_host);
     let e = assert_err_msg(
         read(&b),
-        &[
-            "node 1 ('fc1', compute)",
-            "input tensor 4 ('x')",
-            "staging buffer",
-            "expected arena or weights region",
-        ],
+        &["node 1 ('fc1', compute)", "input tensor 4 ('x')", "staging buffer", "expected arena or weights region"],
     );
     assert!(matches!(e, FormatError::BadPlacement { .. }));
     // A transfer in the wrong direction.
     let b = mutate(|m| m.graph.nodes[0].kind = NodeKind::DeviceToHost);
-    assert!(matches!(
-        read(&b),
-        Err(FormatError::BadPlacement {
-            role: "input",
-            expected: "arena",
-            ..
-        })
-    ));
+    assert!(matches!(read(&b), Err(FormatError::BadPlacement { role: "input", expected: "arena", .. })));
     // Transfer sizes must agree.
     let b = mutate(|m| m.graph.nodes[3].inputs[0] = ids.h);
-    assert_err_msg(
-        read(&b),
-        &[
-            "node 3 ('y.download', device-to-host)",
-            "copies 32 bytes ('h') into 12 bytes ('y')",
-        ],
-    );
+    assert_err_msg(read(&b), &["node 3 ('y.download', device-to-host)", "copies 32 bytes ('h') into 12 bytes ('y')"]);
     // Compute nodes need an op, transfers must not have one.
     let b = mutate(|m| {
         m.graph.nodes[1].op.clear();
@@ -872,10 +568,7 @@ fn node_kinds_and_placements() {
     assert_err_msg(read(&b), &["op must be empty for host-to-device nodes"]);
     // Commands are required (except for views), descriptors only for compute.
     let b = mutate(|m| m.graph.nodes[0].commands = None);
-    assert_err_msg(
-        read(&b),
-        &["node 0 ('x.upload', host-to-device): no command range"],
-    );
+    assert_err_msg(read(&b), &["node 0 ('x.upload', host-to-device): no command range"]);
     let b = mutate(|m| m.graph.nodes[0].descriptors = Some(DescRange { offset: 0, len: 96 }));
     assert_err_msg(read(&b), &["only compute nodes have descriptors"]);
 }
@@ -886,130 +579,41 @@ fn view_nodes() {
     let b = mutate(|m| {
         m.graph.nodes[3] = Node::view("v", ids.y, ids.y_host);
     });
-    assert_err_msg(
-        read(&b),
-        &[
-            "node 3 ('v', view)",
-            "must occupy exactly the input's bytes",
-        ],
-    );
+    assert_err_msg(read(&b), &["node 3 ('v', view)", "must occupy exactly the input's bytes"]);
 }
 
 #[test]
 fn node_command_and_descriptor_ranges() {
-    let b = mutate(|m| {
-        m.graph.nodes[1].commands = Some(CmdRange {
-            stream: 9,
-            offset: 0,
-            len: 16,
-        })
-    });
-    let e = assert_err_msg(
-        read(&b),
-        &["node 1 ('fc1')", "names stream 9, but there are 4"],
-    );
+    let b = mutate(|m| m.graph.nodes[1].commands = Some(CmdRange { stream: 9, offset: 0, len: 16 }));
+    let e = assert_err_msg(read(&b), &["node 1 ('fc1')", "names stream 9, but there are 4"]);
     assert!(matches!(e, FormatError::NodeRange { .. }));
-    let b = mutate(|m| {
-        m.graph.nodes[1].commands = Some(CmdRange {
-            stream: 2,
-            offset: 16,
-            len: 32,
-        })
-    });
-    assert_err_msg(
-        read(&b),
-        &[
-            "command (stream 'run') range 16+32",
-            "exceeds the 32-byte stream",
-        ],
-    );
-    let b = mutate(|m| {
-        m.graph.nodes[1].commands = Some(CmdRange {
-            stream: 2,
-            offset: 8,
-            len: 8,
-        })
-    });
+    let b = mutate(|m| m.graph.nodes[1].commands = Some(CmdRange { stream: 2, offset: 16, len: 32 }));
+    assert_err_msg(read(&b), &["command (stream 'run') range 16+32", "exceeds the 32-byte stream"]);
+    let b = mutate(|m| m.graph.nodes[1].commands = Some(CmdRange { stream: 2, offset: 8, len: 8 }));
     assert_err_msg(read(&b), &["packet boundaries"]);
-    let b = mutate(|m| {
-        m.graph.nodes[1].commands = Some(CmdRange {
-            stream: 2,
-            offset: 0,
-            len: 0,
-        })
-    });
+    let b = mutate(|m| m.graph.nodes[1].commands = Some(CmdRange { stream: 2, offset: 0, len: 0 }));
     assert_err_msg(read(&b), &["is empty"]);
-    let b = mutate(|m| {
-        m.graph.nodes[1].descriptors = Some(DescRange {
-            offset: 2,
-            len: 104,
-        })
-    });
+    let b = mutate(|m| m.graph.nodes[1].descriptors = Some(DescRange { offset: 2, len: 104 }));
     assert_err_msg(read(&b), &["descriptor range 2+104", "not a multiple of 4"]);
-    let b = mutate(|m| {
-        m.graph.nodes[1].descriptors = Some(DescRange {
-            offset: 104,
-            len: 208,
-        })
-    });
+    let b = mutate(|m| m.graph.nodes[1].descriptors = Some(DescRange { offset: 104, len: 208 }));
+    assert_err_msg(read(&b), &["descriptor range 104+208", "exceeds the 208-byte .rbln.desc"]);
+    let b = mutate(|m| m.graph.nodes[2].descriptors = Some(DescRange { offset: 0, len: 208 }));
+    assert_err_msg(read(&b), &["node 2 ('fc2')", "descriptor range 0+208", "overlaps the descriptor range of node 1"]);
+    let b = mutate(|m| m.graph.nodes[2].commands = Some(CmdRange { stream: 2, offset: 0, len: 32 }));
     assert_err_msg(
         read(&b),
-        &[
-            "descriptor range 104+208",
-            "exceeds the 208-byte .rbln.desc",
-        ],
-    );
-    let b = mutate(|m| {
-        m.graph.nodes[2].descriptors = Some(DescRange {
-            offset: 0,
-            len: 208,
-        })
-    });
-    assert_err_msg(
-        read(&b),
-        &[
-            "node 2 ('fc2')",
-            "descriptor range 0+208",
-            "overlaps the descriptor range of node 1",
-        ],
-    );
-    let b = mutate(|m| {
-        m.graph.nodes[2].commands = Some(CmdRange {
-            stream: 2,
-            offset: 0,
-            len: 32,
-        })
-    });
-    assert_err_msg(
-        read(&b),
-        &[
-            "node 2 ('fc2')",
-            "command (stream 'run') range 0+32",
-            "overlaps the command range of node 1",
-        ],
+        &["node 2 ('fc2')", "command (stream 'run') range 0+32", "overlaps the command range of node 1"],
     );
     // (An empty range cannot be written: on disk, length 0 means "none".)
     let mut m = mlp_model();
     m.graph.nodes[1].descriptors = Some(DescRange { offset: 0, len: 0 });
     let e = m.validate().unwrap_err();
-    assert!(
-        e.to_string().contains("descriptor range 0+0 is empty"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("descriptor range 0+0 is empty"), "{e}");
     let b = mutate(|m| {
         m.graph.nodes[2].descriptors = None;
-        m.graph.nodes[1].descriptors = Some(DescRange {
-            offset: 0,
-            len: 108,
-        });
+        m.graph.nodes[1].descriptors = Some(DescRange { offset: 0, len: 108 });
     });
-    assert_err_msg(
-        read(&b),
-        &[
-            "bad descriptor at .rbln.desc offset 104",
-            "descriptor header needs 8",
-        ],
-    );
+    assert_err_msg(read(&b), &["bad descriptor at .rbln.desc offset 104", "descriptor header needs 8"]);
 }
 
 #[test]
@@ -1017,48 +621,21 @@ fn descriptors_must_decode() {
     // activation = 99 in the first GEMM.
     let at = std::mem::offset_of!(GemmDesc, activation);
     let b = mutate(|m| put_u32(&mut m.program.descriptors, at, 99));
-    let e = assert_err_msg(
-        read(&b),
-        &[
-            "node 1 ('fc1')",
-            "bad descriptor at .rbln.desc offset 0",
-            "activation",
-        ],
-    );
+    let e = assert_err_msg(read(&b), &["node 1 ('fc1')", "bad descriptor at .rbln.desc offset 0", "activation"]);
     assert!(matches!(e, FormatError::BadDescriptor { .. }));
     let b = mutate(|m| put_u32(&mut m.program.descriptors, 4, 12)); // header.size
-    assert_err_msg(
-        read(&b),
-        &["bad descriptor at .rbln.desc offset 0", "BadSize"],
-    );
+    assert_err_msg(read(&b), &["bad descriptor at .rbln.desc offset 0", "BadSize"]);
 }
 
 #[test]
 fn io_must_match_the_tensor_table() {
     let b = mutate(|m| m.meta.inputs[0].shape = vec![4]);
-    let e = assert_err_msg(
-        read(&b),
-        &[
-            "input 0 ('x')",
-            "shape is [4] in .rbln.meta but [1, 4] in the tensor table",
-        ],
-    );
+    let e = assert_err_msg(read(&b), &["input 0 ('x')", "shape is [4] in .rbln.meta but [1, 4] in the tensor table"]);
     assert!(matches!(e, FormatError::IoMismatch { field: "shape", .. }));
     let b = mutate(|m| m.meta.outputs[0].dtype = DType::F16);
     assert_err_msg(read(&b), &["output 0 ('y')", "dtype is f16", "f32"]);
-    let b = mutate(|m| {
-        m.meta.outputs[0].placement = Placement::Staging {
-            offset: 128,
-            size: 12,
-        }
-    });
-    assert!(matches!(
-        read(&b),
-        Err(FormatError::IoMismatch {
-            field: "placement",
-            ..
-        })
-    ));
+    let b = mutate(|m| m.meta.outputs[0].placement = Placement::Staging { offset: 128, size: 12 });
+    assert!(matches!(read(&b), Err(FormatError::IoMismatch { field: "placement", .. })));
     let ids = mlp_builder().1;
     let b = mutate(|m| {
         let t = &m.graph.tensors[ids.w1 as usize];
@@ -1100,26 +677,13 @@ fn io_must_match_the_tensor_table() {
 #[test]
 fn op_summary_must_match_the_graph() {
     let b = mutate(|m| m.meta.ops[0].count = 3);
-    let e = assert_err_msg(
-        read(&b),
-        &["op summary", "'Gemm' is listed 3 times, the graph has 2"],
-    );
+    let e = assert_err_msg(read(&b), &["op summary", "'Gemm' is listed 3 times, the graph has 2"]);
     assert!(matches!(e, FormatError::OpSummary { .. }));
     let b = mutate(|m| m.meta.ops.clear());
     assert_err_msg(read(&b), &["'Gemm' is used by the graph but not listed"]);
-    let b = mutate(|m| {
-        m.meta.ops.push(OpCount {
-            op: "Conv".into(),
-            count: 1,
-        })
-    });
+    let b = mutate(|m| m.meta.ops.push(OpCount { op: "Conv".into(), count: 1 }));
     assert_err_msg(read(&b), &["sorted"]);
-    let b = mutate(|m| {
-        m.meta.ops.push(OpCount {
-            op: "Relu".into(),
-            count: 1,
-        })
-    });
+    let b = mutate(|m| m.meta.ops.push(OpCount { op: "Relu".into(), count: 1 }));
     assert_err_msg(read(&b), &["'Relu' is listed but no compute node uses it"]);
 }
 
@@ -1128,29 +692,16 @@ fn op_summary_must_match_the_graph() {
 #[test]
 fn command_streams_must_decode() {
     let b = mutate(|m| m.program.streams[2].bytes[16] = 0xee); // opcode of the 2nd packet
-    let e = assert_err_msg(
-        read(&b),
-        &[
-            "command stream 'run'",
-            "bad packet at offset 16",
-            "UnknownOpcode(238)",
-        ],
-    );
+    let e = assert_err_msg(read(&b), &["command stream 'run'", "bad packet at offset 16", "UnknownOpcode(238)"]);
     assert!(matches!(e, FormatError::BadPacket { offset: 16, .. }));
     let b = mutate(|m| m.program.streams[2].bytes.extend_from_slice(&[0, 0]));
-    assert_err_msg(
-        read(&b),
-        &["command stream 2 ('run')", "not a whole number of dwords"],
-    );
+    assert_err_msg(read(&b), &["command stream 2 ('run')", "not a whole number of dwords"]);
 }
 
 #[test]
 fn stream_table_rules() {
     let b = mutate(|m| m.program.streams[1].role = StreamRole::Run);
-    let e = assert_err_msg(
-        read(&b),
-        &["command stream 2 ('run')", "a second stream with role run"],
-    );
+    let e = assert_err_msg(read(&b), &["command stream 2 ('run')", "a second stream with role run"]);
     assert!(matches!(e, FormatError::BadStream { .. }));
     let b = mutate(|m| m.program.streams[2].role = StreamRole::Aux);
     assert_err_msg(read(&b), &["exactly one stream with role run", "found 0"]);
@@ -1160,52 +711,25 @@ fn stream_table_rules() {
 
 #[test]
 fn relocations_outside_or_misaligned() {
-    let find = |m: &Model, t: RelocTarget| {
-        m.program
-            .relocations
-            .iter()
-            .position(|r| r.target == t)
-            .unwrap()
-    };
+    let find = |m: &Model, t: RelocTarget| m.program.relocations.iter().position(|r| r.target == t).unwrap();
     let b = mutate(|m| {
         let i = find(m, RelocTarget::Stream(2));
-        let last = m
-            .program
-            .relocations
-            .iter()
-            .rposition(|r| r.target == RelocTarget::Stream(2))
-            .unwrap();
+        let last = m.program.relocations.iter().rposition(|r| r.target == RelocTarget::Stream(2)).unwrap();
         assert_eq!(i + 1, last);
         m.program.relocations[last].offset = 28;
     });
-    let e = assert_err_msg(
-        read(&b),
-        &[
-            "relocation",
-            ".rbln.cmd.run offset 28",
-            "outside the 32-byte section",
-        ],
-    );
+    let e = assert_err_msg(read(&b), &["relocation", ".rbln.cmd.run offset 28", "outside the 32-byte section"]);
     assert!(matches!(e, FormatError::RelocOutOfBounds { .. }));
     let b = mutate(|m| {
         let i = find(m, RelocTarget::Stream(2));
         m.program.relocations[i].offset = 10;
     });
-    let e = assert_err_msg(
-        read(&b),
-        &[".rbln.cmd.run offset 10", "not a multiple of 4"],
-    );
+    let e = assert_err_msg(read(&b), &[".rbln.cmd.run offset 10", "not a multiple of 4"]);
     assert!(matches!(e, FormatError::RelocMisaligned { .. }));
     let b = mutate(|m| m.program.relocations[0].offset = u64::MAX - 3);
-    assert!(matches!(
-        read(&b),
-        Err(FormatError::RelocOutOfBounds { .. })
-    ));
+    assert!(matches!(read(&b), Err(FormatError::RelocOutOfBounds { .. })));
     let b = mutate(|m| m.program.relocations[0].target = RelocTarget::Stream(7));
-    assert_err_msg(
-        read(&b),
-        &["relocation 0", "target stream 7 does not exist"],
-    );
+    assert_err_msg(read(&b), &["relocation 0", "target stream 7 does not exist"]);
 }
 
 #[test]
@@ -1215,18 +739,9 @@ fn relocations_sorted_and_disjoint() {
     assert!(matches!(e, FormatError::RelocOrder { index: 1, .. }));
     let b = mutate(|m| {
         let r = m.program.relocations[0];
-        m.program.relocations.insert(
-            1,
-            Relocation {
-                offset: r.offset + 4,
-                ..r
-            },
-        );
+        m.program.relocations.insert(1, Relocation { offset: r.offset + 4, ..r });
     });
-    assert!(matches!(
-        read(&b),
-        Err(FormatError::RelocOrder { index: 1, .. })
-    ));
+    assert!(matches!(read(&b), Err(FormatError::RelocOrder { index: 1, .. })));
 }
 
 #[test]
@@ -1237,30 +752,16 @@ fn relocation_addends_and_stored_values() {
         let o = r.offset as usize;
         put_u64(&mut m.program.descriptors, o, 1 << 20);
     });
-    let e = assert_err_msg(
-        read(&b),
-        &[
-            "relocation 0",
-            "arena addend 1048576 exceeds the 8192-byte region",
-        ],
-    );
+    let e = assert_err_msg(read(&b), &["relocation 0", "arena addend 1048576 exceeds the 8192-byte region"]);
     assert!(matches!(e, FormatError::RelocAddend { kind: "arena", .. }));
     let b = mutate(|m| {
         let o = m.program.relocations[0].offset as usize;
         put_u64(&mut m.program.descriptors, o, 0x1234);
     });
-    let e = assert_err_msg(
-        read(&b),
-        &["relocation 0", "holds 0x1234, expected the addend 0x1000"],
-    );
+    let e = assert_err_msg(read(&b), &["relocation 0", "holds 0x1234, expected the addend 0x1000"]);
     assert!(matches!(e, FormatError::RelocStoredValue { .. }));
     let b = mutate(|m| {
-        let i = m
-            .program
-            .relocations
-            .iter()
-            .position(|r| matches!(r.kind, RelocKind::WeightsSource))
-            .unwrap();
+        let i = m.program.relocations.iter().position(|r| matches!(r.kind, RelocKind::WeightsSource)).unwrap();
         m.program.relocations[i].kind = RelocKind::Stream(5);
     });
     assert_err_msg(read(&b), &["refers to stream 5, but there are 4 streams"]);
@@ -1269,10 +770,7 @@ fn relocation_addends_and_stored_values() {
 #[test]
 fn profile_entries() {
     let b = mutate(|m| m.profile.as_mut().unwrap()[3].node = 4);
-    let e = assert_err_msg(
-        read(&b),
-        &[".rbln.profile entry 3", "node 4 does not exist"],
-    );
+    let e = assert_err_msg(read(&b), &[".rbln.profile entry 3", "node 4 does not exist"]);
     assert!(matches!(e, FormatError::BadProfile { .. }));
     let b = mutate(|m| m.profile.as_mut().unwrap()[2].node = 1);
     assert_err_msg(read(&b), &[".rbln.profile entry 2", "sorted"]);
@@ -1283,15 +781,9 @@ fn errors_are_displayable_and_checked_writes_refuse() {
     // The checked writer refuses exactly what the reader refuses.
     let mut m = mlp_model();
     m.graph.nodes.swap(1, 2);
-    assert!(matches!(
-        m.to_bytes(),
-        Err(FormatError::NotTopological { .. })
-    ));
+    assert!(matches!(m.to_bytes(), Err(FormatError::NotTopological { .. })));
     let bytes = m.to_bytes_unchecked().unwrap();
-    assert!(matches!(
-        read(&bytes),
-        Err(FormatError::NotTopological { .. })
-    ));
+    assert!(matches!(read(&bytes), Err(FormatError::NotTopological { .. })));
 }
 
 #[test]

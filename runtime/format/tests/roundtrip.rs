@@ -23,20 +23,8 @@ fn mlp_round_trip_is_exact() {
     assert_eq!(back.meta.hw_version, rbln_hw::HW_VERSION);
     assert_eq!(back.meta.inputs.len(), 1);
     assert_eq!(back.meta.inputs[0].shape, vec![1, IN]);
-    assert_eq!(
-        back.meta.outputs[0].placement,
-        Placement::Staging {
-            offset: 64,
-            size: OUT * 4
-        }
-    );
-    assert_eq!(
-        back.meta.ops,
-        vec![OpCount {
-            op: "Gemm".into(),
-            count: 2
-        }]
-    );
+    assert_eq!(back.meta.outputs[0].placement, Placement::Staging { offset: 64, size: OUT * 4 });
+    assert_eq!(back.meta.ops, vec![OpCount { op: "Gemm".into(), count: 2 }]);
     assert_eq!(back.meta.arena_size, 8192);
     assert_eq!(back.meta.staging_size, 4096);
     assert_eq!(back.graph.tensors.len(), 9);
@@ -50,23 +38,11 @@ fn mlp_round_trip_is_exact() {
     assert_eq!(back.program.descriptors.len(), 2 * GemmDesc::SIZE);
     let w2 = back.graph.tensors[ids.w2 as usize].placement;
     let w2_bytes = &back.weights[w2.offset() as usize..(w2.offset() + w2.size()) as usize];
-    assert_eq!(
-        f32::from_le_bytes(w2_bytes[4..8].try_into().unwrap()),
-        (1.0 - 12.0) * 0.25
-    );
+    assert_eq!(f32::from_le_bytes(w2_bytes[4..8].try_into().unwrap()), (1.0 - 12.0) * 0.25);
     let prof = back.profile.as_ref().unwrap();
-    assert_eq!(
-        prof.iter().map(|p| p.node).collect::<Vec<_>>(),
-        vec![0, 1, 2, 3]
-    );
+    assert_eq!(prof.iter().map(|p| p.node).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
     assert_eq!(prof[1].flops, 2 * IN * HID);
-    assert_eq!(
-        back.meta.properties[0],
-        Property {
-            key: "source".into(),
-            value: "mlp2.onnx".into()
-        }
-    );
+    assert_eq!(back.meta.properties[0], Property { key: "source".into(), value: "mlp2.onnx".into() });
 
     // Writing the read model again gives the same bytes.
     assert_eq!(back.to_bytes().unwrap(), bytes);
@@ -79,12 +55,7 @@ fn descriptors_and_streams_decode_before_and_after_relocation() {
         arena: 0x10_0000_0000,
         staging: 0x20_0000_0000,
         descriptors: 0x30_0000_0000,
-        streams: vec![
-            0x40_0000_0000,
-            0x40_0001_0000,
-            0x40_0002_0000,
-            0x40_0003_0000,
-        ],
+        streams: vec![0x40_0000_0000, 0x40_0001_0000, 0x40_0002_0000, 0x40_0003_0000],
         weights_source: 0x50_0000_0000,
     };
     let r = m.relocate(&bases).unwrap();
@@ -93,71 +64,40 @@ fn descriptors_and_streams_decode_before_and_after_relocation() {
     let run = &r.streams[2];
     let (p0, n0) = Packet::decode(run).unwrap();
     let (p1, _) = Packet::decode(&run[n0..]).unwrap();
-    let Packet::Compute(c0) = p0 else {
-        panic!("{p0:?}")
-    };
-    let Packet::Compute(c1) = p1 else {
-        panic!("{p1:?}")
-    };
+    let Packet::Compute(c0) = p0 else { panic!("{p0:?}") };
+    let Packet::Compute(c1) = p1 else { panic!("{p1:?}") };
     assert_eq!(c0.desc_va, bases.descriptors);
     assert_eq!(c1.desc_va, bases.descriptors + GemmDesc::SIZE as u64);
     assert_eq!(c0.desc_size as usize, GemmDesc::SIZE);
 
     // The first GEMM reads x.dev and W1 (weights at arena 0), writes h.
-    let Desc::Gemm(g) = Desc::decode(&r.descriptors[..GemmDesc::SIZE]).unwrap() else {
-        panic!()
-    };
+    let Desc::Gemm(g) = Desc::decode(&r.descriptors[..GemmDesc::SIZE]).unwrap() else { panic!() };
     assert_eq!((g.m, g.n, g.k), (1, HID as u32, IN as u32));
     assert_eq!(g.a_va, bases.arena + ACT);
     assert_eq!(g.b_va, bases.arena);
     assert_eq!(g.c_va, bases.arena + ACT + 64);
-    let Desc::Gemm(g2) = Desc::decode(&r.descriptors[GemmDesc::SIZE..]).unwrap() else {
-        panic!()
-    };
+    let Desc::Gemm(g2) = Desc::decode(&r.descriptors[GemmDesc::SIZE..]).unwrap() else { panic!() };
     assert_eq!(g2.c_va, bases.arena + ACT, "y.dev reuses x.dev's bytes");
 
     // Transfers.
-    let Packet::DmaCopy(up) = Packet::decode(&r.streams[0]).unwrap().0 else {
-        panic!()
-    };
-    assert_eq!(
-        (up.src_va, up.dst_va, up.size),
-        (bases.weights_source, bases.arena, m.weights.len() as u64)
-    );
-    let Packet::DmaCopy(inp) = Packet::decode(&r.streams[1]).unwrap().0 else {
-        panic!()
-    };
-    assert_eq!(
-        (inp.src_va, inp.dst_va, inp.size),
-        (bases.staging, bases.arena + ACT, 16)
-    );
-    let Packet::DmaCopy(out) = Packet::decode(&r.streams[3]).unwrap().0 else {
-        panic!()
-    };
-    assert_eq!(
-        (out.src_va, out.dst_va, out.size),
-        (bases.arena + ACT, bases.staging + 64, 12)
-    );
+    let Packet::DmaCopy(up) = Packet::decode(&r.streams[0]).unwrap().0 else { panic!() };
+    assert_eq!((up.src_va, up.dst_va, up.size), (bases.weights_source, bases.arena, m.weights.len() as u64));
+    let Packet::DmaCopy(inp) = Packet::decode(&r.streams[1]).unwrap().0 else { panic!() };
+    assert_eq!((inp.src_va, inp.dst_va, inp.size), (bases.staging, bases.arena + ACT, 16));
+    let Packet::DmaCopy(out) = Packet::decode(&r.streams[3]).unwrap().0 else { panic!() };
+    assert_eq!((out.src_va, out.dst_va, out.size), (bases.arena + ACT, bases.staging + 64, 12));
 
     // Unrelocated fields hold the addends (offsets).
-    let Desc::Gemm(raw) = Desc::decode(&m.program.descriptors[..GemmDesc::SIZE]).unwrap() else {
-        panic!()
-    };
+    let Desc::Gemm(raw) = Desc::decode(&m.program.descriptors[..GemmDesc::SIZE]).unwrap() else { panic!() };
     assert_eq!(raw.a_va, ACT);
 
     // Overflow and a missing stream base are errors, not panics.
     let mut bad = bases.clone();
     bad.arena = u64::MAX;
-    assert!(matches!(
-        m.relocate(&bad),
-        Err(FormatError::Relocate { .. })
-    ));
+    assert!(matches!(m.relocate(&bad), Err(FormatError::Relocate { .. })));
     bad = bases.clone();
     bad.streams.pop();
-    assert!(matches!(
-        m.relocate(&bad),
-        Err(FormatError::Relocate { .. })
-    ));
+    assert!(matches!(m.relocate(&bad), Err(FormatError::Relocate { .. })));
 }
 
 #[test]
@@ -175,24 +115,14 @@ fn indirect_and_fill_relocations() {
     let m = b.build_model().unwrap();
     let back = Model::from_bytes(&m.to_bytes().unwrap()).unwrap();
     assert_eq!(back, m);
-    let bases = RelocBases {
-        arena: 0x8000,
-        streams: vec![0xa000, 0xb000],
-        ..Default::default()
-    };
+    let bases = RelocBases { arena: 0x8000, streams: vec![0xa000, 0xb000], ..Default::default() };
     let r = back.relocate(&bases).unwrap();
-    let Packet::Indirect(ind) = Packet::decode(&r.streams[1][call as usize..]).unwrap().0 else {
-        panic!()
-    };
+    let Packet::Indirect(ind) = Packet::decode(&r.streams[1][call as usize..]).unwrap().0 else { panic!() };
     assert_eq!((ind.va, ind.size), (0xa000, 28));
-    let Packet::Fill(f) = Packet::decode(&r.streams[0]).unwrap().0 else {
-        panic!()
-    };
+    let Packet::Fill(f) = Packet::decode(&r.streams[0]).unwrap().0 else { panic!() };
     assert_eq!(f.dst_va, 0x8000);
     // The absolute timestamp address is left alone.
-    let Packet::Timestamp(ts) = Packet::decode(&r.streams[1][16..]).unwrap().0 else {
-        panic!()
-    };
+    let Packet::Timestamp(ts) = Packet::decode(&r.streams[1][16..]).unwrap().0 else { panic!() };
     assert_eq!(ts.addr_va, 0x1000);
 }
 
@@ -218,12 +148,7 @@ fn views_share_bytes_and_extend_lifetimes() {
     let ok = build(64).unwrap();
     assert_eq!(Model::from_bytes(&ok.to_bytes().unwrap()).unwrap(), ok);
     match build(0) {
-        Err(FormatError::TensorOverlap {
-            a_name,
-            b_name,
-            region: "arena",
-            ..
-        }) => {
+        Err(FormatError::TensorOverlap { a_name, b_name, region: "arena", .. }) => {
             assert_eq!((a_name.as_str(), b_name.as_str()), ("a", "c"))
         }
         other => panic!("{other:?}"),
@@ -319,15 +244,7 @@ fn generic_elf_parser_reads_it() {
     let f = object::read::elf::ElfFile64::<object::LittleEndian>::parse(&*bytes).unwrap();
     let m = mlp_model();
     let graph = f.section_by_name(".rbln.graph").unwrap();
-    assert_eq!(
-        graph.data().unwrap().len(),
-        container::read(&bytes)
-            .unwrap()
-            .get(".rbln.graph")
-            .unwrap()
-            .data
-            .len()
-    );
+    assert_eq!(graph.data().unwrap().len(), container::read(&bytes).unwrap().get(".rbln.graph").unwrap().data.len());
     let weights = f.section_by_name(".rbln.weights").unwrap();
     assert_eq!(weights.data().unwrap(), &m.weights[..]);
     assert_eq!(f.sections().count(), 12); // the null section is not listed
@@ -347,9 +264,7 @@ fn readelf_lists_the_sections() {
         eprintln!("SKIP: readelf not found on this host");
         return;
     };
-    let _ = std::fs::remove_file(
-        std::env::temp_dir().join(format!("rbln-readelf-{}.rbln", std::process::id())),
-    );
+    let _ = std::fs::remove_file(std::env::temp_dir().join(format!("rbln-readelf-{}.rbln", std::process::id())));
     let text = String::from_utf8_lossy(&out.stdout);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "readelf failed: {err}");
@@ -367,10 +282,7 @@ fn readelf_lists_the_sections() {
         ".rbln.weights",
         ".rbln.check",
     ] {
-        assert!(
-            text.contains(name),
-            "readelf -S does not show {name}:\n{text}"
-        );
+        assert!(text.contains(name), "readelf -S does not show {name}:\n{text}");
     }
     assert!(text.contains("REL (Relocatable file)"), "{text}");
     assert!(text.contains("ELF64"), "{text}");
@@ -383,10 +295,7 @@ fn newer_minor_versions_may_add_sections() {
     secs.push((".rbln.future".into(), 8, vec![1, 2, 3]));
     // Same minor: an unknown section is an error.
     let e = Model::from_bytes(&rewrap(&secs)).unwrap_err();
-    assert!(
-        matches!(&e, FormatError::UnknownSection { name, .. } if name == ".rbln.future"),
-        "{e}"
-    );
+    assert!(matches!(&e, FormatError::UnknownSection { name, .. } if name == ".rbln.future"), "{e}");
     // Newer minor: skipped.
     secs.iter_mut().find(|s| s.0 == ".rbln.meta").unwrap().2[10] = 7;
     let m = Model::from_bytes(&rewrap(&secs)).unwrap();
@@ -402,13 +311,7 @@ fn builder_reports_what_the_reader_would() {
     let (mut b, ids) = mlp_builder();
     b.arena_size(1024); // smaller than the weights + activations
     let e = b.build().unwrap_err();
-    assert!(
-        matches!(
-            e,
-            FormatError::TensorOutOfBounds { .. } | FormatError::WeightsOutOfArena { .. }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, FormatError::TensorOutOfBounds { .. } | FormatError::WeightsOutOfArena { .. }), "{e}");
     let (mut b, _) = mlp_builder();
     b.input("again", ids.h);
     let e = b.build().unwrap_err();
@@ -430,10 +333,7 @@ fn integer_input_ranges_round_trip_and_minor_0_files_still_load() {
     m.meta.inputs[0].range = Some(ValueRange { lo: -3, hi: 30522 });
     let bytes = m.to_bytes_unchecked().unwrap();
     let back = Model::from_bytes(&bytes).unwrap();
-    assert_eq!(
-        back.meta.inputs[0].range,
-        Some(ValueRange { lo: -3, hi: 30522 })
-    );
+    assert_eq!(back.meta.inputs[0].range, Some(ValueRange { lo: -3, hi: 30522 }));
     assert!(back.meta.inputs[0].range.unwrap().contains(30521));
     assert!(!back.meta.inputs[0].range.unwrap().contains(30522));
 
@@ -441,11 +341,7 @@ fn integer_input_ranges_round_trip_and_minor_0_files_still_load() {
     let mut secs = sections(&mlp_bytes());
     let meta = &mut secs.iter_mut().find(|s| s.0 == ".rbln.meta").unwrap().2;
     meta[10] = 0;
-    assert_eq!(
-        meta[meta.len() - 4..],
-        [0, 0, 0, 0],
-        "an empty input_ranges count ends the section"
-    );
+    assert_eq!(meta[meta.len() - 4..], [0, 0, 0, 0], "an empty input_ranges count ends the section");
     meta.truncate(meta.len() - 4);
     let old = Model::from_bytes(&rewrap(&secs)).unwrap();
     assert_eq!(old.meta.version, Version { major: 1, minor: 0 });

@@ -70,15 +70,11 @@ fn dma(dev: &Device, sizes: &[u64], reps: usize) -> Result<serde_json::Value, St
     let mut rows = Vec::new();
     for &size in sizes {
         let ts = size.div_ceil(4096) * 4096;
-        let host = dev
-            .alloc(ts + 4096, Placement::Host)
-            .map_err(e("alloc host"))?;
+        let host = dev.alloc(ts + 4096, Placement::Host).map_err(e("alloc host"))?;
         let dram = dev.alloc(size, Placement::Dram).map_err(e("alloc DRAM"))?;
         host.map(Perms::RW).map_err(e("map host"))?;
         dram.map(Perms::RW).map_err(e("map DRAM"))?;
-        let pattern: Vec<u32> = (0..size / 4)
-            .map(|i| (i as u32).wrapping_mul(2_654_435_761))
-            .collect();
+        let pattern: Vec<u32> = (0..size / 4).map(|i| (i as u32).wrapping_mul(2_654_435_761)).collect();
         host.write_slice(0, &pattern).map_err(e("write host"))?;
         let mut cb = CommandBuffer::new(dev).map_err(e("command buffer"))?;
         let (mut h2d, mut d2h) = (Vec::new(), Vec::new());
@@ -90,11 +86,7 @@ fn dma(dev: &Device, sizes: &[u64], reps: usize) -> Result<serde_json::Value, St
                 .and_then(|c| c.copy(&dram, 0, &host, 0, size))
                 .and_then(|c| c.timestamp(&host, ts + 16))
                 .map_err(e("encode"))?;
-            queue
-                .submit_ioctl(&mut cb)
-                .map_err(e("submit"))?
-                .wait(WAIT)
-                .map_err(e("wait"))?;
+            queue.submit_ioctl(&mut cb).map_err(e("submit"))?.wait(WAIT).map_err(e("wait"))?;
             let t: Vec<u64> = host.read_vec(ts, 3).map_err(e("read timestamps"))?;
             if rep > 0 {
                 h2d.push(t[1].saturating_sub(t[0]) as f64);
@@ -107,12 +99,7 @@ fn dma(dev: &Device, sizes: &[u64], reps: usize) -> Result<serde_json::Value, St
             return Err(format!("DMA round trip of {size} bytes changed the data"));
         }
         let (h, d) = (median(&mut h2d), median(&mut d2h));
-        eprintln!(
-            "dma {size} B: host->DRAM {:.3} ms ({:.2} GB/s), DRAM->host {:.3} ms",
-            h / 1e6,
-            size as f64 / h,
-            d / 1e6
-        );
+        eprintln!("dma {size} B: host->DRAM {:.3} ms ({:.2} GB/s), DRAM->host {:.3} ms", h / 1e6, size as f64 / h, d / 1e6);
         rows.push(json!({
             "bytes": size, "reps": reps,
             "h2d_median_ns": h, "h2d_gbps": size as f64 / h.max(1.0),
@@ -135,29 +122,19 @@ fn latency(dev: &Device, runs: usize, warmup: usize) -> Result<serde_json::Value
         for i in 0..warmup + runs.max(1) {
             let t0 = clock::now();
             let f = q.submit(&mut nop).map_err(e("submit"))?;
-            if spin {
-                f.spin_wait(WAIT)
-            } else {
-                f.wait(WAIT)
-            }
-            .map_err(e("wait"))?;
+            if spin { f.spin_wait(WAIT) } else { f.wait(WAIT) }.map_err(e("wait"))?;
             if i >= warmup {
                 v.push(t0.elapsed().as_secs_f64() * 1e6);
             }
         }
         v.sort_by(f64::total_cmp);
         let pct = |p: usize| v[(v.len() * p / 100).min(v.len() - 1)];
-        Ok(
-            json!({"runs": v.len(), "p50_us": pct(50), "p90_us": pct(90), "p99_us": pct(99),
-                  "mean_us": v.iter().sum::<f64>() / v.len() as f64, "min_us": v[0]}),
-        )
+        Ok(json!({"runs": v.len(), "p50_us": pct(50), "p90_us": pct(90), "p99_us": pct(99),
+                  "mean_us": v.iter().sum::<f64>() / v.len() as f64, "min_us": v[0]}))
     };
     let ioctl = measure(&mut kq, false)?;
     let user = measure(&mut uq, true)?;
-    eprintln!(
-        "latency: ioctl SUBMIT + FENCE_WAIT p50 {} us, user-mode + spin p50 {} us",
-        ioctl["p50_us"], user["p50_us"]
-    );
+    eprintln!("latency: ioctl SUBMIT + FENCE_WAIT p50 {} us, user-mode + spin p50 {} us", ioctl["p50_us"], user["p50_us"]);
     Ok(json!({"clock": desc, "ioctl_submit_fence_wait": ioctl, "user_submit_spin": user}))
 }
 

@@ -13,18 +13,12 @@ use std::path::PathBuf;
 fn compare(args: &[String]) -> Result<(), String> {
     let got = rbln_runtime::npy::read(std::path::Path::new(&args[0]))?;
     let want = rbln_runtime::npy::read(std::path::Path::new(&args[1]))?;
-    let tol: f32 = args.get(2).map_or(Ok(1e-4), |t| {
-        t.parse().map_err(|e| format!("tolerance: {e}"))
-    })?;
+    let tol: f32 = args.get(2).map_or(Ok(1e-4), |t| t.parse().map_err(|e| format!("tolerance: {e}")))?;
     if got.shape != want.shape {
         return Err(format!("shape {:?}, expected {:?}", got.shape, want.shape));
     }
     if got.dtype() != want.dtype() {
-        return Err(format!(
-            "dtype {}, expected {}",
-            got.dtype().name(),
-            want.dtype().name()
-        ));
+        return Err(format!("dtype {}, expected {}", got.dtype().name(), want.dtype().name()));
     }
     let (gv, wv) = (got.data.to_f64(), want.data.to_f64());
     let (abs, _) = rbln_runtime::examples::max_errors(&got, &want);
@@ -40,11 +34,7 @@ fn compare(args: &[String]) -> Result<(), String> {
         scaled = scaled.max(d / (1.0 + w.abs()));
     }
     println!("max abs error {abs:.3e}, max rel error {rel:.3e} (|want| >= 0.01), max scaled error {scaled:.3e}");
-    let bad = gv
-        .iter()
-        .zip(&wv)
-        .filter(|(g, w)| (*g - *w).abs() > tol as f64 * (1.0 + w.abs()))
-        .count();
+    let bad = gv.iter().zip(&wv).filter(|(g, w)| (*g - *w).abs() > tol as f64 * (1.0 + w.abs())).count();
     if bad > 0 {
         return Err(format!("{bad} values beyond tolerance {tol}"));
     }
@@ -56,38 +46,23 @@ fn main() -> Result<(), String> {
     if args.first().map(String::as_str) == Some("compare") && args.len() >= 3 {
         return compare(&args[1..]);
     }
-    let dir = PathBuf::from(
-        args.first()
-            .ok_or("usage: rbln-example-models DIR | compare GOT.npy WANT.npy [TOL]")?,
-    );
+    let dir = PathBuf::from(args.first().ok_or("usage: rbln-example-models DIR | compare GOT.npy WANT.npy [TOL]")?);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let ex = rbln_runtime::examples::mlp(16, 256, 512, 10);
-    ex.model
-        .save(dir.join("mlp.rbln"))
-        .map_err(|e| e.to_string())?;
+    ex.model.save(dir.join("mlp.rbln")).map_err(|e| e.to_string())?;
     rbln_runtime::npy::write(&dir.join("mlp.input.npy"), &ex.inputs[0])?;
     rbln_runtime::npy::write(&dir.join("mlp.expected.npy"), &ex.expected[0])?;
-    rbln_runtime::npy::write(
-        &dir.join("mlp.badshape.npy"),
-        &rbln_runtime::Tensor::zeros(&[16, 255]),
-    )?;
+    rbln_runtime::npy::write(&dir.join("mlp.badshape.npy"), &rbln_runtime::Tensor::zeros(&[16, 255]))?;
     let cnn = rbln_runtime::examples::cnn(4, 3, 32, 16, 10);
-    cnn.model
-        .save(dir.join("cnn.rbln"))
-        .map_err(|e| e.to_string())?;
+    cnn.model.save(dir.join("cnn.rbln")).map_err(|e| e.to_string())?;
     rbln_runtime::npy::write(&dir.join("cnn.input.npy"), &cnn.inputs[0])?;
     rbln_runtime::npy::write(&dir.join("cnn.expected.npy"), &cnn.expected[0])?;
     // Transfer-heavy: a 512 KiB input per request against a 64x2048x512
     // GEMM, so that input transfer and compute take comparable time.
     let big = rbln_runtime::examples::mlp(64, 2048, 512, 16);
-    big.model
-        .save(dir.join("mlp-wide.rbln"))
-        .map_err(|e| e.to_string())?;
+    big.model.save(dir.join("mlp-wide.rbln")).map_err(|e| e.to_string())?;
     rbln_runtime::npy::write(&dir.join("mlp-wide.input.npy"), &big.inputs[0])?;
     rbln_runtime::npy::write(&dir.join("mlp-wide.expected.npy"), &big.expected[0])?;
-    eprintln!(
-        "wrote {}/mlp.rbln (+ .input.npy, .expected.npy)",
-        dir.display()
-    );
+    eprintln!("wrote {}/mlp.rbln (+ .input.npy, .expected.npy)", dir.display());
     Ok(())
 }

@@ -16,9 +16,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rbln_runtime::{
-    clock, inspect, npy, stats::LatencyStats, AsyncRuntime, Data, Error, Runtime, Tensor,
-};
+use rbln_runtime::{clock, inspect, npy, stats::LatencyStats, AsyncRuntime, Data, Error, Runtime, Tensor};
 
 #[derive(Parser)]
 #[command(version, about = "Run a compiled .rbln model on the rbln NPU")]
@@ -76,30 +74,17 @@ struct Progress {
 impl Progress {
     fn new(total: u32) -> Self {
         use std::io::IsTerminal;
-        Self {
-            total,
-            shown: total >= 50 && std::io::stderr().is_terminal(),
-            last: None,
-        }
+        Self { total, shown: total >= 50 && std::io::stderr().is_terminal(), last: None }
     }
 
     fn tick(&mut self, done: u32) {
-        if !self.shown
-            || self
-                .last
-                .is_some_and(|t| t.elapsed() < Duration::from_millis(100) && done < self.total)
-        {
+        if !self.shown || self.last.is_some_and(|t| t.elapsed() < Duration::from_millis(100) && done < self.total) {
             return;
         }
         self.last = Some(Instant::now());
         let width = 30;
         let filled = (done as usize * width) / self.total.max(1) as usize;
-        eprint!(
-            "\r[{}{}] {done}/{}",
-            "#".repeat(filled),
-            " ".repeat(width - filled),
-            self.total
-        );
+        eprint!("\r[{}{}] {done}/{}", "#".repeat(filled), " ".repeat(width - filled), self.total);
         if done == self.total {
             eprintln!();
         }
@@ -119,31 +104,13 @@ fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
 /// the input's range or 0..100 for integers, half true for bools).
 fn default_input(want: &rbln_runtime::IoInfo, seed: u64, random: bool) -> Tensor {
     let n = Tensor::elements(&want.shape) as usize;
-    let r: Vec<f32> = if random {
-        random_values(n, seed)
-    } else {
-        vec![0.0; n]
-    };
-    let (lo, hi) = want.range.map_or((0, 100), |(lo, hi)| {
-        (lo.max(0).min(hi - 1), hi.min(lo.max(0) + 100))
-    });
-    let int = |x: f32| {
-        if random {
-            lo + (((x + 1.0) / 2.0 * (hi - lo) as f32) as i64).clamp(0, hi - lo - 1)
-        } else {
-            lo.max(0).min(hi - 1)
-        }
-    };
+    let r: Vec<f32> = if random { random_values(n, seed) } else { vec![0.0; n] };
+    let (lo, hi) = want.range.map_or((0, 100), |(lo, hi)| (lo.max(0).min(hi - 1), hi.min(lo.max(0) + 100)));
+    let int = |x: f32| if random { lo + (((x + 1.0) / 2.0 * (hi - lo) as f32) as i64).clamp(0, hi - lo - 1) } else { lo.max(0).min(hi - 1) };
     match want.dtype {
         "i64" => Tensor::new(&want.shape, r.iter().map(|&x| int(x)).collect::<Vec<i64>>()),
-        "i32" => Tensor::new(
-            &want.shape,
-            r.iter().map(|&x| int(x) as i32).collect::<Vec<i32>>(),
-        ),
-        "bool" => Tensor::new(
-            &want.shape,
-            r.iter().map(|&x| x > 0.0).collect::<Vec<bool>>(),
-        ),
+        "i32" => Tensor::new(&want.shape, r.iter().map(|&x| int(x) as i32).collect::<Vec<i32>>()),
+        "bool" => Tensor::new(&want.shape, r.iter().map(|&x| x > 0.0).collect::<Vec<bool>>()),
         _ => Tensor::new(&want.shape, r),
     }
 }
@@ -175,11 +142,7 @@ fn main() -> ExitCode {
             let io = |v: &[rbln_runtime::IoInfo]| {
                 v.iter().map(|t| serde_json::json!({"name": t.name, "dtype": t.dtype, "shape": t.shape, "range": t.range.map(|(lo, hi)| [lo, hi])})).collect::<Vec<_>>()
             };
-            let ops: Vec<_> = info
-                .ops
-                .iter()
-                .map(|(op, n)| serde_json::json!({"op": op, "count": n}))
-                .collect();
+            let ops: Vec<_> = info.ops.iter().map(|(op, n)| serde_json::json!({"op": op, "count": n})).collect();
             println!(
                 "{}",
                 serde_json::json!({"name": info.name, "producer": info.producer, "inputs": io(&info.inputs),
@@ -190,23 +153,14 @@ fn main() -> ExitCode {
         } else {
             println!("model:    {} (produced by {})", info.name, info.producer);
             for t in &info.inputs {
-                let range = t
-                    .range
-                    .map_or(String::new(), |(lo, hi)| format!(" values {lo}..{hi}"));
+                let range = t.range.map_or(String::new(), |(lo, hi)| format!(" values {lo}..{hi}"));
                 println!("input:    {} {} {:?}{range}", t.name, t.dtype, t.shape);
             }
             for t in &info.outputs {
                 println!("output:   {} {} {:?}", t.name, t.dtype, t.shape);
             }
-            println!(
-                "memory:   arena {} B, staging {} B, weights {} B",
-                info.arena_bytes, info.staging_bytes, info.weight_bytes
-            );
-            let ops: Vec<String> = info
-                .ops
-                .iter()
-                .map(|(op, n)| format!("{op} x{n}"))
-                .collect();
+            println!("memory:   arena {} B, staging {} B, weights {} B", info.arena_bytes, info.staging_bytes, info.weight_bytes);
+            let ops: Vec<String> = info.ops.iter().map(|(op, n)| format!("{op} x{n}")).collect();
             println!("ops:      {}", ops.join(", "));
             for p in &model.meta.properties {
                 println!("property: {} = {}", p.key, p.value);
@@ -215,14 +169,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if args.inputs.len() > info.inputs.len() {
-        return fail(
-            EXIT_USAGE,
-            format!(
-                "{} inputs given, the model has {}",
-                args.inputs.len(),
-                info.inputs.len()
-            ),
-        );
+        return fail(EXIT_USAGE, format!("{} inputs given, the model has {}", args.inputs.len(), info.inputs.len()));
     }
     let mut inputs = Vec::new();
     for (i, want) in info.inputs.iter().enumerate() {
@@ -249,11 +196,7 @@ fn main() -> ExitCode {
         | Error::InputLength { .. }
         | Error::InputValue { .. }
         | Error::Parallel(_) => EXIT_USAGE,
-        Error::Format(_)
-        | Error::HardwareVersion { .. }
-        | Error::NotStaged { .. }
-        | Error::EdgeDType { .. }
-        | Error::EmptyProgram => EXIT_MODEL,
+        Error::Format(_) | Error::HardwareVersion { .. } | Error::NotStaged { .. } | Error::EdgeDType { .. } | Error::EmptyProgram => EXIT_MODEL,
         _ => EXIT_DEVICE,
     };
     let mut lat = Vec::with_capacity(args.iterations as usize);
@@ -288,9 +231,7 @@ fn main() -> ExitCode {
                 Err(e) => return fail(classify(&e), e),
             }
             while window.len() >= rt.parallel() || (i + 1 == total && !window.is_empty()) {
-                let Some((t0, h)) = window.pop_front() else {
-                    break;
-                };
+                let Some((t0, h)) = window.pop_front() else { break };
                 match h.wait() {
                     Ok(o) => outputs = o,
                     Err(e) => return fail(classify(&e), e),
@@ -331,11 +272,7 @@ fn main() -> ExitCode {
                     if let Err(e) = std::fs::write(path, prof.to_chrome_trace(&info.name)) {
                         return fail(EXIT_USAGE, format!("{}: {e}", path.display()));
                     }
-                    eprintln!(
-                        "profile: {} events written to {}",
-                        prof.events.len(),
-                        path.display()
-                    );
+                    eprintln!("profile: {} events written to {}", prof.events.len(), path.display());
                 }
                 Err(e) => return fail(classify(&e), e),
             }
@@ -343,18 +280,13 @@ fn main() -> ExitCode {
     }
     if let Some(path) = &args.output {
         for (i, t) in outputs.iter().enumerate() {
-            let p = if i == 0 {
-                path.clone()
-            } else {
-                path.with_extension(format!("{i}.npy"))
-            };
+            let p = if i == 0 { path.clone() } else { path.with_extension(format!("{i}.npy")) };
             if let Err(e) = npy::write(&p, t) {
                 return fail(EXIT_USAGE, e);
             }
         }
     }
-    let stats = LatencyStats::new(&lat, wall)
-        .unwrap_or_else(|| LatencyStats::new(&[Duration::ZERO], wall).unwrap());
+    let stats = LatencyStats::new(&lat, wall).unwrap_or_else(|| LatencyStats::new(&[Duration::ZERO], wall).unwrap());
     if args.json {
         let outs: Vec<_> = outputs
             .iter()
@@ -366,21 +298,10 @@ fn main() -> ExitCode {
             serde_json::json!({"model": info.name, "load_ms": load.as_secs_f64() * 1e3, "latency": stats.to_json(), "clock": clock::describe(), "outputs": outs})
         );
     } else {
-        println!(
-            "Model:      {} on /dev/rbln{} (loaded in {:.1} ms)",
-            info.name,
-            args.device,
-            load.as_secs_f64() * 1e3
-        );
+        println!("Model:      {} on /dev/rbln{} (loaded in {:.1} ms)", info.name, args.device, load.as_secs_f64() * 1e3);
         for (t, o) in outputs.iter().zip(&info.outputs) {
             let head = first_text(&t.data, 6);
-            println!(
-                "Output:     {} {:?} [{}{}]",
-                o.name,
-                t.shape,
-                head.join(", "),
-                if t.data.len() > 6 { ", ..." } else { "" }
-            );
+            println!("Output:     {} {:?} [{}{}]", o.name, t.shape, head.join(", "), if t.data.len() > 6 { ", ..." } else { "" });
         }
         println!("{stats}");
     }

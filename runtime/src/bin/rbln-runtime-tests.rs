@@ -38,15 +38,7 @@ fn check(ok: bool, what: &str) -> Result<(), String> {
 }
 
 fn close(got: &Tensor, want: &Tensor) -> bool {
-    got.shape == want.shape
-        && max_errors(got, want).0
-            <= 1e-4
-                * (1.0
-                    + want
-                        .data
-                        .to_f64()
-                        .iter()
-                        .fold(0f32, |m, v| m.max(v.abs() as f32)))
+    got.shape == want.shape && max_errors(got, want).0 <= 1e-4 * (1.0 + want.data.to_f64().iter().fold(0f32, |m, v| m.max(v.abs() as f32)))
 }
 
 fn main() -> Result<(), String> {
@@ -60,99 +52,43 @@ fn main() -> Result<(), String> {
     let dev = rbln_umd::Device::open(0).map_err(|e| e.to_string())?;
 
     let mut rt = Runtime::new(&dev, model.clone()).map_err(|e| e.to_string())?;
-    let y = rt
-        .run(std::slice::from_ref(&x))
-        .map_err(|e| e.to_string())?;
-    check(
-        close(&y[0], &want),
-        "Runtime::run matches the CPU reference",
-    )?;
+    let y = rt.run(std::slice::from_ref(&x)).map_err(|e| e.to_string())?;
+    check(close(&y[0], &want), "Runtime::run matches the CPU reference")?;
     let e = rt.run(&[]).unwrap_err();
-    check(
-        matches!(
-            e,
-            Error::InputCount {
-                expected: 1,
-                got: 0,
-                ..
-            }
-        ),
-        &format!("no inputs: {e}"),
-    )?;
-    let e = rt
-        .run(&[Tensor::zeros(&[1, 2]), Tensor::zeros(&[1])])
-        .unwrap_err();
-    check(
-        matches!(e, Error::InputCount { .. }),
-        &format!("two inputs: {e}"),
-    )?;
+    check(matches!(e, Error::InputCount { expected: 1, got: 0, .. }), &format!("no inputs: {e}"))?;
+    let e = rt.run(&[Tensor::zeros(&[1, 2]), Tensor::zeros(&[1])]).unwrap_err();
+    check(matches!(e, Error::InputCount { .. }), &format!("two inputs: {e}"))?;
     let mut wrong = x.clone();
     wrong.shape.reverse();
     let e = rt.run(&[wrong]).unwrap_err();
     let name = &model.meta.inputs[0].name;
-    check(
-        e.to_string()
-            .starts_with(&format!("input '{name}': expected shape")),
-        &format!("wrong shape names the input: {e}"),
-    )?;
+    check(e.to_string().starts_with(&format!("input '{name}': expected shape")), &format!("wrong shape names the input: {e}"))?;
     let mut short = x.clone();
     short.as_f32_mut().ok_or("f32 input")?.pop();
     let e = rt.run(&[short]).unwrap_err();
-    check(
-        matches!(e, Error::InputLength { .. }),
-        &format!("short data: {e}"),
-    )?;
+    check(matches!(e, Error::InputLength { .. }), &format!("short data: {e}"))?;
     drop(rt);
 
     for parallel in [1, 2] {
-        let mut art =
-            AsyncRuntime::new(&dev, model.clone(), parallel).map_err(|e| e.to_string())?;
+        let mut art = AsyncRuntime::new(&dev, model.clone(), parallel).map_err(|e| e.to_string())?;
         // Many in flight: handles waited in submission order.
         let mut inputs = Vec::new();
         for i in 0..6 {
             let mut t = x.clone();
-            t.as_f32_mut()
-                .ok_or("f32 input")?
-                .iter_mut()
-                .for_each(|v| *v *= 1.0 + i as f32 / 8.0);
+            t.as_f32_mut().ok_or("f32 input")?.iter_mut().for_each(|v| *v *= 1.0 + i as f32 / 8.0);
             inputs.push(t);
         }
-        let handles: Vec<_> = inputs
-            .iter()
-            .map(|t| art.run(std::slice::from_ref(t)))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
-        let results: Vec<_> = handles
-            .into_iter()
-            .map(|h| h.wait())
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
+        let handles: Vec<_> = inputs.iter().map(|t| art.run(std::slice::from_ref(t))).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+        let results: Vec<_> = handles.into_iter().map(|h| h.wait()).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
         // Request 0 used the reference input; the others must differ from it.
-        check(
-            close(&results[0][0], &want),
-            &format!("parallel {parallel}: first of 6 in flight matches"),
-        )?;
-        check(
-            results[1..].iter().all(|r| r[0].data != results[0][0].data),
-            &format!("parallel {parallel}: each request got its own outputs"),
-        )?;
+        check(close(&results[0][0], &want), &format!("parallel {parallel}: first of 6 in flight matches"))?;
+        check(results[1..].iter().all(|r| r[0].data != results[0][0].data), &format!("parallel {parallel}: each request got its own outputs"))?;
         // A dropped handle loses nothing for the next requests.
-        drop(
-            art.run(std::slice::from_ref(&x))
-                .map_err(|e| e.to_string())?,
-        );
-        let fut = art
-            .async_run(std::slice::from_ref(&x))
-            .map_err(|e| e.to_string())?;
+        drop(art.run(std::slice::from_ref(&x)).map_err(|e| e.to_string())?);
+        let fut = art.async_run(std::slice::from_ref(&x)).map_err(|e| e.to_string())?;
         let y = block_on(fut).map_err(|e| e.to_string())?;
-        check(
-            close(&y[0], &want),
-            &format!("parallel {parallel}: Future (async_run) after a dropped handle"),
-        )?;
+        check(close(&y[0], &want), &format!("parallel {parallel}: Future (async_run) after a dropped handle"))?;
     }
-    check(
-        AsyncRuntime::new(&dev, model, 3).is_err(),
-        "parallel 3 is refused",
-    )?;
+    check(AsyncRuntime::new(&dev, model, 3).is_err(), "parallel 3 is refused")?;
     Ok(())
 }

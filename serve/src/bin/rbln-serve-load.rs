@@ -18,9 +18,7 @@ use rbln_runtime::clock;
 use clap::Parser;
 use rbln_runtime::{npy, stats::LatencyStats};
 use rbln_serve::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
-use rbln_serve::pb::{
-    model_infer_request::InferInputTensor, ModelInferRequest, ModelMetadataRequest,
-};
+use rbln_serve::pb::{model_infer_request::InferInputTensor, ModelInferRequest, ModelMetadataRequest};
 use rbln_serve::tensor::{raw_bytes, DataType};
 
 #[derive(Parser)]
@@ -75,30 +73,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<bool, String> {
-    let mut client = GrpcInferenceServiceClient::connect(args.addr.clone())
-        .await
-        .map_err(|e| format!("{}: {e}", args.addr))?
-        .max_decoding_message_size(usize::MAX);
-    let md = client
-        .model_metadata(ModelMetadataRequest {
-            name: args.model.clone(),
-            version: String::new(),
-        })
-        .await
-        .map_err(|e| e.message().to_string())?
-        .into_inner();
+    let mut client = GrpcInferenceServiceClient::connect(args.addr.clone()).await.map_err(|e| format!("{}: {e}", args.addr))?.max_decoding_message_size(usize::MAX);
+    let md = client.model_metadata(ModelMetadataRequest { name: args.model.clone(), version: String::new() }).await.map_err(|e| e.message().to_string())?.into_inner();
     if md.inputs.len() != args.inputs.len() {
-        return Err(format!(
-            "model '{}' has {} inputs, {} --input given",
-            args.model,
-            md.inputs.len(),
-            args.inputs.len()
-        ));
+        return Err(format!("model '{}' has {} inputs, {} --input given", args.model, md.inputs.len(), args.inputs.len()));
     }
-    let mut req = ModelInferRequest {
-        model_name: args.model.clone(),
-        ..Default::default()
-    };
+    let mut req = ModelInferRequest { model_name: args.model.clone(), ..Default::default() };
     for (meta, path) in md.inputs.iter().zip(&args.inputs) {
         let t = npy::read(path)?;
         req.inputs.push(InferInputTensor {
@@ -119,22 +99,9 @@ async fn run(args: Args) -> Result<bool, String> {
     let start = clock::now();
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency.max(1) {
-        let (mut c, req, expected, next, n, tol) = (
-            client.clone(),
-            req.clone(),
-            expected.clone(),
-            next.clone(),
-            args.requests,
-            args.tol,
-        );
+        let (mut c, req, expected, next, n, tol) = (client.clone(), req.clone(), expected.clone(), next.clone(), args.requests, args.tol);
         tasks.push(tokio::spawn(async move {
-            let (mut lat, mut errors, mut wrong, mut first_err, mut codes) = (
-                Vec::new(),
-                0usize,
-                0usize,
-                None,
-                std::collections::BTreeMap::<String, usize>::new(),
-            );
+            let (mut lat, mut errors, mut wrong, mut first_err, mut codes) = (Vec::new(), 0usize, 0usize, None, std::collections::BTreeMap::<String, usize>::new());
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
                 let t0 = clock::now();
                 match c.model_infer((*req).clone()).await {
@@ -142,23 +109,8 @@ async fn run(args: Args) -> Result<bool, String> {
                         lat.push(t0.elapsed());
                         if let Some(exp) = expected.as_ref() {
                             let r = r.into_inner();
-                            let got: Vec<f64> = r
-                                .raw_output_contents
-                                .first()
-                                .map(|b| {
-                                    b.chunks_exact(4)
-                                        .map(|c| {
-                                            f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64
-                                        })
-                                        .collect()
-                                })
-                                .unwrap_or_default();
-                            if got.len() != exp.len()
-                                || got
-                                    .iter()
-                                    .zip(exp.iter())
-                                    .any(|(a, b)| (a - b).abs() > tol + tol * b.abs())
-                            {
+                            let got: Vec<f64> = r.raw_output_contents.first().map(|b| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()).unwrap_or_default();
+                            if got.len() != exp.len() || got.iter().zip(exp.iter()).any(|(a, b)| (a - b).abs() > tol + tol * b.abs()) {
                                 wrong += 1;
                             }
                         }
@@ -173,12 +125,7 @@ async fn run(args: Args) -> Result<bool, String> {
             (lat, errors, wrong, first_err, codes)
         }));
     }
-    let (mut lat, mut errors, mut wrong, mut first_err): (
-        Vec<Duration>,
-        usize,
-        usize,
-        Option<String>,
-    ) = (Vec::new(), 0, 0, None);
+    let (mut lat, mut errors, mut wrong, mut first_err): (Vec<Duration>, usize, usize, Option<String>) = (Vec::new(), 0, 0, None);
     let mut codes = std::collections::BTreeMap::<String, usize>::new();
     for t in tasks {
         let (l, e, w, f, c) = t.await.map_err(|e| e.to_string())?;
@@ -194,13 +141,7 @@ async fn run(args: Args) -> Result<bool, String> {
     }
     let wall = start.elapsed();
     let st = LatencyStats::new(&lat, wall);
-    let (tp, p50, p99) = st.as_ref().map_or((0.0, 0.0, 0.0), |s| {
-        (
-            lat.len() as f64 / wall.as_secs_f64(),
-            s.p50.as_secs_f64() * 1e3,
-            s.p99.as_secs_f64() * 1e3,
-        )
-    });
+    let (tp, p50, p99) = st.as_ref().map_or((0.0, 0.0, 0.0), |s| (lat.len() as f64 / wall.as_secs_f64(), s.p50.as_secs_f64() * 1e3, s.p99.as_secs_f64() * 1e3));
     if args.json {
         println!(
             "{}",

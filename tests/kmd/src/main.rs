@@ -10,11 +10,7 @@ use rbln_uapi as uapi;
 type Res = Result<(), String>;
 
 fn open(n: u32) -> Result<File, String> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!("/dev/rbln{n}"))
-        .map_err(|e| format!("open /dev/rbln{n}: {e}"))
+    OpenOptions::new().read(true).write(true).open(format!("/dev/rbln{n}")).map_err(|e| format!("open /dev/rbln{n}: {e}"))
 }
 
 /// Issue `cmd` with `arg`; Err(errno) on failure.
@@ -23,18 +19,10 @@ fn ioctl<T>(f: &File, cmd: u32, arg: &mut T) -> Result<i32, nix::errno::Errno> {
     // command encodes (or deliberately not, in the size tests, where the
     // driver must still only touch the encoded size).
     let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, arg as *mut T) };
-    if r < 0 {
-        Err(nix::errno::Errno::last())
-    } else {
-        Ok(r)
-    }
+    if r < 0 { Err(nix::errno::Errno::last()) } else { Ok(r) }
 }
 
-fn expect_err<T: std::fmt::Debug>(
-    r: Result<T, nix::errno::Errno>,
-    want: nix::errno::Errno,
-    what: &str,
-) -> Res {
+fn expect_err<T: std::fmt::Debug>(r: Result<T, nix::errno::Errno>, want: nix::errno::Errno, what: &str) -> Res {
     match r {
         Err(e) if e == want => Ok(()),
         other => Err(format!("{what}: expected {want}, got {other:?}")),
@@ -45,17 +33,10 @@ fn info() -> Res {
     let f = open(0)?;
     let mut i = uapi::DeviceInfo::default();
     ioctl(&f, uapi::RBLN_IOCTL_INFO, &mut i).map_err(|e| format!("INFO: {e}"))?;
-    if i.uapi_version != uapi::UAPI_VERSION
-        || i.vendor_id != rbln_hw::pci::VENDOR_ID
-        || i.device_id != rbln_hw::pci::DEVICE_ID
-    {
+    if i.uapi_version != uapi::UAPI_VERSION || i.vendor_id != rbln_hw::pci::VENDOR_ID || i.device_id != rbln_hw::pci::DEVICE_ID {
         return Err(format!("unexpected identity {i:?}"));
     }
-    if i.hw_version >> 16 != rbln_hw::HW_VERSION_MAJOR
-        || i.num_queues < 16
-        || i.dram_size != 512 << 20
-        || i.minor_index != 0
-    {
+    if i.hw_version >> 16 != rbln_hw::HW_VERSION_MAJOR || i.num_queues < 16 || i.dram_size != 512 << 20 || i.minor_index != 0 {
         return Err(format!("unexpected info {i:?}"));
     }
     println!("# info: {i:?}");
@@ -67,36 +48,19 @@ fn info() -> Res {
 fn info_sizes() -> Res {
     let f = open(0)?;
     let mut small = [0u8; 8];
-    expect_err(
-        ioctl(&f, uapi::ioc(3, 0x00, small.len()), &mut small),
-        Errno::EINVAL,
-        "INFO smaller than version 1",
-    )?;
-    expect_err(
-        ioctl(&f, uapi::ioc(2, 0x00, 80), &mut [0u8; 80]),
-        Errno::ENOTTY,
-        "INFO as _IOR",
-    )?;
+    expect_err(ioctl(&f, uapi::ioc(3, 0x00, small.len()), &mut small), Errno::EINVAL, "INFO smaller than version 1")?;
+    expect_err(ioctl(&f, uapi::ioc(2, 0x00, 80), &mut [0u8; 80]), Errno::ENOTTY, "INFO as _IOR")?;
     let mut big = [0u8; 128];
-    ioctl(&f, uapi::ioc(3, 0x00, big.len()), &mut big)
-        .map_err(|e| format!("long INFO with zero tail: {e}"))?;
+    ioctl(&f, uapi::ioc(3, 0x00, big.len()), &mut big).map_err(|e| format!("long INFO with zero tail: {e}"))?;
     let mut bad = [0u8; 128];
     bad[100] = 1;
-    expect_err(
-        ioctl(&f, uapi::ioc(3, 0x00, bad.len()), &mut bad),
-        nix::errno::Errno::E2BIG,
-        "long INFO with non-zero tail",
-    )
+    expect_err(ioctl(&f, uapi::ioc(3, 0x00, bad.len()), &mut bad), nix::errno::Errno::E2BIG, "long INFO with non-zero tail")
 }
 
 fn unknown_ioctls() -> Res {
     let f = open(0)?;
     let mut x = [0u64; 8];
-    expect_err(
-        ioctl(&f, uapi::iowr(0x7f, 64), &mut x),
-        nix::errno::Errno::ENOTTY,
-        "unknown nr",
-    )?;
+    expect_err(ioctl(&f, uapi::iowr(0x7f, 64), &mut x), nix::errno::Errno::ENOTTY, "unknown nr")?;
     // SAFETY: TCGETS on a non-tty; the driver must answer ENOTTY.
     let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, x.as_mut_ptr()) };
     if r != -1 || nix::errno::Errno::last() != nix::errno::Errno::ENOTTY {
@@ -106,10 +70,7 @@ fn unknown_ioctls() -> Res {
     // SAFETY: the address is deliberately invalid; the kernel must check it.
     let r = unsafe { libc::ioctl(f.as_raw_fd(), uapi::RBLN_IOCTL_INFO as _, 8usize as *mut u8) };
     if r != -1 || nix::errno::Errno::last() != nix::errno::Errno::EFAULT {
-        return Err(format!(
-            "INFO to a bad pointer: {r} {}",
-            nix::errno::Errno::last()
-        ));
+        return Err(format!("INFO to a bad pointer: {r} {}", nix::errno::Errno::last()));
     }
     Ok(())
 }
@@ -128,22 +89,13 @@ fn two_devices() -> Res {
 
 /// Typed ioctl wrappers returning errno on failure.
 fn bo_create(f: &File, size: u64, flags: u32) -> Result<u32, nix::errno::Errno> {
-    let mut a = uapi::BoCreate {
-        size,
-        flags,
-        ..Default::default()
-    };
+    let mut a = uapi::BoCreate { size, flags, ..Default::default() };
     ioctl(f, uapi::RBLN_IOCTL_BO_CREATE, &mut a)?;
     Ok(a.handle)
 }
 
 fn vm_map(f: &File, handle: u32, va: u64, flags: u32) -> Result<u64, nix::errno::Errno> {
-    let mut a = uapi::VmMap {
-        handle,
-        flags,
-        va,
-        ..Default::default()
-    };
+    let mut a = uapi::VmMap { handle, flags, va, ..Default::default() };
     ioctl(f, uapi::RBLN_IOCTL_VM_MAP, &mut a)?;
     Ok(a.va)
 }
@@ -155,23 +107,13 @@ fn queue_create(f: &File) -> Result<u32, nix::errno::Errno> {
 }
 
 fn submit(f: &File, queue_id: u32, va: u64, size: u32) -> Result<u64, nix::errno::Errno> {
-    let mut a = uapi::Submit {
-        queue_id,
-        cmdbuf_va: va,
-        cmdbuf_size: size,
-        ..Default::default()
-    };
+    let mut a = uapi::Submit { queue_id, cmdbuf_va: va, cmdbuf_size: size, ..Default::default() };
     ioctl(f, uapi::RBLN_IOCTL_SUBMIT, &mut a)?;
     Ok(a.fence)
 }
 
 fn wait(f: &File, queue_id: u32, value: u64, timeout_ns: u64) -> Result<(), nix::errno::Errno> {
-    let mut a = uapi::FenceWait {
-        queue_id,
-        value,
-        timeout_ns,
-        ..Default::default()
-    };
+    let mut a = uapi::FenceWait { queue_id, value, timeout_ns, ..Default::default() };
     ioctl(f, uapi::RBLN_IOCTL_FENCE_WAIT, &mut a).map(|_| ())
 }
 
@@ -183,21 +125,11 @@ struct Mapped {
 
 impl Mapped {
     fn new(f: &File, handle: u32, len: usize) -> Result<Self, String> {
-        let mut info = uapi::BoInfo {
-            handle,
-            ..Default::default()
-        };
+        let mut info = uapi::BoInfo { handle, ..Default::default() };
         ioctl(f, uapi::RBLN_IOCTL_BO_INFO, &mut info).map_err(|e| format!("BO_INFO: {e}"))?;
         // SAFETY: mapping a BO of this file at the offset the driver gave.
         let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                info.mmap_offset as libc::off_t,
-            )
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), info.mmap_offset as libc::off_t)
         };
         if p == libc::MAP_FAILED {
             return Err(format!("mmap BO: {}", std::io::Error::last_os_error()));
@@ -214,9 +146,7 @@ impl Mapped {
     fn read(&self, off: usize, len: usize) -> Vec<u8> {
         assert!(off + len <= self.len);
         // SAFETY: in bounds of the live mapping; the device may write it, so volatile.
-        (0..len)
-            .map(|i| unsafe { self.ptr.add(off + i).read_volatile() })
-            .collect()
+        (0..len).map(|i| unsafe { self.ptr.add(off + i).read_volatile() }).collect()
     }
 }
 
@@ -242,8 +172,7 @@ impl Env {
     fn new() -> Result<Self, String> {
         let f = open(0)?;
         let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
-        let va =
-            vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+        let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
         let m = Mapped::new(&f, host, 4096)?;
         let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
         Ok(Self { f, va, m, q })
@@ -252,8 +181,7 @@ impl Env {
     /// Write `cmds` at byte `off` of the page and submit them.
     fn run(&self, off: usize, cmds: &[u8]) -> Result<u64, String> {
         self.m.write(off, cmds);
-        submit(&self.f, self.q, self.va + off as u64, cmds.len() as u32)
-            .map_err(|e| format!("submit: {e}"))
+        submit(&self.f, self.q, self.va + off as u64, cmds.len() as u32).map_err(|e| format!("submit: {e}"))
     }
 
     /// Submit a job that blocks until the u64 at byte 2048 of the page is 1.
@@ -272,146 +200,52 @@ impl Env {
 fn bo_errors() -> Res {
     let f = open(0)?;
     expect_err(bo_create(&f, 0, uapi::BO_HOST), Errno::EINVAL, "zero size")?;
-    expect_err(
-        bo_create(&f, uapi::MAX_BO_SIZE + 1, uapi::BO_HOST),
-        Errno::EINVAL,
-        "oversize",
-    )?;
+    expect_err(bo_create(&f, uapi::MAX_BO_SIZE + 1, uapi::BO_HOST), Errno::EINVAL, "oversize")?;
     expect_err(bo_create(&f, 4096, 0), Errno::EINVAL, "no placement")?;
-    expect_err(
-        bo_create(&f, 4096, uapi::BO_HOST | uapi::BO_DRAM),
-        Errno::EINVAL,
-        "two placements",
-    )?;
+    expect_err(bo_create(&f, 4096, uapi::BO_HOST | uapi::BO_DRAM), Errno::EINVAL, "two placements")?;
     expect_err(bo_create(&f, 4096, 1 << 7), Errno::EINVAL, "unknown flag")?;
-    let mut a = uapi::BoCreate {
-        size: 4096,
-        flags: uapi::BO_HOST,
-        reserved: [0, 1],
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_BO_CREATE, &mut a),
-        Errno::EINVAL,
-        "non-zero reserved",
-    )?;
-    expect_err(
-        bo_create(&f, 1 << 30, uapi::BO_DRAM),
-        Errno::ENOSPC,
-        "more DRAM than exists",
-    )?;
+    let mut a = uapi::BoCreate { size: 4096, flags: uapi::BO_HOST, reserved: [0, 1], ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_BO_CREATE, &mut a), Errno::EINVAL, "non-zero reserved")?;
+    expect_err(bo_create(&f, 1 << 30, uapi::BO_DRAM), Errno::ENOSPC, "more DRAM than exists")?;
     let h = bo_create(&f, 5000, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
-    let mut info = uapi::BoInfo {
-        handle: h,
-        ..Default::default()
-    };
+    let mut info = uapi::BoInfo { handle: h, ..Default::default() };
     ioctl(&f, uapi::RBLN_IOCTL_BO_INFO, &mut info).map_err(|e| format!("BO_INFO: {e}"))?;
     if info.size != 8192 || info.flags != uapi::BO_DRAM {
         return Err(format!("BO_INFO {info:?}"));
     }
-    let mut d = uapi::BoDestroy {
-        handle: h,
-        ..Default::default()
-    };
+    let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
     ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d),
-        Errno::ENOENT,
-        "stale handle",
-    )?;
-    let mut info = uapi::BoInfo {
-        handle: 999,
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_BO_INFO, &mut info),
-        Errno::ENOENT,
-        "unknown handle",
-    )?;
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d), Errno::ENOENT, "stale handle")?;
+    let mut info = uapi::BoInfo { handle: 999, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_BO_INFO, &mut info), Errno::ENOENT, "unknown handle")?;
     // Handles are per file: another open file does not see this one's BOs.
     let h = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("host BO: {e}"))?;
     let g = open(0)?;
-    let mut info = uapi::BoInfo {
-        handle: h,
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&g, uapi::RBLN_IOCTL_BO_INFO, &mut info),
-        Errno::ENOENT,
-        "foreign handle",
-    )?;
+    let mut info = uapi::BoInfo { handle: h, ..Default::default() };
+    expect_err(ioctl(&g, uapi::RBLN_IOCTL_BO_INFO, &mut info), Errno::ENOENT, "foreign handle")?;
     Ok(())
 }
 
 fn vm_errors() -> Res {
     let f = open(0)?;
     let h = bo_create(&f, 8192, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
-    expect_err(
-        vm_map(&f, h, 0x20_0001, uapi::VM_READ),
-        Errno::EINVAL,
-        "unaligned VA",
-    )?;
+    expect_err(vm_map(&f, h, 0x20_0001, uapi::VM_READ), Errno::EINVAL, "unaligned VA")?;
     expect_err(vm_map(&f, h, 0, 0), Errno::EINVAL, "no permission")?;
-    expect_err(
-        vm_map(&f, h, 0, 1 << 5),
-        Errno::EINVAL,
-        "unknown permission bit",
-    )?;
-    expect_err(
-        vm_map(&f, h, 0x1000, uapi::VM_READ),
-        Errno::EINVAL,
-        "VA below the user range",
-    )?;
-    expect_err(
-        vm_map(&f, h, !0xfffu64, uapi::VM_READ),
-        Errno::EINVAL,
-        "VA overflow",
-    )?;
-    let mut a = uapi::VmMap {
-        handle: h,
-        flags: uapi::VM_READ,
-        offset: 4096,
-        size: 8192,
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_VM_MAP, &mut a),
-        Errno::EINVAL,
-        "range past the BO",
-    )?;
-    expect_err(
-        vm_map(&f, 77, 0, uapi::VM_READ),
-        Errno::ENOENT,
-        "unknown BO",
-    )?;
+    expect_err(vm_map(&f, h, 0, 1 << 5), Errno::EINVAL, "unknown permission bit")?;
+    expect_err(vm_map(&f, h, 0x1000, uapi::VM_READ), Errno::EINVAL, "VA below the user range")?;
+    expect_err(vm_map(&f, h, !0xfffu64, uapi::VM_READ), Errno::EINVAL, "VA overflow")?;
+    let mut a = uapi::VmMap { handle: h, flags: uapi::VM_READ, offset: 4096, size: 8192, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_VM_MAP, &mut a), Errno::EINVAL, "range past the BO")?;
+    expect_err(vm_map(&f, 77, 0, uapi::VM_READ), Errno::ENOENT, "unknown BO")?;
     let va = vm_map(&f, h, 0x40_0000, uapi::VM_READ).map_err(|e| format!("map: {e}"))?;
-    expect_err(
-        vm_map(&f, h, 0x40_1000, uapi::VM_READ),
-        Errno::EBUSY,
-        "overlapping VA",
-    )?;
-    let mut d = uapi::BoDestroy {
-        handle: h,
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d),
-        Errno::EBUSY,
-        "destroy while mapped",
-    )?;
-    let mut u = uapi::VmUnmap {
-        va: va + 4096,
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_VM_UNMAP, &mut u),
-        Errno::ENOENT,
-        "unmap of a non-start VA",
-    )?;
+    expect_err(vm_map(&f, h, 0x40_1000, uapi::VM_READ), Errno::EBUSY, "overlapping VA")?;
+    let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d), Errno::EBUSY, "destroy while mapped")?;
+    let mut u = uapi::VmUnmap { va: va + 4096, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_VM_UNMAP, &mut u), Errno::ENOENT, "unmap of a non-start VA")?;
     u.va = va;
     ioctl(&f, uapi::RBLN_IOCTL_VM_UNMAP, &mut u).map_err(|e| format!("unmap: {e}"))?;
-    ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d)
-        .map_err(|e| format!("destroy after unmap: {e}"))?;
+    ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy after unmap: {e}"))?;
     Ok(())
 }
 
@@ -421,15 +255,11 @@ fn submit_and_wait() -> Res {
     let f = open(0)?;
     let host = bo_create(&f, 3 * 4096, uapi::BO_HOST).map_err(|e| format!("host BO: {e}"))?;
     let dram = bo_create(&f, 4096, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
-    let hva = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE)
-        .map_err(|e| format!("map host: {e}"))?;
-    let dva = vm_map(&f, dram, 0, uapi::VM_READ | uapi::VM_WRITE)
-        .map_err(|e| format!("map DRAM: {e}"))?;
+    let hva = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map host: {e}"))?;
+    let dva = vm_map(&f, dram, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map DRAM: {e}"))?;
     let m = Mapped::new(&f, host, 3 * 4096)?;
     let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
-    e.fill(hva + 4096, 256, 0xC0FF_EE00)
-        .dma_copy(hva + 4096, dva, 256)
-        .dma_copy(dva, hva + 8192, 256);
+    e.fill(hva + 4096, 256, 0xC0FF_EE00).dma_copy(hva + 4096, dva, 256).dma_copy(dva, hva + 8192, 256);
     m.write(0, &e.buf);
     let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
     let fence = submit(&f, q, hva, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
@@ -448,17 +278,9 @@ fn submit_and_wait() -> Res {
         wait(&f, q, f2, 5_000_000_000).map_err(|e| format!("wait {f2}: {e}"))?;
         last = f2;
     }
-    expect_err(
-        wait(&f, q, last + 10, 1000),
-        Errno::EINVAL,
-        "waiting for a fence never submitted",
-    )?;
+    expect_err(wait(&f, q, last + 10, 1000), Errno::EINVAL, "waiting for a fence never submitted")?;
     expect_err(wait(&f, 99, 1, 1000), Errno::ENOENT, "unknown queue")?;
-    expect_err(
-        submit(&f, q, hva + 2, 8),
-        Errno::EINVAL,
-        "unaligned command buffer",
-    )?;
+    expect_err(submit(&f, q, hva + 2, 8), Errno::EINVAL, "unaligned command buffer")?;
     expect_err(submit(&f, q, hva, 0), Errno::EINVAL, "empty command buffer")?;
     Ok(())
 }
@@ -470,32 +292,16 @@ fn timeout_and_fault() -> Res {
     let env = Env::new()?;
     let (f, q, va) = (&env.f, env.q, env.va);
     let fence = env.run_blocked()?;
-    expect_err(
-        wait(f, q, fence, 50_000_000),
-        Errno::ETIMEDOUT,
-        "wait on a blocked job",
-    )?;
-    expect_err(
-        wait(f, q, fence, 0),
-        Errno::ETIMEDOUT,
-        "poll on a blocked job",
-    )?;
+    expect_err(wait(f, q, fence, 50_000_000), Errno::ETIMEDOUT, "wait on a blocked job")?;
+    expect_err(wait(f, q, fence, 0), Errno::ETIMEDOUT, "poll on a blocked job")?;
     env.release();
     wait(f, q, fence, 5_000_000_000).map_err(|e| format!("wait after release: {e}"))?;
 
     let mut bad = rbln_hw::cmd::Encoder::new(Vec::new());
     bad.fill(0x7000_0000, 4, 1);
     let fence = env.run(512, &bad.buf)?;
-    expect_err(
-        wait(f, q, fence, 5_000_000_000),
-        Errno::EIO,
-        "fence of a faulting job",
-    )?;
-    expect_err(
-        submit(f, q, va, 8).map(|_| ()),
-        Errno::EIO,
-        "submit after a fault",
-    )?;
+    expect_err(wait(f, q, fence, 5_000_000_000), Errno::EIO, "fence of a faulting job")?;
+    expect_err(submit(f, q, va, 8).map(|_| ()), Errno::EIO, "submit after a fault")?;
     // Another context is unaffected.
     let mut nop = rbln_hw::cmd::Encoder::new(Vec::new());
     nop.nop();
@@ -504,23 +310,11 @@ fn timeout_and_fault() -> Res {
     wait(&other.f, other.q, of, 5_000_000_000).map_err(|e| format!("other wait: {e}"))?;
     // The context is poisoned: even a new queue refuses work, while a new
     // file (context) works.
-    expect_err(
-        queue_create(f).map(|_| ()),
-        Errno::EIO,
-        "new queue in a poisoned context",
-    )?;
-    expect_err(
-        submit(f, q, va, 4).map(|_| ()),
-        Errno::EIO,
-        "submit in a poisoned context",
-    )?;
+    expect_err(queue_create(f).map(|_| ()), Errno::EIO, "new queue in a poisoned context")?;
+    expect_err(submit(f, q, va, 4).map(|_| ()), Errno::EIO, "submit in a poisoned context")?;
     // The faulted queue's error record stays readable until it is destroyed.
-    let mut d = uapi::QueueDestroy {
-        queue_id: q,
-        ..Default::default()
-    };
-    ioctl(f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d)
-        .map_err(|e| format!("destroy faulted queue: {e}"))?;
+    let mut d = uapi::QueueDestroy { queue_id: q, ..Default::default() };
+    ioctl(f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d).map_err(|e| format!("destroy faulted queue: {e}"))?;
     let fresh = Env::new()?;
     let ff = fresh.run(0, &nop.buf)?;
     wait(&fresh.f, fresh.q, ff, 5_000_000_000).map_err(|e| format!("new wait: {e}"))?;
@@ -535,41 +329,20 @@ fn hang() -> Res {
     let (f, q, va) = (&env.f, env.q, env.va);
     let fence = env.run_blocked()?;
     let t0 = std::time::Instant::now();
-    expect_err(
-        wait(f, q, fence, 20_000_000_000),
-        Errno::EIO,
-        "wait on a hung job",
-    )?;
+    expect_err(wait(f, q, fence, 20_000_000_000), Errno::EIO, "wait on a hung job")?;
     let took = t0.elapsed();
     if took > std::time::Duration::from_secs(10) {
         return Err(format!("hang detected only after {took:?}"));
     }
     println!("# hang detected after {took:?}");
-    expect_err(
-        submit(f, q, va, 4).map(|_| ()),
-        Errno::EIO,
-        "submit after a hang",
-    )?;
+    expect_err(submit(f, q, va, 4).map(|_| ()), Errno::EIO, "submit after a hang")?;
     Ok(())
 }
 
 fn mmap_raw(f: &File, off: u64, len: usize, prot: i32) -> Result<*mut u8, Errno> {
     // SAFETY: mapping this file at a driver-provided offset.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            prot,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            off as libc::off_t,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        Err(Errno::last())
-    } else {
-        Ok(p.cast())
-    }
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, f.as_raw_fd(), off as libc::off_t) };
+    if p == libc::MAP_FAILED { Err(Errno::last()) } else { Ok(p.cast()) }
 }
 
 /// User-mode submission: the process writes its ring and rings its own
@@ -577,47 +350,18 @@ fn mmap_raw(f: &File, off: u64, len: usize, prot: i32) -> Result<*mut u8, Errno>
 fn user_mode_submission() -> Res {
     let f = open(0)?;
     let host = bo_create(&f, 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
-    let va =
-        vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
     let m = Mapped::new(&f, host, 4096)?;
-    let mut qa = uapi::QueueCreate {
-        ring_entries: 16,
-        ..Default::default()
-    };
+    let mut qa = uapi::QueueCreate { ring_entries: 16, ..Default::default() };
     ioctl(&f, uapi::RBLN_IOCTL_QUEUE_CREATE, &mut qa).map_err(|e| format!("queue: {e}"))?;
     let rw = libc::PROT_READ | libc::PROT_WRITE;
-    expect_err(
-        mmap_raw(&f, qa.status_mmap_offset, 4096, rw).map(|_| ()),
-        Errno::EACCES,
-        "writable status mapping",
-    )?;
-    expect_err(
-        mmap_raw(&f, qa.doorbell_mmap_offset, 8192, rw).map(|_| ()),
-        Errno::EINVAL,
-        "two-page doorbell mapping",
-    )?;
-    expect_err(
-        mmap_raw(
-            &f,
-            uapi::mmap_offset(uapi::MMAP_KIND_DOORBELL, 99),
-            4096,
-            rw,
-        )
-        .map(|_| ()),
-        Errno::ENOENT,
-        "doorbell of a queue not ours",
-    )?;
-    expect_err(
-        mmap_raw(&f, uapi::mmap_offset(9, 1), 4096, rw).map(|_| ()),
-        Errno::EINVAL,
-        "unknown mapping kind",
-    )?;
-    let ring =
-        mmap_raw(&f, qa.ring_mmap_offset, 4096, rw).map_err(|e| format!("mmap ring: {e}"))?;
-    let status = mmap_raw(&f, qa.status_mmap_offset, 4096, libc::PROT_READ)
-        .map_err(|e| format!("mmap status: {e}"))?;
-    let doorbell = mmap_raw(&f, qa.doorbell_mmap_offset, 4096, libc::PROT_WRITE)
-        .map_err(|e| format!("mmap doorbell: {e}"))?;
+    expect_err(mmap_raw(&f, qa.status_mmap_offset, 4096, rw).map(|_| ()), Errno::EACCES, "writable status mapping")?;
+    expect_err(mmap_raw(&f, qa.doorbell_mmap_offset, 8192, rw).map(|_| ()), Errno::EINVAL, "two-page doorbell mapping")?;
+    expect_err(mmap_raw(&f, uapi::mmap_offset(uapi::MMAP_KIND_DOORBELL, 99), 4096, rw).map(|_| ()), Errno::ENOENT, "doorbell of a queue not ours")?;
+    expect_err(mmap_raw(&f, uapi::mmap_offset(9, 1), 4096, rw).map(|_| ()), Errno::EINVAL, "unknown mapping kind")?;
+    let ring = mmap_raw(&f, qa.ring_mmap_offset, 4096, rw).map_err(|e| format!("mmap ring: {e}"))?;
+    let status = mmap_raw(&f, qa.status_mmap_offset, 4096, libc::PROT_READ).map_err(|e| format!("mmap status: {e}"))?;
+    let doorbell = mmap_raw(&f, qa.doorbell_mmap_offset, 4096, libc::PROT_WRITE).map_err(|e| format!("mmap doorbell: {e}"))?;
     // SAFETY (block): the three mappings are live for the rest of the
     // function; offsets are within their pages.
     let status_fence = || unsafe { (status.add(8) as *const u64).read_volatile() };
@@ -628,11 +372,7 @@ fn user_mode_submission() -> Res {
         let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
         e.fill(va + 2048, 8, i).fence(value, 0, false);
         m.write(0, &e.buf);
-        let entry = rbln_hw::ring::RingEntry {
-            cmdbuf_va: va,
-            cmdbuf_size: e.buf.len() as u32,
-            ..Default::default()
-        };
+        let entry = rbln_hw::ring::RingEntry { cmdbuf_va: va, cmdbuf_size: e.buf.len() as u32, ..Default::default() };
         let slot = (i % 16) as usize;
         let t0 = std::time::Instant::now();
         unsafe {
@@ -652,18 +392,9 @@ fn user_mode_submission() -> Res {
         }
     }
     lat.sort();
-    println!(
-        "# user-mode submit->fence round trip: p50 {:?} p99 {:?}",
-        lat[lat.len() / 2],
-        lat[lat.len() * 99 / 100]
-    );
-    wait(&f, qa.queue_id, base + 64, 1_000_000_000)
-        .map_err(|e| format!("FENCE_WAIT on a user-mode queue: {e}"))?;
-    expect_err(
-        submit(&f, qa.queue_id, va, 4).map(|_| ()),
-        Errno::EBUSY,
-        "kernel SUBMIT on a user-mode queue",
-    )?;
+    println!("# user-mode submit->fence round trip: p50 {:?} p99 {:?}", lat[lat.len() / 2], lat[lat.len() * 99 / 100]);
+    wait(&f, qa.queue_id, base + 64, 1_000_000_000).map_err(|e| format!("FENCE_WAIT on a user-mode queue: {e}"))?;
+    expect_err(submit(&f, qa.queue_id, va, 4).map(|_| ()), Errno::EBUSY, "kernel SUBMIT on a user-mode queue")?;
     Ok(())
 }
 
@@ -717,11 +448,7 @@ fn stress() -> Res {
             failed += 1;
         }
     }
-    if failed > 0 {
-        Err(format!("{failed} of 4 workers failed"))
-    } else {
-        Ok(())
-    }
+    if failed > 0 { Err(format!("{failed} of 4 workers failed")) } else { Ok(()) }
 }
 
 /// Allocate everything there is to allocate, start a job that never ends,
@@ -730,8 +457,7 @@ fn hold() -> Res {
     let f = open(0)?;
     let host = bo_create(&f, 64 * 4096, uapi::BO_HOST).map_err(|e| format!("BO: {e}"))?;
     let _dram = bo_create(&f, 1 << 20, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
-    let va =
-        vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let va = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
     let m = Mapped::new(&f, host, 4096)?;
     let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
     let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
@@ -755,29 +481,13 @@ fn signal_interrupts_wait() -> Res {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_alarm as extern "C" fn(libc::c_int) as usize;
         libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
-        let t = libc::itimerval {
-            it_interval: libc::timeval {
-                tv_sec: 0,
-                tv_usec: 0,
-            },
-            it_value: libc::timeval {
-                tv_sec: 0,
-                tv_usec: 200_000,
-            },
-        };
+        let t = libc::itimerval { it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 }, it_value: libc::timeval { tv_sec: 0, tv_usec: 200_000 } };
         libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut());
     }
     let t0 = std::time::Instant::now();
-    expect_err(
-        wait(f, q, fence, 8_000_000_000),
-        Errno::EINTR,
-        "wait interrupted by a signal",
-    )?;
+    expect_err(wait(f, q, fence, 8_000_000_000), Errno::EINTR, "wait interrupted by a signal")?;
     if t0.elapsed() > std::time::Duration::from_secs(4) {
-        return Err(format!(
-            "the signal took {:?} to interrupt the wait",
-            t0.elapsed()
-        ));
+        return Err(format!("the signal took {:?} to interrupt the wait", t0.elapsed()));
     }
     env.release();
     wait(f, q, fence, 5_000_000_000).map_err(|e| format!("wait after the signal: {e}"))
@@ -800,33 +510,21 @@ fn dram_churn() -> Res {
     for _ in 0..2000 {
         if live.len() > 40 || (!live.is_empty() && rnd() % 3 == 0) {
             let h = live.swap_remove(rnd() as usize % live.len());
-            let mut d = uapi::BoDestroy {
-                handle: h,
-                ..Default::default()
-            };
+            let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
             ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
         } else {
             let size = 4096 * (1 + (rnd() % 256) as u64);
-            live.push(
-                bo_create(&f, size, uapi::BO_DRAM).map_err(|e| format!("create {size}: {e}"))?,
-            );
+            live.push(bo_create(&f, size, uapi::BO_DRAM).map_err(|e| format!("create {size}: {e}"))?);
         }
     }
     for h in live.drain(..) {
-        let mut d = uapi::BoDestroy {
-            handle: h,
-            ..Default::default()
-        };
+        let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
         ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
     }
     // No fragmentation left behind: the largest possible BO fits.
     let all = info.dram_size.min(uapi::MAX_BO_SIZE);
-    let h =
-        bo_create(&f, all, uapi::BO_DRAM).map_err(|e| format!("whole-DRAM BO after churn: {e}"))?;
-    let mut d = uapi::BoDestroy {
-        handle: h,
-        ..Default::default()
-    };
+    let h = bo_create(&f, all, uapi::BO_DRAM).map_err(|e| format!("whole-DRAM BO after churn: {e}"))?;
+    let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
     ioctl(&f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
     Ok(())
 }
@@ -853,7 +551,7 @@ fn ioctl_fuzz() -> Res {
         for (i, b) in buf.iter_mut().enumerate() {
             *b = match rnd() % 4 {
                 0 => 0,
-                1 => (rnd() % 4) as u8,  // small handles, ids, flags
+                1 => (rnd() % 4) as u8, // small handles, ids, flags
                 2 if i % 8 == 1 => 0x10, // page-ish offsets
                 _ => rnd() as u8,
             };
@@ -875,71 +573,22 @@ fn ioctl_fuzz() -> Res {
 
 fn queue_errors() -> Res {
     let f = open(0)?;
-    for (entries, flags, what) in [
-        (3u32, 0u32, "ring size not a power of two"),
-        (256, 0, "ring larger than a page"),
-        (1, 0, "ring of one entry"),
-        (16, 1, "unknown flag"),
-    ] {
-        let mut a = uapi::QueueCreate {
-            ring_entries: entries,
-            flags,
-            ..Default::default()
-        };
-        expect_err(
-            ioctl(&f, uapi::RBLN_IOCTL_QUEUE_CREATE, &mut a),
-            Errno::EINVAL,
-            what,
-        )?;
+    for (entries, flags, what) in [(3u32, 0u32, "ring size not a power of two"), (256, 0, "ring larger than a page"), (1, 0, "ring of one entry"), (16, 1, "unknown flag")] {
+        let mut a = uapi::QueueCreate { ring_entries: entries, flags, ..Default::default() };
+        expect_err(ioctl(&f, uapi::RBLN_IOCTL_QUEUE_CREATE, &mut a), Errno::EINVAL, what)?;
     }
-    let mut a = uapi::QueueCreate {
-        reserved: [1, 0],
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_QUEUE_CREATE, &mut a),
-        Errno::EINVAL,
-        "non-zero reserved",
-    )?;
-    let mut d = uapi::QueueDestroy {
-        queue_id: 5,
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d),
-        Errno::ENOENT,
-        "destroy of an unknown queue",
-    )?;
+    let mut a = uapi::QueueCreate { reserved: [1, 0], ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_QUEUE_CREATE, &mut a), Errno::EINVAL, "non-zero reserved")?;
+    let mut d = uapi::QueueDestroy { queue_id: 5, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d), Errno::ENOENT, "destroy of an unknown queue")?;
     let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
-    let mut s = uapi::Submit {
-        queue_id: q,
-        cmdbuf_va: 0x20_0000,
-        cmdbuf_size: 8,
-        flags: 2,
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_SUBMIT, &mut s),
-        Errno::EINVAL,
-        "submit with unknown flags",
-    )?;
+    let mut s = uapi::Submit { queue_id: q, cmdbuf_va: 0x20_0000, cmdbuf_size: 8, flags: 2, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_SUBMIT, &mut s), Errno::EINVAL, "submit with unknown flags")?;
     s.flags = 0;
     s.cmdbuf_size = 17 << 20;
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_SUBMIT, &mut s),
-        Errno::EINVAL,
-        "command buffer over 16 MiB",
-    )?;
-    let mut w = uapi::FenceWait {
-        queue_id: q,
-        flags: 1,
-        ..Default::default()
-    };
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_FENCE_WAIT, &mut w),
-        Errno::EINVAL,
-        "wait with unknown flags",
-    )?;
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_SUBMIT, &mut s), Errno::EINVAL, "command buffer over 16 MiB")?;
+    let mut w = uapi::FenceWait { queue_id: q, flags: 1, ..Default::default() };
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_FENCE_WAIT, &mut w), Errno::EINVAL, "wait with unknown flags")?;
     // Every queue but the driver's own can be taken, then EBUSY.
     let mut taken = vec![q];
     loop {
@@ -954,14 +603,8 @@ fn queue_errors() -> Res {
     }
     d.queue_id = q;
     ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
-    expect_err(
-        ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d),
-        Errno::ENOENT,
-        "double destroy",
-    )?;
-    queue_create(&f)
-        .map(|_| ())
-        .map_err(|e| format!("queue after a destroy: {e}"))
+    expect_err(ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d), Errno::ENOENT, "double destroy")?;
+    queue_create(&f).map(|_| ()).map_err(|e| format!("queue after a destroy: {e}"))
 }
 
 /// A process whose job touches an unmapped address gets EIO while a second
@@ -995,8 +638,7 @@ fn dram_scrubbed() -> Res {
     {
         let env = Env::new()?;
         let dram = bo_create(&env.f, size, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
-        let dva = vm_map(&env.f, dram, 0, uapi::VM_READ | uapi::VM_WRITE)
-            .map_err(|e| format!("map: {e}"))?;
+        let dva = vm_map(&env.f, dram, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
         let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
         e.fill(dva, size, 0x5EC2_E7AA);
         let fence = env.run(0, &e.buf)?;
@@ -1006,8 +648,7 @@ fn dram_scrubbed() -> Res {
     let dram = bo_create(&f, size, uapi::BO_DRAM).map_err(|e| format!("second DRAM BO: {e}"))?;
     let host = bo_create(&f, size, uapi::BO_HOST).map_err(|e| format!("host BO: {e}"))?;
     let dva = vm_map(&f, dram, 0, uapi::VM_READ).map_err(|e| format!("map: {e}"))?;
-    let hva =
-        vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let hva = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
     let m = Mapped::new(&f, host, size as usize)?;
     let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
     let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
@@ -1056,11 +697,7 @@ fn main() {
     }
     let mut failures = 0;
     for (name, test) in TESTS {
-        let run = if wanted.is_empty() {
-            !ONLY_BY_NAME.contains(name)
-        } else {
-            wanted.iter().any(|w| w == name)
-        };
+        let run = if wanted.is_empty() { !ONLY_BY_NAME.contains(name) } else { wanted.iter().any(|w| w == name) };
         if !run {
             continue;
         }

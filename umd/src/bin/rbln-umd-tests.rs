@@ -7,8 +7,7 @@
 use std::time::{Duration, Instant};
 
 use rbln_umd::{
-    clock, Buffer, CommandBuffer, Device, Error, Fence, Perms, Placement, Queue, SemCond, SemOp,
-    Submit, UserQueue,
+    clock, Buffer, CommandBuffer, Device, Error, Fence, Perms, Placement, Queue, SemCond, SemOp, Submit, UserQueue,
 };
 
 type Res = Result<(), String>;
@@ -30,11 +29,7 @@ fn open() -> Result<Device, String> {
     Device::open(0).ctx("open /dev/rbln0")
 }
 
-fn expect<T: std::fmt::Debug>(
-    r: rbln_umd::Result<T>,
-    what: &str,
-    ok: impl Fn(&Error) -> bool,
-) -> Result<Error, String> {
+fn expect<T: std::fmt::Debug>(r: rbln_umd::Result<T>, what: &str, ok: impl Fn(&Error) -> bool) -> Result<Error, String> {
     match r {
         Err(e) if ok(&e) => Ok(e),
         other => Err(format!("{what}: unexpected {other:?}")),
@@ -62,26 +57,18 @@ fn info() -> Res {
     if i.vendor_id != rbln_umd::hw::pci::VENDOR_ID || i.device_id != rbln_umd::hw::pci::DEVICE_ID {
         return Err(format!("unexpected identity {i:?}"));
     }
-    if i.hw_version.0 != rbln_umd::hw::HW_VERSION_MAJOR
-        || i.num_queues < 16
-        || i.dram_size == 0
-        || i.index != 0
-    {
+    if i.hw_version.0 != rbln_umd::hw::HW_VERSION_MAJOR || i.num_queues < 16 || i.dram_size == 0 || i.index != 0 {
         return Err(format!("unexpected info {i:?}"));
     }
     if d.query_info().ctx("query_info")? != i {
         return Err("INFO changed between calls".into());
     }
     println!("# info: {i:?}");
-    let e = expect(Device::open(9), "open /dev/rbln9", |e| {
-        matches!(e, Error::NoDevice { .. })
-    })?;
+    let e = expect(Device::open(9), "open /dev/rbln9", |e| matches!(e, Error::NoDevice { .. }))?;
     if !e.to_string().contains("is rbln.ko loaded?") {
         return Err(format!("unhelpful message: {e}"));
     }
-    expect(Device::open_path("/dev/null"), "open /dev/null", |e| {
-        matches!(e, Error::NotAnNpu { .. })
-    })?;
+    expect(Device::open_path("/dev/null"), "open /dev/null", |e| matches!(e, Error::NotAnNpu { .. }))?;
     Ok(())
 }
 
@@ -106,40 +93,24 @@ fn buffers() -> Res {
     if h.read_vec::<f32>(4000, 3).ctx("read f32")? != floats {
         return Err("f32 did not read back".into());
     }
-    expect(h.write_slice(9_999, &[0u8; 2]), "write past the end", |e| {
-        matches!(e, Error::OutOfBounds { .. })
-    })?;
-    expect(h.device_va(), "VA of an unmapped buffer", |e| {
-        matches!(e, Error::NotMapped { .. })
-    })?;
+    expect(h.write_slice(9_999, &[0u8; 2]), "write past the end", |e| matches!(e, Error::OutOfBounds { .. }))?;
+    expect(h.device_va(), "VA of an unmapped buffer", |e| matches!(e, Error::NotMapped { .. }))?;
     let va1 = h.map(Perms::RW).ctx("map rw")?;
     let va2 = h.map(Perms::READ).ctx("map ro")?;
     if va1 == va2 || h.device_va().ctx("device_va")? != va1 {
         return Err(format!("mappings {va1:#x} {va2:#x}"));
     }
     h.unmap(va2).ctx("unmap")?;
-    expect(h.unmap(va2), "unmap twice", |e| {
-        matches!(e, Error::NotFound { .. })
-    })?;
+    expect(h.unmap(va2), "unmap twice", |e| matches!(e, Error::NotFound { .. }))?;
     let dram = d.alloc(5000, Placement::Dram).ctx("alloc DRAM")?;
-    expect(dram.write_slice(0, &[1u32]), "CPU write to DRAM", |e| {
-        matches!(e, Error::NotHostVisible)
-    })?;
+    expect(dram.write_slice(0, &[1u32]), "CPU write to DRAM", |e| matches!(e, Error::NotHostVisible))?;
     dram.map(Perms::RW).ctx("map DRAM")?;
-    expect(d.alloc(0, Placement::Host), "zero-size buffer", |e| {
-        matches!(e, Error::InvalidArgument { .. })
+    expect(d.alloc(0, Placement::Host), "zero-size buffer", |e| matches!(e, Error::InvalidArgument { .. }))?;
+    let e = expect(d.alloc(d.info().dram_size + 4096, Placement::Dram), "more DRAM than exists", |e| {
+        matches!(e, Error::NoSpace { .. } | Error::InvalidArgument { .. })
     })?;
-    let e = expect(
-        d.alloc(d.info().dram_size + 4096, Placement::Dram),
-        "more DRAM than exists",
-        |e| matches!(e, Error::NoSpace { .. } | Error::InvalidArgument { .. }),
-    )?;
     println!("# too much DRAM: {e}");
-    expect(
-        Perms::from_bits(4).ok_or(Error::InvalidInput("x".into())),
-        "bad perms",
-        |_| true,
-    )?;
+    expect(Perms::from_bits(4).ok_or(Error::InvalidInput("x".into())), "bad perms", |_| true)?;
     // Dropping frees: many rounds of alloc+map do not run out.
     for _ in 0..200 {
         let b = d.alloc(1 << 20, Placement::Dram).ctx("churn alloc")?;
@@ -170,12 +141,7 @@ fn round_trip(d: &Device, q: &mut dyn Submit, rounds: u32) -> Res {
         if host.read_vec::<u32>(4096, 256).ctx("read")? != pattern {
             return Err(format!("round {i}: data came back wrong"));
         }
-        if host
-            .read_vec::<u32>(8192, 256)
-            .ctx("read fill")?
-            .iter()
-            .any(|&v| v != 0xdead_beef)
-        {
+        if host.read_vec::<u32>(8192, 256).ctx("read fill")?.iter().any(|&v| v != 0xdead_beef) {
             return Err(format!("round {i}: fill missing"));
         }
     }
@@ -200,23 +166,12 @@ fn dma_user() -> Res {
 
 /// C = A * B on the NPU (staged host -> DRAM, computed in DRAM, copied
 /// back), checked against the CPU.
-fn gemm_on(
-    d: &Device,
-    q: &mut dyn Submit,
-    m: u32,
-    n: u32,
-    k: u32,
-    seed: u64,
-) -> Result<(f32, Duration, u64), String> {
+fn gemm_on(d: &Device, q: &mut dyn Submit, m: u32, n: u32, k: u32, seed: u64) -> Result<(f32, Duration, u64), String> {
     let mut rng = Rng(seed);
     let a: Vec<f32> = (0..m * k).map(|_| rng.f32()).collect();
     let b: Vec<f32> = (0..k * n).map(|_| rng.f32()).collect();
     let (sa, sb, sc) = (a.len() as u64 * 4, b.len() as u64 * 4, (m * n) as u64 * 4);
-    let (oa, ob, oc) = (
-        0,
-        sa.div_ceil(4096) * 4096,
-        (sa.div_ceil(4096) + sb.div_ceil(4096)) * 4096,
-    );
+    let (oa, ob, oc) = (0, sa.div_ceil(4096) * 4096, (sa.div_ceil(4096) + sb.div_ceil(4096)) * 4096);
     let total = oc + sc.div_ceil(4096) * 4096;
     let host = d.alloc(total + 4096, Placement::Host).ctx("host")?;
     let dram = d.alloc(total, Placement::Dram).ctx("dram")?;
@@ -246,16 +201,11 @@ fn gemm_on(
     let mut max_err = 0f32;
     for i in 0..m as usize {
         for j in 0..n as usize {
-            let want: f32 = (0..k as usize)
-                .map(|l| a[i * k as usize + l] * b[l * n as usize + j])
-                .sum();
+            let want: f32 = (0..k as usize).map(|l| a[i * k as usize + l] * b[l * n as usize + j]).sum();
             max_err = max_err.max((c[i * n as usize + j] - want).abs());
         }
     }
-    let (t_0, t_1) = (
-        host.read::<u64>(ts).ctx("ts0")?,
-        host.read::<u64>(ts + 8).ctx("ts1")?,
-    );
+    let (t_0, t_1) = (host.read::<u64>(ts).ctx("ts0")?, host.read::<u64>(ts + 8).ctx("ts1")?);
     if t_1 < t_0 || t_0 == 0 {
         return Err(format!("timestamps {t_0} {t_1}"));
     }
@@ -266,10 +216,7 @@ fn gemm() -> Res {
     let d = open()?;
     let mut kq = d.create_queue(0).ctx("queue")?;
     let mut uq = d.create_user_queue(0).ctx("user queue")?;
-    for (name, q, seed) in [
-        ("ioctl", &mut kq as &mut dyn Submit, 1),
-        ("user-mode", &mut uq as &mut dyn Submit, 2),
-    ] {
+    for (name, q, seed) in [("ioctl", &mut kq as &mut dyn Submit, 1), ("user-mode", &mut uq as &mut dyn Submit, 2)] {
         let (err, wall, dev_ns) = gemm_on(&d, q, 64, 80, 48, seed)?;
         println!("# gemm 64x48 * 48x80 ({name} queue): max abs error {err:e}, submit->fence {wall:?}, GEMM on device {dev_ns} ns");
         if err.is_nan() || err > 1e-3 {
@@ -313,23 +260,13 @@ fn signal_interrupts_wait() -> Res {
         sa.sa_sigaction = on_alarm as extern "C" fn(libc::c_int) as usize;
         libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
         let t = libc::itimerval {
-            it_interval: libc::timeval {
-                tv_sec: 0,
-                tv_usec: 0,
-            },
-            it_value: libc::timeval {
-                tv_sec: 0,
-                tv_usec: 100_000,
-            },
+            it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
+            it_value: libc::timeval { tv_sec: 0, tv_usec: 100_000 },
         };
         libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut());
     }
     let t0 = Instant::now();
-    let e = expect(
-        f.wait(Duration::from_secs(8)),
-        "wait interrupted by a signal",
-        |e| matches!(e, Error::Interrupted { .. }),
-    )?;
+    let e = expect(f.wait(Duration::from_secs(8)), "wait interrupted by a signal", |e| matches!(e, Error::Interrupted { .. }))?;
     if t0.elapsed() > Duration::from_secs(4) || !e.to_string().contains("retry") {
         return Err(format!("after {:?}: {e}", t0.elapsed()));
     }
@@ -348,47 +285,24 @@ fn fences() -> Res {
         let sem = 64 * i as u64;
         host.write(sem, 0u64).ctx("clear sem")?;
         let mut cb = blocker(&d, &host, sem)?;
-        let f = if i == 0 {
-            kq.submit_ioctl(&mut cb)
-        } else {
-            uq.submit(&mut cb)
-        }
-        .ctx("submit")?;
+        let f = if i == 0 { kq.submit_ioctl(&mut cb) } else { uq.submit(&mut cb) }.ctx("submit")?;
         let t0 = Instant::now();
-        let e = expect(
-            f.wait(Duration::from_millis(50)),
-            "wait on a blocked job",
-            |e| matches!(e, Error::Timeout { .. }),
-        )?;
+        let e = expect(f.wait(Duration::from_millis(50)), "wait on a blocked job", |e| matches!(e, Error::Timeout { .. }))?;
         if t0.elapsed() < Duration::from_millis(40) {
             return Err(format!("{name}: timed out after only {:?}", t0.elapsed()));
         }
         if !e.to_string().contains("did not signal within 50ms") {
             return Err(format!("message: {e}"));
         }
-        expect(f.wait(Duration::ZERO), "zero-timeout wait", |e| {
-            matches!(e, Error::Timeout { .. })
-        })?;
-        expect(
-            f.spin_wait(Duration::from_millis(20)),
-            "spin on a blocked job",
-            |e| matches!(e, Error::Timeout { .. }),
-        )?;
+        expect(f.wait(Duration::ZERO), "zero-timeout wait", |e| matches!(e, Error::Timeout { .. }))?;
+        expect(f.spin_wait(Duration::from_millis(20)), "spin on a blocked job", |e| matches!(e, Error::Timeout { .. }))?;
         if f.poll().ctx("poll")? {
             return Err(format!("{name}: a blocked job's fence polled as signalled"));
         }
         // The command buffer is still executing: changing it is refused.
         cb.nop();
-        let again = if i == 0 {
-            kq.submit_ioctl(&mut cb)
-        } else {
-            uq.submit(&mut cb)
-        };
-        expect(
-            again,
-            "resubmitting a changed, running command buffer",
-            |e| matches!(e, Error::CommandBufferBusy { .. }),
-        )?;
+        let again = if i == 0 { kq.submit_ioctl(&mut cb) } else { uq.submit(&mut cb) };
+        expect(again, "resubmitting a changed, running command buffer", |e| matches!(e, Error::CommandBufferBusy { .. }))?;
         host.write(sem, 1u64).ctx("release")?;
         f.wait(WAIT).ctx("wait after release")?;
         if !f.poll().ctx("poll after")? {
@@ -396,12 +310,7 @@ fn fences() -> Res {
         }
         f.spin_wait(WAIT).ctx("spin after")?;
         // Now the change is accepted.
-        let f2 = if i == 0 {
-            kq.submit_ioctl(&mut cb)
-        } else {
-            uq.submit(&mut cb)
-        }
-        .ctx("resubmit")?;
+        let f2 = if i == 0 { kq.submit_ioctl(&mut cb) } else { uq.submit(&mut cb) }.ctx("resubmit")?;
         f2.wait(WAIT).ctx("wait resubmitted")?;
         if f2.value() != f.value() + 1 || f2.queue_id() != f.queue_id() {
             return Err(format!("{name}: fence {} after {}", f2.value(), f.value()));
@@ -424,9 +333,7 @@ fn ring_full_and_wrap() -> Res {
     let first = q.submit(&mut block).ctx("submit 1")?;
     q.submit(&mut nop).ctx("submit 2")?;
     let third = q.submit(&mut nop).ctx("submit 3")?;
-    let e = expect(q.submit(&mut nop), "4th submission into a full ring", |e| {
-        matches!(e, Error::Busy { .. })
-    })?;
+    let e = expect(q.submit(&mut nop), "4th submission into a full ring", |e| matches!(e, Error::Busy { .. }))?;
     println!("# full ring: {e}");
     host.write(0, 1u64).ctx("release")?;
     third.wait(WAIT).ctx("wait 3")?;
@@ -438,15 +345,10 @@ fn ring_full_and_wrap() -> Res {
     let mut last = third.value();
     for i in 0..500u32 {
         cb.reset();
-        cb.fill(&host, 1024 + 4 * (i as u64 % 64), 4, i)
-            .ctx("fill")?;
+        cb.fill(&host, 1024 + 4 * (i as u64 % 64), 4, i).ctx("fill")?;
         // Keep the ring busy: up to 3 in flight.
         if inflight.len() == 3 {
-            inflight
-                .pop_front()
-                .unwrap()
-                .wait(WAIT)
-                .ctx("wait oldest")?;
+            inflight.pop_front().unwrap().wait(WAIT).ctx("wait oldest")?;
         }
         // The command buffer changes every round; wait for its last run.
         if let Some(f) = cb.last_fence() {
@@ -507,21 +409,11 @@ fn timestamps_and_indirect() -> Res {
     );
     // INDIRECT: the outer buffer calls an inner one twice.
     let mut inner = CommandBuffer::new(&d).ctx("inner")?;
-    inner
-        .sem_signal(&host, ts + 64, 5, SemOp::Add)
-        .ctx("signal")?;
+    inner.sem_signal(&host, ts + 64, 5, SemOp::Add).ctx("signal")?;
     let mut outer = CommandBuffer::new(&d).ctx("outer")?;
     host.write(ts + 64, 0u64).ctx("clear")?;
-    outer
-        .call(&mut inner)
-        .ctx("call")?
-        .nop()
-        .call(&mut inner)
-        .ctx("call 2")?;
-    q.submit(&mut outer)
-        .ctx("submit outer")?
-        .wait(WAIT)
-        .ctx("wait outer")?;
+    outer.call(&mut inner).ctx("call")?.nop().call(&mut inner).ctx("call 2")?;
+    q.submit(&mut outer).ctx("submit outer")?.wait(WAIT).ctx("wait outer")?;
     let v = host.read::<u64>(ts + 64).ctx("read sem")?;
     if v != 10 {
         return Err(format!("inner buffer ran {} times, not 2", v / 5));
@@ -539,10 +431,7 @@ fn semaphores_across_queues() -> Res {
     let mut waiter = d.create_user_queue(0).ctx("user queue")?;
     let signaller = d.create_queue(0).ctx("queue")?;
     let mut a = CommandBuffer::new(&d).ctx("cmdbuf")?;
-    a.sem_wait(&host, 0, 7, SemCond::Ge)
-        .ctx("wait")?
-        .fill(&host, 8, 4, 42)
-        .ctx("fill")?;
+    a.sem_wait(&host, 0, 7, SemCond::Ge).ctx("wait")?.fill(&host, 8, 4, 42).ctx("fill")?;
     let fa = waiter.submit(&mut a).ctx("submit a")?;
     std::thread::sleep(Duration::from_millis(20));
     if fa.poll().ctx("poll")? || host.read::<u32>(8).ctx("read")? != 0 {
@@ -550,11 +439,7 @@ fn semaphores_across_queues() -> Res {
     }
     let mut b = CommandBuffer::new(&d).ctx("cmdbuf")?;
     b.sem_signal(&host, 0, 7, SemOp::Set).ctx("signal")?;
-    signaller
-        .submit_ioctl(&mut b)
-        .ctx("submit b")?
-        .wait(WAIT)
-        .ctx("wait b")?;
+    signaller.submit_ioctl(&mut b).ctx("submit b")?.wait(WAIT).ctx("wait b")?;
     fa.wait(WAIT).ctx("wait a")?;
     if host.read::<u32>(8).ctx("read")? != 42 {
         return Err("work after the semaphore did not run".into());
@@ -581,9 +466,7 @@ fn threads() -> Res {
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
-            .collect()
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into()))).collect()
     });
     results.into_iter().collect::<Result<Vec<()>, String>>()?;
     // A Device clone moved into threads works the same.
@@ -610,8 +493,7 @@ fn queue_exhaustion() -> Res {
             return Err("more than 64 queues".into());
         }
     };
-    if !matches!(e, Error::Busy { .. }) || !e.to_string().contains("every hardware queue is in use")
-    {
+    if !matches!(e, Error::Busy { .. }) || !e.to_string().contains("every hardware queue is in use") {
         return Err(format!("after {} queues: {e}", qs.len()));
     }
     println!("# {} queues, then: {e}", qs.len());
@@ -628,9 +510,7 @@ fn fault_ioctl() -> Res {
     let mut cb = CommandBuffer::new(&d).ctx("cmdbuf")?;
     cb.fill_va(0x7000_0000, 4, 1);
     let f = q.submit_ioctl(&mut cb).ctx("submit")?;
-    let e = expect(f.wait(WAIT), "fence of a faulting job", |e| {
-        matches!(e, Error::Faulted { .. })
-    })?;
+    let e = expect(f.wait(WAIT), "fence of a faulting job", |e| matches!(e, Error::Faulted { .. }))?;
     println!("# {e}");
     let m = e.to_string();
     if !m.contains(&format!("queue {} faulted", q.id())) || !m.contains("reopen the device") {
@@ -641,19 +521,9 @@ fn fault_ioctl() -> Res {
     }
     let mut nop = CommandBuffer::new(&d).ctx("cmdbuf")?;
     nop.nop();
-    expect(q.submit_ioctl(&mut nop), "submit after a fault", |e| {
-        matches!(e, Error::Poisoned { .. })
-    })?;
-    expect(
-        d.create_queue(0),
-        "a new queue in a poisoned context",
-        |e| matches!(e, Error::Poisoned { .. }),
-    )?;
-    expect(
-        q.submit_va(nop.device_va(), 4),
-        "raw submit in a poisoned context",
-        |e| matches!(e, Error::Poisoned { .. }),
-    )?;
+    expect(q.submit_ioctl(&mut nop), "submit after a fault", |e| matches!(e, Error::Poisoned { .. }))?;
+    expect(d.create_queue(0), "a new queue in a poisoned context", |e| matches!(e, Error::Poisoned { .. }))?;
+    expect(q.submit_va(nop.device_va(), 4), "raw submit in a poisoned context", |e| matches!(e, Error::Poisoned { .. }))?;
     // A new Device (context) works.
     let d2 = open()?;
     let mut q3 = d2.create_queue(0).ctx("queue in a new context")?;
@@ -667,26 +537,17 @@ fn fault_user() -> Res {
     let mut cb = CommandBuffer::new(&d).ctx("cmdbuf")?;
     cb.dma_copy_va(0x6000_0000, 0x6100_0000, 64);
     let f = q.submit(&mut cb).ctx("submit")?;
-    let e = expect(f.spin_wait(WAIT), "spin on a faulting job", |e| {
-        matches!(e, Error::Faulted { .. })
-    })?;
+    let e = expect(f.spin_wait(WAIT), "spin on a faulting job", |e| matches!(e, Error::Faulted { .. }))?;
     println!("# {e}");
-    if let Error::Faulted {
-        fault: Some(info), ..
-    } = &e
-    {
+    if let Error::Faulted { fault: Some(info), .. } = &e {
         if ![0x6000_0000, 0x6100_0000].contains(&info.addr) || !info.is_memory_fault() {
             return Err(format!("fault record {info:?}"));
         }
     }
-    expect(f.wait(WAIT), "wait on the faulted fence", |e| {
-        matches!(e, Error::Faulted { .. })
-    })?;
+    expect(f.wait(WAIT), "wait on the faulted fence", |e| matches!(e, Error::Faulted { .. }))?;
     let mut nop = CommandBuffer::new(&d).ctx("cmdbuf")?;
     nop.nop();
-    expect(q.submit(&mut nop), "user-mode submit after a fault", |e| {
-        matches!(e, Error::Poisoned { .. })
-    })?;
+    expect(q.submit(&mut nop), "user-mode submit after a fault", |e| matches!(e, Error::Poisoned { .. }))?;
     Ok(())
 }
 
@@ -701,12 +562,8 @@ fn queue_drop() -> Res {
     let mut q = q;
     let f = q.submit(&mut cb).ctx("submit")?;
     drop(q);
-    expect(f.wait(WAIT), "fence of a destroyed queue", |e| {
-        matches!(e, Error::NotFound { .. })
-    })?;
-    expect(f.poll(), "poll of a destroyed queue", |e| {
-        matches!(e, Error::NotFound { .. })
-    })?;
+    expect(f.wait(WAIT), "fence of a destroyed queue", |e| matches!(e, Error::NotFound { .. }))?;
+    expect(f.poll(), "poll of a destroyed queue", |e| matches!(e, Error::NotFound { .. }))?;
     // The command buffer's drop waits for its fence: it returns at once
     // (the queue is gone), and the device context keeps working.
     drop(cb);
@@ -734,63 +591,37 @@ fn latency() -> Res {
         Sleep,
         Spin,
     }
-    let mut measure =
-        |q: &mut dyn Submit, w: Wait| -> Result<(Duration, Duration, Duration), String> {
-            let mut v = Vec::with_capacity(N);
-            for i in 0..WARMUP + N {
-                let t0 = clock::now();
-                let f = q.submit(&mut nop).ctx("submit")?;
-                match w {
-                    Wait::Sleep => f.wait(WAIT),
-                    Wait::Spin => f.spin_wait(WAIT),
-                }
-                .ctx("wait")?;
-                if i >= WARMUP {
-                    v.push(t0.elapsed());
-                }
+    let mut measure = |q: &mut dyn Submit, w: Wait| -> Result<(Duration, Duration, Duration), String> {
+        let mut v = Vec::with_capacity(N);
+        for i in 0..WARMUP + N {
+            let t0 = clock::now();
+            let f = q.submit(&mut nop).ctx("submit")?;
+            match w {
+                Wait::Sleep => f.wait(WAIT),
+                Wait::Spin => f.spin_wait(WAIT),
             }
-            v.sort();
-            let mean = v.iter().sum::<Duration>() / v.len() as u32;
-            Ok((percentile(&v, 50), percentile(&v, 99), mean))
-        };
+            .ctx("wait")?;
+            if i >= WARMUP {
+                v.push(t0.elapsed());
+            }
+        }
+        v.sort();
+        let mean = v.iter().sum::<Duration>() / v.len() as u32;
+        Ok((percentile(&v, 50), percentile(&v, 99), mean))
+    };
     let rows = [
-        (
-            "user-mode submit + spin on status block",
-            measure(&mut uq, Wait::Spin)?,
-        ),
-        (
-            "user-mode submit (no fence irq) + spin",
-            measure(&mut uq_noirq, Wait::Spin)?,
-        ),
-        (
-            "user-mode submit + FENCE_WAIT ioctl",
-            measure(&mut uq, Wait::Sleep)?,
-        ),
-        (
-            "ioctl SUBMIT + FENCE_WAIT ioctl",
-            measure(&mut kq, Wait::Sleep)?,
-        ),
-        (
-            "ioctl SUBMIT + spin on status block",
-            measure(&mut kq, Wait::Spin)?,
-        ),
+        ("user-mode submit + spin on status block", measure(&mut uq, Wait::Spin)?),
+        ("user-mode submit (no fence irq) + spin", measure(&mut uq_noirq, Wait::Spin)?),
+        ("user-mode submit + FENCE_WAIT ioctl", measure(&mut uq, Wait::Sleep)?),
+        ("ioctl SUBMIT + FENCE_WAIT ioctl", measure(&mut kq, Wait::Sleep)?),
+        ("ioctl SUBMIT + spin on status block", measure(&mut kq, Wait::Spin)?),
     ];
-    println!(
-        "# latency: NOP submit->fence round trip, {N} runs each after {WARMUP} warm-up, same boot:"
-    );
+    println!("# latency: NOP submit->fence round trip, {N} runs each after {WARMUP} warm-up, same boot:");
     for (name, (p50, p99, mean)) in rows {
-        println!(
-            "#   {name:<42} p50 {:>9.1} us  p99 {:>9.1} us  mean {:>9.1} us",
-            us(p50),
-            us(p99),
-            us(mean)
-        );
+        println!("#   {name:<42} p50 {:>9.1} us  p99 {:>9.1} us  mean {:>9.1} us", us(p50), us(p99), us(mean));
     }
     let ioctl = rows[3].1;
-    for (name, user) in [
-        ("user-mode (no fence irq) + spin", rows[1].1),
-        ("user-mode + spin", rows[0].1),
-    ] {
+    for (name, user) in [("user-mode (no fence irq) + spin", rows[1].1), ("user-mode + spin", rows[0].1)] {
         println!(
             "# latency: {name} vs ioctl SUBMIT + FENCE_WAIT: p50 {:.2}x, p99 {:.2}x faster",
             us(ioctl.0) / us(user.0).max(1e-3),
@@ -830,10 +661,7 @@ fn main() {
     clock::init();
     let wanted: Vec<String> = std::env::args().skip(1).collect();
     if let Some(w) = wanted.iter().find(|w| !TESTS.iter().any(|(n, _)| n == w)) {
-        eprintln!(
-            "unknown test {w}; tests: {}",
-            TESTS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" ")
-        );
+        eprintln!("unknown test {w}; tests: {}", TESTS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" "));
         std::process::exit(100);
     }
     // Calibrate (if needed) before anything is timed.

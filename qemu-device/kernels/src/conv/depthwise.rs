@@ -5,7 +5,7 @@ use super::phases::PhaseGeometry;
 use super::{Axis, Conv2dParams, Geometry};
 use crate::activation::{epilogue, Bias};
 use crate::fastmath::{madd, simd_dispatch};
-use crate::util::{for_each_task, SendPtr};
+use crate::util::{for_each_task, with_local, SendPtr};
 
 /// One input channel per group: each output plane is a weighted sum of
 /// shifted views of one input plane.
@@ -37,28 +37,17 @@ pub(super) fn direct(
     // Tasks of whole planes, about 16 K outputs each, and enough of them
     // for the threads to share.
     let threads = crate::util::plan_threads(seq);
-    let per_task = if seq {
-        planes.max(1)
-    } else {
-        (16_384 / g.out_plane.max(1))
-            .min(planes.div_ceil(8 * threads))
-            .max(1)
-    };
+    let per_task = if seq { planes.max(1) } else { (16_384 / g.out_plane.max(1)).min(planes.div_ceil(8 * threads)).max(1) };
     let out_ptr = SendPtr(output.as_mut_ptr());
     for_each_task(planes.div_ceil(per_task), seq, |t| {
-        with_dw_scratch(|(scratch, acc, taps)| {
+        with_local(&DW_SCRATCH, |(scratch, acc, taps)| {
             // Another op may have left another layout of the same length:
             // the first plane of a task writes the padding zeros afresh.
             scratch.clear();
             for plane_idx in t * per_task..((t + 1) * per_task).min(planes) {
                 // SAFETY: plane `plane_idx` of `output` (planes·out_plane =
                 // output.len()); tasks cover disjoint planes.
-                let out = unsafe {
-                    core::slice::from_raw_parts_mut(
-                        out_ptr.get().add(plane_idx * g.out_plane),
-                        g.out_plane,
-                    )
-                };
+                let out = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(plane_idx * g.out_plane), g.out_plane) };
                 let b = plane_idx / p.out_channels;
                 let co = plane_idx % p.out_channels;
                 let ci = co / g.og; // group index == input channel within group 0
@@ -86,14 +75,6 @@ std::thread_local! {
     static DW_SCRATCH: core::cell::RefCell<DwScratch> = const { core::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
-/// Runs `f` on this thread's depthwise buffers (kept between calls: no
-/// allocation per op), or on new ones if they are in use.
-fn with_dw_scratch(f: impl FnOnce(&mut DwScratch)) {
-    DW_SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut s) => f(&mut s),
-        Err(_) => f(&mut (Vec::new(), Vec::new(), Vec::new())),
-    })
-}
 
 /// Output elements per register block of [`depthwise_taps`].
 const DW_BLOCK: usize = 64;
@@ -132,6 +113,7 @@ simd_dispatch! {
     }
 }
 
+
 simd_dispatch! {
     /// `out += Σ_taps w[tap] · shifted(inp)` for one plane.
     fn depthwise_plane(inp: &[f32], wts: &[f32], kh: usize, kw: usize, ha: &Axis, wa: &Axis, out: &mut [f32]) {
@@ -163,6 +145,7 @@ simd_dispatch! {
         }
     }
 }
+
 
 impl PhaseGeometry {
     /// Computes one output plane (`bias` + the taps, no activation).

@@ -23,9 +23,7 @@ use super::phases::PhaseGeometry;
 use super::{gather_strided, Axis, Conv2dParams, Geometry, Padding2d};
 use crate::activation::{epilogue, Activation, Bias};
 use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, MR, NR};
-use crate::util::{
-    for_each_task, plan_threads, sequential, with_op_scratch, with_scratch, SendPtr,
-};
+use crate::util::{for_each_task, plan_threads, sequential, with_op_scratch, with_scratch, SendPtr};
 use rayon::prelude::*;
 
 /// Target size of one task's output tile (and im2col chunk), in elements
@@ -88,12 +86,7 @@ impl Epilogue<'_> {
     /// plane) of output channel `co` (absolute).
     fn apply(&self, row: &mut [f32], co: usize, off: usize) {
         let b = self.bias.map_or(Bias::None, |b| Bias::Scalar(b[co]));
-        epilogue(
-            row,
-            b,
-            self.residual.map(|r| &r[off..off + row.len()]),
-            self.p.activation,
-        );
+        epilogue(row, b, self.residual.map(|r| &r[off..off + row.len()]), self.p.activation);
     }
 }
 
@@ -118,9 +111,7 @@ impl Split {
         // One thread: no split of the channels (it would re-pack the input).
         let want = if seq { 1 } else { 8 * threads };
         let round = |t: usize| t.div_ceil(NR) * NR;
-        let mut tile = round((TILE_BUDGET / og.clamp(1, 256)).max(1))
-            .min(round(npos))
-            .min(max);
+        let mut tile = round((TILE_BUDGET / og.clamp(1, 256)).max(1)).min(round(npos)).min(max);
         let mut ntiles = npos.div_ceil(tile);
         let (mut mb, mut nmb) = (og.max(1), 1);
         let tasks = images.saturating_mul(ntiles);
@@ -136,12 +127,7 @@ impl Split {
             tile = round(npos.div_ceil(ntiles)).min(max);
             ntiles = npos.div_ceil(tile);
         }
-        Split {
-            tile,
-            ntiles,
-            mb,
-            nmb,
-        }
+        Split { tile, ntiles, mb, nmb }
     }
 
     fn tasks(&self, images: usize) -> usize {
@@ -152,85 +138,35 @@ impl Split {
     fn task(&self, task: usize, og: usize) -> (usize, usize, usize, usize) {
         let (rest, m) = (task / self.nmb, task % self.nmb);
         let m0 = m * self.mb;
-        (
-            rest / self.ntiles,
-            rest % self.ntiles,
-            m0,
-            self.mb.min(og - m0),
-        )
+        (rest / self.ntiles, rest % self.ntiles, m0, self.mb.min(og - m0))
     }
 }
 
 /// Multiply-adds ×2 of a convolution lowered to GEMMs (saturating).
 fn conv_flops(images: usize, og: usize, npos: usize, kdim: usize) -> usize {
-    images
-        .saturating_mul(og)
-        .saturating_mul(npos)
-        .saturating_mul(kdim)
-        .saturating_mul(2)
+    images.saturating_mul(og).saturating_mul(npos).saturating_mul(kdim).saturating_mul(2)
 }
 
 /// Smallest block of output channels a task takes when splitting them.
 const MIN_MB: usize = 48;
 
 /// 1×1 stride-1 unpadded: out = W · X per image and group, X packed by tile.
-fn pointwise_gemm(
-    p: &Conv2dParams,
-    g: &Geometry,
-    input: &[f32],
-    weight: &[f32],
-    epi: &Epilogue<'_>,
-    output: &mut [f32],
-) {
+fn pointwise_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
     let in_plane = g.in_plane;
-    packed_gemm(
-        p,
-        g,
-        input,
-        weight,
-        epi,
-        output,
-        MAX_TILE_DIRECT,
-        |panels, group_input, k0, kc, t0, nt| {
-            // SAFETY: rows k0..k0+kc (input channels of this group), columns
-            // t0..t0+nt < in_plane = npos, inside `group_input`.
-            unsafe {
-                pack_b(
-                    panels,
-                    group_input[k0 * in_plane + t0..].as_ptr(),
-                    in_plane as isize,
-                    1,
-                    kc,
-                    nt,
-                )
-            };
-        },
-    );
+    packed_gemm(p, g, input, weight, epi, output, MAX_TILE_DIRECT, |panels, group_input, k0, kc, t0, nt| {
+        // SAFETY: rows k0..k0+kc (input channels of this group), columns
+        // t0..t0+nt < in_plane = npos, inside `group_input`.
+        unsafe { pack_b(panels, group_input[k0 * in_plane + t0..].as_ptr(), in_plane as isize, 1, kc, nt) };
+    });
 }
 
 /// The im2col fallback; see the module docs.
-fn im2col_gemm(
-    p: &Conv2dParams,
-    g: &Geometry,
-    input: &[f32],
-    weight: &[f32],
-    epi: &Epilogue<'_>,
-    output: &mut [f32],
-) {
+fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
-    packed_gemm(
-        p,
-        g,
-        input,
-        weight,
-        epi,
-        output,
-        MAX_TILE,
-        |panels, group_input, k0, kc, t0, nt| {
-            fill_panels(panels, group_input, kh, kw, &ha, &wa, k0, kc, t0, nt);
-        },
-    );
+    packed_gemm(p, g, input, weight, epi, output, MAX_TILE, |panels, group_input, k0, kc, t0, nt| {
+        fill_panels(panels, group_input, kh, kw, &ha, &wa, k0, kc, t0, nt);
+    });
 }
 
 /// The tasks of the pointwise and im2col paths: for each chunk of
@@ -270,35 +206,19 @@ fn packed_gemm(
                 let kc = KCHUNK.min(kdim - k0);
                 let panels = &mut col[..packed_len(kc, nt)];
                 fill(panels, group_input, k0, kc, t0, nt);
-                let a = MatA {
-                    ptr: w_group[k0..].as_ptr(),
-                    rs: kdim as isize,
-                    cs: 1,
-                };
+                let a = MatA { ptr: w_group[k0..].as_ptr(), rs: kdim as isize, cs: 1 };
                 // SAFETY: rows co < mb at out_base + co·npos + t0 .. + nt lie
                 // in `output` (length checked by the caller) and are
                 // written by this task only; A is [mb × kc] with row stride
                 // kdim inside `weight`. `output` aliases neither.
-                unsafe {
-                    gemm_packed(
-                        mb,
-                        nt,
-                        kc,
-                        a,
-                        MatB::Packed(panels),
-                        out_ptr.get().add(out_base + t0),
-                        npos,
-                        k0 > 0,
-                    )
-                };
+                unsafe { gemm_packed(mb, nt, kc, a, MatB::Packed(panels), out_ptr.get().add(out_base + t0), npos, k0 > 0) };
                 k0 += kc;
             }
             if epi.any() {
                 for co in 0..mb {
                     let off = out_base + co * npos + t0;
                     // SAFETY: this task's rows, as above; no other reference to them lives.
-                    let row =
-                        unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
+                    let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
                     epi.apply(row, grp * g.og + m0 + co, off);
                 }
             }
@@ -328,9 +248,7 @@ fn indirect_gemm(
     let chans = p.batch * p.in_channels;
     let seq = sequential(conv_flops(images, g.og, qn, kdim));
     with_op_scratch(chans * set, |phases| {
-        let fill = |(c, dst): (usize, &mut [f32])| {
-            ph.fill(&input[c * g.in_plane..][..g.in_plane], ha, wa, dst, true)
-        };
+        let fill = |(c, dst): (usize, &mut [f32])| ph.fill(&input[c * g.in_plane..][..g.in_plane], ha, wa, dst, true);
         if seq {
             phases.chunks_mut(set).enumerate().for_each(fill);
         } else {
@@ -353,15 +271,8 @@ fn indirect_gemm(
                 let nq = tile.min(qn - q0);
                 let src = &phases[(b * p.in_channels + grp * g.cg) * set..][..g.cg * set];
                 let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
-                let a = MatA {
-                    ptr: w_group.as_ptr(),
-                    rs: kdim as isize,
-                    cs: 1,
-                };
-                let rows = MatB::Rows {
-                    base: src[q0..].as_ptr(),
-                    offs: &offs,
-                };
+                let a = MatA { ptr: w_group.as_ptr(), rs: kdim as isize, cs: 1 };
+                let rows = MatB::Rows { base: src[q0..].as_ptr(), offs: &offs };
                 // SAFETY: A is [mb × kdim] inside `weight`. B row r, column
                 // j < nq rounded up to NR, is src[q0 + offs[r] + j] with
                 // q0 + j < qn + NR, which `PhaseGeometry` keeps inside the
@@ -382,9 +293,7 @@ fn indirect_gemm(
                             // SAFETY: output row oy, columns ox0..ox1 of plane
                             // co of this (image, group): inside `output` and
                             // written by this task only (tiles partition q).
-                            let dst = unsafe {
-                                core::slice::from_raw_parts_mut(out_ptr.get().add(off), n)
-                            };
+                            let dst = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), n) };
                             dst.copy_from_slice(&stage[co * tile + (q - q0)..][..n]);
                             if epi.any() {
                                 epi.apply(dst, grp * g.og + m0 + co, off);
@@ -405,18 +314,7 @@ fn indirect_gemm(
 /// columns past `nt`). Each row is gathered in long runs (one per output
 /// row) into an L1 buffer, then split into the panels.
 #[allow(clippy::too_many_arguments)]
-fn fill_panels(
-    col: &mut [f32],
-    input: &[f32],
-    kh: usize,
-    kw: usize,
-    ha: &Axis,
-    wa: &Axis,
-    k0: usize,
-    kc: usize,
-    t0: usize,
-    nt: usize,
-) {
+fn fill_panels(col: &mut [f32], input: &[f32], kh: usize, kw: usize, ha: &Axis, wa: &Axis, k0: usize, kc: usize, t0: usize, nt: usize) {
     let in_plane = ha.input * wa.input;
     let ow = wa.output;
     let panel_len = kc * NR;
@@ -461,3 +359,4 @@ fn fill_panels(
         }
     }
 }
+

@@ -158,24 +158,8 @@ struct Geometry {
 
 fn geometry(p: &Conv2dParams) -> Result<Geometry> {
     let pad = p.padding;
-    let h = Axis::new(
-        "conv2d height",
-        p.in_h,
-        pad.top,
-        pad.bottom,
-        p.kernel[0],
-        p.stride[0],
-        p.dilation[0],
-    )?;
-    let w = Axis::new(
-        "conv2d width",
-        p.in_w,
-        pad.left,
-        pad.right,
-        p.kernel[1],
-        p.stride[1],
-        p.dilation[1],
-    )?;
+    let h = Axis::new("conv2d height", p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0])?;
+    let w = Axis::new("conv2d width", p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1])?;
     if p.groups == 0 {
         return Err(KernelError::invalid("conv2d groups", "groups is zero"));
     }
@@ -214,13 +198,7 @@ pub fn conv2d_output_shape(p: &Conv2dParams) -> Result<[usize; 4]> {
 /// cache-sized buffer plus a GEMM (1×1 stride-1 unpadded ones skip
 /// im2col); those with one input channel per group (depthwise) use a direct
 /// SIMD loop parallel over output planes. Runs on the current rayon pool.
-pub fn conv2d(
-    p: &Conv2dParams,
-    input: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    output: &mut [f32],
-) -> Result<()> {
+pub fn conv2d(p: &Conv2dParams, input: &[f32], weight: &[f32], bias: Option<&[f32]>, output: &mut [f32]) -> Result<()> {
     conv2d_residual(p, input, weight, bias, None, output)
 }
 
@@ -237,21 +215,9 @@ pub fn conv2d_residual(
     output: &mut [f32],
 ) -> Result<()> {
     let g = geometry(p)?;
-    check_len(
-        "conv2d input",
-        input.len(),
-        volume("conv2d input", &[p.batch, p.in_channels, g.in_plane])?,
-    )?;
-    check_len(
-        "conv2d weight",
-        weight.len(),
-        mul("conv2d weight", p.out_channels, g.kdim)?,
-    )?;
-    check_len(
-        "conv2d output",
-        output.len(),
-        volume("conv2d output", &[p.batch, p.out_channels, g.out_plane])?,
-    )?;
+    check_len("conv2d input", input.len(), volume("conv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
+    check_len("conv2d weight", weight.len(), mul("conv2d weight", p.out_channels, g.kdim)?)?;
+    check_len("conv2d output", output.len(), volume("conv2d output", &[p.batch, p.out_channels, g.out_plane])?)?;
     if let Some(b) = bias {
         check_len("conv2d bias", b.len(), p.out_channels)?;
     }

@@ -40,12 +40,7 @@ struct PhaseFill {
 }
 
 impl PhaseGeometry {
-    pub(super) fn new(
-        ha: &Axis,
-        wa: &Axis,
-        in_plane: usize,
-        out_plane: usize,
-    ) -> Option<PhaseGeometry> {
+    pub(super) fn new(ha: &Axis, wa: &Axis, in_plane: usize, out_plane: usize) -> Option<PhaseGeometry> {
         // Tap t reads phase (t·d) % s at offset (t·d) / s. t·d ≤ the padded
         // extent, which fits in isize (see `Axis::new`).
         let off_y = (ha.kernel - 1) * ha.dilation / ha.stride;
@@ -75,35 +70,19 @@ impl PhaseGeometry {
         }
         let total = plane.checked_mul(phases.len())?;
         // Only when the scratch stays comparable to the real data.
-        let limit = in_plane
-            .saturating_add(out_plane)
-            .saturating_mul(4)
-            .max(1 << 12);
+        let limit = in_plane.saturating_add(out_plane).saturating_mul(4).max(1 << 12);
         if total > limit {
             return None;
         }
-        let tap_offsets = tap_phase
-            .iter()
-            .map(|&(pi, oy, ox)| pi * plane + oy * cols + ox)
-            .collect();
+        let tap_offsets = tap_phase.iter().map(|&(pi, oy, ox)| pi * plane + oy * cols + ox).collect();
         let fills = phases
             .iter()
             .enumerate()
             .map(|(pi, &(py, px))| {
                 // Phase-plane row i is padded row i·sh + py, column j padded
                 // column j·sw + px; only the in-bounds ones are non-zero.
-                let iv = valid_range(
-                    py as isize - ha.pad_before as isize,
-                    ha.stride,
-                    rows,
-                    ha.input,
-                );
-                let jv = valid_range(
-                    px as isize - wa.pad_before as isize,
-                    wa.stride,
-                    cols,
-                    wa.input,
-                );
+                let iv = valid_range(py as isize - ha.pad_before as isize, ha.stride, rows, ha.input);
+                let jv = valid_range(px as isize - wa.pad_before as isize, wa.stride, cols, wa.input);
                 // For a non-empty range the first row / column is a real
                 // input index (so the arithmetic cannot overflow); an empty
                 // one is never read.

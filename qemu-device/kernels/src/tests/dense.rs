@@ -5,13 +5,7 @@ use crate::*;
 
 /// Returns (want, scale) where scale = Σ|a·b| + |bias| + |c|.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_ref(
-    p: &GemmParams,
-    a: &[f32],
-    b: &[f32],
-    bias: Option<&[f32]>,
-    c0: &[f32],
-) -> (Vec<f64>, Vec<f64>) {
+pub(crate) fn gemm_ref(p: &GemmParams, a: &[f32], b: &[f32], bias: Option<&[f32]>, c0: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let (m, n, k) = (p.m, p.n, p.k);
     let mut want = vec![0.0; m * n];
     let mut scale = vec![0.0; m * n];
@@ -19,16 +13,8 @@ pub(crate) fn gemm_ref(
         for j in 0..n {
             let (mut s, mut sa) = (0.0f64, 0.0f64);
             for l in 0..k {
-                let av = if p.trans_a {
-                    a[l * m + i]
-                } else {
-                    a[i * k + l]
-                } as f64;
-                let bv = if p.trans_b {
-                    b[j * k + l]
-                } else {
-                    b[l * n + j]
-                } as f64;
+                let av = if p.trans_a { a[l * m + i] } else { a[i * k + l] } as f64;
+                let bv = if p.trans_b { b[j * k + l] } else { b[l * n + j] } as f64;
                 s += av * bv;
                 sa += (av * bv).abs();
             }
@@ -53,42 +39,17 @@ fn check_gemm(rng: &mut Rng, p: GemmParams, with_bias: bool) {
     let bias = rng.vec(p.n);
     let bias = with_bias.then_some(&bias[..]);
     let c0 = rng.vec(p.m * p.n);
-    let mut c = if p.accumulate {
-        c0.clone()
-    } else {
-        vec![f32::NAN; p.m * p.n]
-    };
+    let mut c = if p.accumulate { c0.clone() } else { vec![f32::NAN; p.m * p.n] };
     gemm(&p, &a, &b, bias, &mut c).unwrap();
     let (want, scale) = gemm_ref(&p, &a, &b, bias, &c0);
-    assert_close(
-        &format!("gemm {p:?} bias={with_bias}"),
-        &c,
-        &want,
-        Some(&scale),
-        1e-5,
-    );
+    assert_close(&format!("gemm {p:?} bias={with_bias}"), &c, &want, Some(&scale), 1e-5);
     // The same product with B in the packed layout the compiler writes.
-    let mut packed =
-        vec![f32::NAN; rbln_hw::ops::gemm_packed_b_len(p.k as u64, p.n as u64).unwrap() as usize];
+    let mut packed = vec![f32::NAN; rbln_hw::ops::gemm_packed_b_len(p.k as u64, p.n as u64).unwrap() as usize];
     rbln_hw::ops::pack_gemm_b(&b, p.k, p.n, p.trans_b, &mut packed);
-    let pp = GemmParams {
-        trans_b: false,
-        b_packed: true,
-        ..p
-    };
-    let mut c = if p.accumulate {
-        c0.clone()
-    } else {
-        vec![f32::NAN; p.m * p.n]
-    };
+    let pp = GemmParams { trans_b: false, b_packed: true, ..p };
+    let mut c = if p.accumulate { c0.clone() } else { vec![f32::NAN; p.m * p.n] };
     gemm(&pp, &a, &packed, bias, &mut c).unwrap();
-    assert_close(
-        &format!("gemm packed B {p:?} bias={with_bias}"),
-        &c,
-        &want,
-        Some(&scale),
-        1e-5,
-    );
+    assert_close(&format!("gemm packed B {p:?} bias={with_bias}"), &c, &want, Some(&scale), 1e-5);
 }
 
 #[test]
@@ -113,25 +74,9 @@ fn gemm_random() {
 #[test]
 fn gemm_large_threaded() {
     let mut rng = Rng::new(2);
-    for &(m, n, k) in &[
-        (257, 300, 513),
-        (128, 129, 130),
-        (1, 1000, 300),
-        (3, 1000, 301),
-        (700, 1, 65),
-        (64, 1000, 128),
-    ] {
+    for &(m, n, k) in &[(257, 300, 513), (128, 129, 130), (1, 1000, 300), (3, 1000, 301), (700, 1, 65), (64, 1000, 128)] {
         for &(ta, tb) in &[(false, false), (true, true)] {
-            let p = GemmParams {
-                m,
-                n,
-                k,
-                trans_a: ta,
-                trans_b: tb,
-                accumulate: ta,
-                activation: Activation::Relu,
-                ..Default::default()
-            };
+            let p = GemmParams { m, n, k, trans_a: ta, trans_b: tb, accumulate: ta, activation: Activation::Relu, ..Default::default() };
             check_gemm(&mut rng, p, true);
         }
     }
@@ -150,91 +95,42 @@ fn gemm_degenerate() {
     let mut c = vec![f32::NAN; 6];
     gemm(&p, &[], &[], Some(&[-1.0, 2.0]), &mut c).unwrap();
     assert_eq!(c, [0.0, 2.0, 0.0, 2.0, 0.0, 2.0]);
-    let p = GemmParams {
-        accumulate: true,
-        ..p
-    };
+    let p = GemmParams { accumulate: true, ..p };
     let mut c = vec![5.0; 6];
     gemm(&p, &[], &[], Some(&[-1.0, 2.0]), &mut c).unwrap();
     assert_eq!(c, [4.0, 7.0, 4.0, 7.0, 4.0, 7.0]);
     // m = 0 / n = 0: empty output, nothing to do.
-    let p = GemmParams {
-        m: 0,
-        n: 5,
-        k: 4,
-        ..Default::default()
-    };
+    let p = GemmParams { m: 0, n: 5, k: 4, ..Default::default() };
     gemm(&p, &[], &[0.0; 20], None, &mut []).unwrap();
-    let p = GemmParams {
-        m: 5,
-        n: 0,
-        k: 4,
-        ..Default::default()
-    };
+    let p = GemmParams { m: 5, n: 0, k: 4, ..Default::default() };
     gemm(&p, &[0.0; 20], &[], Some(&[]), &mut []).unwrap();
 }
 
 #[test]
 fn gemm_in_sized_pool_matches() {
     let mut rng = Rng::new(3);
-    let p = GemmParams {
-        m: 200,
-        n: 150,
-        k: 99,
-        ..Default::default()
-    };
+    let p = GemmParams { m: 200, n: 150, k: 99, ..Default::default() };
     let a = rng.vec(p.m * p.k);
     let b = rng.vec(p.k * p.n);
     let mut c1 = vec![0.0; p.m * p.n];
     let mut c2 = vec![0.0; p.m * p.n];
     gemm(&p, &a, &b, None, &mut c1).unwrap();
-    thread_pool(1)
-        .unwrap()
-        .install(|| gemm(&p, &a, &b, None, &mut c2))
-        .unwrap();
+    thread_pool(1).unwrap().install(|| gemm(&p, &a, &b, None, &mut c2)).unwrap();
     let (want, scale) = gemm_ref(&p, &a, &b, None, &[]);
     assert_close("gemm pool(1)", &c2, &want, Some(&scale), 1e-5);
     assert_close("gemm global", &c1, &want, Some(&scale), 1e-5);
 }
 
-pub(crate) fn out_dim(
-    input: usize,
-    pa: usize,
-    pb: usize,
-    k: usize,
-    s: usize,
-    d: usize,
-) -> Option<usize> {
+pub(crate) fn out_dim(input: usize, pa: usize, pb: usize, k: usize, s: usize, d: usize) -> Option<usize> {
     let padded = input + pa + pb;
     let ext = d * (k - 1) + 1;
     (padded >= ext).then(|| (padded - ext) / s + 1)
 }
 
-pub(crate) fn conv_ref(
-    p: &Conv2dParams,
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-) -> (Vec<f64>, Vec<f64>) {
+pub(crate) fn conv_ref(p: &Conv2dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
     let pad = p.padding;
-    let oh = out_dim(
-        p.in_h,
-        pad.top,
-        pad.bottom,
-        p.kernel[0],
-        p.stride[0],
-        p.dilation[0],
-    )
-    .unwrap();
-    let ow = out_dim(
-        p.in_w,
-        pad.left,
-        pad.right,
-        p.kernel[1],
-        p.stride[1],
-        p.dilation[1],
-    )
-    .unwrap();
+    let oh = out_dim(p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0]).unwrap();
+    let ow = out_dim(p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1]).unwrap();
     let cg = p.in_channels / p.groups;
     let og = p.out_channels / p.groups;
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
@@ -254,20 +150,12 @@ pub(crate) fn conv_ref(
                         let ci = g * cg + c;
                         for ky in 0..kh {
                             for kx in 0..kw {
-                                let iy = (oy * p.stride[0] + ky * p.dilation[0]) as isize
-                                    - pad.top as isize;
-                                let ix = (ox * p.stride[1] + kx * p.dilation[1]) as isize
-                                    - pad.left as isize;
-                                if iy < 0
-                                    || ix < 0
-                                    || iy >= p.in_h as isize
-                                    || ix >= p.in_w as isize
-                                {
+                                let iy = (oy * p.stride[0] + ky * p.dilation[0]) as isize - pad.top as isize;
+                                let ix = (ox * p.stride[1] + kx * p.dilation[1]) as isize - pad.left as isize;
+                                if iy < 0 || ix < 0 || iy >= p.in_h as isize || ix >= p.in_w as isize {
                                     continue;
                                 }
-                                let xv = x[((b * p.in_channels + ci) * p.in_h + iy as usize)
-                                    * p.in_w
-                                    + ix as usize] as f64;
+                                let xv = x[((b * p.in_channels + ci) * p.in_h + iy as usize) * p.in_w + ix as usize] as f64;
                                 let wv = w[((co * cg + c) * kh + ky) * kw + kx] as f64;
                                 s += xv * wv;
                                 sa += (xv * wv).abs();
@@ -333,10 +221,7 @@ fn conv2d_random() {
             let c = rng.pick(&[1, 3, 8, 17]);
             (c, c * rng.pick(&[1, 1, 2]))
         } else {
-            (
-                groups * rng.pick(&[1, 2, 3, 5]),
-                groups * rng.pick(&[1, 2, 3]),
-            )
+            (groups * rng.pick(&[1, 2, 3, 5]), groups * rng.pick(&[1, 2, 3]))
         };
         let p = Conv2dParams {
             batch: rng.range(0, 2).max(it % 2),
@@ -357,32 +242,10 @@ fn conv2d_random() {
             activation: ACTS[it % ACTS.len()],
         };
         let pad = p.padding;
-        let ok = out_dim(
-            p.in_h,
-            pad.top,
-            pad.bottom,
-            p.kernel[0],
-            p.stride[0],
-            p.dilation[0],
-        )
-        .is_some()
-            && out_dim(
-                p.in_w,
-                pad.left,
-                pad.right,
-                p.kernel[1],
-                p.stride[1],
-                p.dilation[1],
-            )
-            .is_some();
+        let ok = out_dim(p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0]).is_some()
+            && out_dim(p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1]).is_some();
         if !ok {
-            assert!(
-                matches!(
-                    conv2d_output_shape(&p),
-                    Err(KernelError::InvalidParam { .. })
-                ),
-                "{p:?}"
-            );
+            assert!(matches!(conv2d_output_shape(&p), Err(KernelError::InvalidParam { .. })), "{p:?}");
             continue;
         }
         valid += 1;
@@ -412,81 +275,22 @@ fn conv2d_tiled_and_pointwise() {
     check_conv(&mut rng, &base, true);
     // Few positions, many output channels: tasks split the channels
     // (indirect, pointwise with a residual-free epilogue, strided 1×1).
-    let late = Conv2dParams {
-        in_channels: 20,
-        in_h: 7,
-        in_w: 6,
-        out_channels: 250,
-        batch: 1,
-        ..base
-    };
+    let late = Conv2dParams { in_channels: 20, in_h: 7, in_w: 6, out_channels: 250, batch: 1, ..base };
     check_conv(&mut rng, &late, true);
-    check_conv(
-        &mut rng,
-        &Conv2dParams {
-            kernel: [1, 1],
-            padding: Padding2d::default(),
-            ..late
-        },
-        true,
-    );
-    check_conv(
-        &mut rng,
-        &Conv2dParams {
-            kernel: [1, 1],
-            padding: Padding2d::default(),
-            stride: [2, 2],
-            in_h: 13,
-            in_w: 14,
-            ..late
-        },
-        false,
-    );
+    check_conv(&mut rng, &Conv2dParams { kernel: [1, 1], padding: Padding2d::default(), ..late }, true);
+    check_conv(&mut rng, &Conv2dParams { kernel: [1, 1], padding: Padding2d::default(), stride: [2, 2], in_h: 13, in_w: 14, ..late }, false);
     // Phase planes far larger than the data (a huge kernel over a padded
     // 1×1 input): the im2col fallback, in several reduction chunks.
-    let huge = Conv2dParams {
-        in_channels: 2,
-        out_channels: 3,
-        in_h: 1,
-        in_w: 2,
-        kernel: [81, 81],
-        padding: Padding2d::uniform(40),
-        batch: 2,
-        ..base
-    };
+    let huge = Conv2dParams { in_channels: 2, out_channels: 3, in_h: 1, in_w: 2, kernel: [81, 81], padding: Padding2d::uniform(40), batch: 2, ..base };
     check_conv(&mut rng, &huge, true);
     // Very deep columns (minimum tile of 64 positions).
-    check_conv(
-        &mut rng,
-        &Conv2dParams {
-            in_channels: 1024,
-            in_h: 9,
-            in_w: 9,
-            out_channels: 4,
-            batch: 1,
-            ..base
-        },
-        true,
-    );
+    check_conv(&mut rng, &Conv2dParams { in_channels: 1024, in_h: 9, in_w: 9, out_channels: 4, batch: 1, ..base }, true);
     // 1×1 stride-1 unpadded: im2col skipped; grouped too.
-    let pw = Conv2dParams {
-        kernel: [1, 1],
-        padding: Padding2d::default(),
-        out_channels: 16,
-        ..base
-    };
+    let pw = Conv2dParams { kernel: [1, 1], padding: Padding2d::default(), out_channels: 16, ..base };
     check_conv(&mut rng, &pw, false);
     check_conv(&mut rng, &Conv2dParams { groups: 4, ..pw }, true);
     // Depthwise 3×3 stride 2, larger planes.
-    let dw = Conv2dParams {
-        in_channels: 32,
-        out_channels: 32,
-        groups: 32,
-        stride: [2, 2],
-        in_h: 65,
-        in_w: 64,
-        ..base
-    };
+    let dw = Conv2dParams { in_channels: 32, out_channels: 32, groups: 32, stride: [2, 2], in_h: 65, in_w: 64, ..base };
     check_conv(&mut rng, &dw, true);
 }
 
@@ -494,46 +298,19 @@ fn conv2d_tiled_and_pointwise() {
 fn conv2d_degenerate() {
     let mut rng = Rng::new(6);
     // Empty batch, and zero input channels (output = act(bias)).
-    let p = Conv2dParams {
-        batch: 0,
-        in_channels: 2,
-        out_channels: 3,
-        in_h: 4,
-        in_w: 4,
-        kernel: [3, 3],
-        ..Default::default()
-    };
+    let p = Conv2dParams { batch: 0, in_channels: 2, out_channels: 3, in_h: 4, in_w: 4, kernel: [3, 3], ..Default::default() };
     conv2d(&p, &[], &rng.vec(3 * 2 * 9), None, &mut []).unwrap();
-    let p = Conv2dParams {
-        batch: 1,
-        in_channels: 0,
-        ..p
-    };
+    let p = Conv2dParams { batch: 1, in_channels: 0, ..p };
     let mut y = vec![f32::NAN; 3 * 2 * 2];
     conv2d(&p, &[], &[], Some(&[1.0, -2.0, 3.0]), &mut y).unwrap();
-    assert_eq!(
-        y,
-        [1.0, 1.0, 1.0, 1.0, -2.0, -2.0, -2.0, -2.0, 3.0, 3.0, 3.0, 3.0]
-    );
+    assert_eq!(y, [1.0, 1.0, 1.0, 1.0, -2.0, -2.0, -2.0, -2.0, 3.0, 3.0, 3.0, 3.0]);
     // Zero input channels, pointwise.
-    let q = Conv2dParams {
-        kernel: [1, 1],
-        in_h: 2,
-        in_w: 3,
-        ..p
-    };
+    let q = Conv2dParams { kernel: [1, 1], in_h: 2, in_w: 3, ..p };
     let mut y = vec![f32::NAN; 3 * 6];
     conv2d(&q, &[], &[], None, &mut y).unwrap();
     assert_eq!(y, [0.0; 18]);
     // Empty input plane with padding: everything reads padding.
-    let p = Conv2dParams {
-        in_channels: 2,
-        in_h: 0,
-        in_w: 0,
-        padding: Padding2d::uniform(1),
-        kernel: [2, 2],
-        ..p
-    };
+    let p = Conv2dParams { in_channels: 2, in_h: 0, in_w: 0, padding: Padding2d::uniform(1), kernel: [2, 2], ..p };
     let mut y = vec![f32::NAN; 3];
     conv2d(&p, &[], &rng.vec(3 * 2 * 4), Some(&[1.0, 2.0, 3.0]), &mut y).unwrap();
     assert_eq!(y, [1.0, 2.0, 3.0]);
@@ -542,24 +319,8 @@ fn conv2d_degenerate() {
 /// (want, scale) with scale the mean |value| for averages.
 pub(crate) fn pool_ref(p: &Pool2dParams, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let pad = p.padding;
-    let oh = out_dim(
-        p.in_h,
-        pad.top,
-        pad.bottom,
-        p.kernel[0],
-        p.stride[0],
-        p.dilation[0],
-    )
-    .unwrap();
-    let ow = out_dim(
-        p.in_w,
-        pad.left,
-        pad.right,
-        p.kernel[1],
-        p.stride[1],
-        p.dilation[1],
-    )
-    .unwrap();
+    let oh = out_dim(p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0]).unwrap();
+    let ow = out_dim(p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1]).unwrap();
     let mut out = Vec::new();
     let mut scale = Vec::new();
     for plane in 0..p.batch * p.channels {
@@ -568,14 +329,10 @@ pub(crate) fn pool_ref(p: &Pool2dParams, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
                 let mut vals = Vec::new();
                 for ky in 0..p.kernel[0] {
                     for kx in 0..p.kernel[1] {
-                        let iy =
-                            (oy * p.stride[0] + ky * p.dilation[0]) as isize - pad.top as isize;
-                        let ix =
-                            (ox * p.stride[1] + kx * p.dilation[1]) as isize - pad.left as isize;
+                        let iy = (oy * p.stride[0] + ky * p.dilation[0]) as isize - pad.top as isize;
+                        let ix = (ox * p.stride[1] + kx * p.dilation[1]) as isize - pad.left as isize;
                         if iy >= 0 && ix >= 0 && iy < p.in_h as isize && ix < p.in_w as isize {
-                            vals.push(
-                                x[(plane * p.in_h + iy as usize) * p.in_w + ix as usize] as f64,
-                            );
+                            vals.push(x[(plane * p.in_h + iy as usize) * p.in_w + ix as usize] as f64);
                         }
                     }
                 }
@@ -620,33 +377,13 @@ fn pool2d_random() {
             dilation: [rng.range(1, 2), rng.range(1, 2)],
             kind: match it % 3 {
                 0 => PoolKind::Max,
-                1 => PoolKind::Avg {
-                    count_include_pad: true,
-                },
-                _ => PoolKind::Avg {
-                    count_include_pad: false,
-                },
+                1 => PoolKind::Avg { count_include_pad: true },
+                _ => PoolKind::Avg { count_include_pad: false },
             },
         };
         let pad = p.padding;
-        let ok = out_dim(
-            p.in_h,
-            pad.top,
-            pad.bottom,
-            p.kernel[0],
-            p.stride[0],
-            p.dilation[0],
-        )
-        .is_some()
-            && out_dim(
-                p.in_w,
-                pad.left,
-                pad.right,
-                p.kernel[1],
-                p.stride[1],
-                p.dilation[1],
-            )
-            .is_some();
+        let ok = out_dim(p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0]).is_some()
+            && out_dim(p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1]).is_some();
         if !ok {
             assert!(pool2d_output_shape(&p).is_err(), "{p:?}");
             continue;
@@ -672,40 +409,19 @@ fn pool2d_global_average_and_all_padding_windows() {
         in_h: 7,
         in_w: 9,
         kernel: [7, 9],
-        kind: PoolKind::Avg {
-            count_include_pad: false,
-        },
+        kind: PoolKind::Avg { count_include_pad: false },
         ..Default::default()
     };
     let mut y = vec![0.0; 6];
     pool2d(&p, &x, &mut y).unwrap();
-    let want: Vec<f64> = x
-        .chunks(63)
-        .map(|c| c.iter().map(|&v| v as f64).sum::<f64>() / 63.0)
-        .collect();
+    let want: Vec<f64> = x.chunks(63).map(|c| c.iter().map(|&v| v as f64).sum::<f64>() / 63.0).collect();
     assert_close("global avg", &y, &want, None, 1e-5);
     // Windows entirely in padding: max gives -inf, avg (excluding pad) 0.
-    let p = Pool2dParams {
-        batch: 1,
-        channels: 1,
-        in_h: 1,
-        in_w: 1,
-        kernel: [1, 1],
-        padding: Padding2d {
-            top: 1,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let p = Pool2dParams { batch: 1, channels: 1, in_h: 1, in_w: 1, kernel: [1, 1], padding: Padding2d { top: 1, ..Default::default() }, ..Default::default() };
     let mut y = [0.0; 2];
     pool2d(&p, &[3.0], &mut y).unwrap();
     assert_eq!(y, [f32::NEG_INFINITY, 3.0]);
-    let p = Pool2dParams {
-        kind: PoolKind::Avg {
-            count_include_pad: false,
-        },
-        ..p
-    };
+    let p = Pool2dParams { kind: PoolKind::Avg { count_include_pad: false }, ..p };
     pool2d(&p, &[3.0], &mut y).unwrap();
     assert_eq!(y, [0.0, 3.0]);
 }

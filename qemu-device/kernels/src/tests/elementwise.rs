@@ -6,9 +6,7 @@ use crate::*;
 /// A random shape of the given rank whose volume stays small.
 pub(crate) fn random_shape(rng: &mut Rng, rank: usize, max_volume: usize) -> Vec<usize> {
     loop {
-        let s: Vec<usize> = (0..rank)
-            .map(|_| rng.pick(&[1, 2, 3, 4, 5, 7, 9, 17, 33]))
-            .collect();
+        let s: Vec<usize> = (0..rank).map(|_| rng.pick(&[1, 2, 3, 4, 5, 7, 9, 17, 33])).collect();
         if s.iter().product::<usize>() <= max_volume {
             return s;
         }
@@ -19,27 +17,15 @@ pub(crate) fn random_shape(rng: &mut Rng, rank: usize, max_volume: usize) -> Vec
 /// set some to 1.
 pub(crate) fn operand_shape(rng: &mut Rng, out: &[usize]) -> Vec<usize> {
     let drop = rng.below(out.len() + 1);
-    out[drop..]
-        .iter()
-        .map(|&d| if rng.below(3) == 0 { 1 } else { d })
-        .collect()
+    out[drop..].iter().map(|&d| if rng.below(3) == 0 { 1 } else { d }).collect()
 }
 
-pub(crate) fn binary_ref(
-    op: BinaryOp,
-    a: &[f32],
-    ash: &[usize],
-    b: &[f32],
-    bsh: &[usize],
-    out_shape: &[usize],
-) -> Vec<f64> {
+pub(crate) fn binary_ref(op: BinaryOp, a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize], out_shape: &[usize]) -> Vec<f64> {
     let vol: usize = out_shape.iter().product();
     let index = |idx: &[usize], sh: &[usize]| -> usize {
         let off = idx.len() - sh.len();
         let st = strides_of(sh);
-        (0..sh.len())
-            .map(|d| if sh[d] == 1 { 0 } else { idx[off + d] * st[d] })
-            .sum()
+        (0..sh.len()).map(|d| if sh[d] == 1 { 0 } else { idx[off + d] * st[d] }).sum()
     };
     (0..vol)
         .map(|i| {
@@ -121,20 +107,9 @@ fn binary_shapes_and_large() {
     assert_eq!(broadcast_shape(&[2, 1, 3], &[4, 1]).unwrap(), vec![2, 4, 3]);
     assert_eq!(broadcast_shape(&[], &[5]).unwrap(), vec![5]);
     assert_eq!(broadcast_shape(&[0, 1], &[1, 3]).unwrap(), vec![0, 3]);
-    assert!(matches!(
-        broadcast_shape(&[2, 3], &[3, 2]),
-        Err(KernelError::Broadcast { .. })
-    ));
+    assert!(matches!(broadcast_shape(&[2, 3], &[3, 2]), Err(KernelError::Broadcast { .. })));
     // Zero-volume output.
-    binary(
-        BinaryOp::Add,
-        &[],
-        &[0, 1],
-        &[1.0, 2.0, 3.0],
-        &[1, 3],
-        &mut [],
-    )
-    .unwrap();
+    binary(BinaryOp::Add, &[], &[0, 1], &[1.0, 2.0, 3.0], &[1, 3], &mut []).unwrap();
     // Large enough for several parallel tasks in each code path.
     let mut rng = Rng::new(11);
     for (ash, bsh) in [
@@ -154,13 +129,8 @@ fn binary_shapes_and_large() {
     }
 }
 
-const COMPARISONS: [BinaryOp; 5] = [
-    BinaryOp::Equal,
-    BinaryOp::Less,
-    BinaryOp::Greater,
-    BinaryOp::LessOrEqual,
-    BinaryOp::GreaterOrEqual,
-];
+const COMPARISONS: [BinaryOp; 5] =
+    [BinaryOp::Equal, BinaryOp::Less, BinaryOp::Greater, BinaryOp::LessOrEqual, BinaryOp::GreaterOrEqual];
 
 /// Every comparison of every pair of special values (a column of values
 /// against a row of them, so with broadcasting), against a reference
@@ -168,16 +138,7 @@ const COMPARISONS: [BinaryOp; 5] = [
 #[test]
 fn binary_comparisons_special_values() {
     use std::cmp::Ordering;
-    let v = [
-        f32::NEG_INFINITY,
-        -1.5,
-        -0.0,
-        0.0,
-        1e-38,
-        1.5,
-        f32::INFINITY,
-        f32::NAN,
-    ];
+    let v = [f32::NEG_INFINITY, -1.5, -0.0, 0.0, 1e-38, 1.5, f32::INFINITY, f32::NAN];
     let n = v.len();
     for op in COMPARISONS {
         let mut y = vec![-7.0; n * n];
@@ -194,47 +155,18 @@ fn binary_comparisons_special_values() {
                     (_, Some(o)) => o != Ordering::Less,
                 };
                 let want: f32 = if holds { 1.0 } else { 0.0 };
-                assert_eq!(
-                    y[i * n + j].to_bits(),
-                    want.to_bits(),
-                    "{op:?}({}, {})",
-                    v[i],
-                    v[j]
-                );
+                assert_eq!(y[i * n + j].to_bits(), want.to_bits(), "{op:?}({}, {})", v[i], v[j]);
             }
         }
     }
     // Spot checks of the rules themselves.
     let mut y = [9.0; 4];
-    binary(
-        BinaryOp::Equal,
-        &[-0.0, f32::NAN, f32::INFINITY, 2.0],
-        &[4],
-        &[0.0, f32::NAN, f32::INFINITY, 3.0],
-        &[4],
-        &mut y,
-    )
-    .unwrap();
+    binary(BinaryOp::Equal, &[-0.0, f32::NAN, f32::INFINITY, 2.0], &[4], &[0.0, f32::NAN, f32::INFINITY, 3.0], &[4], &mut y)
+        .unwrap();
     assert_eq!(y, [1.0, 0.0, 1.0, 0.0]);
-    binary(
-        BinaryOp::GreaterOrEqual,
-        &[f32::NAN, 1.0, 1.0, -1.0],
-        &[4],
-        &[1.0],
-        &[],
-        &mut y,
-    )
-    .unwrap();
+    binary(BinaryOp::GreaterOrEqual, &[f32::NAN, 1.0, 1.0, -1.0], &[4], &[1.0], &[], &mut y).unwrap();
     assert_eq!(y, [0.0, 1.0, 1.0, 0.0]);
-    binary(
-        BinaryOp::LessOrEqual,
-        &[2.0],
-        &[1],
-        &[1.0, 2.0, 3.0, f32::NAN],
-        &[4],
-        &mut y,
-    )
-    .unwrap();
+    binary(BinaryOp::LessOrEqual, &[2.0], &[1], &[1.0, 2.0, 3.0, f32::NAN], &[4], &mut y).unwrap();
     assert_eq!(y, [0.0, 1.0, 1.0, 0.0]);
 }
 
@@ -245,38 +177,19 @@ fn binary_comparisons_special_values() {
 fn pow_constant_exponents() {
     let mut rng = Rng::new(31);
     let mut x: Vec<f32> = (0..5000).map(|_| rng.f32_in(-8.0, 8.0)).collect();
-    x.extend([
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        1e20,
-        -1e-20,
-        3.0e12,
-    ]);
+    x.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e20, -1e-20, 3.0e12]);
     for e in [2.0f32, 3.0, 0.5, -1.0, 2.5] {
         let mut y = vec![0.0; x.len()];
         binary(BinaryOp::Pow, &x, &[x.len()], &[e], &[1], &mut y).unwrap();
         for (i, (&a, &g)) in x.iter().zip(&y).enumerate() {
             let w = a.powf(e);
-            let same = g == w
-                || (g.is_nan() && w.is_nan())
-                || (g - w).abs() <= 2.0 * f32::EPSILON * w.abs();
+            let same = g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= 2.0 * f32::EPSILON * w.abs();
             assert!(same, "{a}^{e} (element {i}): got {g}, powf {w}");
         }
     }
     // A per-element exponent of 3s is not the scalar fast path.
     let mut y = vec![0.0; 3];
-    binary(
-        BinaryOp::Pow,
-        &[-2.0, 1.5, 4.0],
-        &[3],
-        &[3.0, 3.0, 0.5],
-        &[3],
-        &mut y,
-    )
-    .unwrap();
+    binary(BinaryOp::Pow, &[-2.0, 1.5, 4.0], &[3], &[3.0, 3.0, 0.5], &[3], &mut y).unwrap();
     assert_eq!(y, [-8.0, 3.375, 2.0]);
 }
 
@@ -286,32 +199,20 @@ fn pow_constant_exponents() {
 #[test]
 fn binary_comparisons_random_broadcast_and_fused() {
     let mut rng = Rng::new(12);
-    let int_vec = |rng: &mut Rng, n: usize| -> Vec<f32> {
-        (0..n).map(|_| rng.range(0, 4) as f32 - 2.0).collect()
-    };
+    let int_vec = |rng: &mut Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.range(0, 4) as f32 - 2.0).collect() };
     for it in 0..400 {
         let rank = rng.range(0, 5);
         let out = random_shape(&mut rng, rank, 20_000);
         let (ash, bsh) = (operand_shape(&mut rng, &out), operand_shape(&mut rng, &out));
         let op = COMPARISONS[it % COMPARISONS.len()];
-        let (a, b) = (
-            int_vec(&mut rng, ash.iter().product()),
-            int_vec(&mut rng, bsh.iter().product()),
-        );
+        let (a, b) = (int_vec(&mut rng, ash.iter().product()), int_vec(&mut rng, bsh.iter().product()));
         let shape = broadcast_shape(&ash, &bsh).unwrap();
         let mut y = vec![f32::NAN; shape.iter().product()];
         binary(op, &a, &ash, &b, &bsh, &mut y).unwrap();
         let want = binary_ref(op, &a, &ash, &b, &bsh, &shape);
-        assert!(
-            y.iter().zip(&want).all(|(&g, &w)| g as f64 == w),
-            "{op:?} {ash:?} {bsh:?}"
-        );
+        assert!(y.iter().zip(&want).all(|(&g, &w)| g as f64 == w), "{op:?} {ash:?} {bsh:?}");
     }
-    for (ash, bsh) in [
-        (vec![300, 257], vec![257]),
-        (vec![300, 1], vec![1, 257]),
-        (vec![70_001], vec![70_001]),
-    ] {
+    for (ash, bsh) in [(vec![300, 257], vec![257]), (vec![300, 1], vec![1, 257]), (vec![70_001], vec![70_001])] {
         let a = int_vec(&mut rng, ash.iter().product());
         let b = int_vec(&mut rng, bsh.iter().product());
         let shape = broadcast_shape(&ash, &bsh).unwrap();
@@ -319,40 +220,19 @@ fn binary_comparisons_random_broadcast_and_fused() {
         for op in COMPARISONS {
             binary(op, &a, &ash, &b, &bsh, &mut y).unwrap();
             let want = binary_ref(op, &a, &ash, &b, &bsh, &shape);
-            assert!(
-                y.iter().zip(&want).all(|(&g, &w)| g as f64 == w),
-                "{op:?} {ash:?} {bsh:?}"
-            );
+            assert!(y.iter().zip(&want).all(|(&g, &w)| g as f64 == w), "{op:?} {ash:?} {bsh:?}");
             // Both outcomes occur.
             assert!(y.contains(&0.0) && y.contains(&1.0));
         }
         // The activation applies to the 0/1 result: Clip(-0.5, 0.75) maps
         // it to {0, 0.75}, Sigmoid to {0.5, σ(1)}.
-        let clip = Activation::Clip {
-            min: -0.5,
-            max: 0.75,
-        };
+        let clip = Activation::Clip { min: -0.5, max: 0.75 };
         binary_act(BinaryOp::Less, &a, &ash, &b, &bsh, clip, &mut y).unwrap();
         let want = binary_ref(BinaryOp::Less, &a, &ash, &b, &bsh, &shape);
-        assert!(y
-            .iter()
-            .zip(&want)
-            .all(|(&g, &w)| g == if w == 1.0 { 0.75 } else { 0.0 }));
-        binary_act(
-            BinaryOp::Greater,
-            &a,
-            &ash,
-            &b,
-            &bsh,
-            Activation::Sigmoid,
-            &mut y,
-        )
-        .unwrap();
+        assert!(y.iter().zip(&want).all(|(&g, &w)| g == if w == 1.0 { 0.75 } else { 0.0 }));
+        binary_act(BinaryOp::Greater, &a, &ash, &b, &bsh, Activation::Sigmoid, &mut y).unwrap();
         let want = binary_ref(BinaryOp::Greater, &a, &ash, &b, &bsh, &shape);
-        let want: Vec<f64> = want
-            .iter()
-            .map(|&w| super::act_ref(Activation::Sigmoid, w))
-            .collect();
+        let want: Vec<f64> = want.iter().map(|&w| super::act_ref(Activation::Sigmoid, w)).collect();
         assert_close("greater + sigmoid", &y, &want, None, 1e-6);
     }
 }
@@ -398,15 +278,9 @@ fn unary_all_ops() {
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Erf,
-        UnaryOp::Clip {
-            min: -1.5,
-            max: 0.25,
-        },
+        UnaryOp::Clip { min: -1.5, max: 0.25 },
         UnaryOp::Reciprocal,
-        UnaryOp::HardSigmoid {
-            alpha: 0.2,
-            beta: 0.5,
-        },
+        UnaryOp::HardSigmoid { alpha: 0.2, beta: 0.5 },
         UnaryOp::HardSwish,
         UnaryOp::Sin,
         UnaryOp::Cos,
@@ -415,21 +289,14 @@ fn unary_all_ops() {
         for n in [0, 1, 7, 33, 40_000] {
             let x = match op {
                 UnaryOp::Log | UnaryOp::Sqrt => rng.vec_in(n, 1e-3, 50.0),
-                UnaryOp::Reciprocal => rng
-                    .vec_in(n, 0.05, 20.0)
-                    .into_iter()
-                    .map(|v| if rng.bool() { v } else { -v })
-                    .collect(),
+                UnaryOp::Reciprocal => rng.vec_in(n, 0.05, 20.0).into_iter().map(|v| if rng.bool() { v } else { -v }).collect(),
                 UnaryOp::Exp => rng.vec_in(n, -20.0, 20.0),
                 _ => rng.vec_in(n, -8.0, 8.0),
             };
             let want: Vec<f64> = x.iter().map(|&v| unary_ref(op, v as f64)).collect();
             // erf is accurate to an absolute 5e-7, which GELU scales by |x|/2.
             let scale: Vec<f64> = match op {
-                UnaryOp::Gelu | UnaryOp::Erf => x
-                    .iter()
-                    .map(|&v| 0.05 * (v.abs() as f64).max(1.0))
-                    .collect(),
+                UnaryOp::Gelu | UnaryOp::Erf => x.iter().map(|&v| 0.05 * (v.abs() as f64).max(1.0)).collect(),
                 _ => vec![0.0; n],
             };
             let mut y = vec![f32::NAN; n];
@@ -452,18 +319,11 @@ fn unary_all_ops() {
     let mut t = [-100.0f32, 100.0];
     unary_inplace(UnaryOp::Silu, &mut t).unwrap();
     assert_eq!(t, [-0.0, 100.0]);
-    assert!(matches!(
-        unary(UnaryOp::Neg, &[1.0], &mut []),
-        Err(KernelError::LengthMismatch { .. })
-    ));
+    assert!(matches!(unary(UnaryOp::Neg, &[1.0], &mut []), Err(KernelError::LengthMismatch { .. })));
 }
 
 fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    (
-        shape[..axis].iter().product(),
-        shape[axis],
-        shape[axis + 1..].iter().product(),
-    )
+    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
 }
 
 #[test]
@@ -475,20 +335,14 @@ fn softmax_random() {
         let axis = rng.below(rank);
         let x: Vec<f32> = rng.vec_in(shape.iter().product(), -30.0, 30.0);
         let mut y = vec![f32::NAN; x.len()];
-        let ax = if it % 2 == 0 {
-            axis as isize
-        } else {
-            axis as isize - rank as isize
-        };
+        let ax = if it % 2 == 0 { axis as isize } else { axis as isize - rank as isize };
         softmax(&shape, ax, &x, &mut y).unwrap();
         let (outer, len, inner) = split(&shape, axis);
         let mut want = vec![0.0; x.len()];
         for o in 0..outer {
             for i in 0..inner {
                 let at = |a: usize| (o * len + a) * inner + i;
-                let m = (0..len)
-                    .map(|a| x[at(a)] as f64)
-                    .fold(f64::NEG_INFINITY, f64::max);
+                let m = (0..len).map(|a| x[at(a)] as f64).fold(f64::NEG_INFINITY, f64::max);
                 let s: f64 = (0..len).map(|a| (x[at(a)] as f64 - m).exp()).sum();
                 for a in 0..len {
                     want[at(a)] = (x[at(a)] as f64 - m).exp() / s;
@@ -497,13 +351,7 @@ fn softmax_random() {
         }
         // Softmax outputs are ≤ 1: compare against 1 as the magnitude.
         let ones = vec![1.0; x.len()];
-        assert_close(
-            &format!("softmax {shape:?} axis {axis}"),
-            &y,
-            &want,
-            Some(&ones),
-            1e-5,
-        );
+        assert_close(&format!("softmax {shape:?} axis {axis}"), &y, &want, Some(&ones), 1e-5);
     }
     // Huge inputs do not overflow.
     let mut y = [0.0; 3];
@@ -517,11 +365,7 @@ fn layer_norm_random() {
     for it in 0..60 {
         let norm = rng.pick(&[1, 2, 3, 7, 17, 64, 65, 768, 1000]);
         let rows = rng.pick(&[0, 1, 3, 33, 100]);
-        let x: Vec<f32> = rng
-            .vec(rows * norm)
-            .into_iter()
-            .map(|v| v * 3.0 + 2.0)
-            .collect();
+        let x: Vec<f32> = rng.vec(rows * norm).into_iter().map(|v| v * 3.0 + 2.0).collect();
         let gamma = rng.vec(norm);
         let beta = rng.vec(norm);
         let g = (it % 2 == 0).then_some(&gamma[..]);
@@ -547,13 +391,7 @@ fn layer_norm_random() {
         }
         // Normalized values are O(1): compare against 1 as the magnitude.
         let ones = vec![1.0; want.len()];
-        assert_close(
-            &format!("layer_norm norm={norm} rows={rows}"),
-            &y,
-            &want,
-            Some(&ones),
-            1e-4,
-        );
+        assert_close(&format!("layer_norm norm={norm} rows={rows}"), &y, &want, Some(&ones), 1e-4);
     }
 }
 
@@ -579,9 +417,7 @@ fn reduce_random() {
         let mut scale = vec![0.0; outer * inner];
         for o in 0..outer {
             for i in 0..inner {
-                let vals: Vec<f64> = (0..len)
-                    .map(|a| x[(o * len + a) * inner + i] as f64)
-                    .collect();
+                let vals: Vec<f64> = (0..len).map(|a| x[(o * len + a) * inner + i] as f64).collect();
                 let abs: f64 = vals.iter().map(|v| v.abs()).sum();
                 want[o * inner + i] = match op {
                     ReduceOp::Sum => vals.iter().sum(),
@@ -589,27 +425,13 @@ fn reduce_random() {
                     ReduceOp::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                     ReduceOp::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
                 };
-                scale[o * inner + i] = if op == ReduceOp::Mean {
-                    abs / len as f64
-                } else {
-                    abs
-                };
+                scale[o * inner + i] = if op == ReduceOp::Mean { abs / len as f64 } else { abs };
             }
         }
-        assert_close(
-            &format!("{op:?} {shape:?} axis {axis}"),
-            &y,
-            &want,
-            Some(&scale),
-            1e-5,
-        );
+        assert_close(&format!("{op:?} {shape:?} axis {axis}"), &y, &want, Some(&scale), 1e-5);
     }
     // Empty reduction axis: identities.
-    for (op, v) in [
-        (ReduceOp::Sum, 0.0),
-        (ReduceOp::Max, f32::NEG_INFINITY),
-        (ReduceOp::Min, f32::INFINITY),
-    ] {
+    for (op, v) in [(ReduceOp::Sum, 0.0), (ReduceOp::Max, f32::NEG_INFINITY), (ReduceOp::Min, f32::INFINITY)] {
         let mut y = [7.0; 2];
         reduce(op, &[2, 0], -1, &[], &mut y).unwrap();
         assert_eq!(y, [v, v]);

@@ -77,8 +77,7 @@ pub(crate) fn act_ref(act: Activation, x: f64) -> f64 {
         Activation::Relu => x.max(0.0),
         Activation::Gelu => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
         Activation::GeluTanh => {
-            0.5 * x
-                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+            0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
         }
         Activation::Silu => x / (1.0 + (-x).exp()),
         Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
@@ -98,10 +97,7 @@ pub(crate) const ACTS: &[Activation] = &[
     Activation::Silu,
     Activation::Sigmoid,
     Activation::Tanh,
-    Activation::Clip {
-        min: -0.5,
-        max: 0.75,
-    },
+    Activation::Clip { min: -0.5, max: 0.75 },
 ];
 
 /// Row-major strides of `shape`.

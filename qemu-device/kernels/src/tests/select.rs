@@ -7,35 +7,15 @@ use crate::*;
 
 /// Naive Where: for every output multi-index, read each operand at the
 /// index right-aligned to its shape (0 along its size-1 dims).
-fn where_ref(
-    c: &[f32],
-    csh: &[usize],
-    a: &[f32],
-    ash: &[usize],
-    b: &[f32],
-    bsh: &[usize],
-) -> Vec<f32> {
+fn where_ref(c: &[f32], csh: &[usize], a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize]) -> Vec<f32> {
     let rank = csh.len().max(ash.len()).max(bsh.len());
-    let pad = |sh: &[usize]| -> Vec<usize> {
-        std::iter::repeat_n(1, rank - sh.len())
-            .chain(sh.iter().copied())
-            .collect()
-    };
+    let pad = |sh: &[usize]| -> Vec<usize> { std::iter::repeat_n(1, rank - sh.len()).chain(sh.iter().copied()).collect() };
     let (cp, ap, bp) = (pad(csh), pad(ash), pad(bsh));
     // The size other than 1 (they agree), else 1; 0 is a size like any.
-    let out: Vec<usize> = (0..rank)
-        .map(|d| {
-            [cp[d], ap[d], bp[d]]
-                .into_iter()
-                .find(|&x| x != 1)
-                .unwrap_or(1)
-        })
-        .collect();
+    let out: Vec<usize> = (0..rank).map(|d| [cp[d], ap[d], bp[d]].into_iter().find(|&x| x != 1).unwrap_or(1)).collect();
     let index = |idx: &[usize], sh: &[usize]| -> usize {
         let st = strides_of(sh);
-        (0..rank)
-            .map(|d| if sh[d] == 1 { 0 } else { idx[d] * st[d] })
-            .sum()
+        (0..rank).map(|d| if sh[d] == 1 { 0 } else { idx[d] * st[d] }).sum()
     };
     (0..out.iter().product())
         .map(|i| {
@@ -51,9 +31,7 @@ fn where_ref(
 
 /// A condition mask of 0/1 with some NaNs (true) and -0.0s (false).
 fn cond_vec(rng: &mut Rng, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| rng.pick(&[0.0, 1.0, 1.0, 0.0, -0.0, f32::NAN, 2.5, -1.0]))
-        .collect()
+    (0..n).map(|_| rng.pick(&[0.0, 1.0, 1.0, 0.0, -0.0, f32::NAN, 2.5, -1.0])).collect()
 }
 
 #[track_caller]
@@ -68,11 +46,7 @@ fn check(csh: &[usize], ash: &[usize], bsh: &[usize], rng: &mut Rng) {
     let want = where_ref(&c, csh, &a, ash, &b, bsh);
     assert_eq!(y.len(), want.len());
     for (i, (g, w)) in y.iter().zip(&want).enumerate() {
-        assert_eq!(
-            g.to_bits(),
-            w.to_bits(),
-            "{csh:?} {ash:?} {bsh:?} [{i}]: got {g}, want {w}"
-        );
+        assert_eq!(g.to_bits(), w.to_bits(), "{csh:?} {ash:?} {bsh:?} [{i}]: got {g}, want {w}");
     }
 }
 
@@ -91,51 +65,15 @@ fn where_semantics() {
     // Explicit broadcasts: a column cond [2,1] against a row a [3] and a
     // scalar b.
     let mut y = [0.0; 6];
-    where_select(
-        &[1.0, 0.0],
-        &[2, 1],
-        &[1.0, 2.0, 3.0],
-        &[3],
-        &[-1.0],
-        &[],
-        &mut y,
-    )
-    .unwrap();
+    where_select(&[1.0, 0.0], &[2, 1], &[1.0, 2.0, 3.0], &[3], &[-1.0], &[], &mut y).unwrap();
     assert_eq!(y, [1.0, 2.0, 3.0, -1.0, -1.0, -1.0]);
     // A row cond [3] against a column a [2,1] and a full b [2,3].
-    where_select(
-        &[0.0, 1.0, 0.0],
-        &[3],
-        &[7.0, 8.0],
-        &[2, 1],
-        &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
-        &[2, 3],
-        &mut y,
-    )
-    .unwrap();
+    where_select(&[0.0, 1.0, 0.0], &[3], &[7.0, 8.0], &[2, 1], &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], &[2, 3], &mut y).unwrap();
     assert_eq!(y, [0.1, 7.0, 0.3, 0.4, 8.0, 0.6]);
     // A scalar cond selects a whole operand, broadcast.
-    where_select(
-        &[f32::NAN],
-        &[],
-        &[5.0],
-        &[1, 1],
-        &[0.0; 6],
-        &[2, 3],
-        &mut y,
-    )
-    .unwrap();
+    where_select(&[f32::NAN], &[], &[5.0], &[1, 1], &[0.0; 6], &[2, 3], &mut y).unwrap();
     assert_eq!(y, [5.0; 6]);
-    where_select(
-        &[0.0],
-        &[1],
-        &[5.0],
-        &[1, 1],
-        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
-        &[2, 3],
-        &mut y,
-    )
-    .unwrap();
+    where_select(&[0.0], &[1], &[5.0], &[1, 1], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], &mut y).unwrap();
     assert_eq!(y, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     // All scalars: a rank-0 output.
     let mut y1 = [0.0];
@@ -166,11 +104,7 @@ fn where_every_broadcast_pattern() {
         // All three different; the output larger than each operand.
         (&[2, 1, 3], &[4, 1], &[5, 1, 1, 1]),
         (&[1, 3, 1, 2], &[6, 1, 4, 1], &[4, 2]),
-        (
-            &[3, 1, 1, 1, 1, 2],
-            &[1, 2, 1, 3, 1, 1],
-            &[1, 1, 2, 1, 2, 1],
-        ),
+        (&[3, 1, 1, 1, 1, 2], &[1, 2, 1, 3, 1, 1], &[1, 1, 2, 1, 2, 1]),
         // Zero-volume output.
         (&[0, 3], &[1, 3], &[3]),
         (&[2, 1], &[2, 0], &[1]),
@@ -218,75 +152,23 @@ fn where_errors_write_nothing() {
         }};
     }
     // Incompatible shapes, in each pair.
-    refused!(
-        KernelError::Broadcast { .. },
-        where_select(&c, &[2, 3], &a[..2], &[2], &b, &[2, 3], &mut y)
-    );
-    refused!(
-        KernelError::Broadcast { .. },
-        where_select(&c, &[2, 3], &a, &[2, 3], &b[..2], &[2], &mut y)
-    );
-    refused!(
-        KernelError::Broadcast { .. },
-        where_select(&c[..2], &[2, 1], &a[..3], &[3], &b[..3], &[3, 1], &mut y)
-    );
+    refused!(KernelError::Broadcast { .. }, where_select(&c, &[2, 3], &a[..2], &[2], &b, &[2, 3], &mut y));
+    refused!(KernelError::Broadcast { .. }, where_select(&c, &[2, 3], &a, &[2, 3], &b[..2], &[2], &mut y));
+    refused!(KernelError::Broadcast { .. }, where_select(&c[..2], &[2, 1], &a[..3], &[3], &b[..3], &[3, 1], &mut y));
     // Ranks above MAX_RANK.
-    refused!(
-        KernelError::RankTooLarge { .. },
-        where_select(&c[..1], &[1; 7], &a[..1], &[1], &b[..1], &[1], &mut y[..1])
-    );
-    refused!(
-        KernelError::RankTooLarge { .. },
-        where_select(&c[..1], &[1], &a[..1], &[1; 7], &b[..1], &[1], &mut y[..1])
-    );
-    refused!(
-        KernelError::RankTooLarge { .. },
-        where_select(&c[..1], &[1], &a[..1], &[1], &b[..1], &[1; 7], &mut y[..1])
-    );
+    refused!(KernelError::RankTooLarge { .. }, where_select(&c[..1], &[1; 7], &a[..1], &[1], &b[..1], &[1], &mut y[..1]));
+    refused!(KernelError::RankTooLarge { .. }, where_select(&c[..1], &[1], &a[..1], &[1; 7], &b[..1], &[1], &mut y[..1]));
+    refused!(KernelError::RankTooLarge { .. }, where_select(&c[..1], &[1], &a[..1], &[1], &b[..1], &[1; 7], &mut y[..1]));
     // Slices that do not match their shapes, or the output's.
-    refused!(
-        KernelError::LengthMismatch { .. },
-        where_select(&c[..5], &[2, 3], &a, &[2, 3], &b, &[2, 3], &mut y)
-    );
-    refused!(
-        KernelError::LengthMismatch { .. },
-        where_select(&c, &[2, 3], &a[..5], &[2, 3], &b, &[2, 3], &mut y)
-    );
-    refused!(
-        KernelError::LengthMismatch { .. },
-        where_select(&c, &[2, 3], &a, &[2, 3], &b[..1], &[2, 3], &mut y)
-    );
-    refused!(
-        KernelError::LengthMismatch { .. },
-        where_select(&c, &[2, 3], &a, &[2, 3], &b, &[2, 3], &mut y[..5])
-    );
-    refused!(
-        KernelError::LengthMismatch { .. },
-        where_select(&c, &[2, 3], &a, &[2, 3], &b, &[2, 3], &mut [3.0; 7])
-    );
+    refused!(KernelError::LengthMismatch { .. }, where_select(&c[..5], &[2, 3], &a, &[2, 3], &b, &[2, 3], &mut y));
+    refused!(KernelError::LengthMismatch { .. }, where_select(&c, &[2, 3], &a[..5], &[2, 3], &b, &[2, 3], &mut y));
+    refused!(KernelError::LengthMismatch { .. }, where_select(&c, &[2, 3], &a, &[2, 3], &b[..1], &[2, 3], &mut y));
+    refused!(KernelError::LengthMismatch { .. }, where_select(&c, &[2, 3], &a, &[2, 3], &b, &[2, 3], &mut y[..5]));
+    refused!(KernelError::LengthMismatch { .. }, where_select(&c, &[2, 3], &a, &[2, 3], &b, &[2, 3], &mut [3.0; 7]));
     // Volumes that overflow: an operand's own, and the broadcast output's.
+    refused!(KernelError::Overflow { .. }, where_select(&c[..1], &[usize::MAX, 2], &a[..1], &[1], &b[..1], &[1], &mut y));
     refused!(
         KernelError::Overflow { .. },
-        where_select(
-            &c[..1],
-            &[usize::MAX, 2],
-            &a[..1],
-            &[1],
-            &b[..1],
-            &[1],
-            &mut y
-        )
-    );
-    refused!(
-        KernelError::Overflow { .. },
-        where_select(
-            &c[..1],
-            &[1, 1 << 40, 1],
-            &a[..1],
-            &[1 << 40, 1, 1],
-            &b[..1],
-            &[1, 1, 1 << 40],
-            &mut y
-        )
+        where_select(&c[..1], &[1, 1 << 40, 1], &a[..1], &[1 << 40, 1, 1], &b[..1], &[1, 1, 1 << 40], &mut y)
     );
 }

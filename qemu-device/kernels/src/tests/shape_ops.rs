@@ -28,9 +28,7 @@ fn permute_random() {
     for _ in 0..300 {
         let rank = rng.range(0, 6);
         let shape: Vec<usize> = loop {
-            let s: Vec<usize> = (0..rank)
-                .map(|_| rng.pick(&[1, 2, 3, 5, 7, 16, 17, 33, 40]))
-                .collect();
+            let s: Vec<usize> = (0..rank).map(|_| rng.pick(&[1, 2, 3, 5, 7, 16, 17, 33, 40])).collect();
             if s.iter().product::<usize>() <= 50_000 {
                 break s;
             }
@@ -77,13 +75,7 @@ fn strided_copy_random() {
         let rank = rng.range(1, 4);
         let big = it % 10 == 0;
         let sizes: Vec<usize> = (0..rank)
-            .map(|_| {
-                if big {
-                    rng.pick(&[16, 33, 64, 65])
-                } else {
-                    rng.pick(&[1, 2, 3, 5, 8, 17])
-                }
-            })
+            .map(|_| if big { rng.pick(&[16, 33, 64, 65]) } else { rng.pick(&[1, 2, 3, 5, 8, 17]) })
             .collect();
         // Source: arbitrary strides, including 0 and negative.
         let src_strides: Vec<isize> = (0..rank).map(|_| rng.range(0, 80) as isize - 40).collect();
@@ -120,14 +112,8 @@ fn strided_copy_random() {
         };
         for i in 0..total {
             let idx = unravel(i, &sizes);
-            let s: isize = src_offset as isize
-                + (0..rank)
-                    .map(|d| idx[d] as isize * src_strides[d])
-                    .sum::<isize>();
-            let t: isize = dst_offset as isize
-                + (0..rank)
-                    .map(|d| idx[d] as isize * dst_strides[d])
-                    .sum::<isize>();
+            let s: isize = src_offset as isize + (0..rank).map(|d| idx[d] as isize * src_strides[d]).sum::<isize>();
+            let t: isize = dst_offset as isize + (0..rank).map(|d| idx[d] as isize * dst_strides[d]).sum::<isize>();
             want[t as usize] = src[s as usize];
         }
         if total > 1 << 14 {
@@ -161,16 +147,11 @@ fn gather_random() {
         let shape: Vec<usize> = (0..rank).map(|_| rng.pick(&[1, 2, 3, 7, 17, 33])).collect();
         let axis = rng.below(rank);
         let size = shape[axis];
-        let idx_shape: Vec<usize> = (0..rng.range(0, 2))
-            .map(|_| rng.pick(&[1, 2, 5, 9]))
-            .collect();
+        let idx_shape: Vec<usize> = (0..rng.range(0, 2)).map(|_| rng.pick(&[1, 2, 5, 9])).collect();
         let n_idx: usize = idx_shape.iter().product();
-        let idx: Vec<i64> = (0..n_idx)
-            .map(|_| rng.range(0, 2 * size - 1) as i64 - size as i64)
-            .collect();
+        let idx: Vec<i64> = (0..n_idx).map(|_| rng.range(0, 2 * size - 1) as i64 - size as i64).collect();
         let data = rng.vec(shape.iter().product());
-        let out_shape =
-            gather_output_shape(&shape, axis as isize - rank as isize, &idx_shape).unwrap();
+        let out_shape = gather_output_shape(&shape, axis as isize - rank as isize, &idx_shape).unwrap();
         assert_eq!(out_shape.len(), rank - 1 + idx_shape.len());
         let want = gather_ref(&data, &shape, axis, &idx, n_idx);
         assert_eq!(out_shape.iter().product::<usize>(), want.len());
@@ -179,15 +160,7 @@ fn gather_random() {
             gather(&data, &shape, axis as isize, &idx, &idx_shape, &mut y).unwrap();
         } else {
             let idx32: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
-            gather(
-                &data,
-                &shape,
-                axis as isize - rank as isize,
-                &idx32,
-                &idx_shape,
-                &mut y,
-            )
-            .unwrap();
+            gather(&data, &shape, axis as isize - rank as isize, &idx32, &idx_shape, &mut y).unwrap();
         }
         assert_eq!(y, want, "{shape:?} axis {axis} {idx:?}");
     }

@@ -27,49 +27,22 @@ pub struct Mlp {
 }
 
 fn vals(n: u64, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|i| (i as f32 - n as f32 / 2.0) * scale)
-        .collect()
+    (0..n).map(|i| (i as f32 - n as f32 / 2.0) * scale).collect()
 }
 
 /// GEMM descriptor with its four VA fields relocated against the arena.
 #[allow(clippy::too_many_arguments)]
-fn gemm(
-    b: &mut ModelBuilder,
-    m: u32,
-    n: u32,
-    k: u32,
-    act: Unary,
-    a: u32,
-    w: u32,
-    bias: u32,
-    c: u32,
-) -> (u64, u32) {
-    let d = GemmDesc {
-        m,
-        n,
-        k,
-        batch: 1,
-        flags: GEMM_BIAS,
-        activation: act as u32,
-        ..Default::default()
-    }
-    .with_header();
+fn gemm(b: &mut ModelBuilder, m: u32, n: u32, k: u32, act: Unary, a: u32, w: u32, bias: u32, c: u32) -> (u64, u32) {
+    let d =
+        GemmDesc { m, n, k, batch: 1, flags: GEMM_BIAS, activation: act as u32, ..Default::default() }.with_header();
     let off = |t| b.placement(t).unwrap().offset();
     let relocs = [
         (offset_of!(GemmDesc, a_va) as u64, RelocKind::Arena, off(a)),
         (offset_of!(GemmDesc, b_va) as u64, RelocKind::Arena, off(w)),
         (offset_of!(GemmDesc, c_va) as u64, RelocKind::Arena, off(c)),
-        (
-            offset_of!(GemmDesc, bias_va) as u64,
-            RelocKind::Arena,
-            off(bias),
-        ),
+        (offset_of!(GemmDesc, bias_va) as u64, RelocKind::Arena, off(bias)),
     ];
-    (
-        b.add_descriptor(&d.to_bytes(), &relocs),
-        GemmDesc::SIZE as u32,
-    )
+    (b.add_descriptor(&d.to_bytes(), &relocs), GemmDesc::SIZE as u32)
 }
 
 /// x[1,4] -> relu(x W1 + b1) [1,8] -> (. W2 + b2) [1,3], with explicit
@@ -77,9 +50,7 @@ fn gemm(
 /// and an output that reuses the input's arena bytes.
 pub fn mlp_builder() -> (ModelBuilder, Mlp) {
     let mut b = ModelBuilder::new("mlp2");
-    b.producer("rbln-format tests")
-        .property("source", "mlp2.onnx")
-        .property("opset", "17");
+    b.producer("rbln-format tests").property("source", "mlp2.onnx").property("opset", "17");
     let w1 = b.add_weight_f32("W1", &[IN, HID], &vals(IN * HID, 0.125));
     let b1 = b.add_weight_f32("b1", &[HID], &vals(HID, 0.5));
     let w2 = b.add_weight_f32("W2", &[HID, OUT], &vals(HID * OUT, 0.25));
@@ -97,12 +68,7 @@ pub fn mlp_builder() -> (ModelBuilder, Mlp) {
     let output = b.add_stream("output", StreamRole::OutputTransfer);
 
     let wlen = b.weights_len();
-    b.dma_copy(
-        upload,
-        Va::Rel(RelocKind::WeightsSource, 0),
-        Va::arena(0),
-        wlen,
-    );
+    b.dma_copy(upload, Va::Rel(RelocKind::WeightsSource, 0), Va::arena(0), wlen);
 
     let at = b.dma_copy(input, b.va_of(x_host), b.va_of(x), IN * 4);
     let n0 = b.add_node(Node::host_to_device("x.upload", x_host, x).with_commands(input, at, 32));
@@ -110,47 +76,26 @@ pub fn mlp_builder() -> (ModelBuilder, Mlp) {
     let (d1, s1) = gemm(&mut b, 1, HID as u32, IN as u32, Unary::Relu, x, w1, b1, h);
     let at = b.compute(run, d1, s1);
     let n1 = b.add_node(
-        Node::compute("fc1", "Gemm", &[x, w1, b1], &[h])
-            .with_commands(run, at, 16)
-            .with_descriptors(d1, s1 as u64),
+        Node::compute("fc1", "Gemm", &[x, w1, b1], &[h]).with_commands(run, at, 16).with_descriptors(d1, s1 as u64),
     );
     let (d2, s2) = gemm(&mut b, 1, OUT as u32, HID as u32, Unary::None, h, w2, b2, y);
     let at = b.compute(run, d2, s2);
     let n2 = b.add_node(
-        Node::compute("fc2", "Gemm", &[h, w2, b2], &[y])
-            .with_commands(run, at, 16)
-            .with_descriptors(d2, s2 as u64),
+        Node::compute("fc2", "Gemm", &[h, w2, b2], &[y]).with_commands(run, at, 16).with_descriptors(d2, s2 as u64),
     );
     let at = b.dma_copy(output, b.va_of(y), b.va_of(y_host), OUT * 4);
-    let n3 =
-        b.add_node(Node::device_to_host("y.download", y, y_host).with_commands(output, at, 32));
+    let n3 = b.add_node(Node::device_to_host("y.download", y, y_host).with_commands(output, at, 32));
 
     b.input("x", x_host).output("y", y_host);
     b.node_profile(n1, 2 * IN * HID, 4 * (IN + IN * HID + HID + HID));
     b.node_profile(n2, 2 * HID * OUT, 4 * (HID + HID * OUT + OUT + OUT));
     b.node_profile(n0, 0, 2 * 4 * IN);
     b.node_profile(n3, 0, 2 * 4 * OUT);
-    (
-        b,
-        Mlp {
-            x_host,
-            y_host,
-            x,
-            h,
-            y,
-            w1,
-            b1,
-            w2,
-            b2,
-        },
-    )
+    (b, Mlp { x_host, y_host, x, h, y, w1, b1, w2, b2 })
 }
 
 pub fn mlp_model() -> Model {
-    mlp_builder()
-        .0
-        .build_model()
-        .expect("the MLP fixture is valid")
+    mlp_builder().0.build_model().expect("the MLP fixture is valid")
 }
 
 pub fn mlp_bytes() -> Vec<u8> {
@@ -170,24 +115,14 @@ pub fn sections(bytes: &[u8]) -> Vec<(String, u64, Vec<u8>)> {
 
 /// Write sections again, with a fresh `.rbln.check`.
 pub fn rewrap(secs: &[(String, u64, Vec<u8>)]) -> Vec<u8> {
-    let specs: Vec<SectionSpec> = secs
-        .iter()
-        .map(|(n, a, d)| SectionSpec {
-            name: n,
-            align: *a,
-            data: d,
-        })
-        .collect();
+    let specs: Vec<SectionSpec> = secs.iter().map(|(n, a, d)| SectionSpec { name: n, align: *a, data: d }).collect();
     container::write(&specs).expect("container write")
 }
 
 /// Edit one section's bytes and rewrap with valid checksums.
 pub fn patch_section(bytes: &[u8], name: &str, f: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let mut secs = sections(bytes);
-    let s = secs
-        .iter_mut()
-        .find(|s| s.0 == name)
-        .unwrap_or_else(|| panic!("no section {name}"));
+    let s = secs.iter_mut().find(|s| s.0 == name).unwrap_or_else(|| panic!("no section {name}"));
     f(&mut s.2);
     rewrap(&secs)
 }
@@ -233,19 +168,9 @@ pub fn with_check(secs: &[(String, u64, Vec<u8>)], listed: &[&str]) -> Vec<u8> {
         check.extend_from_slice(&crc(data).to_le_bytes());
     }
     check.extend_from_slice(&[0; 8]);
-    let mut specs: Vec<SectionSpec> = secs
-        .iter()
-        .map(|(n, a, d)| SectionSpec {
-            name: n,
-            align: *a,
-            data: d,
-        })
-        .collect();
-    specs.push(SectionSpec {
-        name: names::CHECK,
-        align: 8,
-        data: &check,
-    });
+    let mut specs: Vec<SectionSpec> =
+        secs.iter().map(|(n, a, d)| SectionSpec { name: n, align: *a, data: d }).collect();
+    specs.push(SectionSpec { name: names::CHECK, align: 8, data: &check });
     let (mut out, ranges) = container::write_elf(&specs).unwrap();
     let (off, size) = *ranges.last().unwrap();
     let (off, end) = (off as usize, (off + size) as usize);
@@ -265,11 +190,7 @@ pub fn crc(data: &[u8]) -> u32 {
     for &b in data {
         c ^= b as u32;
         for _ in 0..8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0xEDB8_8320
-            } else {
-                c >> 1
-            };
+            c = if c & 1 != 0 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
         }
     }
     !c
@@ -284,10 +205,7 @@ pub fn assert_err_msg(r: Result<Model, FormatError>, needles: &[&str]) -> Format
     };
     let msg = e.to_string();
     for n in needles {
-        assert!(
-            msg.contains(n),
-            "error message {msg:?} does not contain {n:?}"
-        );
+        assert!(msg.contains(n), "error message {msg:?} does not contain {n:?}");
     }
     e
 }
