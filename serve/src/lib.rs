@@ -2,6 +2,7 @@
 //! the rbln NPU, over HTTP/REST ([`http`]) and gRPC ([`grpc`]), with
 //! Prometheus metrics ([`metrics`]). See docs/serve.md.
 
+pub mod batch;
 pub mod error;
 pub mod grpc;
 pub mod http;

@@ -14,6 +14,8 @@ pub struct Metrics {
     pub queue_capacity: IntGaugeVec,
     /// 1 while a model is loaded and ready.
     pub model_ready: IntGaugeVec,
+    /// Rows per device run of a dynamically batched model.
+    pub batch_rows: HistogramVec,
 }
 
 /// The model label for names that are not in the repository (so that
@@ -38,16 +40,23 @@ impl Metrics {
         let queue_capacity =
             IntGaugeVec::new(Opts::new("rbln_serve_queue_capacity", "Requests a model accepts at once (max_queue)"), &["model"]).expect("valid metric");
         let model_ready = IntGaugeVec::new(Opts::new("rbln_serve_model_ready", "1 while the model is loaded and ready"), &["model"]).expect("valid metric");
+        let batch_rows = HistogramVec::new(
+            HistogramOpts::new("rbln_serve_batch_rows", "Rows (requests' batch sizes summed) per run of a dynamically batched model")
+                .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
+            &["model"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency.clone()),
             Box::new(queue_depth.clone()),
             Box::new(queue_capacity.clone()),
             Box::new(model_ready.clone()),
+            Box::new(batch_rows.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
-        Self { registry, requests, latency, queue_depth, queue_capacity, model_ready }
+        Self { registry, requests, latency, queue_depth, queue_capacity, model_ready, batch_rows }
     }
 
     /// The text exposition format.

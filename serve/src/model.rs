@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rbln_runtime::Tensor;
 use serde::Deserialize;
@@ -39,6 +39,16 @@ pub struct ModelConfig {
     /// default: every `--device` of the server.
     #[serde(default)]
     pub devices: Option<Vec<u32>>,
+    /// Dynamic batching: the model was compiled with a leading batch
+    /// dimension of at least this size; requests of fewer rows are gathered
+    /// into one run of up to this many rows (see [`crate::batch`]).
+    #[serde(default)]
+    pub max_batch_size: Option<usize>,
+    /// How long the first request of a batch waits for others, in
+    /// microseconds (default 0: a batch takes what is queued when the
+    /// device can take it).
+    #[serde(default)]
+    pub max_batch_delay_us: Option<u64>,
 }
 
 fn default_instances() -> usize {
@@ -47,7 +57,7 @@ fn default_instances() -> usize {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self { instances: default_instances(), max_queue: None, timeout_ms: None, version: None, devices: None }
+        Self { instances: default_instances(), max_queue: None, timeout_ms: None, version: None, devices: None, max_batch_size: None, max_batch_delay_us: None }
     }
 }
 
@@ -67,6 +77,15 @@ impl ModelConfig {
         if c.max_queue == Some(0) {
             return Err("config.json: max_queue must be at least 1".into());
         }
+        if c.max_batch_size == Some(0) {
+            return Err("config.json: max_batch_size must be at least 1".into());
+        }
+        if c.max_batch_delay_us.is_some() && c.max_batch_size.is_none() {
+            return Err("config.json: max_batch_delay_us needs max_batch_size".into());
+        }
+        if c.max_batch_delay_us.is_some_and(|d| d > crate::batch::MAX_DELAY_US) {
+            return Err(format!("config.json: max_batch_delay_us must be at most {} (10 s)", crate::batch::MAX_DELAY_US));
+        }
         if let Some(d) = &c.devices {
             if d.is_empty() {
                 return Err("config.json: devices must name at least one device".into());
@@ -85,40 +104,68 @@ pub type Outcome = std::result::Result<Vec<Tensor>, String>;
 /// Released when a request leaves the model (answered or dropped):
 /// frees its place in the queue.
 pub struct QueueSlot {
-    pending: Arc<AtomicUsize>,
-    gauge: prometheus::IntGauge,
+    /// The model's count of requests queued or running, and its gauge
+    /// (none for a batch: its requests hold their own places).
+    queue: Option<(Arc<AtomicUsize>, prometheus::IntGauge)>,
     /// The load count of the device the request went to (several devices).
     device: Option<Arc<AtomicUsize>>,
 }
 
+impl QueueSlot {
+    /// A slot that holds no place in a model's queue (a batch's).
+    pub fn unqueued() -> Self {
+        Self { queue: None, device: None }
+    }
+}
+
 impl Drop for QueueSlot {
     fn drop(&mut self) {
-        self.pending.fetch_sub(1, Ordering::AcqRel);
-        self.gauge.dec();
+        if let Some((pending, gauge)) = &self.queue {
+            pending.fetch_sub(1, Ordering::AcqRel);
+            gauge.dec();
+        }
         if let Some(d) = &self.device {
             d.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
+/// Where a job's outcome goes.
+pub enum Reply {
+    /// The request's handler, awaiting it.
+    Caller(oneshot::Sender<Outcome>),
+    /// The requests gathered into this (batched) run.
+    Batch(crate::batch::Members),
+}
+
 /// One inference for a backend.
 pub struct Job {
     pub inputs: Vec<Tensor>,
-    pub reply: oneshot::Sender<Outcome>,
+    pub reply: Reply,
     pub slot: QueueSlot,
+    /// When the request was queued.
+    pub queued: Instant,
 }
 
 impl Job {
     /// The caller gave up (timeout, client gone): no need to run it.
     pub fn abandoned(&self) -> bool {
-        self.reply.is_closed()
+        match &self.reply {
+            Reply::Caller(tx) => tx.is_closed(),
+            Reply::Batch(m) => m.abandoned(),
+        }
     }
 
     /// Answer; the queue place is freed first, so a caller that saw the
     /// answer never finds its own request still counted.
     pub fn answer(self, r: Outcome) {
         drop(self.slot);
-        let _ = self.reply.send(r);
+        match self.reply {
+            Reply::Caller(tx) => {
+                let _ = tx.send(r);
+            }
+            Reply::Batch(m) => m.answer(r),
+        }
     }
 }
 
@@ -126,6 +173,12 @@ impl Job {
 /// over and answers through `Job::answer` later.
 pub trait Backend: Send + Sync {
     fn submit(&self, job: Job);
+
+    /// Jobs it runs at once (instances on all its devices): a batcher
+    /// keeps this many batches in flight and gathers the rest.
+    fn concurrency(&self) -> usize {
+        1
+    }
 }
 
 /// Loads a model version into a backend (the device, or a stand-in in tests).
@@ -153,6 +206,14 @@ impl LoadedModel {
     #[allow(clippy::too_many_arguments)]
     pub fn new(name: &str, version: u64, path: PathBuf, spec: ModelSpec, backend: Box<dyn Backend>, config: &ModelConfig, defaults: &Defaults, metrics: Arc<Metrics>) -> Self {
         let max_queue = config.max_queue.unwrap_or(defaults.max_queue);
+        let backend = match spec.batching {
+            Some(b) => {
+                let delay = Duration::from_micros(config.max_batch_delay_us.unwrap_or(0));
+                let sizes = metrics.batch_rows.with_label_values(&[name]);
+                Box::new(crate::batch::Batcher::start(name, backend, b, delay, sizes))
+            }
+            None => backend,
+        };
         metrics.queue_capacity.with_label_values(&[name]).set(max_queue as i64);
         metrics.queue_depth.with_label_values(&[name]).set(0);
         Self {
@@ -180,7 +241,7 @@ impl LoadedModel {
         let prev = self.pending.fetch_add(1, Ordering::AcqRel);
         let gauge = self.metrics.queue_depth.with_label_values(&[&self.name]);
         gauge.inc();
-        let slot = QueueSlot { pending: self.pending.clone(), gauge, device: None };
+        let slot = QueueSlot { queue: Some((self.pending.clone(), gauge)), device: None };
         if prev >= self.max_queue {
             drop(slot);
             return Err(ServeError::new(
@@ -189,7 +250,7 @@ impl LoadedModel {
             ));
         }
         let (tx, rx) = oneshot::channel();
-        self.backend.submit(Job { inputs, reply: tx, slot });
+        self.backend.submit(Job { inputs, reply: Reply::Caller(tx), slot, queued: Instant::now() });
         match tokio::time::timeout(self.timeout, rx).await {
             Err(_) => Err(ServeError::new(Kind::Timeout, format!("model '{}': the request timed out after {} ms", self.name, self.timeout.as_millis()))),
             Ok(Err(_)) => Err(ServeError::internal(format!("model '{}': its instance stopped before answering", self.name))),
@@ -243,6 +304,10 @@ impl Spread {
 }
 
 impl Backend for Spread {
+    fn concurrency(&self) -> usize {
+        self.backends.iter().map(|(b, _)| b.concurrency()).sum()
+    }
+
     fn submit(&self, mut job: Job) {
         let Some((b, load)) = self.backends.iter().min_by_key(|(_, l)| l.load(Ordering::Acquire)) else {
             return;
@@ -255,6 +320,7 @@ impl Backend for Spread {
 
 /// A thread that owns the model's device, AsyncRuntime and instances.
 pub struct DeviceBackend {
+    parallel: usize,
     jobs: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -281,20 +347,15 @@ impl DeviceBackend {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                for job in rx {
+                for mut job in rx {
                     if job.abandoned() {
                         continue;
                     }
+                    let inputs = std::mem::take(&mut job.inputs);
                     // Blocks only while this instance's previous request
                     // still holds its staging buffer.
-                    match rt.run(&job.inputs) {
-                        Ok(handle) => {
-                            let Job { reply, slot, .. } = job;
-                            handle.on_complete(move |r| {
-                                drop(slot);
-                                let _ = reply.send(r.map_err(|e| e.to_string()));
-                            });
-                        }
+                    match rt.run(&inputs) {
+                        Ok(handle) => handle.on_complete(move |r| job.answer(r.map_err(|e| e.to_string()))),
                         Err(e) => job.answer(Err(e.to_string())),
                     }
                 }
@@ -302,7 +363,7 @@ impl DeviceBackend {
             })
             .map_err(|e| format!("cannot start the model's thread: {e}"))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self { jobs: std::sync::Mutex::new(Some(tx)), thread: Some(thread) }),
+            Ok(Ok(())) => Ok(Self { parallel, jobs: std::sync::Mutex::new(Some(tx)), thread: Some(thread) }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -316,6 +377,10 @@ impl DeviceBackend {
 }
 
 impl Backend for DeviceBackend {
+    fn concurrency(&self) -> usize {
+        self.parallel
+    }
+
     fn submit(&self, job: Job) {
         let g = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(tx) = g.as_ref() {

@@ -128,6 +128,10 @@ impl Repository {
         };
         let path = mdir.join(version.to_string()).join("model.rbln");
         let (spec, backend) = self.loader.load(name, &path, &config).map_err(|e| ServeError::bad(format!("model '{name}' version {version} failed to load: {e}")))?;
+        let spec = match config.max_batch_size {
+            Some(rows) => spec.batched(rows).map_err(|e| ServeError::bad(format!("model '{name}' version {version}: max_batch_size {rows}: {e}")))?,
+            None => spec,
+        };
         Ok(Arc::new(LoadedModel::new(name, version, path, spec, backend, &config, &self.defaults, self.metrics.clone())))
     }
 

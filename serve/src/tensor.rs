@@ -99,6 +99,19 @@ impl TensorSpec {
 pub struct ModelSpec {
     pub inputs: Vec<TensorSpec>,
     pub outputs: Vec<TensorSpec>,
+    /// Dynamic batching: every input's and output's leading dimension is
+    /// then -1 here (any of 1 to `max_rows` rows per request).
+    pub batching: Option<Batching>,
+}
+
+/// A batched model's row counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batching {
+    /// Most rows a request, or a run, carries (config `max_batch_size`).
+    pub max_rows: usize,
+    /// The leading dimension the model was compiled with (a run is padded
+    /// to it).
+    pub compiled_rows: usize,
 }
 
 impl ModelSpec {
@@ -113,7 +126,37 @@ impl ModelSpec {
         Ok(Self {
             inputs: info.inputs.iter().map(conv).collect::<std::result::Result<_, _>>()?,
             outputs: info.outputs.iter().map(conv).collect::<std::result::Result<_, _>>()?,
+            batching: None,
         })
+    }
+
+    /// The signature served with dynamic batching of up to `max_rows` rows:
+    /// every input and output must have the same leading (batch)
+    /// dimension, at least `max_rows`.
+    pub fn batched(mut self, max_rows: usize) -> std::result::Result<Self, String> {
+        let mut compiled = None;
+        for t in self.inputs.iter().chain(&self.outputs) {
+            let Some(&d) = t.shape.first() else {
+                return Err(format!("tensor '{}' is a scalar: a batched model's inputs and outputs need a leading batch dimension", t.name));
+            };
+            match compiled {
+                None => compiled = Some(d),
+                Some(c) if c != d => {
+                    return Err(format!("tensor '{}' has leading dimension {d}, not the batch dimension {c} of the model's first input", t.name));
+                }
+                Some(_) => {}
+            }
+        }
+        let compiled = compiled.ok_or("the model has no inputs or outputs")?;
+        let compiled_rows = usize::try_from(compiled).map_err(|_| format!("leading dimension {compiled}"))?;
+        if max_rows == 0 || max_rows > compiled_rows {
+            return Err(format!("the model was compiled for batches of {compiled_rows}: max_batch_size must be 1 to {compiled_rows}"));
+        }
+        for t in self.inputs.iter_mut().chain(self.outputs.iter_mut()) {
+            t.shape[0] = -1;
+        }
+        self.batching = Some(Batching { max_rows, compiled_rows });
+        Ok(self)
     }
 }
 
@@ -155,16 +198,50 @@ pub fn to_runtime_inputs(spec: &ModelSpec, inputs: Vec<InputTensor<'_>>) -> Resu
         if slots[idx].is_some() {
             return Err(ServeError::bad(format!("input '{}' is given more than once", inp.name)));
         }
-        slots[idx] = Some(convert_input(&spec.inputs[idx], inp)?);
+        slots[idx] = Some(convert_input(&spec.inputs[idx], spec.batching, inp)?);
     }
     let missing: Vec<&str> = spec.inputs.iter().zip(&slots).filter(|(_, t)| t.is_none()).map(|(s, _)| s.name.as_str()).collect();
     if !missing.is_empty() {
         return Err(ServeError::bad(format!("missing input(s) {missing:?}: the model needs {} input(s)", spec.inputs.len())));
     }
-    Ok(slots.into_iter().flatten().collect())
+    let tensors: Vec<Tensor> = slots.into_iter().flatten().collect();
+    if spec.batching.is_some() {
+        // One request, one batch size: the rows of its outputs are its own.
+        let rows = |t: &Tensor| t.shape.first().copied().unwrap_or(0);
+        if let Some((i, t)) = tensors.iter().enumerate().find(|(_, t)| rows(t) != rows(&tensors[0])) {
+            return Err(ServeError::bad(format!(
+                "input '{}' has {} row(s) but input '{}' has {}: every input of a request must have the same batch size",
+                spec.inputs[i].name,
+                rows(t),
+                spec.inputs[0].name,
+                rows(&tensors[0])
+            )));
+        }
+    }
+    Ok(tensors)
 }
 
-fn convert_input(want: &TensorSpec, inp: InputTensor<'_>) -> Result<Tensor> {
+/// The shape a request's input must have: the model's, or for a batched
+/// model (leading -1) the request's own row count of 1 to `max_rows`.
+fn expected_shape(want: &TensorSpec, batching: Option<Batching>, given: &[i64]) -> Result<Vec<i64>> {
+    let mismatch = || {
+        let rows = batching.map(|b| format!(" (a batch of 1 to {} rows)", b.max_rows)).unwrap_or_default();
+        ServeError::bad(format!("input '{}': shape {} does not match the model's {}{rows}", want.name, shape_str(given), shape_str(&want.shape)))
+    };
+    match batching {
+        Some(b) if want.shape.first() == Some(&-1) => {
+            let rows_ok = given.first().is_some_and(|&r| r >= 1 && r as u64 <= b.max_rows as u64);
+            if given.len() != want.shape.len() || !rows_ok || given[1..] != want.shape[1..] {
+                return Err(mismatch());
+            }
+            Ok(given.to_vec())
+        }
+        _ if given == want.shape.as_slice() => Ok(want.shape.clone()),
+        _ => Err(mismatch()),
+    }
+}
+
+fn convert_input(want: &TensorSpec, batching: Option<Batching>, inp: InputTensor<'_>) -> Result<Tensor> {
     let name = &want.name;
     let dt = match DataType::parse(&inp.datatype) {
         Some(d) => d,
@@ -176,17 +253,15 @@ fn convert_input(want: &TensorSpec, inp: InputTensor<'_>) -> Result<Tensor> {
     if dt != want.datatype {
         return Err(ServeError::bad(format!("input '{name}': datatype {} does not match the model's {}", dt.name(), want.datatype.name())));
     }
-    if inp.shape != want.shape {
-        return Err(ServeError::bad(format!("input '{name}': shape {} does not match the model's {}", shape_str(&inp.shape), shape_str(&want.shape))));
-    }
-    let n = want.elements();
+    let shape = expected_shape(want, batching, &inp.shape)?;
+    let n: usize = shape.iter().map(|&d| d as usize).product();
     let data = match inp.data {
         InputData::Missing => return Err(ServeError::bad(format!("input '{name}' has no data (neither 'data' nor binary data)"))),
-        InputData::Raw(bytes) => from_raw(name, dt, n, &want.shape, bytes)?,
-        InputData::Json(v) => from_json(name, dt, n, &want.shape, v)?,
+        InputData::Raw(bytes) => from_raw(name, dt, n, &shape, bytes)?,
+        InputData::Json(v) => from_json(name, dt, n, &shape, v)?,
         InputData::Typed(d) => {
             if d.len() != n {
-                return Err(ServeError::bad(format!("input '{name}': {} values for shape {} ({n} expected)", d.len(), shape_str(&want.shape))));
+                return Err(ServeError::bad(format!("input '{name}': {} values for shape {} ({n} expected)", d.len(), shape_str(&shape))));
             }
             d
         }
@@ -201,7 +276,7 @@ fn convert_input(want: &TensorSpec, inp: InputTensor<'_>) -> Result<Tensor> {
             return Err(ServeError::bad(format!("input '{name}': element {i} is {x}, outside the range {lo}..{hi} the model accepts")));
         }
     }
-    let shape = want.shape.iter().map(|&d| d as u64).collect();
+    let shape = shape.iter().map(|&d| d as u64).collect();
     Ok(Tensor { shape, data })
 }
 
@@ -366,6 +441,7 @@ mod tests {
                 TensorSpec { name: "k".into(), datatype: DataType::Int32, shape: vec![2], range: Some((-5, 5)) },
             ],
             outputs: vec![TensorSpec { name: "o".into(), datatype: DataType::Fp32, shape: vec![2], range: None }],
+            batching: None,
         }
     }
 

@@ -27,6 +27,10 @@ fn compute(inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
     let mut it = inputs.into_iter();
     let x = it.next().ok_or("no x")?;
     let ids = it.next().ok_or("no ids")?;
+    // The model is compiled for 2 rows: a batched run is padded to them.
+    if x.shape[0] != 2 || ids.shape[0] != 2 {
+        return Err(format!("a run of {} rows", x.shape[0]));
+    }
     let Data::F32(xv) = x.data else { return Err("x not f32".into()) };
     let Data::I64(iv) = ids.data else { return Err("ids not i64".into()) };
     Ok(vec![Tensor::new(&x.shape, xv.iter().map(|v| v + 1.0).collect::<Vec<f32>>()), Tensor::new(&ids.shape, iv.iter().map(|v| v * 2).collect::<Vec<i64>>())])
@@ -67,6 +71,7 @@ impl Loader for FakeLoader {
                 TensorSpec { name: "y".into(), datatype: DataType::Fp32, shape: vec![2, 3], range: None },
                 TensorSpec { name: "n".into(), datatype: DataType::Int64, shape: vec![2], range: None },
             ],
+            batching: None,
         };
         let delay = (name == "slow").then(|| Duration::from_millis(300));
         Ok((spec, Box::new(Fake { delay })))
@@ -455,6 +460,67 @@ async fn timeout() {
     let r = post_json(&app, "/v2/models/slow/infer", good_request()).await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(r.error(), "model 'slow': the request timed out after 50 ms");
+}
+
+/// A request of `rows` rows for "slow" served with batching: x = k, k+1, ...
+fn batch_request(rows: usize, k: f32) -> Value {
+    let x: Vec<f32> = (0..rows * 3).map(|i| k + i as f32).collect();
+    let ids: Vec<i64> = (0..rows as i64).map(|i| (k as i64 + i) % 10).collect();
+    json!({"inputs": [
+        {"name": "x", "shape": [rows, 3], "datatype": "FP32", "data": x},
+        {"name": "ids", "shape": [rows], "datatype": "INT64", "data": ids}
+    ]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_batching_gathers_requests_and_answers_each_its_rows() {
+    let d = repo_dir("batch");
+    // "slow" (300 ms a run, one at a time) compiled with 2 rows: batched.
+    std::fs::write(d.join("slow/config.json"), r#"{"instances": 1, "max_queue": 16, "max_batch_size": 2}"#).unwrap();
+    // "addone" asks for more rows than it was compiled for: not loaded.
+    std::fs::write(d.join("addone/config.json"), r#"{"max_batch_size": 3}"#).unwrap();
+    let repo = Repository::new(d, Box::new(FakeLoader), Defaults { max_queue: 8, timeout_ms: 5000 }, Arc::new(Metrics::new()));
+    let app = App::new(Arc::new(repo), 4096);
+    app.repo.load_all();
+    let r = call(&app, "GET", "/v2/models/addone/ready", &[], vec![]).await;
+    assert_ne!(r.status, StatusCode::OK);
+    let r = post_json(&app, "/v2/repository/models/addone/load", json!({})).await;
+    assert!(r.error().contains("max_batch_size 3: the model was compiled for batches of 2: max_batch_size must be 1 to 2"), "{}", r.error());
+    // Metadata: the batch dimension is -1.
+    let v = call(&app, "GET", "/v2/models/slow", &[], vec![]).await.json();
+    assert_eq!(v["inputs"][0]["shape"], json!([-1, 3]));
+    assert_eq!(v["outputs"][1]["shape"], json!([-1]));
+    // Five single-row requests at once: one runs, the others queue and
+    // go in twos (the fake refuses runs that are not padded to 2 rows).
+    let reqs = (0..5).map(|k| {
+        let app = app.clone();
+        tokio::spawn(async move { (k, post_json(&app, "/v2/models/slow/infer", batch_request(1, 10.0 * k as f32)).await) })
+    }).collect::<Vec<_>>();
+    for r in reqs {
+        let (k, r) = r.await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        let k = 10.0 * k as f32;
+        assert_eq!(v["outputs"][0], json!({"name": "y", "datatype": "FP32", "shape": [1, 3], "data": [k + 1.0, k + 2.0, k + 3.0]}));
+        assert_eq!(v["outputs"][1]["data"], json!([((k as i64) % 10) * 2]));
+    }
+    let text = app.repo.metrics.render();
+    assert!(text.contains(r#"rbln_serve_batch_rows_count{model="slow"} 3"#), "{text}");
+    assert!(text.contains(r#"rbln_serve_batch_rows_sum{model="slow"} 5"#), "{text}");
+    // A request may carry up to max_batch_size rows, all inputs alike.
+    let r = post_json(&app, "/v2/models/slow/infer", batch_request(2, 1.0)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["outputs"][0]["shape"], json!([2, 3]));
+    expect_error_at(&app, "slow", batch_request(3, 1.0), 400, "input 'x': shape [3, 3] does not match the model's [-1, 3] (a batch of 1 to 2 rows)").await;
+    let mut mixed = batch_request(2, 1.0);
+    mixed["inputs"][1] = json!({"name": "ids", "shape": [1], "datatype": "INT64", "data": [1]});
+    expect_error_at(&app, "slow", mixed, 400, "input 'ids' has 1 row(s) but input 'x' has 2: every input of a request must have the same batch size").await;
+}
+
+async fn expect_error_at(app: &Arc<App>, model: &str, req: Value, status: u16, needle: &str) {
+    let r = post_json(app, &format!("/v2/models/{model}/infer"), req).await;
+    assert_eq!(r.status.as_u16(), status, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.error().contains(needle), "{}", r.error());
 }
 
 #[test]

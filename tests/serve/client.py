@@ -225,7 +225,7 @@ check(f"queue bound: 6 requests at once on a queue of 1 -> some 200, some 503 ({
 
 # ---- repository extension (HTTP) ----
 idx = {m["name"]: m for m in h.get_model_repository_index()}
-check("HTTP: repository index lists every model directory", sorted(idx) == ["bert-ids", "broken", "cnn", "mlp", "unet", "yolo-timeout"], sorted(idx))
+check("HTTP: repository index lists every model directory", sorted(idx) == ["bert-ids", "broken", "cnn", "dyn", "mlp", "unet", "yolo-timeout"], sorted(idx))
 check("HTTP: index states (mlp READY v2, broken UNAVAILABLE with a reason)", idx["mlp"]["state"] == "READY" and idx["mlp"]["version"] == "2" and idx["broken"]["state"] == "UNAVAILABLE" and "failed to load" in idx["broken"]["reason"], idx)
 h.unload_model("cnn")
 check("HTTP: unload cnn -> not ready", not h.is_model_ready("cnn"))
@@ -302,6 +302,33 @@ for f in futures:
         codes.append(str(e.code()) + ("" if "model 'unet' is busy" in e.details() else " " + e.details()))
 codes.sort()
 check(f"gRPC queue bound: some succeed (matching), the rest RESOURCE_EXHAUSTED ({codes})", "ok" in codes and "StatusCode.RESOURCE_EXHAUSTED" in codes and set(codes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"})
+
+# ---- dynamic batching (dyn: compiled for 3 rows, max_batch_size 3, max_batch_delay_us 2 s) ----
+dyn_x = np.load(f"{O}/dynamic-batch.b3.input.npy")
+dyn_ref = np.load(f"{O}/dynamic-batch.b3.expected.npy")
+dm = g.get_model_metadata("dyn", as_json=True)
+check("gRPC: a batched model's metadata has batch dimension -1", [int(d) for d in dm["inputs"][0]["shape"]] == [-1, 8] and [int(d) for d in dm["outputs"][0]["shape"]] == [-1, 4], dm)
+# Three single-row requests at once: gathered into one run, each answered with its row.
+dreqs = []
+for k in range(3):
+    q = service_pb2.ModelInferRequest(model_name="dyn", id=str(k))
+    q.inputs.add(name="x", datatype="FP32", shape=[1, 8])
+    q.raw_input_contents.append(dyn_x[k:k + 1].tobytes())
+    dreqs.append(q)
+dfut = [stub.ModelInfer.future(q, timeout=120) for q in dreqs]
+for k, f in enumerate(dfut):
+    res = f.result()
+    out = np.frombuffer(res.raw_output_contents[0], np.float32).reshape(1, 4)
+    check(f"batching: request {k} gets its own row", res.id == str(k) and np.allclose(out, dyn_ref[k:k + 1], atol=1e-4), (out, dyn_ref[k]))
+r = http_infer("dyn", [("x", dyn_x[:2])])
+check("batching: a 2-row request gets its 2 rows", np.allclose(r.as_numpy("y"), dyn_ref[:2], atol=1e-4))
+expect_error("batching: more rows than max_batch_size", bad("x", [4, 8], "FP32", np.zeros((4, 8), np.float32), model="dyn"), "400", "input 'x': shape [4, 8] does not match the model's [-1, 8] (a batch of 1 to 3 rows)")
+c = http.client.HTTPConnection(HOST, METRICS, timeout=30)
+c.request("GET", "/metrics")
+mtext = c.getresponse().read().decode()
+runs = [float(l.split()[-1]) for l in mtext.splitlines() if l.startswith('rbln_serve_batch_rows_count{model="dyn"}')]
+rows = [float(l.split()[-1]) for l in mtext.splitlines() if l.startswith('rbln_serve_batch_rows_sum{model="dyn"}')]
+check("batching: 5 rows in fewer than 4 runs (rbln_serve_batch_rows)", rows == [5.0] and runs and runs[0] < 4, (runs, rows))
 
 # ---- clients that go away mid-request ----
 s = socket.create_connection((HOST, HTTP), timeout=30)

@@ -13,7 +13,7 @@ LOG=/tmp/rbln-serve.log
 
 check "rbln-serve is built (target/release)" test -x target/release/rbln-serve
 check "the guest python has tritonclient (python/guest-requirements.txt)" python3 -c "import tritonclient.http, tritonclient.grpc"
-check "test models were built on the host" test -f $m/mlp.rbln -a -f $m/cnn.rbln -a -f $o/bert-ids.rbln -a -f target/exports/yolov8n.rbln -a -f target/exports/unet.rbln
+check "test models were built on the host" test -f $m/mlp.rbln -a -f $m/cnn.rbln -a -f $o/bert-ids.rbln -a -f target/exports/yolov8n.rbln -a -f target/exports/unet.rbln -a -f $o/dynamic-batch.rbln
 check "insmod rbln.ko" insmod kmd/rbln.ko
 check "loopback up" ip link set lo up
 
@@ -22,9 +22,10 @@ check "loopback up" ip link set lo up
 # YOLOv8n export at 640x640, ~400 ms a run, with a 2 ms timeout: the
 # guest's clock may lag, never by that much), unet
 # (~70 ms an inference, one instance, a queue of 1: the queue-bound
-# tests) and
+# tests), dyn (dynamic-batch compiled for 3 rows, served with dynamic
+# batching: single-row requests gathered within 2 s) and
 # broken (a truncated file: listed, not loaded).
-mkdir -p $R/mlp/1 $R/mlp/2 $R/cnn/1 $R/bert-ids/1 $R/yolo-timeout/1 $R/unet/1 $R/broken/1
+mkdir -p $R/mlp/1 $R/mlp/2 $R/cnn/1 $R/bert-ids/1 $R/yolo-timeout/1 $R/unet/1 $R/broken/1 $R/dyn/1
 cp $m/mlp.rbln $R/mlp/1/model.rbln
 cp $m/mlp.rbln $R/mlp/2/model.rbln
 cp $m/cnn.rbln $R/cnn/1/model.rbln
@@ -35,6 +36,8 @@ echo '{"instances": 1, "timeout_ms": 2}' >$R/yolo-timeout/config.json
 cp target/exports/unet.rbln $R/unet/1/model.rbln
 echo '{"instances": 1, "max_queue": 1}' >$R/unet/config.json
 head -c 5000 $m/mlp.rbln >$R/broken/1/model.rbln
+cp $o/dynamic-batch.rbln $R/dyn/1/model.rbln
+echo '{"instances": 1, "max_batch_size": 3, "max_batch_delay_us": 2000000}' >$R/dyn/config.json
 
 rbln-serve --model-repository $R --host 127.0.0.1 --http-port 8000 --grpc-port 8001 --metrics-port 8002 \
     --max-body-bytes 8388608 >$LOG 2>&1 &
