@@ -20,23 +20,10 @@ mod tensors;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-/// Indices N of the /dev/rblnN nodes present, ascending.
-fn device_indices() -> Vec<u32> {
-    let mut v: Vec<u32> = std::fs::read_dir("/dev")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("rbln")).and_then(|n| n.parse().ok()))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort_unstable();
-    v
-}
-
 /// Number of rbln NPUs (/dev/rblnN nodes; 0 when rbln.ko is not loaded).
 #[pyfunction]
 fn device_count() -> usize {
-    device_indices().len()
+    rbln_umd::device_indices().len()
 }
 
 /// One dict per NPU: index, path, name, hardware and driver versions,
@@ -45,7 +32,7 @@ fn device_count() -> usize {
 fn devices<'py>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
     let infos = py.detach(|| -> Result<Vec<_>, errors::Failure> {
         let mut v = Vec::new();
-        for i in device_indices() {
+        for i in rbln_umd::device_indices() {
             let dev = rbln_umd::Device::open(i)?;
             v.push((dev.path().display().to_string(), dev.info()));
         }

@@ -33,9 +33,10 @@ struct Args {
     grpc_port: u16,
     #[arg(long, default_value_t = 8002)]
     metrics_port: u16,
-    /// Device index (/dev/rblnN); repeat it to spread every model's
-    /// instances over several devices (config.json: devices).
-    #[arg(long = "device", default_values_t = [0u32])]
+    /// Device index (/dev/rblnN); repeat it to name several (config.json:
+    /// devices). Default: every /dev/rbln* this process may open, and each
+    /// model's instances spread over all of them.
+    #[arg(long = "device")]
     devices: Vec<u32>,
     /// Largest REST request body / gRPC message accepted (bytes).
     #[arg(long, default_value_t = 64 << 20)]
@@ -98,7 +99,18 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: Args) -> Result<(), String> {
+async fn serve(mut args: Args) -> Result<(), String> {
+    if args.devices.is_empty() {
+        args.devices = rbln_umd::usable_device_indices();
+        if args.devices.is_empty() {
+            let present = rbln_umd::device_indices();
+            return Err(if present.is_empty() {
+                "no NPU: there is no /dev/rbln* (is rbln.ko loaded?); --device N names one".into()
+            } else {
+                format!("no NPU this process may use: /dev/rbln{{{}}} are not readable and writable by it", present.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+            });
+        }
+    }
     let metrics = Arc::new(Metrics::new());
     let defaults = Defaults { max_queue: args.max_queue, timeout_ms: args.timeout_ms };
     let repo = Arc::new(Repository::new(args.model_repository.clone(), Box::new(DeviceLoader { devices: args.devices.clone() }), defaults, metrics));

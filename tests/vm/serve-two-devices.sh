@@ -1,5 +1,6 @@
 # vm-env: VM_DEVICES=2
-# rbln-serve spreads a model over two NPUs (--device 0 --device 1): each
+# rbln-serve finds both NPUs by itself (no --device) and spreads a model
+# over them: each
 # device holds an instance set and both execute requests; a model pinned
 # to one device (config.json "devices") stays there. Then SIGTERM, exit 0,
 # every resource back on both devices.
@@ -11,6 +12,9 @@ LOG=/tmp/rbln-serve.log
 packets() { sed -n 's/^hw_packets: //p' /sys/kernel/debug/rbln$1/state; }
 contexts() { sed -n 's/^contexts_open: //p' /sys/kernel/debug/rbln$1/state; }
 
+mkdir -p $R
+check "without rbln.ko: rbln-serve exits 1 saying there is no NPU" sh -c \
+    "rbln-serve --model-repository $R --host 127.0.0.1 >/tmp/nonpu.log 2>&1; test \$? = 1 && grep -q 'no NPU: there is no /dev/rbln\\*' /tmp/nonpu.log"
 check "insmod rbln.ko" insmod kmd/rbln.ko
 check "two NPUs" test -c /dev/rbln0 -a -c /dev/rbln1
 check "loopback up" ip link set lo up
@@ -19,12 +23,13 @@ cp $m/mlp.rbln $R/mlp/1/model.rbln
 cp $m/cnn.rbln $R/cnn/1/model.rbln
 echo '{"instances": 1, "devices": [1]}' >$R/cnn/config.json
 
-rbln-serve --model-repository $R --host 127.0.0.1 --device 0 --device 1 >$LOG 2>&1 &
+rbln-serve --model-repository $R --host 127.0.0.1 >$LOG 2>&1 &
 pid=$!
 ready=0
 wait_http_ready $pid http://127.0.0.1:8000/v2/health/ready && ready=1
 cat $LOG
 check "rbln-serve is ready" test $ready = 1
+check "it found both devices" grep -q "devices /dev/rbln0 /dev/rbln1," $LOG
 c0=$(contexts 0); c1=$(contexts 1)
 check "mlp on both devices, cnn on rbln1 only (contexts: rbln0 $c0, rbln1 $c1)" sh -c "test $c0 = 1 && test $c1 = 2"
 

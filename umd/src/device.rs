@@ -90,6 +90,29 @@ pub struct Device {
     pub(crate) inner: Arc<DeviceInner>,
 }
 
+/// Indices N of the `/dev/rblnN` nodes present, ascending (empty when
+/// rbln.ko is not loaded).
+pub fn device_indices() -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir("/dev")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("rbln")).and_then(|n| n.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// The devices of [`device_indices`] this process may open for reading and
+/// writing (a container or a user is often given only some of them).
+pub fn usable_device_indices() -> Vec<u32> {
+    device_indices()
+        .into_iter()
+        .filter(|i| nix::unistd::access(format!("/dev/rbln{i}").as_str(), nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK).is_ok())
+        .collect()
+}
+
 impl Device {
     /// Open `/dev/rbln{index}`.
     pub fn open(index: u32) -> Result<Device> {
