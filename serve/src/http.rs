@@ -35,7 +35,7 @@ fn json_response(v: Value) -> Response {
 /// The REST routes.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/v2/health/live", get(|| async { StatusCode::OK }))
+        .route("/v2/health/live", get(|| async { json_response(json!({ "live": true })) }))
         .route("/v2/health/ready", get(health_ready))
         .route("/v2", get(server_metadata))
         .route("/v2/models/{name}", get(model_metadata))
@@ -62,8 +62,10 @@ async fn method_not_allowed(method: Method, uri: Uri) -> Response {
 }
 
 async fn health_ready(State(app): State<Arc<App>>) -> Response {
+    // The status is the answer; the body is what KServe's own server sends
+    // and its client reads ({"ready": true}).
     if app.is_ready() {
-        StatusCode::OK.into_response()
+        json_response(json!({ "ready": true }))
     } else {
         ServeError::new(Kind::NotReady, "the server is still loading its models").into_response()
     }
@@ -100,14 +102,14 @@ async fn model_metadata_v(State(app): State<Arc<App>>, Path((name, version)): Pa
 
 async fn model_ready(State(app): State<Arc<App>>, Path(name): Path<String>) -> Response {
     match app.repo.get(&name, None) {
-        Ok(_) => StatusCode::OK.into_response(),
+        Ok(m) => json_response(json!({ "name": m.name, "ready": true })),
         Err(e) => e.into_response(),
     }
 }
 
 async fn model_ready_v(State(app): State<Arc<App>>, Path((name, version)): Path<(String, String)>) -> Response {
     match app.repo.get(&name, Some(&version)) {
-        Ok(_) => StatusCode::OK.into_response(),
+        Ok(m) => json_response(json!({ "name": m.name, "ready": true })),
         Err(e) => e.into_response(),
     }
 }

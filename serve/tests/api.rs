@@ -154,8 +154,10 @@ async fn expect_error(app: &Arc<App>, req: Value, status: u16, needle: &str) {
 #[tokio::test]
 async fn health_and_metadata() {
     let app = app("meta");
-    assert_eq!(call(&app, "GET", "/v2/health/live", &[], vec![]).await.status, StatusCode::OK);
-    assert_eq!(call(&app, "GET", "/v2/health/ready", &[], vec![]).await.status, StatusCode::OK);
+    let live = call(&app, "GET", "/v2/health/live", &[], vec![]).await;
+    assert_eq!((live.status, live.json()), (StatusCode::OK, json!({"live": true})));
+    let ready = call(&app, "GET", "/v2/health/ready", &[], vec![]).await;
+    assert_eq!((ready.status, ready.json()), (StatusCode::OK, json!({"ready": true})));
     let s = call(&app, "GET", "/v2", &[], vec![]).await.json();
     assert_eq!(s["name"], "rbln-serve");
     assert!(s["extensions"].as_array().unwrap().contains(&json!("binary_tensor_data")));

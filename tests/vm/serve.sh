@@ -52,6 +52,10 @@ t0=$(date +%s)
 rc=0; python3 tests/serve/client.py 8000 8001 8002 || rc=$?
 echo "# client checks took $(( $(date +%s) - t0 )) s"
 check "tritonclient HTTP + gRPC and raw HTTP checks (tests/serve/client.py, status $rc)" test $rc = 0
+t0=$(date +%s)
+rc=0; python3 tests/serve/kserve_client.py 8000 8001 || rc=$?
+echo "# kserve client checks took $(( $(date +%s) - t0 )) s"
+check "the kserve package's REST (v2) and gRPC clients (tests/serve/kserve_client.py, status $rc)" test $rc = 0
 check "rbln-serve survived all of it" kill -0 $pid
 # A bounded load (Rust tonic client, serve/src/bin/rbln-serve-load.rs):
 # every answer correct, no error; the figures are printed, not asserted.
