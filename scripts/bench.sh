@@ -55,6 +55,7 @@ if [[ $SMOKE == 1 ]]; then
     LAT_RUNS=20 LAT_WARMUP=5
     ASYNC_ITERS=4 ASYNC_WARMUP=1
     PY_MODELS=micro-mlp PY_ITERS=10 PY_WARMUP=2 PY_REQUESTS=10 PY_ROUNDS=1
+    SERVE_MODELS=micro-mlp SERVE_CONC=2 SERVE_REQUESTS=10
     ORT_ARGS=(--warmup 1 --min-runs 3 --max-runs 10 --budget 0.5)
     NATIVE_ARGS=(--gemm 64 --reps 3)
 else
@@ -68,6 +69,9 @@ else
     # The Python SDK against the Rust runtime on a small model (per-call
     # costs) and a CNN (the common case).
     PY_MODELS="micro-mlp resnet18" PY_ITERS=100 PY_WARMUP=10 PY_REQUESTS=100 PY_ROUNDS=3
+    # rbln-serve under a bounded gRPC load (rbln-serve-load) at several
+    # concurrencies against rbln-run --async on the same model and device.
+    SERVE_MODELS="micro-mlp resnet18" SERVE_CONC="1 4 8" SERVE_REQUESTS=100
     ORT_ARGS=(--warmup 3 --min-runs 8 --max-runs 60 --budget 2)
     NATIVE_ARGS=(--gemm 1024 --reps 11)
 fi
@@ -91,11 +95,12 @@ if [[ -n ${BENCH_MODELS:-} ]]; then
     done
 fi
 MICRO_MODELS="micro-gemm micro-conv micro-add micro-relu"
-# Python rows need their models generated; resnet18 is a test model.
-for m in $PY_MODELS; do
+# Python and serving rows need their models generated; resnet18 is a test
+# model.
+for m in $PY_MODELS $SERVE_MODELS; do
     case " $TEST_MODELS $BENCH_MODELS_LIST $MICRO_MODELS resnet18 " in *" $m "*) ;; *) MICRO_MODELS+=" $m" ;; esac
 done
-[[ " $TEST_MODELS " == *" resnet18 "* ]] || PY_MODELS=${PY_MODELS//resnet18/}
+[[ " $TEST_MODELS " == *" resnet18 "* ]] || { PY_MODELS=${PY_MODELS//resnet18/}; SERVE_MODELS=${SERVE_MODELS//resnet18/}; }
 ASYNC_MODEL=micro-relu  # only run with --async (guest.sh)
 # The host copy reference covers the Add's tensor size and the DMA sizes.
 if [[ $SMOKE == 1 ]]; then ADD_BYTES=$((4 * 4 * 32 * 32)); else ADD_BYTES=$((4 * 64 * 256 * 256)); fi
@@ -163,7 +168,7 @@ main() {
     # The guest runs these copies, so a rebuild by someone else during the
     # run does not change what is measured.
     local b
-    for b in rbln-run rbln-bench-guest; do
+    for b in rbln-run rbln-bench-guest rbln-serve rbln-serve-load; do
         cp "$RBLN_ROOT/target/release/$b" "$OUT/bin/" || die "target/release/$b is missing: run 'make host'"
     done
     if [[ ${BENCH_NO_VM:-0} != 1 ]]; then
@@ -211,7 +216,8 @@ main() {
         local v
         for v in SMOKE THREADS TEST_MODELS BENCH_MODELS_LIST EXPORT_MODELS_LIST MICRO_MODELS ITERS WARMUP PROFILES \
             MICRO_ITERS MICRO_WARMUP MICRO_PROFILES DMA_SIZES DMA_REPS LAT_RUNS LAT_WARMUP \
-            ASYNC_MODEL ASYNC_ITERS ASYNC_WARMUP PY_MODELS PY_ITERS PY_WARMUP PY_REQUESTS PY_ROUNDS; do
+            ASYNC_MODEL ASYNC_ITERS ASYNC_WARMUP PY_MODELS PY_ITERS PY_WARMUP PY_REQUESTS PY_ROUNDS \
+            SERVE_MODELS SERVE_CONC SERVE_REQUESTS; do
             echo "${v%_LIST}='${!v}'"
         done
         echo "MODELS='$TEST_MODELS $BENCH_MODELS_LIST $EXPORT_MODELS_LIST'"

@@ -102,6 +102,42 @@ for m in $PY_MODELS; do
         --requests "$PY_REQUESTS" --rounds "$PY_ROUNDS" || true
 done
 
+# rbln-serve (2 instances of each model, gRPC on loopback) under
+# rbln-serve-load at each concurrency, and rbln-run --async --parallel 2
+# (the same AsyncRuntime without the server) on the same model right
+# before: the throughput the server is to come near.
+if [ -n "$SERVE_MODELS" ]; then
+    ip link set lo up
+    R=/tmp/bench-repo
+    rm -rf "$R"
+    for m in $SERVE_MODELS; do
+        [ -f "$M/$m.rbln" ] && mkdir -p "$R/$m/1" && cp "$M/$m.rbln" "$R/$m/1/model.rbln"
+    done
+    rbln-serve --model-repository "$R" --host 127.0.0.1 --max-queue 256 >"$G/serve.log" 2>&1 &
+    spid=$!
+    k=0
+    until wget -q -O /dev/null http://127.0.0.1:8000/v2/health/ready 2>/dev/null; do
+        k=$((k + 1))
+        if [ "$k" -gt 600 ] || ! kill -0 "$spid" 2>/dev/null; then echo "rbln-serve did not start" >"$G/serve.fatal"; break; fi
+        sleep 0.2
+    done
+    for m in $SERVE_MODELS; do
+        [ -f "$M/$m.rbln" ] && [ ! -f "$G/serve.fatal" ] || continue
+        exp=""
+        [ -f "$M/$m.ort.npy" ] && exp="--expected $M/$m.ort.npy --tol 1e-3"
+        elapsed "rbln-serve vs rbln-run --async: $m, concurrency $SERVE_CONC"
+        step "serve.$m.async" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" --async --parallel 2 \
+            --iterations "$SERVE_REQUESTS" --warmup 5 --json || true
+        for c in $SERVE_CONC; do
+            # shellcheck disable=SC2086 # $exp is a list of arguments
+            step "serve.$m.c$c" rbln-serve-load "$m" --input "$M/$m.input.npy" $exp \
+                --requests "$SERVE_REQUESTS" --concurrency "$c" --json || true
+        done
+    done
+    kill -TERM "$spid" 2>/dev/null
+    wait "$spid" || echo "rbln-serve exited with status $?" >>"$G/serve.log"
+fi
+
 rmmod rbln || echo "rmmod failed" >"$G/rmmod-failed"
 elapsed "done"
 echo done >"$G/complete"

@@ -368,6 +368,30 @@ def micro_rows(out, plan, ort, native):
             requests=asy.get("requests"), rounds=asy.get("rounds"),
             round_throughputs=asy.get("round_throughputs"),
             rust_round_throughputs=asy.get("rust_round_throughputs"))
+
+    # 8. rbln-serve under a bounded gRPC load (rbln-serve-load, in the
+    # guest) against rbln-run --async --parallel 2 on the same model.
+    for m in plan.get("SERVE_MODELS", "").split():
+        g = os.path.join(out, "guest", f"serve.{m}")
+        ref = read_json(f"{g}.async.json")
+        ref_tp = ref["latency"]["throughput_per_s"] if ref else None
+        for c in plan.get("SERVE_CONC", "").split():
+            r = read_json(f"{g}.c{c}.json")
+            err = None
+            if not r:
+                err = last_line(f"{g}.c{c}.err") or read_text(os.path.join(out, "guest", "serve.fatal")) or "no guest result"
+            elif r["errors"] or r["wrong"]:
+                err = f"{r['errors']} error(s) {r['error_codes']}, {r['wrong']} wrong answer(s)"
+            if not ref:
+                err = err or ("rbln-run --async: " + (last_line(f"{g}.async.err") or "no guest result"))
+            r = r or {}
+            row(f"rbln-serve gRPC load vs rbln-run --async, {m}, concurrency {c}", "inferences/s", "higher",
+                r.get("throughput_per_s"), ref_tp, err,
+                p50_ms=r.get("p50_ms"), p99_ms=r.get("p99_ms"), requests=r.get("requests"), ok=r.get("ok"),
+                errors=r.get("errors"), wrong=r.get("wrong"),
+                rbln_run_async_p50_ms=ref["latency"]["p50_ms"] if ref else None,
+                reference_what="rbln-run --async --parallel 2 on the same model and device, right before "
+                               "(the server runs 2 instances; client and server both in the guest)")
     return rows
 
 
@@ -569,7 +593,7 @@ def check(path):
         probs.append(f"geomean_ratio = {rep.get('geomean_ratio')!r}")
     names = " ".join(r.get("name", "") for r in rep.get("micro", []))
     for want in ("gemm", "conv", "add", "dma", "ioctl", "user-mode", "AsyncRuntime", "Python Runtime.run",
-                 "Python async_run"):
+                 "Python async_run", "rbln-serve gRPC load"):
         if want not in names:
             probs.append(f"no micro row for {want}")
     for r in rep.get("micro", []):
