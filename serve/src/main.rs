@@ -144,7 +144,11 @@ async fn serve(mut args: Args) -> Result<(), String> {
     });
     let http_srv = axum::serve(http, rbln_serve::http::router(app.clone())).with_graceful_shutdown(stopped(&stop_tx));
     let metrics_srv = axum::serve(metrics_l, rbln_serve::http::metrics_router(app.clone())).with_graceful_shutdown(stopped(&stop_tx));
+    // HTTP/2 flow control: with the default 64 KiB windows a request of a
+    // few hundred KiB (an image) waits for several WINDOW_UPDATE round trips.
     let grpc_srv = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(GRPC_STREAM_WINDOW))
+        .initial_connection_window_size(Some(GRPC_CONNECTION_WINDOW))
         .add_service(rbln_serve::grpc::service(app.clone()))
         .serve_with_incoming_shutdown(tokio_stream_listener(grpc_l), stopped(&stop_tx));
 
@@ -178,6 +182,11 @@ async fn serve(mut args: Args) -> Result<(), String> {
     eprintln!("rbln-serve: stopped ({} inference request(s) left unanswered)", app.inflight.load(std::sync::atomic::Ordering::Acquire));
     h.and(m).and(g)
 }
+
+/// HTTP/2 receive windows of the gRPC server (bytes): a whole typical
+/// request in flight per stream, several streams per connection.
+const GRPC_STREAM_WINDOW: u32 = 4 << 20;
+const GRPC_CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// The gRPC server's connections from a bound listener.
 fn tokio_stream_listener(l: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {

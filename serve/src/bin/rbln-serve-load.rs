@@ -73,7 +73,14 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<bool, String> {
-    let mut client = GrpcInferenceServiceClient::connect(args.addr.clone()).await.map_err(|e| format!("{}: {e}", args.addr))?.max_decoding_message_size(usize::MAX);
+    // Windows as large as the server's: big responses need no round trips.
+    let endpoint = tonic::transport::Endpoint::from_shared(args.addr.clone())
+        .map_err(|e| format!("{}: {e}", args.addr))?
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .tcp_nodelay(true);
+    let channel = endpoint.connect().await.map_err(|e| format!("{}: {e}", args.addr))?;
+    let mut client = GrpcInferenceServiceClient::new(channel).max_decoding_message_size(usize::MAX);
     let md = client.model_metadata(ModelMetadataRequest { name: args.model.clone(), version: String::new() }).await.map_err(|e| e.message().to_string())?.into_inner();
     if md.inputs.len() != args.inputs.len() {
         return Err(format!("model '{}' has {} inputs, {} --input given", args.model, md.inputs.len(), args.inputs.len()));
