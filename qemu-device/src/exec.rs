@@ -31,6 +31,20 @@ pub(crate) enum Stop {
 
 /// DMA moves data in chunks of this size, checking for reset in between.
 const DMA_CHUNK: u64 = 1 << 20;
+/// A DMA_COPY of at least this many bytes between ranges that do not
+/// overlap (in VA space) is split into steps of at most [`DMA_STEP`]
+/// bytes copied by all of the queue's compute threads, like a multi-channel
+/// DMA engine: one host thread copies well below the memory system's
+/// bandwidth (measured in the VM: 1 MiB host->DRAM at 8-9 GB/s on one
+/// thread, where a hot-cache memcpy does 28 GB/s).
+const DMA_PARALLEL_MIN: u64 = 256 << 10;
+const DMA_STEP: usize = 64 << 10;
+
+thread_local! {
+    /// The steps of a shared DMA copy: (source, destination, bytes), as
+    /// addresses; reused by the command processor thread.
+    static DMA_STEPS: std::cell::RefCell<Vec<(usize, usize, usize)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 /// How often a blocked SEM_WAIT re-reads memory the guest CPU may write.
 const SEM_POLL: Duration = Duration::from_micros(200);
 
@@ -217,6 +231,40 @@ impl Exec<'_> {
         let from = pinned.resolve(src, size, Access::Read).map_err(|f| Stop::Fault(f, depth))?;
         let to = pinned.resolve(dst, size, Access::Write).map_err(|f| Stop::Fault(f, depth))?;
         let (mut a, mut b) = (Chunks::new(from.pieces()), Chunks::new(to.pieces()));
+        let disjoint = src.saturating_add(size) <= dst || dst.saturating_add(size) <= src;
+        if size >= DMA_PARALLEL_MIN && disjoint {
+            DMA_STEPS.with(|steps| -> Result<(), Stop> {
+                let mut steps = steps.borrow_mut();
+                steps.clear();
+                loop {
+                    let n = a.peek().min(b.peek()).min(DMA_STEP);
+                    let (Some(s), Some(d)) = (a.next(n), b.next(n)) else { break };
+                    steps.push((s.ptr as usize, d.ptr as usize, n));
+                }
+                // A reset or shutdown is noticed between groups of steps.
+                for group in steps.chunks((DMA_CHUNK as usize / DMA_STEP) * 16) {
+                    self.check_live()?;
+                    self.workers.run(|| {
+                        rbln_kernels::parallel_tasks(group.len(), |i| {
+                            let (s, d, n) = group[i];
+                            // SAFETY: both are resolved device memory of
+                            // `n` bytes, alive while `pinned` lives (this
+                            // call returns before it drops). The VA ranges
+                            // do not overlap, so the steps are independent;
+                            // should the context's page tables alias one
+                            // physical page under both, that page gets
+                            // unspecified bytes, as with a multi-channel DMA
+                            // engine (memory stays valid: `ptr::copy`
+                            // allows overlap).
+                            unsafe { std::ptr::copy(s as *const u8, d as *mut u8, n) };
+                        })
+                    });
+                }
+                Ok(())
+            })?;
+            Counters::add(&self.s.counters.dma_bytes, size);
+            return Ok(());
+        }
         let mut since_check = 0;
         loop {
             // The largest step both sides can take contiguously.

@@ -82,6 +82,7 @@ pub use reduce::{arg_reduce, reduce, ReduceOp};
 pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams};
 pub use select::{broadcast_shape3, where_select};
 pub use softmax::{layer_norm, softmax};
+pub use util::parallel_tasks;
 
 /// Re-export so callers can use the same rayon version for pools.
 pub use rayon;

@@ -84,6 +84,13 @@ pub(crate) fn for_each_task(n: usize, seq: bool, f: impl Fn(usize) + Sync + Send
     });
 }
 
+/// `f(t)` for every task `t < n`, shared with the calling thread's pool as
+/// [`for_each_task`] shares a kernel's tasks (for work outside the kernels,
+/// such as the device's large DMA copies).
+pub fn parallel_tasks(n: usize, f: impl Fn(usize) + Sync + Send) {
+    for_each_task(n, n < 2, f)
+}
+
 /// Elements per task of a memory-bound element-wise loop over `len`
 /// elements: everything below [`SEQ_MAX`], otherwise many equal tasks per
 /// thread (for load balance) of at least [`MIN_TASK`], a multiple of 64.
