@@ -175,6 +175,7 @@ impl Importer {
     /// then the columns shuffled into place: [n, o, k0, k1, h, w] ->
     /// [n, o, h, k0, w, k1] -> [n, o, h·k0, w·k1] (1-D: [n, o, k, l] ->
     /// [n, o, l, k] -> [n, o, l·k]).
+    #[allow(clippy::too_many_arguments)] // the op's operands and its three sizes
     fn conv_transpose_disjoint(&mut self, cx: &Cx, x: ValueId, wc: &Const, bias: Option<ValueId>, [n, c, o]: [u64; 3], input: &[u64], kernel: &[u64]) -> Result<ValueId> {
         let kvol = volume(kernel);
         let src = wc.floats();

@@ -256,13 +256,13 @@ fn bench_gemm_t(b: &mut Bench, name: &str, m: usize, n: usize, k: usize, act: Ac
     let r = race(
         || {
             if residual {
-                gemm_residual(&p, &a, &bm, Some(&bias), Some(&res), &mut c).unwrap();
+                gemm_residual(&p, &a, bm, Some(&bias), Some(&res), &mut c).unwrap();
             } else {
-                gemm(&p, &a, &bm, Some(&bias), &mut c).unwrap();
+                gemm(&p, &a, bm, Some(&bias), &mut c).unwrap();
             }
             black_box(&mut c);
         },
-        || raw_gemm(m, n, k, &a, &bm, &mut d),
+        || raw_gemm(m, n, k, &a, bm, &mut d),
     );
     b.report_flops(name, 2.0 * (m * n * k) as f64, r);
 }
