@@ -108,6 +108,17 @@ struct Inner {
     /// go back to the device's pool only when the file is released, which
     /// happens after every mapping of it is gone.
     retired: KVec<u32>,
+    /// Command buffers submitted through SUBMIT (fdinfo).
+    submits: u64,
+}
+
+/// What one context holds and has done, for its file's fdinfo.
+pub(crate) struct Usage {
+    pub(crate) host_bytes: u64,
+    pub(crate) dram_bytes: u64,
+    pub(crate) bos: usize,
+    pub(crate) queues: usize,
+    pub(crate) submits: u64,
 }
 
 /// One open file's context.
@@ -130,7 +141,7 @@ impl Context {
                 r.w64(regs::ctx_reg(id, regs::CTX_PT_ROOT_64), root)?;
                 r.w32(regs::ctx_reg(id, regs::CTX_CONTROL), regs::CTX_CONTROL_VALID)
             })?;
-            let inner = Inner { tables, va, bos: KVec::new(), maps: KVec::new(), queues: KVec::new(), retired: KVec::new() };
+            let inner = Inner { tables, va, bos: KVec::new(), maps: KVec::new(), queues: KVec::new(), retired: KVec::new(), submits: 0 };
             let owner = npu.clone();
             KBox::pin_init(try_pin_init!(Context { npu: owner, id, inner <- new_mutex!(inner) }), GFP_KERNEL)
         })();
@@ -138,6 +149,26 @@ impl Context {
             npu.put_context(id);
         }
         made
+    }
+
+    /// The device context's number.
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Memory, queues and submissions of this context.
+    pub(crate) fn usage(&self) -> Usage {
+        let inner = self.inner.lock();
+        let mut u = Usage { host_bytes: 0, dram_bytes: 0, bos: 0, queues: 0, submits: inner.submits };
+        for bo in inner.bos.iter().flatten() {
+            match bo.backing {
+                Backing::Host(_) => u.host_bytes += bo.size,
+                Backing::Dram { .. } => u.dram_bytes += bo.size,
+            }
+            u.bos += 1;
+        }
+        u.queues = inner.queues.iter().flatten().count();
+        u
     }
 
     fn invalidate(&self) -> Result {
@@ -508,6 +539,7 @@ impl Context {
         q.tail = (q.tail + 2) & (q.entries - 1);
         q.next_fence = q.next_fence.wrapping_add(1);
         self.npu.ring_doorbell(q.hw, q.tail)?;
+        inner.submits = inner.submits.wrapping_add(1);
         a.fence = fence;
         Ok(())
     }

@@ -31,7 +31,13 @@ pod!(DeviceInfo, BoCreate, BoInfo, BoDestroy, VmMap, VmUnmap, QueueCreate, Queue
 pub(crate) struct RblnFile {
     npu: Arc<Npu>,
     ctx: Pin<KBox<Context>>,
+    /// Unique among all files opened since the module was loaded (context
+    /// numbers are reused), as `drm-client-id` requires.
+    client_id: u64,
 }
+
+/// The last `drm-client-id` handed out.
+static CLIENT_IDS: kernel::sync::atomic::Atomic<u64> = kernel::sync::atomic::Atomic::new(0);
 
 /// Copy an ioctl argument struct in, following the uAPI's size rule:
 /// `min(caller size, ours)` bytes are copied, the rest of ours is zero, and
@@ -100,7 +106,8 @@ impl MiscDevice for RblnFile {
         // hence the holder, outlives every call of `open`.
         let npu = unsafe { &(*kernel::container_of!(reg, MiscHolder, reg)).npu }.clone();
         let ctx = Context::new(npu.clone())?;
-        Ok(KBox::pin(RblnFile { npu, ctx }, GFP_KERNEL)?)
+        let client_id = CLIENT_IDS.fetch_add(1, kernel::sync::atomic::Relaxed) + 1;
+        Ok(KBox::pin(RblnFile { npu, ctx, client_id }, GFP_KERNEL)?)
     }
 
     fn ioctl(me: Pin<&RblnFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
@@ -142,6 +149,25 @@ impl MiscDevice for RblnFile {
             _ => return Err(ENOTTY),
         }
         Ok(0)
+    }
+
+    /// `/proc/<pid>/fdinfo/<fd>`: the keys of the kernel's DRM/accel
+    /// client usage statistics (Documentation/gpu/drm-usage-stats.rst) and
+    /// rbln's own (docs/uapi.md, "fdinfo").
+    fn show_fdinfo(me: Pin<&RblnFile>, m: &kernel::seq_file::SeqFile, _file: &File) {
+        let u = me.ctx.usage();
+        kernel::seq_print!(m, "drm-driver:\trbln\n");
+        kernel::seq_print!(m, "drm-client-id:\t{}\n", me.client_id);
+        // Every buffer is resident: none is ever swapped or evicted.
+        for (region, bytes) in [("host", u.host_bytes), ("dram", u.dram_bytes)] {
+            kernel::seq_print!(m, "drm-total-{}:\t{} KiB\n", region, bytes / 1024);
+            kernel::seq_print!(m, "drm-resident-{}:\t{} KiB\n", region, bytes / 1024);
+        }
+        kernel::seq_print!(m, "rbln-device:\t{}\n", me.npu.index);
+        kernel::seq_print!(m, "rbln-context:\t{}\n", me.ctx.id());
+        kernel::seq_print!(m, "rbln-buffers:\t{}\n", u.bos);
+        kernel::seq_print!(m, "rbln-queues:\t{}\n", u.queues);
+        kernel::seq_print!(m, "rbln-submits:\t{}\n", u.submits);
     }
 
     fn mmap(me: Pin<&RblnFile>, _file: &File, vma: &kernel::mm::virt::VmaNew) -> Result {

@@ -662,6 +662,56 @@ fn dram_scrubbed() -> Res {
     Ok(())
 }
 
+/// `/proc/self/fdinfo/<fd>` of an rbln file: the DRM/accel usage-stat
+/// keys with this file's memory, and rbln's own counts; another file gets
+/// another client id.
+fn fdinfo() -> Res {
+    use std::os::fd::AsRawFd;
+    let read = |f: &File| -> Result<std::collections::HashMap<String, String>, String> {
+        let path = format!("/proc/self/fdinfo/{}", f.as_raw_fd());
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        println!("# {path}:\n{}", text.lines().map(|l| format!("#   {l}")).collect::<Vec<_>>().join("\n"));
+        Ok(text.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect())
+    };
+    let f = open(0)?;
+    let host = bo_create(&f, 64 << 10, uapi::BO_HOST).map_err(|e| format!("host BO: {e}"))?;
+    bo_create(&f, 1 << 20, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
+    let hva = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let m = Mapped::new(&f, host, 64 << 10)?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.nop();
+    m.write(0, &e.buf);
+    let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
+    for _ in 0..3 {
+        let fence = submit(&f, q, hva, e.buf.len() as u32).map_err(|e| format!("submit: {e}"))?;
+        wait(&f, q, fence, 5_000_000_000).map_err(|e| format!("wait: {e}"))?;
+    }
+    let kv = read(&f)?;
+    let want = [
+        ("drm-driver", "rbln"),
+        ("drm-total-host", "64 KiB"),
+        ("drm-resident-host", "64 KiB"),
+        ("drm-total-dram", "1024 KiB"),
+        ("drm-resident-dram", "1024 KiB"),
+        ("rbln-device", "0"),
+        ("rbln-buffers", "2"),
+        ("rbln-queues", "1"),
+        ("rbln-submits", "3"),
+    ];
+    for (k, v) in want {
+        if kv.get(k).map(String::as_str) != Some(v) {
+            return Err(format!("fdinfo {k}: {:?}, expected {v:?}", kv.get(k)));
+        }
+    }
+    let id: u64 = kv.get("drm-client-id").and_then(|v| v.parse().ok()).ok_or("no numeric drm-client-id")?;
+    let other = read(&open(0)?)?;
+    let id2: u64 = other.get("drm-client-id").and_then(|v| v.parse().ok()).ok_or("no numeric drm-client-id")?;
+    if id2 == id || other.get("drm-total-host").map(String::as_str) != Some("0 KiB") {
+        return Err(format!("a second file: client id {id2} (first {id}), host {:?}", other.get("drm-total-host")));
+    }
+    Ok(())
+}
+
 /// A named test.
 type Test = (&'static str, fn() -> Res);
 
@@ -684,6 +734,7 @@ const TESTS: &[Test] = &[
     ("info_sizes", info_sizes),
     ("unknown_ioctls", unknown_ioctls),
     ("two_devices", two_devices),
+    ("fdinfo", fdinfo),
 ];
 
 /// Tests that need a special setup and run only when named.
