@@ -1,0 +1,39 @@
+# rbln-smi: without the driver it says there is no NPU; with it, the
+# device's identity and, from the driver's fdinfo statistics, a process
+# holding buffers and a queue (rbln-kmd-tests hold: 256 KiB host, 1 MiB
+# DRAM, one queue), as a table, as JSON and in watch mode; once that
+# process is gone, nothing. (The device model has 512 MiB of DRAM.)
+. tests/vm/lib.sh
+
+check "without rbln.ko: exit 1, no NPU" sh -c "rbln-smi >/tmp/smi.out 2>&1; test \$? = 1 && grep -q 'no NPU: there is no /dev/rbln' /tmp/smi.out"
+check "insmod rbln.ko" insmod kmd/rbln.ko
+rbln-smi | tee /tmp/smi0.txt
+check "idle: device 0 listed with its DRAM, no processes" sh -c "grep -q '/dev/rbln0' /tmp/smi0.txt && grep -q '| 0.0 MiB / 512.0 MiB' /tmp/smi0.txt && grep -q 'No processes are using an NPU' /tmp/smi0.txt"
+
+rbln-kmd-tests hold >/tmp/hold.out 2>&1 &
+hold=$!
+n=0
+until grep -q holding /tmp/hold.out || [ $n -ge 100 ]; do sleep 0.1; n=$((n + 1)); done
+check "a process holds buffers and a queue" grep -q holding /tmp/hold.out
+rbln-smi | tee /tmp/smi1.txt
+check "table: the holder with its DRAM and host buffers" sh -c "grep -E '\\| *$hold *\\| rbln-kmd-tests *\\| 1.0 MiB *\\| 0.2 MiB' /tmp/smi1.txt"
+rbln-smi --json >/tmp/smi.json
+cat /tmp/smi.json
+check "JSON: device and process figures" python3 -c "
+import json
+r = json.load(open('/tmp/smi.json'))
+d = r['devices'][0]
+assert d['index'] == 0 and d['state'] == 'ok' and d['dram_total_bytes'] == 512 << 20, d
+assert d['dram_used_bytes'] == 1 << 20 and d['host_bytes'] == 256 << 10 and d['clients'] == 1, d
+assert d['hw_version'] and d['cores'] >= 1 and r['driver_version'], r
+[p] = [p for p in r['processes'] if p['pid'] == $hold]
+assert p['name'] == 'rbln-kmd-tests' and p['device'] == 0 and p['dram_bytes'] == 1 << 20, p
+assert p['host_bytes'] == 256 << 10 and p['buffers'] == 2 and p['queues'] == 1 and p['submits'] == 1, p
+assert len(r['processes']) == 1, r['processes']
+"
+check "watch mode: -l 0.2 --count 3 prints 3 reports" sh -c "test \$(rbln-smi --json -l 0.2 --count 3 | wc -l) = 3"
+kill $hold
+wait $hold 2>/dev/null || true
+check "after the holder exits: no processes, no DRAM in use" sh -c "rbln-smi | tee /tmp/smi2.txt | grep -q 'No processes are using an NPU' && grep -q '| 0.0 MiB / 512.0 MiB' /tmp/smi2.txt"
+check "rbln-smi --loop 0 is refused" sh -c "rbln-smi -l 0; test \$? = 2"
+check "rmmod rbln" rmmod rbln
