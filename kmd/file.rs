@@ -25,7 +25,7 @@ macro_rules! pod {
         unsafe impl kernel::transmute::AsBytes for uapi::$t {}
     )*};
 }
-pod!(DeviceInfo, BoCreate, BoInfo, BoDestroy, VmMap, VmUnmap, QueueCreate, QueueDestroy, Submit, FenceWait);
+pod!(DeviceInfo, BoCreate, BoInfo, BoDestroy, VmMap, VmUnmap, QueueCreate, QueueDestroy, Submit, FenceWait, DeviceStats);
 
 /// One open file: a context on one device.
 pub(crate) struct RblnFile {
@@ -146,6 +146,10 @@ impl MiscDevice for RblnFile {
             0x07 => call!(uapi::QueueDestroy, |a: &mut uapi::QueueDestroy| ctx.queue_destroy(a)),
             0x08 => call!(uapi::Submit, |a: &mut uapi::Submit| ctx.submit(a)),
             0x09 => call!(uapi::FenceWait, |a: &mut uapi::FenceWait| ctx.fence_wait(a)),
+            0x0a => call!(uapi::DeviceStats, |a: &mut uapi::DeviceStats| -> Result {
+                *a = me.npu.stats();
+                Ok(())
+            }),
             _ => return Err(ENOTTY),
         }
         Ok(0)

@@ -17,6 +17,7 @@ use kernel::{
 
 use crate::file::RblnFile;
 use crate::hw::{self, regs};
+use crate::uapi;
 
 /// BAR0 (registers) is 64 KiB.
 pub(crate) const REGS_SIZE: usize = hw::pci::BAR_REGS_SIZE as usize;
@@ -105,6 +106,8 @@ pub(crate) struct Npu {
     /// Set at the start of unbind, readable without locks: file operations
     /// fail with ENODEV and waiters wake up.
     gone: kernel::sync::atomic::Atomic<bool>,
+    /// When the driver bound the device: STATS timestamps count from it.
+    bound_at: kernel::time::Instant<kernel::time::Monotonic>,
     /// The driver's own queue (DRAM scrubbing); set up at probe.
     #[pin]
     engine: Mutex<Option<crate::engine::KernelEngine>>,
@@ -232,6 +235,49 @@ impl Npu {
             a.bos = a.bos.saturating_sub(1);
             a.host_bo_bytes = a.host_bo_bytes.saturating_sub(host_bytes);
         }
+    }
+
+    /// `RBLN_IOCTL_STATS`: counters and state at one moment. A device whose
+    /// registers can no longer be read is reported lost, with zero counters.
+    pub(crate) fn stats(&self) -> uapi::DeviceStats {
+        let (contexts, queues, dram_free) = {
+            let a = self.alloc.lock();
+            (a.contexts, a.queues, a.dram.free_bytes())
+        };
+        let faulted = self.events.lock().faulted;
+        // The driver's own context and queue are not counted.
+        let driver_ctx = 1u64 << (regs::MAX_CONTEXTS - 1);
+        let driver_q = 1u32 << (self.hw.num_queues - 1);
+        let mut st = uapi::DeviceStats {
+            timestamp_ns: self.bound_at.elapsed().as_nanos().max(0) as u64,
+            contexts: (contexts & !driver_ctx).count_ones(),
+            queues: (queues & !driver_q).count_ones(),
+            faulted_queues: faulted.count_ones(),
+            dram_free,
+            ..Default::default()
+        };
+        let read = self.with_regs(|r| {
+            st.packets = r.r64(regs::CNT_PACKETS_64)?;
+            st.dma_bytes = r.r64(regs::CNT_DMA_BYTES_64)?;
+            st.compute_ops = r.r64(regs::CNT_COMPUTE_OPS_64)?;
+            st.compute_flops = r.r64(regs::CNT_COMPUTE_FLOPS_64)?;
+            st.faults = r.r64(regs::CNT_FAULTS_64)?;
+            for (c, v) in st.core_busy_ns.iter_mut().enumerate().take(self.hw.num_cores as usize) {
+                *v = r.r64(regs::CNT_CORE_BUSY_NS_64 + 8 * c as u64)?;
+            }
+            for (e, v) in st.dma_busy_ns.iter_mut().enumerate().take(self.hw.num_dma_engines as usize) {
+                *v = r.r64(regs::CNT_DMA_BUSY_NS_64 + 8 * e as u64)?;
+            }
+            Ok(())
+        });
+        st.health = if self.is_gone() || read.is_err() {
+            uapi::HEALTH_LOST
+        } else if faulted != 0 {
+            uapi::HEALTH_FAULTED
+        } else {
+            uapi::HEALTH_OK
+        };
+        st
     }
 
     /// The debugfs `state` file: resources, interrupts, queues, counters.
@@ -607,6 +653,7 @@ impl pci::Driver for RblnDriver {
                 }),
                 bound <- new_mutex!(true),
                 gone: kernel::sync::atomic::Atomic::new(false),
+                bound_at: kernel::time::Instant::now(),
                 engine <- new_mutex!(None),
             }),
             GFP_KERNEL,

@@ -32,12 +32,20 @@ struct Args {
 struct DeviceReport {
     index: u32,
     path: String,
-    /// "ok", or why the device did not answer INFO.
-    state: String,
+    /// "ok", "faulted" (a queue faulted or hung and was not yet destroyed),
+    /// "lost" (the device stopped answering), or why it could not be
+    /// opened or asked.
+    health: String,
     hw_version: Option<String>,
     dram_total_bytes: Option<u64>,
-    /// Device DRAM held by the clients this tool can see.
-    dram_used_bytes: u64,
+    /// Device DRAM allocated to buffers (all clients).
+    dram_used_bytes: Option<u64>,
+    /// Busy share of the compute cores (0 to 1) and of the DMA engines over
+    /// the sampling window.
+    core_utilization: Option<f64>,
+    dma_utilization: Option<f64>,
+    /// Error records the device raised since its last reset.
+    faults: Option<u64>,
     host_bytes: u64,
     cores: Option<u32>,
     queues: Option<u32>,
@@ -52,7 +60,24 @@ struct Report {
     processes: Vec<clients::ProcessUse>,
 }
 
-fn report() -> Report {
+/// Busy share over two reads: the busy times' growth over the elapsed time
+/// of `units` units.
+fn utilization(a: &[u64], b: &[u64], units: u32, dt_ns: u64) -> Option<f64> {
+    if dt_ns == 0 || units == 0 {
+        return None;
+    }
+    let busy: u64 = a.iter().zip(b).take(units as usize).map(|(x, y)| y.saturating_sub(*x)).sum();
+    Some((busy as f64 / (dt_ns as f64 * units as f64)).min(1.0))
+}
+
+/// Counters of each device from the previous report (watch mode), or
+/// from a first read `SAMPLE` before this one.
+type Samples = std::collections::HashMap<u32, rbln_umd::uapi::DeviceStats>;
+
+/// Sampling window of a single report.
+const SAMPLE: Duration = Duration::from_millis(200);
+
+fn report(prev: &mut Samples) -> Report {
     let proc_root = Path::new("/proc");
     let me = std::process::id();
     let mut driver_version = None;
@@ -60,16 +85,27 @@ fn report() -> Report {
     // Opening a device makes this process a client of it: its own files
     // are left out of the scan below.
     let opened: Vec<_> = rbln_umd::device_indices().into_iter().map(|i| (i, rbln_umd::Device::open(i))).collect();
+    if opened.iter().any(|(i, d)| d.is_ok() && !prev.contains_key(i)) {
+        for (i, d) in &opened {
+            if let Some(s) = d.as_ref().ok().and_then(|d| d.stats().ok()) {
+                prev.insert(*i, s);
+            }
+        }
+        std::thread::sleep(SAMPLE);
+    }
     let all = clients::scan(proc_root, me);
     for (index, dev) in &opened {
         let mine: Vec<_> = all.iter().filter(|c| c.device == *index).collect();
         let mut d = DeviceReport {
             index: *index,
             path: format!("/dev/rbln{index}"),
-            state: "ok".into(),
+            health: "-".into(),
             hw_version: None,
             dram_total_bytes: None,
-            dram_used_bytes: mine.iter().map(|c| c.dram_bytes).sum(),
+            dram_used_bytes: None,
+            core_utilization: None,
+            dma_utilization: None,
+            faults: None,
             host_bytes: mine.iter().map(|c| c.host_bytes).sum(),
             cores: None,
             queues: None,
@@ -85,8 +121,28 @@ fn report() -> Report {
                 d.cores = Some(i.num_cores);
                 d.queues = Some(i.num_queues);
                 d.dma_engines = Some(i.num_dma_engines);
+                match dev.stats() {
+                    Ok(now) => {
+                        d.health = match now.health {
+                            rbln_umd::uapi::HEALTH_OK => "ok",
+                            rbln_umd::uapi::HEALTH_FAULTED => "faulted",
+                            rbln_umd::uapi::HEALTH_LOST => "lost",
+                            _ => "unknown",
+                        }
+                        .into();
+                        d.dram_used_bytes = Some(i.dram_size.saturating_sub(now.dram_free));
+                        d.faults = Some(now.faults);
+                        if let Some(before) = prev.get(index) {
+                            let dt = now.timestamp_ns.saturating_sub(before.timestamp_ns);
+                            d.core_utilization = utilization(&before.core_busy_ns, &now.core_busy_ns, i.num_cores, dt);
+                            d.dma_utilization = utilization(&before.dma_busy_ns, &now.dma_busy_ns, i.num_dma_engines, dt);
+                        }
+                        prev.insert(*index, now);
+                    }
+                    Err(e) => d.health = e.to_string(),
+                }
             }
-            Err(e) => d.state = e.to_string(),
+            Err(e) => d.health = e.to_string(),
         }
         devices.push(d);
     }
@@ -96,6 +152,10 @@ fn report() -> Report {
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{:.0}%", v * 100.0))
 }
 
 fn opt<T: ToString>(v: Option<T>) -> String {
@@ -134,15 +194,16 @@ fn text(r: &Report) -> String {
                 d.index.to_string(),
                 d.path.clone(),
                 opt(d.hw_version.clone()),
-                format!("{} / {}", mib(d.dram_used_bytes), d.dram_total_bytes.map_or("-".into(), mib)),
+                format!("{} / {}", d.dram_used_bytes.map_or("-".into(), mib), d.dram_total_bytes.map_or("-".into(), mib)),
                 mib(d.host_bytes),
+                format!("{} / {}", pct(d.core_utilization), pct(d.dma_utilization)),
                 format!("{} / {} / {}", opt(d.cores), opt(d.queues), opt(d.dma_engines)),
                 d.clients.to_string(),
-                d.state.clone(),
+                d.health.clone(),
             ]
         })
         .collect();
-    out += &table(&["NPU", "Device", "HW", "DRAM used / total", "Host buffers", "Cores / queues / DMA", "Clients", "State"], &rows);
+    out += &table(&["NPU", "Device", "HW", "DRAM used / total", "Host buffers", "Util cores / DMA", "Cores / queues / DMA", "Clients", "Health"], &rows);
     let rows: Vec<Vec<String>> = r
         .processes
         .iter()
@@ -178,8 +239,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let mut n = 0u64;
+    let mut samples = Samples::new();
     loop {
-        let r = report();
+        let r = report(&mut samples);
         if args.json {
             println!("{}", serde_json::to_string(&r).unwrap_or_default());
         } else {

@@ -23,16 +23,31 @@ check "JSON: device and process figures" python3 -c "
 import json
 r = json.load(open('/tmp/smi.json'))
 d = r['devices'][0]
-assert d['index'] == 0 and d['state'] == 'ok' and d['dram_total_bytes'] == 512 << 20, d
+assert d['index'] == 0 and d['health'] == 'ok' and d['dram_total_bytes'] == 512 << 20, d
 assert d['dram_used_bytes'] == 1 << 20 and d['host_bytes'] == 256 << 10 and d['clients'] == 1, d
+assert d['core_utilization'] is not None and 0 <= d['core_utilization'] <= 1 and d['faults'] == 0, d
 assert d['hw_version'] and d['cores'] >= 1 and r['driver_version'], r
 [p] = [p for p in r['processes'] if p['pid'] == $hold]
 assert p['name'] == 'rbln-kmd-tests' and p['device'] == 0 and p['dram_bytes'] == 1 << 20, p
 assert p['host_bytes'] == 256 << 10 and p['buffers'] == 2 and p['queues'] == 1 and p['submits'] == 1, p
 assert len(r['processes']) == 1, r['processes']
 "
+# Utilisation: while a model runs in a loop, the cores are busy.
+rbln-run target/models/cnn.rbln --input target/models/cnn.input.npy --iterations 1000000 >/tmp/run.out 2>&1 &
+run=$!
+sleep 2
+check "a model is running" kill -0 $run
+check "utilisation: the cores are busy while a model runs" python3 -c "
+import json, subprocess
+r = json.loads(subprocess.run(['rbln-smi', '--json'], capture_output=True, text=True, check=True).stdout)
+d = r['devices'][0]
+print('# core utilisation', d['core_utilization'], 'DMA', d['dma_utilization'])
+assert d['core_utilization'] > 0.01, d
+assert any(p['name'] == 'rbln-run' and p['submits'] + p['queues'] > 0 for p in r['processes']), r['processes']
+"
+kill $run 2>/dev/null; wait $run 2>/dev/null || true
 check "watch mode: -l 0.2 --count 3 prints 3 reports" sh -c "test \$(rbln-smi --json -l 0.2 --count 3 | wc -l) = 3"
-kill $hold
+kill $hold 2>/dev/null || true  # the driver may have ended its wait as hung already
 wait $hold 2>/dev/null || true
 check "after the holder exits: no processes, no DRAM in use" sh -c "rbln-smi | tee /tmp/smi2.txt | grep -q 'No processes are using an NPU' && grep -q '| 0.0 MiB / 512.0 MiB' /tmp/smi2.txt"
 check "rbln-smi --loop 0 is refused" sh -c "rbln-smi -l 0; test \$? = 2"

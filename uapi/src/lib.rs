@@ -227,6 +227,48 @@ macro_rules! ioctls {
     };
 }
 
+/// `DeviceStats::health`.
+pub const HEALTH_OK: u32 = 0;
+/// At least one queue faulted or hung and was not yet destroyed.
+pub const HEALTH_FAULTED: u32 = 1;
+/// The device stopped answering (surprise removal, device model gone).
+pub const HEALTH_LOST: u32 = 2;
+
+abi_struct! {
+    /// `RBLN_IOCTL_STATS` (out): the device's counters and state, read at
+    /// one moment, for monitoring (rbln-smi, exporters). Busy times grow
+    /// while a core or DMA engine works; utilisation is their growth over
+    /// the growth of `timestamp_ns` between two reads.
+    pub struct DeviceStats {
+        /// When the counters were read: ns since the driver bound the
+        /// device (a monotonic clock; compare two reads of one device).
+        pub timestamp_ns: u64,
+        /// HEALTH_OK, HEALTH_FAULTED or HEALTH_LOST.
+        pub health: u32,
+        /// Device contexts open (files), without the driver's own.
+        pub contexts: u32,
+        /// Hardware queues in use, without the driver's own.
+        pub queues: u32,
+        /// Queues faulted or hung and not yet destroyed.
+        pub faulted_queues: u32,
+        /// Device DRAM not allocated to any buffer.
+        pub dram_free: u64,
+        /// Counters of the hardware (docs/hardware.md 4.3), since its last
+        /// reset: packets, DMA bytes, compute descriptors, nominal FLOPs,
+        /// error records.
+        pub packets: u64,
+        pub dma_bytes: u64,
+        pub compute_ops: u64,
+        pub compute_flops: u64,
+        pub faults: u64,
+        /// Busy ns of compute core c (cores >= num_cores read 0).
+        pub core_busy_ns: [u64; 8],
+        /// Busy ns of DMA engine e (engines >= num_dma_engines read 0).
+        pub dma_busy_ns: [u64; 4],
+        pub reserved: [u64; 4],
+    }
+}
+
 ioctls! {
     RBLN_IOCTL_INFO = 0x00, DeviceInfo;
     RBLN_IOCTL_BO_CREATE = 0x01, BoCreate;
@@ -238,6 +280,7 @@ ioctls! {
     RBLN_IOCTL_QUEUE_DESTROY = 0x07, QueueDestroy;
     RBLN_IOCTL_SUBMIT = 0x08, Submit;
     RBLN_IOCTL_FENCE_WAIT = 0x09, FenceWait;
+    RBLN_IOCTL_STATS = 0x0a, DeviceStats;
 }
 
 const _: () = assert!(core::mem::size_of::<DeviceInfo>() == 80);
@@ -250,6 +293,8 @@ const _: () = assert!(core::mem::size_of::<QueueCreate>() == 56);
 const _: () = assert!(core::mem::size_of::<QueueDestroy>() == 16);
 const _: () = assert!(core::mem::size_of::<Submit>() == 48);
 const _: () = assert!(core::mem::size_of::<FenceWait>() == 32);
+const _: () = assert!(core::mem::size_of::<DeviceStats>() == 200);
+const _: () = assert!(core::mem::offset_of!(DeviceStats, core_busy_ns) == 72);
 const _: () = assert!(core::mem::offset_of!(Submit, fence) == 24);
 const _: () = assert!(core::mem::offset_of!(QueueCreate, ring_mmap_offset) == 16);
 
@@ -281,7 +326,7 @@ pub const fn mmap_decode(off: u64) -> Option<(u64, u32)> {
 
 /// Smallest argument size each ioctl accepts (the size of its first
 /// version); index by ioctl number.
-pub const MIN_ARG_SIZE: [usize; 10] = [80, 32, 48, 16, 48, 16, 56, 16, 48, 32];
+pub const MIN_ARG_SIZE: [usize; 11] = [80, 32, 48, 16, 48, 16, 56, 16, 48, 32, 200];
 
 /// Largest BO.
 pub const MAX_BO_SIZE: u64 = 1 << 30;
@@ -324,6 +369,7 @@ mod tests {
             core::mem::size_of::<QueueDestroy>(),
             core::mem::size_of::<Submit>(),
             core::mem::size_of::<FenceWait>(),
+            core::mem::size_of::<DeviceStats>(),
         ];
         assert_eq!(MIN_ARG_SIZE, sizes);
     }

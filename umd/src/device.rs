@@ -138,6 +138,16 @@ impl Device {
         Ok(Device { inner: Arc::new(DeviceInner { file, path, info, poisoned: AtomicBool::new(false) }) })
     }
 
+    /// The device's counters and state now (RBLN_IOCTL_STATS): busy time
+    /// of every core and DMA engine, traffic, faults, health, free DRAM.
+    /// Utilisation is the growth of the busy times over the growth of
+    /// `timestamp_ns` between two calls.
+    pub fn stats(&self) -> Result<uapi::DeviceStats> {
+        let mut s = uapi::DeviceStats::default();
+        sys::ioctl(&self.inner.file, &mut s).map_err(|e| Error::from_errno(Op::Stats, e))?;
+        Ok(s)
+    }
+
     /// What the device is (queried once, at open).
     pub fn info(&self) -> DeviceInfo {
         self.inner.info

@@ -23,6 +23,7 @@ pub enum Op {
     /// User-mode submission (ring write + doorbell, no system call).
     UserSubmit,
     FenceWait,
+    Stats,
     MmapBo,
     MmapRing,
     MmapStatus,
@@ -44,6 +45,7 @@ impl fmt::Display for Op {
             Op::Submit => "RBLN_IOCTL_SUBMIT",
             Op::UserSubmit => "user-mode submission",
             Op::FenceWait => "RBLN_IOCTL_FENCE_WAIT",
+            Op::Stats => "RBLN_IOCTL_STATS",
             Op::MmapBo => "mmap of a host buffer",
             Op::MmapRing => "mmap of a queue's ring",
             Op::MmapStatus => "mmap of a queue's status block",

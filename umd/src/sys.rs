@@ -51,6 +51,7 @@ ioctl_arg! {
     QueueDestroy => RBLN_IOCTL_QUEUE_DESTROY, QueueDestroy;
     Submit => RBLN_IOCTL_SUBMIT, Submit;
     FenceWait => RBLN_IOCTL_FENCE_WAIT, FenceWait;
+    DeviceStats => RBLN_IOCTL_STATS, Stats;
 }
 
 /// How a region is mapped into this process.

@@ -712,6 +712,41 @@ fn fdinfo() -> Res {
     Ok(())
 }
 
+/// RBLN_IOCTL_STATS: a 4 MiB FILL of DRAM shows in the DMA counters and
+/// busy time; the timestamp advances; health is ok with this context and
+/// queue counted; a short argument is refused.
+fn stats() -> Res {
+    let read = |f: &File| -> Result<uapi::DeviceStats, String> {
+        let mut s = uapi::DeviceStats::default();
+        ioctl(f, uapi::RBLN_IOCTL_STATS, &mut s).map_err(|e| format!("STATS: {e}"))?;
+        Ok(s)
+    };
+    let env = Env::new()?;
+    let size = 4u64 << 20;
+    let dram = bo_create(&env.f, size, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
+    let dva = vm_map(&env.f, dram, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
+    let a = read(&env.f)?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.fill(dva, size, 7);
+    let fence = env.run(0, &e.buf)?;
+    wait(&env.f, env.q, fence, 5_000_000_000).map_err(|e| format!("fill: {e}"))?;
+    let b = read(&env.f)?;
+    println!("# stats before {a:?}\n# stats after {b:?}");
+    if b.timestamp_ns <= a.timestamp_ns || b.dma_bytes < a.dma_bytes + size || b.packets <= a.packets {
+        return Err(format!("counters did not grow: before {a:?}, after {b:?}"));
+    }
+    let busy = |s: &uapi::DeviceStats| s.dma_busy_ns.iter().sum::<u64>();
+    if busy(&b) <= busy(&a) {
+        return Err(format!("DMA busy time did not grow: {:?} -> {:?}", a.dma_busy_ns, b.dma_busy_ns));
+    }
+    if b.health != uapi::HEALTH_OK || b.contexts < 1 || b.queues < 1 || b.faulted_queues != 0 {
+        return Err(format!("state: {b:?}"));
+    }
+    let mut short = [0u64; 4];
+    expect_err(ioctl(&env.f, uapi::iowr(0x0a, 32), &mut short), nix::errno::Errno::EINVAL, "STATS with a 32-byte argument")?;
+    Ok(())
+}
+
 /// A named test.
 type Test = (&'static str, fn() -> Res);
 
@@ -735,6 +770,7 @@ const TESTS: &[Test] = &[
     ("unknown_ioctls", unknown_ioctls),
     ("two_devices", two_devices),
     ("fdinfo", fdinfo),
+    ("stats", stats),
 ];
 
 /// Tests that need a special setup and run only when named.
