@@ -2,7 +2,8 @@
 # device's identity and, from the driver's fdinfo statistics, a process
 # holding buffers and a queue (rbln-kmd-tests hold: 256 KiB host, 1 MiB
 # DRAM, one queue), as a table, as JSON and in watch mode; once that
-# process is gone, nothing. (The device model has 512 MiB of DRAM.)
+# process is gone, nothing; rbln-exporter's /metrics. (The device model
+# has 512 MiB of DRAM.)
 . tests/vm/lib.sh
 
 check "without rbln.ko: exit 1, no NPU" sh -c "rbln-smi >/tmp/smi.out 2>&1; test \$? = 1 && grep -q 'no NPU: there is no /dev/rbln' /tmp/smi.out"
@@ -45,6 +46,29 @@ print('# core utilisation', d['core_utilization'], 'DMA', d['dma_utilization'])
 assert d['core_utilization'] > 0.01, d
 assert any(p['name'] == 'rbln-run' and p['submits'] + p['queues'] > 0 for p in r['processes']), r['processes']
 "
+# The Prometheus exporter, scraped while the model still runs.
+rbln-exporter --listen 127.0.0.1:9400 >/tmp/exporter.log 2>&1 &
+exp=$!
+check "rbln-exporter: /metrics has the device, its counters and the processes" python3 -c "
+import time, urllib.request
+for _ in range(100):
+    try:
+        text = urllib.request.urlopen('http://127.0.0.1:9400/metrics', timeout=30).read().decode()
+        break
+    except OSError:
+        time.sleep(0.2)
+def value(prefix):
+    vals = [float(l.rsplit(' ', 1)[1]) for l in text.splitlines() if l.startswith(prefix)]
+    assert vals, prefix + ' missing:\n' + text
+    return vals[0]
+assert value('rbln_device_health{device=\"0\",state=\"ok\"}') == 1
+assert value('rbln_device_dram_total_bytes{device=\"0\"}') == 512 << 20
+assert value('rbln_device_info{device=\"0\"') == 1
+assert value('rbln_device_core_busy_seconds_total{core=\"0\",device=\"0\"}') > 0
+assert value('rbln_device_compute_ops_total{device=\"0\"}') > 0
+assert value('rbln_process_queues{device=\"0\",pid=\"$run\",process=\"rbln-run\"}') >= 1
+"
+kill $exp; wait $exp 2>/dev/null || true
 kill $run 2>/dev/null; wait $run 2>/dev/null || true
 check "watch mode: -l 0.2 --count 3 prints 3 reports" sh -c "test \$(rbln-smi --json -l 0.2 --count 3 | wc -l) = 3"
 kill $hold 2>/dev/null || true  # the driver may have ended its wait as hung already
