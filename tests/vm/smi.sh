@@ -8,6 +8,7 @@
 
 check "without rbln.ko: exit 1, no NPU" sh -c "rbln-smi >/tmp/smi.out 2>&1; test \$? = 1 && grep -q 'no NPU: there is no /dev/rbln' /tmp/smi.out"
 check "insmod rbln.ko" insmod kmd/rbln.ko
+check "loopback up" ip link set lo up
 rbln-smi | tee /tmp/smi0.txt
 check "idle: device 0 listed with its DRAM, no processes" sh -c "grep -q '/dev/rbln0' /tmp/smi0.txt && grep -q '| 0.0 MiB / 512.0 MiB' /tmp/smi0.txt && grep -q 'No processes are using an NPU' /tmp/smi0.txt"
 
@@ -51,12 +52,15 @@ rbln-exporter --listen 127.0.0.1:9400 >/tmp/exporter.log 2>&1 &
 exp=$!
 check "rbln-exporter: /metrics has the device, its counters and the processes" python3 -c "
 import time, urllib.request
+text, err = None, None
 for _ in range(100):
     try:
         text = urllib.request.urlopen('http://127.0.0.1:9400/metrics', timeout=30).read().decode()
         break
-    except OSError:
+    except OSError as e:
+        err = e
         time.sleep(0.2)
+assert text is not None, f'no answer from rbln-exporter: {err}: ' + open('/tmp/exporter.log').read()
 def value(prefix):
     vals = [float(l.rsplit(' ', 1)[1]) for l in text.splitlines() if l.startswith(prefix)]
     assert vals, prefix + ' missing:\n' + text
