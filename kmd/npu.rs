@@ -282,38 +282,31 @@ impl Npu {
 
     /// The debugfs `state` file: resources, interrupts, queues, counters.
     fn show_state(&self, f: &mut kernel::fmt::Formatter<'_>) -> kernel::fmt::Result {
-        let (contexts, queues, owner, dram_free, bos, host) = {
+        let (queues, owner, bos, host) = {
             let a = self.alloc.lock();
-            (a.contexts, a.queues, a.owner, a.dram.free_bytes(), a.bos, a.host_bo_bytes)
+            (a.queues, a.owner, a.bos, a.host_bo_bytes)
         };
         let (irqs, faulted, poisoned) = {
             let e = self.events.lock();
             (e.irqs, e.faulted, e.poisoned)
         };
-        // The driver's own context and queue are not counted as "open".
-        let driver_ctx = 1u64 << (regs::MAX_CONTEXTS - 1);
-        let driver_q = 1u32 << (self.hw.num_queues - 1);
+        let st = self.stats();
         writeln!(f, "device: rbln{} hw {}.{}", self.index, self.hw.version >> 16, self.hw.version & 0xffff)?;
-        writeln!(f, "contexts_open: {}", (contexts & !driver_ctx).count_ones())?;
-        writeln!(f, "queues_in_use: {}", (queues & !driver_q).count_ones())?;
+        writeln!(f, "contexts_open: {}", st.contexts)?;
+        writeln!(f, "queues_in_use: {}", st.queues)?;
         writeln!(f, "bos: {}", bos)?;
         writeln!(f, "host_bo_bytes: {}", host)?;
         writeln!(f, "dram_total_bytes: {}", self.hw.dram_size)?;
-        writeln!(f, "dram_free_bytes: {}", dram_free)?;
+        writeln!(f, "dram_free_bytes: {}", st.dram_free)?;
         writeln!(f, "interrupts: {}", irqs)?;
         writeln!(f, "faulted_queues: {:#x}", faulted)?;
         writeln!(f, "poisoned_contexts: {:#x}", poisoned)?;
-        let counters = self.with_regs(|r| {
-            Ok([
-                r.r64(regs::CNT_PACKETS_64)?,
-                r.r64(regs::CNT_DMA_BYTES_64)?,
-                r.r64(regs::CNT_COMPUTE_OPS_64)?,
-                r.r64(regs::CNT_COMPUTE_FLOPS_64)?,
-                r.r64(regs::CNT_FAULTS_64)?,
-            ])
-        });
-        if let Ok([packets, dma, ops, flops, faults]) = counters {
-            writeln!(f, "hw_packets: {}\nhw_dma_bytes: {}\nhw_compute_ops: {}\nhw_compute_flops: {}\nhw_faults: {}", packets, dma, ops, flops, faults)?;
+        if st.health != uapi::HEALTH_LOST {
+            writeln!(
+                f,
+                "hw_packets: {}\nhw_dma_bytes: {}\nhw_compute_ops: {}\nhw_compute_flops: {}\nhw_faults: {}",
+                st.packets, st.dma_bytes, st.compute_ops, st.compute_flops, st.faults
+            )?;
         }
         for q in (0..self.hw.num_queues).filter(|q| queues & (1 << q) != 0 && *q != self.hw.num_queues - 1) {
             let st = self.with_regs(|r| {

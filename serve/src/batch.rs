@@ -14,7 +14,7 @@
 //! cut back into each request's rows, and the padding rows dropped.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -138,6 +138,34 @@ impl Drop for Batcher {
     }
 }
 
+/// A batch being formed.
+struct Forming {
+    jobs: Vec<Job>,
+    rows: usize,
+    max: usize,
+}
+
+impl Forming {
+    fn full(&self) -> bool {
+        self.rows >= self.max
+    }
+
+    /// Adds `job` unless its caller gave up; a job that would overflow the
+    /// batch is handed back (it starts the next one).
+    fn offer(&mut self, job: Job) -> Option<Job> {
+        if job.abandoned() {
+            return None;
+        }
+        let r = rows(&job);
+        if self.rows + r > self.max {
+            return Some(job);
+        }
+        self.rows += r;
+        self.jobs.push(job);
+        None
+    }
+}
+
 /// The batching thread: until the model is unloaded (its sender dropped),
 /// form batches and hand them to the backend. Dropping the backend at the
 /// end waits for the runs in flight.
@@ -157,50 +185,31 @@ fn run(rx: mpsc::Receiver<Job>, backend: Box<dyn Backend>, batching: Batching, d
             continue;
         }
         let deadline = first.queued + delay;
-        let mut total = rows(&first);
-        let mut jobs = vec![first];
+        let mut batch = Forming { rows: rows(&first), jobs: vec![first], max: batching.max_rows };
         // Take what comes until the batch is full or its first request has
         // waited `delay` and the backend has room.
-        while total < batching.max_rows {
+        while !batch.full() {
             let now = Instant::now();
             let next = if now < deadline {
-                match rx.recv_timeout(deadline - now) {
-                    Ok(j) => Some(j),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => None,
-                }
+                rx.recv_timeout(deadline - now).ok()
             } else {
                 rx.try_recv().ok()
             };
             let Some(job) = next else { break };
-            if job.abandoned() {
-                continue;
-            }
-            let r = rows(&job);
-            if total + r > batching.max_rows {
-                carry = Some(job);
+            carry = batch.offer(job);
+            if carry.is_some() {
                 break;
             }
-            total += r;
-            jobs.push(job);
         }
         if !inflight.acquire(limit, stop) {
             break;
         }
         // Requests that arrived while every run was busy join this batch.
-        while carry.is_none() && total < batching.max_rows {
+        while carry.is_none() && !batch.full() {
             let Ok(job) = rx.try_recv() else { break };
-            if job.abandoned() {
-                continue;
-            }
-            let r = rows(&job);
-            if total + r > batching.max_rows {
-                carry = Some(job);
-                break;
-            }
-            total += r;
-            jobs.push(job);
+            carry = batch.offer(job);
         }
+        let Forming { mut jobs, rows: total, .. } = batch;
         jobs.retain(|j| !j.abandoned());
         if jobs.is_empty() {
             inflight.release();

@@ -20,18 +20,12 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+from checks import check
 
 HTTP, GRPC, METRICS = (int(p) for p in sys.argv[1:4])
 HOST = "127.0.0.1"
 M = "target/models"
 O = "target/onnx"
-
-
-def check(desc, cond, detail=""):
-    if not cond:
-        print(f"FAIL: {desc} {detail}", flush=True)
-        sys.exit(1)
-    print(f"ok - {desc}", flush=True)
 
 
 def expect_error(desc, fn, status, needle):

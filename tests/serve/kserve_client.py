@@ -14,18 +14,12 @@ import sys
 import httpx
 import numpy as np
 from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
+from checks import check
 
 HTTP, GRPC = (int(p) for p in sys.argv[1:3])
 BASE = f"http://127.0.0.1:{HTTP}"
 M = "target/models"
 O = "target/onnx"
-
-
-def check(desc, cond, detail=""):
-    if not cond:
-        print(f"FAIL: {desc} {detail}", flush=True)
-        sys.exit(1)
-    print(f"ok - {desc}", flush=True)
 
 
 def request(model, arrays, binary):
