@@ -46,6 +46,9 @@ struct VaMapping {
 
 /// The driver's own command page per queue: FENCE packets it appends to
 /// kernel submissions, mapped read-only at `kva` in the context.
+/// Longest a waiter sleeps between checks that the device still answers.
+pub(crate) const LIVENESS_MS: u32 = 100;
+
 const FENCE_SLOTS: u32 = (PAGE_SIZE as u32) / cmd::Fence::SIZE as u32;
 /// VA of queue slot `i`'s fence page: above every user VA.
 fn kernel_va(i: usize) -> u64 {
@@ -565,7 +568,9 @@ impl Context {
         // Hang detection runs while someone waits: no progress (packets
         // executed) for `hang_ms` while the fence is pending is a hang.
         let hang_ms = crate::module_parameters::hang_ms.value();
-        let tick = if hang_ms == 0 { Jiffies::MAX } else { msecs_to_jiffies((hang_ms / 4).clamp(10, 1000)) };
+        // Every tick the waiter also checks that the device still answers,
+        // so that a lost device fails the wait within a tenth of a second.
+        let tick = msecs_to_jiffies(if hang_ms == 0 { LIVENESS_MS } else { (hang_ms / 4).clamp(10, LIVENESS_MS) });
         // (packets executed, queue busy): an idle queue is never hung (its
         // user may simply not have submitted the awaited work yet).
         let progress = || {
@@ -584,6 +589,9 @@ impl Context {
             if shared.fence() >= a.value {
                 return Ok(());
             }
+            if self.npu.is_gone() {
+                return Err(ENODEV);
+            }
             if shared.destroyed.load(Relaxed) {
                 return Err(ENOENT);
             }
@@ -595,7 +603,7 @@ impl Context {
             if left == 0 {
                 return Err(ETIMEDOUT);
             }
-            if self.npu.is_gone() {
+            if !self.npu.check_alive() {
                 return Err(ENODEV);
             }
             let (p, busy) = progress();

@@ -102,7 +102,10 @@ impl KernelEngine {
             if done() && ev.irqs != irqs_before {
                 return Ok(start.elapsed().as_micros_ceil());
             }
-            if ev.faulted & (1 << self.hw) != 0 || npu.is_gone() {
+            if npu.is_gone() || !npu.check_alive() {
+                return Err(ENODEV);
+            }
+            if ev.faulted & (1 << self.hw) != 0 {
                 return Err(EIO);
             }
             if left == 0 {
@@ -112,10 +115,12 @@ impl KernelEngine {
             }
             // Uninterruptible in effect: a signal must not leave a BO half
             // zeroed, so keep waiting (bounded by TIMEOUT_MS).
-            match npu.event_cv.wait_interruptible_timeout(&mut ev, left) {
-                kernel::sync::CondVarTimeoutResult::Timeout => left = 0,
+            // In naps, so that a lost device is noticed (check_alive above).
+            let nap = left.min(msecs_to_jiffies(crate::ctx::LIVENESS_MS));
+            match npu.event_cv.wait_interruptible_timeout(&mut ev, nap) {
+                kernel::sync::CondVarTimeoutResult::Timeout => left = left.saturating_sub(nap),
                 kernel::sync::CondVarTimeoutResult::Woken { jiffies }
-                | kernel::sync::CondVarTimeoutResult::Signal { jiffies } => left = jiffies,
+                | kernel::sync::CondVarTimeoutResult::Signal { jiffies } => left = left.saturating_sub(nap.saturating_sub(jiffies)),
             }
         }
     }

@@ -77,6 +77,10 @@ pub(crate) struct Events {
     /// Contexts one of whose queues faulted or hung: every later
     /// submission of theirs fails with EIO (reopen the device to recover).
     pub(crate) poisoned: u64,
+    /// The subset of `faulted` that hung (no progress for `hang_ms`).
+    pub(crate) hung: u32,
+    /// Resets asked for through sysfs since the driver bound the device.
+    pub(crate) resets: u64,
 }
 
 /// Device-wide state, shared (by `Arc`) by the PCI binding and every open
@@ -106,11 +110,26 @@ pub(crate) struct Npu {
     /// Set at the start of unbind, readable without locks: file operations
     /// fail with ENODEV and waiters wake up.
     gone: kernel::sync::atomic::Atomic<bool>,
+    /// Set once the device stopped answering (its identity register reads
+    /// all ones: surprise removal). Final until the driver is rebound;
+    /// file operations fail with ENODEV as after unbind.
+    lost: kernel::sync::atomic::Atomic<bool>,
     /// When the driver bound the device: STATS timestamps count from it.
     bound_at: kernel::time::Instant<kernel::time::Monotonic>,
+    /// The last sample of sysfs `utilization`.
+    #[pin]
+    util: Mutex<UtilSample>,
     /// The driver's own queue (DRAM scrubbing); set up at probe.
     #[pin]
     engine: Mutex<Option<crate::engine::KernelEngine>>,
+}
+
+/// A sample of the cores' busy time, for sysfs `utilization`.
+#[derive(Default)]
+pub(crate) struct UtilSample {
+    at_ns: u64,
+    busy_ns: u64,
+    percent: u32,
 }
 
 /// Contexts, queues and DRAM in use.
@@ -139,7 +158,12 @@ impl Npu {
             r.w32(regs::IRQ_ERROR_STATUS, e)?;
             Ok((q, e))
         });
-        let Ok((_q, e)) = status else { return IrqReturn::None };
+        let Ok((q, e)) = status else { return IrqReturn::None };
+        // A device that fell off the bus reads all ones: not a fault of
+        // every queue.
+        if (q == u32::MAX || e == u32::MAX) && !self.check_alive() {
+            return IrqReturn::Handled;
+        }
         let mut poison = 0u64;
         if e != 0 {
             let owner = self.alloc.lock().owner;
@@ -182,9 +206,41 @@ impl Npu {
         engine.as_mut().ok_or(ENODEV)?.zero_dram(self, offset, size)
     }
 
+    /// Unbinding, or lost: nothing can reach the device any more.
     pub(crate) fn is_gone(&self) -> bool {
-        self.gone.load(kernel::sync::atomic::Relaxed)
+        self.gone.load(kernel::sync::atomic::Relaxed) || self.lost.load(kernel::sync::atomic::Relaxed)
     }
+
+    /// Read the identity register; a device that no longer returns "RBLN"
+    /// there (all ones once it fell off the bus) is marked lost, every
+    /// waiter is woken and fails with ENODEV. False once lost.
+    pub(crate) fn check_alive(&self) -> bool {
+        if self.lost.load(kernel::sync::atomic::Relaxed) {
+            return false;
+        }
+        match self.with_regs(|r| r.r32(regs::ID)) {
+            Ok(id) if id == regs::ID_VALUE => true,
+            Ok(id) => {
+                self.mark_lost(id);
+                false
+            }
+            // Unbinding (the BAR is revoked): not lost, but not alive.
+            Err(_) => false,
+        }
+    }
+
+    fn mark_lost(&self, id: u32) {
+        use kernel::sync::atomic::Relaxed;
+        if self.lost.xchg(true, Relaxed) {
+            return;
+        }
+        dev_err!(self.pdev, "rbln{}: device lost: identity register reads {:#x}; every wait and call now fails with ENODEV\n", self.index, id);
+        // Without the events lock: callers may hold it (waiters check
+        // liveness between naps). A waiter that misses this wake-up finds
+        // the device lost at its next check, at most LIVENESS_MS later.
+        self.event_cv.notify_all();
+    }
+
 
     pub(crate) fn take_context(&self) -> Result<u32> {
         let mut a = self.alloc.lock();
@@ -244,7 +300,10 @@ impl Npu {
             let a = self.alloc.lock();
             (a.contexts, a.queues, a.dram.free_bytes())
         };
-        let faulted = self.events.lock().faulted;
+        let (faulted, hung, resets) = {
+            let ev = self.events.lock();
+            (ev.faulted, ev.hung, ev.resets)
+        };
         // The driver's own context and queue are not counted.
         let driver_ctx = 1u64 << (regs::MAX_CONTEXTS - 1);
         let driver_q = 1u32 << (self.hw.num_queues - 1);
@@ -254,6 +313,7 @@ impl Npu {
             queues: (queues & !driver_q).count_ones(),
             faulted_queues: faulted.count_ones(),
             dram_free,
+            resets,
             ..Default::default()
         };
         let read = self.with_regs(|r| {
@@ -270,14 +330,44 @@ impl Npu {
             }
             Ok(())
         });
-        st.health = if self.is_gone() || read.is_err() {
+        st.health = if !self.check_alive() || self.is_gone() || read.is_err() {
+            st.packets = 0;
+            st.dma_bytes = 0;
+            st.compute_ops = 0;
+            st.compute_flops = 0;
+            st.faults = 0;
+            st.core_busy_ns = [0; 8];
+            st.dma_busy_ns = [0; 4];
             uapi::HEALTH_LOST
+        } else if hung != 0 {
+            uapi::HEALTH_HUNG
         } else if faulted != 0 {
             uapi::HEALTH_FAULTED
         } else {
             uapi::HEALTH_OK
         };
         st
+    }
+
+    /// Percent of the cores' time spent busy between the previous sample
+    /// and now; a read takes a new sample when the previous one is at
+    /// least 100 ms old and otherwise repeats the last figure.
+    pub(crate) fn utilization(&self) -> u32 {
+        let st = self.stats();
+        if st.health == uapi::HEALTH_LOST {
+            return 0;
+        }
+        let busy: u64 = st.core_busy_ns.iter().sum();
+        let mut w = self.util.lock();
+        let dt = st.timestamp_ns.saturating_sub(w.at_ns);
+        if dt >= 100_000_000 {
+            let cores = u64::from(self.hw.num_cores.max(1));
+            let used = busy.saturating_sub(w.busy_ns);
+            w.percent = (used.saturating_mul(100) / dt.saturating_mul(cores)).min(100) as u32;
+            w.at_ns = st.timestamp_ns;
+            w.busy_ns = busy;
+        }
+        w.percent
     }
 
     /// The debugfs `state` file: resources, interrupts, queues, counters.
@@ -338,7 +428,38 @@ impl Npu {
     }
 
     pub(crate) fn clear_fault(&self, q: u32) {
-        self.events.lock().faulted &= !(1u32 << q);
+        let mut ev = self.events.lock();
+        ev.faulted &= !(1u32 << q);
+        ev.hung &= !(1u32 << q);
+    }
+
+    /// The privileged reset (sysfs `reset`): every user queue is reset and
+    /// every open context poisoned (their waits and submissions fail with
+    /// EIO; processes reopen the device), fault and hang records are
+    /// cleared, and the device is healthy again for new contexts. The
+    /// driver's own queue and DRAM contents are left alone. A lost device
+    /// cannot be reset (ENODEV).
+    pub(crate) fn reset(&self) -> Result {
+        if !self.check_alive() {
+            return Err(ENODEV);
+        }
+        let (contexts, queues) = {
+            let a = self.alloc.lock();
+            (a.contexts, a.queues)
+        };
+        let driver_ctx = 1u64 << (regs::MAX_CONTEXTS - 1);
+        let driver_q = 1u32 << (self.hw.num_queues - 1);
+        let mut ev = self.events.lock();
+        for q in (0..self.hw.num_queues).filter(|q| (queues & !driver_q) & (1 << q) != 0) {
+            self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), regs::qctl::RESET))?;
+        }
+        ev.poisoned |= contexts & !driver_ctx;
+        ev.faulted = 0;
+        ev.hung = 0;
+        ev.resets += 1;
+        self.event_cv.notify_all();
+        dev_warn!(self.pdev, "rbln{}: reset by an administrator: {} context(s) poisoned\n", self.index, (contexts & !driver_ctx).count_ones());
+        Ok(())
     }
 
     /// Wake every waiter so it re-checks its condition.
@@ -369,6 +490,7 @@ impl Npu {
         dev_warn!(self.pdev, "rbln{}: queue {} (context {}) made no progress for {} ms: reset\n", self.index, q, ctx, ms);
         let _ = self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), regs::qctl::RESET));
         ev.faulted |= 1 << q;
+        ev.hung |= 1 << q;
         ev.poisoned |= 1 << ctx;
         self.disable_context_queues(1 << ctx, 1 << q);
         self.event_cv.notify_all();
@@ -646,7 +768,9 @@ impl pci::Driver for RblnDriver {
                 }),
                 bound <- new_mutex!(true),
                 gone: kernel::sync::atomic::Atomic::new(false),
+                lost: kernel::sync::atomic::Atomic::new(false),
                 bound_at: kernel::time::Instant::now(),
+                util <- new_mutex!(UtilSample::default()),
                 engine <- new_mutex!(None),
             }),
             GFP_KERNEL,
@@ -701,7 +825,10 @@ impl pci::Driver for RblnDriver {
             GFP_KERNEL,
         );
         let misc = match misc {
-            Ok(m) => m,
+            Ok(m) => {
+                crate::sysfs::create(&m.reg, &npu);
+                m
+            }
             Err(e) => {
                 drop(irqs);
                 // SAFETY: as above.

@@ -22,6 +22,7 @@ mod engine;
 mod file;
 mod mem;
 mod npu;
+mod sysfs;
 
 /// Driver version (also reported by the INFO ioctl): major, minor, patch.
 pub(crate) const DRIVER_VERSION: (u32, u32, u32) = (0, 2, 0);

@@ -12,6 +12,12 @@
 # Environment: VM_TIMEOUT (s, default 900), VM_SMP (default 2), VM_MEM
 # (MiB, default 2048), VM_DEVICES (default 1), NPU_ARGS (extra rbln-npu
 # arguments), VM_KEEP=1 keeps the run directory for inspection.
+#
+# Surprise removal: a guest test makes device model i fall off the bus
+# (SIGUSR1: reads return all ones, no interrupts, no DMA) by creating
+# /run/rbln/unplug-npu<i>; the harness does it within 0.1 s and writes
+# /run/rbln/unplugged-npu<i>. (Killing the model would abort QEMU itself:
+# its vfio-user client does not survive the peer going away.)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 VM_TIMEOUT=${VM_TIMEOUT:-900}
@@ -71,6 +77,19 @@ start_devices() {
     done
 }
 
+# Serve the guest's unplug-npu<i> requests (see the header) until killed.
+watch_unplug_requests() {
+    local run=$1 i
+    while sleep 0.1; do
+        for ((i = 0; i < ${#NPU_PIDS[@]}; i++)); do
+            if [[ -e $run/unplug-npu$i && ! -e $run/unplugged-npu$i ]]; then
+                kill -USR1 "${NPU_PIDS[i]}" 2>/dev/null || true
+                : >"$run/unplugged-npu$i"
+            fi
+        done
+    done
+}
+
 # After QEMU is gone the device models exit by themselves (client
 # disconnected). Returns non-zero if one failed or had to be killed.
 stop_devices() {
@@ -104,9 +123,11 @@ main() {
     initrd=$("$RBLN_ROOT/scripts/build-initramfs.sh")
     mkdir -p "$RBLN_CACHE/run"
     run=$(mktemp -d "$RBLN_CACHE/run/vm.XXXXXX")
-    trap 'for p in "${NPU_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; [[ ${VM_KEEP:-0} == 1 ]] || rm -rf "$run"' EXIT
+    trap 'for p in "${NPU_PIDS[@]}" ${WATCHER:-}; do kill -TERM "$p" 2>/dev/null || true; done; [[ ${VM_KEEP:-0} == 1 ]] || rm -rf "$run"' EXIT
     printf 'set -e\n%s\n' "$cmd" >"$run/cmd.sh"
     start_devices "$run"
+    watch_unplug_requests "$run" &
+    WATCHER=$!
 
     log "booting the guest (TCG, ${VM_SMP} vCPUs, ${VM_MEM} MiB, ${VM_DEVICES} NPU(s), timeout ${VM_TIMEOUT}s)"
     local -a args
@@ -116,6 +137,8 @@ main() {
         in_sysroot timeout -k 5 "$VM_TIMEOUT" qemu-system-x86_64 "${args[@]}" \
         </dev/null 2>&1 | tee "$run/console.log" | grep --line-buffered -v "$QEMU_NOISE" || qrc=${PIPESTATUS[0]}
 
+    kill -TERM "$WATCHER" 2>/dev/null || true
+    wait "$WATCHER" 2>/dev/null || true
     local devices_ok=1
     stop_devices "$run" || devices_ok=0
     if [[ $qrc == 124 || $qrc == 137 ]]; then

@@ -215,6 +215,8 @@ pub(crate) struct Shared {
     pub sem_lock: Mutex<u64>,
     pub sem_cv: Condvar,
     pub shutdown: AtomicBool,
+    /// Set by `Device::fall_off_bus`: the function no longer answers.
+    pub off_bus: AtomicBool,
 }
 
 /// The device. Dropping it stops its command processors.
@@ -243,6 +245,7 @@ impl Device {
             sem_lock: Mutex::new(0),
             sem_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            off_bus: AtomicBool::new(false),
             cfg,
         });
         let threads = (0..shared.cfg.num_queues)
@@ -274,8 +277,13 @@ impl Device {
     }
 
     /// Read from a BAR. Sizes 1, 2, 4 and 8 are accepted; anything the
-    /// device does not define reads as 0.
+    /// device does not define reads as 0. Once off the bus, every read
+    /// completes with all ones (a PCIe master abort).
     pub fn bar_read(&self, bar: u32, off: u64, data: &mut [u8]) {
+        if self.is_off_bus() {
+            data.fill(0xff);
+            return;
+        }
         data.fill(0);
         match bar {
             BAR_REGS => {
@@ -309,6 +317,9 @@ impl Device {
     /// Write to a BAR. Registers take 4- and 8-byte writes; others are
     /// ignored (and logged).
     pub fn bar_write(&self, bar: u32, off: u64, data: &[u8]) {
+        if self.is_off_bus() {
+            return;
+        }
         match bar {
             BAR_REGS => match data.len() {
                 4 => self.shared.reg_write32(off, u32::from_le_bytes([data[0], data[1], data[2], data[3]])),
@@ -341,7 +352,29 @@ impl Device {
 
     /// Whole-device reset (also what a PCI function reset does).
     pub fn reset(&self) {
+        if !self.is_off_bus() {
+            self.shared.device_reset();
+        }
+    }
+
+    /// Surprise removal as the host sees it, without the vfio-user peer
+    /// going away (QEMU 11.1's client aborts the whole VM when it does):
+    /// every queue stops, no interrupt or DMA reaches the host again, and
+    /// from now on register and config reads return all ones and writes
+    /// are dropped. There is no way back; a new device model is a new
+    /// device.
+    pub fn fall_off_bus(&self) {
+        if self.shared.off_bus.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.set_irq_sink(Arc::new(NoIrq));
+        self.shared.host.clear();
         self.shared.device_reset();
+        log::warn!("fell off the bus: reads return all ones from now on");
+    }
+
+    pub fn is_off_bus(&self) -> bool {
+        self.shared.off_bus.load(Ordering::SeqCst)
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
 use rbln_npu::{vfio, Config, Device};
@@ -50,17 +50,32 @@ struct Args {
 /// do: std retries the server's blocking accept/recv on EINTR). That
 /// thread removes the socket and exits; the device has no state that
 /// outlives the process.
-fn install_signal_thread(socket: PathBuf) -> nix::Result<()> {
+///
+/// SIGUSR1 makes the device fall off the bus (`Device::fall_off_bus`): the
+/// test harness's surprise removal. Killing the process instead takes the
+/// whole VM down (QEMU's vfio-user client aborts when its peer vanishes).
+fn install_signal_thread(socket: PathBuf, device: Arc<OnceLock<Arc<Device>>>) -> nix::Result<()> {
     use nix::sys::signal::{SigSet, SigmaskHow, Signal};
     let mut set = SigSet::empty();
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGINT);
+    set.add(Signal::SIGUSR1);
     nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
     std::thread::Builder::new()
         .name("rbln-signals".into())
         .spawn(move || {
-            if let Ok(sig) = set.wait() {
-                log::info!("{sig:?} received; shutting down");
+            loop {
+                match set.wait() {
+                    Ok(Signal::SIGUSR1) => match device.get() {
+                        Some(d) => d.fall_off_bus(),
+                        None => log::warn!("SIGUSR1 before the device exists: ignored"),
+                    },
+                    Ok(sig) => {
+                        log::info!("{sig:?} received; shutting down");
+                        break;
+                    }
+                    Err(_) => break,
+                }
             }
             let _ = std::fs::remove_file(&socket);
             std::process::exit(0);
@@ -81,7 +96,8 @@ fn main() -> ExitCode {
         spin: std::time::Duration::from_micros(args.spin_us),
     };
     // Before any other thread exists, so that all inherit the signal mask.
-    if let Err(e) = install_signal_thread(args.socket.clone()) {
+    let for_signals = Arc::new(OnceLock::new());
+    if let Err(e) = install_signal_thread(args.socket.clone(), for_signals.clone()) {
         eprintln!("rbln-npu: cannot set up signal handling: {e}");
         return ExitCode::from(1);
     }
@@ -92,6 +108,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let _ = for_signals.set(device.clone());
     log::info!("listening on {}", args.socket.display());
     let result = vfio::serve(device, &args.socket);
     // The socket file is removed by the server's Drop; the device's

@@ -106,6 +106,9 @@ impl ServerBackend for Backend {
     fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> Result<(), std::io::Error> {
         if region == VFIO_PCI_CONFIG_REGION_INDEX {
             self.config.read(offset, data);
+            if self.device.is_off_bus() {
+                data.fill(0xff);
+            }
         } else {
             self.device.bar_read(region, offset, data);
         }

@@ -451,3 +451,32 @@ fn large_dma_copies_are_exact_over_scattered_pages_and_overlaps() {
     let got = rig.read(buf, n as usize + 4);
     assert!(got[4..] == want[..n as usize], "memmove semantics");
 }
+
+/// Surprise removal: a device that fell off the bus stops its work, raises
+/// no interrupt, reads all ones everywhere and ignores writes, for good.
+#[test]
+fn a_device_off_the_bus_reads_all_ones_and_does_nothing() {
+    let mut rig = Rig::new();
+    let ctx = rig.context(0);
+    rig.host_buffer(&ctx, 0x10_0000, 4096);
+    rig.set32(regs::IRQ_QUEUE_MASK, 0);
+    let mut q = rig.queue(3, &ctx, 4);
+    // A job waiting on a semaphore that never comes: in flight at removal.
+    rig.run(&ctx, &mut q, 0x20_0000, &cmds().sem_wait(0x10_0000, 1, SEM_COND_EQ).fence(1, 0, true).buf);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(rig.state(&q), QueueState::Waiting);
+    rig.dev.fall_off_bus();
+    assert!(rig.dev.is_off_bus());
+    assert_eq!(rig.reg32(regs::ID), u32::MAX);
+    assert_eq!(rig.reg64(regs::CNT_PACKETS_64), u64::MAX);
+    assert_eq!(rig.reg32(regs::queue_reg(3, regs::Q_STATE)), u32::MAX);
+    rig.set32(regs::SCRATCH, 5);
+    rig.set32(regs::DEVICE_RESET, regs::RESET_MAGIC);
+    rig.dev.reset();
+    assert_eq!(rig.reg32(regs::SCRATCH), u32::MAX, "no way back");
+    // The semaphore is released: nothing runs, no fence, no interrupt.
+    rig.write(rig_bus_of(&rig, &ctx, 0x10_0000), &1u64.to_le_bytes());
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(rig.irqs.get(regs::queue_vector(3)), 0);
+    assert!(rig.dev.healthy());
+}

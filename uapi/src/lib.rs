@@ -229,10 +229,27 @@ macro_rules! ioctls {
 
 /// `DeviceStats::health`.
 pub const HEALTH_OK: u32 = 0;
-/// At least one queue faulted or hung and was not yet destroyed.
+/// At least one queue faulted and was not yet destroyed (nor the device
+/// reset).
 pub const HEALTH_FAULTED: u32 = 1;
-/// The device stopped answering (surprise removal, device model gone).
+/// The device stopped answering (surprise removal: its registers read all
+/// ones). Final until the driver is rebound.
 pub const HEALTH_LOST: u32 = 2;
+/// At least one queue hung (made no progress for the driver's `hang_ms`)
+/// and was not yet destroyed (nor the device reset).
+pub const HEALTH_HUNG: u32 = 3;
+
+/// The name of a `DeviceStats::health` value, as sysfs `health`, rbln-smi
+/// and the exporters spell it.
+pub const fn health_name(health: u32) -> &'static str {
+    match health {
+        HEALTH_OK => "ok",
+        HEALTH_FAULTED => "faulted",
+        HEALTH_LOST => "lost",
+        HEALTH_HUNG => "hung",
+        _ => "unknown",
+    }
+}
 
 abi_struct! {
     /// `RBLN_IOCTL_STATS` (out): the device's counters and state, read at
@@ -243,7 +260,7 @@ abi_struct! {
         /// When the counters were read: ns since the driver bound the
         /// device (a monotonic clock; compare two reads of one device).
         pub timestamp_ns: u64,
-        /// HEALTH_OK, HEALTH_FAULTED or HEALTH_LOST.
+        /// HEALTH_OK, HEALTH_FAULTED, HEALTH_HUNG or HEALTH_LOST.
         pub health: u32,
         /// Device contexts open (files), without the driver's own.
         pub contexts: u32,
@@ -265,7 +282,9 @@ abi_struct! {
         pub core_busy_ns: [u64; 8],
         /// Busy ns of DMA engine e (engines >= num_dma_engines read 0).
         pub dma_busy_ns: [u64; 4],
-        pub reserved: [u64; 4],
+        /// Privileged resets (sysfs `reset`) since the driver bound it.
+        pub resets: u64,
+        pub reserved: [u64; 3],
     }
 }
 

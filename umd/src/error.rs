@@ -138,7 +138,7 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    #[error("{op}: the NPU is gone (ENODEV): its driver was unbound or the device removed; reopen it once it is back")]
+    #[error("{op}: device lost (ENODEV): the NPU stopped answering (removed, or its driver unbound); reopen it once it is back")]
     DeviceGone { op: Op },
 
     #[error("{op}: invalid argument (EINVAL): {hint}")]

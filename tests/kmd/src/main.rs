@@ -747,6 +747,97 @@ fn stats() -> Res {
     Ok(())
 }
 
+/// sysfs attribute `name` of /dev/rbln0, trimmed.
+fn sysfs(name: &str) -> Result<String, String> {
+    let path = format!("/sys/class/misc/rbln0/{name}");
+    std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|e| format!("{path}: {e}"))
+}
+
+/// Write `value` to /dev/rbln0's sysfs `reset`.
+fn sysfs_reset(value: &str) -> Result<(), Errno> {
+    std::fs::write("/sys/class/misc/rbln0/reset", value).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))
+}
+
+/// The privileged reset: a faulted device reads `faulted` in sysfs until
+/// root writes 1 to `reset`; then it is `ok`, `reset_count` counts it,
+/// every context open at the time is poisoned (a job blocked in another
+/// context fails with EIO at once, later submissions too) and a new
+/// context works. Anything but "1" is refused. Needs a device nobody
+/// else uses (run by name).
+fn reset() -> Res {
+    expect_err(sysfs_reset("2"), Errno::EINVAL, "reset with 2")?;
+    let resets0: u64 = sysfs("reset_count")?.parse().map_err(|e| format!("reset_count: {e}"))?;
+    if sysfs("health")? != "ok" {
+        return Err(format!("health before the fault: {}", sysfs("health")?));
+    }
+    let bystander = Env::new()?;
+    let blocked = bystander.run_blocked()?;
+    let env = Env::new()?;
+    let mut bad = rbln_hw::cmd::Encoder::new(Vec::new());
+    bad.dma_copy(env.va, 0x6660_0000, 64);
+    let fence = env.run(0, &bad.buf)?;
+    expect_err(wait(&env.f, env.q, fence, 5_000_000_000), Errno::EIO, "the faulting job")?;
+    if sysfs("health")? != "faulted" {
+        return Err(format!("health after a fault: {}", sysfs("health")?));
+    }
+    let (f, q) = (bystander.f.try_clone().map_err(|e| format!("dup: {e}"))?, bystander.q);
+    let waiter = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        let r = wait(&f, q, blocked, 20_000_000_000);
+        (r, t0.elapsed())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    sysfs_reset("1").map_err(|e| format!("reset: {e}"))?;
+    let (r, took) = waiter.join().map_err(|_| "waiter panicked")?;
+    expect_err(r, Errno::EIO, "a wait in a context open across the reset")?;
+    if took > std::time::Duration::from_secs(5) {
+        return Err(format!("the blocked wait ended {took:?} after it began"));
+    }
+    expect_err(submit(&bystander.f, bystander.q, bystander.va, 4).map(|_| ()), Errno::EIO, "submit in a context open across the reset")?;
+    if sysfs("health")? != "ok" || sysfs("reset_count")? != (resets0 + 1).to_string() {
+        return Err(format!("after the reset: health {}, reset_count {}", sysfs("health")?, sysfs("reset_count")?));
+    }
+    drop((env, bystander));
+    let fresh = Env::new()?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.nop();
+    let fence = fresh.run(0, &e.buf)?;
+    wait(&fresh.f, fresh.q, fence, 5_000_000_000).map_err(|e| format!("a new context after the reset: {e}"))
+}
+
+/// Surprise removal: while a job waits, the device falls off the bus
+/// (the harness's /run/rbln/unplug-npu0, see scripts/vm.sh). The waiter
+/// fails with ENODEV within a second, and so does every later call; STATS
+/// and sysfs say `lost`. The device is gone for good: run by name, last.
+fn lost() -> Res {
+    let env = Env::new()?;
+    let fence = env.run_blocked()?;
+    let (f, q) = (env.f.try_clone().map_err(|e| format!("dup: {e}"))?, env.q);
+    let waiter = std::thread::spawn(move || {
+        let r = wait(&f, q, fence, 60_000_000_000);
+        (r, std::time::Instant::now())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let t0 = std::time::Instant::now();
+    std::fs::write("/run/rbln/unplug-npu0", b"").map_err(|e| format!("asking the harness to unplug: {e}"))?;
+    let (r, ended) = waiter.join().map_err(|_| "waiter panicked")?;
+    expect_err(r, Errno::ENODEV, "the wait on a lost device")?;
+    let took = ended.saturating_duration_since(t0);
+    println!("# the waiter failed {took:?} after the unplug request");
+    if took > std::time::Duration::from_secs(1) {
+        return Err(format!("the lost device was noticed only after {took:?}"));
+    }
+    expect_err(submit(&env.f, env.q, env.va, 4).map(|_| ()), Errno::ENODEV, "submit on a lost device")?;
+    expect_err(bo_create(&env.f, 4096, uapi::BO_HOST).map(|_| ()), Errno::ENODEV, "BO_CREATE on a lost device")?;
+    let mut st = uapi::DeviceStats::default();
+    ioctl(&env.f, uapi::RBLN_IOCTL_STATS, &mut st).map_err(|e| format!("STATS: {e}"))?;
+    if st.health != uapi::HEALTH_LOST || sysfs("health")? != "lost" {
+        return Err(format!("health: STATS {}, sysfs {}", st.health, sysfs("health")?));
+    }
+    expect_err(sysfs_reset("1"), Errno::ENODEV, "reset of a lost device")?;
+    Ok(())
+}
+
 /// A named test.
 type Test = (&'static str, fn() -> Res);
 
@@ -771,10 +862,12 @@ const TESTS: &[Test] = &[
     ("two_devices", two_devices),
     ("fdinfo", fdinfo),
     ("stats", stats),
+    ("reset", reset),
+    ("lost", lost),
 ];
 
 /// Tests that need a special setup and run only when named.
-const ONLY_BY_NAME: &[&str] = &["hold", "hang", "two_devices"];
+const ONLY_BY_NAME: &[&str] = &["hold", "hang", "two_devices", "reset", "lost"];
 
 fn main() {
     let wanted: Vec<String> = std::env::args().skip(1).collect();
