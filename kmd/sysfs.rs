@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! Stable per-device attributes in sysfs, on the misc device:
-//! `/sys/class/misc/rblnN/<name>` (docs/uapi.md, "sysfs"). One value per
+//! `/sys/class/misc/rblnN/<name>` (names: `uapi::sysfs`). One value per
 //! file, plain text, for monitoring agents that should not need an ioctl
 //! (the Kubernetes device plugin follows `health`). `reset` is the
 //! privileged reset: root writes `1`.
@@ -18,7 +18,7 @@ use kernel::{bindings, miscdevice::MiscDeviceRegistration, prelude::*};
 
 use crate::file::RblnFile;
 use crate::npu::{MiscHolder, Npu};
-use crate::uapi;
+use crate::uapi::{self, sysfs};
 
 /// What a read of one attribute shows.
 #[derive(Clone, Copy)]
@@ -60,15 +60,15 @@ type StoreFn =
     unsafe extern "C" fn(*mut bindings::device, *mut bindings::device_attribute, *const kernel::ffi::c_char, usize) -> isize;
 
 static ATTRS: [Attr; 9] = [
-    attr(c"hw_version", 0o444, Some(show::<{ Show::HwVersion as u8 }>), None),
-    attr(c"driver_version", 0o444, Some(show::<{ Show::DriverVersion as u8 }>), None),
-    attr(c"dram_total_bytes", 0o444, Some(show::<{ Show::DramTotal as u8 }>), None),
-    attr(c"dram_used_bytes", 0o444, Some(show::<{ Show::DramUsed as u8 }>), None),
-    attr(c"utilization", 0o444, Some(show::<{ Show::Utilization as u8 }>), None),
-    attr(c"health", 0o444, Some(show::<{ Show::Health as u8 }>), None),
-    attr(c"reset_count", 0o444, Some(show::<{ Show::ResetCount as u8 }>), None),
-    attr(c"faults", 0o444, Some(show::<{ Show::Faults as u8 }>), None),
-    attr(c"reset", 0o200, None, Some(store_reset)),
+    attr(sysfs::HW_VERSION, 0o444, Some(show::<{ Show::HwVersion as u8 }>), None),
+    attr(sysfs::DRIVER_VERSION, 0o444, Some(show::<{ Show::DriverVersion as u8 }>), None),
+    attr(sysfs::DRAM_TOTAL_BYTES, 0o444, Some(show::<{ Show::DramTotal as u8 }>), None),
+    attr(sysfs::DRAM_USED_BYTES, 0o444, Some(show::<{ Show::DramUsed as u8 }>), None),
+    attr(sysfs::UTILIZATION, 0o444, Some(show::<{ Show::Utilization as u8 }>), None),
+    attr(sysfs::HEALTH, 0o444, Some(show::<{ Show::Health as u8 }>), None),
+    attr(sysfs::RESET_COUNT, 0o444, Some(show::<{ Show::ResetCount as u8 }>), None),
+    attr(sysfs::FAULTS, 0o444, Some(show::<{ Show::Faults as u8 }>), None),
+    attr(sysfs::RESET, 0o200, None, Some(store_reset)),
 ];
 
 /// Create the attributes on `misc`'s device. A failure is logged and the

@@ -20,28 +20,30 @@ mod tensors;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-/// Number of rbln NPUs (/dev/rblnN nodes; 0 when rbln.ko is not loaded).
+/// Number of rbln NPUs this process can use (/dev/rblnN nodes, through
+/// RBLN_VISIBLE_DEVICES when set; 0 when rbln.ko is not loaded).
 #[pyfunction]
 fn device_count() -> usize {
     rbln_umd::device_indices().len()
 }
 
-/// One dict per NPU: index, path, name, hardware and driver versions,
-/// memory, queues, compute cores, DMA engines.
+/// One dict per NPU of `device_count()`: index (the `device=` argument),
+/// path, name, hardware and driver versions, memory, queues, compute
+/// cores, DMA engines.
 #[pyfunction]
 fn devices<'py>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
     let infos = py.detach(|| -> Result<Vec<_>, errors::Failure> {
         let mut v = Vec::new();
         for i in rbln_umd::device_indices() {
             let dev = rbln_umd::Device::open(i)?;
-            v.push((dev.path().display().to_string(), dev.info()));
+            v.push((i, dev.path().display().to_string(), dev.info()));
         }
         Ok(v)
     })?;
     let mut out = Vec::new();
-    for (path, i) in infos {
+    for (index, path, i) in infos {
         let d = PyDict::new(py);
-        d.set_item("index", i.index)?;
+        d.set_item("index", index)?;
         d.set_item("path", path)?;
         d.set_item("name", "rbln-npu")?;
         d.set_item("vendor_id", i.vendor_id)?;

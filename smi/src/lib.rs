@@ -68,7 +68,10 @@ pub fn gather(prev: &mut Samples) -> Report {
     let mut devices = Vec::new();
     // Opening a device makes this process a client of it: its own files
     // are left out of the scan below.
-    let opened: Vec<_> = rbln_umd::device_indices().into_iter().map(|i| (i, rbln_umd::Device::open(i))).collect();
+    // Every node, whatever RBLN_VISIBLE_DEVICES says: this is the
+    // administrator's view.
+    let opened: Vec<_> =
+        rbln_umd::present_nodes().into_iter().map(|i| (i, rbln_umd::Device::open_path(format!("/dev/rbln{i}")))).collect();
     if opened.iter().any(|(i, d)| d.is_ok() && !prev.contains_key(i)) {
         for (i, d) in &opened {
             if let Some(s) = d.as_ref().ok().and_then(|d| d.stats().ok()) {
@@ -108,13 +111,7 @@ pub fn gather(prev: &mut Samples) -> Report {
                 d.dma_engines = Some(i.num_dma_engines);
                 match dev.stats() {
                     Ok(now) => {
-                        d.health = match now.health {
-                            rbln_umd::uapi::HEALTH_OK => "ok",
-                            rbln_umd::uapi::HEALTH_FAULTED => "faulted",
-                            rbln_umd::uapi::HEALTH_LOST => "lost",
-                            _ => "unknown",
-                        }
-                        .into();
+                        d.health = rbln_umd::uapi::health_name(now.health).into();
                         d.dram_used_bytes = Some(i.dram_size.saturating_sub(now.dram_free));
                         d.faults = Some(now.faults);
                         if let Some(before) = prev.get(index) {

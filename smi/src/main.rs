@@ -23,6 +23,40 @@ struct Args {
     /// With --loop: stop after this many reports.
     #[arg(long)]
     count: Option<u64>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Reset an NPU (root): every process using it loses its work (their
+    /// calls fail; they reopen the device), and a faulted or hung device is
+    /// healthy again. A lost device cannot be reset.
+    Reset {
+        /// The NPU: N of /dev/rblnN.
+        #[arg(short = 'd', long)]
+        device: u32,
+    },
+}
+
+/// `rbln-smi reset -d N`.
+fn reset(node: u32) -> ExitCode {
+    match rbln_umd::reset_device(node) {
+        Ok(()) => {
+            println!("rbln{node}: reset; health {}", rbln_umd::read_sysfs(node, rbln_umd::uapi::sysfs::HEALTH).unwrap_or_else(|e| e.to_string()));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let why = match e.raw_os_error() {
+                Some(libc::EACCES | libc::EPERM) => "permission denied: resetting an NPU needs root".to_string(),
+                Some(libc::ENODEV) => "the device is lost (it stopped answering); it cannot be reset, only removed and re-added".to_string(),
+                Some(libc::ENOENT) => format!("there is no /dev/rbln{node} (or rbln.ko is too old for reset)"),
+                _ => e.to_string(),
+            };
+            eprintln!("rbln-smi: reset of rbln{node}: {why}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn mib(bytes: u64) -> String {
@@ -105,7 +139,10 @@ fn text(r: &Report) -> String {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if rbln_umd::device_indices().is_empty() {
+    if let Some(Command::Reset { device }) = args.command {
+        return reset(device);
+    }
+    if rbln_umd::present_nodes().is_empty() {
         eprintln!("rbln-smi: no NPU: there is no /dev/rbln* (is rbln.ko loaded?)");
         return ExitCode::from(1);
     }

@@ -239,6 +239,33 @@ pub const HEALTH_LOST: u32 = 2;
 /// and was not yet destroyed (nor the device reset).
 pub const HEALTH_HUNG: u32 = 3;
 
+/// The attributes of /dev/rblnN in sysfs, files in `sysfs::dir(N)`
+/// (docs/uapi.md, "sysfs"): one value per file, text, newline-terminated.
+pub mod sysfs {
+    use core::ffi::CStr;
+    /// Where the attributes of /dev/rbln`index` are.
+    pub const DIR: &str = "/sys/class/misc/rbln";
+    /// "MAJOR.MINOR" of the hardware.
+    pub const HW_VERSION: &CStr = c"hw_version";
+    /// "MAJOR.MINOR.PATCH" of the driver.
+    pub const DRIVER_VERSION: &CStr = c"driver_version";
+    /// Device DRAM, bytes.
+    pub const DRAM_TOTAL_BYTES: &CStr = c"dram_total_bytes";
+    /// Device DRAM allocated to buffers, bytes.
+    pub const DRAM_USED_BYTES: &CStr = c"dram_used_bytes";
+    /// Percent (0..=100) of the compute cores' time busy since the
+    /// previous sample (samples at least 100 ms apart).
+    pub const UTILIZATION: &CStr = c"utilization";
+    /// `health_name` of the device's health.
+    pub const HEALTH: &CStr = c"health";
+    /// Privileged resets since the driver bound the device.
+    pub const RESET_COUNT: &CStr = c"reset_count";
+    /// Error records the device raised since its last reset.
+    pub const FAULTS: &CStr = c"faults";
+    /// Write-only, root: "1" resets the device (`Npu::reset`).
+    pub const RESET: &CStr = c"reset";
+}
+
 /// The name of a `DeviceStats::health` value, as sysfs `health`, rbln-smi
 /// and the exporters spell it.
 pub const fn health_name(health: u32) -> &'static str {

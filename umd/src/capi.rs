@@ -202,7 +202,7 @@ impl From<Error> for Failure {
 pub fn status_of(e: &Error) -> rbln_status {
     use rbln_status::*;
     match e {
-        Error::NoDevice { .. } | Error::NotAnNpu { .. } => RBLN_ERR_NO_DEVICE,
+        Error::NoDevice { .. } | Error::NotVisible { .. } | Error::NotAnNpu { .. } => RBLN_ERR_NO_DEVICE,
         Error::PermissionDenied { .. } => RBLN_ERR_PERMISSION,
         Error::NoContext { .. } | Error::Busy { .. } => RBLN_ERR_BUSY,
         Error::Open { .. } | Error::Os { .. } => RBLN_ERR_OS,

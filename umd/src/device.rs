@@ -90,9 +90,76 @@ pub struct Device {
     pub(crate) inner: Arc<DeviceInner>,
 }
 
-/// Indices N of the `/dev/rblnN` nodes present, ascending (empty when
-/// rbln.ko is not loaded).
+/// The environment variable that selects and orders the NPUs a process
+/// uses, as a comma-separated list of /dev/rblnN indices ("1", "2,0"; empty:
+/// none). Device index i of every API (`Device::open(i)`, `rbln-run
+/// --device i`, the Python SDK, rbln-serve) is then the i-th listed node,
+/// so a program written for device 0 runs unchanged on the NPU it was
+/// given (the Kubernetes device plugin sets it). Unset: index i is
+/// /dev/rblni.
+pub const VISIBLE_DEVICES_ENV: &str = "RBLN_VISIBLE_DEVICES";
+
+/// The list in RBLN_VISIBLE_DEVICES, if set.
+fn visible_devices() -> Option<std::result::Result<Vec<u32>, String>> {
+    let raw = std::env::var_os(VISIBLE_DEVICES_ENV)?;
+    let text = raw.to_string_lossy().into_owned();
+    Some(parse_visible(&text).ok_or(text))
+}
+
+fn parse_visible(text: &str) -> Option<Vec<u32>> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Some(Vec::new());
+    }
+    let list: Vec<u32> = text.split(',').map(|t| t.trim().parse().ok()).collect::<Option<_>>()?;
+    // Each node once: two indices naming one device would share a context limit and confuse users.
+    let mut seen = list.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    (seen.len() == list.len()).then_some(list)
+}
+
+/// The /dev/rblnN index behind device index `index` of this process.
+pub fn physical_index(index: u32) -> Result<u32> {
+    match visible_devices() {
+        None => Ok(index),
+        Some(Err(visible)) => Err(Error::NotVisible { index, visible, why: "is not a comma-separated list of distinct device indices" }),
+        Some(Ok(list)) => list.get(index as usize).copied().ok_or_else(|| Error::NotVisible {
+            index,
+            visible: std::env::var(VISIBLE_DEVICES_ENV).unwrap_or_default(),
+            why: "lists fewer devices",
+        }),
+    }
+}
+
+/// Indices of the NPUs this process can open, ascending: the `/dev/rblnN`
+/// nodes present (empty when rbln.ko is not loaded), through
+/// RBLN_VISIBLE_DEVICES when it is set.
 pub fn device_indices() -> Vec<u32> {
+    let present = present_nodes();
+    match visible_devices() {
+        None => present,
+        Some(Err(_)) => Vec::new(),
+        Some(Ok(list)) => (0..list.len() as u32).filter(|&i| present.contains(&list[i as usize])).collect(),
+    }
+}
+
+/// Attribute `attr` (a `uapi::sysfs` name) of /dev/rbln`node`, trimmed.
+pub fn read_sysfs(node: u32, attr: &std::ffi::CStr) -> std::io::Result<String> {
+    let path = format!("{}{node}/{}", uapi::sysfs::DIR, attr.to_string_lossy());
+    std::fs::read_to_string(path).map(|s| s.trim().to_string())
+}
+
+/// The privileged reset of /dev/rbln`node` (sysfs `reset`; root). Every
+/// context open on it is poisoned; a lost device cannot be reset (ENODEV).
+pub fn reset_device(node: u32) -> std::io::Result<()> {
+    let path = format!("{}{node}/{}", uapi::sysfs::DIR, uapi::sysfs::RESET.to_string_lossy());
+    std::fs::write(path, "1")
+}
+
+/// N of every `/dev/rblnN` node, ascending, whatever RBLN_VISIBLE_DEVICES
+/// says (for administration tools).
+pub fn present_nodes() -> Vec<u32> {
     let mut v: Vec<u32> = std::fs::read_dir("/dev")
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -109,14 +176,18 @@ pub fn device_indices() -> Vec<u32> {
 pub fn usable_device_indices() -> Vec<u32> {
     device_indices()
         .into_iter()
-        .filter(|i| nix::unistd::access(format!("/dev/rbln{i}").as_str(), nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK).is_ok())
+        .filter(|&i| {
+            let Ok(n) = physical_index(i) else { return false };
+            nix::unistd::access(format!("/dev/rbln{n}").as_str(), nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK).is_ok()
+        })
         .collect()
 }
 
 impl Device {
-    /// Open `/dev/rbln{index}`.
+    /// Open NPU `index` of this process: `/dev/rbln{index}`, or the
+    /// index-th node RBLN_VISIBLE_DEVICES lists.
     pub fn open(index: u32) -> Result<Device> {
-        Self::open_path(format!("/dev/rbln{index}"))
+        Self::open_path(format!("/dev/rbln{}", physical_index(index)?))
     }
 
     /// Open an rbln device node by path.
@@ -187,5 +258,21 @@ impl Device {
                 poisoned: AtomicBool::new(false),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod visible_tests {
+    use super::parse_visible;
+
+    #[test]
+    fn visible_device_lists() {
+        assert_eq!(parse_visible(""), Some(vec![]));
+        assert_eq!(parse_visible("1"), Some(vec![1]));
+        assert_eq!(parse_visible(" 2, 0 "), Some(vec![2, 0]));
+        assert_eq!(parse_visible("0,0"), None, "duplicates");
+        assert_eq!(parse_visible("a"), None);
+        assert_eq!(parse_visible("1,"), None);
+        assert_eq!(parse_visible("-1"), None);
     }
 }

@@ -121,6 +121,9 @@ fn fault_text(f: &Option<FaultInfo>) -> String {
 pub enum Error {
     #[error("no {}: is rbln.ko loaded? (insmod kmd/rbln.ko; `ls /dev/rbln*` lists the NPUs)", path.display())]
     NoDevice { path: PathBuf },
+    /// RBLN_VISIBLE_DEVICES hides the device asked for (or cannot be read).
+    #[error("NPU {index} is not visible to this process: RBLN_VISIBLE_DEVICES={visible:?} {why}")]
+    NotVisible { index: u32, visible: String, why: &'static str },
 
     #[error("cannot open {}: permission denied; run as root or give your user read-write access to the device node", path.display())]
     PermissionDenied { path: PathBuf },
@@ -210,7 +213,7 @@ impl Error {
     pub fn errno(&self) -> Option<Errno> {
         use Error::*;
         Some(match self {
-            NoDevice { .. } => Errno::ENOENT,
+            NoDevice { .. } | NotVisible { .. } => Errno::ENOENT,
             PermissionDenied { .. } => Errno::EACCES,
             NoContext { .. } => Errno::EBUSY,
             NotAnNpu { .. } => Errno::ENOTTY,

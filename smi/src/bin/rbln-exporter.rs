@@ -47,7 +47,7 @@ fn as_i64(v: u64) -> i64 {
 fn render(rep: &Report) -> String {
     let r = Registry::new();
     let info = int_gauge(&r, "rbln_device_info", "Constant 1, labelled with the device's identity", &["device", "path", "hw_version", "driver_version"]);
-    let health = int_gauge(&r, "rbln_device_health", "1 for the device's current health state (ok, faulted, lost, error)", &["device", "state"]);
+    let health = int_gauge(&r, "rbln_device_health", "1 for the device's current health state (ok, faulted, hung, lost, error)", &["device", "state"]);
     let dram_total = int_gauge(&r, "rbln_device_dram_total_bytes", "Device DRAM", &["device"]);
     let dram_used = int_gauge(&r, "rbln_device_dram_used_bytes", "Device DRAM allocated to buffers", &["device"]);
     let host = int_gauge(&r, "rbln_device_host_buffer_bytes", "Host-memory buffers of the device's visible clients", &["device"]);
@@ -61,13 +61,14 @@ fn render(rep: &Report) -> String {
     let ops = counter(&r, "rbln_device_compute_ops_total", "Compute descriptors executed", &["device"]);
     let flops = counter(&r, "rbln_device_compute_flops_total", "Nominal floating-point operations executed", &["device"]);
     let faults = counter(&r, "rbln_device_faults_total", "Error records raised by the device", &["device"]);
+    let resets = counter(&r, "rbln_device_resets_total", "Privileged resets since the driver bound the device", &["device"]);
     let p_dram = int_gauge(&r, "rbln_process_dram_bytes", "Device DRAM buffers of a process", &["device", "pid", "process"]);
     let p_host = int_gauge(&r, "rbln_process_host_buffer_bytes", "Host-memory buffers of a process", &["device", "pid", "process"]);
     let p_queues = int_gauge(&r, "rbln_process_queues", "Queues of a process", &["device", "pid", "process"]);
     for d in &rep.devices {
         let dev = d.index.to_string();
         info.with_label_values(&[dev.as_str(), &d.path, d.hw_version.as_deref().unwrap_or(""), rep.driver_version.as_deref().unwrap_or("")]).set(1);
-        let state = if ["ok", "faulted", "lost"].contains(&d.health.as_str()) { d.health.as_str() } else { "error" };
+        let state = if ["ok", "faulted", "hung", "lost"].contains(&d.health.as_str()) { d.health.as_str() } else { "error" };
         health.with_label_values(&[dev.as_str(), state]).set(1);
         if let Some(t) = d.dram_total_bytes {
             dram_total.with_label_values(&[dev.as_str()]).set(as_i64(t));
@@ -91,6 +92,7 @@ fn render(rep: &Report) -> String {
         ops.with_label_values(&[dev.as_str()]).inc_by(s.compute_ops);
         flops.with_label_values(&[dev.as_str()]).inc_by(s.compute_flops);
         faults.with_label_values(&[dev.as_str()]).inc_by(s.faults);
+        resets.with_label_values(&[dev.as_str()]).inc_by(s.resets);
     }
     for p in &rep.processes {
         let l = [p.device.to_string(), p.pid.to_string(), p.name.clone()];
@@ -158,7 +160,7 @@ mod tests {
 
     #[test]
     fn renders_devices_counters_and_processes() {
-        let mut stats = rbln_umd::uapi::DeviceStats { packets: 12, faults: 1, queues: 3, ..Default::default() };
+        let mut stats = rbln_umd::uapi::DeviceStats { packets: 12, faults: 1, resets: 2, queues: 3, ..Default::default() };
         stats.core_busy_ns[1] = 1_500_000_000;
         let dev = DeviceReport {
             index: 0,
@@ -188,6 +190,7 @@ mod tests {
             r#"rbln_device_core_busy_seconds_total{core="1",device="0"} 1.5"#,
             r#"rbln_device_packets_total{device="0"} 12"#,
             r#"rbln_device_faults_total{device="0"} 1"#,
+            r#"rbln_device_resets_total{device="0"} 2"#,
             r#"rbln_device_queues{device="0"} 3"#,
             r#"rbln_process_dram_bytes{device="0",pid="42",process="serve"} 1048576"#,
         ] {
