@@ -82,9 +82,10 @@ async fn poll(roots: Roots, tx: watch::Sender<Vec<Npu>>, every: Duration, labels
     }
 }
 
-/// Identity of the kubelet's socket file: a restarted kubelet makes a new one.
-fn inode(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+/// Identity of the kubelet's socket file: a restarted kubelet makes a new
+/// one (the change time tells them apart when the inode number is reused).
+fn inode(path: &Path) -> Option<(u64, u64, i64, i64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 enum Registered {
@@ -184,7 +185,12 @@ async fn main() -> ExitCode {
                 break;
             }
         }
+        // Graceful, but a ListAndWatch stream of the old kubelet never ends
+        // by itself: give open calls a moment, then drop them.
         let _ = stop.send(());
-        let _ = server.await;
+        let mut server = server;
+        if tokio::time::timeout(Duration::from_secs(2), &mut server).await.is_err() {
+            server.abort();
+        }
     }
 }

@@ -47,7 +47,7 @@ struct Args {
     /// Machine-readable report on stdout.
     #[arg(long)]
     json: bool,
-    /// Device index (/dev/rblnN).
+    /// Device index: /dev/rblnN, or the N-th of RBLN_VISIBLE_DEVICES when set.
     #[arg(long, default_value_t = 0)]
     device: u32,
     /// Pipelined execution (AsyncRuntime) with --parallel requests in
@@ -298,7 +298,7 @@ fn main() -> ExitCode {
             serde_json::json!({"model": info.name, "load_ms": load.as_secs_f64() * 1e3, "latency": stats.to_json(), "clock": clock::describe(), "outputs": outs})
         );
     } else {
-        println!("Model:      {} on /dev/rbln{} (loaded in {:.1} ms)", info.name, args.device, load.as_secs_f64() * 1e3);
+        println!("Model:      {} on {} (loaded in {:.1} ms)", info.name, dev.path().display(), load.as_secs_f64() * 1e3);
         for (t, o) in outputs.iter().zip(&info.outputs) {
             let head = first_text(&t.data, 6);
             println!("Output:     {} {:?} [{}{}]", o.name, t.shape, head.join(", "), if t.data.len() > 6 { ", ..." } else { "" });

@@ -758,6 +758,19 @@ fn sysfs_reset(value: &str) -> Result<(), Errno> {
     std::fs::write("/sys/class/misc/rbln0/reset", value).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))
 }
 
+/// Fault a job on /dev/rbln0, say "# faulted" and keep the context (and
+/// so the device's `faulted` health) until killed: the device plugin test.
+fn fault_hold() -> Res {
+    let env = Env::new()?;
+    let mut bad = rbln_hw::cmd::Encoder::new(Vec::new());
+    bad.dma_copy(env.va, 0x6660_0000, 64);
+    let fence = env.run(0, &bad.buf)?;
+    expect_err(wait(&env.f, env.q, fence, 5_000_000_000), Errno::EIO, "the faulting job")?;
+    println!("# faulted");
+    std::thread::sleep(std::time::Duration::from_secs(600));
+    Err("fault_hold returned".into())
+}
+
 /// The privileged reset: a faulted device reads `faulted` in sysfs until
 /// root writes 1 to `reset`; then it is `ok`, `reset_count` counts it,
 /// every context open at the time is poisoned (a job blocked in another
@@ -863,11 +876,12 @@ const TESTS: &[Test] = &[
     ("fdinfo", fdinfo),
     ("stats", stats),
     ("reset", reset),
+    ("fault_hold", fault_hold),
     ("lost", lost),
 ];
 
 /// Tests that need a special setup and run only when named.
-const ONLY_BY_NAME: &[&str] = &["hold", "hang", "two_devices", "reset", "lost"];
+const ONLY_BY_NAME: &[&str] = &["hold", "hang", "two_devices", "reset", "lost", "fault_hold"];
 
 fn main() {
     let wanted: Vec<String> = std::env::args().skip(1).collect();
