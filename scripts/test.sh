@@ -37,6 +37,7 @@ main() {
     step "setup (sysroot, kernel, initramfs)" "$RBLN_ROOT/scripts/setup.sh"
     step "scripts: pinned-version fallback" "$RBLN_ROOT/tests/scripts/test-pins.sh"
     step "cargo test (host)" cargo test --release --workspace --quiet
+    step "deploy/kubernetes manifests valid against the Kubernetes API schemas" "$RBLN_ROOT/tests/deploy/validate.sh"
     step "cargo build --release (binaries for the guest)" cargo build --release --workspace --quiet
     # The guest has no compiler: C programs are built here against librbln_umd.
     step "build the C examples (examples/c)" env RBLN_SKIP_CARGO=1 "$RBLN_ROOT/examples/c/build.sh"

@@ -1,6 +1,6 @@
 //! Node labels through Node Feature Discovery's local feature files: the
 //! plugin keeps `<features.d>/rbln` up to date, NFD's worker turns each
-//! `name=value` line into a node label. The names carry the `rbln.ai/`
+//! `name=value` line into a node label. The names carry the `rbln.dev/`
 //! namespace, which NFD accepts once listed in its `extraLabelNs`
 //! (deploy/kubernetes/README.md).
 
@@ -13,24 +13,24 @@ pub const FILE_NAME: &str = "rbln";
 
 /// The labels for these NPUs, sorted by name. Versions and memory are the
 /// first device's (a node's NPUs are one product in practice; a mixed node
-/// is labelled `rbln.ai/npu.mixed=true`).
+/// is labelled `rbln.dev/npu.mixed=true`).
 pub fn labels(npus: &[Npu]) -> Vec<(String, String)> {
-    let mut l = vec![("rbln.ai/npu.present".to_string(), (!npus.is_empty()).to_string()), ("rbln.ai/npu.count".to_string(), npus.len().to_string())];
+    let mut l = vec![("rbln.dev/npu.present".to_string(), (!npus.is_empty()).to_string()), ("rbln.dev/npu.count".to_string(), npus.len().to_string())];
     if let Some(first) = npus.first() {
-        l.push(("rbln.ai/npu.family".into(), "rbln".into()));
-        l.push(("rbln.ai/npu.product".into(), "rbln-npu".into()));
+        l.push(("rbln.dev/npu.family".into(), "rbln".into()));
+        l.push(("rbln.dev/npu.product".into(), "rbln-npu".into()));
         if let Some(v) = &first.hw_version {
-            l.push(("rbln.ai/npu.hw-version".into(), v.clone()));
+            l.push(("rbln.dev/npu.hw-version".into(), v.clone()));
         }
         if let Some(v) = &first.driver_version {
-            l.push(("rbln.ai/driver.version".into(), v.clone()));
+            l.push(("rbln.dev/driver.version".into(), v.clone()));
         }
         if let Some(b) = first.dram_total_bytes {
-            l.push(("rbln.ai/npu.memory-mib".into(), (b >> 20).to_string()));
+            l.push(("rbln.dev/npu.memory-mib".into(), (b >> 20).to_string()));
         }
         let mixed = npus.iter().any(|n| n.hw_version != first.hw_version || n.dram_total_bytes != first.dram_total_bytes);
         if mixed {
-            l.push(("rbln.ai/npu.mixed".into(), "true".into()));
+            l.push(("rbln.dev/npu.mixed".into(), "true".into()));
         }
     }
     l.sort();

@@ -23,7 +23,7 @@ pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 /// The kubelet's Registration socket, in the plugin dir.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
 /// The extended resource pods ask for.
-pub const DEFAULT_RESOURCE_NAME: &str = "rbln.ai/npu";
+pub const DEFAULT_RESOURCE_NAME: &str = "rbln.dev/npu";
 /// Device.health values.
 pub const HEALTHY: &str = "Healthy";
 pub const UNHEALTHY: &str = "Unhealthy";

@@ -1,5 +1,5 @@
 //! `rbln-device-plugin`: advertises the node's rbln NPUs to the kubelet as
-//! the extended resource `rbln.ai/npu` (device plugin API v1beta1), keeps
+//! the extended resource `rbln.dev/npu` (device plugin API v1beta1), keeps
 //! their health current from sysfs, hands allocated devices to containers
 //! with RBLN_VISIBLE_DEVICES, registers again when the kubelet restarts,
 //! and keeps the node's NFD feature file (labels) up to date.

@@ -33,11 +33,11 @@ check "with it, device 1 is not visible: a clear error" sh -c "env \$(cat /tmp/a
 check "a malformed RBLN_VISIBLE_DEVICES is refused" sh -c "RBLN_VISIBLE_DEVICES=1,x rbln-run target/models/cnn.rbln --input target/models/cnn.input.npy >/tmp/run2.out 2>&1; test \$? = 4 && grep -q 'comma-separated' /tmp/run2.out"
 cat $features/rbln
 check "node labels: NFD feature file with count, product and versions" sh -c "
-    grep -qx rbln.ai/npu.present=true $features/rbln && grep -qx rbln.ai/npu.count=2 $features/rbln &&
-    grep -qx rbln.ai/npu.product=rbln-npu $features/rbln &&
-    grep -qx rbln.ai/npu.hw-version=\$(cat /sys/class/misc/rbln0/hw_version) $features/rbln &&
-    grep -qx rbln.ai/driver.version=\$(cat /sys/class/misc/rbln0/driver_version) $features/rbln &&
-    grep -qx rbln.ai/npu.memory-mib=512 $features/rbln"
+    grep -qx rbln.dev/npu.present=true $features/rbln && grep -qx rbln.dev/npu.count=2 $features/rbln &&
+    grep -qx rbln.dev/npu.product=rbln-npu $features/rbln &&
+    grep -qx rbln.dev/npu.hw-version=\$(cat /sys/class/misc/rbln0/hw_version) $features/rbln &&
+    grep -qx rbln.dev/driver.version=\$(cat /sys/class/misc/rbln0/driver_version) $features/rbln &&
+    grep -qx rbln.dev/npu.memory-mib=512 $features/rbln"
 kill -TERM $plugin
 check "SIGTERM: the plugin exits and removes its socket" sh -c "wait $plugin 2>/dev/null; n=0; while kill -0 $plugin 2>/dev/null && [ \$n -lt 50 ]; do sleep 0.1; n=\$((n + 1)); done; ! kill -0 $plugin 2>/dev/null && test ! -e $dir/rbln-npu.sock"
 holder=$(cat /tmp/fault.pid)
