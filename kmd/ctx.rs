@@ -113,6 +113,8 @@ struct Inner {
     retired: KVec<u32>,
     /// Command buffers submitted through SUBMIT (fdinfo).
     submits: u64,
+    /// Q_BUSY_NS_64 of this context's queues already torn down (fdinfo).
+    retired_busy_ns: u64,
 }
 
 /// What one context holds and has done, for its file's fdinfo.
@@ -122,6 +124,8 @@ pub(crate) struct Usage {
     pub(crate) bos: usize,
     pub(crate) queues: usize,
     pub(crate) submits: u64,
+    /// Device time the context's queues spent executing packets.
+    pub(crate) busy_ns: u64,
 }
 
 /// One open file's context.
@@ -144,7 +148,7 @@ impl Context {
                 r.w64(regs::ctx_reg(id, regs::CTX_PT_ROOT_64), root)?;
                 r.w32(regs::ctx_reg(id, regs::CTX_CONTROL), regs::CTX_CONTROL_VALID)
             })?;
-            let inner = Inner { tables, va, bos: KVec::new(), maps: KVec::new(), queues: KVec::new(), retired: KVec::new(), submits: 0 };
+            let inner = Inner { tables, va, bos: KVec::new(), maps: KVec::new(), queues: KVec::new(), retired: KVec::new(), submits: 0, retired_busy_ns: 0 };
             let owner = npu.clone();
             KBox::pin_init(try_pin_init!(Context { npu: owner, id, inner <- new_mutex!(inner) }), GFP_KERNEL)
         })();
@@ -162,7 +166,7 @@ impl Context {
     /// Memory, queues and submissions of this context.
     pub(crate) fn usage(&self) -> Usage {
         let inner = self.inner.lock();
-        let mut u = Usage { host_bytes: 0, dram_bytes: 0, bos: 0, queues: 0, submits: inner.submits };
+        let mut u = Usage { host_bytes: 0, dram_bytes: 0, bos: 0, queues: 0, submits: inner.submits, busy_ns: inner.retired_busy_ns };
         for bo in inner.bos.iter().flatten() {
             match bo.backing {
                 Backing::Host(_) => u.host_bytes += bo.size,
@@ -171,6 +175,9 @@ impl Context {
             u.bos += 1;
         }
         u.queues = inner.queues.iter().flatten().count();
+        for q in inner.queues.iter().flatten() {
+            u.busy_ns += self.npu.queue_busy_ns(q.hw);
+        }
         u
     }
 
@@ -468,6 +475,8 @@ impl Context {
     fn teardown_queue(&self, inner: &mut Inner, i: usize) {
         if let Some(q) = inner.queues[i].take() {
             q.shared.destroyed.store(true, Relaxed);
+            // The reset below clears the counter: keep what it counted.
+            inner.retired_busy_ns += self.npu.queue_busy_ns(q.hw);
             let _ = self.npu.with_regs(|r| r.w32(regs::queue_reg(q.hw, regs::Q_CONTROL), qctl::RESET));
             let _ = self.npu.with_bound(|d| inner.tables.set(d, q.kva, 0));
             let _ = self.invalidate();

@@ -162,6 +162,9 @@ impl MiscDevice for RblnFile {
         let u = me.ctx.usage();
         kernel::seq_print!(m, "drm-driver:\trbln\n");
         kernel::seq_print!(m, "drm-client-id:\t{}\n", me.client_id);
+        // One engine, "npu": the time this client's queues executed packets
+        // (several queues of one client can add up to more than wall time).
+        kernel::seq_print!(m, "drm-engine-npu:\t{} ns\n", u.busy_ns);
         // Every buffer is resident: none is ever swapped or evicted.
         for (region, bytes) in [("host", u.host_bytes), ("dram", u.dram_bytes)] {
             kernel::seq_print!(m, "drm-total-{}:\t{} KiB\n", region, bytes / 1024);

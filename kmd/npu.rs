@@ -206,6 +206,14 @@ impl Npu {
         engine.as_mut().ok_or(ENODEV)?.zero_dram(self, offset, size)
     }
 
+    /// Q_BUSY_NS_64 of hardware queue `q` (0 once the device is gone).
+    pub(crate) fn queue_busy_ns(&self, q: u32) -> u64 {
+        if self.is_gone() {
+            return 0;
+        }
+        self.with_regs(|r| r.r64(regs::queue_reg(q, regs::Q_BUSY_NS_64))).unwrap_or(0)
+    }
+
     /// Unbinding, or lost: nothing can reach the device any more.
     pub(crate) fn is_gone(&self) -> bool {
         self.gone.load(kernel::sync::atomic::Relaxed) || self.lost.load(kernel::sync::atomic::Relaxed)

@@ -138,6 +138,9 @@ pub const Q_FAULT_ADDR_64: u64 = 0x38;
 /// RO. Packets executed by this queue since its last reset (progress
 /// counter for hang detection).
 pub const Q_PACKETS_64: u64 = 0x40;
+/// RO. Nanoseconds this queue spent executing packets other than SEM_WAIT
+/// since its last reset (per-client engine time; since minor version 5).
+pub const Q_BUSY_NS_64: u64 = 0x48;
 
 pub mod qctl {
     /// Set: the queue consumes ring entries. Clear: the queue stops at the
@@ -175,6 +178,6 @@ pub const fn queue_vector(q: u32) -> u32 {
 
 const _: () = assert!(ctx_reg(MAX_CONTEXTS, 0) <= QUEUE_BASE);
 const _: () = assert!(queue_reg(MAX_QUEUES, 0) <= super::pci::MSIX_TABLE_OFFSET as u64);
-const _: () = assert!(Q_PACKETS_64 + 8 <= QUEUE_STRIDE);
+const _: () = assert!(Q_BUSY_NS_64 + 8 <= QUEUE_STRIDE);
 const _: () = assert!(CNT_CORE_BUSY_NS_64 + 8 * MAX_CORES as u64 <= 0x200);
 const _: () = assert!(CNT_DMA_BUSY_NS_64 + 8 * MAX_DMA_ENGINES as u64 <= CNT_CORE_BUSY_NS_64);

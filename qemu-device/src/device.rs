@@ -134,6 +134,8 @@ pub(crate) struct QueueRegs {
     pub fault_ring_index: u32,
     pub fault_addr: u64,
     pub packets: u64,
+    /// Q_BUSY_NS_64.
+    pub busy_ns: u64,
     /// Bumped whenever the queue is reset or disabled; work started under
     /// an older generation is abandoned.
     pub generation: u64,
@@ -157,6 +159,7 @@ impl QueueRegs {
             fault_ring_index: 0,
             fault_addr: 0,
             packets: 0,
+            busy_ns: 0,
             generation: 0,
             busy: false,
         }
@@ -505,6 +508,7 @@ impl Shared {
         r.fault_ring_index = 0;
         r.fault_addr = 0;
         r.packets = 0;
+        r.busy_ns = 0;
         r.fence = 0;
         if report {
             self.write_status(&r);
@@ -599,6 +603,7 @@ impl Shared {
                     regs::Q_FENCE_64 => r.fence,
                     regs::Q_FAULT_ADDR_64 => r.fault_addr,
                     regs::Q_PACKETS_64 => r.packets,
+                    regs::Q_BUSY_NS_64 => r.busy_ns,
                     _ => return None,
                 }
             }

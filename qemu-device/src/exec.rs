@@ -111,11 +111,16 @@ impl Exec<'_> {
                 log::debug!("bad packet at {pkt_va:#x}: {e:?}");
                 self.fault_at(FaultCode::BadPacket, Access::Read, pkt_va)
             })?;
+            // Waiting on a semaphore is not work (Q_BUSY_NS_64).
+            let timed = !matches!(pkt, Packet::SemWait(_));
+            let t0 = std::time::Instant::now();
             self.run_packet(pkt, pkt_va)?;
+            let busy = if timed { t0.elapsed().as_nanos() as u64 } else { 0 };
             Counters::add(&self.s.counters.packets, 1);
             let mut r = self.s.queues[self.job.queue as usize].lock();
             if r.generation == self.job.generation {
                 r.packets += 1;
+                r.busy_ns = r.busy_ns.saturating_add(busy);
             }
             off += len;
         }

@@ -20,6 +20,8 @@ pub struct Client {
     pub buffers: u64,
     pub queues: u64,
     pub submits: u64,
+    /// drm-engine-npu: device time of the client's queues, ns.
+    pub engine_ns: u64,
 }
 
 /// A process's use of one device (all of its clients there).
@@ -34,6 +36,8 @@ pub struct ProcessUse {
     pub buffers: u64,
     pub queues: u64,
     pub submits: u64,
+    /// drm-engine-npu: device time of the client's queues, ns.
+    pub engine_ns: u64,
 }
 
 /// Parses one fdinfo file; `None` unless it is an rbln file.
@@ -66,6 +70,7 @@ pub fn parse_fdinfo(pid: u32, text: &str) -> Option<Client> {
         buffers: num("rbln-buffers").unwrap_or(0),
         queues: num("rbln-queues").unwrap_or(0),
         submits: num("rbln-submits").unwrap_or(0),
+        engine_ns: num("drm-engine-npu").unwrap_or(0),
     })
 }
 
@@ -111,6 +116,7 @@ pub fn by_process(clients: &[Client], proc_root: &Path) -> Vec<ProcessUse> {
         p.buffers += c.buffers;
         p.queues += c.queues;
         p.submits += c.submits;
+        p.engine_ns += c.engine_ns;
     }
     m.into_values().collect()
 }
@@ -121,12 +127,12 @@ mod tests {
 
     const SAMPLE: &str = "pos:\t0\nflags:\t02100002\nmnt_id:\t20\nino:\t601\ndrm-driver:\trbln\ndrm-client-id:\t16\n\
         drm-total-host:\t64 KiB\ndrm-resident-host:\t64 KiB\ndrm-total-dram:\t2 MiB\ndrm-resident-dram:\t2 MiB\n\
-        rbln-device:\t1\nrbln-context:\t1\nrbln-buffers:\t2\nrbln-queues:\t1\nrbln-submits:\t3\n";
+        rbln-device:\t1\nrbln-context:\t1\nrbln-buffers:\t2\nrbln-queues:\t1\nrbln-submits:\t3\ndrm-engine-npu:\t1500 ns\n";
 
     #[test]
     fn parses_the_drivers_keys_and_ignores_other_files() {
         let c = parse_fdinfo(7, SAMPLE).unwrap();
-        assert_eq!(c, Client { pid: 7, client_id: 16, device: 1, host_bytes: 65536, dram_bytes: 2 << 20, buffers: 2, queues: 1, submits: 3 });
+        assert_eq!(c, Client { pid: 7, client_id: 16, device: 1, host_bytes: 65536, dram_bytes: 2 << 20, buffers: 2, queues: 1, submits: 3, engine_ns: 1500 });
         assert_eq!(parse_fdinfo(7, "pos:\t0\nflags:\t02\n"), None);
         assert_eq!(parse_fdinfo(7, &SAMPLE.replace("rbln\n", "amdgpu\n")), None);
         assert_eq!(parse_fdinfo(7, &SAMPLE.replace("drm-client-id:\t16", "drm-client-id:\tx")), None, "a client id is required");

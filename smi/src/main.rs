@@ -126,13 +126,14 @@ fn text(r: &Report) -> String {
                 p.buffers.to_string(),
                 p.queues.to_string(),
                 p.submits.to_string(),
+                format!("{:.3} s", p.engine_ns as f64 / 1e9),
             ]
         })
         .collect();
     if rows.is_empty() {
         out += "No processes are using an NPU.\n";
     } else {
-        out += &table(&["NPU", "PID", "Process", "DRAM", "Host buffers", "Buffers", "Queues", "Submits"], &rows);
+        out += &table(&["NPU", "PID", "Process", "DRAM", "Host buffers", "Buffers", "Queues", "Submits", "NPU time"], &rows);
     }
     out
 }

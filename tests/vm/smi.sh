@@ -45,7 +45,7 @@ r = json.loads(subprocess.run(['rbln-smi', '--json'], capture_output=True, text=
 d = r['devices'][0]
 print('# core utilisation', d['core_utilization'], 'DMA', d['dma_utilization'])
 assert d['core_utilization'] > 0.01, d
-assert any(p['name'] == 'rbln-run' and p['submits'] + p['queues'] > 0 for p in r['processes']), r['processes']
+assert any(p['name'] == 'rbln-run' and p['submits'] + p['queues'] > 0 and p['engine_ns'] > 0 for p in r['processes']), r['processes']
 "
 # The Prometheus exporter, scraped while the model still runs.
 rbln-exporter --listen 127.0.0.1:9400 >/tmp/exporter.log 2>&1 &
@@ -71,6 +71,7 @@ assert value('rbln_device_info{device=\"0\"') == 1
 assert value('rbln_device_core_busy_seconds_total{core=\"0\",device=\"0\"}') > 0
 assert value('rbln_device_compute_ops_total{device=\"0\"}') > 0
 assert value('rbln_process_queues{device=\"0\",pid=\"$run\",process=\"rbln-run\"}') >= 1
+assert value('rbln_process_engine_seconds_total{device=\"0\",pid=\"$run\",process=\"rbln-run\"}') > 0
 "
 kill $exp; wait $exp 2>/dev/null || true
 kill $run 2>/dev/null; wait $run 2>/dev/null || true

@@ -65,6 +65,7 @@ fn render(rep: &Report) -> String {
     let p_dram = int_gauge(&r, "rbln_process_dram_bytes", "Device DRAM buffers of a process", &["device", "pid", "process"]);
     let p_host = int_gauge(&r, "rbln_process_host_buffer_bytes", "Host-memory buffers of a process", &["device", "pid", "process"]);
     let p_queues = int_gauge(&r, "rbln_process_queues", "Queues of a process", &["device", "pid", "process"]);
+    let p_engine = gauge(&r, "rbln_process_engine_seconds_total", "Device time the process's queues spent executing (fdinfo drm-engine-npu)", &["device", "pid", "process"]);
     for d in &rep.devices {
         let dev = d.index.to_string();
         info.with_label_values(&[dev.as_str(), &d.path, d.hw_version.as_deref().unwrap_or(""), rep.driver_version.as_deref().unwrap_or("")]).set(1);
@@ -100,6 +101,7 @@ fn render(rep: &Report) -> String {
         p_dram.with_label_values(&l).set(as_i64(p.dram_bytes));
         p_host.with_label_values(&l).set(as_i64(p.host_bytes));
         p_queues.with_label_values(&l).set(as_i64(p.queues));
+        p_engine.with_label_values(&l).set(p.engine_ns as f64 / 1e9);
     }
     let mut buf = Vec::new();
     let _ = TextEncoder::new().encode(&r.gather(), &mut buf);
@@ -180,7 +182,7 @@ mod tests {
             clients: 1,
         };
         let lost = DeviceReport { index: 1, path: "/dev/rbln1".into(), health: "open /dev/rbln1: EACCES".into(), stats: None, ..dev.clone() };
-        let p = ProcessUse { pid: 42, name: "serve".into(), device: 0, clients: 1, host_bytes: 4096, dram_bytes: 1 << 20, buffers: 2, queues: 1, submits: 5 };
+        let p = ProcessUse { pid: 42, name: "serve".into(), device: 0, clients: 1, host_bytes: 4096, dram_bytes: 1 << 20, buffers: 2, queues: 1, submits: 5, engine_ns: 2_500_000_000 };
         let text = render(&Report { driver_version: Some("0.2.0".into()), devices: vec![dev, lost], processes: vec![p] });
         for want in [
             r#"rbln_device_info{device="0",driver_version="0.2.0",hw_version="1.4",path="/dev/rbln0"} 1"#,
@@ -188,6 +190,7 @@ mod tests {
             r#"rbln_device_health{device="1",state="error"} 1"#,
             r#"rbln_device_dram_used_bytes{device="0"} 1048576"#,
             r#"rbln_device_core_busy_seconds_total{core="1",device="0"} 1.5"#,
+            r#"rbln_process_engine_seconds_total{device="0",pid="42",process="serve"} 2.5"#,
             r#"rbln_device_packets_total{device="0"} 12"#,
             r#"rbln_device_faults_total{device="0"} 1"#,
             r#"rbln_device_resets_total{device="0"} 2"#,

@@ -679,7 +679,7 @@ fn fdinfo() -> Res {
     let hva = vm_map(&f, host, 0, uapi::VM_READ | uapi::VM_WRITE).map_err(|e| format!("map: {e}"))?;
     let m = Mapped::new(&f, host, 64 << 10)?;
     let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
-    e.nop();
+    e.fill(hva + 4096, 60 << 10, 7);
     m.write(0, &e.buf);
     let q = queue_create(&f).map_err(|e| format!("queue: {e}"))?;
     for _ in 0..3 {
@@ -703,8 +703,25 @@ fn fdinfo() -> Res {
             return Err(format!("fdinfo {k}: {:?}, expected {v:?}", kv.get(k)));
         }
     }
+    // Engine time: "<n> ns", grown by the FILLs, kept when the queue goes.
+    let engine = |kv: &std::collections::HashMap<String, String>| -> Result<u64, String> {
+        kv.get("drm-engine-npu").and_then(|v| v.strip_suffix(" ns")).and_then(|v| v.parse().ok()).ok_or(format!("drm-engine-npu: {:?}", kv.get("drm-engine-npu")))
+    };
+    let busy = engine(&kv)?;
+    if busy == 0 {
+        return Err("drm-engine-npu is 0 after three 60 KiB FILLs".into());
+    }
+    let mut d = uapi::QueueDestroy { queue_id: q, ..Default::default() };
+    ioctl(&f, uapi::RBLN_IOCTL_QUEUE_DESTROY, &mut d).map_err(|e| format!("QUEUE_DESTROY: {e}"))?;
+    let after = engine(&read(&f)?)?;
+    if after < busy {
+        return Err(format!("drm-engine-npu went from {busy} to {after} ns when the queue was destroyed"));
+    }
     let id: u64 = kv.get("drm-client-id").and_then(|v| v.parse().ok()).ok_or("no numeric drm-client-id")?;
     let other = read(&open(0)?)?;
+    if engine(&other)? != 0 {
+        return Err(format!("a new file has engine time {:?}", other.get("drm-engine-npu")));
+    }
     let id2: u64 = other.get("drm-client-id").and_then(|v| v.parse().ok()).ok_or("no numeric drm-client-id")?;
     if id2 == id || other.get("drm-total-host").map(String::as_str) != Some("0 KiB") {
         return Err(format!("a second file: client id {id2} (first {id}), host {:?}", other.get("drm-total-host")));
