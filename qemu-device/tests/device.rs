@@ -98,6 +98,7 @@ fn queue_runs_every_packet_in_order() {
     assert_eq!(st.fence, 42);
     assert_eq!(st.head, 1);
     assert_eq!(st.packets, 13);
+    assert!(rig.reg64(regs::queue_reg(q.index, regs::Q_BUSY_NS_64)) > 0, "the queue's busy time counts its packets");
 
     // FILL then DMA to host.
     let filled = rig.read(host + 0x5000, 256);
@@ -272,6 +273,7 @@ fn resets_stop_hung_work_and_restore_reset_values() {
     assert_eq!(rig.state(&q), QueueState::Disabled);
     assert_eq!(rig.reg32(regs::queue_reg(5, regs::Q_HEAD)), 0);
     assert_eq!(rig.reg64(regs::queue_reg(5, regs::Q_FENCE_64)), 0, "a reset queue starts a new fence timeline");
+    assert_eq!(rig.reg64(regs::queue_reg(5, regs::Q_BUSY_NS_64)), 0);
 
     // Device reset.
     rig.set32(regs::SCRATCH, 7);
