@@ -32,6 +32,7 @@ enum Show {
     Health,
     ResetCount,
     Faults,
+    PciAddress,
 }
 
 /// A `struct device_attribute` the kernel may point at: static, writable
@@ -59,7 +60,7 @@ type ShowFn = unsafe extern "C" fn(*mut bindings::device, *mut bindings::device_
 type StoreFn =
     unsafe extern "C" fn(*mut bindings::device, *mut bindings::device_attribute, *const kernel::ffi::c_char, usize) -> isize;
 
-static ATTRS: [Attr; 9] = [
+static ATTRS: [Attr; 10] = [
     attr(sysfs::HW_VERSION, 0o444, Some(show::<{ Show::HwVersion as u8 }>), None),
     attr(sysfs::DRIVER_VERSION, 0o444, Some(show::<{ Show::DriverVersion as u8 }>), None),
     attr(sysfs::DRAM_TOTAL_BYTES, 0o444, Some(show::<{ Show::DramTotal as u8 }>), None),
@@ -68,6 +69,7 @@ static ATTRS: [Attr; 9] = [
     attr(sysfs::HEALTH, 0o444, Some(show::<{ Show::Health as u8 }>), None),
     attr(sysfs::RESET_COUNT, 0o444, Some(show::<{ Show::ResetCount as u8 }>), None),
     attr(sysfs::FAULTS, 0o444, Some(show::<{ Show::Faults as u8 }>), None),
+    attr(sysfs::PCI_ADDRESS, 0o444, Some(show::<{ Show::PciAddress as u8 }>), None),
     attr(sysfs::RESET, 0o200, None, Some(store_reset)),
 ];
 
@@ -143,6 +145,10 @@ unsafe extern "C" fn show<const WHAT: u8>(
         w if w == Show::Health as u8 => writeln!(out, "{}", uapi::health_name(npu.stats().health)),
         w if w == Show::ResetCount as u8 => writeln!(out, "{}", npu.stats().resets),
         w if w == Show::Faults as u8 => writeln!(out, "{}", npu.stats().faults),
+        w if w == Show::PciAddress as u8 => {
+            let dev: &kernel::device::Device = npu.pdev.as_ref();
+            writeln!(out, "{}", dev.name().to_str().unwrap_or("?"))
+        }
         _ => Ok(()),
     };
     match r {

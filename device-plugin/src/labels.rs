@@ -53,3 +53,42 @@ pub fn write(dir: &Path, npus: &[Npu]) -> std::io::Result<()> {
     std::fs::write(&tmp, render(npus))?;
     std::fs::rename(tmp, dir.join(FILE_NAME))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn npu(node: u32, hw: &str, dram: u64) -> Npu {
+        Npu { node, health: "ok".into(), numa_node: None, hw_version: Some(hw.into()), driver_version: Some("0.2.0".into()), dram_total_bytes: Some(dram) }
+    }
+
+    #[test]
+    fn labels_of_a_node() {
+        let text = render(&[npu(0, "1.5", 512 << 20), npu(1, "1.5", 512 << 20)]);
+        for line in [
+            "rbln.dev/npu.present=true",
+            "rbln.dev/npu.count=2",
+            "rbln.dev/npu.product=rbln-npu",
+            "rbln.dev/npu.hw-version=1.5",
+            "rbln.dev/npu.memory-mib=512",
+            "rbln.dev/driver.version=0.2.0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+        }
+        assert!(!text.contains("mixed"));
+        assert!(render(&[npu(0, "1.5", 512 << 20), npu(1, "1.4", 512 << 20)]).contains("rbln.dev/npu.mixed=true"));
+        let none = render(&[]);
+        assert!(none.contains("rbln.dev/npu.present=false") && none.contains("rbln.dev/npu.count=0") && !none.contains("product"), "{none}");
+    }
+
+    #[test]
+    fn the_file_is_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("rbln-labels-{}", std::process::id()));
+        write(&dir, &[npu(0, "1.5", 1 << 30)]).unwrap();
+        write(&dir, &[]).unwrap();
+        let text = std::fs::read_to_string(dir.join(FILE_NAME)).unwrap();
+        assert!(text.contains("rbln.dev/npu.count=0") && !text.contains("memory"), "{text}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -116,7 +116,7 @@ async fn main() -> ExitCode {
         log(format!("--endpoint {:?} must be a file name", args.endpoint));
         return ExitCode::from(2);
     }
-    let roots = Roots { dev: args.dev_dir.clone(), sysfs: args.sysfs_dir.clone() };
+    let roots = Roots { dev: args.dev_dir.clone(), sysfs: args.sysfs_dir.clone(), ..Roots::default() };
     let first = inventory::scan(&roots);
     log(format!("{} NPU(s): {}", first.len(), first.iter().map(|n| format!("{} ({})", n.id(), n.health)).collect::<Vec<_>>().join(", ")));
     let (tx, rx) = watch::channel(first);

@@ -8,7 +8,7 @@
 
 check "insmod rbln.ko" insmod kmd/rbln.ko
 d=/sys/class/misc/rbln0
-for a in hw_version driver_version dram_total_bytes dram_used_bytes utilization health reset_count faults; do
+for a in hw_version driver_version dram_total_bytes dram_used_bytes utilization health reset_count faults pci_address; do
     echo "# $a: $(cat $d/$a)"
 done
 check "sysfs: versions, memory and state of an idle device" sh -c "
@@ -16,6 +16,7 @@ check "sysfs: versions, memory and state of an idle device" sh -c "
     test \$(cat $d/dram_total_bytes) = 536870912 && test \$(cat $d/dram_used_bytes) = 0 &&
     test \$(cat $d/health) = ok && test \$(cat $d/reset_count) = 0 && test \$(cat $d/utilization) -le 100"
 check "sysfs: driver_version is the loaded driver's" sh -c "dmesg | grep -q \"rbln driver \$(cat $d/driver_version) loaded\""
+check "sysfs: pci_address is the PCI function's" sh -c "test -e /sys/bus/pci/devices/\$(cat $d/pci_address)/vendor && dmesg | grep -q \"rbln \$(cat $d/pci_address): rbln0: NPU\""
 check "sysfs: reset is write-only, for root" sh -c "test \"\$(stat -c %a $d/reset)\" = 200"
 check "DRAM in use shows in sysfs" sh -c "rbln-kmd-tests hold >/tmp/hold.out 2>&1 & p=\$!; n=0
     until grep -q holding /tmp/hold.out || [ \$n -ge 100 ]; do sleep 0.1; n=\$((n + 1)); done
@@ -46,4 +47,6 @@ h = {d[\"index\"]: d[\"health\"] for d in r[\"devices\"]}
 assert h == {0: \"ok\", 1: \"lost\"}, h'"
 check "kernel log: the loss is reported" sh -c "dmesg | grep -q 'rbln1: device lost'"
 check "driver-level: waiters and later calls on a lost device get ENODEV" rbln-kmd-tests lost
-check "rmmod rbln with two lost devices" rmmod rbln
+bdf=$(cat /sys/class/misc/rbln1/pci_address)
+check "unbind of a lost device ($bdf)" sh -c "echo $bdf > /sys/bus/pci/drivers/rbln/unbind && test ! -e /dev/rbln1"
+check "rmmod rbln with a lost device left" rmmod rbln

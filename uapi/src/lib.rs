@@ -264,6 +264,9 @@ pub mod sysfs {
     pub const FAULTS: &CStr = c"faults";
     /// Write-only, root: "1" resets the device (`Npu::reset`).
     pub const RESET: &CStr = c"reset";
+    /// The PCI function's address, "DDDD:BB:DD.F" (its directory in
+    /// /sys/bus/pci/devices: NUMA node, unbind).
+    pub const PCI_ADDRESS: &CStr = c"pci_address";
 }
 
 /// The name of a `DeviceStats::health` value, as sysfs `health`, rbln-smi
