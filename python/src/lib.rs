@@ -29,7 +29,7 @@ fn device_count() -> usize {
 
 /// One dict per NPU of `device_count()`: index (the `device=` argument),
 /// path, name, hardware and driver versions, memory, queues, compute
-/// cores, DMA engines.
+/// cores, DMA engines, health.
 #[pyfunction]
 fn devices<'py>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
     let infos = py.detach(|| -> Result<Vec<_>, errors::Failure> {
@@ -56,6 +56,9 @@ fn devices<'py>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         d.set_item("num_queues", i.num_queues)?;
         d.set_item("num_cores", i.num_cores)?;
         d.set_item("num_dma_engines", i.num_dma_engines)?;
+        // The driver's sysfs health (docs/uapi.md 8b): ok, faulted, hung, lost.
+        let health = rbln_umd::read_sysfs(i.index, rbln_umd::uapi::sysfs::HEALTH).unwrap_or_else(|_| "unknown".into());
+        d.set_item("health", health)?;
         out.push(d);
     }
     Ok(out)

@@ -168,6 +168,7 @@ def test_devices():
     d = rbln.devices()[0]
     assert d["index"] == 0 and d["path"] == "/dev/rbln0"
     assert d["memory"] > 0 and d["num_queues"] >= 16 and d["hw_version"].count(".") == 1
+    assert d["health"] == "ok", d
 
 
 def test_profiler(mlp):
