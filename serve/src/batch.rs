@@ -99,12 +99,16 @@ pub struct Batcher {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The backend the thread feeds (for `healthy`).
+    inner: Arc<dyn Backend>,
 }
 
 impl Batcher {
     /// Starts the batching thread in front of `backend`. `sizes` records
     /// the rows of every run.
     pub fn start(name: &str, backend: Box<dyn Backend>, batching: Batching, delay: Duration, sizes: prometheus::Histogram) -> Self {
+        let backend: Arc<dyn Backend> = Arc::from(backend);
+        let inner = backend.clone();
         let (tx, rx) = mpsc::channel::<Job>();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -115,11 +119,15 @@ impl Batcher {
         if thread.is_none() {
             eprintln!("rbln-serve: model '{name}': cannot start its batching thread; its requests will fail");
         }
-        Self { jobs: Mutex::new(thread.is_some().then_some(tx)), stop, thread }
+        Self { jobs: Mutex::new(thread.is_some().then_some(tx)), stop, thread, inner }
     }
 }
 
 impl Backend for Batcher {
+    fn healthy(&self) -> bool {
+        self.inner.healthy()
+    }
+
     fn submit(&self, job: Job) {
         if let Some(tx) = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             // A send error drops the job: its caller sees "stopped".
@@ -169,7 +177,7 @@ impl Forming {
 /// The batching thread: until the model is unloaded (its sender dropped),
 /// form batches and hand them to the backend. Dropping the backend at the
 /// end waits for the runs in flight.
-fn run(rx: mpsc::Receiver<Job>, backend: Box<dyn Backend>, batching: Batching, delay: Duration, sizes: prometheus::Histogram, stop: &AtomicBool) {
+fn run(rx: mpsc::Receiver<Job>, backend: Arc<dyn Backend>, batching: Batching, delay: Duration, sizes: prometheus::Histogram, stop: &AtomicBool) {
     let inflight = Arc::new(InFlight { count: Mutex::new(0), freed: Condvar::new() });
     let limit = backend.concurrency().max(1);
     let mut carry: Option<Job> = None;

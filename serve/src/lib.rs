@@ -61,8 +61,9 @@ impl App {
         InflightGuard(&self.inflight)
     }
 
+    /// Loaded, and no model has lost all its NPUs.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && self.repo.all_healthy()
     }
 
     pub fn set_ready(&self) {

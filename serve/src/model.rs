@@ -179,6 +179,12 @@ pub trait Backend: Send + Sync {
     fn concurrency(&self) -> usize {
         1
     }
+
+    /// False once it can no longer run anything (every device it runs on
+    /// is lost): the model is then not ready.
+    fn healthy(&self) -> bool {
+        true
+    }
 }
 
 /// Loads a model version into a backend (the device, or a stand-in in tests).
@@ -229,6 +235,11 @@ impl LoadedModel {
             pending: Arc::new(AtomicUsize::new(0)),
             metrics,
         }
+    }
+
+    /// Whether any device of the model still answers.
+    pub fn healthy(&self) -> bool {
+        self.backend.healthy()
     }
 
     /// Requests queued or running.
@@ -308,8 +319,17 @@ impl Backend for Spread {
         self.backends.iter().map(|(b, _)| b.concurrency()).sum()
     }
 
+    fn healthy(&self) -> bool {
+        self.backends.iter().any(|(b, _)| b.healthy())
+    }
+
+    /// To the least loaded healthy device (any device when none is: the
+    /// job then fails with the device's error).
     fn submit(&self, mut job: Job) {
-        let Some((b, load)) = self.backends.iter().min_by_key(|(_, l)| l.load(Ordering::Acquire)) else {
+        let pick = |healthy_only: bool| {
+            self.backends.iter().filter(|(b, _)| !healthy_only || b.healthy()).min_by_key(|(_, l)| l.load(Ordering::Acquire))
+        };
+        let Some((b, load)) = pick(true).or_else(|| pick(false)) else {
             return;
         };
         load.fetch_add(1, Ordering::AcqRel);
@@ -318,9 +338,17 @@ impl Backend for Spread {
     }
 }
 
+/// Whether `e` means the device is lost (it stopped answering: ENODEV).
+fn device_lost(e: &rbln_runtime::Error) -> bool {
+    matches!(e, rbln_runtime::Error::Device(rbln_umd::Error::DeviceGone { .. }))
+}
+
 /// A thread that owns the model's device, AsyncRuntime and instances.
 pub struct DeviceBackend {
     parallel: usize,
+    /// Set once a request failed because the device is lost; from then on
+    /// requests are routed to the model's other devices.
+    lost: Arc<std::sync::atomic::AtomicBool>,
     jobs: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -329,6 +357,9 @@ impl DeviceBackend {
     fn start(name: &str, device: u32, model: rbln_format::Model, parallel: usize) -> std::result::Result<Self, String> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<(), String>>();
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let lost2 = lost.clone();
+        let label = name.to_string();
         let thread = std::thread::Builder::new()
             .name(format!("rbln-serve:{name}"))
             .spawn(move || {
@@ -347,23 +378,44 @@ impl DeviceBackend {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
+                let path = dev.path().display().to_string();
+                let mark_lost = move |lost: &std::sync::atomic::AtomicBool, e: &rbln_runtime::Error| {
+                    if device_lost(e) && !lost.swap(true, Ordering::AcqRel) {
+                        eprintln!("rbln-serve: model '{label}': {path} is lost ({e}); its requests go to the model's other devices, if it has any");
+                    }
+                };
                 for mut job in rx {
                     if job.abandoned() {
+                        continue;
+                    }
+                    if lost2.load(Ordering::Acquire) {
+                        job.answer(Err(format!("{} is lost (the NPU stopped answering)", dev.path().display())));
                         continue;
                     }
                     let inputs = std::mem::take(&mut job.inputs);
                     // Blocks only while this instance's previous request
                     // still holds its staging buffer.
                     match rt.run(&inputs) {
-                        Ok(handle) => handle.on_complete(move |r| job.answer(r.map_err(|e| e.to_string()))),
-                        Err(e) => job.answer(Err(e.to_string())),
+                        Ok(handle) => {
+                            let (lost, mark_lost) = (lost2.clone(), mark_lost.clone());
+                            handle.on_complete(move |r| {
+                                if let Err(e) = &r {
+                                    mark_lost(&lost, e);
+                                }
+                                job.answer(r.map_err(|e| e.to_string()))
+                            })
+                        }
+                        Err(e) => {
+                            mark_lost(&lost2, &e);
+                            job.answer(Err(e.to_string()))
+                        }
                     }
                 }
                 // Dropping rt waits for what is in flight.
             })
             .map_err(|e| format!("cannot start the model's thread: {e}"))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self { parallel, jobs: std::sync::Mutex::new(Some(tx)), thread: Some(thread) }),
+            Ok(Ok(())) => Ok(Self { parallel, lost, jobs: std::sync::Mutex::new(Some(tx)), thread: Some(thread) }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -379,6 +431,10 @@ impl DeviceBackend {
 impl Backend for DeviceBackend {
     fn concurrency(&self) -> usize {
         self.parallel
+    }
+
+    fn healthy(&self) -> bool {
+        !self.lost.load(Ordering::Acquire)
     }
 
     fn submit(&self, job: Job) {

@@ -153,6 +153,11 @@ impl Repository {
         })
     }
 
+    /// False when a loaded model has lost every NPU it runs on.
+    pub fn all_healthy(&self) -> bool {
+        self.models.read().unwrap_or_else(|e| e.into_inner()).values().all(|s| !matches!(s, State::Ready(m) if !m.healthy()))
+    }
+
     /// The model to serve `name` (and `version`, if given).
     pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<LoadedModel>> {
         let models = self.models.read().unwrap_or_else(|e| e.into_inner());
@@ -164,6 +169,9 @@ impl Repository {
             None => return Err(ServeError::not_found(format!("unknown model '{name}'"))),
         };
         drop(models);
+        if !m.healthy() {
+            return Err(ServeError::new(Kind::NotReady, format!("model '{name}' is not ready: every NPU it runs on is lost")));
+        }
         if let Some(v) = version.filter(|v| !v.is_empty()) {
             if v != m.version.to_string() {
                 return Err(ServeError::not_found(format!("model '{name}' has no version '{v}' loaded (serving version {})", m.version)));

@@ -2,8 +2,10 @@
 # rbln-serve finds both NPUs by itself (no --device) and spreads a model
 # over them: each
 # device holds an instance set and both execute requests; a model pinned
-# to one device (config.json "devices") stays there. Then SIGTERM, exit 0,
-# every resource back on both devices.
+# to one device (config.json "devices") stays there. Then rbln1 falls off
+# the bus: mlp goes on serving on rbln0 with no errors once the loss is
+# seen, cnn (only on rbln1) and the server turn not ready. Then SIGTERM,
+# exit 0, every resource back on both devices.
 . tests/vm/lib.sh
 m=target/models
 R=/tmp/repo
@@ -43,6 +45,19 @@ p0=$(packets 0)
 check "cnn (pinned to rbln1) answers correctly" \
     rbln-serve-load cnn --input $m/cnn.input.npy --expected $m/cnn.expected.npy --requests 10 --concurrency 2
 check "cnn did not touch rbln0" test "$(packets 0)" = "$p0"
+
+# Surprise removal of rbln1 (scripts/vm.sh): requests on it when it goes
+# fail; after that the model's requests all go to rbln0.
+touch /run/rbln/unplug-npu1
+sleep 0.5
+rbln-serve-load mlp --input $m/mlp.input.npy --requests 20 --concurrency 2 >/tmp/first.out 2>&1 || true
+check "the loss is logged" grep -q "/dev/rbln1 is lost" $LOG
+check "after rbln1 is lost: 100 requests on mlp, 0 errors (all on rbln0)" \
+    rbln-serve-load mlp --input $m/mlp.input.npy --expected $m/mlp.expected.npy --requests 100 --concurrency 4
+check "a request to cnn (only on rbln1) fails, saying the device is lost" sh -c \
+    "! rbln-serve-load cnn --input $m/cnn.input.npy --requests 1 --concurrency 1 >/tmp/cnn.out 2>&1; cat /tmp/cnn.out; grep -q 'lost' /tmp/cnn.out"
+check "cnn is not ready, mlp is, the server is not" sh -c \
+    "! wget -q -O /dev/null http://127.0.0.1:8000/v2/models/cnn/ready && wget -q -O /dev/null http://127.0.0.1:8000/v2/models/mlp/ready && ! wget -q -O /dev/null http://127.0.0.1:8000/v2/health/ready"
 
 kill -TERM $pid
 src=0; wait $pid || src=$?
