@@ -5,10 +5,11 @@
 # of a fault and Healthy after `rbln-smi reset`, and sees the plugin
 # register again after a kubelet restart. A process given the allocation's
 # RBLN_VISIBLE_DEVICES sees only its device, as device 0. The node labels
-# are in NFD's feature file.
+# are in NFD's feature file. The plugin starts before the driver is loaded
+# (a DaemonSet on a node that is still booting): it lists no device, then
+# both once rbln.ko is in.
 . tests/vm/lib.sh
 
-check "insmod rbln.ko" insmod kmd/rbln.ko
 dir=/var/lib/kubelet/device-plugins
 features=/etc/kubernetes/node-feature-discovery/features.d
 mkdir -p $dir
@@ -19,7 +20,8 @@ fault='rbln-kmd-tests fault_hold >/tmp/fault.out 2>&1 & echo $! >/tmp/fault.pid;
 until grep -q "# faulted" /tmp/fault.out || [ $n -ge 100 ]; do sleep 0.05; n=$((n + 1)); done
 grep -q "# faulted" /tmp/fault.out'
 check "kubelet stub: registration, devices, allocation, health, re-registration" \
-    rbln-kubelet-stub --expect-devices 2 --fault-cmd "$fault" --reset-cmd "rbln-smi reset -d 0" --env-out /tmp/alloc.env
+    rbln-kubelet-stub --expect-devices 2 --add-devices-cmd "insmod kmd/rbln.ko" \
+    --fault-cmd "$fault" --reset-cmd "rbln-smi reset -d 0" --env-out /tmp/alloc.env
 cat /tmp/plugin.log
 check "the allocation's environment" grep -qx RBLN_VISIBLE_DEVICES=1 /tmp/alloc.env
 check "with it, the Python SDK sees one NPU, /dev/rbln1, as device 0" env $(cat /tmp/alloc.env) python3 -c "

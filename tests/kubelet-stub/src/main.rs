@@ -40,6 +40,10 @@ struct Args {
     /// Where the plugin finds the device nodes.
     #[arg(long, default_value = "/dev")]
     dev_dir: PathBuf,
+    /// Shell command that brings the devices (e.g. loads the driver): run
+    /// once the plugin has listed none; the list must then fill up.
+    #[arg(long)]
+    add_devices_cmd: Option<String>,
 }
 
 struct Kubelet {
@@ -136,7 +140,21 @@ async fn run(args: Args) -> Res {
         return Err(format!("GetDevicePluginOptions: {opts:?}"));
     }
     let mut stream = client.list_and_watch(api::Empty {}).await.map_err(|e| format!("ListAndWatch: {e}"))?.into_inner();
-    let devs = next_list(&mut stream, Duration::from_secs(5)).await?;
+    let mut devs = next_list(&mut stream, Duration::from_secs(5)).await?;
+    if let Some(cmd) = &args.add_devices_cmd {
+        if !devs.is_empty() {
+            return Err(format!("before the devices were added the plugin listed {devs:?}"));
+        }
+        ok("ListAndWatch before the driver is loaded: no devices");
+        sh(cmd)?;
+        let t0 = Instant::now();
+        // Until all are there and healthy: a node appears a moment before
+        // its sysfs attributes (unreadable health reads Unhealthy).
+        while devs.len() < args.expect_devices || devs.iter().any(|d| d.health != HEALTHY) {
+            devs = next_list(&mut stream, Duration::from_secs(10)).await.map_err(|e| format!("waiting for the devices to appear: {e}"))?;
+        }
+        println!("# the devices were listed {:?} after they were added", t0.elapsed());
+    }
     let ids: Vec<String> = (0..args.expect_devices).map(|i| format!("rbln{i}")).collect();
     let listed: Vec<String> = devs.iter().map(|d| d.id.clone()).collect();
     if listed != ids || devs.iter().any(|d| d.health != HEALTHY) {
