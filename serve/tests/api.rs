@@ -768,3 +768,56 @@ async fn requests_spread_over_devices() {
     assert_eq!(n, vec![3, 3]);
     assert_eq!(app.repo.get("addone", None).unwrap().pending(), 0);
 }
+
+/// A device whose health the test switches (a lost NPU: unhealthy).
+struct Switchable {
+    jobs: Arc<std::sync::atomic::AtomicUsize>,
+    healthy: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Backend for Switchable {
+    fn submit(&self, job: Job) {
+        self.jobs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let inputs = job.inputs.clone();
+        job.answer(compute(inputs));
+    }
+
+    fn healthy(&self) -> bool {
+        self.healthy.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+struct SwitchLoader {
+    devices: Vec<(Arc<std::sync::atomic::AtomicUsize>, Arc<std::sync::atomic::AtomicBool>)>,
+}
+
+impl Loader for SwitchLoader {
+    fn load(&self, name: &str, path: &Path, config: &ModelConfig) -> Result<(ModelSpec, Box<dyn Backend>), String> {
+        let (spec, _) = FakeLoader.load(name, path, config)?;
+        let backends = self.devices.iter().map(|(j, h)| Box::new(Switchable { jobs: j.clone(), healthy: h.clone() }) as Box<dyn Backend>).collect();
+        Ok((spec, Box::new(rbln_serve::model::Spread::new(backends))))
+    }
+}
+
+/// A lost device leaves the rotation: every request goes to the healthy
+/// one. With none left, the model and the server are not ready and
+/// requests get 503 saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_devices_leave_the_rotation() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    let devices: Vec<_> = (0..2).map(|_| (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(true)))).collect();
+    let repo = Repository::new(repo_dir("lost"), Box::new(SwitchLoader { devices: devices.clone() }), Defaults { max_queue: 8, timeout_ms: 5000 }, Arc::new(Metrics::new()));
+    let app = App::new(Arc::new(repo), 4096);
+    app.repo.load_all();
+    app.set_ready();
+    devices[1].1.store(false, SeqCst);
+    for _ in 0..6 {
+        assert_eq!(post_json(&app, "/v2/models/addone/infer", good_request()).await.status, StatusCode::OK);
+    }
+    assert_eq!((devices[0].0.load(SeqCst), devices[1].0.load(SeqCst)), (6, 0), "nothing went to the lost device");
+    assert_eq!(call(&app, "GET", "/v2/health/ready", &[], vec![]).await.status, StatusCode::OK);
+    devices[0].1.store(false, SeqCst);
+    assert_eq!(call(&app, "GET", "/v2/models/addone/ready", &[], vec![]).await.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(call(&app, "GET", "/v2/health/ready", &[], vec![]).await.status, StatusCode::SERVICE_UNAVAILABLE);
+    expect_error(&app, good_request(), 503, "every NPU it runs on is lost").await;
+}
