@@ -580,16 +580,19 @@ impl Context {
         // Every tick the waiter also checks that the device still answers,
         // so that a lost device fails the wait within a tenth of a second.
         let tick = msecs_to_jiffies(if hang_ms == 0 { LIVENESS_MS } else { (hang_ms / 4).clamp(10, LIVENESS_MS) });
-        // (packets executed, queue busy): an idle queue is never hung (its
-        // user may simply not have submitted the awaited work yet).
+        // (packets executed, queue busy, Q_STATE read all ones). An idle
+        // queue is never hung (its user may simply not have submitted the
+        // awaited work yet). All ones means the device may be lost, which
+        // `check_alive` then confirms: the state read anyway spares the
+        // waiter a liveness read per wake-up.
         let progress = || {
             self.npu
                 .with_regs(|r| {
                     let st = r.r32(regs::queue_reg(hw, regs::Q_STATE))?;
                     let busy = st == QueueState::Running as u32 || st == QueueState::Waiting as u32;
-                    Ok((r.r64(regs::queue_reg(hw, regs::Q_PACKETS_64))?, busy))
+                    Ok((r.r64(regs::queue_reg(hw, regs::Q_PACKETS_64))?, busy, st == u32::MAX))
                 })
-                .unwrap_or((0, false))
+                .unwrap_or((0, false, false))
         };
         let mut last_packets = progress().0;
         let mut stalled_since = Instant::<Monotonic>::now();
@@ -612,10 +615,10 @@ impl Context {
             if left == 0 {
                 return Err(ETIMEDOUT);
             }
-            if !self.npu.check_alive() {
+            let (p, busy, all_ones) = progress();
+            if all_ones && !self.npu.check_alive() {
                 return Err(ENODEV);
             }
-            let (p, busy) = progress();
             if p != last_packets || !busy {
                 last_packets = p;
                 stalled_since = Instant::<Monotonic>::now();
