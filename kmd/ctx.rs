@@ -44,11 +44,11 @@ struct VaMapping {
     handle: u32,
 }
 
-/// The driver's own command page per queue: FENCE packets it appends to
-/// kernel submissions, mapped read-only at `kva` in the context.
 /// Longest a waiter sleeps between checks that the device still answers.
 pub(crate) const LIVENESS_MS: u32 = 100;
 
+/// The driver's own command page per queue: FENCE packets it appends to
+/// kernel submissions, mapped read-only at `kva` in the context.
 const FENCE_SLOTS: u32 = (PAGE_SIZE as u32) / cmd::Fence::SIZE as u32;
 /// VA of queue slot `i`'s fence page: above every user VA.
 fn kernel_va(i: usize) -> u64 {

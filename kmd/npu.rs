@@ -249,7 +249,6 @@ impl Npu {
         self.event_cv.notify_all();
     }
 
-
     pub(crate) fn take_context(&self) -> Result<u32> {
         let mut a = self.alloc.lock();
         let free = (!a.contexts).trailing_zeros();
@@ -301,6 +300,11 @@ impl Npu {
         }
     }
 
+    /// Context and queue masks without the driver's own (the last of each).
+    fn users_only(&self, contexts: u64, queues: u32) -> (u64, u32) {
+        (contexts & !(1u64 << (regs::MAX_CONTEXTS - 1)), queues & !(1u32 << (self.hw.num_queues - 1)))
+    }
+
     /// `RBLN_IOCTL_STATS`: counters and state at one moment. A device whose
     /// registers can no longer be read is reported lost, with zero counters.
     pub(crate) fn stats(&self) -> uapi::DeviceStats {
@@ -313,12 +317,11 @@ impl Npu {
             (ev.faulted, ev.hung, ev.resets)
         };
         // The driver's own context and queue are not counted.
-        let driver_ctx = 1u64 << (regs::MAX_CONTEXTS - 1);
-        let driver_q = 1u32 << (self.hw.num_queues - 1);
+        let (contexts, queues) = self.users_only(contexts, queues);
         let mut st = uapi::DeviceStats {
             timestamp_ns: self.bound_at.elapsed().as_nanos().max(0) as u64,
-            contexts: (contexts & !driver_ctx).count_ones(),
-            queues: (queues & !driver_q).count_ones(),
+            contexts: contexts.count_ones(),
+            queues: queues.count_ones(),
             faulted_queues: faulted.count_ones(),
             dram_free,
             resets,
@@ -453,20 +456,18 @@ impl Npu {
         }
         let (contexts, queues) = {
             let a = self.alloc.lock();
-            (a.contexts, a.queues)
+            self.users_only(a.contexts, a.queues)
         };
-        let driver_ctx = 1u64 << (regs::MAX_CONTEXTS - 1);
-        let driver_q = 1u32 << (self.hw.num_queues - 1);
         let mut ev = self.events.lock();
-        for q in (0..self.hw.num_queues).filter(|q| (queues & !driver_q) & (1 << q) != 0) {
+        for q in (0..self.hw.num_queues).filter(|q| queues & (1 << q) != 0) {
             self.with_regs(|r| r.w32(regs::queue_reg(q, regs::Q_CONTROL), regs::qctl::RESET))?;
         }
-        ev.poisoned |= contexts & !driver_ctx;
+        ev.poisoned |= contexts;
         ev.faulted = 0;
         ev.hung = 0;
         ev.resets += 1;
         self.event_cv.notify_all();
-        dev_warn!(self.pdev, "rbln{}: reset by an administrator: {} context(s) poisoned\n", self.index, (contexts & !driver_ctx).count_ones());
+        dev_warn!(self.pdev, "rbln{}: reset by an administrator: {} context(s) poisoned\n", self.index, contexts.count_ones());
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub use rbln_umd::node_of;
 use rbln_umd::uapi::sysfs;
 
 /// Where to look (the real paths, or a fake tree in tests).
@@ -18,7 +19,7 @@ pub struct Roots {
 
 impl Default for Roots {
     fn default() -> Self {
-        Roots { dev: "/dev".into(), sysfs: "/sys/class/misc".into(), pci: "/sys/bus/pci/devices".into() }
+        Roots { dev: "/dev".into(), sysfs: sysfs::DIR.into(), pci: "/sys/bus/pci/devices".into() }
     }
 }
 
@@ -53,22 +54,13 @@ impl Npu {
     }
 }
 
-/// N of an ID "rblnN".
-pub fn node_of(id: &str) -> Option<u32> {
-    id.strip_prefix("rbln").filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).and_then(|n| n.parse().ok())
-}
-
 fn attr(roots: &Roots, node: u32, name: &std::ffi::CStr) -> std::io::Result<String> {
-    std::fs::read_to_string(roots.sysfs.join(format!("rbln{node}")).join(name.to_string_lossy().as_ref())).map(|s| s.trim().to_string())
+    std::fs::read_to_string(rbln_umd::sysfs_path(&roots.sysfs, node, name)).map(|s| s.trim().to_string())
 }
 
 /// Every /dev/rblnN with its state, by N.
 pub fn scan(roots: &Roots) -> Vec<Npu> {
-    let mut nodes: Vec<u32> = std::fs::read_dir(&roots.dev)
-        .map(|d| d.filter_map(|e| e.ok()).filter_map(|e| e.file_name().to_str().and_then(node_of)).collect())
-        .unwrap_or_default();
-    nodes.sort_unstable();
-    nodes
+    rbln_umd::nodes_in(&roots.dev)
         .into_iter()
         .map(|node| Npu {
             node,
@@ -90,15 +82,6 @@ fn numa_node(pci_root: &Path, bdf: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ids() {
-        assert_eq!(node_of("rbln0"), Some(0));
-        assert_eq!(node_of("rbln12"), Some(12));
-        for bad in ["rbln", "rbln-1", "rbln1a", "nvidia0", "rbln+1", ""] {
-            assert_eq!(node_of(bad), None, "{bad}");
-        }
-    }
 
     /// A fake /dev and sysfs: devices by number, health and identity from
     /// the attributes, unreadable health is not ok, other nodes ignored.

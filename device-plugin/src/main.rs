@@ -42,7 +42,7 @@ struct Args {
     #[arg(long, default_value = "/dev")]
     dev_dir: PathBuf,
     /// Where the driver's per-device sysfs directories are.
-    #[arg(long, default_value = "/sys/class/misc")]
+    #[arg(long, default_value = rbln_umd::uapi::sysfs::DIR)]
     sysfs_dir: PathBuf,
 }
 

@@ -243,8 +243,9 @@ pub const HEALTH_HUNG: u32 = 3;
 /// (docs/uapi.md, "sysfs"): one value per file, text, newline-terminated.
 pub mod sysfs {
     use core::ffi::CStr;
-    /// Where the attributes of /dev/rbln`index` are.
-    pub const DIR: &str = "/sys/class/misc/rbln";
+    /// The class directory: the attributes of /dev/rblnN are in
+    /// `DIR/rblnN/`.
+    pub const DIR: &str = "/sys/class/misc";
     /// "MAJOR.MINOR" of the hardware.
     pub const HW_VERSION: &CStr = c"hw_version";
     /// "MAJOR.MINOR.PATCH" of the driver.

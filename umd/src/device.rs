@@ -144,31 +144,41 @@ pub fn device_indices() -> Vec<u32> {
     }
 }
 
+/// Attribute `attr` (a `uapi::sysfs` name) of /dev/rbln`node` under the
+/// sysfs class directory `class_dir` (normally `uapi::sysfs::DIR`).
+pub fn sysfs_path(class_dir: &Path, node: u32, attr: &std::ffi::CStr) -> PathBuf {
+    class_dir.join(format!("rbln{node}")).join(attr.to_string_lossy().as_ref())
+}
+
 /// Attribute `attr` (a `uapi::sysfs` name) of /dev/rbln`node`, trimmed.
 pub fn read_sysfs(node: u32, attr: &std::ffi::CStr) -> std::io::Result<String> {
-    let path = format!("{}{node}/{}", uapi::sysfs::DIR, attr.to_string_lossy());
-    std::fs::read_to_string(path).map(|s| s.trim().to_string())
+    std::fs::read_to_string(sysfs_path(Path::new(uapi::sysfs::DIR), node, attr)).map(|s| s.trim().to_string())
 }
 
 /// The privileged reset of /dev/rbln`node` (sysfs `reset`; root). Every
 /// context open on it is poisoned; a lost device cannot be reset (ENODEV).
 pub fn reset_device(node: u32) -> std::io::Result<()> {
-    let path = format!("{}{node}/{}", uapi::sysfs::DIR, uapi::sysfs::RESET.to_string_lossy());
-    std::fs::write(path, "1")
+    std::fs::write(sysfs_path(Path::new(uapi::sysfs::DIR), node, uapi::sysfs::RESET), "1")
+}
+
+/// N of a device node's name "rblnN" (digits only after the prefix).
+pub fn node_of(name: &str) -> Option<u32> {
+    name.strip_prefix("rbln").filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).and_then(|n| n.parse().ok())
+}
+
+/// N of every `rblnN` node in directory `dev`, ascending.
+pub fn nodes_in(dev: &Path) -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir(dev)
+        .map(|d| d.filter_map(|e| e.ok()).filter_map(|e| e.file_name().to_str().and_then(node_of)).collect())
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
 }
 
 /// N of every `/dev/rblnN` node, ascending, whatever RBLN_VISIBLE_DEVICES
 /// says (for administration tools).
 pub fn present_nodes() -> Vec<u32> {
-    let mut v: Vec<u32> = std::fs::read_dir("/dev")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("rbln")).and_then(|n| n.parse().ok()))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort_unstable();
-    v
+    nodes_in(Path::new("/dev"))
 }
 
 /// The devices of [`device_indices`] this process may open for reading and
@@ -263,7 +273,16 @@ impl Device {
 
 #[cfg(test)]
 mod visible_tests {
-    use super::parse_visible;
+    use super::{node_of, parse_visible};
+
+    #[test]
+    fn node_names() {
+        assert_eq!(node_of("rbln0"), Some(0));
+        assert_eq!(node_of("rbln12"), Some(12));
+        for bad in ["rbln", "rbln-1", "rbln1a", "nvidia0", "rbln+1", ""] {
+            assert_eq!(node_of(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn visible_device_lists() {

@@ -83,7 +83,7 @@ pub use cmdbuf::{
     gemm_desc, CommandBuffer, Descriptor, SemCond, SemOp, DEFAULT_COMMAND_BYTES, DEFAULT_DESCRIPTOR_BYTES,
     MAX_DESC_SIZE,
 };
-pub use device::{device_indices, physical_index, present_nodes, read_sysfs, reset_device, usable_device_indices, Device, DeviceInfo, VISIBLE_DEVICES_ENV};
+pub use device::{device_indices, node_of, nodes_in, physical_index, present_nodes, read_sysfs, reset_device, sysfs_path, usable_device_indices, Device, DeviceInfo, VISIBLE_DEVICES_ENV};
 pub use error::{Error, FaultInfo, Op, Result};
 pub use queue::{Fence, Queue, Submit, UserQueue, DEFAULT_RING_ENTRIES};
 
