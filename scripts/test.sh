@@ -43,6 +43,7 @@ main() {
     step "build the C examples (examples/c)" env RBLN_SKIP_CARGO=1 "$RBLN_ROOT/examples/c/build.sh"
     step "write the example models (target/models)" "$RBLN_ROOT/target/release/rbln-example-models" "$RBLN_ROOT/target/models"
     step "compile the ONNX test models (target/onnx)" "$RBLN_ROOT/tests/compiler/compile-models.sh"
+    step "quantise (onnxruntime) and compile the int8 test models (target/int8)" "$RBLN_ROOT/tests/compiler/compile-int8.sh"
     step "compile the TFLite test models (target/tflite)" "$RBLN_ROOT/tests/compiler/compile-tflite.sh"
     step "export and compile real PyTorch models (target/exports)" "$RBLN_ROOT/tests/compiler/compile-exports.sh"
     step "build the rbln Python wheel and the guest's Python (target/guest-python)" "$RBLN_ROOT/scripts/build-guest-python.sh"

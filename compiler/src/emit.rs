@@ -96,6 +96,30 @@ fn dims6(op: &Op, d: &[u64], what: &str) -> Result<[u32; 6]> {
     Ok(out)
 }
 
+/// The QTYPE_* code of an int8 op's element type.
+fn qtype_code(op: &Op, t: DType) -> Result<u32> {
+    match t {
+        DType::U8 => Ok(QTYPE_U8),
+        DType::I8 => Ok(QTYPE_I8),
+        DType::F32 => Ok(QTYPE_F32),
+        other => Err(CompileError::Invalid(format!("{}: the int8 ops have no {} operand", op.name, other.name()))),
+    }
+}
+
+fn qflags(zero: Option<ValueId>, bias: Option<ValueId>, out: &crate::ir::QOut) -> u32 {
+    let mut f = 0;
+    if zero.is_some() {
+        f |= QGEMM_B_ZERO;
+    }
+    if bias.is_some() {
+        f |= QGEMM_BIAS;
+    }
+    if out.relu {
+        f |= QGEMM_RELU;
+    }
+    f
+}
+
 fn u64x6(d: &[u64]) -> [u64; 6] {
     let mut out = [0u64; 6];
     out[..d.len()].copy_from_slice(d);
@@ -131,6 +155,12 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
     // Weights: every constant an op reads, in first-use order.
     let gather_indices: HashSet<ValueId> =
         g.ops.iter().filter_map(|o| if let Kind::Gather { indices, .. } = o.kind { Some(indices) } else { None }).collect();
+    let int8_operands: HashSet<ValueId> = g
+        .ops
+        .iter()
+        .filter(|o| matches!(o.kind, Kind::Quant { .. } | Kind::QGemm { .. } | Kind::QConv { .. }))
+        .flat_map(|o| o.kind.inputs())
+        .collect();
     for op in &g.ops {
         for v in op.kind.inputs() {
             let Some(c) = g.konst(v) else { continue };
@@ -138,10 +168,21 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
                 continue;
             }
             let name = names.get(&g.values[v].name);
+            let dtype = g.values[v].dtype;
             let t = if gather_indices.contains(&v) {
                 let ints = c.ints();
                 let bytes: Vec<u8> = ints.iter().flat_map(|x| x.to_le_bytes()).collect();
                 b.add_weight(&name, DType::I64, &c.shape, &bytes)
+            } else if int8_operands.contains(&v) && matches!(dtype, DType::I8 | DType::U8 | DType::I32) {
+                // The int8 ops' operands (packed weights, zero points,
+                // int32 biases): stored as their type, values in range by
+                // construction.
+                let ints = c.ints();
+                let bytes: Vec<u8> = match dtype {
+                    DType::I32 => ints.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect(),
+                    _ => ints.iter().map(|&x| x as u8).collect(),
+                };
+                b.add_weight(&name, dtype, &c.shape, &bytes)
             } else {
                 let vals = match &c.data {
                     Data::F(v) => v.clone(),
@@ -301,7 +342,8 @@ fn cost(g: &Graph, op: &Op) -> (u64, u64) {
     let mul = |f: &[u64]| f.iter().fold(1u64, |a, &b| a.saturating_mul(b));
     let flops = match &op.kind {
         Kind::Gemm { m, n, k, batch, .. } => mul(&[2, *m, *n, *k, *batch]),
-        Kind::Conv { dims, .. } => mul(&[2, out, dims[1] / dims[7].max(1), dims[5], dims[6]]),
+        Kind::Conv { dims, .. } | Kind::QConv { dims, .. } => mul(&[2, out, dims[1] / dims[7].max(1), dims[5], dims[6]]),
+        Kind::QGemm { m, n, k, .. } => mul(&[2, *m, *n, *k]),
         Kind::Pool { kernel, .. } => mul(&[out, kernel[0], kernel[1]]),
         Kind::LayerNorm { .. } | Kind::Softmax { .. } => mul(&[5, out]),
         Kind::Reduce { x, .. } => g.values[*x].elems(),
@@ -514,6 +556,95 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             }
             .with_header();
             let r = vec![reloc(offset_of!(StridedCopyDesc, src_va), off(*x)), reloc(offset_of!(StridedCopyDesc, dst_va), o + 4 * at)];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::Quant { x, dequantize, qtype, outer, channels, inner, scale, zero } => {
+            let d = QuantDesc {
+                mode: if *dequantize { QUANT_DEQUANTIZE } else { QUANT_QUANTIZE },
+                qtype: qtype_code(op, *qtype)?,
+                outer: *outer,
+                channels: *channels,
+                inner: *inner,
+                ..Default::default()
+            }
+            .with_header();
+            let r = vec![
+                reloc(offset_of!(QuantDesc, scale_va), off(*scale)),
+                reloc(offset_of!(QuantDesc, zero_va), off(*zero)),
+                reloc(offset_of!(QuantDesc, in_va), off(*x)),
+                reloc(offset_of!(QuantDesc, out_va), o),
+            ];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::QGemm { a, a_type, a_zero, b, b_zero, bias, scale, m, n, k, out } => {
+            let d = QGemmDesc {
+                m: u32c(op, *m, "m")?,
+                n: u32c(op, *n, "n")?,
+                k: u32c(op, *k, "k")?,
+                flags: qflags(*b_zero, *bias, out),
+                a_type: qtype_code(op, *a_type)?,
+                out_type: qtype_code(op, out.dtype)?,
+                a_zero: *a_zero,
+                out_zero: out.zero,
+                out_min: out.min,
+                out_max: out.max,
+                ..Default::default()
+            }
+            .with_header();
+            let mut r = vec![
+                reloc(offset_of!(QGemmDesc, a_va), off(*a)),
+                reloc(offset_of!(QGemmDesc, b_va), off(*b)),
+                reloc(offset_of!(QGemmDesc, scale_va), off(*scale)),
+                reloc(offset_of!(QGemmDesc, out_va), o),
+            ];
+            if let Some(z) = b_zero {
+                r.push(reloc(offset_of!(QGemmDesc, b_zero_va), off(*z)));
+            }
+            if let Some(bv) = bias {
+                r.push(reloc(offset_of!(QGemmDesc, bias_va), off(*bv)));
+            }
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::QConv { x, x_type, x_zero, w, w_zero, bias, scale, dims, stride, dilation, pads, out } => {
+            let d = QConvDesc {
+                n: u32c(op, dims[0], "n")?,
+                c_in: u32c(op, dims[1], "c_in")?,
+                h: u32c(op, dims[2], "h")?,
+                w: u32c(op, dims[3], "w")?,
+                c_out: u32c(op, dims[4], "c_out")?,
+                kh: u32c(op, dims[5], "kh")?,
+                kw: u32c(op, dims[6], "kw")?,
+                groups: u32c(op, dims[7], "groups")?,
+                stride_h: u32c(op, stride[0], "stride")?,
+                stride_w: u32c(op, stride[1], "stride")?,
+                dil_h: u32c(op, dilation[0], "dilation")?,
+                dil_w: u32c(op, dilation[1], "dilation")?,
+                pad_top: u32c(op, pads[0], "pad")?,
+                pad_left: u32c(op, pads[1], "pad")?,
+                pad_bottom: u32c(op, pads[2], "pad")?,
+                pad_right: u32c(op, pads[3], "pad")?,
+                flags: qflags(*w_zero, *bias, out),
+                x_type: qtype_code(op, *x_type)?,
+                out_type: qtype_code(op, out.dtype)?,
+                x_zero: *x_zero,
+                out_zero: out.zero,
+                out_min: out.min,
+                out_max: out.max,
+                ..Default::default()
+            }
+            .with_header();
+            let mut r = vec![
+                reloc(offset_of!(QConvDesc, x_va), off(*x)),
+                reloc(offset_of!(QConvDesc, w_va), off(*w)),
+                reloc(offset_of!(QConvDesc, scale_va), off(*scale)),
+                reloc(offset_of!(QConvDesc, out_va), o),
+            ];
+            if let Some(z) = w_zero {
+                r.push(reloc(offset_of!(QConvDesc, w_zero_va), off(*z)));
+            }
+            if let Some(bv) = bias {
+                r.push(reloc(offset_of!(QConvDesc, bias_va), off(*bv)));
+            }
             vec![(d.to_bytes().to_vec(), r)]
         }
         Kind::Cast { x, from, to } => {

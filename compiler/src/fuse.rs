@@ -630,6 +630,11 @@ fn residual(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     absorb(g, i, c, k)
 }
 
+/// Drops ops whose results no output depends on (after later passes).
+pub fn drop_dead(g: &mut Graph) -> usize {
+    dead_code(g)
+}
+
 /// Drop ops whose results no output depends on; returns how many.
 fn dead_code(g: &mut Graph) -> usize {
     let mut live = vec![false; g.values.len()];

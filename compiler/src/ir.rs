@@ -87,6 +87,31 @@ impl Act {
     pub const NONE: Act = Act { kind: Unary::None, p0: 0.0, p1: 0.0 };
 }
 
+/// How an int8 op's output is written: `U8`/`I8` requantised with a zero
+/// point and clamped to `[min, max]` (a fused ReLU raises `min` to the
+/// zero point), or `F32` dequantised (optionally through a ReLU).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QOut {
+    pub dtype: DType,
+    pub zero: i32,
+    pub min: i32,
+    pub max: i32,
+    pub relu: bool,
+}
+
+/// What a dequantised value was made from (QuantizeLinear /
+/// DequantizeLinear bookkeeping for the int8 lowering): `q`, an integer
+/// tensor of `qtype` (u8, i8 or i32), with `scale` and `zero` per index of
+/// `axis` (one entry each when per-tensor, `axis` then `None`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QInfo {
+    pub q: ValueId,
+    pub qtype: DType,
+    pub scale: Vec<f32>,
+    pub zero: Vec<i64>,
+    pub axis: Option<usize>,
+}
+
 /// One rank-`sizes.len()` box copied from `src` into the op's output
 /// (strides and offsets in elements).
 #[derive(Clone, Debug, PartialEq)]
@@ -181,6 +206,30 @@ pub enum Kind {
     Pad { x: ValueId, value: f32, dims: Vec<u64>, begin: Vec<u64>, end: Vec<u64>, step: Vec<u64> },
     /// The output reinterprets the input's bytes with another shape.
     View { x: ValueId },
+    /// int8 quantise (f32 → `qtype`) or dequantise (`qtype` → f32) of `x`
+    /// viewed as `[outer, channels, inner]`; `scale` (f32) and `zero`
+    /// (i32) are constants of `channels` entries.
+    Quant { x: ValueId, dequantize: bool, qtype: DType, outer: u64, channels: u64, inner: u64, scale: ValueId, zero: ValueId },
+    /// int8 GEMM `[m × k]·[k × n]` with int32 accumulation: `b` is an i8
+    /// constant in the cores' packed layout, `b_zero` / `bias` i32 and
+    /// `scale` f32 constants of `n` entries.
+    QGemm { a: ValueId, a_type: DType, a_zero: i32, b: ValueId, b_zero: Option<ValueId>, bias: Option<ValueId>, scale: ValueId, m: u64, n: u64, k: u64, out: QOut },
+    /// int8 convolution (geometry as `Conv`); `w` holds one packed B
+    /// operand per group; per-output-channel constants as in `QGemm`.
+    QConv {
+        x: ValueId,
+        x_type: DType,
+        x_zero: i32,
+        w: ValueId,
+        w_zero: Option<ValueId>,
+        bias: Option<ValueId>,
+        scale: ValueId,
+        dims: [u64; 8],
+        stride: [u64; 2],
+        dilation: [u64; 2],
+        pads: [u64; 4],
+        out: QOut,
+    },
 }
 
 impl Kind {
@@ -200,6 +249,9 @@ impl Kind {
                 v
             }
             Gather { data, indices, .. } => vec![*data, *indices],
+            Quant { x, scale, zero, .. } => vec![*x, *scale, *zero],
+            QGemm { a, b, b_zero, bias, scale, .. } => [Some(*a), Some(*b), *b_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
+            QConv { x, w, w_zero, bias, scale, .. } => [Some(*x), Some(*w), *w_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
         }
     }
 }
@@ -224,6 +276,9 @@ pub struct Graph {
     /// Values integer inputs may hold (`lo..hi`), from the ops that use
     /// them as indices.
     pub ranges: Vec<(ValueId, i64, i64)>,
+    /// Values that are dequantised integer tensors (from
+    /// DequantizeLinear), for the int8 lowering.
+    pub dequantized: std::collections::HashMap<ValueId, QInfo>,
 }
 
 impl Graph {

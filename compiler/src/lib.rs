@@ -2,7 +2,8 @@
 //!
 //! Pipeline: decode the protobuf ([`onnx`]; a TFLite flatbuffer is first
 //! translated into the same ONNX structures by [`tflite`]) -> import with static shapes
-//! and constant folding ([`import`]) -> fuse ([`fuse`]) -> lay out constant
+//! and constant folding ([`import`]) -> fuse ([`fuse`]) -> run quantised
+//! Conv/GEMM on int8 kernels ([`int8`]) -> lay out constant
 //! weights for the cores ([`pack`]) -> plan memory and
 //! emit descriptors and command streams ([`emit`]) -> a validated
 //! [`rbln_format::Model`].
@@ -12,6 +13,7 @@ pub mod error;
 pub mod fold;
 pub mod fuse;
 pub mod import;
+pub mod int8;
 pub mod ir;
 pub mod onnx;
 pub mod pack;
@@ -23,6 +25,7 @@ use std::collections::BTreeMap;
 pub use emit::MemoryPlan;
 pub use error::{CompileError, Result};
 pub use fuse::FuseStats;
+pub use int8::Int8Stats;
 pub use import::Options;
 pub use pack::Layout;
 
@@ -63,6 +66,8 @@ pub struct Report {
     /// for the cores.
     pub layouts: Vec<Layout>,
     pub fused: FuseStats,
+    /// Conv / GEMM ops lowered to int8 kernels.
+    pub int8: Int8Stats,
     pub memory: MemoryPlan,
 }
 
@@ -110,6 +115,8 @@ pub fn compile_tflite(bytes: &[u8], name: &str, opts: &Options) -> Result<Compil
 
 fn finish(mut g: ir::Graph, name: &str, props: &[(String, String)], format: SourceFormat, onnx_nodes: usize) -> Result<Compiled> {
     let fused = fuse::run(&mut g);
+    let int8 = int8::run(&mut g);
+    fuse::drop_dead(&mut g);
     let layouts = pack::run(&mut g);
     let mut device_ops = BTreeMap::new();
     let mut views = 0;
@@ -121,7 +128,7 @@ fn finish(mut g: ir::Graph, name: &str, props: &[(String, String)], format: Sour
         }
     }
     let (model, memory) = emit::emit(&g, name, props)?;
-    Ok(Compiled { model, report: Report { format, onnx_nodes, device_ops, views, layouts, fused, memory } })
+    Ok(Compiled { model, report: Report { format, onnx_nodes, device_ops, views, layouts, fused, int8, memory } })
 }
 
 /// Parse `name=1x3x224x224`.

@@ -1447,3 +1447,81 @@ fn constant_gemm_weights_are_packed_once_per_use() {
     assert!(weights.contains(&("Wt.panels".to_string(), 256)), "{weights:?}");
     assert!(weights.contains(&("Wsmall".to_string(), 32)), "{weights:?}");
 }
+
+fn i8_tensor(name: &str, dims: &[i64], ty: i32, v: &[i32]) -> TensorProto {
+    TensorProto { name: name.into(), dims: dims.to_vec(), data_type: ty, int32_data: v.to_vec(), ..Default::default() }
+}
+
+/// x[1,4,6,6] -> Q -> DQ -> Conv(DQ(W int8, per channel), DQ(b int32)) ->
+/// Relu -> Q -> DQ -> y: onnxruntime's QDQ form of a quantised conv.
+fn qdq_conv(per_channel: bool) -> Vec<u8> {
+    let w: Vec<i32> = (0..8 * 4 * 9).map(|i| (i * 37 % 255) - 127).collect();
+    let ws: Vec<f32> = if per_channel { (0..8).map(|i| 0.01 + 0.001 * i as f32).collect() } else { vec![0.01] };
+    let wdims: &[i64] = if per_channel { &[8] } else { &[] };
+    let wz = vec![0; ws.len()];
+    let b: Vec<i32> = (0..8).map(|i| i * 100 - 300).collect();
+    let bs: Vec<f32> = ws.iter().map(|s| s * 0.05).collect();
+    model(
+        vec![
+            node("QuantizeLinear", "qx", &["x", "xs", "xz"], &["xq"], vec![]),
+            node("DequantizeLinear", "dqx", &["xq", "xs", "xz"], &["xd"], vec![]),
+            node("DequantizeLinear", "dqw", &["W", "ws", "wz"], &["wd"], vec![attr_i("axis", 0)]),
+            node("DequantizeLinear", "dqb", &["B", "bs"], &["bd"], vec![attr_i("axis", 0)]),
+            node("Conv", "conv", &["xd", "wd", "bd"], &["c"], vec![attr_ints("pads", &[1, 1, 1, 1])]),
+            node("Relu", "relu", &["c"], &["r"], vec![]),
+            node("QuantizeLinear", "qy", &["r", "ys", "yz"], &["yq"], vec![]),
+            node("DequantizeLinear", "dqy", &["yq", "ys", "yz"], &["y"], vec![]),
+        ],
+        vec![
+            tensor("xs", &[], &[0.05]),
+            i8_tensor("xz", &[], elem::UINT8, &[128]),
+            i8_tensor("W", &[8, 4, 3, 3], elem::INT8, &w),
+            tensor("ws", wdims, &ws),
+            i8_tensor("wz", wdims, elem::INT8, &wz),
+            i8_tensor("B", &[8], elem::INT32, &b),
+            tensor("bs", if per_channel { &[8] } else { &[] }, if per_channel { &bs } else { &bs[..1] }),
+            tensor("ys", &[], &[0.1]),
+            i8_tensor("yz", &[], elem::UINT8, &[0]),
+        ],
+        vec![vinfo("x", &[1, 4, 6, 6])],
+        vec![vinfo("y", &[1, 8, 6, 6])],
+    )
+}
+
+#[test]
+fn qdq_conv_runs_on_the_int8_kernels() {
+    for per_channel in [true, false] {
+        let c = compiled(&qdq_conv(per_channel));
+        assert_eq!(compute_ops(&c.model), ["QuantizeLinear", "int8:Conv+Relu+QuantizeLinear", "DequantizeLinear"], "per channel {per_channel}");
+        assert_eq!((c.report.int8.conv, c.report.int8.gemm, c.report.int8.int8_out), (1, 0, 1));
+        // The int8 weights are stored as bytes (8 columns x 36 rows),
+        // plus the scales, zero points and int32 bias: no f32 copy.
+        let w = c.model.graph.tensors.iter().find(|t| t.name.ends_with("packed_q")).expect("packed int8 weights");
+        assert_eq!(w.dtype, rbln_format::DType::I8);
+        assert_eq!(w.shape, [8 * 36]);
+        assert!(c.report.memory.weights_bytes < 8 * 36 * 4, "weights {} B", c.report.memory.weights_bytes);
+    }
+}
+
+#[test]
+fn bad_quantization_parameters_are_refused() {
+    // A per-channel scale of the wrong length.
+    let mut m = ModelProto::decode(qdq_conv(true).as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let ws = g.initializer.iter_mut().find(|t| t.name == "ws").unwrap();
+    ws.dims = vec![7];
+    ws.float_data.truncate(7);
+    let wz = g.initializer.iter_mut().find(|t| t.name == "wz").unwrap();
+    wz.dims = vec![7];
+    wz.int32_data.truncate(7);
+    let (node, op, reason) = unsupported(&m.encode_to_vec(), &Options::default());
+    assert_eq!((node.as_str(), op.as_str()), ("dqw", "DequantizeLinear"));
+    assert!(reason.contains("7 scales do not match axis 0"), "{reason}");
+    // A weight value outside int8 (stored in int32_data).
+    let mut m = ModelProto::decode(qdq_conv(true).as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.iter_mut().find(|t| t.name == "W").unwrap().int32_data[5] = 200;
+    let (node, _, reason) = unsupported(&m.encode_to_vec(), &Options::default());
+    assert_eq!(node, "dqw");
+    assert!(reason.contains("constant input value 200 is outside the range of i8"), "{reason}");
+}

@@ -31,6 +31,13 @@ pub enum OpCode {
     Cast = 12,
     Resize = 13,
     Where = 14,
+    /// int8 quantise / dequantise (hardware minor version 6).
+    Quant = 15,
+    /// int8 GEMM with int32 accumulation and fused requantisation (minor 6).
+    QGemm = 16,
+    /// int8 2-D convolution, int32 accumulation, fused requantisation
+    /// (minor 6).
+    QConv = 17,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -218,6 +225,85 @@ pub fn pack_gemm_b(b: &[f32], k: usize, n: usize, trans_b: bool, dst: &mut [f32]
         }
     }
 }
+/// Element types of the int8 ops (QUANT, QGEMM, QCONV). int8 tensors are
+/// one byte per element; `QTYPE_F32` is only an output type (a dequantised
+/// result, for float islands after an integer op).
+pub const QTYPE_U8: u32 = 0;
+pub const QTYPE_I8: u32 = 1;
+pub const QTYPE_F32: u32 = 2;
+/// The range of a QTYPE_U8 / QTYPE_I8 value.
+pub const fn qtype_range(t: u32) -> Option<(i32, i32)> {
+    match t {
+        QTYPE_U8 => Some((0, 255)),
+        QTYPE_I8 => Some((-128, 127)),
+        _ => None,
+    }
+}
+/// QUANT modes: f32 → int8 (`q = clamp(round_half_even(x / scale) +
+/// zero)`) and int8 → f32 (`x = (q − zero) · scale`).
+pub const QUANT_QUANTIZE: u32 = 0;
+pub const QUANT_DEQUANTIZE: u32 = 1;
+/// QGEMM / QCONV: add the int32 bias (per output column / channel).
+pub const QGEMM_BIAS: u32 = 1 << 0;
+/// QGEMM / QCONV: per-column int32 zero points of B at `b_zero_va`
+/// (without it B's zero point is 0, as for symmetric weights).
+pub const QGEMM_B_ZERO: u32 = 1 << 1;
+/// QGEMM / QCONV with a QTYPE_F32 output: max(0, y).
+pub const QGEMM_RELU: u32 = 1 << 2;
+/// Columns per panel of a packed int8 B operand.
+pub const QGEMM_PANEL: usize = 8;
+/// `k` per group of a packed int8 B operand: each group is
+/// `QGEMM_PANEL × QGEMM_KGROUP` bytes, column-major within the group.
+pub const QGEMM_KGROUP: usize = 4;
+
+/// Bytes of one packed int8 `[k × n]` B matrix: `n` rounded up to
+/// [`QGEMM_PANEL`] columns times `k` rounded up to [`QGEMM_KGROUP`].
+/// `None` on overflow.
+pub const fn qgemm_packed_b_len(k: u64, n: u64) -> Option<u64> {
+    let w = match n.div_ceil(QGEMM_PANEL as u64).checked_mul(QGEMM_PANEL as u64) {
+        Some(w) => w,
+        None => return None,
+    };
+    match k.div_ceil(QGEMM_KGROUP as u64).checked_mul(QGEMM_KGROUP as u64) {
+        Some(kp) => kp.checked_mul(w),
+        None => None,
+    }
+}
+
+/// Writes int8 `op(B)` (`[k × n]`; `b` holds B as `[k × n]`, or `[n × k]`
+/// when `trans_b`) into `dst` in the packed layout of QGEMM / QCONV
+/// weights: panel `p` (columns `8p .. 8p+8`) is `⌈k/4⌉` groups of 32
+/// bytes; element `(l, j)` is at `dst[p·8·kp + (l/4)·32 + (j − 8p)·4 +
+/// l%4]` with `kp = 4⌈k/4⌉`. Padding rows and columns are 0. This is the
+/// operand order of the cores' 8-bit multiply-add (4 consecutive `k` of
+/// one column side by side).
+///
+/// # Panics
+/// If `b` does not hold `k·n` elements or `dst` is not
+/// `qgemm_packed_b_len(k, n)` long.
+pub fn pack_qgemm_b(b: &[i8], k: usize, n: usize, trans_b: bool, dst: &mut [i8]) {
+    assert_eq!(b.len(), k * n, "B holds k·n elements");
+    assert_eq!(Some(dst.len() as u64), qgemm_packed_b_len(k as u64, n as u64), "dst is one packed matrix");
+    let kp = k.div_ceil(QGEMM_KGROUP) * QGEMM_KGROUP;
+    if kp == 0 {
+        return;
+    }
+    for (p, panel) in dst.chunks_exact_mut(kp * QGEMM_PANEL).enumerate() {
+        for (g, group) in panel.chunks_exact_mut(QGEMM_PANEL * QGEMM_KGROUP).enumerate() {
+            for (i, v) in group.iter_mut().enumerate() {
+                let (j, l) = (p * QGEMM_PANEL + i / QGEMM_KGROUP, g * QGEMM_KGROUP + i % QGEMM_KGROUP);
+                *v = if j >= n || l >= k {
+                    0
+                } else if trans_b {
+                    b[j * k + l]
+                } else {
+                    b[l * n + j]
+                };
+            }
+        }
+    }
+}
+
 pub const CONV_BIAS: u32 = 1 << 3;
 /// out = act(conv + bias + R) with R at residual_va, shaped like the
 /// output (since hardware minor version 1).
@@ -247,6 +333,129 @@ pub const fn cast_type_size(t: u32) -> Option<u64> {
         CAST_BOOL => Some(1),
         _ => None,
     }
+}
+
+wire_struct! {
+    /// int8 quantise or dequantise (`mode`, a QUANT_*) of a tensor viewed
+    /// as `[outer, channels, inner]`: element `(o, c, i)` uses `scale[c]`
+    /// (f32, finite and > 0) and `zero[c]` (i32, in the range of `qtype`),
+    /// `channels` entries each at `scale_va` / `zero_va` (per-tensor is
+    /// `channels = 1`). Quantise rounds half to even and saturates; NaN
+    /// becomes the zero point. f32 tensors are 4-byte aligned.
+    pub struct QuantDesc {
+        pub header: OpHeader,
+        pub mode: u32,
+        pub qtype: u32,
+        pub outer: u64,
+        pub channels: u64,
+        pub inner: u64,
+        pub scale_va: u64,
+        pub zero_va: u64,
+        pub in_va: u64,
+        pub out_va: u64,
+    }
+}
+
+wire_struct! {
+    /// int8 GEMM: `acc[i,j] = Σ_l (A[i,l] − a_zero)·(B[l,j] − zb[j]) +
+    /// bias[j]` in int32 (wrapping), A `[m × k]` row-major of `a_type`
+    /// (u8 or i8), B int8 packed ([`pack_qgemm_b`]), zb the per-column
+    /// zero points at `b_zero_va` (QGEMM_B_ZERO; else 0), bias int32 at
+    /// `bias_va` (QGEMM_BIAS). Output `[m × n]` of `out_type`: u8/i8
+    /// `clamp(round_half_even(acc·scale[j]) + out_zero, out_min, out_max)`,
+    /// or f32 `acc·scale[j]` (max(0, ·) with QGEMM_RELU). `scale` is n
+    /// finite f32 at `scale_va`. For an f32 output, `out_zero`, `out_min`
+    /// and `out_max` are 0.
+    pub struct QGemmDesc {
+        pub header: OpHeader,
+        pub m: u32,
+        pub n: u32,
+        pub k: u32,
+        pub flags: u32,
+        pub a_type: u32,
+        pub out_type: u32,
+        pub a_zero: i32,
+        pub out_zero: i32,
+        pub out_min: i32,
+        pub out_max: i32,
+        pub a_va: u64,
+        pub b_va: u64,
+        pub b_zero_va: u64,
+        pub bias_va: u64,
+        pub scale_va: u64,
+        pub out_va: u64,
+    }
+}
+
+wire_struct! {
+    /// int8 2-D convolution, NCHW, geometry as CONV2D's. Per group `g`
+    /// the weights are one packed `[k × c_out/groups]` B operand
+    /// (`k = c_in/groups·kh·kw`, ordered (c, ky, kx); [`pack_qgemm_b`]),
+    /// the groups' operands back to back; padded input positions hold
+    /// `x_zero` (a real 0). The arithmetic, zero points, bias, scale and
+    /// output are QGEMM's with output channel as the column.
+    pub struct QConvDesc {
+        pub header: OpHeader,
+        pub n: u32,
+        pub c_in: u32,
+        pub h: u32,
+        pub w: u32,
+        pub c_out: u32,
+        pub kh: u32,
+        pub kw: u32,
+        pub stride_h: u32,
+        pub stride_w: u32,
+        pub dil_h: u32,
+        pub dil_w: u32,
+        pub pad_top: u32,
+        pub pad_left: u32,
+        pub pad_bottom: u32,
+        pub pad_right: u32,
+        pub groups: u32,
+        pub flags: u32,
+        pub x_type: u32,
+        pub out_type: u32,
+        pub x_zero: i32,
+        pub out_zero: i32,
+        pub out_min: i32,
+        pub out_max: i32,
+        pub reserved: u32,
+        pub x_va: u64,
+        pub w_va: u64,
+        pub w_zero_va: u64,
+        pub bias_va: u64,
+        pub scale_va: u64,
+        pub out_va: u64,
+    }
+}
+
+/// Checks the type, zero-point and clamp fields shared by QGEMM and QCONV.
+fn qgemm_fields_ok(flags: u32, a_type: u32, out_type: u32, a_zero: i32, out_zero: i32, out_min: i32, out_max: i32) -> Result<(), DescError> {
+    use DescError::BadField;
+    if flags & !(QGEMM_BIAS | QGEMM_B_ZERO | QGEMM_RELU) != 0 {
+        return Err(BadField("qgemm flags"));
+    }
+    let (lo, hi) = qtype_range(a_type).ok_or(BadField("input type"))?;
+    if a_zero < lo || a_zero > hi {
+        return Err(BadField("input zero point"));
+    }
+    match qtype_range(out_type) {
+        Some((lo, hi)) => {
+            if flags & QGEMM_RELU != 0 {
+                return Err(BadField("relu flag with an int8 output (clamp with out_min)"));
+            }
+            if out_zero < lo || out_zero > hi || out_min < lo || out_max > hi || out_min > out_max {
+                return Err(BadField("output zero point / clamp"));
+            }
+        }
+        None if out_type == QTYPE_F32 => {
+            if out_zero != 0 || out_min != 0 || out_max != 0 {
+                return Err(BadField("output zero point / clamp of an f32 output"));
+            }
+        }
+        None => return Err(BadField("output type")),
+    }
+    Ok(())
 }
 
 wire_struct! {
@@ -546,6 +755,9 @@ const _: () = assert!(TransposeDesc::SIZE == 80);
 const _: () = assert!(StridedCopyDesc::SIZE == 152);
 const _: () = assert!(GatherDesc::SIZE == 80);
 const _: () = assert!(CastDesc::SIZE == 40);
+const _: () = assert!(QuantDesc::SIZE == 72);
+const _: () = assert!(QGemmDesc::SIZE == 96);
+const _: () = assert!(QConvDesc::SIZE == 152);
 const _: () = assert!(ResizeDesc::SIZE == 72);
 const _: () = assert!(WhereDesc::SIZE == 120);
 
@@ -566,6 +778,9 @@ pub enum Desc {
     Cast(CastDesc),
     Resize(ResizeDesc),
     Where(WhereDesc),
+    Quant(QuantDesc),
+    QGemm(QGemmDesc),
+    QConv(QConvDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -611,6 +826,9 @@ encode_fn!(GatherDesc, Gather);
 encode_fn!(CastDesc, Cast);
 encode_fn!(ResizeDesc, Resize);
 encode_fn!(WhereDesc, Where);
+encode_fn!(QuantDesc, Quant);
+encode_fn!(QGemmDesc, QGemm);
+encode_fn!(QConvDesc, QConv);
 
 /// Sizes of descriptors written for hardware minor version 0, before
 /// fields were appended: such a descriptor reads as the current one with
@@ -787,6 +1005,29 @@ impl Desc {
                     return Err(BadField("rank/dims"));
                 }
                 Desc::Where(d)
+            }
+            15 => {
+                let d = get!(QuantDesc);
+                if d.mode > QUANT_DEQUANTIZE {
+                    return Err(BadField("quant mode"));
+                }
+                if qtype_range(d.qtype).is_none() {
+                    return Err(BadField("quant type"));
+                }
+                Desc::Quant(d)
+            }
+            16 => {
+                let d = get!(QGemmDesc);
+                qgemm_fields_ok(d.flags, d.a_type, d.out_type, d.a_zero, d.out_zero, d.out_min, d.out_max)?;
+                Desc::QGemm(d)
+            }
+            17 => {
+                let d = get!(QConvDesc);
+                qgemm_fields_ok(d.flags, d.x_type, d.out_type, d.x_zero, d.out_zero, d.out_min, d.out_max)?;
+                if d.reserved != 0 {
+                    return Err(BadField("reserved"));
+                }
+                Desc::QConv(d)
             }
             op => return Err(UnknownOp(op)),
         };

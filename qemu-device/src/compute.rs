@@ -405,6 +405,9 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::StridedCopy(d) => strided_copy(&mut op, &d),
         Desc::Cast(d) => cast(&mut op, &d),
         Desc::Resize(d) => resize(&mut op, &d),
+        Desc::Quant(d) => quant(&mut op, &d),
+        Desc::QGemm(d) => qgemm(&mut op, &d),
+        Desc::QConv(d) => qconv(&mut op, &d),
         Desc::Where(d) => {
             let (cd, ad, bd) = (dims(&d.cond_dims, d.rank), dims(&d.a_dims, d.rank), dims(&d.b_dims, d.rank));
             let out_shape = op.kernel(k::broadcast_shape3(&cd, &ad, &bd))?;
@@ -632,6 +635,101 @@ fn conv2d(op: &mut Op<'_, '_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
     let residual = if d.flags & ops::CONV_RESIDUAL != 0 { Some(op.input(d.residual_va, n_out)?) } else { None };
     op.write_out(d.output_va, n_out, |out| {
         k::conv2d_residual(&p, &input, &weight, bias.as_deref(), residual.as_deref(), out)
+    })?;
+    Ok(flops)
+}
+
+fn quant(op: &mut Op<'_, '_, '_>, d: &ops::QuantDesc) -> R<u64> {
+    let to_usize = |v: u64| usize::try_from(v).map_err(|_| op.bad());
+    let (outer, channels, inner) = (to_usize(d.outer)?, to_usize(d.channels)?, to_usize(d.inner)?);
+    let n = op.volume(&[outer, channels, inner])?;
+    op.volume(&[channels])?;
+    let signed = d.qtype == ops::QTYPE_I8;
+    let scale = op.input_of::<f32>(d.scale_va, channels)?;
+    let zero = op.input_of::<i32>(d.zero_va, channels)?;
+    if d.mode == ops::QUANT_QUANTIZE {
+        let x = op.input(d.in_va, n)?;
+        op.write_out_of::<u8>(d.out_va, n, |q| k::quantize(&x, q, signed, outer, channels, inner, &scale, &zero))?;
+    } else {
+        let q = op.input_of::<u8>(d.in_va, n)?;
+        let src = k::QTensor { data: &q, signed };
+        op.write_out(d.out_va, n, |x| k::dequantize(src, x, outer, channels, inner, &scale, &zero))?;
+    }
+    Ok(n as u64)
+}
+
+/// The per-output-column operands shared by QGEMM and QCONV.
+struct QColumns<'p> {
+    b_zero: Option<Cow<'p, [i32]>>,
+    bias: Option<Cow<'p, [i32]>>,
+    scale: Cow<'p, [f32]>,
+}
+
+fn q_columns<'p>(op: &mut Op<'p, '_, '_>, flags: u32, cols: usize, b_zero_va: u64, bias_va: u64, scale_va: u64) -> R<QColumns<'p>> {
+    let b_zero = if flags & ops::QGEMM_B_ZERO != 0 { Some(op.input_of::<i32>(b_zero_va, cols)?) } else { None };
+    let bias = if flags & ops::QGEMM_BIAS != 0 { Some(op.input_of::<i32>(bias_va, cols)?) } else { None };
+    Ok(QColumns { b_zero, bias, scale: op.input_of::<f32>(scale_va, cols)? })
+}
+
+/// Writes a QGEMM / QCONV result of `count` elements at `va` as the
+/// descriptor's output type.
+#[allow(clippy::too_many_arguments)]
+fn q_write(op: &mut Op<'_, '_, '_>, va: u64, count: usize, out_type: u32, zero: i32, min: i32, max: i32, relu: bool, f: impl FnOnce(k::QDst<'_>) -> k::Result<()>) -> R<()> {
+    if out_type == ops::QTYPE_F32 {
+        op.write_out(va, count, |out| f(k::QDst::F32 { out, relu }))
+    } else {
+        let signed = out_type == ops::QTYPE_I8;
+        op.write_out_of::<u8>(va, count, |out| f(k::QDst::Int { out, signed, zero, min, max }))
+    }
+}
+
+fn qgemm(op: &mut Op<'_, '_, '_>, d: &ops::QGemmDesc) -> R<u64> {
+    let (m, n, kk) = (d.m as usize, d.n as usize, d.k as usize);
+    let flops = op.flops(&[2, m as u64, n as u64, kk as u64])?;
+    let b_len = ops::qgemm_packed_b_len(kk as u64, n as u64).filter(|&l| l <= MAX_TENSOR_ELEMS).ok_or_else(|| op.bad())? as usize;
+    let (a_len, c_len) = (op.volume(&[m, kk])?, op.volume(&[m, n])?);
+    op.volume(&[n])?;
+    let a = op.input_of::<u8>(d.a_va, a_len)?;
+    let b = op.input_of::<u8>(d.b_va, b_len)?;
+    let cols = q_columns(op, d.flags, n, d.b_zero_va, d.bias_va, d.scale_va)?;
+    let p = k::QGemmParams { m, n, k: kk, a_zero: d.a_zero, b: &b, b_zero: cols.b_zero.as_deref(), bias: cols.bias.as_deref(), scale: &cols.scale };
+    let a = k::QTensor { data: &a, signed: d.a_type == ops::QTYPE_I8 };
+    let relu = d.flags & ops::QGEMM_RELU != 0;
+    q_write(op, d.out_va, c_len, d.out_type, d.out_zero, d.out_min, d.out_max, relu, |dst| k::qgemm(a, &p, dst))?;
+    Ok(flops)
+}
+
+fn qconv(op: &mut Op<'_, '_, '_>, d: &ops::QConvDesc) -> R<u64> {
+    let p = k::QConvParams {
+        batch: d.n as usize,
+        in_channels: d.c_in as usize,
+        in_h: d.h as usize,
+        in_w: d.w as usize,
+        out_channels: d.c_out as usize,
+        kernel: [d.kh as usize, d.kw as usize],
+        stride: [d.stride_h as usize, d.stride_w as usize],
+        padding: padding(d.pad_top, d.pad_left, d.pad_bottom, d.pad_right),
+        dilation: [d.dil_h as usize, d.dil_w as usize],
+        groups: d.groups as usize,
+    };
+    let out_shape = op.kernel(k::qconv2d_output_shape(&p))?;
+    if p.groups == 0 || !p.in_channels.is_multiple_of(p.groups) || !p.out_channels.is_multiple_of(p.groups) {
+        return Err(op.bad());
+    }
+    let (cin_g, cout_g) = (p.in_channels / p.groups, p.out_channels / p.groups);
+    let k_g = op.volume(&[cin_g, p.kernel[0], p.kernel[1]])?;
+    let n_in = op.volume(&[p.batch, p.in_channels, p.in_h, p.in_w])?;
+    let per_group = ops::qgemm_packed_b_len(k_g as u64, cout_g as u64).ok_or_else(|| op.bad())?;
+    let n_w = per_group.checked_mul(p.groups as u64).filter(|&l| l <= MAX_TENSOR_ELEMS).ok_or_else(|| op.bad())? as usize;
+    let n_out = op.volume(&out_shape)?;
+    let flops = op.flops(&[2, n_out as u64, k_g as u64])?;
+    let x = op.input_of::<u8>(d.x_va, n_in)?;
+    let w = op.input_of::<u8>(d.w_va, n_w)?;
+    let cols = q_columns(op, d.flags, p.out_channels, d.w_zero_va, d.bias_va, d.scale_va)?;
+    let x = k::QTensor { data: &x, signed: d.x_type == ops::QTYPE_I8 };
+    let relu = d.flags & ops::QGEMM_RELU != 0;
+    q_write(op, d.out_va, n_out, d.out_type, d.out_zero, d.out_min, d.out_max, relu, |dst| {
+        k::qconv2d(x, d.x_zero, &w, cols.b_zero.as_deref(), cols.bias.as_deref(), &cols.scale, &p, dst)
     })?;
     Ok(flops)
 }

@@ -83,8 +83,8 @@ fn main() -> ExitCode {
     if args.json {
         let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
         println!(
-            "{{\"model\":\"{name}\",\"output\":\"{}\",\"format\":\"{}\",\"compile_ms\":{:.3},\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"packed_gemm_weights\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{},\"file_bytes\":{}}}",
-            out.display(), r.format.name(), elapsed.as_secs_f64() * 1e3, r.onnx_nodes, r.device_op_count(), r.views, r.layouts.len(), ops.join(","),
+            "{{\"model\":\"{name}\",\"output\":\"{}\",\"format\":\"{}\",\"compile_ms\":{:.3},\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"packed_gemm_weights\":{},\"int8_ops\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{},\"file_bytes\":{}}}",
+            out.display(), r.format.name(), elapsed.as_secs_f64() * 1e3, r.onnx_nodes, r.device_op_count(), r.views, r.layouts.len(), r.int8.conv + r.int8.gemm, ops.join(","),
             m.weights_bytes, m.naive_bytes, m.planned_bytes, m.arena_bytes, file.len()
         );
     } else {
@@ -95,6 +95,9 @@ fn main() -> ExitCode {
             "  fused: {} GELU (erf), {} GELU (tanh), {} SiLU, {} layer norm, {} scale into weights, {} pad + {} BatchNorm/affine into conv, {} bias, {} residual, {} activation; {} dead ops dropped",
             f.gelu, f.gelu_tanh, f.silu, f.layer_norm, f.scale_into_weights, f.pad_into_conv, f.folded_into_conv, f.bias, f.residual, f.activation, f.dead
         );
+        if r.int8.conv + r.int8.gemm > 0 {
+            println!("  int8: {} Conv and {} GEMM on integer kernels ({} with an int8 output)", r.int8.conv, r.int8.gemm, r.int8.int8_out);
+        }
         let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("{k} x{v}")).collect();
         println!("  ops: {}", ops.join(", "));
         println!("  layouts: {} GEMMs read constant B packed in panels (--list names them)", r.layouts.len());

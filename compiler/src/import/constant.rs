@@ -34,7 +34,11 @@ impl Importer {
                 } else {
                     return Err(cx.err("no supported value attribute (value, value_float(s), value_int(s))"));
                 };
-                self.constant(&Self::out_name(cx, 0), c)
+                let v = self.constant(&Self::out_name(cx, 0), c);
+                if let Some(t) = cx.attr("value").and_then(|a| a.t.as_ref()) {
+                    self.g.values[v].dtype = super::quant::const_dtype(t.data_type);
+                }
+                v
             }
             "Shape" => {
                 let s = self.shape(input(0)?);

@@ -33,6 +33,7 @@ mod logic;
 mod matmul;
 mod norm;
 mod pool;
+pub(crate) mod quant;
 mod resize;
 
 /// Lowers the nodes of one op family.
@@ -40,7 +41,7 @@ type Lower = fn(&mut Importer, &Cx, &[Option<ValueId>]) -> Result<Vec<ValueId>>;
 
 /// Every op family: the ONNX op types it takes and its lowering. An op
 /// type belongs to exactly one family (checked by a test).
-const FAMILIES: [(&[&str], Lower); 10] = [
+const FAMILIES: [(&[&str], Lower); 11] = [
     (constant::OPS, Importer::lower_constant),
     (layout::OPS, Importer::lower_layout),
     (elementwise::OPS, Importer::lower_elementwise),
@@ -51,6 +52,7 @@ const FAMILIES: [(&[&str], Lower); 10] = [
     (gather::OPS, Importer::lower_gather),
     (resize::OPS, Importer::lower_resize),
     (logic::OPS, Importer::lower_logic),
+    (quant::OPS, Importer::lower_quant),
 ];
 
 /// Options that change how a model is read.
@@ -68,10 +70,10 @@ pub const MAX_OPSET: i64 = 22;
 /// The ONNX op types rbln-compile handles (folded or on the device).
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs", "Add", "And", "ArgMax", "ArgMin", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape",
-    "Conv", "ConvTranspose", "CumSum", "DepthToSpace", "Div", "Dropout", "Einsum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
+    "Conv", "ConvTranspose", "CumSum", "DepthToSpace", "DequantizeLinear", "Div", "Dropout", "Einsum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
     "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "GroupNormalization", "HardSigmoid", "HardSwish",
     "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "MatMul", "Max",
-    "MaxPool", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "Range", "Reciprocal",
+    "MaxPool", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "QuantizeLinear", "Range", "Reciprocal",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
     "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign", "Sin", "Cos",
     "Size", "Slice", "Softmax", "SpaceToDepth", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze", "Upsample",
@@ -147,6 +149,7 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
     for t in &graph.initializer {
         let c = onnx::tensor_const(t, &t.name)?;
         let id = im.g.add_value(&t.name, c.shape.clone(), Some(c));
+        im.g.values[id].dtype = quant::const_dtype(t.data_type);
         im.names.insert(t.name.clone(), id);
     }
     for (name, _) in &opts.input_shapes {
@@ -326,6 +329,8 @@ impl Importer {
         match kind {
             Kind::View { x } => self.g.values[*x].dtype,
             Kind::Cast { to, .. } => *to,
+            Kind::Quant { dequantize: false, qtype, .. } => *qtype,
+            Kind::QGemm { out, .. } | Kind::QConv { out, .. } => out.dtype,
             _ => DType::F32,
         }
     }
@@ -360,6 +365,7 @@ impl Importer {
         let keeps_type: &[usize] = match n.op_type.as_str() {
             "Identity" | "Dropout" | "Cast" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Shape" | "Size" => &[0, 1, 2],
             "Gather" => &[1],
+            "DequantizeLinear" => &[0],
             _ => &[],
         };
         let compile_time = COMPILE_TIME_OPS.contains(&n.op_type.as_str());
@@ -429,8 +435,14 @@ impl Importer {
         }
         let from = self.g.values[x].dtype;
         let name = format!("{}.f32", self.g.values[x].name);
+        let kind = match from {
+            // 8-bit integers convert exactly through a dequantise with
+            // scale 1 and zero point 0 (CAST has no 8-bit types).
+            DType::U8 | DType::I8 => self.int8_to_f32(x, from),
+            _ => Kind::Cast { x, from, to: DType::F32 },
+        };
         let out = self.g.add_value(&name, self.shape(x), None);
-        self.g.ops.push(Op { name: format!("{}.cast", cx.name), op: "Cast".into(), kind: Kind::Cast { x, from, to: DType::F32 }, out });
+        self.g.ops.push(Op { name: format!("{}.cast", cx.name), op: "Cast".into(), kind, out });
         self.as_f32.insert(x, out);
         out
     }

@@ -267,6 +267,131 @@ fn bench_gemm_t(b: &mut Bench, name: &str, m: usize, n: usize, k: usize, act: Ac
     b.report_flops(name, 2.0 * (m * n * k) as f64, r);
 }
 
+/// int8 data: `lo..=hi` (as bytes).
+fn qdata(n: usize, seed: u32, lo: i32, hi: i32) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (lo + ((s >> 8) % (hi - lo + 1) as u32) as i32) as u8
+        })
+        .collect()
+}
+
+/// int8 weights `lo..=hi`, packed (`rbln_hw::ops::pack_qgemm_b`).
+fn qweights(k: usize, n: usize, seed: u32, lo: i32, hi: i32) -> Vec<u8> {
+    let w: Vec<i8> = qdata(k * n, seed, lo, hi).into_iter().map(|v| v as i8).collect();
+    let mut packed = vec![0i8; rbln_hw::ops::qgemm_packed_b_len(k as u64, n as u64).unwrap() as usize];
+    rbln_hw::ops::pack_qgemm_b(&w, k, n, false, &mut packed);
+    packed.into_iter().map(|v| v as u8).collect()
+}
+
+/// The int8 cases: (label, activations u8 lo..=hi, weights lo..=hi).
+const QCASES: [(&str, i32, i32, i32, i32); 3] = [
+    ("u8 0..255 w -127..127 (sign)", 0, 255, -127, 127),
+    ("u8 0..127 (plain)", 0, 127, -128, 127),
+    ("u8 0..255 w7bit (plain)", 0, 255, -64, 64),
+];
+
+impl Bench {
+    fn report_int8(&mut self, name: &str, macs: f64, (to, tr): (f64, f64)) {
+        let g = |t: f64| macs / t / 1e9;
+        println!(
+            "{name:<58} int8 {:7.1} GMAC/s {:8.3} ms | f32 (ours) {:7.1} GMAC/s {:8.3} ms | int8/f32 {:5.2}",
+            g(to),
+            to * 1e3,
+            g(tr),
+            tr * 1e3,
+            tr / to
+        );
+        self.ratios.push((name.to_string(), tr / to));
+    }
+}
+
+/// int8 [`qgemm`] (u8 output, per-column scale, bias) against our f32
+/// [`gemm`] with packed B at the same shape.
+fn bench_qgemm(b: &mut Bench, name: &str, m: usize, n: usize, k: usize) {
+    for (label, alo, ahi, wlo, whi) in QCASES {
+        let name = format!("int8 {name} {label}");
+        if !b.wants(&name) {
+            continue;
+        }
+        let a = qdata(m * k, 1, alo, ahi);
+        let bq = qweights(k, n, 2, wlo, whi);
+        let bias: Vec<i32> = (0..n as i32).collect();
+        let scale = vec![1e-4f32; n];
+        let mut out = vec![0u8; m * n];
+        let p = QGemmParams { m, n, k, a_zero: 3, b: &bq, b_zero: None, bias: Some(&bias), scale: &scale };
+        let af = data(m * k, 1);
+        let mut bf = vec![0.0f32; rbln_hw::ops::gemm_packed_b_len(k as u64, n as u64).unwrap() as usize];
+        rbln_hw::ops::pack_gemm_b(&data(k * n, 2), k, n, false, &mut bf);
+        let biasf = data(n, 3);
+        let mut c = vec![0.0f32; m * n];
+        let pf = GemmParams { m, n, k, b_packed: true, ..Default::default() };
+        let r = race(
+            || {
+                qgemm(QTensor { data: &a, signed: false }, &p, QDst::Int { out: &mut out, signed: false, zero: 128, min: 0, max: 255 }).unwrap();
+                black_box(&mut out);
+            },
+            || {
+                gemm(&pf, &af, &bf, Some(&biasf), &mut c).unwrap();
+                black_box(&mut c);
+            },
+        );
+        b.report_int8(&name, (m * n * k) as f64, r);
+    }
+}
+
+/// int8 [`qconv2d`] against our f32 [`conv2d`] (bias + relu) on the same geometry.
+fn bench_qconv(b: &mut Bench, name: &str, p: Conv2dParams) {
+    for (label, alo, ahi, wlo, whi) in QCASES {
+        let name = format!("int8 {name} {label}");
+        if !b.wants(&name) {
+            continue;
+        }
+        let qp = QConvParams {
+            batch: p.batch,
+            in_channels: p.in_channels,
+            in_h: p.in_h,
+            in_w: p.in_w,
+            out_channels: p.out_channels,
+            kernel: p.kernel,
+            stride: p.stride,
+            padding: p.padding,
+            dilation: p.dilation,
+            groups: p.groups,
+        };
+        let [bn, co, oh, ow] = conv2d_output_shape(&p).unwrap();
+        let kdim = p.in_channels / p.groups * p.kernel[0] * p.kernel[1];
+        let og = co / p.groups;
+        let x = qdata(p.batch * p.in_channels * p.in_h * p.in_w, 4, alo, ahi);
+        let mut wq = Vec::new();
+        for g in 0..p.groups {
+            wq.extend(qweights(kdim, og, 5 + g as u32, wlo, whi));
+        }
+        let bias: Vec<i32> = (0..co as i32).collect();
+        let scale = vec![1e-4f32; co];
+        let mut out = vec![0u8; bn * co * oh * ow];
+        let xf = data(x.len(), 4);
+        let wf = data(co * kdim, 5);
+        let biasf = data(co, 6);
+        let mut y = vec![0.0f32; out.len()];
+        let r = race(
+            || {
+                qconv2d(QTensor { data: &x, signed: false }, 3, &wq, None, Some(&bias), &scale, &qp, QDst::Int { out: &mut out, signed: false, zero: 0, min: 0, max: 255 }).unwrap();
+                black_box(&mut out);
+            },
+            || {
+                conv2d(&p, &xf, &wf, Some(&biasf), &mut y).unwrap();
+                black_box(&mut y);
+            },
+        );
+        b.report_int8(&name, (bn * co * oh * ow * kdim) as f64, r);
+    }
+}
+
 fn main() {
     let filters: Vec<String> = std::env::args().skip(1).collect();
     let mut b = Bench {
@@ -295,6 +420,17 @@ fn main() {
     bench_gemm(&mut b, "gemm classifier 4x1000x1280", 4, 1000, 1280, None, false);
     bench_gemm_t(&mut b, "gemm bert 128x768x768 +bias transB", 128, 768, 768, None, false, true);
     bench_gemm_t(&mut b, "gemm bert 128x3072x768 +bias+gelu transB", 128, 3072, 768, Gelu, false, true);
+
+    // ---- int8 (QGEMM / QCONV) against the f32 kernels at the same shapes.
+    bench_qgemm(&mut b, "qgemm 1024x1024x1024", 1024, 1024, 1024);
+    bench_qgemm(&mut b, "qgemm resnet 3136x64x576", 3136, 64, 576);
+    bench_qgemm(&mut b, "qgemm resnet 784x128x1152", 784, 128, 1152);
+    bench_qgemm(&mut b, "qgemm resnet 196x256x2304", 196, 256, 2304);
+    bench_qgemm(&mut b, "qgemm resnet 49x512x4608", 49, 512, 4608);
+    bench_qgemm(&mut b, "qgemm bert 128x768x768", 128, 768, 768);
+    bench_qconv(&mut b, "qconv 3x3 s1 64->64 @56", conv_params(64, 64, 56, 3, 1, 1, Relu));
+    bench_qconv(&mut b, "qconv 3x3 s1 256->256 @14", conv_params(256, 256, 14, 3, 1, 1, Relu));
+    bench_qconv(&mut b, "qconv 1x1 256->64 @56", conv_params(256, 64, 56, 1, 1, 1, Relu));
 
     // ---- ResNet-50 convolutions (bias + relu fused, as the compiler emits).
     let resnet = [

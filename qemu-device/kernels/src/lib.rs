@@ -48,6 +48,11 @@
 //! - [`resize2d`]: nearest / bilinear resize of NCHW planes
 //! - [`cast`]: element-wise conversion between f32, i32, i64 and bool
 //!   (the one kernel whose tensors are not all f32)
+//! - [`qgemm`], [`qconv2d`]: int8 GEMM / NCHW convolution (u8 or i8
+//!   activations, packed i8 weights, zero points, int32 bias), exact in
+//!   wrapping int32, requantised to u8 / i8 or dequantised to f32 in the
+//!   epilogue; [`quantize`], [`dequantize`]: per-tensor or per-channel
+//!   f32 ↔ int8
 
 mod activation;
 mod binary;
@@ -60,6 +65,7 @@ mod gather;
 mod gemm;
 mod microkernel;
 mod pool;
+mod qgemm;
 mod reduce;
 mod resize;
 mod select;
@@ -78,6 +84,7 @@ pub use error::{KernelError, Result};
 pub use gather::{gather, gather_output_shape, GatherIndex};
 pub use gemm::{gemm, gemm_residual, GemmParams};
 pub use pool::{pool2d, pool2d_output_shape, Pool2dParams, PoolKind};
+pub use qgemm::{dequantize, qconv2d, qconv2d_output_shape, qgemm, quantize, QConvParams, QDst, QGemmParams, QTensor, QGEMM_MAX_K};
 pub use reduce::{arg_reduce, reduce, ReduceOp};
 pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams};
 pub use select::{broadcast_shape3, where_select};

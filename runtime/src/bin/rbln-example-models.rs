@@ -41,12 +41,63 @@ fn compare(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Two same-shaped arrays as f64.
+fn read_pair(got: &str, want: &str) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let got = rbln_runtime::npy::read(std::path::Path::new(got))?;
+    let want = rbln_runtime::npy::read(std::path::Path::new(want))?;
+    if got.shape != want.shape {
+        return Err(format!("shape {:?}, expected {:?}", got.shape, want.shape));
+    }
+    Ok((got.data.to_f64(), want.data.to_f64()))
+}
+
+/// `compare-steps GOT WANT STEP MAX`: outputs of a quantised model, whose
+/// values are multiples of one quantisation step; every element may be
+/// at most MAX steps from the reference. Prints how many differ by 0, 1
+/// and more steps.
+fn compare_steps(args: &[String]) -> Result<(), String> {
+    let (g, w) = read_pair(&args[0], &args[1])?;
+    let step: f64 = args[2].parse().map_err(|e| format!("step: {e}"))?;
+    let max: f64 = args[3].parse().map_err(|e| format!("max steps: {e}"))?;
+    let steps: Vec<f64> = g.iter().zip(&w).map(|(a, b)| ((a - b).abs() / step).round()).collect();
+    let count = |f: &dyn Fn(f64) -> bool| steps.iter().filter(|&&s| f(s)).count();
+    let worst = steps.iter().fold(0f64, |a, &b| a.max(b));
+    println!(
+        "{} elements: {} equal, {} one step apart, {} more (worst {worst} steps of {step:.4e})",
+        steps.len(),
+        count(&|s| s == 0.0),
+        count(&|s| s == 1.0),
+        count(&|s| s > 1.0)
+    );
+    if worst > max {
+        return Err(format!("{} elements more than {max} steps from the reference", count(&|s| s > max)));
+    }
+    Ok(())
+}
+
+/// `cosine GOT REF MIN`: cosine similarity of two outputs at least MIN.
+fn cosine(args: &[String]) -> Result<(), String> {
+    let (g, w) = read_pair(&args[0], &args[1])?;
+    let dot: f64 = g.iter().zip(&w).map(|(a, b)| a * b).sum();
+    let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
+    let cos = dot / (norm(&g) * norm(&w)).max(f64::MIN_POSITIVE);
+    let min: f64 = args[2].parse().map_err(|e| format!("min: {e}"))?;
+    println!("cosine similarity {cos:.5}");
+    if cos.is_nan() || cos < min {
+        return Err(format!("cosine similarity {cos:.5} below {min}"));
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("compare") && args.len() >= 3 {
-        return compare(&args[1..]);
+    match (args.first().map(String::as_str), args.len()) {
+        (Some("compare"), n) if n >= 3 => return compare(&args[1..]),
+        (Some("compare-steps"), 5) => return compare_steps(&args[1..]),
+        (Some("cosine"), 4) => return cosine(&args[1..]),
+        _ => {}
     }
-    let dir = PathBuf::from(args.first().ok_or("usage: rbln-example-models DIR | compare GOT.npy WANT.npy [TOL]")?);
+    let dir = PathBuf::from(args.first().ok_or("usage: rbln-example-models DIR | compare GOT.npy WANT.npy [TOL] | compare-steps GOT.npy WANT.npy STEP MAX | cosine GOT.npy REF.npy MIN")?);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let ex = rbln_runtime::examples::mlp(16, 256, 512, 10);
     ex.model.save(dir.join("mlp.rbln")).map_err(|e| e.to_string())?;

@@ -6,6 +6,7 @@ mod elementwise;
 mod fused;
 mod hostile;
 mod select;
+mod qgemm;
 mod shape_ops;
 
 use crate::Activation;

@@ -1,0 +1,253 @@
+//! int8 convolution: im2col straight into packed micro-panels (rows =
+//! output positions, k = (c, ky, kx)), then the int8 GEMM core, storing
+//! NCHW (row stride 1, column stride `oh·ow`).
+
+use super::kernel::{GROUP_A, MR};
+use super::{bstats, check_cols, check_dst, check_zero, col_data, packed_b_len, panel_len, with_bytes, Core, QDst, QTensor, Split, QGEMM_MAX_K};
+use crate::conv::{Axis, Padding2d};
+use crate::error::{KernelError, Result};
+use crate::util::{check_len, for_each_task, mul, sequential, volume};
+
+/// Parameters of [`qconv2d`]: the geometry of `Conv2dParams` (NCHW).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QConvParams {
+    pub batch: usize,
+    pub in_channels: usize,
+    pub in_h: usize,
+    pub in_w: usize,
+    pub out_channels: usize,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: Padding2d,
+    pub dilation: [usize; 2],
+    /// Must divide both channel counts.
+    pub groups: usize,
+}
+
+struct Geo {
+    h: Axis,
+    w: Axis,
+    cg: usize,
+    og: usize,
+    in_plane: usize,
+    npos: usize,
+    k: usize,
+}
+
+fn geometry(p: &QConvParams) -> Result<Geo> {
+    let pad = p.padding;
+    let h = Axis::new("qconv2d height", p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0])?;
+    let w = Axis::new("qconv2d width", p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1])?;
+    if p.groups == 0 {
+        return Err(KernelError::invalid("qconv2d groups", "groups is zero"));
+    }
+    if !p.in_channels.is_multiple_of(p.groups) || !p.out_channels.is_multiple_of(p.groups) {
+        return Err(KernelError::invalid(
+            "qconv2d groups",
+            format!("groups {} does not divide in_channels {} and out_channels {}", p.groups, p.in_channels, p.out_channels),
+        ));
+    }
+    let cg = p.in_channels / p.groups;
+    let k = volume("qconv2d weight", &[cg, p.kernel[0], p.kernel[1]])?;
+    if k > QGEMM_MAX_K {
+        return Err(KernelError::invalid("qconv2d k", format!("{k} exceeds the maximum of {QGEMM_MAX_K}")));
+    }
+    Ok(Geo {
+        h,
+        w,
+        cg,
+        og: p.out_channels / p.groups,
+        in_plane: mul("qconv2d input", p.in_h, p.in_w)?,
+        npos: mul("qconv2d output", h.output, w.output)?,
+        k,
+    })
+}
+
+/// Output shape `[batch, out_channels, out_h, out_w]` of `p`, validating it.
+pub fn qconv2d_output_shape(p: &QConvParams) -> Result<[usize; 4]> {
+    let g = geometry(p)?;
+    Ok([p.batch, p.out_channels, g.h.output, g.w.output])
+}
+
+/// int8 NCHW convolution: `x` `[batch, in_channels, in_h, in_w]` with zero
+/// point `x_zero`; weights per group one packed `[k × out_channels/groups]`
+/// B (`k = in_channels/groups·kh·kw` ordered (c, ky, kx);
+/// `rbln_hw::ops::pack_qgemm_b`), the groups back to back; padded input
+/// positions read as `x_zero`. `w_zero` / `bias` / `scale` have
+/// `out_channels` entries; arithmetic and output as [`qgemm`](super::qgemm),
+/// output channel as the column; `dst` is NCHW.
+#[allow(clippy::too_many_arguments)]
+pub fn qconv2d(x: QTensor<'_>, x_zero: i32, w: &[u8], w_zero: Option<&[i32]>, bias: Option<&[i32]>, scale: &[f32], p: &QConvParams, mut dst: QDst<'_>) -> Result<()> {
+    qconv2d_impl(x, x_zero, w, w_zero, bias, scale, p, &mut dst, super::kernel::have_avx2())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qconv2d_impl(
+    x: QTensor<'_>,
+    x_zero: i32,
+    w: &[u8],
+    w_zero: Option<&[i32]>,
+    bias: Option<&[i32]>,
+    scale: &[f32],
+    p: &QConvParams,
+    dst: &mut QDst<'_>,
+    simd: bool,
+) -> Result<()> {
+    let g = geometry(p)?;
+    check_len("qconv2d input", x.data.len(), volume("qconv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
+    check_zero("qconv2d input zero point", x_zero, x.signed)?;
+    let blen = packed_b_len(g.k, g.og)?;
+    check_len("qconv2d weight (packed)", w.len(), mul("qconv2d weight", blen, p.groups)?)?;
+    check_cols("qconv2d scale", p.out_channels, w_zero, bias, scale)?;
+    let (kind, out) = check_dst("qconv2d output", dst, volume("qconv2d output", &[p.batch, p.out_channels, g.npos])?)?;
+    if p.batch == 0 || p.out_channels == 0 || g.npos == 0 {
+        return Ok(());
+    }
+    let xor = if x.signed { 0x80u8 } else { 0 };
+    let xz = if x.signed { x_zero + 128 } else { x_zero };
+    let (k, og) = (g.k, g.og);
+    let kg = k.div_ceil(4);
+    // Per group: the epilogue terms and B's range.
+    let mut cds = Vec::with_capacity(p.groups);
+    let (mut lo, mut hi) = (i8::MAX, i8::MIN);
+    for grp in 0..p.groups {
+        let r = grp * og..(grp + 1) * og;
+        let (cd, l, h) = col_data(&w[grp * blen..][..blen], k, og, xz, w_zero.map(|z| &z[r.clone()]), bias.map(|b| &b[r.clone()]), &scale[r], simd);
+        cds.push(cd);
+        lo = lo.min(l);
+        hi = hi.max(h);
+    }
+    // Empty groups (og = 0) leave the range inverted: nothing to choose.
+    let stats = bstats(lo.min(hi), hi.max(lo));
+    let images = p.batch * p.groups;
+    let seq = sequential(images.saturating_mul(g.npos).saturating_mul(og).saturating_mul(k).saturating_mul(2));
+    let sp = Split::new(images, g.npos, og, kg * 4, seq);
+    let pl = panel_len(kg);
+    let (h, wa) = (g.h, g.w);
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    for_each_task(sp.tasks(images), seq, |t| {
+        let (img, r0, rows, c0, nc) = sp.task(t, g.npos, og);
+        let (b, grp) = (img / p.groups, img % p.groups);
+        let nmp = rows.div_ceil(MR);
+        let tp = nmp * MR;
+        let plane0 = (b * p.in_channels + grp * g.cg) * g.in_plane;
+        let src = &x.data[plane0..][..g.cg * g.in_plane];
+        with_bytes(nmp * pl + KC * tp, |buf| {
+            let (block, run) = buf.split_at_mut(nmp * pl);
+            let mut k0 = 0;
+            while k0 < kg * 4 {
+                let kc = KC.min(kg * 4 - k0);
+                for rr in 0..kc {
+                    let row = &mut run[rr * tp..][..tp];
+                    let r = k0 + rr;
+                    if r >= k {
+                        row.fill(0);
+                        continue;
+                    }
+                    let (kx, ky, c) = (r % kw, (r / kw) % kh, r / (kw * kh));
+                    let plane = &src[c * g.in_plane..][..g.in_plane];
+                    gather_row(&mut row[..rows], plane, &h, &wa, ky, kx, r0, xor, xz as u8);
+                    row[rows..].fill(0);
+                }
+                transpose(block, run, pl, tp, k0, kc);
+                k0 += kc;
+            }
+            let cd = &cds[grp];
+            let core = Core { k, kg, stats, simd, kind, b: &w[grp * blen..][..blen], cols: cd.cols() };
+            let out0 = (b * p.out_channels + grp * og + c0) * g.npos + r0;
+            // SAFETY: positions r0..r0+rows of channels grp·og + c0 ..+ nc of
+            // image b: inside the NCHW output (length checked); the tasks
+            // partition (image, group, positions, channels).
+            unsafe { core.run(block, rows, c0, nc, &out, out0, 1, g.npos) };
+        })
+    });
+    Ok(())
+}
+
+/// Reduction rows gathered per im2col chunk (a multiple of 4).
+const KC: usize = 64;
+
+/// Row `(c, ky, kx)` of the im2col matrix for output positions `t0 ..
+/// t0 + d.len()`: the input under that tap (`^ xor`), `pad` outside.
+#[allow(clippy::too_many_arguments)]
+fn gather_row(d: &mut [u8], plane: &[u8], ha: &Axis, wa: &Axis, ky: usize, kx: usize, t0: usize, xor: u8, pad: u8) {
+    let ow = wa.output;
+    let oy_valid = ha.valid_outputs(ky);
+    let ox_valid = wa.valid_outputs(kx);
+    let (mut oy, mut ox0) = (t0 / ow, t0 % ow);
+    let mut j = 0;
+    let nt = d.len();
+    while j < nt {
+        let seg = (ow - ox0).min(nt - j);
+        let run = &mut d[j..j + seg];
+        if !oy_valid.contains(&oy) {
+            run.fill(pad);
+        } else {
+            let iy = ha.input_index(oy, ky) as usize;
+            let row = &plane[iy * wa.input..][..wa.input];
+            let lo = ox_valid.start.max(ox0).min(ox0 + seg);
+            let hi = ox_valid.end.min(ox0 + seg).max(lo);
+            run[..lo - ox0].fill(pad);
+            run[hi - ox0..].fill(pad);
+            if hi > lo {
+                let ix0 = wa.input_index(lo, kx) as usize;
+                let dst = &mut run[lo - ox0..hi - ox0];
+                if wa.stride == 1 {
+                    for (d, &s) in dst.iter_mut().zip(&row[ix0..]) {
+                        *d = s ^ xor;
+                    }
+                } else {
+                    for (t, d) in dst.iter_mut().enumerate() {
+                        *d = row[ix0 + t * wa.stride] ^ xor;
+                    }
+                }
+            }
+        }
+        j += seg;
+        ox0 = 0;
+        oy += 1;
+    }
+}
+
+/// Moves im2col rows `k0 .. k0+kc` (`run`, `kc × tp`, `tp` a multiple of
+/// MR) into the plain parts of the micro-panels (`pl` bytes apart): group
+/// `k0/4 + g` of panel `mp`, byte `4i + kk` = `run[4g+kk][4mp + i]`.
+fn transpose(block: &mut [u8], run: &[u8], pl: usize, tp: usize, k0: usize, kc: usize) {
+    let nmp = tp / MR;
+    for g in 0..kc / 4 {
+        let rows: [&[u8]; 4] = core::array::from_fn(|kk| &run[(4 * g + kk) * tp..][..tp]);
+        let goff = (k0 / 4 + g) * GROUP_A;
+        let mut mp = 0;
+        #[cfg(target_arch = "x86_64")]
+        while mp + 4 <= nmp {
+            use core::arch::x86_64::*;
+            // SSE2 (baseline on x86_64): 4 k-rows × 16 positions → the
+            // groups of 4 micro-panels.
+            // SAFETY: 16 bytes at 4mp of each row (4mp + 16 ≤ tp); each
+            // store is one 16-byte group of a micro-panel inside `block`.
+            unsafe {
+                let ld = |r: &[u8]| _mm_loadu_si128(r[4 * mp..].as_ptr() as *const __m128i);
+                let (a, b, c, d) = (ld(rows[0]), ld(rows[1]), ld(rows[2]), ld(rows[3]));
+                let ab_lo = _mm_unpacklo_epi8(a, b);
+                let ab_hi = _mm_unpackhi_epi8(a, b);
+                let cd_lo = _mm_unpacklo_epi8(c, d);
+                let cd_hi = _mm_unpackhi_epi8(c, d);
+                let outs = [_mm_unpacklo_epi16(ab_lo, cd_lo), _mm_unpackhi_epi16(ab_lo, cd_lo), _mm_unpacklo_epi16(ab_hi, cd_hi), _mm_unpackhi_epi16(ab_hi, cd_hi)];
+                for (q, v) in outs.iter().enumerate() {
+                    let dst = &mut block[(mp + q) * pl + goff..][..GROUP_A];
+                    _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, *v);
+                }
+            }
+            mp += 4;
+        }
+        while mp < nmp {
+            let dst = &mut block[mp * pl + goff..][..GROUP_A];
+            for i in 0..MR {
+                for kk in 0..4 {
+                    dst[i * 4 + kk] = rows[kk][mp * MR + i];
+                }
+            }
+            mp += 1;
+        }
+    }
+}

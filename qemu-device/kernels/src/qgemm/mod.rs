@@ -1,0 +1,413 @@
+//! int8 GEMM, convolution and (de)quantisation, exact in int32.
+//!
+//! Products are formed with the cores' 8-bit multiply-add (`maddubs`:
+//! u8 × i8 pairs summed into i16, **saturating**), then widened to i32.
+//! A (activations) is mapped to u8 (i8 values + 128, zero point + 128);
+//! B (weights) is i8 in the packed layout of `rbln_hw::ops::pack_qgemm_b`.
+//! Each packed micro-panel of A (4 rows × all of k) picks, at run time,
+//! a way of forming its products that cannot saturate:
+//! 1. **plain** `maddubs(a, b)` when its `a ≤ 127`, or B is 7-bit (all
+//!    `|b| ≤ 64`, from one scan of B per call): pair sums stay within
+//!    127·128·2 = 32512 or 255·64·2 = 32640; also when all `a ≥ 128`, on
+//!    `a − 128` (plus `128·colsum(B)`);
+//! 2. **sign** (B has no −128): `a' = a − 128`, `maddubs(|a'|, sign(b,
+//!    a'))` (`|a'| ≤ 128`, `−b` fits), plus `128·colsum(B)`;
+//! 3. **split**: `a = lo + 128·hi`, two exact `maddubs` passes.
+//!
+//! All integer arithmetic wraps (int32). Zero points are folded in after
+//! the raw product: `Σ (a − za)(b − zb) = Σ ab − za·colsum_b − zb·rowsum_a
+//! + k·za·zb`. Without AVX2 a portable scalar path computes `Σ ab`
+//! directly (the same results, bit for bit).
+//!
+//! Tasks are (image, row block, column block); each packs its row block
+//! of A once (im2col for convolutions), then runs 4 × 16 micro-tiles whose
+//! requantising epilogue is applied while they are in registers.
+
+mod conv;
+pub(crate) mod kernel;
+mod quant;
+
+pub use conv::{qconv2d, qconv2d_output_shape, QConvParams};
+#[cfg(test)]
+pub(crate) use conv::qconv2d_impl as conv_impl;
+pub use quant::{dequantize, quantize};
+
+use crate::error::{KernelError, Result};
+use crate::util::{check_len, for_each_task, mul, plan_threads, sequential, with_local, SendPtr};
+use kernel::{BStats, Cols, OutKind, PanelInfo, TileVals, GROUP_A, MR, NR, PANEL};
+
+/// Largest `k` (reduction length) of [`qgemm`] and [`qconv2d`]: bounds the
+/// per-thread packing buffers (a few MiB).
+pub const QGEMM_MAX_K: usize = 1 << 20;
+
+/// A tensor of 8-bit integers: bytes plus signedness.
+#[derive(Clone, Copy, Debug)]
+pub struct QTensor<'a> {
+    pub data: &'a [u8],
+    /// i8 (two's complement bytes) rather than u8.
+    pub signed: bool,
+}
+
+/// The output of [`qgemm`] / [`qconv2d`].
+pub enum QDst<'a> {
+    /// u8 (signed = false) or i8 output bytes:
+    /// `clamp(round_half_even(acc·scale[j]) + zero, min, max)` (in f32).
+    Int { out: &'a mut [u8], signed: bool, zero: i32, min: i32, max: i32 },
+    /// `acc·scale[j]`, `max(0, ·)` with `relu`.
+    F32 { out: &'a mut [f32], relu: bool },
+}
+
+/// Parameters of [`qgemm`].
+pub struct QGemmParams<'a> {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Zero point of A, in A's range.
+    pub a_zero: i32,
+    /// Packed int8 B (`rbln_hw::ops::pack_qgemm_b` layout), bytes:
+    /// `qgemm_packed_b_len(k, n)` of them.
+    pub b: &'a [u8],
+    /// Per-column zero points of B (n entries, each in −128..=127); none = 0.
+    pub b_zero: Option<&'a [i32]>,
+    /// Per-column int32 bias (n entries).
+    pub bias: Option<&'a [i32]>,
+    /// Per-column finite scale (n entries).
+    pub scale: &'a [f32],
+}
+
+/// The range of an 8-bit type.
+pub(crate) fn qrange(signed: bool) -> (i32, i32) {
+    if signed {
+        (-128, 127)
+    } else {
+        (0, 255)
+    }
+}
+
+fn check_zero(what: &'static str, z: i32, signed: bool) -> Result<()> {
+    let (lo, hi) = qrange(signed);
+    if z < lo || z > hi {
+        return Err(KernelError::invalid(what, format!("zero point {z} outside {lo}..={hi}")));
+    }
+    Ok(())
+}
+
+/// Validated output: its kind, and the destination pointer.
+pub(crate) enum OutPtr {
+    U8(SendPtr<u8>),
+    F32(SendPtr<f32>),
+}
+
+/// Validates `dst` for `len` elements.
+fn check_dst(what: &'static str, dst: &mut QDst<'_>, len: usize) -> Result<(OutKind, OutPtr)> {
+    match dst {
+        QDst::Int { out, signed, zero, min, max } => {
+            check_len(what, out.len(), len)?;
+            check_zero("qgemm output zero point", *zero, *signed)?;
+            let (lo, hi) = qrange(*signed);
+            if *min < lo || *max > hi || *min > *max {
+                return Err(KernelError::invalid("qgemm output clamp", format!("[{min}, {max}] is not a range within {lo}..={hi}")));
+            }
+            Ok((OutKind::Int { zero: *zero, min: *min, max: *max }, OutPtr::U8(SendPtr(out.as_mut_ptr()))))
+        }
+        QDst::F32 { out, relu } => {
+            check_len(what, out.len(), len)?;
+            Ok((OutKind::F32 { relu: *relu }, OutPtr::F32(SendPtr(out.as_mut_ptr()))))
+        }
+    }
+}
+
+/// Checks the per-column vectors of `n` entries.
+fn check_cols(what: &'static str, n: usize, b_zero: Option<&[i32]>, bias: Option<&[i32]>, scale: &[f32]) -> Result<()> {
+    check_len(what, scale.len(), n)?;
+    if let Some(s) = scale.iter().find(|s| !s.is_finite()) {
+        return Err(KernelError::invalid(what, format!("scale {s} is not finite")));
+    }
+    if let Some(z) = b_zero {
+        check_len("qgemm B zero points", z.len(), n)?;
+        if let Some(z) = z.iter().find(|z| !(-128..=127).contains(*z)) {
+            return Err(KernelError::invalid("qgemm B zero point", format!("{z} outside -128..=127")));
+        }
+    }
+    if let Some(b) = bias {
+        check_len("qgemm bias", b.len(), n)?;
+    }
+    Ok(())
+}
+
+/// Bytes of one packed B (`k × n`), checked.
+pub(crate) fn packed_b_len(k: usize, n: usize) -> Result<usize> {
+    rbln_hw::ops::qgemm_packed_b_len(k as u64, n as u64)
+        .and_then(|l| usize::try_from(l).ok())
+        .ok_or(KernelError::Overflow { what: "qgemm B size" })
+}
+
+/// The per-column epilogue terms of one B (`n` columns, padded to `NR`).
+pub(crate) struct ColData {
+    pub colsum: Vec<i32>,
+    pub cconst: Vec<i32>,
+    pub zb: Vec<i32>,
+    pub scale: Vec<f32>,
+}
+
+impl ColData {
+    fn cols(&self) -> Cols<'_> {
+        Cols { colsum: &self.colsum, cconst: &self.cconst, zb: &self.zb, scale: &self.scale }
+    }
+}
+
+/// Scans one packed B (`k × n`) and builds its epilogue terms for A zero
+/// point `az` (u8 domain). Returns also its (min, max).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn col_data(b: &[u8], k: usize, n: usize, az: i32, b_zero: Option<&[i32]>, bias: Option<&[i32]>, scale: &[f32], simd: bool) -> (ColData, i8, i8) {
+    let np = n.div_ceil(NR) * NR;
+    let kg = k.div_ceil(4);
+    let mut colsum = vec![0i32; np];
+    let (lo, hi) = kernel::scan_b(b, kg, &mut colsum[..n.div_ceil(PANEL) * PANEL], simd);
+    let mut zb = vec![0i32; np];
+    let mut sc = vec![0f32; np];
+    let mut cconst = vec![0i32; np];
+    for j in 0..n {
+        zb[j] = b_zero.map_or(0, |z| z[j]);
+        sc[j] = scale[j];
+        cconst[j] = bias
+            .map_or(0, |b| b[j])
+            .wrapping_add((k as i32).wrapping_mul(az).wrapping_mul(zb[j]))
+            .wrapping_sub(az.wrapping_mul(colsum[j]));
+    }
+    (ColData { colsum, cconst, zb, scale: sc }, lo, hi)
+}
+
+/// How the rows and columns of a problem are cut into tasks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Split {
+    /// Rows per block (a multiple of MR) and blocks per image.
+    pub mc: usize,
+    pub nrb: usize,
+    /// Columns per block (a multiple of NR) and blocks.
+    pub cb: usize,
+    pub ncb: usize,
+}
+
+/// Bytes of packed A (plain part) a row block aims at (L2-resident).
+const A_BLOCK: usize = 96 << 10;
+
+impl Split {
+    pub(crate) fn new(images: usize, rows: usize, n: usize, kp: usize, seq: bool) -> Split {
+        let threads = plan_threads(seq);
+        let want = if seq { 1 } else { 4 * threads };
+        let rows_r = rows.div_ceil(MR).max(1) * MR;
+        let mut mc = ((A_BLOCK / kp.max(1)).clamp(MR, 256) / MR * MR).min(rows_r);
+        let mut nrb = rows.div_ceil(mc).max(1);
+        let npp = n.div_ceil(NR).max(1);
+        let mut ncb = 1;
+        let tasks = images.saturating_mul(nrb);
+        if tasks < want {
+            // More blocks of rows first (down to 32 rows), then columns.
+            let more = want.div_ceil(tasks);
+            let mc2 = (rows.div_ceil(nrb * more).div_ceil(MR) * MR).max(32).min(mc);
+            mc = mc2;
+            nrb = rows.div_ceil(mc).max(1);
+            let tasks = images.saturating_mul(nrb);
+            if tasks < want {
+                ncb = want.div_ceil(tasks).min(npp);
+            }
+        }
+        let cb = npp.div_ceil(ncb) * NR;
+        Split { mc, nrb, cb, ncb: npp.div_ceil(cb / NR) }
+    }
+
+    pub(crate) fn tasks(&self, images: usize) -> usize {
+        images * self.nrb * self.ncb
+    }
+
+    /// (image, first row, rows, first column, columns) of task `t`.
+    pub(crate) fn task(&self, t: usize, rows: usize, n: usize) -> (usize, usize, usize, usize, usize) {
+        let (rest, cbi) = (t / self.ncb, t % self.ncb);
+        let (img, rbi) = (rest / self.nrb, rest % self.nrb);
+        let (r0, c0) = (rbi * self.mc, cbi * self.cb);
+        (img, r0, self.mc.min(rows - r0), c0, self.cb.min(n - c0))
+    }
+}
+
+std::thread_local! {
+    static QSCRATCH: core::cell::RefCell<Vec<u8>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a per-thread byte buffer of `len` bytes (contents unspecified).
+pub(crate) fn with_bytes<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    with_local(&QSCRATCH, |buf: &mut Vec<u8>| {
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        let r = f(&mut buf[..len]);
+        if buf.len() > 16 << 20 {
+            *buf = Vec::new();
+        }
+        r
+    })
+}
+
+/// The shared part of a GEMM block run.
+pub(crate) struct Core<'a> {
+    pub k: usize,
+    pub kg: usize,
+    pub stats: BStats,
+    pub simd: bool,
+    pub kind: OutKind,
+    /// Packed B of this image / group (`n` columns).
+    pub b: &'a [u8],
+    pub cols: Cols<'a>,
+}
+
+/// Bytes of one packed micro-panel (both parts).
+pub(crate) fn panel_len(kg: usize) -> usize {
+    2 * kg * GROUP_A
+}
+
+impl Core<'_> {
+    /// Computes rows `0..rows` × columns `c0 .. c0+nc` (`c0` a multiple of
+    /// NR) of one block whose micro-panels' plain parts are in `block`
+    /// (`panel_len(kg)` apart), writing element (i, j) at `out + i·rs +
+    /// j·cs` (`out` is element (0, 0)).
+    ///
+    /// # Safety
+    /// Every written element lies in the destination and no other task
+    /// writes it.
+    pub(crate) unsafe fn run(&self, block: &mut [u8], rows: usize, c0: usize, nc: usize, out: &OutPtr, out0: usize, rs: usize, cs: usize) {
+        let pl = panel_len(self.kg);
+        let nmp = rows.div_ceil(MR);
+        let mut infos = [PanelInfo { mode: kernel::Mode::Plain, off: 0, rowsum: [0; MR] }; 64];
+        for (mp, info) in infos.iter_mut().enumerate().take(nmp) {
+            let r = (rows - mp * MR).min(MR);
+            *info = kernel::finish_panel(&mut block[mp * pl..][..pl], self.kg, self.k, r, self.stats, self.simd);
+        }
+        let panel_bytes = self.kg * 32;
+        let npanels_total = self.b.len() / panel_bytes.max(1);
+        let mut raw = [[0i32; NR]; MR];
+        let mut j = c0;
+        while j < c0 + nc {
+            let p = j / PANEL;
+            let np = if self.kg == 0 { 1 } else { (npanels_total - p).min(2) };
+            let bptr = self.b[(p * panel_bytes).min(self.b.len())..].as_ptr();
+            let ncols = (c0 + nc - j).min(NR);
+            for (mp, info) in infos.iter().enumerate().take(nmp) {
+                // SAFETY: the micro-panel has panel_len bytes; panels p and
+                // p+1 (if np = 2) of B lie in `b` (npanels_total of them).
+                unsafe { kernel::micro(&block[mp * pl..][..pl], bptr, panel_bytes, np, self.kg, info.mode, self.simd, &mut raw) };
+                let vals = kernel::epilogue(&raw, info, &self.cols, j, self.kind, self.simd);
+                let r = (rows - mp * MR).min(MR);
+                let base = out0 + mp * MR * rs + (j - c0) * cs;
+                // SAFETY: the caller's contract.
+                unsafe { store(&vals, out, base, r, ncols, rs, cs) };
+            }
+            j += NR;
+        }
+    }
+}
+
+/// Stores rows `< r`, columns `< c` of a tile at `base + i·rs + j·cs`.
+///
+/// # Safety
+/// Those elements lie in the destination (see [`Core::run`]).
+#[inline]
+unsafe fn store(vals: &TileVals, out: &OutPtr, base: usize, r: usize, c: usize, rs: usize, cs: usize) {
+    match (vals, out) {
+        (TileVals::Int(v), OutPtr::U8(p)) => {
+            for (i, row) in v.iter().enumerate().take(r) {
+                for (j, &x) in row.iter().enumerate().take(c) {
+                    // SAFETY: the caller's contract.
+                    unsafe { *p.get().add(base + i * rs + j * cs) = x as u8 };
+                }
+            }
+        }
+        (TileVals::F32(v), OutPtr::F32(p)) => {
+            for (i, row) in v.iter().enumerate().take(r) {
+                for (j, &x) in row.iter().enumerate().take(c) {
+                    // SAFETY: the caller's contract.
+                    unsafe { *p.get().add(base + i * rs + j * cs) = x };
+                }
+            }
+        }
+        _ => unreachable!("the tile kind follows the output kind"),
+    }
+}
+
+/// B statistics for the mode choice.
+pub(crate) fn bstats(lo: i8, hi: i8) -> BStats {
+    BStats { seven_bit: lo >= -64 && hi <= 64, has_min: lo == i8::MIN }
+}
+
+/// `out = requant(Σ_l (A[i,l] − a_zero)·(B[l,j] − b_zero[j]) + bias[j])`:
+/// int8 GEMM, A `[m × k]` row-major u8 / i8, B packed; see [`QGemmParams`]
+/// and [`QDst`]. `out` is `[m × n]` row-major. Runs on the current rayon
+/// pool; exact (wrapping int32) on every path.
+pub fn qgemm(a: QTensor<'_>, p: &QGemmParams<'_>, mut dst: QDst<'_>) -> Result<()> {
+    qgemm_impl(a, p, &mut dst, kernel::have_avx2())
+}
+
+pub(crate) fn qgemm_impl(a: QTensor<'_>, p: &QGemmParams<'_>, dst: &mut QDst<'_>, simd: bool) -> Result<()> {
+    let (m, n, k) = (p.m, p.n, p.k);
+    check_len("qgemm A", a.data.len(), mul("qgemm A size", m, k)?)?;
+    check_zero("qgemm A zero point", p.a_zero, a.signed)?;
+    if k > QGEMM_MAX_K {
+        return Err(KernelError::invalid("qgemm k", format!("{k} exceeds the maximum of {QGEMM_MAX_K}")));
+    }
+    check_len("qgemm B (packed)", p.b.len(), packed_b_len(k, n)?)?;
+    check_cols("qgemm scale", n, p.b_zero, p.bias, p.scale)?;
+    let (kind, out) = check_dst("qgemm output", dst, mul("qgemm output size", m, n)?)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let xor = if a.signed { 0x80u8 } else { 0 };
+    let az = if a.signed { p.a_zero + 128 } else { p.a_zero };
+    let (cd, lo, hi) = col_data(p.b, k, n, az, p.b_zero, p.bias, p.scale, simd);
+    let kg = k.div_ceil(4);
+    let core = Core { k, kg, stats: bstats(lo, hi), simd, kind, b: p.b, cols: cd.cols() };
+    let seq = sequential(m.saturating_mul(n).saturating_mul(k).saturating_mul(2));
+    let sp = Split::new(1, m, n, kg * 4, seq);
+    let pl = panel_len(kg);
+    for_each_task(sp.tasks(1), seq, |t| {
+        let (_, r0, rows, c0, nc) = sp.task(t, m, n);
+        let nmp = rows.div_ceil(MR);
+        with_bytes(nmp * pl, |block| {
+            for mp in 0..nmp {
+                let plain = &mut block[mp * pl..][..kg * GROUP_A];
+                for i in 0..MR {
+                    let r = r0 + mp * MR + i;
+                    if r < r0 + rows {
+                        pack_row(plain, i, &a.data[r * k..][..k], xor);
+                    } else {
+                        for g in plain.chunks_exact_mut(GROUP_A) {
+                            g[i * 4..i * 4 + 4].fill(0);
+                        }
+                    }
+                }
+            }
+            // SAFETY: rows r0..r0+rows, columns c0..c0+nc of the [m × n]
+            // output (length checked); tasks partition them.
+            unsafe { core.run(block, rows, c0, nc, &out, r0 * n + c0, n, 1) };
+        })
+    });
+    Ok(())
+}
+
+/// Writes row `src` (`k` bytes, `^ xor`) as row `i` of a micro-panel's
+/// plain part, zero-padded to whole groups.
+fn pack_row(plain: &mut [u8], i: usize, src: &[u8], xor: u8) {
+    let mut chunks = src.chunks_exact(4);
+    let x4 = u32::from_ne_bytes([xor; 4]);
+    let mut groups = plain.chunks_exact_mut(GROUP_A);
+    for (c, g) in (&mut chunks).zip(&mut groups) {
+        let v = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]) ^ x4;
+        g[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    let rem = chunks.remainder();
+    if let Some(g) = groups.next() {
+        let d = &mut g[i * 4..i * 4 + 4];
+        d.fill(0);
+        for (d, &s) in d.iter_mut().zip(rem) {
+            *d = s ^ xor;
+        }
+    }
+}
