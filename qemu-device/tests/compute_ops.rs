@@ -1036,3 +1036,158 @@ fn argmax_and_argmin_reduce_to_indices() {
     assert_eq!(r.run(&red(REDUCE_ARGMIN_LAST + 1)), FaultCode::BadDescriptor);
     assert_eq!(r.get(3, 2), [42.0, 42.0]);
 }
+
+fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// QUANT both ways, QGEMM (u8 A, per-column scales, bias, int8 and f32
+/// outputs) and QCONV (padding read as the zero point) through the device,
+/// against scalar references of the contract (hardware 8.16–8.18).
+#[test]
+fn int8_quantize_gemm_and_conv_through_the_device() {
+    let mut r = OpRig::new();
+    // QUANT: per channel ([2, 3, 2] viewed with channels = 3), u8.
+    let x: Vec<f32> = vec![0.0, 0.5, 1.5, 2.5, -1.0, 100.0, f32::NAN, 0.25, 3.0, -3.0, 0.75, 1.25];
+    let scale = [0.5f32, 1.0, 0.25];
+    let zero = [10i32, 0, 128];
+    r.put(0, &x);
+    r.put(1, &scale);
+    r.rig.write(r.bus[2], &i32_bytes(&zero));
+    let q = QuantDesc { mode: QUANT_QUANTIZE, qtype: QTYPE_U8, outer: 2, channels: 3, inner: 2, scale_va: tva(1), zero_va: tva(2), in_va: tva(0), out_va: tva(3), ..Default::default() }.with_header();
+    assert_eq!(r.run(&q.to_bytes()), FaultCode::None);
+    let got = r.rig.read(r.bus[3], 12);
+    let want: Vec<u8> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let c = (i / 2) % 3;
+            if v.is_nan() {
+                return zero[c] as u8;
+            }
+            ((v / scale[c]).round_ties_even() as i64 + zero[c] as i64).clamp(0, 255) as u8
+        })
+        .collect();
+    assert_eq!(got, want);
+    // Ties round to even: 1.5 → 2 and 2.5 → 2 (channel 1: scale 1, zero 0).
+    assert_eq!((got[2], got[3]), (2, 2));
+    let dq = QuantDesc { mode: QUANT_DEQUANTIZE, ..q }.with_header();
+    let dq = QuantDesc { in_va: tva(3), out_va: tva(4), ..dq };
+    assert_eq!(r.run(&dq.to_bytes()), FaultCode::None);
+    let back = r.get(4, 12);
+    for (i, (&b, &g)) in back.iter().zip(&got).enumerate() {
+        let c = (i / 2) % 3;
+        assert_eq!(b, (g as i32 - zero[c]) as f32 * scale[c], "[{i}]");
+    }
+
+    // QGEMM: A [5 × 7] u8 (zero 3), B [7 × 10] i8 packed, bias, scales.
+    let (m, n, k) = (5usize, 10usize, 7usize);
+    let a: Vec<u8> = (0..m * k).map(|i| (i * 53 % 256) as u8).collect();
+    let b: Vec<i8> = (0..k * n).map(|i| ((i * 29 % 255) as i32 - 127) as i8).collect();
+    let bias: Vec<i32> = (0..n as i32).map(|j| j * 50 - 200).collect();
+    let sc: Vec<f32> = (0..n).map(|j| 0.001 * (j + 1) as f32).collect();
+    let mut packed = vec![0i8; qgemm_packed_b_len(k as u64, n as u64).unwrap() as usize];
+    pack_qgemm_b(&b, k, n, false, &mut packed);
+    let mut r = OpRig::new();
+    r.rig.write(r.bus[0], &a);
+    r.rig.write(r.bus[1], &packed.iter().map(|&v| v as u8).collect::<Vec<u8>>());
+    r.rig.write(r.bus[2], &i32_bytes(&bias));
+    r.put(3, &sc);
+    let acc = |i: usize, j: usize| (0..k).map(|l| (a[i * k + l] as i32 - 3) * b[l * n + j] as i32).sum::<i32>() + bias[j];
+    let g = QGemmDesc {
+        m: m as u32, n: n as u32, k: k as u32, flags: QGEMM_BIAS, a_type: QTYPE_U8, out_type: QTYPE_I8, a_zero: 3,
+        out_zero: -5, out_min: -5, out_max: 127, a_va: tva(0), b_va: tva(1), bias_va: tva(2), scale_va: tva(3), out_va: tva(4),
+        ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&g.to_bytes()), FaultCode::None);
+    let got = r.rig.read(r.bus[4], m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let want = ((acc(i, j) as f32 * sc[j]).round_ties_even() as i32 - 5).clamp(-5, 127);
+            assert_eq!(got[i * n + j] as i8 as i32, want, "({i}, {j})");
+        }
+    }
+    let f = QGemmDesc { out_type: QTYPE_F32, out_zero: 0, out_min: 0, out_max: 0, flags: QGEMM_BIAS | QGEMM_RELU, ..g }.with_header();
+    assert_eq!(r.run(&f.to_bytes()), FaultCode::None);
+    let got = r.get(4, m * n);
+    for i in 0..m {
+        for j in 0..n {
+            assert_eq!(got[i * n + j], (acc(i, j) as f32 * sc[j]).max(0.0), "f32 ({i}, {j})");
+        }
+    }
+
+    // QCONV: 1 × 2 × 4 × 4 i8 input (zero −2), 3 output channels, 3 × 3,
+    // pad 1: the border reads −2, a real 0.
+    let (c, h, w, co) = (2usize, 4usize, 4usize, 3usize);
+    let xq: Vec<i8> = (0..c * h * w).map(|i| ((i * 71 % 200) as i32 - 100) as i8).collect();
+    let wq: Vec<i8> = (0..co * c * 9).map(|i| ((i * 13 % 120) as i32 - 60) as i8).collect();
+    let kdim = c * 9;
+    let mut wp = vec![0i8; qgemm_packed_b_len(kdim as u64, co as u64).unwrap() as usize];
+    pack_qgemm_b(&wq, kdim, co, true, &mut wp);
+    let cs = [0.01f32, 0.02, 0.03];
+    let mut r = OpRig::new();
+    r.rig.write(r.bus[0], &xq.iter().map(|&v| v as u8).collect::<Vec<u8>>());
+    r.rig.write(r.bus[1], &wp.iter().map(|&v| v as u8).collect::<Vec<u8>>());
+    r.put(3, &cs);
+    let d = QConvDesc {
+        n: 1, c_in: c as u32, h: h as u32, w: w as u32, c_out: co as u32, kh: 3, kw: 3, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1,
+        pad_top: 1, pad_left: 1, pad_bottom: 1, pad_right: 1, groups: 1, x_type: QTYPE_I8, out_type: QTYPE_F32, x_zero: -2,
+        x_va: tva(0), w_va: tva(1), scale_va: tva(3), out_va: tva(4), ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let got = r.get(4, co * h * w);
+    for o in 0..co {
+        for y in 0..h {
+            for xx in 0..w {
+                let mut s = 0i32;
+                for ci in 0..c {
+                    for ky in 0..3 {
+                        for kx in 0..3 {
+                            let (iy, ix) = (y as i64 + ky as i64 - 1, xx as i64 + kx as i64 - 1);
+                            let v = if (0..h as i64).contains(&iy) && (0..w as i64).contains(&ix) { xq[ci * h * w + iy as usize * w + ix as usize] as i32 } else { -2 };
+                            s += (v + 2) * wq[o * kdim + ci * 9 + ky * 3 + kx] as i32;
+                        }
+                    }
+                }
+                assert_eq!(got[o * h * w + y * w + xx], s as f32 * cs[o], "({o}, {y}, {xx})");
+            }
+        }
+    }
+}
+
+/// Malformed int8 descriptors are BadDescriptor and write nothing: bad
+/// types, zero points and clamps, non-finite or zero scales (in memory),
+/// inconsistent conv groups.
+#[test]
+fn bad_int8_descriptors_fault_without_writing() {
+    let base = QGemmDesc { m: 4, n: 8, k: 8, a_type: QTYPE_U8, out_type: QTYPE_U8, out_max: 255, a_va: tva(0), b_va: tva(1), scale_va: tva(3), out_va: tva(4), ..Default::default() }.with_header();
+    let conv = QConvDesc { n: 1, c_in: 4, h: 4, w: 4, c_out: 4, kh: 1, kw: 1, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1, groups: 1, x_type: QTYPE_U8, out_type: QTYPE_U8, out_max: 255, x_va: tva(0), w_va: tva(1), scale_va: tva(3), out_va: tva(4), ..Default::default() }.with_header();
+    let cases: Vec<(&str, Vec<u8>, f32)> = vec![
+        ("a_type 7", QGemmDesc { a_type: 7, ..base }.to_bytes().to_vec(), 1.0),
+        ("out_type 3", QGemmDesc { out_type: 3, ..base }.to_bytes().to_vec(), 1.0),
+        ("a_zero out of u8", QGemmDesc { a_zero: 256, ..base }.to_bytes().to_vec(), 1.0),
+        ("out_min > out_max", QGemmDesc { out_min: 9, out_max: 8, ..base }.to_bytes().to_vec(), 1.0),
+        ("relu with an int8 output", QGemmDesc { flags: QGEMM_RELU, ..base }.to_bytes().to_vec(), 1.0),
+        ("clamp on an f32 output", QGemmDesc { out_type: QTYPE_F32, ..base }.to_bytes().to_vec(), 1.0),
+        ("unknown flag", QGemmDesc { flags: 1 << 9, ..base }.to_bytes().to_vec(), 1.0),
+        ("NaN scale", base.to_bytes().to_vec(), f32::NAN),
+        ("huge m·n·k", QGemmDesc { m: u32::MAX, n: u32::MAX, k: u32::MAX, ..base }.to_bytes().to_vec(), 1.0),
+        ("conv groups not dividing c_out", QConvDesc { groups: 3, c_in: 3, ..conv }.to_bytes().to_vec(), 1.0),
+        ("conv reserved", QConvDesc { reserved: 1, ..conv }.to_bytes().to_vec(), 1.0),
+        ("quant mode 2", QuantDesc { mode: 2, qtype: QTYPE_U8, outer: 1, channels: 1, inner: 4, scale_va: tva(3), zero_va: tva(2), in_va: tva(0), out_va: tva(4), ..Default::default() }.with_header().to_bytes().to_vec(), 1.0),
+        ("quant zero 999", QuantDesc { mode: QUANT_QUANTIZE, qtype: QTYPE_U8, outer: 1, channels: 1, inner: 4, scale_va: tva(3), zero_va: tva(2), in_va: tva(0), out_va: tva(4), ..Default::default() }.with_header().to_bytes().to_vec(), 1.0),
+        ("quant scale 0", QuantDesc { mode: QUANT_DEQUANTIZE, qtype: QTYPE_U8, outer: 1, channels: 1, inner: 4, scale_va: tva(3), zero_va: tva(2), in_va: tva(0), out_va: tva(4), ..Default::default() }.with_header().to_bytes().to_vec(), 0.0),
+    ];
+    for (what, desc, scale) in cases {
+        let mut r = OpRig::new();
+        r.put(3, &[scale; 64]);
+        r.rig.write(r.bus[2], &i32_bytes(&[999; 4]));
+        r.rig.write(r.bus[4], &[0x5a; 64]);
+        let code = r.run(&desc);
+        assert_eq!(code, FaultCode::BadDescriptor, "{what}");
+        assert_eq!(r.rig.read(r.bus[4], 64), [0x5a; 64], "{what}: nothing written");
+        assert!(r.rig.dev.healthy(), "{what}");
+    }
+}

@@ -13,7 +13,7 @@ use common::*;
 use proptest::prelude::*;
 use rbln_hw::cmd::{header, Opcode};
 use rbln_hw::mmu::{Target, VA_LIMIT};
-use rbln_hw::ops::{CastDesc, GatherDesc, OpHeader, WhereDesc};
+use rbln_hw::ops::{CastDesc, GatherDesc, OpHeader, QConvDesc, QGemmDesc, QuantDesc, WhereDesc};
 use rbln_hw::pci::{BAR_DOORBELL, BAR_DRAM, BAR_REGS};
 use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
@@ -125,7 +125,33 @@ fn typed_descriptor() -> impl Strategy<Value = Vec<u8>> {
             .to_bytes()
             .to_vec()
         });
-    prop_oneof![3 => cast, 1 => gather]
+    // int8 ops: small shapes, types and zero points often out of range,
+    // operands anywhere (scales are whatever the memory holds).
+    let zero = || prop_oneof![3 => -3i32..3, 1 => -300i32..300, 1 => any::<i32>()];
+    let qt = || prop_oneof![6 => 0u32..3, 1 => any::<u32>()];
+    let quant = (0u32..3, qt(), 0u64..4, 0u64..9, 0u64..40, element_address(), element_address(), element_address(), element_address())
+        .prop_map(|(mode, qtype, outer, channels, inner, scale_va, zero_va, in_va, out_va)| {
+            QuantDesc { mode, qtype, outer, channels, inner, scale_va, zero_va, in_va, out_va, ..Default::default() }.with_header().to_bytes().to_vec()
+        });
+    let qgemm = ((0u32..20, 0u32..40, 0u32..70, 0u32..8, qt(), qt()), (zero(), zero(), zero(), zero()), (element_address(), element_address(), element_address(), element_address(), element_address()))
+        .prop_map(|((m, n, k, flags, a_type, out_type), (a_zero, out_zero, out_min, out_max), (a_va, b_va, bias_va, scale_va, out_va))| {
+            QGemmDesc { m, n, k, flags, a_type, out_type, a_zero, out_zero, out_min, out_max, a_va, b_va, b_zero_va: bias_va, bias_va, scale_va, out_va, ..Default::default() }
+                .with_header()
+                .to_bytes()
+                .to_vec()
+        });
+    let qconv = ((0u32..3, 0u32..9, 0u32..9, 0u32..9, 0u32..9, 0u32..4), (0u32..3, 0u32..3, 0u32..3, 0u32..4), (qt(), qt(), zero(), 0u32..8), (element_address(), element_address(), element_address(), element_address()))
+        .prop_map(|((n, c_in, h, w, c_out, kh), (stride, dil, pad, groups), (x_type, out_type, x_zero, flags), (x_va, w_va, scale_va, out_va))| {
+            QConvDesc {
+                n, c_in, h, w, c_out, kh, kw: kh, stride_h: stride, stride_w: stride, dil_h: dil, dil_w: dil, pad_top: pad, pad_left: pad, pad_bottom: pad, pad_right: pad,
+                groups, flags, x_type, out_type, x_zero, out_max: if out_type == 0 { 255 } else { 0 }, x_va, w_va, w_zero_va: scale_va, bias_va: scale_va, scale_va, out_va,
+                ..Default::default()
+            }
+            .with_header()
+            .to_bytes()
+            .to_vec()
+        });
+    prop_oneof![3 => cast, 1 => gather, 1 => quant, 1 => qgemm, 1 => qconv]
 }
 
 /// WHERE descriptors that decode: small dims, often not broadcastable
@@ -155,7 +181,7 @@ fn where_descriptor() -> impl Strategy<Value = Vec<u8>> {
 /// A descriptor page: a valid header for a random op with random fields
 /// drawn mostly from small numbers and mapped addresses.
 fn descriptor() -> impl Strategy<Value = Vec<u8>> {
-    (1u32..15, prop::collection::vec(prop_oneof![0u32..8, 0u32..100, address().prop_map(|a| a as u32), any::<u32>()], 40))
+    (1u32..18, prop::collection::vec(prop_oneof![0u32..8, 0u32..100, address().prop_map(|a| a as u32), any::<u32>()], 40))
         .prop_map(|(op, fields)| {
             let mut d: Vec<u8> = fields.iter().flat_map(|x| x.to_le_bytes()).collect();
             d.truncate(152);
@@ -170,6 +196,8 @@ fn descriptor() -> impl Strategy<Value = Vec<u8>> {
                 12 => 40,
                 13 => 72,
                 14 => 120,
+                15 => 72,
+                16 => 96,
                 _ => 152,
             };
             OpHeader { op, size }.write_to(&mut d).unwrap();

@@ -431,6 +431,10 @@ fn main() {
     bench_qconv(&mut b, "qconv 3x3 s1 64->64 @56", conv_params(64, 64, 56, 3, 1, 1, Relu));
     bench_qconv(&mut b, "qconv 3x3 s1 256->256 @14", conv_params(256, 256, 14, 3, 1, 1, Relu));
     bench_qconv(&mut b, "qconv 1x1 256->64 @56", conv_params(256, 64, 56, 1, 1, 1, Relu));
+    // ResNet-18 layers (int8, quantize_static).
+    bench_qconv(&mut b, "qconv r18 3x3 s1 128->128 @28", conv_params(128, 128, 28, 3, 1, 1, Relu));
+    bench_qconv(&mut b, "qconv r18 3x3 s1 512->512 @7", conv_params(512, 512, 7, 3, 1, 1, Relu));
+    bench_qconv(&mut b, "qconv r18 7x7 s2 3->64 @224 (stem)", conv_params(3, 64, 224, 7, 2, 1, Relu));
 
     // ---- ResNet-50 convolutions (bias + relu fused, as the compiler emits).
     let resnet = [
