@@ -60,7 +60,8 @@ if [[ $SMOKE == 1 ]]; then
     NATIVE_ARGS=(--gemm 64 --reps 3)
 else
     TEST_MODELS=$(test_models)
-    BENCH_MODELS_LIST="resnet50 mobilenetv3-small efficientnet-b0 bert-l12-h384"
+    # resnet50-int8: resnet50 quantised by onnxruntime's quantize_static.
+    BENCH_MODELS_LIST="resnet50 resnet50-int8 mobilenetv3-small efficientnet-b0 bert-l12-h384"
     ITERS=${BENCH_ITERS:-20} WARMUP=2 PROFILES=${BENCH_PROFILES:-5}
     MICRO_ITERS=3 MICRO_WARMUP=1 MICRO_PROFILES=5
     DMA_SIZES="16777216 1048576" DMA_REPS=9
@@ -94,7 +95,7 @@ if [[ -n ${BENCH_MODELS:-} ]]; then
         elif [[ $all_tests == *" $m "* ]]; then TEST_MODELS+="${TEST_MODELS:+ }$m"; else BENCH_MODELS_LIST+="${BENCH_MODELS_LIST:+ }$m"; fi
     done
 fi
-MICRO_MODELS="micro-gemm micro-conv micro-add micro-relu"
+MICRO_MODELS="micro-gemm micro-gemm-int8 micro-conv micro-add micro-relu"
 # Python and serving rows need their models generated; resnet18 is a test
 # model.
 for m in $PY_MODELS $SERVE_MODELS; do

@@ -341,6 +341,16 @@ MICRO = {
 
 
 def build(name, smoke):
+    # NAME-int8: NAME quantised by onnxruntime's quantize_static (QDQ,
+    # per-channel int8 weights), as tests/models/gen_int8.py makes them.
+    if name.endswith("-int8"):
+        import tempfile
+
+        import gen_int8
+        model, data = build(name[: -len("-int8")], smoke)
+        with tempfile.TemporaryDirectory() as d:
+            _, qpath = gen_int8.quantize_qdq(model, d, name)
+            return onnx.load(qpath), data
     if name in MICRO:
         return MICRO[name](smoke)
     if name in BENCH:

@@ -249,6 +249,33 @@ def micro_rows(out, plan, ort, native):
             reference_what=f"gemm crate on {plan.get('THREADS')} threads (rbln-bench-host)",
             onnxruntime_gflops=flop / o["median_ms"] / 1e6 if "median_ms" in o else None)
 
+    # 1b. The same GEMM quantised (QDQ, int8 weights, u8 activations): the
+    # device's QGEMM against its own f32 GEMM above (device time of the
+    # one GEMM op; the QuantizeLinear / DequantizeLinear around it are
+    # not counted).
+    name = "micro-gemm-int8"
+    if os.path.exists(os.path.join(models, f"{name}.onnx")):
+        n = int(onnx_input_shapes(os.path.join(models, "micro-gemm.onnx"))[0][0]) if os.path.exists(os.path.join(models, "micro-gemm.onnx")) else None
+        g, err, ms = Guest(out, name), None, None
+        rc = read_text(os.path.join(models, f"{name}.compile.rc"), None)
+        if rc != "0":
+            err = f"rbln-compile failed: {last_line(os.path.join(models, f'{name}.compile.err'))}"
+        else:
+            err = g.error() or (None if g.traces() else "no profile trace")
+        if not err:
+            v = [sum(e["dur"] for e in t if e.get("cat") == "compute" and e.get("name") == "gemm") / 1e3 for t in g.traces()]
+            ms = median(v) if all(v) else None
+            err = None if ms else "no 'gemm' op in the trace"
+        f32 = next((r for r in rows if r["name"].startswith("gemm ")), None)
+        ref = f32["value"] if f32 else None
+        if n is None and not err:
+            err = "no f32 micro-gemm to compare with"
+        o = ort.get(name, {})
+        flop = 2.0 * n ** 3 if n else None
+        row(f"int8 gemm {n}x{n}x{n} vs f32 (device)", "GOP/s", "higher", flop / ms / 1e6 if ms and flop else None, ref, err,
+            device_ms=ms, reference_what="the device's f32 GEMM of the row above (target: ratio >= 2)",
+            onnxruntime_gops=flop / o["median_ms"] / 1e6 if "median_ms" in o and flop else None)
+
     # 2. A ResNet conv: device vs onnxruntime's Conv, same 1-node model.
     name = "micro-conv"
     if os.path.exists(os.path.join(models, f"{name}.onnx")):
@@ -490,6 +517,13 @@ def build_report(out):
     models = [model_row(out, n, ort, "test") for n in test]
     models += [model_row(out, n, ort, "bench") for n in plan.get("BENCH_MODELS", "").split()]
     models += [model_row(out, n, ort, "export") for n in plan.get("EXPORT_MODELS", "").split()]
+    # int8 models against their float originals on the device (the
+    # quantised model's device time / the float one's).
+    by_name = {r["name"]: r for r in models}
+    for r in models:
+        f = by_name.get(r["name"][: -len("-int8")]) if r["name"].endswith("-int8") else None
+        if f and r.get("device_ms") and f.get("device_ms"):
+            r["device_vs_float"] = r["device_ms"] / f["device_ms"]
     ratios = [r["ratio"] for r in models if r["ratio"]]
     ratios_min = [r["ratio_min"] for r in models if r.get("ratio_min")]
     machine = machine_info(out, plan)
@@ -551,6 +585,9 @@ def print_table(rep):
             why.append(f"onnxruntime's medians before and after the VM differ by up to "
                        f"{(drift['max'] - 1) * 100:.0f}% ({drift['model']})")
         print(f"  NOTE: {'; '.join(why)}: expect noise of that order")
+    for r in rep["models"]:
+        if r.get("device_vs_float"):
+            print(f"  {r['name']}: device time {r['device_vs_float']:.2f}x its float model's (target <= 0.6)")
     errs = [r for r in rep["models"] if r["error"]]
     for r in errs:
         print(f"  {r['name']}: ERROR {r['error']}")
@@ -592,7 +629,7 @@ def check(path):
     if not pos(rep.get("geomean_ratio")):
         probs.append(f"geomean_ratio = {rep.get('geomean_ratio')!r}")
     names = " ".join(r.get("name", "") for r in rep.get("micro", []))
-    for want in ("gemm", "conv", "add", "dma", "ioctl", "user-mode", "AsyncRuntime", "Python Runtime.run",
+    for want in ("gemm", "int8 gemm", "conv", "add", "dma", "ioctl", "user-mode", "AsyncRuntime", "Python Runtime.run",
                  "Python async_run", "rbln-serve gRPC load"):
         if want not in names:
             probs.append(f"no micro row for {want}")

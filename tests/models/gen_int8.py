@@ -100,6 +100,26 @@ def bad_models(out):
     model("bad-block", [0.5, 0.5, 0.5, 0.5], [0, 0, 0, 0], axis=1, block_size=2)
 
 
+def quantize_qdq(model, workdir, name, per_channel=True):
+    """`model` (float ONNX) quantised as a user would: onnxruntime's
+    pre-processing (shape inference, BatchNormalization folded into the
+    Conv), then quantize_static in QDQ format (u8 activations, s8
+    weights) with min-max calibration over seeded random inputs. Saves
+    NAME.float.onnx, NAME.prep.onnx and NAME.onnx in `workdir`; returns
+    the path of the float and of the quantised model."""
+    fpath = os.path.join(workdir, f"{name}.float.onnx")
+    onnx.save(model, fpath)
+    (inp,) = model.graph.input
+    shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+    ppath = os.path.join(workdir, f"{name}.prep.onnx")
+    quant_pre_process(fpath, ppath, skip_symbolic_shape=True)
+    qpath = os.path.join(workdir, f"{name}.onnx")
+    quantize_static(ppath, qpath, Inputs(inp.name, shape, 7), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
+                    calibrate_method=CalibrationMethod.MinMax)
+    return fpath, qpath
+
+
 def main(argv):
     if len(argv) == 3 and argv[1] == "--bad":
         bad_models(argv[2])
@@ -111,19 +131,8 @@ def main(argv):
     os.makedirs(out, exist_ok=True)
     for name, build, per_channel in MODELS:
         model, data = build()
-        fpath = os.path.join(out, f"{name}.float.onnx")
-        onnx.save(model, fpath)
         (inp,) = model.graph.input
-        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
-        # The preparation onnxruntime's documentation asks for: shape
-        # inference and its graph optimisations (BatchNormalization folded
-        # into the Conv before quantising).
-        ppath = os.path.join(out, f"{name}.prep.onnx")
-        quant_pre_process(fpath, ppath, skip_symbolic_shape=True)
-        qpath = os.path.join(out, f"{name}.onnx")
-        quantize_static(ppath, qpath, Inputs(inp.name, shape, 7), quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
-                        calibrate_method=CalibrationMethod.MinMax)
+        fpath, qpath = quantize_qdq(model, out, name, per_channel)
         qmodel = onnx.load(qpath)
         feeds = {inp.name: data}
         (want,) = session(qpath, False).run(None, feeds)

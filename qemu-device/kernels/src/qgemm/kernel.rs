@@ -237,37 +237,44 @@ unsafe fn scan_panel_avx2(plain: &[u8], kg: usize, rmask: &[u8; GROUP_A], lmask:
     (rs, mins.iter().copied().min().unwrap_or(0), maxs.iter().copied().max().unwrap_or(0))
 }
 
-/// `out[i][j] = Σ_g Σ_kk A(i, 4g+kk)·B(4g+kk, j)` (raw, by `mode`) for the
-/// micro-panel `a` (`2·kg·16` bytes) and `np` (1 or 2) B panels at `b`,
-/// `b_stride` bytes apart, each `kg·32` bytes.
+/// `out[i][j] (+)= Σ_g Σ_kk A(i, 4g+kk)·B(4g+kk, j)` (raw, by `mode`,
+/// wrapping; `out` is overwritten when `first`, else added to) for the
+/// `kg` groups of a micro-panel at `a` (plain part) / `a2` (second part)
+/// and `np` (1 or 2) B panels at `b`, `b_stride` bytes apart, each `kg·32`
+/// bytes (columns of a missing second panel are left unspecified).
 ///
 /// # Safety
-/// `a` holds `2·kg·16` bytes; `b .. b + (np−1)·b_stride + kg·32` is
-/// readable; `simd` only if AVX2 is available.
+/// `a`, `a2` are readable for `kg·16` bytes (`a2` only read by the
+/// two-operand modes); `b .. b + (np−1)·b_stride + kg·32` is readable;
+/// `simd` only if AVX2 is available.
 #[inline]
-pub(crate) unsafe fn micro(a: &[u8], b: *const u8, b_stride: usize, np: usize, kg: usize, mode: Mode, simd: bool, out: &mut [[i32; NR]; MR]) {
-    debug_assert!(a.len() >= 2 * kg * GROUP_A && (1..=2).contains(&np));
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn micro(a: *const u8, a2: *const u8, b: *const u8, b_stride: usize, np: usize, kg: usize, mode: Mode, simd: bool, first: bool, out: &mut [[i32; NR]; MR]) {
+    debug_assert!((1..=2).contains(&np));
     #[cfg(target_arch = "x86_64")]
     if simd {
-        let (ap, a2) = (a.as_ptr(), a[kg * GROUP_A..].as_ptr());
         // SAFETY: as documented by the caller.
         unsafe {
             match (mode, np) {
-                (Mode::Plain, 2) => micro_avx2::<0, 2>(ap, a2, b, b_stride, kg, out),
-                (Mode::Plain, _) => micro_avx2::<0, 1>(ap, a2, b, b_stride, kg, out),
-                (Mode::Sign, 2) => micro_avx2::<1, 2>(ap, a2, b, b_stride, kg, out),
-                (Mode::Sign, _) => micro_avx2::<1, 1>(ap, a2, b, b_stride, kg, out),
-                (Mode::Split, 2) => micro_avx2::<2, 2>(ap, a2, b, b_stride, kg, out),
-                (Mode::Split, _) => micro_avx2::<2, 1>(ap, a2, b, b_stride, kg, out),
+                (Mode::Plain, 2) => micro_avx2::<0, 2>(a, a2, b, b_stride, kg, first, out),
+                (Mode::Plain, _) => micro_avx2::<0, 1>(a, a2, b, b_stride, kg, first, out),
+                (Mode::Sign, 2) => micro_avx2::<1, 2>(a, a2, b, b_stride, kg, first, out),
+                (Mode::Sign, _) => micro_avx2::<1, 1>(a, a2, b, b_stride, kg, first, out),
+                (Mode::Split, 2) => micro_avx2::<2, 2>(a, a2, b, b_stride, kg, first, out),
+                (Mode::Split, _) => micro_avx2::<2, 1>(a, a2, b, b_stride, kg, first, out),
             }
         }
         return;
     }
-    let _ = (simd, mode);
+    let _ = (simd, mode, a2);
     // Portable: the plain u8 values (no mode is ever chosen without SIMD).
-    for row in out.iter_mut() {
-        row.fill(0);
+    if first {
+        for row in out.iter_mut() {
+            row.fill(0);
+        }
     }
+    // SAFETY: the caller's contract.
+    let a = unsafe { core::slice::from_raw_parts(a, kg * GROUP_A) };
     for p in 0..np {
         // SAFETY: panel p is readable (caller).
         let bp = unsafe { core::slice::from_raw_parts(b.add(p * b_stride), kg * 32) };
@@ -294,10 +301,18 @@ pub(crate) unsafe fn micro(a: &[u8], b: *const u8, b_stride: usize, np: usize, k
 /// readable (see [`micro`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn micro_avx2<const MODE: u8, const NP: usize>(a: *const u8, a2: *const u8, b: *const u8, b_stride: usize, kg: usize, out: &mut [[i32; NR]; MR]) {
+unsafe fn micro_avx2<const MODE: u8, const NP: usize>(a: *const u8, a2: *const u8, b: *const u8, b_stride: usize, kg: usize, first: bool, out: &mut [[i32; NR]; MR]) {
     let ones = _mm256_set1_epi16(1);
     let c128 = _mm256_set1_epi16(128);
     let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+    if !first {
+        for (row, acc) in out.iter().zip(acc.iter_mut()) {
+            for p in 0..NP {
+                // SAFETY: 8 i32 at row[8p..].
+                acc[p] = unsafe { _mm256_loadu_si256(row[p * PANEL..].as_ptr() as *const __m256i) };
+            }
+        }
+    }
     for g in 0..kg {
         let mut vb = [_mm256_setzero_si256(); 2];
         for (p, v) in vb.iter_mut().enumerate().take(NP) {
@@ -340,6 +355,7 @@ unsafe fn micro_avx2<const MODE: u8, const NP: usize>(a: *const u8, a2: *const u
 /// Per-column terms of the epilogue, `n` padded to [`NR`] (zeros):
 /// `acc[i][j] = raw + cconst[j] + off·colsum[j] − zb[j]·rowsum[i]`, then
 /// scaled by `scale[j]`.
+#[derive(Clone, Copy)]
 pub(crate) struct Cols<'a> {
     pub colsum: &'a [i32],
     pub cconst: &'a [i32],

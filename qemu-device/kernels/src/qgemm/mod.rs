@@ -189,23 +189,26 @@ pub(crate) struct Split {
     pub ncb: usize,
 }
 
-/// Bytes of packed A (plain part) a row block aims at (L2-resident).
-const A_BLOCK: usize = 96 << 10;
+/// Bytes of packed A (plain part) a row block holds at most (the kernel
+/// walks it k-block by k-block, so it need not fit a cache).
+const A_BLOCK: usize = 512 << 10;
+/// Most rows per block ([`Core::compute`] keeps per-panel state on the stack).
+const MC_MAX: usize = 256;
 
 impl Split {
     pub(crate) fn new(images: usize, rows: usize, n: usize, kp: usize, seq: bool) -> Split {
         let threads = plan_threads(seq);
-        let want = if seq { 1 } else { 4 * threads };
+        let want = if seq { 1 } else { 6 * threads };
         let rows_r = rows.div_ceil(MR).max(1) * MR;
-        let mut mc = ((A_BLOCK / kp.max(1)).clamp(MR, 256) / MR * MR).min(rows_r);
+        let mut mc = ((A_BLOCK / kp.max(1)).clamp(MR, MC_MAX) / MR * MR).min(rows_r);
         let mut nrb = rows.div_ceil(mc).max(1);
         let npp = n.div_ceil(NR).max(1);
         let mut ncb = 1;
         let tasks = images.saturating_mul(nrb);
         if tasks < want {
-            // More blocks of rows first (down to 32 rows), then columns.
+            // More blocks of rows first (down to 64 rows), then columns.
             let more = want.div_ceil(tasks);
-            let mc2 = (rows.div_ceil(nrb * more).div_ceil(MR) * MR).max(32).min(mc);
+            let mc2 = (rows.div_ceil(nrb * more).div_ceil(MR) * MR).max(64).min(mc);
             mc = mc2;
             nrb = rows.div_ceil(mc).max(1);
             let tasks = images.saturating_mul(nrb);
@@ -216,39 +219,37 @@ impl Split {
         let cb = npp.div_ceil(ncb) * NR;
         Split { mc, nrb, cb, ncb: npp.div_ceil(cb / NR) }
     }
-
-    pub(crate) fn tasks(&self, images: usize) -> usize {
-        images * self.nrb * self.ncb
-    }
-
-    /// (image, first row, rows, first column, columns) of task `t`.
-    pub(crate) fn task(&self, t: usize, rows: usize, n: usize) -> (usize, usize, usize, usize, usize) {
-        let (rest, cbi) = (t / self.ncb, t % self.ncb);
-        let (img, rbi) = (rest / self.nrb, rest % self.nrb);
-        let (r0, c0) = (rbi * self.mc, cbi * self.cb);
-        (img, r0, self.mc.min(rows - r0), c0, self.cb.min(n - c0))
-    }
 }
 
 std::thread_local! {
     static QSCRATCH: core::cell::RefCell<Vec<u8>> = const { core::cell::RefCell::new(Vec::new()) };
+    static QSCRATCH2: core::cell::RefCell<Vec<u8>> = const { core::cell::RefCell::new(Vec::new()) };
+    static QACC: core::cell::RefCell<Vec<[[i32; NR]; MR]>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+fn sized_bytes<R>(buf: &mut Vec<u8>, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let r = f(&mut buf[..len]);
+    if buf.len() > 16 << 20 {
+        *buf = Vec::new();
+    }
+    r
 }
 
 /// Runs `f` on a per-thread byte buffer of `len` bytes (contents unspecified).
 pub(crate) fn with_bytes<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    with_local(&QSCRATCH, |buf: &mut Vec<u8>| {
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        let r = f(&mut buf[..len]);
-        if buf.len() > 16 << 20 {
-            *buf = Vec::new();
-        }
-        r
-    })
+    with_local(&QSCRATCH, |buf: &mut Vec<u8>| sized_bytes(buf, len, f))
+}
+
+/// A second per-thread byte buffer (for the packing routines' own scratch).
+pub(crate) fn with_bytes2<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    with_local(&QSCRATCH2, |buf: &mut Vec<u8>| sized_bytes(buf, len, f))
 }
 
 /// The shared part of a GEMM block run.
+#[derive(Clone, Copy)]
 pub(crate) struct Core<'a> {
     pub k: usize,
     pub kg: usize,
@@ -265,71 +266,228 @@ pub(crate) fn panel_len(kg: usize) -> usize {
     2 * kg * GROUP_A
 }
 
+/// Groups of 4 `k` per k-block: one B micro-tile slice (2 panels ×
+/// KB·32 bytes = 8 KiB) stays in L1 while every micro-panel of the block
+/// uses it.
+const KB: usize = 128;
+/// Micro-tiles of raw accumulators a block keeps (64 KiB).
+const ACC_TILES: usize = 256;
+
+const INFO0: PanelInfo = PanelInfo { mode: kernel::Mode::Plain, off: 0, rowsum: [0; MR] };
+
 impl Core<'_> {
+    /// Finishes the `⌈rows/MR⌉` micro-panels of `block` (plain parts
+    /// filled, `panel_len(kg)` apart): picks their modes, rewrites them,
+    /// and records their [`PanelInfo`]s in `infos`.
+    pub(crate) fn prepare(&self, block: &mut [u8], rows: usize, infos: &mut [PanelInfo]) {
+        let pl = panel_len(self.kg);
+        for (mp, info) in infos.iter_mut().enumerate().take(rows.div_ceil(MR)) {
+            let r = (rows - mp * MR).min(MR);
+            *info = kernel::finish_panel(&mut block[mp * pl..][..pl], self.kg, self.k, r, self.stats, self.simd);
+        }
+    }
+
     /// Computes rows `0..rows` × columns `c0 .. c0+nc` (`c0` a multiple of
-    /// NR) of one block whose micro-panels' plain parts are in `block`
-    /// (`panel_len(kg)` apart), writing element (i, j) at `out + i·rs +
-    /// j·cs` (`out` is element (0, 0)).
+    /// NR) of one block of finished micro-panels (`block`, `infos`; see
+    /// [`Core::prepare`]), writing element (i, j) at `out + i·rs + j·cs`
+    /// (`out` is element (0, 0)).
     ///
     /// # Safety
     /// Every written element lies in the destination and no other task
     /// writes it.
-    pub(crate) unsafe fn run(&self, block: &mut [u8], rows: usize, c0: usize, nc: usize, out: &OutPtr, out0: usize, rs: usize, cs: usize) {
-        let pl = panel_len(self.kg);
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn compute(&self, block: &[u8], infos: &[PanelInfo], rows: usize, c0: usize, nc: usize, out: &OutPtr, out0: usize, rs: usize, cs: usize) {
+        let kg = self.kg;
+        let pl = panel_len(kg);
         let nmp = rows.div_ceil(MR);
-        let mut infos = [PanelInfo { mode: kernel::Mode::Plain, off: 0, rowsum: [0; MR] }; 64];
-        for (mp, info) in infos.iter_mut().enumerate().take(nmp) {
-            let r = (rows - mp * MR).min(MR);
-            *info = kernel::finish_panel(&mut block[mp * pl..][..pl], self.kg, self.k, r, self.stats, self.simd);
-        }
-        let panel_bytes = self.kg * 32;
+        assert!(block.len() >= nmp * pl && infos.len() >= nmp && nmp <= ACC_TILES);
+        let panel_bytes = kg * 32;
         let npanels_total = self.b.len() / panel_bytes.max(1);
-        let mut raw = [[0i32; NR]; MR];
-        let mut j = c0;
-        while j < c0 + nc {
-            let p = j / PANEL;
-            let np = if self.kg == 0 { 1 } else { (npanels_total - p).min(2) };
-            let bptr = self.b[(p * panel_bytes).min(self.b.len())..].as_ptr();
-            let ncols = (c0 + nc - j).min(NR);
-            for (mp, info) in infos.iter().enumerate().take(nmp) {
-                // SAFETY: the micro-panel has panel_len bytes; panels p and
-                // p+1 (if np = 2) of B lie in `b` (npanels_total of them).
-                unsafe { kernel::micro(&block[mp * pl..][..pl], bptr, panel_bytes, np, self.kg, info.mode, self.simd, &mut raw) };
-                let vals = kernel::epilogue(&raw, info, &self.cols, j, self.kind, self.simd);
-                let r = (rows - mp * MR).min(MR);
-                let base = out0 + mp * MR * rs + (j - c0) * cs;
-                // SAFETY: the caller's contract.
-                unsafe { store(&vals, out, base, r, ncols, rs, cs) };
+        let ntiles = nc.div_ceil(NR);
+        // Column chunks whose raw accumulators fit ACC_TILES.
+        let ct = (ACC_TILES / nmp).max(1);
+        let nkb = kg.div_ceil(KB).max(1);
+        with_local(&QACC, |accs: &mut Vec<[[i32; NR]; MR]>| {
+            if accs.len() < ACC_TILES {
+                accs.resize(ACC_TILES, [[0; NR]; MR]);
             }
-            j += NR;
-        }
+            let mut t0 = 0;
+            while t0 < ntiles {
+                let t1 = (t0 + ct).min(ntiles);
+                for kb in 0..nkb {
+                    let g0 = kb * KB;
+                    let gn = KB.min(kg - g0.min(kg));
+                    for t in t0..t1 {
+                        let j = c0 + t * NR;
+                        let p = j / PANEL;
+                        let np = if kg == 0 { 1 } else { (npanels_total - p).min(2) };
+                        let bptr = self.b[(p * panel_bytes + g0 * 32).min(self.b.len())..].as_ptr();
+                        for (mp, info) in infos.iter().enumerate().take(nmp) {
+                            let a = &block[mp * pl..][..pl];
+                            let acc = &mut accs[(t - t0) * nmp + mp];
+                            // SAFETY: groups g0 .. g0+gn of both parts of the
+                            // micro-panel lie in `a`; those groups of panels p
+                            // and p+1 (if np = 2) of B lie in `b`.
+                            unsafe { kernel::micro(a[g0 * GROUP_A..].as_ptr(), a[(kg + g0) * GROUP_A..].as_ptr(), bptr, panel_bytes, np, gn, info.mode, self.simd, kb == 0, acc) };
+                        }
+                    }
+                }
+                for t in t0..t1 {
+                    let j = c0 + t * NR;
+                    let ncols = (c0 + nc - j).min(NR);
+                    for (mp, info) in infos.iter().enumerate().take(nmp) {
+                        let vals = kernel::epilogue(&accs[(t - t0) * nmp + mp], info, &self.cols, j, self.kind, self.simd);
+                        let r = (rows - mp * MR).min(MR);
+                        let base = out0 + mp * MR * rs + (j - c0) * cs;
+                        // SAFETY: the caller's contract.
+                        unsafe { store(&vals, out, base, r, ncols, rs, cs) };
+                    }
+                }
+                t0 = t1;
+            }
+        })
     }
 }
 
 /// Stores rows `< r`, columns `< c` of a tile at `base + i·rs + j·cs`.
 ///
 /// # Safety
-/// Those elements lie in the destination (see [`Core::run`]).
+/// Those elements lie in the destination (see [`Core::compute`]).
 #[inline]
 unsafe fn store(vals: &TileVals, out: &OutPtr, base: usize, r: usize, c: usize, rs: usize, cs: usize) {
     match (vals, out) {
         (TileVals::Int(v), OutPtr::U8(p)) => {
-            for (i, row) in v.iter().enumerate().take(r) {
-                for (j, &x) in row.iter().enumerate().take(c) {
-                    // SAFETY: the caller's contract.
-                    unsafe { *p.get().add(base + i * rs + j * cs) = x as u8 };
+            if rs == 1 && r == MR {
+                // Column-major (NCHW): 4 consecutive rows of a column.
+                for j in 0..c {
+                    let x = u32::from_le_bytes([v[0][j] as u8, v[1][j] as u8, v[2][j] as u8, v[3][j] as u8]);
+                    // SAFETY: the caller's contract (elements base + j·cs + 0..4).
+                    unsafe { (p.get().add(base + j * cs) as *mut u32).write_unaligned(x) };
+                }
+            } else if cs == 1 && c == NR {
+                for (i, row) in v.iter().enumerate().take(r) {
+                    let x: [u8; NR] = core::array::from_fn(|j| row[j] as u8);
+                    // SAFETY: the caller's contract (elements base + i·rs + 0..16).
+                    unsafe { core::ptr::copy_nonoverlapping(x.as_ptr(), p.get().add(base + i * rs), NR) };
+                }
+            } else {
+                for (i, row) in v.iter().enumerate().take(r) {
+                    for (j, &x) in row.iter().enumerate().take(c) {
+                        // SAFETY: the caller's contract.
+                        unsafe { *p.get().add(base + i * rs + j * cs) = x as u8 };
+                    }
                 }
             }
         }
         (TileVals::F32(v), OutPtr::F32(p)) => {
-            for (i, row) in v.iter().enumerate().take(r) {
-                for (j, &x) in row.iter().enumerate().take(c) {
-                    // SAFETY: the caller's contract.
-                    unsafe { *p.get().add(base + i * rs + j * cs) = x };
+            if rs == 1 && r == MR {
+                for j in 0..c {
+                    let x = [v[0][j], v[1][j], v[2][j], v[3][j]];
+                    // SAFETY: the caller's contract (elements base + j·cs + 0..4).
+                    unsafe { core::ptr::copy_nonoverlapping(x.as_ptr(), p.get().add(base + j * cs), MR) };
+                }
+            } else {
+                for (i, row) in v.iter().enumerate().take(r) {
+                    for (j, &x) in row.iter().enumerate().take(c) {
+                        // SAFETY: the caller's contract.
+                        unsafe { *p.get().add(base + i * rs + j * cs) = x };
+                    }
                 }
             }
         }
         _ => unreachable!("the tile kind follows the output kind"),
+    }
+}
+
+/// Most bytes of packed A held at once between the two phases of
+/// [`drive`] (packing, then the column blocks that share it).
+const WAVE: usize = 8 << 20;
+
+static SHARED_A: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs a problem of `images` independent products of `rows` rows × `n`
+/// columns over `kg` groups of k: `pack(img, r0, rows, block)` fills the
+/// plain parts of the `⌈rows/MR⌉` micro-panels of `block` (`panel_len(kg)`
+/// apart) with rows `r0 .. r0+rows` of image `img`; `core(img)` is its
+/// [`Core`]; element (row i, column j) of image `img` goes to
+/// `place(img) + i·rs + j·cs`.
+///
+/// # Safety
+/// Those elements lie in the destination and are distinct.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn drive<'a>(
+    images: usize,
+    rows: usize,
+    n: usize,
+    kg: usize,
+    seq: bool,
+    pack: impl Fn(usize, usize, usize, &mut [u8]) + Sync,
+    core: impl Fn(usize) -> Core<'a> + Sync,
+    out: &OutPtr,
+    place: impl Fn(usize) -> usize + Sync,
+    rs: usize,
+    cs: usize,
+) {
+    let sp = Split::new(images, rows, n, kg * 4, seq);
+    let pl = panel_len(kg);
+    let nblocks = images * sp.nrb;
+    // (image, first row, rows) of row block `rb`.
+    let blk = |rb: usize| {
+        let (img, rbi) = (rb / sp.nrb, rb % sp.nrb);
+        let r0 = rbi * sp.mc;
+        (img, r0, sp.mc.min(rows - r0))
+    };
+    if sp.ncb == 1 {
+        // Pack and use each block in one task (it stays in cache).
+        for_each_task(nblocks, seq, |rb| {
+            let (img, r0, rows) = blk(rb);
+            let nmp = rows.div_ceil(MR);
+            with_bytes(nmp * pl, |block| {
+                pack(img, r0, rows, block);
+                let c = core(img);
+                let mut infos = [INFO0; MC_MAX / MR];
+                c.prepare(block, rows, &mut infos);
+                // SAFETY: the caller's contract; tasks partition the rows.
+                unsafe { c.compute(block, &infos, rows, 0, n, out, place(img) + r0 * rs, rs, cs) };
+            })
+        });
+        return;
+    }
+    // Pack a wave of blocks once, then share each among its column blocks.
+    let bbytes = sp.mc.div_ceil(MR) * pl;
+    let per_wave = (WAVE / bbytes.max(1)).clamp(1, nblocks);
+    let mut shared = core::mem::take(&mut *SHARED_A.lock().unwrap_or_else(|e| e.into_inner()));
+    if shared.len() < per_wave * bbytes {
+        shared = vec![0u8; per_wave * bbytes];
+    }
+    let mut infos = vec![INFO0; per_wave * (MC_MAX / MR)];
+    let mut w0 = 0;
+    while w0 < nblocks {
+        let w1 = (w0 + per_wave).min(nblocks);
+        let bufp = SendPtr(shared.as_mut_ptr());
+        let infp = SendPtr(infos.as_mut_ptr());
+        for_each_task(w1 - w0, seq, |i| {
+            let (img, r0, rows) = blk(w0 + i);
+            // SAFETY: block i and its infos are disjoint from the other tasks'.
+            let (block, inf) = unsafe { (core::slice::from_raw_parts_mut(bufp.get().add(i * bbytes), bbytes), core::slice::from_raw_parts_mut(infp.get().add(i * (MC_MAX / MR)), MC_MAX / MR)) };
+            pack(img, r0, rows, block);
+            core(img).prepare(block, rows, inf);
+        });
+        let (shared, infos) = (&shared, &infos);
+        for_each_task((w1 - w0) * sp.ncb, seq, |t| {
+            let (i, cbi) = (t / sp.ncb, t % sp.ncb);
+            let (img, r0, rows) = blk(w0 + i);
+            let c0 = cbi * sp.cb;
+            let nc = sp.cb.min(n - c0);
+            let block = &shared[i * bbytes..][..bbytes];
+            let inf = &infos[i * (MC_MAX / MR)..][..MC_MAX / MR];
+            // SAFETY: the caller's contract; tasks partition rows × columns.
+            unsafe { core(img).compute(block, inf, rows, c0, nc, out, place(img) + r0 * rs + c0 * cs, rs, cs) };
+        });
+        w0 = w1;
+    }
+    if shared.len() <= WAVE {
+        *SHARED_A.lock().unwrap_or_else(|e| e.into_inner()) = shared;
     }
 }
 
@@ -365,30 +523,24 @@ pub(crate) fn qgemm_impl(a: QTensor<'_>, p: &QGemmParams<'_>, dst: &mut QDst<'_>
     let kg = k.div_ceil(4);
     let core = Core { k, kg, stats: bstats(lo, hi), simd, kind, b: p.b, cols: cd.cols() };
     let seq = sequential(m.saturating_mul(n).saturating_mul(k).saturating_mul(2));
-    let sp = Split::new(1, m, n, kg * 4, seq);
-    let pl = panel_len(kg);
-    for_each_task(sp.tasks(1), seq, |t| {
-        let (_, r0, rows, c0, nc) = sp.task(t, m, n);
-        let nmp = rows.div_ceil(MR);
-        with_bytes(nmp * pl, |block| {
-            for mp in 0..nmp {
-                let plain = &mut block[mp * pl..][..kg * GROUP_A];
-                for i in 0..MR {
-                    let r = r0 + mp * MR + i;
-                    if r < r0 + rows {
-                        pack_row(plain, i, &a.data[r * k..][..k], xor);
-                    } else {
-                        for g in plain.chunks_exact_mut(GROUP_A) {
-                            g[i * 4..i * 4 + 4].fill(0);
-                        }
+    let pack = |_img: usize, r0: usize, rows: usize, block: &mut [u8]| {
+        let pl = panel_len(kg);
+        for mp in 0..rows.div_ceil(MR) {
+            let plain = &mut block[mp * pl..][..kg * GROUP_A];
+            for i in 0..MR {
+                let r = r0 + mp * MR + i;
+                if r < r0 + rows {
+                    pack_row(plain, i, &a.data[r * k..][..k], xor);
+                } else {
+                    for g in plain.chunks_exact_mut(GROUP_A) {
+                        g[i * 4..i * 4 + 4].fill(0);
                     }
                 }
             }
-            // SAFETY: rows r0..r0+rows, columns c0..c0+nc of the [m × n]
-            // output (length checked); tasks partition them.
-            unsafe { core.run(block, rows, c0, nc, &out, r0 * n + c0, n, 1) };
-        })
-    });
+        }
+    };
+    // SAFETY: rows × columns of the [m × n] output (length checked).
+    unsafe { drive(1, m, n, kg, seq, pack, |_| core, &out, |_| 0, n, 1) };
     Ok(())
 }
 
