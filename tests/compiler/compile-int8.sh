@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Quantised models as onnxruntime's quantizer writes them (QDQ;
-# tests/models/gen_int8.py, in the venv of scripts/setup-python.sh),
+# Quantised models as onnxruntime's quantizer writes them (QDQ and
+# QOperator; tests/models/gen_int8.py, in the venv of scripts/setup-python.sh),
 # compiled with rbln-compile into target/int8: the quantised Conv and GEMM
 # must run on the int8 kernels (the report counts them). Malformed
 # quantisation parameters must be refused. tests/vm/int8.sh then runs the
@@ -29,6 +29,8 @@ resnet18-int8 20 1
 resnet18-int8-pt 20 1
 mobilenetv2-int8 52 1
 transformer-int8 0 7
+resnet18-int8-qop 20 1
+transformer-int8-qop 0 7
 LIST
 
 "$PY" "$RBLN_ROOT/tests/models/gen_int8.py" --bad "$OUT"

@@ -36,12 +36,17 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_models  # noqa: E402
 
-# (name, float builder, per-channel weights)
+# (name, float builder, per-channel weights, format): QDQ, or QOperator
+# (QLinearConv, QLinearMatMul and onnxruntime's com.microsoft QGemm,
+# QLinearAdd, QLinearMul, QLinearConcat, QLinearSoftmax,
+# QLinearGlobalAveragePool).
 MODELS = [
-    ("resnet18-int8", gen_models.resnet18, True),
-    ("resnet18-int8-pt", gen_models.resnet18, False),
-    ("mobilenetv2-int8", gen_models.mobilenetv2, True),
-    ("transformer-int8", gen_models.transformer, True),
+    ("resnet18-int8", gen_models.resnet18, True, QuantFormat.QDQ),
+    ("resnet18-int8-pt", gen_models.resnet18, False, QuantFormat.QDQ),
+    ("mobilenetv2-int8", gen_models.mobilenetv2, True, QuantFormat.QDQ),
+    ("transformer-int8", gen_models.transformer, True, QuantFormat.QDQ),
+    ("resnet18-int8-qop", gen_models.resnet18, True, QuantFormat.QOperator),
+    ("transformer-int8-qop", gen_models.transformer, True, QuantFormat.QOperator),
 ]
 CALIBRATION_INPUTS = 4
 
@@ -100,7 +105,7 @@ def bad_models(out):
     model("bad-block", [0.5, 0.5, 0.5, 0.5], [0, 0, 0, 0], axis=1, block_size=2)
 
 
-def quantize_qdq(model, workdir, name, per_channel=True):
+def quantize_qdq(model, workdir, name, per_channel=True, fmt=QuantFormat.QDQ):
     """`model` (float ONNX) quantised as a user would: onnxruntime's
     pre-processing (shape inference, BatchNormalization folded into the
     Conv), then quantize_static in QDQ format (u8 activations, s8
@@ -114,7 +119,7 @@ def quantize_qdq(model, workdir, name, per_channel=True):
     ppath = os.path.join(workdir, f"{name}.prep.onnx")
     quant_pre_process(fpath, ppath, skip_symbolic_shape=True)
     qpath = os.path.join(workdir, f"{name}.onnx")
-    quantize_static(ppath, qpath, Inputs(inp.name, shape, 7), quant_format=QuantFormat.QDQ,
+    quantize_static(ppath, qpath, Inputs(inp.name, shape, 7), quant_format=fmt,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
                     calibrate_method=CalibrationMethod.MinMax)
     return fpath, qpath
@@ -129,10 +134,10 @@ def main(argv):
         return 2
     out = argv[1]
     os.makedirs(out, exist_ok=True)
-    for name, build, per_channel in MODELS:
+    for name, build, per_channel, fmt in MODELS:
         model, data = build()
         (inp,) = model.graph.input
-        fpath, qpath = quantize_qdq(model, out, name, per_channel)
+        fpath, qpath = quantize_qdq(model, out, name, per_channel, fmt)
         qmodel = onnx.load(qpath)
         feeds = {inp.name: data}
         (want,) = session(qpath, False).run(None, feeds)

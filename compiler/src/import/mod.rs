@@ -41,7 +41,7 @@ type Lower = fn(&mut Importer, &Cx, &[Option<ValueId>]) -> Result<Vec<ValueId>>;
 
 /// Every op family: the ONNX op types it takes and its lowering. An op
 /// type belongs to exactly one family (checked by a test).
-const FAMILIES: [(&[&str], Lower); 11] = [
+const FAMILIES: [(&[&str], Lower); 12] = [
     (constant::OPS, Importer::lower_constant),
     (layout::OPS, Importer::lower_layout),
     (elementwise::OPS, Importer::lower_elementwise),
@@ -53,6 +53,7 @@ const FAMILIES: [(&[&str], Lower); 11] = [
     (resize::OPS, Importer::lower_resize),
     (logic::OPS, Importer::lower_logic),
     (quant::OPS, Importer::lower_quant),
+    (quant::QOPERATOR_OPS, Importer::lower_qoperator),
 ];
 
 /// Options that change how a model is read.
@@ -73,7 +74,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Conv", "ConvTranspose", "CumSum", "DepthToSpace", "DequantizeLinear", "Div", "Dropout", "Einsum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
     "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "GroupNormalization", "HardSigmoid", "HardSwish",
     "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "MatMul", "Max",
-    "MaxPool", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "QuantizeLinear", "Range", "Reciprocal",
+    "MaxPool", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "QGemm", "QLinearAdd", "QLinearConcat", "QLinearConv", "QLinearGlobalAveragePool", "QLinearMatMul", "QLinearMul", "QLinearSoftmax", "QuantizeLinear", "Range", "Reciprocal",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
     "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign", "Sin", "Cos",
     "Size", "Slice", "Softmax", "SpaceToDepth", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze", "Upsample",
@@ -347,8 +348,13 @@ impl Importer {
     fn node(&mut self, n: &NodeProto, idx: usize) -> Result<()> {
         let name = if n.name.is_empty() { format!("{}_{idx}", n.op_type) } else { n.name.clone() };
         let cx = Cx { n, name };
-        if !(n.domain.is_empty() || n.domain == "ai.onnx") {
-            return Err(cx.err(format!("operator domain '{}' is not supported (only the default ONNX domain)", n.domain)));
+        let contrib = n.domain == "com.microsoft" && quant::CONTRIB_OPS.contains(&n.op_type.as_str());
+        if !(n.domain.is_empty() || n.domain == "ai.onnx" || contrib) {
+            return Err(cx.err(format!(
+                "operator domain '{}' is not supported (only the default ONNX domain, and {} of com.microsoft)",
+                n.domain,
+                quant::CONTRIB_OPS.join(", ")
+            )));
         }
         for a in &n.attribute {
             if a.g.is_some() {
@@ -366,7 +372,14 @@ impl Importer {
             "Identity" | "Dropout" | "Cast" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Shape" | "Size" => &[0, 1, 2],
             "Gather" => &[1],
             "DequantizeLinear" => &[0],
+            "QLinearConv" | "QLinearMatMul" | "QGemm" | "QLinearAdd" | "QLinearMul" | "QLinearGlobalAveragePool" | "QLinearSoftmax" => &[0, 3],
+            "QLinearConcat" => &[2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35, 38, 41, 44, 47],
             _ => &[],
+        };
+        // An element-moving op on an 8-bit value gives an 8-bit value.
+        let int8_in = match ins.first().copied().flatten() {
+            Some(x) if quant::INT8_PASSTHROUGH.contains(&n.op_type.as_str()) => Some(self.g.values[x].dtype).filter(|t| matches!(t, DType::U8 | DType::I8)),
+            _ => None,
         };
         let compile_time = COMPILE_TIME_OPS.contains(&n.op_type.as_str());
         for (k, v) in ins.iter_mut().enumerate() {
@@ -376,7 +389,14 @@ impl Importer {
                 }
             }
         }
-        let outs = self.lower(&cx, &ins)?;
+        let mut outs = self.lower(&cx, &ins)?;
+        if let Some(t) = int8_in {
+            for v in outs.iter_mut() {
+                if self.konst(*v).is_none() && self.g.values[*v].dtype == DType::F32 {
+                    *v = self.f32_to_int8(&cx, *v, t);
+                }
+            }
+        }
         for &v in &outs {
             let s = &self.g.values[v].shape;
             if s.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {

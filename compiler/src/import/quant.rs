@@ -18,7 +18,7 @@ use rbln_format::DType;
 use super::{Cx, Importer};
 use crate::error::Result;
 use crate::ir::{Const, Data, Kind, QInfo, ValueId};
-use crate::onnx::elem;
+use crate::onnx::{elem, AttributeProto, NodeProto};
 use crate::shape::volume;
 
 pub(super) const OPS: &[&str] = &["QuantizeLinear", "DequantizeLinear"];
@@ -168,13 +168,154 @@ impl Importer {
         (s, z)
     }
 
-    /// A dequantise with scale 1 and zero point 0: the exact conversion of
-    /// a u8 / i8 value to f32.
-    pub(super) fn int8_to_f32(&mut self, x: ValueId, qtype: DType) -> Kind {
+    /// Scale 1 and zero point 0 (QUANT's operands) for converting `x`.
+    fn unit_params(&mut self, x: ValueId) -> (ValueId, ValueId) {
         let name = self.g.values[x].name.clone();
         let s = self.constant(&format!("{name}.unit_scale"), Const::f32(&[1], vec![1.0]));
         let z = self.constant(&format!("{name}.zero"), Const::i64(&[1], vec![0]));
         self.g.values[z].dtype = DType::I32;
+        (s, z)
+    }
+
+    /// `x` (f32 holding integers of `qtype`'s range) back to `qtype`: a
+    /// quantise with scale 1 and zero point 0, exact.
+    pub(super) fn f32_to_int8(&mut self, cx: &Cx, x: ValueId, qtype: DType) -> ValueId {
+        let (scale, zero) = self.unit_params(x);
+        let kind = Kind::Quant { x, dequantize: false, qtype, outer: 1, channels: 1, inner: self.g.values[x].elems(), scale, zero };
+        let shape = self.shape(x);
+        self.device_tmp(cx, kind, shape, qtype.name())
+    }
+
+    /// A dequantise with scale 1 and zero point 0: the exact conversion of
+    /// a u8 / i8 value to f32.
+    pub(super) fn int8_to_f32(&mut self, x: ValueId, qtype: DType) -> Kind {
+        let (s, z) = self.unit_params(x);
         Kind::Quant { x, dequantize: true, qtype, outer: 1, channels: 1, inner: self.g.values[x].elems(), scale: s, zero: z }
+    }
+}
+
+/// The QOperator forms (onnxruntime's `QuantFormat.QOperator`): one node
+/// that stands for DequantizeLinear on its quantised inputs, the float op
+/// and QuantizeLinear on its result. QLinearAdd and
+/// QLinearGlobalAveragePool are onnxruntime's contrib ops (domain
+/// `com.microsoft`).
+pub(super) const QOPERATOR_OPS: &[&str] =
+    &["QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearSoftmax", "QLinearConcat"];
+
+/// Ops of the `com.microsoft` domain rbln-compile reads.
+pub(super) const CONTRIB_OPS: &[&str] = &["QGemm", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearSoftmax", "QLinearConcat"];
+
+/// Ops that move or select elements without arithmetic: on a u8 / i8
+/// value they compute in f32 on the exact conversion and convert back
+/// (exactly: the values are integers in range), so the result keeps the
+/// 8-bit type.
+pub(super) const INT8_PASSTHROUGH: &[&str] = &["MaxPool", "Transpose", "Gather", "Slice", "Concat", "Split"];
+
+impl Importer {
+    /// A QOperator node, expanded into its QDQ form (which the int8
+    /// lowering then runs as one integer op where it can).
+    pub(super) fn lower_qoperator(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        let at = |i: usize| ins.get(i).copied().flatten();
+        let need = |i: usize| at(i).ok_or_else(|| cx.err(format!("input {i} is missing")));
+        let out = Self::out_name(cx, 0);
+        // One step of the expansion: the node `op` named after this one.
+        let step = |im: &mut Importer, op: &str, tag: &str, ins: &[Option<ValueId>], attribute: Vec<AttributeProto>| -> Result<ValueId> {
+            let n = NodeProto { op_type: op.into(), name: format!("{}.{tag}", cx.name), output: vec![format!("{out}.{tag}")], attribute, ..Default::default() };
+            let sub = Cx { n: &n, name: n.name.clone() };
+            im.lower(&sub, ins)?.first().copied().ok_or_else(|| cx.err(format!("its {op} step produced nothing")))
+        };
+        let axis = |a: i64| vec![AttributeProto { name: "axis".into(), i: a, r#type: 2, ..Default::default() }];
+        let y = match cx.n.op_type.as_str() {
+            "QLinearConv" => {
+                let (x, xs, w, ws) = (need(0)?, need(1)?, need(3)?, need(4)?);
+                let xd = step(self, "DequantizeLinear", "x", &[Some(x), Some(xs), at(2)], vec![])?;
+                let wd = step(self, "DequantizeLinear", "w", &[Some(w), Some(ws), at(5)], axis(0))?;
+                // The int32 bias is at scale x_scale·w_scale (per channel).
+                let bd = match at(8) {
+                    Some(b) => {
+                        let sx = self.need_const(cx, xs, 1)?.floats();
+                        let sw = self.need_const(cx, ws, 4)?.floats();
+                        let s: Vec<f32> = sw.iter().map(|&w| w * sx.first().copied().unwrap_or(1.0)).collect();
+                        let sv = self.constant(&format!("{}.bias_scale", cx.name), Const::f32(&[s.len() as u64], s));
+                        Some(step(self, "DequantizeLinear", "b", &[Some(b), Some(sv)], axis(0))?)
+                    }
+                    None => None,
+                };
+                let c = step(self, "Conv", "conv", &[Some(xd), Some(wd), bd], cx.n.attribute.clone())?;
+                step(self, "QuantizeLinear", "y", &[Some(c), need(6).ok(), at(7)], vec![])?
+            }
+            "QLinearMatMul" => {
+                let ad = step(self, "DequantizeLinear", "a", &[Some(need(0)?), Some(need(1)?), at(2)], vec![])?;
+                // Per-column B scales run along B's last axis.
+                let bd = step(self, "DequantizeLinear", "b", &[Some(need(3)?), Some(need(4)?), at(5)], axis(-1))?;
+                let c = step(self, "MatMul", "matmul", &[Some(ad), Some(bd)], vec![])?;
+                step(self, "QuantizeLinear", "y", &[Some(c), need(6).ok(), at(7)], vec![])?
+            }
+            "QGemm" => {
+                // A, a_scale, a_zero, B, b_scale, b_zero, C (int32 at
+                // scale a·b), y_scale, y_zero; without y_scale the
+                // output is f32.
+                let trans_b = cx.int("transB", 0) != 0;
+                let (bs, a_s) = (need(4)?, need(1)?);
+                let ad = step(self, "DequantizeLinear", "a", &[Some(need(0)?), Some(a_s), at(2)], vec![])?;
+                let bd = step(self, "DequantizeLinear", "b", &[Some(need(3)?), Some(bs), at(5)], axis(if trans_b { 0 } else { 1 }))?;
+                let cd = match at(6) {
+                    Some(c) => {
+                        let sa = self.need_const(cx, a_s, 1)?.floats();
+                        let sb = self.need_const(cx, bs, 4)?.floats();
+                        let s: Vec<f32> = sb.iter().map(|&b| b * sa.first().copied().unwrap_or(1.0)).collect();
+                        let sv = self.constant(&format!("{}.bias_scale", cx.name), Const::f32(&[s.len() as u64], s));
+                        Some(step(self, "DequantizeLinear", "c", &[Some(c), Some(sv)], axis(0))?)
+                    }
+                    None => None,
+                };
+                let attrs = cx.n.attribute.iter().filter(|a| a.name != "domain").cloned().collect();
+                let g = step(self, "Gemm", "gemm", &[Some(ad), Some(bd), cd], attrs)?;
+                match at(7) {
+                    Some(ys) => step(self, "QuantizeLinear", "y", &[Some(g), Some(ys), at(8)], vec![])?,
+                    None => g,
+                }
+            }
+            "QLinearAdd" | "QLinearMul" => {
+                let ad = step(self, "DequantizeLinear", "a", &[Some(need(0)?), Some(need(1)?), at(2)], vec![])?;
+                let bd = step(self, "DequantizeLinear", "b", &[Some(need(3)?), Some(need(4)?), at(5)], vec![])?;
+                let op = if cx.n.op_type == "QLinearAdd" { "Add" } else { "Mul" };
+                let c = step(self, op, "op", &[Some(ad), Some(bd)], vec![])?;
+                step(self, "QuantizeLinear", "y", &[Some(c), need(6).ok(), at(7)], vec![])?
+            }
+            "QLinearSoftmax" => {
+                // onnxruntime's contrib op: X, x_scale, x_zero, y_scale,
+                // y_zero; `axis` with the semantics of Softmax at `opset`.
+                let xd = step(self, "DequantizeLinear", "x", &[Some(need(0)?), Some(need(1)?), at(2)], vec![])?;
+                let attrs = cx.n.attribute.iter().filter(|a| a.name == "axis").cloned().collect();
+                if cx.int("opset", 13) < 13 {
+                    return Err(cx.err("QLinearSoftmax with the opset < 13 (coerced 2-D) semantics is not supported"));
+                }
+                let p = step(self, "Softmax", "softmax", &[Some(xd)], attrs)?;
+                step(self, "QuantizeLinear", "y", &[Some(p), need(3).ok(), at(4)], vec![])?
+            }
+            "QLinearConcat" => {
+                // Y_scale, Y_zero, then (X, x_scale, x_zero) per input.
+                if ins.len() < 5 || (ins.len() - 2) % 3 != 0 {
+                    return Err(cx.err(format!("{} inputs; QLinearConcat takes Y_scale, Y_zero_point and triples (X, X_scale, X_zero_point)", ins.len())));
+                }
+                let mut parts = Vec::new();
+                for (t, i) in (2..ins.len()).step_by(3).enumerate() {
+                    parts.push(Some(step(self, "DequantizeLinear", &format!("x{t}"), &[Some(need(i)?), Some(need(i + 1)?), at(i + 2)], vec![])?));
+                }
+                let attrs = cx.n.attribute.iter().filter(|a| a.name == "axis").cloned().collect();
+                let c = step(self, "Concat", "concat", &parts, attrs)?;
+                step(self, "QuantizeLinear", "y", &[Some(c), need(0).ok(), at(1)], vec![])?
+            }
+            _ => {
+                if cx.int("channels_last", 0) != 0 {
+                    return Err(cx.err("channels_last = 1 is not supported"));
+                }
+                let xd = step(self, "DequantizeLinear", "x", &[Some(need(0)?), Some(need(1)?), at(2)], vec![])?;
+                let p = step(self, "GlobalAveragePool", "pool", &[Some(xd)], vec![])?;
+                step(self, "QuantizeLinear", "y", &[Some(p), need(3).ok(), at(4)], vec![])?
+            }
+        };
+        Ok(vec![y])
     }
 }

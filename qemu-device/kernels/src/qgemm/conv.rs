@@ -3,10 +3,10 @@
 //! NCHW (row stride 1, column stride `oh·ow`).
 
 use super::kernel::{GROUP_A, MR};
-use super::{bstats, check_cols, check_dst, check_zero, col_data, packed_b_len, panel_len, with_bytes, Core, QDst, QTensor, Split, QGEMM_MAX_K};
+use super::{bstats, check_cols, check_dst, check_zero, col_data, drive, packed_b_len, panel_len, with_bytes2, Core, QDst, QTensor, QGEMM_MAX_K};
 use crate::conv::{Axis, Padding2d};
 use crate::error::{KernelError, Result};
-use crate::util::{check_len, for_each_task, mul, sequential, volume};
+use crate::util::{check_len, mul, sequential, volume};
 
 /// Parameters of [`qconv2d`]: the geometry of `Conv2dParams` (NCHW).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,91 +121,173 @@ pub(crate) fn qconv2d_impl(
     let stats = bstats(lo.min(hi), hi.max(lo));
     let images = p.batch * p.groups;
     let seq = sequential(images.saturating_mul(g.npos).saturating_mul(og).saturating_mul(k).saturating_mul(2));
-    let sp = Split::new(images, g.npos, og, kg * 4, seq);
-    let pl = panel_len(kg);
     let (h, wa) = (g.h, g.w);
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
-    for_each_task(sp.tasks(images), seq, |t| {
-        let (img, r0, rows, c0, nc) = sp.task(t, g.npos, og);
+    let pack = |img: usize, r0: usize, rows: usize, block: &mut [u8]| {
         let (b, grp) = (img / p.groups, img % p.groups);
-        let nmp = rows.div_ceil(MR);
-        let tp = nmp * MR;
+        let tp = rows.div_ceil(MR) * MR;
         let plane0 = (b * p.in_channels + grp * g.cg) * g.in_plane;
         let src = &x.data[plane0..][..g.cg * g.in_plane];
-        with_bytes(nmp * pl + KC * tp, |buf| {
-            let (block, run) = buf.split_at_mut(nmp * pl);
+        let st = Stage::new(&h, &wa, kh, kw, g.cg, r0, rows, xor == 0);
+        with_bytes2(st.len + SLACK + KC * tp + SLACK, |buf| {
+            let (stage, run) = buf.split_at_mut(st.len + SLACK);
+            st.build(stage, src, &h, &wa, xor, xz as u8);
+            let stage: &[u8] = if st.direct { src } else { stage };
+            let pl = panel_len(kg);
             let mut k0 = 0;
             while k0 < kg * 4 {
                 let kc = KC.min(kg * 4 - k0);
                 for rr in 0..kc {
-                    let row = &mut run[rr * tp..][..tp];
                     let r = k0 + rr;
                     if r >= k {
-                        row.fill(0);
+                        run[rr * tp..][..tp].fill(0);
                         continue;
                     }
                     let (kx, ky, c) = (r % kw, (r / kw) % kh, r / (kw * kh));
-                    let plane = &src[c * g.in_plane..][..g.in_plane];
-                    gather_row(&mut row[..rows], plane, &h, &wa, ky, kx, r0, xor, xz as u8);
-                    row[rows..].fill(0);
+                    st.gather(run, rr * tp, stage, &wa, c, ky, kx, r0, rows);
+                    run[rr * tp + rows..][..tp - rows].fill(0);
                 }
                 transpose(block, run, pl, tp, k0, kc);
                 k0 += kc;
             }
-            let cd = &cds[grp];
-            let core = Core { k, kg, stats, simd, kind, b: &w[grp * blen..][..blen], cols: cd.cols() };
-            let out0 = (b * p.out_channels + grp * og + c0) * g.npos + r0;
-            // SAFETY: positions r0..r0+rows of channels grp·og + c0 ..+ nc of
-            // image b: inside the NCHW output (length checked); the tasks
-            // partition (image, group, positions, channels).
-            unsafe { core.run(block, rows, c0, nc, &out, out0, 1, g.npos) };
         })
-    });
+    };
+    let core = |img: usize| {
+        let grp = img % p.groups;
+        Core { k, kg, stats, simd, kind, b: &w[grp * blen..][..blen], cols: cds[grp].cols() }
+    };
+    // Image b, group grp: positions of channels grp·og + j.
+    let place = |img: usize| (img / p.groups * p.out_channels + img % p.groups * og) * g.npos;
+    // SAFETY: (image, group) × positions × channels of the NCHW output
+    // (length checked), distinct for distinct (img, row, column).
+    unsafe { drive(images, g.npos, og, kg, seq, pack, core, &out, place, 1, g.npos) };
     Ok(())
 }
 
 /// Reduction rows gathered per im2col chunk (a multiple of 4).
 const KC: usize = 64;
+/// Readable / writable bytes past the ends of the staging buffers (the
+/// gathers copy whole 8-byte words).
+const SLACK: usize = 16;
 
-/// Row `(c, ky, kx)` of the im2col matrix for output positions `t0 ..
-/// t0 + d.len()`: the input under that tap (`^ xor`), `pad` outside.
-#[allow(clippy::too_many_arguments)]
-fn gather_row(d: &mut [u8], plane: &[u8], ha: &Axis, wa: &Axis, ky: usize, kx: usize, t0: usize, xor: u8, pad: u8) {
-    let ow = wa.output;
-    let oy_valid = ha.valid_outputs(ky);
-    let ox_valid = wa.valid_outputs(kx);
-    let (mut oy, mut ox0) = (t0 / ow, t0 % ow);
-    let mut j = 0;
-    let nt = d.len();
-    while j < nt {
-        let seg = (ow - ox0).min(nt - j);
-        let run = &mut d[j..j + seg];
-        if !oy_valid.contains(&oy) {
-            run.fill(pad);
-        } else {
-            let iy = ha.input_index(oy, ky) as usize;
-            let row = &plane[iy * wa.input..][..wa.input];
-            let lo = ox_valid.start.max(ox0).min(ox0 + seg);
-            let hi = ox_valid.end.min(ox0 + seg).max(lo);
-            run[..lo - ox0].fill(pad);
-            run[hi - ox0..].fill(pad);
-            if hi > lo {
-                let ix0 = wa.input_index(lo, kx) as usize;
-                let dst = &mut run[lo - ox0..hi - ox0];
-                if wa.stride == 1 {
-                    for (d, &s) in dst.iter_mut().zip(&row[ix0..]) {
-                        *d = s ^ xor;
+/// The input under a block of output positions, padded and split by
+/// column phase: byte `((c·sw + ph)·nry + yy)·pxw + x` is the padded input
+/// at row `oy0·sh + yy`, column `x·sw + ph` of channel `c` (`^ xor`, or
+/// the pad value). Every im2col row segment is then one contiguous run.
+struct Stage {
+    /// Reads the input planes themselves (1×1, stride 1, no padding, u8).
+    direct: bool,
+    /// Bytes between the (channel, phase) blocks.
+    cstride: usize,
+    cg: usize,
+    sh: usize,
+    dh: usize,
+    oy0: usize,
+    nry: usize,
+    pxw: usize,
+    len: usize,
+}
+
+impl Stage {
+    #[allow(clippy::too_many_arguments)]
+    fn new(ha: &Axis, wa: &Axis, kh: usize, kw: usize, cg: usize, r0: usize, rows: usize, direct: bool) -> Stage {
+        let ow = wa.output;
+        let (oy0, oy1) = (r0 / ow, (r0 + rows - 1) / ow);
+        let nry = (oy1 - oy0) * ha.stride + (kh - 1) * ha.dilation + 1;
+        let needw = (ow - 1) * wa.stride + (kw - 1) * wa.dilation + 1;
+        let pxw = needw.div_ceil(wa.stride);
+        if direct && kh == 1 && kw == 1 && ha.stride == 1 && wa.stride == 1 && ha.pad_before == 0 && wa.pad_before == 0 && ha.output == ha.input && wa.output == wa.input {
+            return Stage { direct: true, cstride: ha.input * wa.input, cg, sh: 1, dh: 1, oy0: 0, nry: ha.input, pxw: wa.input, len: 0 };
+        }
+        Stage { direct: false, cstride: nry * pxw, cg, sh: ha.stride, dh: ha.dilation, oy0, nry, pxw, len: cg * wa.stride * nry * pxw }
+    }
+
+    /// Fills `stage` (`len` bytes) from the channels' planes in `src`.
+    #[allow(clippy::too_many_arguments)]
+    fn build(&self, stage: &mut [u8], src: &[u8], ha: &Axis, wa: &Axis, xor: u8, pad: u8) {
+        if self.direct {
+            return;
+        }
+        let (sw, pxw, nry) = (wa.stride, self.pxw, self.nry);
+        let plane = ha.input * wa.input;
+        for c in 0..self.cg {
+            for yy in 0..nry {
+                let iy = (self.oy0 * self.sh + yy) as isize - ha.pad_before as isize;
+                let real = iy >= 0 && (iy as usize) < ha.input;
+                for ph in 0..sw {
+                    let d = &mut stage[((c * sw + ph) * nry + yy) * pxw..][..pxw];
+                    if !real {
+                        d.fill(pad);
+                        continue;
                     }
-                } else {
-                    for (t, d) in dst.iter_mut().enumerate() {
-                        *d = row[ix0 + t * wa.stride] ^ xor;
+                    let row = &src[c * plane + iy as usize * wa.input..][..wa.input];
+                    if sw == 1 {
+                        let l = wa.pad_before.min(pxw);
+                        let r = (wa.pad_before + wa.input).min(pxw).max(l);
+                        d[..l].fill(pad);
+                        if r > l {
+                            for (d, &s) in d[l..r].iter_mut().zip(&row[l - wa.pad_before..]) {
+                                *d = s ^ xor;
+                            }
+                        }
+                        d[r..].fill(pad);
+                    } else {
+                        // Real columns: xx·sw + ph − pad_before in 0..input.
+                        let (pb, ph2) = (wa.pad_before, ph);
+                        let l = if pb > ph2 { (pb - ph2).div_ceil(sw) } else { 0 }.min(pxw);
+                        let r = (wa.input + pb).saturating_sub(ph2).div_ceil(sw).min(pxw).max(l);
+                        d[..l].fill(pad);
+                        d[r..].fill(pad);
+                        if r > l {
+                            let ix0 = l * sw + ph2 - pb;
+                            for (d, s) in d[l..r].iter_mut().zip(row[ix0..].iter().step_by(sw)) {
+                                *d = *s ^ xor;
+                            }
+                        }
                     }
                 }
             }
         }
-        j += seg;
-        ox0 = 0;
-        oy += 1;
+    }
+
+    /// Row `(c, ky, kx)` of the im2col matrix for output positions `t0 ..
+    /// t0 + rows`, written at `run[at..]` (and up to 7 bytes after it).
+    #[allow(clippy::too_many_arguments)]
+    fn gather(&self, run: &mut [u8], at: usize, stage: &[u8], wa: &Axis, c: usize, ky: usize, kx: usize, t0: usize, rows: usize) {
+        let ow = wa.output;
+        let (sw, pxw) = (wa.stride, self.pxw);
+        let (ph, xo) = ((kx * wa.dilation) % sw, (kx * wa.dilation) / sw);
+        let (mut oy, mut ox0) = (t0 / ow, t0 % ow);
+        let mut j = 0;
+        while j < rows {
+            let seg = (ow - ox0).min(rows - j);
+            let yy = (oy - self.oy0) * self.sh + ky * self.dh;
+            let off = (c * sw + ph) * self.cstride + yy * pxw + xo + ox0;
+            if off + seg.div_ceil(8) * 8 <= stage.len() && at + j + seg.div_ceil(8) * 8 <= run.len() {
+                // SAFETY: both ranges, rounded up to whole words, are in
+                // bounds (checked).
+                unsafe { copy_words(run.as_mut_ptr().add(at + j), stage.as_ptr().add(off), seg) };
+            } else {
+                run[at + j..][..seg].copy_from_slice(&stage[off..][..seg]);
+            }
+            j += seg;
+            ox0 = 0;
+            oy += 1;
+        }
+    }
+}
+
+/// Copies `len` bytes rounded up to whole 8-byte words.
+///
+/// # Safety
+/// `src` / `dst` are readable / writable for `len.div_ceil(8)·8` bytes.
+#[inline(always)]
+unsafe fn copy_words(dst: *mut u8, src: *const u8, len: usize) {
+    let mut i = 0;
+    while i < len {
+        // SAFETY: the caller's contract.
+        unsafe { (dst.add(i) as *mut u64).write_unaligned((src.add(i) as *const u64).read_unaligned()) };
+        i += 8;
     }
 }
 

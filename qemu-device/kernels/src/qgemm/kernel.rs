@@ -241,7 +241,7 @@ unsafe fn scan_panel_avx2(plain: &[u8], kg: usize, rmask: &[u8; GROUP_A], lmask:
 /// wrapping; `out` is overwritten when `first`, else added to) for the
 /// `kg` groups of a micro-panel at `a` (plain part) / `a2` (second part)
 /// and `np` (1 or 2) B panels at `b`, `b_stride` bytes apart, each `kg·32`
-/// bytes (columns of a missing second panel are left unspecified).
+/// bytes (columns of a missing second panel are 0 after a `first` call).
 ///
 /// # Safety
 /// `a`, `a2` are readable for `kg·16` bytes (`a2` only read by the
@@ -305,6 +305,12 @@ unsafe fn micro_avx2<const MODE: u8, const NP: usize>(a: *const u8, a2: *const u
     let ones = _mm256_set1_epi16(1);
     let c128 = _mm256_set1_epi16(128);
     let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+    if first && NP == 1 {
+        // The columns of the missing panel: 0 (as when k is 0).
+        for row in out.iter_mut() {
+            row.fill(0);
+        }
+    }
     if !first {
         for (row, acc) in out.iter().zip(acc.iter_mut()) {
             for p in 0..NP {

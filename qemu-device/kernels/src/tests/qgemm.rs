@@ -466,6 +466,44 @@ fn qconv2d_large_parallel() {
     assert_same("large conv", &got, &want);
 }
 
+/// The shapes of the fast paths: few positions with a long k (packed once,
+/// shared by column blocks, k-blocked), 1×1 reading the planes directly,
+/// a strided 7×7 stem, each against the reference, on both paths.
+#[test]
+fn qconv2d_resnet_like_shapes() {
+    let mut r = Rng::new(11);
+    let cases = [
+        // (cin, cout, hw, kernel, stride, pad, signed, A kind)
+        (96, 80, 5, 3, 1, 1, true, AKind::Full),
+        (64, 48, 7, 3, 1, 1, false, AKind::Full),
+        (40, 24, 9, 1, 1, 0, false, AKind::Full),
+        (40, 24, 9, 1, 1, 0, false, AKind::Low),
+        (3, 16, 30, 7, 2, 3, false, AKind::Full),
+        (5, 16, 21, 3, 2, 1, true, AKind::High),
+    ];
+    for (cin, cout, hw, kk, s, pad, signed, ak) in cases {
+        let p = QConvParams { batch: 1, in_channels: cin, in_h: hw, in_w: hw, out_channels: cout, kernel: [kk, kk], stride: [s, s], padding: Padding2d::uniform(pad), dilation: [1, 1], groups: 1 };
+        let x = gen_a(&mut r, cin * hw * hw, ak, signed);
+        let k = cin * kk * kk;
+        let w = gen_b(&mut r, cout * k, BKind::NoMin);
+        let wp = pack_conv_w(&w, &p);
+        let xz = if signed { -5 } else { 7 };
+        let bias: Vec<i32> = (0..cout).map(|_| r.below(20000) as i32 - 10000).collect();
+        let scale: Vec<f32> = (0..cout).map(|_| r.f32_in(1e-5, 1e-3)).collect();
+        let acc = conv_ref(&p, &x, signed, xz, &w, None, Some(&bias));
+        let [_, co, oh, ow] = qconv2d_output_shape(&p).unwrap();
+        let npos = oh * ow;
+        let sc_flat: Vec<f32> = (0..acc.len()).map(|i| scale[(i / npos) % co]).collect();
+        for spec in [OutSpec::F32 { relu: false }, OutSpec::Int { signed: false, zero: 128, min: 0, max: 255 }] {
+            let want = finish(&acc, acc.len(), &sc_flat, spec);
+            for simd in paths() {
+                let got = run_spec(acc.len(), spec, |mut d| crate::qgemm::conv_impl(QTensor { data: &x, signed }, xz, &wp, None, Some(&bias), &scale, &p, &mut d, simd));
+                assert_same(&format!("{p:?} signed {signed} {ak:?} simd {simd}"), &got, &want);
+            }
+        }
+    }
+}
+
 #[test]
 fn qconv2d_rejects_bad_params() {
     let p = QConvParams { batch: 1, in_channels: 4, in_h: 5, in_w: 5, out_channels: 4, kernel: [3, 3], stride: [1, 1], padding: Padding2d::default(), dilation: [1, 1], groups: 2 };
