@@ -85,7 +85,7 @@ fn weights(g: &Graph, w: ValueId, col_axis: usize, cols: usize) -> Option<QWeigh
     // differences q − zero the arithmetic uses are unchanged).
     let shift = if info.qtype == DType::U8 { -128 } else { 0 };
     let q: Vec<i64> = c.ints().iter().map(|&x| x + shift).collect();
-    if q.is_empty() || q.len() % cols != 0 {
+    if q.is_empty() || !q.len().is_multiple_of(cols) {
         return None;
     }
     Some(QWeights { q, scale, zero: zero.iter().map(|&z| z + shift).collect() })

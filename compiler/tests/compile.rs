@@ -1525,3 +1525,59 @@ fn bad_quantization_parameters_are_refused() {
     assert_eq!(node, "dqw");
     assert!(reason.contains("constant input value 200 is outside the range of i8"), "{reason}");
 }
+
+#[test]
+fn int8_lowering_variants() {
+    // u8 weights with a zero point: stored as i8 with per-channel zero
+    // points (value − 128, zero − 128).
+    let mut m = ModelProto::decode(qdq_conv(true).as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let w = g.initializer.iter_mut().find(|t| t.name == "W").unwrap();
+    w.data_type = elem::UINT8;
+    for v in w.int32_data.iter_mut() {
+        *v += 127;
+    }
+    let wz = g.initializer.iter_mut().find(|t| t.name == "wz").unwrap();
+    wz.data_type = elem::UINT8;
+    wz.int32_data = vec![127; 8];
+    let c = compiled(&m.encode_to_vec());
+    assert_eq!(c.report.int8.conv, 1);
+    let z = c.model.graph.tensors.iter().find(|t| t.name.ends_with("zero_q")).expect("weight zero points");
+    assert_eq!((z.dtype, z.shape.as_slice()), (rbln_format::DType::I32, &[8u64][..]));
+
+    // A conv result read by two ops (the QuantizeLinear and the output):
+    // the integer op dequantises its own result.
+    let mut m = ModelProto::decode(qdq_conv(false).as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    g.output.push(vinfo("r", &[1, 8, 6, 6]));
+    let c = compiled(&m.encode_to_vec());
+    assert_eq!((c.report.int8.conv, c.report.int8.int8_out), (1, 0));
+    assert!(compute_ops(&c.model).contains(&"int8:Conv+Relu".to_string()), "{:?}", compute_ops(&c.model));
+
+    // An operator of another domain is refused, naming what is read.
+    let mut m = ModelProto::decode(qdq_conv(false).as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    g.node[5].domain = "com.example".into();
+    let (node, _, reason) = unsupported(&m.encode_to_vec(), &Options::default());
+    assert_eq!(node, "relu");
+    assert!(reason.contains("operator domain 'com.example' is not supported") && reason.contains("QLinearAdd"), "{reason}");
+}
+
+/// The same conv in the QOperator form: one QLinearConv node.
+#[test]
+fn qlinearconv_lowers_like_its_qdq_form() {
+    let m = ModelProto::decode(qdq_conv(true).as_slice()).unwrap();
+    let g = m.graph.as_ref().unwrap();
+    let qnode = node(
+        "QLinearConv",
+        "conv",
+        &["xq", "xs", "xz", "W", "ws", "wz", "ys", "yz", "B"],
+        &["yq"],
+        vec![attr_ints("pads", &[1, 1, 1, 1])],
+    );
+    let nodes = vec![g.node[0].clone(), qnode, g.node[7].clone()];
+    let bytes = model(nodes, g.initializer.clone(), g.input.clone(), g.output.clone());
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["QuantizeLinear", "int8:Conv+QuantizeLinear", "DequantizeLinear"]);
+    assert_eq!((c.report.int8.conv, c.report.int8.int8_out), (1, 1));
+}

@@ -296,7 +296,7 @@ impl Importer {
             }
             "QLinearConcat" => {
                 // Y_scale, Y_zero, then (X, x_scale, x_zero) per input.
-                if ins.len() < 5 || (ins.len() - 2) % 3 != 0 {
+                if ins.len() < 5 || !(ins.len() - 2).is_multiple_of(3) {
                     return Err(cx.err(format!("{} inputs; QLinearConcat takes Y_scale, Y_zero_point and triples (X, X_scale, X_zero_point)", ins.len())));
                 }
                 let mut parts = Vec::new();
