@@ -1,6 +1,7 @@
-//! fp32 compute kernels of the rbln virtual NPU's compute cores.
+//! fp32 and int8 compute kernels of the rbln virtual NPU's compute cores.
 //!
-//! Every kernel takes plain row-major `&[f32]` / `&mut [f32]` slices plus
+//! Every kernel takes plain row-major slices (`&[f32]` / `&mut [f32]`;
+//! bytes for the int8 kernels, i32 and i64 where a type says so) plus
 //! explicit dimensions, validates all of them (with checked arithmetic: the
 //! values come from an untrusted guest) and returns
 //! [`KernelError`] instead of panicking. On error nothing has been written.
