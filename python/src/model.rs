@@ -145,7 +145,7 @@ impl CompiledModel {
 #[pyfunction]
 #[pyo3(signature = (data, name, input_shapes))]
 pub fn _compile(py: Python<'_>, data: &[u8], name: &str, input_shapes: Vec<(String, Vec<u64>)>) -> PyResult<CompiledModel> {
-    let opts = rbln_compile::Options { input_shapes };
+    let opts = rbln_compile::Options { input_shapes, ..Default::default() };
     let compiled = py.detach(|| rbln_compile::compile(data, name, &opts)).map_err(Failure::from)?;
     let r = compiled.report;
     Ok(CompiledModel {

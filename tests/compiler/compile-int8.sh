@@ -33,6 +33,8 @@ resnet18-int8-qop 20 1
 transformer-int8-qop 0 7
 LIST
 
+# Calibration data for rbln-quantize (tests/vm/quantize.sh).
+"$PY" "$RBLN_ROOT/tests/models/gen_int8.py" --calibration "$OUT"
 "$PY" "$RBLN_ROOT/tests/models/gen_int8.py" --bad "$OUT"
 expect_error 1 "zero point 300 is outside the range of u8" "$OUT/bad-zero.onnx" -o "$OUT/bad.rbln"
 expect_error 1 "scale -0.5 is not a finite positive number" "$OUT/bad-scale.onnx" -o "$OUT/bad.rbln"

@@ -125,9 +125,24 @@ def quantize_qdq(model, workdir, name, per_channel=True, fmt=QuantFormat.QDQ):
     return fpath, qpath
 
 
+def calibration_sets(out):
+    """Calibration data for rbln-quantize (tests/vm/quantize.sh): 4 seeded
+    random samples per float test model, as a .npz with one [N, ...]
+    array per model input."""
+    for name, build in [("resnet18", gen_models.resnet18), ("mobilenetv2", gen_models.mobilenetv2)]:
+        model, _ = build()
+        (inp,) = model.graph.input
+        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+        rng = np.random.default_rng(11)
+        np.savez(os.path.join(out, f"calib-{name}.npz"), **{inp.name: rng.standard_normal([4] + shape).astype(np.float32)})
+
+
 def main(argv):
     if len(argv) == 3 and argv[1] == "--bad":
         bad_models(argv[2])
+        return 0
+    if len(argv) == 3 and argv[1] == "--calibration":
+        calibration_sets(argv[2])
         return 0
     if len(argv) != 2:
         sys.stderr.write(f"usage: {argv[0]} [--bad] OUTDIR\n")

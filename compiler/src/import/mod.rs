@@ -61,6 +61,9 @@ const FAMILIES: [(&[&str], Lower); 12] = [
 pub struct Options {
     /// Static shapes for inputs (overriding or completing the file's).
     pub input_shapes: Vec<(String, Vec<u64>)>,
+    /// Intermediate tensors (by ONNX name) to make outputs too, after the
+    /// model's own: what a calibration run reads (rbln-quantize).
+    pub extra_outputs: Vec<String>,
 }
 
 /// Oldest default-domain opset the importer knows the semantics of.
@@ -214,6 +217,18 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
             }
         }
         im.g.outputs.push((vi.name.clone(), id));
+    }
+    for name in &opts.extra_outputs {
+        let id = im.lookup(name, "--extra-output")?;
+        if im.g.konst(id).is_some() {
+            return Err(CompileError::Invalid(format!("extra output '{name}' is a constant")));
+        }
+        if im.g.values[id].dtype != DType::F32 {
+            return Err(CompileError::Invalid(format!("extra output '{name}' is {}; extra outputs are float32", im.g.values[id].dtype.name())));
+        }
+        if !im.g.outputs.iter().any(|(n, _)| n == name) {
+            im.g.outputs.push((name.clone(), id));
+        }
     }
     Ok(im.g)
 }
