@@ -1,6 +1,9 @@
 //! Post-training int8 quantisation of float ONNX models, calibrated on
 //! the NPU.
 //!
+//! 0. [`fold_batchnorm`]: a BatchNormalization after a Conv moves into
+//!    the Conv's weights and bias (as onnxruntime's pre-processing does),
+//!    so that the normalised result is what gets quantised.
 //! 1. [`plan`]: every Conv, MatMul and Gemm with constant float weights
 //!    is a target. Its activation input and its result (after a Relu or
 //!    Clip that is its only reader) are the tensors to calibrate.
@@ -67,6 +70,73 @@ fn attr_f(n: &NodeProto, name: &str, default: f32) -> f32 {
 /// The model's default-domain opset.
 pub fn opset(m: &ModelProto) -> i64 {
     m.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map_or(0, |o| o.version)
+}
+
+/// Folds every inference-mode BatchNormalization whose input is a Conv
+/// result read by nothing else (constant weights and statistics) into
+/// that Conv; returns how many.
+pub fn fold_batchnorm(m: &mut ModelProto) -> Result<usize> {
+    let g = m.graph.as_mut().ok_or("the model has no graph")?;
+    let mut folded = 0;
+    loop {
+        let consts: HashMap<String, Vec<f32>> = g
+            .initializer
+            .iter()
+            .filter(|t| t.data_type == elem::FLOAT)
+            .filter_map(|t| tensor_const(t, &t.name).ok().map(|c| (t.name.clone(), c.floats())))
+            .collect();
+        let outputs: HashSet<String> = g.output.iter().map(|o| o.name.clone()).collect();
+        let mut found = None;
+        for (b, bn) in g.node.iter().enumerate() {
+            if bn.op_type != "BatchNormalization" || bn.output.len() != 1 || attr_i(bn, "training_mode", 0) != 0 || bn.input.len() != 5 {
+                continue;
+            }
+            let x = &bn.input[0];
+            let Some(c) = g.node.iter().position(|n| n.op_type == "Conv" && n.output.first() == Some(x)) else { continue };
+            let readers = g.node.iter().filter(|n| n.input.contains(x)).count();
+            if readers != 1 || outputs.contains(x) {
+                continue;
+            }
+            let conv = &g.node[c];
+            let (Some(w), Some(sc), Some(bb), Some(mean), Some(var)) =
+                (conv.input.get(1).and_then(|w| consts.get(w)), consts.get(&bn.input[1]), consts.get(&bn.input[2]), consts.get(&bn.input[3]), consts.get(&bn.input[4]))
+            else {
+                continue;
+            };
+            let ch = sc.len();
+            if [bb.len(), mean.len(), var.len()].iter().any(|&l| l != ch) || ch == 0 || w.len() % ch != 0 {
+                continue;
+            }
+            let bias = match conv.input.get(2).filter(|s| !s.is_empty()) {
+                Some(n) => match consts.get(n) {
+                    Some(v) if v.len() == ch => v.clone(),
+                    _ => continue,
+                },
+                None => vec![0.0; ch],
+            };
+            let eps = attr_f(bn, "epsilon", 1e-5);
+            let k: Vec<f32> = (0..ch).map(|i| sc[i] / (var[i] + eps).sqrt()).collect();
+            let per = w.len() / ch;
+            let w2: Vec<f32> = w.iter().enumerate().map(|(i, &v)| v * k[i / per]).collect();
+            let b2: Vec<f32> = (0..ch).map(|i| (bias[i] - mean[i]) * k[i] + bb[i]).collect();
+            found = Some((c, b, w2, b2));
+            break;
+        }
+        let Some((c, b, w2, b2)) = found else { return Ok(folded) };
+        let conv_name = if g.node[c].name.is_empty() { format!("conv{c}") } else { g.node[c].name.clone() };
+        let wdims = g.initializer.iter().find(|t| Some(&t.name) == g.node[c].input.get(1)).map(|t| t.dims.clone()).unwrap_or_default();
+        let (wn, bn_) = (format!("{conv_name}.weight_bn_folded"), format!("{conv_name}.bias_bn_folded"));
+        g.initializer.push(f32_tensor(&wn, &wdims, w2));
+        g.initializer.push(f32_tensor(&bn_, &[b2.len() as i64], b2));
+        let out = g.node[b].output[0].clone();
+        let conv = &mut g.node[c];
+        conv.input.truncate(2);
+        conv.input[1] = wn;
+        conv.input.push(bn_);
+        conv.output[0] = out;
+        g.node.remove(b);
+        folded += 1;
+    }
 }
 
 /// Finds the targets of a float model.

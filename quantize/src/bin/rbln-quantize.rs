@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use prost::Message;
-use rbln_quantize::{calibrate, plan, read_npz, report, rewrite, Method, QuantOptions};
+use rbln_quantize::{calibrate, fold_batchnorm, plan, read_npz, report, rewrite, Method, QuantOptions};
 
 #[derive(Parser)]
 #[command(about = "Quantise a float ONNX model to int8 (QDQ), calibrated on the rbln NPU")]
@@ -51,10 +51,17 @@ fn main() -> ExitCode {
         Ok(b) => b,
         Err(e) => return fail(2, format!("{}: {e}", a.model.display())),
     };
-    let m = match rbln_compile::onnx::decode(&bytes) {
+    let mut m = match rbln_compile::onnx::decode(&bytes) {
         Ok(m) => m,
         Err(e) => return fail(1, format!("{}: {e}", a.model.display())),
     };
+    // BatchNormalization folded into its Conv first: the model calibrated,
+    // quantised and compared is that one.
+    let folded = match fold_batchnorm(&mut m) {
+        Ok(n) => n,
+        Err(e) => return fail(1, format!("{}: {e}", a.model.display())),
+    };
+    let bytes = if folded > 0 { m.encode_to_vec() } else { bytes };
     let p = match plan(&m) {
         Ok(p) => p,
         Err(e) => return fail(1, format!("{}: {e}", a.model.display())),
@@ -89,7 +96,13 @@ fn main() -> ExitCode {
     if let Err(e) = std::fs::write(&a.output, &qbytes) {
         return fail(2, format!("{}: {e}", a.output.display()));
     }
-    println!("{} -> {}: {} layers quantised (int8 weights per channel{}, u8 activations)", a.model.display(), a.output.display(), p.targets.len(), if a.reduce_range { ", 7-bit" } else { "" });
+    println!(
+        "{} -> {}: {} layers quantised (int8 weights per channel{}, u8 activations); {folded} BatchNormalization folded into convolutions",
+        a.model.display(),
+        a.output.display(),
+        p.targets.len(),
+        if a.reduce_range { ", 7-bit" } else { "" }
+    );
     if !a.no_report {
         match report(&dev, &bytes, &qbytes, &p, &samples) {
             Ok(rows) => {
