@@ -124,7 +124,9 @@ fn try_lower(g: &mut Graph, i: usize) -> Option<(bool, bool)> {
         }
         _ => return None,
     };
-    if !(act == Act::NONE || act.kind == Unary::Relu) {
+    // ReLU, and Clip (ReLU6) when the output is int8: both are clamps in
+    // the output's integer domain.
+    if !(act == Act::NONE || act.kind == Unary::Relu || act.kind == Unary::Clip) {
         return None;
     }
     let (xq, x_type, sx, zx) = dequantized_input(g, x)?;
@@ -155,11 +157,23 @@ fn try_lower(g: &mut Graph, i: usize) -> Option<(bool, bool)> {
         _ => None,
     });
     let relu = act.kind == Unary::Relu;
+    if act.kind == Unary::Clip && requant.is_none() {
+        return None;
+    }
     let (out, out_value, scales, reader) = match requant {
         Some((r, qtype, sy, zy)) => {
             let (lo, hi) = range(qtype);
-            let min = if relu { (zy as i64).max(lo) } else { lo };
-            let out = QOut { dtype: qtype, zero: zy, min: min as i32, max: hi as i32, relu: false };
+            let (mut min, mut max) = (lo, hi);
+            if relu {
+                min = (zy as i64).max(lo);
+            }
+            if act.kind == Unary::Clip {
+                // clamp(y, p0, p1) then quantise = quantise then clamp to
+                // the quantised bounds (quantisation is monotonic).
+                min = crate::import::quant::quantize_one(act.p0, sy, zy as i64, qtype).max(lo);
+                max = crate::import::quant::quantize_one(act.p1, sy, zy as i64, qtype).min(hi);
+            }
+            let out = QOut { dtype: qtype, zero: zy, min: min as i32, max: max as i32, relu: false };
             let scales: Vec<f32> = qw.scale.iter().map(|&s| ((sx as f64 * s as f64) / sy as f64) as f32).collect();
             (out, g.ops[r].out, scales, Some(r))
         }

@@ -319,13 +319,13 @@ fn dynamic_shapes_need_input_shape() {
     let e = compile(&bytes, "t", &Options::default()).err().unwrap();
     assert!(matches!(e, CompileError::DynamicShape { ref input, axis: 0, .. } if input == "x"), "{e}");
     assert!(e.to_string().contains("--input-shape x="), "{e}");
-    let opts = Options { input_shapes: vec![parse_input_shape("x=5x8").unwrap()] };
+    let opts = Options { input_shapes: vec![parse_input_shape("x=5x8").unwrap()], ..Default::default() };
     let c = compile(&bytes, "t", &opts).unwrap();
     assert_eq!(c.model.meta.inputs[0].shape, [5, 8]);
     // A fixed dim cannot be overridden; unknown names and bad syntax are errors.
-    let bad = Options { input_shapes: vec![parse_input_shape("x=5x9").unwrap()] };
+    let bad = Options { input_shapes: vec![parse_input_shape("x=5x9").unwrap()], ..Default::default() };
     assert!(compile(&bytes, "t", &bad).err().unwrap().to_string().contains("axis 1 is fixed to 8"));
-    let bad = Options { input_shapes: vec![parse_input_shape("z=5x8").unwrap()] };
+    let bad = Options { input_shapes: vec![parse_input_shape("z=5x8").unwrap()], ..Default::default() };
     assert!(compile(&bytes, "t", &bad).err().unwrap().to_string().contains("'z' is not an input"));
     assert!(parse_input_shape("x=5xq").is_err());
     assert!(parse_input_shape("5x8").is_err());

@@ -129,7 +129,7 @@ def calibration_sets(out):
     """Calibration data for rbln-quantize (tests/vm/quantize.sh): 4 seeded
     random samples per float test model, as a .npz with one [N, ...]
     array per model input."""
-    for name, build in [("resnet18", gen_models.resnet18), ("mobilenetv2", gen_models.mobilenetv2)]:
+    for name, build in [("resnet18", gen_models.resnet18), ("resnet", gen_models.resnet), ("mobilenet", gen_models.mobilenet)]:
         model, _ = build()
         (inp,) = model.graph.input
         shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]

@@ -7,8 +7,8 @@
 //! 16 bytes, row `i` at bytes `4i .. 4i+4`, so that one `set1_epi32`
 //! broadcasts 4 consecutive `k` of one row against one 32-byte group of a
 //! packed B panel (8 columns × 4 `k`). Padding (rows past `m`, `k` past
-//! the end) is 0. A second `kg × 16`-byte part holds the other operand of
-//! the two-operand modes ([`Mode::Sign`], [`Mode::Split`]).
+//! the end) is 0. A second `kg × 16`-byte part holds the sign masks of
+//! [`Mode::Sign`].
 
 #[cfg(target_arch = "x86_64")]
 use core::arch::x86_64::*;
@@ -23,15 +23,20 @@ pub(crate) const PANEL: usize = rbln_hw::ops::QGEMM_PANEL;
 pub(crate) const GROUP_A: usize = MR * 4;
 
 /// How a micro-panel's products are formed (see the module docs of
-/// `qgemm`): all three are exact.
+/// `qgemm`): both are exact.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Mode {
     /// `maddubs(a, b)`: the u8 operand is at most 127, or B is 7-bit.
     Plain,
-    /// `maddubs(|a'|, sign(b, a'))` with `a' = a − 128` (B has no −128).
+    /// `maddubs(|a'|, b ^ m)` with `a' = a − 128` and `m` its sign as a
+    /// byte mask (0xff when `a' < 0`; the second part holds `m`): for
+    /// `a' < 0`, `|a'|·!b = a'·b − |a'|`, so `Σ a'·b` is the raw sum plus
+    /// [`PanelInfo::rowadd`] (`Σ |a'|` over the negative `a'` of a row).
+    /// Every product is in `−128·128 ..= 127·128` (`!b` and `b` are
+    /// bytes), so pair sums lie in `−32768 ..= 32512`: exact for any B.
+    /// One xor per (row, panel) beyond plain: it runs on every vector
+    /// pipe, where `psignb` competed with the multiplies.
     Sign,
-    /// `a = lo + 128·hi`: `maddubs(lo, b) + 128·maddubs(hi, b)`.
-    Split,
 }
 
 /// What the epilogue needs to know about a finished micro-panel:
@@ -41,6 +46,9 @@ pub(crate) struct PanelInfo {
     pub mode: Mode,
     pub off: i32,
     pub rowsum: [i32; MR],
+    /// Added to every column of row `i` of the raw sums (the sign mode's
+    /// correction; 0 otherwise).
+    pub rowadd: [i32; MR],
 }
 
 /// Properties of B that pick the modes, from one scan per call.
@@ -48,8 +56,6 @@ pub(crate) struct PanelInfo {
 pub(crate) struct BStats {
     /// All `|b| ≤ 64`.
     pub seven_bit: bool,
-    /// Some `b == −128`.
-    pub has_min: bool,
 }
 
 /// Whether the AVX2 kernels can run on this CPU.
@@ -128,10 +134,10 @@ unsafe fn scan_b_avx2(b: &[u8], kg: usize, colsum: &mut [i32]) -> (i8, i8) {
     (mins.iter().copied().min().unwrap_or(i8::MAX), maxs.iter().copied().max().unwrap_or(i8::MIN))
 }
 
-/// Micro-panels finished per mode (plain, plain on a − 128, sign, split),
+/// Micro-panels finished per mode (plain, plain on a − 128, sign),
 /// for the tests to check that every path ran.
 #[cfg(test)]
-pub(crate) static MODES_SEEN: [core::sync::atomic::AtomicUsize; 4] = [const { core::sync::atomic::AtomicUsize::new(0) }; 4];
+pub(crate) static MODES_SEEN: [core::sync::atomic::AtomicUsize; 3] = [const { core::sync::atomic::AtomicUsize::new(0) }; 3];
 
 /// Picks the mode of a micro-panel whose plain part (the first `kg·16`
 /// bytes of `panel`, `2·kg·16` long) is filled, rewrites it for that mode
@@ -142,7 +148,7 @@ pub(crate) fn finish_panel(panel: &mut [u8], kg: usize, k: usize, rows: usize, b
     // Byte masks of the real rows, and of the real k of the last group.
     let mut rmask = [0u8; GROUP_A];
     let mut lmask = [0u8; GROUP_A];
-    let kl = if k % 4 == 0 { 4 } else { k % 4 };
+    let kl = if k.is_multiple_of(4) { 4 } else { k % 4 };
     for i in 0..GROUP_A {
         rmask[i] = if i / 4 < rows { 0xff } else { 0 };
         lmask[i] = if i / 4 < rows && i % 4 < kl { 0xff } else { 0 };
@@ -156,38 +162,65 @@ pub(crate) fn finish_panel(panel: &mut [u8], kg: usize, k: usize, rows: usize, b
     };
     #[cfg(not(target_arch = "x86_64"))]
     let (rowsum, lo, hi) = scan_panel(plain, kg, &rmask, &lmask);
-    let info = |mode, off| {
+    let info = |mode, off, rowadd| {
         #[cfg(test)]
         MODES_SEEN[match (mode, off) {
             (Mode::Plain, 0) => 0,
             (Mode::Plain, _) => 1,
             (Mode::Sign, _) => 2,
-            (Mode::Split, _) => 3,
         }]
         .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-        PanelInfo { mode, off, rowsum }
+        PanelInfo { mode, off, rowsum, rowadd }
     };
     if !simd || hi <= 127 || b.seven_bit {
-        return info(Mode::Plain, 0);
+        return info(Mode::Plain, 0, [0; MR]);
     }
     if lo >= 128 {
         // a − 128 ∈ 0..=127 (padding becomes 128, against B's zero rows).
         plain.iter_mut().for_each(|v| *v ^= 0x80);
-        return info(Mode::Plain, 128);
+        return info(Mode::Plain, 128, [0; MR]);
     }
-    if !b.has_min {
-        for (p, s) in plain.iter_mut().zip(second.iter_mut()) {
-            let a = (*p ^ 0x80) as i8;
-            *s = a as u8;
-            *p = a.unsigned_abs();
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX2 is available (`simd`).
+        let rowadd = unsafe { sign_rewrite_avx2(plain, second) };
+        info(Mode::Sign, 128, rowadd)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (second, info);
+        unreachable!("the sign mode needs AVX2")
+    }
+}
+
+/// Rewrites a micro-panel for [`Mode::Sign`]: `plain` (u8 `a`) becomes
+/// `|a − 128|`, `second` the sign masks; returns each row's `Σ |a'|` over
+/// its negative `a'` ([`PanelInfo::rowadd`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sign_rewrite_avx2(plain: &mut [u8], second: &mut [u8]) -> [i32; MR] {
+    let c80 = _mm_set1_epi8(-128);
+    let ones8 = _mm_set1_epi8(1);
+    let ones16 = _mm_set1_epi16(1);
+    let mut sum = _mm_setzero_si128();
+    for (p, s) in plain.chunks_exact_mut(GROUP_A).zip(second.chunks_exact_mut(GROUP_A)) {
+        // SAFETY (loads / stores): `p` and `s` are 16 bytes.
+        let a = _mm_xor_si128(unsafe { _mm_loadu_si128(p.as_ptr() as *const __m128i) }, c80);
+        let m = _mm_cmpgt_epi8(_mm_setzero_si128(), a);
+        // |−128| is 0x80 = 128 as u8.
+        let u = _mm_abs_epi8(a);
+        // SAFETY: as above.
+        unsafe {
+            _mm_storeu_si128(p.as_mut_ptr() as *mut __m128i, u);
+            _mm_storeu_si128(s.as_mut_ptr() as *mut __m128i, m);
         }
-        return info(Mode::Sign, 128);
+        // Pairs of u8 ≤ 256, then the 4 bytes of each row (i32 lane i = row i).
+        sum = _mm_add_epi32(sum, _mm_madd_epi16(_mm_maddubs_epi16(_mm_and_si128(u, m), ones8), ones16));
     }
-    for (p, s) in plain.iter_mut().zip(second.iter_mut()) {
-        *s = *p >> 7;
-        *p &= 0x7f;
-    }
-    info(Mode::Split, 0)
+    let mut r = [0i32; MR];
+    // SAFETY: 16 bytes.
+    unsafe { _mm_storeu_si128(r.as_mut_ptr() as *mut __m128i, sum) };
+    r
 }
 
 /// Row sums, min and max (real bytes only) of a micro-panel's plain part.
@@ -244,8 +277,8 @@ unsafe fn scan_panel_avx2(plain: &[u8], kg: usize, rmask: &[u8; GROUP_A], lmask:
 /// bytes (columns of a missing second panel are 0 after a `first` call).
 ///
 /// # Safety
-/// `a`, `a2` are readable for `kg·16` bytes (`a2` only read by the
-/// two-operand modes); `b .. b + (np−1)·b_stride + kg·32` is readable;
+/// `a`, `a2` are readable for `kg·16` bytes (`a2` only read by
+/// [`Mode::Sign`]); `b .. b + (np−1)·b_stride + kg·32` is readable;
 /// `simd` only if AVX2 is available.
 #[inline]
 #[allow(clippy::too_many_arguments)]
@@ -260,8 +293,6 @@ pub(crate) unsafe fn micro(a: *const u8, a2: *const u8, b: *const u8, b_stride: 
                 (Mode::Plain, _) => micro_avx2::<0, 1>(a, a2, b, b_stride, kg, first, out),
                 (Mode::Sign, 2) => micro_avx2::<1, 2>(a, a2, b, b_stride, kg, first, out),
                 (Mode::Sign, _) => micro_avx2::<1, 1>(a, a2, b, b_stride, kg, first, out),
-                (Mode::Split, 2) => micro_avx2::<2, 2>(a, a2, b, b_stride, kg, first, out),
-                (Mode::Split, _) => micro_avx2::<2, 1>(a, a2, b, b_stride, kg, first, out),
             }
         }
         return;
@@ -294,7 +325,7 @@ pub(crate) unsafe fn micro(a: *const u8, a2: *const u8, b: *const u8, b_stride: 
     }
 }
 
-/// The AVX2 micro-kernel: `MODE` 0 plain, 1 sign, 2 split; `NP` panels.
+/// The AVX2 micro-kernel: `MODE` 0 plain, 1 sign; `NP` panels.
 ///
 /// # Safety
 /// AVX2 available; `a`, `a2` hold `kg·16` bytes; the `NP` panels are
@@ -303,7 +334,6 @@ pub(crate) unsafe fn micro(a: *const u8, a2: *const u8, b: *const u8, b_stride: 
 #[target_feature(enable = "avx2")]
 unsafe fn micro_avx2<const MODE: u8, const NP: usize>(a: *const u8, a2: *const u8, b: *const u8, b_stride: usize, kg: usize, first: bool, out: &mut [[i32; NR]; MR]) {
     let ones = _mm256_set1_epi16(1);
-    let c128 = _mm256_set1_epi16(128);
     let mut acc = [[_mm256_setzero_si256(); 2]; MR];
     if first && NP == 1 {
         // The columns of the missing panel: 0 (as when k is 0).
@@ -338,14 +368,9 @@ unsafe fn micro_avx2<const MODE: u8, const NP: usize>(a: *const u8, a2: *const u
                 let y = unsafe { (a2.add(g * GROUP_A + 4 * i) as *const i32).read_unaligned() };
                 let v2 = _mm256_set1_epi32(y);
                 for p in 0..NP {
-                    if MODE == 1 {
-                        let t = _mm256_maddubs_epi16(va, _mm256_sign_epi8(vb[p], v2));
-                        acc[p] = _mm256_add_epi32(acc[p], _mm256_madd_epi16(t, ones));
-                    } else {
-                        let lo = _mm256_madd_epi16(_mm256_maddubs_epi16(va, vb[p]), ones);
-                        let hi = _mm256_madd_epi16(_mm256_maddubs_epi16(v2, vb[p]), c128);
-                        acc[p] = _mm256_add_epi32(acc[p], _mm256_add_epi32(lo, hi));
-                    }
+                    // b, or !b where a' < 0 (see `Mode::Sign`).
+                    let t = _mm256_maddubs_epi16(va, _mm256_xor_si256(vb[p], v2));
+                    acc[p] = _mm256_add_epi32(acc[p], _mm256_madd_epi16(t, ones));
                 }
             }
         }
@@ -359,8 +384,8 @@ unsafe fn micro_avx2<const MODE: u8, const NP: usize>(a: *const u8, a2: *const u
 }
 
 /// Per-column terms of the epilogue, `n` padded to [`NR`] (zeros):
-/// `acc[i][j] = raw + cconst[j] + off·colsum[j] − zb[j]·rowsum[i]`, then
-/// scaled by `scale[j]`.
+/// `acc[i][j] = raw + cconst[j] + off·colsum[j] − zb[j]·rowsum[i] + rowadd[i]`,
+/// then scaled by `scale[j]`.
 #[derive(Clone, Copy)]
 pub(crate) struct Cols<'a> {
     pub colsum: &'a [i32],
@@ -403,7 +428,8 @@ pub(crate) fn epilogue(raw: &[[i32; NR]; MR], info: &PanelInfo, cols: &Cols<'_>,
             acc[i][j] = raw[i][j]
                 .wrapping_add(cc[j])
                 .wrapping_add(info.off.wrapping_mul(cs[j]))
-                .wrapping_sub(zb[j].wrapping_mul(info.rowsum[i]));
+                .wrapping_sub(zb[j].wrapping_mul(info.rowsum[i]))
+                .wrapping_add(info.rowadd[i]);
         }
     }
     match kind {
@@ -437,6 +463,8 @@ pub(crate) fn requant(acc: i32, scale: f32, zero: i32, min: i32, max: i32) -> i3
 
 /// `acc·scale`, with relu `x > 0 ? x : 0`.
 #[inline]
+// `!(x > 0.0)`: NaN goes to 0 too.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub(crate) fn to_f32(acc: i32, scale: f32, relu: bool) -> f32 {
     let x = acc as f32 * scale;
     if relu && !(x > 0.0) {
@@ -448,6 +476,7 @@ pub(crate) fn to_f32(acc: i32, scale: f32, relu: bool) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[allow(clippy::needless_range_loop)] // rows and halves index several arrays at once
 unsafe fn epilogue_avx2(raw: &[[i32; NR]; MR], info: &PanelInfo, cs: &[i32], cc: &[i32], zb: &[i32], sc: &[f32], kind: OutKind) -> TileVals {
     // SAFETY (all loads / stores below): every slice and row has NR = 16
     // elements; h ∈ {0, 8}.
@@ -459,7 +488,7 @@ unsafe fn epilogue_avx2(raw: &[[i32; NR]; MR], info: &PanelInfo, cs: &[i32], cc:
         let z = ld(zb, h * 8);
         for i in 0..MR {
             let r = _mm256_sub_epi32(ld(&raw[i], h * 8), _mm256_mullo_epi32(z, _mm256_set1_epi32(info.rowsum[i])));
-            acc[i][h] = _mm256_add_epi32(r, base);
+            acc[i][h] = _mm256_add_epi32(_mm256_add_epi32(r, base), _mm256_set1_epi32(info.rowadd[i]));
         }
     }
     // SAFETY: as above.

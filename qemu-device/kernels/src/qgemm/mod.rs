@@ -10,13 +10,14 @@
 //!    `|b| ≤ 64`, from one scan of B per call): pair sums stay within
 //!    127·128·2 = 32512 or 255·64·2 = 32640; also when all `a ≥ 128`, on
 //!    `a − 128` (plus `128·colsum(B)`);
-//! 2. **sign** (B has no −128): `a' = a − 128`, `maddubs(|a'|, sign(b,
-//!    a'))` (`|a'| ≤ 128`, `−b` fits), plus `128·colsum(B)`;
-//! 3. **split**: `a = lo + 128·hi`, two exact `maddubs` passes.
+//! 2. **sign** (any B): `a' = a − 128`, `maddubs(|a'|, b ^ m)` with `m`
+//!    the byte mask of `a' < 0` (`!b = −b − 1`, so a per-row `Σ |a'|` over
+//!    the negative `a'` is added back), plus `128·colsum(B)`: products lie
+//!    in `−128·128 ..= 127·128`, pair sums in `−32768 ..= 32512`.
 //!
 //! All integer arithmetic wraps (int32). Zero points are folded in after
-//! the raw product: `Σ (a − za)(b − zb) = Σ ab − za·colsum_b − zb·rowsum_a
-//! + k·za·zb`. Without AVX2 a portable scalar path computes `Σ ab`
+//! the raw product: `Σ (a − za)(b − zb) = Σ ab − za·colsum_b −
+//! zb·rowsum_a + k·za·zb`. Without AVX2 a portable scalar path computes `Σ ab`
 //! directly (the same results, bit for bit).
 //!
 //! Tasks are (image, row block, column block); each packs its row block
@@ -273,7 +274,7 @@ const KB: usize = 128;
 /// Micro-tiles of raw accumulators a block keeps (64 KiB).
 const ACC_TILES: usize = 256;
 
-const INFO0: PanelInfo = PanelInfo { mode: kernel::Mode::Plain, off: 0, rowsum: [0; MR] };
+const INFO0: PanelInfo = PanelInfo { mode: kernel::Mode::Plain, off: 0, rowsum: [0; MR], rowadd: [0; MR] };
 
 impl Core<'_> {
     /// Finishes the `⌈rows/MR⌉` micro-panels of `block` (plain parts
@@ -354,6 +355,7 @@ impl Core<'_> {
 /// # Safety
 /// Those elements lie in the destination (see [`Core::compute`]).
 #[inline]
+#[allow(clippy::needless_range_loop)] // columns index four rows at once
 unsafe fn store(vals: &TileVals, out: &OutPtr, base: usize, r: usize, c: usize, rs: usize, cs: usize) {
     match (vals, out) {
         (TileVals::Int(v), OutPtr::U8(p)) => {
@@ -493,7 +495,7 @@ pub(crate) unsafe fn drive<'a>(
 
 /// B statistics for the mode choice.
 pub(crate) fn bstats(lo: i8, hi: i8) -> BStats {
-    BStats { seven_bit: lo >= -64 && hi <= 64, has_min: lo == i8::MIN }
+    BStats { seven_bit: lo >= -64 && hi <= 64 }
 }
 
 /// `out = requant(Σ_l (A[i,l] − a_zero)·(B[l,j] − b_zero[j]) + bias[j])`:

@@ -7,6 +7,7 @@ use crate::fastmath::simd_dispatch;
 use crate::util::{check_len, elementwise_chunk, volume, SEQ_MAX};
 use rayon::prelude::*;
 
+#[allow(clippy::too_many_arguments)]
 fn check_params(what: &'static str, len: usize, outer: usize, channels: usize, inner: usize, scale: &[f32], zero: &[i32], signed: bool) -> Result<()> {
     check_len(what, len, volume(what, &[outer, channels, inner])?)?;
     check_len("quantization scale", scale.len(), channels)?;

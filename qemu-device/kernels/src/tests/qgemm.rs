@@ -11,7 +11,7 @@ use crate::*;
 enum AKind {
     /// 0..=127: plain.
     Low,
-    /// 0..=255: sign / split.
+    /// 0..=255: sign.
     Full,
     /// 128..=255: plain on a − 128.
     High,
@@ -39,7 +39,7 @@ fn gen_a(r: &mut Rng, n: usize, kind: AKind, signed: bool) -> Vec<u8> {
                 AKind::Full => r.below(256) as u8,
                 AKind::High => 128 + r.below(128) as u8,
                 AKind::Extreme => {
-                    if (i + r.below(2)) % 2 == 0 {
+                    if (i + r.below(2)).is_multiple_of(2) {
                         255
                     } else {
                         0
@@ -120,7 +120,7 @@ fn finish(acc: &[i32], n: usize, scale: &[f32], spec: OutSpec) -> Want {
                 .enumerate()
                 .map(|(i, &a)| {
                     let x = a as f32 * scale[i % n];
-                    if relu && !(x > 0.0) {
+                    if relu && (x.is_nan() || x <= 0.0) {
                         0.0
                     } else {
                         x
@@ -293,6 +293,37 @@ fn qgemm_mixed_blocks() {
     if have_avx2() {
         for (i, c) in crate::qgemm::kernel::MODES_SEEN.iter().enumerate() {
             assert!(c.load(core::sync::atomic::Ordering::Relaxed) > 0, "mode {i} never ran");
+        }
+    }
+}
+
+/// The sign mode's extreme pair sums: a = 0 (a' = −128) against b = 127
+/// gives two products of −16384 (−32768, the bottom of i16), a = 255
+/// against b = −128 the top; rows also hold one 255 / 0 so that the
+/// sign mode is picked (some a > 127 and some a < 128).
+#[test]
+fn qgemm_sign_extremes() {
+    let (m, n, k) = (8, 16, 64);
+    for (av, bv) in [(0u8, 127i8), (0, -128), (255, -128), (255, 127)] {
+        let mut a = vec![av; m * k];
+        for i in 0..m {
+            a[i * k + k - 1] = 255 - av;
+        }
+        let b = vec![bv; k * n];
+        let bp = pack(&b, k, n);
+        let scale = vec![1.0f32; n];
+        let mut acc = vec![0i32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                acc[i * n + j] = (0..k).map(|l| a[i * k + l] as i32 * b[l * n + j] as i32).sum();
+            }
+        }
+        let spec = OutSpec::F32 { relu: false };
+        let want = finish(&acc, n, &scale, spec);
+        let p = QGemmParams { m, n, k, a_zero: 0, b: &bp, b_zero: None, bias: None, scale: &scale };
+        for simd in paths() {
+            let got = run_spec(m * n, spec, |mut d| qgemm_impl(QTensor { data: &a, signed: false }, &p, &mut d, simd));
+            assert_same(&format!("a {av} b {bv} simd {simd}"), &got, &want);
         }
     }
 }
