@@ -82,7 +82,7 @@ fi
 export_models() {
     local m
     for m in $(sed -n 's/^MODELS=(\(.*\))$/\1/p' "$RBLN_ROOT/tests/compiler/compile-exports.sh"); do
-        [[ -f $RBLN_ROOT/target/exports/$m.onnx ]] && echo "export-$m"
+        if [[ -f $RBLN_ROOT/target/exports/$m.onnx ]]; then echo "export-$m"; fi
     done
 }
 EXPORT_MODELS_LIST=""
