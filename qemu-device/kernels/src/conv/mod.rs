@@ -146,17 +146,17 @@ impl Axis {
 }
 
 /// Validated conv geometry.
-struct Geometry {
-    h: Axis,
-    w: Axis,
-    cg: usize,
-    og: usize,
-    in_plane: usize,
-    out_plane: usize,
-    kdim: usize,
+pub(crate) struct Geometry {
+    pub(crate) h: Axis,
+    pub(crate) w: Axis,
+    pub(crate) cg: usize,
+    pub(crate) og: usize,
+    pub(crate) in_plane: usize,
+    pub(crate) out_plane: usize,
+    pub(crate) kdim: usize,
 }
 
-fn geometry(p: &Conv2dParams) -> Result<Geometry> {
+pub(crate) fn geometry(p: &Conv2dParams) -> Result<Geometry> {
     let pad = p.padding;
     let h = Axis::new("conv2d height", p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0])?;
     let w = Axis::new("conv2d width", p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1])?;

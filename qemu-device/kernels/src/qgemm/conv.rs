@@ -24,43 +24,27 @@ pub struct QConvParams {
     pub groups: usize,
 }
 
-struct Geo {
-    h: Axis,
-    w: Axis,
-    cg: usize,
-    og: usize,
-    in_plane: usize,
-    npos: usize,
-    k: usize,
-}
-
-fn geometry(p: &QConvParams) -> Result<Geo> {
-    let pad = p.padding;
-    let h = Axis::new("qconv2d height", p.in_h, pad.top, pad.bottom, p.kernel[0], p.stride[0], p.dilation[0])?;
-    let w = Axis::new("qconv2d width", p.in_w, pad.left, pad.right, p.kernel[1], p.stride[1], p.dilation[1])?;
-    if p.groups == 0 {
-        return Err(KernelError::invalid("qconv2d groups", "groups is zero"));
+/// The geometry of a convolution, checked as the f32 convolution's (the
+/// same rules), plus the int8 kernels' limit on k.
+fn geometry(p: &QConvParams) -> Result<crate::conv::Geometry> {
+    let f = crate::conv::Conv2dParams {
+        batch: p.batch,
+        in_channels: p.in_channels,
+        in_h: p.in_h,
+        in_w: p.in_w,
+        out_channels: p.out_channels,
+        kernel: p.kernel,
+        stride: p.stride,
+        padding: p.padding,
+        dilation: p.dilation,
+        groups: p.groups,
+        activation: crate::Activation::None,
+    };
+    let g = crate::conv::geometry(&f)?;
+    if g.kdim > QGEMM_MAX_K {
+        return Err(KernelError::invalid("qconv2d k", format!("{} exceeds the maximum of {QGEMM_MAX_K}", g.kdim)));
     }
-    if !p.in_channels.is_multiple_of(p.groups) || !p.out_channels.is_multiple_of(p.groups) {
-        return Err(KernelError::invalid(
-            "qconv2d groups",
-            format!("groups {} does not divide in_channels {} and out_channels {}", p.groups, p.in_channels, p.out_channels),
-        ));
-    }
-    let cg = p.in_channels / p.groups;
-    let k = volume("qconv2d weight", &[cg, p.kernel[0], p.kernel[1]])?;
-    if k > QGEMM_MAX_K {
-        return Err(KernelError::invalid("qconv2d k", format!("{k} exceeds the maximum of {QGEMM_MAX_K}")));
-    }
-    Ok(Geo {
-        h,
-        w,
-        cg,
-        og: p.out_channels / p.groups,
-        in_plane: mul("qconv2d input", p.in_h, p.in_w)?,
-        npos: mul("qconv2d output", h.output, w.output)?,
-        k,
-    })
+    Ok(g)
 }
 
 /// Output shape `[batch, out_channels, out_h, out_w]` of `p`, validating it.
@@ -96,16 +80,16 @@ pub(crate) fn qconv2d_impl(
     let g = geometry(p)?;
     check_len("qconv2d input", x.data.len(), volume("qconv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
     check_zero("qconv2d input zero point", x_zero, x.signed)?;
-    let blen = packed_b_len(g.k, g.og)?;
+    let blen = packed_b_len(g.kdim, g.og)?;
     check_len("qconv2d weight (packed)", w.len(), mul("qconv2d weight", blen, p.groups)?)?;
     check_cols("qconv2d scale", p.out_channels, w_zero, bias, scale)?;
-    let (kind, out) = check_dst("qconv2d output", dst, volume("qconv2d output", &[p.batch, p.out_channels, g.npos])?)?;
-    if p.batch == 0 || p.out_channels == 0 || g.npos == 0 {
+    let (kind, out) = check_dst("qconv2d output", dst, volume("qconv2d output", &[p.batch, p.out_channels, g.out_plane])?)?;
+    if p.batch == 0 || p.out_channels == 0 || g.out_plane == 0 {
         return Ok(());
     }
     let xor = if x.signed { 0x80u8 } else { 0 };
     let xz = if x.signed { x_zero + 128 } else { x_zero };
-    let (k, og) = (g.k, g.og);
+    let (k, og) = (g.kdim, g.og);
     let kg = k.div_ceil(4);
     // Per group: the epilogue terms and B's range.
     let mut cds = Vec::with_capacity(p.groups);
@@ -120,7 +104,7 @@ pub(crate) fn qconv2d_impl(
     // Empty groups (og = 0) leave the range inverted: nothing to choose.
     let stats = bstats(lo.min(hi), hi.max(lo));
     let images = p.batch * p.groups;
-    let seq = sequential(images.saturating_mul(g.npos).saturating_mul(og).saturating_mul(k).saturating_mul(2));
+    let seq = sequential(images.saturating_mul(g.out_plane).saturating_mul(og).saturating_mul(k).saturating_mul(2));
     let (h, wa) = (g.h, g.w);
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let pack = |img: usize, r0: usize, rows: usize, block: &mut [u8]| {
@@ -157,10 +141,10 @@ pub(crate) fn qconv2d_impl(
         Core { k, kg, stats, simd, kind, b: &w[grp * blen..][..blen], cols: cds[grp].cols() }
     };
     // Image b, group grp: positions of channels grp·og + j.
-    let place = |img: usize| (img / p.groups * p.out_channels + img % p.groups * og) * g.npos;
+    let place = |img: usize| (img / p.groups * p.out_channels + img % p.groups * og) * g.out_plane;
     // SAFETY: (image, group) × positions × channels of the NCHW output
     // (length checked), distinct for distinct (img, row, column).
-    unsafe { drive(images, g.npos, og, kg, seq, pack, core, &out, place, 1, g.npos) };
+    unsafe { drive(images, g.out_plane, og, kg, seq, pack, core, &out, place, 1, g.out_plane) };
     Ok(())
 }
 
