@@ -195,7 +195,7 @@ pub fn import(m: &ModelProto, opts: &Options) -> Result<Graph> {
             let have = im.g.values[id].dtype;
             if tt.elem_type != 0 && run_time_dtype(tt.elem_type) != Some(have) {
                 return Err(CompileError::Invalid(format!(
-                    "output '{}' is {} in the model but computed as {} (outputs are float32, int32, int64 or bool)",
+                    "output '{}' is {} in the model but computed as {} (outputs are float32, int32, int64, bool, int8 or uint8)",
                     vi.name,
                     elem::name(tt.elem_type),
                     have.name()
@@ -240,6 +240,8 @@ fn run_time_dtype(t: i32) -> Option<DType> {
         elem::INT32 => Some(DType::I32),
         elem::INT64 => Some(DType::I64),
         elem::BOOL => Some(DType::Bool),
+        elem::INT8 => Some(DType::I8),
+        elem::UINT8 => Some(DType::U8),
         _ => None,
     }
 }
@@ -251,7 +253,7 @@ fn input_shape(vi: &ValueInfoProto, given: Option<&[u64]>) -> Result<(Vec<u64>, 
     })?;
     let dtype = run_time_dtype(tt.elem_type).ok_or_else(|| {
         CompileError::Invalid(format!(
-            "input '{}' is {}; model inputs are float32, int32, int64 or bool (convert it outside the model)",
+            "input '{}' is {}; model inputs are float32, int32, int64, bool, int8 or uint8 (convert it outside the model)",
             vi.name,
             elem::name(tt.elem_type)
         ))

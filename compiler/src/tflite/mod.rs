@@ -5,8 +5,18 @@
 //! - [`schema`]: typed, verified accessors for the TFLite schema tables.
 //! - this module: reads the model (tensors, constants from buffers, the
 //!   operator list of subgraph 0), checks what the translation needs
-//!   (float32 / int32 / int64 / bool tensors, no quantization, sparsity,
-//!   variables or external buffers), and drives [`ops`].
+//!   (float32 / int32 / int64 / bool tensors, int8 / uint8 ones with affine
+//!   quantisation; no sparsity, variables or external buffers), and drives
+//!   [`ops`].
+//!
+//! Quantised models (int8 or uint8 tensors with scales and zero points, as
+//! the TFLite converter writes them from a representative dataset) become
+//! QDQ graphs: each quantised tensor is held as its 8-bit value, and the
+//! ops read it through a DequantizeLinear and write it through a
+//! QuantizeLinear, exactly as onnxruntime's QDQ format. The compiler's
+//! int8 lowering then runs each quantised convolution and fully connected
+//! layer on the integer kernels with the requantisation fused; the other
+//! ops compute in f32 on the dequantised values (float islands).
 //! - [`ops`]: one ONNX node sequence per TFLite operator.
 //!
 //! Layout: TFLite activations are NHWC; the translated graph holds every
@@ -29,8 +39,9 @@ use crate::onnx::{
     TypeProto, TypeProtoTensor, ValueInfoProto,
 };
 
-/// Why a quantized tensor is refused.
-pub const QUANTIZED: &str = "quantized TFLite models are not supported yet (rbln-compile takes float32 models)";
+/// What quantised tensors rbln-compile takes (said when refusing one).
+pub const QUANTIZED: &str =
+    "rbln-compile takes int8 and uint8 tensors with per-tensor quantisation (per-channel for constants) and int32 constants quantised as biases";
 
 /// The ONNX opset the translation writes.
 pub const OPSET: i64 = 17;
@@ -69,6 +80,18 @@ pub mod ty {
 
     pub fn is_quantized(t: i8) -> bool {
         matches!(t, UINT8 | INT8 | INT16) || t == 17 || t == 19 || t == 20
+    }
+
+    /// The ONNX element type of a tensor carried quantised (its 8-bit
+    /// value, or an int32 bias).
+    pub fn onnx_quantized(t: i8) -> Option<i32> {
+        use crate::onnx::elem;
+        match t {
+            INT8 => Some(elem::INT8),
+            UINT8 => Some(elem::UINT8),
+            INT32 => Some(elem::INT32),
+            _ => None,
+        }
     }
 }
 
@@ -114,6 +137,54 @@ pub struct TensorInfo {
     pub konst: Option<Const>,
     /// A quantized tensor (int8 etc.) or one with quantization scales.
     pub quantized: bool,
+    /// Its affine quantisation, when the translation carries it as QDQ.
+    pub q: Option<QParams>,
+}
+
+/// Affine quantisation of a tensor: `real = scale·(q − zero)`, per tensor
+/// (one entry) or along axis `dim` (one entry per index).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QParams {
+    pub scale: Vec<f32>,
+    pub zero: Vec<i64>,
+    pub dim: usize,
+}
+
+/// The quantisation parameters of a tensor, checked; `Ok(None)` when it
+/// has none or is of a type not carried as QDQ (refused later, where used).
+fn read_qparams(t: &schema::Tensor<'_>, shape: &[i64]) -> std::result::Result<Option<QParams>, String> {
+    let Some(qp) = t.quantization() else { return Ok(None) };
+    let scale: Vec<f32> = qp.scale().map(|s| s.iter().collect()).unwrap_or_default();
+    if scale.is_empty() {
+        return Ok(None);
+    }
+    if qp.details_type() != 0 {
+        return Err(format!("uses a custom quantisation scheme (details type {})", qp.details_type()));
+    }
+    let Some(et) = ty::onnx_quantized(t.tensor_type()) else { return Ok(None) };
+    if let Some(s) = scale.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+        return Err(format!("has quantisation scale {s}; scales must be finite and positive"));
+    }
+    let mut zero: Vec<i64> = qp.zero_point().map(|z| z.iter().collect()).unwrap_or_default();
+    if zero.is_empty() {
+        zero = vec![0; scale.len()];
+    }
+    if zero.len() != scale.len() {
+        return Err(format!("has {} quantisation scales but {} zero points", scale.len(), zero.len()));
+    }
+    let (lo, hi) = match et {
+        crate::onnx::elem::INT8 => (-128, 127),
+        crate::onnx::elem::UINT8 => (0, 255),
+        _ => (0, 0), // int32 biases: zero point 0
+    };
+    if let Some(z) = zero.iter().find(|&&z| z < lo || z > hi) {
+        return Err(format!("has zero point {z}, outside {lo}..={hi} of {}", ty::name(t.tensor_type())));
+    }
+    let dim = usize::try_from(qp.quantized_dimension()).map_err(|_| format!("has quantized_dimension {}", qp.quantized_dimension()))?;
+    if scale.len() > 1 && shape.get(dim) != Some(&(scale.len() as i64)) {
+        return Err(format!("has {} quantisation scales along axis {dim}, but its shape is {shape:?}", scale.len()));
+    }
+    Ok(Some(QParams { scale, zero, dim }))
 }
 
 impl TensorInfo {
@@ -213,7 +284,8 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
         let uname = if *n == 1 { base } else { format!("{base}#t{i}") };
         let shape: Vec<i64> = t.shape().map(|s| s.iter().map(i64::from).collect()).unwrap_or_default();
         let quant = t.quantization().is_some_and(|q| q.scale().is_some_and(|s| !s.is_empty()));
-        let mut info = TensorInfo { name, uname, shape, ty: t.tensor_type(), konst: None, quantized: ty::is_quantized(t.tensor_type()) || quant };
+        let q = read_qparams(&t, &shape).map_err(|reason| CompileError::BadTensor { name: name.clone(), reason })?;
+        let mut info = TensorInfo { name, uname, shape, ty: t.tensor_type(), konst: None, quantized: ty::is_quantized(t.tensor_type()) || quant, q };
         let bad = |reason: String| CompileError::BadTensor { name: info.name.clone(), reason };
         if t.sparsity().is_some() {
             return Err(bad("is sparse (TFLite sparsity parameters); rbln-compile reads dense tensors only".into()));
@@ -300,10 +372,11 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
             continue;
         }
         let what = if info.name.is_empty() { format!("input {t}") } else { format!("input '{}'", info.name) };
-        if info.quantized {
-            return Err(CompileError::Invalid(format!("{what} is {} (quantized): {QUANTIZED}", ty::name(info.ty))));
+        let quantized_input = info.q.as_ref().filter(|q| q.scale.len() == 1 && matches!(info.ty, ty::INT8 | ty::UINT8));
+        if info.quantized && quantized_input.is_none() {
+            return Err(CompileError::Invalid(format!("{what} is {} (quantized) without per-tensor parameters: {QUANTIZED}", ty::name(info.ty))));
         }
-        let Some(et) = ty::onnx(info.ty) else {
+        let Some(et) = ty::onnx(info.ty).or(quantized_input.and_then(|_| ty::onnx_quantized(info.ty))) else {
             return Err(CompileError::Invalid(format!(
                 "{what} is {}; rbln-compile takes float32, int32, int64 or bool inputs",
                 ty::name(info.ty)
@@ -321,8 +394,12 @@ pub fn translate(bytes: &[u8]) -> Result<Translated> {
     let mut outputs_vi = Vec::new();
     for &t in &graph_outputs {
         let info = lw.tensors[t].clone();
-        let et = ty::onnx(info.ty).ok_or_else(|| {
-            CompileError::Invalid(format!("output '{}' is {}; outputs must be float32, int32, int64 or bool", info.name, ty::name(info.ty)))
+        let et = match &info.q {
+            Some(q) if q.scale.len() == 1 && info.konst.is_none() && matches!(info.ty, ty::INT8 | ty::UINT8) => ty::onnx_quantized(info.ty),
+            _ => ty::onnx(info.ty),
+        };
+        let et = et.ok_or_else(|| {
+            CompileError::Invalid(format!("output '{}' is {}; outputs must be float32, int32, int64, bool or quantised int8/uint8", info.name, ty::name(info.ty)))
         })?;
         let name = lw.plain_output(t)?;
         outputs_vi.push(value_info(&name, et, &info.shape));
@@ -435,8 +512,8 @@ pub fn attr_s(name: &str, s: &str) -> AttributeProto {
     AttributeProto { name: name.into(), s: s.as_bytes().to_vec(), r#type: 3, ..Default::default() }
 }
 
-/// An ONNX initializer from a constant (`elem_type` FLOAT, INT32, INT64 or
-/// BOOL).
+/// An ONNX initializer from a constant (`elem_type` FLOAT, INT32, INT64,
+/// BOOL, INT8 or UINT8).
 pub fn initializer(name: &str, c: &Const, elem_type: i32) -> TensorProto {
     let dims = c.shape.iter().map(|&d| d as i64).collect();
     let mut t = TensorProto { name: name.to_string(), dims, data_type: elem_type, ..Default::default() };

@@ -10,11 +10,21 @@
 //! in, with their axes remapped; every other op reads the plain form. A
 //! form that does not exist yet is made by one Transpose the first time it
 //! is needed, and reused.
+//!
+//! A quantised run-time tensor (see [`crate::tflite`]) is held as its
+//! 8-bit value in one or both forms (`qforms`); its float forms are the
+//! DequantizeLinear of those, made when an op reads them. An op writing it
+//! computes in f32 and its result goes through one QuantizeLinear. A
+//! layout change of a quantised tensor transposes the 8-bit value (so that
+//! the DequantizeLinear stays next to the op that reads it, where the int8
+//! lowering looks for it). Quantised constants become 8-bit (or int32)
+//! initializers, already in the layout the op reads, with their
+//! DequantizeLinear.
 
 use std::collections::{HashMap, HashSet};
 
 use super::schema::Operator;
-use super::{attr_f, attr_i, attr_ints, attr_s, initializer, node, ty, OpInfo, TensorInfo, QUANTIZED};
+use super::{attr_f, attr_i, attr_ints, attr_s, initializer, node, ty, OpInfo, QParams, TensorInfo, QUANTIZED};
 use crate::error::{CompileError, Result};
 use crate::ir::{Const, Data};
 use crate::onnx::{elem, AttributeProto, NodeProto, TensorProto};
@@ -40,6 +50,10 @@ struct Forms {
 pub struct Lowering {
     pub tensors: Vec<TensorInfo>,
     forms: Vec<Forms>,
+    /// The 8-bit forms of quantised run-time tensors.
+    qforms: Vec<Forms>,
+    /// Dequantised constants already made (their value names).
+    dq_consts: HashSet<String>,
     nodes: Vec<NodeProto>,
     inits: Vec<TensorProto>,
     /// Initializer names already made.
@@ -296,6 +310,22 @@ fn permute_const(c: &Const, perm: &[usize]) -> Const {
     }
 }
 
+/// A quantised constant's real values (f32).
+fn dequantized(c: &Const, q: &QParams) -> Const {
+    let ints = c.ints();
+    // Entries along the quantised axis repeat every `inner` elements.
+    let inner: u64 = c.shape.iter().skip(q.dim + 1).product();
+    let v = ints
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let ch = if q.scale.len() == 1 { 0 } else { (i as u64 / inner.max(1)) as usize % q.scale.len() };
+            ((x - q.zero[ch]) as f64 * q.scale[ch] as f64) as f32
+        })
+        .collect();
+    Const::f32(&c.shape, v)
+}
+
 fn ints_const(v: &[i64]) -> Const {
     Const::i64(&[v.len() as u64], v.to_vec())
 }
@@ -306,6 +336,8 @@ impl Lowering {
         Lowering {
             tensors,
             forms: vec![Forms::default(); n],
+            qforms: vec![Forms::default(); n],
+            dq_consts: HashSet::new(),
             nodes: Vec::new(),
             inits: Vec::new(),
             init_names: HashSet::new(),
@@ -321,14 +353,26 @@ impl Lowering {
         (self.nodes, self.inits, self.node_ops)
     }
 
-    /// A model input: held in its plain form under its own name.
+    /// A model input: held in its plain form under its own name (its
+    /// 8-bit form when quantised).
     pub fn set_input(&mut self, t: usize) {
-        self.forms[t] = Forms { plain: Some(self.tensors[t].uname.clone()), nchw: None, primary_nchw: false };
+        let f = Forms { plain: Some(self.tensors[t].uname.clone()), nchw: None, primary_nchw: false };
+        if self.quantized_run_time(t) {
+            self.qforms[t] = f;
+        } else {
+            self.forms[t] = f;
+        }
+    }
+
+    /// A run-time tensor carried as 8-bit values (QDQ).
+    fn quantized_run_time(&self, t: usize) -> bool {
+        self.tensors[t].q.is_some() && self.konst(t).is_none()
     }
 
     /// The plain form of a model output (the interface name).
     pub fn plain_output(&mut self, t: usize) -> Result<String> {
-        if self.forms[t].plain.is_none() && self.forms[t].nchw.is_none() {
+        let f = if self.quantized_run_time(t) { &self.qforms[t] } else { &self.forms[t] };
+        if f.plain.is_none() && f.nchw.is_none() {
             let what = &self.tensors[t].name;
             return Err(CompileError::Invalid(if self.tensors[t].konst.is_some() {
                 format!("output '{what}' is a constant (it does not depend on any input); nothing to run")
@@ -338,6 +382,9 @@ impl Lowering {
         }
         // A Transpose made here belongs to no operator.
         self.base = format!("{}#out", self.tensors[t].uname);
+        if self.quantized_run_time(t) {
+            return self.qform(t, false);
+        }
         self.form(t, false)
     }
 
@@ -416,14 +463,84 @@ impl Lowering {
         self.konst(t).is_none() && self.forms[t].primary_nchw
     }
 
+    /// Constant `t` as the initializer `name` holding `c` (its data
+    /// re-laid-out: axis i of `c` is axis `axes[i]` of the tensor, None for
+    /// an added unit axis). A quantised constant is its 8-bit (or int32)
+    /// data under `name#q` and the value `name` is its DequantizeLinear.
+    fn const_form(&mut self, t: usize, name: String, c: &Const, axes: &[Option<usize>]) -> Result<String> {
+        let Some(q) = self.tensors[t].q.clone() else {
+            let et = self.elem_of(t)?;
+            return Ok(self.init(name, c, et));
+        };
+        if self.dq_consts.insert(name.clone()) {
+            let et = ty::onnx_quantized(self.tensors[t].ty).ok_or_else(|| self.err(QUANTIZED))?;
+            let qn = self.init(format!("{name}#q"), c, et);
+            let mut attrs = vec![];
+            if q.scale.len() > 1 {
+                let axis = axes.iter().position(|&a| a == Some(q.dim)).ok_or_else(|| self.err("a per-channel quantised constant loses its channel axis"))?;
+                attrs.push(attr_i("axis", axis as i64));
+            }
+            let (s, z) = self.qparams(&format!("{name}#"), &q, et);
+            self.emit("DequantizeLinear", vec![qn, s, z], vec![name.clone()], attrs);
+        }
+        Ok(name)
+    }
+
+    /// The scale and zero-point initializers of `q` (scalars when per
+    /// tensor), named `{prefix}scale` and `{prefix}zero`.
+    fn qparams(&mut self, prefix: &str, q: &QParams, et: i32) -> (String, String) {
+        let dims: &[u64] = if q.scale.len() == 1 { &[] } else { &[q.scale.len() as u64] };
+        let s = self.init(format!("{prefix}scale"), &Const::f32(dims, q.scale.clone()), elem::FLOAT);
+        let z = self.init(format!("{prefix}zero"), &Const::i64(dims, q.zero.clone()), et);
+        (s, z)
+    }
+
+    /// The 8-bit value of quantised run-time tensor `t` in the wanted form.
+    fn qform(&mut self, t: usize, nchw: bool) -> Result<String> {
+        let nchw = nchw && self.tensors[t].rank() == 4;
+        let f = self.qforms[t].clone();
+        if let Some(n) = if nchw { &f.nchw } else { &f.plain } {
+            return Ok(n.clone());
+        }
+        let Some(src) = (if nchw { f.plain } else { f.nchw }) else {
+            return Err(self.err(format!(
+                "reads tensor '{}', which no earlier operator computes and which is neither an input nor a constant",
+                self.tensors[t].name
+            )));
+        };
+        let out = format!("{}#q", self.form_name(t, nchw));
+        let perm = if nchw { TO_NCHW } else { TO_NHWC };
+        self.emit("Transpose", vec![src], vec![out.clone()], vec![attr_ints("perm", perm.iter().map(|&p| p as i64).collect())]);
+        if nchw {
+            self.qforms[t].nchw = Some(out.clone());
+        } else {
+            self.qforms[t].plain = Some(out.clone());
+        }
+        Ok(out)
+    }
+
     /// The ONNX value holding tensor `t` in the wanted form.
     fn form(&mut self, t: usize, nchw: bool) -> Result<String> {
         let nchw = nchw && self.tensors[t].rank() == 4;
         if let Some(c) = self.konst(t).cloned() {
-            let et = self.elem_of(t)?;
             let name = self.form_name(t, nchw);
-            let c = if nchw { permute_const(&c, &TO_NCHW) } else { c };
-            return Ok(self.init(name, &c, et));
+            let rank = c.shape.len();
+            let (c, perm) = if nchw { (permute_const(&c, &TO_NCHW), TO_NCHW.to_vec()) } else { (c, (0..rank).collect()) };
+            return self.const_form(t, name, &c, &perm.iter().map(|&p| Some(p)).collect::<Vec<_>>());
+        }
+        if self.quantized_run_time(t) && (if nchw { &self.forms[t].nchw } else { &self.forms[t].plain }).is_none() {
+            let qn = self.qform(t, nchw)?;
+            let q = self.tensors[t].q.clone().ok_or_else(|| self.err(QUANTIZED))?;
+            let et = ty::onnx_quantized(self.tensors[t].ty).ok_or_else(|| self.err(QUANTIZED))?;
+            let (s, z) = self.qparams(&format!("{}#", self.tensors[t].uname), &q, et);
+            let out = format!("{}#dq", self.form_name(t, nchw));
+            self.emit("DequantizeLinear", vec![qn, s, z], vec![out.clone()], vec![]);
+            if nchw {
+                self.forms[t].nchw = Some(out.clone());
+            } else {
+                self.forms[t].plain = Some(out.clone());
+            }
+            return Ok(out);
         }
         let f = self.forms[t].clone();
         let have = if nchw { &f.nchw } else { &f.plain };
@@ -449,14 +566,20 @@ impl Lowering {
         Ok(out)
     }
 
-    /// Record that `name` holds tensor `t` (in NCHW form if `nchw`).
+    /// Record that `name` holds tensor `t` (in NCHW form if `nchw`). A
+    /// quantised tensor is then the QuantizeLinear of `name`.
     fn set(&mut self, t: usize, name: String, nchw: bool) {
         let nchw = nchw && self.tensors[t].rank() == 4;
-        self.forms[t] = if nchw {
-            Forms { plain: None, nchw: Some(name), primary_nchw: true }
-        } else {
-            Forms { plain: Some(name), nchw: None, primary_nchw: false }
-        };
+        let holds = |n: String| if nchw { Forms { plain: None, nchw: Some(n), primary_nchw: true } } else { Forms { plain: Some(n), nchw: None, primary_nchw: false } };
+        if let (true, Some(q), Some(et)) = (self.quantized_run_time(t), self.tensors[t].q.clone(), ty::onnx_quantized(self.tensors[t].ty)) {
+            let (s, z) = self.qparams(&format!("{}#", self.tensors[t].uname), &q, et);
+            let qn = format!("{name}#q");
+            self.emit("QuantizeLinear", vec![name, s, z], vec![qn.clone()], vec![]);
+            self.qforms[t] = holds(qn);
+            self.forms[t] = Forms { plain: None, nchw: None, primary_nchw: nchw };
+            return;
+        }
+        self.forms[t] = holds(name);
     }
 
     /// The output name of tensor `t` in a form.
@@ -547,8 +670,14 @@ impl Lowering {
         self.op_options = Some(opts);
         for &t in op.inputs.iter().flatten().chain(&op.outputs) {
             let info = &self.tensors[t];
-            if info.quantized && !(op.code == 6 && info.konst.is_some()) {
-                return Err(self.err(format!("tensor '{}' is {} (quantized): {QUANTIZED}", info.name, ty::name(info.ty))));
+            let carried = match &info.q {
+                Some(q) if info.konst.is_some() => true,
+                Some(q) => q.scale.len() == 1 && matches!(info.ty, ty::INT8 | ty::UINT8),
+                None => false,
+            };
+            if info.quantized && !carried && !(op.code == 6 && info.konst.is_some()) {
+                let how = if info.q.is_some() { "quantized per channel at run time" } else { "quantized" };
+                return Err(self.err(format!("tensor '{}' is {} ({how}): {QUANTIZED}", info.name, ty::name(info.ty))));
             }
         }
         match op.code {
@@ -612,7 +741,7 @@ impl Lowering {
             77 => self.shape(op),
             23 | 97 => self.resize(op),
             31 | 118 | 119 | 129 => Err(self.err("control flow (it calls another subgraph); rbln-compile reads only the main subgraph")),
-            114 => Err(self.err(QUANTIZED)),
+            114 => self.quantize(op),
             32 => Err(self.err("custom operators are not supported")),
             _ => Err(self.err(format!("operator {} is not supported by rbln-compile (supported: {})", op.name, SUPPORTED.join(", ")))),
         }
@@ -634,11 +763,12 @@ impl Lowering {
         let mut dims4 = vec![1i64; 4 - rank];
         dims4.extend(self.need_dims(t)?);
         if let Some(c) = self.konst(t).cloned() {
-            let et = self.elem_of(t)?;
             let c4 = Const { shape: dims4.iter().map(|&d| d as u64).collect(), data: c.data };
             let c4 = permute_const(&c4, &TO_NCHW);
             let name = format!("{}#b4nchw", self.tensors[t].uname);
-            return Ok(self.init(name, &c4, et));
+            // Axis i of the rank-4 form is axis i − (4 − rank) of t.
+            let axes: Vec<Option<usize>> = TO_NCHW.iter().map(|&p| p.checked_sub(4 - rank)).collect();
+            return self.const_form(t, name, &c4, &axes);
         }
         let plain = self.form(t, false)?;
         let shape = self.init_ints(&dims4);
@@ -715,19 +845,37 @@ impl Lowering {
         self.emit_act("Cast", vec![x], o, nchw, vec![attr_i("to", i64::from(to))], 0)
     }
 
-    /// DEQUANTIZE of a float16 constant (weights stored as fp16): folded.
+    /// DEQUANTIZE: of a float16 constant (weights stored as fp16) or a
+    /// quantised constant, folded; of a quantised run-time tensor, its
+    /// float form.
     fn dequantize(&mut self, op: &OpInfo) -> Result<()> {
         let (a, o) = (self.input(op, 0)?, self.output(op, 0)?);
         let info = &self.tensors[a];
-        match (&info.konst, info.ty) {
-            (Some(c), ty::FLOAT16) => {
+        match (&info.konst, info.ty, &info.q) {
+            (Some(c), ty::FLOAT16, _) => {
                 let c = c.clone();
                 self.tensors[o].konst = Some(c);
                 Ok(())
             }
-            (Some(_), t) => Err(self.err(format!("DEQUANTIZE of a {} constant: {QUANTIZED}", ty::name(t)))),
-            (None, _) => Err(self.err(format!("DEQUANTIZE at run time (only float16 constants are folded): {QUANTIZED}"))),
+            (Some(c), _, Some(q)) => {
+                let c = dequantized(c, q);
+                self.tensors[o].konst = Some(c);
+                Ok(())
+            }
+            (None, _, Some(_)) if self.tensors[o].q.is_none() => self.unary(op, "Identity", vec![]),
+            (Some(_), t, _) => Err(self.err(format!("DEQUANTIZE of a {} constant without quantisation parameters", ty::name(t)))),
+            (None, t, _) => Err(self.err(format!("DEQUANTIZE of a run-time {} tensor without quantisation parameters into a float one", ty::name(t)))),
         }
+    }
+
+    /// QUANTIZE: a float tensor quantised, or a quantised one requantised
+    /// (its float form through the output's QuantizeLinear).
+    fn quantize(&mut self, op: &OpInfo) -> Result<()> {
+        let o = self.output(op, 0)?;
+        if !self.quantized_run_time(o) {
+            return Err(self.err(format!("QUANTIZE into '{}' without quantisation parameters: {QUANTIZED}", self.tensors[o].name)));
+        }
+        self.unary(op, "Identity", vec![])
     }
 
     // ---- convolutions and pools -------------------------------------
@@ -772,21 +920,20 @@ impl Lowering {
         let s = self.strides()?;
         let d = (i64::from(opts.dilation_h), i64::from(opts.dilation_w));
         let pads = self.pads(hw, (fd[1], fd[2]), s, d)?;
-        let (weights, group) = if depthwise {
+        let (perm, group) = if depthwise {
             if fd[0] != 1 || cin <= 0 || fd[3] % cin != 0 {
                 return Err(self.err(format!("depthwise filter {fd:?} does not fit {cin} input channels")));
             }
-            (permute_const(&wc, &[3, 0, 1, 2]), cin)
+            ([3, 0, 1, 2], cin)
         } else {
             if fd[3] <= 0 || cin % fd[3] != 0 {
                 return Err(self.err(format!("filter {fd:?} has {} input channels; the input has {cin}", fd[3])));
             }
-            (permute_const(&wc, &TO_NCHW), cin / fd[3])
+            (TO_NCHW, cin / fd[3])
         };
         let xin = self.form(x, true)?;
-        let et = self.elem_of(w)?;
         let wname = format!("{}#oihw", self.tensors[w].uname);
-        let wname = self.init(wname, &weights, et);
+        let wname = self.const_form(w, wname, &permute_const(&wc, &perm), &perm.map(Some))?;
         let mut ins = vec![xin, wname];
         if let Some(b) = op.inputs.get(2).copied().flatten() {
             ins.push(self.form(b, false)?);
@@ -828,11 +975,10 @@ impl Lowering {
             pads[i + 2] = total - total / 2;
             out_pad[i] = extra;
         }
-        let weights = permute_const(&wc, &[3, 0, 1, 2]);
-        let et = self.elem_of(w)?;
+        let perm = [3, 0, 1, 2];
         let xin = self.form(x, true)?;
         let wname = format!("{}#iohw", self.tensors[w].uname);
-        let wname = self.init(wname, &weights, et);
+        let wname = self.const_form(w, wname, &permute_const(&wc, &perm), &perm.map(Some))?;
         let mut ins = vec![xin, wname];
         if let Some(b) = op.inputs.get(3).copied().flatten() {
             ins.push(self.form(b, false)?);

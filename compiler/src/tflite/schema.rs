@@ -130,8 +130,12 @@ table!(
 );
 
 table!(
-    /// `table QuantizationParameters` (only the scale is read, to name it).
+    /// `table QuantizationParameters`: affine quantisation, per tensor or
+    /// along `quantized_dimension`; `details` (custom schemes) is only
+    /// checked for presence, by its type tag.
     QuantizationParameters {
+        scalar details_type: u8 = 0, 12;
+        scalar quantized_dimension: i32 = 0, 16;
         offset scale: Vector<'a, f32>, 8;
         offset zero_point: Vector<'a, i64>, 10;
     }

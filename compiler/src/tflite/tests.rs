@@ -35,6 +35,8 @@ struct Spec {
     ops: Vec<(u32, Vec<i32>, Vec<i32>, Opt)>,
     inputs: Vec<i32>,
     outputs: Vec<i32>,
+    /// Quantisation parameters: (tensor, scales, zero points, dimension).
+    quant: Vec<(usize, Vec<f32>, Vec<i64>, i32)>,
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -64,6 +66,7 @@ fn spec() -> Spec {
         ops: vec![(0, vec![0, 1, 2], vec![3], Opt::Conv(0, 1, 1, 1)), (1, vec![3, 4], vec![5], Opt::Add(0))],
         inputs: vec![0],
         outputs: vec![5],
+        quant: vec![],
     }
 }
 
@@ -101,10 +104,21 @@ fn build_with(s: &Spec, ext_base: u64) -> (Vec<u8>, Vec<(u64, Vec<u8>)>) {
     }
     let codes = b.create_vector(&codes);
     let mut tensors = Vec::new();
-    for (shape, tt, buf, name) in &s.tensors {
+    for (i, (shape, tt, buf, name)) in s.tensors.iter().enumerate() {
         let sh = b.create_vector(shape);
         let nm = b.create_string(name);
+        let q = s.quant.iter().find(|q| q.0 == i).map(|(_, scale, zero, dim)| {
+            let (sv, zv) = (b.create_vector(scale), b.create_vector(zero));
+            let t = b.start_table();
+            b.push_slot_always::<WIPOffset<_>>(8, sv);
+            b.push_slot_always::<WIPOffset<_>>(10, zv);
+            b.push_slot::<i32>(16, *dim, 0);
+            b.end_table(t)
+        });
         let t = b.start_table();
+        if let Some(q) = q {
+            b.push_slot_always::<WIPOffset<_>>(12, q);
+        }
         b.push_slot_always::<WIPOffset<_>>(4, sh);
         b.push_slot::<i8>(6, *tt, 0);
         b.push_slot::<u32>(8, *buf, 0);
@@ -234,7 +248,7 @@ fn refusals_name_the_operator() {
 
     let mut s = spec();
     s.tensors[0].1 = ty::INT8;
-    assert!(err(&build(&s)).contains("input 'x' is int8 (quantized): quantized TFLite models are not supported"));
+    assert!(err(&build(&s)).contains("input 'x' is int8 (quantized) without per-tensor parameters: rbln-compile takes int8 and uint8"));
 
     let mut s = spec();
     s.tensors[3].1 = ty::INT8;
@@ -356,4 +370,67 @@ fn helpers() {
     assert_eq!(op_name(500), None);
     assert!(SUPPORTED.windows(2).all(|w| w[0] < w[1]), "SUPPORTED is sorted");
     assert_eq!(OptionsRef::default().activation, 0);
+}
+
+/// `spec()` fully quantised as the TFLite converter writes it: int8
+/// activations per tensor, int8 filter per output channel, int32 bias at
+/// the input scale times the filter's, an int8 constant operand.
+fn quantized_spec() -> Spec {
+    let mut s = spec();
+    for (t, ty) in [(0, ty::INT8), (1, ty::INT8), (2, ty::INT32), (3, ty::INT8), (4, ty::INT8), (5, ty::INT8)] {
+        s.tensors[t].1 = ty;
+    }
+    s.buffers[1].data = [-100i8, -50, 0, 50, 100, 127].iter().map(|&v| v as u8).collect();
+    s.buffers[2].data = [10i32, -20, 30].iter().flat_map(|v| v.to_le_bytes()).collect();
+    s.buffers[3].data = [20u8, 40, 60].to_vec();
+    let sw = [0.01f32, 0.02, 0.03];
+    s.quant = vec![
+        (0, vec![0.05], vec![-3], 0),
+        (1, sw.to_vec(), vec![0, 0, 0], 0),
+        (2, sw.iter().map(|w| w * 0.05).collect(), vec![0, 0, 0], 0),
+        (3, vec![0.1], vec![-128], 0),
+        (4, vec![0.02], vec![0], 0),
+        (5, vec![0.2], vec![5], 0),
+    ];
+    s
+}
+
+#[test]
+fn a_quantized_model_becomes_qdq_and_its_conv_runs_on_int8_kernels() {
+    let bytes = build(&quantized_spec());
+    let t = translate(&bytes).unwrap();
+    let g = t.model.graph.as_ref().unwrap();
+    let elem_of = |vi: &crate::onnx::ValueInfoProto| vi.r#type.as_ref().unwrap().tensor_type.as_ref().unwrap().elem_type;
+    assert_eq!(elem_of(&g.input[0]), crate::onnx::elem::INT8, "the int8 input stays int8");
+    assert_eq!(elem_of(&g.output[0]), crate::onnx::elem::INT8, "the int8 output stays int8");
+    let ops: Vec<&str> = g.node.iter().map(|n| n.op_type.as_str()).collect();
+    // The 8-bit input is transposed as it is, then dequantised next to
+    // the conv; the conv's and the add's results are quantised.
+    assert_eq!(ops.iter().filter(|o| **o == "QuantizeLinear").count(), 2, "{ops:?}");
+    assert!(ops.starts_with(&["Transpose", "DequantizeLinear"]), "{ops:?}");
+    let w = g.node.iter().find(|n| n.op_type == "DequantizeLinear" && n.output[0] == "filter#oihw").expect("the filter's DequantizeLinear");
+    assert_eq!(w.attribute.iter().find(|a| a.name == "axis").map(|a| a.i), Some(0), "per output channel");
+    let compiled = compile(&bytes, "t", &Options::default()).unwrap();
+    assert_eq!((compiled.report.int8.conv, compiled.report.int8.int8_out), (1, 1), "{:?}", compiled.report.int8);
+    let meta = &compiled.model.meta;
+    assert_eq!((meta.inputs[0].dtype, meta.outputs[0].dtype), (rbln_format::DType::I8, rbln_format::DType::I8));
+}
+
+#[test]
+fn bad_quantization_parameters_are_refused() {
+    type Case = (usize, Vec<f32>, Vec<i64>, i32, &'static str);
+    let cases: [Case; 5] = [
+        (3, vec![0.1], vec![200], 0, "tensor 'y': has zero point 200, outside -128..=127 of int8"),
+        (3, vec![-0.1], vec![0], 0, "has quantisation scale -0.1; scales must be finite and positive"),
+        (1, vec![0.1, 0.2], vec![0, 0], 0, "has 2 quantisation scales along axis 0, but its shape is [3, 1, 1, 2]"),
+        (1, vec![0.1, 0.2, 0.3], vec![0, 0], 0, "has 3 quantisation scales but 2 zero points"),
+        (3, vec![0.1, 0.1, 0.1], vec![0, 0, 0], 3, "tensor 'y' is int8 (quantized per channel at run time)"),
+    ];
+    for (t, scale, zero, dim, want) in cases {
+        let mut s = quantized_spec();
+        s.quant.retain(|q| q.0 != t);
+        s.quant.push((t, scale, zero, dim));
+        let e = err(&build(&s));
+        assert!(e.contains(want), "{e}\nwanted: {want}");
+    }
 }

@@ -21,9 +21,16 @@ Models:
   mobilenetv2     keras.applications.MobileNetV2 at 224x224
   deeplabv3plus   Keras' DeepLabV3+ example (ResNet-50 backbone, ASPP with
                   dilated convs and image pooling, decoder) at 512x512
+  keras-cnn-int8  keras-cnn fully quantized (int8 weights per channel, int8
+                  activations calibrated on 8 seeded inputs), int8 input
+                  and outputs: .input.npy is int8, quantized with the
+                  input's parameters; .step (.step.1, ...) holds each
+                  output's quantization step
+  mobilenetv2-int8  mobilenetv2 fully quantized, float32 input and output
+                  (QUANTIZE / DEQUANTIZE at the edges)
 
 and two models the compiler must refuse: unsupported-op (TOPK_V2) and
-int8 (a fully int8-quantized CNN). Batch-norm parameters, biases and PReLU
+int16 (a CNN quantized with int16 activations, "16x8"). Batch-norm parameters, biases and PReLU
 slopes are randomised, and batch-norm statistics are taken from one
 train-mode pass on random data, so no layer is trivially constant and the
 activations stay in range through deep nets. Deterministic: same seed,
@@ -243,25 +250,42 @@ def tiny_cnn():
 # ---- conversion and references ---------------------------------------
 
 
-def convert(model, fp16=False, int8_data=None):
+def convert(model, fp16=False, int8_data=None, int8_io=False, int16=False):
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     if fp16:
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
         conv.target_spec.supported_types = [tf.float16]
     if int8_data is not None:
+        # Full integer quantization as TensorFlow's guide describes it.
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
         conv.representative_dataset = lambda: ([d[None]] for d in int8_data)
-        conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        conv.inference_input_type = tf.int8
-        conv.inference_output_type = tf.int8
+        conv.target_spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+                                          if int16 else tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if int8_io:
+            conv.inference_input_type = tf.int8
+            conv.inference_output_type = tf.int8
     return conv.convert()
 
 
-def reference(tfl, x):
+def output_steps(tfl):
+    """The quantization step of each output: its own scale when it is
+    quantized, else the scale of the DEQUANTIZE input that makes it."""
+    it = Interpreter(model_content=tfl)
+    details = {t["index"]: t for t in it.get_tensor_details()}
+    made_by = {o["outputs"][0]: o for o in it._get_ops_details() if len(o["outputs"]) == 1}
+    steps = []
+    for o in it.get_output_details():
+        scale = o["quantization"][0]
+        if not scale and made_by.get(o["index"], {}).get("op_name") == "DEQUANTIZE":
+            scale = details[made_by[o["index"]]["inputs"][0]]["quantization"][0]
+        steps.append(scale)
+    return steps
+
+
+def reference(tfl, x, kernels=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES):
     # TFLite's builtin kernels, without the XNNPACK delegate (which would
     # hide the operators behind DELEGATE nodes).
-    it = Interpreter(model_content=tfl, num_threads=1,
-                     experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    it = Interpreter(model_content=tfl, num_threads=1, experimental_op_resolver_type=kernels)
     it.allocate_tensors()
     ins = it.get_input_details()
     assert len(ins) == 1, ins
@@ -282,6 +306,9 @@ MODELS = {
     "mobilenetv2": (lambda: keras.applications.MobileNetV2(weights=None, input_shape=(224, 224, 3), alpha=1.0,
                                                            classifier_activation=None), False, 2),
     "deeplabv3plus": (deeplabv3plus, True, 1),
+    "keras-cnn-int8": (keras_cnn, False, 4),
+    "mobilenetv2-int8": (lambda: keras.applications.MobileNetV2(weights=None, input_shape=(224, 224, 3), alpha=1.0,
+                                                                classifier_activation=None), False, 2),
 }
 
 
@@ -299,9 +326,32 @@ def export(name, out):
 
     if calib_n:
         randomize(model, data(calib_n), SEED + 3)
-    tfl = convert(model, fp16=name.endswith("-fp16"))
+    int8 = name.endswith("-int8")
+    tfl = convert(model, fp16=name.endswith("-fp16"), int8_data=data(8) if int8 else None, int8_io=name == "keras-cnn-int8")
     x = data(1)
+    inp = Interpreter(model_content=tfl).get_input_details()[0]
+    if inp["dtype"] == np.int8:
+        scale, zero = inp["quantization"]
+        x = np.clip(np.round(x / scale) + zero, -128, 127).astype(np.int8)
     outs, names, ops = reference(tfl, x)
+    if int8:
+        # The float model on the same (dequantized) input, and TFLite's
+        # reference kernels (BUILTIN_REF), whose distance from its
+        # optimized ones shows how far int8 rounding noise carries.
+        xf = x.astype(np.float32)
+        if inp["dtype"] == np.int8:
+            xf = (xf - zero) * scale
+        floats = model(xf)
+        floats = floats if isinstance(floats, (list, tuple)) else [floats]
+        refs, _, _ = reference(tfl, x, OpResolverType.BUILTIN_REF)
+        for i, step in enumerate(output_steps(tfl)):
+            sfx = '' if i == 0 else f'.{i}'
+            with open(f"{out}/{name}.step{sfx}", "w") as f:
+                f.write(f"{step!r}\n")
+            np.save(f"{out}/{name}.expected-ref{sfx}.npy", refs[i])
+            # Keras orders the outputs its own way: match them by shape.
+            (f,) = [np.asarray(f, np.float32) for f in floats if tuple(f.shape) == outs[i].shape]
+            np.save(f"{out}/{name}.float{sfx}.npy", f)
     with open(f"{out}/{name}.tflite", "wb") as f:
         f.write(tfl)
     np.save(f"{out}/{name}.input.npy", x)
@@ -324,8 +374,8 @@ def export_refused(out):
         f.write(convert(unsupported_op()))
     rng = np.random.default_rng(SEED)
     data = rng.standard_normal((8, 8, 8, 3)).astype(np.float32)
-    with open(f"{out}/int8.tflite", "wb") as f:
-        f.write(convert(tiny_cnn(), int8_data=data))
+    with open(f"{out}/int16.tflite", "wb") as f:
+        f.write(convert(tiny_cnn(), int8_data=data, int16=True))
 
 
 def main():
