@@ -24,10 +24,14 @@ Models:
   keras-cnn-int8  keras-cnn fully quantized (int8 weights per channel, int8
                   activations calibrated on 8 seeded inputs), int8 input
                   and outputs: .input.npy is int8, quantized with the
-                  input's parameters; .step (.step.1, ...) holds each
-                  output's quantization step
+                  input's parameters
   mobilenetv2-int8  mobilenetv2 fully quantized, float32 input and output
                   (QUANTIZE / DEQUANTIZE at the edges)
+
+For the quantized models also: NAME.step (.step.1, ...), each output's
+quantization step (1 for an int8 output); NAME.expected-ref.npy, the
+output of litert's reference kernels (BUILTIN_REF); NAME.float.npy, the
+float Keras model's output on the same input (float outputs only).
 
 and two models the compiler must refuse: unsupported-op (TOPK_V2) and
 int16 (a CNN quantized with int16 activations, "16x8"). Batch-norm parameters, biases and PReLU
@@ -268,15 +272,19 @@ def convert(model, fp16=False, int8_data=None, int8_io=False, int16=False):
 
 
 def output_steps(tfl):
-    """The quantization step of each output: its own scale when it is
-    quantized, else the scale of the DEQUANTIZE input that makes it."""
+    """The quantization step of each output: 1 when it is quantized (its
+    values are the integers), else the scale of the DEQUANTIZE input that
+    makes it."""
     it = Interpreter(model_content=tfl)
     details = {t["index"]: t for t in it.get_tensor_details()}
     made_by = {o["outputs"][0]: o for o in it._get_ops_details() if len(o["outputs"]) == 1}
     steps = []
     for o in it.get_output_details():
-        scale = o["quantization"][0]
-        if not scale and made_by.get(o["index"], {}).get("op_name") == "DEQUANTIZE":
+        if o["dtype"] in (np.int8, np.uint8):
+            steps.append(1.0)
+            continue
+        scale = 0.0
+        if made_by.get(o["index"], {}).get("op_name") == "DEQUANTIZE":
             scale = details[made_by[o["index"]]["inputs"][0]]["quantization"][0]
         steps.append(scale)
     return steps
@@ -349,9 +357,10 @@ def export(name, out):
             with open(f"{out}/{name}.step{sfx}", "w") as f:
                 f.write(f"{step!r}\n")
             np.save(f"{out}/{name}.expected-ref{sfx}.npy", refs[i])
-            # Keras orders the outputs its own way: match them by shape.
-            (f,) = [np.asarray(f, np.float32) for f in floats if tuple(f.shape) == outs[i].shape]
-            np.save(f"{out}/{name}.float{sfx}.npy", f)
+            if outs[i].dtype == np.float32:
+                # Keras orders the outputs its own way: match them by shape.
+                (f,) = [np.asarray(f, np.float32) for f in floats if tuple(f.shape) == outs[i].shape]
+                np.save(f"{out}/{name}.float{sfx}.npy", f)
     with open(f"{out}/{name}.tflite", "wb") as f:
         f.write(tfl)
     np.save(f"{out}/{name}.input.npy", x)
