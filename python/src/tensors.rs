@@ -1,9 +1,10 @@
 //! NumPy arrays to runtime tensors and back.
 //!
 //! Inputs are read through NumPy's C API: a C-contiguous array of a dtype
-//! the runtime passes (float32, int32, int64, bool) is borrowed, and
-//! `Runtime.run` copies it once, into the device's staging buffer
-//! (`AsyncRuntime` copies it at the call, since the request runs later).
+//! the runtime passes (float32, int32, int64, int8, uint8, bool) is
+//! borrowed, and `Runtime.run` copies it once, into the device's staging
+//! buffer (`AsyncRuntime` copies it at the call, since the request runs
+//! later).
 //! Outputs become NumPy arrays that take ownership of the runtime's
 //! vectors, without a copy.
 
@@ -106,6 +107,8 @@ enum InputData<'py> {
     F32(PyReadonlyArrayDyn<'py, f32>),
     I32(PyReadonlyArrayDyn<'py, i32>),
     I64(PyReadonlyArrayDyn<'py, i64>),
+    I8(PyReadonlyArrayDyn<'py, i8>),
+    U8(PyReadonlyArrayDyn<'py, u8>),
     Bool(PyReadonlyArrayDyn<'py, bool>),
     Owned(Data),
 }
@@ -118,6 +121,8 @@ impl Input<'_> {
             InputData::F32(a) => DataRef::F32(a.as_slice().unwrap_or_default()),
             InputData::I32(a) => DataRef::I32(a.as_slice().unwrap_or_default()),
             InputData::I64(a) => DataRef::I64(a.as_slice().unwrap_or_default()),
+            InputData::I8(a) => DataRef::I8(a.as_slice().unwrap_or_default()),
+            InputData::U8(a) => DataRef::U8(a.as_slice().unwrap_or_default()),
             InputData::Bool(a) => DataRef::Bool(a.as_slice().unwrap_or_default()),
             InputData::Owned(d) => d.view(),
         };
@@ -130,6 +135,8 @@ impl Input<'_> {
             InputData::F32(a) => Data::F32(a.as_slice().unwrap_or_default().to_vec()),
             InputData::I32(a) => Data::I32(a.as_slice().unwrap_or_default().to_vec()),
             InputData::I64(a) => Data::I64(a.as_slice().unwrap_or_default().to_vec()),
+            InputData::I8(a) => Data::I8(a.as_slice().unwrap_or_default().to_vec()),
+            InputData::U8(a) => Data::U8(a.as_slice().unwrap_or_default().to_vec()),
             InputData::Bool(a) => Data::Bool(a.as_slice().unwrap_or_default().to_vec()),
             InputData::Owned(d) => d,
         };
@@ -175,6 +182,10 @@ pub fn to_input<'py>(obj: &Bound<'py, PyAny>, want: &IoInfo) -> PyResult<Input<'
         borrowed(&arr, InputData::I64)?
     } else if dt.is_equiv_to(&dtype::<i32>(py)) {
         borrowed(&arr, InputData::I32)?
+    } else if dt.is_equiv_to(&dtype::<i8>(py)) {
+        borrowed(&arr, InputData::I8)?
+    } else if dt.is_equiv_to(&dtype::<u8>(py)) {
+        borrowed(&arr, InputData::U8)?
     } else if dt.is_equiv_to(&dtype::<bool>(py)) {
         borrowed(&arr, InputData::Bool)?
     } else {
@@ -218,6 +229,8 @@ pub fn to_numpy<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyAny>> 
         Data::F32(v) => owned(py, shape, v),
         Data::I32(v) => owned(py, shape, v),
         Data::I64(v) => owned(py, shape, v),
+        Data::I8(v) => owned(py, shape, v),
+        Data::U8(v) => owned(py, shape, v),
         Data::Bool(v) => owned(py, shape, v),
     }
 }
@@ -277,6 +290,8 @@ pub fn write_out<'py>(out: &Bound<'py, PyAny>, outs: Vec<Tensor>, info: &ModelIn
             Data::F32(v) => copy_into(arr, &v).map_err(|_| bad())?,
             Data::I32(v) => copy_into(arr, &v).map_err(|_| bad())?,
             Data::I64(v) => copy_into(arr, &v).map_err(|_| bad())?,
+            Data::I8(v) => copy_into(arr, &v).map_err(|_| bad())?,
+            Data::U8(v) => copy_into(arr, &v).map_err(|_| bad())?,
             Data::Bool(v) => copy_into(arr, &v).map_err(|_| bad())?,
         }
     }

@@ -46,7 +46,7 @@ pub enum Error {
     InputLength { name: String, shape: Vec<u64>, expected: u64, got: usize },
     #[error("model input/output '{name}' is not in the staging buffer (placement {region}); the runtime cannot move it")]
     NotStaged { name: String, region: &'static str },
-    #[error("model input/output '{name}' has dtype {dtype}; the runtime passes f32, i32, i64 and bool tensors")]
+    #[error("model input/output '{name}' has dtype {dtype}; the runtime passes f32, i32, i64, i8, u8 and bool tensors")]
     EdgeDType { name: String, dtype: &'static str },
     #[error("the model's {what} does not fit ({size} bytes)")]
     TooLarge { what: &'static str, size: u64 },
@@ -67,6 +67,8 @@ pub enum Data {
     F32(Vec<f32>),
     I32(Vec<i32>),
     I64(Vec<i64>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
     Bool(Vec<bool>),
 }
 
@@ -76,6 +78,8 @@ impl Data {
             Data::F32(v) => v.len(),
             Data::I32(v) => v.len(),
             Data::I64(v) => v.len(),
+            Data::I8(v) => v.len(),
+            Data::U8(v) => v.len(),
             Data::Bool(v) => v.len(),
         }
     }
@@ -89,6 +93,8 @@ impl Data {
             Data::F32(_) => DType::F32,
             Data::I32(_) => DType::I32,
             Data::I64(_) => DType::I64,
+            Data::I8(_) => DType::I8,
+            Data::U8(_) => DType::U8,
             Data::Bool(_) => DType::Bool,
         }
     }
@@ -99,6 +105,8 @@ impl Data {
             Data::F32(v) => DataRef::F32(v),
             Data::I32(v) => DataRef::I32(v),
             Data::I64(v) => DataRef::I64(v),
+            Data::I8(v) => DataRef::I8(v),
+            Data::U8(v) => DataRef::U8(v),
             Data::Bool(v) => DataRef::Bool(v),
         }
     }
@@ -109,6 +117,8 @@ impl Data {
             Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
             Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
             Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
             Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
         }
     }
@@ -123,6 +133,8 @@ pub enum DataRef<'a> {
     F32(&'a [f32]),
     I32(&'a [i32]),
     I64(&'a [i64]),
+    I8(&'a [i8]),
+    U8(&'a [u8]),
     Bool(&'a [bool]),
 }
 
@@ -132,6 +144,8 @@ impl DataRef<'_> {
             DataRef::F32(v) => v.len(),
             DataRef::I32(v) => v.len(),
             DataRef::I64(v) => v.len(),
+            DataRef::I8(v) => v.len(),
+            DataRef::U8(v) => v.len(),
             DataRef::Bool(v) => v.len(),
         }
     }
@@ -145,17 +159,22 @@ impl DataRef<'_> {
             DataRef::F32(_) => DType::F32,
             DataRef::I32(_) => DType::I32,
             DataRef::I64(_) => DType::I64,
+            DataRef::I8(_) => DType::I8,
+            DataRef::U8(_) => DType::U8,
             DataRef::Bool(_) => DType::Bool,
         }
     }
 
-    /// The bytes the device sees (little-endian; bool as one byte 0/1).
+    /// The bytes the device sees (little-endian; i8, u8 and bool as one
+    /// byte, bool 0/1).
     fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
         use std::borrow::Cow;
         match *self {
             DataRef::F32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
             DataRef::I32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
             DataRef::I64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            DataRef::I8(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            DataRef::U8(v) => Cow::Borrowed(v),
             DataRef::Bool(v) => Cow::Owned(v.iter().map(|&b| b as u8).collect()),
         }
     }
@@ -165,6 +184,8 @@ impl DataRef<'_> {
         match *self {
             DataRef::I32(v) => v.get(i).map(|&x| x as i64),
             DataRef::I64(v) => v.get(i).copied(),
+            DataRef::I8(v) => v.get(i).map(|&x| x as i64),
+            DataRef::U8(v) => v.get(i).map(|&x| x as i64),
             _ => None,
         }
     }
@@ -183,6 +204,16 @@ impl From<Vec<i32>> for Data {
 impl From<Vec<i64>> for Data {
     fn from(v: Vec<i64>) -> Self {
         Data::I64(v)
+    }
+}
+impl From<Vec<i8>> for Data {
+    fn from(v: Vec<i8>) -> Self {
+        Data::I8(v)
+    }
+}
+impl From<Vec<u8>> for Data {
+    fn from(v: Vec<u8>) -> Self {
+        Data::U8(v)
     }
 }
 impl From<Vec<bool>> for Data {
@@ -260,6 +291,8 @@ impl TensorView<'_> {
             DataRef::F32(v) => Data::F32(v.to_vec()),
             DataRef::I32(v) => Data::I32(v.to_vec()),
             DataRef::I64(v) => Data::I64(v.to_vec()),
+            DataRef::I8(v) => Data::I8(v.to_vec()),
+            DataRef::U8(v) => Data::U8(v.to_vec()),
             DataRef::Bool(v) => Data::Bool(v.to_vec()),
         };
         Tensor { shape: self.shape.to_vec(), data }
@@ -401,7 +434,7 @@ impl Runtime {
             return Err(Error::HardwareVersion { need, need_minor, have_major: info.hw_version.0, have_minor: info.hw_version.1 });
         }
         for b in model.meta.inputs.iter().chain(&model.meta.outputs) {
-            if !matches!(b.dtype, DType::F32 | DType::I32 | DType::I64 | DType::Bool) {
+            if !matches!(b.dtype, DType::F32 | DType::I32 | DType::I64 | DType::I8 | DType::U8 | DType::Bool) {
                 return Err(Error::EdgeDType { name: b.name.clone(), dtype: b.dtype.name() });
             }
             if !matches!(b.placement, Region::Staging { .. }) {
@@ -604,6 +637,8 @@ impl Runtime {
             let data = match b.dtype {
                 DType::I32 => Data::I32(self.staging.read_vec::<i32>(at, n)?),
                 DType::I64 => Data::I64(self.staging.read_vec::<i64>(at, n)?),
+                DType::I8 => Data::I8(self.staging.read_vec::<i8>(at, n)?),
+                DType::U8 => Data::U8(self.staging.read_vec::<u8>(at, n)?),
                 DType::Bool => Data::Bool(self.staging.read_vec::<u8>(at, n)?.into_iter().map(|x| x != 0).collect()),
                 // Load refuses models with other dtypes at their edges.
                 _ => Data::F32(self.staging.read_vec::<f32>(at, n)?),
@@ -611,5 +646,31 @@ impl Runtime {
             out.push(Tensor { shape: b.shape.clone(), data });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int8_and_uint8_data() {
+        let i = Tensor::new(&[2, 2], vec![-128i8, -1, 0, 127]);
+        let u = Tensor::new(&[4], vec![0u8, 1, 128, 255]);
+        assert_eq!((i.dtype(), u.dtype()), (DType::I8, DType::U8));
+        assert_eq!((i.data.len(), u.data.len()), (4, 4));
+        assert_eq!(i.view().data, DataRef::I8(&[-128, -1, 0, 127]));
+        assert_eq!(u.view().dtype(), DType::U8);
+        // The bytes the device sees: one per element, two's complement for i8.
+        assert_eq!(&*i.view().data.bytes(), &[0x80, 0xff, 0, 0x7f]);
+        assert_eq!(&*u.view().data.bytes(), &[0, 1, 128, 255]);
+        assert_eq!(i.view().to_tensor(), i);
+        assert_eq!(u.view().to_tensor(), u);
+        assert_eq!(i.data.to_f64(), vec![-128.0, -1.0, 0.0, 127.0]);
+        assert_eq!(u.data.to_f64(), vec![0.0, 1.0, 128.0, 255.0]);
+        // Range checks see them as integers.
+        assert_eq!((i.view().data.int(0), u.view().data.int(3)), (Some(-128), Some(255)));
+        assert_eq!(Tensor::new(&[1], vec![true]).view().data.int(0), None);
+        assert_eq!(i.as_f32(), None);
     }
 }

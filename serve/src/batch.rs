@@ -257,6 +257,8 @@ pub fn concat(parts: &[Vec<Tensor>], rows: usize) -> Result<Vec<Tensor>, String>
             Data::F32(_) => Data::F32(gather_rows(&tensors, rows, |d| if let Data::F32(v) = d { Some(v) } else { None })?),
             Data::I32(_) => Data::I32(gather_rows(&tensors, rows, |d| if let Data::I32(v) = d { Some(v) } else { None })?),
             Data::I64(_) => Data::I64(gather_rows(&tensors, rows, |d| if let Data::I64(v) = d { Some(v) } else { None })?),
+            Data::I8(_) => Data::I8(gather_rows(&tensors, rows, |d| if let Data::I8(v) = d { Some(v) } else { None })?),
+            Data::U8(_) => Data::U8(gather_rows(&tensors, rows, |d| if let Data::U8(v) = d { Some(v) } else { None })?),
             Data::Bool(_) => Data::Bool(gather_rows(&tensors, rows, |d| if let Data::Bool(v) = d { Some(v) } else { None })?),
         };
         out.push(Tensor { shape, data });
@@ -301,6 +303,8 @@ pub fn split(outputs: Vec<Tensor>, sizes: &[usize]) -> Result<Vec<Vec<Tensor>>, 
                 Data::F32(v) => Data::F32(v[r].to_vec()),
                 Data::I32(v) => Data::I32(v[r].to_vec()),
                 Data::I64(v) => Data::I64(v[r].to_vec()),
+                Data::I8(v) => Data::I8(v[r].to_vec()),
+                Data::U8(v) => Data::U8(v[r].to_vec()),
                 Data::Bool(v) => Data::Bool(v[r].to_vec()),
             };
             part.push(Tensor { shape, data });
@@ -333,6 +337,19 @@ mod tests {
         assert_eq!(parts[1][0].data, Data::F32(vec![3.0, 4.0, 5.0, 6.0]));
         assert_eq!(parts[1][1].shape, vec![2]);
         assert_eq!(parts[1][1].data, Data::I64(vec![8, 9]));
+    }
+
+    #[test]
+    fn concat_and_split_int8_and_uint8() {
+        let a = vec![Tensor::new(&[1, 2], vec![-128i8, 1]), Tensor::new(&[1], vec![255u8])];
+        let b = vec![Tensor::new(&[1, 2], vec![2i8, 127]), Tensor::new(&[1], vec![0u8])];
+        let c = concat(&[a, b.clone()], 3).unwrap();
+        assert_eq!(c[0].data, Data::I8(vec![-128, 1, 2, 127, 2, 127]));
+        assert_eq!(c[1].data, Data::U8(vec![255, 0, 0]));
+        let parts = split(c, &[1, 1]).unwrap();
+        assert_eq!(parts[1], b);
+        let i8_vs_u8 = vec![Tensor::new(&[1, 2], vec![1u8, 2]), Tensor::new(&[1], vec![0u8])];
+        assert!(concat(&[parts[0].clone(), i8_vs_u8], 2).unwrap_err().contains("differ"));
     }
 
     #[test]

@@ -25,37 +25,41 @@ pub fn service(app: Arc<App>) -> GrpcInferenceServiceServer<Service> {
 }
 
 fn typed(name: &str, datatype: &str, c: InferTensorContents) -> Result<Data> {
-    let dt = DataType::parse(datatype);
     let has_other = |n: usize| n > 0;
     let wrong = |field: &str| ServeError::bad(format!("input '{name}': datatype {datatype} cannot take contents.{field}"));
-    let (f, i, l, b) = (c.fp32_contents.len(), c.int_contents.len(), c.int64_contents.len(), c.bool_contents.len());
-    if has_other(c.uint_contents.len() + c.uint64_contents.len() + c.fp64_contents.len() + c.bytes_contents.len()) {
-        return Err(ServeError::bad(format!("input '{name}': only fp32, int, int64 and bool contents are supported")));
+    if has_other(c.uint64_contents.len() + c.fp64_contents.len() + c.bytes_contents.len()) {
+        return Err(ServeError::bad(format!("input '{name}': only fp32, int, int64, uint and bool contents are supported")));
     }
-    let data = match dt {
-        Some(DataType::Fp32) => Data::F32(c.fp32_contents),
-        Some(DataType::Int32) => Data::I32(c.int_contents),
-        Some(DataType::Int64) => Data::I64(c.int64_contents),
-        Some(DataType::Bool) => Data::Bool(c.bool_contents),
-        // Let the common check name the datatype problem.
-        None => return Ok(Data::F32(vec![])),
+    // Let the common check name the datatype problem.
+    let Some(dt) = DataType::parse(datatype) else { return Ok(Data::F32(vec![])) };
+    // The field each datatype's values come in (INT8 in int_contents and
+    // UINT8 in uint_contents, as the protocol says).
+    let field = match dt {
+        DataType::Fp32 => "fp32_contents",
+        DataType::Int32 | DataType::Int8 => "int_contents",
+        DataType::Int64 => "int64_contents",
+        DataType::Uint8 => "uint_contents",
+        DataType::Bool => "bool_contents",
     };
-    let used = match dt {
-        Some(DataType::Fp32) => f,
-        Some(DataType::Int32) => i,
-        Some(DataType::Int64) => l,
-        _ => b,
-    };
-    for (n, field) in [(f, "fp32_contents"), (i, "int_contents"), (l, "int64_contents"), (b, "bool_contents")] {
-        if n > 0 && n != used {
-            return Err(wrong(field));
-        }
+    let given = [
+        (c.fp32_contents.len(), "fp32_contents"),
+        (c.int_contents.len(), "int_contents"),
+        (c.int64_contents.len(), "int64_contents"),
+        (c.uint_contents.len(), "uint_contents"),
+        (c.bool_contents.len(), "bool_contents"),
+    ];
+    if let Some((_, other)) = given.iter().find(|(n, f)| *n > 0 && *f != field) {
+        return Err(wrong(other));
     }
-    if f + i + l + b != used {
-        let field = [(f, "fp32_contents"), (i, "int_contents"), (l, "int64_contents"), (b, "bool_contents")].into_iter().find(|(n, _)| *n > 0).map_or("?", |x| x.1);
-        return Err(wrong(field));
-    }
-    Ok(data)
+    let elem_err = |i: usize, x: i64| ServeError::bad(format!("input '{name}': element {i} is {x}, not a valid {datatype} value"));
+    Ok(match dt {
+        DataType::Fp32 => Data::F32(c.fp32_contents),
+        DataType::Int32 => Data::I32(c.int_contents),
+        DataType::Int64 => Data::I64(c.int64_contents),
+        DataType::Int8 => Data::I8(c.int_contents.iter().enumerate().map(|(i, &x)| i8::try_from(x).map_err(|_| elem_err(i, x as i64))).collect::<Result<_>>()?),
+        DataType::Uint8 => Data::U8(c.uint_contents.iter().enumerate().map(|(i, &x)| u8::try_from(x).map_err(|_| elem_err(i, x as i64))).collect::<Result<_>>()?),
+        DataType::Bool => Data::Bool(c.bool_contents),
+    })
 }
 
 /// Check and convert a ModelInfer request's inputs.
@@ -185,5 +189,68 @@ impl Service {
             resp.raw_output_contents.push(tensor::raw_bytes(&t.data).into());
         }
         Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::{ModelSpec, TensorSpec};
+
+    fn spec() -> ModelSpec {
+        ModelSpec {
+            inputs: vec![
+                TensorSpec { name: "q".into(), datatype: DataType::Int8, shape: vec![3], range: None },
+                TensorSpec { name: "u".into(), datatype: DataType::Uint8, shape: vec![2], range: None },
+            ],
+            outputs: vec![TensorSpec { name: "o".into(), datatype: DataType::Int8, shape: vec![3], range: None }],
+            batching: None,
+        }
+    }
+
+    fn request(q: InferTensorContents, u: InferTensorContents) -> ModelInferRequest {
+        let input = |name: &str, dt: &str, shape: Vec<i64>, c: InferTensorContents| model_infer_request::InferInputTensor {
+            name: name.into(),
+            datatype: dt.into(),
+            shape,
+            parameters: Default::default(),
+            contents: Some(c),
+        };
+        ModelInferRequest { inputs: vec![input("q", "INT8", vec![3], q), input("u", "UINT8", vec![2], u)], ..Default::default() }
+    }
+
+    fn ints(v: &[i32]) -> InferTensorContents {
+        InferTensorContents { int_contents: v.to_vec(), ..Default::default() }
+    }
+
+    fn uints(v: &[u32]) -> InferTensorContents {
+        InferTensorContents { uint_contents: v.to_vec(), ..Default::default() }
+    }
+
+    #[test]
+    fn int8_in_int_contents_and_uint8_in_uint_contents() {
+        let ts = request_inputs(&spec(), &mut request(ints(&[-128, 0, 127]), uints(&[0, 255]))).unwrap();
+        assert_eq!(ts[0], rbln_runtime::Tensor::new(&[3], vec![-128i8, 0, 127]));
+        assert_eq!(ts[1], rbln_runtime::Tensor::new(&[2], vec![0u8, 255]));
+        let err = |q, u| request_inputs(&spec(), &mut request(q, u)).unwrap_err().msg;
+        assert_eq!(err(ints(&[1, 128, 3]), uints(&[0, 1])), "input 'q': element 1 is 128, not a valid INT8 value");
+        assert_eq!(err(ints(&[-129, 0, 3]), uints(&[0, 1])), "input 'q': element 0 is -129, not a valid INT8 value");
+        assert_eq!(err(ints(&[1, 2, 3]), uints(&[0, 256])), "input 'u': element 1 is 256, not a valid UINT8 value");
+        assert_eq!(err(uints(&[1, 2, 3]), uints(&[0, 1])), "input 'q': datatype INT8 cannot take contents.uint_contents");
+        assert_eq!(err(ints(&[1, 2, 3]), ints(&[0, 1])), "input 'u': datatype UINT8 cannot take contents.int_contents");
+        assert_eq!(err(ints(&[1, 2]), uints(&[0, 1])), "input 'q': 2 values for shape [3] (3 expected)");
+        let both = InferTensorContents { int_contents: vec![1, 2, 3], bool_contents: vec![true; 3], ..Default::default() };
+        assert_eq!(err(both, uints(&[0, 1])), "input 'q': datatype INT8 cannot take contents.bool_contents");
+        let u64s = InferTensorContents { uint64_contents: vec![1, 2], ..Default::default() };
+        assert_eq!(err(ints(&[1, 2, 3]), u64s), "input 'u': only fp32, int, int64, uint and bool contents are supported");
+    }
+
+    #[test]
+    fn raw_int8_and_uint8_contents() {
+        let mut r = request(InferTensorContents::default(), InferTensorContents::default());
+        r.raw_input_contents = vec![vec![0x80u8, 0xff, 0x7f].into(), vec![0u8, 255].into()];
+        let ts = request_inputs(&spec(), &mut r).unwrap();
+        assert_eq!(ts[0].data, Data::I8(vec![-128, -1, 127]));
+        assert_eq!(ts[1].data, Data::U8(vec![0, 255]));
     }
 }

@@ -9,26 +9,30 @@ use serde_json::Value;
 use crate::error::{Result, ServeError};
 
 /// The protocol datatypes this server passes (the runtime's f32, i32,
-/// i64 and bool tensors).
+/// i64, i8, u8 and bool tensors).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataType {
     Fp32,
     Int32,
     Int64,
+    Int8,
+    Uint8,
     Bool,
 }
 
 /// Datatype names of the protocol that this server knows but no model
 /// here can take (so the error can say "unsupported", not "unknown").
-const OTHER_DATATYPES: &[&str] = &["BYTES", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "FP16", "BF16", "FP64"];
+const OTHER_DATATYPES: &[&str] = &["BYTES", "UINT16", "UINT32", "UINT64", "INT16", "FP16", "BF16", "FP64"];
 
 impl DataType {
-    /// The protocol's name: FP32, INT32, INT64, BOOL.
+    /// The protocol's name: FP32, INT32, INT64, INT8, UINT8, BOOL.
     pub fn name(self) -> &'static str {
         match self {
             DataType::Fp32 => "FP32",
             DataType::Int32 => "INT32",
             DataType::Int64 => "INT64",
+            DataType::Int8 => "INT8",
+            DataType::Uint8 => "UINT8",
             DataType::Bool => "BOOL",
         }
     }
@@ -39,6 +43,8 @@ impl DataType {
             "FP32" => DataType::Fp32,
             "INT32" => DataType::Int32,
             "INT64" => DataType::Int64,
+            "INT8" => DataType::Int8,
+            "UINT8" => DataType::Uint8,
             "BOOL" => DataType::Bool,
             _ => return None,
         })
@@ -50,6 +56,8 @@ impl DataType {
             "f32" => DataType::Fp32,
             "i32" => DataType::Int32,
             "i64" => DataType::Int64,
+            "i8" => DataType::Int8,
+            "u8" => DataType::Uint8,
             "bool" => DataType::Bool,
             _ => return None,
         })
@@ -60,7 +68,7 @@ impl DataType {
         match self {
             DataType::Fp32 | DataType::Int32 => 4,
             DataType::Int64 => 8,
-            DataType::Bool => 1,
+            DataType::Int8 | DataType::Uint8 | DataType::Bool => 1,
         }
     }
 
@@ -69,6 +77,8 @@ impl DataType {
             Data::F32(_) => DataType::Fp32,
             Data::I32(_) => DataType::Int32,
             Data::I64(_) => DataType::Int64,
+            Data::I8(_) => DataType::Int8,
+            Data::U8(_) => DataType::Uint8,
             Data::Bool(_) => DataType::Bool,
         }
     }
@@ -270,6 +280,8 @@ fn convert_input(want: &TensorSpec, batching: Option<Batching>, inp: InputTensor
         let bad = match &data {
             Data::I32(v) => v.iter().position(|&x| (x as i64) < lo || (x as i64) >= hi).map(|i| (i, v[i] as i64)),
             Data::I64(v) => v.iter().position(|&x| x < lo || x >= hi).map(|i| (i, v[i])),
+            Data::I8(v) => v.iter().position(|&x| (x as i64) < lo || (x as i64) >= hi).map(|i| (i, v[i] as i64)),
+            Data::U8(v) => v.iter().position(|&x| (x as i64) < lo || (x as i64) >= hi).map(|i| (i, v[i] as i64)),
             _ => None,
         };
         if let Some((i, x)) = bad {
@@ -294,6 +306,8 @@ fn from_raw(name: &str, dt: DataType, n: usize, shape: &[i64], bytes: &[u8]) -> 
         DataType::Fp32 => Data::F32(from_le(bytes, f32::from_le_bytes)),
         DataType::Int32 => Data::I32(from_le(bytes, i32::from_le_bytes)),
         DataType::Int64 => Data::I64(from_le(bytes, i64::from_le_bytes)),
+        DataType::Int8 => Data::I8(bytemuck::cast_slice(bytes).to_vec()),
+        DataType::Uint8 => Data::U8(bytes.to_vec()),
         DataType::Bool => {
             if let Some(i) = bytes.iter().position(|&b| b > 1) {
                 return Err(ServeError::bad(format!("input '{name}': BOOL element {i} is byte {}, not 0 or 1", bytes[i])));
@@ -347,6 +361,8 @@ fn from_json(name: &str, dt: DataType, n: usize, shape: &[i64], v: &Value) -> Re
         DataType::Fp32 => Data::F32(flat.iter().enumerate().map(|(i, x)| x.as_f64().map(|f| f as f32).ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
         DataType::Int32 => Data::I32(flat.iter().enumerate().map(|(i, x)| x.as_i64().and_then(|v| i32::try_from(v).ok()).ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
         DataType::Int64 => Data::I64(flat.iter().enumerate().map(|(i, x)| x.as_i64().ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
+        DataType::Int8 => Data::I8(flat.iter().enumerate().map(|(i, x)| x.as_i64().and_then(|v| i8::try_from(v).ok()).ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
+        DataType::Uint8 => Data::U8(flat.iter().enumerate().map(|(i, x)| x.as_i64().and_then(|v| u8::try_from(v).ok()).ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
         DataType::Bool => Data::Bool(flat.iter().enumerate().map(|(i, x)| x.as_bool().ok_or_else(|| elem_err(i, x))).collect::<Result<_>>()?),
     })
 }
@@ -385,6 +401,8 @@ pub fn raw_bytes(data: &Data) -> Vec<u8> {
         Data::F32(v) => le(v, |x| x.to_le_bytes()),
         Data::I32(v) => le(v, |x| x.to_le_bytes()),
         Data::I64(v) => le(v, |x| x.to_le_bytes()),
+        Data::I8(v) => bytemuck::cast_slice(v).to_vec(),
+        Data::U8(v) => v.clone(),
         Data::Bool(v) => v.iter().map(|&b| b as u8).collect(),
     }
 }
@@ -395,6 +413,8 @@ pub fn json_data(data: &Data) -> Value {
         Data::F32(v) => Value::Array(v.iter().map(|&x| serde_json::Number::from_f64(x as f64).map_or(Value::Null, Value::Number)).collect()),
         Data::I32(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
         Data::I64(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
+        Data::I8(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
+        Data::U8(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
         Data::Bool(v) => Value::Array(v.iter().map(|&x| Value::from(x)).collect()),
     }
 }
@@ -451,10 +471,13 @@ mod tests {
 
     #[test]
     fn datatype_names_round_trip() {
-        for d in [DataType::Fp32, DataType::Int32, DataType::Int64, DataType::Bool] {
+        for d in [DataType::Fp32, DataType::Int32, DataType::Int64, DataType::Int8, DataType::Uint8, DataType::Bool] {
             assert_eq!(DataType::parse(d.name()), Some(d));
         }
         assert_eq!(DataType::from_model("f32"), Some(DataType::Fp32));
+        assert_eq!(DataType::from_model("i8"), Some(DataType::Int8));
+        assert_eq!(DataType::from_model("u8"), Some(DataType::Uint8));
+        assert_eq!((DataType::of(&Data::I8(vec![])), DataType::of(&Data::U8(vec![]))), (DataType::Int8, DataType::Uint8));
         assert_eq!(DataType::from_model("f16"), None);
         assert_eq!(DataType::parse("fp32"), None, "names are case-sensitive");
     }
@@ -495,6 +518,56 @@ mod tests {
         assert_eq!(err(InputData::Typed(Data::Bool(vec![true])), InputData::Raw(&ok_k)), "input 'm': 1 values for shape [3] (3 expected)");
         let long = json!(["a very long string that goes on and on and on and on", 1]);
         assert!(err(InputData::Raw(&[0, 1, 1]), InputData::Json(&long)).contains("element 0 is \"a very long string that goes on and ..., not a valid INT32 value"));
+    }
+
+    fn spec8() -> ModelSpec {
+        ModelSpec {
+            inputs: vec![
+                TensorSpec { name: "q".into(), datatype: DataType::Int8, shape: vec![2, 2], range: None },
+                TensorSpec { name: "u".into(), datatype: DataType::Uint8, shape: vec![3], range: None },
+            ],
+            outputs: vec![TensorSpec { name: "o".into(), datatype: DataType::Int8, shape: vec![2], range: None }],
+            batching: None,
+        }
+    }
+
+    #[test]
+    fn int8_and_uint8_inputs_and_outputs() {
+        let q = json!([[-128, -1], [0, 127]]);
+        let u: Vec<u8> = vec![0, 128, 255];
+        let ts = to_runtime_inputs(&spec8(), vec![inp("u", "UINT8", &[3], InputData::Raw(&u)), inp("q", "INT8", &[2, 2], InputData::Json(&q))]).unwrap();
+        assert_eq!(ts[0], Tensor::new(&[2, 2], vec![-128i8, -1, 0, 127]));
+        assert_eq!(ts[1], Tensor::new(&[3], vec![0u8, 128, 255]));
+        assert_eq!(raw_bytes(&ts[0].data), vec![0x80, 0xff, 0, 0x7f]);
+        assert_eq!(raw_bytes(&ts[1].data), u);
+        assert_eq!(json_data(&ts[0].data), json!([-128, -1, 0, 127]));
+        assert_eq!(json_data(&ts[1].data), json!([0, 128, 255]));
+        // Raw INT8 is two's complement, one byte an element.
+        let q_raw: Vec<u8> = vec![0x80, 0xff, 0, 0x7f];
+        let u_json = json!([0, 128, 255]);
+        let ts = to_runtime_inputs(&spec8(), vec![inp("q", "INT8", &[2, 2], InputData::Raw(&q_raw)), inp("u", "UINT8", &[3], InputData::Json(&u_json))]).unwrap();
+        assert_eq!(ts[0].data, Data::I8(vec![-128, -1, 0, 127]));
+        assert_eq!(ts[1].data, Data::U8(vec![0, 128, 255]));
+
+        let err = |q: InputData<'_>, u: InputData<'_>| to_runtime_inputs(&spec8(), vec![inp("q", "INT8", &[2, 2], q), inp("u", "UINT8", &[3], u)]).unwrap_err().msg;
+        let ok_q = json!([1, 2, 3, 4]);
+        let ok_u: Vec<u8> = vec![1, 2, 3];
+        assert_eq!(err(InputData::Json(&json!([1, 2, 128, 4])), InputData::Raw(&ok_u)), "input 'q': element 2 is 128, not a valid INT8 value");
+        assert_eq!(err(InputData::Json(&json!([1, -129, 3, 4])), InputData::Raw(&ok_u)), "input 'q': element 1 is -129, not a valid INT8 value");
+        assert_eq!(err(InputData::Json(&ok_q), InputData::Json(&json!([1, -1, 3]))), "input 'u': element 1 is -1, not a valid UINT8 value");
+        assert_eq!(err(InputData::Json(&ok_q), InputData::Json(&json!([1, 2, 256]))), "input 'u': element 2 is 256, not a valid UINT8 value");
+        assert_eq!(err(InputData::Json(&ok_q), InputData::Json(&json!([1, 2.5, 3]))), "input 'u': element 1 is 2.5, not a valid UINT8 value");
+        assert_eq!(err(InputData::Raw(&[1, 2, 3]), InputData::Raw(&ok_u)), "input 'q': binary data has 3 bytes, but shape [2, 2] of INT8 needs 4");
+        assert_eq!(err(InputData::Json(&ok_q), InputData::Typed(Data::U8(vec![1]))), "input 'u': 1 values for shape [3] (3 expected)");
+        let wrong_type = to_runtime_inputs(&spec8(), vec![inp("q", "UINT8", &[2, 2], InputData::Raw(&[0; 4])), inp("u", "UINT8", &[3], InputData::Raw(&ok_u))]).unwrap_err().msg;
+        assert_eq!(wrong_type, "input 'q': datatype UINT8 does not match the model's INT8");
+        let int16 = to_runtime_inputs(&spec8(), vec![inp("q", "INT16", &[2, 2], InputData::Raw(&[0; 8]))]).unwrap_err().msg;
+        assert_eq!(int16, "input 'q': datatype INT16 is not supported by this model (it takes INT8)");
+        // A model range applies to them as to other integers.
+        let mut ranged = spec8();
+        ranged.inputs[1].range = Some((0, 200));
+        let e = to_runtime_inputs(&ranged, vec![inp("q", "INT8", &[2, 2], InputData::Json(&ok_q)), inp("u", "UINT8", &[3], InputData::Raw(&[0, 200, 1]))]).unwrap_err().msg;
+        assert_eq!(e, "input 'u': element 1 is 200, outside the range 0..200 the model accepts");
     }
 
     #[test]

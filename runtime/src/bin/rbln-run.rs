@@ -23,8 +23,8 @@ use rbln_runtime::{clock, inspect, npy, stats::LatencyStats, AsyncRuntime, Data,
 struct Args {
     /// The model (.rbln).
     model: PathBuf,
-    /// Input tensors (.npy: float32, int32, int64 or bool, as the model
-    /// declares), in the model's input order. Inputs
+    /// Input tensors (.npy: float32, int32, int64, int8, uint8 or bool, as
+    /// the model declares), in the model's input order. Inputs
     /// not given are zero-filled (or random with --random).
     #[arg(long = "input", short = 'i')]
     inputs: Vec<PathBuf>,
@@ -101,15 +101,26 @@ fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
 }
 
 /// A missing input: zeros, or random values (in [-1, 1] for floats, in
-/// the input's range or 0..100 for integers, half true for bools).
+/// the input's range or 0..100 for int32/int64, in the input's range or
+/// the whole type for int8/uint8, half true for bools).
 fn default_input(want: &rbln_runtime::IoInfo, seed: u64, random: bool) -> Tensor {
     let n = Tensor::elements(&want.shape) as usize;
     let r: Vec<f32> = if random { random_values(n, seed) } else { vec![0.0; n] };
     let (lo, hi) = want.range.map_or((0, 100), |(lo, hi)| (lo.max(0).min(hi - 1), hi.min(lo.max(0) + 100)));
+    // int8/uint8 (quantised inputs): values in the type's `tlo..thi`, or in
+    // the part of the input's range inside it; zeros are 0, or the value
+    // of that range nearest 0.
+    let byte = |x: f32, tlo: i64, thi: i64| {
+        let (lo, hi) = want.range.map_or((tlo, thi), |(lo, hi)| (lo.max(tlo), hi.min(thi)));
+        let (lo, hi) = if lo < hi { (lo, hi) } else { (tlo, thi) };
+        if random { lo + (((x + 1.0) / 2.0 * (hi - lo) as f32) as i64).clamp(0, hi - lo - 1) } else { 0.clamp(lo, hi - 1) }
+    };
     let int = |x: f32| if random { lo + (((x + 1.0) / 2.0 * (hi - lo) as f32) as i64).clamp(0, hi - lo - 1) } else { lo.max(0).min(hi - 1) };
     match want.dtype {
         "i64" => Tensor::new(&want.shape, r.iter().map(|&x| int(x)).collect::<Vec<i64>>()),
         "i32" => Tensor::new(&want.shape, r.iter().map(|&x| int(x) as i32).collect::<Vec<i32>>()),
+        "i8" => Tensor::new(&want.shape, r.iter().map(|&x| byte(x, -128, 128) as i8).collect::<Vec<i8>>()),
+        "u8" => Tensor::new(&want.shape, r.iter().map(|&x| byte(x, 0, 256) as u8).collect::<Vec<u8>>()),
         "bool" => Tensor::new(&want.shape, r.iter().map(|&x| x > 0.0).collect::<Vec<bool>>()),
         _ => Tensor::new(&want.shape, r),
     }
@@ -314,6 +325,8 @@ fn first_json(d: &Data, n: usize) -> serde_json::Value {
         Data::F32(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
         Data::I32(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
         Data::I64(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
+        Data::I8(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
+        Data::U8(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
         Data::Bool(v) => v.iter().take(n).copied().collect::<Vec<_>>().into(),
     }
 }
@@ -324,6 +337,8 @@ fn first_text(d: &Data, n: usize) -> Vec<String> {
         Data::F32(v) => v.iter().take(n).map(|x| format!("{x:.5}")).collect(),
         Data::I32(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
         Data::I64(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
+        Data::I8(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
+        Data::U8(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
         Data::Bool(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
     }
 }

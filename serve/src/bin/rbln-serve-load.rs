@@ -116,7 +116,8 @@ async fn run(args: Args) -> Result<bool, String> {
                         lat.push(t0.elapsed());
                         if let Some(exp) = expected.as_ref() {
                             let r = r.into_inner();
-                            let got: Vec<f64> = r.raw_output_contents.first().map(|b| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()).unwrap_or_default();
+                            let datatype = r.outputs.first().map_or("FP32", |o| o.datatype.as_str());
+                            let got: Vec<f64> = r.raw_output_contents.first().map(|b| raw_f64(datatype, b)).unwrap_or_default();
                             if got.len() != exp.len() || got.iter().zip(exp.iter()).any(|(a, b)| (a - b).abs() > tol + tol * b.abs()) {
                                 wrong += 1;
                             }
@@ -165,4 +166,15 @@ async fn run(args: Args) -> Result<bool, String> {
         eprintln!("rbln-serve-load: first error: {e}");
     }
     Ok(errors == 0 && wrong == 0)
+}
+
+/// The elements of a raw (little-endian) output of `datatype` as f64.
+fn raw_f64(datatype: &str, b: &[u8]) -> Vec<f64> {
+    match DataType::parse(datatype) {
+        Some(DataType::Int32) => b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect(),
+        Some(DataType::Int64) => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64).collect(),
+        Some(DataType::Int8) => b.iter().map(|&x| x as i8 as f64).collect(),
+        Some(DataType::Uint8 | DataType::Bool) => b.iter().map(|&x| x as f64).collect(),
+        Some(DataType::Fp32) | None => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect(),
+    }
 }
