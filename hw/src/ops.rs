@@ -38,6 +38,8 @@ pub enum OpCode {
     /// int8 2-D convolution, int32 accumulation, fused requantisation
     /// (minor 6).
     QConv = 17,
+    /// int8 element-wise add or multiply with requantisation (minor 7).
+    QBinary = 18,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -250,6 +252,8 @@ pub const QGEMM_BIAS: u32 = 1 << 0;
 pub const QGEMM_B_ZERO: u32 = 1 << 1;
 /// QGEMM / QCONV with a QTYPE_F32 output: max(0, y).
 pub const QGEMM_RELU: u32 = 1 << 2;
+/// QBINARY: max(0, y) before quantising the result.
+pub const QBINARY_RELU: u32 = 1 << 0;
 /// Columns per panel of a packed int8 B operand.
 pub const QGEMM_PANEL: usize = 8;
 /// `k` per group of a packed int8 B operand: each group is
@@ -425,6 +429,35 @@ wire_struct! {
         pub w_zero_va: u64,
         pub bias_va: u64,
         pub scale_va: u64,
+        pub out_va: u64,
+    }
+}
+
+wire_struct! {
+    /// int8 element-wise `kind` (Binary::Add or Binary::Mul) of two
+    /// tensors of `count` elements each, computed as its QDQ definition in
+    /// f32: `a' = (a − a_zero)·a_scale`, `b'` alike, `y = a' (kind) b'`
+    /// (`max(0, y)` with QBINARY_RELU), then the output quantised as QUANT
+    /// does (`y / out_scale` rounded half to even, `+ out_zero`,
+    /// saturated). Types are QTYPE_U8 / QTYPE_I8, scales finite and > 0,
+    /// zero points in their type's range.
+    pub struct QBinaryDesc {
+        pub header: OpHeader,
+        pub kind: u32,
+        pub flags: u32,
+        pub a_type: u32,
+        pub b_type: u32,
+        pub out_type: u32,
+        pub reserved: u32,
+        pub a_scale: f32,
+        pub b_scale: f32,
+        pub out_scale: f32,
+        pub a_zero: i32,
+        pub b_zero: i32,
+        pub out_zero: i32,
+        pub count: u64,
+        pub a_va: u64,
+        pub b_va: u64,
         pub out_va: u64,
     }
 }
@@ -758,6 +791,7 @@ const _: () = assert!(CastDesc::SIZE == 40);
 const _: () = assert!(QuantDesc::SIZE == 72);
 const _: () = assert!(QGemmDesc::SIZE == 96);
 const _: () = assert!(QConvDesc::SIZE == 152);
+const _: () = assert!(QBinaryDesc::SIZE == 88);
 const _: () = assert!(ResizeDesc::SIZE == 72);
 const _: () = assert!(WhereDesc::SIZE == 120);
 
@@ -781,6 +815,7 @@ pub enum Desc {
     Quant(QuantDesc),
     QGemm(QGemmDesc),
     QConv(QConvDesc),
+    QBinary(QBinaryDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -829,6 +864,7 @@ encode_fn!(WhereDesc, Where);
 encode_fn!(QuantDesc, Quant);
 encode_fn!(QGemmDesc, QGemm);
 encode_fn!(QConvDesc, QConv);
+encode_fn!(QBinaryDesc, QBinary);
 
 /// Sizes of descriptors written for hardware minor version 0, before
 /// fields were appended: such a descriptor reads as the current one with
@@ -1028,6 +1064,25 @@ impl Desc {
                     return Err(BadField("reserved"));
                 }
                 Desc::QConv(d)
+            }
+            18 => {
+                let d = get!(QBinaryDesc);
+                if !matches!(Binary::from_u32(d.kind), Some(Binary::Add | Binary::Mul)) {
+                    return Err(BadField("qbinary kind"));
+                }
+                if d.flags & !QBINARY_RELU != 0 || d.reserved != 0 {
+                    return Err(BadField("qbinary flags"));
+                }
+                for (t, z, s) in [(d.a_type, d.a_zero, d.a_scale), (d.b_type, d.b_zero, d.b_scale), (d.out_type, d.out_zero, d.out_scale)] {
+                    let (lo, hi) = qtype_range(t).ok_or(BadField("qbinary type"))?;
+                    if z < lo || z > hi {
+                        return Err(BadField("qbinary zero point"));
+                    }
+                    if !(s.is_finite() && s > 0.0) {
+                        return Err(BadField("qbinary scale"));
+                    }
+                }
+                Desc::QBinary(d)
             }
             op => return Err(UnknownOp(op)),
         };

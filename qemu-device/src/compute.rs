@@ -408,6 +408,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::Quant(d) => quant(&mut op, &d),
         Desc::QGemm(d) => qgemm(&mut op, &d),
         Desc::QConv(d) => qconv(&mut op, &d),
+        Desc::QBinary(d) => qbinary(&mut op, &d),
         Desc::Where(d) => {
             let (cd, ad, bd) = (dims(&d.cond_dims, d.rank), dims(&d.a_dims, d.rank), dims(&d.b_dims, d.rank));
             let out_shape = op.kernel(k::broadcast_shape3(&cd, &ad, &bd))?;
@@ -655,6 +656,18 @@ fn quant(op: &mut Op<'_, '_, '_>, d: &ops::QuantDesc) -> R<u64> {
         let src = k::QTensor { data: &q, signed };
         op.write_out(d.out_va, n, |x| k::dequantize(src, x, outer, channels, inner, &scale, &zero))?;
     }
+    Ok(n as u64)
+}
+
+fn qbinary(op: &mut Op<'_, '_, '_>, d: &ops::QBinaryDesc) -> R<u64> {
+    let n = op.volume(&[usize::try_from(d.count).map_err(|_| op.bad())?])?;
+    let kind = if d.kind == ops::Binary::Mul as u32 { k::QBinaryKind::Mul } else { k::QBinaryKind::Add };
+    let qa = op.input_of::<u8>(d.a_va, n)?;
+    let qb = op.input_of::<u8>(d.b_va, n)?;
+    let a = k::QOperand { q: k::QTensor { data: &qa, signed: d.a_type == ops::QTYPE_I8 }, scale: d.a_scale, zero: d.a_zero };
+    let b = k::QOperand { q: k::QTensor { data: &qb, signed: d.b_type == ops::QTYPE_I8 }, scale: d.b_scale, zero: d.b_zero };
+    let relu = d.flags & ops::QBINARY_RELU != 0;
+    op.write_out_of::<u8>(d.out_va, n, |out| k::qbinary(kind, a, b, relu, out, d.out_type == ops::QTYPE_I8, d.out_scale, d.out_zero))?;
     Ok(n as u64)
 }
 

@@ -1191,3 +1191,47 @@ fn bad_int8_descriptors_fault_without_writing() {
         assert!(r.rig.dev.healthy(), "{what}");
     }
 }
+
+/// QBINARY (hardware 8.19): int8 add and multiply through the device, as
+/// their QDQ definition; malformed ones fault without writing.
+#[test]
+fn int8_binary_through_the_device() {
+    let n = 37usize;
+    let a: Vec<u8> = (0..n).map(|i| (i * 97 % 256) as u8).collect();
+    let b: Vec<u8> = (0..n).map(|i| (i * 31 % 256) as u8).collect();
+    let base = QBinaryDesc {
+        kind: Binary::Add as u32, a_type: QTYPE_U8, b_type: QTYPE_I8, out_type: QTYPE_I8, a_scale: 0.05, b_scale: 0.02, out_scale: 0.07,
+        a_zero: 120, b_zero: -4, out_zero: 3, count: n as u64, a_va: tva(0), b_va: tva(1), out_va: tva(4), ..Default::default()
+    }
+    .with_header();
+    for (kind, relu) in [(Binary::Add, false), (Binary::Add, true), (Binary::Mul, false)] {
+        let mut r = OpRig::new();
+        r.rig.write(r.bus[0], &a);
+        r.rig.write(r.bus[1], &b);
+        let d = QBinaryDesc { kind: kind as u32, flags: if relu { QBINARY_RELU } else { 0 }, ..base };
+        assert_eq!(r.run(&d.to_bytes()), FaultCode::None, "{kind:?}");
+        let got = r.rig.read(r.bus[4], n);
+        for i in 0..n {
+            let (x, z) = ((a[i] as i32 - 120) as f32 * 0.05, (b[i] as i8 as i32 + 4) as f32 * 0.02);
+            let y = if kind == Binary::Add { x + z } else { x * z };
+            let y = if relu { y.max(0.0) } else { y };
+            let want = ((y / 0.07).round_ties_even() + 3.0).clamp(-128.0, 127.0) as i32;
+            assert_eq!(got[i] as i8 as i32, want, "{kind:?} relu {relu} [{i}]");
+        }
+    }
+    let cases: [(&str, QBinaryDesc); 6] = [
+        ("kind Sub", QBinaryDesc { kind: Binary::Sub as u32, ..base }),
+        ("unknown flag", QBinaryDesc { flags: 2, ..base }),
+        ("b_type 2 (f32)", QBinaryDesc { b_type: QTYPE_F32, ..base }),
+        ("out_zero outside i8", QBinaryDesc { out_zero: 200, ..base }),
+        ("zero scale", QBinaryDesc { a_scale: 0.0, ..base }),
+        ("count past the buffer", QBinaryDesc { count: u64::MAX, ..base }),
+    ];
+    for (what, d) in cases {
+        let mut r = OpRig::new();
+        r.rig.write(r.bus[4], &[0x5a; 64]);
+        assert_eq!(r.run(&d.to_bytes()), FaultCode::BadDescriptor, "{what}");
+        assert_eq!(r.rig.read(r.bus[4], 64), [0x5a; 64], "{what}: nothing written");
+        assert!(r.rig.dev.healthy(), "{what}");
+    }
+}

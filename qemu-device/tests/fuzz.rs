@@ -13,7 +13,7 @@ use common::*;
 use proptest::prelude::*;
 use rbln_hw::cmd::{header, Opcode};
 use rbln_hw::mmu::{Target, VA_LIMIT};
-use rbln_hw::ops::{CastDesc, GatherDesc, OpHeader, QConvDesc, QGemmDesc, QuantDesc, WhereDesc};
+use rbln_hw::ops::{CastDesc, GatherDesc, OpHeader, QBinaryDesc, QConvDesc, QGemmDesc, QuantDesc, WhereDesc};
 use rbln_hw::pci::{BAR_DOORBELL, BAR_DRAM, BAR_REGS};
 use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
@@ -151,7 +151,15 @@ fn typed_descriptor() -> impl Strategy<Value = Vec<u8>> {
             .to_bytes()
             .to_vec()
         });
-    prop_oneof![3 => cast, 1 => gather, 1 => quant, 1 => qgemm, 1 => qconv]
+    let scale = || prop_oneof![4 => 0.001f32..10.0, 1 => any::<f32>()];
+    let qbinary = ((0u32..4, 0u32..3, qt(), qt(), qt()), (scale(), scale(), scale(), zero(), zero(), zero()), (0u64..300, element_address(), element_address(), element_address()))
+        .prop_map(|((kind, flags, a_type, b_type, out_type), (a_scale, b_scale, out_scale, a_zero, b_zero, out_zero), (count, a_va, b_va, out_va))| {
+            QBinaryDesc { kind, flags, a_type, b_type, out_type, a_scale, b_scale, out_scale, a_zero, b_zero, out_zero, count, a_va, b_va, out_va, ..Default::default() }
+                .with_header()
+                .to_bytes()
+                .to_vec()
+        });
+    prop_oneof![3 => cast, 1 => gather, 1 => quant, 1 => qgemm, 1 => qconv, 1 => qbinary]
 }
 
 /// WHERE descriptors that decode: small dims, often not broadcastable

@@ -85,7 +85,7 @@ pub use error::{KernelError, Result};
 pub use gather::{gather, gather_output_shape, GatherIndex};
 pub use gemm::{gemm, gemm_residual, GemmParams};
 pub use pool::{pool2d, pool2d_output_shape, Pool2dParams, PoolKind};
-pub use qgemm::{dequantize, qconv2d, qconv2d_output_shape, qgemm, quantize, QConvParams, QDst, QGemmParams, QTensor, QGEMM_MAX_K};
+pub use qgemm::{dequantize, qbinary, qconv2d, qconv2d_output_shape, qgemm, quantize, QBinaryKind, QConvParams, QDst, QGemmParams, QOperand, QTensor, QGEMM_MAX_K};
 pub use reduce::{arg_reduce, reduce, ReduceOp};
 pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams};
 pub use select::{broadcast_shape3, where_select};

@@ -31,7 +31,7 @@ mod quant;
 pub use conv::{qconv2d, qconv2d_output_shape, QConvParams};
 #[cfg(test)]
 pub(crate) use conv::qconv2d_impl as conv_impl;
-pub use quant::{dequantize, quantize};
+pub use quant::{dequantize, qbinary, quantize, QBinaryKind, QOperand};
 
 use crate::error::{KernelError, Result};
 use crate::util::{check_len, for_each_task, mul, plan_threads, sequential, with_local, SendPtr};

@@ -1,5 +1,6 @@
 //! f32 ↔ int8 (QuantizeLinear / DequantizeLinear), per tensor or per
-//! channel of a tensor viewed as `[outer, channels, inner]`.
+//! channel of a tensor viewed as `[outer, channels, inner]`, and the int8
+//! element-wise add / multiply computed as their QDQ definition.
 
 use super::{qrange, QTensor};
 use crate::error::{KernelError, Result};
@@ -94,6 +95,53 @@ pub fn dequantize(q: QTensor<'_>, out: &mut [f32], outer: usize, channels: usize
                 }
             }
         });
+    });
+    Ok(())
+}
+
+/// One int8 operand of [`qbinary`]: values, scale and zero point.
+#[derive(Clone, Copy, Debug)]
+pub struct QOperand<'a> {
+    pub q: QTensor<'a>,
+    pub scale: f32,
+    pub zero: i32,
+}
+
+/// The element-wise operation of [`qbinary`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QBinaryKind {
+    Add,
+    Mul,
+}
+
+/// int8 `a (kind) b` element-wise, as its QDQ definition in f32:
+/// `(a − za)·sa (kind) (b − zb)·sb`, `max(0, ·)` with `relu`, then
+/// quantised with `out_scale` / `out_zero` exactly as [`quantize`] (the
+/// same results, bit for bit, as the dequantise, f32 op, quantise ops it
+/// replaces). Scales finite and > 0, zero points in their types' ranges.
+#[allow(clippy::too_many_arguments)]
+pub fn qbinary(kind: QBinaryKind, a: QOperand<'_>, b: QOperand<'_>, relu: bool, out: &mut [u8], out_signed: bool, out_scale: f32, out_zero: i32) -> Result<()> {
+    for (what, o) in [("qbinary a", &a), ("qbinary b", &b)] {
+        check_params(what, o.q.data.len(), 1, 1, out.len(), &[o.scale], &[o.zero], o.q.signed)?;
+    }
+    check_params("qbinary output", out.len(), 1, 1, out.len(), &[out_scale], &[out_zero], out_signed)?;
+    let (lo, hi) = qrange(out_signed);
+    let real = |o: &QOperand<'_>, v: u8| (if o.q.signed { v as i8 as i32 } else { v as i32 } - o.zero) as f32 * o.scale;
+    chunked(out, |start, o| {
+        let (qa, qb) = (&a.q.data[start..][..o.len()], &b.q.data[start..][..o.len()]);
+        let mut y = [0f32; 256];
+        for ((o, qa), qb) in o.chunks_mut(256).zip(qa.chunks(256)).zip(qb.chunks(256)) {
+            let y = &mut y[..o.len()];
+            for ((y, &va), &vb) in y.iter_mut().zip(qa).zip(qb) {
+                let (x, z) = (real(&a, va), real(&b, vb));
+                let v = match kind {
+                    QBinaryKind::Add => x + z,
+                    QBinaryKind::Mul => x * z,
+                };
+                *y = if relu { v.max(0.0) } else { v };
+            }
+            quant_run(y, o, out_scale, out_zero, lo, hi);
+        }
     });
     Ok(())
 }

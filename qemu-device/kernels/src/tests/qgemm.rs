@@ -617,3 +617,50 @@ fn quantize_rejects_bad_params() {
     assert!(dequantize(QTensor { data: &out, signed: false }, &mut f[1..], 1, 2, 3, &[1.0, 1.0], &[0, 0]).is_err());
     assert_eq!(f, [7.0; 6]);
 }
+
+#[test]
+fn qbinary_equals_dequantize_op_quantize() {
+    // The composite it replaces: dequantize both, f32 op (+ relu),
+    // quantize; bit for bit, over sizes that cross the chunking and the
+    // parallel threshold, signed and unsigned mixes.
+    let mut r = Rng::new(7);
+    for (n, a_signed, b_signed, out_signed) in [(1usize, false, false, false), (300, true, false, true), (1031, false, true, false), (150_001, true, true, true)] {
+        let bytes = |r: &mut Rng| -> Vec<u8> { r.vec_in(n, 0.0, 256.0).iter().map(|&v| (v as u32).min(255) as u8).collect() };
+        let (qa, qb) = (bytes(&mut r), bytes(&mut r));
+        let a = QOperand { q: QTensor { data: &qa, signed: a_signed }, scale: 0.037, zero: if a_signed { -5 } else { 130 } };
+        let b = QOperand { q: QTensor { data: &qb, signed: b_signed }, scale: 0.011, zero: if b_signed { 3 } else { 7 } };
+        for kind in [QBinaryKind::Add, QBinaryKind::Mul] {
+            for relu in [false, true] {
+                let (os, oz) = if kind == QBinaryKind::Add { (0.05f32, if out_signed { -10 } else { 100 }) } else { (0.003, if out_signed { 0 } else { 128 }) };
+                let mut got = vec![0u8; n];
+                qbinary(kind, a, b, relu, &mut got, out_signed, os, oz).unwrap();
+                let (mut fa, mut fb) = (vec![0f32; n], vec![0f32; n]);
+                dequantize(a.q, &mut fa, 1, 1, n, &[a.scale], &[a.zero]).unwrap();
+                dequantize(b.q, &mut fb, 1, 1, n, &[b.scale], &[b.zero]).unwrap();
+                let y: Vec<f32> = fa
+                    .iter()
+                    .zip(&fb)
+                    .map(|(x, z)| if kind == QBinaryKind::Add { x + z } else { x * z })
+                    .map(|v| if relu { v.max(0.0) } else { v })
+                    .collect();
+                let mut want = vec![0u8; n];
+                quantize(&y, &mut want, out_signed, 1, 1, n, &[os], &[oz]).unwrap();
+                assert_eq!(got, want, "{kind:?} relu {relu} n {n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn qbinary_rejects_bad_params() {
+    let q = [1u8; 4];
+    let t = QTensor { data: &q, signed: false };
+    let ok = QOperand { q: t, scale: 1.0, zero: 0 };
+    let mut out = [9u8; 4];
+    assert!(qbinary(QBinaryKind::Add, QOperand { scale: 0.0, ..ok }, ok, false, &mut out, false, 1.0, 0).is_err());
+    assert!(qbinary(QBinaryKind::Add, ok, QOperand { zero: 300, ..ok }, false, &mut out, false, 1.0, 0).is_err());
+    assert!(qbinary(QBinaryKind::Add, ok, QOperand { q: QTensor { data: &q[1..], signed: false }, ..ok }, false, &mut out, false, 1.0, 0).is_err());
+    assert!(qbinary(QBinaryKind::Add, ok, ok, false, &mut out, true, 1.0, 128).is_err());
+    assert!(qbinary(QBinaryKind::Mul, ok, ok, false, &mut out, false, f32::NAN, 0).is_err());
+    assert_eq!(out, [9; 4]);
+}
