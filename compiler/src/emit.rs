@@ -158,7 +158,7 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
     let int8_operands: HashSet<ValueId> = g
         .ops
         .iter()
-        .filter(|o| matches!(o.kind, Kind::Quant { .. } | Kind::QGemm { .. } | Kind::QConv { .. }))
+        .filter(|o| matches!(o.kind, Kind::Quant { .. } | Kind::QGemm { .. } | Kind::QConv { .. } | Kind::QBinary { .. }))
         .flat_map(|o| o.kind.inputs())
         .collect();
     for op in &g.ops {
@@ -603,6 +603,26 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             if let Some(bv) = bias {
                 r.push(reloc(offset_of!(QGemmDesc, bias_va), off(*bv)));
             }
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::QBinary { kind, a, a_q, b, b_q, out_q, relu, count } => {
+            let d = QBinaryDesc {
+                kind: *kind as u32,
+                flags: if *relu { QBINARY_RELU } else { 0 },
+                a_type: qtype_code(op, a_q.dtype)?,
+                b_type: qtype_code(op, b_q.dtype)?,
+                out_type: qtype_code(op, out_q.dtype)?,
+                a_scale: a_q.scale,
+                b_scale: b_q.scale,
+                out_scale: out_q.scale,
+                a_zero: a_q.zero,
+                b_zero: b_q.zero,
+                out_zero: out_q.zero,
+                count: *count,
+                ..Default::default()
+            }
+            .with_header();
+            let r = vec![reloc(offset_of!(QBinaryDesc, a_va), off(*a)), reloc(offset_of!(QBinaryDesc, b_va), off(*b)), reloc(offset_of!(QBinaryDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
         Kind::QConv { x, x_type, x_zero, w, w_zero, bias, scale, dims, stride, dilation, pads, out } => {

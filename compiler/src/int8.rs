@@ -12,14 +12,19 @@
 //! the output zero point). Without a QuantizeLinear after it the op
 //! dequantises its own result (an f32 output feeding a float island).
 //!
+//! An element-wise Add or Mul (with its fused ReLU) of two per-tensor
+//! dequantised values of one shape whose only reader is a QuantizeLinear
+//! becomes one QBINARY op, bit for bit the float island it replaces (the
+//! residual adds of ResNets and MobileNets).
+//!
 //! Everything else stays as imported: the float ops between QUANT ops are
 //! the float islands, exact to the quantised values they read.
 
 use rbln_format::DType;
-use rbln_hw::ops::{pack_qgemm_b, qgemm_packed_b_len, Unary};
+use rbln_hw::ops::{pack_qgemm_b, qgemm_packed_b_len, Binary, Unary};
 
 use crate::import::quant::range;
-use crate::ir::{Act, Const, Data, Graph, Kind, QInfo, QOut, ValueId};
+use crate::ir::{Act, Const, Data, Graph, Kind, QInfo, QOut, QParam, ValueId};
 
 /// What the lowering did (for the compile report).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,6 +34,8 @@ pub struct Int8Stats {
     /// Of those, the ones whose output stays int8 (a QuantizeLinear
     /// consumed).
     pub int8_out: usize,
+    /// Element-wise Add / Mul on int8 values (QBINARY).
+    pub eltwise: usize,
 }
 
 /// Lowers every eligible Conv and GEMM, then drops what no one reads.
@@ -42,7 +49,56 @@ pub fn run(g: &mut Graph) -> Int8Stats {
         }
         st.int8_out += int8_out as usize;
     }
+    let mut i = 0;
+    while i < g.ops.len() {
+        st.eltwise += lower_binary(g, i) as usize;
+        i += 1;
+    }
     st
+}
+
+/// The per-tensor QuantizeLinear that is the only reader of `v`:
+/// (its op index, output parameters).
+fn requantizer(g: &Graph, v: ValueId) -> Option<(usize, QParam)> {
+    let r = sole_reader(g, v)?;
+    match &g.ops[r].kind {
+        Kind::Quant { dequantize: false, qtype, channels: 1, scale, zero, .. } => {
+            let scale = g.konst(*scale)?.floats()[0];
+            let zero = g.konst(*zero)?.ints()[0] as i32;
+            Some((r, QParam { dtype: *qtype, scale, zero }))
+        }
+        _ => None,
+    }
+}
+
+/// Lowers op `i` to QBINARY if it is an Add / Mul (ReLU or no activation)
+/// of two same-shaped dequantised values followed by a QuantizeLinear.
+fn lower_binary(g: &mut Graph, i: usize) -> bool {
+    let Kind::Binary { kind, a, b, a_dims, b_dims, act } = g.ops[i].kind.clone() else { return false };
+    if !matches!(kind, Binary::Add | Binary::Mul) || a_dims != b_dims || !(act == Act::NONE || act.kind == Unary::Relu) {
+        return false;
+    }
+    let (Some((qa, ta, sa, za)), Some((qb, tb, sb, zb))) = (dequantized_input(g, a), dequantized_input(g, b)) else { return false };
+    let Some((r, out_q)) = requantizer(g, g.ops[i].out) else { return false };
+    let count = g.values[g.ops[i].out].elems();
+    if g.values[qa].elems() != count || g.values[qb].elems() != count {
+        return false;
+    }
+    let label = format!("int8:{}+QuantizeLinear", g.ops[i].op);
+    g.ops[i].kind = Kind::QBinary {
+        kind,
+        a: qa,
+        a_q: QParam { dtype: ta, scale: sa, zero: za },
+        b: qb,
+        b_q: QParam { dtype: tb, scale: sb, zero: zb },
+        out_q,
+        relu: act.kind == Unary::Relu,
+        count,
+    };
+    g.ops[i].op = label;
+    g.ops[i].out = g.ops[r].out;
+    g.ops.remove(r);
+    true
 }
 
 /// The quantised input of a per-tensor dequantise, seen through views

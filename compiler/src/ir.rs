@@ -87,6 +87,15 @@ impl Act {
     pub const NONE: Act = Act { kind: Unary::None, p0: 0.0, p1: 0.0 };
 }
 
+/// Per-tensor quantisation of an 8-bit value: type (U8 / I8), scale, zero
+/// point.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QParam {
+    pub dtype: DType,
+    pub scale: f32,
+    pub zero: i32,
+}
+
 /// How an int8 op's output is written: `U8`/`I8` requantised with a zero
 /// point and clamped to `[min, max]` (a fused ReLU raises `min` to the
 /// zero point), or `F32` dequantised (optionally through a ReLU).
@@ -214,6 +223,19 @@ pub enum Kind {
     /// constant in the cores' packed layout, `b_zero` / `bias` i32 and
     /// `scale` f32 constants of `n` entries.
     QGemm { a: ValueId, a_type: DType, a_zero: i32, b: ValueId, b_zero: Option<ValueId>, bias: Option<ValueId>, scale: ValueId, m: u64, n: u64, k: u64, out: QOut },
+    /// int8 element-wise Add / Mul of two per-tensor quantised values of
+    /// `count` elements each, as its QDQ definition, into a quantised
+    /// output (`relu` before quantising).
+    QBinary {
+        kind: Binary,
+        a: ValueId,
+        a_q: QParam,
+        b: ValueId,
+        b_q: QParam,
+        out_q: QParam,
+        relu: bool,
+        count: u64,
+    },
     /// int8 convolution (geometry as `Conv`); `w` holds one packed B
     /// operand per group; per-output-channel constants as in `QGemm`.
     QConv {
@@ -252,6 +274,7 @@ impl Kind {
             Quant { x, scale, zero, .. } => vec![*x, *scale, *zero],
             QGemm { a, b, b_zero, bias, scale, .. } => [Some(*a), Some(*b), *b_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
             QConv { x, w, w_zero, bias, scale, .. } => [Some(*x), Some(*w), *w_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
+            QBinary { a, b, .. } => vec![*a, *b],
         }
     }
 }

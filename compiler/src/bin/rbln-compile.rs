@@ -96,7 +96,10 @@ fn main() -> ExitCode {
             f.gelu, f.gelu_tanh, f.silu, f.layer_norm, f.scale_into_weights, f.pad_into_conv, f.folded_into_conv, f.bias, f.residual, f.activation, f.dead
         );
         if r.int8.conv + r.int8.gemm > 0 {
-            println!("  int8: {} Conv and {} GEMM on integer kernels ({} with an int8 output)", r.int8.conv, r.int8.gemm, r.int8.int8_out);
+            println!(
+                "  int8: {} Conv and {} GEMM on integer kernels ({} with an int8 output), {} Add/Mul on int8 values",
+                r.int8.conv, r.int8.gemm, r.int8.int8_out, r.int8.eltwise
+            );
         }
         let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("{k} x{v}")).collect();
         println!("  ops: {}", ops.join(", "));

@@ -349,6 +349,7 @@ impl Importer {
             Kind::Cast { to, .. } => *to,
             Kind::Quant { dequantize: false, qtype, .. } => *qtype,
             Kind::QGemm { out, .. } | Kind::QConv { out, .. } => out.dtype,
+            Kind::QBinary { out_q, .. } => out_q.dtype,
             _ => DType::F32,
         }
     }
