@@ -102,7 +102,7 @@ pub(crate) fn qconv2d_impl(
         hi = hi.max(h);
     }
     // Empty groups (og = 0) leave the range inverted: nothing to choose.
-    let stats = bstats(lo.min(hi), hi.max(lo));
+    let stats = bstats(lo.min(hi), hi.max(lo), w_zero);
     let images = p.batch * p.groups;
     let seq = sequential(images.saturating_mul(g.out_plane).saturating_mul(og).saturating_mul(k).saturating_mul(2));
     let (h, wa) = (g.h, g.w);

@@ -56,6 +56,9 @@ pub(crate) struct PanelInfo {
 pub(crate) struct BStats {
     /// All `|b| ≤ 64`.
     pub seven_bit: bool,
+    /// Some column has a non-zero zero point (the epilogue then needs the
+    /// rows' sums of A).
+    pub zero_points: bool,
 }
 
 /// Whether the AVX2 kernels can run on this CPU.
@@ -144,6 +147,13 @@ pub(crate) static MODES_SEEN: [core::sync::atomic::AtomicUsize; 3] = [const { co
 /// and returns its [`PanelInfo`]. `rows` rows and `k` are real (the rest
 /// is padding, ignored when choosing). Without `simd`, always plain.
 pub(crate) fn finish_panel(panel: &mut [u8], kg: usize, k: usize, rows: usize, b: BStats, simd: bool) -> PanelInfo {
+    if (!simd || b.seven_bit) && !b.zero_points {
+        // Plain whatever A holds, and no row sums needed (symmetric
+        // weights): nothing to scan.
+        #[cfg(test)]
+        MODES_SEEN[0].fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        return PanelInfo { mode: Mode::Plain, off: 0, rowsum: [0; MR], rowadd: [0; MR] };
+    }
     let (plain, second) = panel.split_at_mut(kg * GROUP_A);
     // Byte masks of the real rows, and of the real k of the last group.
     let mut rmask = [0u8; GROUP_A];

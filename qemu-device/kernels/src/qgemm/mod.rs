@@ -494,8 +494,8 @@ pub(crate) unsafe fn drive<'a>(
 }
 
 /// B statistics for the mode choice.
-pub(crate) fn bstats(lo: i8, hi: i8) -> BStats {
-    BStats { seven_bit: lo >= -64 && hi <= 64 }
+pub(crate) fn bstats(lo: i8, hi: i8, zero_points: Option<&[i32]>) -> BStats {
+    BStats { seven_bit: lo >= -64 && hi <= 64, zero_points: zero_points.is_some_and(|z| z.iter().any(|&z| z != 0)) }
 }
 
 /// `out = requant(Σ_l (A[i,l] − a_zero)·(B[l,j] − b_zero[j]) + bias[j])`:
@@ -523,7 +523,7 @@ pub(crate) fn qgemm_impl(a: QTensor<'_>, p: &QGemmParams<'_>, dst: &mut QDst<'_>
     let az = if a.signed { p.a_zero + 128 } else { p.a_zero };
     let (cd, lo, hi) = col_data(p.b, k, n, az, p.b_zero, p.bias, p.scale, simd);
     let kg = k.div_ceil(4);
-    let core = Core { k, kg, stats: bstats(lo, hi), simd, kind, b: p.b, cols: cd.cols() };
+    let core = Core { k, kg, stats: bstats(lo, hi, p.b_zero), simd, kind, b: p.b, cols: cd.cols() };
     let seq = sequential(m.saturating_mul(n).saturating_mul(k).saturating_mul(2));
     let pack = |_img: usize, r0: usize, rows: usize, block: &mut [u8]| {
         let pl = panel_len(kg);
