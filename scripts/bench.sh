@@ -60,8 +60,9 @@ if [[ $SMOKE == 1 ]]; then
     NATIVE_ARGS=(--gemm 64 --reps 3)
 else
     TEST_MODELS=$(test_models)
-    # resnet50-int8: resnet50 quantised by onnxruntime's quantize_static.
-    BENCH_MODELS_LIST="resnet50 resnet50-int8 mobilenetv3-small efficientnet-b0 bert-l12-h384"
+    # resnet50-int8: resnet50 quantised by onnxruntime's quantize_static;
+    # resnet50-int8r: with reduce_range (7-bit weights).
+    BENCH_MODELS_LIST="resnet50 resnet50-int8 resnet50-int8r mobilenetv3-small efficientnet-b0 bert-l12-h384"
     ITERS=${BENCH_ITERS:-20} WARMUP=2 PROFILES=${BENCH_PROFILES:-5}
     MICRO_ITERS=3 MICRO_WARMUP=1 MICRO_PROFILES=5
     DMA_SIZES="16777216 1048576" DMA_REPS=9

@@ -342,15 +342,19 @@ MICRO = {
 
 def build(name, smoke):
     # NAME-int8: NAME quantised by onnxruntime's quantize_static (QDQ,
-    # per-channel int8 weights), as tests/models/gen_int8.py makes them.
-    if name.endswith("-int8"):
-        import tempfile
+    # per-channel int8 weights), as tests/models/gen_int8.py makes them;
+    # NAME-int8r: the same with reduce_range (7-bit weights, which
+    # onnxruntime recommends for CPUs without VNNI and which the NPU's
+    # plain int8 path multiplies without any correction).
+    for suffix, reduce_range in (("-int8", False), ("-int8r", True)):
+        if name.endswith(suffix):
+            import tempfile
 
-        import gen_int8
-        model, data = build(name[: -len("-int8")], smoke)
-        with tempfile.TemporaryDirectory() as d:
-            _, qpath = gen_int8.quantize_qdq(model, d, name)
-            return onnx.load(qpath), data
+            import gen_int8
+            model, data = build(name[: -len(suffix)], smoke)
+            with tempfile.TemporaryDirectory() as d:
+                _, qpath = gen_int8.quantize_qdq(model, d, name, reduce_range=reduce_range)
+                return onnx.load(qpath), data
     if name in MICRO:
         return MICRO[name](smoke)
     if name in BENCH:

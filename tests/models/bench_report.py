@@ -521,7 +521,8 @@ def build_report(out):
     # quantised model's device time / the float one's).
     by_name = {r["name"]: r for r in models}
     for r in models:
-        f = by_name.get(r["name"][: -len("-int8")]) if r["name"].endswith("-int8") else None
+        base = r["name"].rsplit("-int8", 1)[0] if r["name"].endswith(("-int8", "-int8r")) else None
+        f = by_name.get(base) if base else None
         if f and r.get("device_ms") and f.get("device_ms"):
             r["device_vs_float"] = r["device_ms"] / f["device_ms"]
     ratios = [r["ratio"] for r in models if r["ratio"]]

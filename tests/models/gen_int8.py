@@ -105,7 +105,7 @@ def bad_models(out):
     model("bad-block", [0.5, 0.5, 0.5, 0.5], [0, 0, 0, 0], axis=1, block_size=2)
 
 
-def quantize_qdq(model, workdir, name, per_channel=True, fmt=QuantFormat.QDQ):
+def quantize_qdq(model, workdir, name, per_channel=True, fmt=QuantFormat.QDQ, reduce_range=False):
     """`model` (float ONNX) quantised as a user would: onnxruntime's
     pre-processing (shape inference, BatchNormalization folded into the
     Conv), then quantize_static in QDQ format (u8 activations, s8
@@ -121,6 +121,7 @@ def quantize_qdq(model, workdir, name, per_channel=True, fmt=QuantFormat.QDQ):
     qpath = os.path.join(workdir, f"{name}.onnx")
     quantize_static(ppath, qpath, Inputs(inp.name, shape, 7), quant_format=fmt,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
+                    reduce_range=reduce_range,
                     calibrate_method=CalibrationMethod.MinMax)
     return fpath, qpath
 
