@@ -671,7 +671,7 @@ impl Lowering {
         for &t in op.inputs.iter().flatten().chain(&op.outputs) {
             let info = &self.tensors[t];
             let carried = match &info.q {
-                Some(q) if info.konst.is_some() => true,
+                Some(_) if info.konst.is_some() => true,
                 Some(q) => q.scale.len() == 1 && matches!(info.ty, ty::INT8 | ty::UINT8),
                 None => false,
             };

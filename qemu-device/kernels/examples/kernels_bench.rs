@@ -497,6 +497,19 @@ fn main() {
                 black_box(&mut out);
             });
         }
+        // The int8 residual add (QBINARY) over as many elements (3 bytes an
+        // element moved).
+        let name = format!("int8 add+relu (qbinary) {label} elements");
+        if b.wants(&name) {
+            let (qa, qb) = (qdata(n, 5, 0, 255), qdata(n, 6, -128, 127));
+            let mut qo = vec![0u8; n];
+            b.mem(&name, 3 * n, || {
+                let a = QOperand { q: QTensor { data: &qa, signed: false }, scale: 0.03, zero: 3 };
+                let c = QOperand { q: QTensor { data: &qb, signed: true }, scale: 0.05, zero: -2 };
+                qbinary(QBinaryKind::Add, a, c, true, &mut qo, false, 0.04, 0).unwrap();
+                black_box(&mut qo);
+            });
+        }
         let name = format!("add+relu fused {label}");
         if b.wants(&name) {
             b.mem(&name, 12 * n, || {

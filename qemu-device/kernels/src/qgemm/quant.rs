@@ -71,7 +71,9 @@ simd_dispatch! {
             let q = (v / scale).round_ties_even() + z;
             // NaN fails both comparisons: the zero point.
             let q = if q.is_nan() { z } else { q.max(lo).min(hi) };
-            *o = q as i32 as u8;
+            // SAFETY: q is an integer in lo..=hi (within -128..=255): the
+            // conversion is exact (a saturating `as` keeps the loop scalar).
+            *o = unsafe { q.to_int_unchecked::<i32>() } as u8;
         }
     }
 }
@@ -85,13 +87,15 @@ pub fn dequantize(q: QTensor<'_>, out: &mut [f32], outer: usize, channels: usize
         runs(start, o.len(), channels, inner, |c, i, n| {
             let (src, dst) = (&q.data[start + i..][..n], &mut o[i..i + n]);
             let (s, z) = (scale[c], zero[c]);
+            // (wrapping_sub: a byte less an in-range zero point never
+            // overflows, and the unchecked form vectorises.)
             if q.signed {
                 for (d, &v) in dst.iter_mut().zip(src) {
-                    *d = (v as i8 as i32 - z) as f32 * s;
+                    *d = (v as i8 as i32).wrapping_sub(z) as f32 * s;
                 }
             } else {
                 for (d, &v) in dst.iter_mut().zip(src) {
-                    *d = (v as i32 - z) as f32 * s;
+                    *d = (v as i32).wrapping_sub(z) as f32 * s;
                 }
             }
         });
@@ -126,22 +130,67 @@ pub fn qbinary(kind: QBinaryKind, a: QOperand<'_>, b: QOperand<'_>, relu: bool, 
     }
     check_params("qbinary output", out.len(), 1, 1, out.len(), &[out_scale], &[out_zero], out_signed)?;
     let (lo, hi) = qrange(out_signed);
-    let real = |o: &QOperand<'_>, v: u8| (if o.q.signed { v as i8 as i32 } else { v as i32 } - o.zero) as f32 * o.scale;
+    // An i8 value v is the u8 (v ^ 0x80) less 128: one formula for both.
+    let side = |o: &QOperand<'_>| if o.q.signed { (0x80u8, o.zero + 128, o.scale) } else { (0, o.zero, o.scale) };
+    let p = QBinArgs { a: side(&a), b: side(&b), mul: kind == QBinaryKind::Mul, relu, out_scale, out_zero, lo, hi };
     chunked(out, |start, o| {
         let (qa, qb) = (&a.q.data[start..][..o.len()], &b.q.data[start..][..o.len()]);
-        let mut y = [0f32; 256];
-        for ((o, qa), qb) in o.chunks_mut(256).zip(qa.chunks(256)).zip(qb.chunks(256)) {
-            let y = &mut y[..o.len()];
-            for ((y, &va), &vb) in y.iter_mut().zip(qa).zip(qb) {
-                let (x, z) = (real(&a, va), real(&b, vb));
-                let v = match kind {
-                    QBinaryKind::Add => x + z,
-                    QBinaryKind::Mul => x * z,
-                };
-                *y = if relu { v.max(0.0) } else { v };
-            }
-            quant_run(y, o, out_scale, out_zero, lo, hi);
+        for ((o, qa), qb) in o.chunks_mut(QBIN_CHUNK).zip(qa.chunks(QBIN_CHUNK)).zip(qb.chunks(QBIN_CHUNK)) {
+            qbinary_run(qa, qb, o, p);
         }
     });
     Ok(())
+}
+
+/// Elements [`qbinary_run`] handles at once (its f32 scratch on the stack).
+const QBIN_CHUNK: usize = 512;
+
+/// The constants of one [`qbinary`]: per operand (xor, zero after the
+/// xor, scale).
+#[derive(Clone, Copy)]
+pub(crate) struct QBinArgs {
+    a: (u8, i32, f32),
+    b: (u8, i32, f32),
+    mul: bool,
+    relu: bool,
+    out_scale: f32,
+    out_zero: i32,
+    lo: i32,
+    hi: i32,
+}
+
+simd_dispatch! {
+    /// Up to [`QBIN_CHUNK`] elements of [`qbinary`]: the dequantised
+    /// operands, the op and ReLU in f32, then [`quant_run`]'s rounding.
+    fn qbinary_run(qa: &[u8], qb: &[u8], out: &mut [u8], p: QBinArgs) {
+        let mut y = [0f32; QBIN_CHUNK];
+        let y = &mut y[..out.len()];
+        // The op and the ReLU as constants, so that each loop vectorises.
+        #[inline(always)]
+        fn dequant_op<const MUL: bool, const RELU: bool>(y: &mut [f32], qa: &[u8], qb: &[u8], p: &QBinArgs) {
+            let ((xa, za, sa), (xb, zb, sb)) = (p.a, p.b);
+            for ((y, &va), &vb) in y.iter_mut().zip(qa).zip(qb) {
+                // Byte less a zero point in -128..=255: never overflows; the
+                // wrapping form keeps the overflow check (on in release
+                // builds) out of the vector loop.
+                let x = ((va ^ xa) as i32).wrapping_sub(za) as f32 * sa;
+                let z = ((vb ^ xb) as i32).wrapping_sub(zb) as f32 * sb;
+                let v = if MUL { x * z } else { x + z };
+                *y = if RELU { v.max(0.0) } else { v };
+            }
+        }
+        match (p.mul, p.relu) {
+            (false, false) => dequant_op::<false, false>(y, qa, qb, &p),
+            (false, true) => dequant_op::<false, true>(y, qa, qb, &p),
+            (true, false) => dequant_op::<true, false>(y, qa, qb, &p),
+            (true, true) => dequant_op::<true, true>(y, qa, qb, &p),
+        }
+        let (z, lo, hi) = (p.out_zero as f32, p.lo as f32, p.hi as f32);
+        for (o, &v) in out.iter_mut().zip(y.iter()) {
+            let q = (v / p.out_scale).round_ties_even() + z;
+            let q = if q.is_nan() { z } else { q.max(lo).min(hi) };
+            // SAFETY: as in `quant_run`: an integer in lo..=hi.
+            *o = unsafe { q.to_int_unchecked::<i32>() } as u8;
+        }
+    }
 }
