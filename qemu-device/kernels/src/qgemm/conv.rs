@@ -118,6 +118,14 @@ pub(crate) fn qconv2d_impl(
             st.build(stage, src, &h, &wa, xor, xz as u8);
             let stage: &[u8] = if st.direct { src } else { stage };
             let pl = panel_len(kg);
+            if st.direct && k.is_multiple_of(4) && r0 + tp <= g.in_plane {
+                // A 1×1 convolution reading whole micro-panels' worth of
+                // positions inside every plane: im2col row c is plane c
+                // itself, transposed straight from the input.
+                let plane = g.in_plane;
+                transpose(block, |r| &src[r * plane + r0..][..tp], pl, tp, 0, k);
+                return;
+            }
             let mut k0 = 0;
             while k0 < kg * 4 {
                 let kc = KC.min(kg * 4 - k0);
@@ -131,7 +139,7 @@ pub(crate) fn qconv2d_impl(
                     st.gather(run, rr * tp, stage, &wa, c, ky, kx, r0, rows);
                     run[rr * tp + rows..][..tp - rows].fill(0);
                 }
-                transpose(block, run, pl, tp, k0, kc);
+                transpose(block, |r| &run[(r - k0) * tp..][..tp], pl, tp, k0, kc);
                 k0 += kc;
             }
         })
@@ -275,13 +283,14 @@ unsafe fn copy_words(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
-/// Moves im2col rows `k0 .. k0+kc` (`run`, `kc × tp`, `tp` a multiple of
-/// MR) into the plain parts of the micro-panels (`pl` bytes apart): group
-/// `k0/4 + g` of panel `mp`, byte `4i + kk` = `run[4g+kk][4mp + i]`.
-fn transpose(block: &mut [u8], run: &[u8], pl: usize, tp: usize, k0: usize, kc: usize) {
+/// Moves im2col rows `k0 .. k0+kc` (`row(r)`: row `r`, `tp` bytes, `tp` a
+/// multiple of MR) into the plain parts of the micro-panels (`pl` bytes
+/// apart): group `k0/4 + g` of panel `mp`, byte `4i + kk` =
+/// `row(k0 + 4g + kk)[4mp + i]`.
+fn transpose<'r>(block: &mut [u8], row: impl Fn(usize) -> &'r [u8], pl: usize, tp: usize, k0: usize, kc: usize) {
     let nmp = tp / MR;
     for g in 0..kc / 4 {
-        let rows: [&[u8]; 4] = core::array::from_fn(|kk| &run[(4 * g + kk) * tp..][..tp]);
+        let rows: [&[u8]; 4] = core::array::from_fn(|kk| row(k0 + 4 * g + kk));
         let goff = (k0 / 4 + g) * GROUP_A;
         let mut mp = 0;
         #[cfg(target_arch = "x86_64")]

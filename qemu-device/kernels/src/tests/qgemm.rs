@@ -509,6 +509,10 @@ fn qconv2d_resnet_like_shapes() {
         (64, 48, 7, 3, 1, 1, false, AKind::Full),
         (40, 24, 9, 1, 1, 0, false, AKind::Full),
         (40, 24, 9, 1, 1, 0, false, AKind::Low),
+        // 1×1 over many positions: blocks transposed straight from the
+        // planes, and (169 = 4·42 + 1) a last block that is not.
+        (64, 40, 28, 1, 1, 0, false, AKind::Full),
+        (36, 20, 13, 1, 1, 0, false, AKind::Full),
         (3, 16, 30, 7, 2, 3, false, AKind::Full),
         (5, 16, 21, 3, 2, 1, true, AKind::High),
     ];
