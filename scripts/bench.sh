@@ -96,7 +96,7 @@ if [[ -n ${BENCH_MODELS:-} ]]; then
         elif [[ $all_tests == *" $m "* ]]; then TEST_MODELS+="${TEST_MODELS:+ }$m"; else BENCH_MODELS_LIST+="${BENCH_MODELS_LIST:+ }$m"; fi
     done
 fi
-MICRO_MODELS="micro-gemm micro-gemm-int8 micro-conv micro-add micro-relu"
+MICRO_MODELS="micro-gemm micro-gemm-int8 micro-gemm-int8r micro-conv micro-add micro-relu"
 # Python and serving rows need their models generated; resnet18 is a test
 # model.
 for m in $PY_MODELS $SERVE_MODELS; do

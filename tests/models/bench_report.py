@@ -253,28 +253,29 @@ def micro_rows(out, plan, ort, native):
     # device's QGEMM against its own f32 GEMM above (device time of the
     # one GEMM op; the QuantizeLinear / DequantizeLinear around it are
     # not counted).
-    name = "micro-gemm-int8"
-    if os.path.exists(os.path.join(models, f"{name}.onnx")):
-        n = int(onnx_input_shapes(os.path.join(models, "micro-gemm.onnx"))[0][0]) if os.path.exists(os.path.join(models, "micro-gemm.onnx")) else None
-        g, err, ms = Guest(out, name), None, None
-        rc = read_text(os.path.join(models, f"{name}.compile.rc"), None)
-        if rc != "0":
-            err = f"rbln-compile failed: {last_line(os.path.join(models, f'{name}.compile.err'))}"
-        else:
-            err = g.error() or (None if g.traces() else "no profile trace")
-        if not err:
-            v = [sum(e["dur"] for e in t if e.get("cat") == "compute" and e.get("name") == "gemm") / 1e3 for t in g.traces()]
-            ms = median(v) if all(v) else None
-            err = None if ms else "no 'gemm' op in the trace"
-        f32 = next((r for r in rows if r["name"].startswith("gemm ")), None)
-        ref = f32["value"] if f32 else None
-        if n is None and not err:
-            err = "no f32 micro-gemm to compare with"
-        o = ort.get(name, {})
-        flop = 2.0 * n ** 3 if n else None
-        row(f"int8 gemm {n}x{n}x{n} vs f32 (device)", "GOP/s", "higher", flop / ms / 1e6 if ms and flop else None, ref, err,
-            device_ms=ms, reference_what="the device's f32 GEMM of the row above (target: ratio >= 2)",
-            onnxruntime_gops=flop / o["median_ms"] / 1e6 if "median_ms" in o and flop else None)
+    # micro-gemm-int8r: the same with reduce_range (7-bit weights).
+    for name, what in (("micro-gemm-int8", "int8 gemm"), ("micro-gemm-int8r", "int8 gemm (7-bit weights)")):
+        if os.path.exists(os.path.join(models, f"{name}.onnx")):
+            n = int(onnx_input_shapes(os.path.join(models, "micro-gemm.onnx"))[0][0]) if os.path.exists(os.path.join(models, "micro-gemm.onnx")) else None
+            g, err, ms = Guest(out, name), None, None
+            rc = read_text(os.path.join(models, f"{name}.compile.rc"), None)
+            if rc != "0":
+                err = f"rbln-compile failed: {last_line(os.path.join(models, f'{name}.compile.err'))}"
+            else:
+                err = g.error() or (None if g.traces() else "no profile trace")
+            if not err:
+                v = [sum(e["dur"] for e in t if e.get("cat") == "compute" and e.get("name") == "gemm") / 1e3 for t in g.traces()]
+                ms = median(v) if all(v) else None
+                err = None if ms else "no 'gemm' op in the trace"
+            f32 = next((r for r in rows if r["name"].startswith("gemm ")), None)
+            ref = f32["value"] if f32 else None
+            if n is None and not err:
+                err = "no f32 micro-gemm to compare with"
+            o = ort.get(name, {})
+            flop = 2.0 * n ** 3 if n else None
+            row(f"{what} {n}x{n}x{n} vs f32 (device)", "GOP/s", "higher", flop / ms / 1e6 if ms and flop else None, ref, err,
+                device_ms=ms, reference_what="the device's f32 GEMM of the row above (target: ratio >= 2)",
+                onnxruntime_gops=flop / o["median_ms"] / 1e6 if "median_ms" in o and flop else None)
 
     # 2. A ResNet conv: device vs onnxruntime's Conv, same 1-node model.
     name = "micro-conv"
