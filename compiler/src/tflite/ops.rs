@@ -47,6 +47,17 @@ struct Forms {
     primary_nchw: bool,
 }
 
+impl Forms {
+    /// Record `name` as the NCHW (or plain) form.
+    fn hold(&mut self, nchw: bool, name: &str) {
+        if nchw {
+            self.nchw = Some(name.to_string());
+        } else {
+            self.plain = Some(name.to_string());
+        }
+    }
+}
+
 pub struct Lowering {
     pub tensors: Vec<TensorInfo>,
     forms: Vec<Forms>,
@@ -498,7 +509,15 @@ impl Lowering {
     /// The 8-bit value of quantised run-time tensor `t` in the wanted form.
     fn qform(&mut self, t: usize, nchw: bool) -> Result<String> {
         let nchw = nchw && self.tensors[t].rank() == 4;
-        let f = self.qforms[t].clone();
+        let out = format!("{}#q", self.form_name(t, nchw));
+        self.relayout(t, true, nchw, out)
+    }
+
+    /// Tensor `t` in the wanted layout among its float forms (or its 8-bit
+    /// ones, `quantized`): the one held, else one Transpose of the other
+    /// into `out`.
+    fn relayout(&mut self, t: usize, quantized: bool, nchw: bool, out: String) -> Result<String> {
+        let f = if quantized { &self.qforms[t] } else { &self.forms[t] }.clone();
         if let Some(n) = if nchw { &f.nchw } else { &f.plain } {
             return Ok(n.clone());
         }
@@ -508,14 +527,9 @@ impl Lowering {
                 self.tensors[t].name
             )));
         };
-        let out = format!("{}#q", self.form_name(t, nchw));
         let perm = if nchw { TO_NCHW } else { TO_NHWC };
         self.emit("Transpose", vec![src], vec![out.clone()], vec![attr_ints("perm", perm.iter().map(|&p| p as i64).collect())]);
-        if nchw {
-            self.qforms[t].nchw = Some(out.clone());
-        } else {
-            self.qforms[t].plain = Some(out.clone());
-        }
+        Forms::hold(if quantized { &mut self.qforms[t] } else { &mut self.forms[t] }, nchw, &out);
         Ok(out)
     }
 
@@ -535,35 +549,11 @@ impl Lowering {
             let (s, z) = self.qparams(&format!("{}#", self.tensors[t].uname), &q, et);
             let out = format!("{}#dq", self.form_name(t, nchw));
             self.emit("DequantizeLinear", vec![qn, s, z], vec![out.clone()], vec![]);
-            if nchw {
-                self.forms[t].nchw = Some(out.clone());
-            } else {
-                self.forms[t].plain = Some(out.clone());
-            }
+            Forms::hold(&mut self.forms[t], nchw, &out);
             return Ok(out);
         }
-        let f = self.forms[t].clone();
-        let have = if nchw { &f.nchw } else { &f.plain };
-        if let Some(n) = have {
-            return Ok(n.clone());
-        }
-        let src = if nchw { f.plain.clone() } else { f.nchw.clone() };
-        let Some(src) = src else {
-            let info = &self.tensors[t];
-            return Err(self.err(format!(
-                "reads tensor '{}', which no earlier operator computes and which is neither an input nor a constant",
-                info.name
-            )));
-        };
         let out = self.form_name(t, nchw);
-        let perm = if nchw { TO_NCHW } else { TO_NHWC };
-        self.emit("Transpose", vec![src], vec![out.clone()], vec![attr_ints("perm", perm.iter().map(|&p| p as i64).collect())]);
-        if nchw {
-            self.forms[t].nchw = Some(out.clone());
-        } else {
-            self.forms[t].plain = Some(out.clone());
-        }
-        Ok(out)
+        self.relayout(t, false, nchw, out)
     }
 
     /// Record that `name` holds tensor `t` (in NCHW form if `nchw`). A
