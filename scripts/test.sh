@@ -45,6 +45,7 @@ main() {
     step "compile the ONNX test models (target/onnx)" "$RBLN_ROOT/tests/compiler/compile-models.sh"
     step "quantise (onnxruntime) and compile the int8 test models (target/int8)" "$RBLN_ROOT/tests/compiler/compile-int8.sh"
     step "compile the TFLite test models (target/tflite)" "$RBLN_ROOT/tests/compiler/compile-tflite.sh"
+    step "Triton kernels as TTIR, read by the TTIR parser (target/triton)" "$RBLN_ROOT/tests/triton/check.sh"
     step "export and compile real PyTorch models (target/exports)" "$RBLN_ROOT/tests/compiler/compile-exports.sh"
     step "build the rbln Python wheel and the guest's Python (target/guest-python)" "$RBLN_ROOT/scripts/build-guest-python.sh"
     step "build kmd/rbln.ko" "$RBLN_ROOT/scripts/build-kmd.sh"

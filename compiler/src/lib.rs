@@ -19,6 +19,7 @@ pub mod onnx;
 pub mod pack;
 pub mod shape;
 pub mod tflite;
+pub mod ttir;
 
 use std::collections::BTreeMap;
 
