@@ -27,6 +27,7 @@ while read -r m conv gemm elt; do
 done <<'LIST'
 resnet18-int8 20 1 8
 resnet18-int8-pt 20 1 8
+resnet18-int8-s8 20 1 8
 mobilenetv2-int8 52 1 10
 transformer-int8 0 7 3
 resnet18-int8-qop 20 1 8

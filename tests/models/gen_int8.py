@@ -41,12 +41,15 @@ import gen_models  # noqa: E402
 # QLinearAdd, QLinearMul, QLinearConcat, QLinearSoftmax,
 # QLinearGlobalAveragePool).
 MODELS = [
-    ("resnet18-int8", gen_models.resnet18, True, QuantFormat.QDQ),
-    ("resnet18-int8-pt", gen_models.resnet18, False, QuantFormat.QDQ),
-    ("mobilenetv2-int8", gen_models.mobilenetv2, True, QuantFormat.QDQ),
-    ("transformer-int8", gen_models.transformer, True, QuantFormat.QDQ),
-    ("resnet18-int8-qop", gen_models.resnet18, True, QuantFormat.QOperator),
-    ("transformer-int8-qop", gen_models.transformer, True, QuantFormat.QOperator),
+    # (name, float model, per-channel weights, format, activation type)
+    ("resnet18-int8", gen_models.resnet18, True, QuantFormat.QDQ, QuantType.QUInt8),
+    ("resnet18-int8-pt", gen_models.resnet18, False, QuantFormat.QDQ, QuantType.QUInt8),
+    # Signed (asymmetric) int8 activations: onnxruntime's S8S8.
+    ("resnet18-int8-s8", gen_models.resnet18, True, QuantFormat.QDQ, QuantType.QInt8),
+    ("mobilenetv2-int8", gen_models.mobilenetv2, True, QuantFormat.QDQ, QuantType.QUInt8),
+    ("transformer-int8", gen_models.transformer, True, QuantFormat.QDQ, QuantType.QUInt8),
+    ("resnet18-int8-qop", gen_models.resnet18, True, QuantFormat.QOperator, QuantType.QUInt8),
+    ("transformer-int8-qop", gen_models.transformer, True, QuantFormat.QOperator, QuantType.QUInt8),
 ]
 CALIBRATION_INPUTS = 4
 
@@ -105,7 +108,7 @@ def bad_models(out):
     model("bad-block", [0.5, 0.5, 0.5, 0.5], [0, 0, 0, 0], axis=1, block_size=2)
 
 
-def quantize_qdq(model, workdir, name, per_channel=True, fmt=QuantFormat.QDQ, reduce_range=False):
+def quantize_qdq(model, workdir, name, per_channel=True, fmt=QuantFormat.QDQ, reduce_range=False, activations=QuantType.QUInt8):
     """`model` (float ONNX) quantised as a user would: onnxruntime's
     pre-processing (shape inference, BatchNormalization folded into the
     Conv), then quantize_static in QDQ format (u8 activations, s8
@@ -120,7 +123,7 @@ def quantize_qdq(model, workdir, name, per_channel=True, fmt=QuantFormat.QDQ, re
     quant_pre_process(fpath, ppath, skip_symbolic_shape=True)
     qpath = os.path.join(workdir, f"{name}.onnx")
     quantize_static(ppath, qpath, Inputs(inp.name, shape, 7), quant_format=fmt,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
+                    activation_type=activations, weight_type=QuantType.QInt8, per_channel=per_channel,
                     reduce_range=reduce_range,
                     calibrate_method=CalibrationMethod.MinMax)
     return fpath, qpath
@@ -150,10 +153,10 @@ def main(argv):
         return 2
     out = argv[1]
     os.makedirs(out, exist_ok=True)
-    for name, build, per_channel, fmt in MODELS:
+    for name, build, per_channel, fmt, activations in MODELS:
         model, data = build()
         (inp,) = model.graph.input
-        fpath, qpath = quantize_qdq(model, out, name, per_channel, fmt)
+        fpath, qpath = quantize_qdq(model, out, name, per_channel, fmt, activations=activations)
         qmodel = onnx.load(qpath)
         feeds = {inp.name: data}
         (want,) = session(qpath, False).run(None, feeds)

@@ -42,6 +42,7 @@ while read -r m max cos; do
 done <<LIST
 resnet18-int8 1 0.999
 resnet18-int8-pt 1 0.999
+resnet18-int8-s8 1 0.999
 mobilenetv2-int8 2 0.999
 transformer-int8 0 0.995
 resnet18-int8-qop 3 0.999
