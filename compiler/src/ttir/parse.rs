@@ -281,34 +281,39 @@ fn ssa_name(line: usize, s: &str) -> R<String> {
     Ok(s.to_string())
 }
 
-/// The bracket matching `s[0]` (`open`), with what is inside and after.
-/// Tracks (), {}, [] and <> nesting; `->` is an arrow, not a bracket.
-fn balanced(line: usize, s: &str, open: u8, close: u8) -> R<(&str, &str)> {
+/// The bytes of `s` outside string literals, each with the bracket depth
+/// before and after it: (), {}, [] and <> nest; the `>` of `->` does not.
+fn depths(s: &str) -> impl Iterator<Item = (usize, u8, i32, i32)> + '_ {
     let b = s.as_bytes();
-    if b.first() != Some(&open) {
-        return err(line, format!("expected `{}`", open as char));
-    }
-    let mut depth = 0usize;
-    let mut in_str = false;
-    for (i, &c) in b.iter().enumerate() {
+    let (mut depth, mut in_str) = (0i32, false);
+    b.iter().enumerate().filter_map(move |(i, &c)| {
         if in_str {
             in_str = c != b'"';
-            continue;
+            return None;
         }
+        let before = depth;
         match c {
             b'"' => in_str = true,
             b'(' | b'{' | b'[' | b'<' => depth += 1,
             b'>' if i > 0 && b[i - 1] == b'-' => {}
-            b')' | b'}' | b']' | b'>' => {
-                depth = depth.checked_sub(1).ok_or(TtirError { line, msg: "unbalanced brackets".into() })?;
-                if depth == 0 {
-                    if c != close {
-                        return err(line, format!("`{}` closed by `{}`", open as char, c as char));
-                    }
-                    return Ok((&s[1..i], &s[i + 1..]));
-                }
-            }
+            b')' | b'}' | b']' | b'>' => depth -= 1,
             _ => {}
+        }
+        Some((i, c, before, depth))
+    })
+}
+
+/// The bracket matching `s[0]` (`open`), with what is inside and after.
+fn balanced(line: usize, s: &str, open: u8, close: u8) -> R<(&str, &str)> {
+    if s.as_bytes().first() != Some(&open) {
+        return err(line, format!("expected `{}`", open as char));
+    }
+    for (i, c, before, after) in depths(s) {
+        if after < before && after == 0 {
+            if c != close {
+                return err(line, format!("`{}` closed by `{}`", open as char, c as char));
+            }
+            return Ok((&s[1..i], &s[i + 1..]));
         }
     }
     err(line, format!("unclosed `{}`", open as char))
@@ -316,24 +321,12 @@ fn balanced(line: usize, s: &str, open: u8, close: u8) -> R<(&str, &str)> {
 
 /// `s` split at top-level `sep` bytes (outside brackets and strings).
 fn split_top(s: &str, sep: u8) -> Vec<&str> {
-    let b = s.as_bytes();
-    let (mut depth, mut in_str, mut start) = (0i32, false, 0);
     let mut out = Vec::new();
-    for (i, &c) in b.iter().enumerate() {
-        if in_str {
-            in_str = c != b'"';
-            continue;
-        }
-        match c {
-            b'"' => in_str = true,
-            b'(' | b'{' | b'[' | b'<' => depth += 1,
-            b'>' if i > 0 && b[i - 1] == b'-' => {}
-            b')' | b'}' | b']' | b'>' => depth -= 1,
-            _ if c == sep && depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
+    let mut start = 0;
+    for (i, c, before, _) in depths(s) {
+        if c == sep && before == 0 {
+            out.push(&s[start..i]);
+            start = i + 1;
         }
     }
     out.push(&s[start..]);
@@ -343,17 +336,7 @@ fn split_top(s: &str, sep: u8) -> Vec<&str> {
 /// `head : types` at the first top-level ` : `.
 fn split_colon(s: &str) -> Option<(&str, &str)> {
     let b = s.as_bytes();
-    let mut depth = 0i32;
-    for i in 0..b.len() {
-        match b[i] {
-            b'(' | b'{' | b'[' | b'<' => depth += 1,
-            b'>' if i > 0 && b[i - 1] == b'-' => {}
-            b')' | b'}' | b']' | b'>' => depth -= 1,
-            b':' if depth == 0 && (i == 0 || b[i - 1] == b' ') => return Some((&s[..i], &s[i + 1..])),
-            _ => {}
-        }
-    }
-    None
+    depths(s).find(|&(i, c, before, _)| c == b':' && before == 0 && (i == 0 || b[i - 1] == b' ')).map(|(i, ..)| (&s[..i], &s[i + 1..]))
 }
 
 /// The types after `:`: `T`, `A, B`, `A -> R`, `(A, B) -> R`,
@@ -389,22 +372,13 @@ fn parse_signature(line: usize, s: &str) -> R<Vec<Type>> {
 /// `s` split at its top-level `->`.
 fn split_arrow(s: &str) -> Vec<&str> {
     let b = s.as_bytes();
-    let mut depth = 0i32;
     let mut out = Vec::new();
     let mut start = 0;
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'-' if depth == 0 && b.get(i + 1) == Some(&b'>') => {
-                out.push(&s[start..i]);
-                start = i + 2;
-                i += 1;
-            }
-            b'(' | b'{' | b'[' | b'<' => depth += 1,
-            b')' | b'}' | b']' | b'>' => depth -= 1,
-            _ => {}
+    for (i, c, before, _) in depths(s) {
+        if c == b'-' && before == 0 && b.get(i + 1) == Some(&b'>') {
+            out.push(&s[start..i]);
+            start = i + 2;
         }
-        i += 1;
     }
     out.push(&s[start..]);
     out
