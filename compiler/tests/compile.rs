@@ -1581,3 +1581,56 @@ fn qlinearconv_lowers_like_its_qdq_form() {
     assert_eq!(compute_ops(&c.model), ["QuantizeLinear", "int8:Conv+QuantizeLinear", "DequantizeLinear"]);
     assert_eq!((c.report.int8.conv, c.report.int8.int8_out), (1, 1));
 }
+
+/// a, b [2,8] -> Q -> DQ each -> Add (+Relu) -> Q -> DQ -> y: the QDQ form
+/// of onnxruntime's quantised Add (a residual connection).
+fn qdq_add(relu: bool, b_shape: &[i64]) -> Vec<u8> {
+    let mut nodes = vec![
+        node("QuantizeLinear", "qa", &["a", "as", "az"], &["aq"], vec![]),
+        node("DequantizeLinear", "dqa", &["aq", "as", "az"], &["ad"], vec![]),
+        node("QuantizeLinear", "qb", &["b", "bs", "bz"], &["bq"], vec![]),
+        node("DequantizeLinear", "dqb", &["bq", "bs", "bz"], &["bd"], vec![]),
+        node("Add", "add", &["ad", "bd"], &["s"], vec![]),
+    ];
+    let sum = if relu {
+        nodes.push(node("Relu", "relu", &["s"], &["r"], vec![]));
+        "r"
+    } else {
+        "s"
+    };
+    nodes.push(node("QuantizeLinear", "qy", &[sum, "ys", "yz"], &["yq"], vec![]));
+    nodes.push(node("DequantizeLinear", "dqy", &["yq", "ys", "yz"], &["y"], vec![]));
+    model(
+        nodes,
+        vec![
+            tensor("as", &[], &[0.05]),
+            i8_tensor("az", &[], elem::UINT8, &[128]),
+            tensor("bs", &[], &[0.02]),
+            i8_tensor("bz", &[], elem::INT8, &[-3]),
+            tensor("ys", &[], &[0.07]),
+            i8_tensor("yz", &[], elem::UINT8, &[10]),
+        ],
+        vec![vinfo("a", &[2, 8]), vinfo("b", b_shape)],
+        vec![vinfo("y", &[2, 8])],
+    )
+}
+
+#[test]
+fn qdq_add_runs_on_int8_values() {
+    for relu in [false, true] {
+        let c = compiled(&qdq_add(relu, &[2, 8]));
+        let label = if relu { "int8:Add+Relu+QuantizeLinear" } else { "int8:Add+QuantizeLinear" };
+        assert_eq!(compute_ops(&c.model), ["QuantizeLinear", "QuantizeLinear", label, "DequantizeLinear"], "relu {relu}");
+        assert_eq!(c.report.int8.eltwise, 1);
+    }
+    // Broadcasting (b is [1, 8]) stays a float island.
+    let c = compiled(&qdq_add(false, &[1, 8]));
+    assert_eq!(c.report.int8.eltwise, 0);
+    assert!(compute_ops(&c.model).contains(&"Add".to_string()), "{:?}", compute_ops(&c.model));
+    // So does an Add whose result is also a model output (no single
+    // QuantizeLinear reader).
+    let mut m = ModelProto::decode(qdq_add(false, &[2, 8]).as_slice()).unwrap();
+    m.graph.as_mut().unwrap().output.push(vinfo("s", &[2, 8]));
+    let c = compiled(&m.encode_to_vec());
+    assert_eq!(c.report.int8.eltwise, 0);
+}
