@@ -666,7 +666,7 @@ impl Lowering {
                 None => false,
             };
             if info.quantized && !carried && !(op.code == 6 && info.konst.is_some()) {
-                let how = if info.q.is_some() { "quantized per channel at run time" } else { "quantized" };
+                let how = if info.q.as_ref().is_some_and(|q| q.scale.len() > 1) { "quantized per channel at run time" } else { "quantized" };
                 return Err(self.err(format!("tensor '{}' is {} ({how}): {QUANTIZED}", info.name, ty::name(info.ty))));
             }
         }
