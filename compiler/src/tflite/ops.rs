@@ -1524,4 +1524,17 @@ mod tests {
             assert_eq!(TO_NCHW[NHWC_TO_NCHW_AXIS[a]], a);
         }
     }
+
+    #[test]
+    fn quantised_constants_dequantise_per_tensor_and_per_axis() {
+        // [2, 3] int8, per channel along axis 1: scale[c]·(q − zero[c]).
+        let c = Const { shape: vec![2, 3], data: Data::I(vec![1, 2, 3, -4, 5, -6]) };
+        let q = QParams { scale: vec![1.0, 0.5, 0.25], zero: vec![0, 1, 2], dim: 1 };
+        assert_eq!(dequantized(&c, &q).floats(), [1.0, 0.5, 0.25, -4.0, 2.0, -2.0]);
+        // Along axis 0, and per tensor.
+        let q = QParams { scale: vec![2.0, 3.0], zero: vec![1, -1], dim: 0 };
+        assert_eq!(dequantized(&c, &q).floats(), [0.0, 2.0, 4.0, -9.0, 18.0, -15.0]);
+        let q = QParams { scale: vec![0.5], zero: vec![1], dim: 0 };
+        assert_eq!(dequantized(&c, &q).floats(), [0.0, 0.5, 1.0, -2.5, 2.0, -3.5]);
+    }
 }
