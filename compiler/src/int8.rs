@@ -204,14 +204,7 @@ fn try_lower(g: &mut Graph, i: usize) -> Option<(bool, bool)> {
         }
     };
     // A per-tensor QuantizeLinear as the only reader makes the output int8.
-    let requant = sole_reader(g, op.out).and_then(|r| match &g.ops[r].kind {
-        Kind::Quant { dequantize: false, qtype, channels: 1, scale, zero, .. } => {
-            let sy = g.konst(*scale)?.floats()[0];
-            let zy = g.konst(*zero)?.ints()[0];
-            Some((r, *qtype, sy, zy as i32))
-        }
-        _ => None,
-    });
+    let requant = requantizer(g, op.out).map(|(r, q)| (r, q.dtype, q.scale, q.zero));
     let relu = act.kind == Unary::Relu;
     if act.kind == Unary::Clip && requant.is_none() {
         return None;

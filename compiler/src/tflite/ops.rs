@@ -506,6 +506,14 @@ impl Lowering {
         (s, z)
     }
 
+    /// The scale and zero-point initializers of quantised run-time tensor
+    /// `t` (None for any other tensor).
+    fn run_time_qparams(&mut self, t: usize) -> Option<(String, String)> {
+        let q = self.tensors[t].q.clone().filter(|_| self.quantized_run_time(t))?;
+        let et = ty::onnx_quantized(self.tensors[t].ty)?;
+        Some(self.qparams(&format!("{}#", self.tensors[t].uname), &q, et))
+    }
+
     /// The 8-bit value of quantised run-time tensor `t` in the wanted form.
     fn qform(&mut self, t: usize, nchw: bool) -> Result<String> {
         let nchw = nchw && self.tensors[t].rank() == 4;
@@ -544,9 +552,7 @@ impl Lowering {
         }
         if self.quantized_run_time(t) && (if nchw { &self.forms[t].nchw } else { &self.forms[t].plain }).is_none() {
             let qn = self.qform(t, nchw)?;
-            let q = self.tensors[t].q.clone().ok_or_else(|| self.err(QUANTIZED))?;
-            let et = ty::onnx_quantized(self.tensors[t].ty).ok_or_else(|| self.err(QUANTIZED))?;
-            let (s, z) = self.qparams(&format!("{}#", self.tensors[t].uname), &q, et);
+            let (s, z) = self.run_time_qparams(t).ok_or_else(|| self.err(QUANTIZED))?;
             let out = format!("{}#dq", self.form_name(t, nchw));
             self.emit("DequantizeLinear", vec![qn, s, z], vec![out.clone()], vec![]);
             Forms::hold(&mut self.forms[t], nchw, &out);
@@ -561,8 +567,7 @@ impl Lowering {
     fn set(&mut self, t: usize, name: String, nchw: bool) {
         let nchw = nchw && self.tensors[t].rank() == 4;
         let holds = |n: String| if nchw { Forms { plain: None, nchw: Some(n), primary_nchw: true } } else { Forms { plain: Some(n), nchw: None, primary_nchw: false } };
-        if let (true, Some(q), Some(et)) = (self.quantized_run_time(t), self.tensors[t].q.clone(), ty::onnx_quantized(self.tensors[t].ty)) {
-            let (s, z) = self.qparams(&format!("{}#", self.tensors[t].uname), &q, et);
+        if let Some((s, z)) = self.run_time_qparams(t) {
             let qn = format!("{name}#q");
             self.emit("QuantizeLinear", vec![name, s, z], vec![qn.clone()], vec![]);
             self.qforms[t] = holds(qn);

@@ -351,18 +351,7 @@ fn bench_qconv(b: &mut Bench, name: &str, p: Conv2dParams) {
         if !b.wants(&name) {
             continue;
         }
-        let qp = QConvParams {
-            batch: p.batch,
-            in_channels: p.in_channels,
-            in_h: p.in_h,
-            in_w: p.in_w,
-            out_channels: p.out_channels,
-            kernel: p.kernel,
-            stride: p.stride,
-            padding: p.padding,
-            dilation: p.dilation,
-            groups: p.groups,
-        };
+        let qp = QConvParams::from(&p);
         let [bn, co, oh, ow] = conv2d_output_shape(&p).unwrap();
         let kdim = p.in_channels / p.groups * p.kernel[0] * p.kernel[1];
         let og = co / p.groups;

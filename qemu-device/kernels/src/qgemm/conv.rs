@@ -24,23 +24,26 @@ pub struct QConvParams {
     pub groups: usize,
 }
 
+/// The f32 convolution's geometry is the int8 one's (its activation
+/// aside): the one mapping between the two parameter sets, both ways.
+impl From<&crate::conv::Conv2dParams> for QConvParams {
+    fn from(p: &crate::conv::Conv2dParams) -> Self {
+        let crate::conv::Conv2dParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, activation: _ } = *p;
+        QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups }
+    }
+}
+
+impl From<&QConvParams> for crate::conv::Conv2dParams {
+    fn from(p: &QConvParams) -> Self {
+        let QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups } = *p;
+        crate::conv::Conv2dParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, activation: crate::Activation::None }
+    }
+}
+
 /// The geometry of a convolution, checked as the f32 convolution's (the
 /// same rules), plus the int8 kernels' limit on k.
 fn geometry(p: &QConvParams) -> Result<crate::conv::Geometry> {
-    let f = crate::conv::Conv2dParams {
-        batch: p.batch,
-        in_channels: p.in_channels,
-        in_h: p.in_h,
-        in_w: p.in_w,
-        out_channels: p.out_channels,
-        kernel: p.kernel,
-        stride: p.stride,
-        padding: p.padding,
-        dilation: p.dilation,
-        groups: p.groups,
-        activation: crate::Activation::None,
-    };
-    let g = crate::conv::geometry(&f)?;
+    let g = crate::conv::geometry(&p.into())?;
     if g.kdim > QGEMM_MAX_K {
         return Err(KernelError::invalid("qconv2d k", format!("{} exceeds the maximum of {QGEMM_MAX_K}", g.kdim)));
     }
