@@ -7,6 +7,8 @@
 //! Reserved fields must be zero. The device validates every shape against
 //! the sizes and faults with `BadDescriptor` on any inconsistency.
 
+pub use super::tile::TileDesc;
+
 pub const MAX_RANK: usize = 6;
 
 /// Largest descriptor a COMPUTE packet may name (bytes); larger is a
@@ -40,6 +42,8 @@ pub enum OpCode {
     QConv = 17,
     /// int8 element-wise add or multiply with requantisation (minor 7).
     QBinary = 18,
+    /// A tile program over a grid of instances ([`crate::tile`]; minor 8).
+    Tile = 19,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -816,6 +820,7 @@ pub enum Desc {
     QGemm(QGemmDesc),
     QConv(QConvDesc),
     QBinary(QBinaryDesc),
+    Tile(TileDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -865,6 +870,7 @@ encode_fn!(QuantDesc, Quant);
 encode_fn!(QGemmDesc, QGemm);
 encode_fn!(QConvDesc, QConv);
 encode_fn!(QBinaryDesc, QBinary);
+encode_fn!(TileDesc, Tile);
 
 /// Sizes of descriptors written for hardware minor version 0, before
 /// fields were appended: such a descriptor reads as the current one with
@@ -1083,6 +1089,20 @@ impl Desc {
                     }
                 }
                 Desc::QBinary(d)
+            }
+            19 => {
+                let d = get!(TileDesc);
+                let (nb, np) = (d.nbufs as usize, d.nparams as usize);
+                if nb > super::tile::MAX_TILE_BUFFERS || np > super::tile::MAX_TILE_PARAMS {
+                    return Err(BadField("tile buffer / parameter count"));
+                }
+                if d.buf_va[nb..].iter().chain(&d.buf_len[nb..]).chain(&d.params[np..]).any(|&v| v != 0) {
+                    return Err(BadField("tile entries beyond the counts"));
+                }
+                if d.program_size as u64 > super::tile::MAX_TILE_PROGRAM_SIZE {
+                    return Err(BadField("tile program size"));
+                }
+                Desc::Tile(d)
             }
             op => return Err(UnknownOp(op)),
         };

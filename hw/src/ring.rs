@@ -120,6 +120,10 @@ pub enum FaultCode {
     /// A run-time index (GATHER) is outside its axis; the fault address is
     /// that of the offending index (hardware minor version 2).
     IndexOutOfRange = 13,
+    /// A tile program's load or store of an active lane outside its
+    /// buffer; the fault address is the VA it would have touched
+    /// (hardware minor version 8).
+    OutOfBounds = 14,
 }
 
 impl FaultCode {
@@ -140,6 +144,7 @@ impl FaultCode {
             11 => ContextInvalid,
             12 => Alignment,
             13 => IndexOutOfRange,
+            14 => OutOfBounds,
             _ => return Option::None,
         })
     }
@@ -161,6 +166,7 @@ impl FaultCode {
             ContextInvalid => "invalid context",
             Alignment => "misaligned address",
             IndexOutOfRange => "index out of range",
+            OutOfBounds => "tile access outside its buffer",
         }
     }
 }

@@ -62,6 +62,8 @@ unsafe impl Elem for f32 {}
 unsafe impl Elem for i32 {}
 // SAFETY: as for i32.
 unsafe impl Elem for i64 {}
+// SAFETY: as for i32 (a TILE buffer's f32 bits or i32, staged).
+unsafe impl Elem for u32 {}
 // SAFETY: as for i32 (CAST's bool elements are raw bytes).
 unsafe impl Elem for u8 {}
 
@@ -409,6 +411,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::QGemm(d) => qgemm(&mut op, &d),
         Desc::QConv(d) => qconv(&mut op, &d),
         Desc::QBinary(d) => qbinary(&mut op, &d),
+        Desc::Tile(d) => tile(&mut op, &d),
         Desc::Where(d) => {
             let (cd, ad, bd) = (dims(&d.cond_dims, d.rank), dims(&d.a_dims, d.rank), dims(&d.b_dims, d.rank));
             let out_shape = op.kernel(k::broadcast_shape3(&cd, &ad, &bd))?;
@@ -669,6 +672,132 @@ fn qbinary(op: &mut Op<'_, '_, '_>, d: &ops::QBinaryDesc) -> R<u64> {
     let relu = d.flags & ops::QBINARY_RELU != 0;
     op.write_out_of::<u8>(d.out_va, n, |out| k::qbinary(kind, a, b, relu, out, d.out_type == ops::QTYPE_I8, d.out_scale, d.out_zero))?;
     Ok(n as u64)
+}
+
+/// A TILE buffer as resolved: read in place (or staged), or staged as
+/// atomics the program's instances store into.
+enum TileBuf<'p> {
+    F32(Cow<'p, [f32]>),
+    I32(Cow<'p, [i32]>),
+    I64(Cow<'p, [i64]>),
+    I1(Cow<'p, [u8]>),
+    W32(Vec<std::sync::atomic::AtomicU32>, Span),
+    W64(Vec<std::sync::atomic::AtomicU64>, Span),
+    W8(Vec<std::sync::atomic::AtomicU8>, Span),
+}
+
+impl TileBuf<'_> {
+    fn view(&self) -> k::TileMem<'_> {
+        match self {
+            TileBuf::F32(s) => k::TileMem::F32(s),
+            TileBuf::I32(s) => k::TileMem::I32(s),
+            TileBuf::I64(s) => k::TileMem::I64(s),
+            TileBuf::I1(s) => k::TileMem::I1(s),
+            TileBuf::W32(v, _) => k::TileMem::W32(v),
+            TileBuf::W64(v, _) => k::TileMem::W64(v),
+            TileBuf::W8(v, _) => k::TileMem::W8(v),
+        }
+    }
+
+    /// Copy a written buffer's staging out to its memory.
+    fn commit(self) {
+        use std::sync::atomic::AtomicU8;
+        match self {
+            TileBuf::W32(v, span) => scatter(&v.into_iter().map(|a| a.into_inner()).collect::<Vec<u32>>(), &span),
+            TileBuf::W64(v, span) => scatter(&v.into_iter().map(|a| a.into_inner() as i64).collect::<Vec<i64>>(), &span),
+            TileBuf::W8(v, span) => scatter(&v.into_iter().map(AtomicU8::into_inner).collect::<Vec<u8>>(), &span),
+            _ => {}
+        }
+    }
+}
+
+/// TILE: read and verify the program, check the launch against it,
+/// translate every buffer (read; stored ones also write), run the grid on
+/// staging for the stored buffers, and write them back only if no
+/// instance faulted.
+fn tile(op: &mut Op<'_, '_, '_>, d: &ops::TileDesc) -> R<u64> {
+    use rbln_hw::tile::{self as t, TileType};
+    use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
+    let code = op.input_of::<u8>(d.program_va, d.program_size as usize)?;
+    let refuse = |e: t::TileError| {
+        log::debug!("descriptor at {:#x}: {e}", op.desc_va);
+        op.bad()
+    };
+    let info = t::verify(&code).map_err(refuse)?;
+    let program = t::TileProgram::new(&code).map_err(refuse)?;
+    let h = info.header;
+    if d.nbufs != h.nbufs || d.nparams != h.nparams {
+        return Err(refuse(t::TileError { instr: u32::MAX, what: "the launch's buffer or parameter count differs from the program's" }));
+    }
+    for (i, &bits) in d.params[..h.nparams as usize].iter().enumerate() {
+        let ok = match TileType::from_u8(h.param_types[i]) {
+            Some(TileType::F32 | TileType::I32) => bits >> 32 == 0,
+            Some(TileType::I1) => bits <= 1,
+            _ => true,
+        };
+        if !ok {
+            return Err(refuse(t::TileError { instr: u32::MAX, what: "a parameter's bits exceed its type" }));
+        }
+    }
+    let grid = d.grid.iter().try_fold(1u64, |a, &g| a.checked_mul(g as u64)).filter(|&g| g <= t::MAX_TILE_GRID);
+    let work = t::launch_work(&info, d.grid).filter(|&w| w <= MAX_FLOPS);
+    if grid.is_none() || work.is_none() {
+        return Err(refuse(t::TileError { instr: u32::MAX, what: "grid or work above the limits" }));
+    }
+    let mut bufs: Vec<TileBuf<'_>> = Vec::with_capacity(h.nbufs as usize);
+    for i in 0..h.nbufs as usize {
+        let (va, len) = (d.buf_va[i], op.volume(&[usize::try_from(d.buf_len[i]).map_err(|_| op.bad())?])?);
+        let ty = TileType::from_u8(h.buf_types[i]);
+        if info.stores & (1 << i) != 0 {
+            // Loaded too, or not: a written buffer is staged with its old
+            // contents (masked-off lanes keep them) and needs both rights.
+            let b = match ty {
+                Some(TileType::I64) => {
+                    op.resolve::<i64>(va, len, Access::Read)?;
+                    let span = op.resolve::<i64>(va, len, Access::Write)?;
+                    TileBuf::W64(gather_span::<i64>(&span, len).into_iter().map(|v| AtomicU64::new(v as u64)).collect(), span)
+                }
+                Some(TileType::I1) => {
+                    op.resolve::<u8>(va, len, Access::Read)?;
+                    let span = op.resolve::<u8>(va, len, Access::Write)?;
+                    TileBuf::W8(gather_span::<u8>(&span, len).into_iter().map(AtomicU8::new).collect(), span)
+                }
+                _ => {
+                    op.resolve::<f32>(va, len, Access::Read)?;
+                    let span = op.resolve::<f32>(va, len, Access::Write)?;
+                    TileBuf::W32(gather_span::<u32>(&span, len).into_iter().map(AtomicU32::new).collect(), span)
+                }
+            };
+            bufs.push(b);
+        } else {
+            bufs.push(match ty {
+                Some(TileType::I32) => TileBuf::I32(op.input_of::<i32>(va, len)?),
+                Some(TileType::I64) => TileBuf::I64(op.input_of::<i64>(va, len)?),
+                Some(TileType::I1) => TileBuf::I1(op.input_of::<u8>(va, len)?),
+                _ => TileBuf::F32(op.input_of::<f32>(va, len)?),
+            });
+        }
+    }
+    let views: Vec<k::TileMem<'_>> = bufs.iter().map(TileBuf::view).collect();
+    let launch = k::TileLaunch { program, info, grid: d.grid, params: d.params, bufs: &views };
+    match k::run_tile(&launch) {
+        Ok(()) => {}
+        Err(k::TileFault::OutOfBounds { slot, offset, write }) => {
+            let size = TileType::from_u8(h.buf_types[slot]).and_then(TileType::mem_size).unwrap_or(4);
+            let va = d.buf_va[slot].wrapping_add((offset as u64).wrapping_mul(size));
+            log::debug!("tile program at {:#x}: buffer {slot} element {offset} is outside its {} elements", d.program_va, d.buf_len[slot]);
+            return Err(Fault::new(FaultCode::OutOfBounds, if write { Access::Write } else { Access::Read }, va));
+        }
+        Err(e) => {
+            log::debug!("descriptor at {:#x}: {e}", op.desc_va);
+            return Err(op.bad());
+        }
+    }
+    drop(views);
+    for b in bufs {
+        b.commit();
+    }
+    Ok(work.unwrap_or(0))
 }
 
 /// The per-output-column operands shared by QGEMM and QCONV.

@@ -71,6 +71,7 @@ mod reduce;
 mod resize;
 mod select;
 mod softmax;
+mod tile;
 mod util;
 
 #[cfg(test)]
@@ -90,6 +91,7 @@ pub use reduce::{arg_reduce, reduce, ReduceOp};
 pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams};
 pub use select::{broadcast_shape3, where_select};
 pub use softmax::{layer_norm, softmax};
+pub use tile::{run_tile, TileFault, TileLaunch, TileMem};
 pub use util::parallel_tasks;
 
 /// Re-export so callers can use the same rayon version for pools.

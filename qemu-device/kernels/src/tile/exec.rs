@@ -1,0 +1,607 @@
+//! One program instance: the interpreter over whole tiles.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use rbln_hw::tile::{TileBinary, TileCmp, TileOp, TileProgram, TileReduce, TileType, TileUnary, NO_OPERAND};
+
+use super::{TileFault, TileLaunch, TileMem};
+use crate::activation::{unary, UnaryOp};
+use crate::gemm::{gemm, GemmParams};
+
+/// A register's value. Pointer tiles are element offsets (`L`).
+#[derive(Clone, Debug, Default)]
+enum Reg {
+    #[default]
+    Empty,
+    F(Vec<f32>),
+    I(Vec<i32>),
+    L(Vec<i64>),
+    B(Vec<bool>),
+}
+
+/// What the instances of a launch share: when each register dies.
+pub(crate) struct Plan {
+    /// Registers whose last reader is instruction `i` (or `i` itself, for
+    /// a value nothing reads).
+    free_after: Vec<Vec<u32>>,
+}
+
+impl Plan {
+    pub(crate) fn new(p: &TileProgram<'_>) -> Plan {
+        let n = p.len() as usize;
+        let mut last: Vec<u32> = (0..n as u32).collect();
+        for i in 0..p.len() {
+            let ins = p.instr(i);
+            for r in [ins.a, ins.b, ins.c, ins.d] {
+                if r != NO_OPERAND {
+                    last[r as usize] = i;
+                }
+            }
+        }
+        let mut free_after = vec![Vec::new(); n];
+        for (r, &at) in last.iter().enumerate() {
+            free_after[at as usize].push(r as u32);
+        }
+        Plan { free_after }
+    }
+}
+
+/// Run one instance (`pid`) of a verified program.
+pub fn run_instance(l: &TileLaunch<'_>, plan: &Plan, pid: [u32; 3]) -> Result<(), TileFault> {
+    let p = &l.program;
+    let mut regs: Vec<Reg> = vec![Reg::Empty; p.len() as usize];
+    for i in 0..p.len() {
+        let ins = p.instr(i);
+        let t = p.reg_type(i);
+        let dims: Vec<usize> = t.dims().iter().map(|&d| d as usize).collect();
+        let vol: usize = dims.iter().product();
+        let op = TileOp::from_u8(ins.op).ok_or(TileFault::Launch("unverified program"))?;
+        let reg = |r: u32| &regs[r as usize];
+        let opt = |r: u32| (r != NO_OPERAND).then(|| &regs[r as usize]);
+        let a_dims = || -> Vec<usize> { p.reg_type(ins.a).dims().iter().map(|&d| d as usize).collect() };
+        let value = match op {
+            TileOp::Const => constant(t.dtype, ins.imm, vol),
+            TileOp::Param => constant(t.dtype, l.params[ins.slot as usize], 1),
+            TileOp::Buffer => Reg::L(vec![0]),
+            TileOp::ProgramId => Reg::I(vec![pid[ins.axis as usize] as i32]),
+            TileOp::NumPrograms => Reg::I(vec![l.grid[ins.axis as usize] as i32]),
+            TileOp::Range => {
+                let start = ins.imm as u32 as i32;
+                Reg::I((0..vol as i32).map(|k| start.wrapping_add(k)).collect())
+            }
+            TileOp::Splat => map_reg(reg(ins.a), &Splat(vol)),
+            TileOp::Broadcast => {
+                let from = a_dims();
+                map_reg(reg(ins.a), &Broadcast { from: &from, to: &dims })
+            }
+            TileOp::Reshape => reg(ins.a).clone(),
+            TileOp::Permute => {
+                let from = a_dims();
+                let perm: Vec<usize> = (0..dims.len()).map(|k| ((ins.imm >> (8 * k)) & 0xff) as usize).collect();
+                map_reg(reg(ins.a), &Permute { from: &from, perm: &perm })
+            }
+            TileOp::Binary => binary(kind(TileBinary::from_u8(ins.kind))?, reg(ins.a), reg(ins.b))?,
+            TileOp::Compare => Reg::B(compare(kind(TileCmp::from_u8(ins.kind))?, reg(ins.a), reg(ins.b))?),
+            TileOp::Unary => unary_op(kind(TileUnary::from_u8(ins.kind))?, reg(ins.a))?,
+            TileOp::Convert => convert(reg(ins.a), t.dtype, ins.kind == 1)?,
+            TileOp::Select => {
+                let Reg::B(c) = reg(ins.a) else { return Err(bad()) };
+                select(c, reg(ins.b), reg(ins.c))?
+            }
+            TileOp::Fma => match (reg(ins.a), reg(ins.b), reg(ins.c)) {
+                (Reg::F(a), Reg::F(b), Reg::F(c)) => Reg::F(a.iter().zip(b).zip(c).map(|((&x, &y), &z)| x.mul_add(y, z)).collect()),
+                _ => return Err(bad()),
+            },
+            TileOp::AddPtr => {
+                let Reg::L(base) = reg(ins.a) else { return Err(bad()) };
+                Reg::L(match reg(ins.b) {
+                    Reg::I(o) => base.iter().zip(o).map(|(&b, &o)| b.wrapping_add(o as i64)).collect(),
+                    Reg::L(o) => base.iter().zip(o).map(|(&b, &o)| b.wrapping_add(o)).collect(),
+                    _ => return Err(bad()),
+                })
+            }
+            TileOp::Load => {
+                let slot = p.reg_type(ins.a).slot as usize;
+                let Reg::L(ptr) = reg(ins.a) else { return Err(bad()) };
+                let mask = match opt(ins.b) {
+                    Some(Reg::B(m)) => Some(m.as_slice()),
+                    None => None,
+                    _ => return Err(bad()),
+                };
+                load(&l.bufs[slot], t.dtype, ptr, mask, opt(ins.c)).map_err(|offset| TileFault::OutOfBounds { slot, offset, write: false })?
+            }
+            TileOp::Store => {
+                let slot = p.reg_type(ins.a).slot as usize;
+                let Reg::L(ptr) = reg(ins.a) else { return Err(bad()) };
+                let mask = match opt(ins.c) {
+                    Some(Reg::B(m)) => Some(m.as_slice()),
+                    None => None,
+                    _ => return Err(bad()),
+                };
+                store(&l.bufs[slot], ptr, reg(ins.b), mask).map_err(|offset| TileFault::OutOfBounds { slot, offset, write: true })?;
+                Reg::Empty
+            }
+            TileOp::Dot => {
+                let (Reg::F(a), Reg::F(b)) = (reg(ins.a), reg(ins.b)) else { return Err(bad()) };
+                let k = p.reg_type(ins.a).shape[1] as usize;
+                let (mut c, accumulate) = match opt(ins.c) {
+                    Some(Reg::F(c)) => (c.clone(), true),
+                    None => (vec![0.0; vol], false),
+                    _ => return Err(bad()),
+                };
+                let gp = GemmParams { m: dims[0], n: dims[1], k, accumulate, ..Default::default() };
+                gemm(&gp, a, b, None, &mut c).map_err(|_| bad())?;
+                Reg::F(c)
+            }
+            TileOp::Reduce => {
+                let from = a_dims();
+                let ax = ins.axis as usize;
+                let (outer, len, inner) = (from[..ax].iter().product(), from[ax], from[ax + 1..].iter().product());
+                reduce(kind(TileReduce::from_u8(ins.kind))?, reg(ins.a), outer, len, inner)?
+            }
+        };
+        regs[i as usize] = value;
+        for &r in &plan.free_after[i as usize] {
+            regs[r as usize] = Reg::Empty;
+        }
+    }
+    Ok(())
+}
+
+/// An inconsistency a verified program cannot have.
+fn bad() -> TileFault {
+    TileFault::Launch("unverified program")
+}
+
+fn kind<T>(k: Option<T>) -> Result<T, TileFault> {
+    k.ok_or_else(bad)
+}
+
+fn constant(t: TileType, bits: u64, n: usize) -> Reg {
+    match t {
+        TileType::F32 => Reg::F(vec![f32::from_bits(bits as u32); n]),
+        TileType::I32 => Reg::I(vec![bits as u32 as i32; n]),
+        TileType::I64 => Reg::L(vec![bits as i64; n]),
+        _ => Reg::B(vec![bits & 1 != 0; n]),
+    }
+}
+
+/// A shape operation, the same on every element type.
+trait Shape {
+    fn apply<T: Copy>(&self, v: &[T]) -> Vec<T>;
+}
+
+fn map_reg(r: &Reg, f: &impl Shape) -> Reg {
+    match r {
+        Reg::Empty => Reg::Empty,
+        Reg::F(v) => Reg::F(f.apply(v)),
+        Reg::I(v) => Reg::I(f.apply(v)),
+        Reg::L(v) => Reg::L(f.apply(v)),
+        Reg::B(v) => Reg::B(f.apply(v)),
+    }
+}
+
+struct Splat(usize);
+
+impl Shape for Splat {
+    fn apply<T: Copy>(&self, v: &[T]) -> Vec<T> {
+        vec![v[0]; self.0]
+    }
+}
+
+/// Row-major strides of `dims`.
+fn strides(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; dims.len()];
+    for k in (0..dims.len().saturating_sub(1)).rev() {
+        s[k] = s[k + 1] * dims[k + 1];
+    }
+    s
+}
+
+/// Visit every index of `dims` in row-major order, passing the offset
+/// `Σ idx[k]·src_strides[k]`.
+fn for_each_offset(dims: &[usize], src_strides: &[usize], mut f: impl FnMut(usize)) {
+    let rank = dims.len();
+    if dims.contains(&0) {
+        return;
+    }
+    if rank == 0 {
+        f(0);
+        return;
+    }
+    // The innermost axis as a loop, the rest as an odometer.
+    let (inner, inner_stride) = (dims[rank - 1], src_strides[rank - 1]);
+    let mut idx = vec![0usize; rank - 1];
+    let mut base = 0usize;
+    loop {
+        for j in 0..inner {
+            f(base + j * inner_stride);
+        }
+        let mut k = rank - 1;
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            idx[k] += 1;
+            base += src_strides[k];
+            if idx[k] < dims[k] {
+                break;
+            }
+            base -= idx[k] * src_strides[k];
+            idx[k] = 0;
+        }
+    }
+}
+
+struct Broadcast<'d> {
+    from: &'d [usize],
+    to: &'d [usize],
+}
+
+impl Shape for Broadcast<'_> {
+    fn apply<T: Copy>(&self, v: &[T]) -> Vec<T> {
+        let mut s = strides(self.from);
+        for (k, st) in s.iter_mut().enumerate() {
+            if self.from[k] == 1 {
+                *st = 0;
+            }
+        }
+        let mut out = Vec::with_capacity(self.to.iter().product());
+        for_each_offset(self.to, &s, |o| out.push(v[o]));
+        out
+    }
+}
+
+struct Permute<'d> {
+    from: &'d [usize],
+    perm: &'d [usize],
+}
+
+impl Shape for Permute<'_> {
+    fn apply<T: Copy>(&self, v: &[T]) -> Vec<T> {
+        let s = strides(self.from);
+        let dims: Vec<usize> = self.perm.iter().map(|&p| self.from[p]).collect();
+        let src: Vec<usize> = self.perm.iter().map(|&p| s[p]).collect();
+        let mut out = Vec::with_capacity(v.len());
+        for_each_offset(&dims, &src, |o| out.push(v[o]));
+        out
+    }
+}
+
+fn zip<T: Copy, U>(a: &[T], b: &[T], f: impl Fn(T, T) -> U) -> Vec<U> {
+    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+}
+
+/// NaN-propagating max / min (arith.maximumf / minimumf).
+fn maximum(x: f32, y: f32) -> f32 {
+    if x.is_nan() || y.is_nan() {
+        f32::NAN
+    } else {
+        x.max(y)
+    }
+}
+
+fn minimum(x: f32, y: f32) -> f32 {
+    if x.is_nan() || y.is_nan() {
+        f32::NAN
+    } else {
+        x.min(y)
+    }
+}
+
+/// Integer BINARY for one width: `$t` signed, `$u` its unsigned twin.
+macro_rules! int_binary {
+    ($name:ident, $t:ty, $u:ty) => {
+        fn $name(k: TileBinary, a: &[$t], b: &[$t]) -> Option<Vec<$t>> {
+            use TileBinary::*;
+            const BITS: $t = <$t>::BITS as $t;
+            Some(match k {
+                Add => zip(a, b, <$t>::wrapping_add),
+                Sub => zip(a, b, <$t>::wrapping_sub),
+                Mul => zip(a, b, <$t>::wrapping_mul),
+                Div => zip(a, b, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
+                Rem => zip(a, b, |x, y| if y == 0 { x } else { x.wrapping_rem(y) }),
+                DivU => zip(a, b, |x, y| if y == 0 { 0 } else { ((x as $u) / (y as $u)) as $t }),
+                RemU => zip(a, b, |x, y| if y == 0 { x } else { ((x as $u) % (y as $u)) as $t }),
+                Min => zip(a, b, |x, y| x.min(y)),
+                Max => zip(a, b, |x, y| x.max(y)),
+                MinU => zip(a, b, |x, y| (x as $u).min(y as $u) as $t),
+                MaxU => zip(a, b, |x, y| (x as $u).max(y as $u) as $t),
+                And => zip(a, b, |x, y| x & y),
+                Or => zip(a, b, |x, y| x | y),
+                Xor => zip(a, b, |x, y| x ^ y),
+                Shl => zip(a, b, |x, y| if (y as $u) < BITS as $u { x << y } else { 0 }),
+                ShrU => zip(a, b, |x, y| if (y as $u) < BITS as $u { ((x as $u) >> y) as $t } else { 0 }),
+                ShrS => zip(a, b, |x, y| x >> ((y as $u).min(BITS as $u - 1))),
+                Minimum | Maximum | Pow => return None,
+            })
+        }
+    };
+}
+int_binary!(binary_i32, i32, u32);
+int_binary!(binary_i64, i64, u64);
+
+fn binary(k: TileBinary, a: &Reg, b: &Reg) -> Result<Reg, TileFault> {
+    use TileBinary::*;
+    Ok(match (a, b) {
+        (Reg::F(a), Reg::F(b)) => Reg::F(match k {
+            Add => zip(a, b, |x, y| x + y),
+            Sub => zip(a, b, |x, y| x - y),
+            Mul => zip(a, b, |x, y| x * y),
+            Div => zip(a, b, |x, y| x / y),
+            Rem => zip(a, b, |x, y| x % y),
+            Min => zip(a, b, f32::min),
+            Max => zip(a, b, f32::max),
+            Minimum => zip(a, b, minimum),
+            Maximum => zip(a, b, maximum),
+            Pow => zip(a, b, f32::powf),
+            _ => return Err(bad()),
+        }),
+        (Reg::I(a), Reg::I(b)) => Reg::I(binary_i32(k, a, b).ok_or_else(bad)?),
+        (Reg::L(a), Reg::L(b)) => Reg::L(binary_i64(k, a, b).ok_or_else(bad)?),
+        (Reg::B(a), Reg::B(b)) => Reg::B(match k {
+            And => zip(a, b, |x, y| x & y),
+            Or => zip(a, b, |x, y| x | y),
+            Xor => zip(a, b, |x, y| x ^ y),
+            _ => return Err(bad()),
+        }),
+        _ => return Err(bad()),
+    })
+}
+
+/// Integer COMPARE on values widened to i64 (`u`: their unsigned
+/// reinterpretation, also in i128 so the order is right).
+fn compare_ints(k: TileCmp, a: impl Iterator<Item = (i128, i128)>) -> Vec<bool> {
+    use TileCmp::*;
+    a.map(|(x, y)| match k {
+        Eq => x == y,
+        Ne => x != y,
+        Lt | LtU => x < y,
+        Le | LeU => x <= y,
+        Gt | GtU => x > y,
+        Ge | GeU => x >= y,
+    })
+    .collect()
+}
+
+fn compare(k: TileCmp, a: &Reg, b: &Reg) -> Result<Vec<bool>, TileFault> {
+    use TileCmp::*;
+    let unsigned = matches!(k, LtU | LeU | GtU | GeU);
+    Ok(match (a, b) {
+        (Reg::F(a), Reg::F(b)) => match k {
+            Eq => zip(a, b, |x, y| x == y),
+            // Unordered: true when either is NaN (arith.cmpf une).
+            Ne => zip(a, b, |x, y| x != y),
+            Lt => zip(a, b, |x, y| x < y),
+            Le => zip(a, b, |x, y| x <= y),
+            Gt => zip(a, b, |x, y| x > y),
+            Ge => zip(a, b, |x, y| x >= y),
+            _ => return Err(bad()),
+        },
+        (Reg::I(a), Reg::I(b)) => {
+            let w = |x: i32| if unsigned { x as u32 as i128 } else { x as i128 };
+            compare_ints(k, a.iter().zip(b).map(|(&x, &y)| (w(x), w(y))))
+        }
+        (Reg::L(a), Reg::L(b)) => {
+            let w = |x: i64| if unsigned { x as u64 as i128 } else { x as i128 };
+            compare_ints(k, a.iter().zip(b).map(|(&x, &y)| (w(x), w(y))))
+        }
+        (Reg::B(a), Reg::B(b)) => {
+            // As i1: true is -1 signed, 1 unsigned.
+            let w = |x: bool| match (x, unsigned) {
+                (false, _) => 0,
+                (true, true) => 1,
+                (true, false) => -1,
+            };
+            compare_ints(k, a.iter().zip(b).map(|(&x, &y)| (w(x), w(y))))
+        }
+        _ => return Err(bad()),
+    })
+}
+
+fn unary_op(k: TileUnary, a: &Reg) -> Result<Reg, TileFault> {
+    use TileUnary::*;
+    let kernel = |op: UnaryOp, x: &[f32]| -> Result<Reg, TileFault> {
+        let mut y = vec![0.0; x.len()];
+        unary(op, x, &mut y).map_err(|_| bad())?;
+        Ok(Reg::F(y))
+    };
+    Ok(match a {
+        Reg::F(x) => match k {
+            Neg => kernel(UnaryOp::Neg, x)?,
+            Abs => kernel(UnaryOp::Abs, x)?,
+            Exp => kernel(UnaryOp::Exp, x)?,
+            Log => kernel(UnaryOp::Log, x)?,
+            Sqrt => kernel(UnaryOp::Sqrt, x)?,
+            Sin => kernel(UnaryOp::Sin, x)?,
+            Cos => kernel(UnaryOp::Cos, x)?,
+            Erf => kernel(UnaryOp::Erf, x)?,
+            Tanh => kernel(UnaryOp::Tanh, x)?,
+            Exp2 => Reg::F(x.iter().map(|v| v.exp2()).collect()),
+            Log2 => Reg::F(x.iter().map(|v| v.log2()).collect()),
+            Rsqrt => Reg::F(x.iter().map(|v| 1.0 / v.sqrt()).collect()),
+            Floor => Reg::F(x.iter().map(|v| v.floor()).collect()),
+            Ceil => Reg::F(x.iter().map(|v| v.ceil()).collect()),
+        },
+        Reg::I(x) => Reg::I(match k {
+            Neg => x.iter().map(|v| v.wrapping_neg()).collect(),
+            Abs => x.iter().map(|v| v.wrapping_abs()).collect(),
+            _ => return Err(bad()),
+        }),
+        Reg::L(x) => Reg::L(match k {
+            Neg => x.iter().map(|v| v.wrapping_neg()).collect(),
+            Abs => x.iter().map(|v| v.wrapping_abs()).collect(),
+            _ => return Err(bad()),
+        }),
+        _ => return Err(bad()),
+    })
+}
+
+/// CONVERT. Integers are read signed, or unsigned when `unsigned` (an i1
+/// true is then 1, else -1); float to integer truncates toward zero and
+/// saturates (NaN is 0); to i1 keeps the low bit of the integer value.
+fn convert(a: &Reg, to: TileType, unsigned: bool) -> Result<Reg, TileFault> {
+    // Every integer source as i128 (exact for i64 and u64 alike).
+    let ints: Option<Vec<i128>> = match a {
+        Reg::I(v) => Some(v.iter().map(|&x| if unsigned { x as u32 as i128 } else { x as i128 }).collect()),
+        Reg::L(v) => Some(v.iter().map(|&x| if unsigned { x as u64 as i128 } else { x as i128 }).collect()),
+        Reg::B(v) => Some(v.iter().map(|&x| if !x { 0 } else if unsigned { 1 } else { -1 }).collect()),
+        _ => None,
+    };
+    Ok(match (a, ints, to) {
+        (Reg::F(v), _, TileType::F32) => Reg::F(v.clone()),
+        (Reg::F(v), _, TileType::I32) => Reg::I(v.iter().map(|&x| if unsigned { x as u32 as i32 } else { x as i32 }).collect()),
+        (Reg::F(v), _, TileType::I64) => Reg::L(v.iter().map(|&x| if unsigned { x as u64 as i64 } else { x as i64 }).collect()),
+        (Reg::F(v), _, TileType::I1) => Reg::B(v.iter().map(|&x| (x as i64) & 1 != 0).collect()),
+        (_, Some(n), TileType::F32) => Reg::F(n.iter().map(|&x| x as f32).collect()),
+        (_, Some(n), TileType::I32) => Reg::I(n.iter().map(|&x| x as i32).collect()),
+        (_, Some(n), TileType::I64) => Reg::L(n.iter().map(|&x| x as i64).collect()),
+        (_, Some(n), TileType::I1) => Reg::B(n.iter().map(|&x| x & 1 != 0).collect()),
+        _ => return Err(bad()),
+    })
+}
+
+fn select(c: &[bool], a: &Reg, b: &Reg) -> Result<Reg, TileFault> {
+    fn pick<T: Copy>(c: &[bool], a: &[T], b: &[T]) -> Vec<T> {
+        c.iter().zip(a.iter().zip(b)).map(|(&c, (&x, &y))| if c { x } else { y }).collect()
+    }
+    Ok(match (a, b) {
+        (Reg::F(a), Reg::F(b)) => Reg::F(pick(c, a, b)),
+        (Reg::I(a), Reg::I(b)) => Reg::I(pick(c, a, b)),
+        (Reg::L(a), Reg::L(b)) => Reg::L(pick(c, a, b)),
+        (Reg::B(a), Reg::B(b)) => Reg::B(pick(c, a, b)),
+        _ => return Err(bad()),
+    })
+}
+
+/// Lane `i` reads `read(ptr[i])` where the mask is on (an offset outside
+/// `[0, len)` is an error carrying it), `other[i]` (or the default) where
+/// it is off.
+fn gather<T: Copy + Default>(len: usize, ptr: &[i64], mask: Option<&[bool]>, other: Option<&[T]>, read: impl Fn(usize) -> T) -> Result<Vec<T>, i64> {
+    let mut out = Vec::with_capacity(ptr.len());
+    for (i, &o) in ptr.iter().enumerate() {
+        if mask.is_none_or(|m| m[i]) {
+            if o < 0 || o as u64 >= len as u64 {
+                return Err(o);
+            }
+            out.push(read(o as usize));
+        } else {
+            out.push(other.map_or_else(T::default, |v| v[i]));
+        }
+    }
+    Ok(out)
+}
+
+fn load(mem: &TileMem<'_>, dtype: TileType, ptr: &[i64], mask: Option<&[bool]>, other: Option<&Reg>) -> Result<Reg, i64> {
+    let len = mem.len();
+    let (mut of, mut oi, mut ol, mut ob) = (None, None, None, None);
+    match other {
+        Some(Reg::F(v)) => of = Some(v.as_slice()),
+        Some(Reg::I(v)) => oi = Some(v.as_slice()),
+        Some(Reg::L(v)) => ol = Some(v.as_slice()),
+        Some(Reg::B(v)) => ob = Some(v.as_slice()),
+        _ => {}
+    }
+    Ok(match mem {
+        TileMem::F32(s) => Reg::F(gather(len, ptr, mask, of, |o| s[o])?),
+        TileMem::I32(s) => Reg::I(gather(len, ptr, mask, oi, |o| s[o])?),
+        TileMem::I64(s) => Reg::L(gather(len, ptr, mask, ol, |o| s[o])?),
+        TileMem::I1(s) => Reg::B(gather(len, ptr, mask, ob, |o| s[o] != 0)?),
+        // A written 32-bit buffer holds f32 bits or i32, as the program's
+        // buffer type says.
+        TileMem::W32(s) if dtype == TileType::I32 => Reg::I(gather(len, ptr, mask, oi, |o| s[o].load(Relaxed) as i32)?),
+        TileMem::W32(s) => Reg::F(gather(len, ptr, mask, of, |o| f32::from_bits(s[o].load(Relaxed)))?),
+        TileMem::W64(s) => Reg::L(gather(len, ptr, mask, ol, |o| s[o].load(Relaxed) as i64)?),
+        TileMem::W8(s) => Reg::B(gather(len, ptr, mask, ob, |o| s[o].load(Relaxed) != 0)?),
+    })
+}
+
+/// Lane `i` writes `write(ptr[i], i)` where the mask is on.
+fn scatter(len: usize, ptr: &[i64], mask: Option<&[bool]>, write: impl Fn(usize, usize)) -> Result<(), i64> {
+    for (i, &o) in ptr.iter().enumerate() {
+        if mask.is_none_or(|m| m[i]) {
+            if o < 0 || o as u64 >= len as u64 {
+                return Err(o);
+            }
+            write(o as usize, i);
+        }
+    }
+    Ok(())
+}
+
+fn store(mem: &TileMem<'_>, ptr: &[i64], value: &Reg, mask: Option<&[bool]>) -> Result<(), i64> {
+    let len = mem.len();
+    match (mem, value) {
+        (TileMem::W32(s), Reg::F(v)) => scatter(len, ptr, mask, |o, i| s[o].store(v[i].to_bits(), Relaxed)),
+        (TileMem::W32(s), Reg::I(v)) => scatter(len, ptr, mask, |o, i| s[o].store(v[i] as u32, Relaxed)),
+        (TileMem::W64(s), Reg::L(v)) => scatter(len, ptr, mask, |o, i| s[o].store(v[i] as u64, Relaxed)),
+        (TileMem::W8(s), Reg::B(v)) => scatter(len, ptr, mask, |o, i| s[o].store(v[i] as u8, Relaxed)),
+        // run_tile checked every stored buffer is a written one of the
+        // value's type; nothing to do otherwise.
+        _ => Ok(()),
+    }
+}
+
+/// REDUCE over the middle axis of `[outer, len, inner]`.
+fn reduce(k: TileReduce, a: &Reg, outer: usize, len: usize, inner: usize) -> Result<Reg, TileFault> {
+    fn fold<T: Copy>(v: &[T], outer: usize, len: usize, inner: usize, f: impl Fn(T, T) -> T) -> Vec<T> {
+        let mut out = Vec::with_capacity(outer * inner);
+        for o in 0..outer {
+            let base = o * len * inner;
+            if inner == 1 {
+                let row = &v[base..base + len];
+                out.push(row[1..].iter().fold(row[0], |acc, &x| f(acc, x)));
+            } else {
+                let mut acc: Vec<T> = v[base..base + inner].to_vec();
+                for l in 1..len {
+                    for (a, &x) in acc.iter_mut().zip(&v[base + l * inner..base + (l + 1) * inner]) {
+                        *a = f(*a, x);
+                    }
+                }
+                out.extend(acc);
+            }
+        }
+        out
+    }
+    use TileReduce::*;
+    let (o, l, i) = (outer, len, inner);
+    Ok(match a {
+        Reg::F(v) => Reg::F(match k {
+            Sum => fold(v, o, l, i, |x, y| x + y),
+            Prod => fold(v, o, l, i, |x, y| x * y),
+            Max => fold(v, o, l, i, f32::max),
+            Min => fold(v, o, l, i, f32::min),
+            Maximum => fold(v, o, l, i, maximum),
+            Minimum => fold(v, o, l, i, minimum),
+            _ => return Err(bad()),
+        }),
+        Reg::I(v) => Reg::I(match k {
+            Sum => fold(v, o, l, i, i32::wrapping_add),
+            Prod => fold(v, o, l, i, i32::wrapping_mul),
+            Max => fold(v, o, l, i, i32::max),
+            Min => fold(v, o, l, i, i32::min),
+            And => fold(v, o, l, i, |x, y| x & y),
+            Or => fold(v, o, l, i, |x, y| x | y),
+            Xor => fold(v, o, l, i, |x, y| x ^ y),
+            _ => return Err(bad()),
+        }),
+        Reg::L(v) => Reg::L(match k {
+            Sum => fold(v, o, l, i, i64::wrapping_add),
+            Prod => fold(v, o, l, i, i64::wrapping_mul),
+            Max => fold(v, o, l, i, i64::max),
+            Min => fold(v, o, l, i, i64::min),
+            And => fold(v, o, l, i, |x, y| x & y),
+            Or => fold(v, o, l, i, |x, y| x | y),
+            Xor => fold(v, o, l, i, |x, y| x ^ y),
+            _ => return Err(bad()),
+        }),
+        Reg::B(v) => Reg::B(match k {
+            And => fold(v, o, l, i, |x, y| x & y),
+            Or => fold(v, o, l, i, |x, y| x | y),
+            Xor => fold(v, o, l, i, |x, y| x ^ y),
+            _ => return Err(bad()),
+        }),
+        Reg::Empty => return Err(bad()),
+    })
+}
