@@ -524,11 +524,13 @@ impl<'a> TileProgram<'a> {
     /// The result type instruction `i` declares (checked by [`verify`]).
     pub fn reg_type(&self, i: u32) -> RegType {
         let ins = self.instr(i);
+        let dtype = TileType::from_u8(ins.dtype).unwrap_or(TileType::None);
         RegType {
-            dtype: TileType::from_u8(ins.dtype).unwrap_or(TileType::None),
+            dtype,
             rank: (ins.rank as usize).min(MAX_TILE_RANK),
             shape: ins.shape,
-            slot: ins.slot,
+            // PARAM's slot names its parameter, not a buffer.
+            slot: if dtype == TileType::Ptr { ins.slot } else { 0 },
         }
     }
 }
