@@ -161,6 +161,8 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
         .filter(|o| matches!(o.kind, Kind::Quant { .. } | Kind::QGemm { .. } | Kind::QConv { .. } | Kind::QBinary { .. }))
         .flat_map(|o| o.kind.inputs())
         .collect();
+    let tile_programs: HashSet<ValueId> =
+        g.ops.iter().filter_map(|o| if let Kind::Tile { program, .. } = o.kind { Some(program) } else { None }).collect();
     for op in &g.ops {
         for v in op.kind.inputs() {
             let Some(c) = g.konst(v) else { continue };
@@ -173,6 +175,10 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
                 let ints = c.ints();
                 let bytes: Vec<u8> = ints.iter().flat_map(|x| x.to_le_bytes()).collect();
                 b.add_weight(&name, DType::I64, &c.shape, &bytes)
+            } else if tile_programs.contains(&v) {
+                // A tile program's bytes, as the compiler encoded them.
+                let bytes: Vec<u8> = c.ints().iter().map(|&x| x as u8).collect();
+                b.add_weight(&name, DType::U8, &c.shape, &bytes)
             } else if int8_operands.contains(&v) && matches!(dtype, DType::I8 | DType::U8 | DType::I32) {
                 // The int8 ops' operands (packed weights, zero points,
                 // int32 biases): stored as their type, values in range by
@@ -296,6 +302,16 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
             // The padding: fill the whole output, then copy the input in.
             let size = g.values[op.out].elems() * 4;
             cmd_at = Some(b.fill(run, Va::arena(off(&b, op.out)), size, value.to_bits()));
+        }
+        if let Kind::Tile { init, .. } = &op.kind {
+            // The stored buffers start as zeros, or as the values the
+            // kernel reads and writes (4-byte multiples: arena values are
+            // 256-byte aligned and sized).
+            let o = off(&b, op.out);
+            cmd_at = Some(b.fill(run, Va::arena(o), round_up(byte_size(op.out), 4), 0));
+            for &(v, at) in init {
+                b.dma_copy(run, Va::arena(off(&b, v)), Va::arena(o + at), byte_size(v));
+            }
         }
         // Descriptors first (contiguous in .rbln.desc: every size is a
         // multiple of DESC_ALIGN), then one COMPUTE packet each.
@@ -602,6 +618,28 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             }
             if let Some(bv) = bias {
                 r.push(reloc(offset_of!(QGemmDesc, bias_va), off(*bv)));
+            }
+            vec![(d.to_bytes().to_vec(), r)]
+        }
+        Kind::Tile { program, grid, params, bufs, .. } => {
+            let elem = g.values[op.out].dtype.size();
+            let mut d = TileDesc {
+                program_size: u32c(op, g.values[*program].elems(), "tile program size")?,
+                nbufs: bufs.len() as u32,
+                grid: *grid,
+                nparams: params.len() as u32,
+                ..Default::default()
+            }
+            .with_header();
+            d.params[..params.len()].copy_from_slice(params);
+            let mut r = vec![reloc(offset_of!(TileDesc, program_va), off(*program))];
+            for (i, tb) in bufs.iter().enumerate() {
+                d.buf_len[i] = tb.len;
+                let at = match tb.value {
+                    Some(v) => off(v),
+                    None => o + elem * tb.offset,
+                };
+                r.push(reloc(offset_of!(TileDesc, buf_va) + 8 * i, at));
             }
             vec![(d.to_bytes().to_vec(), r)]
         }

@@ -252,6 +252,22 @@ pub enum Kind {
         pads: [u64; 4],
         out: QOut,
     },
+    /// A tile program (a lowered Triton kernel, [`crate::ttir`]) over
+    /// `grid`: `program` is its bytes (a u8 constant), buffer slot `i` is
+    /// `bufs[i]`, the scalar parameters' bits `params`. The output holds
+    /// every buffer the program stores to, back to back; before the
+    /// program runs it is zero-filled, then each `(value, byte offset)` of
+    /// `init` is copied in (buffers the kernel reads and writes).
+    Tile { program: ValueId, grid: [u32; 3], params: Vec<u64>, bufs: Vec<TileBuf>, init: Vec<(ValueId, u64)> },
+}
+
+/// A TILE operand: buffer `value` (or, if `None`, the op's output from
+/// element `offset`), `len` elements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TileBuf {
+    pub value: Option<ValueId>,
+    pub offset: u64,
+    pub len: u64,
 }
 
 impl Kind {
@@ -275,6 +291,15 @@ impl Kind {
             QGemm { a, b, b_zero, bias, scale, .. } => [Some(*a), Some(*b), *b_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
             QConv { x, w, w_zero, bias, scale, .. } => [Some(*x), Some(*w), *w_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
             QBinary { a, b, .. } => vec![*a, *b],
+            Tile { program, bufs, init, .. } => {
+                let mut v = vec![*program];
+                for b in bufs.iter().filter_map(|b| b.value).chain(init.iter().map(|i| i.0)) {
+                    if !v.contains(&b) {
+                        v.push(b);
+                    }
+                }
+                v
+            }
         }
     }
 }

@@ -35,6 +35,8 @@ pub use pack::Layout;
 pub enum SourceFormat {
     Onnx,
     Tflite,
+    /// A Triton kernel's TTIR ([`ttir`]).
+    Ttir,
 }
 
 impl SourceFormat {
@@ -43,12 +45,14 @@ impl SourceFormat {
         match self {
             SourceFormat::Onnx => "ONNX nodes",
             SourceFormat::Tflite => "TFLite operators",
+            SourceFormat::Ttir => "TTIR ops",
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             SourceFormat::Onnx => "onnx",
             SourceFormat::Tflite => "tflite",
+            SourceFormat::Ttir => "ttir",
         }
     }
 }
@@ -112,6 +116,18 @@ pub fn compile_tflite(bytes: &[u8], name: &str, opts: &Options) -> Result<Compil
         props.push(("tflite.description".into(), t.description.clone()));
     }
     finish(g, name, &props, SourceFormat::Tflite, t.operators)
+}
+
+/// Compile one launch of a Triton kernel, given as the TTIR triton prints
+/// (`kernel`: which function, when the module has several), over `grid`
+/// with `bindings` for its arguments: a model whose inputs are the
+/// pointer arguments' tensors and whose outputs are the buffers the kernel
+/// stores to ([`ttir::kernel_graph`]).
+pub fn compile_kernel(ttir_text: &str, kernel: Option<&str>, grid: [u32; 3], bindings: &[ttir::Binding]) -> Result<Compiled> {
+    let (g, name) = ttir::kernel_graph(ttir_text, kernel, grid, bindings)?;
+    let ops = ttir_text.lines().filter(|l| l.contains(" = ") || l.trim_start().starts_with("tt.store")).count();
+    let props = [("ttir.kernel".to_string(), name.clone()), ("ttir.grid".to_string(), format!("{}x{}x{}", grid[0], grid[1], grid[2]))];
+    finish(g, &name, &props, SourceFormat::Ttir, ops)
 }
 
 fn finish(mut g: ir::Graph, name: &str, props: &[(String, String)], format: SourceFormat, onnx_nodes: usize) -> Result<Compiled> {

@@ -192,3 +192,22 @@ fn lowered_kernels_compute_on_the_tile_engine() {
     }
     assert_close("attention", &bufs[3], &want);
 }
+
+#[test]
+#[ignore = "needs the TTIR that tests/triton/check.sh makes with triton"]
+fn a_kernel_launch_compiles_to_a_model() {
+    use rbln_compile::ttir::{Binding, Scalar};
+    let t = |name: &str, n: u64| Binding::Tensor { name: name.into(), shape: vec![n] };
+    let c = rbln_compile::compile_kernel(&read("add"), None, [4, 1, 1], &[t("x", 1000), t("y", 1000), t("out", 1000), Binding::Scalar(Scalar::Int(1000))])
+        .unwrap();
+    assert_eq!(c.report.device_ops.get("TritonKernel"), Some(&1));
+    let meta = &c.model.meta;
+    assert_eq!(meta.inputs.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["x", "y", "out"]);
+    assert_eq!(meta.outputs.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["out.out"]);
+    c.model.validate().unwrap();
+    // The launch is checked against the kernel's arguments.
+    let e = rbln_compile::compile_kernel(&read("add"), None, [4, 1, 1], &[t("x", 1000)]).err().unwrap();
+    assert!(e.to_string().contains("takes 4 arguments (%arg0, %arg1, %arg2, %arg3), the launch gives 1"), "{e}");
+    let e = rbln_compile::compile_kernel(&read("add"), None, [4, 1, 1], &[t("x", 8), t("y", 8), t("o", 8), Binding::Scalar(Scalar::Float(0.5))]).err().unwrap();
+    assert!(e.to_string().contains("is not a I32 value"), "{e}");
+}

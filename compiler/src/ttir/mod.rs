@@ -32,9 +32,11 @@
 //! Types: `i1`, `i8`, `i16`, `i32`, `i64`, `f16`, `bf16`, `f32`, `f64`,
 //! `!tt.ptr<T>` and `tensor<D0xD1x...xT>` (static dims).
 
+mod launch;
 mod lower;
 mod parse;
 
+pub use launch::{dtype_of, kernel_graph, Binding, Scalar};
 pub use lower::{lower, Kernel, KernelArg};
 pub use parse::parse;
 
