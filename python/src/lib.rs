@@ -84,6 +84,7 @@ fn _rbln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<asyncrt::CompletionQueue>()?;
     m.add_class::<model::CompiledModel>()?;
     m.add_function(wrap_pyfunction!(model::_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(model::_compile_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(quantize::_quantize, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;

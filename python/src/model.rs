@@ -147,8 +147,35 @@ impl CompiledModel {
 pub fn _compile(py: Python<'_>, data: &[u8], name: &str, input_shapes: Vec<(String, Vec<u64>)>) -> PyResult<CompiledModel> {
     let opts = rbln_compile::Options { input_shapes, ..Default::default() };
     let compiled = py.detach(|| rbln_compile::compile(data, name, &opts)).map_err(Failure::from)?;
+    Ok(from_compiled(compiled))
+}
+
+/// Compile one launch of a Triton kernel from its TTIR (see
+/// `rbln_compile::compile_kernel`). `bindings`, one per kernel argument:
+/// `("tensor", name, shape)`, `("int", value)` or `("float", value)`.
+#[pyfunction]
+#[pyo3(signature = (ttir, kernel, grid, bindings))]
+pub fn _compile_kernel(py: Python<'_>, ttir: &str, kernel: Option<String>, grid: (u32, u32, u32), bindings: Vec<Bound<'_, PyTuple>>) -> PyResult<CompiledModel> {
+    use rbln_compile::ttir::{Binding, Scalar};
+    let mut binds = Vec::with_capacity(bindings.len());
+    for b in &bindings {
+        let kind: String = b.get_item(0)?.extract()?;
+        binds.push(match kind.as_str() {
+            "tensor" => Binding::Tensor { name: b.get_item(1)?.extract()?, shape: b.get_item(2)?.extract()? },
+            "int" => Binding::Scalar(Scalar::Int(b.get_item(1)?.extract()?)),
+            "float" => Binding::Scalar(Scalar::Float(b.get_item(1)?.extract()?)),
+            other => return Err(pyo3::exceptions::PyValueError::new_err(format!("unknown binding kind {other:?}"))),
+        });
+    }
+    let grid = [grid.0, grid.1, grid.2];
+    let compiled = py.detach(|| rbln_compile::compile_kernel(ttir, kernel.as_deref(), grid, &binds)).map_err(Failure::from)?;
+    Ok(from_compiled(compiled))
+}
+
+/// A CompiledModel with the compiler's report.
+fn from_compiled(compiled: rbln_compile::Compiled) -> CompiledModel {
     let r = compiled.report;
-    Ok(CompiledModel {
+    CompiledModel {
         model: compiled.model,
         report: Some(Report {
             format: r.format.name(),
@@ -157,5 +184,5 @@ pub fn _compile(py: Python<'_>, data: &[u8], name: &str, input_shapes: Vec<(Stri
             views: r.views,
             memory: r.memory,
         }),
-    })
+    }
 }

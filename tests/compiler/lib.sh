@@ -21,7 +21,8 @@ expect_error() {
 # its stderr in export.log). Prints the directory.
 cached_exports() {
     local kind=$1 req=$2 exporter=$3 cache py; shift 3
-    cache=$RBLN_CACHE/$kind-$(hash_of "$exporter" "$req")
+    # EXPORT_DEPS: more files the exporter reads (their change re-exports).
+    cache=$RBLN_CACHE/$kind-$(hash_of "$exporter" "$req" ${EXPORT_DEPS:-})
     if [[ ! -f $cache/.complete ]]; then
         py=$("$RBLN_ROOT/scripts/setup-python.sh" "$req" | tail -n 1)
         exec 9>"$cache.lock"

@@ -12,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$RBLN_ROOT/tests/compiler/lib.sh"
 
 OUT=$RBLN_ROOT/target/triton
-CACHE=$(cached_exports ttir "$RBLN_ROOT/tests/triton/requirements.txt" "$RBLN_ROOT/tests/triton/kernels.py") || exit 1
+CACHE=$(EXPORT_DEPS=$RBLN_ROOT/python/rbln/_ttir.py cached_exports ttir "$RBLN_ROOT/tests/triton/requirements.txt" "$RBLN_ROOT/tests/triton/kernels.py") || exit 1
 rm -rf "$OUT"
 mkdir -p "$OUT"
 cp "$CACHE"/*.ttir "$OUT"/

@@ -18,17 +18,21 @@ Kernels (each with the constexprs it is compiled with):
              HEAD_DIM 32, SEQ 64
   range_loop a loop over tl.range (what rbln refuses: scf.for)
 """
+import importlib.util
 import os
+import pathlib
 import sys
-
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton._C.libtriton import ir  # noqa: E402
-from triton.backends.compiler import GPUTarget, Language  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.compiler.compiler import make_backend  # noqa: E402
+
+# The TTIR printer of the rbln package, loaded by path: this venv has
+# triton but not rbln's extension module.
+_spec = importlib.util.spec_from_file_location(
+    "rbln_ttir", pathlib.Path(__file__).resolve().parents[2] / "python" / "rbln" / "_ttir.py")
+_ttir = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ttir)
+ttir = _ttir.ttir
 
 
 @triton.jit
@@ -129,22 +133,6 @@ KERNELS = {
                               "BLOCK_M": C, "BLOCK_N": C}, {"SEQ": 64, "HEAD_DIM": 32, "BLOCK_M": 16, "BLOCK_N": 16}),
     "range_loop": (range_loop, {"x_ptr": PTR, "out_ptr": PTR, "n": I32, "BLOCK": C}, {"BLOCK": 64}),
 }
-
-
-def ttir(fn, signature, constexprs):
-    """The TTIR of `fn`, as triton's CUDA backend makes it before any
-    GPU-specific pass (``str_nodebug``: no location lines)."""
-    target = GPUTarget("cuda", 80, 32)
-    backend = make_backend(target)
-    options = backend.parse_options({})
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    module = ASTSource(fn=fn, signature=signature, constexprs=constexprs).make_ir(
-        target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
-    stages = {}
-    backend.add_stages(stages, options, Language.TRITON)
-    return stages["ttir"](module, {}).str_nodebug()
 
 
 def main():
