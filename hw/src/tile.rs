@@ -537,7 +537,7 @@ impl<'a> TileProgram<'a> {
 
 /// Check every instruction of `bytes`: header rules, operand order,
 /// types and shapes, kinds, limits. On success the executor may rely on
-/// every rule of `docs/hardware.md` 8.21.
+/// every rule of `docs/hardware.md` 8.20.
 pub fn verify(bytes: &[u8]) -> Result<TileInfo, TileError> {
     let p = TileProgram::new(bytes)?;
     let h = p.header;
