@@ -35,6 +35,7 @@ mod norm;
 mod pool;
 pub(crate) mod quant;
 mod resize;
+mod triton;
 
 /// Lowers the nodes of one op family.
 type Lower = fn(&mut Importer, &Cx, &[Option<ValueId>]) -> Result<Vec<ValueId>>;
@@ -367,11 +368,12 @@ impl Importer {
         let name = if n.name.is_empty() { format!("{}_{idx}", n.op_type) } else { n.name.clone() };
         let cx = Cx { n, name };
         let contrib = n.domain == "com.microsoft" && quant::CONTRIB_OPS.contains(&n.op_type.as_str());
-        if !(n.domain.is_empty() || n.domain == "ai.onnx" || contrib) {
+        if !(n.domain.is_empty() || n.domain == "ai.onnx" || contrib || n.domain == triton::DOMAIN) {
             return Err(cx.err(format!(
-                "operator domain '{}' is not supported (only the default ONNX domain, and {} of com.microsoft)",
+                "operator domain '{}' is not supported (only the default ONNX domain, {} of com.microsoft, and {} custom kernels)",
                 n.domain,
-                quant::CONTRIB_OPS.join(", ")
+                quant::CONTRIB_OPS.join(", "),
+                triton::DOMAIN
             )));
         }
         for a in &n.attribute {
@@ -382,6 +384,11 @@ impl Importer {
         let mut ins = Vec::with_capacity(n.input.len());
         for i in &n.input {
             ins.push(if i.is_empty() { None } else { Some(self.lookup(i, &format!("node '{}' ({})", cx.name, n.op_type))?) });
+        }
+        if n.domain == triton::DOMAIN {
+            // A custom kernel takes its operands as they are.
+            let outs = self.lower_triton(&cx, &ins)?;
+            return self.name_outputs(&cx, &outs);
         }
         // Device ops compute in f32: a run-time integer or bool operand
         // (a mask, say) is converted first; exact for |values| < 2^24.
@@ -415,7 +422,13 @@ impl Importer {
                 }
             }
         }
-        for &v in &outs {
+        self.name_outputs(&cx, &outs)
+    }
+
+    /// Check the node's outputs and give them their ONNX names.
+    fn name_outputs(&mut self, cx: &Cx, outs: &[ValueId]) -> Result<()> {
+        let n = cx.n;
+        for &v in outs {
             let s = &self.g.values[v].shape;
             if s.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none_or(|n| n > shape::MAX_ELEMS) {
                 return Err(cx.err(format!("its output shape {s:?} is too large (limit {} elements)", shape::MAX_ELEMS)));

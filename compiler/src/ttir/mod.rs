@@ -36,7 +36,7 @@ mod launch;
 mod lower;
 mod parse;
 
-pub use launch::{dtype_of, kernel_graph, Binding, Scalar};
+pub use launch::{add_launch, dtype_of, kernel_graph, BufBind, Binding, LaunchArg, Scalar};
 pub use lower::{lower, Kernel, KernelArg};
 pub use parse::parse;
 
