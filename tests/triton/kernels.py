@@ -16,6 +16,8 @@ Kernels (each with the constexprs it is compiled with):
   attention  naive flash-attention prefill: causal mask, online softmax
              over key blocks (tl.static_range), BLOCK_M 16, BLOCK_N 16,
              HEAD_DIM 32, SEQ 64
+  attention_bench  the same at the bench's shape: SEQ 1024, HEAD_DIM 64,
+             64x64 blocks
   range_loop a loop over tl.range (what rbln refuses: scf.for)
 """
 import importlib.util
@@ -131,6 +133,10 @@ KERNELS = {
                   {"BLOCK": 128}),
     "attention": (attention, {"q_ptr": PTR, "k_ptr": PTR, "v_ptr": PTR, "o_ptr": PTR, "scale": F32, "SEQ": C, "HEAD_DIM": C,
                               "BLOCK_M": C, "BLOCK_N": C}, {"SEQ": 64, "HEAD_DIM": 32, "BLOCK_M": 16, "BLOCK_N": 16}),
+    # The bench shape (scripts/bench.sh: against the built-in MatMul +
+    # Softmax path of the same attention).
+    "attention_bench": (attention, {"q_ptr": PTR, "k_ptr": PTR, "v_ptr": PTR, "o_ptr": PTR, "scale": F32, "SEQ": C, "HEAD_DIM": C,
+                                    "BLOCK_M": C, "BLOCK_N": C}, {"SEQ": 1024, "HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64}),
     "range_loop": (range_loop, {"x_ptr": PTR, "out_ptr": PTR, "n": I32, "BLOCK": C}, {"BLOCK": 64}),
 }
 

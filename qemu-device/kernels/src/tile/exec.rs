@@ -24,6 +24,8 @@ pub(crate) struct Plan {
     /// Registers whose last reader is instruction `i` (or `i` itself, for
     /// a value nothing reads).
     free_after: Vec<Vec<u32>>,
+    /// The last instruction reading each register.
+    last_use: Vec<u32>,
 }
 
 impl Plan {
@@ -42,7 +44,7 @@ impl Plan {
         for (r, &at) in last.iter().enumerate() {
             free_after[at as usize].push(r as u32);
         }
-        Plan { free_after }
+        Plan { free_after, last_use: last }
     }
 }
 
@@ -56,6 +58,47 @@ pub fn run_instance(l: &TileLaunch<'_>, plan: &Plan, pid: [u32; 3]) -> Result<()
         let dims: Vec<usize> = t.dims().iter().map(|&d| d as usize).collect();
         let vol: usize = dims.iter().product();
         let op = TileOp::from_u8(ins.op).ok_or(TileFault::Launch("unverified program"))?;
+        // An operand read for the last time, once, by this instruction:
+        // its vector can become the result (no allocation, no copy).
+        let dying = |r: u32| r != NO_OPERAND && plan.last_use[r as usize] == i && [ins.a, ins.b, ins.c, ins.d].iter().filter(|&&x| x == r).count() == 1;
+        let reused = match op {
+            TileOp::Reshape if dying(ins.a) => Some(std::mem::take(&mut regs[ins.a as usize])),
+            TileOp::Binary if dying(ins.a) => {
+                let mut a = std::mem::take(&mut regs[ins.a as usize]);
+                if binary_inplace(kind(TileBinary::from_u8(ins.kind))?, &mut a, &regs[ins.b as usize]) {
+                    Some(a)
+                } else {
+                    regs[ins.a as usize] = a;
+                    None
+                }
+            }
+            TileOp::Unary if dying(ins.a) && matches!(regs[ins.a as usize], Reg::F(_)) => {
+                let mut a = std::mem::take(&mut regs[ins.a as usize]);
+                if let (Reg::F(x), Some(u)) = (&mut a, unary_kernel_op(kind(TileUnary::from_u8(ins.kind))?)) {
+                    crate::activation::unary_inplace(u, x).map_err(|_| bad())?;
+                    Some(a)
+                } else {
+                    regs[ins.a as usize] = a;
+                    None
+                }
+            }
+            TileOp::Dot if dying(ins.c) => {
+                let c = std::mem::take(&mut regs[ins.c as usize]);
+                let (Reg::F(a), Reg::F(b), Reg::F(mut c)) = (&regs[ins.a as usize], &regs[ins.b as usize], c) else { return Err(bad()) };
+                let k = p.reg_type(ins.a).shape[1] as usize;
+                let gp = GemmParams { m: dims[0], n: dims[1], k, accumulate: true, ..Default::default() };
+                gemm(&gp, a, b, None, &mut c).map_err(|_| bad())?;
+                Some(Reg::F(c))
+            }
+            _ => None,
+        };
+        if let Some(v) = reused {
+            regs[i as usize] = v;
+            for &r in &plan.free_after[i as usize] {
+                regs[r as usize] = Reg::Empty;
+            }
+            continue;
+        }
         let reg = |r: u32| &regs[r as usize];
         let opt = |r: u32| (r != NO_OPERAND).then(|| &regs[r as usize]);
         let a_dims = || -> Vec<usize> { p.reg_type(ins.a).dims().iter().map(|&d| d as usize).collect() };
@@ -108,7 +151,7 @@ pub fn run_instance(l: &TileLaunch<'_>, plan: &Plan, pid: [u32; 3]) -> Result<()
                     None => None,
                     _ => return Err(bad()),
                 };
-                load(&l.bufs[slot], t.dtype, ptr, mask, opt(ins.c)).map_err(|offset| TileFault::OutOfBounds { slot, offset, write: false })?
+                load(&l.bufs[slot], t.dtype, ptr, dims.last().copied().unwrap_or(1), mask, opt(ins.c)).map_err(|offset| TileFault::OutOfBounds { slot, offset, write: false })?
             }
             TileOp::Store => {
                 let slot = p.reg_type(ins.a).slot as usize;
@@ -248,7 +291,22 @@ impl Shape for Broadcast<'_> {
             }
         }
         let mut out = Vec::with_capacity(self.to.iter().product());
-        for_each_offset(self.to, &s, |o| out.push(v[o]));
+        let rank = self.to.len();
+        if rank == 0 {
+            out.push(v[0]);
+            return out;
+        }
+        // Whole innermost rows at once: a copy of a source row, or one
+        // value repeated (memcpy / memset speed instead of per element).
+        let (inner, outer_dims) = (self.to[rank - 1], &self.to[..rank - 1]);
+        let row_stride = s[rank - 1];
+        for_each_offset(outer_dims, &s[..rank - 1], |o| {
+            if row_stride == 0 {
+                out.resize(out.len() + inner, v[o]);
+            } else {
+                out.extend_from_slice(&v[o..o + inner]);
+            }
+        });
         out
     }
 }
@@ -350,24 +408,33 @@ fn binary(k: TileBinary, a: &Reg, b: &Reg) -> Result<Reg, TileFault> {
     })
 }
 
-/// Integer COMPARE on values widened to i64 (`u`: their unsigned
-/// reinterpretation, also in i128 so the order is right).
-fn compare_ints(k: TileCmp, a: impl Iterator<Item = (i128, i128)>) -> Vec<bool> {
-    use TileCmp::*;
-    a.map(|(x, y)| match k {
-        Eq => x == y,
-        Ne => x != y,
-        Lt | LtU => x < y,
-        Le | LeU => x <= y,
-        Gt | GtU => x > y,
-        Ge | GeU => x >= y,
-    })
-    .collect()
+/// COMPARE of one element type; `$u` is the unsigned twin of integers.
+macro_rules! compare_as {
+    ($name:ident, $t:ty, $u:ty) => {
+        fn $name(k: TileCmp, a: &[$t], b: &[$t]) -> Vec<bool> {
+            use TileCmp::*;
+            match k {
+                Eq => zip(a, b, |x, y| x == y),
+                Ne => zip(a, b, |x, y| x != y),
+                Lt => zip(a, b, |x, y| x < y),
+                Le => zip(a, b, |x, y| x <= y),
+                Gt => zip(a, b, |x, y| x > y),
+                Ge => zip(a, b, |x, y| x >= y),
+                LtU => zip(a, b, |x, y| (x as $u) < (y as $u)),
+                LeU => zip(a, b, |x, y| (x as $u) <= (y as $u)),
+                GtU => zip(a, b, |x, y| (x as $u) > (y as $u)),
+                GeU => zip(a, b, |x, y| (x as $u) >= (y as $u)),
+            }
+        }
+    };
 }
+compare_as!(compare_i32, i32, u32);
+compare_as!(compare_i64, i64, u64);
+// As i1: true is -1 signed, 1 unsigned, so signed order puts true first.
+compare_as!(compare_i1, i8, u8);
 
 fn compare(k: TileCmp, a: &Reg, b: &Reg) -> Result<Vec<bool>, TileFault> {
     use TileCmp::*;
-    let unsigned = matches!(k, LtU | LeU | GtU | GeU);
     Ok(match (a, b) {
         (Reg::F(a), Reg::F(b)) => match k {
             Eq => zip(a, b, |x, y| x == y),
@@ -379,24 +446,54 @@ fn compare(k: TileCmp, a: &Reg, b: &Reg) -> Result<Vec<bool>, TileFault> {
             Ge => zip(a, b, |x, y| x >= y),
             _ => return Err(bad()),
         },
-        (Reg::I(a), Reg::I(b)) => {
-            let w = |x: i32| if unsigned { x as u32 as i128 } else { x as i128 };
-            compare_ints(k, a.iter().zip(b).map(|(&x, &y)| (w(x), w(y))))
-        }
-        (Reg::L(a), Reg::L(b)) => {
-            let w = |x: i64| if unsigned { x as u64 as i128 } else { x as i128 };
-            compare_ints(k, a.iter().zip(b).map(|(&x, &y)| (w(x), w(y))))
-        }
+        (Reg::I(a), Reg::I(b)) => compare_i32(k, a, b),
+        (Reg::L(a), Reg::L(b)) => compare_i64(k, a, b),
         (Reg::B(a), Reg::B(b)) => {
-            // As i1: true is -1 signed, 1 unsigned.
-            let w = |x: bool| match (x, unsigned) {
-                (false, _) => 0,
-                (true, true) => 1,
-                (true, false) => -1,
-            };
-            compare_ints(k, a.iter().zip(b).map(|(&x, &y)| (w(x), w(y))))
+            let w = |v: &[bool]| v.iter().map(|&x| -(x as i8)).collect::<Vec<i8>>();
+            compare_i1(k, &w(a), &w(b))
         }
         _ => return Err(bad()),
+    })
+}
+
+/// `a = a (k) b` in place for the float kinds that vectorise best;
+/// `false` (nothing done) for the others.
+fn binary_inplace(k: TileBinary, a: &mut Reg, b: &Reg) -> bool {
+    use TileBinary::*;
+    let (Reg::F(a), Reg::F(b)) = (a, b) else { return false };
+    fn each(a: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+        for (x, &y) in a.iter_mut().zip(b) {
+            *x = f(*x, y);
+        }
+    }
+    match k {
+        Add => each(a, b, |x, y| x + y),
+        Sub => each(a, b, |x, y| x - y),
+        Mul => each(a, b, |x, y| x * y),
+        Div => each(a, b, |x, y| x / y),
+        Min => each(a, b, f32::min),
+        Max => each(a, b, f32::max),
+        Minimum => each(a, b, minimum),
+        Maximum => each(a, b, maximum),
+        _ => return false,
+    }
+    true
+}
+
+/// The f32 kernel of a UNARY kind, where the activation kernels have it.
+fn unary_kernel_op(k: TileUnary) -> Option<UnaryOp> {
+    use TileUnary::*;
+    Some(match k {
+        Neg => UnaryOp::Neg,
+        Abs => UnaryOp::Abs,
+        Exp => UnaryOp::Exp,
+        Log => UnaryOp::Log,
+        Sqrt => UnaryOp::Sqrt,
+        Sin => UnaryOp::Sin,
+        Cos => UnaryOp::Cos,
+        Erf => UnaryOp::Erf,
+        Tanh => UnaryOp::Tanh,
+        _ => return None,
     })
 }
 
@@ -408,21 +505,14 @@ fn unary_op(k: TileUnary, a: &Reg) -> Result<Reg, TileFault> {
         Ok(Reg::F(y))
     };
     Ok(match a {
-        Reg::F(x) => match k {
-            Neg => kernel(UnaryOp::Neg, x)?,
-            Abs => kernel(UnaryOp::Abs, x)?,
-            Exp => kernel(UnaryOp::Exp, x)?,
-            Log => kernel(UnaryOp::Log, x)?,
-            Sqrt => kernel(UnaryOp::Sqrt, x)?,
-            Sin => kernel(UnaryOp::Sin, x)?,
-            Cos => kernel(UnaryOp::Cos, x)?,
-            Erf => kernel(UnaryOp::Erf, x)?,
-            Tanh => kernel(UnaryOp::Tanh, x)?,
-            Exp2 => Reg::F(x.iter().map(|v| v.exp2()).collect()),
-            Log2 => Reg::F(x.iter().map(|v| v.log2()).collect()),
-            Rsqrt => Reg::F(x.iter().map(|v| 1.0 / v.sqrt()).collect()),
-            Floor => Reg::F(x.iter().map(|v| v.floor()).collect()),
-            Ceil => Reg::F(x.iter().map(|v| v.ceil()).collect()),
+        Reg::F(x) => match (k, unary_kernel_op(k)) {
+            (_, Some(op)) => kernel(op, x)?,
+            (Exp2, _) => Reg::F(x.iter().map(|v| v.exp2()).collect()),
+            (Log2, _) => Reg::F(x.iter().map(|v| v.log2()).collect()),
+            (Rsqrt, _) => Reg::F(x.iter().map(|v| 1.0 / v.sqrt()).collect()),
+            (Floor, _) => Reg::F(x.iter().map(|v| v.floor()).collect()),
+            (Ceil, _) => Reg::F(x.iter().map(|v| v.ceil()).collect()),
+            _ => return Err(bad()),
         },
         Reg::I(x) => Reg::I(match k {
             Neg => x.iter().map(|v| v.wrapping_neg()).collect(),
@@ -479,6 +569,15 @@ fn select(c: &[bool], a: &Reg, b: &Reg) -> Result<Reg, TileFault> {
 /// `[0, len)` is an error carrying it), `other[i]` (or the default) where
 /// it is off.
 fn gather<T: Copy + Default>(len: usize, ptr: &[i64], mask: Option<&[bool]>, other: Option<&[T]>, read: impl Fn(usize) -> T) -> Result<Vec<T>, i64> {
+    if mask.is_none() {
+        // Unmasked: check the whole range once, then read without a
+        // branch per lane.
+        let (lo, hi) = ptr.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &o| (lo.min(o), hi.max(o)));
+        if !ptr.is_empty() && (lo < 0 || hi as u64 >= len as u64) {
+            return Err(ptr.iter().copied().find(|&o| o < 0 || o as u64 >= len as u64).unwrap_or(lo));
+        }
+        return Ok(ptr.iter().map(|&o| read(o as usize)).collect());
+    }
     let mut out = Vec::with_capacity(ptr.len());
     for (i, &o) in ptr.iter().enumerate() {
         if mask.is_none_or(|m| m[i]) {
@@ -493,8 +592,36 @@ fn gather<T: Copy + Default>(len: usize, ptr: &[i64], mask: Option<&[bool]>, oth
     Ok(out)
 }
 
-fn load(mem: &TileMem<'_>, dtype: TileType, ptr: &[i64], mask: Option<&[bool]>, other: Option<&Reg>) -> Result<Reg, i64> {
+/// An unmasked f32 load whose rows (runs of `row` lanes) each read
+/// consecutive elements: row copies. `None` when some row is not such a
+/// run.
+fn load_rows(s: &[f32], ptr: &[i64], row: usize) -> Option<Result<Vec<f32>, i64>> {
+    if row < 8 || ptr.len() % row != 0 {
+        return None;
+    }
+    let contiguous = ptr.chunks_exact(row).all(|r| r.iter().enumerate().all(|(j, &o)| o.wrapping_sub(r[0]) == j as i64));
+    if !contiguous {
+        return None;
+    }
+    let mut out = Vec::with_capacity(ptr.len());
+    for r in ptr.chunks_exact(row) {
+        let (lo, hi) = (r[0], r[0].wrapping_add(row as i64 - 1));
+        if lo < 0 || hi < lo || hi as u64 >= s.len() as u64 {
+            let bad = r.iter().copied().find(|&o| o < 0 || o as u64 >= s.len() as u64).unwrap_or(lo);
+            return Some(Err(bad));
+        }
+        out.extend_from_slice(&s[lo as usize..=hi as usize]);
+    }
+    Some(Ok(out))
+}
+
+fn load(mem: &TileMem<'_>, dtype: TileType, ptr: &[i64], row: usize, mask: Option<&[bool]>, other: Option<&Reg>) -> Result<Reg, i64> {
     let len = mem.len();
+    if let (TileMem::F32(s), None) = (mem, mask) {
+        if let Some(r) = load_rows(s, ptr, row) {
+            return r.map(Reg::F);
+        }
+    }
     let (mut of, mut oi, mut ol, mut ob) = (None, None, None, None);
     match other {
         Some(Reg::F(v)) => of = Some(v.as_slice()),
@@ -550,8 +677,30 @@ fn reduce(k: TileReduce, a: &Reg, outer: usize, len: usize, inner: usize) -> Res
         for o in 0..outer {
             let base = o * len * inner;
             if inner == 1 {
+                // Eight independent lanes, combined at the end: the
+                // compiler vectorises this (the kinds are associative up
+                // to float rounding, which Triton's reductions leave open
+                // too).
                 let row = &v[base..base + len];
-                out.push(row[1..].iter().fold(row[0], |acc, &x| f(acc, x)));
+                let (lanes, rest) = row.split_at(len - len % 8);
+                let mut acc = row[0];
+                if !lanes.is_empty() {
+                    let mut l: [T; 8] = lanes[..8].try_into().unwrap_or([row[0]; 8]);
+                    for c in lanes[8..].chunks_exact(8) {
+                        for k in 0..8 {
+                            l[k] = f(l[k], c[k]);
+                        }
+                    }
+                    acc = l[1..].iter().fold(l[0], |a, &x| f(a, x));
+                    for &x in rest {
+                        acc = f(acc, x);
+                    }
+                } else {
+                    for &x in &row[1..] {
+                        acc = f(acc, x);
+                    }
+                }
+                out.push(acc);
             } else {
                 let mut acc: Vec<T> = v[base..base + inner].to_vec();
                 for l in 1..len {
@@ -605,3 +754,4 @@ fn reduce(k: TileReduce, a: &Reg, outer: usize, len: usize, inner: usize) -> Res
         Reg::Empty => return Err(bad()),
     })
 }
+
