@@ -96,7 +96,7 @@ if [[ -n ${BENCH_MODELS:-} ]]; then
         elif [[ $all_tests == *" $m "* ]]; then TEST_MODELS+="${TEST_MODELS:+ }$m"; else BENCH_MODELS_LIST+="${BENCH_MODELS_LIST:+ }$m"; fi
     done
 fi
-MICRO_MODELS="micro-gemm micro-gemm-int8 micro-gemm-int8r micro-conv micro-add micro-relu"
+MICRO_MODELS="micro-gemm micro-gemm-int8 micro-gemm-int8r micro-attention-triton micro-attention-builtin micro-conv micro-add micro-relu"
 # Python and serving rows need their models generated; resnet18 is a test
 # model.
 for m in $PY_MODELS $SERVE_MODELS; do
@@ -190,7 +190,13 @@ main() {
     log "generating ${#generated[@]} ONNX models ($OUT_REL/models)"
     local smoke_flag=()
     [[ $SMOKE == 1 ]] && smoke_flag=(--smoke)
-    "$PY" "$RBLN_ROOT/tests/models/bench_models.py" gen "$OUT/models" "${smoke_flag[@]}" "${generated[@]}"
+    # The Triton attention kernel's TTIR (tests/triton/kernels.py, cached
+    # like tests/triton/check.sh's) for the micro-attention-* models.
+    local ttir_dir
+    ttir_dir=$(source "$RBLN_ROOT/tests/compiler/lib.sh" && EXPORT_DEPS=$RBLN_ROOT/python/rbln/_ttir.py \
+        cached_exports ttir "$RBLN_ROOT/tests/triton/requirements.txt" "$RBLN_ROOT/tests/triton/kernels.py") \
+        || die "printing the Triton kernels' TTIR failed"
+    RBLN_TTIR_DIR=$ttir_dir "$PY" "$RBLN_ROOT/tests/models/bench_models.py" gen "$OUT/models" "${smoke_flag[@]}" "${generated[@]}"
     local e f
     for e in $EXPORT_MODELS_LIST; do
         for f in "$RBLN_ROOT/target/exports/${e#export-}".{onnx,input*.npy}; do

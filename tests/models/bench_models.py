@@ -30,6 +30,7 @@ import time
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -322,6 +323,49 @@ def micro_mlp(smoke):
     return g.model("x", [16, 256], "y", [16, 10]), g.input_data((16, 256))
 
 
+def attention_models(smoke):
+    """Causal single-head attention, q, k, v -> o, at the bench shape
+    (SEQ 1024, HEAD_DIM 64; smoke: 64, 32): (the Triton kernel as a
+    rbln.triton custom operator, the same attention as built-in ops).
+    The kernel's TTIR is what tests/triton/kernels.py printed for that
+    shape (attention_bench / attention), in $RBLN_TTIR_DIR."""
+    seq, d, kernel = (64, 32, "attention") if smoke else (1024, 64, "attention_bench")
+    ttir_dir = os.environ.get("RBLN_TTIR_DIR")
+    if not ttir_dir:
+        raise SystemExit("bench_models.py: set RBLN_TTIR_DIR to the TTIR of tests/triton/kernels.py (scripts/bench.sh does)")
+    with open(os.path.join(ttir_dir, f"{kernel}.ttir")) as f:
+        ttir = f.read()
+    block = 16 if smoke else 64
+    scale = 1.0 / np.sqrt(d)
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [seq, d]) for n in ("q", "k", "v")]
+    out = [helper.make_tensor_value_info("o", TensorProto.FLOAT, [seq, d])]
+    rng = np.random.default_rng(306)
+    data = [rng.standard_normal((seq, d)).astype(np.float32) for _ in range(3)]
+    custom = helper.make_node(kernel, ["q", "k", "v"], ["o"], name="attention", domain="rbln.triton",
+                              ttir=ttir, grid=[seq // block], float_args=[float(scale)])
+    triton = helper.make_model(helper.make_graph([custom], "attention-triton", io, out),
+                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("rbln.triton", 1)])
+    mask = np.where(np.tril(np.ones((seq, seq), bool)), 0.0, -np.inf).astype(np.float32)
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0], name="kt"),
+        helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
+        helper.make_node("Mul", ["s", "scale"], ["ss"], name="scale"),
+        helper.make_node("Add", ["ss", "mask"], ["sm"], name="mask"),
+        helper.make_node("Softmax", ["sm"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["p", "v"], ["o"], name="pv"),
+    ]
+    inits = [numpy_helper.from_array(np.array(scale, np.float32), "scale"), numpy_helper.from_array(mask, "mask")]
+    builtin = helper.make_model(helper.make_graph(nodes, "attention-builtin", io, out, inits), opset_imports=[helper.make_opsetid("", 17)])
+    return triton, builtin, data
+
+
+def micro_attention(which):
+    def build_one(smoke):
+        triton, builtin, data = attention_models(smoke)
+        return (triton if which == "triton" else builtin), data
+    return build_one
+
+
 BENCH = {
     "resnet50": resnet50,
     "mobilenetv3-small": mobilenetv3_small,
@@ -337,7 +381,12 @@ MICRO = {
     "micro-add": micro_add,
     "micro-relu": micro_relu,
     "micro-mlp": micro_mlp,
+    "micro-attention-triton": micro_attention("triton"),
+    "micro-attention-builtin": micro_attention("builtin"),
 }
+# Models onnxruntime cannot run itself (a custom operator), timed on the
+# model with the same computation in built-in ops.
+ORT_STAND_IN = {"micro-attention-triton": "micro-attention-builtin"}
 
 
 def build(name, smoke):
@@ -419,7 +468,7 @@ def model_inputs(out, name):
 
 def ort_all(out, names, threads, warmup, min_runs, max_runs, budget):
     for name in names:
-        path = os.path.join(out, f"{name}.onnx")
+        path = os.path.join(out, f"{ORT_STAND_IN.get(name, name)}.onnx")
         row = {"name": name, "threads": threads}
         try:
             data = model_inputs(out, name)

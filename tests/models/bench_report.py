@@ -249,6 +249,23 @@ def micro_rows(out, plan, ort, native):
             reference_what=f"gemm crate on {plan.get('THREADS')} threads (rbln-bench-host)",
             onnxruntime_gflops=flop / o["median_ms"] / 1e6 if "median_ms" in o else None)
 
+    # 1a. A Triton kernel on the tile engine: the causal attention kernel
+    # (one TILE op) against the same attention as built-in ops
+    # (Transpose, MatMul, Mul, Add of the mask, Softmax, MatMul), both on
+    # the device (compute time of the whole model).
+    tri, blt = "micro-attention-triton", "micro-attention-builtin"
+    if os.path.exists(os.path.join(models, f"{tri}.onnx")) and os.path.exists(os.path.join(models, f"{blt}.onnx")):
+        import onnx
+        q = onnx.load(os.path.join(models, f"{blt}.onnx")).graph.input[0]
+        shapes = [d.dim_value for d in q.type.tensor_type.shape.dim]
+        ms_t, err_t = device_compute(tri)
+        ms_b, err_b = device_compute(blt)
+        o = ort.get(blt, {})
+        row(f"triton attention {shapes[0]}x{shapes[1]} causal", "ms", "lower", ms_t, ms_b, err_t or err_b,
+            device_ms=ms_t, device_min_ms=mins.get(tri), reference_ms=ms_b, reference_min_ms=mins.get(blt),
+            reference_what="the same attention as built-in ops on the device",
+            onnxruntime_ms=o.get("median_ms"))
+
     # 1b. The same GEMM quantised (QDQ, int8 weights, u8 activations): the
     # device's QGEMM against its own f32 GEMM above (device time of the
     # one GEMM op; the QuantizeLinear / DequantizeLinear around it are
@@ -631,7 +648,7 @@ def check(path):
     if not pos(rep.get("geomean_ratio")):
         probs.append(f"geomean_ratio = {rep.get('geomean_ratio')!r}")
     names = " ".join(r.get("name", "") for r in rep.get("micro", []))
-    for want in ("gemm", "int8 gemm", "conv", "add", "dma", "ioctl", "user-mode", "AsyncRuntime", "Python Runtime.run",
+    for want in ("gemm", "int8 gemm", "triton attention", "conv", "add", "dma", "ioctl", "user-mode", "AsyncRuntime", "Python Runtime.run",
                  "Python async_run", "rbln-serve gRPC load"):
         if want not in names:
             probs.append(f"no micro row for {want}")
