@@ -800,7 +800,10 @@ const _: () = assert!(ResizeDesc::SIZE == 72);
 const _: () = assert!(WhereDesc::SIZE == 120);
 
 /// A decoded descriptor (fields not yet checked against tensor sizes).
+/// Short-lived (decoded, then executed), so its size, that of the largest
+/// descriptor, does not matter; no_std has no Box for the big ones.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum Desc {
     Gemm(GemmDesc),
     Conv2d(Conv2dDesc),

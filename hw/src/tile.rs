@@ -392,6 +392,18 @@ wire_struct! {
     }
 }
 
+impl TileInstr {
+    /// An instruction of `op` with result type `dtype` and `shape` (rank =
+    /// its length, at most [`MAX_TILE_RANK`]; longer shapes are cut), no
+    /// operands and the other fields 0.
+    pub fn new(op: TileOp, dtype: TileType, shape: &[u32]) -> TileInstr {
+        let rank = shape.len().min(MAX_TILE_RANK);
+        let mut s = [0u32; 4];
+        s[..rank].copy_from_slice(&shape[..rank]);
+        TileInstr { op: op as u8, dtype: dtype as u8, rank: rank as u8, shape: s, a: NO_OPERAND, b: NO_OPERAND, c: NO_OPERAND, d: NO_OPERAND, ..Default::default() }
+    }
+}
+
 const _: () = assert!(TileProgramHeader::SIZE == 64);
 const _: () = assert!(TileInstr::SIZE == 48);
 const _: () = assert!(TileDesc::SIZE == 424);
@@ -552,7 +564,7 @@ pub fn verify(bytes: &[u8]) -> Result<TileInfo, TileError> {
         if rank > MAX_TILE_RANK {
             return Err(err("rank above 4"));
         }
-        if ins.shape[..rank].iter().any(|&d| d == 0) || ins.shape[rank..].iter().any(|&d| d != 0) {
+        if ins.shape[..rank].contains(&0) || ins.shape[rank..].iter().any(|&d| d != 0) {
             return Err(err("shape: dims must be >= 1 up to the rank and 0 after"));
         }
         if ins.reserved != 0 {
@@ -642,10 +654,8 @@ pub fn verify(bytes: &[u8]) -> Result<TileInfo, TileError> {
                 }
                 match op {
                     TileOp::Splat if a.rank != 0 => return Err(err("splat of a non-scalar")),
-                    TileOp::Broadcast => {
-                        if a.rank != rank || a.dims().iter().zip(r.dims()).any(|(&x, &y)| x != y && x != 1) {
-                            return Err(err("broadcast shape"));
-                        }
+                    TileOp::Broadcast if a.rank != rank || a.dims().iter().zip(r.dims()).any(|(&x, &y)| x != y && x != 1) => {
+                        return Err(err("broadcast shape"));
                     }
                     TileOp::Reshape if a.volume() != vol => return Err(err("reshape changes the element count")),
                     TileOp::Permute => {
@@ -842,20 +852,9 @@ pub const fn program_size(n: usize) -> usize {
 mod tests {
     use super::*;
 
+    use TileInstr as I;
     fn ins(op: TileOp, dtype: TileType, shape: &[u32]) -> TileInstr {
-        let mut s = [0u32; 4];
-        s[..shape.len()].copy_from_slice(shape);
-        TileInstr {
-            op: op as u8,
-            dtype: dtype as u8,
-            rank: shape.len() as u8,
-            a: NO_OPERAND,
-            b: NO_OPERAND,
-            c: NO_OPERAND,
-            d: NO_OPERAND,
-            shape: s,
-            ..Default::default()
-        }
+        I::new(op, dtype, shape)
     }
 
     fn program(nbufs: u32, instrs: &[TileInstr]) -> [u8; 1024] {

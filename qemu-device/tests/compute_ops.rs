@@ -1235,3 +1235,102 @@ fn int8_binary_through_the_device() {
         assert!(r.rig.dev.healthy(), "{what}");
     }
 }
+
+/// A tile program: `out[pid·8 + j] = x[pid·8 + j] + 1` for j < 8 (x in
+/// buffer 0, out in buffer 1).
+fn add_one_program() -> Vec<u8> {
+    use rbln_hw::tile::*;
+    let ins = TileInstr::new;
+    let v = [
+        ins(TileOp::Buffer, TileType::Ptr, &[]),
+        TileInstr { slot: 1, ..ins(TileOp::Buffer, TileType::Ptr, &[]) },
+        ins(TileOp::ProgramId, TileType::I32, &[]),
+        TileInstr { imm: 8, ..ins(TileOp::Const, TileType::I32, &[]) },
+        TileInstr { a: 2, b: 3, kind: TileBinary::Mul as u8, ..ins(TileOp::Binary, TileType::I32, &[]) },
+        TileInstr { a: 4, ..ins(TileOp::Splat, TileType::I32, &[8]) },
+        ins(TileOp::Range, TileType::I32, &[8]),
+        TileInstr { a: 5, b: 6, kind: TileBinary::Add as u8, ..ins(TileOp::Binary, TileType::I32, &[8]) },
+        TileInstr { a: 0, ..ins(TileOp::Splat, TileType::Ptr, &[8]) },
+        TileInstr { a: 8, b: 7, ..ins(TileOp::AddPtr, TileType::Ptr, &[8]) },
+        TileInstr { a: 9, ..ins(TileOp::Load, TileType::F32, &[8]) },
+        TileInstr { imm: 1f32.to_bits() as u64, ..ins(TileOp::Const, TileType::F32, &[8]) },
+        TileInstr { a: 10, b: 11, kind: TileBinary::Add as u8, ..ins(TileOp::Binary, TileType::F32, &[8]) },
+        TileInstr { a: 1, slot: 1, ..ins(TileOp::Splat, TileType::Ptr, &[8]) },
+        TileInstr { a: 13, b: 7, slot: 1, ..ins(TileOp::AddPtr, TileType::Ptr, &[8]) },
+        TileInstr { a: 14, b: 12, ..ins(TileOp::Store, TileType::None, &[]) },
+    ];
+    let mut h = TileProgramHeader { nbufs: 2, ..Default::default() };
+    h.buf_types[..2].fill(TileType::F32 as u8);
+    let mut out = vec![0u8; program_size(v.len())];
+    encode_program(&h, &v, &mut out).unwrap();
+    verify(&out).unwrap();
+    out
+}
+
+fn tile_desc(program: &[u8], grid: u32, x_len: u64, out_len: u64) -> TileDesc {
+    let mut d = TileDesc { program_va: tva(2), program_size: program.len() as u32, nbufs: 2, grid: [grid, 1, 1], ..Default::default() }.with_header();
+    d.buf_va[..2].copy_from_slice(&[tva(0), tva(1)]);
+    d.buf_len[..2].copy_from_slice(&[x_len, out_len]);
+    d
+}
+
+#[test]
+fn a_tile_program_runs_its_grid_and_faults_outside_its_buffers() {
+    let program = add_one_program();
+    let mut r = OpRig::new();
+    let x = seq(16, 0.5);
+    r.put(0, &x);
+    r.put(1, &[-7.0; 17]);
+    r.rig.write(r.bus[2], &program);
+    assert_eq!(r.run(&tile_desc(&program, 2, 16, 16).to_bytes()), FaultCode::None);
+    let want: Vec<f32> = x.iter().map(|v| v + 1.0).chain([-7.0]).collect();
+    assert_eq!(r.get(1, 17), want);
+
+    // The output buffer is 12 long: instance 1's lanes 4..8 store past it.
+    // Nothing is written (not even instance 0's in-bounds lanes); the fault
+    // is at the first lane outside, element 12 of buffer 1.
+    let mut r = OpRig::new();
+    r.put(0, &x);
+    r.put(1, &[-7.0; 16]);
+    r.rig.write(r.bus[2], &program);
+    assert_eq!(r.run(&tile_desc(&program, 2, 16, 12).to_bytes()), FaultCode::OutOfBounds);
+    assert_eq!((fault_access(&r), fault_addr(&r)), (2, tva(1) + 12 * 4));
+    assert_eq!(r.get(1, 16), [-7.0; 16], "a faulting launch wrote something");
+    // A load past x (10 elements) faults as a read.
+    let mut r = OpRig::new();
+    r.rig.write(r.bus[2], &program);
+    assert_eq!(r.run(&tile_desc(&program, 2, 10, 16).to_bytes()), FaultCode::OutOfBounds);
+    assert_eq!((fault_access(&r), fault_addr(&r)), (1, tva(0) + 10 * 4));
+    assert!(r.rig.dev.healthy());
+
+    // Launches that do not fit the program, and broken programs.
+    let mut bad_magic = program.clone();
+    bad_magic[0] ^= 1;
+    let mut bad_operand = program.clone();
+    // Instruction 5 (SPLAT) reads register 15 (after it).
+    bad_operand[64 + 5 * 48 + 8..64 + 5 * 48 + 12].copy_from_slice(&15u32.to_le_bytes());
+    let mut three_bufs = tile_desc(&program, 2, 16, 16);
+    three_bufs.nbufs = 3;
+    three_bufs.buf_va[2] = tva(3);
+    three_bufs.buf_len[2] = 4;
+    let mut huge_grid = tile_desc(&program, 2, 16, 16);
+    huge_grid.grid = [1 << 16, 1 << 16, 1];
+    for (what, prog, d) in [
+        ("bad magic", bad_magic, tile_desc(&program, 2, 16, 16)),
+        ("operand after its use", bad_operand, tile_desc(&program, 2, 16, 16)),
+        ("buffer count", program.clone(), three_bufs),
+        ("grid above 2^24", program.clone(), huge_grid),
+    ] {
+        let mut r = OpRig::new();
+        r.put(1, &[-7.0; 16]);
+        r.rig.write(r.bus[2], &prog);
+        assert_eq!(r.run(&d.to_bytes()), FaultCode::BadDescriptor, "{what}");
+        assert_eq!(r.get(1, 16), [-7.0; 16], "{what}");
+    }
+    // A program in unmapped memory is a translation fault at its VA.
+    let mut r = OpRig::new();
+    let mut d = tile_desc(&program, 2, 16, 16);
+    d.program_va = 0x7000_0000;
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(fault_addr(&r), 0x7000_0000);
+}

@@ -109,9 +109,8 @@ impl<'a> Lowering<'a> {
         if reg >= t::MAX_TILE_INSTRS {
             return fail(op.line, format!("the kernel needs more than {} tile instructions", t::MAX_TILE_INSTRS));
         }
-        let mut s = [0u32; 4];
-        s[..shape.len()].copy_from_slice(&shape);
-        self.instrs.push(TileInstr { dtype: dtype as u8, rank: shape.len() as u8, shape: s, slot, ..ins });
+        let typed = TileInstr::new(TileOp::Const, dtype, &shape);
+        self.instrs.push(TileInstr { dtype: typed.dtype, rank: typed.rank, shape: typed.shape, slot, ..ins });
         if let Some(r) = op.results.first() {
             self.vals.insert(r.clone(), Val { reg, dtype, shape, slot });
         }
@@ -124,8 +123,9 @@ fn result_type(op: &Op) -> R<&Type> {
     op.types.last().map_or_else(|| fail(op.line, format!("{} has no type", op.name)), Ok)
 }
 
+/// An instruction of `op` with no operands; `push` gives its type.
 fn instr(op: TileOp) -> TileInstr {
-    TileInstr { op: op as u8, a: NO_OPERAND, b: NO_OPERAND, c: NO_OPERAND, d: NO_OPERAND, ..Default::default() }
+    TileInstr::new(op, TileType::None, &[])
 }
 
 fn binary_kind(name: &str) -> Option<TileBinary> {
@@ -318,6 +318,7 @@ fn lower_op(lw: &mut Lowering<'_>, op: &Op) -> R<()> {
     // Element-wise ops keep their first operand's type.
     if let Some(kind) = binary_kind(name) {
         let (a, b) = (lw.operand(op, 0)?, lw.operand(op, 1)?);
+        same_type(op, &a, &b)?;
         if !kind.accepts(a.dtype) {
             return fail(line, format!("{name} on {:?} elements", a.dtype));
         }
@@ -392,6 +393,9 @@ fn lower_op(lw: &mut Lowering<'_>, op: &Op) -> R<()> {
         }
         "tt.addptr" => {
             let (a, b) = (lw.operand(op, 0)?, lw.operand(op, 1)?);
+            if a.dtype != TileType::Ptr || !matches!(b.dtype, TileType::I32 | TileType::I64) || a.shape != b.shape {
+                return fail(line, "tt.addptr: a pointer plus integer offsets of its shape");
+            }
             lw.push(op, TileInstr { a: a.reg, b: b.reg, ..instr(TileOp::AddPtr) }, TileType::Ptr, a.shape, a.slot)
         }
         "tt.load" => {
@@ -420,6 +424,9 @@ fn lower_op(lw: &mut Lowering<'_>, op: &Op) -> R<()> {
             if a.shape.len() != 2 || b.shape.len() != 2 || a.dtype != TileType::F32 || b.dtype != TileType::F32 {
                 return fail(line, "tt.dot: the tile engine multiplies rank-2 f32 tiles (no batched or low-precision dot)");
             }
+            if a.shape[1] != b.shape[0] {
+                return fail(line, format!("tt.dot: [{}x{}] times [{}x{}]", a.shape[0], a.shape[1], b.shape[0], b.shape[1]));
+            }
             let shape = vec![a.shape[0], b.shape[1]];
             lw.push(op, TileInstr { a: a.reg, b: b.reg, c, ..instr(TileOp::Dot) }, TileType::F32, shape, 0)
         }
@@ -441,6 +448,7 @@ fn lower_op(lw: &mut Lowering<'_>, op: &Op) -> R<()> {
             let pred = op.keyword.as_deref().unwrap_or("");
             let kind = cmp_kind(name, pred).map_or_else(|| fail(line, format!("{name} predicate {pred} is not supported")), Ok)?;
             let (a, b) = (lw.operand(op, 0)?, lw.operand(op, 1)?);
+            same_type(op, &a, &b)?;
             lw.push(op, TileInstr { kind: kind as u8, a: a.reg, b: b.reg, ..instr(TileOp::Compare) }, TileType::I1, a.shape, 0)
         }
         "arith.select" => {
@@ -448,12 +456,14 @@ fn lower_op(lw: &mut Lowering<'_>, op: &Op) -> R<()> {
             if a.dtype == TileType::Ptr && a.slot != b.slot {
                 return fail(line, "arith.select between pointers into different arguments");
             }
+            same_type(op, &a, &b)?;
+            if c.dtype != TileType::I1 || (!c.shape.is_empty() && c.shape != a.shape) {
+                return fail(line, "arith.select: the condition is not i1 of the values' shape");
+            }
             // A scalar condition over tensors: splat it first.
             let cond = if c.shape.is_empty() && !a.shape.is_empty() {
-                let mut s = [0u32; 4];
-                s[..a.shape.len()].copy_from_slice(&a.shape);
                 let reg = lw.instrs.len() as u32;
-                lw.instrs.push(TileInstr { a: c.reg, dtype: TileType::I1 as u8, rank: a.shape.len() as u8, shape: s, ..instr(TileOp::Splat) });
+                lw.instrs.push(TileInstr { a: c.reg, ..TileInstr::new(TileOp::Splat, TileType::I1, &a.shape) });
                 reg
             } else {
                 c.reg
@@ -469,6 +479,15 @@ fn lower_op(lw: &mut Lowering<'_>, op: &Op) -> R<()> {
         "tt.print" | "tt.assert" => fail(line, format!("{name}: device-side printing and assertions are not supported")),
         other => fail(line, format!("op {other} is not supported by the NPU's tile engine")),
     }
+}
+
+/// Element-wise operands must agree in type and shape (Triton broadcasts
+/// explicitly before).
+fn same_type(op: &Op, a: &Val, b: &Val) -> R<()> {
+    if a.dtype != b.dtype || a.shape != b.shape {
+        return fail(op.line, format!("{}: operands of different types or shapes ({:?}{:?} and {:?}{:?})", op.name, a.dtype, a.shape, b.dtype, b.shape));
+    }
+    Ok(())
 }
 
 /// The element type of buffer `slot` (from the function's arguments).

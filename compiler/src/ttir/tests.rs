@@ -143,7 +143,31 @@ fn damaged_text_never_panics() {
                 }
                 _ => b.insert(at, alphabet[(s >> 40) as usize % alphabet.len()]),
             }
-            let _ = parse(&String::from_utf8_lossy(&b));
+            // Whatever parses also goes through the lowering (and the
+            // hardware verifier it ends with): errors, never panics.
+            if let Ok(m) = parse(&String::from_utf8_lossy(&b)) {
+                let _ = lower(&m, None);
+            }
         }
     }
+}
+
+#[test]
+fn the_add_kernel_lowers_and_refusals_name_the_op() {
+    let k = lower(&parse(ADD).unwrap(), None).unwrap();
+    assert_eq!(k.name, "add");
+    assert_eq!((k.loads, k.stores, k.grid_rank), (0b001, 0b001, 1));
+    assert!(matches!(&k.args[3], KernelArg::Param { slot: 0, dtype: rbln_hw::tile::TileType::I32, .. }));
+    rbln_hw::tile::verify(&k.program).unwrap();
+    let refuse = |text: String, want: &str| {
+        let e = lower(&parse(&text).unwrap(), None).unwrap_err().to_string();
+        assert!(e.contains(want), "{e} (wanted {want})");
+    };
+    refuse(ADD.replace("tensor<256xf32>", "tensor<256xf16>"), "element type f16 is not supported");
+    refuse(ADD.replace("%10 = arith.addf %9, %9", "%10 = arith.addf %9, %cst_x"), "reads %cst_x, which is not defined");
+    refuse(ADD.replace("arith.cmpi slt", "arith.cmpi foo"), "predicate foo is not supported");
+    refuse(ADD.replace("%10 = arith.addf %9, %9 : tensor<256xf32>", "%10 = tt.print %9 : tensor<256xf32>"), "tt.print");
+    refuse(ADD.replace("%10 = arith.addf %9, %9", "%10 = arith.addf %9, %4"), "operands of different types or shapes");
+    // The reduction kernel's dot multiplies [16x128] by [16x128].
+    refuse(REDUCE.to_string(), "tt.dot: [16x128] times [16x128]");
 }

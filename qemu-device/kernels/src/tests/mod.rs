@@ -8,6 +8,7 @@ mod hostile;
 mod select;
 mod qgemm;
 mod shape_ops;
+mod tile;
 
 use crate::Activation;
 

@@ -596,7 +596,7 @@ fn gather<T: Copy + Default>(len: usize, ptr: &[i64], mask: Option<&[bool]>, oth
 /// consecutive elements: row copies. `None` when some row is not such a
 /// run.
 fn load_rows(s: &[f32], ptr: &[i64], row: usize) -> Option<Result<Vec<f32>, i64>> {
-    if row < 8 || ptr.len() % row != 0 {
+    if row < 8 || !ptr.len().is_multiple_of(row) {
         return None;
     }
     let contiguous = ptr.chunks_exact(row).all(|r| r.iter().enumerate().all(|(j, &o)| o.wrapping_sub(r[0]) == j as i64));
