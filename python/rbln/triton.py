@@ -110,6 +110,34 @@ class Kernel:
         inspect it, or run it with :class:`rbln.Runtime`)."""
         return self._prepare(self._grid if grid is None else grid, args)[0]
 
+    def onnx_attributes(self, *scalars: Any, grid: Grid | None = None) -> dict:
+        """The attributes of an ONNX node running this kernel as a custom
+        operator of the ``rbln.triton`` domain (docs/compiler.md), for
+        ``onnx.helper.make_node(name, inputs, outputs, domain="rbln.triton",
+        **kernel.onnx_attributes(...))``: the node's inputs then its outputs
+        bind the kernel's pointer arguments in order, ``scalars`` its
+        scalar arguments in order."""
+        kinds = [_SCALARS[t] for _, t in self._params if t in _SCALARS]
+        if len(scalars) != len(kinds):
+            raise RBLNTypeError(f"kernel {self.name} takes {len(kinds)} scalar arguments, got {len(scalars)}")
+        ints, floats = [], []
+        for (name, _), kind, v in zip([p for p in self._params if p[1] in _SCALARS], kinds, scalars):
+            if kind == "int":
+                if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                    raise RBLNTypeError(f"kernel {self.name}: argument {name} takes an integer, got {v!r}")
+                ints.append(int(v))
+            else:
+                floats.append(float(v))
+        g = self._grid3(self._grid if grid is None else grid)
+        while len(g) > 1 and g[-1] == 1:
+            g = g[:-1]
+        attrs = {"ttir": self.ttir, "kernel": self.name, "grid": list(g)}
+        if ints:
+            attrs["int_args"] = ints
+        if floats:
+            attrs["float_args"] = floats
+        return attrs
+
     def _grid3(self, grid: Grid) -> tuple:
         g = grid(dict(self._constexprs)) if callable(grid) else grid
         g = tuple(int(x) for x in (g if isinstance(g, (tuple, list)) else (g,)))

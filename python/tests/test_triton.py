@@ -153,3 +153,16 @@ def test_refusals_name_the_problem():
         add(np.zeros(4, np.float32))
     with pytest.raises(rbln.RBLNTypeError, match="type 'fp16'"):
         rbln.triton.compile(K.add, signature={"x_ptr": "fp16", "y_ptr": P, "out_ptr": P, "n": I32}, constexprs={"BLOCK": 256})
+
+
+def test_onnx_attributes_bind_scalars_and_grid():
+    kernel = rbln.triton.compile(K.layernorm, signature={"x_ptr": P, "w_ptr": P, "b_ptr": P, "out_ptr": P, "n_cols": I32, "eps": F32},
+                                 constexprs={"BLOCK": 128}, grid=(5,))
+    attrs = kernel.onnx_attributes(100, 1e-5)
+    assert attrs["grid"] == [5] and attrs["int_args"] == [100] and attrs["float_args"] == [pytest.approx(1e-5)]
+    assert attrs["kernel"] == "layernorm" and attrs["ttir"] == kernel.ttir
+    assert kernel.onnx_attributes(100, 1e-5, grid=(2, 3))["grid"] == [2, 3]
+    with pytest.raises(rbln.RBLNTypeError, match="takes 2 scalar arguments"):
+        kernel.onnx_attributes(100)
+    with pytest.raises(rbln.RBLNTypeError, match="n_cols takes an integer"):
+        kernel.onnx_attributes(1.5, 1e-5)
