@@ -71,6 +71,10 @@ fn a_tl_range_loop_is_refused_with_its_line() {
     let e = parse(&text).unwrap_err();
     assert_eq!(e.line, line);
     assert!(e.to_string().contains("scf.for (a loop over tl.range"), "{e}");
+    // The error names the kernel's own line too: the `for` of kernels.py.
+    let py = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/triton/kernels.py")).unwrap();
+    let for_line = py.lines().position(|l| l.contains("for i in tl.range(0, n):")).unwrap() + 1;
+    assert_eq!(e.kernel_line.as_deref(), Some(format!("kernels.py:{for_line}").as_str()), "{e}");
 }
 
 /// Deterministic test data in [-1, 1).
@@ -207,7 +211,7 @@ fn a_kernel_launch_compiles_to_a_model() {
     c.model.validate().unwrap();
     // The launch is checked against the kernel's arguments.
     let e = rbln_compile::compile_kernel(&read("add"), None, [4, 1, 1], &[t("x", 1000)]).err().unwrap();
-    assert!(e.to_string().contains("takes 4 arguments (%arg0, %arg1, %arg2, %arg3), the launch gives 1"), "{e}");
+    assert!(e.to_string().contains("takes 4 arguments (x_ptr, y_ptr, out_ptr, n), the launch gives 1"), "{e}");
     let e = rbln_compile::compile_kernel(&read("add"), None, [4, 1, 1], &[t("x", 8), t("y", 8), t("o", 8), Binding::Scalar(Scalar::Float(0.5))]).err().unwrap();
     assert!(e.to_string().contains("is not a I32 value"), "{e}");
 }

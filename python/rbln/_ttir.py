@@ -16,7 +16,8 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 
 def ttir(fn, signature: dict, constexprs: dict) -> str:
-    """The TTIR text of ``fn`` (a ``triton.jit`` function).
+    """The TTIR text of ``fn`` (a ``triton.jit`` function), with source
+    locations.
 
     ``signature`` maps every parameter to its Triton type (``"*fp32"``,
     ``"i32"``, ``"fp32"``, ...; ``"constexpr"`` for the constexprs), and
@@ -37,4 +38,6 @@ def ttir(fn, signature: dict, constexprs: dict) -> str:
         target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
     stages: dict = {}
     backend.add_stages(stages, options, Language.TRITON)
-    return stages["ttir"](module, {}).str_nodebug()
+    # `str()` keeps the locations (`loc(...)`), so that rbln's errors can
+    # name the kernel's source line.
+    return stages["ttir"](module, {}).str()

@@ -58,7 +58,7 @@ struct Lowering<'a> {
 type R<T> = Result<T, TtirError>;
 
 fn fail<T>(line: usize, msg: impl Into<String>) -> R<T> {
-    Err(TtirError { line, msg: msg.into() })
+    Err(TtirError { line, kernel_line: None, msg: msg.into() })
 }
 
 /// The tile type of a TTIR element type.
@@ -116,6 +116,12 @@ impl<'a> Lowering<'a> {
         }
         Ok(())
     }
+}
+
+/// An argument's name without its `%` (Triton prints the Python names
+/// when the TTIR carries locations, `%argN` otherwise).
+fn plain(ssa: &str) -> String {
+    ssa.trim_start_matches('%').to_string()
 }
 
 /// The result type the op declares (the last type after `:`).
@@ -248,8 +254,13 @@ fn const_bits(line: usize, v: &Attr, t: TileType) -> R<u64> {
     })
 }
 
-/// Lower the kernel `name` of `m` (or its only public function).
+/// Lower the kernel `name` of `m` (or its only public function). Errors
+/// name the kernel's source line when the TTIR had locations.
 pub fn lower(m: &Module, name: Option<&str>) -> R<Kernel> {
+    lower_func(m, name).map_err(|e| e.located(&m.sources))
+}
+
+fn lower_func(m: &Module, name: Option<&str>) -> R<Kernel> {
     let func = match name {
         Some(n) => m.funcs.iter().find(|f| f.name == n),
         None => match m.funcs.as_slice() {
@@ -282,7 +293,7 @@ pub fn lower(m: &Module, name: Option<&str>) -> R<Kernel> {
                 let reg = lw.instrs.len() as u32;
                 lw.instrs.push(TileInstr { dtype: TileType::Ptr as u8, ..ins });
                 lw.vals.insert(name.clone(), Val { reg, dtype: TileType::Ptr, shape: vec![], slot: slot as u8 });
-                args.push(KernelArg::Buffer { name: name.clone(), slot, dtype });
+                args.push(KernelArg::Buffer { name: plain(name), slot, dtype });
             }
             Type::Tensor(..) => return fail(line, format!("argument {name}: a tensor argument (pass a pointer)")),
             scalar => {
@@ -298,7 +309,7 @@ pub fn lower(m: &Module, name: Option<&str>) -> R<Kernel> {
                 let reg = lw.instrs.len() as u32;
                 lw.instrs.push(TileInstr { dtype: dtype as u8, ..ins });
                 lw.vals.insert(name.clone(), Val { reg, dtype, shape: vec![], slot: 0 });
-                args.push(KernelArg::Param { name: name.clone(), slot, dtype });
+                args.push(KernelArg::Param { name: plain(name), slot, dtype });
             }
         }
     }
@@ -307,8 +318,8 @@ pub fn lower(m: &Module, name: Option<&str>) -> R<Kernel> {
     }
     let n = lw.instrs.len();
     let mut program = vec![0u8; t::program_size(n)];
-    t::encode_program(&header, &lw.instrs, &mut program).ok_or(TtirError { line: func.line, msg: "cannot encode the program".into() })?;
-    let info = t::verify(&program).map_err(|e| TtirError { line: func.line, msg: format!("internal error, the lowered program is invalid: {e}") })?;
+    t::encode_program(&header, &lw.instrs, &mut program).ok_or(TtirError { line: func.line, kernel_line: None, msg: "cannot encode the program".into() })?;
+    let info = t::verify(&program).map_err(|e| TtirError { line: func.line, kernel_line: None, msg: format!("internal error, the lowered program is invalid: {e}") })?;
     Ok(Kernel { name: func.name.clone(), program, args, loads: info.loads, stores: info.stores, grid_rank: lw.grid_rank })
 }
 

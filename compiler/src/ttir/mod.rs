@@ -140,14 +140,39 @@ pub struct Func {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Module {
     pub funcs: Vec<Func>,
+    /// The kernel source line (`file.py:N`, the file's base name) of each
+    /// TTIR line that carries a location (`.str()` rather than
+    /// `.str_nodebug()` output).
+    pub sources: std::collections::BTreeMap<usize, String>,
 }
 
-/// Why a TTIR text was refused: its 1-based line and the reason.
+/// Why a TTIR text was refused: its 1-based line, the kernel's source
+/// line it came from (`kernels.py:121`, when the TTIR carries locations)
+/// and the reason.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("TTIR line {line}: {msg}")]
 pub struct TtirError {
     pub line: usize,
+    pub kernel_line: Option<String>,
     pub msg: String,
+}
+
+impl std::fmt::Display for TtirError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kernel_line {
+            Some(s) => write!(f, "TTIR line {} ({s}): {}", self.line, self.msg),
+            None => write!(f, "TTIR line {}: {}", self.line, self.msg),
+        }
+    }
+}
+
+impl TtirError {
+    /// The error with the source line of its TTIR line, if known.
+    pub(crate) fn located(mut self, sources: &std::collections::BTreeMap<usize, String>) -> Self {
+        if self.kernel_line.is_none() {
+            self.kernel_line = sources.get(&self.line).cloned();
+        }
+        self
+    }
 }
 
 #[cfg(test)]

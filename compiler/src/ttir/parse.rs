@@ -11,14 +11,129 @@ const MAX_DEPTH: usize = 16;
 type R<T> = Result<T, TtirError>;
 
 fn err<T>(line: usize, msg: impl Into<String>) -> R<T> {
-    Err(TtirError { line, msg: msg.into() })
+    Err(TtirError { line, kernel_line: None, msg: msg.into() })
 }
 
-/// Parses a TTIR module (what triton's `str_nodebug()` prints).
+/// Parses a TTIR module (what triton's `str()` or `str_nodebug()`
+/// prints). Locations (`loc(...)` and the `#locN = loc(...)` table) are
+/// taken off the ops and resolved to the kernel's source lines
+/// ([`Module::sources`]), which errors then name.
 pub fn parse(text: &str) -> R<Module> {
-    let lines: Vec<(usize, &str)> = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty()).collect();
+    let (stripped, sources) = locations(text);
+    let lines: Vec<(usize, &str)> = stripped.iter().map(|(i, l)| (*i, l.as_str())).filter(|(_, l)| !l.is_empty()).collect();
+    let mut m = parse_lines(lines).map_err(|e| e.located(&sources))?;
+    m.sources = sources;
+    Ok(m)
+}
+
+/// Deepest chain of location references followed.
+const MAX_LOC_DEPTH: usize = 16;
+
+/// Every line with its `loc(...)` annotations removed (the `#loc`
+/// definitions become empty lines), and the source line each TTIR line's
+/// own location resolves to. An op that opens a region (`scf.for ... {`)
+/// takes the location printed on its closing `} loc(...)`.
+fn locations(text: &str) -> (Vec<(usize, String)>, std::collections::BTreeMap<usize, String>) {
+    let mut table = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    let mut own: Vec<Option<String>> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let l = raw.trim();
+        if let Some((name, def)) = l.split_once(" = loc(").filter(|(n, _)| n.starts_with("#loc")) {
+            table.insert(name.trim().to_string(), def.strip_suffix(')').unwrap_or(def).to_string());
+            out.push((i + 1, String::new()));
+            own.push(None);
+            continue;
+        }
+        // Remove every ` loc(...)` (ops carry one at the end, a function's
+        // arguments one each); the last is the line's own.
+        let mut line = l.to_string();
+        let mut last = None;
+        while let Some(at) = line.find(" loc(").or_else(|| line.starts_with("loc(").then_some(0)) {
+            let open = at + line[at..].find('(').unwrap_or(0);
+            let Some(close) = matching_paren(&line[open..]) else { break };
+            last = Some(line[open + 1..open + close].to_string());
+            line.replace_range(at..open + close + 1, "");
+        }
+        out.push((i + 1, line.trim().to_string()));
+        own.push(last);
+    }
+    // Region openers without a location take their closer's.
+    let mut stack: Vec<usize> = Vec::new();
+    for k in 0..out.len() {
+        let l = out[k].1.as_str();
+        if l.starts_with('}') {
+            if let Some(o) = stack.pop() {
+                if own[o].is_none() {
+                    own[o] = own[k].clone();
+                }
+            }
+        }
+        if l.ends_with('{') && !l.starts_with("module") {
+            stack.push(k);
+        }
+    }
+    let sources = out
+        .iter()
+        .zip(&own)
+        .filter_map(|((n, _), loc)| loc.as_deref().and_then(|l| resolve_loc(l, &table, 0)).map(|s| (*n, s)))
+        .collect();
+    (out, sources)
+}
+
+/// Index of the `)` closing the `(` at the start of `s`.
+fn matching_paren(s: &str) -> Option<usize> {
+    let mut depth = 0i32;
+    let mut in_str = false;
+    for (i, b) in s.bytes().enumerate() {
+        match b {
+            b'"' => in_str = !in_str,
+            b'(' if !in_str => depth += 1,
+            b')' if !in_str => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `file.py:N` of a location: `"path":L:C`, `#locN` (looked up), `"name"(L)`,
+/// `callsite(CALLEE at CALLER)` (the caller: the kernel's own line, not
+/// triton's library), `fused[...]` (the first that resolves).
+fn resolve_loc(l: &str, table: &std::collections::HashMap<String, String>, depth: usize) -> Option<String> {
+    let l = l.trim();
+    if depth > MAX_LOC_DEPTH {
+        return None;
+    }
+    if l.starts_with("#loc") {
+        return table.get(l).and_then(|d| resolve_loc(d, table, depth + 1));
+    }
+    if let Some(inner) = l.strip_prefix("callsite(").and_then(|r| r.strip_suffix(')')) {
+        let (callee, caller) = inner.rsplit_once(" at ")?;
+        return resolve_loc(caller, table, depth + 1).or_else(|| resolve_loc(callee, table, depth + 1));
+    }
+    if let Some(inner) = l.strip_prefix("fused").map(|r| r.trim_start_matches(|c| c != '[')) {
+        let inner = inner.strip_prefix('[')?.strip_suffix(']')?;
+        return split_top(inner, b',').into_iter().find_map(|p| resolve_loc(p, table, depth + 1));
+    }
+    let rest = l.strip_prefix('"')?;
+    let q = rest.find('"')?;
+    let (s, after) = (&rest[..q], &rest[q + 1..]);
+    if let Some(nested) = after.strip_prefix('(').and_then(|r| r.strip_suffix(')')) {
+        return resolve_loc(nested, table, depth + 1);
+    }
+    let line = after.strip_prefix(':')?.split(':').next()?.parse::<u32>().ok()?;
+    let file = s.rsplit('/').next().unwrap_or(s);
+    Some(format!("{file}:{line}"))
+}
+
+fn parse_lines(lines: Vec<(usize, &str)>) -> R<Module> {
     let mut p = Parser { lines, pos: 0 };
-    let (line, head) = p.next().ok_or(TtirError { line: 1, msg: "empty text: expected `module {`".into() })?;
+    let (line, head) = p.next().ok_or(TtirError { line: 1, kernel_line: None, msg: "empty text: expected `module {`".into() })?;
     if !(head.starts_with("module") && head.ends_with('{')) {
         return err(line, format!("expected `module {{`, found `{}`", clip(head)));
     }
@@ -42,7 +157,7 @@ pub fn parse(text: &str) -> R<Module> {
     if funcs.is_empty() {
         return err(1, "the module has no tt.func");
     }
-    Ok(Module { funcs })
+    Ok(Module { funcs, sources: Default::default() })
 }
 
 /// At most 60 characters of a line, for messages.
@@ -76,7 +191,7 @@ impl<'a> Parser<'a> {
         let rest = head["tt.func".len()..].trim_start();
         let rest = rest.strip_prefix("public").or_else(|| rest.strip_prefix("private")).unwrap_or(rest).trim_start();
         let Some(rest) = rest.strip_prefix('@') else { return err(line, "tt.func without an @name") };
-        let open = rest.find('(').ok_or(TtirError { line, msg: "tt.func without an argument list".into() })?;
+        let open = rest.find('(').ok_or(TtirError { line, kernel_line: None, msg: "tt.func without an argument list".into() })?;
         let name = rest[..open].to_string();
         if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'$') {
             return err(line, format!("bad function name `{}`", clip(&name)));
@@ -88,7 +203,7 @@ impl<'a> Parser<'a> {
             if a.is_empty() {
                 continue;
             }
-            let (n, t) = a.split_once(':').ok_or(TtirError { line, msg: format!("argument `{}` has no type", clip(a)) })?;
+            let (n, t) = a.split_once(':').ok_or(TtirError { line, kernel_line: None, msg: format!("argument `{}` has no type", clip(a)) })?;
             let n = ssa_name(line, n.trim())?;
             // A type, then maybe `{tt.divisibility = 16 : i32}`.
             let t = t.trim();
@@ -196,7 +311,7 @@ impl<'a> Parser<'a> {
 
     /// `"tt.reduce"(%x, ...) <{props}> ({` + region + `}) : (T...) -> T...`
     fn generic(&mut self, line: usize, results: Vec<String>, body: &'a str) -> R<Op> {
-        let close = body[1..].find('"').ok_or(TtirError { line, msg: "unterminated op name".into() })? + 1;
+        let close = body[1..].find('"').ok_or(TtirError { line, kernel_line: None, msg: "unterminated op name".into() })? + 1;
         let name = body[1..close].to_string();
         if name != "tt.reduce" {
             return err(line, format!("generic-form op \"{}\" is not supported (only \"tt.reduce\")", clip(&name)));
@@ -214,13 +329,13 @@ impl<'a> Parser<'a> {
         if rest.starts_with("<{") {
             let (inner, after) = balanced(line, &rest[1..], b'{', b'}')?;
             op.attrs.extend(parse_attrs(line, inner)?);
-            rest = after.strip_prefix('>').ok_or(TtirError { line, msg: "`<{` without `}>`".into() })?.trim_start();
+            rest = after.strip_prefix('>').ok_or(TtirError { line, kernel_line: None, msg: "`<{` without `}>`".into() })?.trim_start();
         }
         if rest != "({" {
             return err(line, "\"tt.reduce\" without its combiner region `({`");
         }
         // ^bb0(%a: T, %b: T):
-        let (bl, bb) = self.next().ok_or(TtirError { line, msg: "the reduce region is empty".into() })?;
+        let (bl, bb) = self.next().ok_or(TtirError { line, kernel_line: None, msg: "the reduce region is empty".into() })?;
         let Some(bb) = bb.strip_prefix("^bb0").and_then(|b| b.strip_suffix(':')) else {
             return err(bl, "expected the region's block header `^bb0(...):`");
         };
@@ -230,13 +345,13 @@ impl<'a> Parser<'a> {
         }
         let mut args = Vec::new();
         for a in split_top(inner, b',') {
-            let (n, t) = a.split_once(':').ok_or(TtirError { line: bl, msg: "block argument without a type".into() })?;
+            let (n, t) = a.split_once(':').ok_or(TtirError { line: bl, kernel_line: None, msg: "block argument without a type".into() })?;
             args.push((ssa_name(bl, n.trim())?, parse_type(bl, t.trim(), 0)?));
         }
         let ops = self.block(line, "})")?;
-        let (cl, close) = self.next().ok_or(TtirError { line, msg: "the reduce region is not closed".into() })?;
+        let (cl, close) = self.next().ok_or(TtirError { line, kernel_line: None, msg: "the reduce region is not closed".into() })?;
         let sig = close["})".len()..].trim();
-        let sig = sig.strip_prefix(':').ok_or(TtirError { line: cl, msg: "expected `}) : (types) -> types`".into() })?;
+        let sig = sig.strip_prefix(':').ok_or(TtirError { line: cl, kernel_line: None, msg: "expected `}) : (types) -> types`".into() })?;
         op.types = parse_signature(cl, sig.trim())?;
         op.region = Some(Region { args, ops });
         Ok(op)
@@ -260,7 +375,7 @@ fn parse_results(line: usize, res: &str) -> R<Vec<String>> {
             // `%5:2`: two results, named %5#0 and %5#1 as MLIR does.
             Some((n, k)) => {
                 let n = ssa_name(line, n)?;
-                let k: usize = k.parse().map_err(|_| TtirError { line, msg: format!("bad result count in `{}`", clip(r)) })?;
+                let k: usize = k.parse().map_err(|_| TtirError { line, kernel_line: None, msg: format!("bad result count in `{}`", clip(r)) })?;
                 if k == 0 || k > 16 {
                     return err(line, format!("result count {k} out of range"));
                 }
@@ -412,7 +527,7 @@ fn parse_type(line: usize, s: &str, depth: usize) -> R<Type> {
             if digits == 0 || rest.as_bytes().get(digits) != Some(&b'x') {
                 break;
             }
-            let d: u64 = rest[..digits].parse().map_err(|_| TtirError { line, msg: format!("dimension too large in `{}`", clip(s)) })?;
+            let d: u64 = rest[..digits].parse().map_err(|_| TtirError { line, kernel_line: None, msg: format!("dimension too large in `{}`", clip(s)) })?;
             dims.push(d);
             rest = &rest[digits + 1..];
         }
@@ -459,7 +574,7 @@ fn parse_attr(line: usize, v: &str) -> R<Attr> {
         return Ok(Attr::Bool(bare == "true"));
     }
     if let Some(h) = bare.strip_prefix("0x") {
-        let bits = u64::from_str_radix(h, 16).map_err(|_| TtirError { line, msg: format!("bad hex literal `{}`", clip(bare)) })?;
+        let bits = u64::from_str_radix(h, 16).map_err(|_| TtirError { line, kernel_line: None, msg: format!("bad hex literal `{}`", clip(bare)) })?;
         return Ok(Attr::Other(format!("0x{bits:X}")));
     }
     if let Ok(i) = bare.parse::<i64>() {

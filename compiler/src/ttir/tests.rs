@@ -171,3 +171,46 @@ fn the_add_kernel_lowers_and_refusals_name_the_op() {
     // The reduction kernel's dot multiplies [16x128] by [16x128].
     refuse(REDUCE.to_string(), "tt.dot: [16x128] times [16x128]");
 }
+
+/// What triton's `str()` prints: locations on ops, arguments and the
+/// closing brace of a region, and the `#loc` table around the module.
+const LOCATED: &str = r##"#loc = loc("/home/u/k.py":10:1)
+#loc2 = loc("/home/u/k.py":12:9)
+module {
+  tt.func public @k(%x_ptr: !tt.ptr<f32> loc("x_ptr"(#loc)), %n: i32 loc("n"(#loc))) attributes {noinline = false} {
+    %acc = arith.constant dense<0.000000e+00> : tensor<64xf32> loc(#loc9)
+    %c0_i32 = arith.constant 0 : i32 loc(#loc3)
+    %c1_i32 = arith.constant 1 : i32 loc(#loc3)
+    %acc_0 = scf.for %i = %c0_i32 to %n step %c1_i32 iter_args(%acc_1 = %acc) -> (tensor<64xf32>)  : i32 {
+      scf.yield %acc_1 : tensor<64xf32> loc(#loc3)
+    } loc(#loc5)
+    tt.return loc(#loc)
+  } loc(#loc)
+} loc(#loc)
+#loc1 = loc("/site-packages/triton/language/standard.py":155:12)
+#loc3 = loc("/home/u/k.py":13:5)
+#loc4 = loc(unknown)
+#loc5 = loc("acc"(#loc3))
+#loc8 = loc("acc"(#loc2))
+#loc9 = loc(callsite(#loc1 at #loc8))
+"##;
+
+#[test]
+fn locations_resolve_to_the_kernels_lines() {
+    // The loop is refused at its TTIR line, naming the `for` (line 13 of
+    // k.py, from the location on the loop's closing brace).
+    let e = parse(LOCATED).unwrap_err();
+    assert_eq!((e.line, e.kernel_line.as_deref()), (8, Some("k.py:13")), "{e}");
+    assert_eq!(e.to_string().split(':').next(), Some("TTIR line 8 (k.py"));
+    // Without the loop: the constant made inside tl.zeros (triton's
+    // library) points at the kernel line that called it.
+    let no_loop: String = LOCATED.lines().filter(|l| !l.contains("scf.") && !l.trim_start().starts_with("} loc(#loc5)")).map(|l| format!("{l}\n")).collect();
+    let m = parse(&no_loop).unwrap();
+    assert_eq!(m.funcs[0].args.iter().map(|a| a.0.as_str()).collect::<Vec<_>>(), ["%x_ptr", "%n"]);
+    let cst = &m.funcs[0].ops[0];
+    assert_eq!(m.sources.get(&cst.line).map(String::as_str), Some("k.py:12"));
+    // A lowering error is located too.
+    let bad = no_loop.replace("arith.constant 1 : i32", "arith.constant 1 : i8");
+    let e = lower(&parse(&bad).unwrap(), None).unwrap_err();
+    assert_eq!(e.kernel_line.as_deref(), Some("k.py:13"), "{e}");
+}
