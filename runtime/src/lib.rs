@@ -571,9 +571,21 @@ impl Runtime {
     /// returns the fence of the last one.
     pub(crate) fn submit(&mut self, inputs: &[TensorView<'_>]) -> Result<rbln_umd::Fence> {
         self.stage(inputs)?;
-        let mut last = None;
+        let mut last: Option<rbln_umd::Fence> = None;
         for &(va, len) in &self.per_inference {
-            last = Some(self.queue.submit_va(va, len)?);
+            match self.queue.submit_va(va, len) {
+                Ok(f) => last = Some(f),
+                // An earlier stream of this inference faulted before this
+                // one was submitted: report that fault (its code and
+                // address), not the refusal that followed it.
+                Err(e @ rbln_umd::Error::Poisoned { .. }) => {
+                    if let Some(f) = &last {
+                        f.wait(STREAM_TIMEOUT)?;
+                    }
+                    return Err(e.into());
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         last.ok_or(Error::EmptyProgram)
     }
