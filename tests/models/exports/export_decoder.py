@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Causal decoders as static-shape prefill and decode programs with an
+explicit KV cache, exported to ONNX, and transformers' own greedy
+generation as the reference.
+
+    export_decoder.py OUTDIR
+
+For GPT-2 (transformers' GPT2LMHeadModel, random weights from a small
+config, no downloads) writes:
+
+  gpt2-prefill.onnx   input_ids [1, P] -> logits [1, V] (the last
+                      position's), k_cache, v_cache [L, H, MAX, Dh] (the
+                      prompt's keys and values, zeros after it)
+  gpt2-decode.onnx    input_ids [1, 1], position [1] (int64), k_cache,
+                      v_cache -> logits [1, V], k_cache, v_cache with
+                      the token's keys and values written at `position`
+                      (attention over positions <= position)
+  gpt2-decoder.prompt.npy     the prompt ids [1, P] (int64)
+  gpt2-decoder.generated.npy  transformers' generate(do_sample=False) tokens
+                      after the prompt (NEW ids, int64)
+
+Both graphs are the model's own modules (embeddings, LayerNorms, the
+attention and MLP projections) run in a forward written for a cache of
+fixed size MAX: the cache is written with a Where over the positions
+(no scatter at a run-time index) and attention masks the positions past
+the current one, so the shapes never change. The script checks that
+onnxruntime running prefill then decode step by step reproduces
+transformers' tokens before writing them.
+"""
+import os
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from export_torch import randomize  # noqa: E402
+
+OPSET = 17
+PROMPT, NEW, MAX = 8, 64, 80
+
+
+class Gpt2Static(nn.Module):
+    """GPT-2's forward over a fixed-size KV cache (prefill or one step)."""
+
+    def __init__(self, hf, max_len):
+        super().__init__()
+        self.t, self.lm = hf.transformer, hf.lm_head
+        cfg = hf.config
+        self.h, self.d = cfg.n_head, cfg.n_embd
+        self.dh = self.d // self.h
+        self.max = max_len
+
+    def qkv(self, blk, x):
+        """x [T, D] -> q, k, v [H, T, Dh]."""
+        q, k, v = blk.attn.c_attn(x).split(self.d, dim=-1)
+        return [t.reshape(-1, self.h, self.dh).transpose(0, 1) for t in (q, k, v)]
+
+    def attend(self, blk, x, q, k, v, mask):
+        s = (q @ k.transpose(1, 2)) / (self.dh ** 0.5)
+        s = torch.where(mask, s, torch.tensor(float("-inf")))
+        o = torch.softmax(s, dim=-1) @ v  # [H, T, Dh]
+        o = o.transpose(0, 1).reshape(-1, self.d)
+        x = x + blk.attn.c_proj(o)
+        return x + blk.mlp(blk.ln_2(x))
+
+    def logits(self, x):
+        return self.lm(self.t.ln_f(x[-1:]))  # [1, V]
+
+
+class Prefill(Gpt2Static):
+    def forward(self, input_ids):
+        p = input_ids.shape[1]
+        x = self.t.wte(input_ids[0]) + self.t.wpe(torch.arange(p))
+        causal = torch.tril(torch.ones(p, p, dtype=torch.bool))
+        ks, vs = [], []
+        for blk in self.t.h:
+            q, k, v = self.qkv(blk, blk.ln_1(x))
+            x = self.attend(blk, x, q, k, v, causal)
+            pad = (0, 0, 0, self.max - p)
+            ks.append(nn.functional.pad(k, pad))
+            vs.append(nn.functional.pad(v, pad))
+        return self.logits(x), torch.stack(ks), torch.stack(vs)
+
+
+class Decode(Gpt2Static):
+    def forward(self, input_ids, position, k_cache, v_cache):
+        x = self.t.wte(input_ids[0]) + self.t.wpe(position)  # [1, D]
+        at = torch.arange(self.max)
+        here = (at == position).reshape(1, self.max, 1)  # the token's slot
+        valid = (at <= position).reshape(1, 1, self.max)  # attend to <= position
+        ks, vs = [], []
+        for i, blk in enumerate(self.t.h):
+            q, k, v = self.qkv(blk, blk.ln_1(x))
+            k = torch.where(here, k, k_cache[i])
+            v = torch.where(here, v, v_cache[i])
+            x = self.attend(blk, x, q, k, v, valid)
+            ks.append(k)
+            vs.append(v)
+        return self.logits(x), torch.stack(ks), torch.stack(vs)
+
+
+def gpt2(seed):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=1000, n_positions=MAX, n_embd=128, n_layer=4, n_head=4, attn_implementation="eager",
+                     bos_token_id=0, eos_token_id=None)
+    return randomize(GPT2LMHeadModel(cfg), seed).eval()
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    hf = gpt2(21)
+    cfg = hf.config
+    prompt = torch.from_numpy(np.random.default_rng(21).integers(0, cfg.vocab_size, (1, PROMPT)).astype(np.int64))
+    with torch.no_grad():
+        ref = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW, do_sample=False,
+                          pad_token_id=0)[0, PROMPT:].numpy()
+    pre, dec = Prefill(hf, MAX).eval(), Decode(hf, MAX).eval()
+    cache = torch.zeros(cfg.n_layer, cfg.n_head, MAX, cfg.n_embd // cfg.n_head)
+    with torch.no_grad():
+        torch.onnx.export(pre, (prompt,), os.path.join(out, "gpt2-prefill.onnx"), opset_version=OPSET, dynamo=False,
+                          input_names=["input_ids"], output_names=["logits", "k_cache", "v_cache"])
+        torch.onnx.export(dec, (prompt[:, :1], torch.tensor([PROMPT]), cache, cache), os.path.join(out, "gpt2-decode.onnx"),
+                          opset_version=OPSET, dynamo=False, input_names=["input_ids", "position", "k_cache", "v_cache"],
+                          output_names=["logits", "k_cache_out", "v_cache_out"])
+    # onnxruntime through the two programs must give transformers' tokens.
+    so = ort.SessionOptions()
+    sp = ort.InferenceSession(os.path.join(out, "gpt2-prefill.onnx"), so, providers=["CPUExecutionProvider"])
+    sd = ort.InferenceSession(os.path.join(out, "gpt2-decode.onnx"), so, providers=["CPUExecutionProvider"])
+    logits, k, v = sp.run(None, {"input_ids": prompt.numpy()})
+    got = []
+    for step in range(NEW):
+        tok = int(np.argmax(logits[0]))
+        got.append(tok)
+        if step + 1 == NEW:
+            break
+        logits, k, v = sd.run(None, {"input_ids": np.array([[tok]], np.int64), "position": np.array([PROMPT + step], np.int64),
+                                     "k_cache": k, "v_cache": v})
+    if got != ref.tolist():
+        sys.exit(f"export_decoder.py: onnxruntime over the exported programs gave {got}, transformers {ref.tolist()}")
+    np.save(os.path.join(out, "gpt2-decoder.prompt.npy"), prompt.numpy())
+    np.save(os.path.join(out, "gpt2-decoder.generated.npy"), ref.astype(np.int64))
+    print(f"gpt2: prompt {PROMPT}, {NEW} new tokens, cache {MAX}; onnxruntime matches transformers", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
