@@ -1,5 +1,7 @@
-"""A causal decoder generating on the NPU: GPT-2 (random weights from a
-small config) as a prefill and a decode program over a fixed-size KV cache
+"""Causal decoders generating on the NPU: GPT-2 and a Llama-style model
+(rotary embeddings, RMSNorm, SwiGLU, grouped-query attention; random
+weights from small configs) as a prefill and a decode program over a
+fixed-size KV cache
 (tests/models/exports/export_decoder.py, compiled by
 tests/compiler/compile-exports.sh), run greedily token by token; the
 tokens must be exactly those transformers' generate() produced.
@@ -27,10 +29,11 @@ def need(name):
 
 
 @pytest.mark.device
-def test_gpt2_greedy_generation_matches_transformers():
-    prompt = np.load(need("gpt2-decoder.prompt.npy"))
-    want = np.load(need("gpt2-decoder.generated.npy")).tolist()
-    with rbln.Runtime(need("gpt2-prefill.rbln")) as prefill, rbln.Runtime(need("gpt2-decode.rbln")) as decode:
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_greedy_generation_matches_transformers(name):
+    prompt = np.load(need(f"{name}-decoder.prompt.npy"))
+    want = np.load(need(f"{name}-decoder.generated.npy")).tolist()
+    with rbln.Runtime(need(f"{name}-prefill.rbln")) as prefill, rbln.Runtime(need(f"{name}-decode.rbln")) as decode:
         info = decode.inspect()
         assert [i["name"] for i in info["inputs"]] == ["input_ids", "position", "k_cache", "v_cache"]
         logits, k, v = prefill.run(prompt)

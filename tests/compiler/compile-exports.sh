@@ -30,14 +30,17 @@ for m in "${MODELS[@]}"; do
 done
 log "compiled ${#MODELS[@]} exported models in $OUT"
 
-# GPT-2 as prefill and decode programs over a fixed-size KV cache, with
-# transformers' greedy tokens (tests/models/exports/export_decoder.py);
-# python/tests/test_decoder.py generates with them on the NPU.
+# GPT-2 and a Llama-style model as prefill and decode programs over a
+# fixed-size KV cache, with transformers' greedy tokens
+# (tests/models/exports/export_decoder.py); python/tests/test_decoder.py
+# generates with them on the NPU.
 DEC=$(EXPORT_DEPS=$EXPORTER cached_exports decoder-torch "$REQ" "$RBLN_ROOT/tests/models/exports/export_decoder.py") || exit 1
-for f in gpt2-prefill.onnx gpt2-decode.onnx gpt2-decoder.prompt.npy gpt2-decoder.generated.npy; do
-    cp -lf "$DEC/$f" "$OUT/$f" 2>/dev/null || cp -f "$DEC/$f" "$OUT/$f"
+for d in gpt2 llama; do
+    for f in $d-prefill.onnx $d-decode.onnx $d-decoder.prompt.npy $d-decoder.generated.npy; do
+        cp -lf "$DEC/$f" "$OUT/$f" 2>/dev/null || cp -f "$DEC/$f" "$OUT/$f"
+    done
+    for m in $d-prefill $d-decode; do
+        "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json | tee "$OUT/$m.report.json" >&2 || fail "$m did not compile"
+    done
 done
-for m in gpt2-prefill gpt2-decode; do
-    "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json | tee "$OUT/$m.report.json" >&2 || fail "$m did not compile"
-done
-log "compiled the GPT-2 prefill and decode programs in $OUT"
+log "compiled the GPT-2 and Llama prefill and decode programs in $OUT"

@@ -5,19 +5,21 @@ generation as the reference.
 
     export_decoder.py OUTDIR
 
-For GPT-2 (transformers' GPT2LMHeadModel, random weights from a small
-config, no downloads) writes:
+For GPT-2 and a Llama-style model (transformers' GPT2LMHeadModel and
+LlamaForCausalLM: rotary embeddings, RMSNorm, SwiGLU, grouped-query
+attention; random weights from small configs, no downloads) writes, for
+NAME in gpt2, llama:
 
-  gpt2-prefill.onnx   input_ids [1, P] -> logits [1, V] (the last
-                      position's), k_cache, v_cache [L, H, MAX, Dh] (the
-                      prompt's keys and values, zeros after it)
-  gpt2-decode.onnx    input_ids [1, 1], position [1] (int64), k_cache,
+  NAME-prefill.onnx   input_ids [1, P] -> logits [1, V] (the last
+                      position's), k_cache, v_cache [L, KV heads, MAX, Dh]
+                      (the prompt's keys and values, zeros after it)
+  NAME-decode.onnx    input_ids [1, 1], position [1] (int64), k_cache,
                       v_cache -> logits [1, V], k_cache, v_cache with
                       the token's keys and values written at `position`
                       (attention over positions <= position)
-  gpt2-decoder.prompt.npy     the prompt ids [1, P] (int64)
-  gpt2-decoder.generated.npy  transformers' generate(do_sample=False) tokens
-                      after the prompt (NEW ids, int64)
+  NAME-decoder.prompt.npy     the prompt ids [1, P] (int64)
+  NAME-decoder.generated.npy  transformers' generate(do_sample=False)
+                      tokens after the prompt (NEW ids, int64)
 
 Both graphs are the model's own modules (embeddings, LayerNorms, the
 attention and MLP projections) run in a forward written for a cache of
@@ -102,38 +104,117 @@ class Decode(Gpt2Static):
         return self.logits(x), torch.stack(ks), torch.stack(vs)
 
 
+class Llama(nn.Module):
+    """A Llama's forward over a fixed-size KV cache: RMSNorm, rotary
+    embeddings at the tokens' positions, grouped-query attention (each
+    key/value head serves H / KV query heads), SwiGLU MLP."""
+
+    def __init__(self, hf, max_len):
+        super().__init__()
+        self.m, self.lm = hf.model, hf.lm_head
+        cfg = hf.config
+        self.h, self.kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.dh = cfg.hidden_size // self.h
+        self.max = max_len
+
+    def qkv(self, layer, x, positions):
+        """x [T, D] -> q [H, T, Dh], k, v [KV, T, Dh], rotated."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        a = layer.self_attn
+        q = a.q_proj(x).reshape(-1, self.h, self.dh).transpose(0, 1)
+        k = a.k_proj(x).reshape(-1, self.kv, self.dh).transpose(0, 1)
+        v = a.v_proj(x).reshape(-1, self.kv, self.dh).transpose(0, 1)
+        cos, sin = self.m.rotary_emb(x, positions.reshape(1, -1))
+        q, k = apply_rotary_pos_emb(q[None], k[None], cos, sin)
+        return q[0], k[0], v
+
+    def attend(self, layer, x, q, k, v, mask):
+        rep = self.h // self.kv
+        k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
+        s = (q @ k.transpose(1, 2)) / (self.dh ** 0.5)
+        s = torch.where(mask, s, torch.tensor(float("-inf")))
+        o = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).reshape(x.shape[0], -1)
+        x = x + layer.self_attn.o_proj(o)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def logits(self, x):
+        return self.lm(self.m.norm(x[-1:]))
+
+
+class LlamaPrefill(Llama):
+    def forward(self, input_ids):
+        p = input_ids.shape[1]
+        x = self.m.embed_tokens(input_ids[0])
+        positions = torch.arange(p)
+        causal = torch.tril(torch.ones(p, p, dtype=torch.bool))
+        ks, vs = [], []
+        for layer in self.m.layers:
+            q, k, v = self.qkv(layer, layer.input_layernorm(x), positions)
+            x = self.attend(layer, x, q, k, v, causal)
+            pad = (0, 0, 0, self.max - p)
+            ks.append(nn.functional.pad(k, pad))
+            vs.append(nn.functional.pad(v, pad))
+        return self.logits(x), torch.stack(ks), torch.stack(vs)
+
+
+class LlamaDecode(Llama):
+    def forward(self, input_ids, position, k_cache, v_cache):
+        x = self.m.embed_tokens(input_ids[0])
+        at = torch.arange(self.max)
+        here = (at == position).reshape(1, self.max, 1)
+        valid = (at <= position).reshape(1, 1, self.max)
+        ks, vs = [], []
+        for i, layer in enumerate(self.m.layers):
+            q, k, v = self.qkv(layer, layer.input_layernorm(x), position)
+            k = torch.where(here, k, k_cache[i])
+            v = torch.where(here, v, v_cache[i])
+            x = self.attend(layer, x, q, k, v, valid)
+            ks.append(k)
+            vs.append(v)
+        return self.logits(x), torch.stack(ks), torch.stack(vs)
+
+
 def gpt2(seed):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=1000, n_positions=MAX, n_embd=128, n_layer=4, n_head=4, attn_implementation="eager",
                      bos_token_id=0, eos_token_id=None)
-    return randomize(GPT2LMHeadModel(cfg), seed).eval()
+    hf = randomize(GPT2LMHeadModel(cfg), seed).eval()
+    return hf, Prefill(hf, MAX).eval(), Decode(hf, MAX).eval(), (cfg.n_layer, cfg.n_head, MAX, cfg.n_embd // cfg.n_head)
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    out = sys.argv[1]
-    os.makedirs(out, exist_ok=True)
-    hf = gpt2(21)
-    cfg = hf.config
-    prompt = torch.from_numpy(np.random.default_rng(21).integers(0, cfg.vocab_size, (1, PROMPT)).astype(np.int64))
+def llama(seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=MAX, attn_implementation="eager",
+                      bos_token_id=0, eos_token_id=None)
+    hf = randomize(LlamaForCausalLM(cfg), seed).eval()
+    dh = cfg.hidden_size // cfg.num_attention_heads
+    return hf, LlamaPrefill(hf, MAX).eval(), LlamaDecode(hf, MAX).eval(), (cfg.num_hidden_layers, cfg.num_key_value_heads, MAX, dh)
+
+
+def export_pair(out, name, hf, pre, dec, cache_shape, seed):
+    """Export NAME-prefill / NAME-decode, check onnxruntime over them
+    against transformers' greedy tokens, save the prompt and the tokens."""
+    prompt = torch.from_numpy(np.random.default_rng(seed).integers(0, hf.config.vocab_size, (1, PROMPT)).astype(np.int64))
     with torch.no_grad():
         ref = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW, do_sample=False,
                           pad_token_id=0)[0, PROMPT:].numpy()
-    pre, dec = Prefill(hf, MAX).eval(), Decode(hf, MAX).eval()
-    cache = torch.zeros(cfg.n_layer, cfg.n_head, MAX, cfg.n_embd // cfg.n_head)
+    cache = torch.zeros(cache_shape)
     with torch.no_grad():
-        torch.onnx.export(pre, (prompt,), os.path.join(out, "gpt2-prefill.onnx"), opset_version=OPSET, dynamo=False,
+        torch.onnx.export(pre, (prompt,), os.path.join(out, f"{name}-prefill.onnx"), opset_version=OPSET, dynamo=False,
                           input_names=["input_ids"], output_names=["logits", "k_cache", "v_cache"])
-        torch.onnx.export(dec, (prompt[:, :1], torch.tensor([PROMPT]), cache, cache), os.path.join(out, "gpt2-decode.onnx"),
+        torch.onnx.export(dec, (prompt[:, :1], torch.tensor([PROMPT]), cache, cache), os.path.join(out, f"{name}-decode.onnx"),
                           opset_version=OPSET, dynamo=False, input_names=["input_ids", "position", "k_cache", "v_cache"],
                           output_names=["logits", "k_cache_out", "v_cache_out"])
     # onnxruntime through the two programs must give transformers' tokens.
     so = ort.SessionOptions()
-    sp = ort.InferenceSession(os.path.join(out, "gpt2-prefill.onnx"), so, providers=["CPUExecutionProvider"])
-    sd = ort.InferenceSession(os.path.join(out, "gpt2-decode.onnx"), so, providers=["CPUExecutionProvider"])
+    sp = ort.InferenceSession(os.path.join(out, f"{name}-prefill.onnx"), so, providers=["CPUExecutionProvider"])
+    sd = ort.InferenceSession(os.path.join(out, f"{name}-decode.onnx"), so, providers=["CPUExecutionProvider"])
     logits, k, v = sp.run(None, {"input_ids": prompt.numpy()})
     got = []
     for step in range(NEW):
@@ -144,10 +225,20 @@ def main():
         logits, k, v = sd.run(None, {"input_ids": np.array([[tok]], np.int64), "position": np.array([PROMPT + step], np.int64),
                                      "k_cache": k, "v_cache": v})
     if got != ref.tolist():
-        sys.exit(f"export_decoder.py: onnxruntime over the exported programs gave {got}, transformers {ref.tolist()}")
-    np.save(os.path.join(out, "gpt2-decoder.prompt.npy"), prompt.numpy())
-    np.save(os.path.join(out, "gpt2-decoder.generated.npy"), ref.astype(np.int64))
-    print(f"gpt2: prompt {PROMPT}, {NEW} new tokens, cache {MAX}; onnxruntime matches transformers", file=sys.stderr)
+        sys.exit(f"export_decoder.py: {name}: onnxruntime over the exported programs gave {got}, transformers {ref.tolist()}")
+    np.save(os.path.join(out, f"{name}-decoder.prompt.npy"), prompt.numpy())
+    np.save(os.path.join(out, f"{name}-decoder.generated.npy"), ref.astype(np.int64))
+    print(f"{name}: prompt {PROMPT}, {NEW} new tokens, cache {cache_shape}; onnxruntime matches transformers", file=sys.stderr)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    for name, build, seed in (("gpt2", gpt2, 21), ("llama", llama, 22)):
+        hf, pre, dec, cache_shape = build(seed)
+        export_pair(out, name, hf, pre, dec, cache_shape, seed)
 
 
 if __name__ == "__main__":
