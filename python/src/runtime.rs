@@ -8,7 +8,7 @@ use rbln_runtime::ModelInfo;
 
 use crate::errors::Failure;
 use crate::model::{model_from, properties};
-use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_inputs, write_out, Input, TensorType};
+use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_input, to_inputs, write_out, Input, TensorType};
 
 /// A compiled model loaded on an NPU, ready to run.
 ///
@@ -22,7 +22,10 @@ use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_inputs, write_o
 #[pyclass(module = "rbln._rbln", name = "Runtime", frozen)]
 pub struct Runtime {
     inner: Mutex<Option<rbln_runtime::Runtime>>,
+    /// What runs take and give (without the bound state).
     info: ModelInfo,
+    /// The whole model's interface (the state inputs' types).
+    full_info: ModelInfo,
     properties: Vec<(String, String)>,
     tensor_type: TensorType,
     profiler: bool,
@@ -38,22 +41,29 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[pymethods]
 impl Runtime {
     #[new]
-    #[pyo3(signature = (model, *, device = 0, tensor_type = "np", activate_profiler = false))]
-    fn py_new(model: &Bound<'_, PyAny>, device: u32, tensor_type: &str, activate_profiler: bool) -> PyResult<Self> {
+    #[pyo3(signature = (model, *, device = 0, tensor_type = "np", activate_profiler = false, state = None))]
+    fn py_new(model: &Bound<'_, PyAny>, device: u32, tensor_type: &str, activate_profiler: bool, state: Option<Vec<(String, String)>>) -> PyResult<Self> {
         let py = model.py();
         let tensor_type = TensorType::parse(py, tensor_type)?;
         let model = model_from(model)?;
-        let info = rbln_runtime::inspect(&model);
+        let full_info = rbln_runtime::inspect(&model);
         let properties = properties(&model);
+        let pairs = state.unwrap_or_default();
         let rt = py
             .detach(|| -> Result<_, Failure> {
                 let dev = rbln_umd::Device::open(device)?;
-                Ok(rbln_runtime::Runtime::new(&dev, model)?)
+                let mut rt = rbln_runtime::Runtime::new(&dev, model)?;
+                if !pairs.is_empty() {
+                    rt.bind_state(&pairs)?;
+                }
+                Ok(rt)
             })
             .map_err(PyErr::from)?;
+        let info = rt.info();
         Ok(Self {
             inner: Mutex::new(Some(rt)),
             info,
+            full_info,
             properties,
             tensor_type,
             profiler: activate_profiler,
@@ -137,6 +147,46 @@ impl Runtime {
     /// Inputs, outputs, memory (arena, staging, weights), ops, properties.
     fn inspect<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         info_dict(py, &self.info, &self.properties)
+    }
+
+    /// The (input, output) pairs kept on the device (`state=`).
+    #[getter(state)]
+    fn bound_state(&self) -> Vec<(String, String)> {
+        self.info.state.clone()
+    }
+
+    /// Zero every state tensor (a new sequence).
+    fn reset_state(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| -> Result<(), Failure> {
+            let mut g = lock(&self.inner);
+            Ok(g.as_mut().ok_or_else(|| Failure::closed("runtime"))?.reset_state()?)
+        })
+        .map_err(PyErr::from)
+    }
+
+    /// Write the state input `name` (e.g. a prefill's KV cache).
+    fn set_state(&self, py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let want = self.full_info.inputs.iter().find(|i| i.name == name).ok_or_else(|| {
+            PyErr::from(Failure::from(rbln_runtime::Error::State(format!("'{name}' is not a bound state input (bound: {:?})", self.info.state))))
+        })?;
+        let input = to_input(value, want)?;
+        let view = input.view();
+        py.detach(|| -> Result<(), Failure> {
+            let mut g = lock(&self.inner);
+            Ok(g.as_mut().ok_or_else(|| Failure::closed("runtime"))?.set_state(name, view)?)
+        })
+        .map_err(PyErr::from)
+    }
+
+    /// The state input `name` as the next run will read it.
+    fn get_state<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let t = py
+            .detach(|| -> Result<_, Failure> {
+                let mut g = lock(&self.inner);
+                Ok(g.as_mut().ok_or_else(|| Failure::closed("runtime"))?.state(name)?)
+            })
+            .map_err(PyErr::from)?;
+        outputs_to_py(py, vec![t], self.tensor_type)
     }
 
     /// The Chrome trace (JSON text) of the last run, when the runtime was

@@ -328,6 +328,9 @@ pub fn info_dict<'py>(py: Python<'py>, info: &ModelInfo, properties: &[(String, 
     d.set_item("producer", &info.producer)?;
     d.set_item("inputs", io(&info.inputs)?)?;
     d.set_item("outputs", io(&info.outputs)?)?;
+    if !info.state.is_empty() {
+        d.set_item("state", info.state.clone())?;
+    }
     let mem = PyDict::new(py);
     mem.set_item("arena_bytes", info.arena_bytes)?;
     mem.set_item("staging_bytes", info.staging_bytes)?;

@@ -47,3 +47,48 @@ def test_greedy_generation_matches_transformers(name):
             logits, k, v = decode.run(np.array([[token]], np.int64), np.array([position], np.int64), k, v)
     assert got == want, f"first difference at token {next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}"
     assert len(got) >= 64
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_the_kv_cache_stays_on_the_device(name):
+    """The decode program's cache bound as state: set once from the
+    prefill, then each step passes only the token and its position and
+    gets only the logits; the tokens are the same."""
+    prompt = np.load(need(f"{name}-decoder.prompt.npy"))
+    want = np.load(need(f"{name}-decoder.generated.npy")).tolist()
+    pairs = [("k_cache", "k_cache_out"), ("v_cache", "v_cache_out")]
+    with rbln.Runtime(need(f"{name}-prefill.rbln")) as prefill, \
+            rbln.Runtime(need(f"{name}-decode.rbln"), state=pairs) as decode:
+        assert decode.state == pairs
+        info = decode.inspect()
+        assert [i["name"] for i in info["inputs"]] == ["input_ids", "position"]
+        assert [o["name"] for o in info["outputs"]] == ["logits"]
+        assert info["state"] == pairs
+        logits, k, v = prefill.run(prompt)
+        # The state starts as zeros; set it from the prefill.
+        assert not np.any(decode.get_state("k_cache"))
+        decode.set_state("k_cache", k)
+        decode.set_state("v_cache", v)
+        assert np.array_equal(decode.get_state("v_cache"), v)
+        got = []
+        for step in range(len(want)):
+            token = int(np.argmax(logits[0]))
+            got.append(token)
+            if step + 1 == len(want):
+                break
+            logits = decode.run(np.array([[token]], np.int64), np.array([prompt.shape[1] + step], np.int64))
+        assert got == want
+        # The cache now holds every position up to the last token's.
+        k_end = decode.get_state("k_cache")
+        assert np.any(k_end[:, :, prompt.shape[1] + len(want) - 2]) and not np.any(k_end[:, :, prompt.shape[1] + len(want) - 1:])
+        decode.reset_state()
+        assert not np.any(decode.get_state("k_cache"))
+        with pytest.raises(rbln.RBLNError, match="'logits' is not a bound state input"):
+            decode.set_state("logits", logits)
+        with pytest.raises(rbln.RBLNError, match="state 'k_cache' is f32"):
+            decode.set_state("k_cache", k[:1])
+    with pytest.raises(rbln.RBLNError, match="'nope' is not an input of the model"):
+        rbln.Runtime(need(f"{name}-decode.rbln"), state=[("nope", "logits")])
+    with pytest.raises(rbln.RBLNError, match="differ"):
+        rbln.Runtime(need(f"{name}-decode.rbln"), state=[("k_cache", "logits")])

@@ -17,6 +17,7 @@ use rbln_umd::{Buffer, Device, Perms, Placement, Queue};
 pub use rbln_umd::clock;
 pub mod examples;
 mod pipeline;
+mod state;
 pub use pipeline::{AsyncRuntime, RunFuture, RunHandle};
 pub mod npy;
 pub mod stats;
@@ -56,6 +57,9 @@ pub enum Error {
     Lost,
     #[error("the model has no per-inference command stream")]
     EmptyProgram,
+    /// Device-resident state ([`Runtime::bind_state`]) misused.
+    #[error("state: {0}")]
+    State(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -338,6 +342,9 @@ pub struct ModelInfo {
     pub weight_bytes: u64,
     /// (op, count) for every op kind in the graph.
     pub ops: Vec<(String, u32)>,
+    /// (input, output) pairs kept on the device ([`Runtime::bind_state`]);
+    /// they are not in `inputs` / `outputs`.
+    pub state: Vec<(String, String)>,
 }
 
 fn io_info(b: &rbln_format::IoBinding) -> IoInfo {
@@ -356,6 +363,7 @@ pub fn inspect(model: &Model) -> ModelInfo {
         staging_bytes: m.staging_size,
         weight_bytes: model.weights.len() as u64,
         ops: m.ops.iter().map(|o| (o.op.clone(), o.count)).collect(),
+        state: Vec::new(),
     }
 }
 
@@ -410,9 +418,16 @@ pub struct Runtime {
     /// Per-inference streams in order (input transfer, run, output
     /// transfer): (device VA, size).
     per_inference: Vec<(u64, u32)>,
+    /// Where the model's buffers are mapped (to relocate its packets
+    /// again: [`Runtime::bind_state`]).
+    bases: RelocBases,
+    /// Inputs kept on the device, fed from outputs (state.rs).
+    state: Vec<state::StatePair>,
     // Kept alive while the runtime exists (mapped into the device).
     _arena: Option<Buffer>,
     _program: Buffer,
+    /// The rewritten streams and the state buffers (state.rs).
+    _state_program: Option<(Buffer, Buffer)>,
 }
 
 fn align(v: u64, a: u64) -> u64 {
@@ -502,18 +517,39 @@ impl Runtime {
             staging,
             streams,
             per_inference,
+            bases,
+            state: Vec::new(),
             _arena: arena.map(|a| a.0),
             _program: program,
+            _state_program: None,
         })
     }
 
+    /// The model's interface as runs see it: bound state inputs and
+    /// outputs are left out (and listed in `state`).
     pub fn info(&self) -> ModelInfo {
-        inspect(&self.model)
+        let mut i = inspect(&self.model);
+        if !self.state.is_empty() {
+            i.inputs = self.live_inputs().map(|(_, b)| io_info(b)).collect();
+            i.outputs = self.live_outputs().map(|(_, b)| io_info(b)).collect();
+            i.state = self.state_pairs();
+        }
+        i
+    }
+
+    /// The model inputs a run takes (all but the bound state), with their
+    /// indices.
+    fn live_inputs(&self) -> impl Iterator<Item = (usize, &rbln_format::IoBinding)> {
+        self.model.meta.inputs.iter().enumerate().filter(|(i, _)| !self.state.iter().any(|p| p.input == *i))
+    }
+
+    fn live_outputs(&self) -> impl Iterator<Item = (usize, &rbln_format::IoBinding)> {
+        self.model.meta.outputs.iter().enumerate().filter(|(i, _)| !self.state.iter().any(|p| p.output == *i))
     }
 
     /// Check `inputs` against the model: count, shapes, lengths.
     fn check_inputs(&self, inputs: &[TensorView<'_>]) -> Result<()> {
-        let want = &self.model.meta.inputs;
+        let want: Vec<&rbln_format::IoBinding> = self.live_inputs().map(|(_, b)| b).collect();
         if inputs.len() != want.len() {
             let names = want.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", ");
             return Err(Error::InputCount { expected: want.len(), got: inputs.len(), names });
@@ -561,8 +597,9 @@ impl Runtime {
     /// Check `inputs` and copy them into staging.
     fn stage(&mut self, inputs: &[TensorView<'_>]) -> Result<()> {
         self.check_inputs(inputs)?;
-        for (t, b) in inputs.iter().zip(&self.model.meta.inputs) {
-            self.staging.write_slice(b.placement.offset(), &t.data.bytes())?;
+        let offsets: Vec<u64> = self.live_inputs().map(|(_, b)| b.placement.offset()).collect();
+        for (t, at) in inputs.iter().zip(offsets) {
+            self.staging.write_slice(at, &t.data.bytes())?;
         }
         Ok(())
     }
@@ -599,6 +636,9 @@ impl Runtime {
 
     /// [`Runtime::profile`] on borrowed inputs.
     pub fn profile_views(&mut self, inputs: &[TensorView<'_>]) -> Result<(Vec<Tensor>, Profile)> {
+        if !self.state.is_empty() {
+            return Err(Error::State("profiling a runtime with bound state is not supported".into()));
+        }
         self.stage(inputs)?;
         let p = &self.model.program;
         let mut spans: Vec<(String, &'static str, u64, u32)> = Vec::new();
@@ -642,22 +682,23 @@ impl Runtime {
 
     /// The outputs of the last completed inference, from staging.
     pub(crate) fn read_outputs(&self) -> Result<Vec<Tensor>> {
-        let mut out = Vec::with_capacity(self.model.meta.outputs.len());
-        for b in &self.model.meta.outputs {
-            let n = Tensor::elements(&b.shape) as usize;
-            let at = b.placement.offset();
-            let data = match b.dtype {
-                DType::I32 => Data::I32(self.staging.read_vec::<i32>(at, n)?),
-                DType::I64 => Data::I64(self.staging.read_vec::<i64>(at, n)?),
-                DType::I8 => Data::I8(self.staging.read_vec::<i8>(at, n)?),
-                DType::U8 => Data::U8(self.staging.read_vec::<u8>(at, n)?),
-                DType::Bool => Data::Bool(self.staging.read_vec::<u8>(at, n)?.into_iter().map(|x| x != 0).collect()),
-                // Load refuses models with other dtypes at their edges.
-                _ => Data::F32(self.staging.read_vec::<f32>(at, n)?),
-            };
-            out.push(Tensor { shape: b.shape.clone(), data });
-        }
-        Ok(out)
+        self.live_outputs().map(|(_, b)| self.read_binding(b)).collect()
+    }
+
+    /// The tensor in staging at `b`'s region.
+    pub(crate) fn read_binding(&self, b: &rbln_format::IoBinding) -> Result<Tensor> {
+        let n = Tensor::elements(&b.shape) as usize;
+        let at = b.placement.offset();
+        let data = match b.dtype {
+            DType::I32 => Data::I32(self.staging.read_vec::<i32>(at, n)?),
+            DType::I64 => Data::I64(self.staging.read_vec::<i64>(at, n)?),
+            DType::I8 => Data::I8(self.staging.read_vec::<i8>(at, n)?),
+            DType::U8 => Data::U8(self.staging.read_vec::<u8>(at, n)?),
+            DType::Bool => Data::Bool(self.staging.read_vec::<u8>(at, n)?.into_iter().map(|x| x != 0).collect()),
+            // Load refuses models with other dtypes at their edges.
+            _ => Data::F32(self.staging.read_vec::<f32>(at, n)?),
+        };
+        Ok(Tensor { shape: b.shape.clone(), data })
     }
 }
 
