@@ -29,7 +29,7 @@ from typing import Any, Iterable, Sequence, Union
 from . import _rbln
 from ._errors import *  # noqa: F401,F403  (the exception hierarchy)
 from ._errors import RBLNCompileError, RBLNValueError, __all__ as _error_names
-from ._rbln import CompiledModel, Runtime, Task, device_count, devices, perf_counter_ns
+from ._rbln import CompiledModel, Decoder, Runtime, Task, device_count, devices, perf_counter_ns
 
 __version__: str = _rbln.__version__
 
@@ -241,6 +241,53 @@ def compile_from_torch(module: Any, input_info: InputInfo, *, name: str | None =
     return _rbln._compile(buf.getvalue(), model_name, shapes)
 
 
+def generate(decode: Any, prompt_ids: Iterable[int], *, prefill: Any = None, device: int = 0, stream: bool = False,
+             **options: Any) -> Any:
+    """Generate tokens with a causal decoder on the NPU.
+
+    ``decode`` (and ``prefill``) are the decoder's programs (.rbln paths or
+    CompiledModels, the decoder convention of docs/python.md) or ``decode``
+    is an :class:`rbln.Decoder`. ``options``: ``max_new_tokens``,
+    ``sampling`` ("greedy", "top-k", "top-p"), ``top_k``, ``top_p``,
+    ``temperature``, ``seed``, ``eos_id``, ``on_token``. Returns a dict
+    (``tokens``, ``time_to_first_token_ms``, ``tokens_per_s``,
+    ``used_prefill``), or with ``stream=True`` an iterator over the new
+    tokens as they are chosen.
+    """
+    dec = decode if isinstance(decode, Decoder) else Decoder(decode, prefill=prefill, device=device)
+    prompt = [int(t) for t in prompt_ids]
+    if not stream:
+        return dec.generate(prompt, **options)
+    if "on_token" in options:
+        raise RBLNValueError("stream=True yields the tokens itself; it takes no on_token")
+    return _stream_tokens(dec, prompt, options)
+
+
+def _stream_tokens(dec: Decoder, prompt: list, options: dict):
+    """Run the generation on a thread; yield its tokens as they come."""
+    import queue
+
+    tokens: queue.Queue = queue.Queue()
+    end = object()
+    outcome: dict = {}
+
+    def work():
+        try:
+            outcome.update(dec.generate(prompt, on_token=tokens.put, **options))
+        except BaseException as e:  # re-raised in the consumer
+            outcome["error"] = e
+        finally:
+            tokens.put(end)
+
+    worker = threading.Thread(target=work, name="rbln-generate", daemon=True)
+    worker.start()
+    while (t := tokens.get()) is not end:
+        yield t
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+
+
 class QuantizedModel:
     """An int8 (QDQ) ONNX model made by :func:`rbln.quantize`.
 
@@ -309,6 +356,8 @@ __all__ = [
     "Task",
     "Request",
     "CompiledModel",
+    "Decoder",
+    "generate",
     "compile_from_onnx",
     "compile_from_tflite",
     "compile_from_torch",

@@ -33,8 +33,14 @@ class Runtime:
         device: int = 0,
         tensor_type: str = "np",
         activate_profiler: bool = False,
+        state: Optional[Sequence[Tuple[str, str]]] = None,
     ) -> None: ...
     def run(self, *inputs: Any, out: Optional[Any] = None, **named: Any) -> Outputs: ...
+    @property
+    def state(self) -> List[Tuple[str, str]]: ...
+    def reset_state(self) -> None: ...
+    def set_state(self, name: str, value: Any) -> None: ...
+    def get_state(self, name: str) -> Any: ...
     def __call__(self, *inputs: Any, out: Optional[Any] = None, **named: Any) -> Outputs: ...
     def inspect(self) -> Dict[str, Any]: ...
     def profile_trace(self) -> Optional[str]: ...
@@ -50,6 +56,25 @@ class Runtime:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> bool: ...
+
+class Decoder:
+    """A causal decoder's prefill and decode programs on an NPU, the KV
+    cache on the device."""
+
+    def __init__(self, decode: Model, *, prefill: Optional[Model] = None, device: int = 0) -> None: ...
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int = 16,
+        sampling: str = "greedy",
+        top_k: int = 50,
+        top_p: float = 0.9,
+        temperature: float = 1.0,
+        seed: int = 0,
+        eos_id: Optional[int] = None,
+        on_token: Optional[Callable[[int], Any]] = None,
+    ) -> Dict[str, Any]: ...
 
 class Task:
     """A request in flight (AsyncRuntime.run)."""

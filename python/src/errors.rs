@@ -78,6 +78,7 @@ impl From<rbln_runtime::Error> for Failure {
             E::HardwareVersion { .. } | E::NotStaged { .. } | E::EdgeDType { .. } | E::TooLarge { .. } | E::EmptyProgram => {
                 "RBLNModelError"
             }
+            E::State(_) | E::Generate(_) => "RBLNValueError",
             _ => "RBLNRuntimeError",
         };
         Failure::new(class, e.to_string())

@@ -12,6 +12,7 @@
 //! buffers without per-element conversion.
 
 mod asyncrt;
+mod decoder;
 mod errors;
 mod model;
 mod quantize;
@@ -83,6 +84,7 @@ fn _rbln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<asyncrt::Task>()?;
     m.add_class::<asyncrt::CompletionQueue>()?;
     m.add_class::<model::CompiledModel>()?;
+    m.add_class::<decoder::Decoder>()?;
     m.add_function(wrap_pyfunction!(model::_compile, m)?)?;
     m.add_function(wrap_pyfunction!(model::_compile_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(quantize::_quantize, m)?)?;

@@ -92,3 +92,36 @@ def test_the_kv_cache_stays_on_the_device(name):
         rbln.Runtime(need(f"{name}-decode.rbln"), state=[("nope", "logits")])
     with pytest.raises(rbln.RBLNError, match="differ"):
         rbln.Runtime(need(f"{name}-decode.rbln"), state=[("k_cache", "logits")])
+
+
+@pytest.mark.device
+def test_rbln_generate_greedy_streaming_and_sampling():
+    prompt = np.load(need("llama-decoder.prompt.npy"))[0].tolist()
+    want = np.load(need("llama-decoder.generated.npy")).tolist()
+    dec = rbln.Decoder(need("llama-decode.rbln"), prefill=need("llama-prefill.rbln"))
+    r = rbln.generate(dec, prompt, max_new_tokens=len(want))
+    assert r["tokens"] == want and r["used_prefill"]
+    assert r["time_to_first_token_ms"] > 0 and r["tokens_per_s"] > 0
+    # Streaming yields the same tokens one by one; on_token sees them too.
+    assert list(rbln.generate(dec, prompt, max_new_tokens=10, stream=True)) == want[:10]
+    seen = []
+    rbln.generate(dec, prompt, max_new_tokens=5, on_token=seen.append)
+    assert seen == want[:5]
+    # A shorter prompt goes token by token through the decode program.
+    r = rbln.generate(need("llama-decode.rbln"), prompt[:5], max_new_tokens=4)
+    assert not r["used_prefill"] and len(r["tokens"]) == 4
+    # Sampling: repeatable with a seed.
+    a = rbln.generate(dec, prompt, max_new_tokens=16, sampling="top-p", top_p=0.9, temperature=1.5, seed=3)["tokens"]
+    b = rbln.generate(dec, prompt, max_new_tokens=16, sampling="top-p", top_p=0.9, temperature=1.5, seed=3)["tokens"]
+    assert a == b
+    # Errors: a callback that raises stops generation and surfaces; bad options.
+    def boom(t):
+        raise KeyError("stop")
+    with pytest.raises(KeyError):
+        rbln.generate(dec, prompt, max_new_tokens=4, on_token=boom)
+    with pytest.raises(rbln.RBLNValueError, match="on_token"):
+        rbln.generate(dec, prompt, max_new_tokens=4, stream=True, on_token=boom)
+    with pytest.raises(rbln.RBLNValueError, match='sampling "beam"'):
+        dec.generate(prompt, sampling="beam")
+    with pytest.raises(rbln.RBLNValueError, match="do not fit the cache"):
+        dec.generate(prompt, max_new_tokens=500)

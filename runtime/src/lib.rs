@@ -16,6 +16,7 @@ use rbln_umd::{Buffer, Device, Perms, Placement, Queue};
 /// Fine-grained wall-clock intervals (shared with the UMD's tools).
 pub use rbln_umd::clock;
 pub mod examples;
+pub mod generate;
 mod pipeline;
 mod state;
 pub use pipeline::{AsyncRuntime, RunFuture, RunHandle};
@@ -60,6 +61,10 @@ pub enum Error {
     /// Device-resident state ([`Runtime::bind_state`]) misused.
     #[error("state: {0}")]
     State(String),
+    /// A decoder's programs or a generation request do not fit together
+    /// ([`generate`]).
+    #[error("{0}")]
+    Generate(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -36,7 +36,7 @@ log "compiled ${#MODELS[@]} exported models in $OUT"
 # generates with them on the NPU.
 DEC=$(EXPORT_DEPS=$EXPORTER cached_exports decoder-torch "$REQ" "$RBLN_ROOT/tests/models/exports/export_decoder.py") || exit 1
 for d in gpt2 llama; do
-    for f in $d-prefill.onnx $d-decode.onnx $d-decoder.prompt.npy $d-decoder.generated.npy; do
+    for f in $d-prefill.onnx $d-decode.onnx $d-decoder.{prompt,generated}.{npy,txt}; do
         cp -lf "$DEC/$f" "$OUT/$f" 2>/dev/null || cp -f "$DEC/$f" "$OUT/$f"
     done
     for m in $d-prefill $d-decode; do

@@ -20,6 +20,7 @@ NAME in gpt2, llama:
   NAME-decoder.prompt.npy     the prompt ids [1, P] (int64)
   NAME-decoder.generated.npy  transformers' generate(do_sample=False)
                       tokens after the prompt (NEW ids, int64)
+  NAME-decoder.{prompt,generated}.txt  the same, comma-separated
 
 Both graphs are the model's own modules (embeddings, LayerNorms, the
 attention and MLP projections) run in a forward written for a cache of
@@ -228,6 +229,10 @@ def export_pair(out, name, hf, pre, dec, cache_shape, seed):
         sys.exit(f"export_decoder.py: {name}: onnxruntime over the exported programs gave {got}, transformers {ref.tolist()}")
     np.save(os.path.join(out, f"{name}-decoder.prompt.npy"), prompt.numpy())
     np.save(os.path.join(out, f"{name}-decoder.generated.npy"), ref.astype(np.int64))
+    # The same as comma-separated text, for rbln-generate in the guest.
+    for what, ids in (("prompt", prompt.numpy()[0]), ("generated", ref)):
+        with open(os.path.join(out, f"{name}-decoder.{what}.txt"), "w") as f:
+            f.write(",".join(str(int(i)) for i in ids) + "\n")
     print(f"{name}: prompt {PROMPT}, {NEW} new tokens, cache {cache_shape}; onnxruntime matches transformers", file=sys.stderr)
 
 
