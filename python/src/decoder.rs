@@ -33,6 +33,8 @@ impl Decoder {
         let g = py
             .detach(|| -> Result<_, Failure> {
                 let dev = rbln_umd::Device::open(device)?;
+                // Fine-grained timings in a TCG guest too (rbln_runtime::clock).
+                rbln_runtime::clock::init_with_device(&dev);
                 let d = rbln_runtime::Runtime::new(&dev, decode)?;
                 let p = prefill.map(|m| rbln_runtime::Runtime::new(&dev, m)).transpose()?;
                 Ok(Generator::new(d, p)?)

@@ -18,9 +18,7 @@
 //! logits ([`Sampling`]) and fed back until `max_new_tokens` or the end
 //! token.
 
-use std::time::Instant;
-
-use crate::{Data, Error, Result, Runtime, Tensor};
+use crate::{clock, Data, Error, Result, Runtime, Tensor};
 
 /// How the next token is chosen from the logits.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -122,7 +120,8 @@ pub struct Generator {
 #[derive(Clone, Debug, Default)]
 pub struct Generation {
     pub tokens: Vec<i64>,
-    /// Prompt processing until the first new token is known.
+    /// Prompt processing until the first new token is known (the
+    /// runtime's fine-grained clock, `rbln_runtime::clock`).
     pub time_to_first_token_ms: f64,
     /// New tokens after the first, per second of decode steps.
     pub tokens_per_s: f64,
@@ -204,7 +203,7 @@ impl Generator {
             )));
         }
         let mut rng = Rng::new(seed);
-        let t0 = Instant::now();
+        let t0 = clock::now();
         self.decode.reset_state()?;
         let used_prefill = self.prefill_length() == Some(prompt.len() as u64);
         let mut logits = if used_prefill {
@@ -225,12 +224,12 @@ impl Generator {
         };
         let mut tokens = Vec::with_capacity(max_new_tokens);
         let mut ttft = 0.0;
-        let mut t_first = Instant::now();
+        let mut t_first = clock::now();
         for n in 0..max_new_tokens {
             let token = choose(&logits, sampling, &mut rng) as i64;
             if n == 0 {
                 ttft = t0.elapsed().as_secs_f64() * 1e3;
-                t_first = Instant::now();
+                t_first = clock::now();
             }
             tokens.push(token);
             on_token(token);

@@ -87,6 +87,19 @@ if [ -f "$M/$a.rbln" ]; then
     done
 fi
 
+# Decoders: rbln-generate (greedy, the KV cache on the device), DEC_RUNS
+# generations of DEC_TOKENS tokens each after one warm-up.
+for d in $DECODERS; do
+    [ -f "$M/$d-decode.rbln" ] || continue
+    elapsed "decoder $d: $DEC_RUNS generations of $DEC_TOKENS tokens"
+    i=0
+    while [ "$i" -le "$DEC_RUNS" ]; do
+        step "decoder.$d.$i" rbln-generate "$M/$d-decode.rbln" --prefill "$M/$d-prefill.rbln" \
+            --prompt-ids "$(cat "$M/$d-decoder.prompt.txt")" --max-new-tokens "$DEC_TOKENS" --json || break
+        i=$((i + 1))
+    done
+done
+
 # The Python SDK (target/guest-python) against the Rust runtime on the
 # same model and input, run back to back: Runtime.run vs rbln-run's
 # latency, async_run under asyncio vs rbln-run --async --parallel 2.

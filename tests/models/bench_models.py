@@ -484,6 +484,43 @@ def ort_all(out, names, threads, warmup, min_runs, max_runs, budget):
                                          if "error" not in row else row["error"]), file=sys.stderr)
 
 
+def decoder_ort(out, names, threads, new_tokens, runs):
+    """The decoders' prefill and decode programs on onnxruntime with the
+    KV cache as host arrays (the reference of the decoder rows): time to
+    first token (the prefill and its argmax) and decode tokens/s, greedy,
+    best of `runs` generations (after one warm-up)."""
+    for name in names:
+        row = {"name": name, "threads": threads, "new_tokens": new_tokens}
+        try:
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+            pre = ort.InferenceSession(os.path.join(out, f"{name}-prefill.onnx"), opts, providers=["CPUExecutionProvider"])
+            dec = ort.InferenceSession(os.path.join(out, f"{name}-decode.onnx"), opts, providers=["CPUExecutionProvider"])
+            with open(os.path.join(out, f"{name}-decoder.prompt.txt")) as f:
+                prompt = np.array([[int(t) for t in f.read().strip().split(",")]], np.int64)
+            ttfts, rates = [], []
+            for _ in range(runs + 1):
+                t0 = time.perf_counter()
+                logits, k, v = pre.run(None, {"input_ids": prompt})
+                tok = int(np.argmax(logits[0]))
+                t1 = time.perf_counter()
+                for step in range(new_tokens - 1):
+                    logits, k, v = dec.run(None, {"input_ids": np.array([[tok]], np.int64),
+                                                  "position": np.array([prompt.shape[1] + step], np.int64),
+                                                  "k_cache": k, "v_cache": v})
+                    tok = int(np.argmax(logits[0]))
+                t2 = time.perf_counter()
+                ttfts.append((t1 - t0) * 1e3)
+                rates.append((new_tokens - 1) / (t2 - t1))
+            row.update(time_to_first_token_ms=min(ttfts[1:]), tokens_per_s=max(rates[1:]), runs=runs)
+        except Exception as e:  # noqa: BLE001 - recorded in the report
+            row["error"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(row), flush=True)
+        print(f"onnxruntime decoder {name}: " + (f"ttft {row['time_to_first_token_ms']:.3f} ms, {row['tokens_per_s']:.1f} tokens/s"
+                                                 if "error" not in row else row["error"]), file=sys.stderr)
+
+
 def main(argv):
     import argparse
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -500,9 +537,17 @@ def main(argv):
     po.add_argument("--min-runs", type=int, default=5)
     po.add_argument("--max-runs", type=int, default=50)
     po.add_argument("--budget", type=float, default=3.0)
+    pd = sub.add_parser("decoder-ort")
+    pd.add_argument("out")
+    pd.add_argument("names", nargs="+")
+    pd.add_argument("--threads", type=int, required=True)
+    pd.add_argument("--new-tokens", type=int, default=64)
+    pd.add_argument("--runs", type=int, default=3)
     a = p.parse_args(argv[1:])
     if a.cmd == "gen":
         gen(a.out, a.names, a.smoke)
+    elif a.cmd == "decoder-ort":
+        decoder_ort(a.out, a.names, a.threads, a.new_tokens, a.runs)
     else:
         ort_all(a.out, a.names, a.threads, a.warmup, a.min_runs, a.max_runs, a.budget)
     return 0

@@ -266,6 +266,39 @@ def micro_rows(out, plan, ort, native):
             reference_what="the same attention as built-in ops on the device",
             onnxruntime_ms=o.get("median_ms"))
 
+    # 1c. Causal decoders: rbln-generate (the KV cache on the device) vs
+    # onnxruntime running the same prefill and decode programs with the
+    # cache on the host: time to first token and decode tokens/s (guest:
+    # median of the generations after the warm-up; onnxruntime: its best).
+    for d in plan.get("DECODERS", "").split():
+        runs, err = [], None
+        for i in range(1, int(plan.get("DEC_RUNS", "1")) + 1):
+            path = os.path.join(out, "guest", f"decoder.{d}.{i}.json")
+            try:
+                with open(path) as f:
+                    runs.append(json.load(f))
+            except (OSError, ValueError) as e:
+                err = f"decoder.{d}.{i}: {e}: {last_line(os.path.join(out, 'guest', f'decoder.{d}.{i}.err'))}"
+                break
+        refs = []
+        for phase in ("before", "after"):
+            try:
+                with open(os.path.join(out, "host", f"decoder.{phase}.jsonl")) as f:
+                    refs += [r for r in map(json.loads, f) if r.get("name") == d and "error" not in r]
+            except OSError:
+                pass
+        ttft = median([r["time_to_first_token_ms"] for r in runs]) if runs and not err else None
+        tps = median([r["tokens_per_s"] for r in runs]) if runs and not err else None
+        ref_ttft = min((r["time_to_first_token_ms"] for r in refs), default=None)
+        ref_tps = max((r["tokens_per_s"] for r in refs), default=None)
+        if not err and not refs:
+            err = "no onnxruntime decoder reference"
+        tokens = plan.get("DEC_TOKENS")
+        row(f"decoder {d}: decode tokens/s ({tokens} new tokens)", "tokens/s", "higher", tps, ref_tps, err,
+            reference_what="onnxruntime, the same programs, the KV cache on the host")
+        row(f"decoder {d}: time to first token", "ms", "lower", ttft, ref_ttft, err,
+            reference_what="onnxruntime, the same prefill program")
+
     # 1b. The same GEMM quantised (QDQ, int8 weights, u8 activations): the
     # device's QGEMM against its own f32 GEMM above (device time of the
     # one GEMM op; the QuantizeLinear / DequantizeLinear around it are

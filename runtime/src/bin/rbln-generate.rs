@@ -85,6 +85,9 @@ fn main() -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(4, e),
     };
+    // Times with the TSC calibrated against the NPU where the kernel's
+    // clock is coarse (a TCG guest), as rbln-run does.
+    rbln_runtime::clock::init_with_device(&dev);
     let decode = match load(&dev, &a.decode) {
         Ok(r) => r,
         Err((c, m)) => return fail(c, m),
