@@ -28,6 +28,22 @@ def need(name):
     return p
 
 
+def greedy(prefill, step, prompt, n):
+    """n tokens: the prefill's logits, then `step(token, position)`'s."""
+    logits = prefill(prompt)
+    got = []
+    for i in range(n):
+        token = int(np.argmax(logits[0]))
+        got.append(token)
+        if i + 1 < n:
+            logits = step(token, prompt.shape[1] + i)
+    return got
+
+
+def ids(*v):
+    return [np.array(x, np.int64) for x in v]
+
+
 @pytest.mark.device
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_greedy_generation_matches_transformers(name):
@@ -36,15 +52,17 @@ def test_greedy_generation_matches_transformers(name):
     with rbln.Runtime(need(f"{name}-prefill.rbln")) as prefill, rbln.Runtime(need(f"{name}-decode.rbln")) as decode:
         info = decode.inspect()
         assert [i["name"] for i in info["inputs"]] == ["input_ids", "position", "k_cache", "v_cache"]
-        logits, k, v = prefill.run(prompt)
-        got = []
-        for step in range(len(want)):
-            token = int(np.argmax(logits[0]))
-            got.append(token)
-            if step + 1 == len(want):
-                break
-            position = prompt.shape[1] + step
-            logits, k, v = decode.run(np.array([[token]], np.int64), np.array([position], np.int64), k, v)
+        cache = {}
+
+        def first(p):
+            logits, cache["k"], cache["v"] = prefill.run(p)
+            return logits
+
+        def step(token, position):
+            logits, cache["k"], cache["v"] = decode.run(*ids([[token]], [position]), cache["k"], cache["v"])
+            return logits
+
+        got = greedy(first, step, prompt, len(want))
     assert got == want, f"first difference at token {next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}"
     assert len(got) >= 64
 
@@ -71,13 +89,7 @@ def test_the_kv_cache_stays_on_the_device(name):
         decode.set_state("k_cache", k)
         decode.set_state("v_cache", v)
         assert np.array_equal(decode.get_state("v_cache"), v)
-        got = []
-        for step in range(len(want)):
-            token = int(np.argmax(logits[0]))
-            got.append(token)
-            if step + 1 == len(want):
-                break
-            logits = decode.run(np.array([[token]], np.int64), np.array([prompt.shape[1] + step], np.int64))
+        got = greedy(lambda p: logits, lambda t, pos: decode.run(*ids([[t]], [pos])), prompt, len(want))
         assert got == want
         # The cache now holds every position up to the last token's.
         k_end = decode.get_state("k_cache")

@@ -104,6 +104,15 @@ impl<'a> Lowering<'a> {
         }
     }
 
+    /// The BUFFER or PARAM instruction of argument `name` (slot `slot`);
+    /// a pointer's value remembers its buffer.
+    fn argument(&mut self, name: &str, op: TileOp, dtype: TileType, slot: usize) {
+        let reg = self.instrs.len() as u32;
+        self.instrs.push(TileInstr { slot: slot as u8, ..TileInstr::new(op, dtype, &[]) });
+        let ptr_slot = if dtype == TileType::Ptr { slot as u8 } else { 0 };
+        self.vals.insert(name.to_string(), Val { reg, dtype, shape: vec![], slot: ptr_slot });
+    }
+
     fn push(&mut self, op: &Op, ins: TileInstr, dtype: TileType, shape: Vec<u32>, slot: u8) -> R<()> {
         let reg = self.instrs.len() as u32;
         if reg >= t::MAX_TILE_INSTRS {
@@ -288,11 +297,7 @@ fn lower_func(m: &Module, name: Option<&str>) -> R<Kernel> {
                 }
                 header.buf_types[slot] = dtype as u8;
                 header.nbufs += 1;
-                let mut ins = instr(TileOp::Buffer);
-                ins.slot = slot as u8;
-                let reg = lw.instrs.len() as u32;
-                lw.instrs.push(TileInstr { dtype: TileType::Ptr as u8, ..ins });
-                lw.vals.insert(name.clone(), Val { reg, dtype: TileType::Ptr, shape: vec![], slot: slot as u8 });
+                lw.argument(name, TileOp::Buffer, TileType::Ptr, slot);
                 args.push(KernelArg::Buffer { name: plain(name), slot, dtype });
             }
             Type::Tensor(..) => return fail(line, format!("argument {name}: a tensor argument (pass a pointer)")),
@@ -304,11 +309,7 @@ fn lower_func(m: &Module, name: Option<&str>) -> R<Kernel> {
                 }
                 header.param_types[slot] = dtype as u8;
                 header.nparams += 1;
-                let mut ins = instr(TileOp::Param);
-                ins.slot = slot as u8;
-                let reg = lw.instrs.len() as u32;
-                lw.instrs.push(TileInstr { dtype: dtype as u8, ..ins });
-                lw.vals.insert(name.clone(), Val { reg, dtype, shape: vec![], slot: 0 });
+                lw.argument(name, TileOp::Param, dtype, slot);
                 args.push(KernelArg::Param { name: plain(name), slot, dtype });
             }
         }

@@ -45,58 +45,46 @@ OPSET = 17
 PROMPT, NEW, MAX = 8, 64, 80
 
 
-class Gpt2Static(nn.Module):
-    """GPT-2's forward over a fixed-size KV cache (prefill or one step)."""
+class StaticCache(nn.Module):
+    """A decoder's forward over a KV cache of MAX positions, shared by the
+    models: each supplies `embed`, `blocks`, `qkv` (its input norm,
+    projections and position encoding), `mix` (attention output
+    projection and MLP) and `logits`."""
 
-    def __init__(self, hf, max_len):
+    def __init__(self, max_len, heads, kv_heads, head_dim):
         super().__init__()
-        self.t, self.lm = hf.transformer, hf.lm_head
-        cfg = hf.config
-        self.h, self.d = cfg.n_head, cfg.n_embd
-        self.dh = self.d // self.h
-        self.max = max_len
-
-    def qkv(self, blk, x):
-        """x [T, D] -> q, k, v [H, T, Dh]."""
-        q, k, v = blk.attn.c_attn(x).split(self.d, dim=-1)
-        return [t.reshape(-1, self.h, self.dh).transpose(0, 1) for t in (q, k, v)]
+        self.max, self.h, self.kv, self.dh = max_len, heads, kv_heads, head_dim
 
     def attend(self, blk, x, q, k, v, mask):
+        rep = self.h // self.kv  # grouped-query attention: each kv head serves rep query heads
+        k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
         s = (q @ k.transpose(1, 2)) / (self.dh ** 0.5)
         s = torch.where(mask, s, torch.tensor(float("-inf")))
-        o = torch.softmax(s, dim=-1) @ v  # [H, T, Dh]
-        o = o.transpose(0, 1).reshape(-1, self.d)
-        x = x + blk.attn.c_proj(o)
-        return x + blk.mlp(blk.ln_2(x))
+        o = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).reshape(x.shape[0], -1)  # [T, H*Dh]
+        return self.mix(blk, x, o)
 
-    def logits(self, x):
-        return self.lm(self.t.ln_f(x[-1:]))  # [1, V]
-
-
-class Prefill(Gpt2Static):
-    def forward(self, input_ids):
+    def prefill(self, input_ids):
         p = input_ids.shape[1]
-        x = self.t.wte(input_ids[0]) + self.t.wpe(torch.arange(p))
+        positions = torch.arange(p)
+        x = self.embed(input_ids[0], positions)
         causal = torch.tril(torch.ones(p, p, dtype=torch.bool))
         ks, vs = [], []
-        for blk in self.t.h:
-            q, k, v = self.qkv(blk, blk.ln_1(x))
+        for blk in self.blocks():
+            q, k, v = self.qkv(blk, x, positions)
             x = self.attend(blk, x, q, k, v, causal)
             pad = (0, 0, 0, self.max - p)
             ks.append(nn.functional.pad(k, pad))
             vs.append(nn.functional.pad(v, pad))
         return self.logits(x), torch.stack(ks), torch.stack(vs)
 
-
-class Decode(Gpt2Static):
-    def forward(self, input_ids, position, k_cache, v_cache):
-        x = self.t.wte(input_ids[0]) + self.t.wpe(position)  # [1, D]
+    def decode(self, input_ids, position, k_cache, v_cache):
+        x = self.embed(input_ids[0], position)  # [1, D]
         at = torch.arange(self.max)
         here = (at == position).reshape(1, self.max, 1)  # the token's slot
         valid = (at <= position).reshape(1, 1, self.max)  # attend to <= position
         ks, vs = [], []
-        for i, blk in enumerate(self.t.h):
-            q, k, v = self.qkv(blk, blk.ln_1(x))
+        for i, blk in enumerate(self.blocks()):
+            q, k, v = self.qkv(blk, x, position)
             k = torch.where(here, k, k_cache[i])
             v = torch.where(here, v, v_cache[i])
             x = self.attend(blk, x, q, k, v, valid)
@@ -105,23 +93,69 @@ class Decode(Gpt2Static):
         return self.logits(x), torch.stack(ks), torch.stack(vs)
 
 
-class Llama(nn.Module):
-    """A Llama's forward over a fixed-size KV cache: RMSNorm, rotary
-    embeddings at the tokens' positions, grouped-query attention (each
-    key/value head serves H / KV query heads), SwiGLU MLP."""
+class Prefill(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids):
+        return self.m.prefill(input_ids)
+
+
+class Decode(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, position, k_cache, v_cache):
+        return self.m.decode(input_ids, position, k_cache, v_cache)
+
+
+class Gpt2(StaticCache):
+    """GPT-2: learned positions, LayerNorms, fused qkv projection."""
 
     def __init__(self, hf, max_len):
-        super().__init__()
-        self.m, self.lm = hf.model, hf.lm_head
         cfg = hf.config
-        self.h, self.kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.dh = cfg.hidden_size // self.h
-        self.max = max_len
+        super().__init__(max_len, cfg.n_head, cfg.n_head, cfg.n_embd // cfg.n_head)
+        self.t, self.lm, self.d = hf.transformer, hf.lm_head, cfg.n_embd
+
+    def embed(self, ids, positions):
+        return self.t.wte(ids) + self.t.wpe(positions)
+
+    def blocks(self):
+        return self.t.h
+
+    def qkv(self, blk, x, positions):
+        q, k, v = blk.attn.c_attn(blk.ln_1(x)).split(self.d, dim=-1)
+        return [t.reshape(-1, self.h, self.dh).transpose(0, 1) for t in (q, k, v)]
+
+    def mix(self, blk, x, o):
+        x = x + blk.attn.c_proj(o)
+        return x + blk.mlp(blk.ln_2(x))
+
+    def logits(self, x):
+        return self.lm(self.t.ln_f(x[-1:]))  # [1, V]
+
+
+class Llama(StaticCache):
+    """A Llama: RMSNorm, rotary embeddings at the tokens' positions,
+    grouped-query attention, SwiGLU MLP."""
+
+    def __init__(self, hf, max_len):
+        cfg = hf.config
+        super().__init__(max_len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads)
+        self.m, self.lm = hf.model, hf.lm_head
+
+    def embed(self, ids, positions):
+        return self.m.embed_tokens(ids)
+
+    def blocks(self):
+        return self.m.layers
 
     def qkv(self, layer, x, positions):
-        """x [T, D] -> q [H, T, Dh], k, v [KV, T, Dh], rotated."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+        x = layer.input_layernorm(x)
         a = layer.self_attn
         q = a.q_proj(x).reshape(-1, self.h, self.dh).transpose(0, 1)
         k = a.k_proj(x).reshape(-1, self.kv, self.dh).transpose(0, 1)
@@ -130,50 +164,12 @@ class Llama(nn.Module):
         q, k = apply_rotary_pos_emb(q[None], k[None], cos, sin)
         return q[0], k[0], v
 
-    def attend(self, layer, x, q, k, v, mask):
-        rep = self.h // self.kv
-        k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
-        s = (q @ k.transpose(1, 2)) / (self.dh ** 0.5)
-        s = torch.where(mask, s, torch.tensor(float("-inf")))
-        o = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).reshape(x.shape[0], -1)
+    def mix(self, layer, x, o):
         x = x + layer.self_attn.o_proj(o)
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def logits(self, x):
         return self.lm(self.m.norm(x[-1:]))
-
-
-class LlamaPrefill(Llama):
-    def forward(self, input_ids):
-        p = input_ids.shape[1]
-        x = self.m.embed_tokens(input_ids[0])
-        positions = torch.arange(p)
-        causal = torch.tril(torch.ones(p, p, dtype=torch.bool))
-        ks, vs = [], []
-        for layer in self.m.layers:
-            q, k, v = self.qkv(layer, layer.input_layernorm(x), positions)
-            x = self.attend(layer, x, q, k, v, causal)
-            pad = (0, 0, 0, self.max - p)
-            ks.append(nn.functional.pad(k, pad))
-            vs.append(nn.functional.pad(v, pad))
-        return self.logits(x), torch.stack(ks), torch.stack(vs)
-
-
-class LlamaDecode(Llama):
-    def forward(self, input_ids, position, k_cache, v_cache):
-        x = self.m.embed_tokens(input_ids[0])
-        at = torch.arange(self.max)
-        here = (at == position).reshape(1, self.max, 1)
-        valid = (at <= position).reshape(1, 1, self.max)
-        ks, vs = [], []
-        for i, layer in enumerate(self.m.layers):
-            q, k, v = self.qkv(layer, layer.input_layernorm(x), position)
-            k = torch.where(here, k, k_cache[i])
-            v = torch.where(here, v, v_cache[i])
-            x = self.attend(layer, x, q, k, v, valid)
-            ks.append(k)
-            vs.append(v)
-        return self.logits(x), torch.stack(ks), torch.stack(vs)
 
 
 def gpt2(seed):
@@ -183,7 +179,8 @@ def gpt2(seed):
     cfg = GPT2Config(vocab_size=1000, n_positions=MAX, n_embd=128, n_layer=4, n_head=4, attn_implementation="eager",
                      bos_token_id=0, eos_token_id=None)
     hf = randomize(GPT2LMHeadModel(cfg), seed).eval()
-    return hf, Prefill(hf, MAX).eval(), Decode(hf, MAX).eval(), (cfg.n_layer, cfg.n_head, MAX, cfg.n_embd // cfg.n_head)
+    m = Gpt2(hf, MAX)
+    return hf, Prefill(m).eval(), Decode(m).eval(), (cfg.n_layer, m.kv, MAX, m.dh)
 
 
 def llama(seed):
@@ -194,8 +191,8 @@ def llama(seed):
                       num_key_value_heads=2, max_position_embeddings=MAX, attn_implementation="eager",
                       bos_token_id=0, eos_token_id=None)
     hf = randomize(LlamaForCausalLM(cfg), seed).eval()
-    dh = cfg.hidden_size // cfg.num_attention_heads
-    return hf, LlamaPrefill(hf, MAX).eval(), LlamaDecode(hf, MAX).eval(), (cfg.num_hidden_layers, cfg.num_key_value_heads, MAX, dh)
+    m = Llama(hf, MAX)
+    return hf, Prefill(m).eval(), Decode(m).eval(), (cfg.num_hidden_layers, m.kv, MAX, m.dh)
 
 
 def export_pair(out, name, hf, pre, dec, cache_shape, seed):

@@ -670,6 +670,22 @@ fn store(mem: &TileMem<'_>, ptr: &[i64], value: &Reg, mask: Option<&[bool]>) -> 
     }
 }
 
+/// An integer REDUCE of `$v` (elements `$t`) by kind `$k`.
+macro_rules! int_reduce {
+    ($k:expr, $v:expr, $o:expr, $l:expr, $i:expr, $t:ty) => {
+        match $k {
+            TileReduce::Sum => fold($v, $o, $l, $i, <$t>::wrapping_add),
+            TileReduce::Prod => fold($v, $o, $l, $i, <$t>::wrapping_mul),
+            TileReduce::Max => fold($v, $o, $l, $i, <$t>::max),
+            TileReduce::Min => fold($v, $o, $l, $i, <$t>::min),
+            TileReduce::And => fold($v, $o, $l, $i, |x, y| x & y),
+            TileReduce::Or => fold($v, $o, $l, $i, |x, y| x | y),
+            TileReduce::Xor => fold($v, $o, $l, $i, |x, y| x ^ y),
+            _ => return Err(bad()),
+        }
+    };
+}
+
 /// REDUCE over the middle axis of `[outer, len, inner]`.
 fn reduce(k: TileReduce, a: &Reg, outer: usize, len: usize, inner: usize) -> Result<Reg, TileFault> {
     fn fold<T: Copy>(v: &[T], outer: usize, len: usize, inner: usize, f: impl Fn(T, T) -> T) -> Vec<T> {
@@ -725,26 +741,9 @@ fn reduce(k: TileReduce, a: &Reg, outer: usize, len: usize, inner: usize) -> Res
             Minimum => fold(v, o, l, i, minimum),
             _ => return Err(bad()),
         }),
-        Reg::I(v) => Reg::I(match k {
-            Sum => fold(v, o, l, i, i32::wrapping_add),
-            Prod => fold(v, o, l, i, i32::wrapping_mul),
-            Max => fold(v, o, l, i, i32::max),
-            Min => fold(v, o, l, i, i32::min),
-            And => fold(v, o, l, i, |x, y| x & y),
-            Or => fold(v, o, l, i, |x, y| x | y),
-            Xor => fold(v, o, l, i, |x, y| x ^ y),
-            _ => return Err(bad()),
-        }),
-        Reg::L(v) => Reg::L(match k {
-            Sum => fold(v, o, l, i, i64::wrapping_add),
-            Prod => fold(v, o, l, i, i64::wrapping_mul),
-            Max => fold(v, o, l, i, i64::max),
-            Min => fold(v, o, l, i, i64::min),
-            And => fold(v, o, l, i, |x, y| x & y),
-            Or => fold(v, o, l, i, |x, y| x | y),
-            Xor => fold(v, o, l, i, |x, y| x ^ y),
-            _ => return Err(bad()),
-        }),
+        // Integer reductions, the same for both widths (wrapping).
+        Reg::I(v) => Reg::I(int_reduce!(k, v, o, l, i, i32)),
+        Reg::L(v) => Reg::L(int_reduce!(k, v, o, l, i, i64)),
         Reg::B(v) => Reg::B(match k {
             And => fold(v, o, l, i, |x, y| x & y),
             Or => fold(v, o, l, i, |x, y| x | y),
