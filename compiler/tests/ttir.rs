@@ -95,7 +95,7 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
 /// `params` the scalar arguments' bits.
 fn run_kernel(name: &str, bufs: &mut [Vec<f32>], params: &[u64], grid: [u32; 3]) {
     use rbln_kernels::{run_tile, TileLaunch, TileMem};
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::AtomicU32;
     let k = rbln_compile::ttir::lower(&parse(&read(name)).unwrap(), None).unwrap_or_else(|e| panic!("{name}: {e}"));
     let info = rbln_hw::tile::verify(&k.program).unwrap();
     let staged: Vec<Vec<AtomicU32>> =
@@ -111,7 +111,6 @@ fn run_kernel(name: &str, bufs: &mut [Vec<f32>], params: &[u64], grid: [u32; 3])
             bufs[i] = s.into_iter().map(|a| f32::from_bits(a.into_inner())).collect();
         }
     }
-    let _ = Ordering::Relaxed;
 }
 
 fn assert_close(name: &str, got: &[f32], want: &[f32]) {
