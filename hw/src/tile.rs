@@ -397,10 +397,16 @@ impl TileInstr {
     /// its length, at most [`MAX_TILE_RANK`]; longer shapes are cut), no
     /// operands and the other fields 0.
     pub fn new(op: TileOp, dtype: TileType, shape: &[u32]) -> TileInstr {
+        TileInstr { op: op as u8, a: NO_OPERAND, b: NO_OPERAND, c: NO_OPERAND, d: NO_OPERAND, ..Default::default() }.typed(dtype, shape)
+    }
+
+    /// The instruction with result type `dtype` and `shape` (cut at
+    /// [`MAX_TILE_RANK`]).
+    pub fn typed(self, dtype: TileType, shape: &[u32]) -> TileInstr {
         let rank = shape.len().min(MAX_TILE_RANK);
         let mut s = [0u32; 4];
         s[..rank].copy_from_slice(&shape[..rank]);
-        TileInstr { op: op as u8, dtype: dtype as u8, rank: rank as u8, shape: s, a: NO_OPERAND, b: NO_OPERAND, c: NO_OPERAND, d: NO_OPERAND, ..Default::default() }
+        TileInstr { dtype: dtype as u8, rank: rank as u8, shape: s, ..self }
     }
 }
 

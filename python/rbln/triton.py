@@ -181,20 +181,23 @@ class Kernel:
 
     def _launch(self, grid: Grid, args: Sequence[Any]) -> None:
         model, key, arrays = self._prepare(grid, args)
-        _, rt = self._launches[key]
-        if rt is None:
-            rt = model.create_runtime(device=self._device)
-            self._launches[key] = (model, rt)
-        by_name = dict(arrays)
+        loaded = self._launches[key][1]
+        if loaded is None:
+            # Once per launch: the runtime, and the arguments its outputs
+            # (NAME.out, one per stored buffer) go back to.
+            stored = [o["name"][: -len(".out")] for o in model.inspect()["outputs"]]
+            loaded = (model.create_runtime(device=self._device), stored)
+            self._launches[key] = (model, loaded)
+        rt, stored = loaded
         try:
             outs = rt.run(*(a for _, a in arrays))
         except RBLNDeviceError as e:
             raise type(e)(f"triton kernel {self.name!r} failed on the NPU: {e}") from e
-        names = [o["name"] for o in model.inspect()["outputs"]]
-        if len(names) == 1:
+        if len(stored) == 1:
             outs = [outs]
-        for name, out in zip(names, outs):
-            target = by_name[name[: -len(".out")]]
+        by_name = dict(arrays)
+        for name, out in zip(stored, outs):
+            target = by_name[name]
             np.copyto(target, np.asarray(out).reshape(target.shape))
 
 

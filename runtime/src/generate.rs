@@ -114,6 +114,11 @@ pub struct Generator {
     cache: Vec<String>,
     /// Positions the cache holds (the decode program's cache length).
     max_positions: u64,
+    /// The programs' output names, in order (the decode program's without
+    /// its cache), and the prompt length the prefill takes.
+    decode_outputs: Vec<String>,
+    prefill_outputs: Vec<String>,
+    prefill_len: Option<u64>,
 }
 
 /// What one generation did.
@@ -157,6 +162,9 @@ impl Generator {
         // layers, heads or head dim — taken as the second to last.
         let max_positions = cache_shape.iter().rev().nth(1).copied().unwrap_or(0);
         decode.bind_state(&pairs)?;
+        let names = |v: &[crate::IoInfo]| v.iter().map(|o| o.name.clone()).collect::<Vec<_>>();
+        let decode_outputs = names(&decode.info().outputs);
+        let (mut prefill_outputs, mut prefill_len) = (Vec::new(), None);
         if let Some(p) = &prefill {
             let pi = p.info();
             for c in &cache {
@@ -164,14 +172,15 @@ impl Generator {
                     return Err(gen_err(format!("the prefill program has no output '{c}' (the decode program's cache)")));
                 }
             }
+            prefill_outputs = names(&pi.outputs);
+            prefill_len = pi.inputs.iter().find(|i| i.name == "input_ids").and_then(|i| i.shape.last().copied());
         }
-        Ok(Generator { decode, prefill, cache, max_positions })
+        Ok(Generator { decode, prefill, cache, max_positions, decode_outputs, prefill_outputs, prefill_len })
     }
 
     /// Prompt length the prefill takes (None without a prefill).
     pub fn prefill_length(&self) -> Option<u64> {
-        let p = self.prefill.as_ref()?;
-        p.info().inputs.iter().find(|i| i.name == "input_ids").and_then(|i| i.shape.last().copied())
+        self.prefill_len
     }
 
     fn logits(outs: &[Tensor], names: &[String]) -> Result<Vec<f32>> {
@@ -183,9 +192,8 @@ impl Generator {
     }
 
     fn step(&mut self, token: i64, position: u64) -> Result<Vec<f32>> {
-        let names: Vec<String> = self.decode.info().outputs.iter().map(|o| o.name.clone()).collect();
         let outs = self.decode.run(&[Tensor::new(&[1, 1], vec![token]), Tensor::new(&[1], vec![position as i64])])?;
-        Self::logits(&outs, &names)
+        Self::logits(&outs, &self.decode_outputs)
     }
 
     /// Generate up to `max_new_tokens` after `prompt`, calling `on_token`
@@ -208,13 +216,13 @@ impl Generator {
         let used_prefill = self.prefill_length() == Some(prompt.len() as u64);
         let mut logits = if used_prefill {
             let Some(prefill) = self.prefill.as_mut() else { return Err(gen_err("no prefill".into())) };
-            let names: Vec<String> = prefill.info().outputs.iter().map(|o| o.name.clone()).collect();
+            let names = &self.prefill_outputs;
             let outs = prefill.run(&[Tensor::new(&[1, prompt.len() as u64], prompt.to_vec())])?;
             for c in &self.cache {
                 let i = names.iter().position(|n| n == c).ok_or_else(|| gen_err(format!("no prefill output '{c}'")))?;
                 self.decode.set_state(c, outs[i].view())?;
             }
-            Self::logits(&outs, &names)?
+            Self::logits(&outs, names)?
         } else {
             let mut l = Vec::new();
             for (pos, &t) in prompt.iter().enumerate() {

@@ -430,13 +430,19 @@ def gen(out, names, smoke):
               f"ops: {' '.join(sorted({n.op_type for n in model.graph.node}))}", file=sys.stderr)
 
 
-def ort_time(path, data, threads, warmup, min_runs, max_runs, budget):
+def ort_session(path, threads):
+    """onnxruntime as every reference row runs it: CPU, ORT_ENABLE_ALL,
+    sequential, `threads` intra-op threads."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def ort_time(path, data, threads, warmup, min_runs, max_runs, budget):
+    sess = ort_session(path, threads)
     feed = {i.name: d for i, d in zip(sess.get_inputs(), data)}
     out = None
     for _ in range(warmup):
@@ -492,11 +498,8 @@ def decoder_ort(out, names, threads, new_tokens, runs):
     for name in names:
         row = {"name": name, "threads": threads, "new_tokens": new_tokens}
         try:
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = threads
-            opts.inter_op_num_threads = 1
-            pre = ort.InferenceSession(os.path.join(out, f"{name}-prefill.onnx"), opts, providers=["CPUExecutionProvider"])
-            dec = ort.InferenceSession(os.path.join(out, f"{name}-decode.onnx"), opts, providers=["CPUExecutionProvider"])
+            pre = ort_session(os.path.join(out, f"{name}-prefill.onnx"), threads)
+            dec = ort_session(os.path.join(out, f"{name}-decode.onnx"), threads)
             with open(os.path.join(out, f"{name}-decoder.prompt.txt")) as f:
                 prompt = np.array([[int(t) for t in f.read().strip().split(",")]], np.int64)
             ttfts, rates = [], []

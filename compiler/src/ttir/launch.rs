@@ -81,7 +81,7 @@ pub enum BufBind {
 pub fn add_launch(g: &mut Graph, k: &Kernel, op_name: &str, grid: [u32; 3], args: &[LaunchArg]) -> Result<Vec<ValueId>> {
     let invalid = |m: String| CompileError::Invalid(format!("kernel {}: {m}", k.name));
     if args.len() != k.args.len() {
-        return Err(invalid(format!("takes {} arguments ({}), the launch gives {}", k.args.len(), arg_names(&k.args), args.len())));
+        return Err(arg_count(k, args.len()));
     }
     if grid.contains(&0) {
         return Err(invalid("a grid dimension is 0".into()));
@@ -190,6 +190,9 @@ pub fn kernel_graph(ttir: &str, kernel: Option<&str>, grid: [u32; 3], bindings: 
     let k = lower(&parse(ttir).map_err(ttir_err)?, kernel).map_err(ttir_err)?;
     let mut g = Graph::default();
     let mut args = Vec::new();
+    if bindings.len() != k.args.len() {
+        return Err(arg_count(&k, bindings.len()));
+    }
     for (arg, bind) in k.args.iter().zip(bindings) {
         args.push(match (arg, bind) {
             (KernelArg::Buffer { dtype, .. }, Binding::Tensor { name, shape }) => {
@@ -203,14 +206,16 @@ pub fn kernel_graph(ttir: &str, kernel: Option<&str>, grid: [u32; 3], bindings: 
             (KernelArg::Param { name, .. }, _) => return Err(CompileError::Invalid(format!("kernel {}: argument {name} is a scalar: bind a number to it", k.name))),
         });
     }
-    if bindings.len() != k.args.len() {
-        return Err(CompileError::Invalid(format!("kernel {}: takes {} arguments ({}), the launch gives {}", k.name, k.args.len(), arg_names(&k.args), bindings.len())));
-    }
     let outs = add_launch(&mut g, &k, &k.name.clone(), grid, &args)?;
     for v in outs {
         g.outputs.push((g.values[v].name.clone(), v));
     }
     Ok((g, k.name))
+}
+
+/// A launch binding `given` arguments to `k`, which takes another number.
+fn arg_count(k: &Kernel, given: usize) -> CompileError {
+    CompileError::Invalid(format!("kernel {}: takes {} arguments ({}), the launch gives {given}", k.name, k.args.len(), arg_names(&k.args)))
 }
 
 fn arg_names(args: &[KernelArg]) -> String {

@@ -118,8 +118,7 @@ impl<'a> Lowering<'a> {
         if reg >= t::MAX_TILE_INSTRS {
             return fail(op.line, format!("the kernel needs more than {} tile instructions", t::MAX_TILE_INSTRS));
         }
-        let typed = TileInstr::new(TileOp::Const, dtype, &shape);
-        self.instrs.push(TileInstr { dtype: typed.dtype, rank: typed.rank, shape: typed.shape, slot, ..ins });
+        self.instrs.push(TileInstr { slot, ..ins }.typed(dtype, &shape));
         if let Some(r) = op.results.first() {
             self.vals.insert(r.clone(), Val { reg, dtype, shape, slot });
         }

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use rbln_hw::tile::{TileBinary, TileCmp, TileOp, TileProgram, TileReduce, TileType, TileUnary, NO_OPERAND};
+use rbln_hw::tile::{TileBinary, TileCmp, TileInstr, TileOp, TileProgram, TileReduce, TileType, TileUnary, NO_OPERAND};
 
 use super::{TileFault, TileLaunch, TileMem};
 use crate::activation::{unary, UnaryOp};
@@ -56,8 +56,7 @@ pub fn run_instance(l: &TileLaunch<'_>, plan: &Plan, pid: [u32; 3]) -> Result<()
         let ins = p.instr(i);
         let t = p.reg_type(i);
         let dims: Vec<usize> = t.dims().iter().map(|&d| d as usize).collect();
-        let vol: usize = dims.iter().product();
-        let op = TileOp::from_u8(ins.op).ok_or(TileFault::Launch("unverified program"))?;
+        let op = TileOp::from_u8(ins.op).ok_or_else(bad)?;
         // An operand read for the last time, once, by this instruction:
         // its vector can become the result (no allocation, no copy).
         let dying = |r: u32| r != NO_OPERAND && plan.last_use[r as usize] == i && [ins.a, ins.b, ins.c, ins.d].iter().filter(|&&x| x == r).count() == 1;
@@ -83,105 +82,15 @@ pub fn run_instance(l: &TileLaunch<'_>, plan: &Plan, pid: [u32; 3]) -> Result<()
                 }
             }
             TileOp::Dot if dying(ins.c) => {
-                let c = std::mem::take(&mut regs[ins.c as usize]);
-                let (Reg::F(a), Reg::F(b), Reg::F(mut c)) = (&regs[ins.a as usize], &regs[ins.b as usize], c) else { return Err(bad()) };
+                let Reg::F(c) = std::mem::take(&mut regs[ins.c as usize]) else { return Err(bad()) };
                 let k = p.reg_type(ins.a).shape[1] as usize;
-                let gp = GemmParams { m: dims[0], n: dims[1], k, accumulate: true, ..Default::default() };
-                gemm(&gp, a, b, None, &mut c).map_err(|_| bad())?;
-                Some(Reg::F(c))
+                Some(dot(&regs[ins.a as usize], &regs[ins.b as usize], c, true, [dims[0], dims[1], k])?)
             }
             _ => None,
         };
-        if let Some(v) = reused {
-            regs[i as usize] = v;
-            for &r in &plan.free_after[i as usize] {
-                regs[r as usize] = Reg::Empty;
-            }
-            continue;
-        }
-        let reg = |r: u32| &regs[r as usize];
-        let opt = |r: u32| (r != NO_OPERAND).then(|| &regs[r as usize]);
-        let a_dims = || -> Vec<usize> { p.reg_type(ins.a).dims().iter().map(|&d| d as usize).collect() };
-        let value = match op {
-            TileOp::Const => constant(t.dtype, ins.imm, vol),
-            TileOp::Param => constant(t.dtype, l.params[ins.slot as usize], 1),
-            TileOp::Buffer => Reg::L(vec![0]),
-            TileOp::ProgramId => Reg::I(vec![pid[ins.axis as usize] as i32]),
-            TileOp::NumPrograms => Reg::I(vec![l.grid[ins.axis as usize] as i32]),
-            TileOp::Range => {
-                let start = ins.imm as u32 as i32;
-                Reg::I((0..vol as i32).map(|k| start.wrapping_add(k)).collect())
-            }
-            TileOp::Splat => map_reg(reg(ins.a), &Splat(vol)),
-            TileOp::Broadcast => {
-                let from = a_dims();
-                map_reg(reg(ins.a), &Broadcast { from: &from, to: &dims })
-            }
-            TileOp::Reshape => reg(ins.a).clone(),
-            TileOp::Permute => {
-                let from = a_dims();
-                let perm: Vec<usize> = (0..dims.len()).map(|k| ((ins.imm >> (8 * k)) & 0xff) as usize).collect();
-                map_reg(reg(ins.a), &Permute { from: &from, perm: &perm })
-            }
-            TileOp::Binary => binary(kind(TileBinary::from_u8(ins.kind))?, reg(ins.a), reg(ins.b))?,
-            TileOp::Compare => Reg::B(compare(kind(TileCmp::from_u8(ins.kind))?, reg(ins.a), reg(ins.b))?),
-            TileOp::Unary => unary_op(kind(TileUnary::from_u8(ins.kind))?, reg(ins.a))?,
-            TileOp::Convert => convert(reg(ins.a), t.dtype, ins.kind == 1)?,
-            TileOp::Select => {
-                let Reg::B(c) = reg(ins.a) else { return Err(bad()) };
-                select(c, reg(ins.b), reg(ins.c))?
-            }
-            TileOp::Fma => match (reg(ins.a), reg(ins.b), reg(ins.c)) {
-                (Reg::F(a), Reg::F(b), Reg::F(c)) => Reg::F(a.iter().zip(b).zip(c).map(|((&x, &y), &z)| x.mul_add(y, z)).collect()),
-                _ => return Err(bad()),
-            },
-            TileOp::AddPtr => {
-                let Reg::L(base) = reg(ins.a) else { return Err(bad()) };
-                Reg::L(match reg(ins.b) {
-                    Reg::I(o) => base.iter().zip(o).map(|(&b, &o)| b.wrapping_add(o as i64)).collect(),
-                    Reg::L(o) => base.iter().zip(o).map(|(&b, &o)| b.wrapping_add(o)).collect(),
-                    _ => return Err(bad()),
-                })
-            }
-            TileOp::Load => {
-                let slot = p.reg_type(ins.a).slot as usize;
-                let Reg::L(ptr) = reg(ins.a) else { return Err(bad()) };
-                let mask = match opt(ins.b) {
-                    Some(Reg::B(m)) => Some(m.as_slice()),
-                    None => None,
-                    _ => return Err(bad()),
-                };
-                load(&l.bufs[slot], t.dtype, ptr, dims.last().copied().unwrap_or(1), mask, opt(ins.c)).map_err(|offset| TileFault::OutOfBounds { slot, offset, write: false })?
-            }
-            TileOp::Store => {
-                let slot = p.reg_type(ins.a).slot as usize;
-                let Reg::L(ptr) = reg(ins.a) else { return Err(bad()) };
-                let mask = match opt(ins.c) {
-                    Some(Reg::B(m)) => Some(m.as_slice()),
-                    None => None,
-                    _ => return Err(bad()),
-                };
-                store(&l.bufs[slot], ptr, reg(ins.b), mask).map_err(|offset| TileFault::OutOfBounds { slot, offset, write: true })?;
-                Reg::Empty
-            }
-            TileOp::Dot => {
-                let (Reg::F(a), Reg::F(b)) = (reg(ins.a), reg(ins.b)) else { return Err(bad()) };
-                let k = p.reg_type(ins.a).shape[1] as usize;
-                let (mut c, accumulate) = match opt(ins.c) {
-                    Some(Reg::F(c)) => (c.clone(), true),
-                    None => (vec![0.0; vol], false),
-                    _ => return Err(bad()),
-                };
-                let gp = GemmParams { m: dims[0], n: dims[1], k, accumulate, ..Default::default() };
-                gemm(&gp, a, b, None, &mut c).map_err(|_| bad())?;
-                Reg::F(c)
-            }
-            TileOp::Reduce => {
-                let from = a_dims();
-                let ax = ins.axis as usize;
-                let (outer, len, inner) = (from[..ax].iter().product(), from[ax], from[ax + 1..].iter().product());
-                reduce(kind(TileReduce::from_u8(ins.kind))?, reg(ins.a), outer, len, inner)?
-            }
+        let value = match reused {
+            Some(v) => v,
+            None => compute(l, &regs, op, ins, t.dtype, &dims, pid)?,
         };
         regs[i as usize] = value;
         for &r in &plan.free_after[i as usize] {
@@ -189,6 +98,102 @@ pub fn run_instance(l: &TileLaunch<'_>, plan: &Plan, pid: [u32; 3]) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The value of instruction `ins` (`op`; result type `dtype`, `dims`) from the
+/// registers, each operand read in place.
+fn compute(l: &TileLaunch<'_>, regs: &[Reg], op: TileOp, ins: TileInstr, dtype: TileType, dims: &[usize], pid: [u32; 3]) -> Result<Reg, TileFault> {
+    let p = &l.program;
+    let vol: usize = dims.iter().product();
+    let reg = |r: u32| &regs[r as usize];
+    let opt = |r: u32| (r != NO_OPERAND).then(|| &regs[r as usize]);
+    let a_dims = || -> Vec<usize> { p.reg_type(ins.a).dims().iter().map(|&d| d as usize).collect() };
+    let value = match op {
+        TileOp::Const => constant(dtype, ins.imm, vol),
+        TileOp::Param => constant(dtype, l.params[ins.slot as usize], 1),
+        TileOp::Buffer => Reg::L(vec![0]),
+        TileOp::ProgramId => Reg::I(vec![pid[ins.axis as usize] as i32]),
+        TileOp::NumPrograms => Reg::I(vec![l.grid[ins.axis as usize] as i32]),
+        TileOp::Range => {
+            let start = ins.imm as u32 as i32;
+            Reg::I((0..vol as i32).map(|k| start.wrapping_add(k)).collect())
+        }
+        TileOp::Splat => map_reg(reg(ins.a), &Splat(vol)),
+        TileOp::Broadcast => {
+            let from = a_dims();
+            map_reg(reg(ins.a), &Broadcast { from: &from, to: &dims })
+        }
+        TileOp::Reshape => reg(ins.a).clone(),
+        TileOp::Permute => {
+            let from = a_dims();
+            let perm: Vec<usize> = (0..dims.len()).map(|k| ((ins.imm >> (8 * k)) & 0xff) as usize).collect();
+            map_reg(reg(ins.a), &Permute { from: &from, perm: &perm })
+        }
+        TileOp::Binary => binary(kind(TileBinary::from_u8(ins.kind))?, reg(ins.a), reg(ins.b))?,
+        TileOp::Compare => Reg::B(compare(kind(TileCmp::from_u8(ins.kind))?, reg(ins.a), reg(ins.b))?),
+        TileOp::Unary => unary_op(kind(TileUnary::from_u8(ins.kind))?, reg(ins.a))?,
+        TileOp::Convert => convert(reg(ins.a), dtype, ins.kind == 1)?,
+        TileOp::Select => {
+            let Reg::B(c) = reg(ins.a) else { return Err(bad()) };
+            select(c, reg(ins.b), reg(ins.c))?
+        }
+        TileOp::Fma => match (reg(ins.a), reg(ins.b), reg(ins.c)) {
+            (Reg::F(a), Reg::F(b), Reg::F(c)) => Reg::F(a.iter().zip(b).zip(c).map(|((&x, &y), &z)| x.mul_add(y, z)).collect()),
+            _ => return Err(bad()),
+        },
+        TileOp::AddPtr => {
+            let Reg::L(base) = reg(ins.a) else { return Err(bad()) };
+            Reg::L(match reg(ins.b) {
+                Reg::I(o) => base.iter().zip(o).map(|(&b, &o)| b.wrapping_add(o as i64)).collect(),
+                Reg::L(o) => base.iter().zip(o).map(|(&b, &o)| b.wrapping_add(o)).collect(),
+                _ => return Err(bad()),
+            })
+        }
+        TileOp::Load => {
+            let slot = p.reg_type(ins.a).slot as usize;
+            let Reg::L(ptr) = reg(ins.a) else { return Err(bad()) };
+            load(&l.bufs[slot], dtype, ptr, dims.last().copied().unwrap_or(1), mask(opt(ins.b))?, opt(ins.c)).map_err(|offset| TileFault::OutOfBounds { slot, offset, write: false })?
+        }
+        TileOp::Store => {
+            let slot = p.reg_type(ins.a).slot as usize;
+            let Reg::L(ptr) = reg(ins.a) else { return Err(bad()) };
+            store(&l.bufs[slot], ptr, reg(ins.b), mask(opt(ins.c))?).map_err(|offset| TileFault::OutOfBounds { slot, offset, write: true })?;
+            Reg::Empty
+        }
+        TileOp::Dot => {
+            let k = p.reg_type(ins.a).shape[1] as usize;
+            let (c, accumulate) = match opt(ins.c) {
+                Some(Reg::F(c)) => (c.clone(), true),
+                None => (vec![0.0; vol], false),
+                _ => return Err(bad()),
+            };
+            dot(reg(ins.a), reg(ins.b), c, accumulate, [dims[0], dims[1], k])?
+        }
+        TileOp::Reduce => {
+            let from = a_dims();
+            let ax = ins.axis as usize;
+            let (outer, len, inner) = (from[..ax].iter().product(), from[ax], from[ax + 1..].iter().product());
+            reduce(kind(TileReduce::from_u8(ins.kind))?, reg(ins.a), outer, len, inner)?
+        }
+    };
+    Ok(value)
+}
+
+/// A LOAD / STORE mask operand.
+fn mask(r: Option<&Reg>) -> Result<Option<&[bool]>, TileFault> {
+    match r {
+        Some(Reg::B(m)) => Ok(Some(m.as_slice())),
+        None => Ok(None),
+        _ => Err(bad()),
+    }
+}
+
+/// `a[m×k]·b[k×n] (+ c)` into `c` (`[m, n, k]`).
+fn dot(a: &Reg, b: &Reg, mut c: Vec<f32>, accumulate: bool, [m, n, k]: [usize; 3]) -> Result<Reg, TileFault> {
+    let (Reg::F(a), Reg::F(b)) = (a, b) else { return Err(bad()) };
+    let gp = GemmParams { m, n, k, accumulate, ..Default::default() };
+    gemm(&gp, a, b, None, &mut c).map_err(|_| bad())?;
+    Ok(Reg::F(c))
 }
 
 /// An inconsistency a verified program cannot have.
