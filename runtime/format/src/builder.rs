@@ -421,6 +421,8 @@ impl ModelBuilder {
             program: Program { descriptors: self.descriptors.clone(), streams: self.streams.clone(), relocations },
             weights: self.weights.clone(),
             profile: if self.profile.is_empty() { None } else { Some(profile) },
+            main_entry: None,
+            entries: Vec::new(),
         }
     }
 

@@ -9,15 +9,44 @@ use crate::limits::*;
 use crate::model::*;
 use crate::names;
 
-pub(crate) fn model_from_bytes(bytes: &[u8]) -> Result<Model> {
-    let c = container::read(bytes)?;
-    let meta_data = section(&c, names::META)?;
+/// Section names of one program: the main one (`.rbln.meta`, ...) or an
+/// entry point's (`.rbln.entry.<name>.meta`, ...).
+struct SectionNames {
+    prefix: String,
+}
 
-    // Identification and version first: they decide how to read the rest.
-    let mut d = Dec::new(names::META, meta_data);
+impl SectionNames {
+    fn main() -> Self {
+        SectionNames { prefix: names::PREFIX.into() }
+    }
+    fn entry(name: &str) -> Self {
+        SectionNames { prefix: format!("{}{name}.", names::ENTRY_PREFIX) }
+    }
+    fn of(&self, part: &str) -> String {
+        format!("{}{part}", self.prefix)
+    }
+    fn cmd(&self, stream: &str) -> String {
+        format!("{}cmd.{stream}", self.prefix)
+    }
+}
+
+/// One decoded program, before validation.
+struct Decoded {
+    meta: Meta,
+    graph: Graph,
+    program: Program,
+    profile: Option<Vec<NodeProfile>>,
+    weights_size: u64,
+    /// The sections it was read from.
+    sections: Vec<String>,
+}
+
+/// The magic and version at the start of a meta section.
+fn identify<'a>(sec: &'a str, data: &'a [u8]) -> Result<(Version, Dec<'a>)> {
+    let mut d = Dec::new(sec, data);
     let magic: [u8; 8] = match d.bytes(field!("magic")) {
         Ok(m) => m,
-        Err(_) => return Err(FormatError::NotRbln { found: meta_data.iter().take(8).copied().collect() }),
+        Err(_) => return Err(FormatError::NotRbln { found: data.iter().take(8).copied().collect() }),
     };
     if magic != crate::META_MAGIC {
         return Err(FormatError::NotRbln { found: magic.to_vec() });
@@ -30,80 +59,133 @@ pub(crate) fn model_from_bytes(bytes: &[u8]) -> Result<Model> {
             supported: crate::FORMAT_MAJOR,
         });
     }
+    Ok((version, d))
+}
 
+fn decode_program(c: &Container<'_>, n: &SectionNames) -> Result<Decoded> {
+    let meta_name = n.of("meta");
+    let meta_data = section(c, &meta_name)?;
+    // Identification and version first: they decide how to read the rest.
+    let (version, mut d) = identify(&meta_name, meta_data)?;
     let (meta, streams, weights_size) = decode_meta(&mut d, version)?;
 
-    // The section set: required sections, one per stream, nothing unknown
-    // (unless written by a newer minor version).
     // Unique names before copying anything: two table entries naming one
     // section must not make us copy it twice.
     for (i, (_, name)) in streams.iter().enumerate() {
-        if streams[..i].iter().any(|(_, n)| n == name) {
+        if streams[..i].iter().any(|(_, other)| other == name) {
             return Err(FormatError::DuplicateName { kind: "command stream", name: name.clone() });
         }
     }
+    let mut sections = vec![meta_name.clone()];
     let mut cmd_sections = Vec::with_capacity(streams.len());
     for (role, name) in &streams {
-        let sname = format!("{}{}", names::CMD_PREFIX, name);
+        let sname = n.cmd(name);
         let data = c.get(&sname).map(|s| s.data).ok_or(FormatError::MissingSection { name: sname.clone() })?;
         if data.len() as u64 > MAX_STREAM_SIZE {
-            return Err(FormatError::LimitExceeded {
-                section: sname,
-                field: "size".into(),
-                found: data.len() as u64,
-                limit: MAX_STREAM_SIZE,
-            });
+            return Err(FormatError::LimitExceeded { section: sname, field: "size".into(), found: data.len() as u64, limit: MAX_STREAM_SIZE });
         }
         cmd_sections.push(CommandStream { name: name.clone(), role: *role, bytes: data.to_vec() });
+        sections.push(sname);
     }
+    let graph_name = n.of("graph");
+    let graph = decode_graph(&graph_name, section(c, &graph_name)?)?;
+    let desc_name = n.of("desc");
+    let descriptors = section(c, &desc_name)?;
+    if descriptors.len() as u64 > MAX_DESC_SIZE {
+        return Err(FormatError::LimitExceeded { section: desc_name, field: "size".into(), found: descriptors.len() as u64, limit: MAX_DESC_SIZE });
+    }
+    let reloc_name = n.of("reloc");
+    let relocations = decode_relocs(&reloc_name, section(c, &reloc_name)?)?;
+    let profile_name = n.of("profile");
+    let profile = match c.get(&profile_name) {
+        Some(s) => Some(decode_profile(&profile_name, s.data)?),
+        None => None,
+    };
+    sections.extend([graph_name, desc_name, reloc_name, profile_name]);
+    let program = Program { descriptors: descriptors.to_vec(), streams: cmd_sections, relocations };
+    Ok(Decoded { meta, graph, program, profile, weights_size, sections })
+}
+
+/// `.rbln.entries`: the main program's entry name and the other entries'
+/// names, in order.
+fn decode_entry_table(data: &[u8]) -> Result<(String, Vec<String>)> {
+    let mut d = Dec::new(names::ENTRIES, data);
+    let main = d.str(MAX_STREAM_NAME_LEN, field!("main"))?;
+    let n = d.count(4, MAX_ENTRIES, field!("entries"))?;
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n {
+        v.push(d.str(MAX_STREAM_NAME_LEN, field!("entries[{i}]"))?);
+    }
+    d.finish()?;
+    Ok((main, v))
+}
+
+pub(crate) fn model_from_bytes(bytes: &[u8]) -> Result<Model> {
+    let c = container::read(bytes)?;
+    let main = decode_program(&c, &SectionNames::main())?;
+    let version = main.meta.version;
+    let weights = section(&c, names::WEIGHTS)?;
+    let (main_entry, entry_names) = match c.get(names::ENTRIES) {
+        Some(s) if version.minor >= 2 => {
+            let (m, e) = decode_entry_table(s.data)?;
+            (Some(m), e)
+        }
+        // Before minor 2 the section is unknown (reported below).
+        _ => (None, Vec::new()),
+    };
+    for (i, name) in entry_names.iter().enumerate() {
+        if !crate::validate::is_section_word(name, MAX_STREAM_NAME_LEN) {
+            return Err(FormatError::BadEntries { problem: format!("entry name '{name}' is not 1 to {MAX_STREAM_NAME_LEN} characters from [A-Za-z0-9_.-]") });
+        }
+        if entry_names[..i].contains(name) || main_entry.as_deref() == Some(name) {
+            return Err(FormatError::DuplicateName { kind: "entry point", name: name.clone() });
+        }
+    }
+    let mut programs = vec![main];
+    for name in &entry_names {
+        let p = decode_program(&c, &SectionNames::entry(name)).map_err(|source| FormatError::InEntry { entry: name.clone(), source: Box::new(source) })?;
+        programs.push(p);
+    }
+    for (p, name) in programs.iter().zip(std::iter::once(names::WEIGHTS).chain(entry_names.iter().map(|n| n.as_str()))) {
+        if p.weights_size != weights.len() as u64 {
+            return Err(FormatError::BadField {
+                section: p.sections[0].clone(),
+                field: "weights_size".into(),
+                expected: format!("{} (the size of {})", weights.len(), names::WEIGHTS),
+                found: format!("{}{}", p.weights_size, if name == names::WEIGHTS { String::new() } else { format!(" (entry '{name}')") }),
+            });
+        }
+    }
+
+    // The section set: nothing unknown (unless written by a newer minor
+    // version). An unlisted command stream or entry is never valid.
+    let newer = version.minor > crate::FORMAT_MINOR;
     for s in &c.sections {
-        let known = matches!(
-            s.name,
-            names::META | names::GRAPH | names::DESC | names::RELOC | names::WEIGHTS | names::PROFILE | names::CHECK
-        );
-        let is_cmd = s.name.strip_prefix(names::CMD_PREFIX).is_some_and(|n| streams.iter().any(|(_, sn)| sn == n));
-        if !s.name.starts_with(names::PREFIX) || known || is_cmd {
+        if !s.name.starts_with(names::PREFIX) || matches!(s.name, names::WEIGHTS | names::CHECK) {
             continue;
         }
-        // A newer minor version may add sections; an unlisted command
-        // stream is never valid.
-        if version.minor > crate::FORMAT_MINOR && !s.name.starts_with(names::CMD_PREFIX) {
+        if (s.name == names::ENTRIES && version.minor >= 2) || programs.iter().any(|p| p.sections.iter().any(|n| n == s.name)) {
+            continue;
+        }
+        let listed_entry = entry_names.iter().any(|e| s.name.strip_prefix(names::ENTRY_PREFIX).and_then(|r| r.strip_prefix(e.as_str())).is_some_and(|r| r.starts_with('.')));
+        let stream_like = s.name.starts_with(names::CMD_PREFIX) || (s.name.starts_with(names::ENTRY_PREFIX) && (!listed_entry || s.name.contains(".cmd.")));
+        if newer && !stream_like {
             continue;
         }
         return Err(FormatError::UnknownSection { name: s.name.into(), major: version.major, minor: version.minor });
     }
 
-    let graph = decode_graph(section(&c, names::GRAPH)?)?;
-    let descriptors = section(&c, names::DESC)?;
-    if descriptors.len() as u64 > MAX_DESC_SIZE {
-        return Err(FormatError::LimitExceeded {
-            section: names::DESC.into(),
-            field: "size".into(),
-            found: descriptors.len() as u64,
-            limit: MAX_DESC_SIZE,
-        });
-    }
-    let relocations = decode_relocs(section(&c, names::RELOC)?)?;
-    let weights = section(&c, names::WEIGHTS)?;
-    if weights.len() as u64 != weights_size {
-        return Err(FormatError::BadField {
-            section: names::META.into(),
-            field: "weights_size".into(),
-            expected: format!("{} (the size of {})", weights.len(), names::WEIGHTS),
-            found: weights_size.to_string(),
-        });
-    }
-    let profile = match c.get(names::PROFILE) {
-        Some(s) => Some(decode_profile(s.data)?),
-        None => None,
-    };
-
+    let mut programs = programs.into_iter();
+    let Some(main) = programs.next() else { unreachable!("the main program was pushed first") };
+    let entries = programs.map(|p| Entry { meta: p.meta, graph: p.graph, program: p.program, profile: p.profile }).collect();
     let model = Model {
-        meta,
-        graph,
-        program: Program { descriptors: descriptors.to_vec(), streams: cmd_sections, relocations },
+        meta: main.meta,
+        graph: main.graph,
+        program: main.program,
         weights: weights.to_vec(),
-        profile,
+        profile: main.profile,
+        main_entry,
+        entries,
     };
     model.validate()?;
     Ok(model)
@@ -230,8 +312,8 @@ fn decode_ids(d: &mut Dec, what: &str, i: usize) -> Result<Vec<u32>> {
     Ok(v)
 }
 
-pub(crate) fn decode_graph(data: &[u8]) -> Result<Graph> {
-    let mut d = Dec::new(names::GRAPH, data);
+pub(crate) fn decode_graph(sec: &str, data: &[u8]) -> Result<Graph> {
+    let mut d = Dec::new(sec, data);
     let n = d.count(MIN_TENSOR, MAX_TENSORS, field!("tensors"))?;
     let mut tensors = Vec::with_capacity(n);
     for i in 0..n {
@@ -285,8 +367,8 @@ pub(crate) fn decode_graph(data: &[u8]) -> Result<Graph> {
     Ok(Graph { tensors, nodes })
 }
 
-pub(crate) fn decode_relocs(data: &[u8]) -> Result<Vec<Relocation>> {
-    let mut d = Dec::new(names::RELOC, data);
+pub(crate) fn decode_relocs(sec: &str, data: &[u8]) -> Result<Vec<Relocation>> {
+    let mut d = Dec::new(sec, data);
     let n = d.count(RELOC_SIZE, MAX_RELOCS, field!("relocations"))?;
     let mut v = Vec::with_capacity(n);
     for i in 0..n {
@@ -307,8 +389,8 @@ pub(crate) fn decode_relocs(data: &[u8]) -> Result<Vec<Relocation>> {
     Ok(v)
 }
 
-pub(crate) fn decode_profile(data: &[u8]) -> Result<Vec<NodeProfile>> {
-    let mut d = Dec::new(names::PROFILE, data);
+pub(crate) fn decode_profile(sec: &str, data: &[u8]) -> Result<Vec<NodeProfile>> {
+    let mut d = Dec::new(sec, data);
     let n = d.count(PROFILE_SIZE, MAX_NODES, field!("entries"))?;
     let mut v = Vec::with_capacity(n);
     for i in 0..n {

@@ -1,6 +1,8 @@
 //! Model → section bytes → ELF file. The byte layouts are specified in
 //! docs/rbln-format.md; `decode.rs` is the exact inverse.
 
+use std::borrow::Cow;
+
 use crate::codec::Enc;
 use crate::container::{self, SectionSpec};
 use crate::error::Result;
@@ -10,27 +12,40 @@ use crate::names;
 /// Sentinel for "no command stream" in a node record.
 pub(crate) const NO_STREAM: u32 = u32::MAX;
 
-pub(crate) fn model_to_bytes(m: &Model) -> Result<Vec<u8>> {
-    let meta = encode_meta(m);
-    let graph = encode_graph(&m.graph);
-    let reloc = encode_relocs(&m.program.relocations);
-    let profile = m.profile.as_ref().map(|p| encode_profile(p));
-    let cmd_names: Vec<String> = m.program.streams.iter().map(|s| format!("{}{}", names::CMD_PREFIX, s.name)).collect();
-
+/// The encoded sections of one program, named with `prefix` (`.rbln.`
+/// for the main program, `.rbln.entry.<name>.` for an entry point).
+fn program_sections<'a>(e: &EntryRef<'a>, prefix: &str) -> Vec<(String, Cow<'a, [u8]>)> {
     let mut secs = vec![
-        SectionSpec { name: names::META, align: 8, data: &meta },
-        SectionSpec { name: names::GRAPH, align: 8, data: &graph },
-        SectionSpec { name: names::DESC, align: 8, data: &m.program.descriptors },
+        (format!("{prefix}meta"), Cow::Owned(encode_meta(e))),
+        (format!("{prefix}graph"), Cow::Owned(encode_graph(e.graph))),
+        (format!("{prefix}desc"), Cow::Borrowed(e.program.descriptors.as_slice())),
     ];
-    for (s, name) in m.program.streams.iter().zip(&cmd_names) {
-        secs.push(SectionSpec { name, align: 8, data: &s.bytes });
+    for s in &e.program.streams {
+        secs.push((format!("{prefix}cmd.{}", s.name), Cow::Borrowed(s.bytes.as_slice())));
     }
-    secs.push(SectionSpec { name: names::RELOC, align: 8, data: &reloc });
-    if let Some(p) = &profile {
-        secs.push(SectionSpec { name: names::PROFILE, align: 8, data: p });
+    secs.push((format!("{prefix}reloc"), Cow::Owned(encode_relocs(&e.program.relocations))));
+    if let Some(p) = e.profile {
+        secs.push((format!("{prefix}profile"), Cow::Owned(encode_profile(p))));
     }
-    secs.push(SectionSpec { name: names::WEIGHTS, align: crate::WEIGHTS_FILE_ALIGN, data: &m.weights });
-    container::write(&secs)
+    secs
+}
+
+pub(crate) fn model_to_bytes(m: &Model) -> Result<Vec<u8>> {
+    let mut secs = program_sections(&m.main(), names::PREFIX);
+    if m.main_entry.is_some() || !m.entries.is_empty() {
+        let mut e = Enc::default();
+        e.str(m.main_entry_name()).count(m.entries.len());
+        for x in &m.entries {
+            e.str(&x.meta.name);
+        }
+        secs.push((names::ENTRIES.to_string(), Cow::Owned(e.buf)));
+        for x in m.entry_points().iter().skip(1) {
+            secs.extend(program_sections(x, &format!("{}{}.", names::ENTRY_PREFIX, x.name)));
+        }
+    }
+    let mut specs: Vec<SectionSpec> = secs.iter().map(|(name, data)| SectionSpec { name, align: 8, data }).collect();
+    specs.push(SectionSpec { name: names::WEIGHTS, align: crate::WEIGHTS_FILE_ALIGN, data: &m.weights });
+    container::write(&specs)
 }
 
 fn io(e: &mut Enc, b: &IoBinding) {
@@ -38,7 +53,7 @@ fn io(e: &mut Enc, b: &IoBinding) {
     e.u64(b.placement.offset()).u64(b.placement.size());
 }
 
-pub(crate) fn encode_meta(m: &Model) -> Vec<u8> {
+pub(crate) fn encode_meta(m: &EntryRef<'_>) -> Vec<u8> {
     let mt = &m.meta;
     let mut e = Enc::default();
     e.raw(&crate::META_MAGIC).u16(mt.version.major).u16(mt.version.minor);

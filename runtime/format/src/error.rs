@@ -191,6 +191,17 @@ pub enum FormatError {
     #[error(".rbln.profile entry {index}: {problem}")]
     BadProfile { index: u64, problem: String },
 
+    // ---- entry points ----------------------------------------------------
+    #[error(".rbln.entries: {problem}")]
+    BadEntries { problem: String },
+
+    #[error("entry point '{entry}': {source}")]
+    InEntry {
+        entry: String,
+        #[source]
+        source: Box<FormatError>,
+    },
+
     // ---- writer ----------------------------------------------------------
     #[error("model builder: {0}")]
     Builder(String),

@@ -41,7 +41,7 @@ pub use model::*;
 pub const FORMAT_MAJOR: u16 = 1;
 /// Format minor version written by this crate. Files with a higher minor
 /// (same major) are read; sections this reader does not know are skipped.
-pub const FORMAT_MINOR: u16 = 1;
+pub const FORMAT_MINOR: u16 = 2;
 
 /// Magic at the start of `.rbln.meta`.
 pub const META_MAGIC: [u8; 8] = *b"RBLNMODL";
@@ -60,6 +60,12 @@ pub mod names {
     pub const RELOC: &str = ".rbln.reloc";
     pub const WEIGHTS: &str = ".rbln.weights";
     pub const PROFILE: &str = ".rbln.profile";
+    /// The entry table (format minor 2).
+    pub const ENTRIES: &str = ".rbln.entries";
+    /// Prefix of an entry point's sections: `.rbln.entry.<entry name>.`
+    /// then `meta`, `graph`, `desc`, `reloc`, `profile` or
+    /// `cmd.<stream name>`.
+    pub const ENTRY_PREFIX: &str = ".rbln.entry.";
     pub const CHECK: &str = ".rbln.check";
     pub const SHSTRTAB: &str = ".shstrtab";
     /// Every section of the format starts with this prefix.
@@ -94,8 +100,11 @@ pub mod limits {
     /// Device arena and host staging buffer sizes (and so every tensor).
     pub const MAX_ARENA_SIZE: u64 = 1 << 40;
     pub const MAX_STAGING_SIZE: u64 = 1 << 40;
-    /// Length of a stream name (the `<name>` of `.rbln.cmd.<name>`).
+    /// Length of a stream name (the `<name>` of `.rbln.cmd.<name>`), and
+    /// of an entry point's name.
     pub const MAX_STREAM_NAME_LEN: u64 = 64;
+    /// Entry points besides the main program.
+    pub const MAX_ENTRIES: u64 = 64;
 }
 
 /// Alignment of every tensor offset (the device addresses fp32 data with

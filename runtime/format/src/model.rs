@@ -467,7 +467,8 @@ pub struct NodeProfile {
     pub bytes: u64,
 }
 
-/// A whole `.rbln` model.
+/// A whole `.rbln` model: its main program and, from format minor 2, more
+/// entry points over the same weights.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Model {
     pub meta: Meta,
@@ -477,6 +478,76 @@ pub struct Model {
     pub weights: Vec<u8>,
     /// `.rbln.profile`, if present (sorted by node).
     pub profile: Option<Vec<NodeProfile>>,
+    /// The main program's name as an entry point (`.rbln.entries`);
+    /// `None` in a file without that section, where it is [`MAIN_ENTRY`].
+    pub main_entry: Option<String>,
+    /// More programs (entry points) sharing `weights` and the arena's
+    /// weights region, e.g. a decoder's prefill and decode steps.
+    pub entries: Vec<Entry>,
+}
+
+/// The main program's entry name in a file that names none.
+pub const MAIN_ENTRY: &str = "main";
+
+/// An entry point besides the main program: a complete program (its own
+/// metadata, graph, descriptors, streams, relocations and profile) whose
+/// weight tensors point into the model's shared weights region. Its
+/// `meta.name` is the entry's name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub meta: Meta,
+    pub graph: Graph,
+    pub program: Program,
+    pub profile: Option<Vec<NodeProfile>>,
+}
+
+/// One program of a model with the weights it reads: what validation,
+/// relocation and a runtime work on.
+#[derive(Clone, Copy, Debug)]
+pub struct EntryRef<'a> {
+    /// The entry's name (the main program's: [`Model::main_entry_name`]).
+    pub name: &'a str,
+    pub meta: &'a Meta,
+    pub graph: &'a Graph,
+    pub program: &'a Program,
+    pub weights: &'a [u8],
+    pub profile: Option<&'a [NodeProfile]>,
+}
+
+impl EntryRef<'_> {
+    /// Index of the stream with `role` (the first one for `Aux`).
+    pub fn stream_by_role(&self, role: StreamRole) -> Option<u32> {
+        self.program.streams.iter().position(|s| s.role == role).map(|i| i as u32)
+    }
+
+    /// Apply every relocation for the given bases.
+    pub fn relocate(&self, bases: &RelocBases) -> Result<Relocated, crate::FormatError> {
+        crate::validate::relocate(self, bases)
+    }
+
+    /// Bytes of the weights region this program reads: the union of its
+    /// weight tensors' byte ranges.
+    pub fn weight_bytes_used(&self) -> u64 {
+        let mut r: Vec<(u64, u64)> = self
+            .graph
+            .tensors
+            .iter()
+            .filter_map(|t| match t.placement {
+                Placement::Weight { offset, size } if size > 0 => Some((offset, offset.saturating_add(size))),
+                _ => None,
+            })
+            .collect();
+        r.sort_unstable();
+        let (mut total, mut end) = (0u64, 0u64);
+        for (s, e) in r {
+            let s = s.max(end);
+            if e > s {
+                total += e - s;
+                end = e;
+            }
+        }
+        total
+    }
 }
 
 /// Device VAs the runtime chose, for [`Model::relocate`].
@@ -517,7 +588,7 @@ impl Model {
 
     /// Check everything the reader checks, without encoding.
     pub fn validate(&self) -> Result<(), crate::FormatError> {
-        crate::validate::validate(self)
+        crate::validate::validate_model(self)
     }
 
     /// Validate, then encode as a `.rbln` file.
@@ -540,13 +611,68 @@ impl Model {
         std::fs::write(path, bytes).map_err(|source| crate::FormatError::Io { path: path.to_path_buf(), source })
     }
 
-    /// Index of the stream with `role` (the first one for `Aux`).
+    /// Index of the main program's stream with `role` (the first one for
+    /// `Aux`).
     pub fn stream_by_role(&self, role: StreamRole) -> Option<u32> {
-        self.program.streams.iter().position(|s| s.role == role).map(|i| i as u32)
+        self.main().stream_by_role(role)
     }
 
-    /// Apply every relocation for the given bases.
+    /// Apply every relocation of the main program for the given bases.
     pub fn relocate(&self, bases: &RelocBases) -> Result<Relocated, crate::FormatError> {
-        crate::validate::relocate(self, bases)
+        self.main().relocate(bases)
+    }
+
+    /// The main program's entry name.
+    pub fn main_entry_name(&self) -> &str {
+        self.main_entry.as_deref().unwrap_or(MAIN_ENTRY)
+    }
+
+    /// The main program.
+    pub fn main(&self) -> EntryRef<'_> {
+        EntryRef {
+            name: self.main_entry_name(),
+            meta: &self.meta,
+            graph: &self.graph,
+            program: &self.program,
+            weights: &self.weights,
+            profile: self.profile.as_deref(),
+        }
+    }
+
+    /// Every program: the main one first, then the entries in file order.
+    pub fn entry_points(&self) -> Vec<EntryRef<'_>> {
+        let mut all = vec![self.main()];
+        all.extend(self.entries.iter().map(|e| EntryRef {
+            name: &e.meta.name,
+            meta: &e.meta,
+            graph: &e.graph,
+            program: &e.program,
+            weights: &self.weights,
+            profile: e.profile.as_deref(),
+        }));
+        all
+    }
+
+    /// The program called `name`.
+    pub fn entry_point(&self, name: &str) -> Option<EntryRef<'_>> {
+        self.entry_points().into_iter().find(|e| e.name == name)
+    }
+
+    /// Combine models compiled over one weights blob into one model:
+    /// `main` (named `main_name`) plus each of `others` as an entry named
+    /// by its `meta.name`. Every model must carry the same weights at the
+    /// same arena offset (checked here; the rest by validation).
+    pub fn with_entries(mut main: Model, main_name: &str, others: Vec<Model>) -> Result<Model, crate::FormatError> {
+        for o in others {
+            if o.weights != main.weights || o.meta.weights_offset != main.meta.weights_offset {
+                return Err(crate::FormatError::Builder(format!(
+                    "entry '{}' does not carry the main program's weights at its offset",
+                    o.meta.name
+                )));
+            }
+            main.entries.push(Entry { meta: o.meta, graph: o.graph, program: o.program, profile: o.profile });
+        }
+        main.main_entry = Some(main_name.to_string());
+        Ok(main)
     }
 }

@@ -19,7 +19,56 @@ use crate::names;
 
 const NONE: u32 = u32::MAX;
 
-pub(crate) fn validate(m: &Model) -> Result<()> {
+/// A whole model: the main program, the entry table, then each entry
+/// point (its errors wrapped in [`FormatError::InEntry`]).
+pub(crate) fn validate_model(m: &Model) -> Result<()> {
+    validate(&m.main())?;
+    entry_table(m)?;
+    for e in m.entry_points().iter().skip(1) {
+        validate(e).map_err(|source| FormatError::InEntry { entry: e.name.into(), source: Box::new(source) })?;
+    }
+    Ok(())
+}
+
+/// Whether `name` may name an entry point or a stream (it becomes part of
+/// a section name).
+pub(crate) fn is_section_word(name: &str, max: u64) -> bool {
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    !name.is_empty() && name.len() as u64 <= max && name.chars().all(valid)
+}
+
+/// The entry table (docs/rbln-format.md, "Entry points").
+fn entry_table(m: &Model) -> Result<()> {
+    let bad = |problem: String| FormatError::BadEntries { problem };
+    if m.main_entry.is_none() && m.entries.is_empty() {
+        return Ok(());
+    }
+    if m.meta.version < (Version { major: 1, minor: 2 }) {
+        return Err(bad(format!("entry points need format version 1.2 or later; the model says {}", m.meta.version)));
+    }
+    limit(names::ENTRIES, "entries count", m.entries.len() as u64, MAX_ENTRIES)?;
+    let mut seen = HashSet::new();
+    for e in m.entry_points() {
+        if !is_section_word(e.name, MAX_STREAM_NAME_LEN) {
+            return Err(bad(format!("entry name '{}' is not 1 to {MAX_STREAM_NAME_LEN} characters from [A-Za-z0-9_.-]", e.name)));
+        }
+        if !seen.insert(e.name) {
+            return Err(FormatError::DuplicateName { kind: "entry point", name: e.name.into() });
+        }
+        if e.meta.version != m.meta.version {
+            return Err(bad(format!("entry '{}' says format version {}, the file {}", e.name, e.meta.version, m.meta.version)));
+        }
+        if e.meta.weights_offset != m.meta.weights_offset {
+            return Err(bad(format!(
+                "entry '{}' places the weights at arena offset {}, the main program at {} (entries share one weights region)",
+                e.name, e.meta.weights_offset, m.meta.weights_offset
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn validate(m: &EntryRef<'_>) -> Result<()> {
     meta(m)?;
     let boundaries = streams(m)?;
     tensors(m)?;
@@ -49,7 +98,7 @@ fn bad(section: &str, field: impl Into<String>, expected: impl Into<String>, fou
     }
 }
 
-fn meta(m: &Model) -> Result<()> {
+fn meta(m: &EntryRef<'_>) -> Result<()> {
     let mt = &m.meta;
     let s = names::META;
     if mt.version.major != crate::FORMAT_MAJOR {
@@ -103,7 +152,7 @@ fn meta(m: &Model) -> Result<()> {
 
 /// Checks the stream table and every stream's packets; returns each
 /// stream's packet start offsets.
-fn streams(m: &Model) -> Result<Vec<Vec<u64>>> {
+fn streams(m: &EntryRef<'_>) -> Result<Vec<Vec<u64>>> {
     let st = &m.program.streams;
     limit(names::META, "streams count", st.len() as u64, MAX_STREAMS)?;
     limit(names::DESC, "size", m.program.descriptors.len() as u64, MAX_DESC_SIZE)?;
@@ -112,8 +161,7 @@ fn streams(m: &Model) -> Result<Vec<Vec<u64>>> {
     let mut out = Vec::with_capacity(st.len());
     for (i, s) in st.iter().enumerate() {
         let err = |problem: String| FormatError::BadStream { stream: i as u32, name: s.name.clone(), problem };
-        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-        if s.name.is_empty() || s.name.len() as u64 > MAX_STREAM_NAME_LEN || !s.name.chars().all(valid) {
+        if !is_section_word(&s.name, MAX_STREAM_NAME_LEN) {
             return Err(err(format!("name must be 1 to {MAX_STREAM_NAME_LEN} characters from [A-Za-z0-9_.-]")));
         }
         if !seen.insert(s.name.as_str()) {
@@ -158,7 +206,7 @@ fn streams(m: &Model) -> Result<Vec<Vec<u64>>> {
     Ok(out)
 }
 
-fn tensors(m: &Model) -> Result<()> {
+fn tensors(m: &EntryRef<'_>) -> Result<()> {
     let g = &m.graph;
     let s = names::GRAPH;
     limit(s, "tensors count", g.tensors.len() as u64, MAX_TENSORS)?;
@@ -232,7 +280,7 @@ fn tensors(m: &Model) -> Result<()> {
 }
 
 /// Range-checks the io tensor ids; returns the set of input tensors.
-fn io_ids(m: &Model) -> Result<HashSet<u32>> {
+fn io_ids(m: &EntryRef<'_>) -> Result<HashSet<u32>> {
     let count = m.graph.tensors.len();
     let mut inputs = HashSet::with_capacity(m.meta.inputs.len());
     for (what, list) in [("input", &m.meta.inputs), ("output", &m.meta.outputs)] {
@@ -265,7 +313,7 @@ fn is_boundary(starts: &[u64], stream_len: u64, off: u64) -> bool {
 }
 
 /// Checks the nodes; returns each tensor's producing node (NONE if none).
-fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Vec<u32>> {
+fn graph(m: &EntryRef<'_>, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Vec<u32>> {
     let g = &m.graph;
     let s = names::GRAPH;
     limit(s, "nodes count", g.nodes.len() as u64, MAX_NODES)?;
@@ -516,7 +564,7 @@ fn graph(m: &Model, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Result<Ve
 }
 
 /// A node's descriptor range: non-empty, aligned, inside `.rbln.desc`.
-fn desc_range(m: &Model, node: u32, name: &str, d: DescRange) -> Result<()> {
+fn desc_range(m: &EntryRef<'_>, node: u32, name: &str, d: DescRange) -> Result<()> {
     let blob = &m.program.descriptors;
     let range_err = |problem: String| FormatError::NodeRange {
         node,
@@ -539,7 +587,7 @@ fn desc_range(m: &Model, node: u32, name: &str, d: DescRange) -> Result<()> {
 }
 
 /// The descriptors in a (checked) range: whole, valid descriptors.
-fn descriptors(m: &Model, node: u32, name: &str, d: DescRange) -> Result<()> {
+fn descriptors(m: &EntryRef<'_>, node: u32, name: &str, d: DescRange) -> Result<()> {
     let blob = &m.program.descriptors;
     let end = (d.offset + d.len) as usize;
     let mut p = d.offset as usize;
@@ -564,7 +612,7 @@ fn descriptors(m: &Model, node: u32, name: &str, d: DescRange) -> Result<()> {
     Ok(())
 }
 
-fn io(m: &Model, producer: &[u32]) -> Result<()> {
+fn io(m: &EntryRef<'_>, producer: &[u32]) -> Result<()> {
     let g = &m.graph;
     let inputs: HashSet<u32> = m.meta.inputs.iter().map(|b| b.tensor).collect();
     for (what, list) in [("input", &m.meta.inputs), ("output", &m.meta.outputs)] {
@@ -619,7 +667,7 @@ fn io(m: &Model, producer: &[u32]) -> Result<()> {
 /// last reader (+1); model inputs and outputs are live for the whole run
 /// (0..=N+1), so the runtime may fill and read them at any time; a view's
 /// output shares its input's bytes and extends its lifetime.
-fn liveness(m: &Model, producer: &[u32]) -> Result<()> {
+fn liveness(m: &EntryRef<'_>, producer: &[u32]) -> Result<()> {
     let g = &m.graph;
     let n = g.nodes.len() as u64;
     // Alias classes: a view output's root is its input's root.
@@ -711,7 +759,7 @@ fn liveness(m: &Model, producer: &[u32]) -> Result<()> {
     Ok(())
 }
 
-fn op_summary(m: &Model) -> Result<()> {
+fn op_summary(m: &EntryRef<'_>) -> Result<()> {
     let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
     for n in &m.graph.nodes {
         if n.kind == NodeKind::Compute {
@@ -748,7 +796,7 @@ fn op_summary(m: &Model) -> Result<()> {
     Ok(())
 }
 
-fn target_name(m: &Model, t: RelocTarget) -> String {
+fn target_name(m: &EntryRef<'_>, t: RelocTarget) -> String {
     match t {
         RelocTarget::Descriptors => names::DESC.into(),
         RelocTarget::Stream(n) => match m.program.streams.get(n as usize) {
@@ -758,14 +806,14 @@ fn target_name(m: &Model, t: RelocTarget) -> String {
     }
 }
 
-fn target_bytes(m: &Model, t: RelocTarget) -> Option<&[u8]> {
+fn target_bytes<'a>(m: &EntryRef<'a>, t: RelocTarget) -> Option<&'a [u8]> {
     match t {
         RelocTarget::Descriptors => Some(&m.program.descriptors),
         RelocTarget::Stream(n) => m.program.streams.get(n as usize).map(|s| s.bytes.as_slice()),
     }
 }
 
-fn relocations(m: &Model) -> Result<()> {
+fn relocations(m: &EntryRef<'_>) -> Result<()> {
     let p = &m.program;
     limit(names::RELOC, "relocations count", p.relocations.len() as u64, MAX_RELOCS)?;
     let mut prev: Option<(RelocTarget, u64)> = None;
@@ -827,7 +875,7 @@ fn relocations(m: &Model) -> Result<()> {
     Ok(())
 }
 
-fn profile(m: &Model) -> Result<()> {
+fn profile(m: &EntryRef<'_>) -> Result<()> {
     let Some(p) = &m.profile else { return Ok(()) };
     let nodes = m.graph.nodes.len() as u64;
     let mut prev: Option<u32> = None;
@@ -854,7 +902,7 @@ fn profile(m: &Model) -> Result<()> {
 }
 
 /// Apply every relocation of a (valid) model.
-pub(crate) fn relocate(m: &Model, bases: &RelocBases) -> Result<Relocated> {
+pub(crate) fn relocate(m: &EntryRef<'_>, bases: &RelocBases) -> Result<Relocated> {
     let p = &m.program;
     if bases.streams.len() != p.streams.len() {
         return Err(FormatError::Relocate {

@@ -286,8 +286,8 @@ fn not_an_rbln_model() {
 #[test]
 fn unknown_major_version() {
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| m[8..10].copy_from_slice(&2u16.to_le_bytes()));
-    let e = assert_err_msg(read(&b), &["unsupported format version 2.1", "major version 1"]);
-    assert!(matches!(e, FormatError::UnsupportedVersion { major: 2, minor: 1, supported: 1 }));
+    let e = assert_err_msg(read(&b), &["unsupported format version 2.2", "major version 1"]);
+    assert!(matches!(e, FormatError::UnsupportedVersion { major: 2, minor: 2, supported: 1 }));
     let b = patch_section(&mlp_bytes(), ".rbln.meta", |m| m[8..10].copy_from_slice(&0u16.to_le_bytes()));
     assert!(matches!(read(&b), Err(FormatError::UnsupportedVersion { major: 0, .. })));
 }

@@ -18,7 +18,7 @@ fn mlp_round_trip_is_exact() {
     assert_eq!(back, model);
 
     // The parts are really there, not just equal-because-empty.
-    assert_eq!(back.meta.version, Version { major: 1, minor: 1 });
+    assert_eq!(back.meta.version, Version { major: 1, minor: 2 });
     assert_eq!(back.meta.name, "mlp2");
     assert_eq!(back.meta.hw_version, rbln_hw::HW_VERSION);
     assert_eq!(back.meta.inputs.len(), 1);
@@ -219,7 +219,7 @@ fn file_layout_follows_the_spec() {
     // .rbln.meta starts with the magic and the version.
     let meta = c.get(".rbln.meta").unwrap().data;
     assert_eq!(&meta[..8], b"RBLNMODL");
-    assert_eq!(&meta[8..12], &[1, 0, 1, 0]);
+    assert_eq!(&meta[8..12], &[1, 0, 2, 0]);
     // The check section verifies with an independent CRC implementation.
     let chk = c.get(".rbln.check").unwrap();
     let n = chk.data.len();
