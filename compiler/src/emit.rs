@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::mem::offset_of;
 
-use rbln_format::{DType, Model, ModelBuilder, Node, RelocKind, StreamRole, TensorId, Va};
+use rbln_format::{DType, Model, ModelBuilder, Node, RelocKind, StreamRole, TensorId, Va, WeightPool};
 use rbln_hw::ops::*;
 
 use crate::error::{CompileError, Result};
@@ -143,8 +143,20 @@ impl Names {
     }
 }
 
-pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Result<(Model, MemoryPlan)> {
+/// What [`emit`] made.
+pub struct Emitted {
+    pub model: Model,
+    pub memory: MemoryPlan,
+    /// The weights after this graph's were added (the pool given plus any
+    /// constant not already in it).
+    pub pool: WeightPool,
+}
+
+/// Emit `g` as a model whose weights start from `pool` (empty for a
+/// model of its own; the shared pool for entry points compiled together).
+pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)], pool: WeightPool) -> Result<Emitted> {
     let mut b = ModelBuilder::new(model_name);
+    b.weight_pool(pool);
     b.producer(&format!("rbln-compile {}", env!("CARGO_PKG_VERSION")));
     for (k, v) in properties {
         b.property(k, v);
@@ -348,7 +360,8 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)]) -> Res
     b.property("memory.weights_bytes", &weights_bytes.to_string())
         .property("memory.activations_naive_bytes", &naive.to_string())
         .property("memory.activations_planned_bytes", &planned.to_string());
-    Ok((b.build_model()?, mem))
+    let pool = b.weights().clone();
+    Ok(Emitted { model: b.build_model()?, memory: mem, pool })
 }
 
 /// Nominal FLOPs and bytes touched by an op (`.rbln.profile`).

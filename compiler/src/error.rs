@@ -26,6 +26,13 @@ pub enum CompileError {
     DynamicShape { input: String, dim: String, axis: usize },
     #[error("--input-shape {0}")]
     BadInputShape(String),
+    /// One program of a multi-entry compilation ([`crate::compile_entries`]).
+    #[error("entry point '{entry}': {source}")]
+    Entry {
+        entry: String,
+        #[source]
+        source: Box<CompileError>,
+    },
     #[error("building the .rbln file failed: {0}")]
     Format(#[from] rbln_format::FormatError),
 }

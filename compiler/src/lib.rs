@@ -23,6 +23,8 @@ pub mod ttir;
 
 use std::collections::BTreeMap;
 
+use rbln_format::WeightPool;
+
 pub use emit::MemoryPlan;
 pub use error::{CompileError, Result};
 pub use fuse::FuseStats;
@@ -85,7 +87,22 @@ impl Report {
 /// A compiled model and its report.
 pub struct Compiled {
     pub model: rbln_format::Model,
+    /// The main program's report.
     pub report: Report,
+    /// The other entry points' reports ([`compile_entries`]), in order.
+    pub entries: Vec<(String, Report)>,
+}
+
+/// A graph after the passes, ready to be emitted, with what the report
+/// says about it so far.
+struct Prepared {
+    g: ir::Graph,
+    props: Vec<(String, String)>,
+    format: SourceFormat,
+    onnx_nodes: usize,
+    fused: FuseStats,
+    int8: Int8Stats,
+    layouts: Vec<Layout>,
 }
 
 /// Compile the bytes of an ONNX or TFLite file (told apart by TFLite's
@@ -94,6 +111,10 @@ pub fn compile(bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled> {
     if tflite::is_tflite(bytes) {
         return compile_tflite(bytes, name, opts);
     }
+    finish(import_onnx(bytes, opts)?, name, WeightPool::default())
+}
+
+fn import_onnx(bytes: &[u8], opts: &Options) -> Result<Prepared> {
     let proto = onnx::decode(bytes)?;
     let g = import::import(&proto, opts)?;
     let opset = proto.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map_or(0, |o| o.version);
@@ -102,20 +123,24 @@ pub fn compile(bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled> {
         props.push(("onnx.producer".into(), format!("{} {}", proto.producer_name, proto.producer_version).trim().to_string()));
     }
     let onnx_nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
-    finish(g, name, &props, SourceFormat::Onnx, onnx_nodes)
+    Ok(prepare(g, props, SourceFormat::Onnx, onnx_nodes))
 }
 
 /// Compile the bytes of a float32 TFLite file: its main subgraph is
 /// translated into ONNX nodes ([`tflite`]), then imported, fused and
 /// emitted as an ONNX model is.
 pub fn compile_tflite(bytes: &[u8], name: &str, opts: &Options) -> Result<Compiled> {
+    finish(import_tflite(bytes, opts)?, name, WeightPool::default())
+}
+
+fn import_tflite(bytes: &[u8], opts: &Options) -> Result<Prepared> {
     let t = tflite::translate(bytes)?;
     let g = import::import(&t.model, opts).map_err(|e| t.map_error(e))?;
     let mut props = vec![("tflite.schema_version".to_string(), t.version.to_string())];
     if !t.description.is_empty() {
         props.push(("tflite.description".into(), t.description.clone()));
     }
-    finish(g, name, &props, SourceFormat::Tflite, t.operators)
+    Ok(prepare(g, props, SourceFormat::Tflite, t.operators))
 }
 
 /// Compile one launch of a Triton kernel, given as the TTIR triton prints
@@ -126,26 +151,71 @@ pub fn compile_tflite(bytes: &[u8], name: &str, opts: &Options) -> Result<Compil
 pub fn compile_kernel(ttir_text: &str, kernel: Option<&str>, grid: [u32; 3], bindings: &[ttir::Binding]) -> Result<Compiled> {
     let (g, name) = ttir::kernel_graph(ttir_text, kernel, grid, bindings)?;
     let ops = ttir_text.lines().filter(|l| l.contains(" = ") || l.trim_start().starts_with("tt.store")).count();
-    let props = [("ttir.kernel".to_string(), name.clone()), ("ttir.grid".to_string(), format!("{}x{}x{}", grid[0], grid[1], grid[2]))];
-    finish(g, &name, &props, SourceFormat::Ttir, ops)
+    let props = vec![("ttir.kernel".to_string(), name.clone()), ("ttir.grid".to_string(), format!("{}x{}x{}", grid[0], grid[1], grid[2]))];
+    finish(prepare(g, props, SourceFormat::Ttir, ops), &name, WeightPool::default())
 }
 
-fn finish(mut g: ir::Graph, name: &str, props: &[(String, String)], format: SourceFormat, onnx_nodes: usize) -> Result<Compiled> {
+/// Compile several ONNX or TFLite models into one `.rbln` whose programs
+/// are entry points over one weights section (docs/rbln-format.md §16):
+/// `sources` are (entry name, file bytes), the first becoming the main
+/// program; `name` is the model's name. A weight the programs lay out
+/// identically is stored once ([`WeightPool`]).
+pub fn compile_entries(sources: &[(&str, &[u8])], name: &str, opts: &Options) -> Result<Compiled> {
+    let Some(((main_name, _), _)) = sources.split_first() else {
+        return Err(CompileError::Invalid("no entry points to compile".into()));
+    };
+    let in_entry = |entry: &str, e: CompileError| CompileError::Entry { entry: entry.to_string(), source: Box::new(e) };
+    let mut prepared = Vec::with_capacity(sources.len());
+    for (i, (entry, bytes)) in sources.iter().enumerate() {
+        if sources[..i].iter().any(|(n, _)| n == entry) {
+            return Err(CompileError::Invalid(format!("two entry points are called '{entry}'")));
+        }
+        let p = if tflite::is_tflite(bytes) { import_tflite(bytes, opts) } else { import_onnx(bytes, opts) };
+        prepared.push(p.map_err(|e| in_entry(entry, e))?);
+    }
+    // Every program's weights in one pool first, so that each program is
+    // then emitted over the same, final weights.
+    let mut pool = WeightPool::default();
+    for (p, (entry, _)) in prepared.iter().zip(sources) {
+        pool = emit::emit(&p.g, entry, &p.props, pool).map_err(|e| in_entry(entry, e))?.pool;
+    }
+    let mut compiled = Vec::with_capacity(sources.len());
+    for (p, (entry, _)) in prepared.into_iter().zip(sources) {
+        let model_name = if entry == main_name { name } else { entry };
+        let c = finish(p, model_name, pool.clone()).map_err(|e| in_entry(entry, e))?;
+        if c.model.weights.len() as u64 != pool.len() {
+            return Err(in_entry(entry, CompileError::Invalid("its weights differ from the shared pool's".into())));
+        }
+        compiled.push((entry.to_string(), c));
+    }
+    let mut all = compiled.into_iter();
+    let Some((_, main)) = all.next() else { unreachable!("sources is not empty") };
+    let (others, entries): (Vec<_>, Vec<_>) = all.map(|(n, c)| (c.model, (n, c.report))).unzip();
+    let model = rbln_format::Model::with_entries(main.model, main_name, others)?;
+    Ok(Compiled { model, report: main.report, entries })
+}
+
+fn prepare(mut g: ir::Graph, props: Vec<(String, String)>, format: SourceFormat, onnx_nodes: usize) -> Prepared {
     let fused = fuse::run(&mut g);
     let int8 = int8::run(&mut g);
     fuse::drop_dead(&mut g);
     let layouts = pack::run(&mut g);
+    Prepared { g, props, format, onnx_nodes, fused, int8, layouts }
+}
+
+fn finish(p: Prepared, name: &str, pool: WeightPool) -> Result<Compiled> {
     let mut device_ops = BTreeMap::new();
     let mut views = 0;
-    for op in &g.ops {
+    for op in &p.g.ops {
         if matches!(op.kind, ir::Kind::View { .. }) {
             views += 1;
         } else {
             *device_ops.entry(op.op.clone()).or_insert(0) += 1;
         }
     }
-    let (model, memory) = emit::emit(&g, name, props)?;
-    Ok(Compiled { model, report: Report { format, onnx_nodes, device_ops, views, layouts, fused, int8, memory } })
+    let e = emit::emit(&p.g, name, &p.props, pool)?;
+    let report = Report { format: p.format, onnx_nodes: p.onnx_nodes, device_ops, views, layouts: p.layouts, fused: p.fused, int8: p.int8, memory: e.memory };
+    Ok(Compiled { model: e.model, report, entries: Vec::new() })
 }
 
 /// Parse `name=1x3x224x224`.
