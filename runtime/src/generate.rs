@@ -1,5 +1,6 @@
-//! Token generation with a causal decoder compiled as two programs: a
-//! prefill over the prompt and a decode step of one token, sharing a KV
+//! Token generation with a causal decoder compiled as one `.rbln` whose
+//! entry points (docs/rbln-format.md §16) are a decode step of one token
+//! and prefills over the prompt, sharing one copy of the weights and a KV
 //! cache that stays on the device ([`Runtime::bind_state`]).
 //!
 //! The programs follow the decoder convention of
@@ -7,16 +8,17 @@
 //! decoders"):
 //! - decode: inputs `input_ids` `[1, 1]` and `position` `[1]` (i64), plus
 //!   the cache inputs; outputs `logits` `[1, V]` plus, for each cache input
-//!   `X`, the updated cache `X_out` (bound as state);
-//! - prefill (optional): input `input_ids` `[1, P]`; outputs `logits`
-//!   `[1, V]` (the last position's) and each cache `X` for positions
-//!   `0..P`.
+//!   `X`, the updated cache `X_out`;
+//! - prefill (any number, one per prompt length P): the only input
+//!   `input_ids` `[1, P]`; outputs `logits` `[1, V]` (the last position's)
+//!   and each cache `X_out` holding positions `0..P`.
 //!
-//! A prompt of exactly P tokens goes through the prefill; any other length
-//! (up to the cache size) goes through the decode program token by token,
-//! which fills the same cache. Then each new token is chosen from the
-//! logits ([`Sampling`]) and fed back until `max_new_tokens` or the end
-//! token.
+//! The cache pairs (`X`, `X_out`) are bound as state across the programs,
+//! so a prefill's cache lands where the decode step reads it, without a
+//! trip through the host. A prompt goes through the longest prefill that
+//! fits in it, its remaining tokens through the decode step one by one;
+//! then each new token is chosen from the logits ([`Sampling`]) and fed
+//! back until `max_new_tokens` or the end token.
 
 use crate::{clock, Data, Error, Result, Runtime, Tensor};
 
@@ -104,21 +106,21 @@ enum Keep {
     P(f32),
 }
 
-/// A decoder ready to generate: the decode program with its cache bound
-/// as state, and the prefill program if there is one.
+/// A decoder ready to generate: one runtime holding its decode step and
+/// its prefills as entry points over one copy of the weights, the cache
+/// bound as state shared by all of them.
 pub struct Generator {
-    decode: Runtime,
-    prefill: Option<Runtime>,
-    /// The cache inputs of the decode program (= the prefill's cache
-    /// outputs).
-    cache: Vec<String>,
+    rt: Runtime,
+    /// The decode step's entry (batch 1).
+    decode: String,
+    /// The prefill entries by prompt length, ascending.
+    prefills: Vec<(u64, String)>,
     /// Positions the cache holds (the decode program's cache length).
     max_positions: u64,
-    /// The programs' output names, in order (the decode program's without
-    /// its cache), and the prompt length the prefill takes.
-    decode_outputs: Vec<String>,
-    prefill_outputs: Vec<String>,
-    prefill_len: Option<u64>,
+    /// Index of `logits` among each entry's (live) outputs.
+    logits_at: Vec<(String, usize)>,
+    /// Whether prompts go through the prefills ([`Generator::use_prefill`]).
+    prefill_on: bool,
 }
 
 /// What one generation did.
@@ -130,74 +132,154 @@ pub struct Generation {
     pub time_to_first_token_ms: f64,
     /// New tokens after the first, per second of decode steps.
     pub tokens_per_s: f64,
-    /// The prompt went through the prefill program (else token by token).
-    pub used_prefill: bool,
+    /// Prompt tokens that went through a prefill program (the rest, one by
+    /// one through the decode step).
+    pub prefill_tokens: usize,
 }
 
-fn gen_err(msg: String) -> Error {
+pub(crate) fn gen_err(msg: String) -> Error {
     Error::Generate(msg)
 }
 
+/// The decoder convention's view of one program.
+pub(crate) enum Role {
+    /// A decode step for `batch` sequences, with the cache inputs X.
+    Decode { batch: u64, cache: Vec<String> },
+    /// A prefill over `length` prompt tokens.
+    Prefill { length: u64 },
+    /// A prefill over `length` prompt tokens into one slot (input `slot`)
+    /// of a batched cache (continuous batching, [`crate::batch`]).
+    PrefillSlot { length: u64 },
+    Other,
+}
+
+/// The inputs X of `info` that have an output X_out.
+fn cache_inputs(info: &crate::ModelInfo) -> Vec<String> {
+    info.inputs.iter().filter(|i| info.outputs.iter().any(|o| o.name == format!("{}_out", i.name))).map(|i| i.name.clone()).collect()
+}
+
+pub(crate) fn role(info: &crate::ModelInfo) -> Role {
+    let input = |n: &str| info.inputs.iter().find(|i| i.name == n);
+    let has_logits = info.outputs.iter().any(|o| o.name == "logits");
+    let prompt_len = |ids: &crate::IoInfo| (ids.shape.len() == 2 && ids.shape[0] == 1).then(|| ids.shape[1]);
+    match (input("input_ids"), input("position"), input("slot")) {
+        (Some(ids), Some(_), None) if has_logits => Role::Decode { batch: ids.shape.first().copied().unwrap_or(1), cache: cache_inputs(info) },
+        (Some(ids), None, None) if has_logits && info.inputs.len() == 1 => match prompt_len(ids) {
+            Some(length) => Role::Prefill { length },
+            None => Role::Other,
+        },
+        (Some(ids), None, Some(_)) if has_logits && info.inputs.len() == 2 + cache_inputs(info).len() => match prompt_len(ids) {
+            Some(length) => Role::PrefillSlot { length },
+            None => Role::Other,
+        },
+        _ => Role::Other,
+    }
+}
+
+/// The cache's position axis of a cache input's shape: the one that is
+/// not the slots, layers, heads or head dim — the second to last.
+pub(crate) fn cache_positions(shape: &[u64]) -> u64 {
+    shape.iter().rev().nth(1).copied().unwrap_or(0)
+}
+
+/// The index of `logits` among entry `e`'s outputs as runs return them
+/// (bound state left out).
+pub(crate) fn logits_index(rt: &mut Runtime, e: &str) -> Result<usize> {
+    rt.select(e)?;
+    rt.info().outputs.iter().position(|o| o.name == "logits").ok_or_else(|| gen_err(format!("'{e}' has no output 'logits'")))
+}
+
+/// Output `at` of a run, as float32 values.
+pub(crate) fn f32_output(outs: Vec<Tensor>, at: usize) -> Result<Vec<f32>> {
+    match outs.into_iter().nth(at).map(|t| t.data) {
+        Some(Data::F32(v)) => Ok(v),
+        _ => Err(gen_err("'logits' is not float32".into())),
+    }
+}
+
 impl Generator {
-    /// `decode` (and `prefill`, if given) loaded, following the decoder
-    /// convention (module docs); the cache pairs are found by name.
-    pub fn new(mut decode: Runtime, prefill: Option<Runtime>) -> Result<Generator> {
-        let info = decode.info();
-        let has_in = |n: &str| info.inputs.iter().any(|i| i.name == n);
-        if !has_in("input_ids") || !has_in("position") || !info.outputs.iter().any(|o| o.name == "logits") {
-            return Err(gen_err("the decode program needs inputs 'input_ids' and 'position' and an output 'logits'".into()));
+    /// `rt` loaded from a decoder's `.rbln` (module docs): its batch-1
+    /// decode step and any prefills are found by their interfaces, and the
+    /// cache pairs (`X`, `X_out`) bound as state.
+    pub fn new(mut rt: Runtime) -> Result<Generator> {
+        let mut decode = None;
+        let mut prefills = Vec::new();
+        let mut cache = Vec::new();
+        for e in rt.entries() {
+            rt.select(&e)?;
+            match role(&rt.info()) {
+                Role::Decode { batch: 1, cache: c } if decode.is_none() => {
+                    decode = Some(e);
+                    cache = c;
+                }
+                Role::Prefill { length } => prefills.push((length, e)),
+                _ => {}
+            }
         }
-        let pairs: Vec<(String, String)> = info
-            .inputs
-            .iter()
-            .filter(|i| info.outputs.iter().any(|o| o.name == format!("{}_out", i.name)))
-            .map(|i| (i.name.clone(), format!("{}_out", i.name)))
-            .collect();
-        if pairs.is_empty() {
-            return Err(gen_err("the decode program has no cache (an input X with an output X_out)".into()));
+        let Some(decode) = decode else {
+            return Err(gen_err(format!(
+                "no entry point of the model is a decode step (inputs 'input_ids' [1, 1] and 'position', output 'logits'); it has: {}",
+                rt.entries().join(", ")
+            )));
+        };
+        if cache.is_empty() {
+            return Err(gen_err(format!("the decode step '{decode}' has no cache (an input X with an output X_out)")));
         }
-        let cache: Vec<String> = pairs.iter().map(|p| p.0.clone()).collect();
+        rt.select(&decode)?;
+        let info = rt.info();
         let cache_shape = info.inputs.iter().find(|i| i.name == cache[0]).map(|i| i.shape.clone()).unwrap_or_default();
-        // The cache's position axis: the one of the shape that is not the
-        // layers, heads or head dim — taken as the second to last.
-        let max_positions = cache_shape.iter().rev().nth(1).copied().unwrap_or(0);
-        decode.bind_state(&pairs)?;
-        let names = |v: &[crate::IoInfo]| v.iter().map(|o| o.name.clone()).collect::<Vec<_>>();
-        let decode_outputs = names(&decode.info().outputs);
-        let (mut prefill_outputs, mut prefill_len) = (Vec::new(), None);
-        if let Some(p) = &prefill {
-            let pi = p.info();
+        let max_positions = cache_positions(&cache_shape);
+        for (_, p) in &prefills {
+            rt.select(p)?;
+            let pi = rt.info();
             for c in &cache {
-                if !pi.outputs.iter().any(|o| &o.name == c) {
-                    return Err(gen_err(format!("the prefill program has no output '{c}' (the decode program's cache)")));
+                if !pi.outputs.iter().any(|o| o.name == format!("{c}_out")) {
+                    return Err(gen_err(format!("the prefill '{p}' has no output '{c}_out' (the decode step's cache)")));
                 }
             }
-            prefill_outputs = names(&pi.outputs);
-            prefill_len = pi.inputs.iter().find(|i| i.name == "input_ids").and_then(|i| i.shape.last().copied());
         }
-        Ok(Generator { decode, prefill, cache, max_positions, decode_outputs, prefill_outputs, prefill_len })
+        prefills.sort();
+        let pairs: Vec<(String, String)> = cache.iter().map(|c| (c.clone(), format!("{c}_out"))).collect();
+        rt.bind_state(&pairs)?;
+        let mut logits_at = Vec::new();
+        for e in std::iter::once(&decode).chain(prefills.iter().map(|p| &p.1)) {
+            logits_at.push((e.clone(), logits_index(&mut rt, e)?));
+        }
+        Ok(Generator { rt, decode, prefills, max_positions, logits_at, prefill_on: true })
     }
 
-    /// Prompt length the prefill takes (None without a prefill).
-    pub fn prefill_length(&self) -> Option<u64> {
-        self.prefill_len
+    /// Prompt lengths the prefills take, ascending.
+    pub fn prefill_lengths(&self) -> Vec<u64> {
+        self.prefills.iter().map(|p| p.0).collect()
     }
 
-    fn logits(outs: &[Tensor], names: &[String]) -> Result<Vec<f32>> {
-        let i = names.iter().position(|n| n == "logits").ok_or_else(|| gen_err("no 'logits' output".into()))?;
-        match &outs[i].data {
-            Data::F32(v) => Ok(v.clone()),
-            _ => Err(gen_err("'logits' is not float32".into())),
-        }
+    /// Send prompts through the prefills (the default) or, with `false`,
+    /// every prompt token through the decode step.
+    pub fn use_prefill(&mut self, on: bool) {
+        self.prefill_on = on;
+    }
+
+    /// The runtime (to inspect it, or run its programs directly).
+    pub fn runtime(&mut self) -> &mut Runtime {
+        &mut self.rt
+    }
+
+    /// Run entry `e` and return its logits.
+    fn run(&mut self, e: &str, inputs: &[Tensor]) -> Result<Vec<f32>> {
+        let outs = self.rt.run_entry(e, inputs)?;
+        let at = self.logits_at.iter().find(|l| l.0 == e).map(|l| l.1).ok_or_else(|| gen_err(format!("no logits for '{e}'")))?;
+        f32_output(outs, at)
     }
 
     fn step(&mut self, token: i64, position: u64) -> Result<Vec<f32>> {
-        let outs = self.decode.run(&[Tensor::new(&[1, 1], vec![token]), Tensor::new(&[1], vec![position as i64])])?;
-        Self::logits(&outs, &self.decode_outputs)
+        let decode = self.decode.clone();
+        self.run(&decode, &[Tensor::new(&[1, 1], vec![token]), Tensor::new(&[1], vec![position as i64])])
     }
 
     /// Generate up to `max_new_tokens` after `prompt`, calling `on_token`
     /// with each new token as soon as it is chosen; stops early at `eos`.
+    /// The prompt's first tokens go through the longest prefill that
+    /// fits in it, the rest through the decode step one by one.
     pub fn generate(&mut self, prompt: &[i64], max_new_tokens: usize, sampling: Sampling, seed: u64, eos: Option<i64>, mut on_token: impl FnMut(i64)) -> Result<Generation> {
         if prompt.is_empty() {
             return Err(gen_err("the prompt is empty".into()));
@@ -212,24 +294,17 @@ impl Generator {
         }
         let mut rng = Rng::new(seed);
         let t0 = clock::now();
-        self.decode.reset_state()?;
-        let used_prefill = self.prefill_length() == Some(prompt.len() as u64);
-        let mut logits = if used_prefill {
-            let Some(prefill) = self.prefill.as_mut() else { return Err(gen_err("no prefill".into())) };
-            let names = &self.prefill_outputs;
-            let outs = prefill.run(&[Tensor::new(&[1, prompt.len() as u64], prompt.to_vec())])?;
-            for c in &self.cache {
-                let i = names.iter().position(|n| n == c).ok_or_else(|| gen_err(format!("no prefill output '{c}'")))?;
-                self.decode.set_state(c, outs[i].view())?;
-            }
-            Self::logits(&outs, names)?
-        } else {
-            let mut l = Vec::new();
-            for (pos, &t) in prompt.iter().enumerate() {
-                l = self.step(t, pos as u64)?;
-            }
-            l
-        };
+        self.rt.reset_state()?;
+        let prefill = self.prefills.iter().rev().find(|p| self.prefill_on && p.0 <= prompt.len() as u64).cloned();
+        let mut logits = Vec::new();
+        let mut done = 0;
+        if let Some((n, e)) = prefill {
+            done = n as usize;
+            logits = self.run(&e, &[Tensor::new(&[1, n], prompt[..done].to_vec())])?;
+        }
+        for (pos, &t) in prompt.iter().enumerate().skip(done) {
+            logits = self.step(t, pos as u64)?;
+        }
         let mut tokens = Vec::with_capacity(max_new_tokens);
         let mut ttft = 0.0;
         let mut t_first = clock::now();
@@ -248,7 +323,7 @@ impl Generator {
         }
         let decode_s = t_first.elapsed().as_secs_f64();
         let tokens_per_s = if tokens.len() > 1 && decode_s > 0.0 { (tokens.len() - 1) as f64 / decode_s } else { 0.0 };
-        Ok(Generation { tokens, time_to_first_token_ms: ttft, tokens_per_s, used_prefill })
+        Ok(Generation { tokens, time_to_first_token_ms: ttft, tokens_per_s, prefill_tokens: done })
     }
 }
 

@@ -15,6 +15,7 @@ use rbln_umd::{Buffer, Device, Perms, Placement, Queue};
 
 /// Fine-grained wall-clock intervals (shared with the UMD's tools).
 pub use rbln_umd::clock;
+pub mod batch;
 pub mod examples;
 pub mod generate;
 mod pipeline;
@@ -56,6 +57,8 @@ pub enum Error {
     Parallel(usize),
     #[error("the request's result was lost (its slot failed)")]
     Lost,
+    #[error("the model has no entry point '{name}' (it has: {have})")]
+    NoEntry { name: String, have: String },
     #[error("the model has no per-inference command stream")]
     EmptyProgram,
     /// Device-resident state ([`Runtime::bind_state`]) misused.
@@ -339,12 +342,19 @@ pub struct IoInfo {
 pub struct ModelInfo {
     pub name: String,
     pub producer: String,
+    /// The program described (its entry name; `main` in a file of one
+    /// program) and every entry point of the model.
+    pub entry: String,
+    pub entries: Vec<String>,
     pub inputs: Vec<IoInfo>,
     pub outputs: Vec<IoInfo>,
     /// Device arena (activations + weights) and host staging sizes.
     pub arena_bytes: u64,
     pub staging_bytes: u64,
+    /// The weights section (shared by every entry point), and the bytes
+    /// of it this program reads.
     pub weight_bytes: u64,
+    pub weights_used_bytes: u64,
     /// (op, count) for every op kind in the graph.
     pub ops: Vec<(String, u32)>,
     /// (input, output) pairs kept on the device ([`Runtime::bind_state`]);
@@ -356,17 +366,25 @@ fn io_info(b: &rbln_format::IoBinding) -> IoInfo {
     IoInfo { name: b.name.clone(), dtype: b.dtype.name(), shape: b.shape.clone(), range: b.range.map(|r| (r.lo, r.hi)) }
 }
 
-/// Metadata of a model (no device needed).
+/// Metadata of a model's main program (no device needed).
 pub fn inspect(model: &Model) -> ModelInfo {
-    let m = &model.meta;
+    inspect_entry(model, model.main())
+}
+
+/// Metadata of one program of `model` ([`Model::entry_points`]).
+pub fn inspect_entry(model: &Model, e: rbln_format::EntryRef<'_>) -> ModelInfo {
+    let m = e.meta;
     ModelInfo {
-        name: m.name.clone(),
+        name: model.meta.name.clone(),
         producer: m.producer.clone(),
+        entry: e.name.to_string(),
+        entries: model.entry_points().iter().map(|e| e.name.to_string()).collect(),
         inputs: m.inputs.iter().map(io_info).collect(),
         outputs: m.outputs.iter().map(io_info).collect(),
         arena_bytes: m.arena_size,
         staging_bytes: m.staging_size,
         weight_bytes: model.weights.len() as u64,
+        weights_used_bytes: e.weight_bytes_used(),
         ops: m.ops.iter().map(|o| (o.op.clone(), o.count)).collect(),
         state: Vec::new(),
     }
@@ -411,28 +429,44 @@ impl Profile {
     }
 }
 
-/// A model loaded on a device, ready to run.
+/// A model loaded on a device, ready to run. A model with several entry
+/// points (docs/rbln-format.md §16) has all its programs loaded over one
+/// arena and one copy of the weights; [`Runtime::select`] picks the one
+/// that `run` (and everything else per inference) uses.
 #[derive(Debug)]
 pub struct Runtime {
     model: Model,
     dev: Device,
     queue: Queue,
     staging: Buffer,
+    /// Every program, in [`Model::entry_points`] order.
+    programs: Vec<Loaded>,
+    /// The selected program.
+    cur: usize,
+    /// Device-resident state shared by the programs (state.rs).
+    state: Vec<state::StateSlot>,
+    // Kept alive while the runtime exists (mapped into the device).
+    _arena: Option<Buffer>,
+    _program: Buffer,
+    /// The state buffers (state.rs).
+    _state_buf: Option<Buffer>,
+}
+
+/// One program of the model as loaded.
+#[derive(Debug)]
+struct Loaded {
     /// Every stream's device VA and size, in `Program::streams` order.
     streams: Vec<(u64, u32)>,
     /// Per-inference streams in order (input transfer, run, output
     /// transfer): (device VA, size).
     per_inference: Vec<(u64, u32)>,
-    /// Where the model's buffers are mapped (to relocate its packets
+    /// Where the program's buffers are mapped (to relocate its packets
     /// again: [`Runtime::bind_state`]).
     bases: RelocBases,
-    /// Inputs kept on the device, fed from outputs (state.rs).
+    /// Its inputs and outputs kept on the device (state.rs).
     state: Vec<state::StatePair>,
-    // Kept alive while the runtime exists (mapped into the device).
-    _arena: Option<Buffer>,
-    _program: Buffer,
-    /// The rewritten streams and the state buffers (state.rs).
-    _state_program: Option<(Buffer, Buffer)>,
+    /// The per-inference streams rewritten for the state (state.rs).
+    _state_program: Option<Buffer>,
 }
 
 fn align(v: u64, a: u64) -> u64 {
@@ -447,35 +481,44 @@ fn alloc_mapped(dev: &Device, size: u64, placement: Placement) -> Result<(Buffer
 
 impl Runtime {
     /// Load `model` onto `dev`: allocate, upload, relocate, upload weights.
+    /// Every entry point is loaded; the main program is selected.
     pub fn new(dev: &Device, model: Model) -> Result<Self> {
         let info = dev.info();
-        let (need, need_minor) = (model.meta.hw_version >> 16, model.meta.hw_version & 0xffff);
-        if need != info.hw_version.0 || need_minor > info.hw_version.1 {
-            return Err(Error::HardwareVersion { need, need_minor, have_major: info.hw_version.0, have_minor: info.hw_version.1 });
-        }
-        for b in model.meta.inputs.iter().chain(&model.meta.outputs) {
-            if !matches!(b.dtype, DType::F32 | DType::I32 | DType::I64 | DType::I8 | DType::U8 | DType::Bool) {
-                return Err(Error::EdgeDType { name: b.name.clone(), dtype: b.dtype.name() });
+        let entries = model.entry_points();
+        for e in &entries {
+            let (need, need_minor) = (e.meta.hw_version >> 16, e.meta.hw_version & 0xffff);
+            if need != info.hw_version.0 || need_minor > info.hw_version.1 {
+                return Err(Error::HardwareVersion { need, need_minor, have_major: info.hw_version.0, have_minor: info.hw_version.1 });
             }
-            if !matches!(b.placement, Region::Staging { .. }) {
-                return Err(Error::NotStaged { name: b.name.clone(), region: b.placement.region() });
+            for b in e.meta.inputs.iter().chain(&e.meta.outputs) {
+                if !matches!(b.dtype, DType::F32 | DType::I32 | DType::I64 | DType::I8 | DType::U8 | DType::Bool) {
+                    return Err(Error::EdgeDType { name: b.name.clone(), dtype: b.dtype.name() });
+                }
+                if !matches!(b.placement, Region::Staging { .. }) {
+                    return Err(Error::NotStaged { name: b.name.clone(), region: b.placement.region() });
+                }
             }
         }
-        let arena = if model.meta.arena_size > 0 {
-            Some(alloc_mapped(dev, model.meta.arena_size, Placement::Dram)?)
-        } else {
-            None
-        };
-        let (staging, staging_va) = alloc_mapped(dev, model.meta.staging_size, Placement::Host)?;
+        // One arena and one staging buffer, as large as the largest
+        // program needs: programs run one at a time.
+        let arena_size = entries.iter().map(|e| e.meta.arena_size).max().unwrap_or(0);
+        let staging_size = entries.iter().map(|e| e.meta.staging_size).max().unwrap_or(0);
+        let arena = if arena_size > 0 { Some(alloc_mapped(dev, arena_size, Placement::Dram)?) } else { None };
+        let (staging, staging_va) = alloc_mapped(dev, staging_size, Placement::Host)?;
 
-        // Program buffer: descriptors, then each stream, then the weights
-        // (the source of the weight upload).
-        let p = &model.program;
-        let mut off = align(p.descriptors.len() as u64, PROGRAM_ALIGN);
-        let mut stream_offs = Vec::with_capacity(p.streams.len());
-        for s in &p.streams {
-            stream_offs.push(off);
-            off = align(off + s.bytes.len() as u64, PROGRAM_ALIGN);
+        // Program buffer: each program's descriptors and streams, then the
+        // weights once (the source of the weight upload).
+        let mut off = 0u64;
+        let mut layout = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let desc = off;
+            off = align(off + e.program.descriptors.len() as u64, PROGRAM_ALIGN);
+            let mut stream_offs = Vec::with_capacity(e.program.streams.len());
+            for s in &e.program.streams {
+                stream_offs.push(off);
+                off = align(off + s.bytes.len() as u64, PROGRAM_ALIGN);
+            }
+            layout.push((desc, stream_offs));
         }
         let weights_off = off;
         let total = weights_off + model.weights.len() as u64;
@@ -483,57 +526,104 @@ impl Runtime {
             return Err(Error::TooLarge { what: "program and weights", size: total });
         }
         let (program, program_va) = alloc_mapped(dev, total, Placement::Host)?;
-        let bases = RelocBases {
-            arena: arena.as_ref().map_or(0, |a| a.1),
-            staging: staging_va,
-            descriptors: program_va,
-            streams: stream_offs.iter().map(|o| program_va + o).collect(),
-            weights_source: program_va + weights_off,
-        };
-        let relocated = model.relocate(&bases)?;
-        program.write_slice(0, &relocated.descriptors)?;
-        for (s, o) in relocated.streams.iter().zip(&stream_offs) {
-            program.write_slice(*o, s)?;
-        }
         program.write_slice(weights_off, &model.weights)?;
-
         let queue = dev.create_queue(0)?;
-        let va_of = |i: usize| (bases.streams[i], relocated.streams[i].len() as u32);
-        // Weights go up once, now.
-        for (i, s) in p.streams.iter().enumerate() {
-            if s.role == StreamRole::UploadWeights && !s.bytes.is_empty() {
-                let (va, len) = va_of(i);
-                queue.submit_va(va, len)?.wait(STREAM_TIMEOUT)?;
+        let mut programs = Vec::with_capacity(entries.len());
+        for (i, (e, (desc, stream_offs))) in entries.iter().zip(&layout).enumerate() {
+            let bases = RelocBases {
+                arena: arena.as_ref().map_or(0, |a| a.1),
+                staging: staging_va,
+                descriptors: program_va + desc,
+                streams: stream_offs.iter().map(|o| program_va + o).collect(),
+                weights_source: program_va + weights_off,
+            };
+            let relocated = e.relocate(&bases)?;
+            program.write_slice(*desc, &relocated.descriptors)?;
+            for (s, o) in relocated.streams.iter().zip(stream_offs) {
+                program.write_slice(*o, s)?;
             }
-        }
-        let mut per_inference = Vec::new();
-        for role in [StreamRole::InputTransfer, StreamRole::Run, StreamRole::OutputTransfer] {
-            for (i, s) in p.streams.iter().enumerate() {
-                if s.role == role && !s.bytes.is_empty() {
-                    per_inference.push(va_of(i));
+            let va_of = |i: usize| (bases.streams[i], relocated.streams[i].len() as u32);
+            // Weights go up once, now, by the main program: the entries
+            // share its weights region.
+            if i == 0 {
+                for (i, s) in e.program.streams.iter().enumerate() {
+                    if s.role == StreamRole::UploadWeights && !s.bytes.is_empty() {
+                        let (va, len) = va_of(i);
+                        queue.submit_va(va, len)?.wait(STREAM_TIMEOUT)?;
+                    }
                 }
             }
+            let mut per_inference = Vec::new();
+            for role in [StreamRole::InputTransfer, StreamRole::Run, StreamRole::OutputTransfer] {
+                for (i, s) in e.program.streams.iter().enumerate() {
+                    if s.role == role && !s.bytes.is_empty() {
+                        per_inference.push(va_of(i));
+                    }
+                }
+            }
+            let streams = (0..e.program.streams.len()).map(va_of).collect();
+            programs.push(Loaded { streams, per_inference, bases, state: Vec::new(), _state_program: None });
         }
-        let streams = (0..p.streams.len()).map(va_of).collect();
+        drop(entries);
         Ok(Self {
             model,
             dev: dev.clone(),
             queue,
             staging,
-            streams,
-            per_inference,
-            bases,
+            programs,
+            cur: 0,
             state: Vec::new(),
             _arena: arena.map(|a| a.0),
             _program: program,
-            _state_program: None,
+            _state_buf: None,
         })
+    }
+
+    /// The selected program.
+    fn entry(&self) -> rbln_format::EntryRef<'_> {
+        match self.model.entry_point_at(self.cur) {
+            Some(e) => e,
+            None => self.model.main(),
+        }
+    }
+
+    fn loaded(&self) -> &Loaded {
+        &self.programs[self.cur]
+    }
+
+    /// The names of the model's entry points (the main program first).
+    pub fn entries(&self) -> Vec<String> {
+        self.model.entry_points().iter().map(|e| e.name.to_string()).collect()
+    }
+
+    /// The selected entry point's name.
+    pub fn selected(&self) -> &str {
+        self.entry().name
+    }
+
+    /// Make `name` the program that runs (and that `info`, `profile` and
+    /// the state calls refer to).
+    pub fn select(&mut self, name: &str) -> Result<()> {
+        let entries = self.model.entry_points();
+        match entries.iter().position(|e| e.name == name) {
+            Some(i) => {
+                self.cur = i;
+                Ok(())
+            }
+            None => Err(Error::NoEntry { name: name.into(), have: entries.iter().map(|e| e.name).collect::<Vec<_>>().join(", ") }),
+        }
+    }
+
+    /// Select `name` and run one inference of it.
+    pub fn run_entry(&mut self, name: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.select(name)?;
+        self.run(inputs)
     }
 
     /// The model's interface as runs see it: bound state inputs and
     /// outputs are left out (and listed in `state`).
     pub fn info(&self) -> ModelInfo {
-        let mut i = inspect(&self.model);
+        let mut i = inspect_entry(&self.model, self.entry());
         if !self.state.is_empty() {
             i.inputs = self.live_inputs().map(|(_, b)| io_info(b)).collect();
             i.outputs = self.live_outputs().map(|(_, b)| io_info(b)).collect();
@@ -545,11 +635,13 @@ impl Runtime {
     /// The model inputs a run takes (all but the bound state), with their
     /// indices.
     fn live_inputs(&self) -> impl Iterator<Item = (usize, &rbln_format::IoBinding)> {
-        self.model.meta.inputs.iter().enumerate().filter(|(i, _)| !self.state.iter().any(|p| p.input == *i))
+        let bound = &self.loaded().state;
+        self.entry().meta.inputs.iter().enumerate().filter(|(i, _)| !bound.iter().any(|p| p.input == Some(*i)))
     }
 
     fn live_outputs(&self) -> impl Iterator<Item = (usize, &rbln_format::IoBinding)> {
-        self.model.meta.outputs.iter().enumerate().filter(|(i, _)| !self.state.iter().any(|p| p.output == *i))
+        let bound = &self.loaded().state;
+        self.entry().meta.outputs.iter().enumerate().filter(|(i, _)| !bound.iter().any(|p| p.output == Some(*i)))
     }
 
     /// Check `inputs` against the model: count, shapes, lengths.
@@ -614,7 +706,7 @@ impl Runtime {
     pub(crate) fn submit(&mut self, inputs: &[TensorView<'_>]) -> Result<rbln_umd::Fence> {
         self.stage(inputs)?;
         let mut last: Option<rbln_umd::Fence> = None;
-        for &(va, len) in &self.per_inference {
+        for &(va, len) in &self.programs[self.cur].per_inference {
             match self.queue.submit_va(va, len) {
                 Ok(f) => last = Some(f),
                 // An earlier stream of this inference faulted before this
@@ -645,13 +737,13 @@ impl Runtime {
             return Err(Error::State("profiling a runtime with bound state is not supported".into()));
         }
         self.stage(inputs)?;
-        let p = &self.model.program;
+        let e = self.entry();
+        let p = e.program;
         let mut spans: Vec<(String, &'static str, u64, u32)> = Vec::new();
         for role in [StreamRole::InputTransfer, StreamRole::Run, StreamRole::OutputTransfer] {
             for (i, s) in p.streams.iter().enumerate().filter(|(_, s)| s.role == role && !s.bytes.is_empty()) {
-                let (va, len) = self.streams[i];
-                let mut nodes: Vec<_> = self
-                    .model
+                let (va, len) = self.programs[self.cur].streams[i];
+                let mut nodes: Vec<_> = e
                     .graph
                     .nodes
                     .iter()

@@ -174,12 +174,20 @@ impl Future for RunFuture {
 impl AsyncRuntime {
     /// Load `model` `parallel` (1 or 2) times onto `dev`.
     pub fn new(dev: &Device, model: Model, parallel: usize) -> Result<Self> {
+        let main = model.main_entry_name().to_string();
+        Self::with_entry(dev, model, parallel, &main)
+    }
+
+    /// [`AsyncRuntime::new`] running the model's entry point `entry`.
+    pub fn with_entry(dev: &Device, model: Model, parallel: usize, entry: &str) -> Result<Self> {
         if !(1..=2).contains(&parallel) {
             return Err(crate::Error::Parallel(parallel));
         }
         let mut slots = Vec::new();
         for _ in 0..parallel {
-            slots.push(Slot::new(Runtime::new(dev, model.clone())?));
+            let mut rt = Runtime::new(dev, model.clone())?;
+            rt.select(entry)?;
+            slots.push(Slot::new(rt));
         }
         Ok(Self { slots, next: 0 })
     }

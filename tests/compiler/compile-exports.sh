@@ -30,17 +30,21 @@ for m in "${MODELS[@]}"; do
 done
 log "compiled ${#MODELS[@]} exported models in $OUT"
 
-# GPT-2 and a Llama-style model as prefill and decode programs over a
-# fixed-size KV cache, with transformers' greedy tokens
-# (tests/models/exports/export_decoder.py); python/tests/test_decoder.py
-# generates with them on the NPU.
+# GPT-2 and a Llama-style model as one .rbln each: a decode step and
+# prefills at two prompt lengths, plus a batched decode step and slot
+# prefills for continuous batching, as entry points over one copy of the
+# weights, with transformers' greedy tokens
+# (tests/models/exports/export_decoder.py); tests/vm/decoder.sh and
+# python/tests/test_decoder.py generate with them on the NPU.
 DEC=$(EXPORT_DEPS=$EXPORTER cached_exports decoder-torch "$REQ" "$RBLN_ROOT/tests/models/exports/export_decoder.py") || exit 1
 for d in gpt2 llama; do
-    for f in $d-prefill.onnx $d-decode.onnx $d-decoder.{prompt,generated}.{npy,txt}; do
-        cp -lf "$DEC/$f" "$OUT/$f" 2>/dev/null || cp -f "$DEC/$f" "$OUT/$f"
+    for f in "$DEC/$d"-*; do
+        cp -lf "$f" "$OUT/" 2>/dev/null || cp -f "$f" "$OUT/"
     done
-    for m in $d-prefill $d-decode; do
-        "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json | tee "$OUT/$m.report.json" >&2 || fail "$m did not compile"
-    done
+    entries=(--entry "decode=$OUT/$d-decode.onnx")
+    for p in 4 8; do entries+=(--entry "prefill_$p=$OUT/$d-prefill-$p.onnx"); done
+    entries+=(--entry "decode_batch=$OUT/$d-decode-batch.onnx")
+    for p in 4 8; do entries+=(--entry "prefill_slot_$p=$OUT/$d-prefill-slot-$p.onnx"); done
+    "$COMPILE" "${entries[@]}" -o "$OUT/$d-decoder.rbln" --json | tee "$OUT/$d-decoder.report.json" >&2 || fail "$d-decoder did not compile"
 done
-log "compiled the GPT-2 and Llama prefill and decode programs in $OUT"
+log "compiled the GPT-2 and Llama decoders (six entry points each) in $OUT"

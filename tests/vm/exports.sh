@@ -23,12 +23,12 @@ run() {
 }
 
 # Every model tests/compiler/compile-exports.sh compiled (its MODELS list);
-# the decoders' prefill and decode programs are generated with by
-# tests/vm/decoder.sh instead.
+# the decoders (NAME-decoder.rbln, several entry points) are generated
+# with by tests/vm/decoder.sh instead.
 n=0
 for r in $o/*.rbln; do
     m=$(basename $r .rbln)
-    case $m in *-prefill | *-decode) continue ;; esac
+    case $m in *-decoder) continue ;; esac
     run $m "$(cat $o/$m.tol)"
     n=$((n + 1))
 done

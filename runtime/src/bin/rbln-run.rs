@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rbln_runtime::{clock, inspect, npy, stats::LatencyStats, AsyncRuntime, Data, Error, Runtime, Tensor};
+use rbln_runtime::{clock, inspect_entry, npy, stats::LatencyStats, AsyncRuntime, Data, Error, Runtime, Tensor};
 
 #[derive(Parser)]
 #[command(version, about = "Run a compiled .rbln model on the rbln NPU")]
@@ -41,9 +41,14 @@ struct Args {
     /// Fill missing inputs with random values in [-1, 1] instead of zeros.
     #[arg(long)]
     random: bool,
-    /// Print the model's metadata and exit (no device needed).
+    /// Print the model's metadata and exit (no device needed): every entry
+    /// point's interface, memory and ops, and the weights they share.
     #[arg(long)]
     inspect: bool,
+    /// The entry point to run, in a model holding several (default: its
+    /// main program); --inspect lists them.
+    #[arg(long)]
+    entry: Option<String>,
     /// Machine-readable report on stdout.
     #[arg(long)]
     json: bool,
@@ -147,38 +152,16 @@ fn main() -> ExitCode {
         Ok(m) => m,
         Err(e) => return fail(EXIT_MODEL, format!("{}: {e}", args.model.display())),
     };
-    let info = inspect(&model);
     if args.inspect {
-        if args.json {
-            let io = |v: &[rbln_runtime::IoInfo]| {
-                v.iter().map(|t| serde_json::json!({"name": t.name, "dtype": t.dtype, "shape": t.shape, "range": t.range.map(|(lo, hi)| [lo, hi])})).collect::<Vec<_>>()
-            };
-            let ops: Vec<_> = info.ops.iter().map(|(op, n)| serde_json::json!({"op": op, "count": n})).collect();
-            println!(
-                "{}",
-                serde_json::json!({"name": info.name, "producer": info.producer, "inputs": io(&info.inputs),
-                    "outputs": io(&info.outputs), "arena_bytes": info.arena_bytes,
-                    "staging_bytes": info.staging_bytes, "weight_bytes": info.weight_bytes, "ops": ops,
-                    "properties": model.meta.properties.iter().map(|p| (p.key.clone(), serde_json::Value::from(p.value.clone()))).collect::<serde_json::Map<_, _>>()})
-            );
-        } else {
-            println!("model:    {} (produced by {})", info.name, info.producer);
-            for t in &info.inputs {
-                let range = t.range.map_or(String::new(), |(lo, hi)| format!(" values {lo}..{hi}"));
-                println!("input:    {} {} {:?}{range}", t.name, t.dtype, t.shape);
-            }
-            for t in &info.outputs {
-                println!("output:   {} {} {:?}", t.name, t.dtype, t.shape);
-            }
-            println!("memory:   arena {} B, staging {} B, weights {} B", info.arena_bytes, info.staging_bytes, info.weight_bytes);
-            let ops: Vec<String> = info.ops.iter().map(|(op, n)| format!("{op} x{n}")).collect();
-            println!("ops:      {}", ops.join(", "));
-            for p in &model.meta.properties {
-                println!("property: {} = {}", p.key, p.value);
-            }
-        }
+        print_inspect(&model, args.json);
         return ExitCode::SUCCESS;
     }
+    let entry = args.entry.clone().unwrap_or_else(|| model.main_entry_name().to_string());
+    let Some(e) = model.entry_point(&entry) else {
+        let have: Vec<&str> = model.entry_points().iter().map(|e| e.name).collect();
+        return fail(EXIT_USAGE, format!("the model has no entry point '{entry}' (it has: {})", have.join(", ")));
+    };
+    let info = inspect_entry(&model, e);
     if args.inputs.len() > info.inputs.len() {
         return fail(EXIT_USAGE, format!("{} inputs given, the model has {}", args.inputs.len(), info.inputs.len()));
     }
@@ -217,7 +200,7 @@ fn main() -> ExitCode {
         return fail(EXIT_USAGE, "--profile runs without --async");
     }
     if args.pipelined {
-        let mut rt = match AsyncRuntime::new(&dev, model, args.parallel) {
+        let mut rt = match AsyncRuntime::with_entry(&dev, model, args.parallel, &entry) {
             Ok(r) => r,
             Err(e) => return fail(classify(&e), e),
         };
@@ -255,7 +238,7 @@ fn main() -> ExitCode {
         }
         wall = t_wall.elapsed();
     } else {
-        let mut rt = match Runtime::new(&dev, model) {
+        let mut rt = match Runtime::new(&dev, model).and_then(|mut r| r.select(&entry).map(|_| r)) {
             Ok(r) => r,
             Err(e) => return fail(classify(&e), e),
         };
@@ -340,5 +323,68 @@ fn first_text(d: &Data, n: usize) -> Vec<String> {
         Data::I8(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
         Data::U8(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
         Data::Bool(v) => v.iter().take(n).map(|x| x.to_string()).collect(),
+    }
+}
+
+/// `--inspect`: the model, its entry points and the weights they share.
+fn print_inspect(model: &rbln_format::Model, json: bool) {
+    let infos: Vec<rbln_runtime::ModelInfo> = model.entry_points().into_iter().map(|e| inspect_entry(model, e)).collect();
+    let main = &infos[0];
+    let separate: u64 = infos.iter().map(|i| i.weights_used_bytes).sum();
+    let properties = || model.meta.properties.iter().map(|p| (p.key.clone(), serde_json::Value::from(p.value.clone()))).collect::<serde_json::Map<_, _>>();
+    if json {
+        let io = |v: &[rbln_runtime::IoInfo]| {
+            v.iter().map(|t| serde_json::json!({"name": t.name, "dtype": t.dtype, "shape": t.shape, "range": t.range.map(|(lo, hi)| [lo, hi])})).collect::<Vec<_>>()
+        };
+        let ops = |i: &rbln_runtime::ModelInfo| i.ops.iter().map(|(op, n)| serde_json::json!({"op": op, "count": n})).collect::<Vec<_>>();
+        let entries: Vec<_> = infos
+            .iter()
+            .map(|i| {
+                serde_json::json!({"name": i.entry, "inputs": io(&i.inputs), "outputs": io(&i.outputs), "arena_bytes": i.arena_bytes,
+                    "staging_bytes": i.staging_bytes, "weights_used_bytes": i.weights_used_bytes, "ops": ops(i)})
+            })
+            .collect();
+        // The main program's fields at the top level, as for a model of
+        // one program.
+        println!(
+            "{}",
+            serde_json::json!({"name": main.name, "producer": main.producer, "inputs": io(&main.inputs),
+                "outputs": io(&main.outputs), "arena_bytes": main.arena_bytes,
+                "staging_bytes": main.staging_bytes, "weight_bytes": main.weight_bytes, "ops": ops(main),
+                "entries": entries, "weights_separate_bytes": separate, "properties": properties()})
+        );
+        return;
+    }
+    println!("model:    {} (produced by {})", main.name, main.producer);
+    let several = infos.len() > 1;
+    if several {
+        let each: Vec<String> = infos.iter().map(|i| format!("{} {} B", i.entry, i.weights_used_bytes)).collect();
+        println!("entries:  {} (main: {})", infos.iter().map(|i| i.entry.as_str()).collect::<Vec<_>>().join(", "), main.entry);
+        println!(
+            "weights:  {} B stored once, shared by {} entry points (each reads: {}); one file per entry point would hold {} B",
+            main.weight_bytes,
+            infos.len(),
+            each.join(", "),
+            separate
+        );
+    }
+    let pad = if several { "  " } else { "" };
+    for i in &infos {
+        if several {
+            println!("entry:    {}", i.entry);
+        }
+        for t in &i.inputs {
+            let range = t.range.map_or(String::new(), |(lo, hi)| format!(" values {lo}..{hi}"));
+            println!("{pad}input:    {} {} {:?}{range}", t.name, t.dtype, t.shape);
+        }
+        for t in &i.outputs {
+            println!("{pad}output:   {} {} {:?}", t.name, t.dtype, t.shape);
+        }
+        println!("{pad}memory:   arena {} B, staging {} B, weights {} B", i.arena_bytes, i.staging_bytes, i.weight_bytes);
+        let ops: Vec<String> = i.ops.iter().map(|(op, n)| format!("{op} x{n}")).collect();
+        println!("{pad}ops:      {}", ops.join(", "));
+    }
+    for p in &model.meta.properties {
+        println!("property: {} = {}", p.key, p.value);
     }
 }

@@ -8,27 +8,42 @@ generation as the reference.
 For GPT-2 and a Llama-style model (transformers' GPT2LMHeadModel and
 LlamaForCausalLM: rotary embeddings, RMSNorm, SwiGLU, grouped-query
 attention; random weights from small configs, no downloads) writes, for
-NAME in gpt2, llama:
+NAME in gpt2, llama, the entry points of one decoder (rbln-compile
+--entry NAME=FILE puts them in one .rbln over one copy of the weights):
 
-  NAME-prefill.onnx   input_ids [1, P] -> logits [1, V] (the last
-                      position's), k_cache, v_cache [L, KV heads, MAX, Dh]
-                      (the prompt's keys and values, zeros after it)
-  NAME-decode.onnx    input_ids [1, 1], position [1] (int64), k_cache,
-                      v_cache -> logits [1, V], k_cache, v_cache with
-                      the token's keys and values written at `position`
-                      (attention over positions <= position)
-  NAME-decoder.prompt.npy     the prompt ids [1, P] (int64)
-  NAME-decoder.generated.npy  transformers' generate(do_sample=False)
-                      tokens after the prompt (NEW ids, int64)
-  NAME-decoder.{prompt,generated}.txt  the same, comma-separated
+  NAME-decode.onnx       input_ids [1, 1], position [1] (int64), k_cache,
+                         v_cache [L, KV heads, MAX, Dh] -> logits [1, V],
+                         k_cache_out, v_cache_out: the token's keys and
+                         values written at `position` (attention over
+                         positions <= position)
+  NAME-prefill-P.onnx    (P in PREFILLS) input_ids [1, P] -> logits [1, V]
+                         (the last position's), k_cache_out, v_cache_out
+                         (the prompt's keys and values, zeros after it)
+  NAME-decode-batch.onnx continuous batching over SLOTS sequences:
+                         input_ids [S, 1], position [S], k_slots, v_slots
+                         [S, L, KV heads, MAX, Dh] -> logits [S, V],
+                         k_slots_out, v_slots_out (each sequence at its own
+                         position, attending to its own slot)
+  NAME-prefill-slot-P.onnx  input_ids [1, P], slot [1] (int64), k_slots,
+                         v_slots -> logits [1, V], k_slots_out,
+                         v_slots_out (the prompt's cache in slot `slot`,
+                         the other slots unchanged)
+  NAME-decoder.prompt.npy / .generated.npy   a prompt [1, PROMPT] (int64)
+                         and transformers' generate(do_sample=False)
+                         tokens after it (NEW ids)
+  NAME-decoder.prompt2.npy / .generated2.npy  a second prompt, of a length
+                         no prefill has (PROMPT2), and its NEW2 tokens
+  NAME-decoder.{prompt,generated,prompt2,generated2}.txt  the same,
+                         comma-separated
 
-Both graphs are the model's own modules (embeddings, LayerNorms, the
-attention and MLP projections) run in a forward written for a cache of
-fixed size MAX: the cache is written with a Where over the positions
-(no scatter at a run-time index) and attention masks the positions past
-the current one, so the shapes never change. The script checks that
-onnxruntime running prefill then decode step by step reproduces
-transformers' tokens before writing them.
+Every graph is the model's own modules (embeddings, norms, the attention
+and MLP projections) run in a forward written for a cache of fixed size
+MAX: the cache is written with a Where over the positions (no scatter at
+a run-time index) and attention masks the positions past the current
+one, so the shapes never change. The script checks that onnxruntime
+running prefill then decode step by step reproduces transformers' tokens
+for both prompts, and that the batched programs give every sequence the
+tokens it gets alone, before writing anything.
 """
 import os
 import sys
@@ -43,13 +58,17 @@ from export_torch import randomize  # noqa: E402
 
 OPSET = 17
 PROMPT, NEW, MAX = 8, 64, 80
+PROMPT2, NEW2 = 11, 24
+PREFILLS = (4, 8)
+SLOTS = 4
 
 
 class StaticCache(nn.Module):
     """A decoder's forward over a KV cache of MAX positions, shared by the
     models: each supplies `embed`, `blocks`, `qkv` (its input norm,
-    projections and position encoding), `mix` (attention output
-    projection and MLP) and `logits`."""
+    projections and position encoding, row-wise over tokens), `mix`
+    (attention output projection and MLP) and `head` (final norm and
+    logits, row-wise)."""
 
     def __init__(self, max_len, heads, kv_heads, head_dim):
         super().__init__()
@@ -75,7 +94,7 @@ class StaticCache(nn.Module):
             pad = (0, 0, 0, self.max - p)
             ks.append(nn.functional.pad(k, pad))
             vs.append(nn.functional.pad(v, pad))
-        return self.logits(x), torch.stack(ks), torch.stack(vs)
+        return self.head(x[-1:]), torch.stack(ks), torch.stack(vs)
 
     def decode(self, input_ids, position, k_cache, v_cache):
         x = self.embed(input_ids[0], position)  # [1, D]
@@ -90,25 +109,48 @@ class StaticCache(nn.Module):
             x = self.attend(blk, x, q, k, v, valid)
             ks.append(k)
             vs.append(v)
-        return self.logits(x), torch.stack(ks), torch.stack(vs)
+        return self.head(x), torch.stack(ks), torch.stack(vs)
+
+    def decode_batch(self, input_ids, position, k_slots, v_slots):
+        """One token for each of S sequences, each at its own position in
+        its own cache slot ([S, L, KV, MAX, Dh])."""
+        s = input_ids.shape[0]
+        x = self.embed(input_ids[:, 0], position)  # [S, D]: row-wise, one token per sequence
+        at = torch.arange(self.max)
+        here = (at.reshape(1, -1) == position.reshape(-1, 1)).reshape(s, 1, self.max, 1)
+        valid = (at.reshape(1, -1) <= position.reshape(-1, 1)).reshape(s, 1, 1, self.max)
+        rep = self.h // self.kv
+        ks, vs = [], []
+        for i, blk in enumerate(self.blocks()):
+            q, k, v = self.qkv(blk, x, position)  # [H or KV, S, Dh]
+            k = torch.where(here, k.transpose(0, 1).unsqueeze(2), k_slots[:, i])  # [S, KV, MAX, Dh]
+            v = torch.where(here, v.transpose(0, 1).unsqueeze(2), v_slots[:, i])
+            q = q.transpose(0, 1).unsqueeze(2)  # [S, H, 1, Dh]
+            kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            a = (q @ kk.transpose(2, 3)) / (self.dh ** 0.5)
+            a = torch.where(valid, a, torch.tensor(float("-inf")))
+            o = (torch.softmax(a, dim=-1) @ vv).reshape(s, -1)  # [S, H*Dh]
+            x = self.mix(blk, x, o)
+            ks.append(k)
+            vs.append(v)
+        return self.head(x), torch.stack(ks, dim=1), torch.stack(vs, dim=1)
+
+    def prefill_slot(self, input_ids, slot, k_slots, v_slots):
+        """The prefill, its cache written into slot `slot` of the batch."""
+        logits, k, v = self.prefill(input_ids)
+        mine = (torch.arange(k_slots.shape[0]) == slot).reshape(-1, 1, 1, 1, 1)
+        return logits, torch.where(mine, k.unsqueeze(0), k_slots), torch.where(mine, v.unsqueeze(0), v_slots)
 
 
-class Prefill(nn.Module):
-    def __init__(self, m):
+class Program(nn.Module):
+    """One entry point: method `what` of the StaticCache model."""
+
+    def __init__(self, m, what):
         super().__init__()
-        self.m = m
+        self.m, self.what = m, what
 
-    def forward(self, input_ids):
-        return self.m.prefill(input_ids)
-
-
-class Decode(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, input_ids, position, k_cache, v_cache):
-        return self.m.decode(input_ids, position, k_cache, v_cache)
+    def forward(self, *args):
+        return getattr(self.m, self.what)(*args)
 
 
 class Gpt2(StaticCache):
@@ -133,8 +175,8 @@ class Gpt2(StaticCache):
         x = x + blk.attn.c_proj(o)
         return x + blk.mlp(blk.ln_2(x))
 
-    def logits(self, x):
-        return self.lm(self.t.ln_f(x[-1:]))  # [1, V]
+    def head(self, x):
+        return self.lm(self.t.ln_f(x))
 
 
 class Llama(StaticCache):
@@ -168,19 +210,20 @@ class Llama(StaticCache):
         x = x + layer.self_attn.o_proj(o)
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
-    def logits(self, x):
-        return self.lm(self.m.norm(x[-1:]))
+    def head(self, x):
+        return self.lm(self.m.norm(x))
 
 
 def gpt2(seed):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
+    # An untied head: with random weights, a tied one makes greedy decoding
+    # repeat one token (its own embedding scores highest).
     cfg = GPT2Config(vocab_size=1000, n_positions=MAX, n_embd=128, n_layer=4, n_head=4, attn_implementation="eager",
-                     bos_token_id=0, eos_token_id=None)
+                     bos_token_id=0, eos_token_id=None, tie_word_embeddings=False)
     hf = randomize(GPT2LMHeadModel(cfg), seed).eval()
-    m = Gpt2(hf, MAX)
-    return hf, Prefill(m).eval(), Decode(m).eval(), (cfg.n_layer, m.kv, MAX, m.dh)
+    return hf, Gpt2(hf, MAX).eval(), (cfg.n_layer, cfg.n_head, MAX, cfg.n_embd // cfg.n_head)
 
 
 def llama(seed):
@@ -189,48 +232,109 @@ def llama(seed):
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=MAX, attn_implementation="eager",
-                      bos_token_id=0, eos_token_id=None)
+                      bos_token_id=0, eos_token_id=None, tie_word_embeddings=False)
     hf = randomize(LlamaForCausalLM(cfg), seed).eval()
-    m = Llama(hf, MAX)
-    return hf, Prefill(m).eval(), Decode(m).eval(), (cfg.num_hidden_layers, m.kv, MAX, m.dh)
+    m = Llama(hf, MAX).eval()
+    return hf, m, (cfg.num_hidden_layers, m.kv, MAX, m.dh)
 
 
-def export_pair(out, name, hf, pre, dec, cache_shape, seed):
-    """Export NAME-prefill / NAME-decode, check onnxruntime over them
-    against transformers' greedy tokens, save the prompt and the tokens."""
-    prompt = torch.from_numpy(np.random.default_rng(seed).integers(0, hf.config.vocab_size, (1, PROMPT)).astype(np.int64))
+def reference(hf, prompt, new):
+    """transformers' greedy tokens after `prompt`."""
     with torch.no_grad():
-        ref = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW, do_sample=False,
-                          pad_token_id=0)[0, PROMPT:].numpy()
+        return hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, do_sample=False,
+                           pad_token_id=0)[0, prompt.shape[1]:].tolist()
+
+
+def export(out, name, program, args, inputs, outputs):
+    with torch.no_grad():
+        torch.onnx.export(program, args, os.path.join(out, f"{name}.onnx"), opset_version=OPSET, dynamo=False,
+                          input_names=inputs, output_names=outputs)
+    return ort.InferenceSession(os.path.join(out, f"{name}.onnx"), ort.SessionOptions(), providers=["CPUExecutionProvider"])
+
+
+def export_decoder(out, name, hf, m, cache_shape, seed):
+    """Export NAME's programs, check onnxruntime over them against
+    transformers' greedy tokens, save the prompts and the tokens."""
+    rng = np.random.default_rng(seed)
+    vocab = hf.config.vocab_size
+    prompts = [torch.from_numpy(rng.integers(0, vocab, (1, n)).astype(np.int64)) for n in (PROMPT, PROMPT2)]
+    refs = [reference(hf, p, n) for p, n in zip(prompts, (NEW, NEW2))]
     cache = torch.zeros(cache_shape)
-    with torch.no_grad():
-        torch.onnx.export(pre, (prompt,), os.path.join(out, f"{name}-prefill.onnx"), opset_version=OPSET, dynamo=False,
-                          input_names=["input_ids"], output_names=["logits", "k_cache", "v_cache"])
-        torch.onnx.export(dec, (prompt[:, :1], torch.tensor([PROMPT]), cache, cache), os.path.join(out, f"{name}-decode.onnx"),
-                          opset_version=OPSET, dynamo=False, input_names=["input_ids", "position", "k_cache", "v_cache"],
-                          output_names=["logits", "k_cache_out", "v_cache_out"])
-    # onnxruntime through the two programs must give transformers' tokens.
-    so = ort.SessionOptions()
-    sp = ort.InferenceSession(os.path.join(out, f"{name}-prefill.onnx"), so, providers=["CPUExecutionProvider"])
-    sd = ort.InferenceSession(os.path.join(out, f"{name}-decode.onnx"), so, providers=["CPUExecutionProvider"])
-    logits, k, v = sp.run(None, {"input_ids": prompt.numpy()})
-    got = []
-    for step in range(NEW):
-        tok = int(np.argmax(logits[0]))
-        got.append(tok)
-        if step + 1 == NEW:
-            break
-        logits, k, v = sd.run(None, {"input_ids": np.array([[tok]], np.int64), "position": np.array([PROMPT + step], np.int64),
-                                     "k_cache": k, "v_cache": v})
-    if got != ref.tolist():
-        sys.exit(f"export_decoder.py: {name}: onnxruntime over the exported programs gave {got}, transformers {ref.tolist()}")
-    np.save(os.path.join(out, f"{name}-decoder.prompt.npy"), prompt.numpy())
-    np.save(os.path.join(out, f"{name}-decoder.generated.npy"), ref.astype(np.int64))
-    # The same as comma-separated text, for rbln-generate in the guest.
-    for what, ids in (("prompt", prompt.numpy()[0]), ("generated", ref)):
-        with open(os.path.join(out, f"{name}-decoder.{what}.txt"), "w") as f:
-            f.write(",".join(str(int(i)) for i in ids) + "\n")
-    print(f"{name}: prompt {PROMPT}, {NEW} new tokens, cache {cache_shape}; onnxruntime matches transformers", file=sys.stderr)
+    slots = torch.zeros((SLOTS,) + tuple(cache_shape))
+    i64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    dec = export(out, f"{name}-decode", Program(m, "decode"), (prompts[0][:, :1], i64(PROMPT), cache, cache),
+                 ["input_ids", "position", "k_cache", "v_cache"], ["logits", "k_cache_out", "v_cache_out"])
+    pre = {p: export(out, f"{name}-prefill-{p}", Program(m, "prefill"), (prompts[0][:, :p],), ["input_ids"],
+                     ["logits", "k_cache_out", "v_cache_out"]) for p in PREFILLS}
+    dec_b = export(out, f"{name}-decode-batch", Program(m, "decode_batch"),
+                   (prompts[0][:, :1].repeat(SLOTS, 1), i64(*range(SLOTS)), slots, slots),
+                   ["input_ids", "position", "k_slots", "v_slots"], ["logits", "k_slots_out", "v_slots_out"])
+    pre_s = {p: export(out, f"{name}-prefill-slot-{p}", Program(m, "prefill_slot"), (prompts[0][:, :p], i64(1), slots, slots),
+                       ["input_ids", "slot", "k_slots", "v_slots"], ["logits", "k_slots_out", "v_slots_out"]) for p in PREFILLS}
+
+    # onnxruntime through the programs must give transformers' tokens: the
+    # longest prefill that fits, then the rest of the prompt and the new
+    # tokens through the decode step.
+    def alone(prompt, new):
+        p = max(n for n in PREFILLS if n <= prompt.shape[1])
+        logits, k, v = pre[p].run(None, {"input_ids": prompt[:, :p].numpy()})
+        feed = prompt[0, p:].tolist()
+        got, pos = [], p
+        while len(got) < new:
+            if not feed:
+                got.append(int(np.argmax(logits[0])))
+                if len(got) == new:
+                    break
+                feed.append(got[-1])
+            logits, k, v = dec.run(None, {"input_ids": np.array([[feed.pop(0)]], np.int64), "position": np.array([pos], np.int64),
+                                          "k_cache": k, "v_cache": v})
+            pos += 1
+        return got
+
+    for prompt, ref, new in zip(prompts, refs, (NEW, NEW2)):
+        got = alone(prompt, new)
+        if got != ref:
+            sys.exit(f"export_decoder.py: {name}: onnxruntime over the exported programs gave {got}, transformers {ref}")
+
+    # The batched programs: both prompts in slots 2 and 0 (the second
+    # joining two steps later), each must get its tokens alone.
+    ks = np.zeros(slots.shape, np.float32)
+    vs = np.zeros(slots.shape, np.float32)
+    seqs = {}
+    def join(slot, prompt):
+        nonlocal ks, vs
+        p = max(n for n in PREFILLS if n <= prompt.shape[1])
+        logits, ks, vs = pre_s[p].run(None, {"input_ids": prompt[:, :p].numpy(), "slot": np.array([slot], np.int64),
+                                             "k_slots": ks, "v_slots": vs})
+        seqs[slot] = {"feed": prompt[0, p:].tolist(), "pos": p, "got": [], "logits": logits[0]}
+    join(2, prompts[0])
+    for step in range(NEW + 4):
+        if step == 2:
+            join(0, prompts[1])
+        ids, pos = np.zeros((SLOTS, 1), np.int64), np.zeros(SLOTS, np.int64)
+        for slot, q in seqs.items():
+            if not q["feed"] and len(q["got"]) < (NEW if slot == 2 else NEW2):
+                q["got"].append(int(np.argmax(q["logits"])))
+                q["feed"].append(q["got"][-1])
+            if q["feed"]:
+                ids[slot, 0], pos[slot] = q["feed"].pop(0), q["pos"]
+                q["pos"] += 1
+        logits, ks, vs = dec_b.run(None, {"input_ids": ids, "position": pos, "k_slots": ks, "v_slots": vs})
+        for slot, q in seqs.items():
+            q["logits"] = logits[slot]
+    for slot, ref, new in ((2, refs[0], NEW), (0, refs[1], NEW2)):
+        if seqs[slot]["got"][:new] != ref:
+            sys.exit(f"export_decoder.py: {name}: the batched programs gave slot {slot} {seqs[slot]['got'][:new]}, transformers {ref}")
+
+    for suffix, prompt, ref in (("", prompts[0], refs[0]), ("2", prompts[1], refs[1])):
+        np.save(os.path.join(out, f"{name}-decoder.prompt{suffix}.npy"), prompt.numpy())
+        np.save(os.path.join(out, f"{name}-decoder.generated{suffix}.npy"), np.array(ref, np.int64))
+        # The same as comma-separated text, for rbln-generate in the guest.
+        for what, ids in ((f"prompt{suffix}", prompt.numpy()[0]), (f"generated{suffix}", ref)):
+            with open(os.path.join(out, f"{name}-decoder.{what}.txt"), "w") as f:
+                f.write(",".join(str(int(i)) for i in ids) + "\n")
+    print(f"{name}: prompts {PROMPT} and {PROMPT2}, prefills {PREFILLS}, {SLOTS} batch slots, cache {cache_shape}; "
+          "onnxruntime matches transformers", file=sys.stderr)
 
 
 def main():
@@ -238,9 +342,9 @@ def main():
         sys.exit(__doc__)
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
-    for name, build, seed in (("gpt2", gpt2, 21), ("llama", llama, 22)):
-        hf, pre, dec, cache_shape = build(seed)
-        export_pair(out, name, hf, pre, dec, cache_shape, seed)
+    for name, build, seed in (("gpt2", gpt2, 11), ("llama", llama, 22)):
+        hf, m, cache_shape = build(seed)
+        export_decoder(out, name, hf, m, cache_shape, seed)
 
 
 if __name__ == "__main__":
