@@ -29,7 +29,7 @@ from typing import Any, Iterable, Sequence, Union
 from . import _rbln
 from ._errors import *  # noqa: F401,F403  (the exception hierarchy)
 from ._errors import RBLNCompileError, RBLNValueError, __all__ as _error_names
-from ._rbln import CompiledModel, Decoder, Runtime, Task, device_count, devices, perf_counter_ns
+from ._rbln import BatchDecoder, CompiledModel, Decoder, Runtime, Task, device_count, devices, perf_counter_ns
 
 __version__: str = _rbln.__version__
 
@@ -178,11 +178,20 @@ def _read_model(path_or_bytes: Any, what: str) -> tuple:
 def compile_from_onnx(path_or_bytes: Any, input_info: Any = None, *, name: str | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes or onnx.ModelProto) for the NPU.
 
-    ``input_info``: static shapes for inputs, ``[(name, shape[, dtype]),
-    ...]`` or ``{name: shape}`` (needed for dynamic dimensions). Raises
-    :class:`rbln.RBLNCompileError` for models the compiler does not take.
-    The GIL is released while compiling.
+    ``path_or_bytes`` may also be a dict ``{entry name: model, ...}``: the
+    models become entry points of one CompiledModel over one copy of their
+    weights (the first is the main program), e.g. a decoder's decode step
+    and prefills (docs/python.md). ``input_info``: static shapes for
+    inputs, ``[(name, shape[, dtype]), ...]`` or ``{name: shape}`` (needed
+    for dynamic dimensions). Raises :class:`rbln.RBLNCompileError` for
+    models the compiler does not take. The GIL is released while
+    compiling.
     """
+    if isinstance(path_or_bytes, dict):
+        if not path_or_bytes:
+            raise RBLNValueError("compile_from_onnx: the dict of entry points is empty")
+        entries = [(str(e), _read_model(m, "compile_from_onnx")[0]) for e, m in path_or_bytes.items()]
+        return _rbln._compile_entries(entries, name or "model", _input_shapes(input_info))
     data, stem = _read_model(path_or_bytes, "compile_from_onnx")
     return _rbln._compile(data, name or stem, _input_shapes(input_info))
 
@@ -241,20 +250,19 @@ def compile_from_torch(module: Any, input_info: InputInfo, *, name: str | None =
     return _rbln._compile(buf.getvalue(), model_name, shapes)
 
 
-def generate(decode: Any, prompt_ids: Iterable[int], *, prefill: Any = None, device: int = 0, stream: bool = False,
-             **options: Any) -> Any:
+def generate(model: Any, prompt_ids: Iterable[int], *, device: int = 0, stream: bool = False, **options: Any) -> Any:
     """Generate tokens with a causal decoder on the NPU.
 
-    ``decode`` (and ``prefill``) are the decoder's programs (.rbln paths or
-    CompiledModels, the decoder convention of docs/python.md) or ``decode``
-    is an :class:`rbln.Decoder`. ``options``: ``max_new_tokens``,
-    ``sampling`` ("greedy", "top-k", "top-p"), ``top_k``, ``top_p``,
-    ``temperature``, ``seed``, ``eos_id``, ``on_token``. Returns a dict
+    ``model`` is the decoder (a .rbln path or CompiledModel whose entry
+    points follow the decoder convention of docs/python.md) or an
+    :class:`rbln.Decoder`. ``options``: ``max_new_tokens``, ``sampling``
+    ("greedy", "top-k", "top-p"), ``top_k``, ``top_p``, ``temperature``,
+    ``seed``, ``eos_id``, ``prefill``, ``on_token``. Returns a dict
     (``tokens``, ``time_to_first_token_ms``, ``tokens_per_s``,
-    ``used_prefill``), or with ``stream=True`` an iterator over the new
+    ``prefill_tokens``), or with ``stream=True`` an iterator over the new
     tokens as they are chosen.
     """
-    dec = decode if isinstance(decode, Decoder) else Decoder(decode, prefill=prefill, device=device)
+    dec = model if isinstance(model, Decoder) else Decoder(model, device=device)
     prompt = [int(t) for t in prompt_ids]
     if not stream:
         return dec.generate(prompt, **options)
@@ -357,6 +365,7 @@ __all__ = [
     "Request",
     "CompiledModel",
     "Decoder",
+    "BatchDecoder",
     "generate",
     "compile_from_onnx",
     "compile_from_tflite",

@@ -30,12 +30,18 @@ class Runtime:
         self,
         model: Model,
         *,
+        entry: Optional[str] = None,
         device: int = 0,
         tensor_type: str = "np",
         activate_profiler: bool = False,
         state: Optional[Sequence[Tuple[str, str]]] = None,
     ) -> None: ...
     def run(self, *inputs: Any, out: Optional[Any] = None, **named: Any) -> Outputs: ...
+    @property
+    def entries(self) -> List[str]: ...
+    @property
+    def entry(self) -> str: ...
+    def select(self, name: str) -> None: ...
     @property
     def state(self) -> List[Tuple[str, str]]: ...
     def reset_state(self) -> None: ...
@@ -58,10 +64,13 @@ class Runtime:
     ) -> bool: ...
 
 class Decoder:
-    """A causal decoder's prefill and decode programs on an NPU, the KV
-    cache on the device."""
+    """A causal decoder on an NPU: its decode step and prefills, entry
+    points of one model over one copy of the weights, the KV cache on the
+    device."""
 
-    def __init__(self, decode: Model, *, prefill: Optional[Model] = None, device: int = 0) -> None: ...
+    def __init__(self, model: Model, *, device: int = 0) -> None: ...
+    @property
+    def prefill_lengths(self) -> List[int]: ...
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -73,8 +82,33 @@ class Decoder:
         temperature: float = 1.0,
         seed: int = 0,
         eos_id: Optional[int] = None,
+        prefill: bool = True,
         on_token: Optional[Callable[[int], Any]] = None,
     ) -> Dict[str, Any]: ...
+
+class BatchDecoder:
+    """Continuous batching on an NPU: sequences join and leave a batched
+    decode step between steps, each in its own KV-cache slot."""
+
+    def __init__(self, model: Model, *, device: int = 0) -> None: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def active(self) -> int: ...
+    def join(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int = 16,
+        sampling: str = "greedy",
+        top_k: int = 50,
+        top_p: float = 0.9,
+        temperature: float = 1.0,
+        seed: int = 0,
+        eos_id: Optional[int] = None,
+    ) -> int: ...
+    def step(self) -> List[Tuple[int, int, bool]]: ...
+    def cancel(self, id: int) -> bool: ...
 
 class Task:
     """A request in flight (AsyncRuntime.run)."""

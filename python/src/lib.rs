@@ -85,7 +85,9 @@ fn _rbln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<asyncrt::CompletionQueue>()?;
     m.add_class::<model::CompiledModel>()?;
     m.add_class::<decoder::Decoder>()?;
+    m.add_class::<decoder::BatchDecoder>()?;
     m.add_function(wrap_pyfunction!(model::_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(model::_compile_entries, m)?)?;
     m.add_function(wrap_pyfunction!(model::_compile_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(quantize::_quantize, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;

@@ -150,6 +150,18 @@ pub fn _compile(py: Python<'_>, data: &[u8], name: &str, input_shapes: Vec<(Stri
     Ok(from_compiled(compiled))
 }
 
+/// Compile several ONNX or TFLite models into one model whose programs
+/// are entry points over one copy of the weights (`entries`: (entry name,
+/// bytes), the first the main program; `rbln_compile::compile_entries`).
+#[pyfunction]
+#[pyo3(signature = (entries, name, input_shapes))]
+pub fn _compile_entries(py: Python<'_>, entries: Vec<(String, Vec<u8>)>, name: &str, input_shapes: Vec<(String, Vec<u64>)>) -> PyResult<CompiledModel> {
+    let opts = rbln_compile::Options { input_shapes, ..Default::default() };
+    let sources: Vec<(&str, &[u8])> = entries.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+    let compiled = py.detach(|| rbln_compile::compile_entries(&sources, name, &opts)).map_err(Failure::from)?;
+    Ok(from_compiled(compiled))
+}
+
 /// Compile one launch of a Triton kernel from its TTIR (see
 /// `rbln_compile::compile_kernel`). `bindings`, one per kernel argument:
 /// `("tensor", name, shape)`, `("int", value)` or `("float", value)`.

@@ -1,6 +1,6 @@
 //! `rbln.Runtime`: one model on one device, synchronous runs.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -12,8 +12,11 @@ use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_input, to_input
 
 /// A compiled model loaded on an NPU, ready to run.
 ///
-/// `Runtime(model, *, device=0, tensor_type="np", activate_profiler=False)`:
-/// `model` is a .rbln path or an `rbln.CompiledModel`. `run(*inputs,
+/// `Runtime(model, *, entry=None, device=0, tensor_type="np",
+/// activate_profiler=False, state=None)`: `model` is a .rbln path or an
+/// `rbln.CompiledModel`; a model with several entry points has them all
+/// loaded over one copy of the weights, `entry` (default: the main
+/// program) or `select(name)` choosing the one that runs. `run(*inputs,
 /// **named)` (also `rt(*inputs)`) returns one array for a single-output
 /// model, a list otherwise; `out=` writes into pre-allocated arrays. The
 /// GIL is released while the device works; a Runtime may be shared between
@@ -22,10 +25,11 @@ use crate::tensors::{gather_inputs, info_dict, outputs_to_py, to_input, to_input
 #[pyclass(module = "rbln._rbln", name = "Runtime", frozen)]
 pub struct Runtime {
     inner: Mutex<Option<rbln_runtime::Runtime>>,
-    /// What runs take and give (without the bound state).
-    info: ModelInfo,
-    /// The whole model's interface (the state inputs' types).
-    full_info: ModelInfo,
+    /// What runs of the selected entry take and give (without the bound
+    /// state).
+    info: Mutex<Arc<ModelInfo>>,
+    /// Every entry point's inputs (the state inputs' types).
+    all_inputs: Vec<rbln_runtime::IoInfo>,
     properties: Vec<(String, String)>,
     tensor_type: TensorType,
     profiler: bool,
@@ -41,29 +45,39 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[pymethods]
 impl Runtime {
     #[new]
-    #[pyo3(signature = (model, *, device = 0, tensor_type = "np", activate_profiler = false, state = None))]
-    fn py_new(model: &Bound<'_, PyAny>, device: u32, tensor_type: &str, activate_profiler: bool, state: Option<Vec<(String, String)>>) -> PyResult<Self> {
+    #[pyo3(signature = (model, *, entry = None, device = 0, tensor_type = "np", activate_profiler = false, state = None))]
+    fn py_new(
+        model: &Bound<'_, PyAny>,
+        entry: Option<String>,
+        device: u32,
+        tensor_type: &str,
+        activate_profiler: bool,
+        state: Option<Vec<(String, String)>>,
+    ) -> PyResult<Self> {
         let py = model.py();
         let tensor_type = TensorType::parse(py, tensor_type)?;
         let model = model_from(model)?;
-        let full_info = rbln_runtime::inspect(&model);
+        let all_inputs = model.entry_points().into_iter().flat_map(|e| rbln_runtime::inspect_entry(&model, e).inputs).collect();
         let properties = properties(&model);
         let pairs = state.unwrap_or_default();
         let rt = py
             .detach(|| -> Result<_, Failure> {
                 let dev = rbln_umd::Device::open(device)?;
                 let mut rt = rbln_runtime::Runtime::new(&dev, model)?;
+                if let Some(e) = &entry {
+                    rt.select(e)?;
+                }
                 if !pairs.is_empty() {
                     rt.bind_state(&pairs)?;
                 }
                 Ok(rt)
             })
             .map_err(PyErr::from)?;
-        let info = rt.info();
+        let info = Mutex::new(Arc::new(rt.info()));
         Ok(Self {
             inner: Mutex::new(Some(rt)),
             info,
-            full_info,
+            all_inputs,
             properties,
             tensor_type,
             profiler: activate_profiler,
@@ -81,8 +95,9 @@ impl Runtime {
         out: Option<&Bound<'py, PyAny>>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let inputs = gather_inputs(&self.info, args, kwargs)?;
-        let inputs = to_inputs(&self.info, &inputs)?;
+        let info = self.info();
+        let inputs = gather_inputs(&info, args, kwargs)?;
+        let inputs = to_inputs(&info, &inputs)?;
         let views: Vec<_> = inputs.iter().map(Input::view).collect();
         // Without the GIL, the arrays are read while staging them: another
         // thread writing them meanwhile races as it would with NumPy's own
@@ -93,7 +108,7 @@ impl Runtime {
                 let rt = g.as_mut().ok_or_else(|| Failure::closed("runtime"))?;
                 if self.profiler {
                     let (outs, profile) = rt.profile_views(&views)?;
-                    *lock(&self.trace) = Some(profile.to_chrome_trace(&self.info.name));
+                    *lock(&self.trace) = Some(profile.to_chrome_trace(&info.name));
                     Ok(outs)
                 } else {
                     Ok(rt.run_views(&views)?)
@@ -104,9 +119,36 @@ impl Runtime {
         drop(views);
         drop(inputs);
         match out {
-            Some(o) => write_out(o, outs, &self.info),
+            Some(o) => write_out(o, outs, &info),
             None => outputs_to_py(py, outs, self.tensor_type),
         }
+    }
+
+    /// The entry points' names (the main program first).
+    #[getter]
+    fn entries(&self) -> Vec<String> {
+        self.info().entries.clone()
+    }
+
+    /// The selected entry point.
+    #[getter]
+    fn entry(&self) -> String {
+        self.info().entry.clone()
+    }
+
+    /// Make entry point `name` the one that runs (its inputs, outputs and
+    /// `inspect()` from now on).
+    fn select(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let info = py
+            .detach(|| -> Result<_, Failure> {
+                let mut g = lock(&self.inner);
+                let rt = g.as_mut().ok_or_else(|| Failure::closed("runtime"))?;
+                rt.select(name)?;
+                Ok(rt.info())
+            })
+            .map_err(PyErr::from)?;
+        *lock(&self.info) = Arc::new(info);
+        Ok(())
     }
 
     /// For `make bench` (tests/bench/python_bench.py): the latencies (ns)
@@ -115,8 +157,9 @@ impl Runtime {
     /// same process, interleaved with Python calls.
     #[pyo3(signature = (*args, n))]
     fn _time_rust<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>, n: usize) -> PyResult<Vec<u64>> {
-        let inputs = gather_inputs(&self.info, args, None)?;
-        let inputs = to_inputs(&self.info, &inputs)?;
+        let info = self.info();
+        let inputs = gather_inputs(&info, args, None)?;
+        let inputs = to_inputs(&info, &inputs)?;
         let views: Vec<_> = inputs.iter().map(Input::view).collect();
         py.detach(|| -> Result<_, Failure> {
             let mut g = lock(&self.inner);
@@ -146,13 +189,13 @@ impl Runtime {
 
     /// Inputs, outputs, memory (arena, staging, weights), ops, properties.
     fn inspect<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        info_dict(py, &self.info, &self.properties)
+        info_dict(py, &self.info(), &self.properties)
     }
 
     /// The (input, output) pairs kept on the device (`state=`).
     #[getter(state)]
     fn bound_state(&self) -> Vec<(String, String)> {
-        self.info.state.clone()
+        self.info().state.clone()
     }
 
     /// Zero every state tensor (a new sequence).
@@ -166,8 +209,8 @@ impl Runtime {
 
     /// Write the state input `name` (e.g. a prefill's KV cache).
     fn set_state(&self, py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        let want = self.full_info.inputs.iter().find(|i| i.name == name).ok_or_else(|| {
-            PyErr::from(Failure::from(rbln_runtime::Error::State(format!("'{name}' is not a bound state input (bound: {:?})", self.info.state))))
+        let want = self.all_inputs.iter().find(|i| i.name == name).ok_or_else(|| {
+            PyErr::from(Failure::from(rbln_runtime::Error::State(format!("'{name}' is not a bound state input (bound: {:?})", self.info().state))))
         })?;
         let input = to_input(value, want)?;
         let view = input.view();
@@ -224,6 +267,14 @@ impl Runtime {
 
     fn __repr__(&self) -> String {
         let state = if self.closed() { " closed" } else { "" };
-        format!("<rbln.Runtime '{}' device={}{state}>", self.info.name, self.device)
+        let info = self.info();
+        let entry = if info.entries.len() > 1 { format!(" entry='{}'", info.entry) } else { String::new() };
+        format!("<rbln.Runtime '{}'{entry} device={}{state}>", info.name, self.device)
+    }
+}
+
+impl Runtime {
+    fn info(&self) -> Arc<ModelInfo> {
+        lock(&self.info).clone()
     }
 }

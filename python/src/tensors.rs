@@ -326,6 +326,8 @@ pub fn info_dict<'py>(py: Python<'py>, info: &ModelInfo, properties: &[(String, 
     let d = PyDict::new(py);
     d.set_item("name", &info.name)?;
     d.set_item("producer", &info.producer)?;
+    d.set_item("entry", &info.entry)?;
+    d.set_item("entries", info.entries.clone())?;
     d.set_item("inputs", io(&info.inputs)?)?;
     d.set_item("outputs", io(&info.outputs)?)?;
     if !info.state.is_empty() {
@@ -335,6 +337,7 @@ pub fn info_dict<'py>(py: Python<'py>, info: &ModelInfo, properties: &[(String, 
     mem.set_item("arena_bytes", info.arena_bytes)?;
     mem.set_item("staging_bytes", info.staging_bytes)?;
     mem.set_item("weight_bytes", info.weight_bytes)?;
+    mem.set_item("weights_used_bytes", info.weights_used_bytes)?;
     d.set_item("memory", mem)?;
     let ops = PyDict::new(py);
     for (op, n) in &info.ops {

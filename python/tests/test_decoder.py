@@ -1,13 +1,12 @@
 """Causal decoders generating on the NPU: GPT-2 and a Llama-style model
 (rotary embeddings, RMSNorm, SwiGLU, grouped-query attention; random
-weights from small configs) as a prefill and a decode program over a
-fixed-size KV cache
+weights from small configs), each one .rbln whose entry points — a decode
+step, prefills at 4 and 8 tokens, a batched decode step and slot
+prefills — share one copy of the weights
 (tests/models/exports/export_decoder.py, compiled by
-tests/compiler/compile-exports.sh), run greedily token by token; the
-tokens must be exactly those transformers' generate() produced.
-
-For now the cache travels with each call (an input and an output of the
-decode program) and each program holds its own copy of the weights.
+tests/compiler/compile-exports.sh). The tokens must be exactly those
+transformers' generate() produced, for two prompt lengths, alone and
+under continuous batching.
 """
 
 import pathlib
@@ -28,100 +27,110 @@ def need(name):
     return p
 
 
-def greedy(prefill, step, prompt, n):
-    """n tokens: the prefill's logits, then `step(token, position)`'s."""
-    logits = prefill(prompt)
-    got = []
-    for i in range(n):
-        token = int(np.argmax(logits[0]))
-        got.append(token)
-        if i + 1 < n:
-            logits = step(token, prompt.shape[1] + i)
-    return got
-
-
 def ids(*v):
     return [np.array(x, np.int64) for x in v]
 
 
-@pytest.mark.device
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_greedy_generation_matches_transformers(name):
-    prompt = np.load(need(f"{name}-decoder.prompt.npy"))
-    want = np.load(need(f"{name}-decoder.generated.npy")).tolist()
-    with rbln.Runtime(need(f"{name}-prefill.rbln")) as prefill, rbln.Runtime(need(f"{name}-decode.rbln")) as decode:
-        info = decode.inspect()
-        assert [i["name"] for i in info["inputs"]] == ["input_ids", "position", "k_cache", "v_cache"]
-        cache = {}
+def reference(name, second=False):
+    """(prompt ids, transformers' tokens) of the exporter's first or second
+    prompt."""
+    sfx = "2" if second else ""
+    return (np.load(need(f"{name}-decoder.prompt{sfx}.npy"))[0].tolist(),
+            np.load(need(f"{name}-decoder.generated{sfx}.npy")).tolist())
 
-        def first(p):
-            logits, cache["k"], cache["v"] = prefill.run(p)
-            return logits
 
-        def step(token, position):
-            logits, cache["k"], cache["v"] = decode.run(*ids([[token]], [position]), cache["k"], cache["v"])
-            return logits
-
-        got = greedy(first, step, prompt, len(want))
-    assert got == want, f"first difference at token {next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}"
-    assert len(got) >= 64
+ENTRIES = ["decode", "prefill_4", "prefill_8", "decode_batch", "prefill_slot_4", "prefill_slot_8"]
+PAIRS = [("k_cache", "k_cache_out"), ("v_cache", "v_cache_out")]
 
 
 @pytest.mark.device
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_the_kv_cache_stays_on_the_device(name):
-    """The decode program's cache bound as state: set once from the
-    prefill, then each step passes only the token and its position and
-    gets only the logits; the tokens are the same."""
-    prompt = np.load(need(f"{name}-decoder.prompt.npy"))
-    want = np.load(need(f"{name}-decoder.generated.npy")).tolist()
-    pairs = [("k_cache", "k_cache_out"), ("v_cache", "v_cache_out")]
-    with rbln.Runtime(need(f"{name}-prefill.rbln")) as prefill, \
-            rbln.Runtime(need(f"{name}-decode.rbln"), state=pairs) as decode:
-        assert decode.state == pairs
-        info = decode.inspect()
+def test_entry_points_share_the_weights_and_the_cache_by_hand(name):
+    """The prefill and decode entry points of one Runtime, the cache bound
+    as state across them: the prefill writes it on the device, each decode
+    step passes only the token and its position."""
+    prompt, want = reference(name)
+    with rbln.Runtime(need(f"{name}-decoder.rbln"), state=PAIRS) as rt:
+        assert rt.entries == ENTRIES and rt.entry == "decode"
+        info = rt.inspect()
         assert [i["name"] for i in info["inputs"]] == ["input_ids", "position"]
         assert [o["name"] for o in info["outputs"]] == ["logits"]
-        assert info["state"] == pairs
-        logits, k, v = prefill.run(prompt)
-        # The state starts as zeros; set it from the prefill.
-        assert not np.any(decode.get_state("k_cache"))
-        decode.set_state("k_cache", k)
-        decode.set_state("v_cache", v)
-        assert np.array_equal(decode.get_state("v_cache"), v)
-        got = greedy(lambda p: logits, lambda t, pos: decode.run(*ids([[t]], [pos])), prompt, len(want))
-        assert got == want
-        # The cache now holds every position up to the last token's.
-        k_end = decode.get_state("k_cache")
-        assert np.any(k_end[:, :, prompt.shape[1] + len(want) - 2]) and not np.any(k_end[:, :, prompt.shape[1] + len(want) - 1:])
-        decode.reset_state()
-        assert not np.any(decode.get_state("k_cache"))
+        assert info["state"] == PAIRS and info["entries"] == ENTRIES
+        # Every program reads nearly all of the one weights section.
+        mem = info["memory"]
+        assert 0.95 * mem["weight_bytes"] < mem["weights_used_bytes"] <= mem["weight_bytes"]
+        assert not np.any(rt.get_state("k_cache"))
+        rt.select("prefill_8")
+        assert rt.entry == "prefill_8" and [i["name"] for i in rt.inspect()["inputs"]] == ["input_ids"]
+        logits = rt.run(np.array([prompt], np.int64))
+        k = rt.get_state("k_cache")
+        assert np.any(k[:, :, 7]) and not np.any(k[:, :, 8:]), "the prefill wrote positions 0..7 of the cache"
+        rt.select("decode")
+        got = []
+        for i in range(len(want)):
+            got.append(int(np.argmax(logits[0])))
+            if i + 1 < len(want):
+                logits = rt.run(*ids([[got[-1]]], [len(prompt) + i]))
+        assert got == want, f"first difference at token {next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}"
+        k_end = rt.get_state("k_cache")
+        assert np.any(k_end[:, :, len(prompt) + len(want) - 2]) and not np.any(k_end[:, :, len(prompt) + len(want) - 1:])
+        # set_state writes what the next run reads; reset clears it.
+        rt.set_state("v_cache", np.ones_like(k_end))
+        assert np.all(rt.get_state("v_cache") == 1)
+        rt.reset_state()
+        assert not np.any(rt.get_state("k_cache"))
         with pytest.raises(rbln.RBLNError, match="'logits' is not a bound state input"):
-            decode.set_state("logits", logits)
+            rt.set_state("logits", logits)
         with pytest.raises(rbln.RBLNError, match="state 'k_cache' is f32"):
-            decode.set_state("k_cache", k[:1])
+            rt.set_state("k_cache", k[:1])
+        with pytest.raises(rbln.RBLNError, match="no entry point 'prefill_5'"):
+            rt.select("prefill_5")
     with pytest.raises(rbln.RBLNError, match="'nope' is not an input of the model"):
-        rbln.Runtime(need(f"{name}-decode.rbln"), state=[("nope", "logits")])
-    with pytest.raises(rbln.RBLNError, match="differ"):
-        rbln.Runtime(need(f"{name}-decode.rbln"), state=[("k_cache", "logits")])
+        rbln.Runtime(need(f"{name}-decoder.rbln"), state=[("nope", "logits")])
+    with pytest.raises(rbln.RBLNError, match="are f32"):
+        rbln.Runtime(need(f"{name}-decoder.rbln"), state=[("k_cache", "logits")])
+    # entry= picks the program at construction.
+    with rbln.Runtime(need(f"{name}-decoder.rbln"), entry="prefill_4") as rt:
+        assert rt.entry == "prefill_4" and len(rt.run(np.array([prompt[:4]], np.int64))) == 3
+
+
+@pytest.mark.device
+def test_compile_entry_points_from_onnx_stores_the_weights_once(tmp_path):
+    files = {"decode": "llama-decode.onnx", "prefill_4": "llama-prefill-4.onnx", "prefill_8": "llama-prefill-8.onnx"}
+    both = rbln.compile_from_onnx({e: need(f) for e, f in files.items()}, name="llama")
+    assert both.inspect()["entries"] == list(files)
+    path = tmp_path / "llama.rbln"
+    both.save(path)
+    alone = tmp_path / "decode.rbln"
+    rbln.compile_from_onnx(need(files["decode"])).save(alone)
+    # Three programs in little more than the bytes of one.
+    assert path.stat().st_size < 1.2 * alone.stat().st_size
+    prompt, want = reference("llama")
+    assert rbln.generate(str(path), prompt, max_new_tokens=8)["tokens"] == want[:8]
+    with pytest.raises(rbln.RBLNCompileError, match="entry point 'prefill_4'"):
+        rbln.compile_from_onnx({"decode": need(files["decode"]), "prefill_4": b"not onnx"})
 
 
 @pytest.mark.device
 def test_rbln_generate_greedy_streaming_and_sampling():
-    prompt = np.load(need("llama-decoder.prompt.npy"))[0].tolist()
-    want = np.load(need("llama-decoder.generated.npy")).tolist()
-    dec = rbln.Decoder(need("llama-decode.rbln"), prefill=need("llama-prefill.rbln"))
+    prompt, want = reference("llama")
+    prompt2, want2 = reference("llama", second=True)
+    dec = rbln.Decoder(need("llama-decoder.rbln"))
+    assert dec.prefill_lengths == [4, 8]
     r = rbln.generate(dec, prompt, max_new_tokens=len(want))
-    assert r["tokens"] == want and r["used_prefill"]
+    assert r["tokens"] == want and r["prefill_tokens"] == 8
     assert r["time_to_first_token_ms"] > 0 and r["tokens_per_s"] > 0
+    # 11 tokens: prefill_8, then 3 through the decode step.
+    r = dec.generate(prompt2, max_new_tokens=len(want2))
+    assert r["tokens"] == want2 and r["prefill_tokens"] == 8
+    # Every prompt token through the decode step: the same tokens.
+    r = dec.generate(prompt2, max_new_tokens=len(want2), prefill=False)
+    assert r["tokens"] == want2 and r["prefill_tokens"] == 0
     # Streaming yields the same tokens one by one; on_token sees them too.
     assert list(rbln.generate(dec, prompt, max_new_tokens=10, stream=True)) == want[:10]
     seen = []
     rbln.generate(dec, prompt, max_new_tokens=5, on_token=seen.append)
     assert seen == want[:5]
-    # A shorter prompt goes token by token through the decode program.
-    r = rbln.generate(need("llama-decode.rbln"), prompt[:5], max_new_tokens=4)
-    assert not r["used_prefill"] and len(r["tokens"]) == 4
     # Sampling: repeatable with a seed.
     a = rbln.generate(dec, prompt, max_new_tokens=16, sampling="top-p", top_p=0.9, temperature=1.5, seed=3)["tokens"]
     b = rbln.generate(dec, prompt, max_new_tokens=16, sampling="top-p", top_p=0.9, temperature=1.5, seed=3)["tokens"]
@@ -135,5 +144,59 @@ def test_rbln_generate_greedy_streaming_and_sampling():
         rbln.generate(dec, prompt, max_new_tokens=4, stream=True, on_token=boom)
     with pytest.raises(rbln.RBLNValueError, match='sampling "beam"'):
         dec.generate(prompt, sampling="beam")
-    with pytest.raises(rbln.RBLNValueError, match="do not fit the cache"):
+    with pytest.raises(rbln.RBLNError, match="do not fit the cache"):
         dec.generate(prompt, max_new_tokens=500)
+    with pytest.raises(rbln.RBLNError, match="no entry point of the model is a decode step"):
+        rbln.Decoder(need("mobilenet_v3_small.rbln"))
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_continuous_batching(name):
+    """Sequences join and leave the batched decode step; each gets exactly
+    the tokens it gets alone."""
+    prompt, want = reference(name)
+    prompt2, want2 = reference(name, second=True)
+    b = rbln.BatchDecoder(need(f"{name}-decoder.rbln"))
+    assert b.slots == 4 and b.active == 0
+    got = {}
+    a = b.join(prompt, max_new_tokens=len(want))
+    steps = 0
+
+    def step():
+        nonlocal steps
+        steps += 1
+        for i, t, finished in b.step():
+            got.setdefault(i, []).append(t)
+            if finished:
+                done.add(i)
+
+    done = set()
+    for _ in range(3):
+        step()
+    c = b.join(prompt2, max_new_tokens=len(want2))  # joins while `a` decodes
+    short = b.join(prompt2, max_new_tokens=6)
+    gone = b.join(prompt, max_new_tokens=30)
+    assert b.active == 4
+    with pytest.raises(rbln.RBLNError, match="all 4 slots are busy"):
+        b.join(prompt, max_new_tokens=4)
+    for _ in range(5):
+        step()
+    assert b.cancel(gone) and not b.cancel(gone)
+    late = None
+    while b.active:
+        if short in done and late is None:
+            late = b.join(prompt[:3], max_new_tokens=12)  # into the slot `short` left
+        step()
+        assert steps < 200
+    assert got[a] == want
+    assert got[c] == want2
+    assert got[short] == want2[:6]
+    assert got[gone] == want[:len(got[gone])] and 0 < len(got[gone]) < 30
+    alone = rbln.generate(need(f"{name}-decoder.rbln"), prompt[:3], max_new_tokens=12)
+    assert alone["prefill_tokens"] == 0 and got[late] == alone["tokens"]
+    assert done == {a, c, short, late}
+    with pytest.raises(rbln.RBLNError, match="do not fit the cache"):
+        b.join(prompt, max_new_tokens=100)
+    with pytest.raises(rbln.RBLNError, match="no entry point of the model is a batched decode step"):
+        rbln.BatchDecoder(need("mobilenet_v3_small.rbln"))

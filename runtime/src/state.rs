@@ -68,9 +68,14 @@ impl Runtime {
             if slots.iter().any(|s| &s.input == i_name || &s.output == o_name) {
                 return Err(state_err(format!("'{i_name}' or '{o_name}' is in two state pairs")));
             }
+            if !entries.iter().any(|e| e.meta.inputs.iter().any(|b| &b.name == i_name)) {
+                return Err(state_err(format!("'{i_name}' is not an input of the model")));
+            }
+            if !entries.iter().any(|e| e.meta.outputs.iter().any(|b| &b.name == o_name)) {
+                return Err(state_err(format!("'{o_name}' is not an output of the model")));
+            }
             let slot = slots.len();
             let mut first: Option<&IoBinding> = None;
-            let (mut read, mut written) = (false, false);
             for (k, e) in entries.iter().enumerate() {
                 let input = e.meta.inputs.iter().position(|b| &b.name == i_name);
                 let output = e.meta.outputs.iter().position(|b| &b.name == o_name);
@@ -104,7 +109,6 @@ impl Runtime {
                     in_va = up.and_then(|n| n.outputs.first()).and_then(|&t| arena_va(t)).ok_or_else(|| {
                         state_err(format!("entry '{}' has no transfer of '{i_name}' into the arena", e.name))
                     })?;
-                    read = true;
                 }
                 let mut out_va = 0;
                 if let Some(o) = output {
@@ -113,15 +117,8 @@ impl Runtime {
                     out_va = down.and_then(|n| n.inputs.first()).and_then(|&t| arena_va(t)).ok_or_else(|| {
                         state_err(format!("entry '{}' has no transfer of '{o_name}' out of the arena", e.name))
                     })?;
-                    written = true;
                 }
                 parts[k].push(StatePair { slot, input, output, in_va, out_va });
-            }
-            if !read {
-                return Err(state_err(format!("'{i_name}' is not an input of the model")));
-            }
-            if !written {
-                return Err(state_err(format!("'{o_name}' is not an output of the model")));
             }
             let bytes = first.map_or(0, |b| b.placement.size());
             slots.push(StateSlot { input: i_name.clone(), output: o_name.clone(), state_va: 0, bytes });
