@@ -88,14 +88,16 @@ export_models() {
 }
 EXPORT_MODELS_LIST=""
 [[ $SMOKE == 1 ]] || EXPORT_MODELS_LIST=$(export_models | tr '\n' ' ')
-# The decoders of tests/models/exports/export_decoder.py (prefill + decode
-# programs), when target/exports holds them: time to first token and
-# decode tokens/s of rbln-generate against onnxruntime running the same
-# programs with the KV cache on the host.
+# The decoders of tests/models/exports/export_decoder.py (one .rbln of
+# entry points each), when target/exports holds them: time to first token
+# and decode tokens/s of rbln-generate, alone and with continuous batching
+# of DEC_SEQS sequences, against onnxruntime running the same programs
+# with the KV cache on the host.
 DECODERS=""
 for d in gpt2 llama; do
-    [[ -f $RBLN_ROOT/target/exports/$d-decode.rbln && -f $RBLN_ROOT/target/exports/$d-prefill.rbln ]] && DECODERS+="${DECODERS:+ }$d"
+    [[ -f $RBLN_ROOT/target/exports/$d-decoder.rbln ]] && DECODERS+="${DECODERS:+ }$d"
 done
+DEC_SEQS=4
 if [[ $SMOKE == 1 ]]; then DEC_TOKENS=8 DEC_RUNS=1; else DEC_TOKENS=64 DEC_RUNS=3; fi
 if [[ -n ${BENCH_MODELS:-} ]]; then
     all_tests=" $(test_models) "
@@ -157,7 +159,7 @@ host_references() {
     if [[ -n $DECODERS ]]; then
         # shellcheck disable=SC2086 # a list of names
         "$PY" "$RBLN_ROOT/tests/models/bench_models.py" decoder-ort "$OUT/models" --threads "$THREADS" \
-            --new-tokens "$DEC_TOKENS" --runs "$DEC_RUNS" $DECODERS >"$OUT/host/decoder.$phase.jsonl"
+            --new-tokens "$DEC_TOKENS" --runs "$DEC_RUNS" --seqs "$DEC_SEQS" $DECODERS >"$OUT/host/decoder.$phase.jsonl"
     fi
     log "host references: gemm crate, copy bandwidth ($THREADS threads), $phase the VM"
     for s in "${COPY_SIZES[@]}"; do copy_args+=(--copy "$s"); done
@@ -220,7 +222,7 @@ main() {
     done
     all=("${generated[@]}" $EXPORT_MODELS_LIST)
     for d in $DECODERS; do
-        for f in "$RBLN_ROOT/target/exports/$d"-{prefill,decode}.{onnx,rbln} "$RBLN_ROOT/target/exports/$d-decoder.prompt.txt"; do
+        for f in "$RBLN_ROOT/target/exports/$d"-{decoder.rbln,decoder.prompt.txt,prefill-8.onnx,decode.onnx,prefill-slot-8.onnx,decode-batch.onnx}; do
             cp "$f" "$OUT/models/" || die "$f is missing: run tests/compiler/compile-exports.sh"
         done
     done
@@ -244,7 +246,7 @@ main() {
         for v in SMOKE THREADS TEST_MODELS BENCH_MODELS_LIST EXPORT_MODELS_LIST MICRO_MODELS ITERS WARMUP PROFILES \
             MICRO_ITERS MICRO_WARMUP MICRO_PROFILES DMA_SIZES DMA_REPS LAT_RUNS LAT_WARMUP \
             ASYNC_MODEL ASYNC_ITERS ASYNC_WARMUP PY_MODELS PY_ITERS PY_WARMUP PY_REQUESTS PY_ROUNDS \
-            SERVE_MODELS SERVE_CONC SERVE_REQUESTS DECODERS DEC_TOKENS DEC_RUNS; do
+            SERVE_MODELS SERVE_CONC SERVE_REQUESTS DECODERS DEC_TOKENS DEC_RUNS DEC_SEQS; do
             echo "${v%_LIST}='${!v}'"
         done
         echo "MODELS='$TEST_MODELS $BENCH_MODELS_LIST $EXPORT_MODELS_LIST'"

@@ -88,14 +88,19 @@ if [ -f "$M/$a.rbln" ]; then
 fi
 
 # Decoders: rbln-generate (greedy, the KV cache on the device), DEC_RUNS
-# generations of DEC_TOKENS tokens each after one warm-up.
+# generations of DEC_TOKENS tokens each after one warm-up, one sequence
+# alone and DEC_SEQS sequences under continuous batching.
 for d in $DECODERS; do
-    [ -f "$M/$d-decode.rbln" ] || continue
-    elapsed "decoder $d: $DEC_RUNS generations of $DEC_TOKENS tokens"
+    [ -f "$M/$d-decoder.rbln" ] || continue
+    elapsed "decoder $d: $DEC_RUNS generations of $DEC_TOKENS tokens, alone and $DEC_SEQS at once"
+    p=$(cat "$M/$d-decoder.prompt.txt")
+    many=""
+    j=0
+    while [ "$j" -lt "$DEC_SEQS" ]; do many="$many --prompt-ids $p"; j=$((j + 1)); done
     i=0
     while [ "$i" -le "$DEC_RUNS" ]; do
-        step "decoder.$d.$i" rbln-generate "$M/$d-decode.rbln" --prefill "$M/$d-prefill.rbln" \
-            --prompt-ids "$(cat "$M/$d-decoder.prompt.txt")" --max-new-tokens "$DEC_TOKENS" --json || break
+        step "decoder.$d.$i" rbln-generate "$M/$d-decoder.rbln" --prompt-ids "$p" --max-new-tokens "$DEC_TOKENS" --json || break
+        step "decoder-batch.$d.$i" rbln-generate "$M/$d-decoder.rbln" $many --max-new-tokens "$DEC_TOKENS" --json || break
         i=$((i + 1))
     done
 done

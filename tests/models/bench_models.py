@@ -490,15 +490,18 @@ def ort_all(out, names, threads, warmup, min_runs, max_runs, budget):
                                          if "error" not in row else row["error"]), file=sys.stderr)
 
 
-def decoder_ort(out, names, threads, new_tokens, runs):
+def decoder_ort(out, names, threads, new_tokens, runs, seqs):
     """The decoders' prefill and decode programs on onnxruntime with the
     KV cache as host arrays (the reference of the decoder rows): time to
     first token (the prefill and its argmax) and decode tokens/s, greedy,
-    best of `runs` generations (after one warm-up)."""
+    best of `runs` generations (after one warm-up); and `seqs` sequences
+    through the slot prefill and the batched decode step, all tokens per
+    second from the first prefill to the last token (as rbln-generate
+    counts continuous batching)."""
     for name in names:
         row = {"name": name, "threads": threads, "new_tokens": new_tokens}
         try:
-            pre = ort_session(os.path.join(out, f"{name}-prefill.onnx"), threads)
+            pre = ort_session(os.path.join(out, f"{name}-prefill-8.onnx"), threads)
             dec = ort_session(os.path.join(out, f"{name}-decode.onnx"), threads)
             with open(os.path.join(out, f"{name}-decoder.prompt.txt")) as f:
                 prompt = np.array([[int(t) for t in f.read().strip().split(",")]], np.int64)
@@ -517,6 +520,27 @@ def decoder_ort(out, names, threads, new_tokens, runs):
                 ttfts.append((t1 - t0) * 1e3)
                 rates.append((new_tokens - 1) / (t2 - t1))
             row.update(time_to_first_token_ms=min(ttfts[1:]), tokens_per_s=max(rates[1:]), runs=runs)
+            try:
+                pre_s = ort_session(os.path.join(out, f"{name}-prefill-slot-8.onnx"), threads)
+                dec_b = ort_session(os.path.join(out, f"{name}-decode-batch.onnx"), threads)
+                slots_shape = list(dec_b.get_inputs()[2].shape)
+                batch = []
+                for _ in range(runs + 1):
+                    ks, vs = np.zeros(slots_shape, np.float32), np.zeros(slots_shape, np.float32)
+                    t0 = time.perf_counter()
+                    toks = np.zeros((slots_shape[0], 1), np.int64)
+                    for s in range(seqs):
+                        logits, ks, vs = pre_s.run(None, {"input_ids": prompt, "slot": np.array([s], np.int64), "k_slots": ks, "v_slots": vs})
+                        toks[s, 0] = int(np.argmax(logits[0]))
+                    pos = np.full(slots_shape[0], prompt.shape[1], np.int64)
+                    for step in range(new_tokens - 1):
+                        logits, ks, vs = dec_b.run(None, {"input_ids": toks, "position": pos, "k_slots": ks, "v_slots": vs})
+                        toks = np.argmax(logits, axis=1).astype(np.int64).reshape(-1, 1)
+                        pos += 1
+                    batch.append(seqs * new_tokens / (time.perf_counter() - t0))
+                row.update(seqs=seqs, batch_tokens_per_s=max(batch[1:]))
+            except Exception as e:  # noqa: BLE001 - recorded in the report
+                row["batch_error"] = f"{type(e).__name__}: {e}"
         except Exception as e:  # noqa: BLE001 - recorded in the report
             row["error"] = f"{type(e).__name__}: {e}"
         print(json.dumps(row), flush=True)
@@ -546,11 +570,12 @@ def main(argv):
     pd.add_argument("--threads", type=int, required=True)
     pd.add_argument("--new-tokens", type=int, default=64)
     pd.add_argument("--runs", type=int, default=3)
+    pd.add_argument("--seqs", type=int, default=4)
     a = p.parse_args(argv[1:])
     if a.cmd == "gen":
         gen(a.out, a.names, a.smoke)
     elif a.cmd == "decoder-ort":
-        decoder_ort(a.out, a.names, a.threads, a.new_tokens, a.runs)
+        decoder_ort(a.out, a.names, a.threads, a.new_tokens, a.runs, a.seqs)
     else:
         ort_all(a.out, a.names, a.threads, a.warmup, a.min_runs, a.max_runs, a.budget)
     return 0

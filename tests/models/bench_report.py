@@ -271,15 +271,20 @@ def micro_rows(out, plan, ort, native):
     # cache on the host: time to first token and decode tokens/s (guest:
     # median of the generations after the warm-up; onnxruntime: its best).
     for d in plan.get("DECODERS", "").split():
-        runs, err = [], None
-        for i in range(1, int(plan.get("DEC_RUNS", "1")) + 1):
-            path = os.path.join(out, "guest", f"decoder.{d}.{i}.json")
-            try:
-                with open(path) as f:
-                    runs.append(json.load(f))
-            except (OSError, ValueError) as e:
-                err = f"decoder.{d}.{i}: {e}: {last_line(os.path.join(out, 'guest', f'decoder.{d}.{i}.err'))}"
-                break
+        def guest_runs(kind):
+            runs, err = [], None
+            for i in range(1, int(plan.get("DEC_RUNS", "1")) + 1):
+                path = os.path.join(out, "guest", f"{kind}.{d}.{i}.json")
+                try:
+                    with open(path) as f:
+                        runs.append(json.load(f))
+                except (OSError, ValueError) as e:
+                    err = f"{kind}.{d}.{i}: {e}: {last_line(os.path.join(out, 'guest', f'{kind}.{d}.{i}.err'))}"
+                    break
+            return runs, err
+
+        runs, err = guest_runs("decoder")
+        batch, batch_err = guest_runs("decoder-batch")
         refs = []
         for phase in ("before", "after"):
             try:
@@ -298,6 +303,14 @@ def micro_rows(out, plan, ort, native):
             reference_what="onnxruntime, the same programs, the KV cache on the host")
         row(f"decoder {d}: time to first token", "ms", "lower", ttft, ref_ttft, err,
             reference_what="onnxruntime, the same prefill program")
+        seqs = plan.get("DEC_SEQS", "4")
+        btps = median([r["tokens_per_s"] for r in batch]) if batch and not batch_err else None
+        ref_btps = max((r["batch_tokens_per_s"] for r in refs if "batch_tokens_per_s" in r), default=None)
+        if not batch_err and ref_btps is None:
+            why = next((r["batch_error"] for r in refs if "batch_error" in r), None)
+            batch_err = "no onnxruntime batched decoder reference" + (f" ({why})" if why else "")
+        row(f"decoder {d}: {seqs} sequences, continuous batching, tokens/s", "tokens/s", "higher", btps, ref_btps, batch_err,
+            reference_what="onnxruntime, the same slot prefill and batched decode programs, the caches on the host")
 
     # 1b. The same GEMM quantised (QDQ, int8 weights, u8 activations): the
     # device's QGEMM against its own f32 GEMM above (device time of the
