@@ -1634,3 +1634,52 @@ fn qdq_add_runs_on_int8_values() {
     let c = compiled(&m.encode_to_vec());
     assert_eq!(c.report.int8.eltwise, 0);
 }
+
+/// The MLP at another batch size, and with an extra layer of its own.
+fn mlp_rows(rows: i64, extra: bool) -> Vec<u8> {
+    let mut nodes = vec![
+        node("MatMul", "fc", &["x", "W"], &["h"], vec![]),
+        node("Add", "fc.bias", &["h", "b"], &["hb"], vec![]),
+        node("Relu", "act", &["hb"], &[if extra { "a" } else { "y" }], vec![]),
+    ];
+    let mut inits = vec![tensor("W", &[8, 4], &ramp(32, 0.1)), tensor("b", &[4], &[0.1, 0.2, 0.3, 0.4])];
+    if extra {
+        nodes.push(node("MatMul", "fc2", &["a", "W2"], &["y"], vec![]));
+        inits.push(tensor("W2", &[4, 4], &ramp(16, 0.3)));
+    }
+    model(nodes, inits, vec![vinfo("x", &[rows, 8])], vec![vinfo("y", &[rows, 4])])
+}
+
+#[test]
+fn entry_points_share_identical_weights_and_keep_their_own() {
+    let (one, four, extra) = (mlp_rows(1, false), mlp_rows(4, false), mlp_rows(2, true));
+    let c = rbln_compile::compile_entries(&[("one", &one), ("four", &four), ("extra", &extra)], "mlp", &Options::default()).unwrap();
+    let m = &c.model;
+    let names: Vec<&str> = m.entry_points().iter().map(|e| e.name).collect();
+    assert_eq!(names, ["one", "four", "extra"]);
+    assert_eq!(m.meta.name, "mlp");
+    assert_eq!(c.entries.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["four", "extra"]);
+    // W and b once for all three; W2 only for `extra`.
+    let alone = |b: &[u8]| compiled(b).model.weights.len() as u64;
+    assert_eq!(m.weights.len() as u64, alone(&extra));
+    assert!(alone(&one) < alone(&extra));
+    let used: Vec<u64> = m.entry_points().iter().map(|e| e.weight_bytes_used()).collect();
+    assert_eq!(used[0], used[1]);
+    assert!(used[2] > used[0]);
+    // Every program's weight tensors hold the bytes they hold when compiled alone.
+    for (e, src) in m.entry_points().iter().zip([&one, &four, &extra]) {
+        let single = compiled(src).model;
+        for t in e.graph.tensors.iter().filter(|t| matches!(t.placement, Placement::Weight { .. })) {
+            let s = single.graph.tensors.iter().find(|u| u.name == t.name).unwrap_or_else(|| panic!("{} not in the single model", t.name));
+            let bytes = |p: Placement, w: &[u8]| w[p.offset() as usize..(p.offset() + p.size()) as usize].to_vec();
+            assert_eq!(bytes(t.placement, &m.weights), bytes(s.placement, &single.weights), "{}: {}", e.name, t.name);
+        }
+    }
+    // The file round-trips; a broken entry is named.
+    let back = Model::from_bytes(&m.to_bytes().unwrap()).unwrap();
+    assert_eq!(&back, m);
+    let e = rbln_compile::compile_entries(&[("one", &one), ("bad", b"garbage")], "mlp", &Options::default()).err().unwrap();
+    assert!(e.to_string().starts_with("entry point 'bad': not an ONNX model"), "{e}");
+    let e = rbln_compile::compile_entries(&[("one", &one), ("one", &four)], "mlp", &Options::default()).err().unwrap();
+    assert!(e.to_string().contains("two entry points are called 'one'"), "{e}");
+}
