@@ -144,11 +144,20 @@ impl Runtime {
         for (k, (r, part)) in rewritten.into_iter().zip(parts).enumerate() {
             let p = &mut self.programs[k];
             if let Some((buf, per_inference)) = r {
-                p.per_inference = per_inference;
+                p.inference = crate::Inference::new(&self.dev, &per_inference)?;
                 p._state_program = Some(buf);
             }
             p.state = part;
         }
+        // Zeroing the state is a stream of its own, encoded once: a new
+        // sequence then costs one submission.
+        let mut zero = rbln_hw::cmd::Encoder::new(Vec::new());
+        for s in &slots {
+            zero.fill(s.state_va, align(s.bytes, 4), 0);
+        }
+        let (buf, va) = alloc_mapped(&self.dev, zero.buf.len() as u64, Placement::Host)?;
+        buf.write_slice(0, &zero.buf)?;
+        self.state_reset = Some((buf, va, zero.buf.len() as u32));
         self._state_buf = Some(state_buf);
         self.state = slots;
         self.reset_state()
@@ -249,14 +258,9 @@ impl Runtime {
 
     /// Zero every bound state tensor.
     pub fn reset_state(&mut self) -> Result<()> {
-        if self.state.is_empty() {
-            return Ok(());
+        if let Some((_, va, len)) = &self.state_reset {
+            self.queue.submit_va(*va, *len)?.wait(STREAM_TIMEOUT)?;
         }
-        let mut cb = rbln_umd::CommandBuffer::new(&self.dev)?;
-        for s in &self.state {
-            cb.fill_va(s.state_va, align(s.bytes, 4), 0);
-        }
-        self.queue.submit_ioctl(&mut cb)?.wait(STREAM_TIMEOUT)?;
         Ok(())
     }
 
