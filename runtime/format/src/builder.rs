@@ -2,6 +2,9 @@
 //! descriptors, command streams with relocations, nodes, inputs and
 //! outputs), then `build()` a validated `.rbln` file.
 
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
 use rbln_hw::cmd::{self, Encoder};
 
 use crate::error::{FormatError, Result};
@@ -44,6 +47,49 @@ fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to).saturating_mul(to)
 }
 
+/// The bytes of `.rbln.weights` being assembled, each distinct byte string
+/// stored once: a weight whose bytes are already there (in this model, or
+/// in the pool of the programs compiled with it) points at them.
+#[derive(Clone, Debug, Default)]
+pub struct WeightPool {
+    bytes: Vec<u8>,
+    /// Content hash -> offsets of the stored byte strings with that hash.
+    index: HashMap<u64, Vec<(u64, u64)>>,
+}
+
+impl WeightPool {
+    /// Offset of `data` in the pool, appending it (at a [`WEIGHT_ALIGN`]
+    /// boundary) unless identical bytes are already stored.
+    pub fn add(&mut self, data: &[u8]) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        data.hash(&mut h);
+        let key = h.finish();
+        if !data.is_empty() {
+            let stored = self.index.get(&key).into_iter().flatten();
+            if let Some(&(at, _)) = stored.into_iter().find(|&&(at, len)| self.bytes.get(at as usize..(at + len) as usize) == Some(data)) {
+                return at;
+            }
+        }
+        let at = round_up(self.bytes.len() as u64, WEIGHT_ALIGN);
+        self.bytes.resize(at as usize, 0);
+        self.bytes.extend_from_slice(data);
+        self.index.entry(key).or_default().push((at, data.len() as u64));
+        at
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
 /// Assembles a model. Every method records what it is given; mistakes
 /// (unknown ids, overlapping tensors, ...) are reported by [`Self::build`]
 /// with the same errors the reader gives.
@@ -61,7 +107,7 @@ pub struct ModelBuilder {
     streams: Vec<CommandStream>,
     descriptors: Vec<u8>,
     relocations: Vec<Relocation>,
-    weights: Vec<u8>,
+    weights: WeightPool,
     inputs: Vec<(String, TensorId)>,
     ranges: Vec<(String, ValueRange)>,
     outputs: Vec<(String, TensorId)>,
@@ -84,7 +130,7 @@ impl ModelBuilder {
             streams: Vec::new(),
             descriptors: Vec::new(),
             relocations: Vec::new(),
-            weights: Vec::new(),
+            weights: WeightPool::default(),
             inputs: Vec::new(),
             ranges: Vec::new(),
             outputs: Vec::new(),
@@ -161,13 +207,29 @@ impl ModelBuilder {
         self.add_tensor(name, dtype, shape, Placement::Staging { offset, size })
     }
 
-    /// Append `data` to the weights (at a [`WEIGHT_ALIGN`] boundary) and
-    /// add a weight tensor for it. Its arena offset is final:
-    /// [`Self::placement`] tells it.
+    /// Start from `pool` instead of empty weights: programs compiled
+    /// together as entry points of one file each start from the pool of
+    /// all of them, so their weight tensors land at the same offsets and
+    /// their `.rbln.weights` are identical.
+    pub fn weight_pool(&mut self, pool: WeightPool) -> &mut Self {
+        if !self.weights.is_empty() {
+            self.fail("weight_pool set after weights were added".into());
+        }
+        self.weights = pool;
+        self
+    }
+
+    /// The weights added so far.
+    pub fn weights(&self) -> &WeightPool {
+        &self.weights
+    }
+
+    /// Add a weight tensor holding `data`, appended to the weights (at a
+    /// [`WEIGHT_ALIGN`] boundary) unless identical bytes are already there
+    /// ([`WeightPool`]). Its arena offset is final: [`Self::placement`]
+    /// tells it.
     pub fn add_weight(&mut self, name: &str, dtype: DType, shape: &[u64], data: &[u8]) -> TensorId {
-        let at = round_up(self.weights.len() as u64, WEIGHT_ALIGN);
-        self.weights.resize(at as usize, 0);
-        self.weights.extend_from_slice(data);
+        let at = self.weights.add(data);
         let offset = self.weights_offset.saturating_add(at);
         self.add_tensor(name, dtype, shape, Placement::Weight { offset, size: data.len() as u64 })
     }
@@ -179,7 +241,7 @@ impl ModelBuilder {
 
     /// Bytes of weights so far (the size of `.rbln.weights`).
     pub fn weights_len(&self) -> u64 {
-        self.weights.len() as u64
+        self.weights.len()
     }
 
     pub fn tensor(&self, id: TensorId) -> Option<&Tensor> {
@@ -361,7 +423,7 @@ impl ModelBuilder {
     /// on purpose). Derived fields (sizes, io descriptions, op summary) are
     /// filled in; relocations and profile entries are sorted.
     pub fn build_model_unchecked(&self) -> Model {
-        let w_end = self.weights_offset.saturating_add(self.weights.len() as u64);
+        let w_end = self.weights_offset.saturating_add(self.weights.len());
         let mut arena_end = if self.weights.is_empty() { 0 } else { w_end };
         let mut staging_end = 0;
         for t in &self.tensors {
@@ -419,7 +481,7 @@ impl ModelBuilder {
             },
             graph: Graph { tensors: self.tensors.clone(), nodes: self.nodes.clone() },
             program: Program { descriptors: self.descriptors.clone(), streams: self.streams.clone(), relocations },
-            weights: self.weights.clone(),
+            weights: self.weights.bytes.clone(),
             profile: if self.profile.is_empty() { None } else { Some(profile) },
             main_entry: None,
             entries: Vec::new(),

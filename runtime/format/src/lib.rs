@@ -32,7 +32,7 @@ mod error;
 mod model;
 mod validate;
 
-pub use builder::{ModelBuilder, NodeId, StreamId, TensorId, Va, DESC_ALIGN, WEIGHT_ALIGN};
+pub use builder::{ModelBuilder, NodeId, StreamId, TensorId, Va, WeightPool, DESC_ALIGN, WEIGHT_ALIGN};
 pub use error::FormatError;
 pub use model::*;
 

@@ -641,16 +641,23 @@ impl Model {
 
     /// Every program: the main one first, then the entries in file order.
     pub fn entry_points(&self) -> Vec<EntryRef<'_>> {
-        let mut all = vec![self.main()];
-        all.extend(self.entries.iter().map(|e| EntryRef {
+        (0..=self.entries.len()).filter_map(|i| self.entry_point_at(i)).collect()
+    }
+
+    /// Program `i` of [`Model::entry_points`] (0: the main one).
+    pub fn entry_point_at(&self, i: usize) -> Option<EntryRef<'_>> {
+        if i == 0 {
+            return Some(self.main());
+        }
+        let e = self.entries.get(i - 1)?;
+        Some(EntryRef {
             name: &e.meta.name,
             meta: &e.meta,
             graph: &e.graph,
             program: &e.program,
             weights: &self.weights,
             profile: e.profile.as_deref(),
-        }));
-        all
+        })
     }
 
     /// The program called `name`.
