@@ -200,3 +200,52 @@ def test_continuous_batching(name):
         b.join(prompt, max_new_tokens=100)
     with pytest.raises(rbln.RBLNError, match="no entry point of the model is a batched decode step"):
         rbln.BatchDecoder(need("mobilenet_v3_small.rbln"))
+
+
+def dram_in_use():
+    """Device DRAM held by this process's rbln files (fdinfo's
+    drm-total-dram, summed over them)."""
+    import os
+    import re
+
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    total = 0
+    for fd in os.listdir("/proc/self/fdinfo"):
+        try:
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                m = re.search(r"drm-total-dram:\s+(\d+)\s*(\w+)", f.read())
+        except OSError:
+            continue
+        if m:
+            total += int(m.group(1)) * units[m.group(2)]
+    return total
+
+
+@pytest.mark.device
+def test_one_file_of_entry_points_against_one_file_per_entry(tmp_path):
+    """File size and device memory of the six-entry decoder against its six
+    programs compiled as separate files and loaded as separate runtimes."""
+    progs = {"decode": "decode", "prefill_4": "prefill-4", "prefill_8": "prefill-8", "decode_batch": "decode-batch",
+             "prefill_slot_4": "prefill-slot-4", "prefill_slot_8": "prefill-slot-8"}
+    singles = {}
+    for e, f in progs.items():
+        singles[e] = tmp_path / f"{e}.rbln"
+        rbln.compile_from_onnx(need(f"llama-{f}.onnx")).save(singles[e])
+    multi = need("llama-decoder.rbln")
+    sizes = sum(p.stat().st_size for p in singles.values())
+    assert multi.stat().st_size < sizes / 4, (multi.stat().st_size, sizes)
+    base = dram_in_use()
+    with rbln.Runtime(multi) as rt:
+        assert rt.entries == list(progs)
+        one = dram_in_use() - base
+        weights = rt.inspect()["memory"]["weight_bytes"]
+    runtimes = [rbln.Runtime(p) for p in singles.values()]
+    try:
+        six = dram_in_use() - base
+    finally:
+        for r in runtimes:
+            r.close()
+    print(f"llama: one file {multi.stat().st_size} B, six files {sizes} B; device DRAM {one} B vs {six} B; weights {weights} B")
+    # One weights copy and one arena (the largest program's) against six of each.
+    assert one < six / 3, (one, six)
+    assert six - one > 4 * weights

@@ -133,3 +133,20 @@ fn entries_need_minor_2_and_agree_on_the_version() {
     let e = m.validate().unwrap_err();
     assert!(e.to_string().contains("format version 1.3"), "{e}");
 }
+
+#[test]
+fn the_builder_stores_identical_weights_once() {
+    let mut b = ModelBuilder::new("dedup");
+    let w = b.add_weight_f32("w", &[4], &[1.0, 2.0, 3.0, 4.0]);
+    let same = b.add_weight_f32("same", &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let other = b.add_weight_f32("other", &[4], &[1.0, 2.0, 3.0, 5.0]);
+    assert_eq!(b.placement(w).unwrap().offset(), b.placement(same).unwrap().offset());
+    assert_ne!(b.placement(w).unwrap().offset(), b.placement(other).unwrap().offset());
+    assert_eq!(b.weights_len(), WEIGHT_ALIGN + 16);
+    // A builder started from another's pool finds its weights there.
+    let mut c = ModelBuilder::new("again");
+    c.weight_pool(b.weights().clone());
+    let again = c.add_weight_f32("again", &[4], &[1.0, 2.0, 3.0, 5.0]);
+    assert_eq!(c.placement(again).unwrap().offset(), b.placement(other).unwrap().offset());
+    assert_eq!(c.weights_len(), b.weights_len());
+}
