@@ -30,14 +30,18 @@ fn sampling(name: &str, top_k: usize, top_p: f32, temperature: f32) -> PyResult<
     })
 }
 
-/// The model loaded on `device`, with the clock made fine-grained (a TCG
-/// guest's kernel clock is coarse; rbln_runtime::clock).
-fn load(py: Python<'_>, model: &Bound<'_, PyAny>, device: u32) -> PyResult<rbln_runtime::Runtime> {
+/// The model loaded on `device` and handed to `make` (a generator over
+/// its entry points), without the GIL; the clock made fine-grained first
+/// (a TCG guest's kernel clock is coarse; rbln_runtime::clock).
+fn load<T>(py: Python<'_>, model: &Bound<'_, PyAny>, device: u32, make: impl FnOnce(rbln_runtime::Runtime) -> rbln_runtime::Result<T> + Send) -> PyResult<T>
+where
+    T: Send,
+{
     let model = model_from(model)?;
     py.detach(|| -> Result<_, Failure> {
         let dev = rbln_umd::Device::open(device)?;
         rbln_runtime::clock::init_with_device(&dev);
-        Ok(rbln_runtime::Runtime::new(&dev, model)?)
+        Ok(make(rbln_runtime::Runtime::new(&dev, model)?)?)
     })
     .map_err(PyErr::from)
 }
@@ -60,9 +64,7 @@ impl Decoder {
     #[new]
     #[pyo3(signature = (model, *, device = 0))]
     fn py_new(py: Python<'_>, model: &Bound<'_, PyAny>, device: u32) -> PyResult<Self> {
-        let rt = load(py, model, device)?;
-        let g = py.detach(|| Generator::new(rt)).map_err(|e| PyErr::from(Failure::from(e)))?;
-        Ok(Decoder { inner: Mutex::new(g) })
+        Ok(Decoder { inner: Mutex::new(load(py, model, device, Generator::new)?) })
     }
 
     /// The prompt lengths the prefills take, ascending.
@@ -142,9 +144,7 @@ impl BatchDecoder {
     #[new]
     #[pyo3(signature = (model, *, device = 0))]
     fn py_new(py: Python<'_>, model: &Bound<'_, PyAny>, device: u32) -> PyResult<Self> {
-        let rt = load(py, model, device)?;
-        let b = py.detach(|| Batch::new(rt)).map_err(|e| PyErr::from(Failure::from(e)))?;
-        Ok(BatchDecoder { inner: Mutex::new(b) })
+        Ok(BatchDecoder { inner: Mutex::new(load(py, model, device, Batch::new)?) })
     }
 
     /// Slots in the batch.

@@ -25,7 +25,7 @@
 
 use std::collections::VecDeque;
 
-use crate::generate::{cache_positions, choose, f32_output, gen_err, logits_index, role, Role, Rng, Sampling};
+use crate::generate::{choose, gen_err, role, Programs, Rng, Role, Sampling};
 use crate::{Result, Runtime, Tensor};
 
 /// One token chosen by a [`BatchDecoder::step`].
@@ -57,14 +57,9 @@ struct Sequence {
 
 /// Sequences decoded together on one runtime (module docs).
 pub struct BatchDecoder {
-    rt: Runtime,
-    decode: String,
-    /// The slot prefills by prompt length, ascending.
-    prefills: Vec<(u64, String)>,
+    /// The batched decode step and the slot prefills.
+    p: Programs,
     slots: Vec<Option<Sequence>>,
-    max_positions: u64,
-    /// Index of `logits` among each entry's outputs.
-    logits_at: Vec<(String, usize)>,
     next_id: u64,
 }
 
@@ -88,34 +83,12 @@ impl BatchDecoder {
                 rt.entries().join(", ")
             )));
         };
-        if cache.is_empty() {
-            return Err(gen_err(format!("the batched decode step '{decode}' has no cache (an input X with an output X_out)")));
-        }
-        rt.select(&decode)?;
-        let info = rt.info();
-        let shape = info.inputs.iter().find(|i| i.name == cache[0]).map(|i| i.shape.clone()).unwrap_or_default();
-        if shape.first() != Some(&batch) {
-            return Err(gen_err(format!("the cache '{}' of '{decode}' is {shape:?}: its first axis must be the {batch} slots", cache[0])));
-        }
-        let max_positions = cache_positions(&shape);
-        for (_, p) in &prefills {
-            rt.select(p)?;
-            let pi = rt.info();
-            for c in &cache {
-                if !pi.inputs.iter().any(|i| &i.name == c) || !pi.outputs.iter().any(|o| o.name == format!("{c}_out")) {
-                    return Err(gen_err(format!("the slot prefill '{p}' does not read '{c}' and write '{c}_out' (the batched cache)")));
-                }
-            }
-        }
-        prefills.sort();
-        let pairs: Vec<(String, String)> = cache.iter().map(|c| (c.clone(), format!("{c}_out"))).collect();
-        rt.bind_state(&pairs)?;
-        let mut logits_at = Vec::new();
-        for e in std::iter::once(&decode).chain(prefills.iter().map(|p| &p.1)) {
-            logits_at.push((e.clone(), logits_index(&mut rt, e)?));
+        let p = Programs::bind(rt, "batched decode step", decode, cache, prefills, true)?;
+        if p.cache_shape.first() != Some(&batch) {
+            return Err(gen_err(format!("the cache of '{}' is {:?}: its first axis must be the {batch} slots", p.decode, p.cache_shape)));
         }
         let slots = (0..batch).map(|_| None).collect();
-        Ok(BatchDecoder { rt, decode, prefills, slots, max_positions, logits_at, next_id: 0 })
+        Ok(BatchDecoder { p, slots, next_id: 0 })
     }
 
     /// Slots in the batch.
@@ -130,13 +103,7 @@ impl BatchDecoder {
 
     /// Positions each slot's cache holds.
     pub fn max_positions(&self) -> u64 {
-        self.max_positions
-    }
-
-    fn logits(&mut self, e: &str, inputs: &[Tensor]) -> Result<Vec<f32>> {
-        let outs = self.rt.run_entry(e, inputs)?;
-        let at = self.logits_at.iter().find(|l| l.0 == e).map(|l| l.1).ok_or_else(|| gen_err(format!("no logits for '{e}'")))?;
-        f32_output(outs, at)
+        self.p.max_positions
     }
 
     /// Add a sequence in a free slot: its prompt's first tokens through the
@@ -146,22 +113,16 @@ impl BatchDecoder {
         if prompt.is_empty() || max_new_tokens == 0 {
             return Err(gen_err("a sequence needs a non-empty prompt and max_new_tokens >= 1".into()));
         }
-        if prompt.len() as u64 + max_new_tokens as u64 > self.max_positions + 1 {
-            return Err(gen_err(format!(
-                "{} prompt + {max_new_tokens} new tokens do not fit the cache of {} positions",
-                prompt.len(),
-                self.max_positions
-            )));
-        }
+        self.p.check_fits(prompt.len(), max_new_tokens)?;
         let Some(slot) = self.slots.iter().position(|s| s.is_none()) else {
             return Err(gen_err(format!("all {} slots are busy", self.slots.len())));
         };
-        let prefill = self.prefills.iter().rev().find(|p| p.0 <= prompt.len() as u64).cloned();
+        let prefill = self.p.prefill_for(prompt.len());
         let (mut logits, mut done) = (None, 0);
         if let Some((n, e)) = prefill {
             done = n as usize;
             let inputs = [Tensor::new(&[1, n], prompt[..done].to_vec()), Tensor::new(&[1], vec![slot as i64])];
-            let l = self.logits(&e, &inputs)?;
+            let l = self.p.logits(&e, &inputs)?;
             // The prefill's logits choose the first token only when it
             // took the whole prompt.
             logits = (done == prompt.len()).then_some(l);
@@ -226,8 +187,7 @@ impl BatchDecoder {
             }
         }
         if fed.iter().any(|&f| f) {
-            let decode = self.decode.clone();
-            let logits = self.logits(&decode, &[Tensor::new(&[n as u64, 1], ids), Tensor::new(&[n as u64], pos)])?;
+            let logits = self.p.step(&[Tensor::new(&[n as u64, 1], ids), Tensor::new(&[n as u64], pos)])?;
             let vocab = logits.len() / n.max(1);
             for (i, s) in self.slots.iter_mut().enumerate() {
                 if let (Some(q), true) = (s, fed[i]) {

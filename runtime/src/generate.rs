@@ -110,15 +110,7 @@ enum Keep {
 /// its prefills as entry points over one copy of the weights, the cache
 /// bound as state shared by all of them.
 pub struct Generator {
-    rt: Runtime,
-    /// The decode step's entry (batch 1).
-    decode: String,
-    /// The prefill entries by prompt length, ascending.
-    prefills: Vec<(u64, String)>,
-    /// Positions the cache holds (the decode program's cache length).
-    max_positions: u64,
-    /// Index of `logits` among each entry's (live) outputs.
-    logits_at: Vec<(String, usize)>,
+    p: Programs,
     /// Whether prompts go through the prefills ([`Generator::use_prefill`]).
     prefill_on: bool,
 }
@@ -182,18 +174,87 @@ pub(crate) fn cache_positions(shape: &[u64]) -> u64 {
     shape.iter().rev().nth(1).copied().unwrap_or(0)
 }
 
-/// The index of `logits` among entry `e`'s outputs as runs return them
-/// (bound state left out).
-pub(crate) fn logits_index(rt: &mut Runtime, e: &str) -> Result<usize> {
-    rt.select(e)?;
-    rt.info().outputs.iter().position(|o| o.name == "logits").ok_or_else(|| gen_err(format!("'{e}' has no output 'logits'")))
+/// A decoder's programs on one runtime with their cache bound as state:
+/// what [`Generator`] and [`crate::batch::BatchDecoder`] both drive.
+pub(crate) struct Programs {
+    pub rt: Runtime,
+    /// The decode step's entry.
+    pub decode: String,
+    /// The prefill entries by prompt length, ascending.
+    pub prefills: Vec<(u64, String)>,
+    /// The decode step's first cache input's shape, and the positions it
+    /// holds (its second-to-last axis).
+    pub cache_shape: Vec<u64>,
+    pub max_positions: u64,
+    /// Index of `logits` among each entry's outputs as runs return them
+    /// (bound state left out).
+    logits_at: Vec<(String, usize)>,
 }
 
-/// Output `at` of a run, as float32 values.
-pub(crate) fn f32_output(outs: Vec<Tensor>, at: usize) -> Result<Vec<f32>> {
-    match outs.into_iter().nth(at).map(|t| t.data) {
-        Some(Data::F32(v)) => Ok(v),
-        _ => Err(gen_err("'logits' is not float32".into())),
+impl Programs {
+    /// Bind the decode step's `cache` pairs (`X`, `X_out`) across `rt`'s
+    /// programs, after checking that every prefill writes each `X_out`
+    /// (and, with `prefills_read`, reads each `X`). `what` names the
+    /// decode step in errors.
+    pub(crate) fn bind(mut rt: Runtime, what: &str, decode: String, cache: Vec<String>, mut prefills: Vec<(u64, String)>, prefills_read: bool) -> Result<Programs> {
+        if cache.is_empty() {
+            return Err(gen_err(format!("the {what} '{decode}' has no cache (an input X with an output X_out)")));
+        }
+        rt.select(&decode)?;
+        let cache_shape = rt.info().inputs.iter().find(|i| i.name == cache[0]).map(|i| i.shape.clone()).unwrap_or_default();
+        let max_positions = cache_positions(&cache_shape);
+        for (_, p) in &prefills {
+            rt.select(p)?;
+            let pi = rt.info();
+            for c in &cache {
+                let reads = !prefills_read || pi.inputs.iter().any(|i| &i.name == c);
+                if !reads || !pi.outputs.iter().any(|o| o.name == format!("{c}_out")) {
+                    let needs = if prefills_read { format!("read '{c}' and write '{c}_out'") } else { format!("write '{c}_out'") };
+                    return Err(gen_err(format!("the prefill '{p}' does not {needs} (the {what}'s cache)")));
+                }
+            }
+        }
+        prefills.sort();
+        let pairs: Vec<(String, String)> = cache.iter().map(|c| (c.clone(), format!("{c}_out"))).collect();
+        rt.bind_state(&pairs)?;
+        let mut logits_at = Vec::new();
+        for e in std::iter::once(&decode).chain(prefills.iter().map(|p| &p.1)) {
+            rt.select(e)?;
+            let at = rt.info().outputs.iter().position(|o| o.name == "logits").ok_or_else(|| gen_err(format!("'{e}' has no output 'logits'")))?;
+            logits_at.push((e.clone(), at));
+        }
+        Ok(Programs { rt, decode, prefills, cache_shape, max_positions, logits_at })
+    }
+
+    /// Run entry `e` and return its logits.
+    pub(crate) fn logits(&mut self, e: &str, inputs: &[Tensor]) -> Result<Vec<f32>> {
+        let outs = self.rt.run_entry(e, inputs)?;
+        let at = self.logits_at.iter().find(|l| l.0 == e).map(|l| l.1).ok_or_else(|| gen_err(format!("no logits for '{e}'")))?;
+        match outs.into_iter().nth(at).map(|t| t.data) {
+            Some(Data::F32(v)) => Ok(v),
+            _ => Err(gen_err("'logits' is not float32".into())),
+        }
+    }
+
+    /// Run the decode step.
+    pub(crate) fn step(&mut self, inputs: &[Tensor]) -> Result<Vec<f32>> {
+        let decode = std::mem::take(&mut self.decode);
+        let r = self.logits(&decode, inputs);
+        self.decode = decode;
+        r
+    }
+
+    /// The longest prefill not longer than `len` tokens.
+    pub(crate) fn prefill_for(&self, len: usize) -> Option<(u64, String)> {
+        self.prefills.iter().rev().find(|p| p.0 <= len as u64).cloned()
+    }
+
+    /// Refuse `prompt_len + new` tokens that do not fit the cache.
+    pub(crate) fn check_fits(&self, prompt_len: usize, new: usize) -> Result<()> {
+        if prompt_len as u64 + new as u64 > self.max_positions + 1 {
+            return Err(gen_err(format!("{prompt_len} prompt + {new} new tokens do not fit the cache of {} positions", self.max_positions)));
+        }
+        Ok(())
     }
 }
 
@@ -222,35 +283,12 @@ impl Generator {
                 rt.entries().join(", ")
             )));
         };
-        if cache.is_empty() {
-            return Err(gen_err(format!("the decode step '{decode}' has no cache (an input X with an output X_out)")));
-        }
-        rt.select(&decode)?;
-        let info = rt.info();
-        let cache_shape = info.inputs.iter().find(|i| i.name == cache[0]).map(|i| i.shape.clone()).unwrap_or_default();
-        let max_positions = cache_positions(&cache_shape);
-        for (_, p) in &prefills {
-            rt.select(p)?;
-            let pi = rt.info();
-            for c in &cache {
-                if !pi.outputs.iter().any(|o| o.name == format!("{c}_out")) {
-                    return Err(gen_err(format!("the prefill '{p}' has no output '{c}_out' (the decode step's cache)")));
-                }
-            }
-        }
-        prefills.sort();
-        let pairs: Vec<(String, String)> = cache.iter().map(|c| (c.clone(), format!("{c}_out"))).collect();
-        rt.bind_state(&pairs)?;
-        let mut logits_at = Vec::new();
-        for e in std::iter::once(&decode).chain(prefills.iter().map(|p| &p.1)) {
-            logits_at.push((e.clone(), logits_index(&mut rt, e)?));
-        }
-        Ok(Generator { rt, decode, prefills, max_positions, logits_at, prefill_on: true })
+        Ok(Generator { p: Programs::bind(rt, "decode step", decode, cache, prefills, false)?, prefill_on: true })
     }
 
     /// Prompt lengths the prefills take, ascending.
     pub fn prefill_lengths(&self) -> Vec<u64> {
-        self.prefills.iter().map(|p| p.0).collect()
+        self.p.prefills.iter().map(|p| p.0).collect()
     }
 
     /// Send prompts through the prefills (the default) or, with `false`,
@@ -261,19 +299,11 @@ impl Generator {
 
     /// The runtime (to inspect it, or run its programs directly).
     pub fn runtime(&mut self) -> &mut Runtime {
-        &mut self.rt
-    }
-
-    /// Run entry `e` and return its logits.
-    fn run(&mut self, e: &str, inputs: &[Tensor]) -> Result<Vec<f32>> {
-        let outs = self.rt.run_entry(e, inputs)?;
-        let at = self.logits_at.iter().find(|l| l.0 == e).map(|l| l.1).ok_or_else(|| gen_err(format!("no logits for '{e}'")))?;
-        f32_output(outs, at)
+        &mut self.p.rt
     }
 
     fn step(&mut self, token: i64, position: u64) -> Result<Vec<f32>> {
-        let decode = self.decode.clone();
-        self.run(&decode, &[Tensor::new(&[1, 1], vec![token]), Tensor::new(&[1], vec![position as i64])])
+        self.p.step(&[Tensor::new(&[1, 1], vec![token]), Tensor::new(&[1], vec![position as i64])])
     }
 
     /// Generate up to `max_new_tokens` after `prompt`, calling `on_token`
@@ -284,23 +314,16 @@ impl Generator {
         if prompt.is_empty() {
             return Err(gen_err("the prompt is empty".into()));
         }
-        let total = prompt.len() as u64 + max_new_tokens as u64;
-        if total > self.max_positions + 1 {
-            return Err(gen_err(format!(
-                "{} prompt + {max_new_tokens} new tokens do not fit the cache of {} positions",
-                prompt.len(),
-                self.max_positions
-            )));
-        }
+        self.p.check_fits(prompt.len(), max_new_tokens)?;
         let mut rng = Rng::new(seed);
         let t0 = clock::now();
-        self.rt.reset_state()?;
-        let prefill = self.prefills.iter().rev().find(|p| self.prefill_on && p.0 <= prompt.len() as u64).cloned();
+        self.p.rt.reset_state()?;
+        let prefill = self.p.prefill_for(prompt.len()).filter(|_| self.prefill_on);
         let mut logits = Vec::new();
         let mut done = 0;
         if let Some((n, e)) = prefill {
             done = n as usize;
-            logits = self.run(&e, &[Tensor::new(&[1, n], prompt[..done].to_vec())])?;
+            logits = self.p.logits(&e, &[Tensor::new(&[1, n], prompt[..done].to_vec())])?;
         }
         for (pos, &t) in prompt.iter().enumerate().skip(done) {
             logits = self.step(t, pos as u64)?;
