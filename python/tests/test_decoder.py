@@ -180,6 +180,14 @@ def test_continuous_batching(name):
     assert b.active == 4
     with pytest.raises(rbln.RBLNError, match="all 4 slots are busy"):
         b.join(prompt, max_new_tokens=4)
+    b.cancel(gone)
+    # A bad request is refused at join, before anything runs: the batch
+    # goes on unaffected.
+    with pytest.raises(rbln.RBLNError, match="prompt token 1 is 100000, outside the model's token ids 0..1000"):
+        b.join([1, 100000, 2], max_new_tokens=4)
+    with pytest.raises(rbln.RBLNError, match="the prompt is empty"):
+        b.join([], max_new_tokens=4)
+    gone = b.join(prompt, max_new_tokens=30)
     for _ in range(5):
         step()
     assert b.cancel(gone) and not b.cancel(gone)

@@ -110,10 +110,10 @@ impl BatchDecoder {
     /// longest slot prefill that fits them (the rest are fed by the next
     /// steps). Returns its id; its tokens come from [`Self::step`].
     pub fn join(&mut self, prompt: &[i64], max_new_tokens: usize, sampling: Sampling, seed: u64, eos: Option<i64>) -> Result<u64> {
-        if prompt.is_empty() || max_new_tokens == 0 {
-            return Err(gen_err("a sequence needs a non-empty prompt and max_new_tokens >= 1".into()));
+        if max_new_tokens == 0 {
+            return Err(gen_err("a sequence needs max_new_tokens >= 1".into()));
         }
-        self.p.check_fits(prompt.len(), max_new_tokens)?;
+        self.p.check_request(prompt, max_new_tokens)?;
         let Some(slot) = self.slots.iter().position(|s| s.is_none()) else {
             return Err(gen_err(format!("all {} slots are busy", self.slots.len())));
         };

@@ -186,6 +186,8 @@ pub(crate) struct Programs {
     /// holds (its second-to-last axis).
     pub cache_shape: Vec<u64>,
     pub max_positions: u64,
+    /// The token ids the decode step takes (`input_ids`' value range).
+    tokens: Option<(i64, i64)>,
     /// Index of `logits` among each entry's outputs as runs return them
     /// (bound state left out).
     logits_at: Vec<(String, usize)>,
@@ -201,7 +203,13 @@ impl Programs {
             return Err(gen_err(format!("the {what} '{decode}' has no cache (an input X with an output X_out)")));
         }
         rt.select(&decode)?;
-        let cache_shape = rt.info().inputs.iter().find(|i| i.name == cache[0]).map(|i| i.shape.clone()).unwrap_or_default();
+        let info = rt.info();
+        let cache_shape = info.inputs.iter().find(|i| i.name == cache[0]).map(|i| i.shape.clone()).unwrap_or_default();
+        // The ids the model declares for `input_ids`, else those of its
+        // vocabulary (the logits' last axis): a token outside would fault
+        // the device's embedding lookup, failing every sequence of a batch.
+        let vocab = info.outputs.iter().find(|o| o.name == "logits").and_then(|o| o.shape.last()).map(|&v| (0, v as i64));
+        let tokens = info.inputs.iter().find(|i| i.name == "input_ids").and_then(|i| i.range).or(vocab);
         let max_positions = cache_positions(&cache_shape);
         for (_, p) in &prefills {
             rt.select(p)?;
@@ -223,7 +231,7 @@ impl Programs {
             let at = rt.info().outputs.iter().position(|o| o.name == "logits").ok_or_else(|| gen_err(format!("'{e}' has no output 'logits'")))?;
             logits_at.push((e.clone(), at));
         }
-        Ok(Programs { rt, decode, prefills, cache_shape, max_positions, logits_at })
+        Ok(Programs { rt, decode, prefills, cache_shape, max_positions, tokens, logits_at })
     }
 
     /// Run entry `e` and return its logits.
@@ -249,10 +257,20 @@ impl Programs {
         self.prefills.iter().rev().find(|p| p.0 <= len as u64).cloned()
     }
 
-    /// Refuse `prompt_len + new` tokens that do not fit the cache.
-    pub(crate) fn check_fits(&self, prompt_len: usize, new: usize) -> Result<()> {
-        if prompt_len as u64 + new as u64 > self.max_positions + 1 {
-            return Err(gen_err(format!("{prompt_len} prompt + {new} new tokens do not fit the cache of {} positions", self.max_positions)));
+    /// Refuse an empty prompt, one with a token the model does not take,
+    /// and `prompt + new` tokens that do not fit the cache: before anything
+    /// runs, so that (in a batch) no other sequence is affected.
+    pub(crate) fn check_request(&self, prompt: &[i64], new: usize) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(gen_err("the prompt is empty".into()));
+        }
+        if let Some((lo, hi)) = self.tokens {
+            if let Some((i, t)) = prompt.iter().enumerate().find(|(_, t)| !(lo..hi).contains(*t)) {
+                return Err(gen_err(format!("prompt token {i} is {t}, outside the model's token ids {lo}..{hi}")));
+            }
+        }
+        if prompt.len() as u64 + new as u64 > self.max_positions + 1 {
+            return Err(gen_err(format!("{} prompt + {new} new tokens do not fit the cache of {} positions", prompt.len(), self.max_positions)));
         }
         Ok(())
     }
@@ -311,10 +329,7 @@ impl Generator {
     /// The prompt's first tokens go through the longest prefill that
     /// fits in it, the rest through the decode step one by one.
     pub fn generate(&mut self, prompt: &[i64], max_new_tokens: usize, sampling: Sampling, seed: u64, eos: Option<i64>, mut on_token: impl FnMut(i64)) -> Result<Generation> {
-        if prompt.is_empty() {
-            return Err(gen_err("the prompt is empty".into()));
-        }
-        self.p.check_fits(prompt.len(), max_new_tokens)?;
+        self.p.check_request(prompt, max_new_tokens)?;
         let mut rng = Rng::new(seed);
         let t0 = clock::now();
         self.p.rt.reset_state()?;

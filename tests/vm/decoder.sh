@@ -61,6 +61,9 @@ check "--eos-id stops after that token (the first greedy one here)" sh -c \
 rc=0; rbln-generate $e/gpt2-decoder.rbln --prompt-ids 1,2,3 --max-new-tokens 200 >/tmp/err 2>&1 || rc=$?
 cat /tmp/err
 check "too many tokens for the cache: exit 2, says so" sh -c "test $rc = 2 && grep -q 'do not fit the cache of 80 positions' /tmp/err"
+rc=0; rbln-generate $e/gpt2-decoder.rbln --prompt-ids 1,2,3 --prompt-ids 4,5000 --max-new-tokens 4 >/tmp/err 2>&1 || rc=$?
+cat /tmp/err
+check "a prompt token outside the vocabulary: exit 2, names it" sh -c "test $rc = 2 && grep -q 'prompt 1: prompt token 1 is 5000, outside the model' /tmp/err"
 other=$(ls $e/*.rbln | grep -v decoder | head -n 1)
 rc=0; rbln-generate $other --prompt-ids 1,2,3 >/tmp/err 2>&1 || rc=$?
 cat /tmp/err
