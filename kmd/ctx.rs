@@ -7,7 +7,7 @@ use kernel::{
     new_mutex,
     prelude::*,
     sync::{
-        atomic::{Atomic, Relaxed},
+        atomic::{Acquire, Atomic, Relaxed, Release},
         Arc, Mutex,
     },
     time::{msecs_to_jiffies, Instant, Jiffies, Monotonic},
@@ -64,18 +64,38 @@ const MAX_RING: u32 = (PAGE_SIZE as usize / RingEntry::SIZE) as u32;
 struct QueueShared {
     status: HostMem,
     destroyed: Atomic<bool>,
+    /// Ring entries: a head at or beyond is impossible.
+    entries: u32,
+    /// The last fence handed out on this queue (a status block showing a
+    /// later one is corrupt); `u64::MAX` once user space submits by
+    /// itself, choosing its own values.
+    issued: Atomic<u64>,
+    /// A corrupt status block was reported for this queue (once).
+    warned: Atomic<bool>,
 }
 
 impl QueueShared {
-    /// Fence value the device last wrote (one aligned 64-bit load: never
-    /// torn against the device's write).
-    fn fence(&self) -> u64 {
-        self.status.read_u64(core::mem::offset_of!(QueueStatus, fence)).unwrap_or(0)
+    /// The status block's head and state (adjacent u32s: one aligned
+    /// 64-bit load), if they are possible values.
+    fn head_state(&self) -> Option<u32> {
+        let v = self.status.read_u64(core::mem::offset_of!(QueueStatus, head)).ok()?;
+        let (head, state) = (v as u32, (v >> 32) as u32);
+        (head < self.entries && QueueState::from_u32(state).is_some()).then_some(head)
     }
 
-    /// Ring index the device will consume next.
-    fn head(&self) -> u32 {
-        self.status.read_u64(core::mem::offset_of!(QueueStatus, head)).map_or(0, |v| v as u32)
+    /// Fence value the device last wrote (one aligned 64-bit load: never
+    /// torn against the device's write), unless the status block is
+    /// corrupt (an impossible head or state, or a fence never handed out):
+    /// then `None`, and the caller reads the register instead.
+    fn fence(&self) -> Option<u64> {
+        self.head_state()?;
+        let fence = self.status.read_u64(core::mem::offset_of!(QueueStatus, fence)).ok()?;
+        (fence <= self.issued.load(Acquire)).then_some(fence)
+    }
+
+    /// Ring index the device will consume next (`None`: corrupt block).
+    fn head(&self) -> Option<u32> {
+        self.head_state()
     }
 }
 
@@ -452,7 +472,8 @@ impl Context {
                 return Err(e);
             }
         };
-        let shared = match Arc::new(QueueShared { status, destroyed: Atomic::new(false) }, GFP_KERNEL) {
+        let shared = QueueShared { status, destroyed: Atomic::new(false), entries, issued: Atomic::new(base), warned: Atomic::new(false) };
+        let shared = match Arc::new(shared, GFP_KERNEL) {
             Ok(s) => s,
             Err(e) => {
                 undo_pte(&mut inner);
@@ -525,12 +546,19 @@ impl Context {
             return Err(EBUSY);
         }
         // Two ring slots per submission: the caller's buffer, our fence.
-        let head = q.shared.head();
+        // A corrupt status block is not believed: the register is.
+        let head = match q.shared.head() {
+            Some(h) => h,
+            None => self.npu.with_regs(|r| r.r32(regs::queue_reg(q.hw, regs::Q_HEAD)))? & (q.entries - 1),
+        };
         let used = q.tail.wrapping_sub(head) & (q.entries - 1);
         if q.entries - 1 - used < 2 {
             return Err(EBUSY);
         }
         let fence = q.next_fence;
+        // Before the device can see the submission, so that its fence
+        // write-back is never beyond `issued`.
+        q.shared.issued.store(fence, Release);
         let fslot = (q.tail / 2) % FENCE_SLOTS;
         let pkt = cmd::Fence {
             header: cmd::header(Opcode::Fence, cmd::FENCE_FLAG_IRQ, (cmd::Fence::SIZE / 4) as u16),
@@ -590,15 +618,38 @@ impl Context {
                 .with_regs(|r| {
                     let st = r.r32(regs::queue_reg(hw, regs::Q_STATE))?;
                     let busy = st == QueueState::Running as u32 || st == QueueState::Waiting as u32;
-                    Ok((r.r64(regs::queue_reg(hw, regs::Q_PACKETS_64))?, busy, st == u32::MAX))
+                    let faulted = st == QueueState::Faulted as u32;
+                    Ok((r.r64(regs::queue_reg(hw, regs::Q_PACKETS_64))?, busy, st == u32::MAX, faulted))
                 })
-                .unwrap_or((0, false, false))
+                .unwrap_or((0, false, false, false))
+        };
+        // The fence as the status block says, or, when the block is
+        // corrupt, as the register says (counted and reported once).
+        let fence_now = |ev: &mut crate::npu::Events| match shared.fence() {
+            Some(f) => f,
+            None => {
+                ev.status_refused = ev.status_refused.wrapping_add(1);
+                if !shared.warned.xchg(true, Relaxed) {
+                    self.npu.warn_corrupt_status(hw);
+                }
+                self.npu.with_regs(|r| r.r64(regs::queue_reg(hw, regs::Q_FENCE_64))).unwrap_or(0)
+            }
         };
         let mut last_packets = progress().0;
         let mut stalled_since = Instant::<Monotonic>::now();
+        // The last nap ended by its timeout, not by an interrupt.
+        let mut timed_out = false;
+        // Q_STATE read Faulted at the previous check with no error
+        // interrupt seen: a second sighting means that interrupt was lost.
+        let mut fault_pending = false;
         let mut ev = self.npu.events.lock();
         loop {
-            if shared.fence() >= a.value {
+            if fence_now(&mut ev) >= a.value {
+                if timed_out {
+                    // Found by this check rather than announced by an
+                    // interrupt (one lost or late).
+                    ev.polled_fences = ev.polled_fences.wrapping_add(1);
+                }
                 return Ok(());
             }
             if self.npu.is_gone() {
@@ -615,9 +666,16 @@ impl Context {
             if left == 0 {
                 return Err(ETIMEDOUT);
             }
-            let (p, busy, all_ones) = progress();
+            let (p, busy, all_ones, faulted) = progress();
             if all_ones && !self.npu.check_alive() {
                 return Err(ENODEV);
+            }
+            if faulted && ev.faulted & (1 << hw) == 0 {
+                if fault_pending {
+                    self.npu.missed_fault(&mut ev, hw, self.id);
+                    continue;
+                }
+                fault_pending = true;
             }
             if p != last_packets || !busy {
                 last_packets = p;
@@ -627,8 +685,12 @@ impl Context {
                 return Err(EIO);
             }
             let nap = left.min(tick);
+            timed_out = false;
             match self.npu.event_cv.wait_interruptible_timeout(&mut ev, nap) {
-                kernel::sync::CondVarTimeoutResult::Timeout => left = left.saturating_sub(nap),
+                kernel::sync::CondVarTimeoutResult::Timeout => {
+                    left = left.saturating_sub(nap);
+                    timed_out = true;
+                }
                 kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left = left.saturating_sub(nap.saturating_sub(jiffies)),
                 // EINTR, not ERESTARTSYS: a restarted call would wait the
                 // whole relative timeout again.
@@ -648,6 +710,7 @@ impl Context {
             uapi::MMAP_KIND_RING => {
                 q.ring.mmap(vma, len)?;
                 q.user_mode = true;
+                q.shared.issued.store(u64::MAX, Release);
             }
             uapi::MMAP_KIND_STATUS => {
                 if vma.writable() {
@@ -662,6 +725,7 @@ impl Context {
                 }
                 self.npu.mmap_doorbell(q.hw, vma)?;
                 q.user_mode = true;
+                q.shared.issued.store(u64::MAX, Release);
             }
             _ => return Err(EINVAL),
         }

@@ -81,6 +81,18 @@ pub(crate) struct Events {
     pub(crate) hung: u32,
     /// Resets asked for through sysfs since the driver bound the device.
     pub(crate) resets: u64,
+    /// Interrupts that found nothing pending (spurious, or drained by an
+    /// earlier vector's service): ignored.
+    pub(crate) spurious: u64,
+    /// Fence waits completed by the waiter's periodic check after a nap
+    /// that no interrupt ended (the fence's interrupt lost or late).
+    pub(crate) polled_fences: u64,
+    /// Faults found by a waiter (the queue Faulted at two checks in a
+    /// row) whose error interrupt never came.
+    pub(crate) missed_faults: u64,
+    /// Status-block reads refused as corrupt (an impossible head, state
+    /// or fence): the registers were read instead.
+    pub(crate) status_refused: u64,
 }
 
 /// Device-wide state, shared (by `Arc`) by the PCI binding and every open
@@ -178,6 +190,13 @@ impl Npu {
         }
         let mut ev = self.events.lock();
         ev.irqs = ev.irqs.wrapping_add(1);
+        // Nothing pending is not an error: MSI-X vectors share the status
+        // registers, so a vector often finds its event already drained by
+        // another's service. Still IRQ_HANDLED: IRQ_NONE would let the
+        // core's spurious-interrupt detector disable a healthy vector.
+        if q == 0 && e == 0 {
+            ev.spurious = ev.spurious.wrapping_add(1);
+        }
         ev.faulted |= e;
         ev.poisoned |= poison;
         self.event_cv.notify_all();
@@ -387,9 +406,9 @@ impl Npu {
             let a = self.alloc.lock();
             (a.queues, a.owner, a.bos, a.host_bo_bytes)
         };
-        let (irqs, faulted, poisoned) = {
+        let (irqs, faulted, poisoned, spurious, polled, missed, refused) = {
             let e = self.events.lock();
-            (e.irqs, e.faulted, e.poisoned)
+            (e.irqs, e.faulted, e.poisoned, e.spurious, e.polled_fences, e.missed_faults, e.status_refused)
         };
         let st = self.stats();
         writeln!(f, "device: rbln{} hw {}.{}", self.index, self.hw.version >> 16, self.hw.version & 0xffff)?;
@@ -400,6 +419,10 @@ impl Npu {
         writeln!(f, "dram_total_bytes: {}", self.hw.dram_size)?;
         writeln!(f, "dram_free_bytes: {}", st.dram_free)?;
         writeln!(f, "interrupts: {}", irqs)?;
+        writeln!(f, "interrupts_spurious: {}", spurious)?;
+        writeln!(f, "fences_found_by_polling: {}", polled)?;
+        writeln!(f, "faults_found_by_polling: {}", missed)?;
+        writeln!(f, "status_blocks_refused: {}", refused)?;
         writeln!(f, "faulted_queues: {:#x}", faulted)?;
         writeln!(f, "poisoned_contexts: {:#x}", poisoned)?;
         if st.health != uapi::HEALTH_LOST {
@@ -503,6 +526,26 @@ impl Npu {
         ev.poisoned |= 1 << ctx;
         self.disable_context_queues(1 << ctx, 1 << q);
         self.event_cv.notify_all();
+    }
+
+    /// A waiter found queue `q` (of context `ctx`) Faulted twice with no
+    /// error interrupt for it: handle the fault as that interrupt would
+    /// have (its status bit is acknowledged so it is not reported again).
+    pub(crate) fn missed_fault(&self, ev: &mut Events, q: u32, ctx: u32) {
+        dev_warn!(self.pdev, "rbln{}: queue {} faulted without an error interrupt (found by its waiter)\n", self.index, q);
+        self.report_fault(q, ctx);
+        let _ = self.with_regs(|r| r.w32(regs::IRQ_ERROR_STATUS, 1 << q));
+        ev.missed_faults = ev.missed_faults.wrapping_add(1);
+        ev.faulted |= 1 << q;
+        ev.poisoned |= 1 << ctx;
+        self.disable_context_queues(1 << ctx, 1 << q);
+        self.event_cv.notify_all();
+    }
+
+    /// Queue `q`'s status block was refused as corrupt (reported once per
+    /// queue; the registers stand in for it).
+    pub(crate) fn warn_corrupt_status(&self, q: u32) {
+        dev_warn!(self.pdev, "rbln{}: queue {}: corrupt status block write-back refused; reading the registers instead\n", self.index, q);
     }
 
     /// Disable every queue of the contexts in `poison` except those in

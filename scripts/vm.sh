@@ -18,6 +18,13 @@
 # /run/rbln/unplug-npu<i>; the harness does it within 0.1 s and writes
 # /run/rbln/unplugged-npu<i>. (Killing the model would abort QEMU itself:
 # its vfio-user client does not survive the peer going away.)
+#
+# Fault injection: a guest test sends a command to device model i's debug
+# control (inject PLAN, clear, status; docs/reliability.md) by writing it
+# to /run/rbln/ctl-npu<i>.req (write elsewhere, then rename); the harness
+# passes it on with rbln-npu-ctl and writes the reply line to
+# /run/rbln/ctl-npu<i>.reply. The guest's own device interface never
+# reaches this control.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 VM_TIMEOUT=${VM_TIMEOUT:-900}
@@ -63,7 +70,7 @@ start_devices() {
     [[ -x $NPU_BIN ]] || die "$NPU_BIN is missing: run 'make host' (cargo build --release)"
     for ((i = 0; i < VM_DEVICES; i++)); do
         # shellcheck disable=SC2086
-        "$NPU_BIN" --socket "$run/npu$i.sock" --log-level "${NPU_LOG:-info}" ${NPU_ARGS:-} \
+        "$NPU_BIN" --socket "$run/npu$i.sock" --control "$run/npu$i.ctl" --log-level "${NPU_LOG:-info}" ${NPU_ARGS:-} \
             >"$run/npu$i.log" 2>&1 &
         NPU_PIDS+=($!)
     done
@@ -77,14 +84,22 @@ start_devices() {
     done
 }
 
-# Serve the guest's unplug-npu<i> requests (see the header) until killed.
-watch_unplug_requests() {
-    local run=$1 i
+# Serve the guest's unplug-npu<i> and ctl-npu<i>.req requests (see the
+# header) until killed.
+watch_guest_requests() {
+    local run=$1 i cmd
     while sleep 0.1; do
         for ((i = 0; i < ${#NPU_PIDS[@]}; i++)); do
             if [[ -e $run/unplug-npu$i && ! -e $run/unplugged-npu$i ]]; then
                 kill -USR1 "${NPU_PIDS[i]}" 2>/dev/null || true
                 : >"$run/unplugged-npu$i"
+            fi
+            if [[ -e $run/ctl-npu$i.req ]]; then
+                cmd=$(cat "$run/ctl-npu$i.req")
+                rm -f "$run/ctl-npu$i.req"
+                # shellcheck disable=SC2086 # the command's words
+                "$NPU_BIN-ctl" "$run/npu$i.ctl" $cmd >"$run/ctl-npu$i.reply.tmp" 2>&1 || true
+                mv "$run/ctl-npu$i.reply.tmp" "$run/ctl-npu$i.reply"
             fi
         done
     done
@@ -126,7 +141,7 @@ main() {
     trap 'for p in "${NPU_PIDS[@]}" ${WATCHER:-}; do kill -TERM "$p" 2>/dev/null || true; done; [[ ${VM_KEEP:-0} == 1 ]] || rm -rf "$run"' EXIT
     printf 'set -e\n%s\n' "$cmd" >"$run/cmd.sh"
     start_devices "$run"
-    watch_unplug_requests "$run" &
+    watch_guest_requests "$run" &
     WATCHER=$!
 
     log "booting the guest (TCG, ${VM_SMP} vCPUs, ${VM_MEM} MiB, ${VM_DEVICES} NPU(s), timeout ${VM_TIMEOUT}s)"

@@ -124,6 +124,10 @@ pub enum FaultCode {
     /// buffer; the fault address is the VA it would have touched
     /// (hardware minor version 8).
     OutOfBounds = 14,
+    /// A DMA engine's transfer failed in the data path (a completion
+    /// timeout or poisoned data on the link or in memory); the transfer
+    /// wrote nothing (hardware minor version 9).
+    TransferError = 15,
 }
 
 impl FaultCode {
@@ -145,6 +149,7 @@ impl FaultCode {
             12 => Alignment,
             13 => IndexOutOfRange,
             14 => OutOfBounds,
+            15 => TransferError,
             _ => return Option::None,
         })
     }
@@ -167,6 +172,7 @@ impl FaultCode {
             Alignment => "misaligned address",
             IndexOutOfRange => "index out of range",
             OutOfBounds => "tile access outside its buffer",
+            TransferError => "DMA transfer error",
         }
     }
 }

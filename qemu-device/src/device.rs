@@ -16,6 +16,7 @@ use rbln_hw::{PAGE_SIZE, HW_VERSION};
 
 use crate::engines::{Counters, EnginePool};
 use crate::exec;
+use crate::faults::{Injector, Kind, Plan};
 use crate::memory::{Dram, HostMemory};
 use crate::mmu::{Fault, Invalidation};
 
@@ -165,6 +166,12 @@ impl QueueRegs {
         }
     }
 
+    /// What a corrupted write-back (fault injection) carries instead of the status
+    /// block: a head beyond any ring, no state, a fence far ahead.
+    fn corrupt_status_block(&self) -> QueueStatus {
+        QueueStatus { head: 0xDEAD_BEEF, state: 0xBAD, fence: self.fence ^ (0xDEAD << 40), ..self.status_block() }
+    }
+
     pub fn status_block(&self) -> QueueStatus {
         QueueStatus {
             head: self.head,
@@ -220,6 +227,11 @@ pub(crate) struct Shared {
     pub shutdown: AtomicBool,
     /// Set by `Device::fall_off_bus`: the function no longer answers.
     pub off_bus: AtomicBool,
+    /// Fault injection (the harness's, never the guest's).
+    pub faults: Injector,
+    /// A `die` fault fired on a command processor: it takes the device
+    /// off the bus once it has let go of its job.
+    pub die: AtomicBool,
 }
 
 /// The device. Dropping it stops its command processors.
@@ -249,6 +261,8 @@ impl Device {
             sem_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
             off_bus: AtomicBool::new(false),
+            faults: Injector::default(),
+            die: AtomicBool::new(false),
             cfg,
         });
         let threads = (0..shared.cfg.num_queues)
@@ -367,13 +381,29 @@ impl Device {
     /// are dropped. There is no way back; a new device model is a new
     /// device.
     pub fn fall_off_bus(&self) {
-        if self.shared.off_bus.swap(true, Ordering::SeqCst) {
-            return;
+        self.shared.fall_off_bus();
+    }
+
+    /// Arm a fault-injection plan; irq-spurious fires at once: `count`
+    /// interrupts (at least one) spread over the vectors, none with
+    /// anything pending.
+    pub fn inject(&self, plan: Plan) {
+        if plan.kind != Kind::IrqSpurious {
+            return self.shared.faults.arm(plan);
         }
-        self.set_irq_sink(Arc::new(NoIrq));
-        self.shared.host.clear();
-        self.shared.device_reset();
-        log::warn!("fell off the bus: reads return all ones from now on");
+        log::warn!("fault injected: {plan}");
+        for i in 0..plan.count.clamp(1, 1 << 20) {
+            let vector = match plan.queue {
+                Some(q) => regs::queue_vector(q),
+                None => (i % regs::MSIX_VECTORS as u64) as u32,
+            };
+            self.shared.raise(vector);
+            self.shared.faults.record(Kind::IrqSpurious);
+        }
+    }
+
+    pub fn faults(&self) -> &Injector {
+        &self.shared.faults
     }
 
     pub fn is_off_bus(&self) -> bool {
@@ -418,9 +448,41 @@ impl Shared {
         self.start.elapsed().as_nanos() as u64
     }
 
-    pub fn raise(&self, vector: u32) {
+    fn raise(&self, vector: u32) {
         let sink = self.irq.read().unwrap_or_else(|e| e.into_inner()).clone();
         sink.raise(vector);
+    }
+
+    /// Raise `vector` for queue `q`'s fence or fault, unless an injected
+    /// fault drops or delays it.
+    fn interrupt(&self, vector: u32, q: u32) {
+        if self.faults.fire(Kind::IrqDrop, Some(q)).is_some() {
+            return;
+        }
+        if let Some(p) = self.faults.fire(Kind::IrqDelay, Some(q)) {
+            let sink = self.irq.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let delay = Duration::from_millis(p.delay_ms);
+            let late = std::thread::Builder::new().name("rbln-irq-delay".into()).spawn(move || {
+                std::thread::sleep(delay);
+                sink.raise(vector);
+            });
+            if late.is_err() {
+                self.raise(vector); // no thread: on time after all
+            }
+            return;
+        }
+        self.raise(vector);
+    }
+
+    /// Surprise removal (see `Device::fall_off_bus`).
+    pub fn fall_off_bus(&self) {
+        if self.off_bus.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        *self.irq.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoIrq);
+        self.host.clear();
+        self.device_reset();
+        log::warn!("fell off the bus: reads return all ones from now on");
     }
 
     /// Context `ctx`'s page-table root, if the context is valid.
@@ -437,7 +499,7 @@ impl Shared {
             g.irq_queue_mask & (1 << q) == 0
         };
         if fire {
-            self.raise(regs::queue_vector(q));
+            self.interrupt(regs::queue_vector(q), q);
         }
     }
 
@@ -448,7 +510,7 @@ impl Shared {
         r.fault_code = fault_code_reg(fault.code, fault.access, depth);
         r.fault_ring_index = r.head;
         r.fault_addr = fault.addr;
-        self.write_status(r);
+        self.write_status(q, r);
         Counters::add(&self.counters.faults, 1);
         log::info!("queue {q}: fault {} ({:?}) at {:#x}", fault.code.name(), fault.access, fault.addr);
         let fire = {
@@ -458,13 +520,20 @@ impl Shared {
             g.irq_error_mask & (1 << q) == 0
         };
         if fire {
-            self.raise(regs::MSIX_ERROR_VECTOR);
+            self.interrupt(regs::MSIX_ERROR_VECTOR, q);
         }
     }
 
-    /// Write the queue's status block to host memory, if it has one.
-    pub fn write_status(&self, r: &QueueRegs) {
-        if r.status_addr != 0 && self.host.write(r.status_addr, &r.status_block().to_bytes()).is_err() {
+    /// Write queue `q`'s status block to host memory, if it has one.
+    pub fn write_status(&self, q: u32, r: &QueueRegs) {
+        if r.status_addr == 0 {
+            return;
+        }
+        let block = match self.faults.fire(Kind::StatusCorrupt, Some(q)) {
+            Some(_) => r.corrupt_status_block(),
+            None => r.status_block(),
+        };
+        if self.host.write(r.status_addr, &block.to_bytes()).is_err() {
             log::warn!("status block at {:#x} is not in shared memory", r.status_addr);
         }
     }
@@ -511,7 +580,7 @@ impl Shared {
         r.busy_ns = 0;
         r.fence = 0;
         if report {
-            self.write_status(&r);
+            self.write_status(q.index, &r);
         }
         drop(r);
         let mut g = self.global();
@@ -537,7 +606,7 @@ impl Shared {
             }
             r.enabled = true;
             r.state = if r.head == r.tail { QueueState::Idle } else { QueueState::Running };
-            self.write_status(&r);
+            self.write_status(q.index, &r);
             q.cv.notify_all();
         } else if !enable && r.enabled {
             drop(r);
@@ -545,7 +614,7 @@ impl Shared {
             if r.state != QueueState::Faulted {
                 r.state = QueueState::Disabled;
             }
-            self.write_status(&r);
+            self.write_status(q.index, &r);
         }
     }
 
@@ -678,7 +747,7 @@ impl Shared {
                 };
                 // Unmasking a pending interrupt delivers it (once).
                 for q in (0..32).filter(|q| pending & (1 << q) != 0) {
-                    self.raise(vector.unwrap_or(regs::queue_vector(q)));
+                    self.interrupt(vector.unwrap_or(regs::queue_vector(q)), q);
                 }
             }
             regs::MMU_INVALIDATE => {
@@ -759,13 +828,17 @@ fn command_processor(s: &Shared, qi: usize) {
                 Ok(()) => {
                     r.head = (r.head + 1) % r.ring_size.max(1);
                     r.state = if r.head == r.tail { QueueState::Idle } else { QueueState::Running };
-                    s.write_status(&r);
+                    s.write_status(q.index, &r);
                 }
                 Err(exec::Stop::Fault(f, depth)) => s.record_fault(q.index, &mut r, f, depth),
                 Err(exec::Stop::Aborted) => {}
             }
         }
         q.cv.notify_all();
+        drop(r);
+        if s.die.swap(false, Ordering::SeqCst) {
+            s.fall_off_bus();
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use rbln_hw::ring::{Access, FaultCode, QueueState, RingEntry, MAX_CMDBUF_SIZE};
 use crate::compute;
 use crate::device::{sem_sleep, Shared};
 use crate::engines::Counters;
+use crate::faults::Kind;
 use crate::mmu::{AddressSpace, Fault, Piece};
 use crate::workers::Workers;
 
@@ -72,12 +73,26 @@ pub(crate) fn run_ring_entry(s: &Shared, job: &Job, workers: &Workers) -> Result
     {
         return Err(bad_entry);
     }
+    if s.faults.fire(Kind::QueueStall, Some(job.queue)).is_some() {
+        stall(s, job)?;
+    }
     let root = s
         .context_root(job.ctx_id)
         .ok_or(Stop::Fault(Fault::new(FaultCode::ContextInvalid, Access::None, job.ctx_id as u64), 0))?;
     let inval = &s.invalidation[job.ctx_id as usize];
     let mut ex = Exec { s, workers, job, mem: AddressSpace::new(&s.host, &s.dram, root, inval), depth: 0 };
     ex.run_cmdbuf(entry.cmdbuf_va, entry.cmdbuf_size)
+}
+
+/// An injected stall: the ring entry makes no progress (the queue stays
+/// Running, no packet executes) until the queue is reset or disabled.
+fn stall(s: &Shared, job: &Job) -> Result<(), Stop> {
+    loop {
+        if s.shutdown.load(std::sync::atomic::Ordering::Relaxed) || s.queues[job.queue as usize].lock().generation != job.generation {
+            return Err(Stop::Aborted);
+        }
+        sem_sleep(s, SEM_POLL);
+    }
 }
 
 impl Exec<'_> {
@@ -106,6 +121,10 @@ impl Exec<'_> {
         let mut off = 0usize;
         while off < buf.len() {
             self.check_live()?;
+            if self.s.faults.fire(Kind::Die, Some(self.job.queue)).is_some() {
+                self.s.die.store(true, std::sync::atomic::Ordering::SeqCst);
+                return Err(Stop::Aborted);
+            }
             let pkt_va = va + off as u64;
             let (pkt, len) = Packet::decode(&buf[off..]).map_err(|e| {
                 log::debug!("bad packet at {pkt_va:#x}: {e:?}");
@@ -169,7 +188,7 @@ impl Exec<'_> {
                         return Err(Stop::Aborted);
                     }
                     r.fence = p.value;
-                    self.s.write_status(&r);
+                    self.s.write_status(self.job.queue, &r);
                 }
                 if cmd::split_header(p.header).1 & cmd::FENCE_FLAG_IRQ != 0 {
                     self.s.queue_interrupt(self.job.queue);
@@ -202,8 +221,17 @@ impl Exec<'_> {
         }
     }
 
+    /// An injected transfer failure of the DMA engine about to write `dst`.
+    fn injected_dma_failure(&self, dst: u64) -> Result<(), Stop> {
+        match self.s.faults.fire(Kind::DmaFail, Some(self.job.queue)) {
+            Some(_) => Err(self.fault_at(FaultCode::TransferError, Access::Write, dst)),
+            None => Ok(()),
+        }
+    }
+
     fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), Stop> {
         let _engine = self.acquire(&self.s.dma_engines)?;
+        self.injected_dma_failure(dst)?;
         // Translate the whole destination first (a faulting FILL writes
         // nothing), then fill it where it lies, chunk by chunk.
         let depth = self.depth;
@@ -229,6 +257,7 @@ impl Exec<'_> {
 
     fn dma_copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), Stop> {
         let _engine = self.acquire(&self.s.dma_engines)?;
+        self.injected_dma_failure(dst)?;
         // Translate both ranges first (a faulting DMA_COPY writes nothing),
         // then copy memory to memory in place, chunk by chunk.
         let depth = self.depth;
@@ -319,7 +348,7 @@ impl Exec<'_> {
         let mut r = self.s.queues[self.job.queue as usize].lock();
         if r.generation == self.job.generation && r.state != QueueState::Faulted {
             r.state = st;
-            self.s.write_status(&r);
+            self.s.write_status(self.job.queue, &r);
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod compute;
 pub mod device;
 mod engines;
 mod exec;
+pub mod faults;
 pub mod memory;
 pub mod mmu;
 

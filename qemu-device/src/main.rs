@@ -40,6 +40,14 @@ struct Args {
     /// next op before they sleep (0: never spin).
     #[arg(long, default_value_t = rbln_npu::workers::DEFAULT_SPIN.as_micros() as u64)]
     spin_us: u64,
+    /// Arm a fault-injection plan from the start (repeatable; see
+    /// docs/reliability.md): KIND[:after=N,count=N,queue=Q,ms=M].
+    #[arg(long = "inject", value_name = "PLAN")]
+    inject: Vec<rbln_npu::faults::Plan>,
+    /// UNIX socket for the harness's debug control (fault injection; not
+    /// reachable from the guest): `rbln-npu-ctl PATH COMMAND`.
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "warn")]
     log_level: log::LevelFilter,
@@ -109,6 +117,15 @@ fn main() -> ExitCode {
         }
     };
     let _ = for_signals.set(device.clone());
+    for plan in args.inject {
+        device.inject(plan);
+    }
+    if let Some(path) = &args.control {
+        if let Err(e) = serve_control(device.clone(), path) {
+            eprintln!("rbln-npu: control socket {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    }
     log::info!("listening on {}", args.socket.display());
     let result = vfio::serve(device, &args.socket);
     // The socket file is removed by the server's Drop; the device's
@@ -122,6 +139,50 @@ fn main() -> ExitCode {
             eprintln!("rbln-npu: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// The debug control: one command per line, one reply line each
+/// (`ok ...` or `error: ...`):
+///
+///     inject PLAN   arm a fault-injection plan (docs/reliability.md)
+///     clear         disarm every plan
+///     status        how many events of each kind fired, the plans armed
+fn serve_control(device: Arc<Device>, path: &std::path::Path) -> std::io::Result<()> {
+    use std::io::{BufRead, BufReader, Write};
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::thread::Builder::new().name("rbln-control".into()).spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let Ok(mut out) = conn.try_clone() else { continue };
+            for line in BufReader::new(conn).lines().map_while(Result::ok) {
+                let reply = control_command(&device, line.trim());
+                if writeln!(out, "{reply}").is_err() {
+                    break;
+                }
+            }
+        }
+    })?;
+    Ok(())
+}
+
+fn control_command(device: &Device, line: &str) -> String {
+    let (cmd, arg) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+    match (cmd, arg.trim()) {
+        ("inject", plan) => match plan.parse::<rbln_npu::faults::Plan>() {
+            Ok(p) => {
+                let armed = p.to_string();
+                device.inject(p);
+                format!("ok armed {armed}")
+            }
+            Err(e) => format!("error: {e}"),
+        },
+        ("clear", "") => {
+            device.faults().clear();
+            "ok cleared".into()
+        }
+        ("status", "") => format!("ok {}", device.faults().report()),
+        _ => format!("error: unknown command '{line}' (inject PLAN, clear, status)"),
     }
 }
 

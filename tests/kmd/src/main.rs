@@ -7,6 +7,8 @@ use std::os::fd::AsRawFd;
 
 use rbln_uapi as uapi;
 
+mod faults;
+
 type Res = Result<(), String>;
 
 fn open(n: u32) -> Result<File, String> {
@@ -895,10 +897,33 @@ const TESTS: &[Test] = &[
     ("reset", reset),
     ("fault_hold", fault_hold),
     ("lost", lost),
+    ("inject_irq_drop", faults::inject_irq_drop),
+    ("inject_irq_delay", faults::inject_irq_delay),
+    ("inject_irq_spurious", faults::inject_irq_spurious),
+    ("inject_missed_fault", faults::inject_missed_fault),
+    ("inject_status_corrupt", faults::inject_status_corrupt),
+    ("inject_dma_fail", faults::inject_dma_fail),
+    ("inject_queue_stall", faults::inject_queue_stall),
+    ("inject_die", faults::inject_die),
 ];
 
 /// Tests that need a special setup and run only when named.
-const ONLY_BY_NAME: &[&str] = &["hold", "hang", "two_devices", "reset", "lost", "fault_hold"];
+const ONLY_BY_NAME: &[&str] = &[
+    "hold",
+    "hang",
+    "two_devices",
+    "reset",
+    "lost",
+    "fault_hold",
+    "inject_irq_drop",
+    "inject_irq_delay",
+    "inject_irq_spurious",
+    "inject_missed_fault",
+    "inject_status_corrupt",
+    "inject_dma_fail",
+    "inject_queue_stall",
+    "inject_die",
+];
 
 fn main() {
     let wanted: Vec<String> = std::env::args().skip(1).collect();
