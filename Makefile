@@ -9,7 +9,7 @@ export RBLN_T0 := $(shell date +%s)
 CARGO ?= cargo
 CMD ?=
 
-.PHONY: all setup kernel kmd host vm test demo bench clean
+.PHONY: all setup kernel kmd host vm test test-debug fuzz demo bench clean
 
 all: kmd host
 
@@ -35,6 +35,14 @@ vm: kmd host
 ## test: host tests, then the VM suites; summary on the last line
 test:
 	@scripts/test.sh
+
+## test-debug: the driver suites under a KASAN/kmemleak/lockdep kernel, allocation-failure injection
+test-debug:
+	@scripts/test-debug.sh
+
+## fuzz: every fuzzer at 10^6 cases (FUZZ_CASES): .rbln, command buffers, ONNX, TFLite, TTIR, ioctls
+fuzz:
+	@scripts/fuzz.sh
 
 ## bench: the NPU vs onnxruntime on the same cores; table + target/bench/report.json
 bench: kmd host

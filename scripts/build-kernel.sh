@@ -1,17 +1,33 @@
 #!/usr/bin/env bash
 # Build the guest kernel from the sysroot's linux-source package with the
-# repo's config fragment. Cached by source version + fragment + script hash;
-# prints the kernel build directory on stdout.
+# repo's config fragment. Cached by source version + fragments; prints the
+# kernel build directory on stdout.
+#
+# KERNEL_FLAVOR=debug builds the debug kernel of `make test-debug` instead:
+# guest-kernel-debug.config merged on top (KASAN, kmemleak, debug objects,
+# allocation-failure injection), built with LLVM=1 (the kernel allows KASAN
+# together with Rust only when compiled by clang).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-FRAGMENT=$RBLN_ROOT/scripts/guest-kernel.config
+KERNEL_FLAVOR=${KERNEL_FLAVOR:-}
+FRAGMENTS=$RBLN_ROOT/scripts/guest-kernel.config
+MAKE_LLVM=
+case $KERNEL_FLAVOR in
+    "") ;;
+    debug)
+        FRAGMENTS="$FRAGMENTS $RBLN_ROOT/scripts/guest-kernel-debug.config"
+        MAKE_LLVM=LLVM=1
+        ;;
+    *) die "unknown KERNEL_FLAVOR '$KERNEL_FLAVOR' (empty or debug)" ;;
+esac
 
 kernel_dir() {
     local root pkgver
     root=$(sysroot_dir)
     pkgver=$(grep "^linux-source-$KERNEL_LINE=" "$root/.pins" | cut -d= -f2)
     [[ -n $pkgver ]] || die "linux-source-$KERNEL_LINE is not in the sysroot"
-    echo "$RBLN_CACHE/kernel-${pkgver//[:~+]/_}-$(hash_of "$FRAGMENT")"
+    # shellcheck disable=SC2086 # the fragment list
+    echo "$RBLN_CACHE/kernel-${pkgver//[:~+]/_}${KERNEL_FLAVOR:+-$KERNEL_FLAVOR}-$(hash_of $FRAGMENTS)"
 }
 
 # Runs inside the sysroot with the build directory at /build.
@@ -23,18 +39,32 @@ build_inside() {
         tar -xf /usr/src/linux-source-"$KERNEL_LINE".tar.xz -C src --strip-components=1
     fi
     cd src
-    make -s ARCH=x86_64 tinyconfig
-    scripts/kconfig/merge_config.sh -m .config kernel/configs/kvm_guest.config /rbln/scripts/guest-kernel.config >/dev/null
-    make -s ARCH=x86_64 olddefconfig
-    make -s ARCH=x86_64 rustavailable
+    # shellcheck disable=SC2086 # MAKE_LLVM is empty or LLVM=1
+    make -s ARCH=x86_64 $MAKE_LLVM tinyconfig
+    # shellcheck disable=SC2086
+    scripts/kconfig/merge_config.sh -m .config kernel/configs/kvm_guest.config $FRAGMENTS >/dev/null
+    # shellcheck disable=SC2086
+    make -s ARCH=x86_64 $MAKE_LLVM olddefconfig
+    # shellcheck disable=SC2086
+    make -s ARCH=x86_64 $MAKE_LLVM rustavailable
     # merge_config only warns about options Kconfig refused; refuse to build
-    # a kernel that silently lacks one of them.
+    # a kernel that silently lacks one of them (or has one a fragment turns
+    # off).
     local missing
-    missing=$(grep '^CONFIG_' /rbln/scripts/guest-kernel.config | while read -r opt; do
-        grep -qx "$opt" .config || echo "$opt"
+    # shellcheck disable=SC2086
+    missing=$(cat $FRAGMENTS | grep -E '^CONFIG_|^# CONFIG_.* is not set' | while read -r opt; do
+        case $opt in
+            "# "*)
+                local name=${opt#"# "}
+                name=${name%" is not set"}
+                ! grep -q "^$name=" .config || echo "$opt"
+                ;;
+            *) grep -qx "$opt" .config || echo "$opt" ;;
+        esac
     done)
     [[ -z $missing ]] || { echo "config options not applied: $missing" >&2; exit 1; }
-    make -s ARCH=x86_64 -j"$(nproc)" bzImage modules
+    # shellcheck disable=SC2086
+    make -s ARCH=x86_64 $MAKE_LLVM -j"$(nproc)" bzImage modules
 }
 
 main() {
@@ -47,7 +77,8 @@ main() {
     fi
     mkdir -p "$dir"
     log "building the guest kernel in $dir (about 10-15 min on 2 cores)"
-    SYSROOT_BINDS="$dir:/build" in_sysroot bash -c "KERNEL_LINE=$KERNEL_LINE; $(declare -f build_inside); build_inside" \
+    local inside=${FRAGMENTS//$RBLN_ROOT//rbln}
+    SYSROOT_BINDS="$dir:/build" in_sysroot bash -c "KERNEL_LINE=$KERNEL_LINE; FRAGMENTS='$inside'; MAKE_LLVM='$MAKE_LLVM'; $(declare -f build_inside); build_inside" \
         >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log" >&2; die "kernel build failed (log: $dir/build.log)"; }
     cp "$dir/src/arch/x86/boot/bzImage" "$dir/bzImage"
     touch "$dir/.complete"

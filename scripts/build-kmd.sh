@@ -2,18 +2,32 @@
 # Build kmd/rbln.ko out of tree against the guest kernel, inside the sysroot
 # (whose rustc is the one the kernel was built with). Kbuild's by-products
 # next to the sources are covered by .gitignore.
+#
+# KERNEL_FLAVOR=debug builds it against the debug kernel instead (LLVM=1,
+# like that kernel), in a copy of the sources under target/kmd-debug (the
+# module's #[path] includes of hw/ and uapi/ keep their relative layout),
+# so that the normal build is left alone: target/kmd-debug/kmd/rbln.ko.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 main() {
-    local kdir log
+    local kdir log src=kmd llvm=
     kdir=$("$RBLN_ROOT/scripts/build-kernel.sh")
-    log "building kmd/rbln.ko"
-    log=$RBLN_CACHE/kmd-build.log
+    if [[ ${KERNEL_FLAVOR:-} == debug ]]; then
+        local out=$RBLN_ROOT/target/kmd-debug
+        mkdir -p "$out/kmd" "$out/hw/src" "$out/uapi/src"
+        cp "$RBLN_ROOT"/kmd/*.rs "$RBLN_ROOT/kmd/Kbuild" "$out/kmd/"
+        cp -r "$RBLN_ROOT"/hw/src/. "$out/hw/src/"
+        cp -r "$RBLN_ROOT"/uapi/src/. "$out/uapi/src/"
+        src=target/kmd-debug/kmd
+        llvm=LLVM=1
+    fi
+    log "building $src/rbln.ko"
+    log=$RBLN_CACHE/kmd-build${KERNEL_FLAVOR:+-$KERNEL_FLAVOR}.log
     SYSROOT_BINDS="$kdir:/build" in_sysroot \
-        make -s -C /build/src M=/rbln/kmd ARCH=x86_64 modules >"$log" 2>&1 \
+        make -s -C /build/src M="/rbln/$src" ARCH=x86_64 $llvm modules >"$log" 2>&1 \
         || { grep -v 'Failed to run rustfmt' "$log" >&2; die "kmd build failed"; }
     grep -v 'Failed to run rustfmt' "$log" >&2 || true
-    log "built kmd/rbln.ko"
+    log "built $src/rbln.ko"
 }
 
 main "$@"

@@ -11,7 +11,9 @@
 #
 # Environment: VM_TIMEOUT (s, default 900), VM_SMP (default 2), VM_MEM
 # (MiB, default 2048), VM_DEVICES (default 1), NPU_ARGS (extra rbln-npu
-# arguments), VM_KEEP=1 keeps the run directory for inspection.
+# arguments), VM_HOTPLUG=1 (see below), VM_KERNEL=debug (the debug kernel
+# of `make test-debug`, with the module built for it and a kmemleak check
+# after COMMAND), VM_KEEP=1 keeps the run directory for inspection.
 #
 # Surprise removal: a guest test makes device model i fall off the bus
 # (SIGUSR1: reads return all ones, no interrupts, no DMA) by creating
@@ -25,12 +27,21 @@
 # passes it on with rbln-npu-ctl and writes the reply line to
 # /run/rbln/ctl-npu<i>.reply. The guest's own device interface never
 # reaches this control.
+#
+# Hot-plug (VM_HOTPLUG=1): each NPU sits in its own PCIe root port and QEMU
+# takes QMP commands. A guest test writes "del" or "add" to
+# /run/rbln/hotplug-npu<i>.req: "del" is QMP device_del (the reply comes
+# once QEMU reports DEVICE_DELETED, i.e. the guest let go of the device),
+# "add" starts a new device model and device_adds it in the same slot.
+# The reply line is in /run/rbln/hotplug-npu<i>.reply.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 VM_TIMEOUT=${VM_TIMEOUT:-900}
 VM_SMP=${VM_SMP:-2}
 VM_MEM=${VM_MEM:-2048}
 VM_DEVICES=${VM_DEVICES:-1}
+VM_HOTPLUG=${VM_HOTPLUG:-0}
+VM_KERNEL=${VM_KERNEL:-}
 NPU_BIN=$RBLN_ROOT/target/release/rbln-npu
 NPU_PIDS=()
 
@@ -56,10 +67,53 @@ qemu_args() {
         -virtfs local,path=/rbln,mount_tag=rbln,security_model=none,id=rbln \
         -virtfs local,path=/run/rbln,mount_tag=rblnrun,security_model=none,id=rblnrun
     local i
+    if ((VM_HOTPLUG)); then
+        printf '%s\n' -qmp unix:/run/rbln/qmp.sock,server=on,wait=off
+    fi
     for ((i = 0; i < VM_DEVICES; i++)); do
-        printf '%s\n' -device \
-            "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"/run/rbln/npu$i.sock\",\"type\":\"unix\"}}"
+        if ((VM_HOTPLUG)); then
+            printf '%s\n' -device "pcie-root-port,id=rp$i,bus=pcie.0,chassis=$((i + 1)),slot=0" \
+                -device "$(npu_device_json "$i" "/run/rbln/npu$i.sock")"
+        else
+            printf '%s\n' -device \
+                "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"/run/rbln/npu$i.sock\",\"type\":\"unix\"}}"
+        fi
     done
+}
+
+# The QEMU device of hot-pluggable NPU I on the vfio-user socket SOCK.
+npu_device_json() {
+    printf '{"driver":"vfio-user-pci","id":"npu%s","bus":"rp%s","socket":{"path":"%s","type":"unix"}}' "$1" "$1" "$2"
+}
+
+# QMP through the sysroot's python3 (scripts/qmp.py); prints its reply.
+qmp() {
+    SYSROOT_BINDS="$run:/run/rbln" in_sysroot python3 /rbln/scripts/qmp.py /run/rbln/qmp.sock "$@" 2>&1 | tail -1
+}
+
+# Serve a hot-plug request for NPU I, "del" or "add"; prints the reply
+# line. (In the watcher: a device model started here is recorded in
+# $run/added-pids for stop_devices.)
+hotplug() {
+    local i=$1 what=$2 gen sock tries=0
+    case $what in
+        del) qmp device_del "{\"id\":\"npu$i\"}" --wait-event "DEVICE_DELETED:npu$i" --timeout 60 ;;
+        add)
+            gen=$(date +%s%N)
+            sock=$run/npu$i.$gen.sock
+            "$NPU_BIN" --socket "$sock" --control "$run/npu$i.ctl" --log-level "${NPU_LOG:-info}" ${NPU_ARGS:-} \
+                >"$run/npu$i.$gen.log" 2>&1 &
+            NPU_PIDS[i]=$!
+            echo "$! $run/npu$i.$gen.log" >>"$run/added-pids"
+            until [[ -S $sock ]]; do
+                kill -0 "${NPU_PIDS[i]}" 2>/dev/null || { echo "error: the device model exited at start"; return; }
+                ((++tries < 100)) || { echo "error: the device model did not create its socket"; return; }
+                sleep 0.05
+            done
+            qmp device_add "$(npu_device_json "$i" "/run/rbln/npu$i.$gen.sock")"
+            ;;
+        *) echo "error: unknown hot-plug request '$what' (del, add)" ;;
+    esac
 }
 
 # Start the device models on the host; their sockets appear in the run
@@ -89,7 +143,7 @@ start_devices() {
 watch_guest_requests() {
     local run=$1 i cmd
     while sleep 0.1; do
-        for ((i = 0; i < ${#NPU_PIDS[@]}; i++)); do
+        for ((i = 0; i < VM_DEVICES; i++)); do
             if [[ -e $run/unplug-npu$i && ! -e $run/unplugged-npu$i ]]; then
                 kill -USR1 "${NPU_PIDS[i]}" 2>/dev/null || true
                 : >"$run/unplugged-npu$i"
@@ -100,6 +154,12 @@ watch_guest_requests() {
                 # shellcheck disable=SC2086 # the command's words
                 "$NPU_BIN-ctl" "$run/npu$i.ctl" $cmd >"$run/ctl-npu$i.reply.tmp" 2>&1 || true
                 mv "$run/ctl-npu$i.reply.tmp" "$run/ctl-npu$i.reply"
+            fi
+            if [[ -e $run/hotplug-npu$i.req ]]; then
+                cmd=$(cat "$run/hotplug-npu$i.req")
+                rm -f "$run/hotplug-npu$i.req"
+                hotplug "$i" "$cmd" >"$run/hotplug-npu$i.reply.tmp" 2>&1
+                mv "$run/hotplug-npu$i.reply.tmp" "$run/hotplug-npu$i.reply"
             fi
         done
     done
@@ -127,6 +187,23 @@ stop_devices() {
         fi
     done
     NPU_PIDS=()
+    # Device models hot-added by the watcher (not our children: no exit
+    # status; a panic shows in the log).
+    local log
+    while read -r pid log; do
+        local tries=0
+        while kill -0 "$pid" 2>/dev/null && ((tries++ < 50)); do sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+            log "hot-added rbln-npu $pid did not exit after QEMU disconnected; killing it"
+            kill -TERM "$pid" 2>/dev/null || true
+            rc=1
+        fi
+        if grep -q "panicked" "$log"; then
+            log "hot-added rbln-npu $pid panicked; its log:"
+            sed 's/^/    /' "$log" >&2
+            rc=1
+        fi
+    done < <(cat "$run/added-pids" 2>/dev/null)
     return $rc
 }
 
@@ -134,12 +211,19 @@ main() {
     local cmd=${1:-}
     [[ -n $cmd ]] || die "usage: vm.sh 'COMMAND'   (make vm CMD='...')"
     local kdir initrd run
-    kdir=$("$RBLN_ROOT/scripts/build-kernel.sh")
+    kdir=$(KERNEL_FLAVOR=$VM_KERNEL "$RBLN_ROOT/scripts/build-kernel.sh")
     initrd=$("$RBLN_ROOT/scripts/build-initramfs.sh")
     mkdir -p "$RBLN_CACHE/run"
     run=$(mktemp -d "$RBLN_CACHE/run/vm.XXXXXX")
     trap 'for p in "${NPU_PIDS[@]}" ${WATCHER:-}; do kill -TERM "$p" 2>/dev/null || true; done; [[ ${VM_KEEP:-0} == 1 ]] || rm -rf "$run"' EXIT
-    printf 'set -e\n%s\n' "$cmd" >"$run/cmd.sh"
+    if [[ $VM_KERNEL == debug ]]; then
+        # The module built for the debug kernel, and a kmemleak scan that
+        # fails the run on any leak reported after the command.
+        printf 'set -e\nexport RBLN_KO=target/kmd-debug/kmd/rbln.ko\nsh tests/vm-debug/kmemleak.sh start\n%s\nsh tests/vm-debug/kmemleak.sh check\n' \
+            "$cmd" >"$run/cmd.sh"
+    else
+        printf 'set -e\n%s\n' "$cmd" >"$run/cmd.sh"
+    fi
     start_devices "$run"
     watch_guest_requests "$run" &
     WATCHER=$!

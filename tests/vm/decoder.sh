@@ -8,7 +8,7 @@
 e=target/exports
 
 check "the decoders were made on the host" test -f $e/llama-decoder.rbln
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 rbln-run --inspect $e/gpt2-decoder.rbln | head -n 3
 json=$(rbln-run --inspect --json $e/gpt2-decoder.rbln)
 num() { echo "$json" | grep -o "\"$1\":[0-9]*" | head -n 1 | cut -d: -f2; }

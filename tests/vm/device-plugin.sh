@@ -20,7 +20,7 @@ fault='rbln-kmd-tests fault_hold >/tmp/fault.out 2>&1 & echo $! >/tmp/fault.pid;
 until grep -q "# faulted" /tmp/fault.out || [ $n -ge 100 ]; do sleep 0.05; n=$((n + 1)); done
 grep -q "# faulted" /tmp/fault.out'
 check "kubelet stub: registration, devices, allocation, health, re-registration" \
-    rbln-kubelet-stub --expect-devices 2 --add-devices-cmd "insmod kmd/rbln.ko" \
+    rbln-kubelet-stub --expect-devices 2 --add-devices-cmd "insmod $RBLN_KO" \
     --fault-cmd "$fault" --reset-cmd "rbln-smi reset -d 0" --env-out /tmp/alloc.env
 cat /tmp/plugin.log
 check "the allocation's environment" grep -qx RBLN_VISIBLE_DEVICES=1 /tmp/alloc.env

@@ -8,7 +8,7 @@
 o=target/exports
 
 check "exported models were compiled on the host" test -f $o/yolov8n.rbln
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 
 # run NAME TOL: one inference of NAME with its saved inputs, compared.
 run() {

@@ -3,7 +3,7 @@
 # reach; docs/reliability.md) and the driver recovers from each fault.
 . tests/vm/lib.sh
 
-check "insmod rbln.ko hang_ms=500" insmod kmd/rbln.ko hang_ms=500
+check "insmod rbln.ko hang_ms=500" insmod "$RBLN_KO" hang_ms=500
 check "dropped fence interrupts: every wait completes, found by polling" rbln-kmd-tests inject_irq_drop
 check "a late fence interrupt: the wait completes, the late interrupt is harmless" rbln-kmd-tests inject_irq_delay
 check "spurious interrupts on every vector: counted and ignored" rbln-kmd-tests inject_irq_spurious

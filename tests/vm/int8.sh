@@ -19,7 +19,7 @@
 o=target/int8
 
 check "int8 models were made on the host" test -f $o/resnet18-int8.rbln
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 # model, most steps from the reference, least cosine similarity to float
 while read -r m max cos; do
     check "$m: rbln-run" rbln-run $o/$m.rbln --input $o/$m.input.npy --output /tmp/$m.npy --iterations 3 --warmup 1

@@ -2,7 +2,7 @@
 # ioctls; rmmod unbinds cleanly.
 . tests/vm/lib.sh
 
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 check "/dev/rbln0 exists" test -c /dev/rbln0
 check "probe self-test: a fence interrupt arrived" sh -c 'dmesg | grep -q "rbln0: self-test passed: fence interrupt after"'
 check "9 MSI-X vectors are registered" test "$(grep -c ' rbln$' /proc/interrupts)" = 9

@@ -6,7 +6,7 @@
 # device is lost, and rmmod still works.
 . tests/vm/lib.sh
 
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 d=/sys/class/misc/rbln0
 for a in hw_version driver_version dram_total_bytes dram_used_bytes utilization health reset_count faults pci_address; do
     echo "# $a: $(cat $d/$a)"

@@ -6,7 +6,7 @@
 state=/sys/kernel/debug/rbln0/state
 leak_lines() { grep -E '^(contexts_open|queues_in_use|bos|host_bo_bytes|dram_free_bytes):' "$state"; }
 
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 check "debugfs state exists" test -r "$state"
 before=$(leak_lines)
 check "4 processes x 1000 submit/wait cycles lose no fence" rbln-kmd-tests stress

@@ -1,6 +1,10 @@
 # Helpers for the VM suites (POSIX sh: the guest runs busybox). Source it.
 set -eu
 
+# The driver module to load: the harness points it at a build for the
+# debug kernel under `make test-debug` (scripts/vm.sh, VM_KERNEL=debug).
+RBLN_KO=${RBLN_KO:-kmd/rbln.ko}
+
 fail() { echo "FAIL: $*" >&2; exit 1; }
 ok()   { echo "ok - $*"; }
 

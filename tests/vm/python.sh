@@ -6,7 +6,7 @@
 PY=python3   # target/guest-python/bin/python3 (on the guest's PATH)
 
 check "the guest python is built (scripts/build-guest-python.sh)" test -x target/guest-python/bin/python3
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 check "import rbln sees one NPU" $PY -c "import rbln; assert rbln.device_count() == 1, rbln.devices()"
 rc=0; RBLN_REQUIRE_DEVICE=1 $PY -m pytest -p no:cacheprovider --color=no -v python/tests || rc=$?
 check "pytest python/tests (status $rc)" test $rc = 0

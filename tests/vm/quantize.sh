@@ -9,7 +9,7 @@ o=target/onnx
 c=target/int8
 
 check "float models and calibration data were made on the host" test -f $o/resnet18.onnx -a -f $c/calib-resnet18.npz
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 # model, input, extra rbln-quantize options
 while read -r m opts; do
     check "$m: rbln-quantize $opts" sh -c "rbln-quantize $o/$m.onnx --calibration $c/calib-$m.npz -o /tmp/$m.q.onnx $opts >/tmp/$m.q.txt"

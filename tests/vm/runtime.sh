@@ -5,7 +5,7 @@
 m=target/models
 
 check "example models were generated on the host" test -f $m/mlp.rbln
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 check "Runtime and AsyncRuntime API tests" rbln-runtime-tests $m/mlp.rbln $m/mlp.input.npy $m/mlp.expected.npy
 check "rbln-run --inspect" sh -c "rbln-run $m/mlp.rbln --inspect | grep -q 'input:    x f32 \[16, 256\]'"
 check "rbln-run: MLP on the NPU" rbln-run $m/mlp.rbln --input $m/mlp.input.npy --output /tmp/y.npy --iterations 20 --warmup 2

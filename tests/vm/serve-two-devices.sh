@@ -17,7 +17,7 @@ contexts() { sed -n 's/^contexts_open: //p' /sys/kernel/debug/rbln$1/state; }
 mkdir -p $R
 check "without rbln.ko: rbln-serve exits 1 saying there is no NPU" sh -c \
     "rbln-serve --model-repository $R --host 127.0.0.1 >/tmp/nonpu.log 2>&1; test \$? = 1 && grep -q 'no NPU: there is no /dev/rbln\\*' /tmp/nonpu.log"
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 check "two NPUs" test -c /dev/rbln0 -a -c /dev/rbln1
 check "loopback up" ip link set lo up
 mkdir -p $R/mlp/1 $R/cnn/1

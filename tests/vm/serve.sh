@@ -14,7 +14,7 @@ LOG=/tmp/rbln-serve.log
 check "rbln-serve is built (target/release)" test -x target/release/rbln-serve
 check "the guest python has tritonclient (python/guest-requirements.txt)" python3 -c "import tritonclient.http, tritonclient.grpc"
 check "test models were built on the host" test -f $m/mlp.rbln -a -f $m/cnn.rbln -a -f $o/bert-ids.rbln -a -f target/exports/yolov8n.rbln -a -f target/exports/unet.rbln -a -f $o/dynamic-batch.rbln
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 check "loopback up" ip link set lo up
 
 # The repository: mlp in versions 1 and 2 (2 is served), cnn with one

@@ -7,7 +7,7 @@
 . tests/vm/lib.sh
 
 check "without rbln.ko: exit 1, no NPU" sh -c "rbln-smi >/tmp/smi.out 2>&1; test \$? = 1 && grep -q 'no NPU: there is no /dev/rbln' /tmp/smi.out"
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 check "loopback up" ip link set lo up
 rbln-smi | tee /tmp/smi0.txt
 check "idle: device 0 listed with its DRAM, no processes" sh -c "grep -q '/dev/rbln0' /tmp/smi0.txt && grep -q '| 0.0 MiB / 512.0 MiB' /tmp/smi0.txt && grep -q 'No processes are using an NPU' /tmp/smi0.txt"

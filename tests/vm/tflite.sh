@@ -13,7 +13,7 @@
 o=target/tflite
 
 check "compiled TFLite models were made on the host" test -f $o/deeplabv3plus.rbln
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 # compare NAME GOT WANT [TOL]: prefix the errors so that they are easy to find.
 compare() {
     rc=0; rbln-example-models compare "$2" "$3" "${4:-1e-4}" >/tmp/cmp 2>&1 || rc=$?

@@ -7,7 +7,7 @@
 t=target/triton
 
 check "the custom-operator model was made on the host" test -f $t/attention-op.rbln
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 check "--inspect lists the TritonKernel op" sh -c "rbln-run $t/attention-op.rbln --inspect | grep -q TritonKernel"
 check "attention-op: rbln-run" rbln-run $t/attention-op.rbln --input $t/attention-op.input.npy --output /tmp/att.npy --iterations 5 --warmup 1
 rc=0; rbln-example-models compare /tmp/att.npy $t/attention-op.expected.npy 1e-5 >/tmp/cmp 2>&1 || rc=$?

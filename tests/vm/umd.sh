@@ -10,7 +10,7 @@ state=/sys/kernel/debug/rbln0/state
 leak_lines() { grep -E '^(contexts_open|queues_in_use|bos|host_bo_bytes|dram_free_bytes):' "$state"; }
 
 check "the C example was built on the host (examples/c/build.sh)" test -x target/c-examples/gemm -a -x target/c-examples/gemm-static
-check "insmod rbln.ko" insmod kmd/rbln.ko
+check "insmod rbln.ko" insmod "$RBLN_KO"
 before=$(leak_lines)
 check "UMD Rust API tests" rbln-umd-tests
 check "C example: GEMM on a user-mode queue" target/c-examples/gemm user

@@ -12,22 +12,29 @@ use crate::{expect_err, queue_create, submit, wait, Env, Res};
 
 const SECOND: u64 = 1_000_000_000;
 
-/// Send `cmd` to device model 0's debug control; its `ok ...` reply.
-pub(crate) fn npu_ctl(cmd: &str) -> Result<String, String> {
-    let (req, reply) = ("/run/rbln/ctl-npu0.req", "/run/rbln/ctl-npu0.reply");
-    let _ = std::fs::remove_file(reply);
+/// Ask the VM harness (scripts/vm.sh) for `cmd` through its request
+/// channel `channel` (`ctl-npu0`: the device model's debug control;
+/// `hotplug-npu0`: QEMU hot-plug); its `ok ...` reply within `timeout`.
+pub(crate) fn harness(channel: &str, cmd: &str, timeout: Duration) -> Result<String, String> {
+    let (req, reply) = (format!("/run/rbln/{channel}.req"), format!("/run/rbln/{channel}.reply"));
+    let _ = std::fs::remove_file(&reply);
     std::fs::write(format!("{req}.tmp"), cmd).map_err(|e| format!("writing the request: {e}"))?;
-    std::fs::rename(format!("{req}.tmp"), req).map_err(|e| format!("posting the request: {e}"))?;
+    std::fs::rename(format!("{req}.tmp"), &req).map_err(|e| format!("posting the request: {e}"))?;
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(10) {
-        if let Ok(text) = std::fs::read_to_string(reply) {
-            let _ = std::fs::remove_file(reply);
+    while t0.elapsed() < timeout {
+        if let Ok(text) = std::fs::read_to_string(&reply) {
+            let _ = std::fs::remove_file(&reply);
             let text = text.trim().to_string();
-            return if text.starts_with("ok") { Ok(text) } else { Err(format!("'{cmd}': {text}")) };
+            return if text.starts_with("ok") { Ok(text) } else { Err(format!("{channel} '{cmd}': {text}")) };
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Err(format!("'{cmd}': no reply from the harness within 10 s"))
+    Err(format!("{channel} '{cmd}': no reply from the harness within {timeout:?}"))
+}
+
+/// Send `cmd` to device model 0's debug control; its `ok ...` reply.
+fn npu_ctl(cmd: &str) -> Result<String, String> {
+    harness("ctl-npu0", cmd, Duration::from_secs(10))
 }
 
 /// How many events of `kind` the device model says fired.

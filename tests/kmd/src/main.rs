@@ -8,6 +8,8 @@ use std::os::fd::AsRawFd;
 use rbln_uapi as uapi;
 
 mod faults;
+mod hotplug;
+mod storm;
 
 type Res = Result<(), String>;
 
@@ -905,6 +907,8 @@ const TESTS: &[Test] = &[
     ("inject_dma_fail", faults::inject_dma_fail),
     ("inject_queue_stall", faults::inject_queue_stall),
     ("inject_die", faults::inject_die),
+    ("hotplug", hotplug::hotplug),
+    ("ioctl_storm", storm::ioctl_storm),
 ];
 
 /// Tests that need a special setup and run only when named.
@@ -923,6 +927,8 @@ const ONLY_BY_NAME: &[&str] = &[
     "inject_dma_fail",
     "inject_queue_stall",
     "inject_die",
+    "hotplug",
+    "ioctl_storm",
 ];
 
 fn main() {
