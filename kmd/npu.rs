@@ -66,6 +66,10 @@ pub(crate) struct HwInfo {
     pub(crate) dram_size: u64,
 }
 
+/// Fault messages logged per window (`Npu::log_fault_ok`).
+const LOG_BURST: u32 = 20;
+const LOG_WINDOW_MS: i64 = 5000;
+
 /// What the interrupt handlers have seen; protected by `Npu::events`.
 #[derive(Default)]
 pub(crate) struct Events {
@@ -128,6 +132,10 @@ pub(crate) struct Npu {
     lost: kernel::sync::atomic::Atomic<bool>,
     /// When the driver bound the device: STATS timestamps count from it.
     bound_at: kernel::time::Instant<kernel::time::Monotonic>,
+    /// Fault messages in the current log window (see `log_fault_ok`) and
+    /// when that window began (ms since `bound_at`).
+    log_count: kernel::sync::atomic::Atomic<u32>,
+    log_window: kernel::sync::atomic::Atomic<i64>,
     /// The last sample of sysfs `utilization`.
     #[pin]
     util: Mutex<UtilSample>,
@@ -500,8 +508,28 @@ impl Npu {
         self.event_cv.notify_all();
     }
 
+    /// Whether one more fault message may go to the kernel log: at most
+    /// `LOG_BURST` per `LOG_WINDOW_MS`, the rest counted and summarised
+    /// when the next window opens, so that a process faulting in a loop
+    /// cannot flood the log (the faults themselves are all handled).
+    fn log_fault_ok(&self) -> bool {
+        use kernel::sync::atomic::Relaxed;
+        let now = self.bound_at.elapsed().as_millis();
+        let start = self.log_window.load(Relaxed);
+        if now - start >= LOG_WINDOW_MS && self.log_window.cmpxchg(start, now, Relaxed).is_ok() {
+            let n = self.log_count.xchg(0, Relaxed);
+            if n > LOG_BURST {
+                dev_warn!(self.pdev, "rbln{}: {} fault messages suppressed\n", self.index, n - LOG_BURST);
+            }
+        }
+        self.log_count.fetch_add(1, Relaxed) < LOG_BURST
+    }
+
     /// Log a queue's error record.
     fn report_fault(&self, q: u32, ctx: u32) {
+        if !self.log_fault_ok() {
+            return;
+        }
         let rec = self.with_regs(|r| {
             Ok((r.r32(regs::queue_reg(q, regs::Q_FAULT_CODE))?, r.r64(regs::queue_reg(q, regs::Q_FAULT_ADDR_64))?))
         });
@@ -822,6 +850,8 @@ impl pci::Driver for RblnDriver {
                 gone: kernel::sync::atomic::Atomic::new(false),
                 lost: kernel::sync::atomic::Atomic::new(false),
                 bound_at: kernel::time::Instant::now(),
+                log_count: kernel::sync::atomic::Atomic::new(0),
+                log_window: kernel::sync::atomic::Atomic::new(0),
                 util <- new_mutex!(UtilSample::default()),
                 engine <- new_mutex!(None),
             }),

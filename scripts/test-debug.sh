@@ -27,7 +27,7 @@ step() {
 }
 
 # The suites that exercise the driver itself (no models needed).
-SUITES="boot kmd-basic kmd-uapi kmd-hang kmd-health kmd-teardown kmd-two-devices kmd-version faults hotplug umd"
+SUITES="boot kmd-basic kmd-uapi kmd-hang kmd-health kmd-teardown kmd-two-devices kmd-version faults umd"
 
 main() {
     step "setup (sysroot)" "$RBLN_ROOT/scripts/setup.sh"

@@ -68,7 +68,9 @@ qemu_args() {
         -virtfs local,path=/run/rbln,mount_tag=rblnrun,security_model=none,id=rblnrun
     local i
     if ((VM_HOTPLUG)); then
-        printf '%s\n' -qmp unix:/run/rbln/qmp.sock,server=on,wait=off
+        # Native PCIe hot-plug (the guest's pciehp), not QEMU's ACPI one.
+        printf '%s\n' -qmp unix:/run/rbln/qmp.sock,server=on,wait=off \
+            -global ICH9-LPC.acpi-pci-hotplug-with-bridge-support=off
     fi
     for ((i = 0; i < VM_DEVICES; i++)); do
         if ((VM_HOTPLUG)); then

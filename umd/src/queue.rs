@@ -1,6 +1,6 @@
 //! Queues (kernel-submitted or user-mode) and fences.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,11 @@ pub(crate) struct QueueShared {
     /// The last error record seen in the status block (the kernel resets a
     /// faulted queue at once, which clears the record, so it is kept here).
     fault: Mutex<Option<FaultInfo>>,
+    /// Ring entries: a status head at or beyond is impossible.
+    entries: u32,
+    /// The latest fence handed out on this queue: a status block showing a
+    /// later one is corrupt.
+    issued: AtomicU64,
 }
 
 impl QueueShared {
@@ -47,9 +52,26 @@ impl QueueShared {
         s
     }
 
-    /// The fence value in the status block (one atomic read).
-    fn status_fence(&self) -> u64 {
-        self.status.read_u64(std::mem::offset_of!(QueueStatus, fence))
+    /// Whether a status block snapshot is possible: a known state, a head
+    /// inside the ring, a fence no later than the last one handed out. A
+    /// device that writes back garbage is not believed; callers ask the
+    /// kernel instead, which reads the queue's registers
+    /// (docs/reliability.md).
+    fn plausible(&self, s: &QueueStatus) -> bool {
+        QueueState::from_u32(s.state).is_some() && s.head < self.entries && s.fence <= self.issued.load(Ordering::Acquire)
+    }
+
+    /// Record a fence handed out (before the device can reach it, for
+    /// user-mode submissions).
+    fn issue(&self, fence: u64) {
+        self.issued.fetch_max(fence, Ordering::AcqRel);
+    }
+
+    /// Whether the status block shows fence `value` signalled; `None` when
+    /// the block is implausible (ask the kernel).
+    fn signalled(&self, value: u64) -> Option<bool> {
+        let s = self.status();
+        self.plausible(&s).then_some(s.fence >= value)
     }
 
     fn fault_info(&self) -> Option<FaultInfo> {
@@ -119,7 +141,7 @@ impl Fence {
     /// on: for them this polls the status block, spinning briefly and then
     /// sleeping between polls (50 µs growing to 1 ms).
     pub fn wait(&self, timeout: Duration) -> Result<()> {
-        if self.q.status_fence() >= self.value {
+        if self.q.signalled(self.value) == Some(true) {
             return Ok(());
         }
         if self.irq {
@@ -149,10 +171,11 @@ impl Fence {
     /// queue stopped, to report why.
     pub fn poll(&self) -> Result<bool> {
         let s = self.q.status();
-        if s.fence >= self.value {
+        let plausible = self.q.plausible(&s);
+        if plausible && s.fence >= self.value {
             return Ok(true);
         }
-        if !QueueShared::stopped(&s) && !self.q.destroyed.load(Ordering::Relaxed) {
+        if plausible && !QueueShared::stopped(&s) && !self.q.destroyed.load(Ordering::Relaxed) {
             return Ok(false);
         }
         match self.q.fence_wait(self.value, Duration::ZERO) {
@@ -169,7 +192,7 @@ impl Fence {
         let t0 = Instant::now();
         let mut n = 0u32;
         loop {
-            if self.q.status_fence() >= self.value {
+            if self.q.signalled(self.value) == Some(true) {
                 return Ok(());
             }
             n = n.wrapping_add(1);
@@ -263,8 +286,13 @@ impl Device {
                 status,
                 destroyed: AtomicBool::new(false),
                 fault: Mutex::new(None),
+                entries,
+                issued: AtomicU64::new(0),
             }),
         };
+        // The timeline starts where the hardware queue's stands.
+        let start = hw.q.status().fence;
+        hw.q.issue(start);
         Ok(Queue { hw, entries, create: a, _not_sync: Default::default() })
     }
 
@@ -313,7 +341,10 @@ impl Queue {
         }
         let mut a = uapi::Submit { queue_id: q.id, cmdbuf_va: va, cmdbuf_size: size, ..Default::default() };
         match sys::ioctl(&q.dev.file, &mut a) {
-            Ok(()) => Ok(Fence { q: q.clone(), value: a.fence, irq: true }),
+            Ok(()) => {
+                q.issue(a.fence);
+                Ok(Fence { q: q.clone(), value: a.fence, irq: true })
+            }
             Err(Errno::EIO) => {
                 q.dev.poison();
                 Err(Error::Poisoned { op: Op::Submit })
@@ -479,6 +510,7 @@ impl UserQueue {
         }
         self.make_room()?;
         let value = self.next_fence;
+        q.issue(value);
         let mut enc = rbln_hw::cmd::Encoder::new(Vec::with_capacity(FENCE_BYTES as usize));
         enc.fence(value, 0, self.fence_irq);
         let fence_off = self.slot as u64 * FENCE_BYTES;
@@ -509,6 +541,15 @@ impl UserQueue {
         let t0 = Instant::now();
         loop {
             let s = q.status();
+            if !q.plausible(&s) {
+                // A corrupt write-back: no ring space can be trusted
+                // until the device writes a sane block again.
+                if t0.elapsed() > Duration::from_millis(100) {
+                    return Err(Error::Busy { op: Op::UserSubmit, hint: "the queue's status block is corrupt (a device fault): wait for a fence and retry" });
+                }
+                std::hint::spin_loop();
+                continue;
+            }
             if QueueShared::stopped(&s) {
                 return Err(q.faulted());
             }

@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use nix::errno::Errno;
 use rbln_uapi as uapi;
@@ -67,9 +67,9 @@ pub(crate) enum Prot {
 /// status block or doorbell page), unmapped on drop.
 ///
 /// The memory is shared with the device (and, for BOs, with every thread
-/// holding the buffer), so Rust code never forms references to it. Words
-/// that device and host hand back and forth (fence values, status) are
-/// read and written as atomic words; tensor contents move with raw
+/// holding the buffer), so Rust code never forms references to it. The
+/// status block is copied out whole and checked for plausibility by the
+/// queue; doorbells are single volatile words; tensor contents move with raw
 /// `memcpy` (`copy_in`/`copy_out`), like guest-memory accessors of VMMs:
 /// memory that another agent may write is never borrowed, only copied, and
 /// two host threads copying into the same bytes at once get unspecified
@@ -113,18 +113,6 @@ impl Mapping {
     fn check(&self, off: usize, len: usize) {
         let end = off.checked_add(len).expect("mapping range overflows");
         assert!(end <= self.len, "mapping access {off}+{len} past its end {}", self.len);
-    }
-
-    fn word(&self, off: usize) -> &AtomicU64 {
-        self.check(off, 8);
-        assert!(off.is_multiple_of(8), "unaligned 64-bit access at {off}");
-        // SAFETY: in bounds (checked) and 8-byte aligned (the mapping is
-        // page aligned); all accesses are atomic (type doc).
-        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(off).cast::<u64>()) }
-    }
-
-    pub(crate) fn read_u64(&self, off: usize) -> u64 {
-        u64::from_le(self.word(off).load(Ordering::Acquire))
     }
 
     /// Copy `src` into the mapping at `off`: one `memcpy`, the bulk path

@@ -57,7 +57,50 @@ fn one_call(r: &mut Rng, files: &mut Vec<File>, seen: &mut Seen) {
             files.swap_remove(fi);
             *seen = Seen::default();
         }
-        1..=8 => {
+        1..=4 => {
+            // A whole job: a host BO mapped into the context, random
+            // packets (valid headers, hostile fields) written into it,
+            // submitted on a queue, sometimes waited for.
+            let f = &files[fi];
+            let Ok(bo) = crate::bo_create(f, 4096, uapi::BO_HOST) else { return };
+            seen.handles.push(bo);
+            let Ok(va) = crate::vm_map(f, bo, 0, uapi::VM_READ | uapi::VM_WRITE) else { return };
+            seen.vas.push(va);
+            let q = match seen.queues.last() {
+                Some(&q) if r.below(4) != 0 => q,
+                _ => match crate::queue_create(f) {
+                    Ok(q) => {
+                        seen.queues.push(q);
+                        q
+                    }
+                    Err(_) => return,
+                },
+            };
+            let Ok(m) = crate::Mapped::new(f, bo, 4096) else { return };
+            let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+            for _ in 0..1 + r.below(6) {
+                let addr = [va, va + 2048, r.next() & 0xffff_fffc, 0x4000_0000][r.below(4) as usize];
+                let n = [4u64, 64, 2048, r.next() & 0xfffc][r.below(4) as usize];
+                match r.below(6) {
+                    0 => e.fill(addr, n, r.next() as u32),
+                    1 => e.dma_copy(addr, va + 1024, n.min(1024)),
+                    2 => e.sem_signal(va + 8, 1, rbln_hw::cmd::SEM_OP_ADD),
+                    3 => e.fence(r.next(), if r.below(2) == 0 { 0 } else { addr & !7 }, r.below(2) == 0),
+                    4 => e.timestamp(addr & !7),
+                    _ => e.nop(),
+                };
+            }
+            if e.buf.len() <= 2048 {
+                m.write(2048, &e.buf);
+                if let Ok(fence) = crate::submit(f, q, va + 2048, e.buf.len() as u32) {
+                    seen.fences.push(fence);
+                    if r.below(2) == 0 {
+                        let _ = crate::wait(f, q, fence, 20_000_000);
+                    }
+                }
+            }
+        }
+        5..=8 => {
             // mmap a random kind/id/length, sometimes a real one.
             let kind = 1 + r.below(5);
             let id = match (kind, r.below(2)) {
