@@ -9,7 +9,7 @@ export RBLN_T0 := $(shell date +%s)
 CARGO ?= cargo
 CMD ?=
 
-.PHONY: all setup kernel kmd host vm test test-debug fuzz demo bench clean
+.PHONY: all setup kernel kmd host vm test test-debug fuzz soak demo bench clean
 
 all: kmd host
 
@@ -43,6 +43,10 @@ test-debug:
 ## fuzz: every fuzzer at 10^6 cases (FUZZ_CASES): .rbln, command buffers, ONNX, TFLite, TTIR, ioctls
 fuzz:
 	@scripts/fuzz.sh
+
+## soak: 30 minutes (SOAK_SECONDS) of mixed work with injected device faults: no failure, no leak
+soak:
+	@scripts/soak.sh
 
 ## bench: the NPU vs onnxruntime on the same cores; table + target/bench/report.json
 bench: kmd host

@@ -208,7 +208,9 @@ pub fn range(start: &Const, limit: &Const, delta: &Const) -> R<Const> {
         if d == 0 {
             return Err("Range with delta 0".into());
         }
-        let n = (l - s + d - d.signum()).checked_div(d).unwrap_or(0).max(0) as u64;
+        // In i128: limits and deltas near the i64 bounds must not overflow.
+        let (s128, l128, d128) = (s as i128, l as i128, d as i128);
+        let n = ((l128 - s128 + d128 - d128.signum()) / d128).clamp(0, 1 << 25) as u64;
         if n > 1 << 24 {
             return Err(format!("Range of {n} elements"));
         }

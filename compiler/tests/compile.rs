@@ -1683,3 +1683,43 @@ fn entry_points_share_identical_weights_and_keep_their_own() {
     let e = rbln_compile::compile_entries(&[("one", &one), ("one", &four)], "mlp", &Options::default()).err().unwrap();
     assert!(e.to_string().contains("two entry points are called 'one'"), "{e}");
 }
+
+/// Regressions from `make fuzz` (compiler/tests/fuzz.rs): sizes chosen to
+/// overflow u64/i64 arithmetic in shape inference are errors naming the
+/// problem, never an arithmetic-overflow panic.
+#[test]
+fn hostile_sizes_are_errors_not_overflows() {
+    let err = |bytes: Vec<u8>| compile(&bytes, "t", &Options::default()).err().expect("a hostile model compiled").to_string();
+    // DepthToSpace with a blocksize whose square overflows.
+    let e = err(model(
+        vec![node("DepthToSpace", "d2s", &["x"], &["y"], vec![attr_i("blocksize", i64::MAX)])],
+        vec![],
+        vec![vinfo("x", &[1, 4, 2, 2])],
+        vec![vinfo("y", &[1, 1, 4, 4])],
+    ));
+    assert!(e.contains("blocksize 9223372036854775807 must be in 1..=65536"), "{e}");
+    // ConvTranspose whose stride makes the full output overflow.
+    let e = err(model(
+        vec![node("ConvTranspose", "ct", &["x", "W"], &["y"], vec![attr_ints("strides", &[1 << 62, 1])])],
+        vec![tensor("W", &[2, 2, 3, 3], &ramp(36, 0.1))],
+        vec![vinfo("x", &[1, 2, 8, 8])],
+        vec![vinfo("y", &[1, 2, 8, 8])],
+    ));
+    assert!(e.contains("the output size overflows"), "{e}");
+    // Conv with pads that overflow the padded extent.
+    let e = err(model(
+        vec![node("Conv", "c", &["x", "W"], &["y"], vec![attr_ints("pads", &[i64::MAX, 0, i64::MAX, 0])])],
+        vec![tensor("W", &[2, 2, 3, 3], &ramp(36, 0.1))],
+        vec![vinfo("x", &[1, 2, 8, 8])],
+        vec![vinfo("y", &[1, 2, 8, 8])],
+    ));
+    assert!(!e.is_empty());
+    // Range over the whole of i64.
+    let e = err(model(
+        vec![node("Range", "r", &["s", "l", "d"], &["n"], vec![]), node("Cast", "c", &["n"], &["f"], vec![attr_i("to", 1)]), node("Add", "a", &["x", "f"], &["y"], vec![])],
+        vec![ints("s", &[i64::MIN]), ints("l", &[i64::MAX]), ints("d", &[1])],
+        vec![vinfo("x", &[4])],
+        vec![vinfo("y", &[4])],
+    ));
+    assert!(e.contains("Range of"), "{e}");
+}

@@ -256,7 +256,13 @@ impl Importer {
         };
         let input = &sx[2..];
         // Full output extent before padding is removed, per axis.
-        let full: Vec<u64> = (0..sp).map(|i| stride[i] * (input[i] - 1) + out_pad[i] + dil[i] * (kernel[i] - 1) + 1).collect();
+        let full: Vec<u64> = (0..sp)
+            .map(|i| {
+                let span = stride[i].checked_mul(input[i].checked_sub(1)?)?;
+                span.checked_add(out_pad[i])?.checked_add(dil[i].checked_mul(kernel[i].checked_sub(1)?)?)?.checked_add(1)
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| cx.err(format!("input {input:?}, kernel {kernel:?}, strides {stride:?}, dilations {dil:?}: the output size overflows")))?;
         let explicit_out = cx.ints("output_shape").filter(|v| !v.is_empty());
         let auto = cx.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
         let pads: Vec<(u64, u64)> = if let Some(os) = explicit_out.as_ref() {
@@ -396,7 +402,8 @@ impl Window {
 
 /// Output length of a sliding window; None when the window does not fit.
 fn out_len(input: u64, k: u64, stride: u64, dil: u64, (pb, pe): (u64, u64)) -> Option<u64> {
-    let span = input + pb + pe;
-    let eff = dil * (k.checked_sub(1)?) + 1;
-    Some(span.checked_sub(eff)? / stride + 1)
+    // Checked: hostile sizes must not overflow (they are refused).
+    let span = input.checked_add(pb)?.checked_add(pe)?;
+    let eff = dil.checked_mul(k.checked_sub(1)?)?.checked_add(1)?;
+    Some(span.checked_sub(eff)?.checked_div(stride)? + 1)
 }

@@ -230,8 +230,8 @@ impl Importer {
             return Err(cx.err(format!("input {s:?}: NCHW expected")));
         }
         let b = cx.int("blocksize", 0);
-        if b < 1 {
-            return Err(cx.err(format!("blocksize {b} must be positive")));
+        if !(1..=1 << 16).contains(&b) {
+            return Err(cx.err(format!("blocksize {b} must be in 1..=65536")));
         }
         let b = b as u64;
         let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
@@ -240,7 +240,8 @@ impl Importer {
                 return Err(cx.err(format!("{c} channels are not a multiple of blocksize² = {}", b * b)));
             }
             let co = c / (b * b);
-            let out = vec![n, co, h * b, w * b];
+            let grown = |d: u64| d.checked_mul(b).ok_or_else(|| cx.err(format!("{d} x blocksize {b} overflows")));
+            let out = vec![n, co, grown(h)?, grown(w)?];
             match cx.string("mode").as_deref().unwrap_or("DCR") {
                 "DCR" => (vec![n, b, b, co, h, w], [0, 3, 4, 1, 5, 2], out),
                 "CRD" => (vec![n, co, b, b, h, w], [0, 1, 4, 2, 5, 3], out),

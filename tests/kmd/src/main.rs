@@ -909,6 +909,7 @@ const TESTS: &[Test] = &[
     ("inject_die", faults::inject_die),
     ("hotplug", hotplug::hotplug),
     ("ioctl_storm", storm::ioctl_storm),
+    ("latency_probe", storm::latency_probe),
 ];
 
 /// Tests that need a special setup and run only when named.
@@ -929,6 +930,7 @@ const ONLY_BY_NAME: &[&str] = &[
     "inject_die",
     "hotplug",
     "ioctl_storm",
+    "latency_probe",
 ];
 
 fn main() {

@@ -319,3 +319,51 @@ pub(crate) fn ioctl_storm() -> Res {
     }
     crate::submit_and_wait()
 }
+
+/// The soak's latency probe (`make soak`): NOP jobs submitted and waited
+/// for back to back on a fresh context for `RBLN_SOAK_SECONDS`, with
+/// per-minute submit-to-fence latency printed (the mean, from the jobs
+/// done in the minute: the guest's clock under TCG is too coarse for
+/// single jobs; and the p99); any failed wait fails it (a lost fence).
+/// The last line compares the last minute's mean with the first's.
+pub(crate) fn latency_probe() -> Res {
+    let seconds = env_u64("RBLN_SOAK_SECONDS", 60);
+    let env = crate::Env::new()?;
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.nop();
+    env.m.write(512, &e.buf);
+    let t0 = Instant::now();
+    let mut minute = 0;
+    let mut window: Vec<u64> = Vec::new();
+    let mut p50s = Vec::new();
+    let mut total = 0u64;
+    let mut window_start = Instant::now();
+    let mut report = |minute: u64, w: &mut Vec<u64>, means: &mut Vec<u64>| {
+        if w.is_empty() {
+            return;
+        }
+        w.sort_unstable();
+        let mean = window_start.elapsed().as_micros() as u64 / w.len() as u64;
+        let p99 = w[(w.len() * 99 / 100).min(w.len() - 1)];
+        println!("# minute {minute}: {} jobs, mean {mean} us, p99 {p99} us", w.len());
+        means.push(mean);
+        w.clear();
+        window_start = Instant::now();
+    };
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        let t = Instant::now();
+        let fence = crate::submit(&env.f, env.q, env.va + 512, e.buf.len() as u32).map_err(|e| format!("job {total}: submit: {e}"))?;
+        crate::wait(&env.f, env.q, fence, 10_000_000_000).map_err(|e| format!("job {total}: the fence was lost: {e}"))?;
+        window.push(t.elapsed().as_micros() as u64);
+        total += 1;
+        let m = t0.elapsed().as_secs() / 60;
+        if m != minute {
+            report(minute, &mut window, &mut p50s);
+            minute = m;
+        }
+    }
+    report(minute, &mut window, &mut p50s);
+    let (first, last) = (p50s.first().copied().unwrap_or(0), p50s.last().copied().unwrap_or(0));
+    println!("# {total} jobs, 0 lost; mean latency first minute {first} us, last minute {last} us");
+    Ok(())
+}
