@@ -10,24 +10,6 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 N=${FUZZ_CASES:-1000000}
-passed=0
-failed=0
-failures=()
-
-step() {
-    local name=$1; shift
-    local t0=$SECONDS rc=0
-    log "---- $name"
-    "$@" || rc=$?
-    if [[ $rc == 0 ]]; then
-        passed=$((passed + 1))
-        log "PASS $name ($((SECONDS - t0))s)"
-    else
-        failed=$((failed + 1)); failures+=("$name")
-        log "FAIL $name (status $rc, $((SECONDS - t0))s)"
-    fi
-}
-
 # fuzz_test VAR=CASES CRATE TEST [FILTER]: cargo test of a fuzz target
 # with its case count in VAR; prints its summary lines.
 fuzz_test() {
@@ -56,12 +38,7 @@ main() {
     step "driver: $N ioctls, mmaps, opens and closes from 4 processes, killed at random" \
         env VM_TIMEOUT=5400 "$r/scripts/vm.sh" \
         "insmod kmd/rbln.ko && RBLN_FUZZ_CALLS=$N RBLN_FUZZ_PROCS=4 rbln-kmd-tests ioctl_storm && rmmod rbln"
-    if ((failed > 0)); then
-        log "failed steps:"; printf '    %s\n' "${failures[@]}" >&2
-    fi
-    log "total time $(elapsed)"
-    echo "$passed passed, $failed failed"
-    ((failed == 0))
+    steps_summary
 }
 
 main "$@"

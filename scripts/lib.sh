@@ -54,3 +54,32 @@ in_sysroot() {
     [[ -x $root/usr/bin/apt-get ]] || die "sysroot missing at $root: run 'make setup'"
     unshare -m --propagation private -- "$RBLN_ROOT/scripts/chroot-run.sh" "$root" "$@"
 }
+
+# Multi-step runs (make test, make test-debug, make fuzz): `step NAME
+# CMD...` runs one step and logs its outcome and elapsed time;
+# `steps_summary` lists the failed steps, prints "N passed, N failed" as
+# the last line and returns non-zero if any step failed.
+STEPS_PASSED=0
+STEPS_FAILED=0
+STEPS_FAILURES=()
+step() {
+    local name=$1; shift
+    local t0=$SECONDS rc=0
+    log "---- $name"
+    "$@" || rc=$?
+    if [[ $rc == 0 ]]; then
+        STEPS_PASSED=$((STEPS_PASSED + 1))
+        log "PASS $name ($((SECONDS - t0))s)"
+    else
+        STEPS_FAILED=$((STEPS_FAILED + 1)); STEPS_FAILURES+=("$name")
+        log "FAIL $name (status $rc, $((SECONDS - t0))s)"
+    fi
+}
+steps_summary() {
+    if ((STEPS_FAILED > 0)); then
+        log "failed steps:"; printf '    %s\n' "${STEPS_FAILURES[@]}" >&2
+    fi
+    log "total time $(elapsed)"
+    echo "$STEPS_PASSED passed, $STEPS_FAILED failed"
+    ((STEPS_FAILED == 0))
+}

@@ -8,24 +8,6 @@
 # its suites run several times slower. Last line: "N passed, N failed".
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-passed=0
-failed=0
-failures=()
-
-step() {
-    local name=$1; shift
-    local t0=$SECONDS rc=0
-    log "---- $name"
-    "$@" || rc=$?
-    if [[ $rc == 0 ]]; then
-        passed=$((passed + 1))
-        log "PASS $name ($((SECONDS - t0))s)"
-    else
-        failed=$((failed + 1)); failures+=("$name")
-        log "FAIL $name (status $rc, $((SECONDS - t0))s)"
-    fi
-}
-
 # The suites that exercise the driver itself (no models needed).
 SUITES="boot kmd-basic kmd-uapi kmd-hang kmd-health kmd-teardown kmd-two-devices kmd-version faults umd"
 
@@ -43,12 +25,7 @@ main() {
     done
     step "debug kernel: allocation failures on every ioctl path (tests/vm-debug/alloc-faults.sh)" \
         env VM_KERNEL=debug "$RBLN_ROOT/scripts/vm.sh" "sh tests/vm-debug/alloc-faults.sh"
-    if ((failed > 0)); then
-        log "failed steps:"; printf '    %s\n' "${failures[@]}" >&2
-    fi
-    log "total time $(elapsed)"
-    echo "$passed passed, $failed failed"
-    ((failed == 0))
+    steps_summary
 }
 
 main "$@"

@@ -4,25 +4,6 @@
 # its elapsed time; the last line is "N passed, N failed".
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-passed=0
-failed=0
-failures=()
-
-# step NAME CMD...: run one test step, record and report its outcome.
-step() {
-    local name=$1; shift
-    local t0=$SECONDS rc=0
-    log "---- $name"
-    "$@" || rc=$?
-    if [[ $rc == 0 ]]; then
-        passed=$((passed + 1))
-        log "PASS $name ($((SECONDS - t0))s)"
-    else
-        failed=$((failed + 1)); failures+=("$name")
-        log "FAIL $name (status $rc, $((SECONDS - t0))s)"
-    fi
-}
-
 # expect_status WANT CMD...: succeed iff CMD exits with status WANT.
 expect_status() {
     local want=$1; shift
@@ -72,12 +53,7 @@ main() {
         vm 'echo "WARNING: CPU: 0 PID: 1 at rbln-harness-selftest" >/dev/kmsg'
     step "harness: a hung guest is killed" expect_status 124 env VM_TIMEOUT=30 "$RBLN_ROOT/scripts/vm.sh" 'sleep 600'
 
-    if ((failed > 0)); then
-        log "failed steps:"; printf '    %s\n' "${failures[@]}" >&2
-    fi
-    log "total time $(elapsed)"
-    echo "$passed passed, $failed failed"
-    ((failed == 0))
+    steps_summary
 }
 
 main "$@"
