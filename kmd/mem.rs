@@ -109,7 +109,12 @@ impl HostMem {
             // SAFETY: `page` is a valid page of this buffer for the duration
             // of the call (vm_insert_page takes its own reference).
             let page = unsafe { BorrowedPage::from_raw(page) };
-            map.vm_insert_page(vma.start() + i * PAGE_SIZE as usize, &page)?;
+            if let Err(e) = map.vm_insert_page(vma.start() + i * PAGE_SIZE as usize, &page) {
+                // A page table could not be allocated: take back the pages
+                // already inserted, so that the failed mmap leaves nothing.
+                map.zap_vma_range(vma.start(), i * PAGE_SIZE as usize);
+                return Err(e);
+            }
         }
         Ok(())
     }

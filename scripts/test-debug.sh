@@ -24,7 +24,7 @@ main() {
         step "debug kernel: tests/vm/$s.sh" env $env VM_KERNEL=debug "$RBLN_ROOT/scripts/vm.sh" "sh tests/vm/$s.sh"
     done
     step "debug kernel: allocation failures on every ioctl path (tests/vm-debug/alloc-faults.sh)" \
-        env VM_KERNEL=debug "$RBLN_ROOT/scripts/vm.sh" "sh tests/vm-debug/alloc-faults.sh"
+        env VM_KERNEL=debug VM_ALLOW_STACK_DUMPS=1 "$RBLN_ROOT/scripts/vm.sh" "sh tests/vm-debug/alloc-faults.sh"
     steps_summary
 }
 
