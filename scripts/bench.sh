@@ -261,7 +261,10 @@ main() {
         rc=-1
     else
         log "device measurements: one VM boot (tests/bench/guest.sh)"
-        VM_TIMEOUT=${VM_TIMEOUT:-1200} "$RBLN_ROOT/scripts/vm.sh" "sh tests/bench/guest.sh $OUT_REL" \
+        # The rbln-serve rows' load client runs here on the host, reaching
+        # the guest's gRPC port through QEMU user networking.
+        VM_FORWARD=8001 VM_HOST_CLIENT="$OUT/bin/rbln-serve-load --addr http://{8001}" \
+            VM_TIMEOUT=${VM_TIMEOUT:-1200} "$RBLN_ROOT/scripts/vm.sh" "sh tests/bench/guest.sh $OUT_REL" \
             2>&1 | tee "$OUT/vm.log" || rc=${PIPESTATUS[0]}
     fi
     echo "$rc" >"$OUT/vm.rc"

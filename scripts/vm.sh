@@ -12,7 +12,8 @@
 # Environment: VM_TIMEOUT (s, default 900), VM_SMP (default 2), VM_MEM
 # (MiB, default 2048), VM_DEVICES (default 1), NPU_ARGS (extra rbln-npu
 # arguments), VM_ALLOW_STACK_DUMPS=1 (bare stack dumps of failed
-# allocations do not fail the run), VM_HOTPLUG=1 (see below), VM_KERNEL=debug (the debug kernel
+# allocations do not fail the run), VM_HOTPLUG=1, VM_FORWARD and
+# VM_HOST_CLIENT (see below), VM_KERNEL=debug (the debug kernel
 # of `make test-debug`, with the module built for it and a kmemleak check
 # after COMMAND), VM_KEEP=1 keeps the run directory for inspection.
 #
@@ -35,6 +36,24 @@
 # once QEMU reports DEVICE_DELETED, i.e. the guest let go of the device),
 # "add" starts a new device model and device_adds it in the same slot.
 # The reply line is in /run/rbln/hotplug-npu<i>.reply.
+#
+# Networking (VM_FORWARD="8000 8001"): the guest gets a virtio-net NIC on
+# QEMU user networking, restricted (no route out of the guest: only the
+# forwards reach it), at 10.0.2.15; each listed guest TCP port is reachable
+# from the host at 127.0.0.1 on a free port the harness picks. The mapping
+# is in /run/rbln/forward ("GUESTPORT 127.0.0.1:HOSTPORT" lines; the host
+# side sees it as $run/forward). Servers in the guest listen on 0.0.0.0.
+#
+# Host client (VM_HOST_CLIENT="target/release/rbln-serve-load --addr
+# http://{8001}", with VM_FORWARD): a guest test runs that host command
+# with its own arguments appended by writing them (one line of words) to
+# /run/rbln/host-client.req (write elsewhere, then rename); {PORT} in the
+# command becomes the host address of forwarded guest port PORT. The
+# command runs in the repo on the host; its stdout lands in
+# /run/rbln/host-client.out, its stderr in .err and, last, its exit
+# status in .rc. Only that command runs: the guest chooses its arguments,
+# not the program. (Clients on the host's own cores, not on the guest's
+# emulated ones: a TCG guest runs a client tens of times slower.)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 VM_TIMEOUT=${VM_TIMEOUT:-900}
@@ -43,6 +62,9 @@ VM_MEM=${VM_MEM:-2048}
 VM_DEVICES=${VM_DEVICES:-1}
 VM_HOTPLUG=${VM_HOTPLUG:-0}
 VM_KERNEL=${VM_KERNEL:-}
+VM_FORWARD=${VM_FORWARD:-}
+VM_HOST_CLIENT=${VM_HOST_CLIENT:-}
+GUEST_IP=10.0.2.15
 NPU_BIN=$RBLN_ROOT/target/release/rbln-npu
 NPU_PIDS=()
 
@@ -63,11 +85,19 @@ qemu_args() {
         -machine q35,memory-backend=mem \
         -nodefaults -no-reboot -display none -serial stdio -monitor none -nic none \
         -kernel /build/bzImage -initrd "/initrd/$initrd_name" \
-        -append "console=ttyS0 loglevel=5 oops=panic panic=-1 random.trust_cpu=on" \
+        -append "console=ttyS0 loglevel=5 oops=panic panic=-1 random.trust_cpu=on${VM_FORWARD:+ ip=$GUEST_IP::10.0.2.2:255.255.255.0::eth0:off}" \
         -device virtio-rng-pci \
         -virtfs local,path=/rbln,mount_tag=rbln,security_model=none,id=rbln \
         -virtfs local,path=/run/rbln,mount_tag=rblnrun,security_model=none,id=rblnrun
     local i
+    if [[ -n $VM_FORWARD ]]; then
+        local fwd="" guest host
+        while read -r guest host; do
+            fwd+=",hostfwd=tcp:$host-$GUEST_IP:$guest"
+        done <"$run/forward"
+        # restrict=on: the guest reaches nothing outside; forwards still work.
+        printf '%s\n' -netdev "user,id=net0,restrict=on$fwd" -device virtio-net-pci,netdev=net0
+    fi
     if ((VM_HOTPLUG)); then
         # Native PCIe hot-plug (the guest's pciehp), not QEMU's ACPI one.
         printf '%s\n' -qmp unix:/run/rbln/qmp.sock,server=on,wait=off \
@@ -119,6 +149,37 @@ hotplug() {
     esac
 }
 
+# Pick a free host port on 127.0.0.1 for each guest port of VM_FORWARD;
+# writes $run/forward.
+plan_forwards() {
+    local run=$1 port
+    : >"$run/forward"
+    [[ -n $VM_FORWARD ]] || return 0
+    for port in $VM_FORWARD; do
+        [[ $port =~ ^[0-9]+$ ]] && ((port > 0 && port < 65536)) || die "VM_FORWARD: '$port' is not a TCP port"
+        python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print("'"$port"'", "127.0.0.1:%d" % s.getsockname()[1])' \
+            >>"$run/forward" || die "no free host port for guest port $port"
+    done
+}
+
+# Serve one host-client request (see the header): VM_HOST_CLIENT with the
+# forwarded addresses filled in and the guest's words appended.
+host_client() {
+    local run=$1 cmd guest host
+    local -a words
+    read -r -a words <"$run/host-client.req" || true
+    rm -f "$run/host-client.req"
+    cmd=$VM_HOST_CLIENT
+    while read -r guest host; do cmd=${cmd//\{$guest\}/$host}; done <"$run/forward"
+    local rc=0
+    # shellcheck disable=SC2086 # the command's words
+    (cd "$RBLN_ROOT" && exec $cmd "${words[@]}") >"$run/host-client.out.tmp" 2>"$run/host-client.err.tmp" || rc=$?
+    mv "$run/host-client.out.tmp" "$run/host-client.out"
+    mv "$run/host-client.err.tmp" "$run/host-client.err"
+    echo "$rc" >"$run/host-client.rc.tmp"
+    mv "$run/host-client.rc.tmp" "$run/host-client.rc"
+}
+
 # Start the device models on the host; their sockets appear in the run
 # directory, which the chroot sees as /run/rbln.
 start_devices() {
@@ -146,6 +207,9 @@ start_devices() {
 watch_guest_requests() {
     local run=$1 i cmd
     while sleep 0.1; do
+        if [[ -n $VM_HOST_CLIENT && -e $run/host-client.req ]]; then
+            host_client "$run"
+        fi
         for ((i = 0; i < VM_DEVICES; i++)); do
             if [[ -e $run/unplug-npu$i && ! -e $run/unplugged-npu$i ]]; then
                 kill -USR1 "${NPU_PIDS[i]}" 2>/dev/null || true
@@ -227,13 +291,15 @@ main() {
     else
         printf 'set -e\n%s\n' "$cmd" >"$run/cmd.sh"
     fi
+    [[ -z $VM_HOST_CLIENT || -n $VM_FORWARD ]] || die "VM_HOST_CLIENT needs VM_FORWARD (the ports it reaches)"
+    plan_forwards "$run"
     start_devices "$run"
     watch_guest_requests "$run" &
     WATCHER=$!
 
     log "booting the guest (TCG, ${VM_SMP} vCPUs, ${VM_MEM} MiB, ${VM_DEVICES} NPU(s), timeout ${VM_TIMEOUT}s)"
     local -a args
-    mapfile -t args < <(qemu_args "$(basename "$initrd")")
+    mapfile -t args < <(run=$run qemu_args "$(basename "$initrd")")
     local qrc=0
     SYSROOT_BINDS="$kdir:/build $(dirname "$initrd"):/initrd $run:/run/rbln" \
         in_sysroot timeout -k 5 "$VM_TIMEOUT" qemu-system-x86_64 "${args[@]}" \

@@ -120,18 +120,45 @@ for m in $PY_MODELS; do
         --requests "$PY_REQUESTS" --rounds "$PY_ROUNDS" || true
 done
 
-# rbln-serve (2 instances of each model, gRPC on loopback) under
-# rbln-serve-load at each concurrency, and rbln-run --async --parallel 2
-# (the same AsyncRuntime without the server) on the same model right
-# before: the throughput the server is to come near.
+# host_step NAME ARGS...: like step, but runs the harness's host client
+# (rbln-serve-load on the host, reaching the guest's port 8001 through
+# QEMU user networking; scripts/vm.sh VM_HOST_CLIENT) with ARGS.
+host_step() {
+    name=$1; shift
+    rm -f /run/rbln/host-client.rc
+    echo "$*" >/run/rbln/host-client.req.tmp && mv /run/rbln/host-client.req.tmp /run/rbln/host-client.req
+    k=0
+    while [ ! -f /run/rbln/host-client.rc ]; do
+        k=$((k + 1))
+        [ "$k" -lt 3000 ] || { echo "the host client did not answer in 600 s" >/run/rbln/host-client.err; echo 124 >/run/rbln/host-client.rc; break; }
+        sleep 0.2
+    done
+    cp /run/rbln/host-client.out "$G/$name.json" 2>/dev/null || : >"$G/$name.json"
+    cp /run/rbln/host-client.err "$G/$name.err"
+    rc=$(cat /run/rbln/host-client.rc)
+    echo "$rc" >"$G/$name.rc"
+    [ "$rc" = 0 ] || { echo "bench: $name failed (status $rc):"; tail -n 5 "$G/$name.err"; }
+    return "$rc"
+}
+
+# rbln-serve (2 instances of each model) under rbln-serve-load at each
+# concurrency, and rbln-run --async --parallel 2 (the same AsyncRuntime
+# without the server) on the same model right before: the throughput the
+# server is to come near. The load client runs on the host (its gRPC
+# connection forwarded to the guest's port 8001) when the harness offers
+# one, as a client would on a real machine: in the guest it would take
+# the emulated CPUs the server runs on. Without it, it runs in the guest.
 if [ -n "$SERVE_MODELS" ]; then
     ip link set lo up
+    client=guest
+    grep -q '^8001 ' /run/rbln/forward 2>/dev/null && client=host
+    echo "$client" >"$G/serve.client"
     R=/tmp/bench-repo
     rm -rf "$R"
     for m in $SERVE_MODELS; do
         [ -f "$M/$m.rbln" ] && mkdir -p "$R/$m/1" && cp "$M/$m.rbln" "$R/$m/1/model.rbln"
     done
-    rbln-serve --model-repository "$R" --host 127.0.0.1 --max-queue 256 >"$G/serve.log" 2>&1 &
+    rbln-serve --model-repository "$R" --host 0.0.0.0 --max-queue 256 >"$G/serve.log" 2>&1 &
     spid=$!
     k=0
     until wget -q -O /dev/null http://127.0.0.1:8000/v2/health/ready 2>/dev/null; do
@@ -147,9 +174,15 @@ if [ -n "$SERVE_MODELS" ]; then
         step "serve.$m.async" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" --async --parallel 2 \
             --iterations "$SERVE_REQUESTS" --warmup 5 --json || true
         for c in $SERVE_CONC; do
-            # shellcheck disable=SC2086 # $exp is a list of arguments
-            step "serve.$m.c$c" rbln-serve-load "$m" --input "$M/$m.input.npy" $exp \
-                --requests "$SERVE_REQUESTS" --concurrency "$c" --json || true
+            if [ "$client" = host ]; then
+                # shellcheck disable=SC2086 # $exp is a list of arguments
+                host_step "serve.$m.c$c" "$m" --input "$M/$m.input.npy" $exp \
+                    --requests "$SERVE_REQUESTS" --concurrency "$c" --json || true
+            else
+                # shellcheck disable=SC2086
+                step "serve.$m.c$c" rbln-serve-load "$m" --input "$M/$m.input.npy" $exp \
+                    --requests "$SERVE_REQUESTS" --concurrency "$c" --json || true
+            fi
         done
     done
     kill -TERM "$spid" 2>/dev/null

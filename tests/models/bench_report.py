@@ -460,8 +460,12 @@ def micro_rows(out, plan, ort, native):
             round_throughputs=asy.get("round_throughputs"),
             rust_round_throughputs=asy.get("rust_round_throughputs"))
 
-    # 8. rbln-serve under a bounded gRPC load (rbln-serve-load, in the
-    # guest) against rbln-run --async --parallel 2 on the same model.
+    # 8. rbln-serve under a bounded gRPC load (rbln-serve-load on the host
+    # through QEMU user networking, or in the guest) against rbln-run
+    # --async --parallel 2 on the same model.
+    client = read_text(os.path.join(out, "guest", "serve.client")) or "guest"
+    where = ("client on the host, through QEMU user networking to the guest's port" if client == "host"
+             else "client and server both in the guest")
     for m in plan.get("SERVE_MODELS", "").split():
         g = os.path.join(out, "guest", f"serve.{m}")
         ref = read_json(f"{g}.async.json")
@@ -479,10 +483,10 @@ def micro_rows(out, plan, ort, native):
             row(f"rbln-serve gRPC load vs rbln-run --async, {m}, concurrency {c}", "inferences/s", "higher",
                 r.get("throughput_per_s"), ref_tp, err,
                 p50_ms=r.get("p50_ms"), p99_ms=r.get("p99_ms"), requests=r.get("requests"), ok=r.get("ok"),
-                errors=r.get("errors"), wrong=r.get("wrong"),
+                errors=r.get("errors"), wrong=r.get("wrong"), client=client,
                 rbln_run_async_p50_ms=ref["latency"]["p50_ms"] if ref else None,
                 reference_what="rbln-run --async --parallel 2 on the same model and device, right before "
-                               "(the server runs 2 instances; client and server both in the guest)")
+                               f"(the server runs 2 instances; {where})")
     return rows
 
 
