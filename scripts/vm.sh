@@ -15,7 +15,8 @@
 # allocations do not fail the run), VM_HOTPLUG=1, VM_FORWARD and
 # VM_HOST_CLIENT (see below), VM_KERNEL=debug (the debug kernel
 # of `make test-debug`, with the module built for it and a kmemleak check
-# after COMMAND), VM_KEEP=1 keeps the run directory for inspection.
+# after COMMAND), VM_TSC_KHZ (the guest's TSC rate; see guest_clock_args),
+# VM_KEEP=1 keeps the run directory for inspection.
 #
 # Surprise removal: a guest test makes device model i fall off the bus
 # (SIGUSR1: reads return all ones, no interrupts, no DMA) by creating
@@ -85,7 +86,7 @@ qemu_args() {
         -machine q35,memory-backend=mem \
         -nodefaults -no-reboot -display none -serial stdio -monitor none -nic none \
         -kernel /build/bzImage -initrd "/initrd/$initrd_name" \
-        -append "console=ttyS0 loglevel=5 oops=panic panic=-1 random.trust_cpu=on${VM_FORWARD:+ ip=$GUEST_IP::10.0.2.2:255.255.255.0::eth0:off}" \
+        -append "console=ttyS0 loglevel=5 oops=panic panic=-1 random.trust_cpu=on$(guest_clock_args)${VM_FORWARD:+ ip=$GUEST_IP::10.0.2.2:255.255.255.0::eth0:off}" \
         -device virtio-rng-pci \
         -virtfs local,path=/rbln,mount_tag=rbln,security_model=none,id=rbln \
         -virtfs local,path=/run/rbln,mount_tag=rblnrun,security_model=none,id=rblnrun
@@ -112,6 +113,31 @@ qemu_args() {
                 "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"/run/rbln/npu$i.sock\",\"type\":\"unix\"}}"
         fi
     done
+}
+
+# Kernel arguments that give the guest the host's TSC as its clock. Under
+# TCG the guest reads the host's TSC, but calibrating it against the PIT
+# fails whenever the host is busy at boot ("Unable to calibrate against
+# PIT"); the guest then runs on refined-jiffies: every clock read and timer
+# moves in 4 ms steps (sleeps, timeouts, latencies), and ticks lost under
+# load make it run slow. Given the rate (the host kernel's own calibration,
+# from its log; VM_TSC_KHZ overrides, 0 disables) the guest always uses
+# the TSC. Only for an invariant TSC the host itself keeps time with.
+guest_clock_args() {
+    local khz=${VM_TSC_KHZ:-}
+    if [[ -z $khz ]]; then
+        local flags mhz
+        flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+        [[ $flags == *" constant_tsc "* && $flags == *" nonstop_tsc "* ]] || return 0
+        [[ $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null) == tsc ]] || return 0
+        mhz=$(dmesg 2>/dev/null | sed -n 's/.*tsc: Refined TSC clocksource calibration: \([0-9.]*\) MHz.*/\1/p' | tail -1)
+        [[ -n $mhz ]] || mhz=$(dmesg 2>/dev/null | sed -n 's/.*tsc: Detected \([0-9.]*\) MHz processor.*/\1/p' | tail -1)
+        [[ $mhz =~ ^[0-9]+(\.[0-9]+)?$ ]] || return 0
+        khz=$(awk -v m="$mhz" 'BEGIN { printf "%d", m * 1000 }')
+    fi
+    [[ $khz =~ ^[0-9]+$ ]] || die "VM_TSC_KHZ: '$khz' is not a number of kHz"
+    ((khz > 0)) || return 0
+    printf ' tsc_early_khz=%s tsc=reliable clocksource=tsc' "$khz"
 }
 
 # The QEMU device of hot-pluggable NPU I on the vfio-user socket SOCK.
