@@ -374,6 +374,22 @@ fn command_buffers_at_scale() {
     let descs = descriptor();
     let typed = typed_descriptor();
     let (desc_bus, cmd_bus) = (s.writable[1].0, s.writable[2].0);
+    // The periodic check's own context, queue and buffers, made once: made
+    // per check, they grew the snapshotted RAM with every check (each
+    // case's snapshot longer than the last, the RAM used up after ~2000
+    // checks). The device writes their status block and buffer, the test
+    // their ring and commands: all writable.
+    let check_ctx = s.rig.context(9);
+    let mut check_q = s.rig.queue(7, &check_ctx, 4);
+    let check_host = s.rig.host_buffer(&check_ctx, 0x10_0000, 4096);
+    let check_cmds_len = {
+        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+        e.fill(0x10_0000, 8, 0).fence(1, 0, false);
+        e.buf.len() as u64
+    };
+    let check_cmds = s.rig.host_buffer(&check_ctx, 0x20_0000, check_cmds_len);
+    s.writable.extend([(check_q.ring, 4096), (check_q.status, 64), (check_host, 4096), (check_cmds, 4096)]);
+    let ram_end = s.rig.alloc_end();
     let t0 = std::time::Instant::now();
     let (mut faulted, mut blocked) = (0u64, 0u64);
     for case in 0..n {
@@ -407,15 +423,14 @@ fn command_buffers_at_scale() {
         assert!(protected_snapshot(&s) == before, "case {case}: memory outside the context's mappings changed");
         if case % 1000 == 999 {
             assert!(dram_outside_window_untouched(&s.rig), "case {case}: DRAM outside the context's mappings changed");
-            let ctx = s.rig.context(9);
-            let mut q = s.rig.queue(7, &ctx, 4);
-            let host = s.rig.host_buffer(&ctx, 0x10_0000, 4096);
             let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
             e.fill(0x10_0000, 8, case as u32).fence(case + 1, 0, false);
-            s.rig.run(&ctx, &mut q, 0x20_0000, &e.buf);
-            assert_eq!(s.rig.wait_idle(&q, Duration::from_secs(10)).fence, case + 1, "case {case}: the device stopped executing work");
-            assert_eq!(s.rig.read(host, 4), (case as u32).to_le_bytes());
-            s.rig.reset_queue(&mut q);
+            assert_eq!(e.buf.len() as u64, check_cmds_len);
+            s.rig.write(check_cmds, &e.buf);
+            s.rig.submit(&mut check_q, 0x20_0000, e.buf.len() as u32);
+            assert_eq!(s.rig.wait_idle(&check_q, Duration::from_secs(10)).fence, case + 1, "case {case}: the device stopped executing work");
+            assert_eq!(s.rig.read(check_host, 4), (case as u32).to_le_bytes());
+            assert_eq!(s.rig.alloc_end(), ram_end, "case {case}: the check allocated guest RAM");
         }
     }
     println!(
