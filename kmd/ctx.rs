@@ -607,7 +607,8 @@ impl Context {
         let hang_ms = crate::module_parameters::hang_ms.value();
         // Every tick the waiter also checks that the device still answers,
         // so that a lost device fails the wait within a tenth of a second.
-        let tick = msecs_to_jiffies(if hang_ms == 0 { LIVENESS_MS } else { (hang_ms / 4).clamp(10, LIVENESS_MS) });
+        let tick_ms = if hang_ms == 0 { LIVENESS_MS } else { (hang_ms / 4).clamp(10, LIVENESS_MS) };
+        let tick = msecs_to_jiffies(tick_ms);
         // (packets executed, queue busy, Q_STATE read all ones). An idle
         // queue is never hung (its user may simply not have submitted the
         // awaited work yet). All ones means the device may be lost, which
@@ -635,8 +636,15 @@ impl Context {
                 self.npu.with_regs(|r| r.r64(regs::queue_reg(hw, regs::Q_FENCE_64))).unwrap_or(0)
             }
         };
-        let mut last_packets = progress().0;
+        // The registers are read once per tick while the fence is pending,
+        // never per wake-up or for a fence already passed: every interrupt
+        // of the device wakes every waiter, and each register read is a
+        // round trip to the device (on the virtual NPU a message to the
+        // device model that stalls the CPU until answered). The first
+        // check takes the baseline of the hang detection.
+        let mut last_packets: Option<u64> = None;
         let mut stalled_since = Instant::<Monotonic>::now();
+        let mut checked_at = stalled_since;
         // The last nap ended by its timeout, not by an interrupt.
         let mut timed_out = false;
         // Q_STATE read Faulted at the previous check with no error
@@ -666,23 +674,26 @@ impl Context {
             if left == 0 {
                 return Err(ETIMEDOUT);
             }
-            let (p, busy, all_ones, faulted) = progress();
-            if all_ones && !self.npu.check_alive() {
-                return Err(ENODEV);
-            }
-            if faulted && ev.faulted & (1 << hw) == 0 {
-                if fault_pending {
-                    self.npu.missed_fault(&mut ev, hw, self.id);
-                    continue;
+            if checked_at.elapsed().as_millis() >= tick_ms as i64 {
+                checked_at = Instant::<Monotonic>::now();
+                let (p, busy, all_ones, faulted) = progress();
+                if all_ones && !self.npu.check_alive() {
+                    return Err(ENODEV);
                 }
-                fault_pending = true;
-            }
-            if p != last_packets || !busy {
-                last_packets = p;
-                stalled_since = Instant::<Monotonic>::now();
-            } else if hang_ms > 0 && stalled_since.elapsed().as_millis() >= hang_ms as i64 {
-                self.npu.declare_hang(&mut ev, hw, self.id, hang_ms);
-                return Err(EIO);
+                if faulted && ev.faulted & (1 << hw) == 0 {
+                    if fault_pending {
+                        self.npu.missed_fault(&mut ev, hw, self.id);
+                        continue;
+                    }
+                    fault_pending = true;
+                }
+                if last_packets != Some(p) || !busy {
+                    last_packets = Some(p);
+                    stalled_since = checked_at;
+                } else if hang_ms > 0 && stalled_since.elapsed().as_millis() >= hang_ms as i64 {
+                    self.npu.declare_hang(&mut ev, hw, self.id, hang_ms);
+                    return Err(EIO);
+                }
             }
             let nap = left.min(tick);
             timed_out = false;

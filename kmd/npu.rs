@@ -173,9 +173,14 @@ impl Npu {
         let status = self.with_regs(|r| {
             let q = r.r32(regs::IRQ_QUEUE_STATUS)?;
             let e = r.r32(regs::IRQ_ERROR_STATUS)?;
-            // Write-1-to-clear exactly what was seen.
-            r.w32(regs::IRQ_QUEUE_STATUS, q)?;
-            r.w32(regs::IRQ_ERROR_STATUS, e)?;
+            // Write-1-to-clear exactly what was seen; nothing to clear is
+            // no write (each register access is a round trip to the device).
+            if q != 0 {
+                r.w32(regs::IRQ_QUEUE_STATUS, q)?;
+            }
+            if e != 0 {
+                r.w32(regs::IRQ_ERROR_STATUS, e)?;
+            }
             Ok((q, e))
         });
         let Ok((q, e)) = status else { return IrqReturn::None };
