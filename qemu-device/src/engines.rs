@@ -8,9 +8,17 @@ use std::time::Instant;
 /// at most `n` DMAs (or compute ops) run at once across all queues, while
 /// DMA and compute never wait for each other.
 pub struct EnginePool {
-    free: Mutex<u32>,
+    free: Mutex<Free>,
     cv: Condvar,
     busy_ns: Vec<AtomicU64>,
+}
+
+/// The free engines (a bit each) and how many commands wait for one: a
+/// release wakes a waiter only when there is one (a wake is a syscall,
+/// paid per op otherwise).
+struct Free {
+    mask: u32,
+    waiters: u32,
 }
 
 pub struct EngineGuard<'a> {
@@ -23,20 +31,22 @@ impl EnginePool {
     pub fn new(n: u32) -> Self {
         assert!((1..=32).contains(&n), "engine count is validated by Config");
         let free = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
-        Self { free: Mutex::new(free), cv: Condvar::new(), busy_ns: (0..n).map(|_| AtomicU64::new(0)).collect() }
+        Self { free: Mutex::new(Free { mask: free, waiters: 0 }), cv: Condvar::new(), busy_ns: (0..n).map(|_| AtomicU64::new(0)).collect() }
     }
 
     /// Take a free engine, waiting at most `timeout` for one.
     pub fn acquire_timeout(&self, timeout: std::time::Duration) -> Option<EngineGuard<'_>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if *free == 0 {
+        if free.mask == 0 {
+            free.waiters += 1;
             free = self.cv.wait_timeout(free, timeout).unwrap_or_else(|e| e.into_inner()).0;
-            if *free == 0 {
+            free.waiters -= 1;
+            if free.mask == 0 {
                 return None;
             }
         }
-        let index = free.trailing_zeros() as usize;
-        *free &= !(1 << index);
+        let index = free.mask.trailing_zeros() as usize;
+        free.mask &= !(1 << index);
         Some(EngineGuard { pool: self, index, start: Instant::now() })
     }
 
@@ -56,8 +66,10 @@ impl Drop for EngineGuard<'_> {
         let ns = self.start.elapsed().as_nanos() as u64;
         self.pool.busy_ns[self.index].fetch_add(ns, Ordering::Relaxed);
         let mut free = self.pool.free.lock().unwrap_or_else(|e| e.into_inner());
-        *free |= 1 << self.index;
-        self.pool.cv.notify_one();
+        free.mask |= 1 << self.index;
+        if free.waiters > 0 {
+            self.pool.cv.notify_one();
+        }
     }
 }
 

@@ -288,12 +288,14 @@ impl Pinned<'_, '_> {
         // Physically contiguous runs (VA of start, where, length).
         let mut first: Option<(u64, Phys, u64)> = None;
         let mut rest: Vec<(u64, Phys, u64)> = Vec::new();
-        let mut ptes = [0u8; 512 * 8];
+        // Up to 64 entries per read: zeroing a whole table's worth (4 KiB)
+        // per call cost more than a small op's translation.
+        let mut ptes = [0u8; 64 * 8];
         let mut cur = va;
         let end = va + len;
         while cur < end {
             // One level-0 table at a time: its entries for this range are
-            // read in one access.
+            // read 64 at a time.
             let region = cur >> 21;
             let l0 = match self.cached_l0.get() {
                 Some((r, t)) if r == region => t,
@@ -305,7 +307,7 @@ impl Pinned<'_, '_> {
             };
             let region_end = ((region + 1) << 21).min(end);
             let (i0, i1) = (mmu::va_index(cur, 0), mmu::va_index(region_end - 1, 0));
-            let raw = &mut ptes[..(i1 - i0 + 1) * 8];
+            let raw = &mut ptes[..(i1 - i0 + 1).min(64) * 8];
             self.host.read(l0 + i0 as u64 * 8, raw).map_err(|_| Fault::new(FaultCode::BusError, access, cur))?;
             for e in raw.chunks_exact(8) {
                 let e0 = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
