@@ -199,7 +199,9 @@ host_client() {
     while read -r guest host; do cmd=${cmd//\{$guest\}/$host}; done <"$run/forward"
     local rc=0
     # shellcheck disable=SC2086 # the command's words
-    (cd "$RBLN_ROOT" && exec $cmd "${words[@]}") >"$run/host-client.out.tmp" 2>"$run/host-client.err.tmp" || rc=$?
+    # Bounded like the guest's wait for it (a hung client must not hang
+    # the harness's watcher).
+    (cd "$RBLN_ROOT" && exec timeout -k 5 600 $cmd "${words[@]}") >"$run/host-client.out.tmp" 2>"$run/host-client.err.tmp" || rc=$?
     mv "$run/host-client.out.tmp" "$run/host-client.out"
     mv "$run/host-client.err.tmp" "$run/host-client.err"
     echo "$rc" >"$run/host-client.rc.tmp"
