@@ -120,25 +120,22 @@ for m in $PY_MODELS; do
         --requests "$PY_REQUESTS" --rounds "$PY_ROUNDS" || true
 done
 
-# host_step NAME ARGS...: like step, but runs the harness's host client
-# (rbln-serve-load on the host, reaching the guest's port 8001 through
-# QEMU user networking; scripts/vm.sh VM_HOST_CLIENT) with ARGS.
-host_step() {
-    name=$1; shift
+# host_client ARGS...: the harness's host client (rbln-serve-load on the
+# host, reaching the guest's port 8001 through QEMU user networking;
+# scripts/vm.sh VM_HOST_CLIENT) run with ARGS: its output, errors and exit
+# status become this command's.
+host_client() {
     rm -f /run/rbln/host-client.rc
     echo "$*" >/run/rbln/host-client.req.tmp && mv /run/rbln/host-client.req.tmp /run/rbln/host-client.req
     k=0
     while [ ! -f /run/rbln/host-client.rc ]; do
         k=$((k + 1))
-        [ "$k" -lt 3000 ] || { echo "the host client did not answer in 600 s" >/run/rbln/host-client.err; echo 124 >/run/rbln/host-client.rc; break; }
+        [ "$k" -lt 3000 ] || { echo "the host client did not answer in 600 s" >&2; return 124; }
         sleep 0.2
     done
-    cp /run/rbln/host-client.out "$G/$name.json" 2>/dev/null || : >"$G/$name.json"
-    cp /run/rbln/host-client.err "$G/$name.err"
-    rc=$(cat /run/rbln/host-client.rc)
-    echo "$rc" >"$G/$name.rc"
-    [ "$rc" = 0 ] || { echo "bench: $name failed (status $rc):"; tail -n 5 "$G/$name.err"; }
-    return "$rc"
+    cat /run/rbln/host-client.out
+    cat /run/rbln/host-client.err >&2
+    return "$(cat /run/rbln/host-client.rc)"
 }
 
 # rbln-serve (2 instances of each model) under rbln-serve-load at each
@@ -150,8 +147,8 @@ host_step() {
 # the emulated CPUs the server runs on. Without it, it runs in the guest.
 if [ -n "$SERVE_MODELS" ]; then
     ip link set lo up
-    client=guest
-    grep -q '^8001 ' /run/rbln/forward 2>/dev/null && client=host
+    client=guest load=rbln-serve-load
+    grep -q '^8001 ' /run/rbln/forward 2>/dev/null && client=host load=host_client
     echo "$client" >"$G/serve.client"
     R=/tmp/bench-repo
     rm -rf "$R"
@@ -174,15 +171,9 @@ if [ -n "$SERVE_MODELS" ]; then
         step "serve.$m.async" rbln-run "$M/$m.rbln" --input "$M/$m.input.npy" --async --parallel 2 \
             --iterations "$SERVE_REQUESTS" --warmup 5 --json || true
         for c in $SERVE_CONC; do
-            if [ "$client" = host ]; then
-                # shellcheck disable=SC2086 # $exp is a list of arguments
-                host_step "serve.$m.c$c" "$m" --input "$M/$m.input.npy" $exp \
-                    --requests "$SERVE_REQUESTS" --concurrency "$c" --json || true
-            else
-                # shellcheck disable=SC2086
-                step "serve.$m.c$c" rbln-serve-load "$m" --input "$M/$m.input.npy" $exp \
-                    --requests "$SERVE_REQUESTS" --concurrency "$c" --json || true
-            fi
+            # shellcheck disable=SC2086 # $exp is a list of arguments
+            step "serve.$m.c$c" $load "$m" --input "$M/$m.input.npy" $exp \
+                --requests "$SERVE_REQUESTS" --concurrency "$c" --json || true
         done
     done
     kill -TERM "$spid" 2>/dev/null
