@@ -246,7 +246,7 @@ impl<'p> Op<'p, '_, '_> {
     }
 }
 
-fn dims(d: &[u32], rank: u32) -> Vec<usize> {
+fn dims(d: &[u32], rank: u32) -> k::Shape {
     d[..rank as usize].iter().map(|&x| x as usize).collect()
 }
 

@@ -4,7 +4,7 @@
 //! tests drive it through [`Device::bar_read`] / [`Device::bar_write`] and
 //! feed it guest memory through [`Device::host_memory`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -199,6 +199,9 @@ pub(crate) struct Queue {
     pub index: u32,
     pub regs: Mutex<QueueRegs>,
     pub cv: Condvar,
+    /// `regs.generation`, readable without the lock: a command processor
+    /// checks it between packets.
+    pub generation: AtomicU64,
 }
 
 impl Queue {
@@ -251,7 +254,7 @@ impl Device {
             start: Instant::now(),
             global: Mutex::new(GlobalRegs::reset_value()),
             queues: (0..cfg.num_queues)
-                .map(|index| Queue { index, regs: Mutex::new(QueueRegs::new()), cv: Condvar::new() })
+                .map(|index| Queue { index, regs: Mutex::new(QueueRegs::new()), cv: Condvar::new(), generation: AtomicU64::new(0) })
                 .collect(),
             invalidation: (0..regs::MAX_CONTEXTS).map(|_| Invalidation::default()).collect(),
             counters: Counters::default(),
@@ -559,6 +562,7 @@ impl Shared {
         let mut r = q.lock();
         r.enabled = false;
         r.generation += 1;
+        q.generation.store(r.generation, Ordering::Release);
         q.cv.notify_all();
         self.sem_cv.notify_all();
         while r.busy {

@@ -2,7 +2,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Instant;
 
 /// A pool of identical engines. A command holds one for its duration, so
 /// at most `n` DMAs (or compute ops) run at once across all queues, while
@@ -21,10 +20,16 @@ struct Free {
     waiters: u32,
 }
 
+/// A held engine. Its busy time is what the holder reports with
+/// [`EngineGuard::finish`] (the command processor already reads the clock
+/// once per command; a guard reading it again would double that cost for
+/// tiny ops). A guard dropped without it (a faulting command) adds none.
 pub struct EngineGuard<'a> {
     pool: &'a EnginePool,
     index: usize,
-    start: Instant,
+    /// The engine had to be waited for.
+    pub waited: bool,
+    busy_ns: u64,
 }
 
 impl EnginePool {
@@ -37,7 +42,8 @@ impl EnginePool {
     /// Take a free engine, waiting at most `timeout` for one.
     pub fn acquire_timeout(&self, timeout: std::time::Duration) -> Option<EngineGuard<'_>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.mask == 0 {
+        let waited = free.mask == 0;
+        if waited {
             free.waiters += 1;
             free = self.cv.wait_timeout(free, timeout).unwrap_or_else(|e| e.into_inner()).0;
             free.waiters -= 1;
@@ -47,7 +53,7 @@ impl EnginePool {
         }
         let index = free.mask.trailing_zeros() as usize;
         free.mask &= !(1 << index);
-        Some(EngineGuard { pool: self, index, start: Instant::now() })
+        Some(EngineGuard { pool: self, index, waited, busy_ns: 0 })
     }
 
     pub fn busy_ns(&self, i: usize) -> u64 {
@@ -61,10 +67,16 @@ impl EnginePool {
     }
 }
 
+impl EngineGuard<'_> {
+    /// Release the engine after `busy_ns` of work.
+    pub fn finish(mut self, busy_ns: u64) {
+        self.busy_ns = busy_ns;
+    }
+}
+
 impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
-        let ns = self.start.elapsed().as_nanos() as u64;
-        self.pool.busy_ns[self.index].fetch_add(ns, Ordering::Relaxed);
+        self.pool.busy_ns[self.index].fetch_add(self.busy_ns, Ordering::Relaxed);
         let mut free = self.pool.free.lock().unwrap_or_else(|e| e.into_inner());
         free.mask |= 1 << self.index;
         if free.waiters > 0 {

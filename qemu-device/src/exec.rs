@@ -49,12 +49,32 @@ thread_local! {
 /// How often a blocked SEM_WAIT re-reads memory the guest CPU may write.
 const SEM_POLL: Duration = Duration::from_micros(200);
 
+/// The queue's packet and busy-time counters are brought up to date at
+/// least this often (ns; and at every FENCE and the end of every ring
+/// entry), not per packet: each update takes the queue's lock, a large
+/// share of a tiny op's cost. Drivers watch Q_PACKETS_64 for progress
+/// over tens of milliseconds.
+const COUNTER_FLUSH_NS: u64 = 100_000;
+
 struct Exec<'a> {
     s: &'a Shared,
     workers: &'a Workers,
     job: &'a Job,
     mem: AddressSpace<'a>,
     depth: u8,
+    /// The descriptor of the COMPUTE packet being run (reused: no
+    /// allocation or zeroing per op).
+    desc: Box<[u8; compute::MAX_DESC_SIZE]>,
+    /// When the current packet started ([`Workers::now_ns`]): the previous
+    /// packet's end, so the clock is read once per packet.
+    t: u64,
+    /// When the current packet ended, if it read the clock itself.
+    end: Option<u64>,
+    /// Packets run and busy time not yet added to the queue's counters,
+    /// and when they last were.
+    pending_packets: u64,
+    pending_busy_ns: u64,
+    flushed_ns: u64,
 }
 
 pub(crate) fn run_ring_entry(s: &Shared, job: &Job, workers: &Workers) -> Result<(), Stop> {
@@ -80,8 +100,23 @@ pub(crate) fn run_ring_entry(s: &Shared, job: &Job, workers: &Workers) -> Result
         .context_root(job.ctx_id)
         .ok_or(Stop::Fault(Fault::new(FaultCode::ContextInvalid, Access::None, job.ctx_id as u64), 0))?;
     let inval = &s.invalidation[job.ctx_id as usize];
-    let mut ex = Exec { s, workers, job, mem: AddressSpace::new(&s.host, &s.dram, root, inval), depth: 0 };
-    ex.run_cmdbuf(entry.cmdbuf_va, entry.cmdbuf_size)
+    let mut ex = Exec {
+        s,
+        workers,
+        job,
+        mem: AddressSpace::new(&s.host, &s.dram, root, inval),
+        depth: 0,
+        desc: Box::new([0; compute::MAX_DESC_SIZE]),
+        t: workers.now_ns(),
+        end: None,
+        pending_packets: 0,
+        pending_busy_ns: 0,
+        flushed_ns: 0,
+    };
+    ex.flushed_ns = ex.t;
+    let r = ex.run_cmdbuf(entry.cmdbuf_va, entry.cmdbuf_size);
+    ex.flush_counters();
+    r
 }
 
 /// An injected stall: the ring entry makes no progress (the queue stays
@@ -106,14 +141,28 @@ impl Exec<'_> {
 
     /// Abort if the queue was reset or disabled since the job started.
     fn check_live(&self) -> Result<(), Stop> {
-        if self.s.shutdown.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Stop::Aborted);
-        }
-        let r = self.s.queues[self.job.queue as usize].lock();
-        if r.generation != self.job.generation {
+        use std::sync::atomic::Ordering;
+        if self.s.shutdown.load(Ordering::Relaxed) || self.s.queues[self.job.queue as usize].generation.load(Ordering::Acquire) != self.job.generation {
             return Err(Stop::Aborted);
         }
         Ok(())
+    }
+
+    /// Add the packets run and busy time since the last call to the
+    /// queue's and the device's counters (a reset meanwhile zeroed them).
+    fn flush_counters(&mut self) {
+        if self.pending_packets == 0 {
+            return;
+        }
+        Counters::add(&self.s.counters.packets, self.pending_packets);
+        let mut r = self.s.queues[self.job.queue as usize].lock();
+        if r.generation == self.job.generation {
+            r.packets += self.pending_packets;
+            r.busy_ns = r.busy_ns.saturating_add(self.pending_busy_ns);
+        }
+        self.pending_packets = 0;
+        self.pending_busy_ns = 0;
+        self.flushed_ns = self.t;
     }
 
     fn run_cmdbuf(&mut self, va: u64, size: u32) -> Result<(), Stop> {
@@ -130,16 +179,19 @@ impl Exec<'_> {
                 log::debug!("bad packet at {pkt_va:#x}: {e:?}");
                 self.fault_at(FaultCode::BadPacket, Access::Read, pkt_va)
             })?;
-            // Waiting on a semaphore is not work (Q_BUSY_NS_64).
-            let timed = !matches!(pkt, Packet::SemWait(_));
-            let t0 = std::time::Instant::now();
+            // Waiting on a semaphore is not work (Q_BUSY_NS_64); an
+            // INDIRECT's packets count their own time.
+            let timed = !matches!(pkt, Packet::SemWait(_) | Packet::Indirect(_));
+            let start = self.t;
             self.run_packet(pkt, pkt_va)?;
-            let busy = if timed { t0.elapsed().as_nanos() as u64 } else { 0 };
-            Counters::add(&self.s.counters.packets, 1);
-            let mut r = self.s.queues[self.job.queue as usize].lock();
-            if r.generation == self.job.generation {
-                r.packets += 1;
-                r.busy_ns = r.busy_ns.saturating_add(busy);
+            let end = self.end.take().unwrap_or_else(|| self.workers.now_ns());
+            self.t = end;
+            if timed {
+                self.pending_busy_ns = self.pending_busy_ns.saturating_add(end.saturating_sub(start));
+            }
+            self.pending_packets += 1;
+            if end.saturating_sub(self.flushed_ns) >= COUNTER_FLUSH_NS {
+                self.flush_counters();
             }
             off += len;
         }
@@ -155,13 +207,16 @@ impl Exec<'_> {
                 if p.desc_size as usize > compute::MAX_DESC_SIZE {
                     return Err(self.fault_at(FaultCode::BadDescriptor, Access::Read, p.desc_va));
                 }
-                // Into the core's descriptor buffer: no allocation per op.
-                let mut buf = [0u8; compute::MAX_DESC_SIZE];
-                let desc = &mut buf[..p.desc_size as usize];
-                self.mem.read(p.desc_va, desc).map_err(|f| self.fault(f))?;
-                let _core = self.acquire(&self.s.cores)?;
-                let mem = &mut self.mem;
-                let flops = self.workers.run(|| compute::run(mem, desc, p.desc_va)).map_err(|f| self.fault(f))?;
+                let n = p.desc_size as usize;
+                self.mem.read(p.desc_va, &mut self.desc[..n]).map_err(|f| self.fault(f))?;
+                let s = self.s;
+                let core = self.acquire(&s.cores)?;
+                let start = if core.waited { self.workers.now_ns() } else { self.t };
+                let (desc, mem) = (&self.desc[..n], &mut self.mem);
+                let (result, end) = self.workers.run(start, || compute::run(mem, desc, p.desc_va));
+                core.finish(end.saturating_sub(start));
+                self.end = Some(end);
+                let flops = result.map_err(|f| self.fault(f))?;
                 Counters::add(&self.s.counters.compute_ops, 1);
                 Counters::add(&self.s.counters.compute_flops, flops);
                 Ok(())
@@ -179,6 +234,7 @@ impl Exec<'_> {
                 Ok(())
             }
             Packet::Fence(p) => {
+                self.flush_counters();
                 if p.addr_va != 0 {
                     self.mem.write_u64(p.addr_va, p.value).map_err(|f| self.fault(f))?;
                 }
@@ -229,8 +285,24 @@ impl Exec<'_> {
         }
     }
 
+    /// Run `f` holding one of the DMA engines, which is busy from the
+    /// packet's start (or from when it was free) until `f` returns.
+    fn on_dma_engine(&mut self, f: impl FnOnce(&mut Self) -> Result<(), Stop>) -> Result<(), Stop> {
+        let s = self.s;
+        let engine = self.acquire(&s.dma_engines)?;
+        let start = if engine.waited { self.workers.now_ns() } else { self.t };
+        let r = f(self);
+        let end = self.workers.now_ns();
+        engine.finish(end.saturating_sub(start));
+        self.end = Some(end);
+        r
+    }
+
     fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), Stop> {
-        let _engine = self.acquire(&self.s.dma_engines)?;
+        self.on_dma_engine(|ex| ex.fill_on_engine(dst, size, value))
+    }
+
+    fn fill_on_engine(&mut self, dst: u64, size: u64, value: u32) -> Result<(), Stop> {
         self.injected_dma_failure(dst)?;
         // Translate the whole destination first (a faulting FILL writes
         // nothing), then fill it where it lies, chunk by chunk.
@@ -256,7 +328,10 @@ impl Exec<'_> {
     }
 
     fn dma_copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), Stop> {
-        let _engine = self.acquire(&self.s.dma_engines)?;
+        self.on_dma_engine(|ex| ex.dma_copy_on_engine(src, dst, size))
+    }
+
+    fn dma_copy_on_engine(&mut self, src: u64, dst: u64, size: u64) -> Result<(), Stop> {
         self.injected_dma_failure(dst)?;
         // Translate both ranges first (a faulting DMA_COPY writes nothing),
         // then copy memory to memory in place, chunk by chunk.
@@ -278,7 +353,7 @@ impl Exec<'_> {
                 // A reset or shutdown is noticed between groups of steps.
                 for group in steps.chunks((DMA_CHUNK as usize / DMA_STEP) * 16) {
                     self.check_live()?;
-                    self.workers.run(|| {
+                    self.workers.run(self.t, || {
                         rbln_kernels::parallel_tasks(group.len(), |i| {
                             let (s, d, n) = group[i];
                             // SAFETY: both are resolved device memory of

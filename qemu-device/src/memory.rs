@@ -3,6 +3,7 @@
 //! into a [`BusError`] instead of touching memory the guest did not share.
 
 use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -100,6 +101,9 @@ struct HostRegion {
 #[derive(Default)]
 pub struct HostMemory {
     regions: RwLock<Vec<HostRegion>>,
+    /// Bumped by every change of `regions`: lets a command processor keep
+    /// a region it looked up (see [`HostMemory::region`]) until it changes.
+    generation: AtomicU64,
 }
 
 impl HostMemory {
@@ -113,6 +117,7 @@ impl HostMemory {
         }
         regions.push(HostRegion { addr, map: Arc::new(map) });
         regions.sort_by_key(|r| r.addr);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -123,10 +128,24 @@ impl HostMemory {
         let end = addr.saturating_add(len);
         let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
         regions.retain(|r| !(addr < r.addr + r.map.len() && r.addr < end));
+        self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
     pub fn clear(&self) {
         self.regions.write().unwrap_or_else(|e| e.into_inner()).clear();
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Changes whenever a region is added or removed.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// The region holding [addr, addr+len): its first bus address and its
+    /// mapping (kept alive by the caller as long as it uses it).
+    pub fn region(&self, addr: u64, len: u64) -> Result<(u64, Arc<Mapping>), BusError> {
+        let (map, off) = self.find(addr, len)?;
+        Ok((addr - off, map))
     }
 
     /// The region holding [addr, addr+len), and addr's offset in it.

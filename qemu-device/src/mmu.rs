@@ -1,15 +1,14 @@
 //! Device-MMU translation and VA-level memory access for one context.
 
-use std::cell::{Cell, RefCell};
-use std::marker::PhantomData;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use rbln_hw::mmu::{self, PteError, Target};
 use rbln_hw::ring::{Access, FaultCode};
-use rbln_hw::PAGE_SIZE;
+use rbln_hw::{PAGE_SHIFT, PAGE_SIZE};
 
-use crate::memory::{Dram, HostMemory, Mapping};
+use crate::memory::{BusError, Dram, HostMemory, Mapping};
 
 /// A fault raised by a command: becomes the queue's error record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,10 +45,18 @@ impl Invalidation {
     }
 }
 
-/// One context's view of memory, through its page table. Caches the
-/// level-0 table of the last 2 MiB region it translated (commands walk VAs
-/// sequentially, so this removes two of the three table reads) until the
-/// context is invalidated.
+/// One context's view of memory, through its page table, for one ring
+/// entry (a command processor makes a new one per entry).
+///
+/// It caches what it translated, as a device's IOTLB does, until the
+/// context is invalidated (MMU_INVALIDATE; checked under the shoot-down
+/// lock before every access, see [`Invalidation`]): the level-0 table of
+/// the last 2 MiB region walked and the leaf entries of recent pages
+/// ([`Tlb`]). A model's ops touch the same few pages op after op, so most
+/// translations read no page table at all. Only valid leaf entries are
+/// cached: a page the driver maps later is seen without an invalidation.
+/// It also keeps the guest-RAM region it last reached, until QEMU changes
+/// the regions ([`HostMemory::generation`]).
 pub struct AddressSpace<'a> {
     host: &'a HostMemory,
     dram: &'a Dram,
@@ -57,6 +64,47 @@ pub struct AddressSpace<'a> {
     inval: &'a Invalidation,
     epoch: u64,
     cached_l0: Option<(u64, u64)>,
+    tlb: Box<Tlb>,
+    host_gen: u64,
+    /// (first bus address, mapping) of the guest-RAM region last used.
+    host_region: Option<(u64, Arc<Mapping>)>,
+}
+
+/// Leaf page-table entries of recently translated pages, direct-mapped by
+/// virtual page number.
+struct Tlb {
+    /// (VPN, raw leaf entry); VPN `u64::MAX` is an empty slot (no VA has it).
+    slots: [(u64, u64); TLB_SLOTS],
+}
+
+/// A power of two.
+const TLB_SLOTS: usize = 512;
+
+impl Tlb {
+    fn new() -> Box<Self> {
+        Box::new(Tlb { slots: [(u64::MAX, 0); TLB_SLOTS] })
+    }
+
+    /// The slot of `vpn`: Fibonacci hashing, since buffers start at
+    /// aligned VAs whose low VPN bits are all alike.
+    fn slot(vpn: u64) -> usize {
+        (vpn.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - TLB_SLOTS.trailing_zeros())) as usize
+    }
+
+    fn get(&self, vpn: u64) -> Option<u64> {
+        let (v, e) = self.slots[Self::slot(vpn)];
+        (v == vpn).then_some(e)
+    }
+
+    fn insert(&mut self, vpn: u64, e0: u64) {
+        if mmu::decode_leaf(e0).is_ok() {
+            self.slots[Self::slot(vpn)] = (vpn, e0);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.slots.fill((u64::MAX, 0));
+    }
 }
 
 /// Where a translated page lives.
@@ -106,7 +154,47 @@ fn leaf_phys(e0: u64, va: u64, access: Access) -> Result<Phys, Fault> {
 
 impl<'a> AddressSpace<'a> {
     pub fn new(host: &'a HostMemory, dram: &'a Dram, root: u64, inval: &'a Invalidation) -> Self {
-        Self { host, dram, root, inval, epoch: inval.epoch.load(Ordering::SeqCst), cached_l0: None }
+        Self {
+            host,
+            dram,
+            root,
+            inval,
+            epoch: inval.epoch.load(Ordering::SeqCst),
+            cached_l0: None,
+            tlb: Tlb::new(),
+            host_gen: host.generation(),
+            host_region: None,
+        }
+    }
+
+    /// Drop cached translations if the context was invalidated, and the
+    /// kept guest-RAM region if QEMU changed the regions. Called with the
+    /// shoot-down lock held shared, before translating.
+    fn sync(&mut self) {
+        let epoch = self.inval.epoch.load(Ordering::SeqCst);
+        if epoch != self.epoch {
+            self.epoch = epoch;
+            self.cached_l0 = None;
+            self.tlb.clear();
+        }
+        let generation = self.host.generation();
+        if generation != self.host_gen {
+            self.host_gen = generation;
+            self.host_region = None;
+        }
+    }
+
+    /// The level-0 table covering `va`.
+    fn l0_table(&mut self, va: u64, access: Access) -> Result<u64, Fault> {
+        let region = va >> 21;
+        match self.cached_l0 {
+            Some((r, t)) if r == region => Ok(t),
+            _ => {
+                let l0 = walk_to_l0(self.host, self.root, va, access)?;
+                self.cached_l0 = Some((region, l0));
+                Ok(l0)
+            }
+        }
     }
 
     /// Translate the page holding `va` for `access`.
@@ -114,42 +202,47 @@ impl<'a> AddressSpace<'a> {
         if va >= mmu::VA_LIMIT {
             return Err(Fault::new(FaultCode::Unmapped, access, va));
         }
-        let region = va >> 21;
-        let l0 = match self.cached_l0 {
-            Some((r, t)) if r == region => t,
-            _ => {
-                let l0 = walk_to_l0(self.host, self.root, va, access)?;
-                self.cached_l0 = Some((region, l0));
-                l0
+        let vpn = va >> PAGE_SHIFT;
+        let e0 = match self.tlb.get(vpn) {
+            Some(e0) => e0,
+            None => {
+                let l0 = self.l0_table(va, access)?;
+                let e0 = read_pte(self.host, l0, mmu::va_index(va, 0), va, access)?;
+                self.tlb.insert(vpn, e0);
+                e0
             }
         };
-        let e0 = read_pte(self.host, l0, mmu::va_index(va, 0), va, access)?;
         leaf_phys(e0, va, access)
+    }
+
+    /// A pointer to [a, a+n) of guest RAM, from the kept region if it
+    /// holds the range. A region it replaces goes to `keep` (pointers into
+    /// it may still be in use), or is dropped without one.
+    fn host_ptr(&mut self, a: u64, n: u64, keep: Option<&mut Vec<Arc<Mapping>>>) -> Result<*mut u8, BusError> {
+        if let Some((base, map)) = &self.host_region {
+            if a >= *base && a.checked_add(n).is_some_and(|end| end <= base + map.len()) {
+                return map.ptr(a - base, n);
+            }
+        }
+        let (base, map) = self.host.region(a, n)?;
+        let ptr = map.ptr(a - base, n)?;
+        if let (Some(old), Some(keep)) = (self.host_region.replace((base, map)), keep) {
+            keep.push(old.1);
+        }
+        Ok(ptr)
     }
 
     /// Hold this context's translations still and resolve ranges for
     /// in-place access (see [`Pinned`]).
     pub fn pin(&mut self) -> Pinned<'_, 'a> {
         let guard = self.inval.lock.read().unwrap_or_else(|e| e.into_inner());
-        Pinned {
-            host: self.host,
-            dram: self.dram,
-            root: self.root,
-            _guard: guard,
-            keep: RefCell::new(Vec::new()),
-            cached_l0: Cell::new(None),
-            _space: PhantomData,
-        }
+        self.sync();
+        Pinned { space: RefCell::new(self), _guard: guard, keep: RefCell::new(Vec::new()) }
     }
 
-    /// Visit [va, va+len) page by page: f(phys, offset in range, chunk len).
-    fn for_pages(
-        &mut self,
-        va: u64,
-        len: u64,
-        access: Access,
-        mut f: impl FnMut(Phys, u64, u64) -> Result<(), ()>,
-    ) -> Result<(), Fault> {
+    /// Visit [va, va+len) page by page: f(pointer, offset in range, chunk
+    /// len); the pointer is valid during the call.
+    fn for_pages(&mut self, va: u64, len: u64, access: Access, mut f: impl FnMut(*mut u8, u64, u64)) -> Result<(), Fault> {
         if len == 0 {
             return Ok(()); // an empty range touches nothing, wherever it is
         }
@@ -161,39 +254,33 @@ impl<'a> AddressSpace<'a> {
             let cur = va + done;
             let chunk = (PAGE_SIZE - (cur & (PAGE_SIZE - 1))).min(len - done);
             let _shared = self.inval.lock.read().unwrap_or_else(|e| e.into_inner());
-            let epoch = self.inval.epoch.load(Ordering::SeqCst);
-            if epoch != self.epoch {
-                self.epoch = epoch;
-                self.cached_l0 = None;
+            self.sync();
+            let ptr = match self.translate(cur, access)? {
+                Phys::Host(a) => self.host_ptr(a, chunk, None),
+                Phys::Dram(a) => self.dram.ptr(a, chunk),
             }
-            let phys = self.translate(cur, access)?;
-            f(phys, done, chunk).map_err(|_| Fault::new(FaultCode::BusError, access, cur))?;
+            .map_err(|_| Fault::new(FaultCode::BusError, access, cur))?;
+            f(ptr, done, chunk);
             done += chunk;
         }
         Ok(())
     }
 
     pub fn read(&mut self, va: u64, buf: &mut [u8]) -> Result<(), Fault> {
-        let (host, dram) = (self.host, self.dram);
         self.for_pages(va, buf.len() as u64, Access::Read, |p, off, n| {
             let dst = &mut buf[off as usize..(off + n) as usize];
-            match p {
-                Phys::Host(a) => host.read(a, dst),
-                Phys::Dram(a) => dram.read(a, dst),
-            }
-            .map_err(|_| ())
+            // SAFETY: `p` points at `n` readable bytes of device-reachable
+            // memory, mapped during this call; `dst` is a Rust buffer, so
+            // the ranges do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) };
         })
     }
 
     pub fn write(&mut self, va: u64, buf: &[u8]) -> Result<(), Fault> {
-        let (host, dram) = (self.host, self.dram);
         self.for_pages(va, buf.len() as u64, Access::Write, |p, off, n| {
             let src = &buf[off as usize..(off + n) as usize];
-            match p {
-                Phys::Host(a) => host.write(a, src),
-                Phys::Dram(a) => dram.write(a, src),
-            }
-            .map_err(|_| ())
+            // SAFETY: as in `read`, for `n` writable bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
         })
     }
 
@@ -201,7 +288,7 @@ impl<'a> AddressSpace<'a> {
     /// Commands check their whole destination first so that a faulting
     /// command writes nothing.
     pub fn check(&mut self, va: u64, len: u64, access: Access) -> Result<(), Fault> {
-        self.for_pages(va, len, access, |_, _, _| Ok(()))
+        self.for_pages(va, len, access, |_, _, _| {})
     }
 
     pub fn read_u64(&mut self, va: u64) -> Result<u64, Fault> {
@@ -265,13 +352,11 @@ impl Span {
 /// It borrows the [`AddressSpace`] mutably, so nothing can take the lock
 /// again (recursively) on this thread while it is held.
 pub struct Pinned<'s, 'a> {
-    host: &'a HostMemory,
-    dram: &'a Dram,
-    root: u64,
+    space: RefCell<&'s mut AddressSpace<'a>>,
     _guard: RwLockReadGuard<'a, ()>,
+    /// Guest-RAM regions the address space stopped keeping while this
+    /// command may still use pointers into them.
     keep: RefCell<Vec<Arc<Mapping>>>,
-    cached_l0: Cell<Option<(u64, u64)>>,
-    _space: PhantomData<&'s mut AddressSpace<'a>>,
 }
 
 impl Pinned<'_, '_> {
@@ -285,53 +370,51 @@ impl Pinned<'_, '_> {
         if va.checked_add(len).is_none_or(|end| end > mmu::VA_LIMIT) {
             return Err(Fault::new(FaultCode::Unmapped, access, va));
         }
+        let mut space = self.space.borrow_mut();
+        let space = &mut **space;
         // Physically contiguous runs (VA of start, where, length).
         let mut first: Option<(u64, Phys, u64)> = None;
         let mut rest: Vec<(u64, Phys, u64)> = Vec::new();
-        // Up to 64 entries per read: zeroing a whole table's worth (4 KiB)
-        // per call cost more than a small op's translation.
+        let end = va + len;
+        let mut add_page = |cur: u64, e0: u64| -> Result<u64, Fault> {
+            let phys = leaf_phys(e0, cur, access)?;
+            let chunk = (PAGE_SIZE - (cur & (PAGE_SIZE - 1))).min(end - cur);
+            let last = if rest.is_empty() { first.as_mut() } else { rest.last_mut() };
+            match last {
+                Some((_, p, n)) if follows(*p, *n, phys) => *n += chunk,
+                Some(_) => rest.push((cur, phys, chunk)),
+                None => first = Some((cur, phys, chunk)),
+            }
+            Ok(chunk)
+        };
+        // Up to 64 entries per page-table read: zeroing a whole table's
+        // worth (4 KiB) per call cost more than a small op's translation.
         let mut ptes = [0u8; 64 * 8];
         let mut cur = va;
-        let end = va + len;
         while cur < end {
-            // One level-0 table at a time: its entries for this range are
-            // read 64 at a time.
-            let region = cur >> 21;
-            let l0 = match self.cached_l0.get() {
-                Some((r, t)) if r == region => t,
-                _ => {
-                    let t = walk_to_l0(self.host, self.root, cur, access)?;
-                    self.cached_l0.set(Some((region, t)));
-                    t
-                }
-            };
-            let region_end = ((region + 1) << 21).min(end);
+            if let Some(e0) = space.tlb.get(cur >> PAGE_SHIFT) {
+                cur += add_page(cur, e0)?;
+                continue;
+            }
+            // A miss: this level-0 table's entries for the range, up to 64.
+            let l0 = space.l0_table(cur, access)?;
+            let region_end = (((cur >> 21) + 1) << 21).min(end);
             let (i0, i1) = (mmu::va_index(cur, 0), mmu::va_index(region_end - 1, 0));
             let raw = &mut ptes[..(i1 - i0 + 1).min(64) * 8];
-            self.host.read(l0 + i0 as u64 * 8, raw).map_err(|_| Fault::new(FaultCode::BusError, access, cur))?;
+            space.host.read(l0 + i0 as u64 * 8, raw).map_err(|_| Fault::new(FaultCode::BusError, access, cur))?;
             for e in raw.chunks_exact(8) {
                 let e0 = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
-                let phys = leaf_phys(e0, cur, access)?;
-                let chunk = (PAGE_SIZE - (cur & (PAGE_SIZE - 1))).min(end - cur);
-                let last = if rest.is_empty() { first.as_mut() } else { rest.last_mut() };
-                match last {
-                    Some((_, p, n)) if follows(*p, *n, phys) => *n += chunk,
-                    Some(_) => rest.push((cur, phys, chunk)),
-                    None => first = Some((cur, phys, chunk)),
-                }
-                cur += chunk;
+                space.tlb.insert(cur >> PAGE_SHIFT, e0);
+                cur += add_page(cur, e0)?;
             }
         }
-        let piece = |(at, phys, n): (u64, Phys, u64)| -> Result<Piece, Fault> {
+        let mut piece = |(at, phys, n): (u64, Phys, u64)| -> Result<Piece, Fault> {
             let bus = Fault::new(FaultCode::BusError, access, at);
             let ptr = match phys {
-                Phys::Dram(a) => self.dram.ptr(a, n).map_err(|_| bus)?,
-                Phys::Host(a) => {
-                    let (map, ptr) = self.host.pin(a, n).map_err(|_| bus)?;
-                    self.keep.borrow_mut().push(map);
-                    ptr
-                }
-            };
+                Phys::Dram(a) => space.dram.ptr(a, n),
+                Phys::Host(a) => space.host_ptr(a, n, Some(&mut self.keep.borrow_mut())),
+            }
+            .map_err(|_| bus)?;
             Ok(Piece { ptr, len: n as usize })
         };
         let first = piece(first.ok_or(Fault::new(FaultCode::Unmapped, access, va))?)?;

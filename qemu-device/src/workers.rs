@@ -17,6 +17,14 @@
 //!   run for a while ([`DEFAULT_SPIN`], `rbln-npu --spin-us`). A model's chain of small ops thus runs on all
 //!   threads.
 //!
+//! Waking a sleeping helper is itself a syscall of several microseconds on
+//! a virtualised host (measured: the first tiny op after the core went
+//! idle took 17 µs when it woke the helpers, 8 µs when it did not; the
+//! ones after it 1.2 µs). So the helpers are set spinning only after an op
+//! that ran long enough to be worth sharing ([`WAKE_AFTER`]): a program of
+//! tiny ops never pays for a wake, and an op that does split its work
+//! wakes a helper through rayon anyway.
+//!
 //! Several queues computing at once each bring their own pool; the host
 //! scheduler shares the CPUs between them.
 
@@ -28,6 +36,10 @@ use rbln_kernels::rayon;
 
 /// How long helpers keep spinning after the last op ended, by default.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(1000);
+
+/// An op that runs at least this long sets sleeping helpers spinning for
+/// the ops after it (ns).
+const WAKE_AFTER_NS: u64 = 10_000;
 
 /// State shared between the command processor and its spinning helpers.
 struct Hot {
@@ -85,18 +97,32 @@ impl Workers {
         Workers { pool, hot: Arc::new(hot) }
     }
 
-    /// Runs one op's kernel `f` on this (the calling) thread, with the
-    /// helpers awake.
-    pub fn run<T>(&self, f: impl FnOnce() -> T) -> T {
-        let Some(pool) = &self.pool else { return f() };
+    /// Runs one op's kernel `f` on this (the calling) thread; `start_ns`
+    /// is when the op started ([`Workers::now_ns`]). Returns `f`'s result
+    /// and when it ended.
+    pub fn run<T>(&self, start_ns: u64, f: impl FnOnce() -> T) -> (T, u64) {
+        let Some(pool) = &self.pool else {
+            let r = f();
+            return (r, self.hot.now_ns());
+        };
         self.hot.busy.store(true, Ordering::Release);
-        if self.hot.spin_ns > 0 && pool.current_num_threads() > 1 && self.hot.spinners.load(Ordering::Acquire) == 0 {
+        let r = f();
+        let end = self.hot.now_ns();
+        self.hot.last_end_ns.store(end, Ordering::Release);
+        self.hot.busy.store(false, Ordering::Release);
+        if self.hot.spin_ns > 0
+            && end.saturating_sub(start_ns) >= WAKE_AFTER_NS
+            && pool.current_num_threads() > 1
+            && self.hot.spinners.load(Ordering::Acquire) == 0
+        {
             self.wake(pool);
         }
-        let r = f();
-        self.hot.last_end_ns.store(self.hot.now_ns(), Ordering::Release);
-        self.hot.busy.store(false, Ordering::Release);
-        r
+        (r, end)
+    }
+
+    /// Nanoseconds on this pool's clock (the one [`Workers::run`] takes).
+    pub fn now_ns(&self) -> u64 {
+        self.hot.now_ns()
     }
 
     /// Starts a spinner on every helper (index > 0). A broadcast job is

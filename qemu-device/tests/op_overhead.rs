@@ -47,3 +47,50 @@ fn a_long_command_buffer_of_tiny_ops() {
     assert_eq!(rig.read_f32s(bus[1], 16), vec![n as f32; 16]);
     println!("{n} ops of Add[1x16] in {dt:?}: {:.2} us per op", dt.as_secs_f64() * 1e6 / n as f64);
 }
+
+/// The first op of a command buffer that arrives after the core went idle
+/// (its helper threads asleep, as between a guest's inferences) against the
+/// ops after it, from TIMESTAMP packets around each op. Printed, not
+/// asserted; the ops must run and the timestamps must not go backwards.
+#[test]
+fn the_first_op_after_idle() {
+    let mut rig = Rig::new();
+    let ctx = rig.context(0);
+    let mut q = rig.queue(0, &ctx, 64);
+    let va = |i: u64| 0x100_0000 + i * 0x10_0000;
+    let bus: Vec<u64> = (0..3).map(|i| rig.host_buffer(&ctx, va(i), 4096)).collect();
+    rig.write_f32s(bus[0], &[1.0; 16]);
+    rig.write_f32s(bus[1], &[0.0; 16]);
+    let desc = BinaryDesc { kind: Binary::Add as u32, rank: 2, a_dims: [1, 16, 0, 0, 0, 0], b_dims: [1, 16, 0, 0, 0, 0], a_va: va(0), b_va: va(1), out_va: va(1), ..Default::default() }
+        .with_header()
+        .to_bytes();
+    let dva = 0x80_0000;
+    let dbus = rig.host_buffer(&ctx, dva, 4096);
+    rig.write(dbus, &desc);
+    const OPS: u64 = 4;
+    let mut e = Encoder::new(Vec::new());
+    for i in 0..OPS {
+        e.timestamp(va(2) + 8 * i);
+        e.compute(dva, desc.len() as u32);
+    }
+    e.timestamp(va(2) + 8 * OPS);
+    let cva = 0x200_0000;
+    let cbus = rig.host_buffer(&ctx, cva, e.buf.len() as u64);
+    rig.write(cbus, &e.buf);
+    let rounds: u64 = 20;
+    let (mut first, mut rest) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        std::thread::sleep(Duration::from_millis(3)); // past the helpers' spin
+        rig.submit(&mut q, cva, e.buf.len() as u32);
+        rig.wait_idle(&q, Duration::from_secs(10));
+        assert_eq!(rig.state(&q), QueueState::Idle);
+        let ts: Vec<u64> = (0..=OPS).map(|i| rig.read_u64(bus[2] + 8 * i)).collect();
+        assert!(ts.windows(2).all(|w| w[0] <= w[1]), "{ts:?}");
+        first.push(ts[1] - ts[0]);
+        rest.extend(ts[1..].windows(2).map(|w| w[1] - w[0]));
+    }
+    assert_eq!(rig.read_f32s(bus[1], 16), vec![(rounds * OPS) as f32; 16]);
+    first.sort_unstable();
+    rest.sort_unstable();
+    println!("first op after 3 ms idle: median {} ns; the ops after it: median {} ns", first[first.len() / 2], rest[rest.len() / 2]);
+}

@@ -3,7 +3,7 @@
 use crate::activation::{epilogue, Activation, Bias, EPI_BLOCK};
 use crate::error::{KernelError, Result};
 use crate::util::{check_len, check_rank, elementwise_chunk, volume};
-use crate::MAX_RANK;
+use crate::{Shape, MAX_RANK};
 use rayon::prelude::*;
 
 /// Element-wise binary operation.
@@ -35,11 +35,11 @@ pub enum BinaryOp {
 
 /// The numpy broadcast of two shapes (right-aligned; each dimension pair
 /// must be equal or contain a 1). Ranks up to [`MAX_RANK`].
-pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Shape> {
     check_rank("binary lhs shape", a)?;
     check_rank("binary rhs shape", b)?;
     let rank = a.len().max(b.len());
-    let mut out = vec![0; rank];
+    let mut out = Shape::from_elem(0, rank);
     for i in 0..rank {
         let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
         let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
@@ -118,7 +118,7 @@ pub(crate) struct Dim<const N: usize> {
 /// Coalesced broadcast geometry of `N` operands against one output:
 /// `dims[0]` is innermost. The innermost strides are 0 or 1.
 pub(crate) struct Geom<const N: usize> {
-    pub(crate) dims: Vec<Dim<N>>,
+    pub(crate) dims: smallvec::SmallVec<[Dim<N>; MAX_RANK]>,
 }
 
 impl<const N: usize> Geom<N> {
@@ -129,7 +129,7 @@ impl<const N: usize> Geom<N> {
         // Strides of each operand aligned to the output's dims (0 where
         // broadcast), coalesced from the innermost dimension outwards.
         let rank = out_shape.len();
-        let mut dims: Vec<Dim<N>> = Vec::with_capacity(MAX_RANK);
+        let mut dims: smallvec::SmallVec<[Dim<N>; MAX_RANK]> = smallvec::SmallVec::new();
         let mut stride = [1usize; N];
         for i in (0..rank).rev() {
             let size = out_shape[i];

@@ -100,6 +100,9 @@ pub use rayon;
 /// Maximum tensor rank accepted by the shape-generic kernels.
 pub const MAX_RANK: usize = 6;
 
+/// A tensor shape of rank at most [`MAX_RANK`], held inline.
+pub type Shape = smallvec::SmallVec<[usize; MAX_RANK]>;
+
 /// Builds a rayon pool with `threads` worker threads (0 = one per core), in
 /// which to `install` kernel calls.
 pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool> {

@@ -8,7 +8,7 @@ use crate::util::{check_len, check_rank, volume};
 /// The numpy broadcast of the three shapes of a [`where_select`]
 /// (right-aligned; in each dimension the sizes other than 1 must agree).
 /// Ranks up to [`crate::MAX_RANK`].
-pub fn broadcast_shape3(cond: &[usize], a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+pub fn broadcast_shape3(cond: &[usize], a: &[usize], b: &[usize]) -> Result<crate::Shape> {
     check_rank("where cond shape", cond)?;
     check_rank("where a shape", a)?;
     check_rank("where b shape", b)?;

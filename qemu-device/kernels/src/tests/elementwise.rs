@@ -104,9 +104,9 @@ fn binary_broadcast_random() {
 
 #[test]
 fn binary_shapes_and_large() {
-    assert_eq!(broadcast_shape(&[2, 1, 3], &[4, 1]).unwrap(), vec![2, 4, 3]);
-    assert_eq!(broadcast_shape(&[], &[5]).unwrap(), vec![5]);
-    assert_eq!(broadcast_shape(&[0, 1], &[1, 3]).unwrap(), vec![0, 3]);
+    assert_eq!(broadcast_shape(&[2, 1, 3], &[4, 1]).unwrap().as_slice(), [2, 4, 3]);
+    assert_eq!(broadcast_shape(&[], &[5]).unwrap().as_slice(), [5]);
+    assert_eq!(broadcast_shape(&[0, 1], &[1, 3]).unwrap().as_slice(), [0, 3]);
     assert!(matches!(broadcast_shape(&[2, 3], &[3, 2]), Err(KernelError::Broadcast { .. })));
     // Zero-volume output.
     binary(BinaryOp::Add, &[], &[0, 1], &[1.0, 2.0, 3.0], &[1, 3], &mut []).unwrap();
