@@ -952,12 +952,15 @@ fn strided_copy(op: &mut Op<'_, '_, '_>, d: &ops::StridedCopyDesc) -> R<u64> {
     let rank = d.rank as usize;
     let src_ext = extent(op, &d.src_strides[..rank])?;
     let dst_ext = extent(op, &d.dst_strides[..rank])?;
-    let src_strides: Vec<isize> = d.src_strides[..rank].iter().map(|&s| s as isize).collect();
-    let dst_strides: Vec<isize> = d.dst_strides[..rank].iter().map(|&s| s as isize).collect();
+    let (mut src_strides, mut dst_strides) = ([0isize; 6], [0isize; 6]);
+    for i in 0..rank {
+        (src_strides[i], dst_strides[i]) = (d.src_strides[i] as isize, d.dst_strides[i] as isize);
+    }
+    let (src_strides, dst_strides) = (&src_strides[..rank], &dst_strides[..rank]);
     let src = op.input(d.src_va, src_ext)?;
     // The destination box may have gaps that must keep their contents.
     let mut dst = op.output(d.dst_va, dst_ext, true)?;
-    let p = k::StridedCopy { sizes: &sizes, src_offset: 0, src_strides: &src_strides, dst_offset: 0, dst_strides: &dst_strides };
+    let p = k::StridedCopy { sizes: &sizes, src_offset: 0, src_strides, dst_offset: 0, dst_strides };
     let r = k::strided_copy(&p, &src, dst.buf());
     op.kernel(r)?;
     dst.commit();

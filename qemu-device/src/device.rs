@@ -822,6 +822,7 @@ fn command_processor(s: &Shared, qi: usize) {
             }
         };
         let workers = workers.get_or_insert_with(|| crate::workers::Workers::join(s.cfg.spin));
+        workers.job_start();
         let result = exec::run_ring_entry(s, &job, workers);
         let mut r = q.lock();
         r.busy = false;

@@ -20,10 +20,13 @@
 //! Waking a sleeping helper is itself a syscall of several microseconds on
 //! a virtualised host (measured: the first tiny op after the core went
 //! idle took 17 µs when it woke the helpers, 8 µs when it did not; the
-//! ones after it 1.2 µs). So the helpers are set spinning only after an op
-//! that ran long enough to be worth sharing ([`WAKE_AFTER`]): a program of
-//! tiny ops never pays for a wake, and an op that does split its work
-//! wakes a helper through rayon anyway.
+//! ones after it 1.2 µs). So the helpers are set spinning only for work
+//! worth sharing: after an op that ran at least [`WAKE_AFTER_NS`], and
+//! when a ring entry arrives if the previous one had such an op
+//! ([`Workers::job_start`], before its first packet, so the helpers wake
+//! while the entry starts). A program of tiny ops never pays for a wake.
+//! (An op that splits its work wakes a sleeping helper through rayon
+//! anyway, but a helper woken that late joins after ~100 µs.)
 //!
 //! Several queues computing at once each bring their own pool; the host
 //! scheduler shares the CPUs between them.
@@ -50,6 +53,9 @@ struct Hot {
     last_end_ns: AtomicU64,
     /// Helpers currently spinning.
     spinners: AtomicUsize,
+    /// The current (or, at a ring entry's start, the previous) ring entry
+    /// had an op of at least `WAKE_AFTER_NS`.
+    wanted: AtomicBool,
     /// Spin this long after the last op (ns).
     spin_ns: u64,
 }
@@ -92,6 +98,7 @@ impl Workers {
             busy: AtomicBool::new(false),
             last_end_ns: AtomicU64::new(0),
             spinners: AtomicUsize::new(0),
+            wanted: AtomicBool::new(false),
             spin_ns: u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX),
         };
         Workers { pool, hot: Arc::new(hot) }
@@ -110,14 +117,29 @@ impl Workers {
         let end = self.hot.now_ns();
         self.hot.last_end_ns.store(end, Ordering::Release);
         self.hot.busy.store(false, Ordering::Release);
-        if self.hot.spin_ns > 0
-            && end.saturating_sub(start_ns) >= WAKE_AFTER_NS
-            && pool.current_num_threads() > 1
-            && self.hot.spinners.load(Ordering::Acquire) == 0
-        {
-            self.wake(pool);
+        if end.saturating_sub(start_ns) >= WAKE_AFTER_NS {
+            self.hot.wanted.store(true, Ordering::Relaxed);
+            self.wake_if_asleep(pool);
         }
         (r, end)
+    }
+
+    /// Called when a ring entry starts: sets the helpers spinning if the
+    /// previous entry had work worth sharing.
+    pub fn job_start(&self) {
+        if let Some(pool) = &self.pool {
+            if self.hot.wanted.swap(false, Ordering::Relaxed) {
+                // Counts as activity: the helpers spin from now on.
+                self.hot.last_end_ns.store(self.hot.now_ns(), Ordering::Release);
+                self.wake_if_asleep(pool);
+            }
+        }
+    }
+
+    fn wake_if_asleep(&self, pool: &rayon::ThreadPool) {
+        if self.hot.spin_ns > 0 && pool.current_num_threads() > 1 && self.hot.spinners.load(Ordering::Acquire) == 0 {
+            self.wake(pool);
+        }
     }
 
     /// Nanoseconds on this pool's clock (the one [`Workers::run`] takes).

@@ -30,6 +30,9 @@ struct Dim {
     ds: isize,
 }
 
+/// A copy's dimensions, inline (rank ≤ 6): no allocation per copy.
+type Dims = smallvec::SmallVec<[Dim; crate::MAX_RANK]>;
+
 /// Smallest and largest element offset reachable from `offset`.
 fn reach(what: &'static str, offset: usize, sizes: &[usize], strides: &[isize], len: usize) -> Result<()> {
     let of = || KernelError::Overflow { what };
@@ -77,7 +80,7 @@ pub fn strided_copy(p: &StridedCopy<'_>, src: &[f32], dst: &mut [f32]) -> Result
     }
     reach("strided_copy source", p.src_offset, p.sizes, p.src_strides, src.len())?;
     reach("strided_copy destination", p.dst_offset, p.sizes, p.dst_strides, dst.len())?;
-    let dims: Vec<Dim> = (0..p.sizes.len())
+    let dims: Dims = (0..p.sizes.len())
         .map(|d| Dim {
             size: p.sizes[d],
             ss: p.src_strides[d],
@@ -114,7 +117,7 @@ pub fn permute(shape: &[usize], perm: &[usize], x: &[f32], y: &mut [f32]) -> Res
         in_strides[d] = s as isize;
         s *= shape[d];
     }
-    let mut dims = vec![Dim { size: 1, ss: 0, ds: 0 }; rank];
+    let mut dims: Dims = smallvec::smallvec![Dim { size: 1, ss: 0, ds: 0 }; rank];
     let mut ds = 1usize;
     for i in (0..rank).rev() {
         dims[i] = Dim {
@@ -137,14 +140,14 @@ const TILE: usize = 32;
 ///
 /// # Safety
 /// All offsets reachable from the bases through `dims` must be in bounds.
-unsafe fn run(mut dims: Vec<Dim>, src: &[f32], src_off: usize, dst: &mut [f32], dst_off: usize) {
+unsafe fn run(mut dims: Dims, src: &[f32], src_off: usize, dst: &mut [f32], dst_off: usize) {
     dims.retain(|d| d.size != 1);
     let injective = is_injective(&dims);
     if injective {
         // Order no longer matters: put the smallest destination stride innermost.
         dims.sort_by_key(|d| std::cmp::Reverse(d.ds.unsigned_abs()));
     }
-    let mut merged: Vec<Dim> = Vec::with_capacity(dims.len());
+    let mut merged = Dims::new();
     for d in dims.into_iter().rev() {
         // Walking inner → outer; `last` is the current innermost group.
         match merged.last_mut() {
