@@ -213,10 +213,13 @@ impl Exec<'_> {
                 let core = self.acquire(&s.cores)?;
                 let start = if core.waited { self.workers.now_ns() } else { self.t };
                 let (desc, mem) = (&self.desc[..n], &mut self.mem);
-                let (result, end) = self.workers.run(start, || compute::run(mem, desc, p.desc_va));
+                let (result, end) = self.workers.run(|| compute::run(mem, desc, p.desc_va));
                 core.finish(end.saturating_sub(start));
                 self.end = Some(end);
                 let flops = result.map_err(|f| self.fault(f))?;
+                if flops >= crate::workers::WAKE_WORK {
+                    self.workers.shareable();
+                }
                 Counters::add(&self.s.counters.compute_ops, 1);
                 Counters::add(&self.s.counters.compute_flops, flops);
                 Ok(())
@@ -350,10 +353,11 @@ impl Exec<'_> {
                     let (Some(s), Some(d)) = (a.next(n), b.next(n)) else { break };
                     steps.push((s.ptr as usize, d.ptr as usize, n));
                 }
+                self.workers.shareable();
                 // A reset or shutdown is noticed between groups of steps.
                 for group in steps.chunks((DMA_CHUNK as usize / DMA_STEP) * 16) {
                     self.check_live()?;
-                    self.workers.run(self.t, || {
+                    self.workers.run(|| {
                         rbln_kernels::parallel_tasks(group.len(), |i| {
                             let (s, d, n) = group[i];
                             // SAFETY: both are resolved device memory of

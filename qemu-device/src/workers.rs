@@ -21,10 +21,13 @@
 //! a virtualised host (measured: the first tiny op after the core went
 //! idle took 17 µs when it woke the helpers, 8 µs when it did not; the
 //! ones after it 1.2 µs). So the helpers are set spinning only for work
-//! worth sharing: after an op that ran at least [`WAKE_AFTER_NS`], and
-//! when a ring entry arrives if the previous one had such an op
-//! ([`Workers::job_start`], before its first packet, so the helpers wake
-//! while the entry starts). A program of tiny ops never pays for a wake.
+//! worth sharing: after an op of at least [`WAKE_WORK`] nominal FLOPs (or
+//! a large DMA; [`Workers::shareable`]), and when a ring entry arrives if
+//! the previous one had such work ([`Workers::job_start`], before its
+//! first packet, so the helpers wake while the entry starts). A program of
+//! tiny ops never pays for a wake. (Work, not elapsed time: a tiny op
+//! that was preempted must not set helpers spinning against the guest's
+//! vCPU threads on a small host.)
 //! (An op that splits its work wakes a sleeping helper through rayon
 //! anyway, but a helper woken that late joins after ~100 µs.)
 //!
@@ -40,9 +43,9 @@ use rbln_kernels::rayon;
 /// How long helpers keep spinning after the last op ended, by default.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(1000);
 
-/// An op that runs at least this long sets sleeping helpers spinning for
-/// the ops after it (ns).
-const WAKE_AFTER_NS: u64 = 10_000;
+/// An op of at least this many nominal FLOPs (a few microseconds of
+/// work or more) sets sleeping helpers spinning for the ops after it.
+pub const WAKE_WORK: u64 = 1 << 18;
 
 /// State shared between the command processor and its spinning helpers.
 struct Hot {
@@ -54,7 +57,7 @@ struct Hot {
     /// Helpers currently spinning.
     spinners: AtomicUsize,
     /// The current (or, at a ring entry's start, the previous) ring entry
-    /// had an op of at least `WAKE_AFTER_NS`.
+    /// had work worth sharing.
     wanted: AtomicBool,
     /// Spin this long after the last op (ns).
     spin_ns: u64,
@@ -104,24 +107,24 @@ impl Workers {
         Workers { pool, hot: Arc::new(hot) }
     }
 
-    /// Runs one op's kernel `f` on this (the calling) thread; `start_ns`
-    /// is when the op started ([`Workers::now_ns`]). Returns `f`'s result
-    /// and when it ended.
-    pub fn run<T>(&self, start_ns: u64, f: impl FnOnce() -> T) -> (T, u64) {
-        let Some(pool) = &self.pool else {
-            let r = f();
-            return (r, self.hot.now_ns());
-        };
+    /// Runs one op's kernel `f` on this (the calling) thread. Returns `f`'s
+    /// result and when it ended ([`Workers::now_ns`]).
+    pub fn run<T>(&self, f: impl FnOnce() -> T) -> (T, u64) {
         self.hot.busy.store(true, Ordering::Release);
         let r = f();
         let end = self.hot.now_ns();
         self.hot.last_end_ns.store(end, Ordering::Release);
         self.hot.busy.store(false, Ordering::Release);
-        if end.saturating_sub(start_ns) >= WAKE_AFTER_NS {
+        (r, end)
+    }
+
+    /// Work worth sharing ran (or is about to): helpers spin from now on,
+    /// and are woken when the next ring entry arrives.
+    pub fn shareable(&self) {
+        if let Some(pool) = &self.pool {
             self.hot.wanted.store(true, Ordering::Relaxed);
             self.wake_if_asleep(pool);
         }
-        (r, end)
     }
 
     /// Called when a ring entry starts: sets the helpers spinning if the
