@@ -447,6 +447,11 @@ fn main() {
         ("conv 1x1 16->96 @112 noact (effnet)", conv_params(16, 96, 112, 1, 1, 1, None), false),
         ("conv 1x1 320->1280 @7 (effnet head)", conv_params(320, 1280, 7, 1, 1, 1, Silu), false),
         ("conv 3x3 s2 3->32 @224 (effnet stem)", conv_params(3, 32, 224, 3, 2, 1, Silu), false),
+        ("conv 3x3 s2 3->16 @224 (mbv3 stem)", conv_params(3, 16, 224, 3, 2, 1, Relu), false),
+        // Squeeze-excite FCs: 1x1 convs on a 1x1 map (matrix-vector).
+        ("conv 1x1 576->144 @1 (mbv3 SE)", conv_params(576, 144, 1, 1, 1, 1, Relu), false),
+        ("conv 1x1 144->576 @1 (mbv3 SE)", conv_params(144, 576, 1, 1, 1, 1, None), false),
+        ("conv 1x1 1152->48 @1 (effnet SE)", conv_params(1152, 48, 1, 1, 1, 1, Silu), false),
         // Small feature maps (the test suite's CNNs): fixed costs dominate.
         ("conv 3x3 s1 16->16 @16 (small)", conv_params(16, 16, 16, 3, 1, 1, Relu), false),
         ("conv 3x3 s1 32->32 @8 (small)", conv_params(32, 32, 8, 3, 1, 1, Relu), false),

@@ -23,6 +23,7 @@ use super::phases::PhaseGeometry;
 use super::{gather_strided, Axis, Conv2dParams, Geometry, Padding2d};
 use crate::activation::{epilogue, Activation, Bias};
 use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, MR, NR};
+use crate::gemm::raw_gemm;
 use crate::util::{for_each_task, plan_threads, sequential, with_op_scratch, with_scratch, SendPtr};
 use rayon::prelude::*;
 
@@ -153,11 +154,55 @@ const MIN_MB: usize = 48;
 /// 1×1 stride-1 unpadded: out = W · X per image and group, X packed by tile.
 fn pointwise_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
     let in_plane = g.in_plane;
+    if g.out_plane < FEW_POSITIONS {
+        return few_positions(p, g, input, weight, epi, output);
+    }
     packed_gemm(p, g, input, weight, epi, output, MAX_TILE_DIRECT, |panels, group_input, k0, kc, t0, nt| {
         // SAFETY: rows k0..k0+kc (input channels of this group), columns
         // t0..t0+nt < in_plane = npos, inside `group_input`.
         unsafe { pack_b(panels, group_input[k0 * in_plane + t0..].as_ptr(), in_plane as isize, 1, kc, nt) };
     });
+}
+
+/// Below this many output positions a pointwise conv is a matrix-vector
+/// product (squeeze-excite FCs on a 1×1 map), which the microkernel's
+/// `NR`-wide tiles would mostly spend on padding columns.
+const FEW_POSITIONS: usize = NR / 2;
+
+/// A pointwise conv with few output positions: per image and group, one
+/// `[og × kdim]·[kdim × npos]` product by the `gemm` crate's
+/// matrix-vector kernels, then the epilogue row by row.
+fn few_positions(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
+    let (npos, kdim) = (g.out_plane, g.kdim);
+    let images = p.batch * p.groups;
+    let parallel = !sequential(conv_flops(images, g.og, npos, kdim));
+    for image in 0..images {
+        let (b, grp) = (image / p.groups, image % p.groups);
+        let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
+        let out_base = (b * p.out_channels + grp * g.og) * npos;
+        let w_group = &weight[grp * g.og * kdim..][..g.og * kdim];
+        let x = &input[in_base..][..g.cg * g.in_plane];
+        let out = &mut output[out_base..][..g.og * npos];
+        // SAFETY: W is [og × kdim] row-major in `w_group`, X is [kdim ×
+        // npos] with row stride in_plane (= npos: 1×1, stride 1, no
+        // padding) in `x`, C is [og × npos] row-major in `out`; the Rust
+        // borrows keep them apart.
+        unsafe {
+            raw_gemm(g.og, npos, kdim, out.as_mut_ptr(), npos, false, w_group.as_ptr(), kdim as isize, 1, x.as_ptr(), g.in_plane as isize, 1, parallel);
+        }
+        if !epi.any() {
+            continue;
+        }
+        if npos == 1 {
+            // One output per channel: the bias is a row, one pass for all.
+            let bias = epi.bias.map_or(Bias::None, |b| Bias::Row(&b[grp * g.og..][..g.og]));
+            epilogue(out, bias, epi.residual.map(|r| &r[out_base..][..g.og]), p.activation);
+        } else {
+            for (co, row) in out.chunks_exact_mut(npos).enumerate() {
+                epi.apply(row, grp * g.og + co, out_base + co * npos);
+            }
+        }
+    }
 }
 
 /// The im2col fallback; see the module docs.

@@ -92,6 +92,30 @@ pub(crate) fn check_conv_residual(rng: &mut Rng, p: &Conv2dParams, with_bias: bo
     assert_close(&format!("conv2d_residual {p:?} bias={with_bias} res={with_res}"), &y, &want, Some(&scale), 1e-5);
 }
 
+/// Pointwise convs over a few positions (squeeze-excite FCs on a 1×1
+/// map) take the matrix-vector path: every epilogue part, groups, batches.
+#[test]
+fn conv2d_pointwise_few_positions() {
+    let mut rng = Rng::new(103);
+    for (it, (h, w)) in [(1, 1), (1, 2), (2, 3), (1, 7), (3, 2)].into_iter().enumerate() {
+        for groups in [1, 2] {
+            let p = Conv2dParams {
+                batch: 1 + it % 2,
+                in_channels: groups * 37,
+                in_h: h,
+                in_w: w,
+                out_channels: groups * 29,
+                groups,
+                activation: ACTS[it % ACTS.len()],
+                ..Default::default()
+            };
+            for (with_bias, with_res) in [(true, false), (false, true), (true, true), (false, false)] {
+                check_conv_residual(&mut rng, &p, with_bias, with_res);
+            }
+        }
+    }
+}
+
 #[test]
 fn conv2d_residual_random() {
     let mut rng = Rng::new(102);
