@@ -38,6 +38,8 @@ fn a_long_command_buffer_of_tiny_ops() {
     let cbus = rig.host_buffer(&ctx, cva, e.buf.len() as u64);
     rig.write(cbus, &e.buf);
     let ops0 = rig.reg64(regs::CNT_COMPUTE_OPS_64);
+    let busy0: u64 = (0..2).map(|c| rig.reg64(regs::CNT_CORE_BUSY_NS_64 + 8 * c)).sum();
+    let qbusy0 = rig.reg64(regs::queue_reg(q.index, regs::Q_BUSY_NS_64));
     let t0 = Instant::now();
     rig.submit(&mut q, cva, e.buf.len() as u32);
     rig.wait_idle(&q, Duration::from_secs(60));
@@ -45,6 +47,12 @@ fn a_long_command_buffer_of_tiny_ops() {
     assert_eq!(rig.state(&q), QueueState::Idle);
     assert_eq!(rig.reg64(regs::CNT_COMPUTE_OPS_64) - ops0, n);
     assert_eq!(rig.read_f32s(bus[1], 16), vec![n as f32; 16]);
+    // The cores' and the queue's busy time grew by about the time taken.
+    let busy: u64 = (0..2).map(|c| rig.reg64(regs::CNT_CORE_BUSY_NS_64 + 8 * c)).sum::<u64>() - busy0;
+    let qbusy = rig.reg64(regs::queue_reg(q.index, regs::Q_BUSY_NS_64)) - qbusy0;
+    println!("core busy {busy} ns, queue busy {qbusy} ns, wall {} ns", dt.as_nanos());
+    assert!(busy > 0 && busy as u128 <= dt.as_nanos(), "core busy {busy} ns in {dt:?}");
+    assert!(qbusy >= busy && qbusy as u128 <= dt.as_nanos(), "queue busy {qbusy} ns, cores {busy} ns, in {dt:?}");
     println!("{n} ops of Add[1x16] in {dt:?}: {:.2} us per op", dt.as_secs_f64() * 1e6 / n as f64);
 }
 

@@ -37,14 +37,22 @@ assert len(r['processes']) == 1, r['processes']
 # Utilisation: while a model runs in a loop, the cores are busy.
 rbln-run target/models/cnn.rbln --input target/models/cnn.input.npy --iterations 1000000 >/tmp/run.out 2>&1 &
 run=$!
-sleep 2
+# Wait until it has run on the device: loading alone can take seconds in
+# a slow TCG guest (a sample taken before the first submit sees idle
+# cores).
+n=0
+until rbln-smi --json 2>/dev/null | python3 -c "
+import json, sys
+r = json.load(sys.stdin)
+sys.exit(0 if any(p['name'] == 'rbln-run' and p['submits'] > 0 and p['engine_ns'] > 0 for p in r['processes']) else 1)
+" || [ $n -ge 120 ] || ! kill -0 $run 2>/dev/null; do sleep 0.5; n=$((n + 1)); done
 check "a model is running" kill -0 $run
 check "utilisation: the cores are busy while a model runs" python3 -c "
 import json, subprocess
 r = json.loads(subprocess.run(['rbln-smi', '--json'], capture_output=True, text=True, check=True).stdout)
 d = r['devices'][0]
 print('# core utilisation', d['core_utilization'], 'DMA', d['dma_utilization'])
-assert d['core_utilization'] > 0.01, d
+assert d['core_utilization'] > 0.01, (d, open('/tmp/run.out').read()[-2000:])
 assert any(p['name'] == 'rbln-run' and p['submits'] + p['queues'] > 0 and p['engine_ns'] > 0 for p in r['processes']), r['processes']
 "
 # The Prometheus exporter, scraped while the model still runs.
