@@ -12,10 +12,11 @@
 //!   (`rbln_kernels`' task loop), so a helper that wakes late only takes
 //!   what is left and an op too small to be worth the helpers runs as if
 //!   sequential;
-//! - while a command buffer's ops follow each other, the helpers spin,
-//!   running any work they can steal, and go back to sleep once no op has
-//!   run for a while ([`DEFAULT_SPIN`], `rbln-npu --spin-us`). A model's chain of small ops thus runs on all
-//!   threads.
+//! - while a command buffer's ops follow each other, the helpers spin in
+//!   the gaps between ops (during an op they take its tasks from rayon's
+//!   own loop), and go back to sleep once no op has run for a while
+//!   ([`DEFAULT_SPIN`], `rbln-npu --spin-us`). A model's chain of small
+//!   ops thus runs on all threads.
 //!
 //! Waking a sleeping helper is itself a syscall of several microseconds on
 //! a virtualised host (measured: the first tiny op after the core went
@@ -56,9 +57,6 @@ struct Hot {
     last_end_ns: AtomicU64,
     /// Helpers currently spinning.
     spinners: AtomicUsize,
-    /// The current (or, at a ring entry's start, the previous) ring entry
-    /// had work worth sharing.
-    wanted: AtomicBool,
     /// Spin this long after the last op (ns).
     spin_ns: u64,
 }
@@ -68,9 +66,14 @@ impl Hot {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    fn idle(&self) -> bool {
-        !self.busy.load(Ordering::Acquire)
-            && self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Acquire)) > self.spin_ns
+    /// A spinner returns once an op runs (its helper then takes the op's
+    /// tasks from rayon's own loop) or the spin window has passed. Never
+    /// spinning while an op runs is what makes a spinner safe to run
+    /// nested: a helper that waits inside a stolen task of the op may pick
+    /// up a spinner from its broadcast queue, and a spinner that waited for
+    /// the op to end there would wait for itself.
+    fn stop_spinning(&self) -> bool {
+        self.busy.load(Ordering::Acquire) || self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Acquire)) > self.spin_ns
     }
 }
 
@@ -78,6 +81,10 @@ impl Hot {
 pub struct Workers {
     pool: Option<rayon::ThreadPool>,
     hot: Arc<Hot>,
+    /// This ring entry keeps the helpers spinning between its ops.
+    warm: AtomicBool,
+    /// This ring entry had work worth sharing (read at the next one's start).
+    shared_work: AtomicBool,
 }
 
 impl Workers {
@@ -101,10 +108,9 @@ impl Workers {
             busy: AtomicBool::new(false),
             last_end_ns: AtomicU64::new(0),
             spinners: AtomicUsize::new(0),
-            wanted: AtomicBool::new(false),
             spin_ns: u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX),
         };
-        Workers { pool, hot: Arc::new(hot) }
+        Workers { pool, hot: Arc::new(hot), warm: AtomicBool::new(false), shared_work: AtomicBool::new(false) }
     }
 
     /// Runs one op's kernel `f` on this (the calling) thread. Returns `f`'s
@@ -115,31 +121,35 @@ impl Workers {
         let end = self.hot.now_ns();
         self.hot.last_end_ns.store(end, Ordering::Release);
         self.hot.busy.store(false, Ordering::Release);
+        // The op ended any spinner: start one for the gap to the next op.
+        if self.warm.load(Ordering::Relaxed) {
+            self.wake_if_asleep();
+        }
         (r, end)
     }
 
     /// Work worth sharing ran (or is about to): helpers spin from now on,
     /// and are woken when the next ring entry arrives.
     pub fn shareable(&self) {
-        if let Some(pool) = &self.pool {
-            self.hot.wanted.store(true, Ordering::Relaxed);
-            self.wake_if_asleep(pool);
-        }
+        self.shared_work.store(true, Ordering::Relaxed);
+        self.warm.store(true, Ordering::Relaxed);
+        self.wake_if_asleep();
     }
 
     /// Called when a ring entry starts: sets the helpers spinning if the
     /// previous entry had work worth sharing.
     pub fn job_start(&self) {
-        if let Some(pool) = &self.pool {
-            if self.hot.wanted.swap(false, Ordering::Relaxed) {
-                // Counts as activity: the helpers spin from now on.
-                self.hot.last_end_ns.store(self.hot.now_ns(), Ordering::Release);
-                self.wake_if_asleep(pool);
-            }
+        let warm = self.shared_work.swap(false, Ordering::Relaxed);
+        self.warm.store(warm, Ordering::Relaxed);
+        if warm {
+            // Counts as activity: the helpers spin from now on.
+            self.hot.last_end_ns.store(self.hot.now_ns(), Ordering::Release);
+            self.wake_if_asleep();
         }
     }
 
-    fn wake_if_asleep(&self, pool: &rayon::ThreadPool) {
+    fn wake_if_asleep(&self) {
+        let Some(pool) = &self.pool else { return };
         if self.hot.spin_ns > 0 && pool.current_num_threads() > 1 && self.hot.spinners.load(Ordering::Acquire) == 0 {
             self.wake(pool);
         }
@@ -160,7 +170,7 @@ impl Workers {
             if ctx.index() == 0 {
                 return;
             }
-            while !hot.idle() {
+            while !hot.stop_spinning() {
                 if rayon::yield_now() != Some(rayon::Yield::Executed) {
                     std::hint::spin_loop();
                 }
