@@ -160,22 +160,24 @@ impl Workers {
         self.hot.now_ns()
     }
 
-    /// Starts a spinner on every helper (index > 0). A broadcast job is
-    /// delivered to its thread and cannot be stolen, so the copy addressed
-    /// to this thread (index 0) just returns when it runs.
+    /// Starts one spinner per helper, as ordinary jobs of the pool: the
+    /// idle helpers take them at once. (Broadcast jobs would also post a
+    /// copy to this thread, which runs pool jobs only while it waits inside
+    /// an op: one copy per wake would pile up there between big ops.) A
+    /// spinner this thread happens to take inside an op returns at once.
     fn wake(&self, pool: &rayon::ThreadPool) {
-        self.hot.spinners.fetch_add(pool.current_num_threads() - 1, Ordering::AcqRel);
-        let hot = self.hot.clone();
-        pool.spawn_broadcast(move |ctx| {
-            if ctx.index() == 0 {
-                return;
-            }
-            while !hot.stop_spinning() {
-                if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                    std::hint::spin_loop();
+        let helpers = pool.current_num_threads() - 1;
+        self.hot.spinners.fetch_add(helpers, Ordering::AcqRel);
+        for _ in 0..helpers {
+            let hot = self.hot.clone();
+            pool.spawn(move || {
+                while !hot.stop_spinning() {
+                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                        std::hint::spin_loop();
+                    }
                 }
-            }
-            hot.spinners.fetch_sub(1, Ordering::AcqRel);
-        });
+                hot.spinners.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
     }
 }

@@ -102,3 +102,50 @@ fn the_first_op_after_idle() {
     rest.sort_unstable();
     println!("first op after 3 ms idle: median {} ns; the ops after it: median {} ns", first[first.len() / 2], rest[rest.len() / 2]);
 }
+
+/// Big ops (split over the kernel workers, which then spin between ops)
+/// alternating with tiny ones, in ring entries that each start after the
+/// spin window: every entry completes. (A spinner that waited for an op
+/// to end could be picked up by a helper waiting inside one of that op's
+/// own tasks, and then waited for itself; CI hit that once in the guest.
+/// This test is the scenario, not a reliable reproducer of that race.)
+#[test]
+fn big_and_tiny_ops_alternating_complete() {
+    let mut rig = Rig::new();
+    let ctx = rig.context(0);
+    let mut q = rig.queue(0, &ctx, 64);
+    const BIG: u64 = 1 << 18; // elements: above the workers' sharing threshold
+    let va = |i: u64| 0x100_0000 + i * 0x40_0000;
+    let bus: Vec<u64> = (0..3).map(|i| rig.host_buffer(&ctx, va(i), BIG * 4)).collect();
+    rig.write_f32s(bus[0], &vec![1.0; BIG as usize]);
+    rig.write_f32s(bus[1], &vec![0.0; BIG as usize]);
+    let add = |n: u64, out: u64| {
+        BinaryDesc { kind: Binary::Add as u32, rank: 1, a_dims: [n as u32, 0, 0, 0, 0, 0], b_dims: [n as u32, 0, 0, 0, 0, 0], a_va: va(0), b_va: va(1), out_va: out, ..Default::default() }
+            .with_header()
+            .to_bytes()
+    };
+    let (big, tiny) = (add(BIG, va(2)), add(16, va(2)));
+    let dva = 0x80_0000;
+    let dbus = rig.host_buffer(&ctx, dva, 4096);
+    rig.write(dbus, &big);
+    rig.write(dbus + 2048, &tiny);
+    let mut e = Encoder::new(Vec::new());
+    for i in 0..40 {
+        e.compute(dva, big.len() as u32);
+        for _ in 0..i % 4 {
+            e.compute(dva + 2048, tiny.len() as u32);
+        }
+    }
+    let cva = 0x200_0000;
+    let cbus = rig.host_buffer(&ctx, cva, e.buf.len() as u64);
+    rig.write(cbus, &e.buf);
+    for round in 0..40 {
+        // Past the spin window: the entry starts by waking the helpers,
+        // and its first op is a big one.
+        std::thread::sleep(Duration::from_millis(2));
+        rig.submit(&mut q, cva, e.buf.len() as u32);
+        let s = rig.wait_idle(&q, Duration::from_secs(60));
+        assert_eq!(rig.state(&q), QueueState::Idle, "round {round}: {s:?}");
+    }
+    assert_eq!(rig.read_f32s(bus[2], 4), vec![1.0; 4]);
+}
