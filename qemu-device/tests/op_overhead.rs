@@ -13,15 +13,25 @@ use rbln_hw::ops::*;
 use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
 
-#[test]
-fn a_long_command_buffer_of_tiny_ops() {
+/// A queue that runs `out = a + out` over 16 floats (one op's result
+/// counts the ops that ran): `bus` are the host buffers at VAs 0x100_0000
+/// (a, ones), 0x110_0000 (out, zeros) and 0x120_0000 (spare), `desc` the
+/// op's descriptor, stored at VA `dva`.
+struct TinyAdd {
+    rig: Rig,
+    ctx: Ctx,
+    q: Queue,
+    bus: Vec<u64>,
+    dva: u64,
+    desc: Vec<u8>,
+}
+
+fn tiny_add() -> TinyAdd {
     let mut rig = Rig::new();
     let ctx = rig.context(0);
-    let mut q = rig.queue(0, &ctx, 64);
+    let q = rig.queue(0, &ctx, 64);
     let va = |i: u64| 0x100_0000 + i * 0x10_0000;
     let bus: Vec<u64> = (0..3).map(|i| rig.host_buffer(&ctx, va(i), 4096)).collect();
-    let n: u64 = std::env::var("OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
-    // out = a + out, n times: the result counts the ops that ran.
     rig.write_f32s(bus[0], &[1.0; 16]);
     rig.write_f32s(bus[1], &[0.0; 16]);
     let desc = BinaryDesc { kind: Binary::Add as u32, rank: 2, a_dims: [1, 16, 0, 0, 0, 0], b_dims: [1, 16, 0, 0, 0, 0], a_va: va(0), b_va: va(1), out_va: va(1), ..Default::default() }
@@ -30,6 +40,13 @@ fn a_long_command_buffer_of_tiny_ops() {
     let dva = 0x80_0000;
     let dbus = rig.host_buffer(&ctx, dva, 4096);
     rig.write(dbus, &desc);
+    TinyAdd { rig, ctx, q, bus, dva, desc: desc.to_vec() }
+}
+
+#[test]
+fn a_long_command_buffer_of_tiny_ops() {
+    let TinyAdd { mut rig, ctx, mut q, bus, dva, desc } = tiny_add();
+    let n: u64 = std::env::var("OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
     let mut e = Encoder::new(Vec::new());
     for _ in 0..n {
         e.compute(dva, desc.len() as u32);
@@ -62,19 +79,8 @@ fn a_long_command_buffer_of_tiny_ops() {
 /// asserted; the ops must run and the timestamps must not go backwards.
 #[test]
 fn the_first_op_after_idle() {
-    let mut rig = Rig::new();
-    let ctx = rig.context(0);
-    let mut q = rig.queue(0, &ctx, 64);
+    let TinyAdd { mut rig, ctx, mut q, bus, dva, desc } = tiny_add();
     let va = |i: u64| 0x100_0000 + i * 0x10_0000;
-    let bus: Vec<u64> = (0..3).map(|i| rig.host_buffer(&ctx, va(i), 4096)).collect();
-    rig.write_f32s(bus[0], &[1.0; 16]);
-    rig.write_f32s(bus[1], &[0.0; 16]);
-    let desc = BinaryDesc { kind: Binary::Add as u32, rank: 2, a_dims: [1, 16, 0, 0, 0, 0], b_dims: [1, 16, 0, 0, 0, 0], a_va: va(0), b_va: va(1), out_va: va(1), ..Default::default() }
-        .with_header()
-        .to_bytes();
-    let dva = 0x80_0000;
-    let dbus = rig.host_buffer(&ctx, dva, 4096);
-    rig.write(dbus, &desc);
     const OPS: u64 = 4;
     let mut e = Encoder::new(Vec::new());
     for i in 0..OPS {
