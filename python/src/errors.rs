@@ -75,9 +75,12 @@ impl From<rbln_runtime::Error> for Failure {
             E::InputCount { .. } | E::InputShape { .. } | E::InputValue { .. } | E::InputLength { .. } | E::Parallel(_) => {
                 "RBLNInputError"
             }
-            E::HardwareVersion { .. } | E::NotStaged { .. } | E::EdgeDType { .. } | E::TooLarge { .. } | E::EmptyProgram => {
-                "RBLNModelError"
-            }
+            E::HardwareVersion { .. }
+            | E::NotStaged { .. }
+            | E::EdgeDType { .. }
+            | E::TooLarge { .. }
+            | E::DramTooSmall { .. }
+            | E::EmptyProgram => "RBLNModelError",
             E::State(_) | E::Generate(_) => "RBLNValueError",
             _ => "RBLNRuntimeError",
         };

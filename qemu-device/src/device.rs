@@ -35,10 +35,16 @@ pub struct Config {
     pub spin: std::time::Duration,
 }
 
+/// Device DRAM of the default configuration (`rbln-npu --dram-mib`), in
+/// MiB: room for the weights and activations of the classic large
+/// classifiers (VGG-16/19 hold about 550 MB of weights) with a second
+/// model beside them. The memfd behind it is only backed where written.
+pub const DEFAULT_DRAM_MIB: u64 = 2048;
+
 impl Default for Config {
     fn default() -> Self {
         Self {
-            dram_size: 512 << 20,
+            dram_size: DEFAULT_DRAM_MIB << 20,
             num_queues: 16,
             num_cores: 2,
             num_dma_engines: 2,

@@ -1,6 +1,6 @@
 //! `rbln-npu`: the rbln virtual NPU, served to QEMU over vfio-user.
 //!
-//!     rbln-npu --socket /tmp/rbln0.sock --dram-mib 512 --queues 16 --cores 2
+//!     rbln-npu --socket /tmp/rbln0.sock --dram-mib 2048 --queues 16 --cores 2
 //!
 //! QEMU side:
 //!     -device '{"driver":"vfio-user-pci","socket":{"path":"/tmp/rbln0.sock","type":"unix"}}'
@@ -19,9 +19,8 @@ struct Args {
     /// UNIX socket to listen on (must not exist).
     #[arg(long)]
     socket: PathBuf,
-    /// Device DRAM size in MiB (a power of two). The default holds the
-    /// weights and activations of ViT-B/16 or a 512x512 DeepLabV3+.
-    #[arg(long, default_value_t = 512)]
+    /// Device DRAM size in MiB (a power of two).
+    #[arg(long, default_value_t = rbln_npu::device::DEFAULT_DRAM_MIB)]
     dram_mib: u64,
     /// Number of hardware queues (16..=32).
     #[arg(long, default_value_t = 16)]

@@ -53,6 +53,13 @@ pub enum Error {
     EdgeDType { name: String, dtype: &'static str },
     #[error("the model's {what} does not fit ({size} bytes)")]
     TooLarge { what: &'static str, size: u64 },
+    /// The model's arena (weights and activations) is larger than the
+    /// device's DRAM.
+    #[error("the model needs {} of device DRAM ({} of weights, the rest activations), more than the device's {} in all (the device model's --dram-mib sets it)", mib(*.need), mib(*.weights), mib(*.dram))]
+    DramTooSmall { need: u64, weights: u64, dram: u64 },
+    /// The arena fits the DRAM, but not what other users left free.
+    #[error("the model needs {} of device DRAM ({} of weights, the rest activations); the device has {} in all, but not that much free now: other models or processes hold the rest (rbln-smi lists them)", mib(*.need), mib(*.weights), mib(*.dram))]
+    DramBusy { need: u64, weights: u64, dram: u64 },
     #[error("parallel must be 1 or 2, not {0}")]
     Parallel(usize),
     #[error("the request's result was lost (its slot failed)")]
@@ -71,6 +78,11 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// `bytes` in MiB, for messages.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
 
 /// The elements of a tensor, row-major, in one of the dtypes a model's
 /// inputs and outputs may have.
@@ -536,7 +548,17 @@ impl Runtime {
         // program needs: programs run one at a time.
         let arena_size = entries.iter().map(|e| e.meta.arena_size).max().unwrap_or(0);
         let staging_size = entries.iter().map(|e| e.meta.staging_size).max().unwrap_or(0);
-        let arena = if arena_size > 0 { Some(alloc_mapped(dev, arena_size, Placement::Dram)?) } else { None };
+        let weights = model.weights.len() as u64;
+        if arena_size > info.dram_size {
+            return Err(Error::DramTooSmall { need: arena_size, weights, dram: info.dram_size });
+        }
+        let arena = match arena_size {
+            0 => None,
+            _ => Some(alloc_mapped(dev, arena_size, Placement::Dram).map_err(|e| match e {
+                Error::Device(rbln_umd::Error::NoSpace { .. }) => Error::DramBusy { need: arena_size, weights, dram: info.dram_size },
+                e => e,
+            })?),
+        };
         let (staging, staging_va) = alloc_mapped(dev, staging_size, Placement::Host)?;
 
         // Program buffer: each program's descriptors and streams, then the

@@ -13,7 +13,7 @@ for a in hw_version driver_version dram_total_bytes dram_used_bytes utilization 
 done
 check "sysfs: versions, memory and state of an idle device" sh -c "
     grep -qE '^1\\.[0-9]+\$' $d/hw_version &&
-    test \$(cat $d/dram_total_bytes) = 536870912 && test \$(cat $d/dram_used_bytes) = 0 &&
+    test \$(cat $d/dram_total_bytes) = 2147483648 && test \$(cat $d/dram_used_bytes) = 0 &&
     test \$(cat $d/health) = ok && test \$(cat $d/reset_count) = 0 && test \$(cat $d/utilization) -le 100"
 check "sysfs: driver_version is the loaded driver's" sh -c "dmesg | grep -q \"rbln driver \$(cat $d/driver_version) loaded\""
 check "sysfs: pci_address is the PCI function's" sh -c "test -e /sys/bus/pci/devices/\$(cat $d/pci_address)/vendor && dmesg | grep -q \"rbln \$(cat $d/pci_address): rbln0: NPU\""

@@ -3,7 +3,7 @@
 # holding buffers and a queue (rbln-kmd-tests hold: 256 KiB host, 1 MiB
 # DRAM, one queue), as a table, as JSON and in watch mode; once that
 # process is gone, nothing; rbln-exporter's /metrics. (The device model
-# has 512 MiB of DRAM.)
+# has 2 GiB of DRAM.)
 . tests/vm/lib.sh
 
 check "without rbln.ko: exit 1, no NPU" sh -c "rbln-smi >/tmp/smi.out 2>&1; test \$? = 1 && grep -q 'no NPU: there is no /dev/rbln' /tmp/smi.out"
@@ -25,7 +25,7 @@ check "JSON: device and process figures" python3 -c "
 import json
 r = json.load(open('/tmp/smi.json'))
 d = r['devices'][0]
-assert d['index'] == 0 and d['health'] == 'ok' and d['dram_total_bytes'] == 512 << 20, d
+assert d['index'] == 0 and d['health'] == 'ok' and d['dram_total_bytes'] == 2048 << 20, d
 assert d['dram_used_bytes'] == 1 << 20 and d['host_bytes'] == 256 << 10 and d['clients'] == 1, d
 assert d['core_utilization'] is not None and 0 <= d['core_utilization'] <= 1 and d['faults'] == 0, d
 assert d['hw_version'] and d['cores'] >= 1 and r['driver_version'], r
@@ -74,7 +74,7 @@ def value(prefix):
     assert vals, prefix + ' missing:\n' + text
     return vals[0]
 assert value('rbln_device_health{device=\"0\",state=\"ok\"}') == 1
-assert value('rbln_device_dram_total_bytes{device=\"0\"}') == 512 << 20
+assert value('rbln_device_dram_total_bytes{device=\"0\"}') == 2048 << 20
 assert value('rbln_device_info{device=\"0\"') == 1
 assert value('rbln_device_core_busy_seconds_total{core=\"0\",device=\"0\"}') > 0
 assert value('rbln_device_compute_ops_total{device=\"0\"}') > 0

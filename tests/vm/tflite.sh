@@ -1,14 +1,13 @@
-# vm-env: NPU_ARGS=--dram-mib=1024
 # Keras models converted to float32 TFLite and compiled by rbln-compile
 # (tests/compiler/compile-tflite.sh, run on the host first) run on the NPU
 # through rbln-run and match ai-edge-litert's interpreter:
 # |got - want| <= 1e-4 * (1 + |want|), DeepLabV3+ 1e-3: its reference's own
 # noise is that large (litert's XNNPACK and builtin kernels differ by up to
 # 3.8e-4 on it, scaled; the NPU differs from the builtin kernels by 4.5e-4).
-# DeepLabV3+ at 512x512 runs in the default 512 MiB of device DRAM (its
-# arena is about 340 MB: the decoder upsamples 256 channels to 512x512
-# before the last 1x1 conv), but AsyncRuntime with parallel 2 holds two
-# arenas: the suite's device has 1 GiB.
+# DeepLabV3+ at 512x512 has an arena of about 340 MB (the decoder
+# upsamples 256 channels to 512x512 before the last 1x1 conv), and
+# AsyncRuntime with parallel 2 holds two: the default 2 GiB of device DRAM
+# holds both.
 . tests/vm/lib.sh
 o=target/tflite
 

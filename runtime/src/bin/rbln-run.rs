@@ -190,7 +190,12 @@ fn main() -> ExitCode {
         | Error::InputLength { .. }
         | Error::InputValue { .. }
         | Error::Parallel(_) => EXIT_USAGE,
-        Error::Format(_) | Error::HardwareVersion { .. } | Error::NotStaged { .. } | Error::EdgeDType { .. } | Error::EmptyProgram => EXIT_MODEL,
+        Error::Format(_)
+        | Error::HardwareVersion { .. }
+        | Error::NotStaged { .. }
+        | Error::EdgeDType { .. }
+        | Error::EmptyProgram
+        | Error::DramTooSmall { .. } => EXIT_MODEL,
         _ => EXIT_DEVICE,
     };
     let mut lat = Vec::with_capacity(args.iterations as usize);

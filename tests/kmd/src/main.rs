@@ -40,7 +40,7 @@ fn info() -> Res {
     if i.uapi_version != uapi::UAPI_VERSION || i.vendor_id != rbln_hw::pci::VENDOR_ID || i.device_id != rbln_hw::pci::DEVICE_ID {
         return Err(format!("unexpected identity {i:?}"));
     }
-    if i.hw_version >> 16 != rbln_hw::HW_VERSION_MAJOR || i.num_queues < 16 || i.dram_size != 512 << 20 || i.minor_index != 0 {
+    if i.hw_version >> 16 != rbln_hw::HW_VERSION_MAJOR || i.num_queues < 16 || i.dram_size != 2048 << 20 || i.minor_index != 0 {
         return Err(format!("unexpected info {i:?}"));
     }
     println!("# info: {i:?}");
@@ -210,7 +210,7 @@ fn bo_errors() -> Res {
     expect_err(bo_create(&f, 4096, 1 << 7), Errno::EINVAL, "unknown flag")?;
     let mut a = uapi::BoCreate { size: 4096, flags: uapi::BO_HOST, reserved: [0, 1], ..Default::default() };
     expect_err(ioctl(&f, uapi::RBLN_IOCTL_BO_CREATE, &mut a), Errno::EINVAL, "non-zero reserved")?;
-    expect_err(bo_create(&f, 1 << 30, uapi::BO_DRAM), Errno::ENOSPC, "more DRAM than exists")?;
+    dram_exhausted(&f)?;
     let h = bo_create(&f, 5000, uapi::BO_DRAM).map_err(|e| format!("DRAM BO: {e}"))?;
     let mut info = uapi::BoInfo { handle: h, ..Default::default() };
     ioctl(&f, uapi::RBLN_IOCTL_BO_INFO, &mut info).map_err(|e| format!("BO_INFO: {e}"))?;
@@ -228,6 +228,27 @@ fn bo_errors() -> Res {
     let mut info = uapi::BoInfo { handle: h, ..Default::default() };
     expect_err(ioctl(&g, uapi::RBLN_IOCTL_BO_INFO, &mut info), Errno::ENOENT, "foreign handle")?;
     Ok(())
+}
+
+/// BOs of the largest size fill the DRAM; the one that no longer fits
+/// fails with ENOSPC, and freeing them gives the DRAM back.
+fn dram_exhausted(f: &File) -> Res {
+    let mut info = uapi::DeviceInfo::default();
+    ioctl(f, uapi::RBLN_IOCTL_INFO, &mut info).map_err(|e| format!("INFO: {e}"))?;
+    let fit = info.dram_size / uapi::MAX_BO_SIZE;
+    let mut held = Vec::new();
+    let result = loop {
+        match bo_create(f, uapi::MAX_BO_SIZE, uapi::BO_DRAM) {
+            Ok(h) if (held.len() as u64) < fit => held.push(h),
+            Ok(_) => break Err(format!("{} DRAM BOs of {} bytes created on {} bytes of DRAM", held.len() + 1, uapi::MAX_BO_SIZE, info.dram_size)),
+            Err(e) => break expect_err(Err::<(), _>(e), Errno::ENOSPC, "more DRAM than is left"),
+        }
+    };
+    for h in held {
+        let mut d = uapi::BoDestroy { handle: h, ..Default::default() };
+        ioctl(f, uapi::RBLN_IOCTL_BO_DESTROY, &mut d).map_err(|e| format!("destroy: {e}"))?;
+    }
+    result
 }
 
 fn vm_errors() -> Res {
