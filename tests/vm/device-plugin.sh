@@ -39,7 +39,7 @@ check "node labels: NFD feature file with count, product and versions" sh -c "
     grep -qx rbln.dev/npu.product=rbln-npu $features/rbln &&
     grep -qx rbln.dev/npu.hw-version=\$(cat /sys/class/misc/rbln0/hw_version) $features/rbln &&
     grep -qx rbln.dev/driver.version=\$(cat /sys/class/misc/rbln0/driver_version) $features/rbln &&
-    grep -qx rbln.dev/npu.memory-mib=512 $features/rbln"
+    grep -qx rbln.dev/npu.memory-mib=2048 $features/rbln"
 kill -TERM $plugin
 check "SIGTERM: the plugin exits and removes its socket" sh -c "wait $plugin 2>/dev/null; n=0; while kill -0 $plugin 2>/dev/null && [ \$n -lt 50 ]; do sleep 0.1; n=\$((n + 1)); done; ! kill -0 $plugin 2>/dev/null && test ! -e $dir/rbln-npu.sock"
 holder=$(cat /tmp/fault.pid)

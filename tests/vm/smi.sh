@@ -10,7 +10,7 @@ check "without rbln.ko: exit 1, no NPU" sh -c "rbln-smi >/tmp/smi.out 2>&1; test
 check "insmod rbln.ko" insmod "$RBLN_KO"
 check "loopback up" ip link set lo up
 rbln-smi | tee /tmp/smi0.txt
-check "idle: device 0 listed with its DRAM, no processes" sh -c "grep -q '/dev/rbln0' /tmp/smi0.txt && grep -q '| 0.0 MiB / 512.0 MiB' /tmp/smi0.txt && grep -q 'No processes are using an NPU' /tmp/smi0.txt"
+check "idle: device 0 listed with its DRAM, no processes" sh -c "grep -q '/dev/rbln0' /tmp/smi0.txt && grep -q '| 0.0 MiB / 2048.0 MiB' /tmp/smi0.txt && grep -q 'No processes are using an NPU' /tmp/smi0.txt"
 
 rbln-kmd-tests hold >/tmp/hold.out 2>&1 &
 hold=$!
@@ -86,6 +86,6 @@ kill $run 2>/dev/null; wait $run 2>/dev/null || true
 check "watch mode: -l 0.2 --count 3 prints 3 reports" sh -c "test \$(rbln-smi --json -l 0.2 --count 3 | wc -l) = 3"
 kill $hold 2>/dev/null || true  # the driver may have ended its wait as hung already
 wait $hold 2>/dev/null || true
-check "after the holder exits: no processes, no DRAM in use" sh -c "rbln-smi | tee /tmp/smi2.txt | grep -q 'No processes are using an NPU' && grep -q '| 0.0 MiB / 512.0 MiB' /tmp/smi2.txt"
+check "after the holder exits: no processes, no DRAM in use" sh -c "rbln-smi | tee /tmp/smi2.txt | grep -q 'No processes are using an NPU' && grep -q '| 0.0 MiB / 2048.0 MiB' /tmp/smi2.txt"
 check "rbln-smi --loop 0 is refused" sh -c "rbln-smi -l 0; test \$? = 2"
 check "rmmod rbln" rmmod rbln

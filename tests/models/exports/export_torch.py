@@ -399,6 +399,16 @@ MODELS = {
         output="out", weights_backbone=None, num_classes=21, aux_loss=False),
     "swin_v2_t": lambda out: torchvision_model(out, "swin_v2_t", __import__("torchvision").models.swin_v2_t, (1, 3, 256, 256), 41),
     "maxvit_t": lambda out: torchvision_model(out, "maxvit_t", __import__("torchvision").models.maxvit_t, (1, 3, 224, 224), 43),
+    # Branches concatenated (Inception blocks, dense blocks), channels-last
+    # LayerNorm with 7x7 depthwise convs, grouped convs with squeeze-excite,
+    # channel shuffles.
+    "googlenet": lambda out: torchvision_model(
+        out, "googlenet", __import__("torchvision").models.googlenet, (1, 3, 224, 224), 14, aux_logits=False, init_weights=True),
+    "densenet121": lambda out: torchvision_model(out, "densenet121", __import__("torchvision").models.densenet121, (1, 3, 224, 224), 15),
+    "convnext_tiny": lambda out: torchvision_model(out, "convnext_tiny", __import__("torchvision").models.convnext_tiny, (1, 3, 224, 224), 16),
+    "regnet_y_400mf": lambda out: torchvision_model(out, "regnet_y_400mf", __import__("torchvision").models.regnet_y_400mf, (1, 3, 224, 224), 17),
+    "shufflenet_v2": lambda out: torchvision_model(
+        out, "shufflenet_v2", __import__("torchvision").models.shufflenet_v2_x1_0, (1, 3, 224, 224), 18),
     "unet": lambda out: unet(out, 12),
     "bert": lambda out: bert(out, 7),
     "gpt2": lambda out: gpt2(out, 2),
