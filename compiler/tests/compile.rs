@@ -1723,3 +1723,35 @@ fn hostile_sizes_are_errors_not_overflows() {
     ));
     assert!(e.contains("Range of"), "{e}");
 }
+
+#[test]
+fn conv3d_runs_as_a_frame_gather_a_2d_conv_and_a_transpose() {
+    let c3 = |x: &[i64], w: &[i64], attrs: Vec<AttributeProto>, y: &[i64]| {
+        let n = w.iter().product::<i64>() as usize;
+        model(
+            vec![node("Conv", "c3", &["x", "w"], &["y"], attrs)],
+            vec![tensor("w", w, &ramp(n, 0.01))],
+            vec![vinfo("x", x)],
+            vec![vinfo("y", y)],
+        )
+    };
+    // Depth padding: FILL + copy, the frame gather, the conv, the transpose.
+    let padded = c3(&[2, 2, 4, 5, 5], &[3, 2, 3, 3, 3], vec![attr_ints("pads", &[1; 6])], &[2, 3, 4, 5, 5]);
+    assert_eq!(compute_ops(&compiled(&padded).model).len(), 4);
+    // No depth padding and one output frame: no pad, and the transpose
+    // moves only unit dims (a view).
+    let one_frame = c3(&[1, 2, 3, 5, 5], &[3, 2, 3, 3, 3], vec![], &[1, 3, 1, 3, 3]);
+    assert_eq!(compute_ops(&compiled(&one_frame).model).len(), 2);
+    // Errors name what is wrong.
+    let deep = c3(&[1, 2, 2, 5, 5], &[3, 2, 3, 3, 3], vec![], &[1, 3, 1, 3, 3]);
+    assert!(unsupported(&deep, &Options::default()).2.contains("kernel is larger than the padded input"));
+    let groups = c3(&[1, 4, 4, 5, 5], &[3, 3, 3, 3, 3], vec![attr_i("group", 2)], &[1, 3, 2, 3, 3]);
+    assert!(unsupported(&groups, &Options::default()).2.contains("do not fit 4 input channels in 2 groups"));
+    let t3 = model(
+        vec![node("ConvTranspose", "t3", &["x", "w"], &["y"], vec![])],
+        vec![tensor("w", &[2, 3, 2, 2, 2], &ramp(48, 0.01))],
+        vec![vinfo("x", &[1, 2, 3, 3, 3])],
+        vec![vinfo("y", &[1, 3, 4, 4, 4])],
+    );
+    assert!(unsupported(&t3, &Options::default()).2.contains("only 1-D and 2-D transposed convolution"));
+}

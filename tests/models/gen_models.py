@@ -1032,6 +1032,42 @@ def convtranspose():
     return g.model(x, [1, 8, 5, 6], "y", [1, n]), g.input_data((1, 8, 5, 6))
 
 
+def conv3d():
+    """3-D convolutions as video and volumetric nets use them, on a batch
+    of two clips: R3D's 3x3x3 block (Conv, BatchNormalization, Relu, a
+    residual Add), R(2+1)D's factorised (1,3,3) then (3,1,1) pair with
+    strides on either axis, a grouped one with depth dilation and
+    asymmetric pads, a depthwise one with auto_pad SAME_UPPER and no bias,
+    then GlobalAveragePool over (D, H, W); every result feeds the output."""
+    g = Graph("conv3d", 124)
+    x = "x"  # [2, 4, 6, 8, 8]
+    outs = []
+
+    def c3(name, inp, cin, cout, k, group=1, bias=True, **attrs):
+        w = g.normal(f"{name}.weight", (cout, cin // group, *k), np.sqrt(2.0 / (cin // group * int(np.prod(k)))))
+        ins = [inp, w] + ([g.normal(f"{name}.bias", (cout,), 0.1)] if bias else [])
+        return g.node("Conv", ins, name, group=group, kernel_shape=list(k), **attrs)
+
+    y = c3("r3d.conv1", x, 4, 8, (3, 3, 3), pads=[1] * 6)  # [2, 8, 6, 8, 8]
+    y = g.node("Relu", [g.bn(y, "r3d.bn1", 8)], "r3d.relu1")
+    z = c3("r3d.conv2", y, 8, 8, (3, 3, 3), pads=[1] * 6, bias=False)
+    z = g.node("Relu", [g.node("Add", [g.bn(z, "r3d.bn2", 8), y], "r3d.add")], "r3d.relu2")
+    outs.append(g.node("Flatten", [z], "r3d.flatten", axis=1))
+    s = c3("r21d.spatial", z, 8, 6, (1, 3, 3), strides=[1, 2, 2], pads=[0, 1, 1, 0, 1, 1])  # [2, 6, 6, 4, 4]
+    t = c3("r21d.temporal", g.node("Relu", [s], "r21d.relu"), 6, 8, (3, 1, 1), strides=[2, 1, 1],
+           pads=[1, 0, 0, 1, 0, 0])  # [2, 8, 3, 4, 4]
+    outs.append(g.node("Flatten", [t], "r21d.flatten", axis=1))
+    gr = c3("grouped", x, 4, 6, (2, 3, 3), group=2, dilations=[2, 1, 1], pads=[1, 0, 1, 0, 2, 1])  # [2, 6, 5, 8, 8]
+    outs.append(g.node("Flatten", [gr], "grouped.flatten", axis=1))
+    dw = c3("depthwise", x, 4, 4, (3, 3, 3), group=4, bias=False, auto_pad="SAME_UPPER",
+            strides=[2, 2, 2])  # [2, 4, 3, 4, 4]
+    outs.append(g.node("Flatten", [dw], "depthwise.flatten", axis=1))
+    outs.append(g.node("Flatten", [g.node("GlobalAveragePool", [t], "pool")], "pool.flatten", axis=1))
+    n = 8 * 6 * 8 * 8 + 8 * 3 * 4 * 4 + 6 * 5 * 8 * 8 + 4 * 3 * 4 * 4 + 8
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [2, 4, 6, 8, 8], "y", [2, n]), g.input_data((2, 4, 6, 8, 8))
+
+
 def norm_space():
     """Norms and pixel shuffles of image decoders and super-resolution nets:
     InstanceNormalization, GroupNormalization (opset 21: scale and bias per
@@ -1146,6 +1182,7 @@ MODELS = [
     ("masks", masks, ""),
     ("fold-ops", fold_ops, ""),
     ("dilated", dilated, ""),
+    ("conv3d", conv3d, ""),
 ]
 
 

@@ -1,5 +1,14 @@
-//! Convolutions (1-D and 2-D, groups, dilation, auto_pad), lowered to CONV2D
-//! descriptors, and the sliding-window geometry pooling shares.
+//! Convolutions (1-D, 2-D and 3-D, groups, dilation, auto_pad), lowered to
+//! CONV2D descriptors, and the sliding-window geometry pooling shares.
+//!
+//! A 3-D convolution (NCDHW, e.g. video models) becomes a 2-D one over
+//! (H, W) with the depth taps as extra input channels: one strided copy
+//! gathers, for every output frame t, the `kD` input frames its taps read
+//! (`x[n, c, t·sd + kd·dd]` of the depth-padded input) as channels
+//! `c·kD + kd` of image `n·D' + t`; the weights [O, C/g, kD, kH, kW] are
+//! then [O, C/g·kD, kH, kW] as stored (groups stay contiguous), and the
+//! [N·D', O, H', W'] result is transposed to [N, O, D', H', W']. The copy
+//! holds `kD/sd` times the input.
 //!
 //! A transposed convolution (ConvTranspose) whose kernel equals its stride
 //! is a 1x1 convolution and a pixel shuffle; any other becomes the equivalent direct
@@ -83,8 +92,11 @@ impl Importer {
     pub(super) fn conv(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
         let sx = self.shape(x);
         let sw = self.shape(w);
+        if sx.len() == 5 && sw.len() == 5 {
+            return self.conv3d(cx, x, w, bias);
+        }
         if !(sx.len() == 3 || sx.len() == 4) || sw.len() != sx.len() {
-            return Err(cx.err(format!("input {sx:?} / weights {sw:?}: only 1-D and 2-D convolution (NCL / NCHW) is supported")));
+            return Err(cx.err(format!("input {sx:?} / weights {sw:?}: only 1-D, 2-D and 3-D convolution (NCL / NCHW / NCDHW) is supported")));
         }
         let g = cx.int("group", 1).max(1) as u64;
         let (n, c, o) = (sx[0], sx[1], sw[0]);
@@ -120,6 +132,83 @@ impl Importer {
 }
 
 impl Importer {
+    /// A 3-D convolution as a 2-D one with the depth taps as channels; see
+    /// the module docs.
+    fn conv3d(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
+        let (sx, sw) = (self.shape(x), self.shape(w));
+        let g = cx.int("group", 1).max(1) as u64;
+        let (n, c, o) = (sx[0], sx[1], sw[0]);
+        if c % g != 0 || o % g != 0 || sw[1] * g != c {
+            return Err(cx.err(format!("weights {sw:?} do not fit {c} input channels in {g} groups")));
+        }
+        if let Some(ks) = cx.ints("kernel_shape") {
+            if ks.iter().map(|&k| k as u64).ne(sw[2..].iter().copied()) {
+                return Err(cx.err(format!("kernel_shape {ks:?} differs from the weights' {:?}", &sw[2..])));
+            }
+        }
+        if let Some(bv) = bias {
+            if self.shape(bv) != [o] {
+                return Err(cx.err(format!("bias has shape {:?}; [{o}] expected", self.shape(bv))));
+            }
+        }
+        let stride = self.spatial_attr(cx, "strides", 3)?;
+        let dil = self.spatial_attr(cx, "dilations", 3)?;
+        let pads = self.pads(cx, &sx[2..], &sw[2..], &stride, &dil)?;
+        let (d, h, wd) = (sx[2], sx[3], sx[4]);
+        let kd = sw[2];
+        let od = out_len(d, kd, stride[0], dil[0], pads[0]).ok_or_else(|| cx.err("the kernel is larger than the padded input"))?;
+        let mut win = Window { input: [h, wd], kernel: [sw[3], sw[4]], stride: [stride[1], stride[2]], dilation: [dil[1], dil[2]], pads: [pads[1], pads[2]] };
+        let out_hw = win.output(cx)?;
+        let too_big = || cx.err(format!("input {sx:?} / weights {sw:?}: sizes overflow"));
+        let ckd = c.checked_mul(kd).ok_or_else(too_big)?;
+        let images = n.checked_mul(od).ok_or_else(too_big)?;
+        // Depth padding first (zeros), so that every tap reads a frame.
+        let xp = if pads[0] == (0, 0) {
+            x
+        } else {
+            let (begin, end) = (vec![0, 0, pads[0].0, 0, 0], vec![0, 0, pads[0].1, 0, 0]);
+            let dp = d.checked_add(pads[0].0).and_then(|v| v.checked_add(pads[0].1)).ok_or_else(too_big)?;
+            let kind = Kind::Pad { x, value: 0.0, dims: sx.clone(), begin, end, step: vec![1; 5] };
+            self.device_tmp(cx, kind, vec![n, c, dp, h, wd], "depth_padded")
+        };
+        let dp = self.shape(xp)[2];
+        // Frames: image n·D' + t, channel c·kD + kd <- xp[n, c, t·sd + kd·dd].
+        let mul = |a: u64, b: u64| a.checked_mul(b).ok_or_else(too_big);
+        let hw = mul(h, wd)?;
+        let (src_image, dst_image) = (mul(mul(c, dp)?, hw)?, mul(mul(od, ckd)?, hw)?);
+        let (src_frame, dst_frame) = (mul(stride[0], hw)?, mul(ckd, hw)?);
+        let (src_tap, src_channel) = (mul(dil[0], hw)?, mul(dp, hw)?);
+        let parts = (0..kd)
+            .map(|k| CopyPart {
+                src: xp,
+                src_offset: k * src_tap,
+                dst_offset: k * hw,
+                sizes: vec![n, od, c, hw],
+                src_strides: vec![src_image, src_frame, src_channel, 1],
+                dst_strides: vec![dst_image, dst_frame, kd * hw, 1],
+            })
+            .collect();
+        let frames = self.device_tmp(cx, Kind::Copy { parts }, vec![images, ckd, h, wd], "frames");
+        let w2 = self.reshaped(cx, w, vec![o, sw[1] * kd, sw[3], sw[4]], Some("weights_2d"));
+        let w2 = self.trim_dead_taps(cx, w2, &mut win, out_hw);
+        let kind = Kind::Conv {
+            x: frames,
+            w: w2,
+            bias,
+            dims: [images, ckd, h, wd, o, win.kernel[0], win.kernel[1], g],
+            stride: win.stride,
+            dilation: win.dilation,
+            pads: win.pad4(),
+            residual: None,
+            act: Act::NONE,
+        };
+        let y = self.device_tmp(cx, kind, vec![images, o, out_hw[0], out_hw[1]], "per_frame");
+        let y = self.reshaped(cx, y, vec![n, od, o, out_hw[0] * out_hw[1]], Some("per_frame_rows"));
+        let y = self.permuted(cx, y, &[0, 2, 1, 3], Some("frames_last"))?;
+        let y = self.reshaped(cx, y, vec![n, o, od, out_hw[0], out_hw[1]], Some("out"));
+        Ok(self.alias(cx, y))
+    }
+
     /// Kernel taps that read only padding for every output position (a
     /// dilated convolution on a small input: DeepLabV3's ASPP at rates 24
     /// and 36 on a 32x32 map) multiply zeros: constant weights lose them,
