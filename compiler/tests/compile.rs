@@ -1755,3 +1755,21 @@ fn conv3d_runs_as_a_frame_gather_a_2d_conv_and_a_transpose() {
     );
     assert!(unsupported(&t3, &Options::default()).2.contains("only 1-D and 2-D transposed convolution"));
 }
+
+#[test]
+fn pool3d_runs_as_a_pool_over_h_w_then_one_over_d() {
+    let p3 = |op: &str, attrs: Vec<AttributeProto>, y: &[i64]| {
+        model(vec![node(op, "p3", &["x"], &["y"], attrs)], vec![], vec![vinfo("x", &[1, 2, 6, 8, 8])], vec![vinfo("y", y)])
+    };
+    let k = |v: &[i64]| attr_ints("kernel_shape", v);
+    let mp = p3("MaxPool", vec![k(&[3, 3, 3]), attr_ints("strides", &[2, 2, 2]), attr_i("ceil_mode", 1)], &[1, 2, 3, 4, 4]);
+    assert_eq!(compute_ops(&compiled(&mp).model), ["MaxPool", "MaxPool"]);
+    let ap = p3("AveragePool", vec![k(&[2, 2, 2]), attr_ints("pads", &[1; 6])], &[1, 2, 7, 9, 9]);
+    assert_eq!(compute_ops(&compiled(&ap).model), ["AveragePool", "AveragePool"]);
+    let bad = p3("AveragePool", vec![k(&[3, 3, 3]), attr_ints("strides", &[2, 2, 2]), attr_i("ceil_mode", 1), attr_i("count_include_pad", 1)], &[1, 2, 3, 4, 4]);
+    assert!(unsupported(&bad, &Options::default()).2.contains("ceil_mode=1 with count_include_pad=1"));
+    let big = p3("MaxPool", vec![k(&[7, 3, 3])], &[1, 2, 1, 6, 6]);
+    assert!(unsupported(&big, &Options::default()).2.contains("kernel is larger than the padded input"));
+    let missing = p3("MaxPool", vec![], &[1, 2, 6, 8, 8]);
+    assert!(unsupported(&missing, &Options::default()).2.contains("kernel_shape is missing"));
+}

@@ -1038,7 +1038,9 @@ def conv3d():
     residual Add), R(2+1)D's factorised (1,3,3) then (3,1,1) pair with
     strides on either axis, a grouped one with depth dilation and
     asymmetric pads, a depthwise one with auto_pad SAME_UPPER and no bias,
-    then GlobalAveragePool over (D, H, W); every result feeds the output."""
+    then GlobalAveragePool over (D, H, W); 3-D MaxPool (a (1,3,3) stem
+    pool, a 3x3x3 one in ceil mode) and AveragePool (padding left out of
+    and counted in the average); every result feeds the output."""
     g = Graph("conv3d", 124)
     x = "x"  # [2, 4, 6, 8, 8]
     outs = []
@@ -1063,7 +1065,16 @@ def conv3d():
             strides=[2, 2, 2])  # [2, 4, 3, 4, 4]
     outs.append(g.node("Flatten", [dw], "depthwise.flatten", axis=1))
     outs.append(g.node("Flatten", [g.node("GlobalAveragePool", [t], "pool")], "pool.flatten", axis=1))
-    n = 8 * 6 * 8 * 8 + 8 * 3 * 4 * 4 + 6 * 5 * 8 * 8 + 4 * 3 * 4 * 4 + 8
+    pools = [
+        ("MaxPool", dict(kernel_shape=[1, 3, 3], strides=[1, 2, 2], pads=[0, 1, 1, 0, 1, 1])),  # [2, 4, 6, 4, 4]
+        ("MaxPool", dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], ceil_mode=1)),  # [2, 4, 3, 4, 4]
+        ("AveragePool", dict(kernel_shape=[2, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),  # [2, 4, 4, 4, 4]
+        ("AveragePool", dict(kernel_shape=[3, 2, 2], strides=[1, 2, 2], pads=[1, 0, 0, 1, 0, 0],
+                             count_include_pad=1)),  # [2, 4, 6, 4, 4]
+    ]
+    for i, (op, attrs) in enumerate(pools):
+        outs.append(g.node("Flatten", [g.node(op, [x], f"pool3d.{i}", **attrs)], f"pool3d.{i}.flatten", axis=1))
+    n = 8 * 6 * 8 * 8 + 8 * 3 * 4 * 4 + 6 * 5 * 8 * 8 + 4 * 3 * 4 * 4 + 8 + 4 * (96 + 48 + 64 + 96)
     g.node("Concat", outs, "concat", axis=1, outputs=["y"])
     return g.model(x, [2, 4, 6, 8, 8], "y", [2, n]), g.input_data((2, 4, 6, 8, 8))
 
