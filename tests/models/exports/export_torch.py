@@ -409,6 +409,8 @@ MODELS = {
     "regnet_y_400mf": lambda out: torchvision_model(out, "regnet_y_400mf", __import__("torchvision").models.regnet_y_400mf, (1, 3, 224, 224), 17),
     "shufflenet_v2": lambda out: torchvision_model(
         out, "shufflenet_v2", __import__("torchvision").models.shufflenet_v2_x1_0, (1, 3, 224, 224), 18),
+    # Video: 3-D convolutions over an 8-frame 112x112 clip.
+    "mc3_18": lambda out: torchvision_model(out, "mc3_18", __import__("torchvision").models.video.mc3_18, (1, 3, 8, 112, 112), 19),
     "unet": lambda out: unet(out, 12),
     "bert": lambda out: bert(out, 7),
     "gpt2": lambda out: gpt2(out, 2),
