@@ -1040,7 +1040,9 @@ def conv3d():
     asymmetric pads, a depthwise one with auto_pad SAME_UPPER and no bias,
     then GlobalAveragePool over (D, H, W); 3-D MaxPool (a (1,3,3) stem
     pool, a 3x3x3 one in ceil mode) and AveragePool (padding left out of
-    and counted in the average); every result feeds the output."""
+    and counted in the average); 3-D ConvTranspose (a 3-D UNet's k2 s2
+    up-convolution, a grouped k3 one with output_padding); every result
+    feeds the output."""
     g = Graph("conv3d", 124)
     x = "x"  # [2, 4, 6, 8, 8]
     outs = []
@@ -1074,7 +1076,15 @@ def conv3d():
     ]
     for i, (op, attrs) in enumerate(pools):
         outs.append(g.node("Flatten", [g.node(op, [x], f"pool3d.{i}", **attrs)], f"pool3d.{i}.flatten", axis=1))
-    n = 8 * 6 * 8 * 8 + 8 * 3 * 4 * 4 + 6 * 5 * 8 * 8 + 4 * 3 * 4 * 4 + 8 + 4 * (96 + 48 + 64 + 96)
+    w = g.normal("up3d.weight", (4, 3, 2, 2, 2), np.sqrt(2.0 / 32))
+    up = g.node("ConvTranspose", [x, w, g.normal("up3d.bias", (3,), 0.1)], "up3d", strides=[2, 2, 2])  # [2, 3, 12, 16, 16]
+    outs.append(g.node("Flatten", [up], "up3d.flatten", axis=1))
+    w = g.normal("ct3d.weight", (4, 2, 3, 3, 3), np.sqrt(2.0 / 54))
+    ct = g.node("ConvTranspose", [x, w], "ct3d", group=2, strides=[1, 2, 2], pads=[1] * 6,
+                output_padding=[0, 1, 1])  # [2, 4, 6, 16, 16]
+    outs.append(g.node("Flatten", [ct], "ct3d.flatten", axis=1))
+    n = (8 * 6 * 8 * 8 + 8 * 3 * 4 * 4 + 6 * 5 * 8 * 8 + 4 * 3 * 4 * 4 + 8 + 4 * (96 + 48 + 64 + 96)
+         + 3 * 12 * 16 * 16 + 4 * 6 * 16 * 16)
     g.node("Concat", outs, "concat", axis=1, outputs=["y"])
     return g.model(x, [2, 4, 6, 8, 8], "y", [2, n]), g.input_data((2, 4, 6, 8, 8))
 

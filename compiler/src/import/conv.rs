@@ -16,7 +16,8 @@
 //! padded by `dilation·(k − 1) − pad` (a strided copy into a zero-filled
 //! buffer), then a stride-1 convolution with the kernel flipped and its
 //! channel axes swapped (done on the constant weights). It computes the
-//! inserted zeros too: `stride²` times the MACs of a direct kernel.
+//! inserted zeros too: `stride²` times the MACs of a direct kernel (3-D:
+//! always this form, `stride³`, with the direct 3-D conv below).
 
 use super::*;
 
@@ -137,7 +138,7 @@ impl Importer {
     fn conv3d(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
         let (sx, sw) = (self.shape(x), self.shape(w));
         let g = cx.int("group", 1).max(1) as u64;
-        let (n, c, o) = (sx[0], sx[1], sw[0]);
+        let (c, o) = (sx[1], sw[0]);
         if c % g != 0 || o % g != 0 || sw[1] * g != c {
             return Err(cx.err(format!("weights {sw:?} do not fit {c} input channels in {g} groups")));
         }
@@ -154,6 +155,14 @@ impl Importer {
         let stride = self.spatial_attr(cx, "strides", 3)?;
         let dil = self.spatial_attr(cx, "dilations", 3)?;
         let pads = self.pads(cx, &sx[2..], &sw[2..], &stride, &dil)?;
+        self.conv3d_with(cx, x, w, bias, g, &stride, &dil, &pads)
+    }
+
+    /// [`Importer::conv3d`] with its geometry given (checked operands).
+    #[allow(clippy::too_many_arguments)]
+    fn conv3d_with(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>, g: u64, stride: &[u64], dil: &[u64], pads: &[(u64, u64)]) -> Result<ValueId> {
+        let (sx, sw) = (self.shape(x), self.shape(w));
+        let (n, c, o) = (sx[0], sx[1], sw[0]);
         let (d, h, wd) = (sx[2], sx[3], sx[4]);
         let kd = sw[2];
         let od = out_len(d, kd, stride[0], dil[0], pads[0]).ok_or_else(|| cx.err("the kernel is larger than the padded input"))?;
@@ -311,8 +320,8 @@ impl Importer {
     pub(super) fn conv_transpose(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
         let sx = self.shape(x);
         let sw = self.shape(w);
-        if !(sx.len() == 3 || sx.len() == 4) || sw.len() != sx.len() {
-            return Err(cx.err(format!("input {sx:?} / weights {sw:?}: only 1-D and 2-D transposed convolution is supported")));
+        if !(3..=5).contains(&sx.len()) || sw.len() != sx.len() {
+            return Err(cx.err(format!("input {sx:?} / weights {sw:?}: only 1-D, 2-D and 3-D transposed convolution is supported")));
         }
         let sp = sx.len() - 2;
         let g = cx.int("group", 1).max(1) as u64;
@@ -392,7 +401,9 @@ impl Importer {
         // up-convolutions): every input pixel writes its own k-block, so the
         // layer is a 1x1 convolution to o·k channels followed by a pixel
         // shuffle, a quarter of the spread form's work for k = s = 2.
+        // (Its 3-D shuffle would need rank 8: 3-D takes the spread form.)
         let disjoint = g == 1
+            && sp < 3
             && (0..sp).all(|i| kernel[i] == stride[i] && dil[i] == 1 && pads[i] == (0, 0) && out_pad[i] == 0)
             && bias.is_none_or(|b| self.konst(b).is_some());
         if disjoint {
@@ -440,6 +451,9 @@ impl Importer {
         let mut wshape = vec![o, cg];
         wshape.extend(kernel);
         let wv = self.constant(&format!("{}.flipped_weights", cx.name), Const::f32(&wshape, wt));
+        if sp == 3 {
+            return self.conv3d_with(cx, xs, wv, bias, g, &[1; 3], &dil, &[(0, 0); 3]);
+        }
         let lift = |v: &[u64], one: u64| -> [u64; 2] { if sp == 1 { [one, v[0]] } else { [v[0], v[1]] } };
         let sin = lift(&spread[2..], 1);
         let k2 = lift(kernel, 1);
