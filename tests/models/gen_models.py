@@ -1041,8 +1041,9 @@ def conv3d():
     then GlobalAveragePool over (D, H, W); 3-D MaxPool (a (1,3,3) stem
     pool, a 3x3x3 one in ceil mode) and AveragePool (padding left out of
     and counted in the average); 3-D ConvTranspose (a 3-D UNet's k2 s2
-    up-convolution, a grouped k3 one with output_padding); every result
-    feeds the output."""
+    up-convolution, a grouped k3 one with output_padding); 3-D Resize
+    (trilinear by scales, nearest by sizes); every result feeds the
+    output."""
     g = Graph("conv3d", 124)
     x = "x"  # [2, 4, 6, 8, 8]
     outs = []
@@ -1083,8 +1084,14 @@ def conv3d():
     ct = g.node("ConvTranspose", [x, w], "ct3d", group=2, strides=[1, 2, 2], pads=[1] * 6,
                 output_padding=[0, 1, 1])  # [2, 4, 6, 16, 16]
     outs.append(g.node("Flatten", [ct], "ct3d.flatten", axis=1))
+    tri = g.node("Resize", [x, "", g.const("tri.scales", [1, 1, 2, 1.5, 2])], "tri", mode="linear",
+                 coordinate_transformation_mode="half_pixel")  # [2, 4, 12, 12, 16]
+    outs.append(g.node("Flatten", [tri], "tri.flatten", axis=1))
+    near = g.node("Resize", [x, "", "", g.i64("near.sizes", [2, 4, 3, 5, 4])], "near", mode="nearest",
+                  coordinate_transformation_mode="asymmetric", nearest_mode="floor")  # [2, 4, 3, 5, 4]
+    outs.append(g.node("Flatten", [near], "near.flatten", axis=1))
     n = (8 * 6 * 8 * 8 + 8 * 3 * 4 * 4 + 6 * 5 * 8 * 8 + 4 * 3 * 4 * 4 + 8 + 4 * (96 + 48 + 64 + 96)
-         + 3 * 12 * 16 * 16 + 4 * 6 * 16 * 16)
+         + 3 * 12 * 16 * 16 + 4 * 6 * 16 * 16 + 4 * 12 * 12 * 16 + 4 * 3 * 5 * 4)
     g.node("Concat", outs, "concat", axis=1, outputs=["y"])
     return g.model(x, [2, 4, 6, 8, 8], "y", [2, n]), g.input_data((2, 4, 6, 8, 8))
 

@@ -3,7 +3,10 @@
 //! per-axis affine source-coordinate map encodes the ONNX
 //! `coordinate_transformation_mode`. Cubic resizing is folded on constants
 //! (the interpolated position embeddings of ViT-style models) and refused
-//! at run time.
+//! at run time. An NCDHW tensor (3-D UNets' trilinear upsampling) takes two
+//! RESIZEs, exact because both modes are separable per axis: (H, W) on the
+//! [N, C·D, H, W] view, then D on the [N·C, 1, D, H'·W'] view with the
+//! identity map along its second axis.
 
 use super::*;
 
@@ -14,8 +17,8 @@ impl Importer {
     pub(super) fn lower_resize(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
-        if !(3..=4).contains(&s.len()) {
-            return Err(cx.err(format!("input has shape {s:?}; N, C and one or two spatial dims are supported")));
+        if !(3..=5).contains(&s.len()) {
+            return Err(cx.err(format!("input has shape {s:?}; N, C and one, two or three spatial dims are supported")));
         }
         let legacy = cx.n.op_type == "Upsample" || self.opset < 11;
         // Scales or sizes: Upsample-7 has a `scales` attribute; Upsample-9
@@ -119,6 +122,23 @@ impl Importer {
                 other => return Err(cx.err(format!("coordinate_transformation_mode '{other}' is not supported"))),
             })
         };
+        if r == 5 {
+            if !(mode == "nearest" || linear) {
+                return Err(cx.err(format!("mode '{mode}' on a 3-D (NCDHW) input is not supported (nearest and linear are)")));
+            }
+            let (d, h, w) = (map_axis(2)?, map_axis(3)?, map_axis(4)?);
+            let too_big = || cx.err(format!("input {s:?}, output {out:?}: sizes overflow"));
+            let planes = s[1].checked_mul(s[2]).ok_or_else(too_big)?;
+            let frames = self.reshaped(cx, x, vec![s[0], planes, s[3], s[4]], Some("frames"));
+            let kind = Kind::Resize { x: frames, dims: [s[0], planes, s[3], s[4]], out: [out[3], out[4]], linear, nearest_mode, map: [h.0, h.1, w.0, w.1] };
+            let y = self.device_tmp(cx, kind, vec![s[0], planes, out[3], out[4]], "per_frame");
+            let (nc, hw) = (s[0].checked_mul(s[1]).ok_or_else(too_big)?, out[3].checked_mul(out[4]).ok_or_else(too_big)?);
+            let y = self.reshaped(cx, y, vec![nc, 1, s[2], hw], Some("depth_rows"));
+            let kind = Kind::Resize { x: y, dims: [nc, 1, s[2], hw], out: [out[2], hw], linear, nearest_mode, map: [d.0, d.1, 1.0, 0.0] };
+            let y = self.device_tmp(cx, kind, vec![nc, 1, out[2], hw], "over_depth");
+            let y = self.reshaped(cx, y, out.clone(), Some("out"));
+            return Ok(vec![self.alias(cx, y)]);
+        }
         let (dims, out2, map) = if r == 4 {
             let (y, xx) = (map_axis(2)?, map_axis(3)?);
             ([s[0], s[1], s[2], s[3]], [out[2], out[3]], [y.0, y.1, xx.0, xx.1])
