@@ -212,6 +212,42 @@ def unet(out, seed):
     export(out, "unet", model.eval(), (image(seed, shape),), ["input"], ["mask"], seed)
 
 
+# -- A 3-D UNet (volumetric segmentation: Conv3d, InstanceNorm3d, PReLU,
+# MaxPool3d / AvgPool3d down, ConvTranspose3d and trilinear Upsample up)
+
+class Block3d(nn.Sequential):
+    def __init__(self, cin, cout):
+        super().__init__(nn.Conv3d(cin, cout, 3, padding=1), nn.InstanceNorm3d(cout, affine=True), nn.LeakyReLU(0.01),
+                         nn.Conv3d(cout, cout, 3, padding=1), nn.InstanceNorm3d(cout, affine=True), nn.PReLU())
+
+
+class UNet3d(nn.Module):
+    def __init__(self, cin=1, classes=3, widths=(8, 16, 32)):
+        super().__init__()
+        a, b, c = widths
+        self.e1, self.e2, self.e3 = Block3d(cin, a), Block3d(a, b), Block3d(b, c)
+        self.up2 = nn.ConvTranspose3d(c, b, 2, stride=2)
+        self.d2 = Block3d(2 * b, b)
+        self.up1 = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=False)
+        self.d1 = Block3d(a + b, a)
+        self.head = nn.Conv3d(a, classes, 1)
+
+    def forward(self, x):
+        s1 = self.e1(x)
+        s2 = self.e2(nn.functional.max_pool3d(s1, 2))
+        y = self.e3(nn.functional.avg_pool3d(s2, 2))
+        y = self.d2(torch.cat([s2, self.up2(y)], dim=1))
+        y = self.d1(torch.cat([s1, self.up1(y)], dim=1))
+        return torch.softmax(self.head(y), dim=1)
+
+
+def unet3d(out, seed):
+    torch.manual_seed(seed)
+    model = randomize(UNet3d(), seed)
+    shape = (1, 1, 16, 64, 64)
+    export(out, "unet3d", model.eval(), (image(seed, shape),), ["input"], ["probs"], seed)
+
+
 # -- transformers ------------------------------------------------------------
 
 def ids(seed, batch, seq, vocab):
@@ -412,6 +448,7 @@ MODELS = {
     # Video: 3-D convolutions over an 8-frame 112x112 clip.
     "mc3_18": lambda out: torchvision_model(out, "mc3_18", __import__("torchvision").models.video.mc3_18, (1, 3, 8, 112, 112), 19),
     "unet": lambda out: unet(out, 12),
+    "unet3d": lambda out: unet3d(out, 20),
     "bert": lambda out: bert(out, 7),
     "gpt2": lambda out: gpt2(out, 2),
     "llama": lambda out: llama(out, 4),
