@@ -86,6 +86,9 @@ pub struct AttributeProto {
     pub floats: Vec<f32>,
     #[prost(int64, repeated, tag = "8")]
     pub ints: Vec<i64>,
+    /// Lists of strings (a recurrent layer's `activations`).
+    #[prost(bytes = "vec", repeated, tag = "9")]
+    pub strings: Vec<Vec<u8>>,
     #[prost(int32, tag = "20")]
     pub r#type: i32,
     /// Set in function bodies: the attribute refers to a caller's one.

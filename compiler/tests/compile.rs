@@ -1775,3 +1775,42 @@ fn pool3d_runs_as_a_pool_over_h_w_then_one_over_d() {
     let missing = p3("MaxPool", vec![], &[1, 2, 6, 8, 8]);
     assert!(unsupported(&missing, &Options::default()).2.contains("kernel_shape is missing"));
 }
+
+#[test]
+fn recurrent_layers_unroll_and_refuse_what_they_do_not_model() {
+    // LSTM over 3 steps (seq 3, batch 2, input 4, hidden 5).
+    let lstm = |attrs: Vec<AttributeProto>, extra: Vec<TensorProto>, ins: &[&str]| {
+        let mut inits = vec![tensor("W", &[1, 20, 4], &ramp(80, 0.01)), tensor("R", &[1, 20, 5], &ramp(100, 0.01))];
+        inits.extend(extra);
+        model(
+            vec![node("LSTM", "lstm", ins, &["y", "yh"], attrs)],
+            inits,
+            vec![vinfo("x", &[3, 2, 4])],
+            vec![vinfo("y", &[3, 1, 2, 5])],
+        )
+    };
+    let hidden = attr_i("hidden_size", 5);
+    let ok = compiled(&lstm(vec![hidden.clone()], vec![], &["x", "W", "R"]));
+    assert!(compute_ops(&ok.model).len() > 3 * 10, "one GEMM and the gate ops per step");
+    let full = tensor("lens", &[2], &[3.0, 3.0]);
+    compiled(&lstm(vec![hidden.clone()], vec![full], &["x", "W", "R", "", "lens"]));
+    let reason = |attrs: Vec<AttributeProto>, extra: Vec<TensorProto>, ins: &[&str]| unsupported(&lstm(attrs, extra, ins), &Options::default()).2;
+    assert!(reason(vec![hidden.clone(), attr_i("layout", 1)], vec![], &["x", "W", "R"]).contains("only 0 (sequence-major)"));
+    assert!(reason(vec![hidden.clone(), attr_f("clip", 3.0)], vec![], &["x", "W", "R"]).contains("clip"));
+    assert!(reason(vec![hidden.clone(), attr_i("input_forget", 1)], vec![], &["x", "W", "R"]).contains("input_forget"));
+    let acts = AttributeProto { name: "activations".into(), strings: vec![b"Relu".to_vec(), b"Tanh".to_vec(), b"Tanh".to_vec()], r#type: 8, ..Default::default() };
+    assert!(reason(vec![hidden.clone(), acts], vec![], &["x", "W", "R"]).contains("activations"));
+    let short = tensor("lens", &[2], &[3.0, 2.0]);
+    assert!(reason(vec![hidden.clone()], vec![short], &["x", "W", "R", "", "lens"]).contains("sequence_lens"));
+    let peep = tensor("P", &[1, 15], &ramp(15, 0.1));
+    assert!(reason(vec![hidden.clone()], vec![peep], &["x", "W", "R", "", "", "", "", "P"]).contains("peephole"));
+    assert!(reason(vec![attr_i("hidden_size", 6)], vec![], &["x", "W", "R"]).contains("expected"));
+    // Weights computed at run time.
+    let bytes = model(
+        vec![node("GRU", "gru", &["x", "w", "R"], &["y"], vec![attr_i("hidden_size", 5)])],
+        vec![tensor("R", &[1, 15, 5], &ramp(75, 0.01))],
+        vec![vinfo("x", &[3, 2, 4]), vinfo("w", &[1, 15, 4])],
+        vec![vinfo("y", &[3, 1, 2, 5])],
+    );
+    assert!(unsupported(&bytes, &Options::default()).2.contains("W computed at run time"));
+}

@@ -1096,6 +1096,55 @@ def conv3d():
     return g.model(x, [2, 4, 6, 8, 8], "y", [2, n]), g.input_data((2, 4, 6, 8, 8))
 
 
+def recurrent():
+    """Recurrent layers unrolled on the NPU: a forward LSTM from given
+    initial states, a bidirectional GRU with the reset after the product
+    (linear_before_reset=1, as PyTorch exports nn.GRU), a reverse GRU with
+    it before, a ReLU RNN from a given state, and a bidirectional LSTM
+    without biases; every Y, Y_h and Y_c feeds the output, and a
+    LogSoftmax of the first LSTM's Y scaled by 100 (probabilities that
+    underflow float32: their logs must stay finite)."""
+    g = Graph("recurrent", 125)
+    x = "x"  # [5, 2, 6]: seq, batch, input
+    T, B, I, H = 5, 2, 6, 8
+    outs = []
+
+    def weights(name, dirs, gates, bias=True):
+        s = np.sqrt(1.0 / H)
+        ins = [g.uniform(f"{name}.W", (dirs, gates * H, I), -s, s), g.uniform(f"{name}.R", (dirs, gates * H, H), -s, s)]
+        ins.append(g.uniform(f"{name}.B", (dirs, 2 * gates * H), -s, s) if bias else "")
+        return ins
+
+    def flat(v, name):
+        outs.append(g.node("Reshape", [v, g.i64(f"{name}.shape", [1, -1])], f"{name}.flat"))
+
+    h0 = g.normal("lstm.h0", (1, B, H), 0.5)
+    c0 = g.normal("lstm.c0", (1, B, H), 0.5)
+    y, yh, yc = g.node("LSTM", [x] + weights("lstm", 1, 4) + ["", h0, c0], "lstm", n_out=3, hidden_size=H)
+    for v, n in [(y, "lstm.y"), (yh, "lstm.yh"), (yc, "lstm.yc")]:
+        flat(v, n)
+    y, yh = g.node("GRU", [x] + weights("gru", 2, 3), "gru", n_out=2, hidden_size=H, direction="bidirectional",
+                   linear_before_reset=1)
+    flat(y, "gru.y")
+    flat(yh, "gru.yh")
+    y, yh = g.node("GRU", [x] + weights("gru0", 1, 3), "gru0", n_out=2, hidden_size=H, direction="reverse")
+    flat(y, "gru0.y")
+    flat(yh, "gru0.yh")
+    y = g.node("RNN", [x] + weights("rnn", 1, 1) + ["", g.normal("rnn.h0", (1, B, H), 0.5)], "rnn",
+               hidden_size=H, activations=["Relu"])
+    flat(y, "rnn.y")
+    y, yh, yc = g.node("LSTM", [x] + weights("lstm1", 2, 4, bias=False), "lstm1", n_out=3, hidden_size=H,
+                       direction="bidirectional")
+    for v, n in [(y, "lstm1.y"), (yh, "lstm1.yh"), (yc, "lstm1.yc")]:
+        flat(v, n)
+    lsm = g.node("LogSoftmax", [g.node("Mul", [outs[0], g.const("lsm.scale", 100.0)], "lsm.scale")], "lsm", axis=-1)
+    outs.append(lsm)
+    n = (T * B * H + 2 * B * H) + (2 * T * B * H + 2 * B * H) + (T * B * H + B * H) + T * B * H + (2 * T * B * H + 4 * B * H)
+    n += T * B * H
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [T, B, I], "y", [1, n]), g.input_data((T, B, I))
+
+
 def norm_space():
     """Norms and pixel shuffles of image decoders and super-resolution nets:
     InstanceNormalization, GroupNormalization (opset 21: scale and bias per
@@ -1211,6 +1260,7 @@ MODELS = [
     ("fold-ops", fold_ops, ""),
     ("dilated", dilated, ""),
     ("conv3d", conv3d, ""),
+    ("recurrent", recurrent, ""),
 ]
 
 

@@ -34,6 +34,7 @@ mod matmul;
 mod norm;
 mod pool;
 pub(crate) mod quant;
+mod recurrent;
 mod resize;
 mod triton;
 
@@ -42,7 +43,7 @@ type Lower = fn(&mut Importer, &Cx, &[Option<ValueId>]) -> Result<Vec<ValueId>>;
 
 /// Every op family: the ONNX op types it takes and its lowering. An op
 /// type belongs to exactly one family (checked by a test).
-const FAMILIES: [(&[&str], Lower); 12] = [
+const FAMILIES: [(&[&str], Lower); 13] = [
     (constant::OPS, Importer::lower_constant),
     (layout::OPS, Importer::lower_layout),
     (elementwise::OPS, Importer::lower_elementwise),
@@ -52,6 +53,7 @@ const FAMILIES: [(&[&str], Lower); 12] = [
     (norm::OPS, Importer::lower_norm),
     (gather::OPS, Importer::lower_gather),
     (resize::OPS, Importer::lower_resize),
+    (recurrent::OPS, Importer::lower_recurrent),
     (logic::OPS, Importer::lower_logic),
     (quant::OPS, Importer::lower_quant),
     (quant::QOPERATOR_OPS, Importer::lower_qoperator),
@@ -76,11 +78,11 @@ pub const MAX_OPSET: i64 = 22;
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs", "Add", "And", "ArgMax", "ArgMin", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape",
     "Conv", "ConvTranspose", "CumSum", "DepthToSpace", "DequantizeLinear", "Div", "Dropout", "Einsum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
-    "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "GroupNormalization", "HardSigmoid", "HardSwish",
-    "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "MatMul", "Max",
+    "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "GroupNormalization", "GRU", "HardSigmoid", "HardSwish",
+    "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax", "LSTM", "MatMul", "Max",
     "MaxPool", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "QGemm", "QLinearAdd", "QLinearConcat", "QLinearConv", "QLinearGlobalAveragePool", "QLinearMatMul", "QLinearMul", "QLinearSoftmax", "QuantizeLinear", "Range", "Reciprocal",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
-    "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign", "Sin", "Cos",
+    "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "RNN", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign", "Sin", "Cos",
     "Size", "Slice", "Softmax", "SpaceToDepth", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze", "Upsample",
     "Where", "Xor",
 ];

@@ -1,13 +1,13 @@
 //! Normalisation and reductions: BatchNormalization (folded into an affine
 //! op or the producing conv), LayerNormalization, InstanceNormalization and
 //! GroupNormalization (a LAYERNORM over each group's elements, then a
-//! per-channel scale and shift), Softmax and Reduce*.
+//! per-channel scale and shift), Softmax, LogSoftmax and Reduce*.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "BatchNormalization", "Softmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "ArgMax", "ArgMin", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+    "BatchNormalization", "Softmax", "LogSoftmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "ArgMax", "ArgMin", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
     "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
 ];
 
@@ -20,7 +20,7 @@ impl Importer {
         let op = cx.n.op_type.as_str();
         let v = match op {
             "BatchNormalization" => self.batch_norm(cx, ins)?,
-            "Softmax" => {
+            "Softmax" | "LogSoftmax" => {
                 let x = input(0)?;
                 let s = self.shape(x);
                 let legacy = self.opset < 13;
@@ -30,7 +30,11 @@ impl Importer {
                 } else {
                     vec![volume(&s[..a]), s[a], volume(&s[a + 1..])]
                 };
-                self.device(cx, Kind::Softmax { x, dims, axis: 1 }, s)
+                if op == "LogSoftmax" {
+                    self.log_softmax(cx, x, dims)?
+                } else {
+                    self.device(cx, Kind::Softmax { x, dims, axis: 1 }, s)
+                }
             }
             "LayerNormalization" => {
                 let x = input(0)?;
@@ -55,6 +59,23 @@ impl Importer {
             _ => return Err(cx.err(format!("internal error: '{op}' is not a norm op"))),
         };
         Ok(vec![v])
+    }
+
+    /// `x − max − log Σ exp(x − max)` along axis 1 of the `[outer, len,
+    /// inner]` view: finite wherever the inputs are (the log of a Softmax
+    /// would be −inf where a probability underflows).
+    fn log_softmax(&mut self, cx: &Cx, x: ValueId, dims: Vec<u64>) -> Result<ValueId> {
+        let s = self.shape(x);
+        let reduced = vec![dims[0], 1, dims[2]];
+        let xv = self.reshaped(cx, x, dims.clone(), Some("rows"));
+        let max = self.device_tmp(cx, Kind::Reduce { kind: REDUCE_MAX, x: xv, dims: dims.clone(), axis: 1 }, reduced.clone(), "max");
+        let shifted = self.elementwise(cx, Binary::Sub, xv, max, Some("shifted"))?;
+        let e = self.device_tmp(cx, Kind::Unary { kind: Unary::Exp, x: shifted, p0: 0.0, p1: 0.0 }, dims.clone(), "exp");
+        let sum = self.device_tmp(cx, Kind::Reduce { kind: REDUCE_SUM, x: e, dims, axis: 1 }, reduced.clone(), "sum");
+        let log = self.device_tmp(cx, Kind::Unary { kind: Unary::Log, x: sum, p0: 0.0, p1: 0.0 }, reduced, "log_sum");
+        let y = self.elementwise(cx, Binary::Sub, shifted, log, Some("rows_out"))?;
+        let y = self.reshaped(cx, y, s, Some("out"));
+        Ok(self.alias(cx, y))
     }
 
     pub(super) fn batch_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
