@@ -1145,6 +1145,29 @@ def recurrent():
     return g.model(x, [T, B, I], "y", [1, n]), g.input_data((T, B, I))
 
 
+def activations():
+    """Activations that are chains of device ops: Softplus (up to x = 40,
+    where exp(x) would overflow), Softsign, Elu, Selu, Celu, Mish,
+    ThresholdedRelu, and the variadic Sum and Mean."""
+    g = Graph("activations", 126)
+    x = "x"  # [2, 3, 4, 5]
+    big = g.node("Mul", [x, g.const("big.scale", 16.0)], "big")
+    outs = [
+        g.node("Softplus", [big], "softplus"),
+        g.node("Softsign", [big], "softsign"),
+        g.node("Elu", [x], "elu", alpha=0.7),
+        g.node("Selu", [x], "selu"),
+        g.node("Celu", [x], "celu", alpha=1.5),
+        g.node("Mish", [big], "mish"),
+        g.node("ThresholdedRelu", [x], "thresholded", alpha=0.5),
+        g.node("Sum", [x, big, g.normal("sum.c", (5,), 1.0)], "sum"),
+        g.node("Mean", [x, big], "mean"),
+    ]
+    outs = [g.node("Flatten", [v], f"{v}.flatten", axis=1) for v in outs]
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [2, 3, 4, 5], "y", [2, 9 * 60], opset=18), g.input_data((2, 3, 4, 5))
+
+
 def norm_space():
     """Norms and pixel shuffles of image decoders and super-resolution nets:
     InstanceNormalization, GroupNormalization (opset 21: scale and bias per
@@ -1261,6 +1284,7 @@ MODELS = [
     ("dilated", dilated, ""),
     ("conv3d", conv3d, ""),
     ("recurrent", recurrent, ""),
+    ("activations", activations, ""),
 ]
 
 

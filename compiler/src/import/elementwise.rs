@@ -1,5 +1,9 @@
 //! Element-wise ops: broadcasting binary arithmetic and activations
-//! (BINARY and UNARY descriptors; folded on constants).
+//! (BINARY and UNARY descriptors; folded on constants). Activations without
+//! a UNARY code of their own (Softplus, Softsign, Elu, Selu, Celu, Mish,
+//! ThresholdedRelu) are short chains of them, written in forms that do not
+//! overflow: `softplus(x) = relu(x) + log(1 + exp(−|x|))`, the ELU family
+//! through `exp(min(x, 0))`.
 
 use super::*;
 
@@ -8,6 +12,7 @@ pub(super) const OPS: &[&str] = &[
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Relu",
     "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs", "Erf",
     "Reciprocal", "Gelu", "Clip", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish", "Sin", "Cos",
+    "Sum", "Mean", "Softplus", "Softsign", "Elu", "Selu", "Celu", "Mish", "ThresholdedRelu",
 ];
 
 impl Importer {
@@ -113,6 +118,24 @@ impl Importer {
                 self.unary(cx, Unary::HardSigmoid, x, cx.float("alpha", 0.2), cx.float("beta", 0.5))?
             }
             "HardSwish" => self.unary(cx, Unary::HardSwish, input(0)?, 0.0, 0.0)?,
+            "Sum" | "Mean" => {
+                let xs: Vec<ValueId> = ins.iter().flatten().copied().collect();
+                let Some((&first, rest)) = xs.split_first() else { return Err(cx.err("no inputs")) };
+                let mut acc = first;
+                for (i, &x) in rest.iter().enumerate() {
+                    let last = op == "Sum" && i + 1 == rest.len();
+                    acc = self.elementwise(cx, Binary::Add, acc, x, (!last).then_some("sum"))?;
+                }
+                match (op, xs.len()) {
+                    ("Mean", n) if n > 1 => {
+                        let inv = self.scalar(cx, "inverse_count", 1.0 / n as f32);
+                        self.elementwise(cx, Binary::Mul, acc, inv, None)?
+                    }
+                    _ if xs.len() == 1 => self.alias(cx, acc),
+                    _ => acc,
+                }
+            }
+            "Softplus" | "Softsign" | "Elu" | "Selu" | "Celu" | "Mish" | "ThresholdedRelu" => self.composite_activation(cx, op, input(0)?)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a elementwise op"))),
         };
         Ok(vec![v])
@@ -159,6 +182,75 @@ impl Importer {
         let neg = self.elementwise(cx, Binary::Min, x, zero, Some("negative"))?;
         let scaled = self.elementwise(cx, Binary::Mul, neg, slope, Some("scaled"))?;
         self.elementwise(cx, Binary::Add, pos, scaled, None)
+    }
+
+    /// An activation made of several ops; see the module docs.
+    fn composite_activation(&mut self, cx: &Cx, op: &str, x: ValueId) -> Result<ValueId> {
+        let s = self.shape(x);
+        let un = |me: &mut Self, kind: Unary, v: ValueId, tag: &str| me.device_tmp(cx, Kind::Unary { kind, x: v, p0: 0.0, p1: 0.0 }, s.clone(), tag);
+        // relu(x) + log(1 + exp(−|x|)).
+        let softplus = |me: &mut Self, last: bool| -> Result<ValueId> {
+            let a = un(me, Unary::Abs, x, "abs");
+            let n = un(me, Unary::Neg, a, "neg_abs");
+            let e = un(me, Unary::Exp, n, "exp");
+            let one = me.scalar(cx, "one", 1.0);
+            let p = me.elementwise(cx, Binary::Add, e, one, Some("one_plus"))?;
+            let l = un(me, Unary::Log, p, "log");
+            let r = un(me, Unary::Relu, x, "relu");
+            me.elementwise(cx, Binary::Add, r, l, if last { None } else { Some("softplus") })
+        };
+        // relu(x) + alpha·(exp(min(x, 0)·k) − 1), then ·gamma when given.
+        let elu = |me: &mut Self, alpha: f32, k: f32, gamma: Option<f32>| -> Result<ValueId> {
+            let zero = me.scalar(cx, "zero", 0.0);
+            let mut m = me.elementwise(cx, Binary::Min, x, zero, Some("negative"))?;
+            if k != 1.0 {
+                let kv = me.scalar(cx, "inverse_alpha", k);
+                m = me.elementwise(cx, Binary::Mul, m, kv, Some("scaled"))?;
+            }
+            let e = un(me, Unary::Exp, m, "exp");
+            let one = me.scalar(cx, "one", 1.0);
+            let em1 = me.elementwise(cx, Binary::Sub, e, one, Some("exp_minus_one"))?;
+            let av = me.scalar(cx, "alpha", alpha);
+            let neg = me.elementwise(cx, Binary::Mul, em1, av, Some("negative_part"))?;
+            let r = un(me, Unary::Relu, x, "relu");
+            match gamma {
+                None => me.elementwise(cx, Binary::Add, r, neg, None),
+                Some(g) => {
+                    let sum = me.elementwise(cx, Binary::Add, r, neg, Some("elu"))?;
+                    let gv = me.scalar(cx, "gamma", g);
+                    me.elementwise(cx, Binary::Mul, sum, gv, None)
+                }
+            }
+        };
+        match op {
+            "Softplus" => softplus(self, true),
+            "Mish" => {
+                let sp = softplus(self, false)?;
+                let t = un(self, Unary::Tanh, sp, "tanh");
+                self.elementwise(cx, Binary::Mul, x, t, None)
+            }
+            "Softsign" => {
+                let a = un(self, Unary::Abs, x, "abs");
+                let one = self.scalar(cx, "one", 1.0);
+                let d = self.elementwise(cx, Binary::Add, a, one, Some("one_plus"))?;
+                self.elementwise(cx, Binary::Div, x, d, None)
+            }
+            "Elu" => elu(self, cx.float("alpha", 1.0), 1.0, None),
+            "Selu" => elu(self, cx.float("alpha", 1.673_263_2), 1.0, Some(cx.float("gamma", 1.050_701))),
+            "Celu" => {
+                let alpha = cx.float("alpha", 1.0);
+                if !(alpha.is_finite() && alpha != 0.0) {
+                    return Err(cx.err(format!("alpha {alpha}: a finite non-zero value expected")));
+                }
+                elu(self, alpha, 1.0 / alpha, None)
+            }
+            _ => {
+                // ThresholdedRelu: x·(x > alpha).
+                let av = self.scalar(cx, "alpha", cx.float("alpha", 1.0));
+                let g = self.elementwise(cx, Binary::Greater, x, av, Some("above"))?;
+                self.elementwise(cx, Binary::Mul, x, g, None)
+            }
+        }
     }
 
     pub(super) fn unary(&mut self, cx: &Cx, kind: Unary, x: ValueId, p0: f32, p1: f32) -> Result<ValueId> {
