@@ -248,6 +248,55 @@ def unet3d(out, seed):
     export(out, "unet3d", model.eval(), (image(seed, shape),), ["input"], ["probs"], seed)
 
 
+# -- Recurrent nets: nn.LSTM / nn.GRU as PyTorch exports them (ONNX LSTM,
+# GRU with linear_before_reset=1)
+
+class Tagger(nn.Module):
+    """A sequence tagger: embeddings, a 2-layer bidirectional LSTM, a GRU."""
+
+    def __init__(self, vocab=100, classes=5):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 32)
+        self.lstm = nn.LSTM(32, 24, num_layers=2, bidirectional=True, batch_first=True)
+        self.gru = nn.GRU(48, 16, batch_first=True)
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, ids):
+        y, _ = self.lstm(self.emb(ids))
+        y, _ = self.gru(y)
+        return self.head(y)
+
+
+class CRNN(nn.Module):
+    """A CTC text recogniser: conv features, columns as a sequence through a
+    bidirectional LSTM, per-step class log-probabilities."""
+
+    def __init__(self, classes=20):
+        super().__init__()
+        self.cnn = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                 nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d((2, 1)))
+        self.rnn = nn.LSTM(32 * 8, 32, bidirectional=True)
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x):
+        f = self.cnn(x)
+        b, c, h, w = f.shape
+        y, _ = self.rnn(f.permute(3, 0, 1, 2).reshape(w, b, c * h))
+        return self.fc(y).log_softmax(-1)
+
+
+def lstm_tagger(out, seed):
+    torch.manual_seed(seed)
+    model = randomize(Tagger(), seed).eval()
+    export(out, "lstm_tagger", model, (ids(seed, 2, 12, 100),), ["ids"], ["logits"], seed)
+
+
+def crnn(out, seed):
+    torch.manual_seed(seed)
+    model = randomize(CRNN(), seed).eval()
+    export(out, "crnn", model, (image(seed, (2, 1, 32, 40)),), ["image"], ["log_probs"], seed)
+
+
 # -- transformers ------------------------------------------------------------
 
 def ids(seed, batch, seq, vocab):
@@ -449,6 +498,8 @@ MODELS = {
     "mc3_18": lambda out: torchvision_model(out, "mc3_18", __import__("torchvision").models.video.mc3_18, (1, 3, 8, 112, 112), 19),
     "unet": lambda out: unet(out, 12),
     "unet3d": lambda out: unet3d(out, 20),
+    "lstm_tagger": lambda out: lstm_tagger(out, 21),
+    "crnn": lambda out: crnn(out, 22),
     "bert": lambda out: bert(out, 7),
     "gpt2": lambda out: gpt2(out, 2),
     "llama": lambda out: llama(out, 4),
