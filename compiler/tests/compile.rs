@@ -296,16 +296,16 @@ fn memory_plan_reuses_arena_bytes() {
 #[test]
 fn unsupported_op_names_node_op_and_reason() {
     let bytes = model(
-        vec![node("Relu", "relu0", &["x"], &["r"], vec![]), node("TopK", "topk1", &["r", "k"], &["y", "i"], vec![])],
-        vec![ints("k", &[3])],
+        vec![node("Relu", "relu0", &["x"], &["r"], vec![]), node("Hardmax", "hardmax1", &["r"], &["y"], vec![])],
+        vec![],
         vec![vinfo("x", &[1, 8])],
-        vec![vinfo("y", &[1, 3])],
+        vec![vinfo("y", &[1, 8])],
     );
     let (who, op, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!((who.as_str(), op.as_str()), ("topk1", "TopK"));
+    assert_eq!((who.as_str(), op.as_str()), ("hardmax1", "Hardmax"));
     assert!(reason.contains("not supported"), "{reason}");
     let msg = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
-    assert!(msg.starts_with("node 'topk1' (TopK): op type 'TopK' is not supported"), "{msg}");
+    assert!(msg.starts_with("node 'hardmax1' (Hardmax): op type 'Hardmax' is not supported"), "{msg}");
 }
 
 #[test]
@@ -1813,4 +1813,22 @@ fn recurrent_layers_unroll_and_refuse_what_they_do_not_model() {
         vec![vinfo("y", &[3, 1, 2, 5])],
     );
     assert!(unsupported(&bytes, &Options::default()).2.contains("W computed at run time"));
+}
+
+#[test]
+fn top_k_is_rounds_of_selection_and_refuses_what_it_cannot_bound() {
+    let topk = |k: i64, len: i64, k_const: bool| {
+        model(
+            vec![node("TopK", "topk", &["x", "k"], &["v", "i"], vec![])],
+            if k_const { vec![ints("k", &[k])] } else { vec![] },
+            if k_const { vec![vinfo("x", &[2, len])] } else { vec![vinfo("x", &[2, len]), vinfo("k", &[1])] },
+            vec![vinfo("v", &[2, k]), typed_vinfo("i", &[2, k], elem::INT64)],
+        )
+    };
+    // Per round: value, index, and (but the last) the mask; then the two
+    // gathers and the cast.
+    assert_eq!(compute_ops(&compiled(&topk(3, 10, true)).model).len(), 3 * 2 + 2 * 2 + 3);
+    assert!(unsupported(&topk(11, 10, true), &Options::default()).2.contains("0..=10"));
+    assert!(unsupported(&topk(300, 1000, true), &Options::default()).2.contains("at most 256"));
+    assert!(compile(&topk(3, 10, false), "t", &Options::default()).is_err());
 }

@@ -342,9 +342,8 @@ def gelu20():
 def unsupported_op():
     g = Graph("unsupported-op", 106)
     y = g.node("Relu", ["x"], "relu0")
-    g.node("TopK", [y, g.i64("topk1.k", [3])], "topk1", outputs=["y", "topk1.indices"],
-           axis=-1, largest=1, sorted=1)
-    return g.model("x", [1, 8], "y", [1, 3]), None
+    g.node("Hardmax", [y], "hardmax1", outputs=["y"], axis=-1)
+    return g.model("x", [1, 8], "y", [1, 8]), None
 
 
 def dynamic_batch():
@@ -1168,6 +1167,25 @@ def activations():
     return g.model(x, [2, 3, 4, 5], "y", [2, 9 * 60], opset=18), g.input_data((2, 3, 4, 5))
 
 
+def topk():
+    """TopK as classifiers' top-k and detection heads use it: the largest 3
+    along the last axis, the smallest 4 along axis 1, every element (k =
+    the axis length), on values with ties (which must come out in index
+    order); values and indices (as float) feed the output."""
+    g = Graph("topk", 127)
+    q = "x"  # [2, 6, 10], multiples of 0.5: many ties
+    outs = []
+    for name, k, attrs in [("top3", 3, dict(axis=-1)), ("bottom4", 4, dict(axis=1, largest=0)),
+                           ("all", 10, dict(axis=2, sorted=1))]:
+        v, i = g.node("TopK", [q, g.i64(f"{name}.k", [k])], name, n_out=2, **attrs)
+        outs.append(g.node("Flatten", [v], f"{name}.v", axis=1))
+        fi = g.node("Cast", [i], f"{name}.cast", to=TensorProto.FLOAT)
+        outs.append(g.node("Flatten", [fi], f"{name}.i", axis=1))
+    n = 2 * (6 * 3 + 4 * 10 + 6 * 10)
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(q, [2, 6, 10], "y", [2, n]), np.round(g.input_data((2, 6, 10)) * 2) / 2
+
+
 def norm_space():
     """Norms and pixel shuffles of image decoders and super-resolution nets:
     InstanceNormalization, GroupNormalization (opset 21: scale and bias per
@@ -1285,6 +1303,7 @@ MODELS = [
     ("conv3d", conv3d, ""),
     ("recurrent", recurrent, ""),
     ("activations", activations, ""),
+    ("topk", topk, ""),
 ]
 
 

@@ -83,7 +83,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "MaxPool", "Mean", "Min", "Mish", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "QGemm", "QLinearAdd", "QLinearConcat", "QLinearConv", "QLinearGlobalAveragePool", "QLinearMatMul", "QLinearMul", "QLinearSoftmax", "QuantizeLinear", "Range", "Reciprocal",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
     "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "RNN", "Round", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign", "Sin", "Cos",
-    "Selu", "Size", "Slice", "Softmax", "Softplus", "Softsign", "SpaceToDepth", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "ThresholdedRelu", "Tile", "Transpose", "Trilu", "Unsqueeze", "Upsample",
+    "Selu", "Size", "Slice", "Softmax", "Softplus", "Softsign", "SpaceToDepth", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "ThresholdedRelu", "Tile", "TopK", "Transpose", "Trilu", "Unsqueeze", "Upsample",
     "Where", "Xor",
 ];
 

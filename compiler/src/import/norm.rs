@@ -1,15 +1,18 @@
 //! Normalisation and reductions: BatchNormalization (folded into an affine
 //! op or the producing conv), LayerNormalization, InstanceNormalization and
 //! GroupNormalization (a LAYERNORM over each group's elements, then a
-//! per-channel scale and shift), Softmax, LogSoftmax and Reduce*.
+//! per-channel scale and shift), Softmax, LogSoftmax, Reduce* and TopK.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
     "BatchNormalization", "Softmax", "LogSoftmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "ArgMax", "ArgMin", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
-    "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
+    "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "TopK",
 ];
+
+/// Largest `k` of a TopK (four ops per selected element).
+const TOPK_MAX_K: u64 = 256;
 
 impl Importer {
     pub(super) fn lower_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
@@ -56,6 +59,7 @@ impl Importer {
             | "ReduceLogSum" | "ReduceLogSumExp" => self.reduce(cx, ins)?,
             "InstanceNormalization" | "GroupNormalization" => self.group_norm(cx, ins)?,
             "ArgMax" | "ArgMin" => self.arg_extreme(cx, input(0)?)?,
+            "TopK" => return self.top_k(cx, ins),
             _ => return Err(cx.err(format!("internal error: '{op}' is not a norm op"))),
         };
         Ok(vec![v])
@@ -189,6 +193,80 @@ impl Importer {
         let dims = vec![volume(&s[..a]), s[a], volume(&s[a + 1..])];
         let idx = self.device_tmp(cx, Kind::Reduce { kind, x, dims, axis: 1 }, out.clone(), "index");
         Ok(self.device(cx, Kind::Cast { x: idx, from: DType::F32, to: DType::I64 }, out))
+    }
+
+    /// TopK as `k` rounds of selection over the `[outer, len, inner]` view:
+    /// the round's value is a REDUCE max (min for `largest=0`), its index a
+    /// REDUCE argmax (the first of equal values, so ties come out in index
+    /// order, as ONNX requires), and the chosen element is then replaced
+    /// by −inf (+inf) with an EQUAL against the positions and a WHERE. The
+    /// rounds' values and indices are gathered along the axis by one copy
+    /// each; the indices are cast to int64. Sorted output (allowed for
+    /// `sorted=0` too). An input holding −inf (+inf) among its top `k`
+    /// elements may repeat an index there.
+    fn top_k(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
+        let s = self.shape(x);
+        if s.is_empty() {
+            return Err(cx.err("the input is a scalar"));
+        }
+        let a = cx.shape(shape::axis(cx.int("axis", -1), s.len(), false))?;
+        let k = if self.opset < 10 {
+            cx.int("k", -1)
+        } else {
+            let kv = ins.get(1).copied().flatten().ok_or_else(|| cx.err("input 1 (K) is missing"))?;
+            match self.const_ints(cx, kv, 1)?.as_slice() {
+                [k] => *k,
+                other => return Err(cx.err(format!("K {other:?}: one value expected"))),
+            }
+        };
+        let len = s[a];
+        if k < 0 || k as u64 > len {
+            return Err(cx.err(format!("k {k}: 0..={len} (the length of axis {a}) expected")));
+        }
+        let k = k as u64;
+        if k > TOPK_MAX_K {
+            return Err(cx.err(format!("k {k}: at most {TOPK_MAX_K} (each selected element is a pass over the input)")));
+        }
+        if len >= 1 << 24 {
+            return Err(cx.err(format!("axis {a} has {len} elements; at most 2^24 (indices are computed in f32)")));
+        }
+        let largest = cx.int("largest", 1) != 0;
+        let (outer, inner) = (volume(&s[..a]), volume(&s[a + 1..]));
+        let dims = vec![outer, len, inner];
+        let one = vec![outer, 1, inner];
+        let mut out = s.clone();
+        out[a] = k;
+        if k == 0 {
+            let empty = |me: &mut Self, i: usize, c: Const| me.constant(&Self::out_name(cx, i), c);
+            return Ok(vec![empty(self, 0, Const::f32(&out, vec![])), empty(self, 1, Const::i64(&out, vec![]))]);
+        }
+        let (pick, arg, masked) = if largest { (REDUCE_MAX, REDUCE_ARGMAX, f32::NEG_INFINITY) } else { (REDUCE_MIN, REDUCE_ARGMIN, f32::INFINITY) };
+        let positions = self.constant(&format!("{}.positions", cx.name), Const::f32(&[1, len, 1], (0..len).map(|i| i as f32).collect()));
+        let fill = self.constant(&format!("{}.masked", cx.name), Const::f32(&[], vec![masked]));
+        let mut work = self.reshaped(cx, x, dims.clone(), Some("rows"));
+        let (mut values, mut indices) = (Vec::new(), Vec::new());
+        for r in 0..k {
+            values.push(self.device_tmp(cx, Kind::Reduce { kind: pick, x: work, dims: dims.clone(), axis: 1 }, one.clone(), &format!("value{r}")));
+            let idx = self.device_tmp(cx, Kind::Reduce { kind: arg, x: work, dims: dims.clone(), axis: 1 }, one.clone(), &format!("index{r}"));
+            indices.push(idx);
+            if r + 1 < k {
+                let hit = self.elementwise(cx, Binary::Equal, positions, idx, Some(&format!("chosen{r}")))?;
+                work = self.where_select(cx, hit, fill, work, Some(&format!("rest{r}")))?;
+            }
+        }
+        // Round r lands at position r of the axis.
+        let gather = |parts: &[ValueId]| -> Vec<CopyPart> {
+            parts
+                .iter()
+                .enumerate()
+                .map(|(r, &v)| CopyPart { src: v, src_offset: 0, dst_offset: r as u64 * inner, sizes: vec![outer, inner], src_strides: vec![inner, 1], dst_strides: vec![k * inner, 1] })
+                .collect()
+        };
+        let vals = self.device_out(cx, 0, Kind::Copy { parts: gather(&values) }, out.clone());
+        let idx = self.device_tmp(cx, Kind::Copy { parts: gather(&indices) }, out.clone(), "indices_f32");
+        let idx = self.device_out(cx, 1, Kind::Cast { x: idx, from: DType::F32, to: DType::I64 }, out);
+        Ok(vec![vals, idx])
     }
 
     pub(super) fn reduce(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
