@@ -1832,3 +1832,37 @@ fn top_k_is_rounds_of_selection_and_refuses_what_it_cannot_bound() {
     assert!(unsupported(&topk(300, 1000, true), &Options::default()).2.contains("at most 256"));
     assert!(compile(&topk(3, 10, false), "t", &Options::default()).is_err());
 }
+
+#[test]
+fn pad_modes_crops_and_training_mode_batch_norm_of_constants() {
+    let pad = |p: &[i64], mode: &str, y: &[i64]| {
+        let attrs = vec![AttributeProto { name: "mode".into(), s: mode.as_bytes().to_vec(), r#type: 3, ..Default::default() }];
+        model(vec![node("Pad", "pad", &["x", "p"], &["y"], attrs)], vec![ints("p", p)], vec![vinfo("x", &[1, 2, 4, 5])], vec![vinfo("y", y)])
+    };
+    // Reflect on two axes: one copy per axis.
+    assert_eq!(compute_ops(&compiled(&pad(&[0, 0, 1, 2, 0, 0, 2, 1], "reflect", &[1, 2, 7, 8])).model).len(), 2);
+    // Crop, then pad.
+    assert_eq!(compute_ops(&compiled(&pad(&[0, 0, -1, 0, 0, 0, 1, 0], "constant", &[1, 2, 4, 5])).model).len(), 2);
+    assert!(unsupported(&pad(&[0, 0, 0, 5, 0, 0, 0, 0], "reflect", &[1, 2, 4, 10]), &Options::default()).2.contains("smaller than the axis"));
+    assert!(unsupported(&pad(&[0, 0, 0, 1, 0, 0, 0, 1], "wrap", &[1, 2, 4, 7]), &Options::default()).2.contains("mode 'wrap'"));
+    assert!(unsupported(&pad(&[0, 0, -2, 0, 0, 0, -2, 0], "constant", &[1, 2, 0, 5]), &Options::default()).2.contains("crop all"));
+    // BatchNormalization in training mode: folded on a constant input
+    // (weight standardisation), refused on a run-time one.
+    let bn = |x_const: bool| {
+        let mut inits = vec![tensor("s", &[2], &[1.0, 2.0]), tensor("b", &[2], &[0.0, 1.0]), tensor("m", &[2], &[0.0, 0.0]), tensor("v", &[2], &[1.0, 1.0])];
+        if x_const {
+            inits.push(tensor("x", &[2, 2, 3], &ramp(12, 0.5)));
+        }
+        model(
+            vec![
+                node("BatchNormalization", "bn", &["x", "s", "b", "m", "v"], &["y"], vec![attr_i("training_mode", 1)]),
+                node("Add", "add", &["y", "in"], &["z"], vec![]),
+            ],
+            inits,
+            if x_const { vec![vinfo("in", &[2, 2, 3])] } else { vec![vinfo("x", &[2, 2, 3]), vinfo("in", &[2, 2, 3])] },
+            vec![vinfo("z", &[2, 2, 3])],
+        )
+    };
+    compiled(&bn(true));
+    assert!(unsupported(&bn(false), &Options::default()).2.contains("training_mode=1 on a run-time input"));
+}

@@ -1186,6 +1186,29 @@ def topk():
     return g.model(q, [2, 6, 10], "y", [2, n]), np.round(g.input_data((2, 6, 10)) * 2) / 2
 
 
+def pads():
+    """Pad in every mode: reflect (mirroring without the edge, as
+    PyTorch's ReflectionPad2d and anti-aliased downsampling use it), edge
+    (replicate), and negative pads, which crop (NASNet's shifted paths),
+    alone and together with positive ones; every result feeds the output."""
+    g = Graph("pads", 128)
+    x = "x"  # [1, 3, 5, 6]
+    cases = [
+        ("reflect", [0, 0, 1, 2, 0, 0, 2, 1], dict(mode="reflect")),  # [1, 3, 8, 9]
+        ("edge", [0, 0, 0, 2, 0, 0, 1, 2], dict(mode="edge")),  # [1, 3, 6, 10]
+        ("crop", [0, 0, -1, -1, 0, 0, 1, 1], {}),  # [1, 3, 5, 6]
+        ("crop_only", [0, 0, 0, -2, 0, 0, -1, 0], {}),  # [1, 3, 4, 4]
+        ("crop_reflect", [0, 0, -1, 1, 0, 0, 0, 1], dict(mode="reflect")),  # [1, 3, 4, 8]
+    ]
+    outs = []
+    for name, p, attrs in cases:
+        y = g.node("Pad", [x, g.i64(f"{name}.pads", p)], name, **attrs)
+        outs.append(g.node("Flatten", [y], f"{name}.flatten", axis=1))
+    n = 3 * (8 * 9 + 6 * 10 + 5 * 6 + 4 * 4 + 4 * 8)
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [1, 3, 5, 6], "y", [1, n]), g.input_data((1, 3, 5, 6))
+
+
 def norm_space():
     """Norms and pixel shuffles of image decoders and super-resolution nets:
     InstanceNormalization, GroupNormalization (opset 21: scale and bias per
@@ -1304,6 +1327,7 @@ MODELS = [
     ("recurrent", recurrent, ""),
     ("activations", activations, ""),
     ("topk", topk, ""),
+    ("pads", pads, ""),
 ]
 
 

@@ -174,8 +174,8 @@ impl Importer {
         let s = self.shape(x);
         let r = s.len();
         let mode = cx.string("mode").unwrap_or_else(|| "constant".into());
-        if mode != "constant" {
-            return Err(cx.err(format!("mode '{mode}' is not supported (only constant padding)")));
+        if !matches!(mode.as_str(), "constant" | "reflect" | "edge") {
+            return Err(cx.err(format!("mode '{mode}' is not supported (constant, reflect and edge are)")));
         }
         let (pads, value, axes) = if self.opset < 11 {
             (cx.ints("pads").ok_or_else(|| cx.err("pads are missing"))?, cx.float("value", 0.0), None)
@@ -195,13 +195,37 @@ impl Importer {
         if pads.len() != 2 * axes.len() {
             return Err(cx.err(format!("{} pads for {} axes", pads.len(), axes.len())));
         }
-        if pads.iter().any(|&p| p < 0) {
-            return Err(cx.err(format!("negative pads {pads:?} (cropping) are not supported")));
-        }
+        // Negative pads crop: a slice first, then the non-negative pads.
+        let (mut crop_b, mut crop_e) = (vec![0u64; r], vec![0u64; r]);
         let (mut begin, mut end) = (vec![0u64; r], vec![0u64; r]);
         for (i, &a) in axes.iter().enumerate() {
-            begin[a] = pads[i] as u64;
-            end[a] = pads[i + axes.len()] as u64;
+            let (pb, pe) = (pads[i], pads[i + axes.len()]);
+            (crop_b[a], begin[a]) = if pb < 0 { (pb.unsigned_abs(), 0) } else { (0, pb as u64) };
+            (crop_e[a], end[a]) = if pe < 0 { (pe.unsigned_abs(), 0) } else { (0, pe as u64) };
+            if crop_b[a].saturating_add(crop_e[a]) >= s[a].max(1) && (crop_b[a] | crop_e[a]) != 0 {
+                return Err(cx.err(format!("pads {pads:?} crop all of axis {a} (size {})", s[a])));
+            }
+        }
+        let (x, s) = if crop_b.iter().chain(&crop_e).any(|&c| c != 0) {
+            let kept: Vec<u64> = (0..r).map(|a| s[a] - crop_b[a] - crop_e[a]).collect();
+            let only_crop = begin.iter().chain(&end).all(|&p| p == 0);
+            let cropped = if only_crop {
+                self.slice_out(cx, 0, x, &kept, &crop_b, &vec![1; r])?
+            } else {
+                let st = strides(&s);
+                let offset = crop_b.iter().zip(&st).map(|(c, s)| c * s).sum();
+                let part = CopyPart { src: x, src_offset: offset, dst_offset: 0, sizes: kept.clone(), src_strides: st, dst_strides: strides(&kept) };
+                self.device_tmp(cx, Kind::Copy { parts: vec![part] }, kept.clone(), "cropped")
+            };
+            if only_crop {
+                return Ok(cropped);
+            }
+            (cropped, kept)
+        } else {
+            (x, s)
+        };
+        if mode != "constant" {
+            return self.pad_by_copies(cx, x, &s, &begin, &end, mode == "reflect");
         }
         let out: Vec<u64> = (0..r).map(|i| s[i].saturating_add(begin[i]).saturating_add(end[i])).collect();
         if let Some(c) = self.konst(x) {
@@ -220,6 +244,60 @@ impl Importer {
         rank_ok(cx, &out, "the output")?;
         let step = vec![1; r];
         Ok(self.device(cx, Kind::Pad { x, value, dims: s, begin, end, step }, out))
+    }
+
+    /// Reflect / edge padding: one copy per padded axis, made of the
+    /// unchanged block and one slab per padding position (the element it
+    /// mirrors, or the edge element). Reflect pads must be shorter than
+    /// their axis.
+    fn pad_by_copies(&mut self, cx: &Cx, x: ValueId, s: &[u64], begin: &[u64], end: &[u64], reflect: bool) -> Result<ValueId> {
+        let mut cur = x;
+        let mut shape = s.to_vec();
+        let padded: Vec<usize> = (0..s.len()).filter(|&a| begin[a] + end[a] > 0).collect();
+        if padded.is_empty() {
+            return Ok(self.alias(cx, x));
+        }
+        for (n, &a) in padded.iter().enumerate() {
+            let (size, pb, pe) = (shape[a], begin[a], end[a]);
+            if reflect && (pb >= size || pe >= size) {
+                return Err(cx.err(format!("reflect pads ({pb}, {pe}) on axis {a} of size {size}: each must be smaller than the axis")));
+            }
+            if pb + pe > 1024 {
+                return Err(cx.err(format!("pads ({pb}, {pe}) on axis {a}: at most 1024 in reflect or edge mode")));
+            }
+            let (outer, inner) = (volume(&shape[..a]), volume(&shape[a + 1..]));
+            let out_len = size + pb + pe;
+            let slab = |src_i: u64, dst_i: u64| CopyPart {
+                src: cur,
+                src_offset: src_i * inner,
+                dst_offset: dst_i * inner,
+                sizes: vec![outer, inner],
+                src_strides: vec![size * inner, 1],
+                dst_strides: vec![out_len * inner, 1],
+            };
+            let mut parts = vec![CopyPart {
+                src: cur,
+                src_offset: 0,
+                dst_offset: pb * inner,
+                sizes: vec![outer, size * inner],
+                src_strides: vec![size * inner, 1],
+                dst_strides: vec![out_len * inner, 1],
+            }];
+            for j in 0..pb {
+                parts.push(slab(if reflect { j + 1 } else { 0 }, pb - 1 - j));
+            }
+            for j in 0..pe {
+                parts.push(slab(if reflect { size - 2 - j } else { size - 1 }, pb + size + j));
+            }
+            shape[a] = out_len;
+            rank_ok(cx, &shape, "the output")?;
+            cur = if n + 1 == padded.len() {
+                self.device(cx, Kind::Copy { parts }, shape.clone())
+            } else {
+                self.device_tmp(cx, Kind::Copy { parts }, shape.clone(), &format!("padded{a}"))
+            };
+        }
+        Ok(cur)
     }
 
     /// DepthToSpace (DCR and CRD) and SpaceToDepth: a rank-6 reshape, a

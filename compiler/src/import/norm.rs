@@ -83,13 +83,13 @@ impl Importer {
     }
 
     pub(super) fn batch_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<ValueId> {
-        if cx.int("training_mode", 0) != 0 {
-            return Err(cx.err("training_mode=1 is not supported (inference only)"));
-        }
         let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
         if s.len() < 2 {
             return Err(cx.err(format!("input {s:?} has no channel axis")));
+        }
+        if cx.int("training_mode", 0) != 0 {
+            return self.batch_norm_of_constant(cx, ins, x, &s);
         }
         let c = s[1];
         let mut p = Vec::new();
@@ -106,6 +106,46 @@ impl Importer {
         let sc: Vec<f32> = (0..c as usize).map(|i| p[0][i] / (p[3][i] + eps).sqrt()).collect();
         let sh: Vec<f32> = (0..c as usize).map(|i| p[1][i] - p[2][i] * sc[i]).collect();
         self.channel_affine(cx, x, sc, sh, "shift")
+    }
+
+    /// BatchNormalization in training mode normalises by the statistics of
+    /// its own input: folded when that input is a constant (NFNets' and
+    /// other weight-standardised convs normalise their weights so), refused
+    /// otherwise. Population variance, as ONNX defines it; statistics in f64.
+    fn batch_norm_of_constant(&mut self, cx: &Cx, ins: &[Option<ValueId>], x: ValueId, s: &[u64]) -> Result<ValueId> {
+        let Some(xc) = self.konst(x).map(Const::floats) else {
+            return Err(cx.err("training_mode=1 on a run-time input is not supported (inference only)"));
+        };
+        let c = s[1] as usize;
+        let inner = volume(&s[2..]) as usize;
+        let per = |i: usize| -> Result<Vec<f32>> {
+            let v = ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))?;
+            let k = self.need_const(cx, v, i)?.floats();
+            if k.len() != c {
+                return Err(cx.err(format!("input {i} has {} values for {c} channels", k.len())));
+            }
+            Ok(k)
+        };
+        let (scale, bias) = (per(1)?, per(2)?);
+        let eps = cx.float("epsilon", 1e-5) as f64;
+        let (mut sum, mut sq) = (vec![0f64; c], vec![0f64; c]);
+        for (i, &v) in xc.iter().enumerate() {
+            let ch = (i / inner.max(1)) % c;
+            sum[ch] += v as f64;
+            sq[ch] += v as f64 * v as f64;
+        }
+        let count = (xc.len() / c.max(1)).max(1) as f64;
+        let y = xc
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let ch = (i / inner.max(1)) % c;
+                let mean = sum[ch] / count;
+                let var = (sq[ch] / count - mean * mean).max(0.0);
+                (((v as f64 - mean) / (var + eps).sqrt()) * scale[ch] as f64 + bias[ch] as f64) as f32
+            })
+            .collect();
+        Ok(self.constant(&Self::out_name(cx, 0), Const::f32(s, y)))
     }
 
     /// `x · scale[c] + shift[c]` over the channel axis 1 of `x`: two
