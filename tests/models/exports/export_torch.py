@@ -433,6 +433,63 @@ def dinov2(out, seed):
     pixels(out, "dinov2", randomize(Dinov2Model(cfg), seed), (1, 3, 98, 126), "pooler_output", seed)
 
 
+def t5_encoder(out, seed):
+    """T5's encoder: relative position buckets (log-spaced, computed from
+    the positions at run time), RMS-style T5LayerNorm, gated-free ReLU FFN."""
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    cfg = T5Config(vocab_size=500, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+    model = randomize(T5EncoderModel(cfg), seed).eval()
+    input_ids = ids(seed, 2, 32, cfg.vocab_size)
+    export(out, "t5_encoder", Hidden(model), (input_ids, padded_mask(2, 32, 20)), ["input_ids", "attention_mask"], ["last_hidden_state"], seed)
+
+
+def qwen2(out, seed):
+    """A Qwen2 decoder (grouped-query attention with biased q/k/v, RoPE,
+    RMSNorm, SwiGLU) returning logits."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, use_cache=False, attn_implementation="eager")
+    model = randomize(Qwen2ForCausalLM(cfg), seed).eval()
+    export(out, "qwen2", Logits(model), (ids(seed, 2, 32, cfg.vocab_size), padded_mask(2, 32, 20)),
+           ["input_ids", "attention_mask"], ["logits"], seed)
+
+
+def wav2vec2(out, seed):
+    """wav2vec 2.0 on raw audio: a strided 1-D conv feature encoder with
+    GroupNorm, a grouped positional convolution, a transformer encoder."""
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    torch.manual_seed(seed)
+    cfg = Wav2Vec2Config(vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                         num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+    model = randomize(Wav2Vec2Model(cfg), seed).eval()
+
+    class Out(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_values):
+            return self.m(input_values=input_values).last_hidden_state
+
+    audio = torch.randn(1, 4000, generator=torch.Generator().manual_seed(seed))
+    export(out, "wav2vec2", Out(model), (audio,), ["input_values"], ["last_hidden_state"], seed)
+
+
+def segformer(out, seed):
+    """SegFormer: overlapping patch embeddings, efficient (spatially
+    reduced) attention, Mix-FFN with a depthwise conv, an all-MLP decoder."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    torch.manual_seed(seed)
+    model = randomize(SegformerForSemanticSegmentation(SegformerConfig(num_labels=5)), seed)
+    pixels(out, "segformer", model, (1, 3, 64, 64), "logits", seed)
+
+
 def detr(out, seed):
     """DETR (ResNet backbone, transformer encoder-decoder, box head); its
     encoder checks activations with IsNaN/IsInf at run time."""
@@ -507,6 +564,10 @@ MODELS = {
     "bart": lambda out: bart(out, 9),
     "dinov2": lambda out: dinov2(out, 10),
     "detr": lambda out: detr(out, 11),
+    "t5_encoder": lambda out: t5_encoder(out, 23),
+    "qwen2": lambda out: qwen2(out, 24),
+    "wav2vec2": lambda out: wav2vec2(out, 25),
+    "segformer": lambda out: segformer(out, 26),
     "yolov8n": lambda out: ultralytics_model(out, "yolov8n", "yolov8n.yaml", 640, 8),
     "yolo11n": lambda out: ultralytics_model(out, "yolo11n", "yolo11n.yaml", 320, 13),
 }
