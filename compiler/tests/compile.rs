@@ -636,16 +636,16 @@ fn zero_pad_folds_into_conv_and_1d_conv_compiles() {
         vec![vinfo("y", &[2, 6])],
     );
     assert_eq!(compute_ops(&compiled(&bytes).model), ["Pad"]);
-    // Reflect padding is refused with the reason.
+    // Wrap padding is refused with the reason.
     let bytes = model(
-        vec![node("Pad", "pad", &["x", "pads"], &["y"], vec![AttributeProto { name: "mode".into(), s: b"reflect".to_vec(), r#type: 3, ..Default::default() }])],
+        vec![node("Pad", "pad", &["x", "pads"], &["y"], vec![AttributeProto { name: "mode".into(), s: b"wrap".to_vec(), r#type: 3, ..Default::default() }])],
         vec![ints("pads", &[0, 1, 0, 2])],
         vec![vinfo("x", &[2, 3])],
         vec![vinfo("y", &[2, 6])],
     );
     let (who, _, reason) = unsupported(&bytes, &Options::default());
     assert_eq!(who, "pad");
-    assert!(reason.contains("mode 'reflect' is not supported"), "{reason}");
+    assert!(reason.contains("mode 'wrap' is not supported"), "{reason}");
 }
 
 #[test]
