@@ -99,21 +99,8 @@ impl Importer {
         if !(sx.len() == 3 || sx.len() == 4) || sw.len() != sx.len() {
             return Err(cx.err(format!("input {sx:?} / weights {sw:?}: only 1-D, 2-D and 3-D convolution (NCL / NCHW / NCDHW) is supported")));
         }
-        let g = cx.int("group", 1).max(1) as u64;
+        let g = self.check_conv_operands(cx, &sx, &sw, bias)?;
         let (n, c, o) = (sx[0], sx[1], sw[0]);
-        if c % g != 0 || o % g != 0 || sw[1] * g != c {
-            return Err(cx.err(format!("weights {sw:?} do not fit {c} input channels in {g} groups")));
-        }
-        if let Some(ks) = cx.ints("kernel_shape") {
-            if ks.iter().map(|&k| k as u64).ne(sw[2..].iter().copied()) {
-                return Err(cx.err(format!("kernel_shape {ks:?} differs from the weights' {:?}", &sw[2..])));
-            }
-        }
-        if let Some(bv) = bias {
-            if self.shape(bv) != [o] {
-                return Err(cx.err(format!("bias has shape {:?}; [{o}] expected", self.shape(bv))));
-            }
-        }
         let mut win = self.window(cx, &sx[2..], &sw[2..])?;
         let out_sp = win.output(cx)?;
         let w = self.trim_dead_taps(cx, w, &mut win, out_sp);
@@ -133,10 +120,9 @@ impl Importer {
 }
 
 impl Importer {
-    /// A 3-D convolution as a 2-D one with the depth taps as channels; see
-    /// the module docs.
-    fn conv3d(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
-        let (sx, sw) = (self.shape(x), self.shape(w));
+    /// The groups of a Conv whose input `sx`, weights `sw` and bias agree
+    /// with each other and with `kernel_shape`.
+    fn check_conv_operands(&self, cx: &Cx, sx: &[u64], sw: &[u64], bias: Option<ValueId>) -> Result<u64> {
         let g = cx.int("group", 1).max(1) as u64;
         let (c, o) = (sx[1], sw[0]);
         if c % g != 0 || o % g != 0 || sw[1] * g != c {
@@ -152,6 +138,14 @@ impl Importer {
                 return Err(cx.err(format!("bias has shape {:?}; [{o}] expected", self.shape(bv))));
             }
         }
+        Ok(g)
+    }
+
+    /// A 3-D convolution as a 2-D one with the depth taps as channels; see
+    /// the module docs.
+    fn conv3d(&mut self, cx: &Cx, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
+        let (sx, sw) = (self.shape(x), self.shape(w));
+        let g = self.check_conv_operands(cx, &sx, &sw, bias)?;
         let stride = self.spatial_attr(cx, "strides", 3)?;
         let dil = self.spatial_attr(cx, "dilations", 3)?;
         let pads = self.pads(cx, &sx[2..], &sw[2..], &stride, &dil)?;
