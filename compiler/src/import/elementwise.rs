@@ -175,6 +175,12 @@ impl Importer {
         })
     }
 
+    /// `kind(x)` as an intermediate of a multi-op lowering, named by `tag`.
+    pub(super) fn unary_tmp(&mut self, cx: &Cx, kind: Unary, x: ValueId, tag: &str) -> ValueId {
+        let s = self.shape(x);
+        self.device_tmp(cx, Kind::Unary { kind, x, p0: 0.0, p1: 0.0 }, s, tag)
+    }
+
     /// relu(x) + slope * min(x, 0): LeakyRelu with alpha > 1, PRelu.
     pub(super) fn relu_plus_scaled_negative(&mut self, cx: &Cx, x: ValueId, slope: ValueId, s: Vec<u64>) -> Result<ValueId> {
         let pos = self.device_tmp(cx, Kind::Unary { kind: Unary::Relu, x, p0: 0.0, p1: 0.0 }, s, "positive");
@@ -186,8 +192,7 @@ impl Importer {
 
     /// An activation made of several ops; see the module docs.
     fn composite_activation(&mut self, cx: &Cx, op: &str, x: ValueId) -> Result<ValueId> {
-        let s = self.shape(x);
-        let un = |me: &mut Self, kind: Unary, v: ValueId, tag: &str| me.device_tmp(cx, Kind::Unary { kind, x: v, p0: 0.0, p1: 0.0 }, s.clone(), tag);
+        let un = |me: &mut Self, kind: Unary, v: ValueId, tag: &str| me.unary_tmp(cx, kind, v, tag);
         // relu(x) + log(1 + exp(−|x|)).
         let softplus = |me: &mut Self, last: bool| -> Result<ValueId> {
             let a = un(me, Unary::Abs, x, "abs");

@@ -212,9 +212,7 @@ impl Importer {
             let cropped = if only_crop {
                 self.slice_out(cx, 0, x, &kept, &crop_b, &vec![1; r])?
             } else {
-                let st = strides(&s);
-                let offset = crop_b.iter().zip(&st).map(|(c, s)| c * s).sum();
-                let part = CopyPart { src: x, src_offset: offset, dst_offset: 0, sizes: kept.clone(), src_strides: st, dst_strides: strides(&kept) };
+                let part = self.box_part(x, &kept, &crop_b, &vec![1; r]);
                 self.device_tmp(cx, Kind::Copy { parts: vec![part] }, kept.clone(), "cropped")
             };
             if only_crop {
@@ -415,19 +413,25 @@ impl Importer {
     /// Output `i` is the box (start, step, shape `out`) of `x`.
     pub(super) fn slice_out(&mut self, cx: &Cx, i: usize, x: ValueId, out: &[u64], start: &[u64], step: &[u64]) -> Result<ValueId> {
         let s = self.shape(x);
-        let st = strides(&s);
-        let src_strides: Vec<u64> = st.iter().zip(step).map(|(a, b)| a * b).collect();
-        let offset: u64 = st.iter().zip(start).map(|(a, b)| a * b).sum();
+        let part = self.box_part(x, out, start, step);
         if let Some(c) = self.konst(x) {
-            let c = fold::pick(c, &shape::box_indices(out, &src_strides, offset), out);
+            let c = fold::pick(c, &shape::box_indices(out, &part.src_strides, part.src_offset), out);
             return Ok(self.constant(&Self::out_name(cx, i), c));
         }
         if out == s.as_slice() {
             return Ok(self.device_out(cx, i, Kind::View { x }, s));
         }
         rank_ok(cx, &s, "the input")?;
-        let part = CopyPart { src: x, src_offset: offset, dst_offset: 0, sizes: out.to_vec(), src_strides, dst_strides: strides(out) };
         Ok(self.device_out(cx, i, Kind::Copy { parts: vec![part] }, out.to_vec()))
+    }
+
+    /// The copy of the box (start, step, shape `out`) of `x` into a new
+    /// `out`-shaped value.
+    fn box_part(&self, x: ValueId, out: &[u64], start: &[u64], step: &[u64]) -> CopyPart {
+        let st = strides(&self.shape(x));
+        let src_strides = st.iter().zip(step).map(|(a, b)| a * b).collect();
+        let src_offset = st.iter().zip(start).map(|(a, b)| a * b).sum();
+        CopyPart { src: x, src_offset, dst_offset: 0, sizes: out.to_vec(), src_strides, dst_strides: strides(out) }
     }
 
     pub(super) fn split(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {

@@ -74,9 +74,9 @@ impl Importer {
         let xv = self.reshaped(cx, x, dims.clone(), Some("rows"));
         let max = self.device_tmp(cx, Kind::Reduce { kind: REDUCE_MAX, x: xv, dims: dims.clone(), axis: 1 }, reduced.clone(), "max");
         let shifted = self.elementwise(cx, Binary::Sub, xv, max, Some("shifted"))?;
-        let e = self.device_tmp(cx, Kind::Unary { kind: Unary::Exp, x: shifted, p0: 0.0, p1: 0.0 }, dims.clone(), "exp");
+        let e = self.unary_tmp(cx, Unary::Exp, shifted, "exp");
         let sum = self.device_tmp(cx, Kind::Reduce { kind: REDUCE_SUM, x: e, dims, axis: 1 }, reduced.clone(), "sum");
-        let log = self.device_tmp(cx, Kind::Unary { kind: Unary::Log, x: sum, p0: 0.0, p1: 0.0 }, reduced, "log_sum");
+        let log = self.unary_tmp(cx, Unary::Log, sum, "log_sum");
         let y = self.elementwise(cx, Binary::Sub, shifted, log, Some("rows_out"))?;
         let y = self.reshaped(cx, y, s, Some("out"));
         Ok(self.alias(cx, y))
@@ -92,20 +92,22 @@ impl Importer {
             return self.batch_norm_of_constant(cx, ins, x, &s);
         }
         let c = s[1];
-        let mut p = Vec::new();
-        for i in 1..5 {
-            let v = ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))?;
-            let k = self.need_const(cx, v, i)?;
-            if k.len() as u64 != c {
-                return Err(cx.err(format!("input {i} has {} values for {c} channels", k.len())));
-            }
-            p.push(k.floats());
-        }
+        let p = (1..5).map(|i| self.channel_param(cx, ins, i, c)).collect::<Result<Vec<_>>>()?;
         let eps = cx.float("epsilon", 1e-5);
         // y = x * s + t with s = scale / sqrt(var + eps), t = bias - mean * s.
         let sc: Vec<f32> = (0..c as usize).map(|i| p[0][i] / (p[3][i] + eps).sqrt()).collect();
         let sh: Vec<f32> = (0..c as usize).map(|i| p[1][i] - p[2][i] * sc[i]).collect();
         self.channel_affine(cx, x, sc, sh, "shift")
+    }
+
+    /// BatchNormalization's constant input `i`: one value per channel.
+    fn channel_param(&self, cx: &Cx, ins: &[Option<ValueId>], i: usize, c: u64) -> Result<Vec<f32>> {
+        let v = ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))?;
+        let k = self.need_const(cx, v, i)?;
+        if k.len() as u64 != c {
+            return Err(cx.err(format!("input {i} has {} values for {c} channels", k.len())));
+        }
+        Ok(k.floats())
     }
 
     /// BatchNormalization in training mode normalises by the statistics of
@@ -116,17 +118,9 @@ impl Importer {
         let Some(xc) = self.konst(x).map(Const::floats) else {
             return Err(cx.err("training_mode=1 on a run-time input is not supported (inference only)"));
         };
+        let (scale, bias) = (self.channel_param(cx, ins, 1, s[1])?, self.channel_param(cx, ins, 2, s[1])?);
         let c = s[1] as usize;
         let inner = volume(&s[2..]) as usize;
-        let per = |i: usize| -> Result<Vec<f32>> {
-            let v = ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")))?;
-            let k = self.need_const(cx, v, i)?.floats();
-            if k.len() != c {
-                return Err(cx.err(format!("input {i} has {} values for {c} channels", k.len())));
-            }
-            Ok(k)
-        };
-        let (scale, bias) = (per(1)?, per(2)?);
         let eps = cx.float("epsilon", 1e-5) as f64;
         let (mut sum, mut sq) = (vec![0f64; c], vec![0f64; c]);
         for (i, &v) in xc.iter().enumerate() {

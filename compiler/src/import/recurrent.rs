@@ -235,15 +235,6 @@ impl Importer {
         self.device_tmp(cx, kind, vec![m, n], tag)
     }
 
-    fn act(&mut self, cx: &Cx, kind: Unary, x: ValueId, tag: &str) -> ValueId {
-        let s = self.shape(x);
-        self.device_tmp(cx, Kind::Unary { kind, x, p0: 0.0, p1: 0.0 }, s, tag)
-    }
-
-    fn ew(&mut self, cx: &Cx, kind: Binary, a: ValueId, b: ValueId, tag: &str) -> Result<ValueId> {
-        self.elementwise(cx, kind, a, b, Some(tag))
-    }
-
     /// One direction over the whole sequence: every step's hidden state
     /// (in sequence order), the final hidden state and (LSTM) cell state.
     #[allow(clippy::too_many_arguments)]
@@ -273,12 +264,19 @@ impl Importer {
         let proj = self.gemm_t(cx, xs, wv, Some(bv), None, seq * batch, width, isz, &format!("d{d}.projection"));
         // Gate blocks `lo .. lo + n` of R (hs rows of hs each).
         let rows = |lo: u64, n: u64| r[(lo * hs * hs) as usize..((lo + n) * hs * hs) as usize].to_vec();
-        // The recurrent weights, once per direction: all gates' rows, or
-        // (GRU with the reset before the product) z and r apart from h.
-        let r_all = self.constant(&name("R"), Const::f32(&[width, hs], rows(0, cell.gates())));
-        let r_zr = self.constant(&name("R_zr"), Const::f32(&[2 * hs, hs], rows(0, 2.min(cell.gates()))));
-        let r_h = self.constant(&name("R_h"), Const::f32(&[hs, hs], rows(cell.gates() - 1, 1)));
-        let rb_all = self.constant(&name("Rb"), Const::f32(&[width], rb.to_vec()));
+        // The recurrent weights, once per direction: all gates' rows (GRU
+        // with the reset after the product: and their bias), or (GRU with
+        // the reset before it) z and r apart from h.
+        let (r_main, r_extra) = match cell {
+            Cell::Gru { linear_before_reset: false } => (
+                self.constant(&name("R_zr"), Const::f32(&[2 * hs, hs], rows(0, 2))),
+                Some(self.constant(&name("R_h"), Const::f32(&[hs, hs], rows(2, 1)))),
+            ),
+            _ => {
+                let r = self.constant(&name("R"), Const::f32(&[width, hs], rows(0, cell.gates())));
+                (r, lbr.then(|| self.constant(&name("Rb"), Const::f32(&[width], rb.to_vec()))))
+            }
+        };
         let mut h = h0;
         let mut c = c0;
         let mut ys = vec![h0; seq as usize];
@@ -288,58 +286,59 @@ impl Importer {
             match cell {
                 Cell::Rnn { relu } => {
                     let xp = self.block(cx, proj, width, t * batch, batch, 0, hs, &tag("x"));
-                    let pre = self.gemm_t(cx, h, r_all, None, Some(xp), batch, hs, hs, &tag("pre"));
-                    h = self.act(cx, if relu { Unary::Relu } else { Unary::Tanh }, pre, &tag("h"));
+                    let pre = self.gemm_t(cx, h, r_main, None, Some(xp), batch, hs, hs, &tag("pre"));
+                    h = self.unary_tmp(cx, if relu { Unary::Relu } else { Unary::Tanh }, pre, &tag("h"));
                 }
                 Cell::Lstm => {
                     // Gates i, o, f, c (ONNX order).
                     let xp = self.block(cx, proj, width, t * batch, batch, 0, width, &tag("x"));
-                    let pre = self.gemm_t(cx, h, r_all, None, Some(xp), batch, width, hs, &tag("gates"));
-                    let sig = self.act(cx, Unary::Sigmoid, pre, &tag("sigmoid"));
+                    let pre = self.gemm_t(cx, h, r_main, None, Some(xp), batch, width, hs, &tag("gates"));
+                    let sig = self.unary_tmp(cx, Unary::Sigmoid, pre, &tag("sigmoid"));
                     let i = self.block(cx, sig, width, 0, batch, 0, hs, &tag("i"));
                     let o = self.block(cx, sig, width, 0, batch, hs, hs, &tag("o"));
                     let f = self.block(cx, sig, width, 0, batch, 2 * hs, hs, &tag("f"));
                     let g = self.block(cx, pre, width, 0, batch, 3 * hs, hs, &tag("g_pre"));
-                    let g = self.act(cx, Unary::Tanh, g, &tag("g"));
+                    let g = self.unary_tmp(cx, Unary::Tanh, g, &tag("g"));
                     let c_prev = c.ok_or_else(|| cx.err("internal error: LSTM without a cell state"))?;
-                    let keep = self.ew(cx, Binary::Mul, f, c_prev, &tag("keep"))?;
-                    let add = self.ew(cx, Binary::Mul, i, g, &tag("add"))?;
-                    let cn = self.ew(cx, Binary::Add, keep, add, &tag("c"))?;
-                    let tc = self.act(cx, Unary::Tanh, cn, &tag("tanh_c"));
-                    h = self.ew(cx, Binary::Mul, o, tc, &tag("h"))?;
+                    let keep = self.elementwise(cx, Binary::Mul, f, c_prev, Some(&tag("keep")))?;
+                    let add = self.elementwise(cx, Binary::Mul, i, g, Some(&tag("add")))?;
+                    let cn = self.elementwise(cx, Binary::Add, keep, add, Some(&tag("c")))?;
+                    let tc = self.unary_tmp(cx, Unary::Tanh, cn, &tag("tanh_c"));
+                    h = self.elementwise(cx, Binary::Mul, o, tc, Some(&tag("h")))?;
                     c = Some(cn);
                 }
                 Cell::Gru { linear_before_reset } => {
                     // Gates z, r, h (ONNX order).
                     let h_prev = h;
+                    let r_extra = r_extra.ok_or_else(|| cx.err("internal error: GRU without its second recurrent constant"))?;
                     let (z, rr, cand_pre);
                     if linear_before_reset {
-                        let rec = self.gemm_t(cx, h_prev, r_all, Some(rb_all), None, batch, width, hs, &tag("recurrent"));
+                        let rec = self.gemm_t(cx, h_prev, r_main, Some(r_extra), None, batch, width, hs, &tag("recurrent"));
                         let xzr = self.block(cx, proj, width, t * batch, batch, 0, 2 * hs, &tag("x_zr"));
                         let rzr = self.block(cx, rec, width, 0, batch, 0, 2 * hs, &tag("r_zr"));
-                        let zr = self.ew(cx, Binary::Add, xzr, rzr, &tag("zr_pre"))?;
-                        let zr = self.act(cx, Unary::Sigmoid, zr, &tag("zr"));
+                        let zr = self.elementwise(cx, Binary::Add, xzr, rzr, Some(&tag("zr_pre")))?;
+                        let zr = self.unary_tmp(cx, Unary::Sigmoid, zr, &tag("zr"));
                         z = self.block(cx, zr, 2 * hs, 0, batch, 0, hs, &tag("z"));
                         rr = self.block(cx, zr, 2 * hs, 0, batch, hs, hs, &tag("r"));
                         let rh = self.block(cx, rec, width, 0, batch, 2 * hs, hs, &tag("r_h"));
-                        let gated = self.ew(cx, Binary::Mul, rr, rh, &tag("reset"))?;
+                        let gated = self.elementwise(cx, Binary::Mul, rr, rh, Some(&tag("reset")))?;
                         let xh = self.block(cx, proj, width, t * batch, batch, 2 * hs, hs, &tag("x_h"));
-                        cand_pre = self.ew(cx, Binary::Add, xh, gated, &tag("cand_pre"))?;
+                        cand_pre = self.elementwise(cx, Binary::Add, xh, gated, Some(&tag("cand_pre")))?;
                     } else {
                         let xzr = self.block(cx, proj, width, t * batch, batch, 0, 2 * hs, &tag("x_zr"));
-                        let zr = self.gemm_t(cx, h_prev, r_zr, None, Some(xzr), batch, 2 * hs, hs, &tag("zr_pre"));
-                        let zr = self.act(cx, Unary::Sigmoid, zr, &tag("zr"));
+                        let zr = self.gemm_t(cx, h_prev, r_main, None, Some(xzr), batch, 2 * hs, hs, &tag("zr_pre"));
+                        let zr = self.unary_tmp(cx, Unary::Sigmoid, zr, &tag("zr"));
                         z = self.block(cx, zr, 2 * hs, 0, batch, 0, hs, &tag("z"));
                         rr = self.block(cx, zr, 2 * hs, 0, batch, hs, hs, &tag("r"));
-                        let reset = self.ew(cx, Binary::Mul, rr, h_prev, &tag("reset"))?;
+                        let reset = self.elementwise(cx, Binary::Mul, rr, h_prev, Some(&tag("reset")))?;
                         let xh = self.block(cx, proj, width, t * batch, batch, 2 * hs, hs, &tag("x_h"));
-                        cand_pre = self.gemm_t(cx, reset, r_h, None, Some(xh), batch, hs, hs, &tag("cand_pre"));
+                        cand_pre = self.gemm_t(cx, reset, r_extra, None, Some(xh), batch, hs, hs, &tag("cand_pre"));
                     }
-                    let cand = self.act(cx, Unary::Tanh, cand_pre, &tag("cand"));
+                    let cand = self.unary_tmp(cx, Unary::Tanh, cand_pre, &tag("cand"));
                     // (1 − z)·cand + z·h = cand + z·(h − cand).
-                    let diff = self.ew(cx, Binary::Sub, h_prev, cand, &tag("diff"))?;
-                    let mix = self.ew(cx, Binary::Mul, z, diff, &tag("mix"))?;
-                    h = self.ew(cx, Binary::Add, cand, mix, &tag("h"))?;
+                    let diff = self.elementwise(cx, Binary::Sub, h_prev, cand, Some(&tag("diff")))?;
+                    let mix = self.elementwise(cx, Binary::Mul, z, diff, Some(&tag("mix")))?;
+                    h = self.elementwise(cx, Binary::Add, cand, mix, Some(&tag("h")))?;
                 }
             }
             ys[t as usize] = h;
