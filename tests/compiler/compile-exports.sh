@@ -7,7 +7,7 @@
 # runs them on the NPU.
 #
 # The exports are cached in $RBLN_CACHE/exports-torch-HASH, HASH covering
-# the exporter and the venv's pins (about 2 min to make, 0.6 GB), and
+# the exporter and the venv's pins (2-3 min to make, 0.85 GB), and
 # hard-linked (or copied) into target/exports.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
