@@ -15,7 +15,7 @@ use rbln_format::{DType, Model, ModelBuilder, Node, RelocKind, StreamRole, Tenso
 use rbln_hw::ops::*;
 
 use crate::error::{CompileError, Result};
-use crate::ir::{Data, Graph, Kind, Op, ValueId};
+use crate::ir::{Data, Graph, Kind, Op, Sampling, ValueId};
 use crate::shape::volume;
 
 /// Arena offsets of activations are aligned to this (bytes).
@@ -731,10 +731,17 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let r = vec![reloc(offset_of!(CastDesc, in_va), off(*x)), reloc(offset_of!(CastDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Resize { x, dims, out, linear, nearest_mode, map } => {
+        Kind::Resize { x, dims, out, sampling, map } => {
+            let (mode, nearest_mode, cubic_a, flags) = match *sampling {
+                Sampling::Nearest(rounding) => (RESIZE_NEAREST, rounding, 0.0, 0),
+                Sampling::Linear => (RESIZE_LINEAR, 0, 0.0, 0),
+                Sampling::Cubic { a, exclude_outside } => (RESIZE_CUBIC, 0, a, if exclude_outside { RESIZE_EXCLUDE_OUTSIDE } else { 0 }),
+            };
             let d = ResizeDesc {
-                mode: if *linear { RESIZE_LINEAR } else { RESIZE_NEAREST },
-                nearest_mode: if *linear { 0 } else { *nearest_mode },
+                mode,
+                nearest_mode,
+                cubic_a,
+                flags,
                 n: u32c(op, dims[0], "n")?,
                 c: u32c(op, dims[1], "c")?,
                 h: u32c(op, dims[2], "h")?,

@@ -133,6 +133,18 @@ pub struct CopyPart {
     pub dst_strides: Vec<u64>,
 }
 
+/// How a RESIZE samples its input at a source coordinate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sampling {
+    /// The nearest input, rounding as `rbln_hw::ops::RESIZE_ROUND_*` /
+    /// `RESIZE_FLOOR` / `RESIZE_CEIL` says.
+    Nearest(u32),
+    Linear,
+    /// Keys' bicubic kernel with coefficient `a`; `exclude_outside` drops
+    /// taps beyond the edges and renormalises.
+    Cubic { a: f32, exclude_outside: bool },
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kind {
     Gemm {
@@ -202,9 +214,8 @@ pub enum Kind {
     Cast { x: ValueId, from: DType, to: DType },
     /// Spatial resize of `[n, c, h, w]` to `[n, c, out[0], out[1]]`:
     /// output (y, x) samples the input at `(map[0]·y + map[1], map[2]·x +
-    /// map[3])`, nearest (with `nearest_mode`, a RESIZE_* rounding code) or
-    /// bilinear.
-    Resize { x: ValueId, dims: [u64; 4], out: [u64; 2], linear: bool, nearest_mode: u32, map: [f32; 4] },
+    /// map[3])` as `sampling` says.
+    Resize { x: ValueId, dims: [u64; 4], out: [u64; 2], sampling: Sampling, map: [f32; 4] },
     /// `cond ≠ 0 ? a : b` with broadcasting; all dims padded to one rank.
     Where { cond: ValueId, a: ValueId, b: ValueId, cond_dims: Vec<u64>, a_dims: Vec<u64>, b_dims: Vec<u64> },
     /// Constant padding: the output (`dims` grown by `begin` and `end`, and

@@ -7,6 +7,7 @@ use prost::Message;
 use rbln_compile::onnx::*;
 use rbln_compile::{compile, parse_input_shape, CompileError, Options};
 use rbln_format::{Model, NodeKind, Placement};
+use rbln_hw::ops::{Binary, Desc, ResizeDesc, RESIZE_CUBIC, RESIZE_EXCLUDE_OUTSIDE};
 
 fn tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
     TensorProto { name: name.into(), dims: dims.to_vec(), data_type: elem::FLOAT, float_data: v.to_vec(), ..Default::default() }
@@ -296,16 +297,16 @@ fn memory_plan_reuses_arena_bytes() {
 #[test]
 fn unsupported_op_names_node_op_and_reason() {
     let bytes = model(
-        vec![node("Relu", "relu0", &["x"], &["r"], vec![]), node("Hardmax", "hardmax1", &["r"], &["y"], vec![])],
+        vec![node("Relu", "relu0", &["x"], &["r"], vec![]), node("RandomUniformLike", "random1", &["r"], &["y"], vec![])],
         vec![],
         vec![vinfo("x", &[1, 8])],
         vec![vinfo("y", &[1, 8])],
     );
     let (who, op, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!((who.as_str(), op.as_str()), ("hardmax1", "Hardmax"));
+    assert_eq!((who.as_str(), op.as_str()), ("random1", "RandomUniformLike"));
     assert!(reason.contains("not supported"), "{reason}");
     let msg = compile(&bytes, "t", &Options::default()).err().unwrap().to_string();
-    assert!(msg.starts_with("node 'hardmax1' (Hardmax): op type 'Hardmax' is not supported"), "{msg}");
+    assert!(msg.starts_with("node 'random1' (RandomUniformLike): op type 'RandomUniformLike' is not supported"), "{msg}");
 }
 
 #[test]
@@ -1060,13 +1061,7 @@ fn constant_reductions_fold() {
 
 #[test]
 fn compile_time_ops_refuse_run_time_inputs() {
-    let ints2 = || i64_tensor("k", &[2, 3], &[0, 1, 0, 1, 0, 1]);
     let cases: Vec<(&str, Vec<&str>, Vec<TensorProto>)> = vec![
-        ("Mod", vec!["x", "k"], vec![ints2()]),
-        ("Floor", vec!["x"], vec![]),
-        ("Ceil", vec!["x"], vec![]),
-        ("Round", vec!["x"], vec![]),
-        ("Sign", vec!["x"], vec![]),
         ("ReduceProd", vec!["x"], vec![]),
         ("ReduceLogSumExp", vec!["x"], vec![]),
         ("NonZero", vec!["x"], vec![]),
@@ -1080,13 +1075,13 @@ fn compile_time_ops_refuse_run_time_inputs() {
     }
     // A run-time integer input is named as it is (no float conversion first).
     let bytes = model(
-        vec![node("Mod", "pos", &["mask", "two"], &["p"], vec![]), node("Cast", "f", &["p"], &["pf"], vec![attr_i("to", elem::FLOAT as i64)]), node("Add", "a", &["x", "pf"], &["y"], vec![])],
-        vec![i64_tensor("two", &[], &[2])],
-        vec![vinfo("x", &[1, 4]), typed_vinfo("mask", &[1, 4], elem::INT64)],
-        vec![vinfo("y", &[1, 4])],
+        vec![node("Trilu", "tri", &["mask"], &["p"], vec![]), node("Cast", "f", &["p"], &["pf"], vec![attr_i("to", elem::FLOAT as i64)]), node("Add", "a", &["x", "pf"], &["y"], vec![])],
+        vec![],
+        vec![vinfo("x", &[4, 4]), typed_vinfo("mask", &[4, 4], elem::INT64)],
+        vec![vinfo("y", &[4, 4])],
     );
     let (who, op, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!((who.as_str(), op.as_str()), ("pos", "Mod"));
+    assert_eq!((who.as_str(), op.as_str()), ("tri", "Trilu"));
     assert!(reason.contains("input 0 ('mask') is computed at run time"), "{reason}");
     // CumSum of a run-time mask (position ids) runs on the device.
     let bytes = model(
@@ -1150,9 +1145,10 @@ fn resize_and_conv_transpose_lower_or_say_why_not() {
         )
     };
     assert_eq!(compute_ops(&compiled(&resize(vec![attr_s("mode", "nearest")])).model), ["Resize"]);
-    let (who, op, reason) = unsupported(&resize(vec![attr_s("mode", "cubic")]), &Options::default());
+    assert_eq!(compute_ops(&compiled(&resize(vec![attr_s("mode", "cubic")])).model), ["Resize"]);
+    let (who, op, reason) = unsupported(&resize(vec![attr_s("mode", "lanczos")]), &Options::default());
     assert_eq!((who.as_str(), op.as_str()), ("up", "Resize"));
-    assert!(reason.contains("mode 'cubic' on a run-time tensor is not supported"), "{reason}");
+    assert!(reason.contains("mode 'lanczos' is not supported"), "{reason}");
     let (_, _, reason) = unsupported(&resize(vec![attr_s("coordinate_transformation_mode", "tf_crop_and_resize")]), &Options::default());
     assert!(reason.contains("'tf_crop_and_resize' is not supported"), "{reason}");
     // Resizing the channel axis is refused.
@@ -1344,7 +1340,8 @@ fn gather_elements_with_run_time_indices() {
 /// IsNaN / IsInf on run-time values (DETR's activation checks) are
 /// comparisons; ScatterND / ScatterElements with constant indices and
 /// run-time data or updates (BART's shifted decoder ids) are a GATHER of
-/// the updates and a WHERE; cubic Resize folds on constants only.
+/// the updates and a WHERE; cubic Resize runs on the device, and folds on
+/// constants.
 #[test]
 fn run_time_checks_scatters_and_cubic() {
     let lowered = |nodes: Vec<NodeProto>, inits: Vec<TensorProto>, x: &[i64], y: &[i64]| {
@@ -1373,11 +1370,86 @@ fn run_time_checks_scatters_and_cubic() {
     let (who, op, reason) = unsupported(&bytes, &Options::default());
     assert_eq!((who.as_str(), op.as_str()), ("s", "ScatterND"));
     assert!(reason.contains("a reduction other than 'none'"), "{reason}");
-    // Cubic on a run-time tensor is refused naming the mode.
-    let cubic = |x: &str| node("Resize", "r", &[x, "", "sc"], &["y"], vec![attr_s("mode", "cubic")]);
-    let bytes = model(vec![cubic("x")], vec![tensor("sc", &[4], &[1., 1., 2., 2.])], vec![vinfo("x", &[1, 1, 2, 2])], vec![vinfo("y", &[1, 1, 4, 4])]);
-    let (_, _, reason) = unsupported(&bytes, &Options::default());
-    assert!(reason.contains("mode 'cubic' on a run-time tensor"), "{reason}");
+    // Cubic on a run-time tensor is one RESIZE carrying Keys' coefficient
+    // and the exclude_outside flag; on a 3-D input it is refused.
+    let cubic = |attrs: Vec<AttributeProto>| {
+        let attrs = [vec![attr_s("mode", "cubic")], attrs].concat();
+        model(vec![node("Resize", "r", &["x", "", "sc"], &["y"], attrs)], vec![tensor("sc", &[4], &[1., 1., 2., 2.])], vec![vinfo("x", &[1, 1, 2, 2])], vec![vinfo("y", &[1, 1, 4, 4])])
+    };
+    let m = compiled(&cubic(vec![attr_f("cubic_coeff_a", -0.5), attr_i("exclude_outside", 1)])).model;
+    let d = resize_descs(&m);
+    assert_eq!((d.len(), d[0].mode, d[0].cubic_a, d[0].flags), (1, RESIZE_CUBIC, -0.5, RESIZE_EXCLUDE_OUTSIDE));
+    let d = resize_descs(&compiled(&cubic(vec![])).model);
+    assert_eq!((d[0].mode, d[0].cubic_a, d[0].flags), (RESIZE_CUBIC, -0.75, 0));
+    let bytes = model(
+        vec![node("Resize", "r", &["x", "", "sc"], &["y"], vec![attr_s("mode", "cubic")])],
+        vec![tensor("sc", &[5], &[1., 1., 2., 2., 2.])],
+        vec![vinfo("x", &[1, 1, 2, 2, 2])],
+        vec![vinfo("y", &[1, 1, 4, 4, 4])],
+    );
+    assert!(unsupported(&bytes, &Options::default()).2.contains("mode 'cubic' on a 3-D (NCDHW) input is not supported"));
+}
+
+/// Every descriptor of a compiled model's compute nodes, in node order
+/// (each node's range holds its descriptors back to back, each sized by
+/// its header).
+fn descriptors(m: &Model) -> Vec<Desc> {
+    let blob = &m.program.descriptors;
+    let mut out = Vec::new();
+    for r in m.graph.nodes.iter().filter_map(|n| n.descriptors) {
+        let (mut at, end) = (r.offset as usize, (r.offset + r.len) as usize);
+        while at < end {
+            let size = u32::from_le_bytes(blob[at + 4..at + 8].try_into().unwrap()) as usize;
+            out.push(Desc::decode(&blob[at..at + size]).unwrap());
+            at += size;
+        }
+    }
+    out
+}
+
+/// The RESIZE descriptors of a compiled model's command stream.
+fn resize_descs(m: &Model) -> Vec<ResizeDesc> {
+    descriptors(m).into_iter().filter_map(|d| if let Desc::Resize(r) = d { Some(r) } else { None }).collect()
+}
+
+/// Floor, Ceil, Round and Sign on run-time values are UNARY ops; Mod is a
+/// BINARY (Python's remainder for integers, C's fmod for fmod=1; fmod=0 on
+/// floats is refused as ONNX requires); Hardmax is an argmax and an EQUAL.
+#[test]
+fn run_time_rounding_remainders_and_hardmax() {
+    let lowered = |nodes: Vec<NodeProto>, inits: Vec<TensorProto>, x: &[i64], y: &[i64]| {
+        compute_ops(&compiled(&model(nodes, inits, vec![vinfo("x", x)], vec![vinfo("y", y)])).model)
+    };
+    for op in ["Floor", "Ceil", "Round", "Sign"] {
+        assert_eq!(lowered(vec![node(op, "u", &["x"], &["y"], vec![])], vec![], &[4], &[4]), [op]);
+    }
+    let fmod = vec![node("Mod", "m", &["x", "d"], &["y"], vec![attr_i("fmod", 1)])];
+    assert_eq!(lowered(fmod, vec![tensor("d", &[1], &[2.5])], &[4], &[4]), ["Mod"]);
+    let kinds: Vec<u32> = descriptors(&compiled(&model(
+        vec![node("Mod", "m", &["x", "d"], &["y"], vec![attr_i("fmod", 1)])],
+        vec![tensor("d", &[1], &[2.5])],
+        vec![vinfo("x", &[4])],
+        vec![vinfo("y", &[4])],
+    )).model)
+    .into_iter()
+    .filter_map(|d| if let Desc::Binary(b) = d { Some(b.kind) } else { None })
+    .collect();
+    assert_eq!(kinds, [Binary::FMod as u32]);
+    // Position parity of an int64 mask: Python's remainder, then a cast.
+    let bytes = model(
+        vec![node("Mod", "pos", &["mask", "two"], &["p"], vec![]), node("Cast", "f", &["p"], &["pf"], vec![attr_i("to", elem::FLOAT as i64)]), node("Add", "a", &["x", "pf"], &["y"], vec![])],
+        vec![i64_tensor("two", &[], &[2])],
+        vec![vinfo("x", &[1, 4]), typed_vinfo("mask", &[1, 4], elem::INT64)],
+        vec![vinfo("y", &[1, 4])],
+    );
+    let m = compiled(&bytes).model;
+    assert!(descriptors(&m).iter().any(|d| matches!(d, Desc::Binary(b) if b.kind == Binary::Mod as u32)));
+    let bytes = model(vec![node("Mod", "m", &["x", "x"], &["y"], vec![])], vec![], vec![vinfo("x", &[4])], vec![vinfo("y", &[4])]);
+    let (who, op, reason) = unsupported(&bytes, &Options::default());
+    assert_eq!((who.as_str(), op.as_str()), ("m", "Mod"));
+    assert!(reason.contains("fmod=0 on floating-point inputs"), "{reason}");
+    // Hardmax over the last axis (opset 13+) of [2, 3, 5].
+    assert_eq!(lowered(vec![node("Hardmax", "h", &["x"], &["y"], vec![])], vec![], &[2, 3, 5], &[2, 3, 5]), ["Hardmax", "Hardmax"]);
 }
 
 /// Cubic Resize folded on a constant matches the ONNX definition (Keys'

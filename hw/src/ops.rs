@@ -78,6 +78,12 @@ pub enum Unary {
     Sin = 17,
     /// cos(x), x in radians; since hardware minor version 3.
     Cos = 18,
+    /// Rounding to an integral value, and the sign (-1, 0 or 1; NaN stays
+    /// NaN); since hardware minor version 10. Round is half to even.
+    Floor = 19,
+    Ceil = 20,
+    Round = 21,
+    Sign = 22,
 }
 
 /// Largest of the unary codes 0..=7 usable as a fused activation.
@@ -112,6 +118,10 @@ impl Unary {
             16 => HardSwish,
             17 => Sin,
             18 => Cos,
+            19 => Floor,
+            20 => Ceil,
+            21 => Round,
+            22 => Sign,
             _ => return Option::None,
         })
     }
@@ -135,6 +145,12 @@ pub enum Binary {
     Greater = 9,
     LessOrEqual = 10,
     GreaterOrEqual = 11,
+    /// Remainders (hardware minor version 10): `a - b·floor(a / b)`, the
+    /// sign of the divisor (ONNX Mod with fmod = 0, Python's `%`), and
+    /// `a - b·trunc(a / b)`, the sign of the dividend (C `fmod`, ONNX Mod
+    /// with fmod = 1). A zero divisor gives NaN.
+    Mod = 12,
+    FMod = 13,
 }
 
 impl Binary {
@@ -153,6 +169,8 @@ impl Binary {
             9 => Greater,
             10 => LessOrEqual,
             11 => GreaterOrEqual,
+            12 => Mod,
+            13 => FMod,
             _ => return None,
         })
     }
@@ -329,6 +347,11 @@ pub const CAST_BOOL: u32 = 3;
 /// RESIZE modes and nearest rounding modes.
 pub const RESIZE_NEAREST: u32 = 0;
 pub const RESIZE_LINEAR: u32 = 1;
+/// Bicubic (Keys) with coefficient `cubic_a` (hardware minor version 10).
+pub const RESIZE_CUBIC: u32 = 2;
+/// Resize flag (cubic only): taps outside the input get weight 0 and the
+/// others are renormalised, instead of repeating the edge.
+pub const RESIZE_EXCLUDE_OUTSIDE: u32 = 1 << 0;
 pub const RESIZE_ROUND_PREFER_FLOOR: u32 = 0;
 pub const RESIZE_ROUND_PREFER_CEIL: u32 = 1;
 pub const RESIZE_FLOOR: u32 = 2;
@@ -739,7 +762,10 @@ wire_struct! {
     /// (y, x) samples the input at source coordinates `scale_y·y +
     /// offset_y`, `scale_x·x + offset_x` (every ONNX / PyTorch / TF
     /// coordinate convention is such an affine map): nearest with a
-    /// rounding mode, or bilinear; coordinates are clamped to the input.
+    /// rounding mode, bilinear (coordinates clamped to the input) or,
+    /// since minor version 10, bicubic: four taps per axis around the
+    /// source coordinate with Keys' kernel of coefficient `cubic_a`, taps
+    /// beyond an edge repeating it or (RESIZE_EXCLUDE_OUTSIDE) dropped.
     pub struct ResizeDesc {
         pub header: OpHeader,
         pub mode: u32,
@@ -756,6 +782,9 @@ wire_struct! {
         pub offset_x: f32,
         pub in_va: u64,
         pub out_va: u64,
+        /// Since minor version 10 (a 72-byte descriptor reads with both 0).
+        pub cubic_a: f32,
+        pub flags: u32,
     }
 }
 
@@ -796,7 +825,7 @@ const _: () = assert!(QuantDesc::SIZE == 72);
 const _: () = assert!(QGemmDesc::SIZE == 96);
 const _: () = assert!(QConvDesc::SIZE == 152);
 const _: () = assert!(QBinaryDesc::SIZE == 88);
-const _: () = assert!(ResizeDesc::SIZE == 72);
+const _: () = assert!(ResizeDesc::SIZE == 80);
 const _: () = assert!(WhereDesc::SIZE == 120);
 
 /// A decoded descriptor (fields not yet checked against tensor sizes).
@@ -875,14 +904,26 @@ encode_fn!(QConvDesc, QConv);
 encode_fn!(QBinaryDesc, QBinary);
 encode_fn!(TileDesc, Tile);
 
-/// Sizes of descriptors written for hardware minor version 0, before
-/// fields were appended: such a descriptor reads as the current one with
-/// the new fields zero (their features off).
-const V0_SIZES: [(OpCode, usize); 3] = [(OpCode::Gemm, 96), (OpCode::Conv2d, 120), (OpCode::Binary, 88)];
+/// Sizes of descriptors written before fields were appended to them
+/// (GEMM, CONV2D and BINARY in minor version 1, RESIZE in minor version
+/// 10), with the current size: such a descriptor reads as the current one
+/// with the new fields zero (their features off).
+const SHORT_SIZES: [(OpCode, usize, usize); 4] = [
+    (OpCode::Gemm, 96, GemmDesc::SIZE),
+    (OpCode::Conv2d, 120, Conv2dDesc::SIZE),
+    (OpCode::Binary, 88, BinaryDesc::SIZE),
+    (OpCode::Resize, 72, ResizeDesc::SIZE),
+];
 
 /// Largest descriptor of any op.
 const LARGEST_DESC: usize = StridedCopyDesc::SIZE;
-const _: () = assert!(LARGEST_DESC >= GemmDesc::SIZE && LARGEST_DESC >= Conv2dDesc::SIZE && LARGEST_DESC >= BinaryDesc::SIZE);
+const _: () = {
+    let mut i = 0;
+    while i < SHORT_SIZES.len() {
+        assert!(SHORT_SIZES[i].1 < SHORT_SIZES[i].2 && SHORT_SIZES[i].2 <= LARGEST_DESC);
+        i += 1;
+    }
+};
 
 impl Desc {
     /// Decode and field-check a descriptor occupying exactly `buf`.
@@ -892,14 +933,9 @@ impl Desc {
         if h.size as usize != buf.len() {
             return Err(BadSize);
         }
-        if V0_SIZES.iter().any(|&(op, size)| op as u32 == h.op && size == buf.len()) {
+        if let Some(&(_, _, size)) = SHORT_SIZES.iter().find(|&&(op, short, _)| op as u32 == h.op && short == buf.len()) {
             let mut wide = [0u8; LARGEST_DESC];
             wide[..buf.len()].copy_from_slice(buf);
-            let size = match h.op {
-                1 => GemmDesc::SIZE,
-                2 => Conv2dDesc::SIZE,
-                _ => BinaryDesc::SIZE,
-            };
             wide[4..8].copy_from_slice(&(size as u32).to_le_bytes());
             return Self::decode(&wide[..size]);
         }
@@ -1033,13 +1069,19 @@ impl Desc {
             }
             13 => {
                 let d = get!(ResizeDesc);
-                if d.mode > RESIZE_LINEAR || d.nearest_mode > RESIZE_CEIL {
+                if d.mode > RESIZE_CUBIC || d.nearest_mode > RESIZE_CEIL {
                     return Err(BadField("mode"));
                 }
-                if d.mode == RESIZE_LINEAR && d.nearest_mode != 0 {
-                    return Err(BadField("nearest_mode of a linear resize"));
+                if d.mode != RESIZE_NEAREST && d.nearest_mode != 0 {
+                    return Err(BadField("nearest_mode of a linear or cubic resize"));
                 }
-                if ![d.scale_y, d.offset_y, d.scale_x, d.offset_x].iter().all(|v| v.is_finite()) {
+                if d.mode != RESIZE_CUBIC && (d.cubic_a != 0.0 || d.flags != 0) {
+                    return Err(BadField("cubic_a/flags of a nearest or linear resize"));
+                }
+                if d.flags & !RESIZE_EXCLUDE_OUTSIDE != 0 {
+                    return Err(BadField("resize flags"));
+                }
+                if ![d.scale_y, d.offset_y, d.scale_x, d.offset_x, d.cubic_a].iter().all(|v| v.is_finite()) {
                     return Err(BadField("coordinate map"));
                 }
                 Desc::Resize(d)
@@ -1135,6 +1177,24 @@ mod tests {
         let mut old = old.to_vec();
         old[4..8].copy_from_slice(&96u32.to_le_bytes());
         assert_eq!(Desc::decode(&old), Ok(Desc::Gemm(d)));
+        // A minor-version-2 RESIZE (72 bytes, before cubic_a and flags).
+        let r = ResizeDesc { n: 1, c: 1, h: 2, w: 2, oh: 4, ow: 4, scale_y: 0.5, scale_x: 0.5, mode: RESIZE_LINEAR, ..Default::default() }
+            .with_header();
+        let mut short = r.to_bytes()[..72].to_vec();
+        short[4..8].copy_from_slice(&72u32.to_le_bytes());
+        assert_eq!(Desc::decode(&short), Ok(Desc::Resize(r)));
+        let cubic = ResizeDesc { mode: RESIZE_CUBIC, cubic_a: -0.75, flags: RESIZE_EXCLUDE_OUTSIDE, ..r };
+        assert_eq!(Desc::decode(&cubic.to_bytes()), Ok(Desc::Resize(cubic)));
+        for bad in [
+            ResizeDesc { cubic_a: -0.5, ..r },
+            ResizeDesc { flags: RESIZE_EXCLUDE_OUTSIDE, ..r },
+            ResizeDesc { flags: 2, ..cubic },
+            ResizeDesc { cubic_a: f32::NAN, ..cubic },
+            ResizeDesc { nearest_mode: RESIZE_FLOOR, ..cubic },
+            ResizeDesc { mode: 3, ..r },
+        ] {
+            assert!(matches!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField(_))), "{bad:?}");
+        }
         let mut h = [0u8; 8];
         OpHeader { op: 77, size: 8 }.write_to(&mut h).unwrap();
         assert_eq!(Desc::decode(&h), Err(DescError::UnknownOp(77)));

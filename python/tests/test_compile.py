@@ -31,7 +31,7 @@ def test_compile_bytes_and_input_info():
 
 
 def test_compile_errors(tmp_path):
-    with pytest.raises(rbln.RBLNCompileError, match="op type 'Hardmax' is not supported"):
+    with pytest.raises(rbln.RBLNCompileError, match="op type 'RandomUniformLike' is not supported"):
         rbln.compile_from_onnx(need(ONNX / "unsupported-op.onnx"))
     with pytest.raises(rbln.RBLNCompileError, match="not an ONNX model"):
         rbln.compile_from_onnx(b"\x07garbage")

@@ -288,6 +288,10 @@ fn unary_op(u: Unary, p0: f32, p1: f32) -> Option<k::UnaryOp> {
         Unary::HardSwish => U::HardSwish,
         Unary::Sin => U::Sin,
         Unary::Cos => U::Cos,
+        Unary::Floor => U::Floor,
+        Unary::Ceil => U::Ceil,
+        Unary::Round => U::Round,
+        Unary::Sign => U::Sign,
     })
 }
 
@@ -323,6 +327,8 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
                 Some(Binary::Greater) => k::BinaryOp::Greater,
                 Some(Binary::LessOrEqual) => k::BinaryOp::LessOrEqual,
                 Some(Binary::GreaterOrEqual) => k::BinaryOp::GreaterOrEqual,
+                Some(Binary::Mod) => k::BinaryOp::Mod,
+                Some(Binary::FMod) => k::BinaryOp::FMod,
                 // Descriptor decoding only lets known kinds through.
                 None => return Err(bad),
             };
@@ -910,6 +916,7 @@ fn resize(op: &mut Op<'_, '_, '_>, d: &ops::ResizeDesc) -> R<u64> {
     };
     let mode = match (d.mode, d.nearest_mode) {
         (ops::RESIZE_LINEAR, _) => k::ResizeMode::Linear,
+        (ops::RESIZE_CUBIC, _) => k::ResizeMode::Cubic { a: d.cubic_a, exclude_outside: d.flags & ops::RESIZE_EXCLUDE_OUTSIDE != 0 },
         (_, ops::RESIZE_ROUND_PREFER_CEIL) => k::ResizeMode::Nearest(k::NearestMode::RoundPreferCeil),
         (_, ops::RESIZE_FLOOR) => k::ResizeMode::Nearest(k::NearestMode::Floor),
         (_, ops::RESIZE_CEIL) => k::ResizeMode::Nearest(k::NearestMode::Ceil),
@@ -925,7 +932,12 @@ fn resize(op: &mut Op<'_, '_, '_>, d: &ops::ResizeDesc) -> R<u64> {
     let out_shape = op.kernel(k::resize2d_output_shape(&p))?;
     let n_in = op.volume(&[p.batch, p.channels, p.h.input, p.w.input])?;
     let n_out = op.volume(&out_shape)?;
-    let per = if d.mode == ops::RESIZE_LINEAR { 4 } else { 1 };
+    // Multiply-adds per output element.
+    let per = match d.mode {
+        ops::RESIZE_LINEAR => 4,
+        ops::RESIZE_CUBIC => 20,
+        _ => 1,
+    };
     let flops = op.flops(&[n_out as u64, per])?;
     let input = op.input(d.in_va, n_in)?;
     op.write_out(d.out_va, n_out, |out| k::resize2d(&p, &input, out))?;

@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 
 source "$RBLN_ROOT/tests/compiler/lib.sh"
 
-for m in resnet mobilenet transformer ops gelu20 ops2 ops3 legacy resnet18 mobilenetv2 encoder4 bert-ids fold-ops resize convtranspose norm-space einsum masks dilated conv3d recurrent activations topk pads; do
+for m in resnet mobilenet transformer ops gelu20 ops2 ops3 legacy resnet18 mobilenetv2 encoder4 bert-ids fold-ops resize convtranspose norm-space einsum masks dilated conv3d recurrent activations topk pads rounding; do
     "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json | tee "$OUT/$m.report.json" >&2 || fail "$m did not compile"
 done
 # Token ids with one out of the embedding's range (100 rows): the runtime
@@ -27,7 +27,7 @@ done
 "$COMPILE" "$OUT/dynamic-batch.onnx" -o "$OUT/dynamic-batch.rbln" --input-shape x=3x8 >&2 \
     || fail "dynamic-batch did not compile with --input-shape"
 
-expect_error 1 "node 'hardmax1' (Hardmax): op type 'Hardmax' is not supported by rbln-compile" \
+expect_error 1 "node 'random1' (RandomUniformLike): op type 'RandomUniformLike' is not supported by rbln-compile" \
     "$OUT/unsupported-op.onnx" -o "$OUT/unsupported.rbln"
 expect_error 1 "input 'x' has a dynamic dimension 'batch' (axis 0); give static shapes with --input-shape x=" \
     "$OUT/dynamic-batch.onnx" -o "$OUT/dyn.rbln"

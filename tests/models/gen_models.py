@@ -342,7 +342,7 @@ def gelu20():
 def unsupported_op():
     g = Graph("unsupported-op", 106)
     y = g.node("Relu", ["x"], "relu0")
-    g.node("Hardmax", [y], "hardmax1", outputs=["y"], axis=-1)
+    g.node("RandomUniformLike", [y], "random1", outputs=["y"])
     return g.model("x", [1, 8], "y", [1, 8]), None
 
 
@@ -1209,6 +1209,41 @@ def pads():
     return g.model(x, [1, 3, 5, 6], "y", [1, n]), g.input_data((1, 3, 5, 6))
 
 
+def rounding():
+    """Run-time rounding and remainders (Floor, Ceil, Round with its ties
+    to even, Sign of values with zeros, Mod: C's fmod on floats and
+    Python's remainder on int64), Hardmax with tied maxima, and bicubic
+    Resize as PyTorch's F.interpolate(mode="bicubic") and TF write it
+    (Keys' a = -0.75 and -0.5, edge taps repeated or excluded, up and
+    down); every result feeds the output."""
+    g = Graph("rounding", 129)
+    x = "x"  # [2, 3, 6, 8], multiples of 0.25: ties for Round and Hardmax
+    f = lambda name, v: g.const(name, v)  # noqa: E731
+    outs = []
+
+    def out(v):
+        outs.append(g.node("Flatten", [v], f"{v}.flatten", axis=1))
+
+    for op in ["Floor", "Ceil", "Round", "Sign"]:
+        out(g.node(op, [x], op.lower()))
+    out(g.node("Mod", [x, f("d", [1.5])], "fmod", fmod=1))
+    out(g.node("Mod", [x, f("dn", [-0.75])], "fmod_neg", fmod=1))
+    xi = g.node("Cast", [g.node("Mul", [x, f("four", [4.0])], "x4")], "to_int", to=TensorProto.INT64)
+    m = g.node("Mod", [xi, g.i64("three", [3])], "int_mod")
+    out(g.node("Cast", [m], "int_mod_f", to=TensorProto.FLOAT))
+    out(g.node("Hardmax", [x], "hardmax"))
+    out(g.node("Hardmax", [x], "hardmax_c", axis=1))
+    out(g.node("Resize", [x, "", f("s_up", [1, 1, 2, 1.5])], "bicubic_up", mode="cubic",
+               coordinate_transformation_mode="pytorch_half_pixel", cubic_coeff_a=-0.75))
+    out(g.node("Resize", [x, "", "", g.i64("sz_ac", [2, 3, 9, 11])], "bicubic_ac", mode="cubic",
+               coordinate_transformation_mode="align_corners", cubic_coeff_a=-0.75))
+    out(g.node("Resize", [x, "", "", g.i64("sz_down", [2, 3, 4, 5])], "bicubic_tf", mode="cubic",
+               coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.5, exclude_outside=1))
+    n = 3 * 48 * 9 + 3 * 12 * 12 + 3 * 9 * 11 + 3 * 4 * 5
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [2, 3, 6, 8], "y", [2, n], opset=18), np.round(g.input_data((2, 3, 6, 8)) * 4) / 4
+
+
 def norm_space():
     """Norms and pixel shuffles of image decoders and super-resolution nets:
     InstanceNormalization, GroupNormalization (opset 21: scale and bias per
@@ -1328,6 +1363,7 @@ MODELS = [
     ("activations", activations, ""),
     ("topk", topk, ""),
     ("pads", pads, ""),
+    ("rounding", rounding, ""),
 ]
 
 

@@ -1,15 +1,12 @@
 //! Ops computed at compile time: constants, shapes, and the shape and mask
-//! arithmetic exporters emit (Range, Mod, Trilu,
-//! NonZero, … on constants). Every input they read must be a constant; the
+//! arithmetic exporters emit (Range, Trilu, NonZero, … on constants). Every input they read must be a constant; the
 //! values come from `fold`.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Constant", "Shape", "Size", "ConstantOfShape", "Range", "Floor", "Ceil", "Round",
-    "Sign", "Mod",
-    "Trilu", "NonZero",
+    "Constant", "Shape", "Size", "ConstantOfShape", "Range", "Trilu", "NonZero",
 ];
 
 impl Importer {
@@ -72,21 +69,6 @@ impl Importer {
             "Range" => {
                 let (s, l, d) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?, self.need_const(cx, input(2)?, 2)?);
                 let c = cx.shape(fold::range(&s, &l, &d))?;
-                self.constant(&Self::out_name(cx, 0), c)
-            }
-            "Floor" | "Ceil" | "Round" | "Sign" => {
-                let a = self.need_const(cx, input(0)?, 0)?;
-                let c = fold::unary(op, &a).ok_or_else(|| cx.err("cannot fold"))?;
-                self.constant(&Self::out_name(cx, 0), c)
-            }
-            "Mod" => {
-                let (a, b) = (self.need_const(cx, input(0)?, 0)?, self.need_const(cx, input(1)?, 1)?);
-                let fmod = match cx.int("fmod", 0) {
-                    0 => false,
-                    1 => true,
-                    f => return Err(cx.err(format!("fmod={f}; it must be 0 or 1"))),
-                };
-                let c = cx.shape(fold::modulo(&a, &b, fmod))?;
                 self.constant(&Self::out_name(cx, 0), c)
             }
             "Trilu" => {

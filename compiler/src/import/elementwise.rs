@@ -12,6 +12,7 @@ pub(super) const OPS: &[&str] = &[
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Relu",
     "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs", "Erf",
     "Reciprocal", "Gelu", "Clip", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish", "Sin", "Cos",
+    "Floor", "Ceil", "Round", "Sign", "Mod",
     "Sum", "Mean", "Softplus", "Softsign", "Elu", "Selu", "Celu", "Mish", "ThresholdedRelu",
 ];
 
@@ -47,7 +48,32 @@ impl Importer {
                     }
                 }
             }
-            "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" | "Abs" | "Erf" | "Reciprocal" | "Sin" | "Cos" | "Gelu" => {
+            "Mod" => {
+                let (a, b) = (input(0)?, input(1)?);
+                let fmod = match cx.int("fmod", 0) {
+                    0 => false,
+                    1 => true,
+                    f => return Err(cx.err(format!("fmod={f}; it must be 0 or 1"))),
+                };
+                if let (Some(ca), Some(cb)) = (self.konst(a), self.konst(b)) {
+                    let c = cx.shape(fold::modulo(ca, cb, fmod))?;
+                    self.constant(&Self::out_name(cx, 0), c)
+                } else {
+                    // The operands as the graph typed them (run-time integers
+                    // arrive here converted to f32).
+                    let float = cx.n.input.iter().take(2).filter_map(|name| self.names.get(name)).any(|&v| match self.konst(v) {
+                        Some(c) => matches!(c.data, Data::F(_)),
+                        None => self.g.values[v].dtype == DType::F32,
+                    });
+                    if float && !fmod {
+                        return Err(cx.err("fmod=0 on floating-point inputs (ONNX requires fmod=1 for them)"));
+                    }
+                    let kind = if fmod { Binary::FMod } else { Binary::Mod };
+                    self.elementwise(cx, kind, a, b, None)?
+                }
+            }
+            "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" | "Abs" | "Erf" | "Reciprocal" | "Sin" | "Cos" | "Gelu"
+            | "Floor" | "Ceil" | "Round" | "Sign" => {
                 let x = input(0)?;
                 let kind = match op {
                     "Relu" => Unary::Relu,
@@ -62,6 +88,10 @@ impl Importer {
                     "Reciprocal" => Unary::Reciprocal,
                     "Sin" => Unary::Sin,
                     "Cos" => Unary::Cos,
+                    "Floor" => Unary::Floor,
+                    "Ceil" => Unary::Ceil,
+                    "Round" => Unary::Round,
+                    "Sign" => Unary::Sign,
                     _ => match cx.string("approximate").as_deref() {
                         None | Some("none") => Unary::Gelu,
                         Some("tanh") => Unary::GeluTanh,
@@ -273,6 +303,10 @@ impl Importer {
                 Unary::Reciprocal => Some("Reciprocal"),
                 Unary::Sin => Some("Sin"),
                 Unary::Cos => Some("Cos"),
+                Unary::Floor => Some("Floor"),
+                Unary::Ceil => Some("Ceil"),
+                Unary::Round => Some("Round"),
+                Unary::Sign => Some("Sign"),
                 _ => None,
             };
             if let Some(f) = name.and_then(|n| fold::unary(n, c)) {

@@ -20,7 +20,7 @@ use rbln_hw::ops::{
 
 use crate::error::{CompileError, Result};
 use crate::fold;
-use crate::ir::{Act, Const, CopyPart, Data, Graph, Kind, Op, ValueId};
+use crate::ir::{Act, Const, CopyPart, Data, Graph, Kind, Op, Sampling, ValueId};
 use crate::onnx::{self, elem, AttributeProto, ModelProto, NodeProto, ValueInfoProto};
 use crate::shape::{self, strides, volume};
 
@@ -78,7 +78,7 @@ pub const MAX_OPSET: i64 = 22;
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs", "Add", "And", "ArgMax", "ArgMin", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Celu", "Clip", "Concat", "Constant", "ConstantOfShape",
     "Conv", "ConvTranspose", "CumSum", "DepthToSpace", "DequantizeLinear", "Div", "Dropout", "Einsum", "Elu", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
-    "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "GroupNormalization", "GRU", "HardSigmoid", "HardSwish",
+    "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "GroupNormalization", "GRU", "Hardmax", "HardSigmoid", "HardSwish",
     "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax", "LSTM", "MatMul", "Max",
     "MaxPool", "Mean", "Min", "Mish", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "QGemm", "QLinearAdd", "QLinearConcat", "QLinearConv", "QLinearGlobalAveragePool", "QLinearMatMul", "QLinearMul", "QLinearSoftmax", "QuantizeLinear", "Range", "Reciprocal",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
@@ -91,8 +91,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
 /// constant (the Reduce* ops without a device form are here; the other
 /// Reduce* ops fold on constants and run on the device otherwise).
 pub const COMPILE_TIME_OPS: &[&str] = &[
-    "Ceil", "ConstantOfShape", "Floor", "Mod", "NonZero",
-    "Range", "ReduceLogSumExp", "ReduceProd", "Round", "Sign", "Trilu",
+    "ConstantOfShape", "NonZero", "Range", "ReduceLogSumExp", "ReduceProd", "Trilu",
 ];
 
 /// The ONNX node being lowered.

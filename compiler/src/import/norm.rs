@@ -1,13 +1,14 @@
 //! Normalisation and reductions: BatchNormalization (folded into an affine
 //! op or the producing conv), LayerNormalization, InstanceNormalization and
 //! GroupNormalization (a LAYERNORM over each group's elements, then a
-//! per-channel scale and shift), Softmax, LogSoftmax, Reduce* and TopK.
+//! per-channel scale and shift), Softmax, LogSoftmax, Hardmax, Reduce* and
+//! TopK.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "BatchNormalization", "Softmax", "LogSoftmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "ArgMax", "ArgMin", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+    "BatchNormalization", "Softmax", "LogSoftmax", "Hardmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization", "ArgMax", "ArgMin", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
     "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "TopK",
 ];
 
@@ -23,7 +24,7 @@ impl Importer {
         let op = cx.n.op_type.as_str();
         let v = match op {
             "BatchNormalization" => self.batch_norm(cx, ins)?,
-            "Softmax" | "LogSoftmax" => {
+            "Softmax" | "LogSoftmax" | "Hardmax" => {
                 let x = input(0)?;
                 let s = self.shape(x);
                 let legacy = self.opset < 13;
@@ -35,6 +36,8 @@ impl Importer {
                 };
                 if op == "LogSoftmax" {
                     self.log_softmax(cx, x, dims)?
+                } else if op == "Hardmax" {
+                    self.hardmax(cx, x, dims)?
                 } else {
                     self.device(cx, Kind::Softmax { x, dims, axis: 1 }, s)
                 }
@@ -68,6 +71,23 @@ impl Importer {
     /// `x − max − log Σ exp(x − max)` along axis 1 of the `[outer, len,
     /// inner]` view: finite wherever the inputs are (the log of a Softmax
     /// would be −inf where a probability underflows).
+    /// 1 at the first maximum along axis 1 of the `[outer, len, inner]`
+    /// view, 0 elsewhere: a REDUCE argmax and an EQUAL of the positions
+    /// against it.
+    fn hardmax(&mut self, cx: &Cx, x: ValueId, dims: Vec<u64>) -> Result<ValueId> {
+        let s = self.shape(x);
+        if dims[1] == 0 {
+            return Ok(self.alias(cx, x));
+        }
+        let xv = self.reshaped(cx, x, dims.clone(), Some("rows"));
+        let reduced = vec![dims[0], 1, dims[2]];
+        let idx = self.device_tmp(cx, Kind::Reduce { kind: REDUCE_ARGMAX, x: xv, dims: dims.clone(), axis: 1 }, reduced, "index");
+        let positions = self.constant(&format!("{}.positions", cx.name), Const::f32(&[1, dims[1], 1], (0..dims[1]).map(|i| i as f32).collect()));
+        let y = self.elementwise(cx, Binary::Equal, positions, idx, Some("rows_out"))?;
+        let y = self.reshaped(cx, y, s, Some("out"));
+        Ok(self.alias(cx, y))
+    }
+
     fn log_softmax(&mut self, cx: &Cx, x: ValueId, dims: Vec<u64>) -> Result<ValueId> {
         let s = self.shape(x);
         let reduced = vec![dims[0], 1, dims[2]];

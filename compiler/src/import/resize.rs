@@ -1,11 +1,11 @@
-//! Resize and Upsample: nearest and (bi)linear resizing of the last one or
-//! two axes of an NCHW / NCW tensor, lowered to one RESIZE descriptor whose
-//! per-axis affine source-coordinate map encodes the ONNX
-//! `coordinate_transformation_mode`. Cubic resizing is folded on constants
-//! (the interpolated position embeddings of ViT-style models) and refused
-//! at run time. An NCDHW tensor (3-D UNets' trilinear upsampling) takes two
-//! RESIZEs, exact because both modes are separable per axis: (H, W) on the
-//! [N, C·D, H, W] view, then D on the [N·C, 1, D, H'·W'] view with the
+//! Resize and Upsample: nearest, (bi)linear and (bi)cubic resizing of the
+//! last one or two axes of an NCHW / NCW tensor, lowered to one RESIZE
+//! descriptor whose per-axis affine source-coordinate map encodes the ONNX
+//! `coordinate_transformation_mode`. Cubic resizing of a constant (the
+//! interpolated position embeddings of ViT-style models) is folded. An
+//! NCDHW tensor (3-D UNets' trilinear upsampling) takes two RESIZEs, exact
+//! because nearest and linear sampling are separable per axis: (H, W) on
+//! the [N, C·D, H, W] view, then D on the [N·C, 1, D, H'·W'] view with the
 //! identity map along its second axis.
 
 use super::*;
@@ -80,15 +80,12 @@ impl Importer {
             return Err(cx.err(format!("output shape {out:?} has an empty axis")));
         }
         let mode = cx.string("mode").unwrap_or_else(|| "nearest".into());
-        let linear = match mode.as_str() {
-            "nearest" => false,
-            "linear" | "bilinear" => true,
-            "cubic" | "bicubic" if self.konst(x).is_some() => false,
-            "cubic" | "bicubic" => return Err(cx.err("mode 'cubic' on a run-time tensor is not supported (nearest and linear are; cubic is folded on constants)")),
-            other => return Err(cx.err(format!("mode '{other}' is not supported (nearest and linear are)"))),
-        };
+        let is_cubic = matches!(mode.as_str(), "cubic" | "bicubic");
+        if !(is_cubic || matches!(mode.as_str(), "nearest" | "linear" | "bilinear")) {
+            return Err(cx.err(format!("mode '{mode}' is not supported (nearest, linear and cubic are)")));
+        }
         let ctm = if legacy { "asymmetric".to_string() } else { cx.string("coordinate_transformation_mode").unwrap_or_else(|| "half_pixel".into()) };
-        let nearest_mode = if legacy {
+        let nearest_rounding = if legacy {
             // Upsample / Resize-10 round like onnxruntime's "simple" mode:
             // down when enlarging, up when shrinking.
             let sp = &scale[2..];
@@ -122,19 +119,24 @@ impl Importer {
                 other => return Err(cx.err(format!("coordinate_transformation_mode '{other}' is not supported"))),
             })
         };
+        let sampling = match mode.as_str() {
+            "nearest" => Sampling::Nearest(nearest_rounding),
+            "linear" | "bilinear" => Sampling::Linear,
+            _ => Sampling::Cubic { a: cx.float("cubic_coeff_a", -0.75), exclude_outside: cx.int("exclude_outside", 0) != 0 },
+        };
         if r == 5 {
-            if !(mode == "nearest" || linear) {
-                return Err(cx.err(format!("mode '{mode}' on a 3-D (NCDHW) input is not supported (nearest and linear are)")));
+            if is_cubic {
+                return Err(cx.err("mode 'cubic' on a 3-D (NCDHW) input is not supported (nearest and linear are)"));
             }
             let (d, h, w) = (map_axis(2)?, map_axis(3)?, map_axis(4)?);
             let too_big = || cx.err(format!("input {s:?}, output {out:?}: sizes overflow"));
             let planes = s[1].checked_mul(s[2]).ok_or_else(too_big)?;
             let frames = self.reshaped(cx, x, vec![s[0], planes, s[3], s[4]], Some("frames"));
-            let kind = Kind::Resize { x: frames, dims: [s[0], planes, s[3], s[4]], out: [out[3], out[4]], linear, nearest_mode, map: [h.0, h.1, w.0, w.1] };
+            let kind = Kind::Resize { x: frames, dims: [s[0], planes, s[3], s[4]], out: [out[3], out[4]], sampling, map: [h.0, h.1, w.0, w.1] };
             let y = self.device_tmp(cx, kind, vec![s[0], planes, out[3], out[4]], "per_frame");
             let (nc, hw) = (s[0].checked_mul(s[1]).ok_or_else(too_big)?, out[3].checked_mul(out[4]).ok_or_else(too_big)?);
             let y = self.reshaped(cx, y, vec![nc, 1, s[2], hw], Some("depth_rows"));
-            let kind = Kind::Resize { x: y, dims: [nc, 1, s[2], hw], out: [out[2], hw], linear, nearest_mode, map: [d.0, d.1, 1.0, 0.0] };
+            let kind = Kind::Resize { x: y, dims: [nc, 1, s[2], hw], out: [out[2], hw], sampling, map: [d.0, d.1, 1.0, 0.0] };
             let y = self.device_tmp(cx, kind, vec![nc, 1, out[2], hw], "over_depth");
             let y = self.reshaped(cx, y, out.clone(), Some("out"));
             return Ok(vec![self.alias(cx, y)]);
@@ -146,18 +148,15 @@ impl Importer {
             let xx = map_axis(2)?;
             ([s[0], s[1], 1, s[2]], [1, out[2]], [0.0, 0.0, xx.0, xx.1])
         };
-        if mode == "cubic" || mode == "bicubic" {
-            let c = self.konst(x).ok_or_else(|| cx.err("internal error: cubic input is not constant"))?;
-            let a = cx.float("cubic_coeff_a", -0.75);
-            let exclude = cx.int("exclude_outside", 0) != 0;
-            let v = cubic(&c.floats(), dims, out2, map, a, exclude);
+        if let (Sampling::Cubic { a, exclude_outside }, Some(c)) = (sampling, self.konst(x)) {
+            let v = cubic(&c.floats(), dims, out2, map, a, exclude_outside);
             return Ok(vec![self.constant(&Self::out_name(cx, 0), Const::f32(&out, v))]);
         }
         if out2 == [dims[2], dims[3]] && map == [1.0, 0.0, 1.0, 0.0] {
             // The identity: no data moves.
             return Ok(vec![self.alias(cx, x)]);
         }
-        let kind = Kind::Resize { x, dims, out: out2, linear, nearest_mode, map };
+        let kind = Kind::Resize { x, dims, out: out2, sampling, map };
         Ok(vec![self.device(cx, kind, out)])
     }
 }

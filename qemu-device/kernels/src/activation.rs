@@ -69,6 +69,13 @@ pub enum UnaryOp {
     Sin,
     /// `cos(x)`.
     Cos,
+    /// Rounding to an integral value: down, up, and to nearest with
+    /// halves to even (ONNX Round).
+    Floor,
+    Ceil,
+    Round,
+    /// `-1`, `0` or `1` by the sign of `x` (`±0` stays `±0`, NaN stays NaN).
+    Sign,
 }
 
 impl Activation {
@@ -133,6 +140,10 @@ pub(crate) fn apply_inline<const FMA: bool>(op: UnaryOp, xs: &mut [f32]) {
         UnaryOp::HardSigmoid { alpha, beta } => map(xs, |x| (alpha * x + beta).max(0.0).min(1.0)),
         UnaryOp::HardSwish => map(xs, |x| x * (x * (1.0 / 6.0) + 0.5).max(0.0).min(1.0)),
         UnaryOp::Sin | UnaryOp::Cos => trig(op, xs),
+        UnaryOp::Floor => map(xs, f32::floor),
+        UnaryOp::Ceil => map(xs, f32::ceil),
+        UnaryOp::Round => map(xs, f32::round_ties_even),
+        UnaryOp::Sign => map(xs, |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x }),
     }
 }
 

@@ -31,6 +31,23 @@ pub enum BinaryOp {
     LessOrEqual,
     /// `1.0` where `a >= b`, else `0.0` (false if either is NaN).
     GreaterOrEqual,
+    /// `a - b·floor(a/b)`, exactly: the remainder with the divisor's sign
+    /// (Python's `%`; NaN for `b = 0`).
+    Mod,
+    /// `a - b·trunc(a/b)`, exactly: the remainder with the dividend's sign
+    /// (C `fmod`; NaN for `b = 0`).
+    FMod,
+}
+
+/// Python's `%` on floats: C's exact `fmod`, moved into the divisor's sign.
+#[inline]
+pub fn floor_mod(a: f32, b: f32) -> f32 {
+    let r = a % b;
+    if r != 0.0 && (r < 0.0) != (b < 0.0) {
+        r + b
+    } else {
+        r
+    }
 }
 
 /// The numpy broadcast of two shapes (right-aligned; each dimension pair
@@ -103,6 +120,8 @@ pub fn binary_act(
         BinaryOp::Greater => run(|x, y| mask(x > y), a, b, &g, act, out),
         BinaryOp::LessOrEqual => run(|x, y| mask(x <= y), a, b, &g, act, out),
         BinaryOp::GreaterOrEqual => run(|x, y| mask(x >= y), a, b, &g, act, out),
+        BinaryOp::Mod => run(floor_mod, a, b, &g, act, out),
+        BinaryOp::FMod => run(|x, y| x % y, a, b, &g, act, out),
     }
     Ok(())
 }

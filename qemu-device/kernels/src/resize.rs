@@ -1,4 +1,4 @@
-//! Spatial resize (NCHW): nearest or bilinear sampling at source
+//! Spatial resize (NCHW): nearest, bilinear or bicubic sampling at source
 //! coordinates given by an affine map of the output coordinates.
 
 use crate::error::{KernelError, Result};
@@ -20,6 +20,51 @@ pub enum ResizeMode {
     Nearest(NearestMode),
     /// Bilinear, with the source coordinate clamped to the input.
     Linear,
+    /// Bicubic: Keys' kernel with coefficient `a` over the four inputs
+    /// around the source coordinate (ONNX Resize `cubic`; PyTorch's
+    /// bicubic is `a = -0.75`). Taps beyond an edge repeat the edge, or
+    /// (`exclude_outside`) get weight 0 with the others renormalised.
+    Cubic { a: f32, exclude_outside: bool },
+}
+
+/// Per output position of one axis: four source indices (clamped into the
+/// input) and their weights.
+fn cubic_taps(ax: &ResizeAxis, a: f32, exclude_outside: bool) -> Vec<([usize; 4], [f32; 4])> {
+    let kernel = |d: f32| -> f32 {
+        let d = d.abs();
+        if d <= 1.0 {
+            ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+        } else if d < 2.0 {
+            ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
+        } else {
+            0.0
+        }
+    };
+    let len = ax.input as i64;
+    (0..ax.output)
+        .map(|o| {
+            let src = ax.scale * o as f32 + ax.offset;
+            // Far outside the input every tap clamps to an edge; bounding
+            // the coordinate keeps the index arithmetic exact.
+            let src = src.clamp(-4.0, (len + 4) as f32);
+            let base = src.floor();
+            let t = src - base;
+            let (mut idx, mut ws) = ([0usize; 4], [0.0f32; 4]);
+            for k in 0..4 {
+                let i = base as i64 + k as i64 - 1;
+                let inside = (0..len).contains(&i);
+                ws[k] = if exclude_outside && !inside { 0.0 } else { kernel(t + 1.0 - k as f32) };
+                idx[k] = i.clamp(0, len - 1) as usize;
+            }
+            if exclude_outside {
+                let sum: f32 = ws.iter().sum();
+                if sum != 0.0 {
+                    ws.iter_mut().for_each(|w| *w /= sum);
+                }
+            }
+            (idx, ws)
+        })
+        .collect()
 }
 
 /// One spatial axis: output position `o` samples the input at
@@ -83,7 +128,8 @@ fn taps(a: &ResizeAxis, mode: ResizeMode) -> Taps {
                 t.i1.push(i);
                 t.w1.push(0.0);
             }
-            ResizeMode::Linear => {
+            // Cubic has its own taps (`cubic_taps`).
+            ResizeMode::Linear | ResizeMode::Cubic { .. } => {
                 let s = s.clamp(0.0, last as f32);
                 let i0 = (s.floor() as usize).min(last);
                 let i1 = (i0 + 1).min(last);
@@ -119,9 +165,30 @@ pub fn resize2d(p: &ResizeParams, input: &[f32], output: &mut [f32]) -> Result<(
     if output.is_empty() {
         return Ok(());
     }
-    let (ty, tx) = (taps(&p.h, p.mode), taps(&p.w, p.mode));
     let (ow, iw) = (p.w.output, p.w.input);
     let planes_per_task = (16_384 / out_plane.max(1)).max(1);
+    if let ResizeMode::Cubic { a, exclude_outside } = p.mode {
+        let (ty, tx) = (cubic_taps(&p.h, a, exclude_outside), cubic_taps(&p.w, a, exclude_outside));
+        // Separable: the four input rows blend into one row, then four
+        // taps of that row make each output element.
+        output.par_chunks_mut(out_plane).with_min_len(planes_per_task).enumerate().for_each(|(pi, out)| {
+            let src = &input[pi * in_plane..][..in_plane];
+            let mut blended = vec![0.0f32; iw];
+            for ((idx, ws), row) in ty.iter().zip(out.chunks_exact_mut(ow)) {
+                blended.fill(0.0);
+                for (&i, &w) in idx.iter().zip(ws) {
+                    for (b, &v) in blended.iter_mut().zip(&src[i * iw..][..iw]) {
+                        *b += w * v;
+                    }
+                }
+                for (o, (xi, xw)) in row.iter_mut().zip(&tx) {
+                    *o = xi.iter().zip(xw).map(|(&i, &w)| w * blended[i]).sum();
+                }
+            }
+        });
+        return Ok(());
+    }
+    let (ty, tx) = (taps(&p.h, p.mode), taps(&p.w, p.mode));
     output.par_chunks_mut(out_plane).with_min_len(planes_per_task).enumerate().for_each(|(pi, out)| {
         let src = &input[pi * in_plane..][..in_plane];
         for (oy, row) in out.chunks_exact_mut(ow).enumerate() {
@@ -132,7 +199,7 @@ pub fn resize2d(p: &ResizeParams, input: &[f32], output: &mut [f32]) -> Result<(
                         *o = r0[ix];
                     }
                 }
-                ResizeMode::Linear => {
+                ResizeMode::Linear | ResizeMode::Cubic { .. } => {
                     let wy = ty.w1[oy];
                     for (ox, o) in row.iter_mut().enumerate() {
                         let (x0, x1, wx) = (tx.i0[ox], tx.i1[ox], tx.w1[ox]);
@@ -183,6 +250,7 @@ mod tests {
                             let (wy, wx) = (sy - y0 as f64, sx - x0 as f64);
                             (at(y0, x0) * (1.0 - wx) + at(y0, x1) * wx) * (1.0 - wy) + (at(y1, x0) * (1.0 - wx) + at(y1, x1) * wx) * wy
                         }
+                        ResizeMode::Cubic { .. } => unreachable!("cubic_matches_a_direct_sum has its own reference"),
                     });
                 }
             }
@@ -218,6 +286,59 @@ mod tests {
                     let want = reference(&p, &x);
                     for (i, (&g, &w)) in y.iter().zip(&want).enumerate() {
                         assert!((g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()), "{mode:?} {p:?} [{i}]: {g} vs {w}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bicubic against a direct (non-separable) f64 sum over the 4×4
+    /// neighbourhood, with edge repetition and with excluded outside taps.
+    #[test]
+    fn cubic_matches_a_direct_sum() {
+        fn keys(a: f64, d: f64) -> f64 {
+            let d = d.abs();
+            if d <= 1.0 {
+                ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+            } else if d < 2.0 {
+                ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
+            } else {
+                0.0
+            }
+        }
+        // (index, weight) pairs of one axis at source coordinate `s`.
+        fn taps1(s: f64, len: usize, a: f64, exclude: bool) -> Vec<(usize, f64)> {
+            let base = s.floor();
+            let mut t: Vec<(usize, f64)> = (0..4)
+                .filter_map(|k| {
+                    let i = base as i64 + k - 1;
+                    let inside = i >= 0 && i < len as i64;
+                    (inside || !exclude).then(|| (i.clamp(0, len as i64 - 1) as usize, keys(a, s - i as f64)))
+                })
+                .collect();
+            if exclude {
+                let sum: f64 = t.iter().map(|p| p.1).sum();
+                t.iter_mut().for_each(|p| p.1 /= sum);
+            }
+            t
+        }
+        for (a, exclude) in [(-0.75f32, false), (-0.5, false), (-0.75, true)] {
+            for &(hi, ho, hs, hb) in &[(5usize, 10usize, 0.5f32, -0.25f32), (7, 3, 7.0 / 3.0, 0.666_666_7), (4, 7, 0.5, 0.0), (1, 3, 1.0 / 3.0, -1.0 / 3.0)] {
+                for &(wi, wo, ws, wb) in &[(6usize, 12usize, 0.5f32, -0.25f32), (9, 4, 2.25, 0.625)] {
+                    let p = ResizeParams { batch: 1, channels: 2, h: axis(hi, ho, hs, hb), w: axis(wi, wo, ws, wb), mode: ResizeMode::Cubic { a, exclude_outside: exclude } };
+                    let x: Vec<f32> = (0..2 * hi * wi).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.25).collect();
+                    let mut y = vec![f32::NAN; 2 * ho * wo];
+                    resize2d(&p, &x, &mut y).unwrap();
+                    for c in 0..2 {
+                        for oy in 0..ho {
+                            for ox in 0..wo {
+                                let ty = taps1(hs as f64 * oy as f64 + hb as f64, hi, a as f64, exclude);
+                                let tx = taps1(ws as f64 * ox as f64 + wb as f64, wi, a as f64, exclude);
+                                let want: f64 = ty.iter().flat_map(|&(iy, wy)| tx.iter().map(move |&(ix, wx)| (iy, ix, wy * wx))).map(|(iy, ix, w)| w * x[(c * hi + iy) * wi + ix] as f64).sum();
+                                let got = y[(c * ho + oy) * wo + ox] as f64;
+                                assert!((got - want).abs() <= 2e-5 * (1.0 + want.abs()), "{p:?} [{c},{oy},{ox}]: {got} vs {want}");
+                            }
+                        }
                     }
                 }
             }

@@ -44,6 +44,16 @@ pub(crate) fn binary_ref(op: BinaryOp, a: &[f32], ash: &[usize], b: &[f32], bsh:
                 BinaryOp::Greater => cmp_ref(x > y),
                 BinaryOp::LessOrEqual => cmp_ref(x <= y),
                 BinaryOp::GreaterOrEqual => cmp_ref(x >= y),
+                // f64's `%` is exact on f32 operands, like f32's.
+                BinaryOp::Mod => {
+                    let r = x % y;
+                    if r != 0.0 && (r < 0.0) != (y < 0.0) {
+                        r + y
+                    } else {
+                        r
+                    }
+                }
+                BinaryOp::FMod => x % y,
             }
         })
         .collect()
@@ -70,6 +80,8 @@ const BINOPS: &[BinaryOp] = &[
     BinaryOp::Greater,
     BinaryOp::LessOrEqual,
     BinaryOp::GreaterOrEqual,
+    BinaryOp::Mod,
+    BinaryOp::FMod,
 ];
 
 #[test]
@@ -170,6 +182,22 @@ fn binary_comparisons_special_values() {
     assert_eq!(y, [0.0, 1.0, 1.0, 0.0]);
 }
 
+/// Mod takes the divisor's sign, FMod the dividend's; both are exact
+/// (no rounding of a/b), and a zero divisor gives NaN.
+#[test]
+fn remainders_follow_their_signs() {
+    let a = [7.0f32, -7.0, 7.0, -7.0, 5.5, 1e30, 3.0, 0.0];
+    let b = [3.0f32, 3.0, -3.0, -3.0, 2.0, 7.0, 0.0, -2.0];
+    let mut y = [0.0f32; 8];
+    binary(BinaryOp::Mod, &a, &[8], &b, &[8], &mut y).unwrap();
+    assert_eq!(&y[..6], &[1.0, 2.0, -2.0, -1.0, 1.5, 1e30f32 % 7.0]);
+    assert!(y[6].is_nan());
+    assert_eq!(y[7].to_bits(), 0.0f32.to_bits());
+    binary(BinaryOp::FMod, &a, &[8], &b, &[8], &mut y).unwrap();
+    assert_eq!(&y[..6], &[1.0, -1.0, 1.0, -1.0, 1.5, 1e30f32 % 7.0]);
+    assert!(y[6].is_nan());
+}
+
 /// Pow by a constant 2 or 3 multiplies (the fast path) and agrees with
 /// powf to rounding, special values included; other exponents and
 /// per-element exponents still take powf.
@@ -259,6 +287,10 @@ fn unary_ref(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::HardSwish => x * (x as f32 * (1.0 / 6.0) + 0.5).clamp(0.0, 1.0) as f64,
         UnaryOp::Sin => x.sin(),
         UnaryOp::Cos => x.cos(),
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Round => x.round_ties_even(),
+        UnaryOp::Sign => x.signum() * (x != 0.0) as u8 as f64,
     }
 }
 
@@ -284,6 +316,10 @@ fn unary_all_ops() {
         UnaryOp::HardSwish,
         UnaryOp::Sin,
         UnaryOp::Cos,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Sign,
     ];
     for op in ops {
         for n in [0, 1, 7, 33, 40_000] {
