@@ -758,6 +758,27 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let r = vec![reloc(offset_of!(ResizeDesc, in_va), off(*x)), reloc(offset_of!(ResizeDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
+        Kind::GridSample { x, grid, dims, out, mode, padding, align_corners } => {
+            let d = GridSampleDesc {
+                mode: *mode,
+                padding: *padding,
+                flags: if *align_corners { GRID_ALIGN_CORNERS } else { 0 },
+                n: u32c(op, dims[0], "n")?,
+                c: u32c(op, dims[1], "c")?,
+                h: u32c(op, dims[2], "h")?,
+                w: u32c(op, dims[3], "w")?,
+                oh: u32c(op, out[0], "oh")?,
+                ow: u32c(op, out[1], "ow")?,
+                ..Default::default()
+            }
+            .with_header();
+            let r = vec![
+                reloc(offset_of!(GridSampleDesc, in_va), off(*x)),
+                reloc(offset_of!(GridSampleDesc, grid_va), off(*grid)),
+                reloc(offset_of!(GridSampleDesc, out_va), o),
+            ];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
         Kind::Where { cond, a, b, cond_dims, a_dims, b_dims } => {
             let d = WhereDesc {
                 rank: a_dims.len() as u32,

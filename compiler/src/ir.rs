@@ -216,6 +216,9 @@ pub enum Kind {
     /// output (y, x) samples the input at `(map[0]·y + map[1], map[2]·x +
     /// map[3])` as `sampling` says.
     Resize { x: ValueId, dims: [u64; 4], out: [u64; 2], sampling: Sampling, map: [f32; 4] },
+    /// `[n, c, h, w]` sampled at the normalised (x, y) pairs of `grid`
+    /// `[n, out[0], out[1], 2]`; `mode` and `padding` are GRID_* codes.
+    GridSample { x: ValueId, grid: ValueId, dims: [u64; 4], out: [u64; 2], mode: u32, padding: u32, align_corners: bool },
     /// `cond ≠ 0 ? a : b` with broadcasting; all dims padded to one rank.
     Where { cond: ValueId, a: ValueId, b: ValueId, cond_dims: Vec<u64>, a_dims: Vec<u64>, b_dims: Vec<u64> },
     /// Constant padding: the output (`dims` grown by `begin` and `end`, and
@@ -291,6 +294,7 @@ impl Kind {
             Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } | Resize { x, .. } => vec![*x],
             Binary { a, b, .. } => vec![*a, *b],
             Where { cond, a, b, .. } => vec![*cond, *a, *b],
+            GridSample { x, grid, .. } => vec![*x, *grid],
             LayerNorm { x, gamma, beta, .. } => [Some(*x), *gamma, *beta].into_iter().flatten().collect(),
             Copy { parts } => {
                 let mut v: Vec<ValueId> = parts.iter().map(|p| p.src).collect();

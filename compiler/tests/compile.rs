@@ -7,7 +7,10 @@ use prost::Message;
 use rbln_compile::onnx::*;
 use rbln_compile::{compile, parse_input_shape, CompileError, Options};
 use rbln_format::{Model, NodeKind, Placement};
-use rbln_hw::ops::{Binary, Desc, ResizeDesc, RESIZE_CUBIC, RESIZE_EXCLUDE_OUTSIDE};
+use rbln_hw::ops::{
+    Binary, Desc, GridSampleDesc, ResizeDesc, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
+    RESIZE_EXCLUDE_OUTSIDE,
+};
 
 fn tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
     TensorProto { name: name.into(), dims: dims.to_vec(), data_type: elem::FLOAT, float_data: v.to_vec(), ..Default::default() }
@@ -1388,6 +1391,34 @@ fn run_time_checks_scatters_and_cubic() {
         vec![vinfo("y", &[1, 1, 4, 4, 4])],
     );
     assert!(unsupported(&bytes, &Options::default()).2.contains("mode 'cubic' on a 3-D (NCDHW) input is not supported"));
+}
+
+/// GridSample is one GRID_SAMPLE of the input and a run-time grid, with
+/// opset 16's and opset 20's mode names; what it cannot do is refused
+/// naming the node and the reason.
+#[test]
+fn grid_sample_lowers_to_one_descriptor() {
+    let gs = |attrs: Vec<AttributeProto>, x: &[i64], grid: &[i64], y: &[i64]| {
+        model(vec![node("GridSample", "gs", &["x", "g"], &["y"], attrs)], vec![], vec![vinfo("x", x), vinfo("g", grid)], vec![vinfo("y", y)])
+    };
+    let m = compiled(&gs(vec![attr_s("mode", "bicubic"), attr_s("padding_mode", "reflection"), attr_i("align_corners", 1)], &[2, 3, 5, 6], &[2, 4, 7, 2], &[2, 3, 4, 7])).model;
+    assert_eq!(compute_ops(&m), ["GridSample"]);
+    let d: Vec<GridSampleDesc> = descriptors(&m).into_iter().filter_map(|d| if let Desc::GridSample(g) = d { Some(g) } else { None }).collect();
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].mode, d[0].padding, d[0].flags, d[0].n, d[0].c, d[0].h, d[0].w, d[0].oh, d[0].ow), (GRID_CUBIC, GRID_PAD_REFLECTION, GRID_ALIGN_CORNERS, 2, 3, 5, 6, 4, 7));
+    let m = compiled(&gs(vec![], &[1, 1, 2, 2], &[1, 3, 3, 2], &[1, 1, 3, 3])).model;
+    let d = descriptors(&m);
+    assert!(matches!(d[..], [Desc::GridSample(g)] if g.mode == GRID_LINEAR && g.padding == GRID_PAD_ZEROS && g.flags == 0), "{d:?}");
+    let refused = |attrs, x: &[i64], grid: &[i64], y: &[i64], want: &str| {
+        let (who, op, reason) = unsupported(&gs(attrs, x, grid, y), &Options::default());
+        assert_eq!((who.as_str(), op.as_str()), ("gs", "GridSample"));
+        assert!(reason.contains(want), "{reason} (expected '{want}')");
+    };
+    refused(vec![], &[1, 1, 2, 2, 2], &[1, 2, 2, 2, 3], &[1, 1, 2, 2, 2], "only 4-D (N, C, H, W) inputs");
+    refused(vec![], &[1, 1, 2, 2], &[1, 3, 3, 3], &[1, 1, 3, 3], "grid has shape [1, 3, 3, 3]");
+    refused(vec![], &[2, 1, 2, 2], &[1, 3, 3, 2], &[2, 1, 3, 3], "grid has shape [1, 3, 3, 2]");
+    refused(vec![attr_s("mode", "lanczos")], &[1, 1, 2, 2], &[1, 3, 3, 2], &[1, 1, 3, 3], "mode 'lanczos' is not supported");
+    refused(vec![attr_s("padding_mode", "wrap")], &[1, 1, 2, 2], &[1, 3, 3, 2], &[1, 1, 3, 3], "padding_mode 'wrap' is not supported");
 }
 
 /// Every descriptor of a compiled model's compute nodes, in node order

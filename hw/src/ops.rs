@@ -44,6 +44,9 @@ pub enum OpCode {
     QBinary = 18,
     /// A tile program over a grid of instances ([`crate::tile`]; minor 8).
     Tile = 19,
+    /// Sampling of an NCHW tensor at per-output normalised positions
+    /// (minor 10).
+    GridSample = 20,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -352,6 +355,20 @@ pub const RESIZE_CUBIC: u32 = 2;
 /// Resize flag (cubic only): taps outside the input get weight 0 and the
 /// others are renormalised, instead of repeating the edge.
 pub const RESIZE_EXCLUDE_OUTSIDE: u32 = 1 << 0;
+
+/// GRID_SAMPLE modes: the nearest input (halves to even), bilinear, and
+/// bicubic (Keys, a = -0.75).
+pub const GRID_NEAREST: u32 = 0;
+pub const GRID_LINEAR: u32 = 1;
+pub const GRID_CUBIC: u32 = 2;
+/// GRID_SAMPLE padding: what a tap outside the input reads: 0, the edge,
+/// or the input reflected at its borders.
+pub const GRID_PAD_ZEROS: u32 = 0;
+pub const GRID_PAD_BORDER: u32 = 1;
+pub const GRID_PAD_REFLECTION: u32 = 2;
+/// GRID_SAMPLE flag: -1 and 1 are the centres of the edge elements rather
+/// than the outer edges of the edge elements.
+pub const GRID_ALIGN_CORNERS: u32 = 1 << 0;
 pub const RESIZE_ROUND_PREFER_FLOOR: u32 = 0;
 pub const RESIZE_ROUND_PREFER_CEIL: u32 = 1;
 pub const RESIZE_FLOOR: u32 = 2;
@@ -808,6 +825,34 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// out[n, c, y, x] samples in[n, c] at the normalised position
+    /// grid[n, y, x] = (gx, gy), each in [-1, 1] across the input's width
+    /// and height (hardware minor version 10; ONNX GridSample on 4-D
+    /// tensors, PyTorch's F.grid_sample).
+    pub struct GridSampleDesc {
+        pub header: OpHeader,
+        pub mode: u32,
+        pub padding: u32,
+        pub flags: u32,
+        /// Reserved, must be 0.
+        pub reserved: u32,
+        pub n: u32,
+        pub c: u32,
+        pub h: u32,
+        pub w: u32,
+        pub oh: u32,
+        pub ow: u32,
+        /// `[n, c, h, w]`.
+        pub in_va: u64,
+        /// `[n, oh, ow, 2]`: (x, y) pairs.
+        pub grid_va: u64,
+        /// `[n, c, oh, ow]`.
+        pub out_va: u64,
+    }
+}
+
+const _: () = assert!(GridSampleDesc::SIZE == 72);
 const _: () = assert!(OpHeader::SIZE == 8);
 const _: () = assert!(GemmDesc::SIZE == 104);
 const _: () = assert!(Conv2dDesc::SIZE == 128);
@@ -853,6 +898,7 @@ pub enum Desc {
     QConv(QConvDesc),
     QBinary(QBinaryDesc),
     Tile(TileDesc),
+    GridSample(GridSampleDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -903,6 +949,7 @@ encode_fn!(QGemmDesc, QGemm);
 encode_fn!(QConvDesc, QConv);
 encode_fn!(QBinaryDesc, QBinary);
 encode_fn!(TileDesc, Tile);
+encode_fn!(GridSampleDesc, GridSample);
 
 /// Sizes of descriptors written before fields were appended to them
 /// (GEMM, CONV2D and BINARY in minor version 1, RESIZE in minor version
@@ -1149,6 +1196,16 @@ impl Desc {
                 }
                 Desc::Tile(d)
             }
+            20 => {
+                let d = get!(GridSampleDesc);
+                if d.mode > GRID_CUBIC || d.padding > GRID_PAD_REFLECTION {
+                    return Err(BadField("mode/padding"));
+                }
+                if d.flags & !GRID_ALIGN_CORNERS != 0 || d.reserved != 0 {
+                    return Err(BadField("grid sample flags"));
+                }
+                Desc::GridSample(d)
+            }
             op => return Err(UnknownOp(op)),
         };
         Ok(d)
@@ -1193,6 +1250,12 @@ mod tests {
             ResizeDesc { nearest_mode: RESIZE_FLOOR, ..cubic },
             ResizeDesc { mode: 3, ..r },
         ] {
+            assert!(matches!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField(_))), "{bad:?}");
+        }
+        let g = GridSampleDesc { n: 1, c: 2, h: 3, w: 4, oh: 5, ow: 6, mode: GRID_CUBIC, padding: GRID_PAD_REFLECTION, flags: GRID_ALIGN_CORNERS, ..Default::default() }
+            .with_header();
+        assert_eq!(Desc::decode(&g.to_bytes()), Ok(Desc::GridSample(g)));
+        for bad in [GridSampleDesc { mode: 3, ..g }, GridSampleDesc { padding: 3, ..g }, GridSampleDesc { flags: 2, ..g }, GridSampleDesc { reserved: 1, ..g }] {
             assert!(matches!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField(_))), "{bad:?}");
         }
         let mut h = [0u8; 8];

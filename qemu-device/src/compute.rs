@@ -413,6 +413,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::StridedCopy(d) => strided_copy(&mut op, &d),
         Desc::Cast(d) => cast(&mut op, &d),
         Desc::Resize(d) => resize(&mut op, &d),
+        Desc::GridSample(d) => grid_sample(&mut op, &d),
         Desc::Quant(d) => quant(&mut op, &d),
         Desc::QGemm(d) => qgemm(&mut op, &d),
         Desc::QConv(d) => qconv(&mut op, &d),
@@ -941,6 +942,39 @@ fn resize(op: &mut Op<'_, '_, '_>, d: &ops::ResizeDesc) -> R<u64> {
     let flops = op.flops(&[n_out as u64, per])?;
     let input = op.input(d.in_va, n_in)?;
     op.write_out(d.out_va, n_out, |out| k::resize2d(&p, &input, out))?;
+    Ok(flops)
+}
+
+fn grid_sample(op: &mut Op<'_, '_, '_>, d: &ops::GridSampleDesc) -> R<u64> {
+    let p = k::GridSampleParams {
+        batch: d.n as usize,
+        channels: d.c as usize,
+        h: d.h as usize,
+        w: d.w as usize,
+        oh: d.oh as usize,
+        ow: d.ow as usize,
+        mode: match d.mode {
+            ops::GRID_NEAREST => k::GridMode::Nearest,
+            ops::GRID_LINEAR => k::GridMode::Linear,
+            _ => k::GridMode::Cubic,
+        },
+        padding: match d.padding {
+            ops::GRID_PAD_ZEROS => k::GridPadding::Zeros,
+            ops::GRID_PAD_BORDER => k::GridPadding::Border,
+            _ => k::GridPadding::Reflection,
+        },
+        align_corners: d.flags & ops::GRID_ALIGN_CORNERS != 0,
+    };
+    let out_shape = op.kernel(k::grid_sample_output_shape(&p))?;
+    let n_in = op.volume(&[p.batch, p.channels, p.h, p.w])?;
+    let n_grid = op.volume(&[p.batch, p.oh, p.ow, 2])?;
+    let n_out = op.volume(&out_shape)?;
+    // Multiply-adds per output element: 1, 4 or 16 taps.
+    let per = [1, 4, 16][d.mode as usize];
+    let flops = op.flops(&[n_out as u64, per])?;
+    let input = op.input(d.in_va, n_in)?;
+    let grid = op.input(d.grid_va, n_grid)?;
+    op.write_out(d.out_va, n_out, |out| k::grid_sample(&p, &input, &grid, out))?;
     Ok(flops)
 }
 

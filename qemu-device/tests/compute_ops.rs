@@ -826,7 +826,9 @@ fn resize_nearest_and_bilinear_through_the_device() {
     r.put(4, &[42.0; 4]);
     for d in [
         resize_desc(RESIZE_LINEAR, 0, [3, 4, 5, 7], [f32::INFINITY, 0.0, 0.5, 0.0], tva(4)),
-        resize_desc(2, 0, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
+        resize_desc(3, 0, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
+        ResizeDesc { cubic_a: -0.75, ..resize_desc(RESIZE_LINEAR, 0, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)) },
+        ResizeDesc { flags: 2, ..resize_desc(RESIZE_CUBIC, 0, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)) },
         resize_desc(RESIZE_LINEAR, RESIZE_CEIL, [3, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
         resize_desc(RESIZE_NEAREST, 0, [0, 4, 5, 7], [0.5, 0.0, 0.5, 0.0], tva(4)),
     ] {
@@ -835,6 +837,73 @@ fn resize_nearest_and_bilinear_through_the_device() {
         assert_eq!(r.run(&d.to_bytes()), FaultCode::BadDescriptor);
         assert_eq!(r.get(4, 4), [42.0; 4]);
     }
+}
+
+/// Bicubic (minor version 10): a ramp [0, 1, 2, 3] resized to 7 with
+/// align_corners (source x/2). Inside, Keys' kernel reproduces the ramp;
+/// next to the edges the repeated edge bends it (taps [-1→0, 0, 1, 2] with
+/// weights [-3, 19, 19, -3]/32 at x = 0.5), or with EXCLUDE_OUTSIDE the
+/// outside tap is dropped and the rest renormalised (13/35).
+#[test]
+fn bicubic_resize_through_the_device() {
+    let mut r = OpRig::new();
+    r.put(0, &[0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0]);
+    let cubic = |flags: u32| ResizeDesc { cubic_a: -0.75, flags, ..resize_desc(RESIZE_CUBIC, 0, [1, 4, 1, 7], [0.0, 0.0, 0.5, 0.0], tva(3)) };
+    assert_eq!(r.run(&cubic(0).to_bytes()), FaultCode::None);
+    let want = [0.0, 0.40625, 1.0, 1.5, 2.0, 2.59375, 3.0];
+    close(&r.get(3, 14), &[want, want].concat());
+    assert_eq!(r.run(&cubic(RESIZE_EXCLUDE_OUTSIDE).to_bytes()), FaultCode::None);
+    let got = r.get(3, 7);
+    close(&got[..3], &[0.0, 13.0 / 35.0, 1.0]);
+    close(&got[4..], &[2.0, 3.0 - 13.0 / 35.0, 3.0]);
+    // The 72-byte RESIZE of minor versions 2-9 still runs.
+    let short = resize_desc(RESIZE_LINEAR, 0, [1, 4, 1, 7], [0.0, 0.0, 0.5, 0.0], tva(3));
+    let mut b = short.to_bytes()[..72].to_vec();
+    b[4..8].copy_from_slice(&72u32.to_le_bytes());
+    assert_eq!(r.run(&b), FaultCode::None);
+    close(&r.get(3, 7), &[0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]);
+}
+
+// ---- GRID_SAMPLE (hardware minor version 10) ----
+
+fn grid_desc(mode: u32, padding: u32, flags: u32, points: u32) -> GridSampleDesc {
+    GridSampleDesc { mode, padding, flags, n: 1, c: 1, h: 2, w: 2, oh: 1, ow: points, in_va: tva(0), grid_va: tva(1), out_va: tva(3), ..Default::default() }
+        .with_header()
+}
+
+/// A 2x2 input sampled at the corners, the centre and outside, in each
+/// padding mode; an unmapped grid faults at its VA and writes nothing.
+#[test]
+fn grid_sample_through_the_device() {
+    let mut r = OpRig::new();
+    r.put(0, &[1.0, 2.0, 3.0, 4.0]);
+    // (x, y) pairs: top-left, bottom-right, centre, far bottom-right.
+    r.put(1, &[-1.0, -1.0, 1.0, 1.0, 0.0, 0.0, 3.0, 3.0]);
+    let cases = [
+        (GRID_LINEAR, GRID_PAD_ZEROS, GRID_ALIGN_CORNERS, [1.0, 4.0, 2.5, 0.0]),
+        (GRID_LINEAR, GRID_PAD_BORDER, GRID_ALIGN_CORNERS, [1.0, 4.0, 2.5, 4.0]),
+        // Without align_corners, ±1 is the outer edge: half the corner
+        // element's weight falls outside (zeros) in each axis.
+        (GRID_LINEAR, GRID_PAD_ZEROS, 0, [0.25, 1.0, 2.5, 0.0]),
+        // The centre is position 0.5: halves round to even, to element 0.
+        (GRID_NEAREST, GRID_PAD_BORDER, 0, [1.0, 4.0, 1.0, 4.0]),
+        (GRID_CUBIC, GRID_PAD_BORDER, GRID_ALIGN_CORNERS, [1.0, 4.0, 2.5, 4.0]),
+    ];
+    for (mode, padding, flags, want) in cases {
+        assert_eq!(r.run(&grid_desc(mode, padding, flags, 4).to_bytes()), FaultCode::None);
+        close(&r.get(3, 4), &want);
+    }
+    // Reflection with align_corners mirrors at the edge centres 0 and 1:
+    // the far point is position 2 on both axes, mirrored at 1 to 0.
+    assert_eq!(r.run(&grid_desc(GRID_NEAREST, GRID_PAD_REFLECTION, GRID_ALIGN_CORNERS, 4).to_bytes()), FaultCode::None);
+    close(&r.get(3, 4), &[1.0, 4.0, 1.0, 1.0]);
+    let mut d = grid_desc(GRID_LINEAR, GRID_PAD_ZEROS, 0, 4);
+    d.grid_va = 0x7700_0000;
+    r.put(3, &[42.0; 4]);
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), 0x7700_0000);
+    assert_eq!(r.get(3, 4), [42.0; 4]);
+    assert!(r.rig.dev.healthy());
 }
 
 // ---- BINARY comparisons and WHERE (hardware minor version 2) ----

@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 
 source "$RBLN_ROOT/tests/compiler/lib.sh"
 
-for m in resnet mobilenet transformer ops gelu20 ops2 ops3 legacy resnet18 mobilenetv2 encoder4 bert-ids fold-ops resize convtranspose norm-space einsum masks dilated conv3d recurrent activations topk pads rounding; do
+for m in resnet mobilenet transformer ops gelu20 ops2 ops3 legacy resnet18 mobilenetv2 encoder4 bert-ids fold-ops resize convtranspose norm-space einsum masks dilated conv3d recurrent activations topk pads rounding sampling; do
     "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" --json | tee "$OUT/$m.report.json" >&2 || fail "$m did not compile"
 done
 # Token ids with one out of the embedding's range (100 rows): the runtime

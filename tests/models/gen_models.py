@@ -1244,6 +1244,29 @@ def rounding():
     return g.model(x, [2, 3, 6, 8], "y", [2, n], opset=18), np.round(g.input_data((2, 3, 6, 8)) * 4) / 4
 
 
+def sampling():
+    """GridSample as spatial transformers, optical flow (RAFT) and
+    deformable attention use it: a run-time grid made from the input itself
+    (its first two channels, scaled, as (x, y) pairs; about a quarter of
+    the coordinates fall outside [-1, 1]), sampled in every mode (nearest,
+    bilinear, bicubic), padding (zeros, border, reflection) and
+    align_corners setting; every result feeds the output."""
+    g = Graph("sampling", 130)
+    x = "x"  # [2, 3, 5, 6]
+    xy = g.node("Slice", [x, g.i64("c0", [0]), g.i64("c2", [2]), g.i64("axis1", [1])], "xy")
+    xy = g.node("Mul", [xy, g.const("spread", [0.8])], "xy_scaled")
+    grid = g.node("Transpose", [xy], "grid", perm=[0, 2, 3, 1])  # [2, 5, 6, 2]
+    outs = []
+    for mode in ["nearest", "bilinear", "bicubic"]:
+        for padding in ["zeros", "border", "reflection"]:
+            for align in [0, 1]:
+                name = f"{mode}_{padding}_{align}"
+                y = g.node("GridSample", [x, grid], name, mode=mode, padding_mode=padding, align_corners=align)
+                outs.append(g.node("Flatten", [y], f"{name}.flatten", axis=1))
+    g.node("Concat", outs, "concat", axis=1, outputs=["y"])
+    return g.model(x, [2, 3, 5, 6], "y", [2, 18 * 90], opset=17), g.input_data((2, 3, 5, 6))
+
+
 def norm_space():
     """Norms and pixel shuffles of image decoders and super-resolution nets:
     InstanceNormalization, GroupNormalization (opset 21: scale and bias per
@@ -1364,6 +1387,7 @@ MODELS = [
     ("topk", topk, ""),
     ("pads", pads, ""),
     ("rounding", rounding, ""),
+    ("sampling", sampling, ""),
 ]
 
 

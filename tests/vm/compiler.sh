@@ -6,7 +6,7 @@ o=target/onnx
 
 check "compiled models were made on the host" test -f $o/resnet.rbln
 check "insmod rbln.ko" insmod "$RBLN_KO"
-for m in resnet mobilenet transformer ops gelu20 ops2 ops3 legacy resnet18 mobilenetv2 encoder4 fold-ops resize convtranspose norm-space einsum dilated conv3d recurrent activations topk pads rounding; do
+for m in resnet mobilenet transformer ops gelu20 ops2 ops3 legacy resnet18 mobilenetv2 encoder4 fold-ops resize convtranspose norm-space einsum dilated conv3d recurrent activations topk pads rounding sampling; do
     check "$m: rbln-run" rbln-run $o/$m.rbln --input $o/$m.input.npy --output /tmp/$m.npy --iterations 5 --warmup 1
     # The errors, prefixed so that they are easy to find in the log.
     rc=0; rbln-example-models compare /tmp/$m.npy $o/$m.expected.npy 1e-4 >/tmp/cmp 2>&1 || rc=$?

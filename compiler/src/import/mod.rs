@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use rbln_format::DType;
 use rbln_hw::ops::{
     Binary, Unary, MAX_RANK, REDUCE_ARGMAX, REDUCE_ARGMAX_LAST, REDUCE_ARGMIN, REDUCE_ARGMIN_LAST, REDUCE_MAX, REDUCE_MEAN,
-    REDUCE_MIN, REDUCE_SUM, RESIZE_CEIL, RESIZE_FLOOR, RESIZE_ROUND_PREFER_CEIL,
+    REDUCE_MIN, REDUCE_SUM, RESIZE_CEIL, RESIZE_FLOOR, RESIZE_ROUND_PREFER_CEIL, GRID_CUBIC, GRID_LINEAR, GRID_NEAREST,
+    GRID_PAD_BORDER, GRID_PAD_REFLECTION, GRID_PAD_ZEROS,
     RESIZE_ROUND_PREFER_FLOOR,
 };
 
@@ -78,7 +79,7 @@ pub const MAX_OPSET: i64 = 22;
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs", "Add", "And", "ArgMax", "ArgMin", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Celu", "Clip", "Concat", "Constant", "ConstantOfShape",
     "Conv", "ConvTranspose", "CumSum", "DepthToSpace", "DequantizeLinear", "Div", "Dropout", "Einsum", "Elu", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements",
-    "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GreaterOrEqual", "GroupNormalization", "GRU", "Hardmax", "HardSigmoid", "HardSwish",
+    "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "GridSample", "GreaterOrEqual", "GroupNormalization", "GRU", "Hardmax", "HardSigmoid", "HardSwish",
     "Identity", "InstanceNormalization", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax", "LSTM", "MatMul", "Max",
     "MaxPool", "Mean", "Min", "Mish", "Mod", "Mul", "Neg", "NonZero", "Not", "Or", "Pad", "Pow", "PRelu", "QGemm", "QLinearAdd", "QLinearConcat", "QLinearConv", "QLinearGlobalAveragePool", "QLinearMatMul", "QLinearMul", "QLinearSoftmax", "QuantizeLinear", "Range", "Reciprocal",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",

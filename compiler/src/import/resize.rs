@@ -6,15 +6,53 @@
 //! NCDHW tensor (3-D UNets' trilinear upsampling) takes two RESIZEs, exact
 //! because nearest and linear sampling are separable per axis: (H, W) on
 //! the [N, C·D, H, W] view, then D on the [N·C, 1, D, H'·W'] view with the
-//! identity map along its second axis.
+//! identity map along its second axis. GridSample (4-D) is one
+//! GRID_SAMPLE descriptor.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
-pub(super) const OPS: &[&str] = &["Resize", "Upsample"];
+pub(super) const OPS: &[&str] = &["Resize", "Upsample", "GridSample"];
 
 impl Importer {
+    /// GridSample on `[n, c, h, w]` with a grid `[n, oh, ow, 2]` (both may
+    /// be run-time values): opset 16's mode names (bilinear, bicubic) and
+    /// opset 20's (linear, cubic).
+    fn lower_grid_sample(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        let input = |i: usize| ins.get(i).copied().flatten().ok_or_else(|| cx.err(format!("input {i} is missing")));
+        let (x, grid) = (input(0)?, input(1)?);
+        let (s, g) = (self.shape(x), self.shape(grid));
+        if s.len() != 4 {
+            return Err(cx.err(format!("input has shape {s:?}; only 4-D (N, C, H, W) inputs are supported")));
+        }
+        if g.len() != 4 || g[0] != s[0] || g[3] != 2 {
+            return Err(cx.err(format!("grid has shape {g:?}; [{}, H_out, W_out, 2] expected for the input {s:?}", s[0])));
+        }
+        let mode = match cx.string("mode").as_deref().unwrap_or(if self.opset >= 20 { "linear" } else { "bilinear" }) {
+            "nearest" => GRID_NEAREST,
+            "bilinear" | "linear" => GRID_LINEAR,
+            "bicubic" | "cubic" => GRID_CUBIC,
+            other => return Err(cx.err(format!("mode '{other}' is not supported (nearest, linear/bilinear, cubic/bicubic are)"))),
+        };
+        let padding = match cx.string("padding_mode").as_deref().unwrap_or("zeros") {
+            "zeros" => GRID_PAD_ZEROS,
+            "border" => GRID_PAD_BORDER,
+            "reflection" => GRID_PAD_REFLECTION,
+            other => return Err(cx.err(format!("padding_mode '{other}' is not supported (zeros, border, reflection are)"))),
+        };
+        let align_corners = match cx.int("align_corners", 0) {
+            0 => false,
+            1 => true,
+            v => return Err(cx.err(format!("align_corners={v}; it must be 0 or 1"))),
+        };
+        let kind = Kind::GridSample { x, grid, dims: [s[0], s[1], s[2], s[3]], out: [g[1], g[2]], mode, padding, align_corners };
+        Ok(vec![self.device(cx, kind, vec![s[0], s[1], g[1], g[2]])])
+    }
+
     pub(super) fn lower_resize(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
+        if cx.n.op_type == "GridSample" {
+            return self.lower_grid_sample(cx, ins);
+        }
         let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
         if !(3..=5).contains(&s.len()) {

@@ -29,17 +29,21 @@ pub enum ResizeMode {
 
 /// Per output position of one axis: four source indices (clamped into the
 /// input) and their weights.
+/// Keys' cubic convolution kernel with coefficient `a`, at distance `d`.
+#[inline]
+pub(crate) fn keys(a: f32, d: f32) -> f32 {
+    let d = d.abs();
+    if d <= 1.0 {
+        ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+    } else if d < 2.0 {
+        ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
+    } else {
+        0.0
+    }
+}
+
 fn cubic_taps(ax: &ResizeAxis, a: f32, exclude_outside: bool) -> Vec<([usize; 4], [f32; 4])> {
-    let kernel = |d: f32| -> f32 {
-        let d = d.abs();
-        if d <= 1.0 {
-            ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
-        } else if d < 2.0 {
-            ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
-        } else {
-            0.0
-        }
-    };
+    let kernel = |d: f32| keys(a, d);
     let len = ax.input as i64;
     (0..ax.output)
         .map(|o| {
