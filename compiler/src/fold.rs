@@ -142,16 +142,19 @@ pub fn concat(parts: &[&Const], axis: usize, out: &[u64]) -> Const {
     let outer: u64 = out[..axis].iter().product();
     let inner: u64 = out[axis + 1..].iter().product();
     let float = parts.iter().any(|p| p.is_float());
+    // Each part's values converted once (not per outer index: that made
+    // large folded concats quadratic).
+    let (fs, is): (Vec<Vec<f32>>, Vec<Vec<i64>>) = if float { (parts.iter().map(|p| p.floats()).collect(), vec![]) } else { (vec![], parts.iter().map(|p| p.ints()).collect()) };
     let mut f = Vec::new();
     let mut i = Vec::new();
     for o in 0..outer {
-        for p in parts {
+        for (k, p) in parts.iter().enumerate() {
             let chunk = (p.shape[axis] * inner) as usize;
             let at = o as usize * chunk;
             if float {
-                f.extend_from_slice(&p.floats()[at..at + chunk]);
+                f.extend_from_slice(&fs[k][at..at + chunk]);
             } else {
-                i.extend_from_slice(&p.ints()[at..at + chunk]);
+                i.extend_from_slice(&is[k][at..at + chunk]);
             }
         }
     }

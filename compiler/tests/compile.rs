@@ -8,7 +8,7 @@ use rbln_compile::onnx::*;
 use rbln_compile::{compile, parse_input_shape, CompileError, Options};
 use rbln_format::{Model, NodeKind, Placement};
 use rbln_hw::ops::{
-    Binary, Desc, GridSampleDesc, ResizeDesc, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
+    Binary, Desc, GemmDesc, GridSampleDesc, ResizeDesc, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
     RESIZE_EXCLUDE_OUTSIDE,
 };
 
@@ -1419,6 +1419,24 @@ fn grid_sample_lowers_to_one_descriptor() {
     refused(vec![], &[2, 1, 2, 2], &[1, 3, 3, 2], &[2, 1, 3, 3], "grid has shape [1, 3, 3, 2]");
     refused(vec![attr_s("mode", "lanczos")], &[1, 1, 2, 2], &[1, 3, 3, 2], &[1, 1, 3, 3], "mode 'lanczos' is not supported");
     refused(vec![attr_s("padding_mode", "wrap")], &[1, 1, 2, 2], &[1, 3, 3, 2], &[1, 1, 3, 3], "padding_mode 'wrap' is not supported");
+}
+
+/// MatMul whose batch dims broadcast only partially ([2, 1, 4] against
+/// [1, 3, 4] batches of 3x5 and 5x2 matrices): each operand is repeated to
+/// the [2, 3] batch by one copy, then one batched GEMM.
+#[test]
+fn matmul_with_partially_broadcast_batches() {
+    let bytes = model(
+        vec![node("MatMul", "mm", &["a", "b"], &["y"], vec![])],
+        vec![],
+        vec![vinfo("a", &[2, 1, 3, 5]), vinfo("b", &[1, 3, 5, 2])],
+        vec![vinfo("y", &[2, 3, 3, 2])],
+    );
+    let m = compiled(&bytes).model;
+    assert_eq!(compute_ops(&m), ["MatMul", "MatMul", "MatMul"]);
+    let gemms: Vec<GemmDesc> = descriptors(&m).into_iter().filter_map(|d| if let Desc::Gemm(g) = d { Some(g) } else { None }).collect();
+    assert_eq!(gemms.len(), 1);
+    assert_eq!((gemms[0].m, gemms[0].n, gemms[0].k, gemms[0].batch), (3, 2, 5, 6));
 }
 
 /// Every descriptor of a compiled model's compute nodes, in node order

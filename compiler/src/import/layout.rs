@@ -60,18 +60,7 @@ impl Importer {
                 let spec = self.const_ints(cx, input(1)?, 1)?;
                 let spec: Vec<u64> = spec.iter().map(|&d| d.max(0) as u64).collect();
                 let out = cx.shape(shape::broadcast(&s, &spec))?;
-                let src_strides = shape::broadcast_strides(&s, &out);
-                if let Some(c) = self.konst(x) {
-                    cx.shape(shape::fold_limit(&out))?;
-                    let c = fold::pick(c, &shape::box_indices(&out, &src_strides, 0), &out);
-                    self.constant(&Self::out_name(cx, 0), c)
-                } else if out == s {
-                    self.device(cx, Kind::View { x }, out)
-                } else {
-                    rank_ok(cx, &out, "the output")?;
-                    let part = CopyPart { src: x, src_offset: 0, dst_offset: 0, dst_strides: strides(&out), sizes: out.clone(), src_strides };
-                    self.device(cx, Kind::Copy { parts: vec![part] }, out)
-                }
+                self.broadcast_to(cx, x, out, None)?
             }
             "Pad" => self.pad(cx, ins)?,
             "DepthToSpace" | "SpaceToDepth" => self.depth_space(cx, input(0)?)?,
@@ -79,6 +68,25 @@ impl Importer {
             _ => return Err(cx.err(format!("internal error: '{op}' is not a layout op"))),
         };
         Ok(vec![v])
+    }
+
+    /// `x` repeated along its size-1 (or missing leading) axes to `to`, a
+    /// shape it broadcasts to: folded on a constant, a view when nothing
+    /// repeats, else one broadcasting copy.
+    pub(super) fn broadcast_to(&mut self, cx: &Cx, x: ValueId, to: Vec<u64>, tag: Option<&str>) -> Result<ValueId> {
+        let s = self.shape(x);
+        let src_strides = shape::broadcast_strides(&s, &to);
+        if let Some(c) = self.konst(x) {
+            cx.shape(shape::fold_limit(&to))?;
+            let c = fold::pick(c, &shape::box_indices(&to, &src_strides, 0), &to);
+            return Ok(self.result_const(cx, tag, c));
+        }
+        if to == s {
+            return Ok(self.result(cx, tag, Kind::View { x }, to));
+        }
+        rank_ok(cx, &to, "the broadcast result")?;
+        let part = CopyPart { src: x, src_offset: 0, dst_offset: 0, dst_strides: strides(&to), sizes: to.clone(), src_strides };
+        Ok(self.result(cx, tag, Kind::Copy { parts: vec![part] }, to))
     }
 
     /// Ops that only reinterpret (or, for constants, convert) a tensor.

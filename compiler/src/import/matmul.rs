@@ -153,7 +153,14 @@ impl Importer {
         } else if shape::pad_rank(ab, batch_shape.len()) == shape::pad_rank(bb, batch_shape.len()) {
             kind(m, va, [m * k, k * n, m * n])
         } else {
-            return Err(cx.err(format!("batch dims {ab:?} and {bb:?} broadcast partially; only equal or single batches are supported")));
+            // Batch dims that broadcast partially ([1, 4, L] against
+            // [1, 1, L], lambda networks' positional term): both operands
+            // are repeated to the full batch, then one batched GEMM.
+            let full = |rows: u64, cols: u64| [batch_shape.clone(), vec![rows, cols]].concat();
+            let a = self.broadcast_to(cx, a, full(m, k), Some("a_batched"))?;
+            let b = self.broadcast_to(cx, b, full(k, n), Some("b_batched"))?;
+            let batch = volume(&batch_shape);
+            Kind::Gemm { a, b, bias: None, m, n, k, batch, strides: [m * k, k * n, m * n], trans_a: false, trans_b: false, b_packed: false, residual: None, act: Act::NONE }
         };
         Ok(self.device(cx, kind, out))
     }
