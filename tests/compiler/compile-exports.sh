@@ -16,7 +16,7 @@ COMPILE=$RBLN_ROOT/target/release/rbln-compile
 [[ -x $COMPILE ]] || die "build rbln-compile first (cargo build --release)"
 REQ=$RBLN_ROOT/tests/models/exports/torch.txt
 EXPORTER=$RBLN_ROOT/tests/models/exports/export_torch.py
-MODELS=(resnet50 mobilenet_v3_small efficientnet_b0 swin_v2_t maxvit_t googlenet densenet121 convnext_tiny regnet_y_400mf shufflenet_v2 mc3_18 deeplabv3 unet unet3d lstm_tagger crnn bert gpt2 llama roberta bart dinov2 detr t5_encoder qwen2 wav2vec2 segformer yolov8n yolo11n)
+MODELS=(resnet50 mobilenet_v3_small efficientnet_b0 swin_v2_t maxvit_t googlenet densenet121 convnext_tiny regnet_y_400mf shufflenet_v2 mc3_18 raft_small deeplabv3 unet unet3d lstm_tagger crnn bert gpt2 llama roberta bart dinov2 detr t5_encoder qwen2 wav2vec2 segformer yolov8n yolo11n)
 
 source "$RBLN_ROOT/tests/compiler/lib.sh"
 

@@ -18,7 +18,22 @@ expect_error() {
 # $RBLN_CACHE/KIND-HASH (HASH: the exporter and the requirements file)
 # holding what `EXPORTER DIR ARGS...` writes, run once in the venv of
 # REQUIREMENTS (one builder at a time; its stdout is kept in models.txt,
-# its stderr in export.log). Prints the directory.
+# its stderr in export.log). Prints the directory. Making a new one
+# removes the KIND caches it supersedes (older exporters or pins) that
+# were completed over an hour ago and are not being built.
+prune_superseded() {
+    local kind=$1 keep=$2 old
+    for old in "$RBLN_CACHE/$kind"-????????????; do
+        [[ $old != "$keep" && -d $old && -f $old/.complete ]] || continue
+        [[ -z $(find "$old/.complete" -mmin -60) ]] || continue
+        # Skip one another run holds (a builder keeps its lock open).
+        if flock -n "$old.lock" rm -rf "$old"; then
+            rm -f "$old.lock"
+            log "removed the superseded cache $old"
+        fi
+    done
+}
+
 cached_exports() {
     local kind=$1 req=$2 exporter=$3 cache py; shift 3
     # EXPORT_DEPS: more files the exporter reads (their change re-exports).
@@ -34,6 +49,7 @@ cached_exports() {
             "$py" "$exporter" "$cache" "$@" 2>"$cache/export.log" | tee "$cache/models.txt" >&2 \
                 || { tail -n 30 "$cache/export.log" >&2; fail "$(basename "$exporter") failed (log: $cache/export.log)"; }
             touch "$cache/.complete"
+            prune_superseded "$kind" "$cache"
         fi
         exec 9>&-
     else

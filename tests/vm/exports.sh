@@ -32,7 +32,7 @@ for r in $o/*.rbln; do
     run $m "$(cat $o/$m.tol)"
     n=$((n + 1))
 done
-check "all $n compiled exports ran (at least 29)" test $n -ge 29
+check "all $n compiled exports ran (at least 30)" test $n -ge 30
 # The tutorial's concurrent workload: YOLOv8n through AsyncRuntime with two
 # requests in flight.
 check "yolov8n through AsyncRuntime (parallel 2) matches" sh -c \

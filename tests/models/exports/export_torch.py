@@ -177,6 +177,28 @@ def torchvision_model(out, name, ctor, shape, seed, output="logits", **kw):
     export(out, name, First(model).eval(), (image(seed, shape),), ["input"], [output], seed)
 
 
+def raft_small(out, seed):
+    """torchvision's RAFT (small) optical flow between two frames: a
+    correlation pyramid looked up with GridSample (bilinear, align_corners,
+    zeros) around the current flow, a ConvGRU update unrolled over four
+    iterations, and the flow upsampled by interpolation."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = randomize(torchvision.models.optical_flow.raft_small(weights=None), seed).eval()
+
+    class Flow(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, image1, image2):
+            return self.m(image1, image2, num_flow_updates=4)[-1]
+
+    frames = (image(seed, (1, 3, 128, 128)), image(seed + 1, (1, 3, 128, 128)))
+    export(out, "raft_small", Flow(model), frames, ["image1", "image2"], ["flow"], seed)
+
+
 # -- UNet (the 2015 architecture: double convs, max-pool down, ConvTranspose up)
 
 class DoubleConv(nn.Sequential):
@@ -553,6 +575,8 @@ MODELS = {
         out, "shufflenet_v2", __import__("torchvision").models.shufflenet_v2_x1_0, (1, 3, 224, 224), 18),
     # Video: 3-D convolutions over an 8-frame 112x112 clip.
     "mc3_18": lambda out: torchvision_model(out, "mc3_18", __import__("torchvision").models.video.mc3_18, (1, 3, 8, 112, 112), 19),
+    # Optical flow: GridSample on a run-time grid.
+    "raft_small": lambda out: raft_small(out, 27),
     "unet": lambda out: unet(out, 12),
     "unet3d": lambda out: unet3d(out, 20),
     "lstm_tagger": lambda out: lstm_tagger(out, 21),
