@@ -779,6 +779,24 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             ];
             vec![(d.to_bytes().to_vec(), r)]
         }
+        Kind::TopK { x, outer, len, inner, k, largest } => {
+            let d = TopKDesc {
+                outer: u32c(op, *outer, "outer")?,
+                len: u32c(op, *len, "len")?,
+                inner: u32c(op, *inner, "inner")?,
+                k: u32c(op, *k, "k")?,
+                flags: if *largest { TOPK_LARGEST } else { 0 },
+                ..Default::default()
+            }
+            .with_header();
+            // Values, then indices, in the one output.
+            let r = vec![
+                reloc(offset_of!(TopKDesc, in_va), off(*x)),
+                reloc(offset_of!(TopKDesc, values_va), o),
+                reloc(offset_of!(TopKDesc, indices_va), o + outer * k * inner * 4),
+            ];
+            vec![(d.to_bytes().to_vec(), r)]
+        }
         Kind::Where { cond, a, b, cond_dims, a_dims, b_dims } => {
             let d = WhereDesc {
                 rank: a_dims.len() as u32,

@@ -219,6 +219,10 @@ pub enum Kind {
     /// `[n, c, h, w]` sampled at the normalised (x, y) pairs of `grid`
     /// `[n, out[0], out[1], 2]`; `mode` and `padding` are GRID_* codes.
     GridSample { x: ValueId, grid: ValueId, dims: [u64; 4], out: [u64; 2], mode: u32, padding: u32, align_corners: bool },
+    /// The `k` largest (or smallest) of each line of `x` viewed as
+    /// `[outer, len, inner]`, sorted: the output `[2, outer·k·inner]`
+    /// holds the values, then their indices as f32.
+    TopK { x: ValueId, outer: u64, len: u64, inner: u64, k: u64, largest: bool },
     /// `cond ≠ 0 ? a : b` with broadcasting; all dims padded to one rank.
     Where { cond: ValueId, a: ValueId, b: ValueId, cond_dims: Vec<u64>, a_dims: Vec<u64>, b_dims: Vec<u64> },
     /// Constant padding: the output (`dims` grown by `begin` and `end`, and
@@ -291,7 +295,7 @@ impl Kind {
         match self {
             Gemm { a, b, bias, residual, .. } => [Some(*a), Some(*b), *bias, *residual].into_iter().flatten().collect(),
             Conv { x, w, bias, residual, .. } => [Some(*x), Some(*w), *bias, *residual].into_iter().flatten().collect(),
-            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } | Resize { x, .. } => vec![*x],
+            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } | Resize { x, .. } | TopK { x, .. } => vec![*x],
             Binary { a, b, .. } => vec![*a, *b],
             Where { cond, a, b, .. } => vec![*cond, *a, *b],
             GridSample { x, grid, .. } => vec![*x, *grid],

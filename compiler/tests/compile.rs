@@ -8,7 +8,7 @@ use rbln_compile::onnx::*;
 use rbln_compile::{compile, parse_input_shape, CompileError, Options};
 use rbln_format::{Model, NodeKind, Placement};
 use rbln_hw::ops::{
-    Binary, Desc, GemmDesc, GridSampleDesc, ResizeDesc, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
+    Binary, Desc, GemmDesc, GridSampleDesc, ResizeDesc, TopKDesc, TOPK_LARGEST, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
     RESIZE_EXCLUDE_OUTSIDE,
 };
 
@@ -1937,7 +1937,7 @@ fn recurrent_layers_unroll_and_refuse_what_they_do_not_model() {
 }
 
 #[test]
-fn top_k_is_rounds_of_selection_and_refuses_what_it_cannot_bound() {
+fn top_k_is_one_selection_op_and_refuses_what_it_cannot_bound() {
     let topk = |k: i64, len: i64, k_const: bool| {
         model(
             vec![node("TopK", "topk", &["x", "k"], &["v", "i"], vec![])],
@@ -1946,11 +1946,13 @@ fn top_k_is_rounds_of_selection_and_refuses_what_it_cannot_bound() {
             vec![vinfo("v", &[2, k]), typed_vinfo("i", &[2, k], elem::INT64)],
         )
     };
-    // Per round: value, index, and (but the last) the mask; then the two
-    // gathers and the cast.
-    assert_eq!(compute_ops(&compiled(&topk(3, 10, true)).model).len(), 3 * 2 + 2 * 2 + 3);
+    // One TOPK, a copy of each half (values, indices) and the cast.
+    assert_eq!(compute_ops(&compiled(&topk(3, 10, true)).model), ["TopK"; 4]);
+    let m = compiled(&topk(300, 1000, true)).model;
+    let d: Vec<TopKDesc> = descriptors(&m).into_iter().filter_map(|d| if let Desc::TopK(t) = d { Some(t) } else { None }).collect();
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].outer, d[0].len, d[0].inner, d[0].k, d[0].flags), (2, 1000, 1, 300, TOPK_LARGEST));
     assert!(unsupported(&topk(11, 10, true), &Options::default()).2.contains("0..=10"));
-    assert!(unsupported(&topk(300, 1000, true), &Options::default()).2.contains("at most 256"));
     assert!(compile(&topk(3, 10, false), "t", &Options::default()).is_err());
 }
 

@@ -47,6 +47,9 @@ pub enum OpCode {
     /// Sampling of an NCHW tensor at per-output normalised positions
     /// (minor 10).
     GridSample = 20,
+    /// The k largest or smallest elements along an axis, sorted, with
+    /// their indices (minor 10).
+    TopK = 21,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -853,6 +856,35 @@ wire_struct! {
 }
 
 const _: () = assert!(GridSampleDesc::SIZE == 72);
+
+/// TOPK flag: the k largest (else the k smallest).
+pub const TOPK_LARGEST: u32 = 1 << 0;
+/// Longest axis a TOPK selects from: its indices are written as f32,
+/// exact below 2^24.
+pub const TOPK_MAX_LEN: u32 = 1 << 24;
+
+wire_struct! {
+    /// For each of the `outer × inner` lines of `[outer, len, inner]`
+    /// (stride `inner`), the `k` largest (TOPK_LARGEST) or smallest
+    /// elements in order, ties by ascending index, NaN above +inf; values
+    /// and their indices (as f32) to `[outer, k, inner]` each (hardware
+    /// minor version 10; ONNX TopK, torch.topk).
+    pub struct TopKDesc {
+        pub header: OpHeader,
+        pub outer: u32,
+        pub len: u32,
+        pub inner: u32,
+        pub k: u32,
+        pub flags: u32,
+        /// Reserved, must be 0.
+        pub reserved: u32,
+        pub in_va: u64,
+        pub values_va: u64,
+        pub indices_va: u64,
+    }
+}
+
+const _: () = assert!(TopKDesc::SIZE == 56);
 const _: () = assert!(OpHeader::SIZE == 8);
 const _: () = assert!(GemmDesc::SIZE == 104);
 const _: () = assert!(Conv2dDesc::SIZE == 128);
@@ -899,6 +931,7 @@ pub enum Desc {
     QBinary(QBinaryDesc),
     Tile(TileDesc),
     GridSample(GridSampleDesc),
+    TopK(TopKDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -950,6 +983,7 @@ encode_fn!(QConvDesc, QConv);
 encode_fn!(QBinaryDesc, QBinary);
 encode_fn!(TileDesc, Tile);
 encode_fn!(GridSampleDesc, GridSample);
+encode_fn!(TopKDesc, TopK);
 
 /// Sizes of descriptors written before fields were appended to them
 /// (GEMM, CONV2D and BINARY in minor version 1, RESIZE in minor version
@@ -1206,6 +1240,16 @@ impl Desc {
                 }
                 Desc::GridSample(d)
             }
+            21 => {
+                let d = get!(TopKDesc);
+                if d.flags & !TOPK_LARGEST != 0 || d.reserved != 0 {
+                    return Err(BadField("topk flags"));
+                }
+                if d.k > d.len || d.len > TOPK_MAX_LEN {
+                    return Err(BadField("k/len"));
+                }
+                Desc::TopK(d)
+            }
             op => return Err(UnknownOp(op)),
         };
         Ok(d)
@@ -1256,6 +1300,11 @@ mod tests {
             .with_header();
         assert_eq!(Desc::decode(&g.to_bytes()), Ok(Desc::GridSample(g)));
         for bad in [GridSampleDesc { mode: 3, ..g }, GridSampleDesc { padding: 3, ..g }, GridSampleDesc { flags: 2, ..g }, GridSampleDesc { reserved: 1, ..g }] {
+            assert!(matches!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField(_))), "{bad:?}");
+        }
+        let t = TopKDesc { outer: 2, len: 10, inner: 3, k: 4, flags: TOPK_LARGEST, ..Default::default() }.with_header();
+        assert_eq!(Desc::decode(&t.to_bytes()), Ok(Desc::TopK(t)));
+        for bad in [TopKDesc { k: 11, ..t }, TopKDesc { flags: 2, ..t }, TopKDesc { reserved: 1, ..t }, TopKDesc { len: TOPK_MAX_LEN + 1, ..t }] {
             assert!(matches!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField(_))), "{bad:?}");
         }
         let mut h = [0u8; 8];

@@ -414,6 +414,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::Cast(d) => cast(&mut op, &d),
         Desc::Resize(d) => resize(&mut op, &d),
         Desc::GridSample(d) => grid_sample(&mut op, &d),
+        Desc::TopK(d) => top_k(&mut op, &d),
         Desc::Quant(d) => quant(&mut op, &d),
         Desc::QGemm(d) => qgemm(&mut op, &d),
         Desc::QConv(d) => qconv(&mut op, &d),
@@ -975,6 +976,25 @@ fn grid_sample(op: &mut Op<'_, '_, '_>, d: &ops::GridSampleDesc) -> R<u64> {
     let input = op.input(d.in_va, n_in)?;
     let grid = op.input(d.grid_va, n_grid)?;
     op.write_out(d.out_va, n_out, |out| k::grid_sample(&p, &input, &grid, out))?;
+    Ok(flops)
+}
+
+fn top_k(op: &mut Op<'_, '_, '_>, d: &ops::TopKDesc) -> R<u64> {
+    let (outer, len, inner, k) = (d.outer as usize, d.len as usize, d.inner as usize, d.k as usize);
+    let n_in = op.volume(&[outer, len, inner])?;
+    let n_out = op.volume(&[outer, k, inner])?;
+    // Nominal work: a selection pass over the input, then sorting the
+    // chosen elements: N_in + N_out·⌈log2(k + 1)⌉.
+    let sort = op.flops(&[n_out as u64, (u64::BITS - (k as u64).leading_zeros()) as u64])?;
+    let flops = op.flops(&[(n_in as u64).checked_add(sort).ok_or_else(|| op.bad())?])?;
+    let input = op.input(d.in_va, n_in)?;
+    // Both outputs are translated before either is written.
+    let mut values = op.output(d.values_va, n_out, false)?;
+    let mut indices = op.output(d.indices_va, n_out, false)?;
+    let r = k::top_k(d.flags & ops::TOPK_LARGEST != 0, outer, len, inner, k, &input, values.buf(), indices.buf());
+    op.kernel(r)?;
+    values.commit();
+    indices.commit();
     Ok(flops)
 }
 

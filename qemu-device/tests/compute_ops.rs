@@ -906,6 +906,34 @@ fn grid_sample_through_the_device() {
     assert!(r.rig.dev.healthy());
 }
 
+// ---- TOPK (hardware minor version 10) ----
+
+/// The 2 largest of each column of a [3, 2] matrix (axis 0, inner 2), with
+/// a tie resolved by index; an unmapped indices output faults at its VA
+/// and neither output is written.
+#[test]
+fn top_k_through_the_device() {
+    let mut r = OpRig::new();
+    r.put(0, &[1.0, 9.0, 5.0, 9.0, 5.0, -1.0]);
+    let d = TopKDesc { outer: 1, len: 3, inner: 2, k: 2, flags: TOPK_LARGEST, in_va: tva(0), values_va: tva(3), indices_va: tva(4), ..Default::default() }
+        .with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.get(3, 4), [5.0, 9.0, 5.0, 9.0]);
+    assert_eq!(r.get(4, 4), [1.0, 0.0, 2.0, 1.0]);
+    let smallest = TopKDesc { flags: 0, k: 1, ..d };
+    assert_eq!(r.run(&smallest.to_bytes()), FaultCode::None);
+    assert_eq!((r.get(3, 2), r.get(4, 2)), (vec![1.0, -1.0], vec![0.0, 2.0]));
+    r.put(3, &[42.0; 4]);
+    let bad = TopKDesc { indices_va: 0x7700_0000, ..d };
+    assert_eq!(r.run(&bad.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), 0x7700_0000);
+    assert_eq!(r.get(3, 4), [42.0; 4]);
+    assert!(r.rig.dev.healthy());
+    // k beyond the axis is a bad descriptor.
+    let mut r = OpRig::new();
+    assert_eq!(r.run(&TopKDesc { k: 4, ..d }.to_bytes()), FaultCode::BadDescriptor);
+}
+
 // ---- BINARY comparisons and WHERE (hardware minor version 2) ----
 
 fn binary_desc(kind: Binary, rank: u32, a_dims: [u32; 6], b_dims: [u32; 6], out_va: u64) -> BinaryDesc {

@@ -12,9 +12,6 @@ pub(super) const OPS: &[&str] = &[
     "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "TopK",
 ];
 
-/// Largest `k` of a TopK (four ops per selected element).
-const TOPK_MAX_K: u64 = 256;
-
 impl Importer {
     pub(super) fn lower_norm(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let input = |i: usize| -> Result<ValueId> {
@@ -249,15 +246,11 @@ impl Importer {
         Ok(self.device(cx, Kind::Cast { x: idx, from: DType::F32, to: DType::I64 }, out))
     }
 
-    /// TopK as `k` rounds of selection over the `[outer, len, inner]` view:
-    /// the round's value is a REDUCE max (min for `largest=0`), its index a
-    /// REDUCE argmax (the first of equal values, so ties come out in index
-    /// order, as ONNX requires), and the chosen element is then replaced
-    /// by −inf (+inf) with an EQUAL against the positions and a WHERE. The
-    /// rounds' values and indices are gathered along the axis by one copy
-    /// each; the indices are cast to int64. Sorted output (allowed for
-    /// `sorted=0` too). An input holding −inf (+inf) among its top `k`
-    /// elements may repeat an index there.
+    /// TopK as one TOPK over the `[outer, len, inner]` view, writing the
+    /// values and then the indices (as f32) into one `[2, outer, k,
+    /// inner]` buffer; a copy takes out each half, and the indices are
+    /// cast to int64. Sorted output, ties in index order as ONNX requires
+    /// (also for `sorted=0`, which allows any order).
     fn top_k(&mut self, cx: &Cx, ins: &[Option<ValueId>]) -> Result<Vec<ValueId>> {
         let x = ins.first().copied().flatten().ok_or_else(|| cx.err("input 0 is missing"))?;
         let s = self.shape(x);
@@ -279,46 +272,22 @@ impl Importer {
             return Err(cx.err(format!("k {k}: 0..={len} (the length of axis {a}) expected")));
         }
         let k = k as u64;
-        if k > TOPK_MAX_K {
-            return Err(cx.err(format!("k {k}: at most {TOPK_MAX_K} (each selected element is a pass over the input)")));
-        }
-        if len >= 1 << 24 {
+        if len > TOPK_MAX_LEN as u64 {
             return Err(cx.err(format!("axis {a} has {len} elements; at most 2^24 (indices are computed in f32)")));
         }
         let largest = cx.int("largest", 1) != 0;
         let (outer, inner) = (volume(&s[..a]), volume(&s[a + 1..]));
-        let dims = vec![outer, len, inner];
-        let one = vec![outer, 1, inner];
         let mut out = s.clone();
         out[a] = k;
         if k == 0 {
             let empty = |me: &mut Self, i: usize, c: Const| me.constant(&Self::out_name(cx, i), c);
             return Ok(vec![empty(self, 0, Const::f32(&out, vec![])), empty(self, 1, Const::i64(&out, vec![]))]);
         }
-        let (pick, arg, masked) = if largest { (REDUCE_MAX, REDUCE_ARGMAX, f32::NEG_INFINITY) } else { (REDUCE_MIN, REDUCE_ARGMIN, f32::INFINITY) };
-        let positions = self.constant(&format!("{}.positions", cx.name), Const::f32(&[1, len, 1], (0..len).map(|i| i as f32).collect()));
-        let fill = self.constant(&format!("{}.masked", cx.name), Const::f32(&[], vec![masked]));
-        let mut work = self.reshaped(cx, x, dims.clone(), Some("rows"));
-        let (mut values, mut indices) = (Vec::new(), Vec::new());
-        for r in 0..k {
-            values.push(self.device_tmp(cx, Kind::Reduce { kind: pick, x: work, dims: dims.clone(), axis: 1 }, one.clone(), &format!("value{r}")));
-            let idx = self.device_tmp(cx, Kind::Reduce { kind: arg, x: work, dims: dims.clone(), axis: 1 }, one.clone(), &format!("index{r}"));
-            indices.push(idx);
-            if r + 1 < k {
-                let hit = self.elementwise(cx, Binary::Equal, positions, idx, Some(&format!("chosen{r}")))?;
-                work = self.where_select(cx, hit, fill, work, Some(&format!("rest{r}")))?;
-            }
-        }
-        // Round r lands at position r of the axis.
-        let gather = |parts: &[ValueId]| -> Vec<CopyPart> {
-            parts
-                .iter()
-                .enumerate()
-                .map(|(r, &v)| CopyPart { src: v, src_offset: 0, dst_offset: r as u64 * inner, sizes: vec![outer, inner], src_strides: vec![inner, 1], dst_strides: vec![k * inner, 1] })
-                .collect()
-        };
-        let vals = self.device_out(cx, 0, Kind::Copy { parts: gather(&values) }, out.clone());
-        let idx = self.device_tmp(cx, Kind::Copy { parts: gather(&indices) }, out.clone(), "indices_f32");
+        let n = outer * k * inner;
+        let both = self.device_tmp(cx, Kind::TopK { x, outer, len, inner, k, largest }, vec![2, n], "values_and_indices");
+        let half = |at: u64| vec![CopyPart { src: both, src_offset: at * n, dst_offset: 0, sizes: vec![n], src_strides: vec![1], dst_strides: vec![1] }];
+        let vals = self.device_out(cx, 0, Kind::Copy { parts: half(0) }, out.clone());
+        let idx = self.device_tmp(cx, Kind::Copy { parts: half(1) }, out.clone(), "indices_f32");
         let idx = self.device_out(cx, 1, Kind::Cast { x: idx, from: DType::F32, to: DType::I64 }, out);
         Ok(vec![vals, idx])
     }

@@ -73,6 +73,7 @@ mod resize;
 mod select;
 mod softmax;
 mod tile;
+mod topk;
 mod util;
 
 #[cfg(test)]
@@ -94,6 +95,7 @@ pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, Resiz
 pub use select::{broadcast_shape3, where_select};
 pub use softmax::{layer_norm, softmax};
 pub use tile::{run_tile, TileFault, TileLaunch, TileMem};
+pub use topk::top_k;
 pub use util::parallel_tasks;
 
 /// Re-export so callers can use the same rayon version for pools.
