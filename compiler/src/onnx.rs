@@ -172,9 +172,11 @@ pub mod elem {
     pub const INT32: i32 = 6;
     pub const INT64: i32 = 7;
     pub const BOOL: i32 = 9;
+    pub const FLOAT16: i32 = 10;
     pub const DOUBLE: i32 = 11;
     pub const UINT32: i32 = 12;
     pub const UINT64: i32 = 13;
+    pub const BFLOAT16: i32 = 16;
 
     pub fn name(t: i32) -> &'static str {
         match t {

@@ -375,15 +375,22 @@ fn bad_models_get_precise_errors() {
     let e = compile(&m.encode_to_vec(), "t", &Options::default()).err().unwrap().to_string();
     assert!(e.contains("input 'x' is uint16"), "{e}");
     // A run-time cast to a type that does not exist at run time.
-    let bytes = model(
-        vec![node("Cast", "to_f64", &["x"], &["y"], vec![attr_i("to", elem::DOUBLE as i64)])],
-        vec![],
-        vec![vinfo("x", &[2])],
-        vec![vinfo("y", &[2])],
-    );
-    let (who, _, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!(who, "to_f64");
-    assert!(reason.contains("casts a run-time tensor to double"), "{reason}");
+    let cast = |to: i32| {
+        model(
+            vec![node("Cast", "to", &["x"], &["c"], vec![attr_i("to", to as i64)]), node("Relu", "r", &["c"], &["y"], vec![])],
+            vec![],
+            vec![vinfo("x", &[2])],
+            vec![vinfo("y", &[2])],
+        )
+    };
+    let (who, _, reason) = unsupported(&cast(elem::UINT16), &Options::default());
+    assert_eq!(who, "to");
+    assert!(reason.contains("casts a run-time tensor to uint16"), "{reason}");
+    // Floating-point run-time values are float32: a cast to float64 or
+    // float16 moves nothing.
+    for to in [elem::DOUBLE, elem::FLOAT16, elem::BFLOAT16] {
+        assert_eq!(compute_ops(&compiled(&cast(to)).model), ["Relu"]);
+    }
     // A run-time cast to int64 whose result the model declares float.
     let bytes = model(
         vec![node("Cast", "to_int", &["x"], &["y"], vec![attr_i("to", elem::INT64 as i64)])],

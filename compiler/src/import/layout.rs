@@ -117,6 +117,10 @@ impl Importer {
                     let c = cx.shape(fold::cast(c, to))?;
                     return Ok(self.constant(&Self::out_name(cx, 0), c));
                 }
+                // Run-time floating-point values are computed in float32, as
+                // compile-time ones are held: a cast to float64 (Deformable
+                // DETR's sampling offsets) or float16 is one to float32.
+                let to = if matches!(to, elem::DOUBLE | elem::FLOAT16 | elem::BFLOAT16) { elem::FLOAT } else { to };
                 let to = run_time_dtype(to).ok_or_else(|| {
                     cx.err(format!("casts a run-time tensor to {}; run-time tensors are float32, int32, int64 or bool", elem::name(to)))
                 })?;
