@@ -1469,8 +1469,8 @@ fn resize_descs(m: &Model) -> Vec<ResizeDesc> {
 }
 
 /// Floor, Ceil, Round and Sign on run-time values are UNARY ops; Mod is a
-/// BINARY (Python's remainder for integers, C's fmod for fmod=1; fmod=0 on
-/// floats is refused as ONNX requires); Hardmax is an argmax and an EQUAL.
+/// BINARY (Python's remainder for fmod=0, which ONNX allows for integers,
+/// C's fmod for fmod=1); Hardmax is an argmax and an EQUAL.
 #[test]
 fn run_time_rounding_remainders_and_hardmax() {
     let lowered = |nodes: Vec<NodeProto>, inits: Vec<TensorProto>, x: &[i64], y: &[i64]| {
@@ -1500,10 +1500,43 @@ fn run_time_rounding_remainders_and_hardmax() {
     );
     let m = compiled(&bytes).model;
     assert!(descriptors(&m).iter().any(|d| matches!(d, Desc::Binary(b) if b.kind == Binary::Mod as u32)));
-    let bytes = model(vec![node("Mod", "m", &["x", "x"], &["y"], vec![])], vec![], vec![vinfo("x", &[4])], vec![vinfo("y", &[4])]);
-    let (who, op, reason) = unsupported(&bytes, &Options::default());
-    assert_eq!((who.as_str(), op.as_str()), ("m", "Mod"));
-    assert!(reason.contains("fmod=0 on floating-point inputs"), "{reason}");
+    // Hashing token ids computed at run time (CANINE): (ids + 1)·p mod n.
+    let bytes = model(
+        vec![
+            node("Cast", "ids", &["x"], &["i"], vec![attr_i("to", elem::INT64 as i64)]),
+            node("Mul", "hash", &["i", "p"], &["h"], vec![]),
+            node("Mod", "bucket", &["h", "n"], &["b"], vec![]),
+            node("Cast", "f", &["b"], &["y"], vec![attr_i("to", elem::FLOAT as i64)]),
+        ],
+        vec![i64_tensor("p", &[], &[31]), i64_tensor("n", &[], &[1000])],
+        vec![vinfo("x", &[4])],
+        vec![vinfo("y", &[4])],
+    );
+    assert!(descriptors(&compiled(&bytes).model).iter().any(|d| matches!(d, Desc::Binary(b) if b.kind == Binary::Mod as u32)));
+    // OneHot of run-time indices: wrap the negative ones, compare with the
+    // positions, scale to [off, on]; of constant indices, folded.
+    let one_hot = |ids: Option<&[i64]>| {
+        let mut inits = vec![i64_tensor("d", &[], &[4]), tensor("v", &[2], &[-1.0, 3.0])];
+        let ins = match ids {
+            Some(v) => {
+                inits.push(i64_tensor("i", &[2, 3], v));
+                vec![vinfo("x", &[2, 4, 3])]
+            }
+            None => vec![vinfo("x", &[2, 4, 3]), typed_vinfo("i", &[2, 3], elem::INT64)],
+        };
+        let nodes = vec![node("OneHot", "oh", &["i", "d", "v"], &["h"], vec![attr_i("axis", 1)]), node("Add", "a", &["x", "h"], &["y"], vec![])];
+        compiled(&model(nodes, inits, ins, vec![vinfo("y", &[2, 4, 3])])).model
+    };
+    assert_eq!(compute_ops(&one_hot(None)), ["Cast", "OneHot", "OneHot", "OneHot", "OneHot", "OneHot", "OneHot", "Add"]);
+    let m = one_hot(Some(&[0, -1, 4, 3, -5, 2]));
+    assert_eq!(compute_ops(&m), ["Add"]);
+    let t = m.graph.tensors.iter().find(|t| t.name == "h").expect("the folded one-hot is a weight");
+    let Placement::Weight { offset, size } = t.placement else { panic!("not a weight") };
+    let w: Vec<f32> = m.weights[offset as usize..(offset + size) as usize].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    // [2, 4, 3]: batch 0 has indices 0, -1 (→ 3), 4 (off) along axis 1.
+    assert_eq!(&w[..12], &[3.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 3.0, -1.0]);
+    // Batch 1: 3, -5 (beyond -depth: off), 2.
+    assert_eq!(&w[12..], &[-1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 3.0, 3.0, -1.0, -1.0]);
     // Hardmax over the last axis (opset 13+) of [2, 3, 5].
     assert_eq!(lowered(vec![node("Hardmax", "h", &["x"], &["y"], vec![])], vec![], &[2, 3, 5], &[2, 3, 5]), ["Hardmax", "Hardmax"]);
 }

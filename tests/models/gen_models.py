@@ -1212,7 +1212,9 @@ def pads():
 def rounding():
     """Run-time rounding and remainders (Floor, Ceil, Round with its ties
     to even, Sign of values with zeros, Mod: C's fmod on floats and
-    Python's remainder on int64), Hardmax with tied maxima, and bicubic
+    Python's remainder on int64), OneHot of run-time int64 indices (in
+    range; negative and out of range, with other values), Hardmax with
+    tied maxima, and bicubic
     Resize as PyTorch's F.interpolate(mode="bicubic") and TF write it
     (Keys' a = -0.75 and -0.5, edge taps repeated or excluded, up and
     down); every result feeds the output."""
@@ -1231,6 +1233,8 @@ def rounding():
     xi = g.node("Cast", [g.node("Mul", [x, f("four", [4.0])], "x4")], "to_int", to=TensorProto.INT64)
     m = g.node("Mod", [xi, g.i64("three", [3])], "int_mod")
     out(g.node("Cast", [m], "int_mod_f", to=TensorProto.FLOAT))
+    out(g.node("OneHot", [m, g.i64("depth3", [3]), f("off_on", [0.0, 1.0])], "one_hot"))
+    out(g.node("OneHot", [xi, g.i64("depth5", [5]), f("off_on2", [-1.0, 2.0])], "one_hot_wrap", axis=1))
     out(g.node("Hardmax", [x], "hardmax"))
     out(g.node("Hardmax", [x], "hardmax_c", axis=1))
     out(g.node("Resize", [x, "", f("s_up", [1, 1, 2, 1.5])], "bicubic_up", mode="cubic",
@@ -1239,7 +1243,7 @@ def rounding():
                coordinate_transformation_mode="align_corners", cubic_coeff_a=-0.75))
     out(g.node("Resize", [x, "", "", g.i64("sz_down", [2, 3, 4, 5])], "bicubic_tf", mode="cubic",
                coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.5, exclude_outside=1))
-    n = 3 * 48 * 9 + 3 * 12 * 12 + 3 * 9 * 11 + 3 * 4 * 5
+    n = 3 * 48 * 9 + 3 * 48 * 3 + 5 * 3 * 48 + 3 * 12 * 12 + 3 * 9 * 11 + 3 * 4 * 5
     g.node("Concat", outs, "concat", axis=1, outputs=["y"])
     return g.model(x, [2, 3, 6, 8], "y", [2, n], opset=18), np.round(g.input_data((2, 3, 6, 8)) * 4) / 4
 

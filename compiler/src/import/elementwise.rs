@@ -59,15 +59,9 @@ impl Importer {
                     let c = cx.shape(fold::modulo(ca, cb, fmod))?;
                     self.constant(&Self::out_name(cx, 0), c)
                 } else {
-                    // The operands as the graph typed them (run-time integers
-                    // arrive here converted to f32).
-                    let float = cx.n.input.iter().take(2).filter_map(|name| self.names.get(name)).any(|&v| match self.konst(v) {
-                        Some(c) => matches!(c.data, Data::F(_)),
-                        None => self.g.values[v].dtype == DType::F32,
-                    });
-                    if float && !fmod {
-                        return Err(cx.err("fmod=0 on floating-point inputs (ONNX requires fmod=1 for them)"));
-                    }
+                    // fmod=0 is Python's remainder. (ONNX allows it for
+                    // integers only, but integer arithmetic runs in f32 here,
+                    // so run-time integer operands look like floats.)
                     let kind = if fmod { Binary::FMod } else { Binary::Mod };
                     self.elementwise(cx, kind, a, b, None)?
                 }

@@ -4,13 +4,14 @@
 //! on constants, else a Gather from the flattened data at flat indices.
 //! ScatterND and ScatterElements: folded on constants; with constant
 //! indices and run-time data or updates, a Gather of the updates into
-//! the written positions and a Where against the data.
+//! the written positions and a Where against the data. OneHot: an EQUAL of
+//! the (wrapped) indices against the positions along the new axis.
 
 use super::*;
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &[
-    "Gather", "GatherElements", "ScatterND", "ScatterElements",
+    "Gather", "GatherElements", "ScatterND", "ScatterElements", "OneHot",
 ];
 
 impl Importer {
@@ -23,9 +24,71 @@ impl Importer {
             "Gather" => self.gather(cx, input(0)?, input(1)?)?,
             "GatherElements" => self.gather_elements(cx, input(0)?, input(1)?)?,
             "ScatterND" | "ScatterElements" => self.scatter(cx, input(0)?, input(1)?, input(2)?)?,
+            "OneHot" => self.one_hot(cx, input(0)?, input(1)?, input(2)?)?,
             _ => return Err(cx.err(format!("internal error: '{op}' is not a gather op"))),
         };
         Ok(vec![v])
+    }
+
+    /// OneHot with a constant depth and values [off, on]: a new axis of
+    /// length depth at `axis`; `on` where the position equals the index
+    /// (negative indices count from the end; others outside [-depth,
+    /// depth) give a row of `off`). Folded on constants.
+    fn one_hot(&mut self, cx: &Cx, indices: ValueId, depth: ValueId, values: ValueId) -> Result<ValueId> {
+        let d = match self.const_ints(cx, depth, 1)?.as_slice() {
+            [d] if *d > 0 => *d as u64,
+            other => return Err(cx.err(format!("depth {other:?}: one positive value expected"))),
+        };
+        let vals = self.need_const(cx, values, 2)?;
+        if vals.len() != 2 {
+            return Err(cx.err(format!("values has {} elements; [off, on] expected", vals.len())));
+        }
+        let (off, on) = (vals.floats()[0], vals.floats()[1]);
+        let s = self.shape(indices);
+        let a = cx.shape(shape::axis(cx.int("axis", -1), s.len() + 1, false))?;
+        let mut out = s.clone();
+        out.insert(a, d);
+        rank_ok(cx, &out, "the output")?;
+        let mut column = s.clone();
+        column.insert(a, 1);
+        let mut positions = vec![1; out.len()];
+        positions[a] = d;
+        if let Some(c) = self.konst(indices) {
+            cx.shape(shape::fold_limit(&out))?;
+            let (idx, inner) = (c.ints(), volume(&s[a..]) as usize);
+            let mut v = vec![off; volume(&out) as usize];
+            for (n, &i) in idx.iter().enumerate() {
+                let i = if i < 0 { i + d as i64 } else { i };
+                if (0..d as i64).contains(&i) {
+                    let (o, r) = (n / inner.max(1), n % inner.max(1));
+                    v[(o * d as usize + i as usize) * inner + r] = on;
+                }
+            }
+            let c = if vals.is_float() { Const::f32(&out, v) } else { Const::i64(&out, v.iter().map(|&x| x as i64).collect()) };
+            return Ok(self.constant(&Self::out_name(cx, 0), c));
+        }
+        // index + depth·(index < 0), then compared with the positions.
+        let pos = self.constant(&format!("{}.positions", cx.name), Const::f32(&positions, (0..d).map(|i| i as f32).collect()));
+        let idx = self.reshaped(cx, indices, column, Some("column"));
+        let zero = self.scalar(cx, "zero", 0.0);
+        let neg = self.elementwise(cx, Binary::Less, idx, zero, Some("negative"))?;
+        let dv = self.scalar(cx, "depth", d as f32);
+        let shift = self.elementwise(cx, Binary::Mul, neg, dv, Some("shift"))?;
+        let idx = self.elementwise(cx, Binary::Add, idx, shift, Some("wrapped"))?;
+        let hot = self.elementwise(cx, Binary::Equal, idx, pos, Some("hot"))?;
+        // hot·(on − off) + off.
+        let y = if (off, on) == (0.0, 1.0) {
+            hot
+        } else {
+            let span = self.scalar(cx, "span", on - off);
+            let scaled = self.elementwise(cx, Binary::Mul, hot, span, Some("scaled"))?;
+            let base = self.scalar(cx, "off", off);
+            self.elementwise(cx, Binary::Add, scaled, base, Some("valued"))?
+        };
+        if !vals.is_float() {
+            return Ok(self.device(cx, Kind::Cast { x: y, from: DType::F32, to: DType::I64 }, out));
+        }
+        Ok(self.alias(cx, y))
     }
 
     pub(super) fn gather(&mut self, cx: &Cx, data: ValueId, indices: ValueId) -> Result<ValueId> {
