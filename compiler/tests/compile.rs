@@ -1935,6 +1935,24 @@ fn pool3d_runs_as_a_pool_over_h_w_then_one_over_d() {
     assert!(unsupported(&big, &Options::default()).2.contains("kernel is larger than the padded input"));
     let missing = p3("MaxPool", vec![], &[1, 2, 6, 8, 8]);
     assert!(unsupported(&missing, &Options::default()).2.contains("kernel_shape is missing"));
+    // A window wider than the input by less than a stride with ceil_mode
+    // (HF EfficientNet's AvgPool2d(1280, ceil_mode=True) on 7x7) averages
+    // the whole input: the kernel becomes the input's extent.
+    let wide = model(
+        vec![node("AveragePool", "pool", &["x"], &["y"], vec![k(&[1280, 1280]), attr_ints("strides", &[1280, 1280]), attr_i("ceil_mode", 1)])],
+        vec![],
+        vec![vinfo("x", &[1, 4, 7, 7])],
+        vec![vinfo("y", &[1, 4, 1, 1])],
+    );
+    let d = descriptors(&compiled(&wide).model);
+    assert!(matches!(d[..], [Desc::Pool(p)] if (p.kh, p.kw, p.pad_bottom, p.pad_right) == (7, 7, 0, 0)), "{d:?}");
+    let too_wide = model(
+        vec![node("AveragePool", "pool", &["x"], &["y"], vec![k(&[9, 9]), attr_ints("strides", &[1, 1]), attr_i("ceil_mode", 1)])],
+        vec![],
+        vec![vinfo("x", &[1, 4, 7, 7])],
+        vec![vinfo("y", &[1, 4, 1, 1])],
+    );
+    assert!(unsupported(&too_wide, &Options::default()).2.contains("kernel is larger than the padded input"));
 }
 
 #[test]

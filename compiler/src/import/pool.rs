@@ -58,7 +58,7 @@ impl Importer {
         let include_pad = !max && cx.int("count_include_pad", 0) != 0;
         if cx.int("ceil_mode", 0) != 0 {
             for i in 0..2 {
-                ceil_mode_pad(cx, win.input[i], win.kernel[i], win.stride[i], win.dilation[i], &mut win.pads[i], include_pad)?;
+                ceil_mode_pad(cx, win.input[i], &mut win.kernel[i], win.stride[i], win.dilation[i], &mut win.pads[i], include_pad)?;
             }
         }
         let out_sp = win.output(cx)?;
@@ -87,14 +87,14 @@ impl Importer {
         if cx.ints("kernel_shape").is_none() {
             return Err(cx.err("kernel_shape is missing"));
         }
-        let k = self.spatial_attr(cx, "kernel_shape", 3)?;
+        let mut k = self.spatial_attr(cx, "kernel_shape", 3)?;
         let stride = self.spatial_attr(cx, "strides", 3)?;
         let dil = self.spatial_attr(cx, "dilations", 3)?;
         let mut pads = self.pads(cx, &s[2..], &k, &stride, &dil)?;
         let include_pad = !max && cx.int("count_include_pad", 0) != 0;
         if cx.int("ceil_mode", 0) != 0 {
             for a in 0..3 {
-                ceil_mode_pad(cx, s[2 + a], k[a], stride[a], dil[a], &mut pads[a], include_pad)?;
+                ceil_mode_pad(cx, s[2 + a], &mut k[a], stride[a], dil[a], &mut pads[a], include_pad)?;
             }
         }
         let (n, c, d, h, w) = (s[0], s[1], s[2], s[3], s[4]);
@@ -125,12 +125,19 @@ impl Importer {
 }
 
 /// Ceil mode on one axis: extra padding at the end, so the last window
-/// fits; windows that would start in the end padding are dropped.
-fn ceil_mode_pad(cx: &Cx, inp: u64, k: u64, st: u64, dil: u64, p: &mut (u64, u64), include_pad: bool) -> Result<()> {
+/// fits; windows that would start in the end padding are dropped. A
+/// window longer than the padded input by less than a stride still makes
+/// one output (HF EfficientNet's pooler: a 1280-wide window over 7x7):
+/// its window is the whole padded input, so the kernel shrinks to that.
+fn ceil_mode_pad(cx: &Cx, inp: u64, k: &mut u64, st: u64, dil: u64, p: &mut (u64, u64), include_pad: bool) -> Result<()> {
     let too_big = || cx.err("the window's sizes overflow");
     let span = inp.checked_add(p.0).and_then(|v| v.checked_add(p.1)).ok_or_else(too_big)?;
     let eff = dil.checked_mul(k.saturating_sub(1)).and_then(|v| v.checked_add(1)).ok_or_else(too_big)?;
     if span < eff {
+        if dil == 1 && eff - span < st {
+            *k = span;
+            return Ok(());
+        }
         return Err(cx.err("the kernel is larger than the padded input"));
     }
     let mut out = (span - eff).div_ceil(st) + 1;
