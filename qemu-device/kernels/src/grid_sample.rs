@@ -9,8 +9,7 @@
 
 use crate::error::{KernelError, Result};
 use crate::resize::keys;
-use crate::util::{check_len, volume};
-use rayon::prelude::*;
+use crate::util::{check_len, for_each_task, sequential, volume, SendPtr};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GridMode {
@@ -158,6 +157,11 @@ pub fn grid_sample_output_shape(p: &GridSampleParams) -> Result<[usize; 4]> {
     Ok(out)
 }
 
+/// Output positions per task: their taps (136 bytes each) are planned
+/// once and used by every channel, so memory stays bounded whatever the
+/// grid's size.
+const POSITIONS_PER_TASK: usize = 2048;
+
 /// Samples every plane of `input` at the positions of `grid` into `output`.
 pub fn grid_sample(p: &GridSampleParams, input: &[f32], grid: &[f32], output: &mut [f32]) -> Result<()> {
     let out_shape = grid_sample_output_shape(p)?;
@@ -168,20 +172,32 @@ pub fn grid_sample(p: &GridSampleParams, input: &[f32], grid: &[f32], output: &m
         return Ok(());
     }
     let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
-    for b in 0..p.batch {
-        // The taps depend on the position only: computed once, used by
-        // every channel.
-        let g = &grid[b * out_plane * 2..][..out_plane * 2];
-        let plan: Vec<Taps> = g.par_chunks_exact(2).with_min_len(1024).map(|xy| taps(p, xy[0], xy[1])).collect();
-        let outs = &mut output[b * p.channels * out_plane..][..p.channels * out_plane];
-        let planes_per_task = (16_384 / out_plane).max(1);
-        outs.par_chunks_mut(out_plane).with_min_len(planes_per_task).enumerate().for_each(|(c, out)| {
-            let src = &input[(b * p.channels + c) * in_plane..][..in_plane];
+    // Tasks: (batch, run of positions), all channels each.
+    let chunks = out_plane.div_ceil(POSITIONS_PER_TASK);
+    let taps_per_position = match p.mode {
+        GridMode::Nearest => 1,
+        GridMode::Linear => 4,
+        GridMode::Cubic => 16,
+    };
+    let seq = sequential(output.len().saturating_mul(2 * taps_per_position));
+    let out_ptr = SendPtr(output.as_mut_ptr());
+    for_each_task(p.batch * chunks, seq, |t| {
+        let (b, chunk) = (t / chunks, t % chunks);
+        let first = chunk * POSITIONS_PER_TASK;
+        let n = POSITIONS_PER_TASK.min(out_plane - first);
+        let plan: Vec<Taps> = grid[(b * out_plane + first) * 2..][..n * 2].chunks_exact(2).map(|xy| taps(p, xy[0], xy[1])).collect();
+        for c in 0..p.channels {
+            let plane = b * p.channels + c;
+            let src = &input[plane * in_plane..][..in_plane];
+            // SAFETY: positions first..first+n of output plane `plane`
+            // (within output.len(), checked above); tasks cover disjoint
+            // (batch, position run) pairs, so no two write one element.
+            let out = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(plane * out_plane + first), n) };
             for (o, t) in out.iter_mut().zip(&plan) {
                 *o = t.at[..t.len].iter().map(|&(i, wgt)| wgt * src[i as usize]).sum();
             }
-        });
-    }
+        }
+    });
     Ok(())
 }
 
@@ -264,7 +280,8 @@ mod tests {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((seed >> 33) as f64 / (1u64 << 31) as f64) as f32
         };
-        for (h, w, oh, ow) in [(5, 7, 4, 6), (1, 3, 2, 2), (6, 1, 3, 5), (9, 8, 7, 9)] {
+        // The last shape spans two tasks' runs of positions.
+        for (h, w, oh, ow) in [(5, 7, 4, 6), (1, 3, 2, 2), (6, 1, 3, 5), (9, 8, 7, 9), (9, 8, 47, 51)] {
             let (n, c) = (2, 3);
             let x: Vec<f32> = (0..n * c * h * w).map(|_| rnd() * 4.0 - 2.0).collect();
             // Positions inside and well outside [-1, 1], some exactly on
