@@ -16,8 +16,11 @@
 //! The microkernel keeps an [`MR`]×[`NR`] tile of `C` in 12 AVX2 registers
 //! and does 12 fused multiply-adds per two loads of `B` and six broadcasts
 //! of `A`; the driver blocks `k` so a panel stays in L1 and `m` so the
-//! block of `A` stays in L2. Hosts without AVX2+FMA run a portable kernel
-//! of the same shape.
+//! block of `A` stays in L2. On AVX-512 hosts a wide kernel takes two
+//! adjacent panels at once: an `MR`×2·`NR` tile in 12 zmm registers, 12
+//! fused multiply-adds of 16 lanes per two loads of `B` and six
+//! broadcasts, twice the AVX2 kernel's work per load. Hosts without
+//! AVX2+FMA run a portable kernel of the same shape.
 
 /// Rows of `C` per microkernel tile.
 pub(crate) const MR: usize = 6;
@@ -88,6 +91,24 @@ pub(crate) enum MatB<'a> {
 /// `l` of `B'` is at `b + offs[l]` if `offs` is non-null, else at `b + l·NR`.
 type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool);
 
+/// A wide microkernel: as [`Micro`] over two panels, `b0` for columns
+/// `0..NR` and `b1` for `NR..2·NR` (each with the same row addressing), on
+/// an `MR`×2·`NR` tile.
+type Wide = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool);
+
+/// The (packed, indirect) wide microkernels for this CPU, if it has them.
+fn select_wide() -> Option<(Wide, Wide)> {
+    #[cfg(test)]
+    if let Some(w) = tests::WIDE_OVERRIDE.with(|o| o.get()) {
+        return w;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        return Some((avx512::<false>, avx512::<true>));
+    }
+    None
+}
+
 /// The (packed, indirect) microkernels for this CPU.
 fn select() -> (Micro, Micro) {
     #[cfg(test)]
@@ -127,6 +148,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
         return;
     }
     let (packed, indirect) = select();
+    let wide = select_wide();
     let panels = n.div_ceil(NR);
     let mut k0 = 0;
     while k0 < k {
@@ -135,8 +157,52 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
         let mut i0 = 0;
         while i0 < m {
             let mc = MC.min(m - i0);
-            for p in 0..panels {
+            let mut p = 0;
+            while p < panels {
                 let j0 = p * NR;
+                // Two full panels at once where the wide kernel exists.
+                if let (Some((wide_packed, wide_indirect)), true) = (wide, n - j0 >= 2 * NR) {
+                    let (micro, b0, b1, offs) = match b {
+                        MatB::Packed(bp) => (wide_packed, bp[p * k * NR + k0 * NR..].as_ptr(), bp[(p + 1) * k * NR + k0 * NR..].as_ptr(), core::ptr::null()),
+                        // SAFETY: columns j0 and j0 + NR of the rows (contract).
+                        MatB::Rows { base, offs } => unsafe { (wide_indirect, base.add(j0), base.add(j0 + NR), offs[k0..].as_ptr()) },
+                    };
+                    let mut i = i0;
+                    while i < i0 + mc {
+                        let mr = MR.min(i0 + mc - i);
+                        let rows: [*const f32; MR] = core::array::from_fn(|r| {
+                            let row = (i + r.min(mr - 1)) as isize;
+                            // SAFETY: row < m, k0 < k: inside A.
+                            unsafe { a.ptr.offset(row * a.rs + k0 as isize * a.cs) }
+                        });
+                        // SAFETY: (i, j0) is inside C.
+                        let ct = unsafe { c.add(i * ldc + j0) };
+                        if mr == MR {
+                            // SAFETY: the MR×2NR tile is inside C; rows and
+                            // both panels cover kc steps.
+                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, ct, ldc, acc) };
+                        } else {
+                            let mut tile = [0.0f32; MR * 2 * NR];
+                            if acc {
+                                for r in 0..mr {
+                                    // SAFETY: row r < mr of the tile, 2·NR columns.
+                                    let src = unsafe { core::slice::from_raw_parts(ct.add(r * ldc), 2 * NR) };
+                                    tile[r * 2 * NR..(r + 1) * 2 * NR].copy_from_slice(src);
+                                }
+                            }
+                            // SAFETY: `tile` is MR×2NR with row stride 2NR.
+                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, tile.as_mut_ptr(), 2 * NR, acc) };
+                            for r in 0..mr {
+                                // SAFETY: as above.
+                                let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), 2 * NR) };
+                                dst.copy_from_slice(&tile[r * 2 * NR..(r + 1) * 2 * NR]);
+                            }
+                        }
+                        i += mr;
+                    }
+                    p += 2;
+                    continue;
+                }
                 let nr = NR.min(n - j0);
                 let (micro, bpan, offs) = match b {
                     MatB::Packed(bp) => (packed, bp[p * k * NR + k0 * NR..].as_ptr(), core::ptr::null()),
@@ -178,6 +244,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                     }
                     i += mr;
                 }
+                p += 1;
             }
             i0 += mc;
         }
@@ -268,6 +335,45 @@ unsafe fn avx2_fma<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_c
     }
 }
 
+/// AVX-512 wide microkernel: the 6×32 tile of two panels in 12 zmm
+/// registers.
+///
+/// # Safety
+/// As [`portable`] for each panel (`b0`, `b1`), the tile at `c` being
+/// 6×32, and the CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx512<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
+    use core::arch::x86_64::*;
+    // SAFETY (whole body): every pointer dereferenced is inside the tile,
+    // the two panels' kc rows or A's kc columns of the six rows (contract).
+    unsafe {
+        let mut r = [[_mm512_setzero_ps(); 2]; MR];
+        if acc {
+            for (i, ri) in r.iter_mut().enumerate() {
+                ri[0] = _mm512_loadu_ps(c.add(i * ldc));
+                ri[1] = _mm512_loadu_ps(c.add(i * ldc + NR));
+            }
+        }
+        let mut off = 0isize;
+        for l in 0..kc {
+            let x0 = _mm512_loadu_ps(b_row::<INDIRECT>(b0, offs, l));
+            let x1 = _mm512_loadu_ps(b_row::<INDIRECT>(b1, offs, l));
+            for (i, ri) in r.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*rows[i].offset(off));
+                ri[0] = _mm512_fmadd_ps(av, x0, ri[0]);
+                ri[1] = _mm512_fmadd_ps(av, x1, ri[1]);
+            }
+            off = off.wrapping_add(a_cs);
+        }
+        for (i, ri) in r.iter().enumerate() {
+            _mm512_storeu_ps(c.add(i * ldc), ri[0]);
+            _mm512_storeu_ps(c.add(i * ldc + NR), ri[1]);
+        }
+    }
+}
+
 /// The microkernels a test forces (see `tests::MICRO_OVERRIDE`).
 #[cfg(test)]
 fn micro_override() -> Option<(Micro, Micro)> {
@@ -280,8 +386,12 @@ mod tests {
 
     type Pair = (Micro, Micro);
 
+    type WidePair = Option<(Wide, Wide)>;
+
     std::thread_local! {
         pub(super) static MICRO_OVERRIDE: core::cell::Cell<Option<Pair>> = const { core::cell::Cell::new(None) };
+        /// Some(None): no wide kernel; Some(Some(..)): that one.
+        pub(super) static WIDE_OVERRIDE: core::cell::Cell<Option<WidePair>> = const { core::cell::Cell::new(None) };
     }
 
     fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
@@ -296,7 +406,7 @@ mod tests {
 
     /// `gemm_packed` with `micros`, B packed and B through row offsets,
     /// against f64 sums; C has padding columns that must stay untouched.
-    fn check(m: usize, n: usize, k: usize, micros: Pair) {
+    fn check(m: usize, n: usize, k: usize, micros: Pair, wide: WidePair) {
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1).collect();
         let want = naive(m, n, k, &a, &b);
@@ -316,9 +426,11 @@ mod tests {
             let ldc = n + 3;
             let mut c = vec![1.0f32; m * ldc];
             MICRO_OVERRIDE.with(|o| o.set(Some(micros)));
+            WIDE_OVERRIDE.with(|o| o.set(Some(wide)));
             // SAFETY: shapes as documented; rows_b has the rounded-up columns.
             unsafe { gemm_packed(m, n, k, a_m, operand, c.as_mut_ptr(), ldc, true) };
             MICRO_OVERRIDE.with(|o| o.set(None));
+            WIDE_OVERRIDE.with(|o| o.set(None));
             for i in 0..m {
                 for j in 0..ldc {
                     let got = c[i * ldc + j];
@@ -350,9 +462,17 @@ mod tests {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             micros.push((avx2_fma::<false>, avx2_fma::<true>));
         }
+        let mut wides: Vec<WidePair> = vec![None];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            wides.push(Some((avx512::<false>, avx512::<true>)));
+        }
         for pair in micros {
-            for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 40, 300), (250, 33, 520), (5, 3, 0)] {
-                check(m, n, k, pair);
+            for &wide in &wides {
+                // Pairs of full panels, a lone last panel, partial rows.
+                for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 40, 300), (250, 33, 520), (5, 3, 0), (6, 32, 4), (11, 64, 257), (3, 80, 9)] {
+                    check(m, n, k, pair, wide);
+                }
             }
         }
     }
