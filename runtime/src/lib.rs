@@ -805,7 +805,12 @@ impl Runtime {
         }
         let ts = self.dev.alloc((spans.len() as u64 * 16).max(16), Placement::Host)?;
         let ts_va = ts.map(Perms::RW)?;
-        let mut cb = rbln_umd::CommandBuffer::new(&self.dev)?;
+        // Two timestamps and an INDIRECT per span (an unrolled LSTM has
+        // hundreds), plus room for the submission's fence.
+        use rbln_hw::cmd::{Indirect, Timestamp};
+        let per_span = (2 * Timestamp::SIZE + Indirect::SIZE) as u64;
+        let command_bytes = (spans.len() as u64 * per_span + 4096).max(rbln_umd::DEFAULT_COMMAND_BYTES);
+        let mut cb = rbln_umd::CommandBuffer::with_capacity(&self.dev, command_bytes, rbln_umd::DEFAULT_DESCRIPTOR_BYTES)?;
         for (i, (_, _, va, len)) in spans.iter().enumerate() {
             cb.timestamp_va(ts_va + 16 * i as u64).indirect_va(*va, *len).timestamp_va(ts_va + 16 * i as u64 + 8);
         }
