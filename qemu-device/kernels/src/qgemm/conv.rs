@@ -65,7 +65,7 @@ pub fn qconv2d_output_shape(p: &QConvParams) -> Result<[usize; 4]> {
 /// output channel as the column; `dst` is NCHW.
 #[allow(clippy::too_many_arguments)]
 pub fn qconv2d(x: QTensor<'_>, x_zero: i32, w: &[u8], w_zero: Option<&[i32]>, bias: Option<&[i32]>, scale: &[f32], p: &QConvParams, mut dst: QDst<'_>) -> Result<()> {
-    qconv2d_impl(x, x_zero, w, w_zero, bias, scale, p, &mut dst, super::kernel::have_avx2())
+    qconv2d_impl(x, x_zero, w, w_zero, bias, scale, p, &mut dst, super::kernel::Isa::best())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -78,7 +78,7 @@ pub(crate) fn qconv2d_impl(
     scale: &[f32],
     p: &QConvParams,
     dst: &mut QDst<'_>,
-    simd: bool,
+    isa: super::kernel::Isa,
 ) -> Result<()> {
     let g = geometry(p)?;
     check_len("qconv2d input", x.data.len(), volume("qconv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
@@ -99,7 +99,7 @@ pub(crate) fn qconv2d_impl(
     let (mut lo, mut hi) = (i8::MAX, i8::MIN);
     for grp in 0..p.groups {
         let r = grp * og..(grp + 1) * og;
-        let (cd, l, h) = col_data(&w[grp * blen..][..blen], k, og, xz, w_zero.map(|z| &z[r.clone()]), bias.map(|b| &b[r.clone()]), &scale[r], simd);
+        let (cd, l, h) = col_data(&w[grp * blen..][..blen], k, og, xz, w_zero.map(|z| &z[r.clone()]), bias.map(|b| &b[r.clone()]), &scale[r], isa.simd());
         cds.push(cd);
         lo = lo.min(l);
         hi = hi.max(h);
@@ -149,7 +149,7 @@ pub(crate) fn qconv2d_impl(
     };
     let core = |img: usize| {
         let grp = img % p.groups;
-        Core { k, kg, stats, simd, kind, b: &w[grp * blen..][..blen], cols: cds[grp].cols() }
+        Core { k, kg, stats, isa, kind, b: &w[grp * blen..][..blen], cols: cds[grp].cols() }
     };
     // Image b, group grp: positions of channels grp·og + j.
     let place = |img: usize| (img / p.groups * p.out_channels + img % p.groups * og) * g.out_plane;

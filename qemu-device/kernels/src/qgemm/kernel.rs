@@ -61,6 +61,41 @@ pub(crate) struct BStats {
     pub zero_points: bool,
 }
 
+/// The instruction set a call's integer kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Portable,
+    /// `maddubs` (u8·i8 pairs summed into saturating i16): the modes keep
+    /// it exact.
+    Avx2,
+    /// AVX2 plus `vpdpbusd` on ymm (AVX-512 VNNI): u8·i8 quadruples summed
+    /// straight into i32, exact for any operands, one instruction where
+    /// `maddubs` needs three: every micro-panel is plain.
+    Vnni,
+}
+
+impl Isa {
+    /// The best this CPU has.
+    pub(crate) fn best() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if have_avx2() && std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl") {
+                return Isa::Vnni;
+            }
+        }
+        if have_avx2() {
+            Isa::Avx2
+        } else {
+            Isa::Portable
+        }
+    }
+
+    /// Whether the AVX2 paths (scans, epilogues) may run.
+    pub(crate) fn simd(self) -> bool {
+        self != Isa::Portable
+    }
+}
+
 /// Whether the AVX2 kernels can run on this CPU.
 #[inline]
 pub(crate) fn have_avx2() -> bool {
@@ -146,8 +181,9 @@ pub(crate) static MODES_SEEN: [core::sync::atomic::AtomicUsize; 3] = [const { co
 /// bytes of `panel`, `2·kg·16` long) is filled, rewrites it for that mode
 /// and returns its [`PanelInfo`]. `rows` rows and `k` are real (the rest
 /// is padding, ignored when choosing). Without `simd`, always plain.
-pub(crate) fn finish_panel(panel: &mut [u8], kg: usize, k: usize, rows: usize, b: BStats, simd: bool) -> PanelInfo {
-    if (!simd || b.seven_bit) && !b.zero_points {
+pub(crate) fn finish_panel(panel: &mut [u8], kg: usize, k: usize, rows: usize, b: BStats, isa: Isa) -> PanelInfo {
+    let (simd, exact) = (isa.simd(), isa == Isa::Vnni);
+    if (!simd || b.seven_bit || exact) && !b.zero_points {
         // Plain whatever A holds, and no row sums needed (symmetric
         // weights): nothing to scan.
         #[cfg(test)]
@@ -182,7 +218,7 @@ pub(crate) fn finish_panel(panel: &mut [u8], kg: usize, k: usize, rows: usize, b
         .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         PanelInfo { mode, off, rowsum, rowadd }
     };
-    if !simd || hi <= 127 || b.seven_bit {
+    if !simd || hi <= 127 || b.seven_bit || exact {
         return info(Mode::Plain, 0, [0; MR]);
     }
     if lo >= 128 {
@@ -289,11 +325,24 @@ unsafe fn scan_panel_avx2(plain: &[u8], kg: usize, rmask: &[u8; GROUP_A], lmask:
 /// # Safety
 /// `a`, `a2` are readable for `kg·16` bytes (`a2` only read by
 /// [`Mode::Sign`]); `b .. b + (np−1)·b_stride + kg·32` is readable;
-/// `simd` only if AVX2 is available.
+/// `isa` only as this CPU has it.
 #[inline]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn micro(a: *const u8, a2: *const u8, b: *const u8, b_stride: usize, np: usize, kg: usize, mode: Mode, simd: bool, first: bool, out: &mut [[i32; NR]; MR]) {
+pub(crate) unsafe fn micro(a: *const u8, a2: *const u8, b: *const u8, b_stride: usize, np: usize, kg: usize, mode: Mode, isa: Isa, first: bool, out: &mut [[i32; NR]; MR]) {
     debug_assert!((1..=2).contains(&np));
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Vnni && mode == Mode::Plain {
+        // SAFETY: as documented by the caller.
+        unsafe {
+            if np == 2 {
+                micro_vnni::<2>(a, b, b_stride, kg, first, out)
+            } else {
+                micro_vnni::<1>(a, b, b_stride, kg, first, out)
+            }
+        }
+        return;
+    }
+    let simd = isa.simd();
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: as documented by the caller.
@@ -382,6 +431,50 @@ unsafe fn micro_avx2<const MODE: u8, const NP: usize>(a: *const u8, a2: *const u
                     let t = _mm256_maddubs_epi16(va, _mm256_xor_si256(vb[p], v2));
                     acc[p] = _mm256_add_epi32(acc[p], _mm256_madd_epi16(t, ones));
                 }
+            }
+        }
+    }
+    for (row, acc) in out.iter_mut().zip(acc.iter()) {
+        for p in 0..NP {
+            // SAFETY: 8 i32 at row[8p..].
+            unsafe { _mm256_storeu_si256(row[p * PANEL..].as_mut_ptr() as *mut __m256i, acc[p]) };
+        }
+    }
+}
+
+/// The VNNI micro-kernel (plain mode): `vpdpbusd` adds each u8·i8
+/// quadruple's sum to its i32 lane.
+///
+/// # Safety
+/// AVX2, AVX-512 VNNI and VL available; as [`micro_avx2`] otherwise.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+unsafe fn micro_vnni<const NP: usize>(a: *const u8, b: *const u8, b_stride: usize, kg: usize, first: bool, out: &mut [[i32; NR]; MR]) {
+    let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+    if first && NP == 1 {
+        for row in out.iter_mut() {
+            row.fill(0);
+        }
+    }
+    if !first {
+        for (row, acc) in out.iter().zip(acc.iter_mut()) {
+            for p in 0..NP {
+                // SAFETY: 8 i32 at row[8p..].
+                acc[p] = unsafe { _mm256_loadu_si256(row[p * PANEL..].as_ptr() as *const __m256i) };
+            }
+        }
+    }
+    for g in 0..kg {
+        let mut vb = [_mm256_setzero_si256(); 2];
+        for (p, v) in vb.iter_mut().enumerate().take(NP) {
+            // SAFETY: group g of panel p is inside the readable B (caller).
+            *v = unsafe { _mm256_loadu_si256(b.add(p * b_stride + g * 32) as *const __m256i) };
+        }
+        for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: byte g·16 + 4i + 3 < kg·16 (caller).
+            let va = _mm256_set1_epi32(unsafe { (a.add(g * GROUP_A + 4 * i) as *const i32).read_unaligned() });
+            for p in 0..NP {
+                acc[p] = _mm256_dpbusd_epi32(acc[p], va, vb[p]);
             }
         }
     }

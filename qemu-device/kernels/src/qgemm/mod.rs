@@ -255,7 +255,7 @@ pub(crate) struct Core<'a> {
     pub k: usize,
     pub kg: usize,
     pub stats: BStats,
-    pub simd: bool,
+    pub isa: kernel::Isa,
     pub kind: OutKind,
     /// Packed B of this image / group (`n` columns).
     pub b: &'a [u8],
@@ -284,7 +284,7 @@ impl Core<'_> {
         let pl = panel_len(self.kg);
         for (mp, info) in infos.iter_mut().enumerate().take(rows.div_ceil(MR)) {
             let r = (rows - mp * MR).min(MR);
-            *info = kernel::finish_panel(&mut block[mp * pl..][..pl], self.kg, self.k, r, self.stats, self.simd);
+            *info = kernel::finish_panel(&mut block[mp * pl..][..pl], self.kg, self.k, r, self.stats, self.isa);
         }
     }
 
@@ -329,7 +329,7 @@ impl Core<'_> {
                             // SAFETY: groups g0 .. g0+gn of both parts of the
                             // micro-panel lie in `a`; those groups of panels p
                             // and p+1 (if np = 2) of B lie in `b`.
-                            unsafe { kernel::micro(a[g0 * GROUP_A..].as_ptr(), a[(kg + g0) * GROUP_A..].as_ptr(), bptr, panel_bytes, np, gn, info.mode, self.simd, kb == 0, acc) };
+                            unsafe { kernel::micro(a[g0 * GROUP_A..].as_ptr(), a[(kg + g0) * GROUP_A..].as_ptr(), bptr, panel_bytes, np, gn, info.mode, self.isa, kb == 0, acc) };
                         }
                     }
                 }
@@ -337,7 +337,7 @@ impl Core<'_> {
                     let j = c0 + t * NR;
                     let ncols = (c0 + nc - j).min(NR);
                     for (mp, info) in infos.iter().enumerate().take(nmp) {
-                        let vals = kernel::epilogue(&accs[(t - t0) * nmp + mp], info, &self.cols, j, self.kind, self.simd);
+                        let vals = kernel::epilogue(&accs[(t - t0) * nmp + mp], info, &self.cols, j, self.kind, self.isa.simd());
                         let r = (rows - mp * MR).min(MR);
                         let base = out0 + mp * MR * rs + (j - c0) * cs;
                         // SAFETY: the caller's contract.
@@ -503,10 +503,10 @@ pub(crate) fn bstats(lo: i8, hi: i8, zero_points: Option<&[i32]>) -> BStats {
 /// and [`QDst`]. `out` is `[m × n]` row-major. Runs on the current rayon
 /// pool; exact (wrapping int32) on every path.
 pub fn qgemm(a: QTensor<'_>, p: &QGemmParams<'_>, mut dst: QDst<'_>) -> Result<()> {
-    qgemm_impl(a, p, &mut dst, kernel::have_avx2())
+    qgemm_impl(a, p, &mut dst, kernel::Isa::best())
 }
 
-pub(crate) fn qgemm_impl(a: QTensor<'_>, p: &QGemmParams<'_>, dst: &mut QDst<'_>, simd: bool) -> Result<()> {
+pub(crate) fn qgemm_impl(a: QTensor<'_>, p: &QGemmParams<'_>, dst: &mut QDst<'_>, isa: kernel::Isa) -> Result<()> {
     let (m, n, k) = (p.m, p.n, p.k);
     check_len("qgemm A", a.data.len(), mul("qgemm A size", m, k)?)?;
     check_zero("qgemm A zero point", p.a_zero, a.signed)?;
@@ -521,9 +521,9 @@ pub(crate) fn qgemm_impl(a: QTensor<'_>, p: &QGemmParams<'_>, dst: &mut QDst<'_>
     }
     let xor = if a.signed { 0x80u8 } else { 0 };
     let az = if a.signed { p.a_zero + 128 } else { p.a_zero };
-    let (cd, lo, hi) = col_data(p.b, k, n, az, p.b_zero, p.bias, p.scale, simd);
+    let (cd, lo, hi) = col_data(p.b, k, n, az, p.b_zero, p.bias, p.scale, isa.simd());
     let kg = k.div_ceil(4);
-    let core = Core { k, kg, stats: bstats(lo, hi, p.b_zero), simd, kind, b: p.b, cols: cd.cols() };
+    let core = Core { k, kg, stats: bstats(lo, hi, p.b_zero), isa, kind, b: p.b, cols: cd.cols() };
     let seq = sequential(m.saturating_mul(n).saturating_mul(k).saturating_mul(2));
     let pack = |_img: usize, r0: usize, rows: usize, block: &mut [u8]| {
         let pl = panel_len(kg);

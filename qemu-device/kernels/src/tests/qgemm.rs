@@ -2,7 +2,7 @@
 //! references; both the AVX2 and the portable path must agree exactly.
 
 use super::Rng;
-use crate::qgemm::kernel::have_avx2;
+use crate::qgemm::kernel::{have_avx2, Isa};
 use crate::qgemm::{qgemm_impl, QGEMM_MAX_K};
 use crate::*;
 
@@ -175,12 +175,16 @@ fn rand_spec(r: &mut Rng) -> OutSpec {
     }
 }
 
-fn paths() -> Vec<bool> {
-    if have_avx2() {
-        vec![true, false]
-    } else {
-        vec![false]
+/// Every instruction set this CPU has, best first.
+fn paths() -> Vec<Isa> {
+    let mut v = vec![Isa::best()];
+    if have_avx2() && !v.contains(&Isa::Avx2) {
+        v.push(Isa::Avx2);
     }
+    if v[0] != Isa::Portable {
+        v.push(Isa::Portable);
+    }
+    v
 }
 
 #[test]
@@ -221,7 +225,7 @@ fn qgemm_matches_reference() {
         let p = QGemmParams { m, n, k, a_zero: az, b: &bp, b_zero: zb.as_deref(), bias: bias.as_deref(), scale: &scale };
         for simd in paths() {
             let got = run_spec(m * n, spec, |mut d| qgemm_impl(QTensor { data: &a, signed }, &p, &mut d, simd));
-            assert_same(&format!("case {case} m{m} n{n} k{k} {ak:?} {bk:?} signed {signed} simd {simd}"), &got, &want);
+            assert_same(&format!("case {case} m{m} n{n} k{k} {ak:?} {bk:?} signed {signed} isa {simd:?}"), &got, &want);
         }
     }
 }
@@ -287,7 +291,7 @@ fn qgemm_mixed_blocks() {
         let p = QGemmParams { m, n, k, a_zero: 0, b: &bp, b_zero: None, bias: None, scale: &scale };
         for simd in paths() {
             let got = run_spec(m * n, spec, |mut d| qgemm_impl(QTensor { data: &a, signed: false }, &p, &mut d, simd));
-            assert_same(&format!("{bk:?} simd {simd}"), &got, &want);
+            assert_same(&format!("{bk:?} isa {simd:?}"), &got, &want);
         }
     }
     if have_avx2() {
@@ -323,7 +327,7 @@ fn qgemm_sign_extremes() {
         let p = QGemmParams { m, n, k, a_zero: 0, b: &bp, b_zero: None, bias: None, scale: &scale };
         for simd in paths() {
             let got = run_spec(m * n, spec, |mut d| qgemm_impl(QTensor { data: &a, signed: false }, &p, &mut d, simd));
-            assert_same(&format!("a {av} b {bv} simd {simd}"), &got, &want);
+            assert_same(&format!("a {av} b {bv} isa {simd:?}"), &got, &want);
         }
     }
 }
@@ -477,7 +481,7 @@ fn qconv2d_matches_reference() {
             let got = run_spec(acc.len(), spec, |mut d| {
                 crate::qgemm::conv_impl(QTensor { data: &x, signed }, xz, &wp, wz.as_deref(), bias.as_deref(), &scale, &p, &mut d, simd)
             });
-            assert_same(&format!("case {case} {p:?} {ak:?} {bk:?} signed {signed} simd {simd}"), &got, &want);
+            assert_same(&format!("case {case} {p:?} {ak:?} {bk:?} signed {signed} isa {simd:?}"), &got, &want);
         }
     }
 }
@@ -533,7 +537,7 @@ fn qconv2d_resnet_like_shapes() {
             let want = finish(&acc, acc.len(), &sc_flat, spec);
             for simd in paths() {
                 let got = run_spec(acc.len(), spec, |mut d| crate::qgemm::conv_impl(QTensor { data: &x, signed }, xz, &wp, None, Some(&bias), &scale, &p, &mut d, simd));
-                assert_same(&format!("{p:?} signed {signed} {ak:?} simd {simd}"), &got, &want);
+                assert_same(&format!("{p:?} signed {signed} {ak:?} isa {simd:?}"), &got, &want);
             }
         }
     }
