@@ -335,7 +335,7 @@ pub(crate) unsafe fn micro(a: *const u8, a2: *const u8, b: *const u8, b_stride: 
         // SAFETY: as documented by the caller.
         unsafe {
             if np == 2 {
-                micro_vnni::<2>(a, b, b_stride, kg, first, out)
+                micro_vnni_wide(a, b, b_stride, kg, first, out)
             } else {
                 micro_vnni::<1>(a, b, b_stride, kg, first, out)
             }
@@ -483,6 +483,53 @@ unsafe fn micro_vnni<const NP: usize>(a: *const u8, b: *const u8, b_stride: usiz
             // SAFETY: 8 i32 at row[8p..].
             unsafe { _mm256_storeu_si256(row[p * PANEL..].as_mut_ptr() as *mut __m256i, acc[p]) };
         }
+    }
+}
+
+/// The VNNI micro-kernel on both panels at once: each zmm holds a row's
+/// 16 columns (panel 0 in the low half), and even and odd groups go to
+/// separate accumulators, so eight independent `vpdpbusd` chains hide
+/// the instruction's latency.
+///
+/// # Safety
+/// AVX-512F, VNNI and VL available; as [`micro_avx2`] with two panels.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512vnni,avx512vl")]
+unsafe fn micro_vnni_wide(a: *const u8, b: *const u8, b_stride: usize, kg: usize, first: bool, out: &mut [[i32; NR]; MR]) {
+    let mut even = [_mm512_setzero_si512(); MR];
+    let mut odd = [_mm512_setzero_si512(); MR];
+    if !first {
+        for (row, acc) in out.iter().zip(even.iter_mut()) {
+            // SAFETY: 16 i32 in the row.
+            *acc = unsafe { _mm512_loadu_si512(row.as_ptr() as *const __m512i) };
+        }
+    }
+    // SAFETY (loads below): group g of both panels is inside the readable
+    // B, and bytes g·16 .. g·16 + 16 of A exist (caller).
+    let group = |g: usize| unsafe {
+        let lo = _mm256_loadu_si256(b.add(g * 32) as *const __m256i);
+        let hi = _mm256_loadu_si256(b.add(b_stride + g * 32) as *const __m256i);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    };
+    let row_a = |g: usize, i: usize| unsafe { _mm512_set1_epi32((a.add(g * GROUP_A + 4 * i) as *const i32).read_unaligned()) };
+    let mut g = 0;
+    while g + 1 < kg {
+        let (v0, v1) = (group(g), group(g + 1));
+        for i in 0..MR {
+            even[i] = _mm512_dpbusd_epi32(even[i], row_a(g, i), v0);
+            odd[i] = _mm512_dpbusd_epi32(odd[i], row_a(g + 1, i), v1);
+        }
+        g += 2;
+    }
+    if g < kg {
+        let v0 = group(g);
+        for (i, acc) in even.iter_mut().enumerate() {
+            *acc = _mm512_dpbusd_epi32(*acc, row_a(g, i), v0);
+        }
+    }
+    for (i, row) in out.iter_mut().enumerate() {
+        // SAFETY: 16 i32 in the row.
+        unsafe { _mm512_storeu_si512(row.as_mut_ptr() as *mut __m512i, _mm512_add_epi32(even[i], odd[i])) };
     }
 }
 
