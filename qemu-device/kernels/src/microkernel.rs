@@ -170,11 +170,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                     let mut i = i0;
                     while i < i0 + mc {
                         let mr = MR.min(i0 + mc - i);
-                        let rows: [*const f32; MR] = core::array::from_fn(|r| {
-                            let row = (i + r.min(mr - 1)) as isize;
-                            // SAFETY: row < m, k0 < k: inside A.
-                            unsafe { a.ptr.offset(row * a.rs + k0 as isize * a.cs) }
-                        });
+                        let rows = tile_rows(a, i, mr, k0);
                         // SAFETY: (i, j0) is inside C.
                         let ct = unsafe { c.add(i * ldc + j0) };
                         if mr == MR {
@@ -212,13 +208,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                 let mut i = i0;
                 while i < i0 + mc {
                     let mr = MR.min(i0 + mc - i);
-                    // Rows past `m` repeat the last valid row: always
-                    // readable, and their results are discarded.
-                    let rows: [*const f32; MR] = core::array::from_fn(|r| {
-                        let row = (i + r.min(mr - 1)) as isize;
-                        // SAFETY: row < m, k0 < k: inside A.
-                        unsafe { a.ptr.offset(row * a.rs + k0 as isize * a.cs) }
-                    });
+                    let rows = tile_rows(a, i, mr, k0);
                     // SAFETY: (i, j0) is inside C.
                     let ct = unsafe { c.add(i * ldc + j0) };
                     if mr == MR && nr == NR {
@@ -250,6 +240,19 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
         }
         k0 += kc;
     }
+}
+
+/// The `MR` row pointers of A for a tile of `mr` rows from row `i`, at
+/// column `k0`: rows past the tile's repeat its last valid row (always
+/// readable; their results are discarded).
+#[inline(always)]
+fn tile_rows(a: MatA, i: usize, mr: usize, k0: usize) -> [*const f32; MR] {
+    core::array::from_fn(|r| {
+        let row = (i + r.min(mr - 1)) as isize;
+        // Pointer arithmetic only: the caller keeps row < m and k0 < k,
+        // inside A.
+        a.ptr.wrapping_offset(row * a.rs + k0 as isize * a.cs)
+    })
 }
 
 /// Row `l` of a microkernel's `B` (see [`Micro`]).
