@@ -18,6 +18,9 @@ main() {
     step "setup (sysroot, kernel, initramfs)" "$RBLN_ROOT/scripts/setup.sh"
     step "scripts: pinned-version fallback" "$RBLN_ROOT/tests/scripts/test-pins.sh"
     step "cargo test (host)" cargo test --release --workspace --quiet
+    # On an AVX-512 host the kernels above ran their AVX-512 builds; the
+    # AVX2 builds (what other hosts run) get the same tests.
+    step "cargo test (kernels, AVX2 builds: RBLN_NO_AVX512=1)" env RBLN_NO_AVX512=1 cargo test --release -p rbln-kernels --quiet
     step "deploy/kubernetes manifests valid against the Kubernetes API schemas" "$RBLN_ROOT/tests/deploy/validate.sh"
     step "cargo build --release (binaries for the guest)" cargo build --release --workspace --quiet
     # The guest has no compiler: C programs are built here against librbln_umd.

@@ -154,11 +154,14 @@ pub(crate) fn gelu_tanh<const FMA: bool>(x: f32) -> f32 {
 }
 
 /// Runs `$body` (a loop over slices built from `#[inline(always)]` element
-/// functions) compiled for AVX2+FMA when the CPU has it, otherwise for the
-/// baseline target. Inside `$body`, the const `FMA` says which: pass it on
-/// to the [`fastmath`](self) functions (`exp::<FMA>(x)`), which then use
-/// fused multiply-adds (results may differ from the baseline in the last
-/// bits; every kernel picks the path once per call, consistently).
+/// functions) compiled for AVX-512 (512-bit vectors, FMA) or AVX2+FMA when
+/// the CPU has them, otherwise for the baseline target. Inside `$body`, the
+/// const `FMA` says which: pass it on to the [`fastmath`](self) functions
+/// (`exp::<FMA>(x)`), which then use fused multiply-adds (results may
+/// differ from the baseline in the last bits; every kernel picks the path
+/// once per call, consistently). The AVX-512 and AVX2 builds compute the
+/// same operations per element (only the vector width differs), so their
+/// results are identical.
 macro_rules! simd_dispatch {
     ($(#[$m:meta])* fn $name:ident($($arg:ident : $ty:ty),*) $body:block) => {
         $(#[$m])*
@@ -168,9 +171,17 @@ macro_rules! simd_dispatch {
             fn generic<const FMA: bool>($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    generic::<true>($($arg),*)
+                }
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2($($arg: $ty),*) {
                     generic::<true>($($arg),*)
+                }
+                if $crate::fastmath::has_avx512() {
+                    // SAFETY: the CPU supports the enabled features.
+                    return unsafe { avx512($($arg),*) };
                 }
                 if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                     // SAFETY: the CPU supports the enabled features.
@@ -182,6 +193,24 @@ macro_rules! simd_dispatch {
     };
 }
 pub(crate) use simd_dispatch;
+
+/// Whether [`simd_dispatch`] kernels take their AVX-512 build: the CPU has
+/// AVX-512 F/VL/BW/DQ and FMA, and `RBLN_NO_AVX512` is unset (read once:
+/// tests and A/B measurements compare the two builds in one process by
+/// running it twice).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::env::var_os("RBLN_NO_AVX512").is_none()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("fma")
+    })
+}
 
 #[cfg(test)]
 mod tests {

@@ -40,10 +40,7 @@ pub(super) fn direct(
     let per_task = if seq { planes.max(1) } else { (16_384 / g.out_plane.max(1)).min(planes.div_ceil(8 * threads)).max(1) };
     let out_ptr = SendPtr(output.as_mut_ptr());
     for_each_task(planes.div_ceil(per_task), seq, |t| {
-        with_local(&DW_SCRATCH, |(scratch, acc, taps)| {
-            // Another op may have left another layout of the same length:
-            // the first plane of a task writes the padding zeros afresh.
-            scratch.clear();
+        with_local(&DW_SCRATCH, |bufs| {
             for plane_idx in t * per_task..((t + 1) * per_task).min(planes) {
                 // SAFETY: plane `plane_idx` of `output` (planes·out_plane =
                 // output.len()); tasks cover disjoint planes.
@@ -55,7 +52,7 @@ pub(super) fn direct(
                 let wts = &weight[co * kh * kw..][..kh * kw];
                 let bv = bias.map_or(0.0, |b| b[co]);
                 match &phased {
-                    Some(ph) => ph.depthwise_plane(inp, wts, bv, &ha, &wa, scratch, acc, taps, out),
+                    Some(ph) => ph.depthwise_plane(inp, wts, bv, &ha, &wa, bufs, out),
                     None => {
                         out.fill(bv);
                         depthwise_plane(inp, wts, kh, kw, &ha, &wa, out);
@@ -68,11 +65,13 @@ pub(super) fn direct(
     });
 }
 
-/// A depthwise task's buffers: phase planes, accumulators, taps.
-type DwScratch = (Vec<f32>, Vec<f32>, Vec<(f32, usize)>);
+/// A depthwise thread's buffers: phase planes, accumulators, taps, and the
+/// layout key of the phase planes' padding ([`PhaseGeometry::layout_key`]).
+type DwScratch = (Vec<f32>, Vec<f32>, Vec<(f32, usize)>, Vec<usize>);
 
 std::thread_local! {
-    static DW_SCRATCH: core::cell::RefCell<DwScratch> = const { core::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    static DW_SCRATCH: core::cell::RefCell<DwScratch> =
+        const { core::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
 }
 
 
@@ -157,20 +156,20 @@ impl PhaseGeometry {
         bias: f32,
         ha: &Axis,
         wa: &Axis,
-        scratch: &mut Vec<f32>,
-        acc: &mut Vec<f32>,
-        taps: &mut Vec<(f32, usize)>,
+        (scratch, acc, taps, layout): &mut DwScratch,
         out: &mut [f32],
     ) {
         let cols = self.cols;
-        // Every plane writes the same (in-bounds) positions, so the zeros
-        // of the padding only need writing when the buffer is new.
-        let fresh = scratch.len() != self.len();
-        if fresh {
+        // Every plane of a layout writes the same (in-bounds) positions, so
+        // the zeros of the padding only need writing when the buffer last
+        // held another layout (another op's, or none): not per plane, nor
+        // per task.
+        if scratch.len() != self.len() || !self.has_layout(layout) {
             scratch.clear();
             scratch.resize(self.len(), 0.0);
+            self.layout_key(layout);
         }
-        self.fill(inp, ha, wa, scratch, fresh);
+        self.fill(inp, ha, wa, scratch, false);
         taps.clear();
         taps.extend(wts.iter().copied().zip(self.tap_offsets.iter().copied()));
         // Whole vectors (garbage past the last output; see `plane`).

@@ -107,7 +107,7 @@ impl Split {
     /// at most `max`); enough tasks for every thread. Few positions and
     /// many output channels (late CNN stages) split the channels instead,
     /// so that each task streams only its slice of the weights.
-    fn new(images: usize, npos: usize, og: usize, max: usize, seq: bool) -> Split {
+    fn new(images: usize, npos: usize, og: usize, kdim: usize, max: usize, seq: bool) -> Split {
         let threads = plan_threads(seq);
         // One thread: no split of the channels (it would re-pack the input).
         let want = if seq { 1 } else { 8 * threads };
@@ -122,8 +122,15 @@ impl Split {
             mb = og.div_ceil(nmb).div_ceil(MR) * MR;
             nmb = og.div_ceil(mb);
         } else if tasks < want {
-            // Few tasks: make their count a multiple of the thread count.
-            let target = tasks.div_ceil(threads) * threads;
+            // Few tasks: smaller tiles (down to MIN_TILE positions and
+            // MIN_TASK_FLOPS of work), as many as the threads want and a
+            // multiple of their count, so that a helper that starts late
+            // (the host is shared) still gets its share instead of leaving
+            // the caller a second tile.
+            let per_pos = og.saturating_mul(kdim).saturating_mul(2).max(1);
+            let min_tile = MIN_TILE.max(MIN_TASK_FLOPS / per_pos);
+            let most = images.saturating_mul(npos.div_ceil(min_tile)).max(tasks);
+            let target = want.min(most).div_ceil(threads) * threads;
             ntiles = target.div_ceil(images).min(npos.div_ceil(NR));
             tile = round(npos.div_ceil(ntiles)).min(max);
             ntiles = npos.div_ceil(tile);
@@ -150,6 +157,13 @@ fn conv_flops(images: usize, og: usize, npos: usize, kdim: usize) -> usize {
 
 /// Smallest block of output channels a task takes when splitting them.
 const MIN_MB: usize = 48;
+/// Smallest tile of output positions a task takes when splitting the
+/// positions further for load balance (8 of the wide microkernel's
+/// panels: its per-tile costs stay small).
+const MIN_TILE: usize = 256;
+/// Nor less work than this (a stem conv's positions are cheap: 3 input
+/// channels).
+const MIN_TASK_FLOPS: usize = 4 << 20;
 
 /// 1×1 stride-1 unpadded: out = W · X per image and group, X packed by tile.
 fn pointwise_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
@@ -233,7 +247,7 @@ fn packed_gemm(
     let kdim = g.kdim;
     let images = p.batch * p.groups;
     let seq = sequential(conv_flops(images, g.og, npos, kdim));
-    let sp = Split::new(images, npos, g.og, max_tile, seq);
+    let sp = Split::new(images, npos, g.og, kdim, max_tile, seq);
     let out_ptr = SendPtr(output.as_mut_ptr());
     let col_len = packed_len(KCHUNK.min(kdim), sp.tile);
     for_each_task(sp.tasks(images), seq, |task| {
@@ -304,7 +318,7 @@ fn indirect_gemm(
         let offs: Vec<isize> = (0..kdim)
             .map(|r| ((r / (kh * kw)) * set + ph.tap_offsets[r % (kh * kw)]) as isize)
             .collect();
-        let sp = Split::new(images, qn, g.og, MAX_TILE_DIRECT, seq);
+        let sp = Split::new(images, qn, g.og, kdim, MAX_TILE_DIRECT, seq);
         let tile = sp.tile;
         let out_ptr = SendPtr(output.as_mut_ptr());
         let phases = &*phases;
