@@ -338,8 +338,17 @@ fn indirect_gemm(
                 // channel's phase set (spare row and tail). The stage is
                 // mb × tile floats, ldc = tile ≥ nq.
                 unsafe { gemm_packed(mb, nq, kdim, a, rows, stage.as_mut_ptr(), tile, false) };
-                // Copy the real output columns out, applying the epilogue.
+                // Copy the real output columns out, applying the epilogue:
+                // without a residual (laid out like the output, not the
+                // stage) it runs on each stage row at once, garbage columns
+                // included, instead of once per output row.
                 let out_base = (b * p.out_channels + grp * g.og + m0) * g.out_plane;
+                let staged_epilogue = epi.any() && epi.residual.is_none();
+                if staged_epilogue {
+                    for co in 0..mb {
+                        epi.apply(&mut stage[co * tile..][..nq], grp * g.og + m0 + co, 0);
+                    }
+                }
                 let mut q = q0;
                 while q < q0 + nq {
                     let (oy, ox0) = (q / cols, q % cols);
@@ -353,8 +362,8 @@ fn indirect_gemm(
                             // co of this (image, group): inside `output` and
                             // written by this task only (tiles partition q).
                             let dst = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), n) };
-                            dst.copy_from_slice(&stage[co * tile + (q - q0)..][..n]);
-                            if epi.any() {
+                            copy_run(dst, &stage[co * tile + (q - q0)..][..n]);
+                            if epi.any() && !staged_epilogue {
                                 epi.apply(dst, grp * g.og + m0 + co, off);
                             }
                         }
@@ -364,6 +373,21 @@ fn indirect_gemm(
             })
         });
     });
+}
+
+/// `dst = src` for the short runs of a tile's copy-out (an output row's
+/// columns, often 7 to 56): whole 16-float blocks inline, not a `memcpy`
+/// call per run.
+#[inline(always)]
+fn copy_run(dst: &mut [f32], src: &[f32]) {
+    let mut d = dst.chunks_exact_mut(16);
+    let mut s = src.chunks_exact(16);
+    for (d, s) in (&mut d).zip(&mut s) {
+        d.copy_from_slice(s);
+    }
+    for (d, s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = *s;
+    }
 }
 
 /// im2col of reduction rows `k0..k0+kc` for output positions `t0..t0+nt`
