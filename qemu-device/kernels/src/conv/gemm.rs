@@ -362,7 +362,7 @@ fn indirect_gemm(
                             // co of this (image, group): inside `output` and
                             // written by this task only (tiles partition q).
                             let dst = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), n) };
-                            copy_run(dst, &stage[co * tile + (q - q0)..][..n]);
+                            dst.copy_from_slice(&stage[co * tile + (q - q0)..][..n]);
                             if epi.any() && !staged_epilogue {
                                 epi.apply(dst, grp * g.og + m0 + co, off);
                             }
@@ -373,21 +373,6 @@ fn indirect_gemm(
             })
         });
     });
-}
-
-/// `dst = src` for the short runs of a tile's copy-out (an output row's
-/// columns, often 7 to 56): whole 16-float blocks inline, not a `memcpy`
-/// call per run.
-#[inline(always)]
-fn copy_run(dst: &mut [f32], src: &[f32]) {
-    let mut d = dst.chunks_exact_mut(16);
-    let mut s = src.chunks_exact(16);
-    for (d, s) in (&mut d).zip(&mut s) {
-        d.copy_from_slice(s);
-    }
-    for (d, s) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *d = *s;
-    }
 }
 
 /// im2col of reduction rows `k0..k0+kc` for output positions `t0..t0+nt`
