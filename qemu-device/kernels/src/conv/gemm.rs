@@ -343,8 +343,8 @@ fn indirect_gemm(
                 // stage) it runs on each stage row at once, garbage columns
                 // included, instead of once per output row.
                 let out_base = (b * p.out_channels + grp * g.og + m0) * g.out_plane;
-                let staged_epilogue = epi.any() && epi.residual.is_none();
-                if staged_epilogue {
+                let per_row_epilogue = epi.residual.is_some();
+                if epi.any() && !per_row_epilogue {
                     for co in 0..mb {
                         epi.apply(&mut stage[co * tile..][..nq], grp * g.og + m0 + co, 0);
                     }
@@ -363,7 +363,7 @@ fn indirect_gemm(
                             // written by this task only (tiles partition q).
                             let dst = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), n) };
                             dst.copy_from_slice(&stage[co * tile + (q - q0)..][..n]);
-                            if epi.any() && !staged_epilogue {
+                            if per_row_epilogue {
                                 epi.apply(dst, grp * g.og + m0 + co, off);
                             }
                         }

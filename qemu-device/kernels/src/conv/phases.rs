@@ -110,23 +110,26 @@ impl PhaseGeometry {
         })
     }
 
-    /// Writes into `key` what determines which positions [`fill`](Self::fill)
-    /// writes (the rest being padding): two geometries with the same key
-    /// leave their zeros in the same places, so a buffer filled for one can
-    /// be refilled for the other without clearing it.
-    pub(super) fn layout_key(&self, key: &mut Vec<usize>) {
-        key.clear();
-        key.extend([self.cols, self.plane]);
-        for f in &self.fills {
-            key.extend([f.base, f.rows.start, f.rows.end, f.cols.start, f.cols.end]);
-        }
+    /// What determines which positions [`fill`](Self::fill) writes (the
+    /// rest being padding): two geometries with the same layout leave their
+    /// zeros in the same places, so a buffer filled for one can be refilled
+    /// for the other without clearing it.
+    fn layout(&self) -> impl Iterator<Item = usize> + '_ {
+        [self.cols, self.plane]
+            .into_iter()
+            .chain(self.fills.iter().flat_map(|f| [f.base, f.rows.start, f.rows.end, f.cols.start, f.cols.end]))
     }
 
-    /// Whether `key` is this geometry's [`layout_key`](Self::layout_key)
-    /// (compared in place: no allocation per plane).
+    /// Writes this geometry's [`layout`](Self::layout) into `key`.
+    pub(super) fn layout_key(&self, key: &mut Vec<usize>) {
+        key.clear();
+        key.extend(self.layout());
+    }
+
+    /// Whether `key` holds this geometry's layout (compared in place: no
+    /// allocation per plane).
     pub(super) fn has_layout(&self, key: &[usize]) -> bool {
-        let fills = self.fills.iter().flat_map(|f| [f.base, f.rows.start, f.rows.end, f.cols.start, f.cols.end]);
-        key.len() == 2 + 5 * self.fills.len() && key[..2] == [self.cols, self.plane] && key[2..].iter().copied().eq(fills)
+        key.iter().copied().eq(self.layout())
     }
 
     /// Floats of one input plane's phase planes.
