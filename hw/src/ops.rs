@@ -50,6 +50,9 @@ pub enum OpCode {
     /// The k largest or smallest elements along an axis, sorted, with
     /// their indices (minor 10).
     TopK = 21,
+    /// A fused chain of element-wise unary and binary functions over up to
+    /// four broadcast inputs, in one pass (minor 11).
+    Eltwise = 22,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -885,6 +888,127 @@ wire_struct! {
 }
 
 const _: () = assert!(TopKDesc::SIZE == 56);
+
+/// Inputs an ELTWISE program reads at most.
+pub const ELTWISE_MAX_INPUTS: usize = 4;
+/// Instructions of an ELTWISE program at most.
+pub const ELTWISE_MAX_INSTRS: usize = 16;
+/// Registers of an ELTWISE program: `r0..r{n_inputs-1}` start as the
+/// inputs, the rest are written by instructions.
+pub const ELTWISE_REGS: u32 = 8;
+/// Operand register number meaning "the instruction's `imm`".
+pub const ELTWISE_IMM: u8 = 0xff;
+/// ELTWISE instruction classes: an unused slot (all fields 0), a
+/// [`Unary`] function of `a`, a [`Binary`] function of `a` and `b`.
+pub const ELT_NOP: u8 = 0;
+pub const ELT_UNARY: u8 = 1;
+pub const ELT_BINARY: u8 = 2;
+
+wire_struct! {
+    /// One ELTWISE instruction: `r[dst] = code(a)` (ELT_UNARY, with
+    /// `param0`/`param1` as a UNARY's) or `r[dst] = code(a, b)`
+    /// (ELT_BINARY). An operand is a register, or [`ELTWISE_IMM`] for the
+    /// scalar `imm` (at most one operand of an instruction).
+    pub struct EltInstr {
+        pub class: u8,
+        pub code: u8,
+        pub dst: u8,
+        pub a: u8,
+        pub b: u8,
+        /// Reserved, must be 0.
+        pub reserved: [u8; 3],
+        pub imm: f32,
+        pub param0: f32,
+        pub param1: f32,
+    }
+}
+
+wire_struct! {
+    /// `out = program(in_0, ..., in_{n_inputs-1})` element by element
+    /// (hardware minor version 11): every input is broadcast (numpy rules,
+    /// each of its `rank` dims 1 or the output's) to `out_dims`; register
+    /// `r_i` starts as input `i`, the `n_instrs` instructions run in order
+    /// on each element, and `out` receives register `out_reg`. Slots from
+    /// `n_instrs` on, inputs from `n_inputs` on and dims from `rank` on
+    /// must be 0. A register must be written (or be an input) before an
+    /// instruction reads it. The result is the one the same UNARY and
+    /// BINARY ops would give one after another.
+    pub struct EltwiseDesc {
+        pub header: OpHeader,
+        pub rank: u32,
+        pub n_inputs: u32,
+        pub n_instrs: u32,
+        pub out_reg: u32,
+        pub out_dims: [u32; 6],
+        pub in_dims: [[u32; 6]; 4],
+        pub in_va: [u64; 4],
+        pub out_va: u64,
+        pub instrs: [EltInstr; 16],
+    }
+}
+
+const _: () = assert!(EltInstr::SIZE == 20);
+const _: () = assert!(EltwiseDesc::SIZE == 504);
+const _: () = assert!(ELTWISE_MAX_INPUTS == 4 && ELTWISE_MAX_INSTRS == 16);
+
+impl EltwiseDesc {
+    /// Checks the program and the shapes' ranks: classes and codes known,
+    /// registers in range and written before read, unused slots zero,
+    /// every input dim 1 or the output's.
+    fn check(&self) -> Result<(), DescError> {
+        use DescError::BadField;
+        let (n_in, n_ins) = (self.n_inputs as usize, self.n_instrs as usize);
+        if !(1..=ELTWISE_MAX_INPUTS).contains(&n_in) || !(1..=ELTWISE_MAX_INSTRS).contains(&n_ins) {
+            return Err(BadField("eltwise input/instruction count"));
+        }
+        if !dims_ok(self.rank, &self.out_dims) {
+            return Err(BadField("rank/dims"));
+        }
+        for (i, d) in self.in_dims.iter().enumerate() {
+            let used = i < n_in;
+            let fits = (0..MAX_RANK).all(|k| match k < self.rank as usize && used {
+                true => d[k] == 1 || d[k] == self.out_dims[k],
+                false => d[k] == 0,
+            });
+            if !fits || (!used && self.in_va[i] != 0) {
+                return Err(BadField("eltwise input dims"));
+            }
+        }
+        // Bit i: register i holds a value.
+        let mut defined: u32 = (1 << n_in) - 1;
+        let readable = |r: u8, defined: u32| r == ELTWISE_IMM || (u32::from(r) < ELTWISE_REGS && defined & (1 << r) != 0);
+        for (i, ins) in self.instrs.iter().enumerate() {
+            if i >= n_ins {
+                if *ins != EltInstr::default() {
+                    return Err(BadField("eltwise unused instruction"));
+                }
+                continue;
+            }
+            let ok = ins.reserved == [0; 3]
+                && u32::from(ins.dst) < ELTWISE_REGS
+                && readable(ins.a, defined)
+                && match ins.class {
+                    ELT_UNARY => {
+                        ins.a != ELTWISE_IMM && ins.b == 0 && !matches!(Unary::from_u32(ins.code.into()), None | Some(Unary::None))
+                    }
+                    ELT_BINARY => {
+                        readable(ins.b, defined)
+                            && !(ins.a == ELTWISE_IMM && ins.b == ELTWISE_IMM)
+                            && Binary::from_u32(ins.code.into()).is_some()
+                    }
+                    _ => false,
+                };
+            if !ok {
+                return Err(BadField("eltwise instruction"));
+            }
+            defined |= 1 << ins.dst;
+        }
+        if self.out_reg >= ELTWISE_REGS || defined & (1 << self.out_reg) == 0 {
+            return Err(BadField("eltwise out_reg"));
+        }
+        Ok(())
+    }
+}
 const _: () = assert!(OpHeader::SIZE == 8);
 const _: () = assert!(GemmDesc::SIZE == 104);
 const _: () = assert!(Conv2dDesc::SIZE == 128);
@@ -932,6 +1056,7 @@ pub enum Desc {
     Tile(TileDesc),
     GridSample(GridSampleDesc),
     TopK(TopKDesc),
+    Eltwise(EltwiseDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -984,6 +1109,7 @@ encode_fn!(QBinaryDesc, QBinary);
 encode_fn!(TileDesc, Tile);
 encode_fn!(GridSampleDesc, GridSample);
 encode_fn!(TopKDesc, TopK);
+encode_fn!(EltwiseDesc, Eltwise);
 
 /// Sizes of descriptors written before fields were appended to them
 /// (GEMM, CONV2D and BINARY in minor version 1, RESIZE in minor version
@@ -997,7 +1123,7 @@ const SHORT_SIZES: [(OpCode, usize, usize); 4] = [
 ];
 
 /// Largest descriptor of any op.
-const LARGEST_DESC: usize = StridedCopyDesc::SIZE;
+const LARGEST_DESC: usize = EltwiseDesc::SIZE;
 const _: () = {
     let mut i = 0;
     while i < SHORT_SIZES.len() {
@@ -1250,6 +1376,11 @@ impl Desc {
                 }
                 Desc::TopK(d)
             }
+            22 => {
+                let d = get!(EltwiseDesc);
+                d.check()?;
+                Desc::Eltwise(d)
+            }
             op => return Err(UnknownOp(op)),
         };
         Ok(d)
@@ -1307,8 +1438,60 @@ mod tests {
         for bad in [TopKDesc { k: 11, ..t }, TopKDesc { flags: 2, ..t }, TopKDesc { reserved: 1, ..t }, TopKDesc { len: TOPK_MAX_LEN + 1, ..t }] {
             assert!(matches!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField(_))), "{bad:?}");
         }
+        eltwise_programs_are_checked();
         let mut h = [0u8; 8];
         OpHeader { op: 77, size: 8 }.write_to(&mut h).unwrap();
         assert_eq!(Desc::decode(&h), Err(DescError::UnknownOp(77)));
+    }
+
+    /// softplus(x) = relu(x) + log(1 + exp(-|x|)) over x [2, 3] and a
+    /// scale [1, 3]: a valid program, then each way of breaking it.
+    fn eltwise_programs_are_checked() {
+        let ins = |class, code: u32, dst, a, b, imm| EltInstr { class, code: code as u8, dst, a, b, imm, ..Default::default() };
+        let mut e = EltwiseDesc { rank: 2, n_inputs: 2, n_instrs: 6, out_reg: 2, out_dims: [2, 3, 0, 0, 0, 0], ..Default::default() };
+        e.in_dims[0] = [2, 3, 0, 0, 0, 0];
+        e.in_dims[1] = [1, 3, 0, 0, 0, 0];
+        e.in_va = [0x1000, 0x2000, 0, 0];
+        let prog = [
+            ins(ELT_UNARY, Unary::Abs as u32, 2, 0, 0, 0.0),
+            ins(ELT_UNARY, Unary::Neg as u32, 2, 2, 0, 0.0),
+            ins(ELT_UNARY, Unary::Exp as u32, 2, 2, 0, 0.0),
+            ins(ELT_BINARY, Binary::Add as u32, 2, ELTWISE_IMM, 2, 1.0),
+            ins(ELT_UNARY, Unary::Log as u32, 3, 2, 0, 0.0),
+            ins(ELT_BINARY, Binary::Mul as u32, 2, 3, 1, 0.0),
+        ];
+        e.instrs[..6].copy_from_slice(&prog);
+        let e = e.with_header();
+        assert_eq!(Desc::decode(&e.to_bytes()), Ok(Desc::Eltwise(e)));
+        let with = |f: &dyn Fn(&mut EltwiseDesc)| {
+            let mut b = e;
+            f(&mut b);
+            b
+        };
+        let bad = [
+            with(&|b| b.n_inputs = 0),
+            with(&|b| b.n_inputs = 5),
+            with(&|b| b.n_instrs = 17),
+            with(&|b| b.n_instrs = 5), // slot 5 is not zero
+            with(&|b| b.out_reg = 4),  // never written
+            with(&|b| b.out_reg = 8),
+            with(&|b| b.in_dims[1] = [2, 2, 0, 0, 0, 0]), // neither 1 nor the output's
+            with(&|b| b.in_dims[2] = [1, 1, 0, 0, 0, 0]), // an unused input
+            with(&|b| b.in_va[3] = 0x3000),
+            with(&|b| b.instrs[0].a = 5), // read before written
+            with(&|b| b.instrs[0].dst = 8),
+            with(&|b| b.instrs[0].a = ELTWISE_IMM), // a unary of an immediate
+            with(&|b| b.instrs[0].class = 3),
+            with(&|b| b.instrs[0].code = 0), // Unary::None
+            with(&|b| b.instrs[0].code = 99),
+            with(&|b| b.instrs[5].code = 99),
+            with(&|b| b.instrs[5].b = 0x7f),
+            with(&|b| (b.instrs[3].a, b.instrs[3].b) = (ELTWISE_IMM, ELTWISE_IMM)),
+            with(&|b| b.instrs[2].reserved[1] = 1),
+            with(&|b| b.rank = 7),
+        ];
+        for b in bad {
+            assert!(matches!(Desc::decode(&b.to_bytes()), Err(DescError::BadField(_))), "{b:?}");
+        }
     }
 }

@@ -14,6 +14,8 @@
 
 use std::borrow::Cow;
 
+use smallvec::SmallVec;
+
 use rbln_hw::ops::{self, Binary, Desc, Unary};
 use rbln_hw::ring::{Access, FaultCode};
 use rbln_kernels as k;
@@ -266,6 +268,26 @@ fn activation(code: u32, p0: f32, p1: f32) -> k::Activation {
     }
 }
 
+fn binary_op(b: Binary) -> k::BinaryOp {
+    use k::BinaryOp as B;
+    match b {
+        Binary::Add => B::Add,
+        Binary::Sub => B::Sub,
+        Binary::Mul => B::Mul,
+        Binary::Div => B::Div,
+        Binary::Max => B::Max,
+        Binary::Min => B::Min,
+        Binary::Pow => B::Pow,
+        Binary::Equal => B::Equal,
+        Binary::Less => B::Less,
+        Binary::Greater => B::Greater,
+        Binary::LessOrEqual => B::LessOrEqual,
+        Binary::GreaterOrEqual => B::GreaterOrEqual,
+        Binary::Mod => B::Mod,
+        Binary::FMod => B::FMod,
+    }
+}
+
 fn unary_op(u: Unary, p0: f32, p1: f32) -> Option<k::UnaryOp> {
     use k::UnaryOp as U;
     Some(match u {
@@ -314,24 +336,8 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let out_shape = op.kernel(k::broadcast_shape(&ad, &bd))?;
             let (na, nb, no) = (op.volume(&ad)?, op.volume(&bd)?, op.volume(&out_shape)?);
             let flops = op.flops(&[no as u64])?;
-            let kind = match Binary::from_u32(d.kind) {
-                Some(Binary::Add) => k::BinaryOp::Add,
-                Some(Binary::Sub) => k::BinaryOp::Sub,
-                Some(Binary::Mul) => k::BinaryOp::Mul,
-                Some(Binary::Div) => k::BinaryOp::Div,
-                Some(Binary::Max) => k::BinaryOp::Max,
-                Some(Binary::Min) => k::BinaryOp::Min,
-                Some(Binary::Pow) => k::BinaryOp::Pow,
-                Some(Binary::Equal) => k::BinaryOp::Equal,
-                Some(Binary::Less) => k::BinaryOp::Less,
-                Some(Binary::Greater) => k::BinaryOp::Greater,
-                Some(Binary::LessOrEqual) => k::BinaryOp::LessOrEqual,
-                Some(Binary::GreaterOrEqual) => k::BinaryOp::GreaterOrEqual,
-                Some(Binary::Mod) => k::BinaryOp::Mod,
-                Some(Binary::FMod) => k::BinaryOp::FMod,
-                // Descriptor decoding only lets known kinds through.
-                None => return Err(bad),
-            };
+            // Descriptor decoding only lets known kinds through.
+            let kind = binary_op(Binary::from_u32(d.kind).ok_or(bad)?);
             let act = activation(d.activation, d.act_param0, d.act_param1);
             let a = op.input(d.a_va, na)?;
             let b = op.input(d.b_va, nb)?;
@@ -415,6 +421,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::Resize(d) => resize(&mut op, &d),
         Desc::GridSample(d) => grid_sample(&mut op, &d),
         Desc::TopK(d) => top_k(&mut op, &d),
+        Desc::Eltwise(d) => eltwise(&mut op, &d),
         Desc::Quant(d) => quant(&mut op, &d),
         Desc::QGemm(d) => qgemm(&mut op, &d),
         Desc::QConv(d) => qconv(&mut op, &d),
@@ -995,6 +1002,39 @@ fn top_k(op: &mut Op<'_, '_, '_>, d: &ops::TopKDesc) -> R<u64> {
     op.kernel(r)?;
     values.commit();
     indices.commit();
+    Ok(flops)
+}
+
+fn eltwise(op: &mut Op<'_, '_, '_>, d: &ops::EltwiseDesc) -> R<u64> {
+    let out_shape = dims(&d.out_dims, d.rank);
+    let n_out = op.volume(&out_shape)?;
+    let (n_in, n_instrs) = (d.n_inputs as usize, d.n_instrs as usize);
+    let flops = op.flops(&[n_out as u64, n_instrs as u64])?;
+    // Decoding checked the program; a code it let through maps here.
+    let mut steps: SmallVec<[k::EltStep; ops::ELTWISE_MAX_INSTRS]> = SmallVec::new();
+    for ins in &d.instrs[..n_instrs] {
+        let operand = |r: u8| if r == ops::ELTWISE_IMM { k::EltOperand::Imm(ins.imm) } else { k::EltOperand::Reg(r) };
+        steps.push(match ins.class {
+            ops::ELT_UNARY => {
+                let u = Unary::from_u32(ins.code.into()).ok_or_else(|| op.bad())?;
+                k::EltStep::Unary { op: unary_op(u, ins.param0, ins.param1).ok_or_else(|| op.bad())?, dst: ins.dst, a: ins.a }
+            }
+            _ => {
+                let b = Binary::from_u32(ins.code.into()).ok_or_else(|| op.bad())?;
+                k::EltStep::Binary { op: binary_op(b), dst: ins.dst, a: operand(ins.a), b: operand(ins.b) }
+            }
+        });
+    }
+    let mut shapes: SmallVec<[k::Shape; ops::ELTWISE_MAX_INPUTS]> = SmallVec::new();
+    let mut inputs: SmallVec<[Cow<'_, [f32]>; ops::ELTWISE_MAX_INPUTS]> = SmallVec::new();
+    for i in 0..n_in {
+        let shape = dims(&d.in_dims[i], d.rank);
+        let n = op.volume(&shape)?;
+        inputs.push(op.input(d.in_va[i], n)?);
+        shapes.push(shape);
+    }
+    let ins: SmallVec<[(&[f32], &[usize]); ops::ELTWISE_MAX_INPUTS]> = inputs.iter().zip(&shapes).map(|(x, s)| (&x[..], &s[..])).collect();
+    op.write_out(d.out_va, n_out, |out| k::eltwise(&steps, d.out_reg as u8, &ins, &out_shape, out))?;
     Ok(flops)
 }
 

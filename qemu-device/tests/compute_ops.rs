@@ -1431,3 +1431,97 @@ fn a_tile_program_runs_its_grid_and_faults_outside_its_buffers() {
     assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
     assert_eq!(fault_addr(&r), 0x7000_0000);
 }
+
+// ---- ELTWISE programs (hardware minor version 11) ----
+
+fn elt(class: u8, code: u32, dst: u8, a: u8, b: u8, imm: f32) -> EltInstr {
+    EltInstr {
+        class,
+        code: code as u8,
+        dst,
+        a,
+        b,
+        imm,
+        ..Default::default()
+    }
+}
+
+/// `h = o * tanh(f * c + i * g)` over [2, 3] with `o` a [1, 3] row: the
+/// shape of an LSTM cell's tail, five ops in one.
+fn lstm_tail() -> EltwiseDesc {
+    let mut d = EltwiseDesc {
+        rank: 2,
+        n_inputs: 4,
+        n_instrs: 5,
+        out_reg: 0,
+        out_dims: [2, 3, 0, 0, 0, 0],
+        ..Default::default()
+    };
+    d.in_dims = [
+        [2, 3, 0, 0, 0, 0],
+        [2, 3, 0, 0, 0, 0],
+        [2, 3, 0, 0, 0, 0],
+        [1, 3, 0, 0, 0, 0],
+    ];
+    d.in_va = [tva(0), tva(1), tva(2), tva(3)];
+    d.out_va = tva(4);
+    let prog = [
+        elt(ELT_BINARY, Binary::Mul as u32, 4, 0, 1, 0.0), // f * c
+        elt(ELT_BINARY, Binary::Mul as u32, 5, 2, ELTWISE_IMM, 0.5), // i * g, g = 0.5
+        elt(ELT_BINARY, Binary::Add as u32, 4, 4, 5, 0.0),
+        elt(ELT_UNARY, Unary::Tanh as u32, 4, 4, 0, 0.0),
+        elt(ELT_BINARY, Binary::Mul as u32, 0, 3, 4, 0.0), // o * tanh(...)
+    ];
+    d.instrs[..5].copy_from_slice(&prog);
+    d.with_header()
+}
+
+#[test]
+fn eltwise_program_through_the_device() {
+    let mut r = OpRig::new();
+    let (f, c, i, o) = (seq(6, 0.1), seq(6, -0.2), seq(6, 0.3), vec![1.0, -2.0, 0.5]);
+    for (k, v) in [&f, &c, &i, &o].into_iter().enumerate() {
+        r.put(k, v);
+    }
+    let d = lstm_tail();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let want: Vec<f32> = (0..6)
+        .map(|j| o[j % 3] * (f[j] * c[j] + i[j] * 0.5).tanh())
+        .collect();
+    close(&r.get(4, 6), &want);
+    // The output may be one of the inputs: every input is read first.
+    let in_place = EltwiseDesc {
+        out_va: tva(0),
+        ..d
+    };
+    assert_eq!(r.run(&in_place.to_bytes()), FaultCode::None);
+    close(&r.get(0, 6), &want);
+}
+
+#[test]
+fn eltwise_faults_leave_the_output_untouched() {
+    let mut r = OpRig::new();
+    r.put(4, &[42.0; 6]);
+    // An input that is not mapped: the fault names it, nothing is written.
+    let d = EltwiseDesc {
+        in_va: [tva(0), tva(1), 0x7700_0000, tva(3)],
+        ..lstm_tail()
+    };
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(
+        r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)),
+        0x7700_0000
+    );
+    assert_eq!(r.get(4, 6), [42.0; 6]);
+    assert!(r.rig.dev.healthy());
+    // A register read before it is written is a bad descriptor.
+    let mut r = OpRig::new();
+    let mut bad = lstm_tail();
+    bad.instrs[0].a = 6;
+    assert_eq!(r.run(&bad.to_bytes()), FaultCode::BadDescriptor);
+    // So is an input dim that neither matches nor broadcasts.
+    let mut r = OpRig::new();
+    let mut bad = lstm_tail();
+    bad.in_dims[3] = [2, 2, 0, 0, 0, 0];
+    assert_eq!(r.run(&bad.to_bytes()), FaultCode::BadDescriptor);
+}

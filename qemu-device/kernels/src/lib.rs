@@ -42,6 +42,8 @@
 //!   (1.0 or 0.0); [`binary_act`] fuses an activation
 //! - [`where_select`]: `cond ? a : b` with all three operands broadcast
 //! - [`unary`], [`unary_inplace`]: element-wise activations and math
+//! - [`eltwise`]: a fused program of unary and binary steps over up to
+//!   four broadcast inputs, one pass
 //! - [`softmax`], [`layer_norm`]
 //! - [`reduce`]: Sum/Mean/Max/Min along one axis
 //! - [`permute`], [`strided_copy`]
@@ -60,6 +62,7 @@ mod binary;
 mod cast;
 mod conv;
 mod copy;
+mod eltwise;
 mod error;
 mod fastmath;
 mod gather;
@@ -84,6 +87,7 @@ pub use binary::{binary, binary_act, broadcast_shape, BinaryOp};
 pub use cast::{cast, CastDst, CastSrc};
 pub use conv::{conv2d, conv2d_output_shape, conv2d_residual, Conv2dParams, Padding2d};
 pub use copy::{permute, strided_copy, StridedCopy};
+pub use eltwise::{eltwise, EltOperand, EltStep, ELT_MAX_INPUTS, ELT_REGS};
 pub use error::{KernelError, Result};
 pub use gather::{gather, gather_output_shape, GatherIndex};
 pub use gemm::{gemm, gemm_residual, GemmParams};

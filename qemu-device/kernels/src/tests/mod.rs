@@ -3,6 +3,7 @@
 
 mod dense;
 mod elementwise;
+mod eltwise;
 mod fused;
 mod hostile;
 mod select;

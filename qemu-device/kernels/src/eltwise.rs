@@ -1,0 +1,369 @@
+//! Fused element-wise programs: a chain of unary and binary functions over
+//! up to [`ELT_MAX_INPUTS`] broadcast inputs, evaluated in one pass.
+//!
+//! A model's element-wise tails (softplus = `log(1 + exp(-|x|)) + relu(x)`,
+//! an LSTM cell's `o * tanh(f * c + i * g)`, hard-swish written out as
+//! `x * clip(x + 3, 0, 6) / 6`, …) would otherwise be one op each, every
+//! one a full pass over memory plus a command's fixed cost. Here each
+//! block of [`BLOCK`] output elements runs the whole program while its
+//! registers sit in L1, and the result is written once.
+//!
+//! Every step computes exactly what the standalone kernel computes
+//! ([`crate::unary`], [`crate::binary`]): the same functions, the same
+//! rounding, so fusing never changes a result.
+
+use std::cell::RefCell;
+
+use crate::activation::{apply_copy, apply_slice, UnaryOp};
+use crate::binary::{drive, floor_mod, BinaryOp, Geom};
+use crate::error::{KernelError, Result};
+use crate::fastmath::simd_dispatch;
+use crate::util::{check_len, check_rank, volume};
+
+/// Inputs a program reads at most.
+pub const ELT_MAX_INPUTS: usize = 4;
+/// Registers of a program; `r0..` start as the inputs.
+pub const ELT_REGS: usize = 8;
+
+/// Elements per register block: 9 blocks (8 registers and a scratch one)
+/// of 1 KiB stay in L1.
+const BLOCK: usize = 256;
+
+/// An operand of a binary step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EltOperand {
+    Reg(u8),
+    Imm(f32),
+}
+
+/// One step of an element-wise program.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EltStep {
+    /// `r[dst] = op(r[a])`
+    Unary { op: UnaryOp, dst: u8, a: u8 },
+    /// `r[dst] = op(a, b)` (at most one immediate).
+    Binary {
+        op: BinaryOp,
+        dst: u8,
+        a: EltOperand,
+        b: EltOperand,
+    },
+}
+
+/// Where a step reads an operand from, resolved once per call: an input
+/// (before any step overwrote its register), a register's block, or an
+/// immediate.
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    Input(usize),
+    Slot(usize),
+    Imm(f32),
+}
+
+/// The resolved steps of a program (inline up to the hardware's 16).
+type Plan = smallvec::SmallVec<[Resolved; 16]>;
+
+/// A step with its operands resolved to sources and its result to a
+/// physical slot.
+#[derive(Clone, Copy, Debug)]
+enum Resolved {
+    Unary {
+        op: UnaryOp,
+        dst: usize,
+        a: Src,
+    },
+    Binary {
+        op: BinaryOp,
+        dst: usize,
+        a: Src,
+        b: Src,
+    },
+}
+
+/// `out = program(inputs)`: every input (`data`, `shape`) broadcasts
+/// (numpy rules) to `out_shape`; register `i` starts as input `i`; the
+/// steps run in order on every element; `out` receives register
+/// `out_reg`. Errors (nothing written): too many inputs, a register out
+/// of range or read before it holds a value, two immediates in a step,
+/// shapes that do not broadcast to `out_shape`, lengths that disagree
+/// with the shapes.
+pub fn eltwise(
+    steps: &[EltStep],
+    out_reg: u8,
+    inputs: &[(&[f32], &[usize])],
+    out_shape: &[usize],
+    out: &mut [f32],
+) -> Result<()> {
+    if inputs.is_empty() || inputs.len() > ELT_MAX_INPUTS {
+        return Err(KernelError::invalid(
+            "eltwise inputs",
+            format!("{} inputs (1 to {ELT_MAX_INPUTS})", inputs.len()),
+        ));
+    }
+    check_rank("eltwise output", out_shape)?;
+    let out_len = volume("eltwise output", out_shape)?;
+    check_len("eltwise output", out.len(), out_len)?;
+    let mut shapes: [&[usize]; ELT_MAX_INPUTS] = [&[]; ELT_MAX_INPUTS];
+    let mut data: [&[f32]; ELT_MAX_INPUTS] = [&[0.0]; ELT_MAX_INPUTS];
+    for (i, &(d, s)) in inputs.iter().enumerate() {
+        check_rank("eltwise input", s)?;
+        check_len("eltwise input", d.len(), volume("eltwise input", s)?)?;
+        let fits = s.len() <= out_shape.len()
+            && s.iter()
+                .rev()
+                .zip(out_shape.iter().rev())
+                .all(|(&a, &o)| a == 1 || a == o);
+        if !fits {
+            return Err(KernelError::Broadcast {
+                a: s.to_vec(),
+                b: out_shape.to_vec(),
+            });
+        }
+        (shapes[i], data[i]) = (s, d);
+    }
+    let (plan, out_src) = resolve(steps, out_reg, inputs.len())?;
+    if out.is_empty() {
+        return Ok(());
+    }
+    // Non-empty output: every dim is ≥ 1 and the inputs' volumes are
+    // validated, so no stride overflows (as in `binary`).
+    let g = Geom::new(shapes, out_shape);
+    let inner = g.dims[0].s;
+    drive(&g, out, |offs, o| {
+        SLOTS.with(|slots| match slots.try_borrow_mut() {
+            Ok(mut slots) => run_row(&plan, out_src, &data, offs, inner, &mut slots, o),
+            // Re-entered on this thread (cannot happen: a row never calls
+            // back into rayon); a fresh register file keeps it correct.
+            Err(_) => run_row(
+                &plan,
+                out_src,
+                &data,
+                offs,
+                inner,
+                &mut vec![[0.0; BLOCK]; ELT_REGS + 1],
+                o,
+            ),
+        })
+    });
+    Ok(())
+}
+
+thread_local! {
+    /// Each thread's register blocks (allocated once).
+    static SLOTS: RefCell<Vec<[f32; BLOCK]>> = RefCell::new(vec![[0.0; BLOCK]; ELT_REGS + 1]);
+}
+
+/// Checks the program and maps it onto physical slots: logical register
+/// `r` lives in slot `map[r]`; each step writes a free slot, which then
+/// becomes its destination's (so a step may overwrite its own operand).
+fn resolve(steps: &[EltStep], out_reg: u8, n_inputs: usize) -> Result<(Plan, Src)> {
+    let bad = |why: String| KernelError::invalid("eltwise program", why);
+    // Current source of each logical register (None: never written).
+    let mut reg: [Option<Src>; ELT_REGS] = [None; ELT_REGS];
+    for (i, r) in reg.iter_mut().enumerate().take(n_inputs) {
+        *r = Some(Src::Input(i));
+    }
+    let mut slot_of = [usize::MAX; ELT_REGS];
+    // Free slots (a stack): one more than the registers, so one is always
+    // free for the next result.
+    let mut free = [0usize; ELT_REGS + 1];
+    for (i, f) in free.iter_mut().enumerate() {
+        *f = ELT_REGS - i;
+    }
+    let mut n_free = ELT_REGS + 1;
+    let read = |reg: &[Option<Src>; ELT_REGS], r: u8, i: usize| -> Result<Src> {
+        reg.get(r as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| bad(format!("step {i} reads register {r}, which holds no value")))
+    };
+    let mut plan = Plan::new();
+    for (i, s) in steps.iter().enumerate() {
+        let (dst, step) = match *s {
+            EltStep::Unary { op, dst, a } => (
+                dst,
+                Resolved::Unary {
+                    op,
+                    dst: 0,
+                    a: read(&reg, a, i)?,
+                },
+            ),
+            EltStep::Binary { op, dst, a, b } => {
+                let src = |o: EltOperand| match o {
+                    EltOperand::Reg(r) => read(&reg, r, i),
+                    EltOperand::Imm(v) => Ok(Src::Imm(v)),
+                };
+                let (a, b) = (src(a)?, src(b)?);
+                if matches!((a, b), (Src::Imm(_), Src::Imm(_))) {
+                    return Err(bad(format!("step {i} has two immediates")));
+                }
+                (dst, Resolved::Binary { op, dst: 0, a, b })
+            }
+        };
+        let d = dst as usize;
+        if d >= ELT_REGS {
+            return Err(bad(format!(
+                "step {i} writes register {dst} (registers 0 to {})",
+                ELT_REGS - 1
+            )));
+        }
+        // Cannot be empty: at most ELT_REGS slots are held by registers.
+        let Some(slot) = n_free.checked_sub(1).map(|i| free[i]) else {
+            return Err(bad("out of slots".into()));
+        };
+        n_free -= 1;
+        plan.push(match step {
+            Resolved::Unary { op, a, .. } => Resolved::Unary { op, dst: slot, a },
+            Resolved::Binary { op, a, b, .. } => Resolved::Binary {
+                op,
+                dst: slot,
+                a,
+                b,
+            },
+        });
+        if slot_of[d] != usize::MAX {
+            free[n_free] = slot_of[d];
+            n_free += 1;
+        }
+        slot_of[d] = slot;
+        reg[d] = Some(Src::Slot(slot));
+    }
+    let out = read(&reg, out_reg, steps.len())?;
+    Ok((plan, out))
+}
+
+/// Runs the program over one row of the output (`o`), block by block;
+/// input `k`'s elements start at `offs[k]` with stride `inner[k]` (0 or 1).
+fn run_row(
+    plan: &[Resolved],
+    out_src: Src,
+    data: &[&[f32]; ELT_MAX_INPUTS],
+    offs: [usize; ELT_MAX_INPUTS],
+    inner: [usize; ELT_MAX_INPUTS],
+    slots: &mut [[f32; BLOCK]],
+    o: &mut [f32],
+) {
+    // The last step writes the output block itself when it is the result.
+    let direct_last = match (out_src, plan.last()) {
+        (Src::Slot(p), Some(Resolved::Unary { dst, .. } | Resolved::Binary { dst, .. })) => {
+            p == *dst
+        }
+        _ => false,
+    };
+    let mut j0 = 0;
+    while j0 < o.len() {
+        let n = (o.len() - j0).min(BLOCK);
+        let block = &mut o[j0..j0 + n];
+        let input = |k: usize| {
+            if inner[k] == 1 {
+                Opnd::Slice(&data[k][offs[k] + j0..offs[k] + j0 + n])
+            } else {
+                Opnd::Scalar(data[k][offs[k]])
+            }
+        };
+        for (i, step) in plan.iter().enumerate() {
+            let (Resolved::Unary { dst, .. } | Resolved::Binary { dst, .. }) = *step;
+            // `dst` is a free slot: no operand of this step reads it.
+            let (lo, hi) = slots.split_at_mut(dst);
+            let Some((target, hi)) = hi.split_first_mut() else {
+                continue;
+            };
+            let view = |s: Src| match s {
+                Src::Slot(p) if p < dst => Opnd::Slice(&lo[p][..n]),
+                Src::Slot(p) => Opnd::Slice(&hi[p - dst - 1][..n]),
+                Src::Input(k) => input(k),
+                Src::Imm(v) => Opnd::Scalar(v),
+            };
+            let t: &mut [f32] = if direct_last && i + 1 == plan.len() {
+                &mut *block
+            } else {
+                &mut target[..n]
+            };
+            match *step {
+                Resolved::Unary { op, a, .. } => match view(a) {
+                    Opnd::Slice(x) => apply_copy(op, x, t),
+                    Opnd::Scalar(v) => {
+                        t.fill(v);
+                        apply_slice(op, t);
+                    }
+                },
+                Resolved::Binary { op, a, b, .. } => {
+                    // As `binary`, whose small-exponent Pow needs a
+                    // one-element exponent (not just a broadcast one).
+                    let b_const = match b {
+                        Src::Imm(_) => true,
+                        Src::Input(k) => data[k].len() == 1,
+                        Src::Slot(_) => false,
+                    };
+                    binary_block(op, view(a), view(b), b_const, t)
+                }
+            }
+        }
+        if !direct_last {
+            match out_src {
+                Src::Slot(p) => block.copy_from_slice(&slots[p][..n]),
+                Src::Input(k) => match input(k) {
+                    Opnd::Slice(x) => block.copy_from_slice(x),
+                    Opnd::Scalar(v) => block.fill(v),
+                },
+                Src::Imm(v) => block.fill(v),
+            }
+        }
+        j0 += n;
+    }
+}
+
+/// A binary step's operand over one block.
+#[derive(Clone, Copy)]
+pub(crate) enum Opnd<'a> {
+    Slice(&'a [f32]),
+    Scalar(f32),
+}
+
+#[inline(always)]
+fn apply2<F: Fn(f32, f32) -> f32>(a: Opnd<'_>, b: Opnd<'_>, out: &mut [f32], f: F) {
+    match (a, b) {
+        (Opnd::Slice(x), Opnd::Slice(y)) => {
+            for ((o, &x), &y) in out.iter_mut().zip(x).zip(y) {
+                *o = f(x, y);
+            }
+        }
+        (Opnd::Slice(x), Opnd::Scalar(y)) => {
+            for (o, &x) in out.iter_mut().zip(x) {
+                *o = f(x, y);
+            }
+        }
+        (Opnd::Scalar(x), Opnd::Slice(y)) => {
+            for (o, &y) in out.iter_mut().zip(y) {
+                *o = f(x, y);
+            }
+        }
+        (Opnd::Scalar(x), Opnd::Scalar(y)) => out.fill(f(x, y)),
+    }
+}
+
+simd_dispatch! {
+    /// `out = op(a, b)` over one block, as [`crate::binary`] computes it.
+    fn binary_block(op: BinaryOp, a: Opnd<'_>, b: Opnd<'_>, b_const: bool, out: &mut [f32]) {
+        let mask = |holds: bool| if holds { 1.0 } else { 0.0 };
+        match op {
+            BinaryOp::Add => apply2(a, b, out, |x, y| x + y),
+            BinaryOp::Sub => apply2(a, b, out, |x, y| x - y),
+            BinaryOp::Mul => apply2(a, b, out, |x, y| x * y),
+            BinaryOp::Div => apply2(a, b, out, |x, y| x / y),
+            BinaryOp::Max => apply2(a, b, out, f32::max),
+            BinaryOp::Min => apply2(a, b, out, f32::min),
+            // As `binary`: a constant exponent 2 or 3 multiplies.
+            BinaryOp::Pow if b_const && matches!(b, Opnd::Scalar(e) if e == 2.0) => apply2(a, b, out, |x, _| x * x),
+            BinaryOp::Pow if b_const && matches!(b, Opnd::Scalar(e) if e == 3.0) => apply2(a, b, out, |x, _| x * x * x),
+            BinaryOp::Pow => apply2(a, b, out, f32::powf),
+            BinaryOp::Equal => apply2(a, b, out, |x, y| mask(x == y)),
+            BinaryOp::Less => apply2(a, b, out, |x, y| mask(x < y)),
+            BinaryOp::Greater => apply2(a, b, out, |x, y| mask(x > y)),
+            BinaryOp::LessOrEqual => apply2(a, b, out, |x, y| mask(x <= y)),
+            BinaryOp::GreaterOrEqual => apply2(a, b, out, |x, y| mask(x >= y)),
+            BinaryOp::Mod => apply2(a, b, out, floor_mod),
+            BinaryOp::FMod => apply2(a, b, out, |x, y| x % y),
+        }
+    }
+}
