@@ -39,6 +39,9 @@ pub struct FuseStats {
     pub residual: usize,
     pub activation: usize,
     pub dead: usize,
+    /// Element-wise ops absorbed into ELTWISE programs
+    /// ([`crate::eltwise`], after the int8 lowering).
+    pub eltwise: usize,
 }
 
 pub fn run(g: &mut Graph) -> FuseStats {

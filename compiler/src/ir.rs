@@ -2,7 +2,7 @@
 //! data) and device ops, each producing one value.
 
 use rbln_format::DType;
-use rbln_hw::ops::{Binary, Unary};
+use rbln_hw::ops::{Binary, EltInstr, Unary};
 
 pub type ValueId = usize;
 
@@ -277,6 +277,11 @@ pub enum Kind {
     /// program runs it is zero-filled, then each `(value, byte offset)` of
     /// `init` is copied in (buffers the kernel reads and writes).
     Tile { program: ValueId, grid: [u32; 3], params: Vec<u64>, bufs: Vec<TileBuf>, init: Vec<(ValueId, u64)> },
+    /// A fused chain of element-wise ops ([`crate::eltwise`]): register
+    /// `i` starts as `inputs[i]` broadcast from `in_dims[i]` (the output's
+    /// rank) to `out_dims`; `program` runs on every element; the output is
+    /// register `out_reg`.
+    Eltwise { inputs: Vec<ValueId>, in_dims: Vec<Vec<u64>>, out_dims: Vec<u64>, program: Vec<EltInstr>, out_reg: u8 },
 }
 
 /// A TILE operand: buffer `value` (or, if `None`, the op's output from
@@ -310,6 +315,11 @@ impl Kind {
             QGemm { a, b, b_zero, bias, scale, .. } => [Some(*a), Some(*b), *b_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
             QConv { x, w, w_zero, bias, scale, .. } => [Some(*x), Some(*w), *w_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
             QBinary { a, b, .. } => vec![*a, *b],
+            Eltwise { inputs, .. } => {
+                let mut v = inputs.clone();
+                v.dedup();
+                v
+            }
             Tile { program, bufs, init, .. } => {
                 let mut v = vec![*program];
                 for b in bufs.iter().filter_map(|b| b.value).chain(init.iter().map(|i| i.0)) {

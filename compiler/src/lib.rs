@@ -8,6 +8,7 @@
 //! emit descriptors and command streams ([`emit`]) -> a validated
 //! [`rbln_format::Model`].
 
+pub mod eltwise;
 pub mod emit;
 pub mod error;
 pub mod fold;
@@ -123,7 +124,7 @@ fn import_onnx(bytes: &[u8], opts: &Options) -> Result<Prepared> {
         props.push(("onnx.producer".into(), format!("{} {}", proto.producer_name, proto.producer_version).trim().to_string()));
     }
     let onnx_nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
-    Ok(prepare(g, props, SourceFormat::Onnx, onnx_nodes))
+    Ok(prepare(g, props, SourceFormat::Onnx, onnx_nodes, opts))
 }
 
 /// Compile the bytes of a float32 TFLite file: its main subgraph is
@@ -140,7 +141,7 @@ fn import_tflite(bytes: &[u8], opts: &Options) -> Result<Prepared> {
     if !t.description.is_empty() {
         props.push(("tflite.description".into(), t.description.clone()));
     }
-    Ok(prepare(g, props, SourceFormat::Tflite, t.operators))
+    Ok(prepare(g, props, SourceFormat::Tflite, t.operators, opts))
 }
 
 /// Compile one launch of a Triton kernel, given as the TTIR triton prints
@@ -152,7 +153,7 @@ pub fn compile_kernel(ttir_text: &str, kernel: Option<&str>, grid: [u32; 3], bin
     let (g, name) = ttir::kernel_graph(ttir_text, kernel, grid, bindings)?;
     let ops = ttir_text.lines().filter(|l| l.contains(" = ") || l.trim_start().starts_with("tt.store")).count();
     let props = vec![("ttir.kernel".to_string(), name.clone()), ("ttir.grid".to_string(), format!("{}x{}x{}", grid[0], grid[1], grid[2]))];
-    finish(prepare(g, props, SourceFormat::Ttir, ops), &name, WeightPool::default())
+    finish(prepare(g, props, SourceFormat::Ttir, ops, &Options::default()), &name, WeightPool::default())
 }
 
 /// Compile several ONNX or TFLite models into one `.rbln` whose programs
@@ -195,10 +196,14 @@ pub fn compile_entries(sources: &[(&str, &[u8])], name: &str, opts: &Options) ->
     Ok(Compiled { model, report: main.report, entries })
 }
 
-fn prepare(mut g: ir::Graph, props: Vec<(String, String)>, format: SourceFormat, onnx_nodes: usize) -> Prepared {
+fn prepare(mut g: ir::Graph, props: Vec<(String, String)>, format: SourceFormat, onnx_nodes: usize, opts: &Options) -> Prepared {
     let fused = fuse::run(&mut g);
+    let mut fused = fused;
     let int8 = int8::run(&mut g);
     fuse::drop_dead(&mut g);
+    if !opts.unfused_elementwise {
+        fused.eltwise = eltwise::run(&mut g);
+    }
     let layouts = pack::run(&mut g);
     Prepared { g, props, format, onnx_nodes, fused, int8, layouts }
 }

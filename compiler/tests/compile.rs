@@ -8,7 +8,7 @@ use rbln_compile::onnx::*;
 use rbln_compile::{compile, parse_input_shape, CompileError, Options};
 use rbln_format::{Model, NodeKind, Placement};
 use rbln_hw::ops::{
-    Binary, Desc, GemmDesc, GridSampleDesc, ResizeDesc, TopKDesc, TOPK_LARGEST, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
+    Binary, Desc, GemmDesc, GridSampleDesc, ResizeDesc, TopKDesc, ELTWISE_IMM, TOPK_LARGEST, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
     RESIZE_EXCLUDE_OUTSIDE,
 };
 
@@ -77,6 +77,13 @@ fn ramp(n: usize, scale: f32) -> Vec<f32> {
 
 fn compiled(bytes: &[u8]) -> rbln_compile::Compiled {
     compile(bytes, "t", &Options::default()).unwrap_or_else(|e| panic!("compile failed: {e}"))
+}
+
+/// As [`compiled`], with element-wise chains left as separate ops: for
+/// tests of the other rewrites and lowerings.
+fn compiled_unfused(bytes: &[u8]) -> rbln_compile::Compiled {
+    let opts = Options { unfused_elementwise: true, ..Default::default() };
+    compile(bytes, "t", &opts).unwrap_or_else(|e| panic!("compile failed: {e}"))
 }
 
 fn compute_ops(m: &Model) -> Vec<String> {
@@ -289,7 +296,7 @@ fn memory_plan_reuses_arena_bytes() {
         let op = if i % 2 == 0 { "Sigmoid" } else { "Tanh" };
         nodes.push(node(op, &format!("n{i}"), &[names[i]], &[names[i + 1]], vec![]));
     }
-    let c = compiled(&model(nodes, vec![], vec![vinfo("x", &[n])], vec![vinfo("y", &[n])]));
+    let c = compiled_unfused(&model(nodes, vec![], vec![vinfo("x", &[n])], vec![vinfo("y", &[n])]));
     let m = &c.report.memory;
     assert_eq!(m.naive_bytes, 7 * n as u64 * 4);
     assert!(m.planned_bytes <= 3 * n as u64 * 4, "planned {} bytes", m.planned_bytes);
@@ -636,7 +643,7 @@ fn zero_pad_folds_into_conv_and_1d_conv_compiles() {
         vec![vinfo("x", &[1, 2, 8])],
         vec![vinfo("y", &[1, 3, 9])],
     );
-    let c = compiled(&bytes);
+    let c = compiled_unfused(&bytes);
     assert_eq!(compute_ops(&c.model), ["Pad+Conv", "LeakyRelu", "LeakyRelu"]);
     assert_eq!(c.report.fused.pad_into_conv, 1);
     // A non-zero pad value stays a Pad (FILL + copy).
@@ -646,7 +653,7 @@ fn zero_pad_folds_into_conv_and_1d_conv_compiles() {
         vec![vinfo("x", &[2, 3])],
         vec![vinfo("y", &[2, 6])],
     );
-    assert_eq!(compute_ops(&compiled(&bytes).model), ["Pad"]);
+    assert_eq!(compute_ops(&compiled_unfused(&bytes).model), ["Pad"]);
     // Wrap padding is refused with the reason.
     let bytes = model(
         vec![node("Pad", "pad", &["x", "pads"], &["y"], vec![AttributeProto { name: "mode".into(), s: b"wrap".to_vec(), r#type: 3, ..Default::default() }])],
@@ -717,7 +724,7 @@ fn residual_add_and_relu_fuse_into_the_conv_and_binary_ops() {
         vec![vinfo("x", &[1, 4, 6, 6])],
         vec![vinfo("z", &[1, 4, 6, 6])],
     );
-    let c = compiled(&bytes);
+    let c = compiled_unfused(&bytes);
     assert_eq!(compute_ops(&c.model), ["Conv+BatchNormalization+Add+Relu", "Sigmoid", "Add+Relu"]);
     assert_eq!((c.report.fused.residual, c.report.fused.activation), (1, 2));
     // The conv's descriptor carries the residual flag and a Relu; the
@@ -743,7 +750,7 @@ fn residual_fusion_needs_a_sole_reader_and_equal_shapes() {
         vec![vinfo("x", &[1, 2, 3, 3]), vinfo("r", &[1, 2, 3, 3])],
         vec![vinfo("z", &[1, 2, 3, 3])],
     );
-    let c = compiled(&bytes);
+    let c = compiled_unfused(&bytes);
     assert_eq!(compute_ops(&c.model), ["Conv", "Add", "Mul"]);
     let bytes = model(
         vec![node("Conv", "conv", &["x", "W"], &["c"], vec![]), node("Add", "skip", &["c", "r"], &["z"], vec![])],
@@ -751,7 +758,7 @@ fn residual_fusion_needs_a_sole_reader_and_equal_shapes() {
         vec![vinfo("x", &[1, 2, 3, 3]), vinfo("r", &[1, 1, 3, 3])],
         vec![vinfo("z", &[1, 2, 3, 3])],
     );
-    assert_eq!(compute_ops(&compiled(&bytes).model), ["Conv", "Add"]);
+    assert_eq!(compute_ops(&compiled_unfused(&bytes).model), ["Conv", "Add"]);
 }
 
 /// torchvision's MobileNetV3 block tail: Conv -> BN -> HardSwish is one op,
@@ -1204,7 +1211,7 @@ fn group_norms_and_pixel_shuffles_lower_to_existing_descriptors() {
         m.opset_import[0].version = 18;
         m.encode_to_vec()
     };
-    let ops = compute_ops(&compiled(&gn(2)).model);
+    let ops = compute_ops(&compiled_unfused(&gn(2)).model);
     assert_eq!(ops.iter().filter(|o| *o == "GroupNormalization").count(), 3, "{ops:?}");
     let (who, _, reason) = unsupported(&gn(3), &Options::default());
     assert_eq!(who, "gn");
@@ -1218,7 +1225,7 @@ fn group_norms_and_pixel_shuffles_lower_to_existing_descriptors() {
             vec![vinfo("y", &[1, 2, 4, 6])],
         )
     };
-    assert_eq!(compute_ops(&compiled(&d2s(2)).model), ["DepthToSpace"]);
+    assert_eq!(compute_ops(&compiled_unfused(&d2s(2)).model), ["DepthToSpace"]);
     let (_, op, reason) = unsupported(&d2s(3), &Options::default());
     assert_eq!(op, "DepthToSpace");
     assert!(reason.contains("not a multiple of blocksize² = 9"), "{reason}");
@@ -1242,7 +1249,7 @@ fn comparisons_logic_and_where_run_on_the_device() {
         vec![vinfo("x", &[2, 4]), typed_vinfo("mask", &[2, 4], elem::INT64)],
         vec![vinfo("y", &[2, 4])],
     );
-    let ops = compute_ops(&compiled(&bytes).model);
+    let ops = compute_ops(&compiled_unfused(&bytes).model);
     for want in ["Cast", "Equal", "Not", "Greater", "And", "Or", "Xor", "Where"] {
         assert!(ops.iter().any(|o| o == want), "{want} missing from {ops:?}");
     }
@@ -1253,7 +1260,7 @@ fn comparisons_logic_and_where_run_on_the_device() {
         vec![vinfo("x", &[2]), vinfo("x2", &[2])],
         vec![vinfo("y", &[2])],
     );
-    assert_eq!(compute_ops(&compiled(&bytes).model), ["Where"]);
+    assert_eq!(compute_ops(&compiled_unfused(&bytes).model), ["Where"]);
 }
 
 #[test]
@@ -1355,7 +1362,7 @@ fn gather_elements_with_run_time_indices() {
 #[test]
 fn run_time_checks_scatters_and_cubic() {
     let lowered = |nodes: Vec<NodeProto>, inits: Vec<TensorProto>, x: &[i64], y: &[i64]| {
-        compute_ops(&compiled(&model(nodes, inits, vec![vinfo("x", x)], vec![vinfo("y", y)])).model)
+        compute_ops(&compiled_unfused(&model(nodes, inits, vec![vinfo("x", x)], vec![vinfo("y", y)])).model)
     };
     let isnan = vec![node("IsNaN", "n", &["x"], &["b"], vec![]), node("Cast", "c", &["b"], &["y"], vec![attr_i("to", elem::FLOAT as i64)])];
     // (The Cast of a run-time 0/1 to float moves nothing.)
@@ -1386,10 +1393,10 @@ fn run_time_checks_scatters_and_cubic() {
         let attrs = [vec![attr_s("mode", "cubic")], attrs].concat();
         model(vec![node("Resize", "r", &["x", "", "sc"], &["y"], attrs)], vec![tensor("sc", &[4], &[1., 1., 2., 2.])], vec![vinfo("x", &[1, 1, 2, 2])], vec![vinfo("y", &[1, 1, 4, 4])])
     };
-    let m = compiled(&cubic(vec![attr_f("cubic_coeff_a", -0.5), attr_i("exclude_outside", 1)])).model;
+    let m = compiled_unfused(&cubic(vec![attr_f("cubic_coeff_a", -0.5), attr_i("exclude_outside", 1)])).model;
     let d = resize_descs(&m);
     assert_eq!((d.len(), d[0].mode, d[0].cubic_a, d[0].flags), (1, RESIZE_CUBIC, -0.5, RESIZE_EXCLUDE_OUTSIDE));
-    let d = resize_descs(&compiled(&cubic(vec![])).model);
+    let d = resize_descs(&compiled_unfused(&cubic(vec![])).model);
     assert_eq!((d[0].mode, d[0].cubic_a, d[0].flags), (RESIZE_CUBIC, -0.75, 0));
     let bytes = model(
         vec![node("Resize", "r", &["x", "", "sc"], &["y"], vec![attr_s("mode", "cubic")])],
@@ -1474,14 +1481,14 @@ fn resize_descs(m: &Model) -> Vec<ResizeDesc> {
 #[test]
 fn run_time_rounding_remainders_and_hardmax() {
     let lowered = |nodes: Vec<NodeProto>, inits: Vec<TensorProto>, x: &[i64], y: &[i64]| {
-        compute_ops(&compiled(&model(nodes, inits, vec![vinfo("x", x)], vec![vinfo("y", y)])).model)
+        compute_ops(&compiled_unfused(&model(nodes, inits, vec![vinfo("x", x)], vec![vinfo("y", y)])).model)
     };
     for op in ["Floor", "Ceil", "Round", "Sign"] {
         assert_eq!(lowered(vec![node(op, "u", &["x"], &["y"], vec![])], vec![], &[4], &[4]), [op]);
     }
     let fmod = vec![node("Mod", "m", &["x", "d"], &["y"], vec![attr_i("fmod", 1)])];
     assert_eq!(lowered(fmod, vec![tensor("d", &[1], &[2.5])], &[4], &[4]), ["Mod"]);
-    let kinds: Vec<u32> = descriptors(&compiled(&model(
+    let kinds: Vec<u32> = descriptors(&compiled_unfused(&model(
         vec![node("Mod", "m", &["x", "d"], &["y"], vec![attr_i("fmod", 1)])],
         vec![tensor("d", &[1], &[2.5])],
         vec![vinfo("x", &[4])],
@@ -1498,7 +1505,7 @@ fn run_time_rounding_remainders_and_hardmax() {
         vec![vinfo("x", &[1, 4]), typed_vinfo("mask", &[1, 4], elem::INT64)],
         vec![vinfo("y", &[1, 4])],
     );
-    let m = compiled(&bytes).model;
+    let m = compiled_unfused(&bytes).model;
     assert!(descriptors(&m).iter().any(|d| matches!(d, Desc::Binary(b) if b.kind == Binary::Mod as u32)));
     // Hashing token ids computed at run time (CANINE): (ids + 1)·p mod n.
     let bytes = model(
@@ -1512,7 +1519,7 @@ fn run_time_rounding_remainders_and_hardmax() {
         vec![vinfo("x", &[4])],
         vec![vinfo("y", &[4])],
     );
-    assert!(descriptors(&compiled(&bytes).model).iter().any(|d| matches!(d, Desc::Binary(b) if b.kind == Binary::Mod as u32)));
+    assert!(descriptors(&compiled_unfused(&bytes).model).iter().any(|d| matches!(d, Desc::Binary(b) if b.kind == Binary::Mod as u32)));
     // OneHot of run-time indices: wrap the negative ones, compare with the
     // positions, scale to [off, on]; of constant indices, folded.
     let one_hot = |ids: Option<&[i64]>| {
@@ -1525,7 +1532,7 @@ fn run_time_rounding_remainders_and_hardmax() {
             None => vec![vinfo("x", &[2, 4, 3]), typed_vinfo("i", &[2, 3], elem::INT64)],
         };
         let nodes = vec![node("OneHot", "oh", &["i", "d", "v"], &["h"], vec![attr_i("axis", 1)]), node("Add", "a", &["x", "h"], &["y"], vec![])];
-        compiled(&model(nodes, inits, ins, vec![vinfo("y", &[2, 4, 3])])).model
+        compiled_unfused(&model(nodes, inits, ins, vec![vinfo("y", &[2, 4, 3])])).model
     };
     assert_eq!(compute_ops(&one_hot(None)), ["Cast", "OneHot", "OneHot", "OneHot", "OneHot", "OneHot", "OneHot", "Add"]);
     let m = one_hot(Some(&[0, -1, 4, 3, -5, 2]));
@@ -1969,10 +1976,10 @@ fn recurrent_layers_unroll_and_refuse_what_they_do_not_model() {
         )
     };
     let hidden = attr_i("hidden_size", 5);
-    let ok = compiled(&lstm(vec![hidden.clone()], vec![], &["x", "W", "R"]));
+    let ok = compiled_unfused(&lstm(vec![hidden.clone()], vec![], &["x", "W", "R"]));
     assert!(compute_ops(&ok.model).len() > 3 * 10, "one GEMM and the gate ops per step");
     let full = tensor("lens", &[2], &[3.0, 3.0]);
-    compiled(&lstm(vec![hidden.clone()], vec![full], &["x", "W", "R", "", "lens"]));
+    compiled_unfused(&lstm(vec![hidden.clone()], vec![full], &["x", "W", "R", "", "lens"]));
     let reason = |attrs: Vec<AttributeProto>, extra: Vec<TensorProto>, ins: &[&str]| unsupported(&lstm(attrs, extra, ins), &Options::default()).2;
     assert!(reason(vec![hidden.clone(), attr_i("layout", 1)], vec![], &["x", "W", "R"]).contains("only 0 (sequence-major)"));
     assert!(reason(vec![hidden.clone(), attr_f("clip", 3.0)], vec![], &["x", "W", "R"]).contains("clip"));
@@ -2046,4 +2053,46 @@ fn pad_modes_crops_and_training_mode_batch_norm_of_constants() {
     };
     compiled(&bn(true));
     assert!(unsupported(&bn(false), &Options::default()).2.contains("training_mode=1 on a run-time input"));
+}
+
+/// Hard-swish written out and scaled per channel, `x * clip(x + 3, 0, 6) / 6
+/// * s`, is one ELTWISE program over x and the broadcast scale, the scalar
+/// constants as immediates; a value read outside the chain or a model
+/// output stays an op of its own.
+#[test]
+fn element_wise_chains_fuse_into_one_eltwise_program() {
+    let chain = |extra_output: bool| {
+        let mut outs = vec![vinfo("y", &[1, 3, 2, 2])];
+        if extra_output {
+            outs.push(vinfo("m", &[1, 3, 2, 2]));
+        }
+        model(
+            vec![
+                node("Add", "plus3", &["x", "three"], &["p"], vec![]),
+                node("Clip", "clip", &["p", "zero", "six"], &["c"], vec![]),
+                node("Mul", "times", &["x", "c"], &["m"], vec![]),
+                node("Div", "sixth", &["m", "six"], &["h"], vec![]),
+                node("Mul", "scale", &["h", "s"], &["y"], vec![]),
+            ],
+            vec![tensor("three", &[], &[3.0]), tensor("zero", &[], &[0.0]), tensor("six", &[], &[6.0]), tensor("s", &[1, 3, 1, 1], &[0.5, 1.0, 2.0])],
+            vec![vinfo("x", &[1, 3, 2, 2])],
+            outs,
+        )
+    };
+    let c = compiled(&chain(false));
+    assert_eq!(compute_ops(&c.model), ["Eltwise(Add+Clip+Mul+Div)"]);
+    assert_eq!(c.report.fused.eltwise, 3);
+    let d: Vec<_> = descriptors(&c.model).into_iter().filter_map(|d| if let Desc::Eltwise(e) = d { Some(e) } else { None }).collect();
+    assert_eq!(d.len(), 1);
+    let e = d[0];
+    assert_eq!((e.rank, e.n_inputs, e.n_instrs), (4, 2, 5));
+    assert_eq!(e.out_dims[..4], [1, 3, 2, 2]);
+    assert_eq!(e.in_dims[..2], [[1, 3, 2, 2, 0, 0], [1, 3, 1, 1, 0, 0]]);
+    let imms: Vec<f32> = e.instrs[..5].iter().filter(|i| i.a == ELTWISE_IMM || i.b == ELTWISE_IMM).map(|i| i.imm).collect();
+    assert_eq!(imms, [3.0, 6.0]);
+    // Op by op when asked to.
+    assert_eq!(compute_ops(&compiled_unfused(&chain(false)).model).len(), 4);
+    // `m` is a model output: the chain splits there.
+    let c = compiled(&chain(true));
+    assert_eq!(compute_ops(&c.model), ["Eltwise(Add+Clip+Mul)", "Eltwise(Div+Mul)"]);
 }

@@ -39,6 +39,10 @@ struct Args {
     /// and arena offset.
     #[arg(long)]
     list: bool,
+    /// Keep element-wise ops as separate device ops instead of fusing
+    /// their chains into ELTWISE programs (to look at a chain op by op).
+    #[arg(long)]
+    no_eltwise: bool,
 }
 
 /// Exit statuses: 1 unsupported or invalid model, 2 usage, 3 I/O.
@@ -52,7 +56,7 @@ fn main() -> ExitCode {
     // any other thread exists; no handler code is involved.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let args = Args::parse();
-    let mut opts = Options::default();
+    let mut opts = Options { unfused_elementwise: args.no_eltwise, ..Default::default() };
     for s in &args.input_shapes {
         match parse_input_shape(s) {
             Ok(p) => opts.input_shapes.push(p),
@@ -176,8 +180,8 @@ fn print_report(r: &Report, file_len: usize, indent: &str) {
     println!("{indent}{} {} -> device ops {} (+{} views)", r.format.nodes_label(), r.onnx_nodes, r.device_op_count(), r.views);
     let f = &r.fused;
     println!(
-        "{indent}fused: {} GELU (erf), {} GELU (tanh), {} SiLU, {} layer norm, {} scale into weights, {} pad + {} BatchNorm/affine into conv, {} bias, {} residual, {} activation; {} dead ops dropped",
-        f.gelu, f.gelu_tanh, f.silu, f.layer_norm, f.scale_into_weights, f.pad_into_conv, f.folded_into_conv, f.bias, f.residual, f.activation, f.dead
+        "{indent}fused: {} GELU (erf), {} GELU (tanh), {} SiLU, {} layer norm, {} scale into weights, {} pad + {} BatchNorm/affine into conv, {} bias, {} residual, {} activation, {} element-wise ops into ELTWISE programs; {} dead ops dropped",
+        f.gelu, f.gelu_tanh, f.silu, f.layer_norm, f.scale_into_weights, f.pad_into_conv, f.folded_into_conv, f.bias, f.residual, f.activation, f.eltwise, f.dead
     );
     if r.int8.conv + r.int8.gemm > 0 {
         println!(

@@ -68,6 +68,10 @@ pub struct Options {
     /// Intermediate tensors (by ONNX name) to make outputs too, after the
     /// model's own: what a calibration run reads (rbln-quantize).
     pub extra_outputs: Vec<String>,
+    /// Keep element-wise ops as separate device ops instead of fusing
+    /// their chains into ELTWISE programs ([`crate::eltwise`]): to look
+    /// at a chain op by op, and for tests of the other rewrites.
+    pub unfused_elementwise: bool,
 }
 
 /// Oldest default-domain opset the importer knows the semantics of.
