@@ -9,10 +9,13 @@
 //! leaves the chain) over producers that are element-wise ops of the same
 //! output shape, whose results nobody outside the group reads and which
 //! are not model outputs. Operands from outside the group become the
-//! program's inputs (broadcast as the op read them; one-element constants
-//! become immediates). A producer joins only while the program still fits
-//! the hardware's limits (inputs, instructions, registers). Runs after the
-//! int8 lowering, which matches QDQ patterns on plain element-wise ops.
+//! program's inputs, read through element strides: broadcast as the op
+//! read them, and through a slice or transpose that only the group reads
+//! (a one-part COPY: Slice, Split, an LSTM's gate columns), which then
+//! goes too. One-element constants become immediates. A producer joins
+//! only while the program still fits the hardware's limits (inputs,
+//! instructions, registers). Runs after the int8 lowering, which matches
+//! QDQ patterns on plain element-wise ops.
 
 use rbln_format::DType;
 use rbln_hw::ops::{EltInstr, Unary, ELTWISE_IMM, ELTWISE_MAX_INPUTS, ELTWISE_MAX_INSTRS, ELTWISE_REGS, ELT_BINARY, ELT_UNARY};
@@ -79,19 +82,25 @@ fn group(g: &Graph, i: usize) -> Option<Vec<usize>> {
     }
     let is_output = |v: ValueId| g.outputs.iter().any(|(_, o)| *o == v);
     let mut members = vec![i];
-    // Candidates: producers of the members' operands, latest first.
+    // Candidates: producers of the members' operands, latest first. A
+    // COPY member is read from memory through strides: nothing behind it
+    // joins.
     let mut k = 0;
     while k < members.len() {
         let m = members[k];
         k += 1;
+        if matches!(g.ops[m].kind, Kind::Copy { .. }) {
+            continue;
+        }
         for v in g.ops[m].kind.inputs() {
             let Some(p) = producer[v] else { continue };
-            if members.contains(&p) || !elementwise(g, p) || is_output(v) || &g.values[v].shape != shape {
+            if members.contains(&p) || is_output(v) {
                 continue;
             }
+            let joins = (elementwise(g, p) && &g.values[v].shape == shape) || strided_view(g, p).is_some();
             // Every reader of v must be in the group (with p in it).
             let inside = members.iter().filter(|&&q| g.ops[q].kind.inputs().contains(&v)).count();
-            if inside != readers[v] {
+            if !joins || inside != readers[v] {
                 continue;
             }
             let mut trial = members.clone();
@@ -102,6 +111,8 @@ fn group(g: &Graph, i: usize) -> Option<Vec<usize>> {
             }
         }
     }
+    // Worth a program: two element-wise ops at least (a lone op with an
+    // absorbed copy is still one op fewer).
     if members.len() < 2 {
         return None;
     }
@@ -123,18 +134,88 @@ fn label(g: &Graph, members: &[usize]) -> String {
     format!("Eltwise({})", parts.join("+"))
 }
 
+/// The one-part COPY op `p` as a strided view of its source: (source,
+/// element offset, the source's sizes and strides), when its output is
+/// that box laid out densely and the source is f32.
+fn strided_view(g: &Graph, p: usize) -> Option<(ValueId, u64, &[u64], &[u64])> {
+    let Kind::Copy { parts } = &g.ops[p].kind else { return None };
+    let [part] = parts.as_slice() else { return None };
+    let out = g.ops[p].out;
+    let dense = contiguous(&part.sizes);
+    let sizes_vol: u64 = part.sizes.iter().product();
+    let ok = part.dst_offset == 0
+        && part.dst_strides.iter().zip(&dense).zip(&part.sizes).all(|((&s, &d), &n)| s == d || n == 1)
+        && sizes_vol == g.values[out].elems()
+        && g.values[part.src].dtype == DType::F32
+        && g.values[out].dtype == DType::F32;
+    ok.then_some((part.src, part.src_offset, &part.sizes[..], &part.src_strides[..]))
+}
+
+/// Row-major element strides of a dense tensor of `dims`.
+fn contiguous(dims: &[u64]) -> Vec<u64> {
+    let mut st = vec![0; dims.len()];
+    let mut acc = 1u64;
+    for k in (0..dims.len()).rev() {
+        st[k] = acc;
+        acc = acc.saturating_mul(dims[k]);
+    }
+    st
+}
+
+/// Strides reading a tensor of `sizes` with `strides` as if reshaped to
+/// `target` (same volume), if the reshape needs no copy: each run of
+/// target dims must cover a run of source dims that is contiguous within
+/// itself (numpy's no-copy reshape). Dims of size 1 get stride 0.
+fn reshaped_strides(sizes: &[u64], strides: &[u64], target: &[u64]) -> Option<Vec<u64>> {
+    let old: Vec<(u64, u64)> = sizes.iter().zip(strides).filter(|p| *p.0 != 1).map(|(&n, &s)| (n, s)).collect();
+    let new: Vec<usize> = (0..target.len()).filter(|&k| target[k] != 1).collect();
+    let mut out = vec![0u64; target.len()];
+    let (mut oi, mut ni) = (0, 0);
+    while oi < old.len() && ni < new.len() {
+        let (mut oj, mut nj) = (oi + 1, ni + 1);
+        let (mut op, mut np) = (old[oi].0, target[new[ni]]);
+        while op != np {
+            if np < op {
+                np = np.checked_mul(target[*new.get(nj)?])?;
+                nj += 1;
+            } else {
+                op = op.checked_mul(old.get(oj)?.0)?;
+                oj += 1;
+            }
+        }
+        if (oi..oj - 1).any(|o| old[o].1 != old[o + 1].0.checked_mul(old[o + 1].1).unwrap_or(u64::MAX)) {
+            return None;
+        }
+        out[new[nj - 1]] = old[oj - 1].1;
+        for t in (ni..nj - 1).rev() {
+            out[new[t]] = out[new[t + 1]].checked_mul(target[new[t + 1]])?;
+        }
+        (oi, ni) = (oj, nj);
+    }
+    (oi == old.len() && ni == new.len()).then_some(out)
+}
+
 /// A program's operand: a register or the instruction's immediate.
 enum Operand {
     Reg(u8),
     Imm(f32),
 }
 
+/// One input of the program: a value read from an element offset with
+/// strides, and the values the members read through it (for liveness).
+struct Input {
+    value: ValueId,
+    at: u64,
+    strides: Vec<u64>,
+    read_as: Vec<ValueId>,
+}
+
 /// The program's inputs as they are found.
 struct Inputs<'g> {
     g: &'g Graph,
+    members: &'g [usize],
     out_dims: Vec<u64>,
-    values: Vec<ValueId>,
-    dims: Vec<Vec<u64>>,
+    list: Vec<Input>,
 }
 
 impl Inputs<'_> {
@@ -145,9 +226,10 @@ impl Inputs<'_> {
         p.iter().zip(&self.out_dims).all(|(&a, &o)| a == 1 || a == o).then_some(p)
     }
 
-    /// The operand for outside value `v` read with `dims` (None: the full
-    /// output shape, as a unary op reads): an immediate for a
-    /// one-element constant where allowed, else an input register.
+    /// The operand for value `v` from outside the program, read with
+    /// `dims` (None: the full output shape, as a unary op reads): an
+    /// immediate for a one-element constant where allowed, else an input
+    /// register, through the member COPY that makes `v` if there is one.
     fn outside(&mut self, v: ValueId, dims: Option<&[u64]>, allow_imm: bool) -> Option<Operand> {
         if allow_imm {
             if let Some(c) = self.g.konst(v).and_then(|c| c.scalar()) {
@@ -155,15 +237,24 @@ impl Inputs<'_> {
             }
         }
         let d = self.pad(dims.unwrap_or(&self.out_dims.clone()))?;
-        if let Some(i) = self.values.iter().zip(&self.dims).position(|(&x, xd)| x == v && *xd == d) {
+        let copy = self.members.iter().find(|&&m| self.g.ops[m].out == v).and_then(|&m| strided_view(self.g, m));
+        let (value, at, view) = match copy {
+            Some((src, at, sizes, strides)) => (src, at, reshaped_strides(sizes, strides, &d)?),
+            None => (v, 0, contiguous(&d)),
+        };
+        // Broadcast dims read one element.
+        let strides: Vec<u64> = view.iter().zip(&d).map(|(&s, &n)| if n == 1 { 0 } else { s }).collect();
+        if let Some(i) = self.list.iter().position(|x| x.value == value && x.at == at && x.strides == strides) {
+            if !self.list[i].read_as.contains(&v) {
+                self.list[i].read_as.push(v);
+            }
             return Some(Operand::Reg(i as u8));
         }
-        if self.values.len() == ELTWISE_MAX_INPUTS {
+        if self.list.len() == ELTWISE_MAX_INPUTS {
             return None;
         }
-        self.values.push(v);
-        self.dims.push(d);
-        Some(Operand::Reg((self.values.len() - 1) as u8))
+        self.list.push(Input { value, at, strides, read_as: vec![v] });
+        Some(Operand::Reg((self.list.len() - 1) as u8))
     }
 }
 
@@ -172,9 +263,11 @@ impl Inputs<'_> {
 fn program(g: &Graph, members: &[usize]) -> Option<Kind> {
     let root = *members.last()?;
     let out_dims = g.values[g.ops[root].out].shape.clone();
-    let produced = |v: ValueId| members.iter().any(|&m| g.ops[m].out == v);
-    // Position of the last member reading each value (register liveness).
-    let last_use = |v: ValueId| members.iter().rposition(|&m| g.ops[m].kind.inputs().contains(&v));
+    // Members that compute (the COPY members only feed inputs).
+    let computing: Vec<usize> = members.iter().copied().filter(|&m| !matches!(g.ops[m].kind, Kind::Copy { .. })).collect();
+    let produced = |v: ValueId| computing.iter().any(|&m| g.ops[m].out == v);
+    // Position of the last computing member reading each value.
+    let last_use = |v: ValueId| computing.iter().rposition(|&m| g.ops[m].kind.inputs().contains(&v));
     // The operands each member reads, with the dims it reads them at.
     let operands = |m: usize| -> Option<Vec<(ValueId, Option<&[u64]>)>> {
         match &g.ops[m].kind {
@@ -183,9 +276,9 @@ fn program(g: &Graph, members: &[usize]) -> Option<Kind> {
             _ => None,
         }
     };
-    let mut inputs = Inputs { g, out_dims: out_dims.clone(), values: Vec::new(), dims: Vec::new() };
+    let mut inputs = Inputs { g, members, out_dims: out_dims.clone(), list: Vec::new() };
     // Inputs take the first registers, in order of first use.
-    for &m in members {
+    for &m in &computing {
         let unary = matches!(g.ops[m].kind, Kind::Unary { .. });
         for (v, d) in operands(m)? {
             if produced(v) {
@@ -198,20 +291,23 @@ fn program(g: &Graph, members: &[usize]) -> Option<Kind> {
             }
         }
     }
-    let n_in = inputs.values.len();
+    // Every COPY member must feed the program.
+    if members.iter().any(|&m| matches!(g.ops[m].kind, Kind::Copy { .. }) && !inputs.list.iter().any(|x| x.read_as.contains(&g.ops[m].out))) {
+        return None;
+    }
+    let n_in = inputs.list.len();
     let mut busy = [false; ELTWISE_REGS as usize];
     busy[..n_in].iter_mut().for_each(|b| *b = true);
     // Members' results currently in registers.
     let mut held: Vec<(ValueId, u8)> = Vec::new();
     let mut instrs: Vec<EltInstr> = Vec::new();
     let mut out_reg = 0u8;
-    for (pos, &m) in members.iter().enumerate() {
+    for (pos, &m) in computing.iter().enumerate() {
         let op = &g.ops[m];
         let unary = matches!(op.kind, Kind::Unary { .. });
         let mut regs = [0u8; 2];
         let mut imm = 0.0;
-        let ops = operands(m)?;
-        for (slot, &(v, d)) in ops.iter().enumerate() {
+        for (slot, (v, d)) in operands(m)?.into_iter().enumerate() {
             regs[slot] = if produced(v) {
                 held.iter().find(|h| h.0 == v)?.1
             } else {
@@ -235,8 +331,8 @@ fn program(g: &Graph, members: &[usize]) -> Option<Kind> {
         };
         // Registers whose value this op reads last are free for its
         // result (an instruction may overwrite its own operand).
-        for (r, &v) in inputs.values.iter().enumerate() {
-            if last_use(v) == Some(pos) {
+        for (r, x) in inputs.list.iter().enumerate() {
+            if x.read_as.iter().filter_map(|&v| last_use(v)).max() == Some(pos) {
                 busy[r] = false;
             }
         }
@@ -257,8 +353,32 @@ fn program(g: &Graph, members: &[usize]) -> Option<Kind> {
         held.push((op.out, dst));
         out_reg = dst;
     }
-    if instrs.len() > ELTWISE_MAX_INSTRS {
+    if instrs.is_empty() || instrs.len() > ELTWISE_MAX_INSTRS {
         return None;
     }
-    Some(Kind::Eltwise { inputs: inputs.values, in_dims: inputs.dims, out_dims, program: instrs, out_reg })
+    let (inputs, in_strides) = inputs.list.into_iter().map(|x| ((x.value, x.at), x.strides)).unzip();
+    Some(Kind::Eltwise { inputs, in_strides, out_dims, program: instrs, out_reg })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reshaped_strides;
+
+    #[test]
+    fn reshapes_of_strided_views_that_need_no_copy() {
+        // Columns 2..5 of a [4, 7] matrix, as [4, 3], [2, 2, 3] and [12]
+        // (the last is not one stride: refused).
+        assert_eq!(reshaped_strides(&[4, 3], &[7, 1], &[4, 3]), Some(vec![7, 1]));
+        assert_eq!(reshaped_strides(&[4, 3], &[7, 1], &[2, 2, 3]), Some(vec![14, 7, 1]));
+        assert_eq!(reshaped_strides(&[4, 3], &[7, 1], &[12]), None);
+        // A dense [2, 3, 4] merged and split, with size-1 dims anywhere.
+        assert_eq!(reshaped_strides(&[2, 3, 4], &[12, 4, 1], &[1, 6, 1, 4]), Some(vec![0, 4, 0, 1]));
+        assert_eq!(reshaped_strides(&[1, 24], &[24, 1], &[2, 12]), Some(vec![12, 1]));
+        // A transpose ([3, 2] read from a [2, 3]) keeps its strides, but
+        // cannot merge.
+        assert_eq!(reshaped_strides(&[3, 2], &[1, 3], &[3, 2]), Some(vec![1, 3]));
+        assert_eq!(reshaped_strides(&[3, 2], &[1, 3], &[6]), None);
+        // Volumes that disagree.
+        assert_eq!(reshaped_strides(&[4, 3], &[3, 1], &[5]), None);
+    }
 }

@@ -814,7 +814,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             ];
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Eltwise { inputs, in_dims, out_dims, program, out_reg } => {
+        Kind::Eltwise { inputs, in_strides, out_dims, program, out_reg } => {
             let mut d = EltwiseDesc {
                 rank: out_dims.len() as u32,
                 n_inputs: inputs.len() as u32,
@@ -823,14 +823,14 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 out_dims: dims6(op, out_dims, "dims")?,
                 ..Default::default()
             };
-            for (slot, dims) in d.in_dims.iter_mut().zip(in_dims) {
-                *slot = dims6(op, dims, "input dims")?;
+            for (slot, st) in d.in_strides.iter_mut().zip(in_strides) {
+                *slot = u64x6(st);
             }
             for (slot, ins) in d.instrs.iter_mut().zip(program) {
                 *slot = *ins;
             }
             let d = d.with_header();
-            let mut r: Vec<_> = inputs.iter().enumerate().map(|(i, v)| reloc(offset_of!(EltwiseDesc, in_va) + 8 * i, off(*v))).collect();
+            let mut r: Vec<_> = inputs.iter().enumerate().map(|(i, &(v, at))| reloc(offset_of!(EltwiseDesc, in_va) + 8 * i, off(v) + 4 * at)).collect();
             r.push(reloc(offset_of!(EltwiseDesc, out_va), o));
             vec![(d.to_bytes().to_vec(), r)]
         }

@@ -278,10 +278,11 @@ pub enum Kind {
     /// `init` is copied in (buffers the kernel reads and writes).
     Tile { program: ValueId, grid: [u32; 3], params: Vec<u64>, bufs: Vec<TileBuf>, init: Vec<(ValueId, u64)> },
     /// A fused chain of element-wise ops ([`crate::eltwise`]): register
-    /// `i` starts as `inputs[i]` broadcast from `in_dims[i]` (the output's
-    /// rank) to `out_dims`; `program` runs on every element; the output is
-    /// register `out_reg`.
-    Eltwise { inputs: Vec<ValueId>, in_dims: Vec<Vec<u64>>, out_dims: Vec<u64>, program: Vec<EltInstr>, out_reg: u8 },
+    /// `i` starts as input `i`, value `inputs[i].0` read from element
+    /// `inputs[i].1` on with the element strides `in_strides[i]` (one per
+    /// output dim, 0 broadcasting); `program` runs on every element of
+    /// `out_dims`; the output is register `out_reg`.
+    Eltwise { inputs: Vec<(ValueId, u64)>, in_strides: Vec<Vec<u64>>, out_dims: Vec<u64>, program: Vec<EltInstr>, out_reg: u8 },
 }
 
 /// A TILE operand: buffer `value` (or, if `None`, the op's output from
@@ -316,7 +317,7 @@ impl Kind {
             QConv { x, w, w_zero, bias, scale, .. } => [Some(*x), Some(*w), *w_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
             QBinary { a, b, .. } => vec![*a, *b],
             Eltwise { inputs, .. } => {
-                let mut v = inputs.clone();
+                let mut v: Vec<ValueId> = inputs.iter().map(|i| i.0).collect();
                 v.dedup();
                 v
             }

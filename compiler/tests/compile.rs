@@ -2087,7 +2087,7 @@ fn element_wise_chains_fuse_into_one_eltwise_program() {
     let e = d[0];
     assert_eq!((e.rank, e.n_inputs, e.n_instrs), (4, 2, 5));
     assert_eq!(e.out_dims[..4], [1, 3, 2, 2]);
-    assert_eq!(e.in_dims[..2], [[1, 3, 2, 2, 0, 0], [1, 3, 1, 1, 0, 0]]);
+    assert_eq!(e.in_strides[..2], [[0, 4, 2, 1, 0, 0], [0, 1, 0, 0, 0, 0]]);
     let imms: Vec<f32> = e.instrs[..5].iter().filter(|i| i.a == ELTWISE_IMM || i.b == ELTWISE_IMM).map(|i| i.imm).collect();
     assert_eq!(imms, [3.0, 6.0]);
     // Op by op when asked to.
@@ -2095,4 +2095,28 @@ fn element_wise_chains_fuse_into_one_eltwise_program() {
     // `m` is a model output: the chain splits there.
     let c = compiled(&chain(true));
     assert_eq!(compute_ops(&c.model), ["Eltwise(Add+Clip+Mul)", "Eltwise(Div+Mul)"]);
+}
+
+/// A gated linear unit, `x[:, :4] * sigmoid(x[:, 4:])`: both slices are
+/// read in place through strides, so the two copies go too.
+#[test]
+fn slices_read_only_by_a_chain_become_strided_inputs() {
+    let bytes = model(
+        vec![
+            node("Slice", "left", &["x", "s0", "e0", "ax"], &["a"], vec![]),
+            node("Slice", "right", &["x", "s1", "e1", "ax"], &["b"], vec![]),
+            node("Sigmoid", "gate", &["b"], &["g"], vec![]),
+            node("Mul", "glu", &["a", "g"], &["y"], vec![]),
+        ],
+        vec![ints("s0", &[0]), ints("e0", &[4]), ints("s1", &[4]), ints("e1", &[8]), ints("ax", &[1])],
+        vec![vinfo("x", &[3, 8])],
+        vec![vinfo("y", &[3, 4])],
+    );
+    let c = compiled(&bytes);
+    assert_eq!(compute_ops(&c.model), ["Eltwise(Slice+Sigmoid+Mul)"]);
+    assert_eq!(compute_ops(&compiled_unfused(&bytes).model), ["Slice", "Slice", "Sigmoid", "Mul"]);
+    let d: Vec<_> = descriptors(&c.model).into_iter().filter_map(|d| if let Desc::Eltwise(e) = d { Some(e) } else { None }).collect();
+    let e = d[0];
+    assert_eq!((e.n_inputs, e.n_instrs), (2, 2));
+    assert_eq!(e.in_strides[..2], [[8, 1, 0, 0, 0, 0], [8, 1, 0, 0, 0, 0]]);
 }

@@ -925,14 +925,17 @@ wire_struct! {
 
 wire_struct! {
     /// `out = program(in_0, ..., in_{n_inputs-1})` element by element
-    /// (hardware minor version 11): every input is broadcast (numpy rules,
-    /// each of its `rank` dims 1 or the output's) to `out_dims`; register
-    /// `r_i` starts as input `i`, the `n_instrs` instructions run in order
-    /// on each element, and `out` receives register `out_reg`. Slots from
-    /// `n_instrs` on, inputs from `n_inputs` on and dims from `rank` on
-    /// must be 0. A register must be written (or be an input) before an
-    /// instruction reads it. The result is the one the same UNARY and
-    /// BINARY ops would give one after another.
+    /// (hardware minor version 11): at output multi-index `e`, input `i`
+    /// is the f32 at `in_va[i] + 4·Σ_k e_k·in_strides[i][k]` (element
+    /// strides, one per output dim: 0 broadcasts, so a dense, broadcast,
+    /// sliced or transposed tensor reads alike); register `r_i` starts as
+    /// input `i`, the `n_instrs` instructions run in order on each
+    /// element, and `out` (dense, `out_dims`) receives register
+    /// `out_reg`. Slots from `n_instrs` on, inputs from `n_inputs` on and
+    /// dims and strides from `rank` on must be 0. A register must be
+    /// written (or be an input) before an instruction reads it. The
+    /// result is the one the same UNARY and BINARY ops would give one
+    /// after another.
     pub struct EltwiseDesc {
         pub header: OpHeader,
         pub rank: u32,
@@ -940,7 +943,7 @@ wire_struct! {
         pub n_instrs: u32,
         pub out_reg: u32,
         pub out_dims: [u32; 6],
-        pub in_dims: [[u32; 6]; 4],
+        pub in_strides: [[u64; 6]; 4],
         pub in_va: [u64; 4],
         pub out_va: u64,
         pub instrs: [EltInstr; 16],
@@ -948,13 +951,14 @@ wire_struct! {
 }
 
 const _: () = assert!(EltInstr::SIZE == 20);
-const _: () = assert!(EltwiseDesc::SIZE == 504);
+const _: () = assert!(EltwiseDesc::SIZE == 600);
 const _: () = assert!(ELTWISE_MAX_INPUTS == 4 && ELTWISE_MAX_INSTRS == 16);
 
 impl EltwiseDesc {
-    /// Checks the program and the shapes' ranks: classes and codes known,
-    /// registers in range and written before read, unused slots zero,
-    /// every input dim 1 or the output's.
+    /// Checks the program and the ranks: classes and codes known,
+    /// registers in range and written before read, unused slots, inputs,
+    /// dims and strides zero. (Strides are checked against memory when the
+    /// op runs.)
     fn check(&self) -> Result<(), DescError> {
         use DescError::BadField;
         let (n_in, n_ins) = (self.n_inputs as usize, self.n_instrs as usize);
@@ -964,14 +968,11 @@ impl EltwiseDesc {
         if !dims_ok(self.rank, &self.out_dims) {
             return Err(BadField("rank/dims"));
         }
-        for (i, d) in self.in_dims.iter().enumerate() {
+        for (i, st) in self.in_strides.iter().enumerate() {
             let used = i < n_in;
-            let fits = (0..MAX_RANK).all(|k| match k < self.rank as usize && used {
-                true => d[k] == 1 || d[k] == self.out_dims[k],
-                false => d[k] == 0,
-            });
-            if !fits || (!used && self.in_va[i] != 0) {
-                return Err(BadField("eltwise input dims"));
+            let unused_zero = st.iter().enumerate().all(|(k, &s)| (used && k < self.rank as usize) || s == 0);
+            if !unused_zero || (!used && self.in_va[i] != 0) {
+                return Err(BadField("eltwise input strides"));
             }
         }
         // Bit i: register i holds a value.
@@ -1449,8 +1450,8 @@ mod tests {
     fn eltwise_programs_are_checked() {
         let ins = |class, code: u32, dst, a, b, imm| EltInstr { class, code: code as u8, dst, a, b, imm, ..Default::default() };
         let mut e = EltwiseDesc { rank: 2, n_inputs: 2, n_instrs: 6, out_reg: 2, out_dims: [2, 3, 0, 0, 0, 0], ..Default::default() };
-        e.in_dims[0] = [2, 3, 0, 0, 0, 0];
-        e.in_dims[1] = [1, 3, 0, 0, 0, 0];
+        e.in_strides[0] = [3, 1, 0, 0, 0, 0];
+        e.in_strides[1] = [0, 1, 0, 0, 0, 0];
         e.in_va = [0x1000, 0x2000, 0, 0];
         let prog = [
             ins(ELT_UNARY, Unary::Abs as u32, 2, 0, 0, 0.0),
@@ -1475,8 +1476,8 @@ mod tests {
             with(&|b| b.n_instrs = 5), // slot 5 is not zero
             with(&|b| b.out_reg = 4),  // never written
             with(&|b| b.out_reg = 8),
-            with(&|b| b.in_dims[1] = [2, 2, 0, 0, 0, 0]), // neither 1 nor the output's
-            with(&|b| b.in_dims[2] = [1, 1, 0, 0, 0, 0]), // an unused input
+            with(&|b| b.in_strides[1][2] = 1), // a stride beyond the rank
+            with(&|b| b.in_strides[2] = [1, 1, 0, 0, 0, 0]), // an unused input
             with(&|b| b.in_va[3] = 0x3000),
             with(&|b| b.instrs[0].a = 5), // read before written
             with(&|b| b.instrs[0].dst = 8),

@@ -1025,15 +1025,24 @@ fn eltwise(op: &mut Op<'_, '_, '_>, d: &ops::EltwiseDesc) -> R<u64> {
             }
         });
     }
-    let mut shapes: SmallVec<[k::Shape; ops::ELTWISE_MAX_INPUTS]> = SmallVec::new();
+    // Each input's extent: its farthest element + 1 (none for an empty
+    // output), checked like any operand's size.
+    let rank = d.rank as usize;
+    let mut strides: SmallVec<[k::Shape; ops::ELTWISE_MAX_INPUTS]> = SmallVec::new();
     let mut inputs: SmallVec<[Cow<'_, [f32]>; ops::ELTWISE_MAX_INPUTS]> = SmallVec::new();
     for i in 0..n_in {
-        let shape = dims(&d.in_dims[i], d.rank);
-        let n = op.volume(&shape)?;
-        inputs.push(op.input(d.in_va[i], n)?);
-        shapes.push(shape);
+        let st: k::Shape = d.in_strides[i][..rank].iter().map(|&s| usize::try_from(s).unwrap_or(usize::MAX)).collect();
+        let extent = if n_out == 0 {
+            0
+        } else {
+            let last = st.iter().zip(&out_shape).try_fold(0usize, |acc, (&s, &n)| (n - 1).checked_mul(s).and_then(|x| x.checked_add(acc)));
+            last.and_then(|l| l.checked_add(1)).ok_or_else(|| op.bad())?
+        };
+        op.volume(&[extent])?;
+        inputs.push(op.input(d.in_va[i], extent)?);
+        strides.push(st);
     }
-    let ins: SmallVec<[(&[f32], &[usize]); ops::ELTWISE_MAX_INPUTS]> = inputs.iter().zip(&shapes).map(|(x, s)| (&x[..], &s[..])).collect();
+    let ins: SmallVec<[(&[f32], &[usize]); ops::ELTWISE_MAX_INPUTS]> = inputs.iter().zip(&strides).map(|(x, s)| (&x[..], &s[..])).collect();
     op.write_out(d.out_va, n_out, |out| k::eltwise(&steps, d.out_reg as u8, &ins, &out_shape, out))?;
     Ok(flops)
 }

@@ -1457,11 +1457,11 @@ fn lstm_tail() -> EltwiseDesc {
         out_dims: [2, 3, 0, 0, 0, 0],
         ..Default::default()
     };
-    d.in_dims = [
-        [2, 3, 0, 0, 0, 0],
-        [2, 3, 0, 0, 0, 0],
-        [2, 3, 0, 0, 0, 0],
-        [1, 3, 0, 0, 0, 0],
+    d.in_strides = [
+        [3, 1, 0, 0, 0, 0],
+        [3, 1, 0, 0, 0, 0],
+        [3, 1, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0],
     ];
     d.in_va = [tva(0), tva(1), tva(2), tva(3)];
     d.out_va = tva(4);
@@ -1489,6 +1489,17 @@ fn eltwise_program_through_the_device() {
         .map(|j| o[j % 3] * (f[j] * c[j] + i[j] * 0.5).tanh())
         .collect();
     close(&r.get(4, 6), &want);
+    // Inputs read through strides: f transposed (stored [3, 2]) and c a
+    // column slice of a [2, 5] matrix.
+    let ft: Vec<f32> = (0..6).map(|j| f[(j % 2) * 3 + j / 2]).collect();
+    r.put(0, &ft);
+    let cm: Vec<f32> = (0..10).map(|j| if (1..4).contains(&(j % 5)) { c[(j / 5) * 3 + j % 5 - 1] } else { 99.0 }).collect();
+    r.put(1, &cm);
+    let strided = EltwiseDesc { in_strides: [[1, 2, 0, 0, 0, 0], [5, 1, 0, 0, 0, 0], d.in_strides[2], d.in_strides[3]], in_va: [tva(0), tva(1) + 4, tva(2), tva(3)], ..d };
+    assert_eq!(r.run(&strided.to_bytes()), FaultCode::None);
+    close(&r.get(4, 6), &want);
+    r.put(0, &f);
+    r.put(1, &c);
     // The output may be one of the inputs: every input is read first.
     let in_place = EltwiseDesc {
         out_va: tva(0),
@@ -1519,9 +1530,22 @@ fn eltwise_faults_leave_the_output_untouched() {
     let mut bad = lstm_tail();
     bad.instrs[0].a = 6;
     assert_eq!(r.run(&bad.to_bytes()), FaultCode::BadDescriptor);
-    // So is an input dim that neither matches nor broadcasts.
+    // So is a stride beyond the rank.
     let mut r = OpRig::new();
     let mut bad = lstm_tail();
-    bad.in_dims[3] = [2, 2, 0, 0, 0, 0];
+    bad.in_strides[3][2] = 1;
     assert_eq!(r.run(&bad.to_bytes()), FaultCode::BadDescriptor);
+    // Strides reaching past the input's mapping fault there, before any
+    // output is written.
+    let mut r = OpRig::new();
+    r.put(4, &[42.0; 6]);
+    let mut far = lstm_tail();
+    far.in_strides[3] = [1 << 20, 1, 0, 0, 0, 0];
+    assert_eq!(r.run(&far.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(r.get(4, 6), [42.0; 6]);
+    // A stride so large the extent overflows is a bad descriptor.
+    let mut r = OpRig::new();
+    far.in_strides[3] = [u64::MAX / 2, 1, 0, 0, 0, 0];
+    assert_eq!(r.run(&far.to_bytes()), FaultCode::BadDescriptor);
+    assert!(r.rig.dev.healthy());
 }

@@ -146,23 +146,34 @@ impl<const N: usize> Geom<N> {
     /// each operand's volume fits a `usize` (so no stride overflows).
     pub(crate) fn new(shapes: [&[usize]; N], out_shape: &[usize]) -> Geom<N> {
         // Strides of each operand aligned to the output's dims (0 where
-        // broadcast), coalesced from the innermost dimension outwards.
+        // broadcast).
         let rank = out_shape.len();
-        let mut dims: smallvec::SmallVec<[Dim<N>; MAX_RANK]> = smallvec::SmallVec::new();
+        let mut strides = [[0usize; MAX_RANK]; N];
         let mut stride = [1usize; N];
         for i in (0..rank).rev() {
-            let size = out_shape[i];
-            let mut s = [0usize; N];
             for (k, sh) in shapes.iter().enumerate() {
                 let d = if i + sh.len() >= rank { sh[i + sh.len() - rank] } else { 1 };
-                s[k] = if d == 1 { 0 } else { stride[k] };
+                strides[k][i] = if d == 1 { 0 } else { stride[k] };
                 // Cannot overflow: the output is non-empty, so the products
                 // are bounded by the validated operand volumes.
                 stride[k] *= d;
             }
+        }
+        Self::with_strides(strides.each_ref().map(|s| &s[..rank]), out_shape)
+    }
+
+    /// Geometry of operands with explicit element strides per output dim
+    /// (0 broadcasts), coalesced from the innermost dimension outwards.
+    /// Callers guarantee a non-empty output and that every operand's
+    /// farthest element, `Σ (dim - 1)·stride`, fits its slice.
+    pub(crate) fn with_strides(strides: [&[usize]; N], out_shape: &[usize]) -> Geom<N> {
+        let mut dims: smallvec::SmallVec<[Dim<N>; MAX_RANK]> = smallvec::SmallVec::new();
+        for i in (0..out_shape.len()).rev() {
+            let size = out_shape[i];
             if size == 1 {
                 continue;
             }
+            let s = strides.map(|st| st[i]);
             match dims.last_mut() {
                 Some(last) if (0..N).all(|k| s[k] == last.s[k] * last.size) => last.size *= size,
                 _ => dims.push(Dim { size, s }),

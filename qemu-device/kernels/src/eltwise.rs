@@ -19,15 +19,20 @@ use crate::binary::{drive, floor_mod, BinaryOp, Geom};
 use crate::error::{KernelError, Result};
 use crate::fastmath::simd_dispatch;
 use crate::util::{check_len, check_rank, volume};
+use crate::MAX_RANK;
 
 /// Inputs a program reads at most.
 pub const ELT_MAX_INPUTS: usize = 4;
 /// Registers of a program; `r0..` start as the inputs.
 pub const ELT_REGS: usize = 8;
 
-/// Elements per register block: 9 blocks (8 registers and a scratch one)
-/// of 1 KiB stay in L1.
+/// Elements per register block: 13 blocks (8 registers, a scratch one,
+/// one per input read with a stride) of 1 KiB stay in L1.
 const BLOCK: usize = 256;
+/// Slots: the registers, a free one for each result, then one per input
+/// whose innermost stride is neither 0 nor 1 (gathered per block).
+const SLOTS_LEN: usize = ELT_REGS + 1 + ELT_MAX_INPUTS;
+const GATHERED: usize = ELT_REGS + 1;
 
 /// An operand of a binary step.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,54 +85,47 @@ enum Resolved {
     },
 }
 
-/// `out = program(inputs)`: every input (`data`, `shape`) broadcasts
-/// (numpy rules) to `out_shape`; register `i` starts as input `i`; the
+/// `out = program(inputs)`: input `i` is (`data`, `strides`), read at
+/// output multi-index `e` from `data[Σ e_k · strides[k]]` (one stride per
+/// output dim: a dense tensor, a broadcast one with 0 where it is, a
+/// slice or a transposed view); register `i` starts as input `i`; the
 /// steps run in order on every element; `out` receives register
 /// `out_reg`. Errors (nothing written): too many inputs, a register out
 /// of range or read before it holds a value, two immediates in a step,
-/// shapes that do not broadcast to `out_shape`, lengths that disagree
-/// with the shapes.
-pub fn eltwise(
-    steps: &[EltStep],
-    out_reg: u8,
-    inputs: &[(&[f32], &[usize])],
-    out_shape: &[usize],
-    out: &mut [f32],
-) -> Result<()> {
+/// a stride list of another rank than the output, an input whose
+/// farthest element lies beyond its slice.
+pub fn eltwise(steps: &[EltStep], out_reg: u8, inputs: &[(&[f32], &[usize])], out_shape: &[usize], out: &mut [f32]) -> Result<()> {
     if inputs.is_empty() || inputs.len() > ELT_MAX_INPUTS {
-        return Err(KernelError::invalid(
-            "eltwise inputs",
-            format!("{} inputs (1 to {ELT_MAX_INPUTS})", inputs.len()),
-        ));
+        return Err(KernelError::invalid("eltwise inputs", format!("{} inputs (1 to {ELT_MAX_INPUTS})", inputs.len())));
     }
     check_rank("eltwise output", out_shape)?;
     let out_len = volume("eltwise output", out_shape)?;
     check_len("eltwise output", out.len(), out_len)?;
-    let mut shapes: [&[usize]; ELT_MAX_INPUTS] = [&[]; ELT_MAX_INPUTS];
+    let zeros = [0usize; MAX_RANK];
+    let mut strides: [&[usize]; ELT_MAX_INPUTS] = [&zeros[..out_shape.len()]; ELT_MAX_INPUTS];
     let mut data: [&[f32]; ELT_MAX_INPUTS] = [&[0.0]; ELT_MAX_INPUTS];
-    for (i, &(d, s)) in inputs.iter().enumerate() {
-        check_rank("eltwise input", s)?;
-        check_len("eltwise input", d.len(), volume("eltwise input", s)?)?;
-        let fits = s.len() <= out_shape.len()
-            && s.iter()
-                .rev()
-                .zip(out_shape.iter().rev())
-                .all(|(&a, &o)| a == 1 || a == o);
-        if !fits {
-            return Err(KernelError::Broadcast {
-                a: s.to_vec(),
-                b: out_shape.to_vec(),
-            });
+    for (i, &(d, st)) in inputs.iter().enumerate() {
+        if st.len() != out_shape.len() {
+            return Err(KernelError::invalid("eltwise input strides", format!("{} strides for an output of rank {}", st.len(), out_shape.len())));
         }
-        (shapes[i], data[i]) = (s, d);
+        if out_len > 0 {
+            // The farthest element read, checked: strides come from the guest.
+            let last = st.iter().zip(out_shape).try_fold(0usize, |acc, (&s, &n)| (n - 1).checked_mul(s).and_then(|x| x.checked_add(acc)));
+            match last {
+                Some(l) if l < d.len() => {}
+                Some(l) => return Err(KernelError::OutOfBounds { what: "eltwise input", index: l as i128, len: d.len() }),
+                None => return Err(KernelError::Overflow { what: "eltwise input extent" }),
+            }
+        }
+        (strides[i], data[i]) = (st, d);
     }
     let (plan, out_src) = resolve(steps, out_reg, inputs.len())?;
     if out.is_empty() {
         return Ok(());
     }
-    // Non-empty output: every dim is ≥ 1 and the inputs' volumes are
-    // validated, so no stride overflows (as in `binary`).
-    let g = Geom::new(shapes, out_shape);
+    // Non-empty output, and every input's farthest element is within its
+    // slice: no offset overflows.
+    let g = Geom::with_strides(strides, out_shape);
     let inner = g.dims[0].s;
     drive(&g, out, |offs, o| {
         SLOTS.with(|slots| match slots.try_borrow_mut() {
@@ -140,7 +138,7 @@ pub fn eltwise(
                 &data,
                 offs,
                 inner,
-                &mut vec![[0.0; BLOCK]; ELT_REGS + 1],
+                &mut vec![[0.0; BLOCK]; SLOTS_LEN],
                 o,
             ),
         })
@@ -150,7 +148,7 @@ pub fn eltwise(
 
 thread_local! {
     /// Each thread's register blocks (allocated once).
-    static SLOTS: RefCell<Vec<[f32; BLOCK]>> = RefCell::new(vec![[0.0; BLOCK]; ELT_REGS + 1]);
+    static SLOTS: RefCell<Vec<[f32; BLOCK]>> = RefCell::new(vec![[0.0; BLOCK]; SLOTS_LEN]);
 }
 
 /// Checks the program and maps it onto physical slots: logical register
@@ -254,13 +252,16 @@ fn run_row(
     while j0 < o.len() {
         let n = (o.len() - j0).min(BLOCK);
         let block = &mut o[j0..j0 + n];
-        let input = |k: usize| {
-            if inner[k] == 1 {
-                Opnd::Slice(&data[k][offs[k] + j0..offs[k] + j0 + n])
-            } else {
-                Opnd::Scalar(data[k][offs[k]])
+        // Inputs read with a stride: gathered into their slots.
+        for k in 0..ELT_MAX_INPUTS {
+            let s = inner[k];
+            if s > 1 {
+                let base = offs[k] + j0 * s;
+                for (j, x) in slots[GATHERED + k][..n].iter_mut().enumerate() {
+                    *x = data[k][base + j * s];
+                }
             }
-        };
+        }
         for (i, step) in plan.iter().enumerate() {
             let (Resolved::Unary { dst, .. } | Resolved::Binary { dst, .. }) = *step;
             // `dst` is a free slot: no operand of this step reads it.
@@ -268,10 +269,10 @@ fn run_row(
             let Some((target, hi)) = hi.split_first_mut() else {
                 continue;
             };
+            let slot = |p: usize| if p < dst { &lo[p][..n] } else { &hi[p - dst - 1][..n] };
             let view = |s: Src| match s {
-                Src::Slot(p) if p < dst => Opnd::Slice(&lo[p][..n]),
-                Src::Slot(p) => Opnd::Slice(&hi[p - dst - 1][..n]),
-                Src::Input(k) => input(k),
+                Src::Slot(p) => Opnd::Slice(slot(p)),
+                Src::Input(k) => input_view(data[k], offs[k], inner[k], j0, n, slot(GATHERED + k)),
                 Src::Imm(v) => Opnd::Scalar(v),
             };
             let t: &mut [f32] = if direct_last && i + 1 == plan.len() {
@@ -302,7 +303,7 @@ fn run_row(
         if !direct_last {
             match out_src {
                 Src::Slot(p) => block.copy_from_slice(&slots[p][..n]),
-                Src::Input(k) => match input(k) {
+                Src::Input(k) => match input_view(data[k], offs[k], inner[k], j0, n, &slots[GATHERED + k][..n]) {
                     Opnd::Slice(x) => block.copy_from_slice(x),
                     Opnd::Scalar(v) => block.fill(v),
                 },
@@ -310,6 +311,17 @@ fn run_row(
             }
         }
         j0 += n;
+    }
+}
+
+/// Input values over the block `j0..j0 + n` of a row starting at `off`
+/// with stride `stride`; an input with a stride above 1 was gathered.
+#[inline(always)]
+fn input_view<'a>(data: &'a [f32], off: usize, stride: usize, j0: usize, n: usize, gathered: &'a [f32]) -> Opnd<'a> {
+    match stride {
+        0 => Opnd::Scalar(data[off]),
+        1 => Opnd::Slice(&data[off + j0..off + j0 + n]),
+        _ => Opnd::Slice(gathered),
     }
 }
 

@@ -26,6 +26,20 @@ fn broadcast_to(x: &[f32], shape: &[usize], out_shape: &[usize]) -> Vec<f32> {
         .collect()
 }
 
+/// Element strides reading `shape` broadcast to `out_shape` (0 where
+/// broadcast).
+fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
+    let pad = out_shape.len() - shape.len();
+    let mut st = vec![0; out_shape.len()];
+    let mut acc = 1;
+    for d in (pad..out_shape.len()).rev() {
+        let n = shape[d - pad];
+        st[d] = if n == 1 { 0 } else { acc };
+        acc *= n;
+    }
+    st
+}
+
 /// The program run step by step with `unary` and `binary` on whole tensors.
 fn reference(
     steps: &[EltStep],
@@ -173,10 +187,8 @@ fn random_programs_match_the_ops_run_one_by_one() {
         let out_reg = rng.pick(&defined);
         let want = reference(&steps, out_reg, &inputs, &out_shape);
         let mut got = vec![f32::NAN; want.len()];
-        let ins: Vec<(&[f32], &[usize])> = inputs
-            .iter()
-            .map(|(x, s)| (x.as_slice(), s.as_slice()))
-            .collect();
+        let strides: Vec<Vec<usize>> = inputs.iter().map(|(_, s)| broadcast_strides(s, &out_shape)).collect();
+        let ins: Vec<(&[f32], &[usize])> = inputs.iter().zip(&strides).map(|((x, _), st)| (x.as_slice(), st.as_slice())).collect();
         eltwise(&steps, out_reg, &ins, &out_shape, &mut got).unwrap();
         same_bits(
             &format!("case {it}: {out_shape:?} {steps:?} -> r{out_reg}"),
@@ -241,10 +253,8 @@ fn a_large_program_runs_in_parallel_and_matches() {
     let inputs = vec![(x, shape.to_vec()), (s, vec![64, 1])];
     let want = reference(&steps, 0, &inputs, &shape);
     let mut got = vec![0.0; want.len()];
-    let ins: Vec<(&[f32], &[usize])> = inputs
-        .iter()
-        .map(|(x, s)| (x.as_slice(), s.as_slice()))
-        .collect();
+    let strides: Vec<Vec<usize>> = inputs.iter().map(|(_, s)| broadcast_strides(s, &shape)).collect();
+    let ins: Vec<(&[f32], &[usize])> = inputs.iter().zip(&strides).map(|((x, _), st)| (x.as_slice(), st.as_slice())).collect();
     eltwise(&steps, 0, &ins, &shape, &mut got).unwrap();
     same_bits("softplus * scale", &got, &want);
     // The result is an input, untouched by any step.
@@ -257,45 +267,53 @@ fn a_large_program_runs_in_parallel_and_matches() {
 }
 
 #[test]
+fn strided_inputs_read_transposes_and_slices() {
+    // out[i][j] = A^T[i][j] * B[i][2 + j] + c[j] over [4, 3] (and over
+    // [4, 300], where rows split into blocks and are gathered per block).
+    for cols in [3usize, 300] {
+        let mut rng = Rng::new(cols as u64);
+        let (a, b, c) = (rng.vec(cols * 4), rng.vec(4 * (cols + 4)), rng.vec(cols));
+        let steps = [
+            EltStep::Binary { op: BinaryOp::Mul, dst: 3, a: EltOperand::Reg(0), b: EltOperand::Reg(1) },
+            EltStep::Binary { op: BinaryOp::Add, dst: 3, a: EltOperand::Reg(3), b: EltOperand::Reg(2) },
+        ];
+        let (a_st, b_st, c_st) = ([1, 4], [cols + 4, 1], [0, 1]);
+        let ins: [(&[f32], &[usize]); 3] = [(&a, &a_st), (&b[2..], &b_st), (&c, &c_st)];
+        let mut got = vec![0.0; 4 * cols];
+        eltwise(&steps, 3, &ins, &[4, cols], &mut got).unwrap();
+        let want: Vec<f32> = (0..4 * cols).map(|e| {
+            let (i, j) = (e / cols, e % cols);
+            a[j * 4 + i] * b[i * (cols + 4) + 2 + j] + c[j]
+        }).collect();
+        same_bits(&format!("{cols} columns"), &got, &want);
+    }
+}
+
+#[test]
 fn bad_programs_and_shapes_are_refused_without_writing() {
     let x = [1.0f32; 6];
-    let s: &[usize] = &[2, 3];
-    let add = |dst, a, b| EltStep::Binary {
-        op: BinaryOp::Add,
-        dst,
-        a,
-        b,
-    };
+    let (shape, s): (&[usize], &[usize]) = (&[2, 3], &[3, 1]);
+    let add = |dst, a, b| EltStep::Binary { op: BinaryOp::Add, dst, a, b };
     let r = EltOperand::Reg;
+    let one = || vec![add(1, r(0), r(0))];
     let cases: Vec<(Vec<EltStep>, u8, Vec<(&[f32], &[usize])>, &[usize])> = vec![
-        (vec![add(1, r(0), r(2))], 1, vec![(&x, s)], s), // r2 holds nothing
-        (vec![add(8, r(0), r(0))], 0, vec![(&x, s)], s), // no register 8
-        (
-            vec![add(1, EltOperand::Imm(1.0), EltOperand::Imm(2.0))],
-            1,
-            vec![(&x, s)],
-            s,
-        ), // two immediates
-        (vec![add(1, r(0), r(0))], 3, vec![(&x, s)], s), // out_reg empty
-        (vec![add(1, r(0), r(0))], 1, vec![], s),        // no inputs
-        (vec![add(1, r(0), r(0))], 1, vec![(&x, s); 5], s), // five inputs
-        (vec![add(1, r(0), r(0))], 1, vec![(&x, &[3, 2])], s), // does not broadcast
-        (vec![add(1, r(0), r(0))], 1, vec![(&x[..5], s)], s), // length
-        (
-            vec![add(1, r(0), r(0))],
-            1,
-            vec![(&x, s)],
-            &[1, 2, 3, 1, 1, 1, 1],
-        ), // rank 7
+        (vec![add(1, r(0), r(2))], 1, vec![(&x, s)], shape),                                 // r2 holds nothing
+        (vec![add(8, r(0), r(0))], 0, vec![(&x, s)], shape),                                 // no register 8
+        (vec![add(1, EltOperand::Imm(1.0), EltOperand::Imm(2.0))], 1, vec![(&x, s)], shape), // two immediates
+        (one(), 3, vec![(&x, s)], shape),                                                    // out_reg empty
+        (one(), 1, vec![], shape),                                                           // no inputs
+        (one(), 1, vec![(&x, s); 5], shape),                                                 // five inputs
+        (one(), 1, vec![(&x, &[1])], shape),                                                 // strides of rank 1
+        (one(), 1, vec![(&x[..5], s)], shape),                                               // reads past the slice
+        (one(), 1, vec![(&x, &[4, 1])], shape),                                              // reads past the slice
+        (one(), 1, vec![(&x, &[usize::MAX, 1])], shape),                                     // extent overflows
+        (one(), 1, vec![(&x, &[0; 7])], &[1, 2, 3, 1, 1, 1, 1]),                             // rank 7
     ];
     for (i, (steps, out_reg, ins, out_shape)) in cases.into_iter().enumerate() {
         let mut out = vec![7.0f32; out_shape.iter().product()];
-        assert!(
-            eltwise(&steps, out_reg, &ins, out_shape, &mut out).is_err(),
-            "case {i}"
-        );
+        assert!(eltwise(&steps, out_reg, &ins, out_shape, &mut out).is_err(), "case {i}");
         assert!(out.iter().all(|&v| v == 7.0), "case {i} wrote its output");
     }
     let mut short = [0.0f32; 5];
-    assert!(eltwise(&[add(1, r(0), r(0))], 1, &[(&x, s)], s, &mut short).is_err());
+    assert!(eltwise(&one(), 1, &[(&x, s)], shape, &mut short).is_err());
 }
