@@ -13,7 +13,7 @@ use common::*;
 use proptest::prelude::*;
 use rbln_hw::cmd::{header, Opcode};
 use rbln_hw::mmu::{Target, VA_LIMIT};
-use rbln_hw::ops::{CastDesc, GatherDesc, OpHeader, QBinaryDesc, QConvDesc, QGemmDesc, QuantDesc, WhereDesc};
+use rbln_hw::ops::{CastDesc, EltInstr, EltwiseDesc, GatherDesc, OpHeader, QBinaryDesc, QConvDesc, QGemmDesc, QuantDesc, WhereDesc};
 use rbln_hw::pci::{BAR_DOORBELL, BAR_DRAM, BAR_REGS};
 use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
@@ -186,6 +186,37 @@ fn where_descriptor() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// ELTWISE descriptors, mostly decodable: small dims (some huge), strides
+/// from 0 and 1 to overflowing, programs over the input registers with
+/// random codes, operands and immediates, awkward addresses.
+fn eltwise_descriptor() -> impl Strategy<Value = Vec<u8>> {
+    let dim = prop_oneof![6 => 0u32..6, 1 => Just(1u32 << 16), 1 => any::<u32>()];
+    let stride = prop_oneof![4 => 0u64..8, 1 => Just(1u64 << 20), 1 => Just(u64::MAX / 3), 1 => any::<u64>()];
+    let instr = (1u8..3, 0u8..24, 0u8..8, prop_oneof![6 => 0u8..2, 1 => Just(0xffu8), 1 => any::<u8>()], prop_oneof![6 => 0u8..2, 1 => Just(0xffu8)], any::<f32>())
+        .prop_map(|(class, code, dst, a, b, imm)| EltInstr { class, code, dst, a, b: if class == 1 { 0 } else { b }, imm, ..Default::default() });
+    (
+        0u32..7,
+        1u32..5,
+        prop::collection::vec(dim, 6),
+        prop::collection::vec(stride, 24),
+        prop::collection::vec(instr, 1..17),
+        prop::collection::vec(element_address(), 5),
+        0u32..8,
+    )
+        .prop_map(|(rank, n_inputs, dims, strides, prog, vas, out_reg)| {
+            // Mostly the last result (a register that holds a value).
+            let out_reg = if out_reg < 6 { u32::from(prog[prog.len() - 1].dst) } else { out_reg };
+            let mut d = EltwiseDesc { rank, n_inputs, n_instrs: prog.len() as u32, out_reg, out_va: vas[4], ..Default::default() };
+            d.out_dims[..rank as usize].copy_from_slice(&dims[..rank as usize]);
+            for i in 0..n_inputs as usize {
+                d.in_va[i] = vas[i];
+                d.in_strides[i][..rank as usize].copy_from_slice(&strides[i * 6..i * 6 + rank as usize]);
+            }
+            d.instrs[..prog.len()].copy_from_slice(&prog);
+            d.with_header().to_bytes().to_vec()
+        })
+}
+
 /// A descriptor page: a valid header for a random op with random fields
 /// drawn mostly from small numbers and mapped addresses.
 fn descriptor() -> impl Strategy<Value = Vec<u8>> {
@@ -318,6 +349,21 @@ proptest! {
     fn hostile_where_descriptors(
         desc in where_descriptor(),
         data in prop::collection::vec(prop_oneof![Just(0.0f32), Just(1.0), Just(f32::NAN), any::<f32>()], 256),
+    ) {
+        let mut s = setup();
+        let desc_bus = s.writable[1].0;
+        s.rig.write(desc_bus, &desc);
+        let host_bus = s.writable[0].0;
+        s.rig.write(host_bus, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+        e.compute(DESC_VA, desc.len() as u32).fence(1, 0, false);
+        run_checked(&mut s, &e.buf)?;
+    }
+
+    #[test]
+    fn hostile_eltwise_descriptors(
+        desc in eltwise_descriptor(),
+        data in prop::collection::vec(prop_oneof![Just(0.0f32), Just(-1.0), Just(f32::NAN), any::<f32>()], 256),
     ) {
         let mut s = setup();
         let desc_bus = s.writable[1].0;
