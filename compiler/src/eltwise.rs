@@ -20,7 +20,9 @@
 use rbln_format::DType;
 use rbln_hw::ops::{EltInstr, Unary, ELTWISE_IMM, ELTWISE_MAX_INPUTS, ELTWISE_MAX_INSTRS, ELTWISE_REGS, ELT_BINARY, ELT_UNARY};
 
+use crate::fuse::Index;
 use crate::ir::{Act, Graph, Kind, ValueId};
+use crate::shape::{pad_rank, strides};
 
 /// Fuses every chain it can; returns how many ops were absorbed into
 /// another (the op count drops by as much).
@@ -28,10 +30,11 @@ pub fn run(g: &mut Graph) -> usize {
     let mut absorbed = 0;
     // Roots from the end: a root's group is final once formed (its
     // members are gone, and the root itself is no longer element-wise).
+    let mut ix = Index::new(g);
     let mut i = g.ops.len();
     while i > 0 {
         i -= 1;
-        if let Some(members) = group(g, i) {
+        if let Some(members) = group(g, &ix, i) {
             let (name, label) = (g.ops[members[0]].name.clone(), label(g, &members));
             let Some(kind) = program(g, &members) else { continue };
             let root = &mut g.ops[i];
@@ -43,6 +46,7 @@ pub fn run(g: &mut Graph) -> usize {
                 absorbed += 1;
             }
             i = i.saturating_sub(members.len() - 1);
+            ix = Index::new(g);
         }
     }
     absorbed
@@ -61,7 +65,7 @@ fn elementwise(g: &Graph, i: usize) -> bool {
 
 /// The ops of the group rooted at op `i` (ascending indices, `i` last),
 /// if it has at least two.
-fn group(g: &Graph, i: usize) -> Option<Vec<usize>> {
+fn group(g: &Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     if !elementwise(g, i) {
         return None;
     }
@@ -69,18 +73,6 @@ fn group(g: &Graph, i: usize) -> Option<Vec<usize>> {
     if shape.len() > 6 {
         return None;
     }
-    let mut producer = vec![None; g.values.len()];
-    let mut readers = vec![0usize; g.values.len()];
-    for (j, op) in g.ops.iter().enumerate() {
-        producer[op.out] = Some(j);
-        let mut ins = op.kind.inputs();
-        ins.sort_unstable();
-        ins.dedup();
-        for v in ins {
-            readers[v] += 1;
-        }
-    }
-    let is_output = |v: ValueId| g.outputs.iter().any(|(_, o)| *o == v);
     let mut members = vec![i];
     // Candidates: producers of the members' operands, latest first. A
     // COPY member is read from memory through strides: nothing behind it
@@ -93,14 +85,13 @@ fn group(g: &Graph, i: usize) -> Option<Vec<usize>> {
             continue;
         }
         for v in g.ops[m].kind.inputs() {
-            let Some(p) = producer[v] else { continue };
-            if members.contains(&p) || is_output(v) {
+            let Some(p) = ix.producer[v] else { continue };
+            if members.contains(&p) || ix.is_output[v] {
                 continue;
             }
             let joins = (elementwise(g, p) && &g.values[v].shape == shape) || strided_view(g, p).is_some();
             // Every reader of v must be in the group (with p in it).
-            let inside = members.iter().filter(|&&q| g.ops[q].kind.inputs().contains(&v)).count();
-            if !joins || inside != readers[v] {
+            if !joins || !ix.consumers[v].iter().all(|q| members.contains(q)) {
                 continue;
             }
             let mut trial = members.clone();
@@ -141,7 +132,7 @@ fn strided_view(g: &Graph, p: usize) -> Option<(ValueId, u64, &[u64], &[u64])> {
     let Kind::Copy { parts } = &g.ops[p].kind else { return None };
     let [part] = parts.as_slice() else { return None };
     let out = g.ops[p].out;
-    let dense = contiguous(&part.sizes);
+    let dense = strides(&part.sizes);
     let sizes_vol: u64 = part.sizes.iter().product();
     let ok = part.dst_offset == 0
         && part.dst_strides.iter().zip(&dense).zip(&part.sizes).all(|((&s, &d), &n)| s == d || n == 1)
@@ -149,17 +140,6 @@ fn strided_view(g: &Graph, p: usize) -> Option<(ValueId, u64, &[u64], &[u64])> {
         && g.values[part.src].dtype == DType::F32
         && g.values[out].dtype == DType::F32;
     ok.then_some((part.src, part.src_offset, &part.sizes[..], &part.src_strides[..]))
-}
-
-/// Row-major element strides of a dense tensor of `dims`.
-fn contiguous(dims: &[u64]) -> Vec<u64> {
-    let mut st = vec![0; dims.len()];
-    let mut acc = 1u64;
-    for k in (0..dims.len()).rev() {
-        st[k] = acc;
-        acc = acc.saturating_mul(dims[k]);
-    }
-    st
 }
 
 /// Strides reading a tensor of `sizes` with `strides` as if reshaped to
@@ -221,9 +201,8 @@ struct Inputs<'g> {
 impl Inputs<'_> {
     /// `d` padded to the output's rank, if it broadcasts to it.
     fn pad(&self, d: &[u64]) -> Option<Vec<u64>> {
-        let lead = self.out_dims.len().checked_sub(d.len())?;
-        let p: Vec<u64> = std::iter::repeat_n(1, lead).chain(d.iter().copied()).collect();
-        p.iter().zip(&self.out_dims).all(|(&a, &o)| a == 1 || a == o).then_some(p)
+        let p = pad_rank(d, self.out_dims.len());
+        (d.len() <= p.len() && p.iter().zip(&self.out_dims).all(|(&a, &o)| a == 1 || a == o)).then_some(p)
     }
 
     /// The operand for value `v` from outside the program, read with
@@ -240,7 +219,7 @@ impl Inputs<'_> {
         let copy = self.members.iter().find(|&&m| self.g.ops[m].out == v).and_then(|&m| strided_view(self.g, m));
         let (value, at, view) = match copy {
             Some((src, at, sizes, strides)) => (src, at, reshaped_strides(sizes, strides, &d)?),
-            None => (v, 0, contiguous(&d)),
+            None => (v, 0, strides(&d)),
         };
         // Broadcast dims read one element.
         let strides: Vec<u64> = view.iter().zip(&d).map(|(&s, &n)| if n == 1 { 0 } else { s }).collect();

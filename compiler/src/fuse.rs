@@ -72,14 +72,15 @@ pub fn run(g: &mut Graph) -> FuseStats {
 }
 
 /// Maps for pattern matching, rebuilt after every rewrite.
-struct Index {
-    producer: Vec<Option<usize>>,
-    consumers: Vec<Vec<usize>>,
-    is_output: Vec<bool>,
+pub(crate) struct Index {
+    pub(crate) producer: Vec<Option<usize>>,
+    /// Distinct ops reading each value.
+    pub(crate) consumers: Vec<Vec<usize>>,
+    pub(crate) is_output: Vec<bool>,
 }
 
 impl Index {
-    fn new(g: &Graph) -> Self {
+    pub(crate) fn new(g: &Graph) -> Self {
         let mut producer = vec![None; g.values.len()];
         let mut consumers = vec![Vec::new(); g.values.len()];
         for (i, op) in g.ops.iter().enumerate() {

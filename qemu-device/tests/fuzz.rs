@@ -283,6 +283,20 @@ fn dram_outside_window_untouched(rig: &Rig) -> bool {
 
 /// After hostile input: a clean job on a fresh queue of another context
 /// still runs to completion.
+/// One COMPUTE of `desc` (written to the descriptor page) over `data` at
+/// the start of the host window, then a fence, checked as every command
+/// buffer is.
+fn run_descriptor(desc: &[u8], data: &[u8]) -> Result<(), TestCaseError> {
+    let mut s = setup();
+    let desc_bus = s.writable[1].0;
+    s.rig.write(desc_bus, desc);
+    let host_bus = s.writable[0].0;
+    s.rig.write(host_bus, data);
+    let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+    e.compute(DESC_VA, desc.len() as u32).fence(1, 0, false);
+    run_checked(&mut s, &e.buf)
+}
+
 fn still_works(rig: &mut Rig) {
     let ctx = rig.context(9);
     let mut q = rig.queue(7, &ctx, 4);
@@ -333,16 +347,9 @@ proptest! {
         desc in typed_descriptor(),
         data in prop::collection::vec(prop_oneof![3 => -6i64..6, 1 => any::<i64>()], 512),
     ) {
-        let mut s = setup();
-        let desc_bus = s.writable[1].0;
-        s.rig.write(desc_bus, &desc);
         // Random operands and gather indices (as i64 or i32: mostly
-        // small, some in range) at the start of the host window.
-        let host_bus = s.writable[0].0;
-        s.rig.write(host_bus, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
-        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
-        e.compute(DESC_VA, desc.len() as u32).fence(1, 0, false);
-        run_checked(&mut s, &e.buf)?;
+        // small, some in range).
+        run_descriptor(&desc, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
     }
 
     #[test]
@@ -350,14 +357,7 @@ proptest! {
         desc in where_descriptor(),
         data in prop::collection::vec(prop_oneof![Just(0.0f32), Just(1.0), Just(f32::NAN), any::<f32>()], 256),
     ) {
-        let mut s = setup();
-        let desc_bus = s.writable[1].0;
-        s.rig.write(desc_bus, &desc);
-        let host_bus = s.writable[0].0;
-        s.rig.write(host_bus, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
-        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
-        e.compute(DESC_VA, desc.len() as u32).fence(1, 0, false);
-        run_checked(&mut s, &e.buf)?;
+        run_descriptor(&desc, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
     }
 
     #[test]
@@ -365,14 +365,7 @@ proptest! {
         desc in eltwise_descriptor(),
         data in prop::collection::vec(prop_oneof![Just(0.0f32), Just(-1.0), Just(f32::NAN), any::<f32>()], 256),
     ) {
-        let mut s = setup();
-        let desc_bus = s.writable[1].0;
-        s.rig.write(desc_bus, &desc);
-        let host_bus = s.writable[0].0;
-        s.rig.write(host_bus, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
-        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
-        e.compute(DESC_VA, desc.len() as u32).fence(1, 0, false);
-        run_checked(&mut s, &e.buf)?;
+        run_descriptor(&desc, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
     }
 
     #[test]

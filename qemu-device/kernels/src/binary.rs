@@ -102,27 +102,7 @@ pub fn binary_act(
     // Non-empty output: every dimension is ≥ 1, so the operands' volumes
     // (validated above) bound all strides.
     let g = Geom::new([a_shape, b_shape], &out_shape);
-    match op {
-        BinaryOp::Add => run(|x, y| x + y, a, b, &g, act, out),
-        BinaryOp::Sub => run(|x, y| x - y, a, b, &g, act, out),
-        BinaryOp::Mul => run(|x, y| x * y, a, b, &g, act, out),
-        BinaryOp::Div => run(|x, y| x / y, a, b, &g, act, out),
-        BinaryOp::Max => run(f32::max, a, b, &g, act, out),
-        BinaryOp::Min => run(f32::min, a, b, &g, act, out),
-        // A constant small integer exponent (x^2 and x^3 of variance and
-        // tanh-GELU) multiplies: powf per element is ~20x slower.
-        BinaryOp::Pow if b.len() == 1 && b[0] == 2.0 => run(|x, _| x * x, a, b, &g, act, out),
-        BinaryOp::Pow if b.len() == 1 && b[0] == 3.0 => run(|x, _| x * x * x, a, b, &g, act, out),
-        BinaryOp::Pow => run(f32::powf, a, b, &g, act, out),
-        // IEEE comparisons: false whenever an operand is NaN; -0 == +0.
-        BinaryOp::Equal => run(|x, y| mask(x == y), a, b, &g, act, out),
-        BinaryOp::Less => run(|x, y| mask(x < y), a, b, &g, act, out),
-        BinaryOp::Greater => run(|x, y| mask(x > y), a, b, &g, act, out),
-        BinaryOp::LessOrEqual => run(|x, y| mask(x <= y), a, b, &g, act, out),
-        BinaryOp::GreaterOrEqual => run(|x, y| mask(x >= y), a, b, &g, act, out),
-        BinaryOp::Mod => run(floor_mod, a, b, &g, act, out),
-        BinaryOp::FMod => run(|x, y| x % y, a, b, &g, act, out),
-    }
+    with_op(op, (b.len() == 1).then(|| b[0]), Run { a, b, g: &g, act, out });
     Ok(())
 }
 
@@ -293,9 +273,55 @@ fn row_act<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: u
     }
 }
 
-fn run<F: Fn(f32, f32) -> f32 + Sync>(f: F, a: &[f32], b: &[f32], g: &Geom<2>, act: Activation, out: &mut [f32]) {
-    let [sa, sb] = g.dims[0].s;
-    drive(g, out, |[oa, ob], o| row_act(&f, &a[oa..], sa, &b[ob..], sb, act, o));
+/// Something to run with an op's element function ([`with_op`]).
+pub(crate) trait WithOp {
+    fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F);
+}
+
+/// Runs `k` with what `op` computes on one pair of elements: the one
+/// definition of every binary op, shared by BINARY and ELTWISE (so a fused
+/// chain gives exactly the separate ops' results). `b_scalar`: the right
+/// operand when it is one value for the whole op.
+#[inline(always)]
+pub(crate) fn with_op(op: BinaryOp, b_scalar: Option<f32>, k: impl WithOp) {
+    match op {
+        BinaryOp::Add => k.run(|x, y| x + y),
+        BinaryOp::Sub => k.run(|x, y| x - y),
+        BinaryOp::Mul => k.run(|x, y| x * y),
+        BinaryOp::Div => k.run(|x, y| x / y),
+        BinaryOp::Max => k.run(f32::max),
+        BinaryOp::Min => k.run(f32::min),
+        // A constant small integer exponent (x^2 and x^3 of variance and
+        // tanh-GELU) multiplies: powf per element is ~20x slower.
+        BinaryOp::Pow if b_scalar == Some(2.0) => k.run(|x, _| x * x),
+        BinaryOp::Pow if b_scalar == Some(3.0) => k.run(|x, _| x * x * x),
+        BinaryOp::Pow => k.run(f32::powf),
+        // IEEE comparisons: false whenever an operand is NaN; -0 == +0.
+        BinaryOp::Equal => k.run(|x, y| mask(x == y)),
+        BinaryOp::Less => k.run(|x, y| mask(x < y)),
+        BinaryOp::Greater => k.run(|x, y| mask(x > y)),
+        BinaryOp::LessOrEqual => k.run(|x, y| mask(x <= y)),
+        BinaryOp::GreaterOrEqual => k.run(|x, y| mask(x >= y)),
+        BinaryOp::Mod => k.run(floor_mod),
+        BinaryOp::FMod => k.run(|x, y| x % y),
+    }
+}
+
+/// A broadcast binary op over the whole output, in parallel.
+struct Run<'a> {
+    a: &'a [f32],
+    b: &'a [f32],
+    g: &'a Geom<2>,
+    act: Activation,
+    out: &'a mut [f32],
+}
+
+impl WithOp for Run<'_> {
+    fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F) {
+        let Run { a, b, g, act, out } = self;
+        let [sa, sb] = g.dims[0].s;
+        drive(g, out, |[oa, ob], o| row_act(&f, &a[oa..], sa, &b[ob..], sb, act, o));
+    }
 }
 
 /// 1.0 where `holds`, else 0.0 (a select the compiler vectorizes).

@@ -15,7 +15,7 @@
 use std::cell::RefCell;
 
 use crate::activation::{apply_copy, apply_slice, UnaryOp};
-use crate::binary::{drive, floor_mod, BinaryOp, Geom};
+use crate::binary::{drive, with_op, BinaryOp, Geom, WithOp};
 use crate::error::{KernelError, Result};
 use crate::fastmath::simd_dispatch;
 use crate::util::{check_len, check_rank, volume};
@@ -354,28 +354,29 @@ fn apply2<F: Fn(f32, f32) -> f32>(a: Opnd<'_>, b: Opnd<'_>, out: &mut [f32], f: 
     }
 }
 
+/// One block of a binary step.
+struct Block<'a, 'o> {
+    a: Opnd<'a>,
+    b: Opnd<'a>,
+    out: &'o mut [f32],
+}
+
+impl WithOp for Block<'_, '_> {
+    #[inline(always)]
+    fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F) {
+        apply2(self.a, self.b, self.out, f)
+    }
+}
+
 simd_dispatch! {
-    /// `out = op(a, b)` over one block, as [`crate::binary`] computes it.
+    /// `out = op(a, b)` over one block, as [`crate::binary`] computes it
+    /// (`b_const`: `b` is one value for the whole op, an immediate or a
+    /// one-element input).
     fn binary_block(op: BinaryOp, a: Opnd<'_>, b: Opnd<'_>, b_const: bool, out: &mut [f32]) {
-        let mask = |holds: bool| if holds { 1.0 } else { 0.0 };
-        match op {
-            BinaryOp::Add => apply2(a, b, out, |x, y| x + y),
-            BinaryOp::Sub => apply2(a, b, out, |x, y| x - y),
-            BinaryOp::Mul => apply2(a, b, out, |x, y| x * y),
-            BinaryOp::Div => apply2(a, b, out, |x, y| x / y),
-            BinaryOp::Max => apply2(a, b, out, f32::max),
-            BinaryOp::Min => apply2(a, b, out, f32::min),
-            // As `binary`: a constant exponent 2 or 3 multiplies.
-            BinaryOp::Pow if b_const && matches!(b, Opnd::Scalar(e) if e == 2.0) => apply2(a, b, out, |x, _| x * x),
-            BinaryOp::Pow if b_const && matches!(b, Opnd::Scalar(e) if e == 3.0) => apply2(a, b, out, |x, _| x * x * x),
-            BinaryOp::Pow => apply2(a, b, out, f32::powf),
-            BinaryOp::Equal => apply2(a, b, out, |x, y| mask(x == y)),
-            BinaryOp::Less => apply2(a, b, out, |x, y| mask(x < y)),
-            BinaryOp::Greater => apply2(a, b, out, |x, y| mask(x > y)),
-            BinaryOp::LessOrEqual => apply2(a, b, out, |x, y| mask(x <= y)),
-            BinaryOp::GreaterOrEqual => apply2(a, b, out, |x, y| mask(x >= y)),
-            BinaryOp::Mod => apply2(a, b, out, floor_mod),
-            BinaryOp::FMod => apply2(a, b, out, |x, y| x % y),
-        }
+        let b_scalar = match b {
+            Opnd::Scalar(v) if b_const => Some(v),
+            _ => None,
+        };
+        with_op(op, b_scalar, Block { a, b, out })
     }
 }

@@ -67,7 +67,8 @@ fn cmp_ref(holds: bool) -> f64 {
     }
 }
 
-const BINOPS: &[BinaryOp] = &[
+/// Every binary op.
+pub(crate) const BINOPS: &[BinaryOp] = &[
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,

@@ -1,6 +1,7 @@
 //! Fused element-wise programs against the same steps run one by one with
 //! the standalone kernels: the results must be bit-identical.
 
+use super::elementwise::BINOPS;
 use super::Rng;
 use crate::*;
 
@@ -101,20 +102,6 @@ const UNARIES: &[UnaryOp] = &[
     UnaryOp::Sin,
     UnaryOp::Sign,
 ];
-const BINARIES: &[BinaryOp] = &[
-    BinaryOp::Add,
-    BinaryOp::Sub,
-    BinaryOp::Mul,
-    BinaryOp::Div,
-    BinaryOp::Max,
-    BinaryOp::Min,
-    BinaryOp::Pow,
-    BinaryOp::Less,
-    BinaryOp::Equal,
-    BinaryOp::GreaterOrEqual,
-    BinaryOp::Mod,
-    BinaryOp::FMod,
-];
 
 fn same_bits(ctx: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{ctx}");
@@ -172,7 +159,7 @@ fn random_programs_match_the_ops_run_one_by_one() {
                         (other, EltOperand::Reg(reg))
                     };
                     EltStep::Binary {
-                        op: rng.pick(BINARIES),
+                        op: rng.pick(BINOPS),
                         dst,
                         a,
                         b,
