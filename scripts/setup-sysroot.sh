@@ -37,9 +37,14 @@ fetch_debootstrap() {
 # choose_version NAME PIN LINE: read the versions the archive serves (one
 # per line) on stdin and print the one to install: the pinned upstream
 # version if served, else the newest of LINE (with a warning), else fail
-# naming the package.
+# naming the package. A LINE ending in "+" ("1.96+") also accepts, when
+# nothing of the line is served, the newest release after it (with a
+# warning): for packages where newer is compatible and Debian keeps only
+# the newest backport (rustc: the kernel's Rust support takes any rustc
+# from its minimum on).
 choose_version() {
-    local name=$1 pin=$2 line=$3 versions v up
+    local name=$1 pin=$2 line=$3 v up newer=0 later=""
+    if [[ $line == *+ ]]; then newer=1; later=" or later"; line=${line%+}; fi
     versions=$(sort -Vr -u)
     [[ -n $versions ]] || die "package $name (pinned $pin) is not in the $SYSROOT_SUITE archive"
     for v in $versions; do
@@ -54,15 +59,34 @@ choose_version() {
             return
         fi
     done
-    die "package $name: pinned $pin is gone and no version of line $line is served (have: $(echo $versions))"
+    if ((newer)); then
+        v=$(head -1 <<<"$versions"); up=${v#*:}; up=${up%%[-+~]*}
+        if [[ $(printf '%s\n' "$line" "$up" | sort -V | head -1) == "$line" ]]; then
+            warn "package $name: no version of line $line is served; using the newest, later release: $v"
+            echo "$v"
+            return
+        fi
+    fi
+    die "package $name: pinned $pin is gone and no version of line $line$later is served (have: $(echo $versions))"
 }
 
-# NAME=VERSION for a pinned package, from the sysroot's archive.
+# resolve_pin NAME PIN LINE: append NAME=VERSION for a pinned package, from
+# the sysroot's archive, to PINS. A PIN of "=OTHER" is the upstream version
+# chosen for the package OTHER listed before it, exactly (rust-src must be
+# the source of the very rustc that builds the kernel); CHOSEN keeps the
+# upstream version chosen per package.
+declare -A CHOSEN=()
+PINS=()
 resolve_pin() {
-    local name=$1 pin=$2 line=$3 v
+    local name=$1 pin=$2 line=$3 v up
+    if [[ $pin == =* ]]; then
+        pin=${CHOSEN[${pin#=}]:?"$name follows ${pin#=}, which must be listed before it"}
+        line=$pin
+    fi
     v=$(in_sysroot apt-cache madison "$name" | awk -F'|' '{gsub(/ /,"",$2); print $2}' \
         | choose_version "$name" "$pin" "$line")
-    echo "$name=$v"
+    up=${v#*:}; CHOSEN[$name]=${up%%[-+~]*}
+    PINS+=("$name=$v")
 }
 
 main() {
@@ -91,18 +115,18 @@ SRC
     log "apt-get update in the sysroot"
     in_sysroot apt-get update -q >/dev/null
 
-    local pins=() name pin line
+    local name pin line
     while read -r name pin line; do
         [[ -n $name ]] || continue
-        pins+=("$(resolve_pin "$name" "$pin" "$line")")
+        resolve_pin "$name" "$pin" "$line"
     done <<<"$PINNED_PACKAGES"
-    log "installing ${pins[*]}"
+    log "installing ${PINS[*]}"
     # shellcheck disable=SC2086
     in_sysroot apt-get install -y -q --no-install-recommends -t "$SYSROOT_SUITE-backports" \
-        "${pins[@]}" $SYSROOT_PACKAGES >"$RBLN_CACHE/sysroot-apt.log" 2>&1 \
+        "${PINS[@]}" $SYSROOT_PACKAGES >"$RBLN_CACHE/sysroot-apt.log" 2>&1 \
         || { tail -30 "$RBLN_CACHE/sysroot-apt.log"; die "apt-get install in the sysroot failed"; }
     in_sysroot apt-get clean
-    printf '%s\n' "${pins[@]}" >"$ROOT/.pins"
+    printf '%s\n' "${PINS[@]}" >"$ROOT/.pins"
     touch "$ROOT/.complete"
     log "sysroot ready: $ROOT ($(du -sh "$ROOT" | cut -f1))"
 }

@@ -22,4 +22,15 @@ if out=$( (choose_version qemu 12.0.1 12. <<<"$served") 2>&1); then
     fail "a missing line must fail"
 fi
 [[ $out == *"package qemu"*"12."* ]] || fail "failure must name the package and line: $out"
+# "LINE+": a later release when the line is gone, loudly; never an older one.
+rust='1.97.1+dfsg1-1~bpo13+1
+1.85.1+dfsg1-1+deb13u1'
+out=$(choose_version rustc 1.96.1 1.96+ <<<"$rust" 2>&1 >/dev/null)
+got=$(choose_version rustc 1.96.1 1.96+ <<<"$rust" 2>/dev/null)
+[[ $got == 1.97.1+dfsg1-1~bpo13+1 ]] || fail "later release: got $got"
+[[ $out == *"no version of line 1.96 is served"* ]] || fail "later release must warn: $out"
+if out=$( (choose_version rustc 1.98.0 1.98+ <<<"$rust") 2>&1); then
+    fail "an older release must not stand in for a newer line"
+fi
+[[ $out == *"package rustc"*"1.98 or later"* ]] || fail "failure must name the package and line: $out"
 echo "ok - pinned-version fallback"
