@@ -53,6 +53,9 @@ pub enum OpCode {
     /// A fused chain of element-wise unary and binary functions over up to
     /// four broadcast inputs, in one pass (minor 11).
     Eltwise = 22,
+    /// A recurrent layer (LSTM, GRU or RNN cell) run over a whole sequence
+    /// for one direction (minor 12).
+    Recurrent = 23,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -1010,6 +1013,85 @@ impl EltwiseDesc {
         Ok(())
     }
 }
+/// RECURRENT cells (ONNX LSTM, GRU and RNN with their default
+/// activations; gate order as ONNX: LSTM i, o, f, c; GRU z, r, h).
+pub const REC_LSTM: u32 = 0;
+pub const REC_GRU: u32 = 1;
+pub const REC_RNN_TANH: u32 = 2;
+pub const REC_RNN_RELU: u32 = 3;
+/// RECURRENT flag: the steps run from the last to the first.
+pub const REC_REVERSE: u32 = 1 << 0;
+/// RECURRENT flag (GRU only): the reset gate multiplies `h·R_hᵀ + Rb_h`
+/// (ONNX `linear_before_reset=1`, PyTorch's GRU) instead of `h`.
+pub const REC_LINEAR_BEFORE_RESET: u32 = 1 << 1;
+
+/// Gates of a RECURRENT cell (rows of R per hidden unit), or `None` for an
+/// unknown cell.
+pub fn rec_gates(cell: u32) -> Option<u32> {
+    match cell {
+        REC_LSTM => Some(4),
+        REC_GRU => Some(3),
+        REC_RNN_TANH | REC_RNN_RELU => Some(1),
+        _ => None,
+    }
+}
+
+wire_struct! {
+    /// One direction of a recurrent layer over `seq` steps (hardware minor
+    /// version 12). With `G` gates of `H = hidden` units, `W = G·H`: `x` is
+    /// the input projection `[seq, batch, W]` (`X·Wᵀ` plus the biases
+    /// added outside the cell: all of them, except a linear-before-reset
+    /// GRU's `Rb_h`), `r` the recurrent weights `[W, H]` (row-major, ONNX
+    /// `R` of one direction), `rb` that GRU's `Rb_h` `[H]` (else 0), `h0`
+    /// and (LSTM) `c0` the initial states `[batch, H]` (0: zeros). Step
+    /// `t` (in order, or from `seq − 1` down with REC_REVERSE) computes the
+    /// gates `x[t] + h·Rᵀ` and the new state as ONNX defines the cell, and
+    /// writes `h` to `y[t]` (`y`: `[seq, batch, H]`). An LSTM writes its
+    /// final cell state to `c` `[batch, H]` (0: not written; other cells:
+    /// 0). The final hidden state is `y[seq − 1]` (`y[0]` reversed).
+    pub struct RecurrentDesc {
+        pub header: OpHeader,
+        pub cell: u32,
+        pub flags: u32,
+        pub seq: u32,
+        pub batch: u32,
+        pub hidden: u32,
+        /// Reserved, must be 0.
+        pub reserved: u32,
+        pub x_va: u64,
+        pub r_va: u64,
+        pub rb_va: u64,
+        pub h0_va: u64,
+        pub c0_va: u64,
+        pub y_va: u64,
+        pub c_va: u64,
+    }
+}
+
+const _: () = assert!(RecurrentDesc::SIZE == 88);
+
+impl RecurrentDesc {
+    /// Checks cell, flags and which optional operands the cell may have.
+    fn check(&self) -> Result<(), DescError> {
+        use DescError::BadField;
+        if rec_gates(self.cell).is_none() {
+            return Err(BadField("recurrent cell"));
+        }
+        let lbr_ok = self.cell == REC_GRU || self.flags & REC_LINEAR_BEFORE_RESET == 0;
+        if self.flags & !(REC_REVERSE | REC_LINEAR_BEFORE_RESET) != 0 || !lbr_ok || self.reserved != 0 {
+            return Err(BadField("recurrent flags"));
+        }
+        if self.seq == 0 || self.batch == 0 || self.hidden == 0 {
+            return Err(BadField("recurrent sizes"));
+        }
+        let lstm = self.cell == REC_LSTM;
+        if (self.rb_va != 0 && self.flags & REC_LINEAR_BEFORE_RESET == 0) || (!lstm && (self.c0_va != 0 || self.c_va != 0)) {
+            return Err(BadField("recurrent operands"));
+        }
+        Ok(())
+    }
+}
+
 const _: () = assert!(OpHeader::SIZE == 8);
 const _: () = assert!(GemmDesc::SIZE == 104);
 const _: () = assert!(Conv2dDesc::SIZE == 128);
@@ -1058,6 +1140,7 @@ pub enum Desc {
     GridSample(GridSampleDesc),
     TopK(TopKDesc),
     Eltwise(EltwiseDesc),
+    Recurrent(RecurrentDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -1111,6 +1194,7 @@ encode_fn!(TileDesc, Tile);
 encode_fn!(GridSampleDesc, GridSample);
 encode_fn!(TopKDesc, TopK);
 encode_fn!(EltwiseDesc, Eltwise);
+encode_fn!(RecurrentDesc, Recurrent);
 
 /// Sizes of descriptors written before fields were appended to them
 /// (GEMM, CONV2D and BINARY in minor version 1, RESIZE in minor version
@@ -1382,6 +1466,11 @@ impl Desc {
                 d.check()?;
                 Desc::Eltwise(d)
             }
+            23 => {
+                let d = get!(RecurrentDesc);
+                d.check()?;
+                Desc::Recurrent(d)
+            }
             op => return Err(UnknownOp(op)),
         };
         Ok(d)
@@ -1490,6 +1579,29 @@ mod tests {
             with(&|b| (b.instrs[3].a, b.instrs[3].b) = (ELTWISE_IMM, ELTWISE_IMM)),
             with(&|b| b.instrs[2].reserved[1] = 1),
             with(&|b| b.rank = 7),
+        ];
+        for b in bad {
+            assert!(matches!(Desc::decode(&b.to_bytes()), Err(DescError::BadField(_))), "{b:?}");
+        }
+    }
+
+    #[test]
+    fn recurrent_descriptors_are_checked() {
+        let lstm = RecurrentDesc { cell: REC_LSTM, seq: 5, batch: 2, hidden: 8, x_va: 0x1000, r_va: 0x2000, y_va: 0x3000, c_va: 0x4000, ..Default::default() }
+            .with_header();
+        assert_eq!(Desc::decode(&lstm.to_bytes()), Ok(Desc::Recurrent(lstm)));
+        let gru = RecurrentDesc { cell: REC_GRU, flags: REC_LINEAR_BEFORE_RESET | REC_REVERSE, rb_va: 0x5000, c_va: 0, ..lstm };
+        assert_eq!(Desc::decode(&gru.to_bytes()), Ok(Desc::Recurrent(gru)));
+        let bad = [
+            RecurrentDesc { cell: 4, ..lstm },
+            RecurrentDesc { flags: 1 << 2, ..lstm },
+            RecurrentDesc { flags: REC_LINEAR_BEFORE_RESET, ..lstm }, // only a GRU resets
+            RecurrentDesc { rb_va: 0x5000, ..lstm },                  // Rb_h without linear-before-reset
+            RecurrentDesc { cell: REC_RNN_TANH, ..lstm },             // a cell state out of an RNN
+            RecurrentDesc { c0_va: 0x6000, c_va: 0, ..gru },
+            RecurrentDesc { seq: 0, ..lstm },
+            RecurrentDesc { hidden: 0, ..lstm },
+            RecurrentDesc { reserved: 1, ..lstm },
         ];
         for b in bad {
             assert!(matches!(Desc::decode(&b.to_bytes()), Err(DescError::BadField(_))), "{b:?}");

@@ -422,6 +422,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
         Desc::GridSample(d) => grid_sample(&mut op, &d),
         Desc::TopK(d) => top_k(&mut op, &d),
         Desc::Eltwise(d) => eltwise(&mut op, &d),
+        Desc::Recurrent(d) => recurrent(&mut op, &d),
         Desc::Quant(d) => quant(&mut op, &d),
         Desc::QGemm(d) => qgemm(&mut op, &d),
         Desc::QConv(d) => qconv(&mut op, &d),
@@ -1044,6 +1045,49 @@ fn eltwise(op: &mut Op<'_, '_, '_>, d: &ops::EltwiseDesc) -> R<u64> {
     }
     let ins: SmallVec<[(&[f32], &[usize]); ops::ELTWISE_MAX_INPUTS]> = inputs.iter().zip(&strides).map(|(x, s)| (&x[..], &s[..])).collect();
     op.write_out(d.out_va, n_out, |out| k::eltwise(&steps, d.out_reg as u8, &ins, &out_shape, out))?;
+    Ok(flops)
+}
+
+fn recurrent(op: &mut Op<'_, '_, '_>, d: &ops::RecurrentDesc) -> R<u64> {
+    let lbr = d.flags & ops::REC_LINEAR_BEFORE_RESET != 0;
+    // Decoding checked the cell and which operands it may have.
+    let cell = match d.cell {
+        ops::REC_LSTM => k::RecCell::Lstm,
+        ops::REC_GRU => k::RecCell::Gru { linear_before_reset: lbr },
+        ops::REC_RNN_TANH => k::RecCell::Rnn { relu: false },
+        ops::REC_RNN_RELU => k::RecCell::Rnn { relu: true },
+        _ => return Err(op.bad()),
+    };
+    let (seq, batch, hidden) = (d.seq as usize, d.batch as usize, d.hidden as usize);
+    let width = op.volume(&[cell.gates(), hidden])?;
+    let n_x = op.volume(&[seq, batch, width])?;
+    let n_r = op.volume(&[width, hidden])?;
+    let n_state = op.volume(&[batch, hidden])?;
+    let n_y = op.volume(&[seq, n_state])?;
+    // Nominal work: the products with R, then about ten operations per
+    // gate element for the cell's update.
+    let flops = op.flops(&[n_x as u64, hidden as u64 * 2 + 10])?;
+    let x = op.input(d.x_va, n_x)?;
+    let r = op.input(d.r_va, n_r)?;
+    // Optional operands are absent at VA 0 (Rb_h is required by a
+    // linear-before-reset GRU).
+    if lbr && d.rb_va == 0 {
+        return Err(op.bad());
+    }
+    let rb = if d.rb_va != 0 { Some(op.input(d.rb_va, hidden)?) } else { None };
+    let h0 = if d.h0_va != 0 { Some(op.input(d.h0_va, n_state)?) } else { None };
+    let c0 = if d.c0_va != 0 { Some(op.input(d.c0_va, n_state)?) } else { None };
+    // Both outputs are translated before either is written.
+    let mut y = op.output(d.y_va, n_y, false)?;
+    let mut c = if d.c_va == 0 { None } else { Some(op.output(d.c_va, n_state, false)?) };
+    let p = k::RecurrentParams { cell, seq, batch, hidden, reverse: d.flags & ops::REC_REVERSE != 0 };
+    let ins = k::RecurrentInputs { x: &x, r: &r, rb: rb.as_deref(), h0: h0.as_deref(), c0: c0.as_deref() };
+    let res = k::recurrent(&p, &ins, y.buf(), c.as_mut().map(|c| c.buf()));
+    op.kernel(res)?;
+    y.commit();
+    if let Some(c) = c {
+        c.commit();
+    }
     Ok(flops)
 }
 

@@ -1549,3 +1549,140 @@ fn eltwise_faults_leave_the_output_untouched() {
     assert_eq!(r.run(&far.to_bytes()), FaultCode::BadDescriptor);
     assert!(r.rig.dev.healthy());
 }
+
+// ---- RECURRENT layers (hardware minor version 12) ----
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// An LSTM step by step from the ONNX equations (gates i, o, f, c):
+/// `(y, final c)`.
+fn lstm_ref(x: &[f32], r: &[f32], h0: &[f32], c0: &[f32], seq: usize, hid: usize, reverse: bool) -> (Vec<f32>, Vec<f32>) {
+    let (mut h, mut c) = (h0.to_vec(), c0.to_vec());
+    let mut y = vec![0.0; seq * hid];
+    for step in 0..seq {
+        let t = if reverse { seq - 1 - step } else { step };
+        let g = |j: usize| x[t * 4 * hid + j] + (0..hid).map(|k| r[j * hid + k] * h[k]).sum::<f32>();
+        let gates: Vec<f32> = (0..4 * hid).map(g).collect();
+        for k in 0..hid {
+            let (i, o, f, cand) = (sigmoid(gates[k]), sigmoid(gates[hid + k]), sigmoid(gates[2 * hid + k]), gates[3 * hid + k].tanh());
+            c[k] = f * c[k] + i * cand;
+            h[k] = o * c[k].tanh();
+        }
+        y[t * hid..(t + 1) * hid].copy_from_slice(&h);
+    }
+    (y, c)
+}
+
+#[test]
+fn recurrent_lstm_through_the_device() {
+    let mut r = OpRig::new();
+    let (seq_len, hid) = (4, 3);
+    let (x, w) = (seq(seq_len * 4 * hid, 0.05), seq(4 * hid * hid, 0.03));
+    let (h0, c0) = (vec![0.1, -0.2, 0.3], vec![-0.5, 0.25, 0.75]);
+    r.put(0, &x);
+    r.put(1, &w);
+    r.put(2, &[h0.clone(), c0.clone()].concat());
+    let d = RecurrentDesc {
+        cell: REC_LSTM,
+        flags: REC_REVERSE,
+        seq: seq_len as u32,
+        batch: 1,
+        hidden: hid as u32,
+        x_va: tva(0),
+        r_va: tva(1),
+        h0_va: tva(2),
+        c0_va: tva(2) + 4 * hid as u64,
+        y_va: tva(3),
+        c_va: tva(4),
+        ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let (want_y, want_c) = lstm_ref(&x, &w, &h0, &c0, seq_len, hid, true);
+    close(&r.get(3, seq_len * hid), &want_y);
+    close(&r.get(4, hid), &want_c);
+    // Zero initial states when their VAs are 0; the output may overlap
+    // the projection it reads (the device stages it).
+    let zero = RecurrentDesc { flags: 0, h0_va: 0, c0_va: 0, y_va: tva(0), ..d };
+    assert_eq!(r.run(&zero.to_bytes()), FaultCode::None);
+    let (want_y, want_c) = lstm_ref(&x, &w, &[0.0; 3], &[0.0; 3], seq_len, hid, false);
+    close(&r.get(0, seq_len * hid), &want_y);
+    close(&r.get(4, hid), &want_c);
+}
+
+#[test]
+fn recurrent_gru_through_the_device() {
+    // A linear-before-reset GRU (PyTorch's): cand = tanh(x_h + r ⊙ (h·R_hᵀ + Rb_h)).
+    let mut r = OpRig::new();
+    let (seq_len, hid) = (3, 2);
+    let (x, w, rb) = (seq(seq_len * 3 * hid, 0.07), seq(3 * hid * hid, 0.05), vec![0.2, -0.1]);
+    r.put(0, &x);
+    r.put(1, &w);
+    r.put(2, &rb);
+    let d = RecurrentDesc {
+        cell: REC_GRU,
+        flags: REC_LINEAR_BEFORE_RESET,
+        seq: seq_len as u32,
+        batch: 1,
+        hidden: hid as u32,
+        x_va: tva(0),
+        r_va: tva(1),
+        rb_va: tva(2),
+        y_va: tva(3),
+        ..Default::default()
+    }
+    .with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let mut h = vec![0.0f32; hid];
+    let mut want = Vec::new();
+    for t in 0..seq_len {
+        let xg = |j: usize| x[t * 3 * hid + j];
+        let rh = |j: usize| (0..hid).map(|k| w[j * hid + k] * h[k]).sum::<f32>();
+        let next: Vec<f32> = (0..hid)
+            .map(|k| {
+                let z = sigmoid(xg(k) + rh(k));
+                let rg = sigmoid(xg(hid + k) + rh(hid + k));
+                let cand = (xg(2 * hid + k) + rg * (rh(2 * hid + k) + rb[k])).tanh();
+                (1.0 - z) * cand + z * h[k]
+            })
+            .collect();
+        h = next;
+        want.extend_from_slice(&h);
+    }
+    close(&r.get(3, seq_len * hid), &want);
+}
+
+#[test]
+fn recurrent_faults_leave_the_outputs_untouched() {
+    let base = RecurrentDesc { cell: REC_LSTM, seq: 2, batch: 1, hidden: 2, x_va: tva(0), r_va: tva(1), y_va: tva(3), c_va: tva(4), ..Default::default() }
+        .with_header();
+    // An initial state that is not mapped: the fault names it, neither
+    // output is written.
+    let mut r = OpRig::new();
+    r.put(3, &[42.0; 4]);
+    r.put(4, &[42.0; 2]);
+    let d = RecurrentDesc { c0_va: 0x7700_0000, ..base };
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(r.rig.reg64(regs::queue_reg(0, regs::Q_FAULT_ADDR_64)), 0x7700_0000);
+    assert_eq!(r.get(3, 4), [42.0; 4]);
+    assert_eq!(r.get(4, 2), [42.0; 2]);
+    // A cell-state output that runs off its mapping: nothing written.
+    let mut r = OpRig::new();
+    r.put(3, &[42.0; 4]);
+    let d = RecurrentDesc { c_va: tva(5) - 4, ..base };
+    assert_ne!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.get(3, 4), [42.0; 4]);
+    // A linear-before-reset GRU without Rb_h, and an unknown cell, are
+    // bad descriptors.
+    let mut r = OpRig::new();
+    let gru = RecurrentDesc { cell: REC_GRU, flags: REC_LINEAR_BEFORE_RESET, c_va: 0, ..base };
+    assert_eq!(r.run(&gru.to_bytes()), FaultCode::BadDescriptor);
+    let mut r = OpRig::new();
+    assert_eq!(r.run(&RecurrentDesc { cell: 9, ..base }.to_bytes()), FaultCode::BadDescriptor);
+    // Sizes whose operands exceed any tensor are bad descriptors too.
+    let mut r = OpRig::new();
+    assert_eq!(r.run(&RecurrentDesc { seq: u32::MAX, hidden: u32::MAX, ..base }.to_bytes()), FaultCode::BadDescriptor);
+    assert!(r.rig.dev.healthy());
+}

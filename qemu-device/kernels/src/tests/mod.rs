@@ -8,6 +8,7 @@ mod fused;
 mod hostile;
 mod select;
 mod qgemm;
+mod recurrent;
 mod shape_ops;
 mod tile;
 
