@@ -797,6 +797,32 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             ];
             vec![(d.to_bytes().to_vec(), r)]
         }
+        Kind::Recurrent { cell, flags, x, r, rb, h0, c0, seq, batch, hidden } => {
+            let d = RecurrentDesc {
+                cell: *cell,
+                flags: *flags,
+                seq: u32c(op, *seq, "seq")?,
+                batch: u32c(op, *batch, "batch")?,
+                hidden: u32c(op, *hidden, "hidden")?,
+                ..Default::default()
+            }
+            .with_header();
+            // Every step's h, then an LSTM's final c, in the one output.
+            let mut r = vec![
+                reloc(offset_of!(RecurrentDesc, x_va), off(*x)),
+                reloc(offset_of!(RecurrentDesc, r_va), off(*r)),
+                reloc(offset_of!(RecurrentDesc, y_va), o),
+            ];
+            for (at, v) in [(offset_of!(RecurrentDesc, rb_va), rb), (offset_of!(RecurrentDesc, h0_va), h0), (offset_of!(RecurrentDesc, c0_va), c0)] {
+                if let Some(v) = v {
+                    r.push(reloc(at, off(*v)));
+                }
+            }
+            if *cell == REC_LSTM {
+                r.push(reloc(offset_of!(RecurrentDesc, c_va), o + seq * batch * hidden * 4));
+            }
+            vec![(d.to_bytes().to_vec(), r)]
+        }
         Kind::Where { cond, a, b, cond_dims, a_dims, b_dims } => {
             let d = WhereDesc {
                 rank: a_dims.len() as u32,

@@ -283,6 +283,13 @@ pub enum Kind {
     /// output dim, 0 broadcasting); `program` runs on every element of
     /// `out_dims`; the output is register `out_reg`.
     Eltwise { inputs: Vec<(ValueId, u64)>, in_strides: Vec<Vec<u64>>, out_dims: Vec<u64>, program: Vec<EltInstr>, out_reg: u8 },
+    /// One direction of a recurrent layer (rbln_hw::ops::RecurrentDesc;
+    /// `cell` a REC_* code, `flags` REC_* flags): `x` the input projection
+    /// `[seq, batch, G·hidden]`, `r` the constant `[G·hidden, hidden]`,
+    /// `rb` a linear-before-reset GRU's `Rb_h`, `h0` / `c0` initial states
+    /// (`None`: zeros). The output holds every step's hidden state
+    /// `[seq, batch, hidden]`, then (LSTM) the final cell state.
+    Recurrent { cell: u32, flags: u32, x: ValueId, r: ValueId, rb: Option<ValueId>, h0: Option<ValueId>, c0: Option<ValueId>, seq: u64, batch: u64, hidden: u64 },
 }
 
 /// A TILE operand: buffer `value` (or, if `None`, the op's output from
@@ -316,6 +323,7 @@ impl Kind {
             QGemm { a, b, b_zero, bias, scale, .. } => [Some(*a), Some(*b), *b_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
             QConv { x, w, w_zero, bias, scale, .. } => [Some(*x), Some(*w), *w_zero, *bias, Some(*scale)].into_iter().flatten().collect(),
             QBinary { a, b, .. } => vec![*a, *b],
+            Recurrent { x, r, rb, h0, c0, .. } => [Some(*x), Some(*r), *rb, *h0, *c0].into_iter().flatten().collect(),
             Eltwise { inputs, .. } => {
                 let mut v: Vec<ValueId> = inputs.iter().map(|i| i.0).collect();
                 v.dedup();

@@ -9,7 +9,7 @@ use rbln_compile::{compile, parse_input_shape, CompileError, Options};
 use rbln_format::{Model, NodeKind, Placement};
 use rbln_hw::ops::{
     Binary, Desc, GemmDesc, GridSampleDesc, ResizeDesc, TopKDesc, ELTWISE_IMM, TOPK_LARGEST, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
-    RESIZE_EXCLUDE_OUTSIDE,
+    RESIZE_EXCLUDE_OUTSIDE, RecurrentDesc, REC_GRU, REC_LINEAR_BEFORE_RESET, REC_LSTM, REC_REVERSE,
 };
 
 fn tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
@@ -1963,7 +1963,7 @@ fn pool3d_runs_as_a_pool_over_h_w_then_one_over_d() {
 }
 
 #[test]
-fn recurrent_layers_unroll_and_refuse_what_they_do_not_model() {
+fn recurrent_layers_are_one_recurrent_op_per_direction_and_refuse_what_they_do_not_model() {
     // LSTM over 3 steps (seq 3, batch 2, input 4, hidden 5).
     let lstm = |attrs: Vec<AttributeProto>, extra: Vec<TensorProto>, ins: &[&str]| {
         let mut inits = vec![tensor("W", &[1, 20, 4], &ramp(80, 0.01)), tensor("R", &[1, 20, 5], &ramp(100, 0.01))];
@@ -1976,8 +1976,27 @@ fn recurrent_layers_unroll_and_refuse_what_they_do_not_model() {
         )
     };
     let hidden = attr_i("hidden_size", 5);
-    let ok = compiled_unfused(&lstm(vec![hidden.clone()], vec![], &["x", "W", "R"]));
-    assert!(compute_ops(&ok.model).len() > 3 * 10, "one GEMM and the gate ops per step");
+    let ok = compiled(&lstm(vec![hidden.clone()], vec![], &["x", "W", "R"]));
+    // The projection GEMM, the RECURRENT op and the copy of Y (Y_h is not
+    // a graph output).
+    assert_eq!(compute_ops(&ok.model), ["LSTM"; 3]);
+    let rec: Vec<RecurrentDesc> = descriptors(&ok.model).into_iter().filter_map(|d| if let Desc::Recurrent(r) = d { Some(r) } else { None }).collect();
+    assert_eq!(rec.len(), 1);
+    assert_eq!((rec[0].cell, rec[0].flags, rec[0].seq, rec[0].batch, rec[0].hidden), (REC_LSTM, 0, 3, 2, 5));
+    assert_eq!((rec[0].h0_va, rec[0].c0_va, rec[0].rb_va), (0, 0, 0), "zero initial states are the op's default");
+    assert_ne!(rec[0].c_va, 0);
+    // Bidirectional GRUs with the reset after the product: one op per
+    // direction, the second reversed, each with its Rb_h.
+    let gru = model(
+        vec![node("GRU", "gru", &["x", "W", "R", "B"], &["y"], vec![attr_i("hidden_size", 5), attr_i("linear_before_reset", 1), attr_s("direction", "bidirectional")])],
+        vec![tensor("W", &[2, 15, 4], &ramp(120, 0.01)), tensor("R", &[2, 15, 5], &ramp(150, 0.01)), tensor("B", &[2, 30], &ramp(60, 0.01))],
+        vec![vinfo("x", &[3, 2, 4])],
+        vec![vinfo("y", &[3, 2, 2, 5])],
+    );
+    let rec: Vec<RecurrentDesc> = descriptors(&compiled(&gru).model).into_iter().filter_map(|d| if let Desc::Recurrent(r) = d { Some(r) } else { None }).collect();
+    let flags: Vec<u32> = rec.iter().map(|r| r.flags).collect();
+    assert_eq!(flags, [REC_LINEAR_BEFORE_RESET, REC_LINEAR_BEFORE_RESET | REC_REVERSE]);
+    assert!(rec.iter().all(|r| r.cell == REC_GRU && r.rb_va != 0 && r.c_va == 0));
     let full = tensor("lens", &[2], &[3.0, 3.0]);
     compiled_unfused(&lstm(vec![hidden.clone()], vec![full], &["x", "W", "R", "", "lens"]));
     let reason = |attrs: Vec<AttributeProto>, extra: Vec<TensorProto>, ins: &[&str]| unsupported(&lstm(attrs, extra, ins), &Options::default()).2;

@@ -1,19 +1,20 @@
-//! Recurrent layers (LSTM, GRU, RNN), unrolled over their static sequence
-//! length into existing descriptors.
+//! Recurrent layers (LSTM, GRU, RNN): two device ops per direction.
 //!
-//! Per direction, the input projection of every step is one GEMM up front
-//! (`X·Wᵀ` plus the biases that are not inside a reset gate, `[T·B, G·H]`).
-//! Each step then multiplies the previous hidden state by `Rᵀ` with the
-//! step's rows of that projection added as the GEMM's residual, and forms
-//! the gates and the new state with element-wise ops on column slices of
-//! the result (strided copies). The outputs are gathered with one copy
-//! each. A zero initial state is a constant. Only the default activations,
-//! no `clip`, no `input_forget`, no peepholes (LSTM's `P` must be zero) and
-//! sequence lengths equal to the sequence (or absent) are accepted; the
-//! weights and biases must be constants.
+//! The input projection of every step is one GEMM up front (`X·Wᵀ` plus
+//! the biases that are not inside a reset gate, `[T·B, G·H]`); one
+//! RECURRENT op then runs the cell over the whole sequence (the products
+//! of the state with `Rᵀ` and the gates' update, step after step, on the
+//! device), writing every step's hidden state and (LSTM) the final cell
+//! state. The outputs `Y`, `Y_h` and `Y_c` are copies out of those.
+//! Unrolled into GEMMs and element-wise ops instead, a layer would cost
+//! several ops per step, each far smaller than an op's fixed cost at the
+//! hidden sizes such layers have. Only the default activations, no `clip`,
+//! no `input_forget`, no peepholes (LSTM's `P` must be zero) and sequence
+//! lengths equal to the sequence (or absent) are accepted; the weights and
+//! biases must be constants.
 
 use super::*;
-use rbln_hw::ops::{Binary, Unary};
+use rbln_hw::ops::{REC_GRU, REC_LINEAR_BEFORE_RESET, REC_LSTM, REC_REVERSE, REC_RNN_RELU, REC_RNN_TANH};
 
 /// The ONNX op types this module lowers.
 pub(super) const OPS: &[&str] = &["LSTM", "GRU", "RNN"];
@@ -141,7 +142,9 @@ impl Importer {
         let geo = Geometry { seq, batch, hidden, width };
         // X as [seq·batch, input], steps in order.
         let xs = self.reshaped(cx, x, vec![seq * batch, isz], Some("steps"));
-        let (mut ys, mut hs, mut cs) = (Vec::new(), Vec::new(), Vec::new());
+        // Per direction: the RECURRENT op's output (every step's h, then
+        // an LSTM's final c).
+        let mut states = Vec::new();
         for (d, &reverse) in dirs.iter().enumerate() {
             let d = d as u64;
             let take = |c: &Const, len: u64, at: u64| c.floats()[(at * len) as usize..((at + 1) * len) as usize].to_vec();
@@ -150,27 +153,33 @@ impl Importer {
             let bd = &b[(d * 2 * width) as usize..((d + 1) * 2 * width) as usize];
             let h0 = self.initial_state(cx, opt(5), d, &geo, "h0");
             let c0 = match cell {
-                Cell::Lstm => Some(self.initial_state(cx, opt(6), d, &geo, "c0")),
+                Cell::Lstm => self.initial_state(cx, opt(6), d, &geo, "c0"),
                 _ => None,
             };
-            let (y, h, c) = self.direction(cx, cell, xs, isz, &wd, &rd, bd, h0, c0, &geo, d, reverse)?;
-            ys.push(y);
-            hs.push(h);
-            cs.extend(c);
+            states.push(self.direction(cx, cell, xs, isz, &wd, &rd, bd, h0, c0, &geo, d, reverse));
         }
-        // Y: [seq, dirs, batch, hidden]; Y_h, Y_c: [dirs, batch, hidden].
+        // Y: [seq, dirs, batch, hidden] (one strided part per direction);
+        // Y_h, Y_c: [dirs, batch, hidden].
         let bh = batch * hidden;
-        let mut parts = Vec::new();
-        for (d, steps) in ys.iter().enumerate() {
-            for (t, &v) in steps.iter().enumerate() {
-                let (t, d) = (t as u64, d as u64);
-                parts.push(CopyPart { src: v, src_offset: 0, dst_offset: (t * nd + d) * bh, sizes: vec![bh], src_strides: vec![1], dst_strides: vec![1] });
-            }
-        }
+        let parts = states
+            .iter()
+            .enumerate()
+            .map(|(d, &v)| CopyPart {
+                src: v,
+                src_offset: 0,
+                dst_offset: d as u64 * bh,
+                sizes: vec![seq, bh],
+                src_strides: vec![bh, 1],
+                dst_strides: vec![nd * bh, 1],
+            })
+            .collect();
         let y = self.device_out(cx, 0, Kind::Copy { parts }, vec![seq, nd, batch, hidden]);
-        let mut outs = vec![y, self.final_state(cx, 1, &hs, &geo)];
+        // The final h is the last step's (the first's, reversed).
+        let last_h: Vec<(ValueId, u64)> = states.iter().zip(dirs).map(|(&v, &reverse)| (v, if reverse { 0 } else { (seq - 1) * bh })).collect();
+        let mut outs = vec![y, self.final_state(cx, 1, &last_h, &geo)];
         if cell == Cell::Lstm {
-            outs.push(self.final_state(cx, 2, &cs, &geo));
+            let last_c: Vec<(ValueId, u64)> = states.iter().map(|&v| (v, seq * bh)).collect();
+            outs.push(self.final_state(cx, 2, &last_c, &geo));
         }
         Ok(outs)
     }
@@ -198,34 +207,24 @@ impl Importer {
     }
 
     /// Direction `d`'s initial state as `[batch, hidden]`: a slice of the
-    /// given one, or zeros.
-    fn initial_state(&mut self, cx: &Cx, given: Option<ValueId>, d: u64, geo: &Geometry, tag: &str) -> ValueId {
+    /// given one, or none (zeros: the RECURRENT op's default).
+    fn initial_state(&mut self, cx: &Cx, given: Option<ValueId>, d: u64, geo: &Geometry, tag: &str) -> Option<ValueId> {
         let (b, h) = (geo.batch, geo.hidden);
-        let tag = format!("d{d}.{tag}");
-        let Some(v) = given else {
-            return self.constant(&format!("{}.{tag}", cx.name), Const::f32(&[b, h], vec![0.0; (b * h) as usize]));
-        };
+        let v = given?;
         let part = CopyPart { src: v, src_offset: d * b * h, dst_offset: 0, sizes: vec![b * h], src_strides: vec![1], dst_strides: vec![1] };
-        self.device_tmp(cx, Kind::Copy { parts: vec![part] }, vec![b, h], &tag)
+        Some(self.device_tmp(cx, Kind::Copy { parts: vec![part] }, vec![b, h], &format!("d{d}.{tag}")))
     }
 
-    /// Output `i` (Y_h or Y_c) from each direction's final state.
-    fn final_state(&mut self, cx: &Cx, i: usize, states: &[ValueId], geo: &Geometry) -> ValueId {
+    /// Output `i` (Y_h or Y_c) from each direction's final state, `[batch,
+    /// hidden]` at an element offset of a RECURRENT op's output.
+    fn final_state(&mut self, cx: &Cx, i: usize, states: &[(ValueId, u64)], geo: &Geometry) -> ValueId {
         let (b, h, nd) = (geo.batch, geo.hidden, states.len() as u64);
         let parts = states
             .iter()
             .enumerate()
-            .map(|(d, &v)| CopyPart { src: v, src_offset: 0, dst_offset: d as u64 * b * h, sizes: vec![b * h], src_strides: vec![1], dst_strides: vec![1] })
+            .map(|(d, &(v, at))| CopyPart { src: v, src_offset: at, dst_offset: d as u64 * b * h, sizes: vec![b * h], src_strides: vec![1], dst_strides: vec![1] })
             .collect();
         self.device_out(cx, i, Kind::Copy { parts }, vec![nd, b, h])
-    }
-
-    /// Columns `c0 .. c0 + n` of rows `r0 .. r0 + rows` of the 2-D value
-    /// `v` (`cols` wide), as a new `[rows, n]` value.
-    #[allow(clippy::too_many_arguments)]
-    fn block(&mut self, cx: &Cx, v: ValueId, cols: u64, r0: u64, rows: u64, c0: u64, n: u64, tag: &str) -> ValueId {
-        let part = CopyPart { src: v, src_offset: r0 * cols + c0, dst_offset: 0, sizes: vec![rows, n], src_strides: vec![cols, 1], dst_strides: vec![n, 1] };
-        self.device_tmp(cx, Kind::Copy { parts: vec![part] }, vec![rows, n], tag)
     }
 
     /// `a·bᵀ` (`b` a constant `[n, k]`), plus `residual` and `bias` when given.
@@ -235,8 +234,10 @@ impl Importer {
         self.device_tmp(cx, kind, vec![m, n], tag)
     }
 
-    /// One direction over the whole sequence: every step's hidden state
-    /// (in sequence order), the final hidden state and (LSTM) cell state.
+    /// One direction over the whole sequence: the projection GEMM and the
+    /// RECURRENT op, whose output `[seq (+1 for an LSTM's c), batch,
+    /// hidden]` holds every step's hidden state (in sequence order), then
+    /// an LSTM's final cell state.
     #[allow(clippy::too_many_arguments)]
     fn direction(
         &mut self,
@@ -247,102 +248,35 @@ impl Importer {
         w: &[f32],
         r: &[f32],
         b: &[f32],
-        h0: ValueId,
+        h0: Option<ValueId>,
         c0: Option<ValueId>,
         geo: &Geometry,
         d: u64,
         reverse: bool,
-    ) -> Result<(Vec<ValueId>, ValueId, Option<ValueId>)> {
+    ) -> ValueId {
         let Geometry { seq, batch, hidden: hs, width } = *geo;
         let (wb, rb) = b.split_at(width as usize);
-        // Biases outside the reset gate go into the projection.
+        // Biases outside the reset gate go into the projection: all of R's
+        // but a linear-before-reset GRU's h gate's (Rb_h, applied inside
+        // the reset by the RECURRENT op).
         let lbr = cell == (Cell::Gru { linear_before_reset: true });
-        let proj_bias: Vec<f32> = (0..width as usize).map(|j| wb[j] + if lbr { 0.0 } else { rb[j] }).collect();
+        let inside = |j: usize| lbr && j as u64 >= 2 * hs;
+        let proj_bias: Vec<f32> = (0..width as usize).map(|j| wb[j] + if inside(j) { 0.0 } else { rb[j] }).collect();
         let name = |what: &str| format!("{}.d{d}.{what}", cx.name);
         let wv = self.constant(&name("W"), Const::f32(&[width, isz], w.to_vec()));
         let bv = self.constant(&name("bias"), Const::f32(&[width], proj_bias));
-        let proj = self.gemm_t(cx, xs, wv, Some(bv), None, seq * batch, width, isz, &format!("d{d}.projection"));
-        // Gate blocks `lo .. lo + n` of R (hs rows of hs each).
-        let rows = |lo: u64, n: u64| r[(lo * hs * hs) as usize..((lo + n) * hs * hs) as usize].to_vec();
-        // The recurrent weights, once per direction: all gates' rows (GRU
-        // with the reset after the product: and their bias), or (GRU with
-        // the reset before it) z and r apart from h.
-        let (r_main, r_extra) = match cell {
-            Cell::Gru { linear_before_reset: false } => (
-                self.constant(&name("R_zr"), Const::f32(&[2 * hs, hs], rows(0, 2))),
-                Some(self.constant(&name("R_h"), Const::f32(&[hs, hs], rows(2, 1)))),
-            ),
-            _ => {
-                let r = self.constant(&name("R"), Const::f32(&[width, hs], rows(0, cell.gates())));
-                (r, lbr.then(|| self.constant(&name("Rb"), Const::f32(&[width], rb.to_vec()))))
-            }
+        let x = self.gemm_t(cx, xs, wv, Some(bv), None, seq * batch, width, isz, &format!("d{d}.projection"));
+        let rv = self.constant(&name("R"), Const::f32(&[width, hs], r.to_vec()));
+        let rb_h = lbr.then(|| self.constant(&name("Rb_h"), Const::f32(&[hs], rb[(2 * hs) as usize..].to_vec())));
+        let (code, flags) = match cell {
+            Cell::Lstm => (REC_LSTM, 0),
+            Cell::Gru { linear_before_reset } => (REC_GRU, if linear_before_reset { REC_LINEAR_BEFORE_RESET } else { 0 }),
+            Cell::Rnn { relu: false } => (REC_RNN_TANH, 0),
+            Cell::Rnn { relu: true } => (REC_RNN_RELU, 0),
         };
-        let mut h = h0;
-        let mut c = c0;
-        let mut ys = vec![h0; seq as usize];
-        for step in 0..seq {
-            let t = if reverse { seq - 1 - step } else { step };
-            let tag = |what: &str| format!("d{d}.t{t}.{what}");
-            match cell {
-                Cell::Rnn { relu } => {
-                    let xp = self.block(cx, proj, width, t * batch, batch, 0, hs, &tag("x"));
-                    let pre = self.gemm_t(cx, h, r_main, None, Some(xp), batch, hs, hs, &tag("pre"));
-                    h = self.unary_tmp(cx, if relu { Unary::Relu } else { Unary::Tanh }, pre, &tag("h"));
-                }
-                Cell::Lstm => {
-                    // Gates i, o, f, c (ONNX order).
-                    let xp = self.block(cx, proj, width, t * batch, batch, 0, width, &tag("x"));
-                    let pre = self.gemm_t(cx, h, r_main, None, Some(xp), batch, width, hs, &tag("gates"));
-                    let sig = self.unary_tmp(cx, Unary::Sigmoid, pre, &tag("sigmoid"));
-                    let i = self.block(cx, sig, width, 0, batch, 0, hs, &tag("i"));
-                    let o = self.block(cx, sig, width, 0, batch, hs, hs, &tag("o"));
-                    let f = self.block(cx, sig, width, 0, batch, 2 * hs, hs, &tag("f"));
-                    let g = self.block(cx, pre, width, 0, batch, 3 * hs, hs, &tag("g_pre"));
-                    let g = self.unary_tmp(cx, Unary::Tanh, g, &tag("g"));
-                    let c_prev = c.ok_or_else(|| cx.err("internal error: LSTM without a cell state"))?;
-                    let keep = self.elementwise(cx, Binary::Mul, f, c_prev, Some(&tag("keep")))?;
-                    let add = self.elementwise(cx, Binary::Mul, i, g, Some(&tag("add")))?;
-                    let cn = self.elementwise(cx, Binary::Add, keep, add, Some(&tag("c")))?;
-                    let tc = self.unary_tmp(cx, Unary::Tanh, cn, &tag("tanh_c"));
-                    h = self.elementwise(cx, Binary::Mul, o, tc, Some(&tag("h")))?;
-                    c = Some(cn);
-                }
-                Cell::Gru { linear_before_reset } => {
-                    // Gates z, r, h (ONNX order).
-                    let h_prev = h;
-                    let r_extra = r_extra.ok_or_else(|| cx.err("internal error: GRU without its second recurrent constant"))?;
-                    let (z, rr, cand_pre);
-                    if linear_before_reset {
-                        let rec = self.gemm_t(cx, h_prev, r_main, Some(r_extra), None, batch, width, hs, &tag("recurrent"));
-                        let xzr = self.block(cx, proj, width, t * batch, batch, 0, 2 * hs, &tag("x_zr"));
-                        let rzr = self.block(cx, rec, width, 0, batch, 0, 2 * hs, &tag("r_zr"));
-                        let zr = self.elementwise(cx, Binary::Add, xzr, rzr, Some(&tag("zr_pre")))?;
-                        let zr = self.unary_tmp(cx, Unary::Sigmoid, zr, &tag("zr"));
-                        z = self.block(cx, zr, 2 * hs, 0, batch, 0, hs, &tag("z"));
-                        rr = self.block(cx, zr, 2 * hs, 0, batch, hs, hs, &tag("r"));
-                        let rh = self.block(cx, rec, width, 0, batch, 2 * hs, hs, &tag("r_h"));
-                        let gated = self.elementwise(cx, Binary::Mul, rr, rh, Some(&tag("reset")))?;
-                        let xh = self.block(cx, proj, width, t * batch, batch, 2 * hs, hs, &tag("x_h"));
-                        cand_pre = self.elementwise(cx, Binary::Add, xh, gated, Some(&tag("cand_pre")))?;
-                    } else {
-                        let xzr = self.block(cx, proj, width, t * batch, batch, 0, 2 * hs, &tag("x_zr"));
-                        let zr = self.gemm_t(cx, h_prev, r_main, None, Some(xzr), batch, 2 * hs, hs, &tag("zr_pre"));
-                        let zr = self.unary_tmp(cx, Unary::Sigmoid, zr, &tag("zr"));
-                        z = self.block(cx, zr, 2 * hs, 0, batch, 0, hs, &tag("z"));
-                        rr = self.block(cx, zr, 2 * hs, 0, batch, hs, hs, &tag("r"));
-                        let reset = self.elementwise(cx, Binary::Mul, rr, h_prev, Some(&tag("reset")))?;
-                        let xh = self.block(cx, proj, width, t * batch, batch, 2 * hs, hs, &tag("x_h"));
-                        cand_pre = self.gemm_t(cx, reset, r_extra, None, Some(xh), batch, hs, hs, &tag("cand_pre"));
-                    }
-                    let cand = self.unary_tmp(cx, Unary::Tanh, cand_pre, &tag("cand"));
-                    // (1 − z)·cand + z·h = cand + z·(h − cand).
-                    let diff = self.elementwise(cx, Binary::Sub, h_prev, cand, Some(&tag("diff")))?;
-                    let mix = self.elementwise(cx, Binary::Mul, z, diff, Some(&tag("mix")))?;
-                    h = self.elementwise(cx, Binary::Add, cand, mix, Some(&tag("h")))?;
-                }
-            }
-            ys[t as usize] = h;
-        }
-        Ok((ys, h, c))
+        let flags = flags | if reverse { REC_REVERSE } else { 0 };
+        let kind = Kind::Recurrent { cell: code, flags, x, r: rv, rb: rb_h, h0, c0, seq, batch, hidden: hs };
+        let rows = seq + u64::from(cell == Cell::Lstm);
+        self.device_tmp(cx, kind, vec![rows, batch, hs], &format!("d{d}.states"))
     }
 }
