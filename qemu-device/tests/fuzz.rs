@@ -13,7 +13,7 @@ use common::*;
 use proptest::prelude::*;
 use rbln_hw::cmd::{header, Opcode};
 use rbln_hw::mmu::{Target, VA_LIMIT};
-use rbln_hw::ops::{CastDesc, EltInstr, EltwiseDesc, GatherDesc, OpHeader, QBinaryDesc, QConvDesc, QGemmDesc, QuantDesc, WhereDesc};
+use rbln_hw::ops::{CastDesc, EltInstr, EltwiseDesc, GatherDesc, OpHeader, QBinaryDesc, QConvDesc, QGemmDesc, QuantDesc, RecurrentDesc, WhereDesc};
 use rbln_hw::pci::{BAR_DOORBELL, BAR_DRAM, BAR_REGS};
 use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
@@ -217,6 +217,21 @@ fn eltwise_descriptor() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// RECURRENT descriptors, mostly decodable: every cell and flag, sizes
+/// from tiny to overflowing, optional operands present or not, awkward
+/// and overlapping addresses.
+fn recurrent_descriptor() -> impl Strategy<Value = Vec<u8>> {
+    let size = || prop_oneof![8 => 1u32..6, 1 => Just(0u32), 1 => Just(1u32 << 16), 1 => any::<u32>()];
+    let optional = || prop_oneof![1 => Just(0u64), 2 => element_address()];
+    (
+        (0u32..5, 0u32..4, size(), size(), size()),
+        (element_address(), element_address(), optional(), optional(), optional(), element_address(), optional()),
+    )
+        .prop_map(|((cell, flags, seq, batch, hidden), (x_va, r_va, rb_va, h0_va, c0_va, y_va, c_va))| {
+            RecurrentDesc { cell, flags, seq, batch, hidden, x_va, r_va, rb_va, h0_va, c0_va, y_va, c_va, ..Default::default() }.with_header().to_bytes().to_vec()
+        })
+}
+
 /// A descriptor page: a valid header for a random op with random fields
 /// drawn mostly from small numbers and mapped addresses.
 fn descriptor() -> impl Strategy<Value = Vec<u8>> {
@@ -363,6 +378,14 @@ proptest! {
     #[test]
     fn hostile_eltwise_descriptors(
         desc in eltwise_descriptor(),
+        data in prop::collection::vec(prop_oneof![Just(0.0f32), Just(-1.0), Just(f32::NAN), any::<f32>()], 256),
+    ) {
+        run_descriptor(&desc, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+    }
+
+    #[test]
+    fn hostile_recurrent_descriptors(
+        desc in recurrent_descriptor(),
         data in prop::collection::vec(prop_oneof![Just(0.0f32), Just(-1.0), Just(f32::NAN), any::<f32>()], 256),
     ) {
         run_descriptor(&desc, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
