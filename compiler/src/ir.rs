@@ -285,7 +285,7 @@ pub enum Kind {
     Eltwise { inputs: Vec<(ValueId, u64)>, in_strides: Vec<Vec<u64>>, out_dims: Vec<u64>, program: Vec<EltInstr>, out_reg: u8 },
     /// One direction of a recurrent layer (rbln_hw::ops::RecurrentDesc;
     /// `cell` a REC_* code, `flags` REC_* flags): `x` the input projection
-    /// `[seq, batch, G·hidden]`, `r` the constant `[G·hidden, hidden]`,
+    /// `[seq, batch, G·hidden]`, `r` the constant `Rᵀ` `[hidden, G·hidden]`,
     /// `rb` a linear-before-reset GRU's `Rb_h`, `h0` / `c0` initial states
     /// (`None`: zeros). The output holds every step's hidden state
     /// `[seq, batch, hidden]`, then (LSTM) the final cell state.

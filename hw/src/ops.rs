@@ -1041,8 +1041,9 @@ wire_struct! {
     /// version 12). With `G` gates of `H = hidden` units, `W = G·H`: `x` is
     /// the input projection `[seq, batch, W]` (`X·Wᵀ` plus the biases
     /// added outside the cell: all of them, except a linear-before-reset
-    /// GRU's `Rb_h`), `r` the recurrent weights `[W, H]` (row-major, ONNX
-    /// `R` of one direction), `rb` that GRU's `Rb_h` `[H]` (else 0), `h0`
+    /// GRU's `Rb_h`), `r` the transposed recurrent weights `Rᵀ` `[H, W]`
+    /// (row-major: ONNX `R` of one direction, transposed, so that a step's
+    /// product scales whole rows), `rb` that GRU's `Rb_h` `[H]` (else 0), `h0`
     /// and (LSTM) `c0` the initial states `[batch, H]` (0: zeros). Step
     /// `t` (in order, or from `seq − 1` down with REC_REVERSE) computes the
     /// gates `x[t] + h·Rᵀ` and the new state as ONNX defines the cell, and

@@ -1556,6 +1556,11 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// `[rows, cols]` → `[cols, rows]` (RECURRENT takes `Rᵀ`).
+fn transposed(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols).map(|i| m[(i % rows) * cols + i / rows]).collect()
+}
+
 /// An LSTM step by step from the ONNX equations (gates i, o, f, c):
 /// `(y, final c)`.
 fn lstm_ref(x: &[f32], r: &[f32], h0: &[f32], c0: &[f32], seq: usize, hid: usize, reverse: bool) -> (Vec<f32>, Vec<f32>) {
@@ -1582,7 +1587,7 @@ fn recurrent_lstm_through_the_device() {
     let (x, w) = (seq(seq_len * 4 * hid, 0.05), seq(4 * hid * hid, 0.03));
     let (h0, c0) = (vec![0.1, -0.2, 0.3], vec![-0.5, 0.25, 0.75]);
     r.put(0, &x);
-    r.put(1, &w);
+    r.put(1, &transposed(&w, 4 * hid, hid));
     r.put(2, &[h0.clone(), c0.clone()].concat());
     let d = RecurrentDesc {
         cell: REC_LSTM,
@@ -1619,7 +1624,7 @@ fn recurrent_gru_through_the_device() {
     let (seq_len, hid) = (3, 2);
     let (x, w, rb) = (seq(seq_len * 3 * hid, 0.07), seq(3 * hid * hid, 0.05), vec![0.2, -0.1]);
     r.put(0, &x);
-    r.put(1, &w);
+    r.put(1, &transposed(&w, 3 * hid, hid));
     r.put(2, &rb);
     let d = RecurrentDesc {
         cell: REC_GRU,

@@ -312,6 +312,37 @@ impl Bench {
 
 /// int8 [`qgemm`] (u8 output, per-column scale, bias) against our f32
 /// [`gemm`] with packed B at the same shape.
+/// A recurrent layer's steps (RECURRENT) against the gemm crate doing only
+/// the per-step products `[batch, H]·[H, G·H]`, one call per step (the
+/// unrolled lowering's GEMMs, without its gate ops).
+fn bench_recurrent(b: &mut Bench, name: &str, cell: RecCell, seq: usize, batch: usize, hidden: usize) {
+    if !b.wants(name) {
+        return;
+    }
+    let w = cell.gates() * hidden;
+    let (x, r, rb) = (data(seq * batch * w, 1), data(w * hidden, 2), data(hidden, 3));
+    let lbr = cell == (RecCell::Gru { linear_before_reset: true });
+    let p = RecurrentParams { cell, seq, batch, hidden, reverse: false };
+    let mut y = vec![0.0f32; seq * batch * hidden];
+    let mut c = vec![0.0f32; batch * hidden];
+    let lstm = cell == RecCell::Lstm;
+    let (h, mut g) = (data(batch * hidden, 4), vec![0.0f32; batch * w]);
+    let r_t = data(hidden * w, 5);
+    let res = race(
+        || {
+            let ins = RecurrentInputs { x: &x, r: &r, rb: lbr.then_some(&rb[..]), h0: None, c0: None };
+            recurrent(&p, &ins, &mut y, lstm.then_some(&mut c[..])).unwrap();
+            black_box(&mut y);
+        },
+        || {
+            for _ in 0..seq {
+                raw_gemm(batch, w, hidden, &h, &r_t, &mut g);
+            }
+        },
+    );
+    b.report_flops(name, (2 * seq * batch * w * hidden) as f64, res);
+}
+
 fn bench_qgemm(b: &mut Bench, name: &str, m: usize, n: usize, k: usize) {
     for (label, alo, ahi, wlo, whi) in QCASES {
         let name = format!("int8 {name} {label}");
@@ -409,6 +440,13 @@ fn main() {
     bench_gemm(&mut b, "gemm classifier 4x1000x1280", 4, 1000, 1280, None, false);
     bench_gemm_t(&mut b, "gemm bert 128x768x768 +bias transB", 128, 768, 768, None, false, true);
     bench_gemm_t(&mut b, "gemm bert 128x3072x768 +bias+gelu transB", 128, 3072, 768, Gelu, false, true);
+
+    // ---- Recurrent layers (the exports' LSTM tagger and CRNN, a larger one).
+    bench_recurrent(&mut b, "recurrent lstm seq12 b2 h24 (tagger)", RecCell::Lstm, 12, 2, 24);
+    bench_recurrent(&mut b, "recurrent gru seq12 b2 h16 (tagger)", RecCell::Gru { linear_before_reset: true }, 12, 2, 16);
+    bench_recurrent(&mut b, "recurrent lstm seq10 b2 h32 (crnn)", RecCell::Lstm, 10, 2, 32);
+    bench_recurrent(&mut b, "recurrent lstm seq32 b1 h256", RecCell::Lstm, 32, 1, 256);
+    bench_recurrent(&mut b, "recurrent lstm seq16 b4 h512", RecCell::Lstm, 16, 4, 512);
 
     // ---- int8 (QGEMM / QCONV) against the f32 kernels at the same shapes.
     bench_qgemm(&mut b, "qgemm 1024x1024x1024", 1024, 1024, 1024);

@@ -46,7 +46,8 @@ pub struct RecurrentParams {
     pub reverse: bool,
 }
 
-/// The operands of [`recurrent`]: `x` `[seq, batch, G·H]`, `r` `[G·H, H]`,
+/// The operands of [`recurrent`]: `x` `[seq, batch, G·H]`, `r` the
+/// transposed recurrent weights `Rᵀ` `[H, G·H]`,
 /// `rb` (linear-before-reset GRU) `[H]`, `h0` / `c0` `[batch, H]`.
 pub struct RecurrentInputs<'a> {
     pub x: &'a [f32],
@@ -110,7 +111,7 @@ pub fn recurrent(p: &RecurrentParams, ins: &RecurrentInputs<'_>, y: &mut [f32], 
         match p.cell {
             RecCell::Lstm => {
                 products(par, &hprev, ins.r, h, w, 0..w, x_of(0..w), &mut gates);
-                lstm_update(&gates, &mut c, yt, h);
+                lstm_update(&mut gates, &mut c, yt, h);
             }
             RecCell::Rnn { relu } => {
                 products(par, &hprev, ins.r, h, w, 0..w, x_of(0..w), &mut gates);
@@ -122,13 +123,13 @@ pub fn recurrent(p: &RecurrentParams, ins: &RecurrentInputs<'_>, y: &mut [f32], 
                 products(par, &hprev, ins.r, h, w, 0..2 * h, x_of(0..2 * h), &mut gates);
                 let rb = ins.rb.unwrap_or(&[]);
                 products(par, &hprev, ins.r, h, w, 2 * h..w, |_| rb, &mut gates);
-                gru_update(&gates, xt, &hprev, yt, h, true);
+                gru_update(&mut gates, xt, &hprev, yt, h, true);
             }
             RecCell::Gru { linear_before_reset: false } => {
                 products(par, &hprev, ins.r, h, w, 0..2 * h, x_of(0..2 * h), &mut gates);
                 gru_reset(&mut gates, &hprev, &mut reset, h);
                 products(par, &reset, ins.r, h, w, 2 * h..w, x_of(2 * h..w), &mut gates);
-                gru_update(&gates, xt, &hprev, yt, h, false);
+                gru_update(&mut gates, xt, &hprev, yt, h, false);
             }
         }
         hprev.copy_from_slice(yt);
@@ -139,74 +140,76 @@ pub fn recurrent(p: &RecurrentParams, ins: &RecurrentInputs<'_>, y: &mut [f32], 
     Ok(())
 }
 
-/// Gate rows a task computes when a step is split across threads.
-const ROWS_PER_TASK: usize = 64;
+/// Gate columns a task computes when a step is split across threads.
+const COLS_PER_TASK: usize = 128;
 
-/// `gates[b, j] = add(b)[j − rows.start] + hs[b]·R[j]` for the gate rows
-/// `j` in `rows` of every batch row `b` (`gates` rows are `w` wide);
-/// sequential or split over blocks of rows.
+/// `gates[b, j] = add(b)[j − cols.start] + hs[b]·Rᵀ[·, j]` for the gate
+/// columns `j` in `cols` of every batch row `b` (`gates` rows are `w`
+/// wide, `rt` is `Rᵀ` `[h, w]`); sequential, or split over batch rows or
+/// (one row) blocks of columns.
 #[allow(clippy::too_many_arguments)]
-fn products<'a>(par: bool, hs: &[f32], r: &[f32], h: usize, w: usize, rows: core::ops::Range<usize>, add: impl Fn(usize) -> &'a [f32] + Sync, gates: &mut [f32]) {
-    let (lo, hi) = (rows.start, rows.end);
-    for (b, gb) in gates.chunks_exact_mut(w).enumerate() {
-        let (hb, ab) = (&hs[b * h..(b + 1) * h], add(b));
-        if par {
-            gb[lo..hi].par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(i, out)| {
-                let (j0, n) = (lo + i * ROWS_PER_TASK, out.len());
-                dot_rows(hb, &r[j0 * h..(j0 + n) * h], &ab[j0 - lo..j0 - lo + n], out);
-            });
-        } else {
-            dot_rows(hb, &r[lo * h..hi * h], ab, &mut gb[lo..hi]);
+fn products<'a>(par: bool, hs: &[f32], rt: &[f32], h: usize, w: usize, cols: core::ops::Range<usize>, add: impl Fn(usize) -> &'a [f32] + Sync, gates: &mut [f32]) {
+    let (lo, hi) = (cols.start, cols.end);
+    let batch = gates.len() / w;
+    if par && batch == 1 {
+        let add = add(0);
+        gates[lo..hi].par_chunks_mut(COLS_PER_TASK).enumerate().for_each(|(i, out)| {
+            let j0 = lo + i * COLS_PER_TASK;
+            gemv_t(&hs[..h], rt, w, j0, &add[j0 - lo..j0 - lo + out.len()], out);
+        });
+    } else if par {
+        gates.par_chunks_mut(w).enumerate().for_each(|(b, gb)| gemv_t(&hs[b * h..(b + 1) * h], rt, w, lo, add(b), &mut gb[lo..hi]));
+    } else {
+        for (b, gb) in gates.chunks_exact_mut(w).enumerate() {
+            gemv_t(&hs[b * h..(b + 1) * h], rt, w, lo, add(b), &mut gb[lo..hi]);
         }
     }
 }
 
 simd_dispatch! {
-    /// `out[j] = x[j] + h·r[j]` for the rows `r[j]` (each `h.len()` long).
-    fn dot_rows(h: &[f32], r: &[f32], x: &[f32], out: &mut [f32]) {
-        const L: usize = 16;
-        let n = h.len();
-        for ((o, &xv), row) in out.iter_mut().zip(x).zip(r.chunks_exact(n.max(1))) {
-            let mut acc = [0.0f32; L];
-            let (hc, ht) = h.split_at(n - n % L);
-            let (rc, rt) = row.split_at(n - n % L);
-            for (a, b) in hc.chunks_exact(L).zip(rc.chunks_exact(L)) {
-                for l in 0..L {
-                    acc[l] = madd::<FMA>(a[l], b[l], acc[l]);
-                }
+    /// `out[i] = add[i] + Σ_k h[k]·rt[k·w + lo + i]`: rows of `Rᵀ` (columns
+    /// `lo..lo + out.len()`) scaled and accumulated.
+    fn gemv_t(h: &[f32], rt: &[f32], w: usize, lo: usize, add: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(add);
+        let n = out.len();
+        for (k, &hk) in h.iter().enumerate() {
+            let row = &rt[k * w + lo..k * w + lo + n];
+            for (o, &r) in out.iter_mut().zip(row) {
+                *o = madd::<FMA>(hk, r, *o);
             }
-            let mut s = 0.0f32;
-            for (&a, &b) in ht.iter().zip(rt) {
-                s = madd::<FMA>(a, b, s);
-            }
-            // Pairwise sum of the lanes.
-            let mut width = L;
-            while width > 1 {
-                width /= 2;
-                for l in 0..width {
-                    acc[l] += acc[l + width];
-                }
-            }
-            *o = xv + (acc[0] + s);
         }
     }
 }
 
+/// `f` over a slice in place: a plain map, which vectorizes.
+#[inline(always)]
+fn map(xs: &mut [f32], f: impl Fn(f32) -> f32) {
+    for v in xs {
+        *v = f(*v);
+    }
+}
+
+// The cell updates below work in passes over contiguous gate blocks (a
+// squashing map, then the combination) rather than element by element
+// across the blocks, so that each pass vectorizes.
+
 simd_dispatch! {
-    /// LSTM: `c = f⊙c + i⊙tanh(g_c)`, `h = o⊙tanh(c)` per batch row.
-    fn lstm_update(gates: &[f32], c: &mut [f32], h_out: &mut [f32], h: usize) {
-        for ((g, cb), hb) in gates.chunks_exact(4 * h).zip(c.chunks_exact_mut(h)).zip(h_out.chunks_exact_mut(h)) {
-            let (gi, rest) = g.split_at(h);
-            let (go, rest) = rest.split_at(h);
-            let (gf, gc) = rest.split_at(h);
+    /// LSTM: `c = f⊙c + i⊙tanh(g_c)`, `h = o⊙tanh(c)` per batch row (the
+    /// gates are squashed in place).
+    fn lstm_update(gates: &mut [f32], c: &mut [f32], h_out: &mut [f32], h: usize) {
+        for ((g, cb), hb) in gates.chunks_exact_mut(4 * h).zip(c.chunks_exact_mut(h)).zip(h_out.chunks_exact_mut(h)) {
+            let (iof, gc) = g.split_at_mut(3 * h);
+            map(iof, fastmath::sigmoid::<FMA>);
+            map(gc, fastmath::tanh::<FMA>);
+            let (i, of) = iof.split_at(h);
+            let (o, f) = of.split_at(h);
             for k in 0..h {
-                let i = fastmath::sigmoid::<FMA>(gi[k]);
-                let o = fastmath::sigmoid::<FMA>(go[k]);
-                let f = fastmath::sigmoid::<FMA>(gf[k]);
-                let cand = fastmath::tanh::<FMA>(gc[k]);
-                let cn = f * cb[k] + i * cand;
-                cb[k] = cn;
-                hb[k] = o * fastmath::tanh::<FMA>(cn);
+                cb[k] = f[k] * cb[k] + i[k] * gc[k];
+            }
+            hb.copy_from_slice(cb);
+            map(hb, fastmath::tanh::<FMA>);
+            for k in 0..h {
+                hb[k] *= o[k];
             }
         }
     }
@@ -215,8 +218,11 @@ simd_dispatch! {
 simd_dispatch! {
     /// RNN: `h = act(gates)`.
     fn rnn_update(gates: &[f32], h_out: &mut [f32], relu: bool) {
-        for (o, &v) in h_out.iter_mut().zip(gates) {
-            *o = if relu { v.max(0.0) } else { fastmath::tanh::<FMA>(v) };
+        h_out.copy_from_slice(gates);
+        if relu {
+            map(h_out, |v| v.max(0.0));
+        } else {
+            map(h_out, fastmath::tanh::<FMA>);
         }
     }
 }
@@ -227,9 +233,7 @@ simd_dispatch! {
     fn gru_reset(gates: &mut [f32], hprev: &[f32], reset: &mut [f32], h: usize) {
         let w = 3 * h;
         for ((g, hb), rs) in gates.chunks_exact_mut(w).zip(hprev.chunks_exact(h)).zip(reset.chunks_exact_mut(h)) {
-            for v in &mut g[..2 * h] {
-                *v = fastmath::sigmoid::<FMA>(*v);
-            }
+            map(&mut g[..2 * h], fastmath::sigmoid::<FMA>);
             for k in 0..h {
                 rs[k] = g[h + k] * hb[k];
             }
@@ -241,19 +245,23 @@ simd_dispatch! {
     /// GRU: `cand = tanh(x_h + r ⊙ (h·R_hᵀ + Rb_h))` (linear-before-reset:
     /// the gates hold `x + h·Rᵀ` for z and r, `h·R_hᵀ + Rb_h` for h) or
     /// `tanh(x_h + (r⊙h)·R_hᵀ)` (the gates hold it, z and r already
-    /// squashed); `h = cand + z ⊙ (h_prev − cand)`.
-    fn gru_update(gates: &[f32], x: &[f32], hprev: &[f32], h_out: &mut [f32], h: usize, lbr: bool) {
+    /// squashed); `h = cand + z ⊙ (h_prev − cand)`. The gates are
+    /// overwritten.
+    fn gru_update(gates: &mut [f32], x: &[f32], hprev: &[f32], h_out: &mut [f32], h: usize, lbr: bool) {
         let w = 3 * h;
-        for (((g, xb), hb), ob) in gates.chunks_exact(w).zip(x.chunks_exact(w)).zip(hprev.chunks_exact(h)).zip(h_out.chunks_exact_mut(h)) {
+        for (((g, xb), hb), ob) in gates.chunks_exact_mut(w).zip(x.chunks_exact(w)).zip(hprev.chunks_exact(h)).zip(h_out.chunks_exact_mut(h)) {
+            let (zr, cand) = g.split_at_mut(2 * h);
+            if lbr {
+                map(zr, fastmath::sigmoid::<FMA>);
+                let (r, xh) = (&zr[h..], &xb[2 * h..]);
+                for k in 0..h {
+                    cand[k] = xh[k] + r[k] * cand[k];
+                }
+            }
+            map(cand, fastmath::tanh::<FMA>);
+            let z = &zr[..h];
             for k in 0..h {
-                let (z, cand) = if lbr {
-                    let z = fastmath::sigmoid::<FMA>(g[k]);
-                    let r = fastmath::sigmoid::<FMA>(g[h + k]);
-                    (z, fastmath::tanh::<FMA>(xb[2 * h + k] + r * g[2 * h + k]))
-                } else {
-                    (g[k], fastmath::tanh::<FMA>(g[2 * h + k]))
-                };
-                ob[k] = cand + z * (hb[k] - cand);
+                ob[k] = cand[k] + z[k] * (hb[k] - cand[k]);
             }
         }
     }

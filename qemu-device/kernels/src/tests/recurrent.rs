@@ -68,6 +68,11 @@ fn reference(p: &RecurrentParams, x: &[f32], r: &[f32], rb: Option<&[f32]>, h0: 
     (y, cs)
 }
 
+/// `[rows, cols]` → `[cols, rows]`.
+pub(crate) fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols).map(|i| m[(i % rows) * cols + i / rows]).collect()
+}
+
 const CELLS: &[RecCell] = &[
     RecCell::Lstm,
     RecCell::Gru { linear_before_reset: false },
@@ -88,7 +93,9 @@ fn check(rng: &mut Rng, cell: RecCell, seq: usize, batch: usize, hidden: usize, 
     let lstm = cell == RecCell::Lstm;
     let h0 = given.then(|| rng.vec(batch * hidden));
     let c0 = (given && lstm).then(|| rng.vec(batch * hidden));
-    let ins = RecurrentInputs { x: &x, r: &r, rb: rb.as_deref(), h0: h0.as_deref(), c0: c0.as_deref() };
+    // The kernel takes Rᵀ `[H, W]`.
+    let rt = transpose(&r, w, hidden);
+    let ins = RecurrentInputs { x: &x, r: &rt, rb: rb.as_deref(), h0: h0.as_deref(), c0: c0.as_deref() };
     let mut y = vec![f32::NAN; seq * batch * hidden];
     let mut c = vec![f32::NAN; batch * hidden];
     recurrent(&p, &ins, &mut y, lstm.then_some(&mut c[..])).unwrap();
