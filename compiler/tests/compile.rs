@@ -1985,6 +1985,14 @@ fn recurrent_layers_are_one_recurrent_op_per_direction_and_refuse_what_they_do_n
     assert_eq!((rec[0].cell, rec[0].flags, rec[0].seq, rec[0].batch, rec[0].hidden), (REC_LSTM, 0, 3, 2, 5));
     assert_eq!((rec[0].h0_va, rec[0].c0_va, rec[0].rb_va), (0, 0, 0), "zero initial states are the op's default");
     assert_ne!(rec[0].c_va, 0);
+    // A constant zero initial state (PyTorch's export of nn.LSTM called
+    // without one) is the default too; any other is copied in.
+    let h0_of = |v: f32| {
+        let m = compiled(&lstm(vec![hidden.clone()], vec![tensor("h0", &[1, 2, 5], &[v; 10])], &["x", "W", "R", "", "", "h0"]));
+        descriptors(&m.model).into_iter().find_map(|d| if let Desc::Recurrent(r) = d { Some(r.h0_va) } else { None }).unwrap()
+    };
+    assert_eq!(h0_of(0.0), 0);
+    assert_ne!(h0_of(0.5), 0);
     // Bidirectional GRUs with the reset after the product: one op per
     // direction, the second reversed, each with its Rb_h.
     let gru = model(

@@ -207,10 +207,15 @@ impl Importer {
     }
 
     /// Direction `d`'s initial state as `[batch, hidden]`: a slice of the
-    /// given one, or none (zeros: the RECURRENT op's default).
+    /// given one, or none (zeros: the RECURRENT op's default) when it is
+    /// absent or a constant of zeros (as PyTorch exports `nn.LSTM` called
+    /// without a state).
     fn initial_state(&mut self, cx: &Cx, given: Option<ValueId>, d: u64, geo: &Geometry, tag: &str) -> Option<ValueId> {
         let (b, h) = (geo.batch, geo.hidden);
         let v = given?;
+        if self.konst(v).is_some_and(|c| c.floats().iter().all(|&x| x == 0.0)) {
+            return None;
+        }
         let part = CopyPart { src: v, src_offset: d * b * h, dst_offset: 0, sizes: vec![b * h], src_strides: vec![1], dst_strides: vec![1] };
         Some(self.device_tmp(cx, Kind::Copy { parts: vec![part] }, vec![b, h], &format!("d{d}.{tag}")))
     }
