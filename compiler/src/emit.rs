@@ -376,6 +376,8 @@ fn cost(g: &Graph, op: &Op) -> (u64, u64) {
         Kind::Pool { kernel, .. } => mul(&[out, kernel[0], kernel[1]]),
         Kind::LayerNorm { .. } | Kind::Softmax { .. } => mul(&[5, out]),
         Kind::Reduce { x, .. } => g.values[*x].elems(),
+        // seq·batch·G·H·(2H + 10): the x projection's size times that.
+        Kind::Recurrent { x, hidden, .. } => mul(&[g.values[*x].elems(), 2 * hidden + 10]),
         _ => out,
     };
     (flops, bytes)
@@ -508,8 +510,9 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let d = UnaryDesc { kind: *kind as u32, param0: *p0, param1: *p1, count: g.values[op.out].elems(), ..Default::default() }.with_header();
             vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(UnaryDesc, in_va), off(*x)), reloc(offset_of!(UnaryDesc, out_va), o)])]
         }
-        Kind::Softmax { x, dims, axis } => {
-            let d = SoftmaxDesc { rank: dims.len() as u32, axis: *axis as u32, dims: dims6(op, dims, "dims")?, ..Default::default() }.with_header();
+        Kind::Softmax { x, dims, axis, log } => {
+            let flags = if *log { SOFTMAX_LOG } else { 0 };
+            let d = SoftmaxDesc { rank: dims.len() as u32, axis: *axis as u32, dims: dims6(op, dims, "dims")?, flags, ..Default::default() }.with_header();
             vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(SoftmaxDesc, in_va), off(*x)), reloc(offset_of!(SoftmaxDesc, out_va), o)])]
         }
         Kind::LayerNorm { x, gamma, beta, rows, cols, eps } => {

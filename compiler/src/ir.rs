@@ -202,7 +202,8 @@ pub enum Kind {
         act: Act,
     },
     Unary { kind: Unary, x: ValueId, p0: f32, p1: f32 },
-    Softmax { x: ValueId, dims: Vec<u64>, axis: u64 },
+    /// Softmax, or (`log`) log-softmax, along `axis`.
+    Softmax { x: ValueId, dims: Vec<u64>, axis: u64, log: bool },
     LayerNorm { x: ValueId, gamma: Option<ValueId>, beta: Option<ValueId>, rows: u64, cols: u64, eps: f32 },
     /// `kind` is one of rbln_hw::ops::REDUCE_*.
     Reduce { kind: u32, x: ValueId, dims: Vec<u64>, axis: u64 },

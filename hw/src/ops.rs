@@ -676,13 +676,14 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// Numerically stable softmax along `axis`.
+    /// Numerically stable softmax along `axis` (with SOFTMAX_LOG, since
+    /// minor version 12: log-softmax).
     pub struct SoftmaxDesc {
         pub header: OpHeader,
         pub rank: u32,
         pub axis: u32,
         pub dims: [u32; 6],
-        /// Reserved, must be 0.
+        /// SOFTMAX_LOG; other bits must be 0.
         pub flags: u32,
         pub reserved: u32,
         pub in_va: u64,
@@ -1013,6 +1014,10 @@ impl EltwiseDesc {
         Ok(())
     }
 }
+/// SOFTMAX flag (minor version 12): log-softmax, `(x − m) − ln Σ exp(x −
+/// m)` with `m` the maximum along the axis.
+pub const SOFTMAX_LOG: u32 = 1 << 0;
+
 /// RECURRENT cells (ONNX LSTM, GRU and RNN with their default
 /// activations; gate order as ONNX: LSTM i, o, f, c; GRU z, r, h).
 pub const REC_LSTM: u32 = 0;
@@ -1296,7 +1301,7 @@ impl Desc {
                 if !dims_ok(d.rank, &d.dims) || d.axis >= d.rank {
                     return Err(BadField("rank/axis/dims"));
                 }
-                if d.flags != 0 || d.reserved != 0 {
+                if d.flags & !SOFTMAX_LOG != 0 || d.reserved != 0 {
                     return Err(BadField("softmax flags"));
                 }
                 Desc::Softmax(d)
@@ -1584,6 +1589,14 @@ mod tests {
         for b in bad {
             assert!(matches!(Desc::decode(&b.to_bytes()), Err(DescError::BadField(_))), "{b:?}");
         }
+    }
+
+    #[test]
+    fn softmax_takes_the_log_flag_only() {
+        let d = SoftmaxDesc { rank: 2, axis: 1, dims: [2, 3, 0, 0, 0, 0], flags: SOFTMAX_LOG, ..Default::default() }.with_header();
+        assert_eq!(Desc::decode(&d.to_bytes()), Ok(Desc::Softmax(d)));
+        let bad = SoftmaxDesc { flags: 2, ..d };
+        assert!(matches!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField(_))));
     }
 
     #[test]

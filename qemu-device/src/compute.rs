@@ -373,7 +373,8 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let shape = dims(&d.dims, d.rank);
             let n = op.volume(&shape)?;
             let x = op.input(d.in_va, n)?;
-            op.write_out(d.out_va, n, |y| k::softmax(&shape, d.axis as isize, &x, y))?;
+            let log = d.flags & ops::SOFTMAX_LOG != 0;
+            op.write_out(d.out_va, n, |y| if log { k::log_softmax(&shape, d.axis as isize, &x, y) } else { k::softmax(&shape, d.axis as isize, &x, y) })?;
             Ok(5 * n as u64)
         }
         Desc::LayerNorm(d) => {

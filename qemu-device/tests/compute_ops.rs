@@ -132,6 +132,10 @@ fn elementwise_softmax_layernorm_reduce_transpose_gather_copy_pool() {
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     let e = (1f32).exp();
     close(&r.get(1, 4), &[1. / (1. + e), e / (1. + e), 0.5, 0.5]);
+    // Log-softmax (minor version 12): the logs of the same.
+    let d = SoftmaxDesc { flags: SOFTMAX_LOG, ..d };
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    close(&r.get(1, 4), &[-(1. + e).ln(), 1. - (1. + e).ln(), -(2f32).ln(), -(2f32).ln()]);
 
     // LayerNorm with gamma and beta.
     r.put(0, &[1., 2., 3., 4.]);

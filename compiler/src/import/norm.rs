@@ -31,12 +31,10 @@ impl Importer {
                 } else {
                     vec![volume(&s[..a]), s[a], volume(&s[a + 1..])]
                 };
-                if op == "LogSoftmax" {
-                    self.log_softmax(cx, x, dims)?
-                } else if op == "Hardmax" {
+                if op == "Hardmax" {
                     self.hardmax(cx, x, dims)?
                 } else {
-                    self.device(cx, Kind::Softmax { x, dims, axis: 1 }, s)
+                    self.device(cx, Kind::Softmax { x, dims, axis: 1, log: op == "LogSoftmax" }, s)
                 }
             }
             "LayerNormalization" => {
@@ -81,20 +79,6 @@ impl Importer {
         let idx = self.device_tmp(cx, Kind::Reduce { kind: REDUCE_ARGMAX, x: xv, dims: dims.clone(), axis: 1 }, reduced, "index");
         let positions = self.constant(&format!("{}.positions", cx.name), Const::f32(&[1, dims[1], 1], (0..dims[1]).map(|i| i as f32).collect()));
         let y = self.elementwise(cx, Binary::Equal, positions, idx, Some("rows_out"))?;
-        let y = self.reshaped(cx, y, s, Some("out"));
-        Ok(self.alias(cx, y))
-    }
-
-    fn log_softmax(&mut self, cx: &Cx, x: ValueId, dims: Vec<u64>) -> Result<ValueId> {
-        let s = self.shape(x);
-        let reduced = vec![dims[0], 1, dims[2]];
-        let xv = self.reshaped(cx, x, dims.clone(), Some("rows"));
-        let max = self.device_tmp(cx, Kind::Reduce { kind: REDUCE_MAX, x: xv, dims: dims.clone(), axis: 1 }, reduced.clone(), "max");
-        let shifted = self.elementwise(cx, Binary::Sub, xv, max, Some("shifted"))?;
-        let e = self.unary_tmp(cx, Unary::Exp, shifted, "exp");
-        let sum = self.device_tmp(cx, Kind::Reduce { kind: REDUCE_SUM, x: e, dims, axis: 1 }, reduced.clone(), "sum");
-        let log = self.unary_tmp(cx, Unary::Log, sum, "log_sum");
-        let y = self.elementwise(cx, Binary::Sub, shifted, log, Some("rows_out"))?;
         let y = self.reshaped(cx, y, s, Some("out"));
         Ok(self.alias(cx, y))
     }

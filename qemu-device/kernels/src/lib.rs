@@ -99,7 +99,7 @@ pub use recurrent::{recurrent, RecCell, RecurrentInputs, RecurrentParams};
 pub use reduce::{arg_reduce, reduce, ReduceOp};
 pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams};
 pub use select::{broadcast_shape3, where_select};
-pub use softmax::{layer_norm, softmax};
+pub use softmax::{layer_norm, log_softmax, softmax};
 pub use tile::{run_tile, TileFault, TileLaunch, TileMem};
 pub use topk::top_k;
 pub use util::parallel_tasks;

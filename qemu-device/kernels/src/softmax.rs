@@ -9,6 +9,17 @@ use rayon::prelude::*;
 /// (negative counts from the end), written to `y` (same shape). Parallel
 /// over the slices outside the axis.
 pub fn softmax(shape: &[usize], axis: isize, x: &[f32], y: &mut [f32]) -> Result<()> {
+    softmax_or_log(shape, axis, false, x, y)
+}
+
+/// Log-softmax along `axis`, as [`softmax`] takes it: `(x − m) − ln Σ
+/// exp(x − m)` with `m` the maximum along the axis (the result of the
+/// ReduceMax, Sub, Exp, ReduceSum, Log, Sub chain, in one pass).
+pub fn log_softmax(shape: &[usize], axis: isize, x: &[f32], y: &mut [f32]) -> Result<()> {
+    softmax_or_log(shape, axis, true, x, y)
+}
+
+fn softmax_or_log(shape: &[usize], axis: isize, log: bool, x: &[f32], y: &mut [f32]) -> Result<()> {
     check_rank("softmax shape", shape)?;
     let axis = normalize_axis(axis, shape.len())?;
     let total = volume("softmax shape", shape)?;
@@ -24,7 +35,7 @@ pub fn softmax(shape: &[usize], axis: isize, x: &[f32], y: &mut [f32]) -> Result
             .zip(x.par_chunks(rows * len))
             .for_each(|(yc, xc)| {
                 for (yr, xr) in yc.chunks_exact_mut(len).zip(xc.chunks_exact(len)) {
-                    softmax_row(xr, yr);
+                    softmax_row(xr, yr, log);
                 }
             });
     } else {
@@ -41,6 +52,17 @@ pub fn softmax(shape: &[usize], axis: isize, x: &[f32], y: &mut [f32]) -> Result
                 let mut s = vec![0.0f32; inner];
                 for (yr, xr) in yb.chunks_exact_mut(inner).zip(xb.chunks_exact(inner)) {
                     exp_diff_accumulate(xr, &m, yr, &mut s);
+                }
+                if log {
+                    for s in s.iter_mut() {
+                        *s = s.ln();
+                    }
+                    for (yr, xr) in yb.chunks_exact_mut(inner).zip(xb.chunks_exact(inner)) {
+                        for (((o, &v), &m), &ls) in yr.iter_mut().zip(xr).zip(&m).zip(&s) {
+                            *o = (v - m) - ls;
+                        }
+                    }
+                    return;
                 }
                 for s in s.iter_mut() {
                     *s = 1.0 / *s;
@@ -146,10 +168,17 @@ simd_dispatch! {
 
 simd_dispatch! {
     /// Softmax of one contiguous row.
-    fn softmax_row(xr: &[f32], yr: &mut [f32]) {
+    fn softmax_row(xr: &[f32], yr: &mut [f32], log: bool) {
         let m = max_f32(xr);
         for (o, &v) in yr.iter_mut().zip(xr) {
             *o = fastmath::exp_logistic::<FMA>(v - m);
+        }
+        if log {
+            let ls = sum_f32(yr).ln();
+            for (o, &v) in yr.iter_mut().zip(xr) {
+                *o = (v - m) - ls;
+            }
+            return;
         }
         let s = 1.0 / sum_f32(yr);
         for o in yr.iter_mut() {

@@ -397,6 +397,38 @@ fn softmax_random() {
 }
 
 #[test]
+fn log_softmax_random() {
+    let mut rng = Rng::new(14);
+    for _ in 0..100 {
+        let rank = rng.range(1, 6);
+        let shape = random_shape(&mut rng, rank, 30_000);
+        let axis = rng.below(rank);
+        let x: Vec<f32> = rng.vec_in(shape.iter().product(), -30.0, 30.0);
+        let mut y = vec![f32::NAN; x.len()];
+        log_softmax(&shape, axis as isize, &x, &mut y).unwrap();
+        let (outer, len, inner) = split(&shape, axis);
+        let mut want = vec![0.0; x.len()];
+        for o in 0..outer {
+            for i in 0..inner {
+                let at = |a: usize| (o * len + a) * inner + i;
+                let m = (0..len).map(|a| x[at(a)] as f64).fold(f64::NEG_INFINITY, f64::max);
+                let ls = (0..len).map(|a| (x[at(a)] as f64 - m).exp()).sum::<f64>().ln();
+                for a in 0..len {
+                    want[at(a)] = x[at(a)] as f64 - m - ls;
+                }
+            }
+        }
+        // Errors scale with the inputs' range (|x − m| ≤ 60).
+        let scale = vec![60.0; x.len()];
+        assert_close(&format!("log_softmax {shape:?} axis {axis}"), &y, &want, Some(&scale), 1e-6);
+    }
+    // Huge inputs neither overflow nor lose the small terms.
+    let mut y = [0.0; 3];
+    log_softmax(&[3], 0, &[1000.0, 1000.0, -1000.0], &mut y).unwrap();
+    assert!((y[0] + std::f32::consts::LN_2).abs() < 1e-6 && y[0] == y[1] && y[2] < -1999.0, "{y:?}");
+}
+
+#[test]
 fn layer_norm_random() {
     let mut rng = Rng::new(14);
     for it in 0..60 {
