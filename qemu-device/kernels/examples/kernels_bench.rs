@@ -598,6 +598,25 @@ fn main() {
             padding: Padding2d::uniform(1),
             ..Default::default()
         }),
+        // The CRNN export's pools (batch 2): 2x2, then 2x1.
+        ("maxpool 2x2 s2 16@32x40 b2 (crnn)", Pool2dParams {
+            batch: 2,
+            channels: 16,
+            in_h: 32,
+            in_w: 40,
+            kernel: [2, 2],
+            stride: [2, 2],
+            ..Default::default()
+        }),
+        ("maxpool 2x1 s2x1 32@16x20 b2 (crnn)", Pool2dParams {
+            batch: 2,
+            channels: 32,
+            in_h: 16,
+            in_w: 20,
+            kernel: [2, 1],
+            stride: [2, 1],
+            ..Default::default()
+        }),
         ("gap 2048@7", Pool2dParams {
             channels: 2048,
             in_h: 7,
@@ -629,7 +648,7 @@ fn main() {
         }
         let [_, c, oh, ow] = pool2d_output_shape(&p).unwrap();
         let x = data(p.batch * p.channels * p.in_h * p.in_w, 1);
-        let mut y = vec![0.0f32; c * oh * ow];
+        let mut y = vec![0.0f32; p.batch * c * oh * ow];
         b.mem(name, 4 * (x.len() + y.len()), || {
             pool2d(&p, &x, &mut y).unwrap();
             black_box(&mut y);
