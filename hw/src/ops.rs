@@ -1091,7 +1091,8 @@ impl RecurrentDesc {
             return Err(BadField("recurrent sizes"));
         }
         let lstm = self.cell == REC_LSTM;
-        if (self.rb_va != 0 && self.flags & REC_LINEAR_BEFORE_RESET == 0) || (!lstm && (self.c0_va != 0 || self.c_va != 0)) {
+        // Rb_h is present exactly with linear-before-reset.
+        if (self.rb_va != 0) != (self.flags & REC_LINEAR_BEFORE_RESET != 0) || (!lstm && (self.c0_va != 0 || self.c_va != 0)) {
             return Err(BadField("recurrent operands"));
         }
         Ok(())

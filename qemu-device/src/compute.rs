@@ -1070,11 +1070,8 @@ fn recurrent(op: &mut Op<'_, '_, '_>, d: &ops::RecurrentDesc) -> R<u64> {
     let flops = op.flops(&[n_x as u64, hidden as u64 * 2 + 10])?;
     let x = op.input(d.x_va, n_x)?;
     let r = op.input(d.r_va, n_r)?;
-    // Optional operands are absent at VA 0 (Rb_h is required by a
-    // linear-before-reset GRU).
-    if lbr && d.rb_va == 0 {
-        return Err(op.bad());
-    }
+    // Optional operands are absent at VA 0 (decoding checked that Rb_h
+    // comes with linear-before-reset, and only with it).
     let rb = if d.rb_va != 0 { Some(op.input(d.rb_va, hidden)?) } else { None };
     let h0 = if d.h0_va != 0 { Some(op.input(d.h0_va, n_state)?) } else { None };
     let c0 = if d.c0_va != 0 { Some(op.input(d.c0_va, n_state)?) } else { None };

@@ -272,9 +272,8 @@ impl Importer {
         let bv = self.constant(&name("bias"), Const::f32(&[width], proj_bias));
         let x = self.gemm_t(cx, xs, wv, Some(bv), None, seq * batch, width, isz, &format!("d{d}.projection"));
         // The device takes Rᵀ `[hidden, width]` (whole rows scaled per step).
-        let (wu, hu) = (width as usize, hs as usize);
-        let rt: Vec<f32> = (0..wu * hu).map(|i| r[(i % wu) * hu + i / wu]).collect();
-        let rv = self.constant(&name("R_t"), Const::f32(&[hs, width], rt));
+        let rt = fold::transpose(&Const::f32(&[width, hs], r.to_vec()), &[1, 0]);
+        let rv = self.constant(&name("R_t"), rt);
         let rb_h = lbr.then(|| self.constant(&name("Rb_h"), Const::f32(&[hs], rb[(2 * hs) as usize..].to_vec())));
         let (code, flags) = match cell {
             Cell::Lstm => (REC_LSTM, 0),

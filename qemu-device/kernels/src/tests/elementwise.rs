@@ -363,6 +363,24 @@ fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
 }
 
+/// Softmax (or log-softmax) of `x` along `axis`, in f64.
+fn softmax_ref(x: &[f32], shape: &[usize], axis: usize, log: bool) -> Vec<f64> {
+    let (outer, len, inner) = split(shape, axis);
+    let mut want = vec![0.0; x.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |a: usize| (o * len + a) * inner + i;
+            let m = (0..len).map(|a| x[at(a)] as f64).fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = (0..len).map(|a| (x[at(a)] as f64 - m).exp()).sum();
+            for a in 0..len {
+                let d = x[at(a)] as f64 - m;
+                want[at(a)] = if log { d - s.ln() } else { d.exp() / s };
+            }
+        }
+    }
+    want
+}
+
 #[test]
 fn softmax_random() {
     let mut rng = Rng::new(13);
@@ -374,18 +392,7 @@ fn softmax_random() {
         let mut y = vec![f32::NAN; x.len()];
         let ax = if it % 2 == 0 { axis as isize } else { axis as isize - rank as isize };
         softmax(&shape, ax, &x, &mut y).unwrap();
-        let (outer, len, inner) = split(&shape, axis);
-        let mut want = vec![0.0; x.len()];
-        for o in 0..outer {
-            for i in 0..inner {
-                let at = |a: usize| (o * len + a) * inner + i;
-                let m = (0..len).map(|a| x[at(a)] as f64).fold(f64::NEG_INFINITY, f64::max);
-                let s: f64 = (0..len).map(|a| (x[at(a)] as f64 - m).exp()).sum();
-                for a in 0..len {
-                    want[at(a)] = (x[at(a)] as f64 - m).exp() / s;
-                }
-            }
-        }
+        let want = softmax_ref(&x, &shape, axis, false);
         // Softmax outputs are ≤ 1: compare against 1 as the magnitude.
         let ones = vec![1.0; x.len()];
         assert_close(&format!("softmax {shape:?} axis {axis}"), &y, &want, Some(&ones), 1e-5);
@@ -406,18 +413,7 @@ fn log_softmax_random() {
         let x: Vec<f32> = rng.vec_in(shape.iter().product(), -30.0, 30.0);
         let mut y = vec![f32::NAN; x.len()];
         log_softmax(&shape, axis as isize, &x, &mut y).unwrap();
-        let (outer, len, inner) = split(&shape, axis);
-        let mut want = vec![0.0; x.len()];
-        for o in 0..outer {
-            for i in 0..inner {
-                let at = |a: usize| (o * len + a) * inner + i;
-                let m = (0..len).map(|a| x[at(a)] as f64).fold(f64::NEG_INFINITY, f64::max);
-                let ls = (0..len).map(|a| (x[at(a)] as f64 - m).exp()).sum::<f64>().ln();
-                for a in 0..len {
-                    want[at(a)] = x[at(a)] as f64 - m - ls;
-                }
-            }
-        }
+        let want = softmax_ref(&x, &shape, axis, true);
         // Errors scale with the inputs' range (|x − m| ≤ 60).
         let scale = vec![60.0; x.len()];
         assert_close(&format!("log_softmax {shape:?} axis {axis}"), &y, &want, Some(&scale), 1e-6);
