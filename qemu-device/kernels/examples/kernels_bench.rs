@@ -189,8 +189,9 @@ fn bench_conv(b: &mut Bench, name: &str, p: Conv2dParams, residual: bool) {
     let mut y = vec![0.0f32; bn * co * oh * ow];
     let npos = oh * ow;
     let flops = 2.0 * (bn * co * npos * kdim) as f64;
-    if p.groups == 1 {
-        // Reference: one GEMM [co × kdim]·[kdim × npos] on a prebuilt im2col.
+    if cg > 1 {
+        // Reference: per group, one GEMM [co/groups × kdim]·[kdim × npos]
+        // on a prebuilt im2col.
         let col = data(kdim * npos, 8);
         let mut dst = vec![0.0f32; co * npos];
         let r = race(
@@ -202,7 +203,12 @@ fn bench_conv(b: &mut Bench, name: &str, p: Conv2dParams, residual: bool) {
                 }
                 black_box(&mut y);
             },
-            || raw_gemm(co, npos, kdim, &w, &col, &mut dst),
+            || {
+                let og = co / p.groups;
+                for _ in 0..p.groups {
+                    raw_gemm(og, npos, kdim, &w[..og * kdim], &col, &mut dst[..og * npos]);
+                }
+            },
         );
         b.report_flops(name, flops, r);
     } else {
@@ -494,6 +500,12 @@ fn main() {
         ("conv 3x3 s1 16->16 @16 (small)", conv_params(16, 16, 16, 3, 1, 1, Relu), false),
         ("conv 3x3 s1 32->32 @8 (small)", conv_params(32, 32, 8, 3, 1, 1, Relu), false),
         ("conv 3x3 s1 3->16 @32 (small stem)", conv_params(3, 16, 32, 3, 1, 1, Relu), false),
+        // RegNetY-400MF's first stage: narrow 1x1s, a strided projection and
+        // grouped 3x3s of group width 8.
+        ("conv 1x1 32->48 @112 (regnet)", conv_params(32, 48, 112, 1, 1, 1, Relu), false),
+        ("conv 1x1 s2 32->48 @112 (regnet proj)", conv_params(32, 48, 112, 1, 2, 1, None), false),
+        ("conv 3x3 s2 g6 48->48 @112 (regnet)", conv_params(48, 48, 112, 3, 2, 6, Relu), false),
+        ("conv 3x3 s1 g13 104->104 @28 (regnet)", conv_params(104, 104, 28, 3, 1, 13, Relu), false),
     ];
     for (name, p, res) in resnet {
         bench_conv(&mut b, name, p, res);
