@@ -3,6 +3,7 @@
 mod depthwise;
 mod gemm;
 mod phases;
+pub(crate) mod winograd;
 
 use crate::activation::Activation;
 use crate::error::{KernelError, Result};
@@ -196,8 +197,10 @@ pub fn conv2d_output_shape(p: &Conv2dParams) -> Result<[usize; 4]> {
 /// Convolutions with more than one input channel per group run as parallel
 /// tasks of (image, group, tile of output positions), each an im2col into a
 /// cache-sized buffer plus a GEMM (1×1 stride-1 unpadded ones skip
-/// im2col); those with one input channel per group (depthwise) use a direct
-/// SIMD loop parallel over output planes. Runs on the current rayon pool.
+/// im2col); 3×3 stride-1 ones with enough channels and output positions
+/// use Winograd's F(2×2, 3×3) (2.25× fewer multiply-adds); those with one
+/// input channel per group (depthwise) use a direct SIMD loop parallel
+/// over output planes. Runs on the current rayon pool.
 pub fn conv2d(p: &Conv2dParams, input: &[f32], weight: &[f32], bias: Option<&[f32]>, output: &mut [f32]) -> Result<()> {
     conv2d_residual(p, input, weight, bias, None, output)
 }
@@ -229,6 +232,8 @@ pub fn conv2d_residual(
     }
     if g.cg == 1 {
         depthwise::direct(p, &g, input, weight, bias, residual, output);
+    } else if winograd::applies(p, &g) {
+        winograd::conv(p, &g, input, weight, bias, residual, output);
     } else {
         gemm::conv_gemm(p, &g, input, weight, bias, residual, output);
     }

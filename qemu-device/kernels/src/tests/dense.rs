@@ -294,6 +294,64 @@ fn conv2d_tiled_and_pointwise() {
     check_conv(&mut rng, &dw, true);
 }
 
+/// 3×3 stride-1 convolutions that take the Winograd F(2×2, 3×3) path (the
+/// test checks that they do): odd output sizes (tiles hanging over the
+/// last row and column), asymmetric and zero padding, batches, several
+/// blocks of tile rows, every activation, bias or not; results within the
+/// direct path's tolerance of the f64 reference.
+#[test]
+fn conv2d_winograd() {
+    let mut rng = Rng::new(44);
+    let base = Conv2dParams {
+        batch: 1,
+        in_channels: 16,
+        in_h: 20,
+        in_w: 20,
+        out_channels: 16,
+        kernel: [3, 3],
+        padding: Padding2d::uniform(1),
+        ..Default::default()
+    };
+    let cases = [
+        base,
+        Conv2dParams { in_h: 23, in_w: 21, batch: 2, ..base },
+        Conv2dParams { in_h: 24, in_w: 25, padding: Padding2d { top: 0, left: 1, bottom: 2, right: 0 }, ..base },
+        Conv2dParams { in_h: 26, in_w: 26, padding: Padding2d::default(), in_channels: 24, out_channels: 40, ..base },
+        Conv2dParams { in_h: 9, in_w: 90, in_channels: 33, out_channels: 17, ..base },
+        Conv2dParams { in_h: 57, in_w: 31, padding: Padding2d::uniform(2), ..base },
+    ];
+    for (i, p) in cases.iter().enumerate() {
+        let p = Conv2dParams { activation: ACTS[i % ACTS.len()], ..*p };
+        assert!(crate::conv::winograd::applies(&p, &crate::conv::geometry(&p).unwrap()), "{p:?} should take the Winograd path");
+        check_conv(&mut rng, &p, i % 2 == 0);
+    }
+    // With a residual (added before the activation).
+    let p = Conv2dParams { in_h: 21, in_w: 22, batch: 2, activation: Activation::Relu, ..base };
+    let x = rng.vec(p.batch * p.in_channels * p.in_h * p.in_w);
+    let w = rng.vec(p.out_channels * p.in_channels * 9);
+    let bias = rng.vec(p.out_channels);
+    let [n, c, oh, ow] = conv2d_output_shape(&p).unwrap();
+    let res = rng.vec(n * c * oh * ow);
+    let mut y = vec![f32::NAN; res.len()];
+    conv2d_residual(&p, &x, &w, Some(&bias), Some(&res), &mut y).unwrap();
+    let (lin, scale) = conv_ref(&Conv2dParams { activation: Activation::None, ..p }, &x, &w, Some(&bias));
+    let want: Vec<f64> = lin.iter().zip(&res).map(|(&v, &r)| act_ref(p.activation, v + r as f64)).collect();
+    let scale: Vec<f64> = scale.iter().zip(&res).map(|(&s, &r)| s + (r as f64).abs()).collect();
+    assert_close("winograd + residual", &y, &want, Some(&scale), 1e-5);
+    // Shapes it must not take: strided, dilated, grouped, too few channels
+    // or output tiles.
+    for q in [
+        Conv2dParams { stride: [2, 2], ..base },
+        Conv2dParams { dilation: [2, 2], ..base },
+        Conv2dParams { groups: 2, ..base },
+        Conv2dParams { in_channels: 8, ..base },
+        Conv2dParams { in_h: 14, in_w: 14, ..base },
+        Conv2dParams { kernel: [3, 5], ..base },
+    ] {
+        assert!(!crate::conv::winograd::applies(&q, &crate::conv::geometry(&q).unwrap()), "{q:?}");
+    }
+}
+
 #[test]
 fn conv2d_degenerate() {
     let mut rng = Rng::new(6);
