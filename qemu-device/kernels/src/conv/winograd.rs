@@ -8,9 +8,10 @@
 //!
 //! Per op the filters are transformed once (`U`, 16·out·in floats) and the
 //! input planes copied zero-padded; tasks are (image, block of whole tile
-//! rows): transform the block's input tiles straight into packed GEMM
-//! panels, 16 GEMMs into a cache-sized buffer, then the output transform
-//! with bias, residual and activation into the output rows. F(2×2, 3×3)'s
+//! rows): transform the block's input tiles straight into the rows of
+//! the 16 GEMMs' B matrices, 16 GEMMs into a cache-sized buffer, then the
+//! output transform with bias, residual and activation into the output
+//! rows. F(2×2, 3×3)'s
 //! transforms use only ±1 and ½ coefficients, so its rounding error stays
 //! within a few ulps of direct summation's.
 
@@ -18,7 +19,7 @@ use super::{Conv2dParams, Geometry};
 use crate::activation::{epilogue, Bias};
 use crate::microkernel::{gemm_packed, MatA, MatB, NR};
 use crate::fastmath::simd_dispatch;
-use crate::util::{for_each_task, sequential, with_local, with_op_scratch, with_scratch, SendPtr};
+use crate::util::{for_each_task, plan_threads, sequential, with_local, with_op_scratch, with_scratch, SendPtr};
 use rayon::prelude::*;
 
 /// Winograd's transformed-tile size (4×4 = 16 GEMMs).
@@ -53,7 +54,8 @@ pub(super) fn conv(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32]
     let (ph, pw) = (2 * th + 2, 2 * tw + 2);
     let plane = ph * pw;
     let planes = p.batch * cin;
-    let u_len = XI * u_stride(og * cin);
+    let us = u_stride(og * cin);
+    let u_len = XI * us;
     let seq = sequential(2 * XI * og * cin * th * tw * p.batch);
     with_op_scratch(u_len + planes * plane, |scratch| {
         let (u, padded) = scratch.split_at_mut(u_len);
@@ -74,12 +76,15 @@ pub(super) fn conv(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32]
         let (u, padded) = (&*u, &*padded);
         // Blocks of whole tile rows, about BLOCK_TILES tiles, and enough
         // of them for every thread (a late helper still gets its share).
-        let threads = crate::util::plan_threads(seq);
+        let threads = plan_threads(seq);
         let want = if seq { 1 } else { (4 * threads).div_ceil(p.batch) };
         let rows_per_block = BLOCK_TILES.div_ceil(tw).min(th.div_ceil(want)).clamp(1, th);
         let blocks = th.div_ceil(rows_per_block);
         let max_tiles = rows_per_block * tw;
-        let v_len = XI * cin * max_tiles.next_multiple_of(NR);
+        // Row stride of the B matrices: whole panels of the largest block.
+        let ld = max_tiles.next_multiple_of(NR);
+        let offs: Vec<isize> = (0..cin).map(|ci| (ci * ld) as isize).collect();
+        let v_len = XI * cin * ld;
         let m_len = XI * og * max_tiles;
         let out_ptr = SendPtr(output.as_mut_ptr());
         for_each_task(p.batch * blocks, seq, |task| {
@@ -89,12 +94,10 @@ pub(super) fn conv(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32]
                 let ty0 = blk * rows_per_block;
                 let ty1 = (ty0 + rows_per_block).min(th);
                 let nt = (ty1 - ty0) * tw;
-                let ld = nt.next_multiple_of(NR);
                 let src = &padded[b * cin * plane..][..cin * plane];
-                transform_inputs(src, cin, pw, plane, ty0, ty1, tw, ld, &mut v[..XI * cin * ld]);
-                let offs: Vec<isize> = (0..cin).map(|ci| (ci * ld) as isize).collect();
+                transform_inputs(src, cin, pw, plane, ty0, ty1, tw, ld, v);
                 for xi in 0..XI {
-                    let a = MatA { ptr: u[xi * u_stride(og * cin)..].as_ptr(), rs: cin as isize, cs: 1 };
+                    let a = MatA { ptr: u[xi * us..].as_ptr(), rs: cin as isize, cs: 1 };
                     let rows = MatB::Rows { base: v[xi * cin * ld..][..cin * ld].as_ptr(), offs: &offs };
                     // SAFETY: A is U[ξ], [og × cin] row-major inside `u`;
                     // B row ci is V[ξ] row ci, `ld` (≥ nt rounded up to
@@ -139,18 +142,9 @@ fn transform_filters(weight: &[f32], filters: usize, u: &mut [f32], seq: bool) {
             let f = f0 + f;
             // t = G g (4×3), then t Gᵀ (4×4), each value stored to its ξ's
             // matrix (16 sequential streams).
-            let mut t = [[0.0f32; 3]; 4];
-            for c in 0..3 {
-                let (g0, g1, g2) = (g[c], g[3 + c], g[6 + c]);
-                t[0][c] = g0;
-                t[1][c] = 0.5 * (g0 + g1 + g2);
-                t[2][c] = 0.5 * (g0 - g1 + g2);
-                t[3][c] = g2;
-            }
-            for (r, tr) in t.iter().enumerate() {
-                let (g0, g1, g2) = (tr[0], tr[1], tr[2]);
-                let vals = [g0, 0.5 * (g0 + g1 + g2), 0.5 * (g0 - g1 + g2), g2];
-                for (c, v) in vals.into_iter().enumerate() {
+            let cols: [[f32; 4]; 3] = core::array::from_fn(|c| g_times(g[c], g[3 + c], g[6 + c]));
+            for (r, ((&t0, &t1), &t2)) in cols[0].iter().zip(&cols[1]).zip(&cols[2]).enumerate() {
+                for (c, v) in g_times(t0, t1, t2).into_iter().enumerate() {
                     // SAFETY: (4r + c)·us + f < XI·us ≤ u.len(); tasks
                     // write disjoint filter ranges f of every row.
                     unsafe { *u_ptr.get().add((4 * r + c) * us + f) = v };
@@ -158,6 +152,12 @@ fn transform_filters(weight: &[f32], filters: usize, u: &mut [f32], seq: bool) {
             }
         }
     });
+}
+
+/// `G·[g0, g1, g2]ᵀ` with G = [[1,0,0],[½,½,½],[½,-½,½],[0,0,1]].
+#[inline(always)]
+fn g_times(g0: f32, g1: f32, g2: f32) -> [f32; 4] {
+    [g0, 0.5 * (g0 + g1 + g2), 0.5 * (g0 - g1 + g2), g2]
 }
 
 /// `V[ξ] = (Bᵀ d B)[ξ]` for the 4×4 input tile `d` of every channel and
@@ -218,36 +218,36 @@ simd_dispatch! {
         };
         // t[i][c] = (Bᵀ d)[i][c], row i at t[(4i + c)·tw..].
         for c in 0..4 {
-            let (d0, d1, d2, d3) = (col(0, c), col(1, c), col(2, c), col(3, c));
-            let (t0, rest) = t[c * tw..].split_at_mut(4 * tw);
-            let (t1, rest) = rest.split_at_mut(4 * tw);
-            let (t2, t3) = rest.split_at_mut(4 * tw);
-            let (t0, t1, t2, t3) = (&mut t0[..tw], &mut t1[..tw], &mut t2[..tw], &mut t3[..tw]);
-            for x in 0..tw {
-                t0[x] = d0[x] - d2[x];
-                t1[x] = d1[x] + d2[x];
-                t2[x] = d2[x] - d1[x];
-                t3[x] = d1[x] - d3[x];
-            }
+            bt_rows([col(0, c), col(1, c), col(2, c), col(3, c)], four_rows(&mut t[c * tw..], 4 * tw, tw));
         }
         // V[4i + c] = (t B)[i][c].
         for i in 0..4 {
             let ti = &t[4 * i * tw..][..4 * tw];
-            let (a0, rest) = ti.split_at(tw);
-            let (a1, rest) = rest.split_at(tw);
-            let (a2, a3) = rest.split_at(tw);
-            let (v0, rest) = v[4 * i * stride + at..].split_at_mut(stride);
-            let (v1, rest) = rest.split_at_mut(stride);
-            let (v2, v3) = rest.split_at_mut(stride);
-            let (v0, v1, v2, v3) = (&mut v0[..tw], &mut v1[..tw], &mut v2[..tw], &mut v3[..tw]);
-            for x in 0..tw {
-                v0[x] = a0[x] - a2[x];
-                v1[x] = a1[x] + a2[x];
-                v2[x] = a2[x] - a1[x];
-                v3[x] = a1[x] - a3[x];
-            }
+            let rows: [&[f32]; 4] = core::array::from_fn(|c| &ti[c * tw..][..tw]);
+            bt_rows(rows, four_rows(&mut v[4 * i * stride + at..], stride, tw));
         }
     }
+}
+
+/// `out = Bᵀ·[d0, d1, d2, d3]` element-wise along the rows, with
+/// Bᵀ = [[1,0,-1,0],[0,1,1,0],[0,-1,1,0],[0,1,0,-1]].
+#[inline(always)]
+fn bt_rows([d0, d1, d2, d3]: [&[f32]; 4], [o0, o1, o2, o3]: [&mut [f32]; 4]) {
+    for x in 0..o0.len() {
+        o0[x] = d0[x] - d2[x];
+        o1[x] = d1[x] + d2[x];
+        o2[x] = d2[x] - d1[x];
+        o3[x] = d1[x] - d3[x];
+    }
+}
+
+/// Rows `0, stride, 2·stride, 3·stride` of `s`, `len` values each.
+#[inline(always)]
+fn four_rows(s: &mut [f32], stride: usize, len: usize) -> [&mut [f32]; 4] {
+    let (r0, rest) = s.split_at_mut(stride);
+    let (r1, rest) = rest.split_at_mut(stride);
+    let (r2, r3) = rest.split_at_mut(stride);
+    [&mut r0[..len], &mut r1[..len], &mut r2[..len], &mut r3[..len]]
 }
 
 /// Output channel `co`'s rows of a block: `Y = Aᵀ m A + bias` per tile
