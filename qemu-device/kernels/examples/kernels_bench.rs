@@ -506,6 +506,10 @@ fn main() {
         ("conv 1x1 s2 32->48 @112 (regnet proj)", conv_params(32, 48, 112, 1, 2, 1, None), false),
         ("conv 3x3 s2 g6 48->48 @112 (regnet)", conv_params(48, 48, 112, 3, 2, 6, Relu), false),
         ("conv 3x3 s1 g13 104->104 @28 (regnet)", conv_params(104, 104, 28, 3, 1, 13, Relu), false),
+        // MobileNetV2's pointwise convs (ReLU6).
+        ("conv 1x1 96->576 @14 (mbv2)", conv_params(96, 576, 14, 1, 1, 1, Clip { min: 0.0, max: 6.0 }), false),
+        ("conv 1x1 32->192 @28 (mbv2)", conv_params(32, 192, 28, 1, 1, 1, Clip { min: 0.0, max: 6.0 }), false),
+        ("conv 1x1 960->160 @7 (mbv2)", conv_params(960, 160, 7, 1, 1, 1, None), false),
     ];
     for (name, p, res) in resnet {
         bench_conv(&mut b, name, p, res);

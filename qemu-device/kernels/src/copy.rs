@@ -283,7 +283,7 @@ unsafe fn walk(dims: &[Dim], tiled: bool, src: *mut f32, dst: *mut f32) {
 /// the 64 destination elements writable, and the two must not overlap.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
-unsafe fn transpose8x8(src: *const f32, src_stride: isize, dst: *mut f32, dst_stride: isize) {
+pub(crate) unsafe fn transpose8x8(src: *const f32, src_stride: isize, dst: *mut f32, dst_stride: isize) {
     use core::arch::x86_64::*;
     // SAFETY: per the function contract (unaligned loads and stores).
     unsafe {

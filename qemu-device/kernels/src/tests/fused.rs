@@ -307,6 +307,16 @@ fn depthwise_fast_path_shapes() {
         (2, 1, 1, 1, 3, 1, 1, 1),
         (3, 1, 9, 70, 1, 1, 0, 1),
         (3, 1, 9, 70, 1, 2, 0, 1),
+        // Whole blocks of 8 channels (register transposes in and out) and
+        // a partial one after them; rows narrower than 8, row tails, bands
+        // of rows, strides 2 and 3, dilation.
+        (8, 1, 7, 7, 5, 1, 2, 1),
+        (16, 1, 29, 30, 3, 2, 1, 1),
+        (24, 1, 14, 14, 3, 1, 1, 1),
+        (8, 1, 9, 70, 3, 3, 1, 2),
+        (16, 1, 112, 20, 3, 1, 1, 1),
+        (40, 1, 13, 13, 7, 1, 3, 1),
+        (12, 1, 6, 5, 3, 1, 1, 1),
     ];
     for (it, &(c, mult, h, w, k, s, pad, d)) in cases.iter().enumerate() {
         for batch in [1, 2] {
@@ -341,6 +351,7 @@ fn depthwise_fast_path_shapes() {
         activation: Activation::Relu,
     };
     check_conv_residual(&mut rng, &p, true, true);
+    check_conv_residual(&mut rng, &Conv2dParams { in_channels: 16, out_channels: 16, groups: 16, ..p }, true, true);
     // Huge padding with a dilated kernel: the phase planes would dwarf the
     // data, so the generic loop runs (and must agree).
     let p = Conv2dParams {
