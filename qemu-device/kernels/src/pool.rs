@@ -133,8 +133,7 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
                     let nrows = ky_range.len();
                     match &hz {
                         Some(hz) => {
-                            reduce_window_rows(kind, rows, vrow);
-                            hz.row(kind, vrow, scratch, o);
+                            hz.row(kind, rows, scratch, o);
                             finish_row(kind, &cols, nrows, window, o);
                         }
                         None => pool_row(kind, rows, vrow, &cols, wa.dilation, nrows, window, o),
@@ -147,8 +146,11 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
 
 /// Horizontal pass of undilated windows as whole-row vector operations: the
 /// reduced row, padded with the identity, is split into its stride phases
-/// so that every tap is a contiguous shifted slice.
+/// so that every tap is a contiguous shifted slice (stride-2 windows of two
+/// or three taps, the usual downsampling, in one pass without phases).
 struct Phased {
+    /// Input columns.
+    input: usize,
     pad: usize,
     stride: usize,
     kernel: usize,
@@ -170,6 +172,7 @@ impl Phased {
             return None;
         }
         Some(Phased {
+            input: wa.input,
             pad: wa.pad_before,
             stride: s,
             kernel: k,
@@ -179,8 +182,10 @@ impl Phased {
     }
 
     /// `out[ox] = reduce over taps of vrow[ox·s + kx - pad]` (identity in
-    /// the padding), before any averaging.
-    fn row(&self, kind: PoolKind, vrow: &[f32], scratch: &mut Vec<f32>, out: &mut [f32]) {
+    /// the padding), before any averaging, where `vrow` is the column-wise
+    /// reduction of the window's input `rows` (written straight into the
+    /// padded row).
+    fn row<'a>(&self, kind: PoolKind, rows: impl Iterator<Item = &'a [f32]>, scratch: &mut Vec<f32>, out: &mut [f32]) {
         let ident = match kind {
             PoolKind::Max => f32::NEG_INFINITY,
             PoolKind::Avg { .. } => 0.0,
@@ -191,12 +196,17 @@ impl Phased {
         scratch.resize(self.padded + nph * plen, 0.0);
         let (hp, ph) = scratch.split_at_mut(self.padded);
         let pl = self.pad.min(self.padded);
+        let n = self.input.min(self.padded - pl);
         hp[..pl].fill(ident);
-        let n = vrow.len().min(self.padded - pl);
-        hp[pl..pl + n].copy_from_slice(&vrow[..n]);
+        reduce_window_rows(kind, rows.map(|r| &r[..n]), &mut hp[pl..pl + n]);
         hp[pl + n..].fill(ident);
-        out.fill(ident);
         let ow = out.len();
+        if s == 2 && (self.kernel == 2 || self.kernel == 3) {
+            // The common downsampling windows: one pass, no phase planes.
+            pool_s2(max, self.kernel == 3, hp, out);
+            return;
+        }
+        out.fill(ident);
         if s == 1 {
             for kx in 0..self.kernel {
                 reduce_rows(max, out, &hp[kx..kx + ow]);
@@ -212,19 +222,95 @@ impl Phased {
     }
 }
 
+simd_dispatch! {
+    /// Stride-2 windows of 2 or 3 (`k3`) taps over the padded row `hp`:
+    /// `out[ox] = reduce(hp[2·ox], hp[2·ox + 1] [, hp[2·ox + 2]])`, eight
+    /// outputs at a time from one 17-element window (vector
+    /// deinterleaves).
+    fn pool_s2(max: bool, k3: bool, hp: &[f32], out: &mut [f32]) {
+        match (max, k3) {
+            (true, true) => pool_s2_k::<true, true>(hp, out),
+            (true, false) => pool_s2_k::<true, false>(hp, out),
+            (false, true) => pool_s2_k::<false, true>(hp, out),
+            (false, false) => pool_s2_k::<false, false>(hp, out),
+        }
+    }
+}
+
+#[inline(always)]
+fn pool_s2_k<const MAX: bool, const K3: bool>(hp: &[f32], out: &mut [f32]) {
+    let op = |a: f32, b: f32| if MAX { a.max(b) } else { a + b };
+    let mut ox = 0;
+    for o in out.chunks_exact_mut(8) {
+        let Some(c) = hp.get(2 * ox..2 * ox + 17) else { break };
+        for i in 0..8 {
+            let m = op(c[2 * i], c[2 * i + 1]);
+            o[i] = if K3 { op(m, c[2 * i + 2]) } else { m };
+        }
+        ox += 8;
+    }
+    for (j, o) in out[ox..].iter_mut().enumerate() {
+        let b = 2 * (ox + j);
+        let m = op(hp[b], hp[b + 1]);
+        *o = if K3 { op(m, hp[b + 2]) } else { m };
+    }
+}
+
 /// Column-wise reduction of the window's input rows into `vrow` (the
-/// identity when there are none).
+/// identity when there are none); windows of two or three rows in one pass.
 #[inline]
 fn reduce_window_rows<'a>(kind: PoolKind, mut rows: impl Iterator<Item = &'a [f32]>, vrow: &mut [f32]) {
-    match rows.next() {
-        Some(r) => vrow.copy_from_slice(r),
-        None => vrow.fill(match kind {
+    let max = kind == PoolKind::Max;
+    let Some(r0) = rows.next() else {
+        vrow.fill(match kind {
             PoolKind::Max => f32::NEG_INFINITY,
             PoolKind::Avg { .. } => 0.0,
-        }),
+        });
+        return;
+    };
+    let Some(r1) = rows.next() else {
+        vrow.copy_from_slice(r0);
+        return;
+    };
+    match rows.next() {
+        Some(r2) => reduce_rows3(max, vrow, r0, r1, Some(r2)),
+        None => reduce_rows3(max, vrow, r0, r1, None),
     }
     for r in rows {
-        reduce_rows(kind == PoolKind::Max, vrow, r);
+        reduce_rows(max, vrow, r);
+    }
+}
+
+simd_dispatch! {
+    /// `acc = reduce(a, b [, c])` element-wise: the max or the sum of two
+    /// or three rows, in one pass.
+    fn reduce_rows3(max: bool, acc: &mut [f32], a: &[f32], b: &[f32], c: Option<&[f32]>) {
+        let n = acc.len();
+        let (a, b) = (&a[..n], &b[..n]);
+        match (max, c) {
+            (true, Some(c)) => {
+                let c = &c[..n];
+                for i in 0..n {
+                    acc[i] = a[i].max(b[i]).max(c[i]);
+                }
+            }
+            (false, Some(c)) => {
+                let c = &c[..n];
+                for i in 0..n {
+                    acc[i] = a[i] + b[i] + c[i];
+                }
+            }
+            (true, None) => {
+                for i in 0..n {
+                    acc[i] = a[i].max(b[i]);
+                }
+            }
+            (false, None) => {
+                for i in 0..n {
+                    acc[i] = a[i] + b[i];
+                }
+            }
+        }
     }
 }
 
