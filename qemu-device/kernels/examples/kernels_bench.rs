@@ -624,6 +624,25 @@ fn main() {
             stride: [2, 2],
             ..Default::default()
         }),
+        // GoogLeNet's inception branch pool (stride 1) and a downsampling
+        // one (ceil mode: one more row and column of padding).
+        ("maxpool 3x3 s1 512@14 (googlenet)", Pool2dParams {
+            channels: 512,
+            in_h: 14,
+            in_w: 14,
+            kernel: [3, 3],
+            padding: Padding2d::uniform(1),
+            ..Default::default()
+        }),
+        ("maxpool 3x3 s2 ceil 480@28 (googlenet)", Pool2dParams {
+            channels: 480,
+            in_h: 28,
+            in_w: 28,
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: Padding2d { top: 0, left: 0, bottom: 1, right: 1 },
+            ..Default::default()
+        }),
         ("maxpool 2x1 s2x1 32@16x20 b2 (crnn)", Pool2dParams {
             batch: 2,
             channels: 32,

@@ -98,6 +98,24 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
             });
         return Ok(());
     }
+    let same = kind == PoolKind::Max
+        && [ha.stride, wa.stride, ha.dilation, wa.dilation] == [1; 4]
+        && (ha.output, wa.output) == (p.in_h, p.in_w);
+    if same && in_plane > 0 {
+        // Stride-1 max pooling to the input's size (inception branches,
+        // YOLO's SPPF): whole-plane passes instead of row by row.
+        let (kh, ph, kw, pw) = (ha.kernel, ha.pad_before, wa.kernel, wa.pad_before);
+        output
+            .par_chunks_mut(in_plane)
+            .with_min_len(planes_per_task)
+            .enumerate()
+            .for_each_init(Vec::new, |v: &mut Vec<f32>, (plane, out)| {
+                v.resize(in_plane, 0.0);
+                let x = &input[plane * in_plane..][..in_plane];
+                same_max_plane(x, p.in_h, p.in_w, kh, ph, kw, pw, v, out);
+            });
+        return Ok(());
+    }
     if in_plane == 0 {
         // Every window covers padding only (the other dimension may be
         // huge: allocate nothing per input row).
@@ -126,29 +144,48 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
             |(vrow, scratch): &mut (Vec<f32>, Vec<f32>), (plane, out)| {
                 let inp = &input[plane * in_plane..][..in_plane];
                 vrow.resize(wa.input, 0.0);
-                for oy in 0..ha.output {
-                    let ky_range = valid_range(ha.base(oy), ha.dilation, ha.kernel, ha.input);
-                    let rows = ky_range.clone().map(|ky| &inp[ha.input_index(oy, ky) as usize * wa.input..][..wa.input]);
-                    let o = &mut out[oy * wa.output..][..wa.output];
-                    let nrows = ky_range.len();
-                    match &hz {
-                        Some(hz) => {
-                            hz.row(kind, rows, scratch, o);
-                            finish_row(kind, &cols, nrows, window, o);
-                        }
-                        None => pool_row(kind, rows, vrow, &cols, wa.dilation, nrows, window, o),
-                    }
-                }
+                pool_plane(kind, &ha, &wa, hz.as_ref(), &cols, window, inp, vrow, scratch, out);
             },
         );
     Ok(())
+}
+
+simd_dispatch! {
+    /// One plane of [`pool2d`], row by row (the row kernels below inline
+    /// here: one dispatch per plane, not per row).
+    fn pool_plane(
+        kind: PoolKind,
+        ha: &Axis,
+        wa: &Axis,
+        hz: Option<&Phased>,
+        cols: &[(usize, usize)],
+        window: usize,
+        inp: &[f32],
+        vrow: &mut [f32],
+        scratch: &mut Vec<f32>,
+        out: &mut [f32]
+    ) {
+        for oy in 0..ha.output {
+            let ky_range = valid_range(ha.base(oy), ha.dilation, ha.kernel, ha.input);
+            let rows = ky_range.clone().map(|ky| &inp[ha.input_index(oy, ky) as usize * wa.input..][..wa.input]);
+            let o = &mut out[oy * wa.output..][..wa.output];
+            let nrows = ky_range.len();
+            match hz {
+                Some(hz) => {
+                    hz.row(kind, rows, scratch, o);
+                    finish_row(kind, cols, nrows, window, o);
+                }
+                None => pool_row(kind, rows, vrow, cols, wa.dilation, nrows, window, o),
+            }
+        }
+    }
 }
 
 /// Horizontal pass of undilated windows as whole-row vector operations: the
 /// reduced row, padded with the identity, is split into its stride phases
 /// so that every tap is a contiguous shifted slice (stride-2 windows of two
 /// or three taps, the usual downsampling, in one pass without phases).
-struct Phased {
+pub(crate) struct Phased {
     /// Input columns.
     input: usize,
     pad: usize,
@@ -185,6 +222,7 @@ impl Phased {
     /// the padding), before any averaging, where `vrow` is the column-wise
     /// reduction of the window's input `rows` (written straight into the
     /// padded row).
+    #[inline(always)]
     fn row<'a>(&self, kind: PoolKind, rows: impl Iterator<Item = &'a [f32]>, scratch: &mut Vec<f32>, out: &mut [f32]) {
         let ident = match kind {
             PoolKind::Max => f32::NEG_INFINITY,
@@ -223,17 +261,66 @@ impl Phased {
 }
 
 simd_dispatch! {
-    /// Stride-2 windows of 2 or 3 (`k3`) taps over the padded row `hp`:
-    /// `out[ox] = reduce(hp[2·ox], hp[2·ox + 1] [, hp[2·ox + 2]])`, eight
-    /// outputs at a time from one 17-element window (vector
-    /// deinterleaves).
-    fn pool_s2(max: bool, k3: bool, hp: &[f32], out: &mut [f32]) {
-        match (max, k3) {
-            (true, true) => pool_s2_k::<true, true>(hp, out),
-            (true, false) => pool_s2_k::<true, false>(hp, out),
-            (false, true) => pool_s2_k::<false, true>(hp, out),
-            (false, false) => pool_s2_k::<false, false>(hp, out),
+    /// One `h × w` plane of stride-1 max pooling to the same size (window
+    /// `kh × kw` starting `ph`, `pw` before each output): the rows'
+    /// column-wise maxima into `v`, full windows of all rows as one pass
+    /// per tap over the flattened plane, then the same across the columns
+    /// of `v`, with the windows that the plane's edges clip (border rows,
+    /// and columns whose flat window would wrap into the next row) redone
+    /// on their own.
+    fn same_max_plane(x: &[f32], h: usize, w: usize, kh: usize, ph: usize, kw: usize, pw: usize, v: &mut [f32], out: &mut [f32]) {
+        let n = h * w;
+        // Rows: output row oy takes input rows [oy - ph, oy - ph + kh) ∩ [0, h).
+        let full = (ph..h).filter(|&oy| oy + kh - ph <= h);
+        let (f0, f1) = (full.clone().next().unwrap_or(0), full.last().map_or(0, |oy| oy + 1));
+        if f1 > f0 {
+            let dst = &mut v[f0 * w..f1 * w];
+            let src = |ky: usize| &x[(f0 - ph + ky) * w..(f1 - ph + ky) * w];
+            dst.copy_from_slice(src(0));
+            for ky in 1..kh {
+                reduce_rows(true, dst, src(ky));
+            }
         }
+        for oy in (0..h).filter(|&oy| oy < f0 || oy >= f1) {
+            let lo = oy.saturating_sub(ph);
+            let hi = (oy + kh - ph).min(h);
+            let dst = &mut v[oy * w..][..w];
+            dst.copy_from_slice(&x[lo * w..][..w]);
+            for iy in lo + 1..hi {
+                reduce_rows(true, dst, &x[iy * w..][..w]);
+            }
+        }
+        // Columns: out[i] = max of v[i - pw .. i - pw + kw] where the
+        // window stays in i's row.
+        let pa = kw - 1 - pw;
+        if n > pw + pa {
+            let dst = &mut out[pw..n - pa];
+            let m = dst.len();
+            dst.copy_from_slice(&v[..m]);
+            for kx in 1..kw {
+                reduce_rows(true, dst, &v[kx..kx + m]);
+            }
+        }
+        for (row, o) in v.chunks_exact(w).zip(out.chunks_exact_mut(w)) {
+            for ox in (0..w).filter(|&ox| ox < pw || ox + pa >= w) {
+                let lo = ox.saturating_sub(pw);
+                let hi = (ox + kw - pw).min(w);
+                o[ox] = row[lo + 1..hi].iter().fold(row[lo], |a, &b| a.max(b));
+            }
+        }
+    }
+}
+
+/// Stride-2 windows of 2 or 3 (`k3`) taps over the padded row `hp`:
+/// `out[ox] = reduce(hp[2·ox], hp[2·ox + 1] [, hp[2·ox + 2]])`, eight
+/// outputs at a time from one 17-element window (vector deinterleaves).
+#[inline(always)]
+fn pool_s2(max: bool, k3: bool, hp: &[f32], out: &mut [f32]) {
+    match (max, k3) {
+        (true, true) => pool_s2_k::<true, true>(hp, out),
+        (true, false) => pool_s2_k::<true, false>(hp, out),
+        (false, true) => pool_s2_k::<false, true>(hp, out),
+        (false, false) => pool_s2_k::<false, false>(hp, out),
     }
 }
 
@@ -258,7 +345,7 @@ fn pool_s2_k<const MAX: bool, const K3: bool>(hp: &[f32], out: &mut [f32]) {
 
 /// Column-wise reduction of the window's input rows into `vrow` (the
 /// identity when there are none); windows of two or three rows in one pass.
-#[inline]
+#[inline(always)]
 fn reduce_window_rows<'a>(kind: PoolKind, mut rows: impl Iterator<Item = &'a [f32]>, vrow: &mut [f32]) {
     let max = kind == PoolKind::Max;
     let Some(r0) = rows.next() else {
@@ -281,40 +368,40 @@ fn reduce_window_rows<'a>(kind: PoolKind, mut rows: impl Iterator<Item = &'a [f3
     }
 }
 
-simd_dispatch! {
-    /// `acc = reduce(a, b [, c])` element-wise: the max or the sum of two
-    /// or three rows, in one pass.
-    fn reduce_rows3(max: bool, acc: &mut [f32], a: &[f32], b: &[f32], c: Option<&[f32]>) {
-        let n = acc.len();
-        let (a, b) = (&a[..n], &b[..n]);
-        match (max, c) {
-            (true, Some(c)) => {
-                let c = &c[..n];
-                for i in 0..n {
-                    acc[i] = a[i].max(b[i]).max(c[i]);
-                }
+/// `acc = reduce(a, b [, c])` element-wise: the max or the sum of two
+/// or three rows, in one pass.
+#[inline(always)]
+fn reduce_rows3(max: bool, acc: &mut [f32], a: &[f32], b: &[f32], c: Option<&[f32]>) {
+    let n = acc.len();
+    let (a, b) = (&a[..n], &b[..n]);
+    match (max, c) {
+        (true, Some(c)) => {
+            let c = &c[..n];
+            for i in 0..n {
+                acc[i] = a[i].max(b[i]).max(c[i]);
             }
-            (false, Some(c)) => {
-                let c = &c[..n];
-                for i in 0..n {
-                    acc[i] = a[i] + b[i] + c[i];
-                }
+        }
+        (false, Some(c)) => {
+            let c = &c[..n];
+            for i in 0..n {
+                acc[i] = a[i] + b[i] + c[i];
             }
-            (true, None) => {
-                for i in 0..n {
-                    acc[i] = a[i].max(b[i]);
-                }
+        }
+        (true, None) => {
+            for i in 0..n {
+                acc[i] = a[i].max(b[i]);
             }
-            (false, None) => {
-                for i in 0..n {
-                    acc[i] = a[i] + b[i];
-                }
+        }
+        (false, None) => {
+            for i in 0..n {
+                acc[i] = a[i] + b[i];
             }
         }
     }
 }
 
 /// Averages (or, for max, fixes windows without rows) one output row.
+#[inline(always)]
 fn finish_row(kind: PoolKind, cols: &[(usize, usize)], nrows: usize, window: usize, out: &mut [f32]) {
     match kind {
         PoolKind::Max => {
@@ -397,17 +484,16 @@ fn pool_row<'a>(
     }
 }
 
-simd_dispatch! {
-    /// `acc = max(acc, r)` or `acc += r`, element-wise.
-    fn reduce_rows(max: bool, acc: &mut [f32], r: &[f32]) {
-        if max {
-            for (a, &v) in acc.iter_mut().zip(r) {
-                *a = a.max(v);
-            }
-        } else {
-            for (a, &v) in acc.iter_mut().zip(r) {
-                *a += v;
-            }
+/// `acc = max(acc, r)` or `acc += r`, element-wise.
+#[inline(always)]
+fn reduce_rows(max: bool, acc: &mut [f32], r: &[f32]) {
+    if max {
+        for (a, &v) in acc.iter_mut().zip(r) {
+            *a = a.max(v);
+        }
+    } else {
+        for (a, &v) in acc.iter_mut().zip(r) {
+            *a += v;
         }
     }
 }

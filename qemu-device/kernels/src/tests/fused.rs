@@ -263,6 +263,18 @@ fn pool2d_model_shapes() {
         (5, 14, 14, 14, 1, 0, PoolKind::Avg { count_include_pad: true }),
         (600, 1, 1, 1, 1, 0, PoolKind::Avg { count_include_pad: false }),
         (40, 9, 9, 9, 1, 0, PoolKind::Max),
+        // Stride-1 max pools to the input's size (inception branches,
+        // YOLO's SPPF), planes narrower than the window among them.
+        (7, 14, 14, 3, 1, 1, PoolKind::Max),
+        (3, 20, 20, 5, 1, 2, PoolKind::Max),
+        (2, 9, 31, 5, 1, 2, PoolKind::Max),
+        (2, 2, 3, 5, 1, 2, PoolKind::Max),
+        (2, 1, 9, 3, 1, 1, PoolKind::Max),
+        (2, 6, 1, 7, 1, 3, PoolKind::Max),
+        // Downsampling windows of 2 and 3 taps with row tails.
+        (3, 28, 29, 3, 2, 1, PoolKind::Max),
+        (3, 27, 35, 2, 2, 0, PoolKind::Avg { count_include_pad: true }),
+        (3, 19, 41, 3, 2, 1, PoolKind::Avg { count_include_pad: false }),
     ];
     for (c, h, w, k, s, pad, kind) in cases {
         for batch in [1, 2] {
@@ -284,6 +296,19 @@ fn pool2d_model_shapes() {
             let (want, scale) = pool_ref(&p, &x);
             assert_close(&format!("pool {p:?}"), &y, &want, Some(&scale), 1e-5);
         }
+    }
+    // Same-size windows with asymmetric padding (an even kernel, as
+    // ceil-mode exporters pad), NaNs among the inputs.
+    for (k, pad) in [(2, Padding2d { top: 0, left: 0, bottom: 1, right: 1 }), (4, Padding2d { top: 2, left: 1, bottom: 1, right: 2 })] {
+        let p = Pool2dParams { channels: 3, in_h: 11, in_w: 13, kernel: [k, k], padding: pad, kind: PoolKind::Max, ..Default::default() };
+        let mut x = rng.vec(3 * 11 * 13);
+        x[17] = f32::NAN;
+        let [n, c2, oh, ow] = pool2d_output_shape(&p).unwrap();
+        assert_eq!((oh, ow), (11, 13));
+        let mut y = vec![f32::NAN; n * c2 * oh * ow];
+        pool2d(&p, &x, &mut y).unwrap();
+        let (want, scale) = pool_ref(&p, &x);
+        assert_close(&format!("pool {p:?}"), &y, &want, Some(&scale), 1e-5);
     }
 }
 
