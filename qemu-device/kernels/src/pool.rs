@@ -18,6 +18,16 @@ pub enum PoolKind {
     Avg { count_include_pad: bool },
 }
 
+impl PoolKind {
+    /// The reduction's identity: what padding contributes.
+    fn identity(self) -> f32 {
+        match self {
+            PoolKind::Max => f32::NEG_INFINITY,
+            PoolKind::Avg { .. } => 0.0,
+        }
+    }
+}
+
 /// Parameters of [`pool2d`].
 ///
 /// Input `[batch, channels, in_h, in_w]`, output
@@ -119,10 +129,7 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
     if in_plane == 0 {
         // Every window covers padding only (the other dimension may be
         // huge: allocate nothing per input row).
-        output.fill(match kind {
-            PoolKind::Max => f32::NEG_INFINITY,
-            PoolKind::Avg { .. } => 0.0,
-        });
+        output.fill(kind.identity());
         return Ok(());
     }
     // Per output column: first input column of the window and number of
@@ -224,10 +231,7 @@ impl Phased {
     /// padded row).
     #[inline(always)]
     fn row<'a>(&self, kind: PoolKind, rows: impl Iterator<Item = &'a [f32]>, scratch: &mut Vec<f32>, out: &mut [f32]) {
-        let ident = match kind {
-            PoolKind::Max => f32::NEG_INFINITY,
-            PoolKind::Avg { .. } => 0.0,
-        };
+        let ident = kind.identity();
         let max = kind == PoolKind::Max;
         let (s, plen) = (self.stride, self.phase);
         let nph = s.min(self.kernel);
@@ -271,8 +275,8 @@ simd_dispatch! {
     fn same_max_plane(x: &[f32], h: usize, w: usize, kh: usize, ph: usize, kw: usize, pw: usize, v: &mut [f32], out: &mut [f32]) {
         let n = h * w;
         // Rows: output row oy takes input rows [oy - ph, oy - ph + kh) ∩ [0, h).
-        let full = (ph..h).filter(|&oy| oy + kh - ph <= h);
-        let (f0, f1) = (full.clone().next().unwrap_or(0), full.last().map_or(0, |oy| oy + 1));
+        // Rows [f0, f1) have whole windows (oy ≥ ph, oy - ph + kh ≤ h).
+        let (f0, f1) = (ph, (h + ph + 1).saturating_sub(kh).min(h));
         if f1 > f0 {
             let dst = &mut v[f0 * w..f1 * w];
             let src = |ky: usize| &x[(f0 - ph + ky) * w..(f1 - ph + ky) * w];
@@ -349,10 +353,7 @@ fn pool_s2_k<const MAX: bool, const K3: bool>(hp: &[f32], out: &mut [f32]) {
 fn reduce_window_rows<'a>(kind: PoolKind, mut rows: impl Iterator<Item = &'a [f32]>, vrow: &mut [f32]) {
     let max = kind == PoolKind::Max;
     let Some(r0) = rows.next() else {
-        vrow.fill(match kind {
-            PoolKind::Max => f32::NEG_INFINITY,
-            PoolKind::Avg { .. } => 0.0,
-        });
+        vrow.fill(kind.identity());
         return;
     };
     let Some(r1) = rows.next() else {
