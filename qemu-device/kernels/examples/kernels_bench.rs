@@ -419,6 +419,15 @@ fn bench_qconv(b: &mut Bench, name: &str, p: Conv2dParams) {
 }
 
 fn main() {
+    // The device runs every kernel on a thread of its own pool (the
+    // command processor is the pool's first worker): do the same, so that
+    // a kernel's parallel loops start inline instead of being injected
+    // into the pool from outside (two context switches per call).
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
+    pool.install(run);
+}
+
+fn run() {
     let filters: Vec<String> = std::env::args().skip(1).collect();
     let mut b = Bench {
         filters,
@@ -513,6 +522,12 @@ fn main() {
     ];
     for (name, p, res) in resnet {
         bench_conv(&mut b, name, p, res);
+    }
+    // DeepLabV3's ASPP: 3×3 convs dilated 12 and 24 on a 32×32 map (a
+    // quarter of its 2048 input channels).
+    for d in [12, 24] {
+        let p = Conv2dParams { padding: Padding2d::uniform(d), dilation: [d, d], ..conv_params(512, 256, 32, 3, 1, 1, Relu) };
+        bench_conv(&mut b, &format!("conv 3x3 dil {d} 512->256 @32 (aspp)"), p, false);
     }
     // ---- Depthwise (MobileNetV3 / EfficientNet-B0).
     let hs = Clip { min: 0.0, max: 6.0 };

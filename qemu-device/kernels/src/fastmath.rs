@@ -167,15 +167,17 @@ macro_rules! simd_dispatch {
         $(#[$m])*
         pub(crate) fn $name($($arg: $ty),*) {
             #[inline(always)]
-            #[allow(clippy::extra_unused_type_parameters)]
+            #[allow(clippy::extra_unused_type_parameters, clippy::too_many_arguments)]
             fn generic<const FMA: bool>($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn avx512($($arg: $ty),*) {
                     generic::<true>($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) {
                     generic::<true>($($arg),*)
                 }

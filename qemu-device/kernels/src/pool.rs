@@ -160,6 +160,7 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
 simd_dispatch! {
     /// One plane of [`pool2d`], row by row (the row kernels below inline
     /// here: one dispatch per plane, not per row).
+    #[allow(clippy::too_many_arguments)]
     fn pool_plane(
         kind: PoolKind,
         ha: &Axis,
@@ -272,6 +273,7 @@ simd_dispatch! {
     /// of `v`, with the windows that the plane's edges clip (border rows,
     /// and columns whose flat window would wrap into the next row) redone
     /// on their own.
+    #[allow(clippy::too_many_arguments)]
     fn same_max_plane(x: &[f32], h: usize, w: usize, kh: usize, ph: usize, kw: usize, pw: usize, v: &mut [f32], out: &mut [f32]) {
         let n = h * w;
         // Rows: output row oy takes input rows [oy - ph, oy - ph + kh) ∩ [0, h).

@@ -13,7 +13,11 @@
 //!   the tile is copied out);
 //! - **im2col** (geometries whose phase planes would be much larger than the
 //!   data, e.g. hostile dilations): rows gathered into packed panels,
-//!   `KCHUNK` at a time.
+//!   `KCHUNK` at a time;
+//! - **tap-major im2col** (strong dilations on small maps, DeepLab's ASPP,
+//!   where the phase planes' rows are mostly padding and so would be the
+//!   computed grid): the rows gathered tap by tap, and a tap skipped for
+//!   the output tiles it reads only padding for.
 //!
 //! Tasks are (image, group, tile of output positions), each a
 //! single-threaded GEMM whose tile stays in cache while its epilogue (bias,
@@ -65,7 +69,11 @@ pub(super) fn conv_gemm(
     if pointwise {
         pointwise_gemm(p, g, input, weight, &epi, output);
     } else if let Some(ph) = PhaseGeometry::new(&g.h, &g.w, g.in_plane, g.out_plane) {
-        indirect_gemm(p, g, &ph, input, weight, &epi, output);
+        if taps_pay(p, g, &ph) {
+            tap_gemm(p, g, input, weight, &epi, output);
+        } else {
+            indirect_gemm(p, g, &ph, input, weight, &epi, output);
+        }
     } else {
         im2col_gemm(p, g, input, weight, &epi, output);
     }
@@ -171,10 +179,11 @@ fn pointwise_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32],
     if g.out_plane < FEW_POSITIONS {
         return few_positions(p, g, input, weight, epi, output);
     }
-    packed_gemm(p, g, input, weight, epi, output, MAX_TILE_DIRECT, |panels, group_input, k0, kc, t0, nt| {
-        // SAFETY: rows k0..k0+kc (input channels of this group), columns
+    let chunks = |_, _, each: &mut dyn FnMut(Chunk)| stored_chunks(g.kdim, each);
+    packed_gemm(p, g, input, weight, epi, output, MAX_TILE_DIRECT, chunks, |panels, group_input, ch, t0, nt| {
+        // SAFETY: rows r0..r0+kc (input channels of this group), columns
         // t0..t0+nt < in_plane = npos, inside `group_input`.
-        unsafe { pack_b(panels, group_input[k0 * in_plane + t0..].as_ptr(), in_plane as isize, 1, kc, nt) };
+        unsafe { pack_b(panels, group_input[ch.r0 * in_plane + t0..].as_ptr(), in_plane as isize, 1, ch.kc, nt) };
     });
 }
 
@@ -223,15 +232,94 @@ fn few_positions(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], 
 fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
-    packed_gemm(p, g, input, weight, epi, output, MAX_TILE, |panels, group_input, k0, kc, t0, nt| {
-        fill_panels(panels, group_input, kh, kw, &ha, &wa, k0, kc, t0, nt);
+    let chunks = |_, _, each: &mut dyn FnMut(Chunk)| stored_chunks(g.kdim, each);
+    packed_gemm(p, g, input, weight, epi, output, MAX_TILE, chunks, |panels, group_input, ch, t0, nt| {
+        fill_panels(panels, nt, |rr| {
+            let r = ch.r0 + rr;
+            let (ci, tap) = (r / (kh * kw), r % (kh * kw));
+            (&group_input[ci * g.in_plane..][..g.in_plane], tap / kw, tap % kw)
+        }, &ha, &wa, ch.kc, t0);
     });
 }
 
-/// The tasks of the pointwise and im2col paths: for each chunk of
-/// `KCHUNK` reduction rows, `fill(panels, group_input, k0, kc, t0, nt)`
-/// writes the rows' packed panels for output positions `t0..t0+nt`, then
-/// the microkernel GEMM accumulates them into the task's output tile.
+/// The tap-major im2col path: reduction rows ordered (ky, kx, ci) (the
+/// weights read with column stride kh·kw), and a tap's rows skipped for a
+/// tile of output positions whose rows all read padding through it. For
+/// strongly dilated convs on small maps (DeepLab's ASPP) most taps miss
+/// most output rows, and the phase planes would be mostly padding.
+fn tap_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
+    #[cfg(test)]
+    TAP_GEMM_RUNS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let (ha, wa) = (g.h, g.w);
+    let (taps, ow, cg) = (kh * kw, wa.output, g.cg);
+    let chunks = |t0: usize, nt: usize, each: &mut dyn FnMut(Chunk)| {
+        let rows = t0 / ow..(t0 + nt - 1) / ow + 1;
+        for tap in 0..taps {
+            let (oy, ox) = (ha.valid_outputs(tap / kw), wa.valid_outputs(tap % kw));
+            if ox.is_empty() || oy.start.max(rows.start) >= oy.end.min(rows.end) {
+                continue;
+            }
+            let mut c0 = 0;
+            while c0 < cg {
+                let kc = KCHUNK.min(cg - c0);
+                each(Chunk { a_off: c0 * taps + tap, a_cs: taps, kc, r0: c0, tap });
+                c0 += kc;
+            }
+        }
+    };
+    packed_gemm(p, g, input, weight, epi, output, MAX_TILE, chunks, |panels, group_input, ch, t0, nt| {
+        let (ky, kx) = (ch.tap / kw, ch.tap % kw);
+        fill_panels(panels, nt, |rr| (&group_input[(ch.r0 + rr) * g.in_plane..][..g.in_plane], ky, kx), &ha, &wa, ch.kc, t0);
+    });
+}
+
+/// Convolutions that took the tap-major path, for the tests.
+#[cfg(test)]
+pub(crate) static TAP_GEMM_RUNS: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+/// Whether the tap-major path does less than half of the phase-plane
+/// path's multiply-adds: the latter computes `phase row length / ow` times
+/// the outputs, the former skips a tap's output rows outside its valid
+/// range (ignoring that it skips only whole tiles). Both need enough
+/// channels per tap for the GEMMs to stay efficient.
+fn taps_pay(p: &Conv2dParams, g: &Geometry, ph: &PhaseGeometry) -> bool {
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let (ha, wa) = (&g.h, &g.w);
+    let indirect = (kh * kw * ha.output * ph.cols) as u128;
+    let rows: usize = (0..kh).map(|ky| ha.valid_outputs(ky).len()).sum();
+    let taps = (rows * kw * wa.output) as u128;
+    g.cg >= 64 && 2 * taps < indirect
+}
+
+/// One GEMM of a task: reduction rows `kc` whose weights start at
+/// `a_off` in the (image, group, channel block)'s weights and step by
+/// `a_cs`; `r0` and `tap` say which rows they are (for the fill).
+#[derive(Clone, Copy)]
+struct Chunk {
+    a_off: usize,
+    a_cs: usize,
+    kc: usize,
+    r0: usize,
+    tap: usize,
+}
+
+/// The chunks of `kdim` reduction rows in their stored order: `KCHUNK` at a
+/// time.
+fn stored_chunks(kdim: usize, each: &mut dyn FnMut(Chunk)) {
+    let mut k0 = 0;
+    while k0 < kdim {
+        let kc = KCHUNK.min(kdim - k0);
+        each(Chunk { a_off: k0, a_cs: 1, kc, r0: k0, tap: 0 });
+        k0 += kc;
+    }
+}
+
+/// The tasks of the pointwise, im2col and tap-major paths: for each chunk
+/// of reduction rows that `chunks(t0, nt, each)` lists for output
+/// positions `t0..t0+nt`, `fill(panels, group_input, chunk, t0, nt)`
+/// writes the rows' packed panels, then the microkernel GEMM accumulates
+/// them into the task's output tile (zero if no chunk is listed).
 #[allow(clippy::too_many_arguments)]
 fn packed_gemm(
     p: &Conv2dParams,
@@ -241,7 +329,8 @@ fn packed_gemm(
     epi: &Epilogue<'_>,
     output: &mut [f32],
     max_tile: usize,
-    fill: impl Fn(&mut [f32], &[f32], usize, usize, usize, usize) + Sync,
+    chunks: impl Fn(usize, usize, &mut dyn FnMut(Chunk)) + Sync,
+    fill: impl Fn(&mut [f32], &[f32], Chunk, usize, usize) + Sync,
 ) {
     let npos = g.out_plane;
     let kdim = g.kdim;
@@ -260,24 +349,29 @@ fn packed_gemm(
             let out_base = (b * p.out_channels + grp * g.og + m0) * npos;
             let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
             let group_input = &input[in_base..][..g.cg * g.in_plane];
-            let mut k0 = 0;
-            while k0 < kdim {
-                let kc = KCHUNK.min(kdim - k0);
-                let panels = &mut col[..packed_len(kc, nt)];
-                fill(panels, group_input, k0, kc, t0, nt);
-                let a = MatA { ptr: w_group[k0..].as_ptr(), rs: kdim as isize, cs: 1 };
+            let mut first = true;
+            chunks(t0, nt, &mut |ch| {
+                let panels = &mut col[..packed_len(ch.kc, nt)];
+                fill(panels, group_input, ch, t0, nt);
+                let a = MatA { ptr: w_group[ch.a_off..].as_ptr(), rs: kdim as isize, cs: ch.a_cs as isize };
                 // SAFETY: rows co < mb at out_base + co·npos + t0 .. + nt lie
                 // in `output` (length checked by the caller) and are
                 // written by this task only; A is [mb × kc] with row stride
-                // kdim inside `weight`. `output` aliases neither.
-                unsafe { gemm_packed(mb, nt, kc, a, MatB::Packed(panels), out_ptr.get().add(out_base + t0), npos, k0 > 0) };
-                k0 += kc;
-            }
-            if epi.any() {
-                for co in 0..mb {
-                    let off = out_base + co * npos + t0;
-                    // SAFETY: this task's rows, as above; no other reference to them lives.
-                    let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
+                // kdim and column stride a_cs inside `weight` (the chunk's
+                // rows are reduction rows of the group). `output` aliases
+                // neither.
+                unsafe { gemm_packed(mb, nt, ch.kc, a, MatB::Packed(panels), out_ptr.get().add(out_base + t0), npos, !first) };
+                first = false;
+            });
+            for co in 0..mb {
+                let off = out_base + co * npos + t0;
+                // SAFETY: this task's rows, as above; no other reference to them lives.
+                let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
+                if first {
+                    // Every reduction row reads padding here.
+                    row.fill(0.0);
+                }
+                if epi.any() {
                     epi.apply(row, grp * g.og + m0 + co, off);
                 }
             }
@@ -375,25 +469,19 @@ fn indirect_gemm(
     });
 }
 
-/// im2col of reduction rows `k0..k0+kc` for output positions `t0..t0+nt`
-/// (`nt ≤ MAX_TILE`), written as packed GEMM panels (see [`pack_b`]): row
-/// `r` = (ci·kh + ky)·kw + kx holds the input under tap (ky, kx) of channel
-/// ci for each output position (zero in the padding and in the panel's
+/// im2col of `kc` reduction rows for output positions `t0..t0+nt` (`nt ≤
+/// MAX_TILE`), written as packed GEMM panels (see [`pack_b`]): row `rr`
+/// (`row(rr)` = its input plane and tap (ky, kx)) holds the input under the
+/// tap for each output position (zero in the padding and in the panel's
 /// columns past `nt`). Each row is gathered in long runs (one per output
 /// row) into an L1 buffer, then split into the panels.
-#[allow(clippy::too_many_arguments)]
-fn fill_panels(col: &mut [f32], input: &[f32], kh: usize, kw: usize, ha: &Axis, wa: &Axis, k0: usize, kc: usize, t0: usize, nt: usize) {
-    let in_plane = ha.input * wa.input;
+fn fill_panels<'a>(col: &mut [f32], nt: usize, row: impl Fn(usize) -> (&'a [f32], usize, usize), ha: &Axis, wa: &Axis, kc: usize, t0: usize) {
     let ow = wa.output;
     let panel_len = kc * NR;
     let mut buf = [0.0f32; MAX_TILE];
     let padded = nt.div_ceil(NR) * NR;
     for rr in 0..kc {
-        let r = k0 + rr;
-        let kx = r % kw;
-        let ky = (r / kw) % kh;
-        let ci = r / (kw * kh);
-        let plane = &input[ci * in_plane..][..in_plane];
+        let (plane, ky, kx) = row(rr);
         let oy_valid = ha.valid_outputs(ky);
         let ox_valid = wa.valid_outputs(kx);
         let (mut oy, mut ox0) = (t0 / ow, t0 % ow);

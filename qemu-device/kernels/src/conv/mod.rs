@@ -1,7 +1,7 @@
 //! 2-D convolution (NCHW) with fused bias and activation.
 
 mod depthwise;
-mod gemm;
+pub(crate) mod gemm;
 mod phases;
 pub(crate) mod winograd;
 

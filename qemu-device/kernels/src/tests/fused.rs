@@ -92,6 +92,31 @@ pub(crate) fn check_conv_residual(rng: &mut Rng, p: &Conv2dParams, with_bias: bo
     assert_close(&format!("conv2d_residual {p:?} bias={with_bias} res={with_res}"), &y, &want, Some(&scale), 1e-5);
 }
 
+/// Strongly dilated convs (DeepLab's ASPP) take the tap-major path, which
+/// skips a tap for tiles whose output rows all read padding through it:
+/// square and asymmetric dilations and paddings, batches, channel counts
+/// past one chunk of reduction rows, and tiles no tap reaches (bias only).
+#[test]
+fn conv2d_dilated_tap_major() {
+    let mut rng = Rng::new(117);
+    let runs = || crate::conv::gemm::TAP_GEMM_RUNS.load(core::sync::atomic::Ordering::Relaxed);
+    let before = runs();
+    let base = Conv2dParams { batch: 1, in_channels: 64, in_h: 12, in_w: 13, out_channels: 20, kernel: [3, 3], stride: [1, 1], padding: Padding2d::uniform(6), dilation: [6, 6], groups: 1, activation: Activation::Relu };
+    let cases = [
+        base,
+        Conv2dParams { batch: 2, in_channels: 600, out_channels: 9, in_h: 9, in_w: 10, padding: Padding2d::uniform(8), dilation: [8, 8], activation: Activation::None, ..base },
+        Conv2dParams { kernel: [3, 2], padding: Padding2d { top: 9, left: 2, bottom: 5, right: 4 }, dilation: [7, 4], activation: Activation::Silu, ..base },
+        // Kernel rows 20 apart under 60 rows of top padding: the first 40
+        // output rows (whole tiles) read only padding.
+        Conv2dParams { in_h: 8, in_w: 8, kernel: [2, 1], padding: Padding2d { top: 60, left: 0, bottom: 0, right: 0 }, dilation: [20, 1], ..base },
+        Conv2dParams { groups: 2, in_channels: 128, out_channels: 10, ..base },
+    ];
+    for (i, p) in cases.iter().enumerate() {
+        check_conv_residual(&mut rng, p, i % 2 == 0, i % 3 != 1);
+    }
+    assert!(runs() >= before + cases.len(), "the tap-major path ran {} of {} times", runs() - before, cases.len());
+}
+
 /// Pointwise convs over a few positions (squeeze-excite FCs on a 1×1
 /// map) take the matrix-vector path: every epilogue part, groups, batches.
 #[test]

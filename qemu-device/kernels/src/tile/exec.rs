@@ -121,7 +121,7 @@ fn compute(l: &TileLaunch<'_>, regs: &[Reg], op: TileOp, ins: TileInstr, dtype: 
         TileOp::Splat => map_reg(reg(ins.a), &Splat(vol)),
         TileOp::Broadcast => {
             let from = a_dims();
-            map_reg(reg(ins.a), &Broadcast { from: &from, to: &dims })
+            map_reg(reg(ins.a), &Broadcast { from: &from, to: dims })
         }
         TileOp::Reshape => reg(ins.a).clone(),
         TileOp::Permute => {
