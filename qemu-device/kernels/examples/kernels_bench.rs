@@ -529,6 +529,11 @@ fn run() {
         let p = Conv2dParams { padding: Padding2d::uniform(d), dilation: [d, d], ..conv_params(512, 256, 32, 3, 1, 1, Relu) };
         bench_conv(&mut b, &format!("conv 3x3 dil {d} 512->256 @32 (aspp)"), p, false);
     }
+    // Its backbone's dilated stages (output stride 8).
+    for (d, c) in [(2, 256), (4, 512)] {
+        let p = Conv2dParams { padding: Padding2d::uniform(d), dilation: [d, d], ..conv_params(c, c, 32, 3, 1, 1, Relu) };
+        bench_conv(&mut b, &format!("conv 3x3 dil {d} {c}->{c} @32 (deeplab)"), p, false);
+    }
     // ---- Depthwise (MobileNetV3 / EfficientNet-B0).
     let hs = Clip { min: 0.0, max: 6.0 };
     let dw = [

@@ -110,6 +110,9 @@ fn conv2d_dilated_tap_major() {
         // output rows (whole tiles) read only padding.
         Conv2dParams { in_h: 8, in_w: 8, kernel: [2, 1], padding: Padding2d { top: 60, left: 0, bottom: 0, right: 0 }, dilation: [20, 1], ..base },
         Conv2dParams { groups: 2, in_channels: 128, out_channels: 10, ..base },
+        // Padding that dwarfs the map: no phase planes, only the centre
+        // tap reads the input.
+        Conv2dParams { in_h: 2, in_w: 3, padding: Padding2d::uniform(40), dilation: [40, 40], stride: [2, 1], ..base },
     ];
     for (i, p) in cases.iter().enumerate() {
         check_conv_residual(&mut rng, p, i % 2 == 0, i % 3 != 1);
