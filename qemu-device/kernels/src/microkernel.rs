@@ -15,7 +15,8 @@
 //!
 //! The microkernel keeps an [`MR`]×[`NR`] tile of `C` in 12 AVX2 registers
 //! and does 12 fused multiply-adds per two loads of `B` and six broadcasts
-//! of `A`; the driver blocks `k` so a panel stays in L1 and `m` so the
+//! of `A` (a 4-row variant covers row counts 6 does not divide, such as a
+//! grouped conv's 8 channels per group); the driver blocks `k` so a panel stays in L1 and `m` so the
 //! block of `A` stays in L2. On AVX-512 hosts a wide kernel takes two
 //! adjacent panels at once: an `MR`×2·`NR` tile in 12 zmm registers, 12
 //! fused multiply-adds of 16 lanes per two loads of `B` and six
@@ -24,6 +25,10 @@
 
 /// Rows of `C` per microkernel tile.
 pub(crate) const MR: usize = 6;
+/// Rows of the short tiles that cover row counts 6 does not divide (a
+/// grouped conv's 8 channels per group are two of them, not 6 + a 6-row
+/// tile of which 2 rows are real).
+const SHORT_MR: usize = 4;
 /// Columns of `C` per microkernel tile = width of a packed `B` panel, as
 /// the hardware contract's packed GEMM operand lays them out.
 pub(crate) const NR: usize = rbln_hw::ops::GEMM_PANEL;
@@ -86,8 +91,9 @@ pub(crate) enum MatB<'a> {
     Rows { base: *const f32, offs: &'a [isize] },
 }
 
-/// A microkernel: `tile[MR×NR] (row stride ldc) (+)= A'[MR×kc] · B'[kc×NR]`,
-/// where row `i` of `A'` starts at `rows[i]` and steps by `a_cs`, and row
+/// A microkernel: `tile[R×NR] (row stride ldc) (+)= A'[R×kc] · B'[kc×NR]`
+/// for its row count `R` (`MR` or `SHORT_MR`; it reads the first `R` of
+/// `rows`), where row `i` of `A'` starts at `rows[i]` and steps by `a_cs`, and row
 /// `l` of `B'` is at `b + offs[l]` if `offs` is non-null, else at `b + l·NR`.
 type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool);
 
@@ -109,17 +115,56 @@ fn select_wide() -> Option<(Wide, Wide)> {
     None
 }
 
-/// The (packed, indirect) microkernels for this CPU.
-fn select() -> (Micro, Micro) {
+/// The narrow microkernels of one instruction set, (packed, indirect)
+/// each: on `MR`-row tiles and on `SHORT_MR`-row ones.
+#[derive(Clone, Copy)]
+struct Family {
+    full: (Micro, Micro),
+    short: (Micro, Micro),
+}
+
+impl Family {
+    fn portable() -> Family {
+        Family { full: (portable::<false, MR>, portable::<true, MR>), short: (portable::<false, SHORT_MR>, portable::<true, SHORT_MR>) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_fma() -> Family {
+        Family { full: (avx2_fma::<false, MR>, avx2_fma::<true, MR>), short: (avx2_fma::<false, SHORT_MR>, avx2_fma::<true, SHORT_MR>) }
+    }
+
+    /// The (packed, indirect) kernels for tiles of `rows` rows.
+    fn rows(&self, rows: usize) -> (Micro, Micro) {
+        if rows == MR {
+            self.full
+        } else {
+            self.short
+        }
+    }
+}
+
+/// The rows of the next tile when `left` rows of a block remain: `MR`
+/// unless a tail of `SHORT_MR` rows (or two) covers the rest with fewer
+/// padding rows (8 → 4 + 4, 10 → 6 + 4, 7 → 4 + 4, 3 → 4; 5 → 6).
+fn tile_height(left: usize) -> usize {
+    if left >= 9 || left == 6 || left == 5 {
+        MR
+    } else {
+        SHORT_MR
+    }
+}
+
+/// The narrow microkernels for this CPU.
+fn select() -> Family {
     #[cfg(test)]
     if let Some(m) = micro_override() {
         return m;
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        return (avx2_fma::<false>, avx2_fma::<true>);
+        return Family::avx2_fma();
     }
-    (portable::<false>, portable::<true>)
+    Family::portable()
 }
 
 /// `C[m×n] (row stride ldc) = A·B (+ C if accumulate)` on the calling
@@ -147,7 +192,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
         }
         return;
     }
-    let (packed, indirect) = select();
+    let family = select();
     let wide = select_wide();
     let panels = n.div_ceil(NR);
     let mut k0 = 0;
@@ -200,18 +245,21 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                     continue;
                 }
                 let nr = NR.min(n - j0);
-                let (micro, bpan, offs) = match b {
-                    MatB::Packed(bp) => (packed, bp[p * k * NR + k0 * NR..].as_ptr(), core::ptr::null()),
+                let (bpan, offs) = match b {
+                    MatB::Packed(bp) => (bp[p * k * NR + k0 * NR..].as_ptr(), core::ptr::null()),
                     // SAFETY: column j0 of the rows (contract); offsets k0.. exist.
-                    MatB::Rows { base, offs } => (indirect, unsafe { base.add(j0) }, offs[k0..].as_ptr()),
+                    MatB::Rows { base, offs } => (unsafe { base.add(j0) }, offs[k0..].as_ptr()),
                 };
                 let mut i = i0;
                 while i < i0 + mc {
-                    let mr = MR.min(i0 + mc - i);
+                    let h = tile_height(i0 + mc - i);
+                    let (packed, indirect) = family.rows(h);
+                    let micro = if offs.is_null() { packed } else { indirect };
+                    let mr = h.min(i0 + mc - i);
                     let rows = tile_rows(a, i, mr, k0);
                     // SAFETY: (i, j0) is inside C.
                     let ct = unsafe { c.add(i * ldc + j0) };
-                    if mr == MR && nr == NR {
+                    if mr == h && nr == NR {
                         // SAFETY: the full tile is inside C; rows and b
                         // cover kc steps (caller's contract, packed_len).
                         unsafe { micro(kc, &rows, a.cs, bpan, offs, ct, ldc, acc) };
@@ -224,7 +272,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                                 tile[r * NR..r * NR + nr].copy_from_slice(src);
                             }
                         }
-                        // SAFETY: `tile` is MR×NR with row stride NR.
+                        // SAFETY: `tile` is MR×NR (≥ h rows) with row stride NR.
                         unsafe { micro(kc, &rows, a.cs, bpan, offs, tile.as_mut_ptr(), NR, acc) };
                         for r in 0..mr {
                             // SAFETY: as above.
@@ -275,8 +323,8 @@ unsafe fn b_row<const INDIRECT: bool>(b: *const f32, offs: *const isize, l: usiz
 /// See [`Micro`]: `rows[i] + l·a_cs` and B's row `l` (NR floats) readable
 /// for `l < kc`, the tile at `c` writable (readable if `acc`).
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
-    let mut t = [[0.0f32; NR]; MR];
+unsafe fn portable<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
+    let mut t = [[0.0f32; NR]; ROWS];
     if acc {
         for (i, row) in t.iter_mut().enumerate() {
             // SAFETY: tile row i (contract).
@@ -300,19 +348,21 @@ unsafe fn portable<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_c
     }
 }
 
-/// AVX2+FMA microkernel: the 6×16 tile in 12 ymm registers.
+/// AVX2+FMA microkernel: the `ROWS`×16 tile in `2·ROWS` ymm registers
+/// (6 rows: 12; 4 rows: 8, still enough independent chains to cover the
+/// multiply-add latency).
 ///
 /// # Safety
 /// As [`portable`], and the CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx2_fma<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn avx2_fma<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
     use core::arch::x86_64::*;
     // SAFETY (whole body): every pointer dereferenced is inside the tile,
-    // the panel's kc rows or A's kc columns of the six rows (contract).
+    // the panel's kc rows or A's kc columns of the ROWS rows (contract).
     unsafe {
-        let mut r = [[_mm256_setzero_ps(); 2]; MR];
+        let mut r = [[_mm256_setzero_ps(); 2]; ROWS];
         if acc {
             for (i, ri) in r.iter_mut().enumerate() {
                 ri[0] = _mm256_loadu_ps(c.add(i * ldc));
@@ -379,7 +429,7 @@ unsafe fn avx512<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs:
 
 /// The microkernels a test forces (see `tests::MICRO_OVERRIDE`).
 #[cfg(test)]
-fn micro_override() -> Option<(Micro, Micro)> {
+fn micro_override() -> Option<Family> {
     tests::MICRO_OVERRIDE.with(|o| o.get())
 }
 
@@ -387,7 +437,7 @@ fn micro_override() -> Option<(Micro, Micro)> {
 mod tests {
     use super::*;
 
-    type Pair = (Micro, Micro);
+    type Pair = Family;
 
     type WidePair = Option<(Wide, Wide)>;
 
@@ -460,10 +510,10 @@ mod tests {
 
     #[test]
     fn edges_and_k_blocks_match_naive() {
-        let mut micros: Vec<Pair> = vec![(portable::<false>, portable::<true>)];
+        let mut micros: Vec<Pair> = vec![Family::portable()];
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            micros.push((avx2_fma::<false>, avx2_fma::<true>));
+            micros.push(Family::avx2_fma());
         }
         let mut wides: Vec<WidePair> = vec![None];
         #[cfg(target_arch = "x86_64")]
@@ -473,7 +523,9 @@ mod tests {
         for pair in micros {
             for &wide in &wides {
                 // Pairs of full panels, a lone last panel, partial rows.
-                for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 40, 300), (250, 33, 520), (5, 3, 0), (6, 32, 4), (11, 64, 257), (3, 80, 9)] {
+                // Row counts whose tiles mix 6 and 4 rows (8, 10, 14), end
+                // in a partial short tile (3, 7, 13) or a partial full one (5, 11).
+                for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 40, 300), (250, 33, 520), (5, 3, 0), (6, 32, 4), (11, 64, 257), (3, 80, 9), (8, 16, 7), (10, 48, 33), (14, 17, 260), (4, 16, 2)] {
                     check(m, n, k, pair, wide);
                 }
             }
