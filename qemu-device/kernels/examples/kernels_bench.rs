@@ -550,6 +550,20 @@ fn run() {
         bench_conv(&mut b, name, p, false);
     }
 
+    // ---- Activations in place on an L2-resident block (as conv epilogues
+    // run them): the cost per element of the math, against a copy.
+    let n = 32 * 1024;
+    for (label, op) in [("relu", UnaryOp::Relu), ("silu", UnaryOp::Silu), ("sigmoid", UnaryOp::Sigmoid), ("gelu", UnaryOp::Gelu), ("tanh", UnaryOp::Tanh)] {
+        let name = format!("{label} in place 128KB");
+        if b.wants(&name) {
+            let mut x = data(n, 3);
+            b.mem(&name, 8 * n, || {
+                unary_inplace(op, &mut x).unwrap();
+                black_box(&mut x);
+            });
+        }
+    }
+
     // ---- Memory-bound element-wise kernels.
     let mid = 256 * 56 * 56; // 3.2 MB: ResNet stage-1 residual
     let big = 4 << 20; // 16 MiB
