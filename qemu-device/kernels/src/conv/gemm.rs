@@ -300,21 +300,38 @@ fn tap_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: 
 #[cfg(test)]
 pub(crate) static TAP_GEMM_RUNS: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 
-/// Whether the tap-major path pays: it gathers its rows (the phase-plane
-/// path reads them in place), but the latter computes `phase row length /
-/// ow` times the outputs, while the former skips a tap's output rows
-/// outside its valid range (estimated here from the valid rows; it skips
-/// whole tiles only).
-/// Measured on one thread: 3×3 dilation 4 on a 32×32 map (0.73 of the
-/// multiply-adds) 1.4× faster, dilation 2 (0.85) no faster. Both need
-/// enough channels per tap for the GEMMs to stay efficient.
+/// Whether the tap-major path pays: it gathers its rows and reorders the
+/// weights (the phase-plane path reads both in place), and it skips a tap
+/// only for whole tiles of output positions, but the phase-plane path
+/// computes `phase row length / ow` times the outputs. Taken when it does
+/// under half the multiply-adds, counted per tile of [`MAX_TILE`]
+/// positions: strongly dilated convs on small maps (DeepLab's ASPP, 3×3
+/// dilated 12 on 32×32: 0.43). Not for ordinary padding on small maps
+/// (3×3 on 7×7: 0.78 — measured slower, the weight reorder alone costs
+/// as much as a large part of such a conv), nor dilation 4 on 32×32
+/// (0.73, measured 1.4× faster on its own but not worth the risk at the
+/// margin). Both need enough channels per tap for the GEMMs to stay
+/// efficient.
 fn taps_pay(p: &Conv2dParams, g: &Geometry, ph: &PhaseGeometry) -> bool {
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (&g.h, &g.w);
+    if g.cg < 64 || wa.output == 0 {
+        return false;
+    }
     let indirect = (kh * kw * ha.output * ph.cols) as u128;
-    let rows: usize = (0..kh).map(|ky| ha.valid_outputs(ky).len()).sum();
-    let taps = (rows * kw * wa.output) as u128;
-    g.cg >= 64 && 5 * taps < 4 * indirect
+    let (npos, ow) = (g.out_plane, wa.output);
+    let mut taps = 0u128;
+    for t0 in (0..npos).step_by(MAX_TILE) {
+        let nt = MAX_TILE.min(npos - t0);
+        let rows = t0 / ow..(t0 + nt - 1) / ow + 1;
+        for ky in 0..kh {
+            let oy = ha.valid_outputs(ky);
+            if oy.start.max(rows.start) < oy.end.min(rows.end) {
+                taps += (nt * (0..kw).filter(|&kx| !wa.valid_outputs(kx).is_empty()).count()) as u128;
+            }
+        }
+    }
+    2 * taps < indirect
 }
 
 /// One GEMM of a task: reduction rows `kc` whose weights start at

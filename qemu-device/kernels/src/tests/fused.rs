@@ -105,7 +105,7 @@ fn conv2d_dilated_tap_major() {
     let cases = [
         base,
         Conv2dParams { batch: 2, in_channels: 600, out_channels: 9, in_h: 9, in_w: 10, padding: Padding2d::uniform(8), dilation: [8, 8], activation: Activation::None, ..base },
-        Conv2dParams { kernel: [3, 2], padding: Padding2d { top: 9, left: 2, bottom: 5, right: 4 }, dilation: [7, 4], activation: Activation::Silu, ..base },
+        Conv2dParams { kernel: [3, 2], padding: Padding2d { top: 10, left: 3, bottom: 8, right: 5 }, dilation: [10, 6], activation: Activation::Silu, ..base },
         // Kernel rows 20 apart under 60 rows of top padding: the first 40
         // output rows (whole tiles) read only padding.
         Conv2dParams { in_h: 8, in_w: 8, kernel: [2, 1], padding: Padding2d { top: 60, left: 0, bottom: 0, right: 0 }, dilation: [20, 1], ..base },
