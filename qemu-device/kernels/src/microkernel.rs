@@ -15,9 +15,9 @@
 //!
 //! The microkernel keeps an [`MR`]×[`NR`] tile of `C` in 12 AVX2 registers
 //! and does 12 fused multiply-adds per two loads of `B` and six broadcasts
-//! of `A` (a 4-row variant covers row counts 6 does not divide, such as a
-//! grouped conv's 8 channels per group); the driver blocks `k` so a panel stays in L1 and `m` so the
-//! block of `A` stays in L2. On AVX-512 hosts a wide kernel takes two
+//! of `A` (a 4-row variant covers row counts 6 does not divide, such as
+//! a grouped conv's 8 channels per group); the driver blocks `k` so a
+//! panel stays in L1 and `m` so the block of `A` stays in L2. On AVX-512 hosts a wide kernel takes two
 //! adjacent panels at once: an `MR`×2·`NR` tile in 12 zmm registers, 12
 //! fused multiply-adds of 16 lanes per two loads of `B` and six
 //! broadcasts, twice the AVX2 kernel's work per load. Hosts without
@@ -254,7 +254,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                 while i < i0 + mc {
                     let h = tile_height(i0 + mc - i);
                     let (packed, indirect) = family.rows(h);
-                    let micro = if offs.is_null() { packed } else { indirect };
+                    let micro = if matches!(b, MatB::Rows { .. }) { indirect } else { packed };
                     let mr = h.min(i0 + mc - i);
                     let rows = tile_rows(a, i, mr, k0);
                     // SAFETY: (i, j0) is inside C.

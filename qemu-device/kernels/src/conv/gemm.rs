@@ -247,34 +247,29 @@ fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], ep
 }
 
 /// The tap-major im2col path: reduction rows ordered (ky, kx, ci), and a
-/// tap's rows skipped for a
-/// tile of output positions whose rows all read padding through it. For
-/// strongly dilated convs on small maps (DeepLab's ASPP) most taps miss
-/// most output rows, and the phase planes would be mostly padding.
+/// tap's rows skipped for a tile of output positions whose rows all read
+/// padding through it. For strongly dilated convs on small maps (DeepLab's
+/// ASPP) most taps miss most output rows, and the phase planes would be
+/// mostly padding.
 fn tap_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
     #[cfg(test)]
     TAP_GEMM_RUNS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
-    let (taps, ow, cg) = (kh * kw, wa.output, g.cg);
+    let (taps, cg) = (kh * kw, g.cg);
     let chunks = |t0: usize, nt: usize, each: &mut dyn FnMut(Chunk)| {
-        let rows = t0 / ow..(t0 + nt - 1) / ow + 1;
-        for tap in 0..taps {
-            let (oy, ox) = (ha.valid_outputs(tap / kw), wa.valid_outputs(tap % kw));
-            if ox.is_empty() || oy.start.max(rows.start) >= oy.end.min(rows.end) {
-                continue;
-            }
+        for tap in (0..taps).filter(|&tap| tap_reaches(&ha, &wa, tap / kw, tap % kw, t0, nt)) {
             let mut c0 = 0;
             while c0 < cg {
                 let kc = KCHUNK.min(cg - c0);
-                each(Chunk { a_off: tap * cg + c0, a_cs: 1, kc, r0: c0, tap });
+                each(Chunk { a_off: tap * cg + c0, kc, r0: c0, tap });
                 c0 += kc;
             }
         }
     };
     // The weights reordered (co, tap, ci) once per op: each chunk's A is
-    // then contiguous rows (read in place with stride kh·kw, a chunk of a
-    // large conv touched every cache line of several MB per tile).
+    // then contiguous in its rows (read in place with stride kh·kw, a chunk
+    // of a large conv touched every cache line of several MB per tile).
     with_op_scratch(weight.len(), |wt| {
         let reorder = |(w, t): (&[f32], &mut [f32])| {
             for (ci, taps_of_ci) in w.chunks_exact(taps).enumerate() {
@@ -294,6 +289,15 @@ fn tap_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: 
             fill_panels(panels, nt, |rr| (&group_input[(ch.r0 + rr) * g.in_plane..][..g.in_plane], ky, kx), &ha, &wa, ch.kc, t0);
         });
     });
+}
+
+/// Whether tap (ky, kx) reads the input for some output position in
+/// `t0..t0+nt` (row-major): some of their rows, and some column, are in its
+/// valid ranges.
+fn tap_reaches(ha: &Axis, wa: &Axis, ky: usize, kx: usize, t0: usize, nt: usize) -> bool {
+    let ow = wa.output;
+    let (oy, rows) = (ha.valid_outputs(ky), t0 / ow..(t0 + nt - 1) / ow + 1);
+    !wa.valid_outputs(kx).is_empty() && oy.start.max(rows.start) < oy.end.min(rows.end)
 }
 
 /// Convolutions that took the tap-major path, for the tests.
@@ -319,28 +323,22 @@ fn taps_pay(p: &Conv2dParams, g: &Geometry, ph: &PhaseGeometry) -> bool {
         return false;
     }
     let indirect = (kh * kw * ha.output * ph.cols) as u128;
-    let (npos, ow) = (g.out_plane, wa.output);
+    let npos = g.out_plane;
     let mut taps = 0u128;
     for t0 in (0..npos).step_by(MAX_TILE) {
         let nt = MAX_TILE.min(npos - t0);
-        let rows = t0 / ow..(t0 + nt - 1) / ow + 1;
-        for ky in 0..kh {
-            let oy = ha.valid_outputs(ky);
-            if oy.start.max(rows.start) < oy.end.min(rows.end) {
-                taps += (nt * (0..kw).filter(|&kx| !wa.valid_outputs(kx).is_empty()).count()) as u128;
-            }
-        }
+        let live = (0..kh * kw).filter(|&tap| tap_reaches(ha, wa, tap / kw, tap % kw, t0, nt)).count();
+        taps += (nt * live) as u128;
     }
     2 * taps < indirect
 }
 
-/// One GEMM of a task: reduction rows `kc` whose weights start at
-/// `a_off` in the (image, group, channel block)'s weights and step by
-/// `a_cs`; `r0` and `tap` say which rows they are (for the fill).
+/// One GEMM of a task: `kc` reduction rows whose weights start at
+/// `a_off` in each row of the (image, group, channel block)'s weights (and
+/// are contiguous); `r0` and `tap` say which rows they are (for the fill).
 #[derive(Clone, Copy)]
 struct Chunk {
     a_off: usize,
-    a_cs: usize,
     kc: usize,
     r0: usize,
     tap: usize,
@@ -352,7 +350,7 @@ fn stored_chunks(kdim: usize, each: &mut dyn FnMut(Chunk)) {
     let mut k0 = 0;
     while k0 < kdim {
         let kc = KCHUNK.min(kdim - k0);
-        each(Chunk { a_off: k0, a_cs: 1, kc, r0: k0, tap: 0 });
+        each(Chunk { a_off: k0, kc, r0: k0, tap: 0 });
         k0 += kc;
     }
 }
@@ -395,13 +393,12 @@ fn packed_gemm(
             chunks(t0, nt, &mut |ch| {
                 let panels = &mut col[..packed_len(ch.kc, nt)];
                 fill(panels, group_input, ch, t0, nt);
-                let a = MatA { ptr: w_group[ch.a_off..].as_ptr(), rs: kdim as isize, cs: ch.a_cs as isize };
+                let a = MatA { ptr: w_group[ch.a_off..].as_ptr(), rs: kdim as isize, cs: 1 };
                 // SAFETY: rows co < mb at out_base + co·npos + t0 .. + nt lie
                 // in `output` (length checked by the caller) and are
                 // written by this task only; A is [mb × kc] with row stride
-                // kdim and column stride a_cs inside `weight` (the chunk's
-                // rows are reduction rows of the group). `output` aliases
-                // neither.
+                // kdim inside `weight` (the chunk's rows are reduction rows
+                // of the group). `output` aliases neither.
                 unsafe { gemm_packed(mb, nt, ch.kc, a, MatB::Packed(panels), out_ptr.get().add(out_base + t0), npos, !first) };
                 first = false;
             });
