@@ -523,6 +523,19 @@ fn run() {
     for (name, p, res) in resnet {
         bench_conv(&mut b, name, p, res);
     }
+    // Few output positions, long reductions: SegFormer's patch embeddings
+    // (3×3 s2 down to 2×2 and 4×4) and its attention's spatial-reduction
+    // convs (kernel = stride, unpadded, to a 2×2 map).
+    let unpadded = |p: Conv2dParams| Conv2dParams { padding: Padding2d::default(), ..p };
+    let few = [
+        ("conv 3x3 s2 160->256 @4 (segformer)", conv_params(160, 256, 4, 3, 2, 1, None)),
+        ("conv 3x3 s2 64->160 @8 (segformer)", conv_params(64, 160, 8, 3, 2, 1, None)),
+        ("conv 8x8 s8 32->32 @16 (segformer sr)", unpadded(conv_params(32, 32, 16, 8, 8, 1, None))),
+        ("conv 2x2 s2 160->160 @4 (segformer sr)", unpadded(conv_params(160, 160, 4, 2, 2, 1, None))),
+    ];
+    for (name, p) in few {
+        bench_conv(&mut b, name, p, false);
+    }
     // DeepLabV3's ASPP: 3×3 convs dilated 12 and 24 on a 32×32 map (and
     // with a quarter of its 2048 input channels).
     for (d, c) in [(12, 512), (24, 512), (12, 2048)] {

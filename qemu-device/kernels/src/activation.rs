@@ -30,6 +30,20 @@ pub enum Activation {
     HardSwish,
 }
 
+impl Activation {
+    /// This activation as a clamp `min(max(x, lo), hi)` that a GEMM
+    /// microkernel applies in registers (ReLU, Clip with real bounds), and
+    /// what is left for a separate pass (the activation itself otherwise).
+    pub(crate) fn as_clamp(self) -> (Option<(f32, f32)>, Activation) {
+        match self {
+            Activation::None => (None, Activation::None),
+            Activation::Relu => (Some((0.0, f32::INFINITY)), Activation::None),
+            Activation::Clip { min, max } if !min.is_nan() && !max.is_nan() => (Some((min, max)), Activation::None),
+            other => (None, other),
+        }
+    }
+}
+
 /// Element-wise unary operation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum UnaryOp {

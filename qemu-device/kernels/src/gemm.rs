@@ -4,7 +4,7 @@ use crate::activation::{epilogue, Activation, Bias};
 use crate::error::KernelError;
 use crate::error::Result;
 use crate::fastmath::{madd, simd_dispatch};
-use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, MR, NR};
+use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, Post, MR, NR};
 use crate::util::{check_len, for_each_task, mul, plan_threads, rows_per_task, sequential, with_scratch, SendPtr};
 use rayon::prelude::*;
 
@@ -146,18 +146,30 @@ pub fn gemm_residual(
     let mb = m.div_ceil(mblocks).div_ceil(MR) * MR;
     let mblocks = m.div_ceil(mb);
     let c_ptr = SendPtr(c.as_mut_ptr());
+    let (clamp, rest) = p.activation.as_clamp();
     let task = |task: usize| {
         let (jc, ib) = (task / mblocks, task % mblocks);
         let j0 = jc * chunk * NR;
         let nc = (chunk * NR).min(n - j0);
         let i0 = ib * mb;
         let mc = mb.min(m - i0);
+        // The bias, residual and a clamp go with the microkernel's stores.
+        let post = Post {
+            col_bias: match bias {
+                Bias::Row(b) => Some(&b[j0..j0 + nc]),
+                _ => None,
+            },
+            residual: residual.map(|r| (r[i0 * n + j0..].as_ptr(), n)),
+            clamp,
+            ..Post::default()
+        };
         let multiply = |bp: &[f32]| {
             // SAFETY: rows i0..i0+mc of A; C's block (i0.., j0..) of mc × nc
-            // with row stride n is written by this task only.
+            // with row stride n is written by this task only; the bias has
+            // its nc columns, the residual (C's shape) its block.
             unsafe {
                 let a_blk = MatA { ptr: a.as_ptr().offset(i0 as isize * a_rs), rs: a_rs, cs: a_cs };
-                gemm_packed(mc, nc, k, a_blk, MatB::Packed(bp), c_ptr.get().add(i0 * n + j0), n, p.accumulate);
+                gemm_packed(mc, nc, k, a_blk, MatB::Packed(bp), c_ptr.get().add(i0 * n + j0), n, p.accumulate, Some(&post));
             }
         };
         if p.b_packed {
@@ -170,18 +182,11 @@ pub fn gemm_residual(
                 multiply(bp);
             });
         }
-        {
-            if has_epilogue {
-                for i in i0..i0 + mc {
-                    let off = i * n + j0;
-                    // SAFETY: this task's part of row i, as above.
-                    let row = unsafe { core::slice::from_raw_parts_mut(c_ptr.get().add(off), nc) };
-                    let bias = match bias {
-                        Bias::Row(b) => Bias::Row(&b[j0..j0 + nc]),
-                        other => other,
-                    };
-                    epilogue(row, bias, residual.map(|r| &r[off..off + nc]), p.activation);
-                }
+        if rest != Activation::None {
+            for i in i0..i0 + mc {
+                // SAFETY: this task's part of row i, as above.
+                let row = unsafe { core::slice::from_raw_parts_mut(c_ptr.get().add(i * n + j0), nc) };
+                epilogue(row, Bias::None, None, rest);
             }
         }
     };

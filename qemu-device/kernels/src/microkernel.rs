@@ -58,7 +58,12 @@ pub(crate) unsafe fn pack_b(dst: &mut [f32], b: *const f32, rs: isize, cs: isize
         for (l, row) in panel.chunks_exact_mut(NR).enumerate() {
             // SAFETY: l < k and j0 + j < n (caller's contract).
             let src = unsafe { b.offset(l as isize * rs + j0 as isize * cs) };
-            if cs == 1 {
+            if cs == 1 && w == NR {
+                // A whole panel row as one fixed-size copy: a few vector
+                // moves, where a copy of run-time length calls memcpy.
+                // SAFETY: as above, NR contiguous elements.
+                row.copy_from_slice(unsafe { &*src.cast::<[f32; NR]>() });
+            } else if cs == 1 {
                 // SAFETY: as above, w contiguous elements.
                 row[..w].copy_from_slice(unsafe { core::slice::from_raw_parts(src, w) });
             } else {
@@ -91,11 +96,128 @@ pub(crate) enum MatB<'a> {
     Rows { base: *const f32, offs: &'a [isize] },
 }
 
+/// An epilogue [`gemm_packed`] applies to `C` as it stores the final sums
+/// (in registers: no second pass over the tile):
+/// `c[i][j] = clamp((c[i][j] + row_bias[i] + col_bias[j]) + residual[i][j])`,
+/// each term optional, added in that order (the order of
+/// [`epilogue`](crate::activation::epilogue), so a fused result is
+/// bit-identical to a separate pass), the clamp `min(max(x, lo), hi)` with
+/// x86 `maxps`/`minps` semantics (a NaN becomes `lo`, as `f32::max` does).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Post<'a> {
+    /// One value per row of `C` (`m` of them).
+    pub row_bias: Option<&'a [f32]>,
+    /// One value per column of `C` (`n` of them).
+    pub col_bias: Option<&'a [f32]>,
+    /// Element `(i, j)` at `ptr[i·ld + j]`, readable for `i < m`, `j < n`.
+    pub residual: Option<(*const f32, usize)>,
+    /// `(lo, hi)`; neither NaN.
+    pub clamp: Option<(f32, f32)>,
+}
+
+impl Post<'_> {
+    fn any(&self) -> bool {
+        self.row_bias.is_some() || self.col_bias.is_some() || self.residual.is_some() || self.clamp.is_some()
+    }
+
+    /// The epilogue of the tile at `(i, j)`: pointers at its first row and
+    /// column (null where a term is absent).
+    fn tile(&self, i: usize, j: usize) -> TilePost {
+        let (lo, hi) = self.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+        TilePost {
+            rb: self.row_bias.map_or(core::ptr::null(), |b| b[i..].as_ptr()),
+            cb: self.col_bias.map_or(core::ptr::null(), |b| b[j..].as_ptr()),
+            res: self.residual.map_or(core::ptr::null(), |(r, ld)| r.wrapping_add(i * ld + j)),
+            res_ld: self.residual.map_or(0, |(_, ld)| ld),
+            clamp: self.clamp.is_some(),
+            lo,
+            hi,
+        }
+    }
+}
+
+/// [`Post`] for one tile: row `r`'s bias at `rb[r]`, column `c`'s at
+/// `cb[c]`, its residual at `res[r·res_ld + c]` (null: none).
+struct TilePost {
+    rb: *const f32,
+    cb: *const f32,
+    res: *const f32,
+    res_ld: usize,
+    clamp: bool,
+    lo: f32,
+    hi: f32,
+}
+
+/// `maxps` semantics: `b` unless `a > b` (so NaN gives `b`).
+#[inline(always)]
+fn max_ps(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `minps` semantics: `b` unless `a < b`.
+#[inline(always)]
+fn min_ps(a: f32, b: f32) -> f32 {
+    if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+impl TilePost {
+    /// Applies it to element `(r, c)` of the tile, value `x`.
+    ///
+    /// # Safety
+    /// The terms present are readable at `(r, c)` (row `r` < the tile's
+    /// real rows, column `c` < its real columns).
+    #[inline(always)]
+    unsafe fn apply(&self, r: usize, c: usize, mut x: f32) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if !self.rb.is_null() {
+                x += *self.rb.add(r);
+            }
+            if !self.cb.is_null() {
+                x += *self.cb.add(c);
+            }
+            if !self.res.is_null() {
+                x += *self.res.add(r * self.res_ld + c);
+            }
+        }
+        if self.clamp {
+            x = min_ps(max_ps(x, self.lo), self.hi);
+        }
+        x
+    }
+
+    /// Applies it to the first `rows` × `cols` elements of the tile at `c`
+    /// (row stride `ldc`).
+    ///
+    /// # Safety
+    /// As [`TilePost::apply`] for each of them, and they are writable.
+    unsafe fn apply_tile(&self, c: *mut f32, ldc: usize, rows: usize, cols: usize) {
+        for r in 0..rows {
+            for j in 0..cols {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    let x = c.add(r * ldc + j);
+                    *x = self.apply(r, j, *x);
+                }
+            }
+        }
+    }
+}
+
 /// A microkernel: `tile[R×NR] (row stride ldc) (+)= A'[R×kc] · B'[kc×NR]`
 /// for its row count `R` (`MR` or `SHORT_MR`; it reads the first `R` of
 /// `rows`), where row `i` of `A'` starts at `rows[i]` and steps by `a_cs`, and row
-/// `l` of `B'` is at `b + offs[l]` if `offs` is non-null, else at `b + l·NR`.
-type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool);
+/// `l` of `B'` is at `b + offs[l]` if `offs` is non-null, else at `b + l·NR`;
+/// then `post` (if non-null) on the whole tile as it is stored.
+type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost);
 
 /// A wide microkernel: as [`Micro`] over two panels, `b0` for columns
 /// `0..NR` and `b1` for `NR..2·NR` (each with the same row addressing), on
@@ -167,15 +289,16 @@ fn select() -> Family {
     Family::portable()
 }
 
-/// `C[m×n] (row stride ldc) = A·B (+ C if accumulate)` on the calling
-/// thread.
+/// `C[m×n] (row stride ldc) = post(A·B (+ C if accumulate))` on the
+/// calling thread.
 ///
 /// # Safety
 /// `a` must be readable for every `(i, l)`, `i < m`, `l < k`; `b` as its
 /// variant says; `c + i·ldc + j` (`i < m`, `j < n`) writable (and readable if
-/// `accumulate`) and not overlapping `a` or `b`.
+/// `accumulate`) and not overlapping `a` or `b`; `post`'s terms as it says.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<'_>, c: *mut f32, ldc: usize, accumulate: bool) {
+pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<'_>, c: *mut f32, ldc: usize, accumulate: bool, post: Option<&Post<'_>>) {
+    let post = post.filter(|p| p.any());
     match b {
         MatB::Packed(bp) => debug_assert_eq!(bp.len(), packed_len(k, n)),
         MatB::Rows { offs, .. } => debug_assert_eq!(offs.len(), k),
@@ -190,6 +313,10 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                 unsafe { core::slice::from_raw_parts_mut(c.add(i * ldc), n) }.fill(0.0);
             }
         }
+        if let Some(post) = post {
+            // SAFETY: C and post's terms cover m × n (caller's contract).
+            unsafe { post.tile(0, 0).apply_tile(c, ldc, m, n) };
+        }
         return;
     }
     let family = select();
@@ -199,6 +326,8 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
     while k0 < k {
         let kc = KC.min(k - k0);
         let acc = accumulate || k0 > 0;
+        // The epilogue goes with the last block's stores.
+        let post = post.filter(|_| k0 + kc == k);
         let mut i0 = 0;
         while i0 < m {
             let mc = MC.min(m - i0);
@@ -222,6 +351,10 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                             // SAFETY: the MR×2NR tile is inside C; rows and
                             // both panels cover kc steps.
                             unsafe { micro(kc, &rows, a.cs, b0, b1, offs, ct, ldc, acc) };
+                            if let Some(post) = post {
+                                // SAFETY: the tile, inside C and post's terms.
+                                unsafe { post.tile(i, j0).apply_tile(ct, ldc, MR, 2 * NR) };
+                            }
                         } else {
                             let mut tile = [0.0f32; MR * 2 * NR];
                             if acc {
@@ -237,6 +370,10 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                                 // SAFETY: as above.
                                 let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), 2 * NR) };
                                 dst.copy_from_slice(&tile[r * 2 * NR..(r + 1) * 2 * NR]);
+                            }
+                            if let Some(post) = post {
+                                // SAFETY: the tile's real rows, inside C.
+                                unsafe { post.tile(i, j0).apply_tile(ct, ldc, mr, 2 * NR) };
                             }
                         }
                         i += mr;
@@ -260,9 +397,12 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                     // SAFETY: (i, j0) is inside C.
                     let ct = unsafe { c.add(i * ldc + j0) };
                     if mr == h && nr == NR {
+                        let tp = post.map(|p| p.tile(i, j0));
+                        let tp = tp.as_ref().map_or(core::ptr::null(), |t| t as *const TilePost);
                         // SAFETY: the full tile is inside C; rows and b
-                        // cover kc steps (caller's contract, packed_len).
-                        unsafe { micro(kc, &rows, a.cs, bpan, offs, ct, ldc, acc) };
+                        // cover kc steps (caller's contract, packed_len);
+                        // post's terms cover the tile.
+                        unsafe { micro(kc, &rows, a.cs, bpan, offs, ct, ldc, acc, tp) };
                     } else {
                         let mut tile = [0.0f32; MR * NR];
                         if acc {
@@ -273,11 +413,15 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                             }
                         }
                         // SAFETY: `tile` is MR×NR (≥ h rows) with row stride NR.
-                        unsafe { micro(kc, &rows, a.cs, bpan, offs, tile.as_mut_ptr(), NR, acc) };
+                        unsafe { micro(kc, &rows, a.cs, bpan, offs, tile.as_mut_ptr(), NR, acc, core::ptr::null()) };
                         for r in 0..mr {
                             // SAFETY: as above.
                             let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), nr) };
                             dst.copy_from_slice(&tile[r * NR..r * NR + nr]);
+                        }
+                        if let Some(post) = post {
+                            // SAFETY: the tile's real part, inside C.
+                            unsafe { post.tile(i, j0).apply_tile(ct, ldc, mr, nr) };
                         }
                     }
                     i += mr;
@@ -323,7 +467,7 @@ unsafe fn b_row<const INDIRECT: bool>(b: *const f32, offs: *const isize, l: usiz
 /// See [`Micro`]: `rows[i] + l·a_cs` and B's row `l` (NR floats) readable
 /// for `l < kc`, the tile at `c` writable (readable if `acc`).
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn portable<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost) {
     let mut t = [[0.0f32; NR]; ROWS];
     if acc {
         for (i, row) in t.iter_mut().enumerate() {
@@ -342,6 +486,15 @@ unsafe fn portable<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*
             }
         }
     }
+    // SAFETY: null or a live TilePost covering the tile (contract).
+    if let Some(post) = unsafe { post.as_ref() } {
+        for (i, row) in t.iter_mut().enumerate() {
+            for (j, x) in row.iter_mut().enumerate() {
+                // SAFETY: (i, j) is inside the tile.
+                *x = unsafe { post.apply(i, j, *x) };
+            }
+        }
+    }
     for (i, row) in t.iter().enumerate() {
         // SAFETY: tile row i (contract).
         unsafe { core::slice::from_raw_parts_mut(c.add(i * ldc), NR) }.copy_from_slice(row);
@@ -357,7 +510,7 @@ unsafe fn portable<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx2_fma<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn avx2_fma<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost) {
     use core::arch::x86_64::*;
     // SAFETY (whole body): every pointer dereferenced is inside the tile,
     // the panel's kc rows or A's kc columns of the ROWS rows (contract).
@@ -380,6 +533,36 @@ unsafe fn avx2_fma<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*
                 ri[1] = _mm256_fmadd_ps(av, b1, ri[1]);
             }
             off = off.wrapping_add(a_cs);
+        }
+        if let Some(p) = post.as_ref() {
+            // The epilogue on the registers, in TilePost::apply's order.
+            if !p.rb.is_null() {
+                for (i, ri) in r.iter_mut().enumerate() {
+                    let v = _mm256_broadcast_ss(&*p.rb.add(i));
+                    ri[0] = _mm256_add_ps(ri[0], v);
+                    ri[1] = _mm256_add_ps(ri[1], v);
+                }
+            }
+            if !p.cb.is_null() {
+                let (v0, v1) = (_mm256_loadu_ps(p.cb), _mm256_loadu_ps(p.cb.add(8)));
+                for ri in r.iter_mut() {
+                    ri[0] = _mm256_add_ps(ri[0], v0);
+                    ri[1] = _mm256_add_ps(ri[1], v1);
+                }
+            }
+            if !p.res.is_null() {
+                for (i, ri) in r.iter_mut().enumerate() {
+                    ri[0] = _mm256_add_ps(ri[0], _mm256_loadu_ps(p.res.add(i * p.res_ld)));
+                    ri[1] = _mm256_add_ps(ri[1], _mm256_loadu_ps(p.res.add(i * p.res_ld + 8)));
+                }
+            }
+            if p.clamp {
+                let (lo, hi) = (_mm256_set1_ps(p.lo), _mm256_set1_ps(p.hi));
+                for ri in r.iter_mut() {
+                    ri[0] = _mm256_min_ps(_mm256_max_ps(ri[0], lo), hi);
+                    ri[1] = _mm256_min_ps(_mm256_max_ps(ri[1], lo), hi);
+                }
+            }
         }
         for (i, ri) in r.iter().enumerate() {
             _mm256_storeu_ps(c.add(i * ldc), ri[0]);
@@ -481,7 +664,7 @@ mod tests {
             MICRO_OVERRIDE.with(|o| o.set(Some(micros)));
             WIDE_OVERRIDE.with(|o| o.set(Some(wide)));
             // SAFETY: shapes as documented; rows_b has the rounded-up columns.
-            unsafe { gemm_packed(m, n, k, a_m, operand, c.as_mut_ptr(), ldc, true) };
+            unsafe { gemm_packed(m, n, k, a_m, operand, c.as_mut_ptr(), ldc, true, None) };
             MICRO_OVERRIDE.with(|o| o.set(None));
             WIDE_OVERRIDE.with(|o| o.set(None));
             for i in 0..m {
@@ -489,6 +672,71 @@ mod tests {
                     let got = c[i * ldc + j];
                     let w = if j < n { want[i * n + j] + 1.0 } else { 1.0 };
                     assert!((got - w).abs() <= 1e-4 * (1.0 + w.abs()), "{m}x{n}x{k} ({i},{j}): {got} vs {w}");
+                }
+            }
+        }
+    }
+
+    /// `gemm_packed` with a [`Post`] is bit-identical to `gemm_packed`
+    /// without it followed by the separate epilogue's arithmetic (bias,
+    /// then residual, then `max` / `min`), on every tile shape and in
+    /// every k block layout; a NaN sum clamps to `lo` as `f32::max` does,
+    /// and columns past `n` stay untouched.
+    fn check_post(m: usize, n: usize, k: usize, micros: Pair, wide: WidePair) {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1).collect();
+        let mut bp = vec![f32::NAN; packed_len(k, n)];
+        // SAFETY: b is k×n row-major.
+        unsafe { pack_b(&mut bp, b.as_ptr(), n as isize, 1, k, n) };
+        let a_m = MatA { ptr: a.as_ptr(), rs: k as isize, cs: 1 };
+        let ldc = n + 3;
+        let row_bias: Vec<f32> = (0..m).map(|i| (i % 5) as f32 * 0.3 - 0.6).collect();
+        let col_bias: Vec<f32> = (0..n).map(|j| (j % 7) as f32 * 0.2 - 0.5).collect();
+        // A NaN in the residual makes NaN sums.
+        let res: Vec<f32> = (0..m * ldc).map(|i| if i % 29 == 3 { f32::NAN } else { (i % 9) as f32 * 0.25 - 1.0 }).collect();
+        let run = |post: Option<&Post<'_>>| {
+            let mut c = vec![7.0f32; m * ldc];
+            MICRO_OVERRIDE.with(|o| o.set(Some(micros)));
+            WIDE_OVERRIDE.with(|o| o.set(Some(wide)));
+            // SAFETY: shapes as documented; the post's terms cover m × n.
+            unsafe { gemm_packed(m, n, k, a_m, MatB::Packed(&bp), c.as_mut_ptr(), ldc, false, post) };
+            MICRO_OVERRIDE.with(|o| o.set(None));
+            WIDE_OVERRIDE.with(|o| o.set(None));
+            c
+        };
+        let plain = run(None);
+        for (rb, cb, r, clamp) in [
+            (true, false, false, None),
+            (false, true, true, Some((0.0, f32::INFINITY))),
+            (true, false, true, Some((-0.5, 0.75))),
+            (false, false, false, Some((1.0, -1.0))),
+        ] {
+            let post = Post {
+                row_bias: rb.then_some(&row_bias[..]),
+                col_bias: cb.then_some(&col_bias[..]),
+                residual: r.then_some((res.as_ptr(), ldc)),
+                clamp,
+            };
+            let got = run(Some(&post));
+            for i in 0..m {
+                for j in 0..ldc {
+                    let mut want = plain[i * ldc + j];
+                    if j < n {
+                        if rb {
+                            want += row_bias[i];
+                        }
+                        if cb {
+                            want += col_bias[j];
+                        }
+                        if r {
+                            want += res[i * ldc + j];
+                        }
+                        if let Some((lo, hi)) = clamp {
+                            want = want.max(lo).min(hi);
+                        }
+                    }
+                    let g = got[i * ldc + j];
+                    assert!(g.to_bits() == want.to_bits() || (g == 0.0 && want == 0.0), "{m}x{n}x{k} {rb} {cb} {r} {clamp:?} ({i},{j}): {g} vs {want}");
                 }
             }
         }
@@ -527,6 +775,7 @@ mod tests {
                 // in a partial short tile (3, 7, 13) or a partial full one (5, 11).
                 for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 40, 300), (250, 33, 520), (5, 3, 0), (6, 32, 4), (11, 64, 257), (3, 80, 9), (8, 16, 7), (10, 48, 33), (14, 17, 260), (4, 16, 2)] {
                     check(m, n, k, pair, wide);
+                    check_post(m, n, k, pair, wide);
                 }
             }
         }

@@ -28,7 +28,7 @@
 use super::phases::PhaseGeometry;
 use super::{gather_strided, Axis, Conv2dParams, Geometry, Padding2d};
 use crate::activation::{epilogue, Activation, Bias};
-use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, MR, NR};
+use crate::microkernel::{gemm_packed, pack_b, packed_len, MatA, MatB, Post, MR, NR};
 use crate::gemm::raw_gemm;
 use crate::util::{for_each_task, plan_threads, sequential, with_op_scratch, with_scratch, SendPtr};
 use rayon::prelude::*;
@@ -93,6 +93,14 @@ struct Epilogue<'a> {
 impl Epilogue<'_> {
     fn any(&self) -> bool {
         self.bias.is_some() || self.residual.is_some() || self.p.activation != Activation::None
+    }
+
+    /// The part the microkernel applies as it stores a tile of channels
+    /// `co0 .. co0 + rows` (absolute): their bias and an activation that is
+    /// a clamp; and the activation left for a pass over the tile.
+    fn split(&self, co0: usize, rows: usize) -> (Post<'_>, Activation) {
+        let (clamp, rest) = self.p.activation.as_clamp();
+        (Post { row_bias: self.bias.map(|b| &b[co0..co0 + rows]), clamp, ..Post::default() }, rest)
     }
 
     /// Applies it to output elements `off .. off + row.len()` (within one
@@ -389,29 +397,49 @@ fn packed_gemm(
             let out_base = (b * p.out_channels + grp * g.og + m0) * npos;
             let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
             let group_input = &input[in_base..][..g.cg * g.in_plane];
+            // The bias, residual and a clamp go with the last chunk's
+            // stores: each chunk runs when the next is listed (or the list
+            // ends), after the panels it filled.
+            let (mut post, rest) = epi.split(grp * g.og + m0, mb);
+            // The residual has the output's layout: this task's rows are at
+            // the same offsets.
+            post.residual = epi.residual.map(|r| (r[out_base + t0..].as_ptr(), npos));
             let mut first = true;
-            chunks(t0, nt, &mut |ch| {
-                let panels = &mut col[..packed_len(ch.kc, nt)];
-                fill(panels, group_input, ch, t0, nt);
+            let mut multiply = |ch: Chunk, col: &[f32], post: Option<&Post<'_>>| {
                 let a = MatA { ptr: w_group[ch.a_off..].as_ptr(), rs: kdim as isize, cs: 1 };
                 // SAFETY: rows co < mb at out_base + co·npos + t0 .. + nt lie
                 // in `output` (length checked by the caller) and are
                 // written by this task only; A is [mb × kc] with row stride
                 // kdim inside `weight` (the chunk's rows are reduction rows
-                // of the group). `output` aliases neither.
-                unsafe { gemm_packed(mb, nt, ch.kc, a, MatB::Packed(panels), out_ptr.get().add(out_base + t0), npos, !first) };
+                // of the group); the bias has the mb channels and the
+                // residual the output's length. `output` aliases none.
+                unsafe { gemm_packed(mb, nt, ch.kc, a, MatB::Packed(&col[..packed_len(ch.kc, nt)]), out_ptr.get().add(out_base + t0), npos, !first, post) };
                 first = false;
+            };
+            let mut pending = None;
+            chunks(t0, nt, &mut |ch| {
+                if let Some(prev) = pending.take() {
+                    multiply(prev, col, None);
+                }
+                fill(&mut col[..packed_len(ch.kc, nt)], group_input, ch, t0, nt);
+                pending = Some(ch);
             });
+            let fused = pending.is_some();
+            if let Some(last) = pending {
+                multiply(last, col, Some(&post));
+            }
             for co in 0..mb {
                 let off = out_base + co * npos + t0;
                 // SAFETY: this task's rows, as above; no other reference to them lives.
                 let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
-                if first {
+                if !fused {
                     // Every reduction row reads padding here.
                     row.fill(0.0);
-                }
-                if epi.any() {
-                    epi.apply(row, grp * g.og + m0 + co, off);
+                    if epi.any() {
+                        epi.apply(row, grp * g.og + m0 + co, off);
+                    }
+                } else if rest != Activation::None {
+                    epilogue(row, Bias::None, None, rest);
                 }
             }
         })
@@ -465,21 +493,25 @@ fn indirect_gemm(
                 let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
                 let a = MatA { ptr: w_group.as_ptr(), rs: kdim as isize, cs: 1 };
                 let rows = MatB::Rows { base: src[q0..].as_ptr(), offs: &offs };
+                // Without a residual (laid out like the output, not the
+                // stage) the epilogue runs on the stage: the bias and a
+                // clamp as the microkernel stores it, another activation
+                // on each stage row at once, garbage columns included,
+                // instead of once per output row.
+                let per_row_epilogue = epi.residual.is_some();
+                let (post, rest) = epi.split(grp * g.og + m0, mb);
+                let post = (!per_row_epilogue).then_some(post);
                 // SAFETY: A is [mb × kdim] inside `weight`. B row r, column
                 // j < nq rounded up to NR, is src[q0 + offs[r] + j] with
                 // q0 + j < qn + NR, which `PhaseGeometry` keeps inside the
                 // channel's phase set (spare row and tail). The stage is
-                // mb × tile floats, ldc = tile ≥ nq.
-                unsafe { gemm_packed(mb, nq, kdim, a, rows, stage.as_mut_ptr(), tile, false) };
-                // Copy the real output columns out, applying the epilogue:
-                // without a residual (laid out like the output, not the
-                // stage) it runs on each stage row at once, garbage columns
-                // included, instead of once per output row.
+                // mb × tile floats, ldc = tile ≥ nq; the bias has mb rows.
+                unsafe { gemm_packed(mb, nq, kdim, a, rows, stage.as_mut_ptr(), tile, false, post.as_ref()) };
+                // Copy the real output columns out.
                 let out_base = (b * p.out_channels + grp * g.og + m0) * g.out_plane;
-                let per_row_epilogue = epi.residual.is_some();
-                if epi.any() && !per_row_epilogue {
+                if !per_row_epilogue && rest != Activation::None {
                     for co in 0..mb {
-                        epi.apply(&mut stage[co * tile..][..nq], grp * g.og + m0 + co, 0);
+                        epilogue(&mut stage[co * tile..][..nq], Bias::None, None, rest);
                     }
                 }
                 let mut q = q0;

@@ -104,7 +104,7 @@ pub(super) fn conv(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32]
                     // the panel width) readable floats inside `v`; C is
                     // [og × nt] with row stride nt inside `m`, which
                     // aliases neither.
-                    unsafe { gemm_packed(og, nt, cin, a, rows, m[xi * og * nt..].as_mut_ptr(), nt, false) };
+                    unsafe { gemm_packed(og, nt, cin, a, rows, m[xi * og * nt..].as_mut_ptr(), nt, false, None) };
                 }
                 let (y0, y1) = (2 * ty0, (2 * ty1).min(oh));
                 for co in 0..og {
