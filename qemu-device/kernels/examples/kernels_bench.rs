@@ -558,6 +558,10 @@ fn run() {
         ("dw 3x3 s1 480 @14", conv_params(480, 480, 14, 3, 1, 480, Silu)),
         ("dw 5x5 s1 672 @14", conv_params(672, 672, 14, 5, 1, 672, hs)),
         ("dw 5x5 s1 1152 @7", conv_params(1152, 1152, 7, 5, 1, 1152, Silu)),
+        // MobileNetV2's (ReLU6).
+        ("dw 3x3 s2 144 @56 (mbv2)", conv_params(144, 144, 56, 3, 2, 144, hs)),
+        ("dw 3x3 s1 576 @14 (mbv2)", conv_params(576, 576, 14, 3, 1, 576, hs)),
+        ("dw 3x3 s1 960 @7 (mbv2)", conv_params(960, 960, 7, 3, 1, 960, hs)),
     ];
     for (name, p) in dw {
         bench_conv(&mut b, name, p, false);

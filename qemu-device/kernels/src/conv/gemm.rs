@@ -68,7 +68,9 @@ pub(super) fn conv_gemm(
     }
     let pointwise = p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == Padding2d::default();
     let epi = Epilogue { p, bias, residual };
-    if pointwise {
+    if g.out_plane <= FEW_WINDOWS && !pointwise {
+        few_positions(p, g, input, weight, &epi, output);
+    } else if pointwise {
         pointwise_gemm(p, g, input, weight, &epi, output);
     } else if let Some(ph) = PhaseGeometry::new(&g.h, &g.w, g.in_plane, g.out_plane) {
         if taps_pay(p, g, &ph) {
@@ -204,37 +206,80 @@ fn pointwise_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32],
 /// `NR`-wide tiles would mostly spend on padding columns.
 const FEW_POSITIONS: usize = NR / 2;
 
-/// A pointwise conv with few output positions: per image and group, one
+/// Other convs with at most this many output positions (SegFormer's patch
+/// embeddings and spatial-reduction convs down to 2×2 or 4×4 maps) take
+/// [`few_positions`] too: one microkernel tile would hold all their
+/// positions, mostly padding columns, and the phase planes would cost
+/// more than the GEMM.
+const FEW_WINDOWS: usize = NR;
+
+/// A conv with few output positions: per image and group, one
 /// `[og × kdim]·[kdim × npos]` product by the `gemm` crate's
-/// matrix-vector kernels, then the epilogue row by row.
+/// matrix-vector kernels on the input itself (pointwise) or on an im2col
+/// of the windows (`kdim × npos` floats, small), then the epilogue row by
+/// row.
 fn few_positions(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: &Epilogue<'_>, output: &mut [f32]) {
     let (npos, kdim) = (g.out_plane, g.kdim);
     let images = p.batch * p.groups;
     let parallel = !sequential(conv_flops(images, g.og, npos, kdim));
-    for image in 0..images {
-        let (b, grp) = (image / p.groups, image % p.groups);
-        let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
-        let out_base = (b * p.out_channels + grp * g.og) * npos;
-        let w_group = &weight[grp * g.og * kdim..][..g.og * kdim];
-        let x = &input[in_base..][..g.cg * g.in_plane];
-        let out = &mut output[out_base..][..g.og * npos];
-        // SAFETY: W is [og × kdim] row-major in `w_group`, X is [kdim ×
-        // npos] with row stride in_plane (= npos: 1×1, stride 1, no
-        // padding) in `x`, C is [og × npos] row-major in `out`; the Rust
-        // borrows keep them apart.
-        unsafe {
-            raw_gemm(g.og, npos, kdim, out.as_mut_ptr(), npos, false, w_group.as_ptr(), kdim as isize, 1, x.as_ptr(), g.in_plane as isize, 1, parallel);
+    let pointwise = p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == Padding2d::default();
+    with_op_scratch(if pointwise { 0 } else { kdim * npos }, |col| {
+        for image in 0..images {
+            let (b, grp) = (image / p.groups, image % p.groups);
+            let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
+            let out_base = (b * p.out_channels + grp * g.og) * npos;
+            let w_group = &weight[grp * g.og * kdim..][..g.og * kdim];
+            let x = &input[in_base..][..g.cg * g.in_plane];
+            let out = &mut output[out_base..][..g.og * npos];
+            let (xs, x_rs) = if pointwise {
+                (x, g.in_plane)
+            } else {
+                im2col_windows(p, g, x, col);
+                (&col[..], npos)
+            };
+            // SAFETY: W is [og × kdim] row-major in `w_group`, X is [kdim ×
+            // npos] with row stride x_rs in `xs` (the input when pointwise:
+            // in_plane = npos; else the im2col), C is [og × npos] row-major in
+            // `out`; the Rust borrows keep them apart.
+            unsafe {
+                raw_gemm(g.og, npos, kdim, out.as_mut_ptr(), npos, false, w_group.as_ptr(), kdim as isize, 1, xs.as_ptr(), x_rs as isize, 1, parallel);
+            }
+            if !epi.any() {
+                continue;
+            }
+            if npos == 1 {
+                // One output per channel: the bias is a row, one pass for all.
+                let bias = epi.bias.map_or(Bias::None, |b| Bias::Row(&b[grp * g.og..][..g.og]));
+                epilogue(out, bias, epi.residual.map(|r| &r[out_base..][..g.og]), p.activation);
+            } else {
+                for (co, row) in out.chunks_exact_mut(npos).enumerate() {
+                    epi.apply(row, grp * g.og + co, out_base + co * npos);
+                }
+            }
         }
-        if !epi.any() {
-            continue;
-        }
-        if npos == 1 {
-            // One output per channel: the bias is a row, one pass for all.
-            let bias = epi.bias.map_or(Bias::None, |b| Bias::Row(&b[grp * g.og..][..g.og]));
-            epilogue(out, bias, epi.residual.map(|r| &r[out_base..][..g.og]), p.activation);
-        } else {
-            for (co, row) in out.chunks_exact_mut(npos).enumerate() {
-                epi.apply(row, grp * g.og + co, out_base + co * npos);
+    });
+}
+
+/// `col[r·npos + pos]` = the input under reduction row `r = (ci, ky, kx)`
+/// of output position `pos = (oy, ox)`, zero in the padding: the im2col
+/// of one image and group (`x` its `cg` input planes).
+fn im2col_windows(p: &Conv2dParams, g: &Geometry, x: &[f32], col: &mut [f32]) {
+    let (ha, wa) = (&g.h, &g.w);
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let npos = g.out_plane;
+    for (r, dst) in col.chunks_exact_mut(npos).enumerate() {
+        let (ci, ky, kx) = (r / (kh * kw), r / kw % kh, r % kw);
+        let plane = &x[ci * g.in_plane..][..g.in_plane];
+        for (oy, row) in dst.chunks_exact_mut(wa.output).enumerate() {
+            let iy = ha.input_index(oy, ky);
+            if iy < 0 || iy as usize >= ha.input {
+                row.fill(0.0);
+                continue;
+            }
+            let src = &plane[iy as usize * wa.input..][..wa.input];
+            for (ox, v) in row.iter_mut().enumerate() {
+                let ix = wa.input_index(ox, kx);
+                *v = if ix < 0 || ix as usize >= wa.input { 0.0 } else { src[ix as usize] };
             }
         }
     }

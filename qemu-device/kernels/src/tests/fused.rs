@@ -111,8 +111,9 @@ fn conv2d_dilated_tap_major() {
         Conv2dParams { in_h: 8, in_w: 8, kernel: [2, 1], padding: Padding2d { top: 60, left: 0, bottom: 0, right: 0 }, dilation: [20, 1], ..base },
         Conv2dParams { groups: 2, in_channels: 128, out_channels: 10, ..base },
         // Padding that dwarfs the map: no phase planes, only the centre
-        // tap reads the input.
-        Conv2dParams { in_h: 2, in_w: 3, padding: Padding2d::uniform(40), dilation: [40, 40], stride: [2, 1], ..base },
+        // tap reads the input (20 output positions: more than the
+        // few-positions path takes).
+        Conv2dParams { in_h: 2, in_w: 20, padding: Padding2d::uniform(40), dilation: [40, 40], stride: [2, 1], ..base },
     ];
     for (i, p) in cases.iter().enumerate() {
         check_conv_residual(&mut rng, p, i % 2 == 0, i % 3 != 1);
@@ -140,6 +141,34 @@ fn conv2d_pointwise_few_positions() {
             for (with_bias, with_res) in [(true, false), (false, true), (true, true), (false, false)] {
                 check_conv_residual(&mut rng, &p, with_bias, with_res);
             }
+        }
+    }
+}
+
+/// Other convs with at most 16 output positions (SegFormer's patch
+/// embeddings and spatial-reduction convs) run on an im2col of their
+/// windows: padding, strides, dilations, kernels as large as the map,
+/// groups, batches, every epilogue part; 16 positions exactly and 1.
+#[test]
+fn conv2d_few_windows() {
+    let mut rng = Rng::new(118);
+    let base = Conv2dParams { batch: 1, in_channels: 40, in_h: 4, in_w: 4, out_channels: 24, kernel: [3, 3], stride: [2, 2], padding: Padding2d::uniform(1), dilation: [1, 1], groups: 1, activation: Activation::None };
+    let cases = [
+        base,
+        // Kernel = stride, unpadded, to 2×2.
+        Conv2dParams { in_channels: 8, in_h: 16, in_w: 16, kernel: [8, 8], stride: [8, 8], padding: Padding2d::default(), batch: 2, activation: Activation::Relu, ..base },
+        // 4×4 outputs (16), asymmetric padding, groups.
+        Conv2dParams { in_h: 8, in_w: 8, padding: Padding2d { top: 1, left: 0, bottom: 0, right: 1 }, groups: 2, activation: Activation::Silu, ..base },
+        // Dilated, one output position.
+        Conv2dParams { in_h: 5, in_w: 5, stride: [1, 1], padding: Padding2d::default(), dilation: [2, 2], activation: Activation::Clip { min: -0.5, max: 0.5 }, ..base },
+        // A 1×1 kernel with stride (not pointwise) and a non-square map.
+        Conv2dParams { kernel: [1, 1], padding: Padding2d::default(), in_h: 3, in_w: 9, batch: 3, ..base },
+    ];
+    for (i, p) in cases.iter().enumerate() {
+        let [_, _, oh, ow] = conv2d_output_shape(p).unwrap();
+        assert!(oh * ow <= 16, "case {i}: {oh}x{ow}");
+        for (with_bias, with_res) in [(true, false), (false, true), (true, true)] {
+            check_conv_residual(&mut rng, p, with_bias, with_res);
         }
     }
 }
