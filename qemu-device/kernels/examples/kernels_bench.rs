@@ -532,6 +532,9 @@ fn run() {
         ("conv 3x3 s2 64->160 @8 (segformer)", conv_params(64, 160, 8, 3, 2, 1, None)),
         ("conv 8x8 s8 32->32 @16 (segformer sr)", unpadded(conv_params(32, 32, 16, 8, 8, 1, None))),
         ("conv 2x2 s2 160->160 @4 (segformer sr)", unpadded(conv_params(160, 160, 4, 2, 2, 1, None))),
+        // Patchify stems (kernel = stride, unpadded): ViT/DINOv2 and Swin.
+        ("conv 14x14 s14 3->128 @98x126 (dinov2 patch)", Conv2dParams { in_w: 126, ..unpadded(conv_params(3, 128, 98, 14, 14, 1, None)) }),
+        ("conv 4x4 s4 3->96 @224 (swin patch)", unpadded(conv_params(3, 96, 224, 4, 4, 1, None))),
     ];
     for (name, p) in few {
         bench_conv(&mut b, name, p, false);
