@@ -515,8 +515,8 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let d = SoftmaxDesc { rank: dims.len() as u32, axis: *axis as u32, dims: dims6(op, dims, "dims")?, flags, ..Default::default() }.with_header();
             vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(SoftmaxDesc, in_va), off(*x)), reloc(offset_of!(SoftmaxDesc, out_va), o)])]
         }
-        Kind::LayerNorm { x, gamma, beta, rows, cols, eps } => {
-            let flags = if gamma.is_some() { LAYERNORM_GAMMA } else { 0 } | if beta.is_some() { LAYERNORM_BETA } else { 0 };
+        Kind::LayerNorm { x, gamma, beta, rows, cols, eps, rms } => {
+            let flags = if gamma.is_some() { LAYERNORM_GAMMA } else { 0 } | if beta.is_some() { LAYERNORM_BETA } else { 0 } | if *rms { LAYERNORM_RMS } else { 0 };
             let d = LayerNormDesc { rows: u32c(op, *rows, "rows")?, cols: u32c(op, *cols, "cols")?, epsilon: *eps, flags, ..Default::default() }.with_header();
             let mut r = vec![reloc(offset_of!(LayerNormDesc, in_va), off(*x)), reloc(offset_of!(LayerNormDesc, out_va), o)];
             if let Some(v) = gamma {

@@ -32,6 +32,7 @@ pub struct FuseStats {
     pub gelu_tanh: usize,
     pub silu: usize,
     pub layer_norm: usize,
+    pub rms_norm: usize,
     pub folded_into_conv: usize,
     pub pad_into_conv: usize,
     pub scale_into_weights: usize,
@@ -50,11 +51,12 @@ pub fn run(g: &mut Graph) -> FuseStats {
     // first (they consume plain element-wise ops), then the Conv folds,
     // then bias before activation (the activation applies after the bias);
     // scales move into weights once the projections carry their biases.
-    let rules: [(Rule, &mut usize); 10] = [
+    let rules: [(Rule, &mut usize); 11] = [
         (gelu, &mut st.gelu),
         (gelu_tanh, &mut st.gelu_tanh),
         (silu, &mut st.silu),
         (layer_norm, &mut st.layer_norm),
+        (rms_norm, &mut st.rms_norm),
         (pad_into_conv, &mut st.pad_into_conv),
         (conv_affine, &mut st.folded_into_conv),
         (bias, &mut st.bias),
@@ -400,8 +402,79 @@ fn layer_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     }
     let name = g.ops[i].name.clone();
     let op = &mut g.ops[last];
-    op.kind = Kind::LayerNorm { x, gamma, beta, rows, cols, eps };
+    op.kind = Kind::LayerNorm { x, gamma, beta, rows, cols, eps, rms: false };
     op.op = "LayerNorm(decomposed)".into();
+    op.name = name;
+    Some(dead)
+}
+
+/// `x / sqrt(mean(x^2) + eps) [* gamma]` over the trailing elements of
+/// each row (RMSNorm, as LLaMA, Qwen and T5 export it: `x * (1 /
+/// sqrt(...))`, or `x / sqrt(...)`), `x^2` as `Pow(x, 2)` or `x * x`.
+fn rms_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
+    let Kind::Reduce { kind: REDUCE_MEAN, x: sq_out, ref dims, axis: 1 } = g.ops[i].kind else { return None };
+    if dims[2] != 1 {
+        return None;
+    }
+    let (rows, cols) = (dims[0], dims[1]);
+    let q = ix.producer[sq_out]?;
+    let x = match binary(&g.ops[q])? {
+        (Binary::Pow, a, b) if scalar_near(g, b, 2.0) => a,
+        (Binary::Mul, a, b) if a == b => a,
+        _ => return None,
+    };
+    if ix.sole_reader(sq_out)? != i || g.values[x].shape != g.values[sq_out].shape {
+        return None;
+    }
+    let a = ix.sole_reader(g.ops[i].out)?;
+    let (Binary::Add, av, ae) = binary(&g.ops[a])? else { return None };
+    let eps = g.konst(other(av, ae, g.ops[i].out)?)?.scalar()?;
+    let sq = ix.sole_reader(g.ops[a].out)?;
+    let Kind::Unary { kind: Unary::Sqrt, .. } = g.ops[sq].kind else { return None };
+    let s = g.ops[sq].out;
+    let d = ix.sole_reader(s)?;
+    let mut dead = vec![q, i, a, sq];
+    // x / s, or x * (1 / s) with the reciprocal as a Div or a Reciprocal.
+    let normed = match (&g.ops[d].kind, binary(&g.ops[d])) {
+        (_, Some((Binary::Div, n, den))) if den == s && n == x => d,
+        (kind, bin) => {
+            let recip = match (kind, bin) {
+                (_, Some((Binary::Div, n, den))) => den == s && scalar_near(g, n, 1.0),
+                (Kind::Unary { kind: Unary::Reciprocal, .. }, _) => true,
+                _ => false,
+            };
+            if !recip {
+                return None;
+            }
+            let r = g.ops[d].out;
+            let m = ix.sole_reader(r)?;
+            let (Binary::Mul, ma, mb) = binary(&g.ops[m])? else { return None };
+            if other(ma, mb, r)? != x {
+                return None;
+            }
+            dead.push(d);
+            m
+        }
+    };
+    let mut last = normed;
+    let mut gamma = None;
+    if let Some(m) = ix.sole_reader(g.ops[normed].out) {
+        if let Some((Binary::Mul, ma, mb)) = binary(&g.ops[m]) {
+            let p = other(ma, mb, g.ops[normed].out)?;
+            if trailing(g, p, x, cols) {
+                gamma = Some(p);
+                dead.push(last);
+                last = m;
+            }
+        }
+    }
+    if g.values[g.ops[last].out].shape != g.values[x].shape {
+        return None;
+    }
+    let name = g.ops[i].name.clone();
+    let op = &mut g.ops[last];
+    op.kind = Kind::LayerNorm { x, gamma, beta: None, rows, cols, eps, rms: true };
+    op.op = "RMSNorm(decomposed)".into();
     op.name = name;
     Some(dead)
 }

@@ -204,7 +204,9 @@ pub enum Kind {
     Unary { kind: Unary, x: ValueId, p0: f32, p1: f32 },
     /// Softmax, or (`log`) log-softmax, along `axis`.
     Softmax { x: ValueId, dims: Vec<u64>, axis: u64, log: bool },
-    LayerNorm { x: ValueId, gamma: Option<ValueId>, beta: Option<ValueId>, rows: u64, cols: u64, eps: f32 },
+    /// Layer normalisation of each row of `cols` elements; `rms`: without
+    /// subtracting the mean (RMSNorm).
+    LayerNorm { x: ValueId, gamma: Option<ValueId>, beta: Option<ValueId>, rows: u64, cols: u64, eps: f32, rms: bool },
     /// `kind` is one of rbln_hw::ops::REDUCE_*.
     Reduce { kind: u32, x: ValueId, dims: Vec<u64>, axis: u64 },
     Transpose { x: ValueId, dims: Vec<u64>, perm: Vec<u64> },

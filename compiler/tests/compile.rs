@@ -235,6 +235,75 @@ fn erf_gelu_and_decomposed_layernorm_are_recognised() {
     assert_eq!((c.report.fused.layer_norm, c.report.fused.gelu), (1, 1));
 }
 
+/// x[2,3,8] -> RMS norm, decomposed as `form` says -> y (plus x itself
+/// in `residual`, which keeps x read by a third op).
+fn rms(form: &str, residual: bool) -> Vec<u8> {
+    let d = 8;
+    let mut nodes = match form {
+        // LLaMA / Qwen / T5: x * (1 / sqrt(mean(x^2) + eps)), then * weight.
+        "llama" => vec![
+            node("Pow", "n.pow", &["x", "two"], &["sq"], vec![]),
+            node("ReduceMean", "n.mean", &["sq"], &["ms"], vec![attr_ints("axes", &[-1])]),
+            node("Add", "n.eps", &["ms", "eps"], &["me"], vec![]),
+            node("Sqrt", "n.sqrt", &["me"], &["rt"], vec![]),
+            node("Div", "n.recip", &["one", "rt"], &["inv"], vec![]),
+            node("Mul", "n.scale", &["x", "inv"], &["nx"], vec![]),
+            node("Mul", "n.gamma", &["gamma", "nx"], &["y"], vec![]),
+        ],
+        // x / sqrt(mean(x*x) + eps), no weight ("wrong": x*x / ...).
+        "div" | "wrong" => vec![
+            node("Mul", "n.sq", &["x", "x"], &["sq"], vec![]),
+            node("ReduceMean", "n.mean", &["sq"], &["ms"], vec![attr_ints("axes", &[-1])]),
+            node("Add", "n.eps", &["eps", "ms"], &["me"], vec![]),
+            node("Sqrt", "n.sqrt", &["me"], &["rt"], vec![]),
+            node("Div", "n.div", &[if form == "div" { "x" } else { "sq" }, "rt"], &["y"], vec![]),
+        ],
+        // Reciprocal, then * weight.
+        _ => vec![
+            node("Pow", "n.pow", &["x", "two"], &["sq"], vec![]),
+            node("ReduceMean", "n.mean", &["sq"], &["ms"], vec![attr_ints("axes", &[-1])]),
+            node("Add", "n.eps", &["ms", "eps"], &["me"], vec![]),
+            node("Sqrt", "n.sqrt", &["me"], &["rt"], vec![]),
+            node("Reciprocal", "n.recip", &["rt"], &["inv"], vec![]),
+            node("Mul", "n.scale", &["inv", "x"], &["nx"], vec![]),
+            node("Mul", "n.gamma", &["nx", "gamma"], &["y"], vec![]),
+        ],
+    };
+    if residual {
+        let last = nodes.last_mut().unwrap();
+        last.output[0] = "normed".into();
+        nodes.push(node("Add", "res", &["x", "normed"], &["y"], vec![]));
+    }
+    model(
+        nodes,
+        vec![
+            tensor("two", &[], &[2.0]),
+            tensor("eps", &[], &[1e-6]),
+            tensor("one", &[], &[1.0]),
+            tensor("gamma", &[d], &ramp(d as usize, 0.3)),
+        ],
+        vec![vinfo("x", &[2, 3, d])],
+        vec![vinfo("y", &[2, 3, d])],
+    )
+}
+
+#[test]
+fn decomposed_rms_norm_is_recognised() {
+    for form in ["llama", "div", "reciprocal"] {
+        let c = compiled(&rms(form, false));
+        assert_eq!(compute_ops(&c.model), ["RMSNorm(decomposed)"], "{form}");
+        assert_eq!((c.report.fused.rms_norm, c.report.fused.layer_norm), (1, 0), "{form}");
+        // x read by the residual Add too: still one norm op.
+        let c = compiled(&rms(form, true));
+        let ops = compute_ops(&c.model);
+        assert_eq!((ops.len(), ops[0].as_str()), (2, "RMSNorm(decomposed)"), "{form} + residual: {ops:?}");
+    }
+    // Not an RMS norm: x² divided by its RMS (the square is read twice).
+    let c = compiled(&rms("wrong", false));
+    assert_eq!(c.report.fused.rms_norm, 0);
+    assert!(!compute_ops(&c.model).iter().any(|o| o.contains("RMSNorm")));
+}
+
 /// GPT-2's MLP entry as exporters write it: Conv1D (rows Gemm between two
 /// Reshapes), then the tanh GELU with the cube as `Pow(x, 3)` or `x*x*x`.
 fn conv1d_gelu_tanh(cube_by_pow: bool) -> Vec<u8> {

@@ -348,6 +348,9 @@ pub const CONV_BIAS: u32 = 1 << 3;
 pub const CONV_RESIDUAL: u32 = 1 << 4;
 pub const LAYERNORM_GAMMA: u32 = 1 << 0;
 pub const LAYERNORM_BETA: u32 = 1 << 1;
+/// Root-mean-square normalisation: the mean is not subtracted (hardware
+/// minor version 13).
+pub const LAYERNORM_RMS: u32 = 1 << 2;
 pub const GATHER_INDEX_I32: u32 = 0;
 pub const GATHER_INDEX_I64: u32 = 1;
 /// Element types of CAST (`src_type`, `dst_type`).
@@ -693,7 +696,8 @@ wire_struct! {
 
 wire_struct! {
     /// Layer normalisation of `rows` rows of `cols` elements:
-    /// out = (x - mean) / sqrt(var + epsilon) * gamma + beta.
+    /// out = (x - mean) / sqrt(var + epsilon) * gamma + beta (RMS flag:
+    /// without the mean, var = mean of x²).
     pub struct LayerNormDesc {
         pub header: OpHeader,
         pub rows: u32,
@@ -1309,7 +1313,7 @@ impl Desc {
             }
             7 => {
                 let d = get!(LayerNormDesc);
-                if d.flags & !(LAYERNORM_GAMMA | LAYERNORM_BETA) != 0 {
+                if d.flags & !(LAYERNORM_GAMMA | LAYERNORM_BETA | LAYERNORM_RMS) != 0 {
                     return Err(BadField("layernorm flags"));
                 }
                 Desc::LayerNorm(d)

@@ -383,7 +383,8 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             let x = op.input(d.in_va, n)?;
             let gamma = if d.flags & ops::LAYERNORM_GAMMA != 0 { Some(op.input(d.gamma_va, cols)?) } else { None };
             let beta = if d.flags & ops::LAYERNORM_BETA != 0 { Some(op.input(d.beta_va, cols)?) } else { None };
-            op.write_out(d.out_va, n, |y| k::layer_norm(&x, cols, gamma.as_deref(), beta.as_deref(), d.epsilon, y))?;
+            let norm = if d.flags & ops::LAYERNORM_RMS != 0 { k::rms_norm } else { k::layer_norm };
+            op.write_out(d.out_va, n, |y| norm(&x, cols, gamma.as_deref(), beta.as_deref(), d.epsilon, y))?;
             Ok(8 * n as u64)
         }
         Desc::Reduce(d) => {

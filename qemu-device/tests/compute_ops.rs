@@ -145,6 +145,14 @@ fn elementwise_softmax_layernorm_reduce_transpose_gather_copy_pool() {
     assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
     let sd = 1.25f32.sqrt();
     close(&r.get(3, 4), &[1. - 3. / sd, 1. - 1. / sd, 1. + 1. / sd, 1. + 3. / sd]);
+    // RMS (minor version 13): x / sqrt(mean(x²)) · 2 + 1, mean(x²) = 7.5.
+    let d = LayerNormDesc { flags: LAYERNORM_GAMMA | LAYERNORM_BETA | LAYERNORM_RMS, ..d };
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    let rms = 7.5f32.sqrt();
+    close(&r.get(3, 4), &[1. + 2. / rms, 1. + 4. / rms, 1. + 6. / rms, 1. + 8. / rms]);
+    // An undefined flag bit is a bad descriptor (on a rig of its own: the
+    // fault stops its queue).
+    assert_eq!(OpRig::new().run(&LayerNormDesc { flags: 1 << 3, ..d }.to_bytes()), FaultCode::BadDescriptor);
 
     // Reduce mean over axis 0 of [2,3].
     r.put(0, &[1., 2., 3., 5., 6., 7.]);

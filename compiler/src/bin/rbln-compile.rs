@@ -180,8 +180,8 @@ fn print_report(r: &Report, file_len: usize, indent: &str) {
     println!("{indent}{} {} -> device ops {} (+{} views)", r.format.nodes_label(), r.onnx_nodes, r.device_op_count(), r.views);
     let f = &r.fused;
     println!(
-        "{indent}fused: {} GELU (erf), {} GELU (tanh), {} SiLU, {} layer norm, {} scale into weights, {} pad + {} BatchNorm/affine into conv, {} bias, {} residual, {} activation, {} element-wise ops into ELTWISE programs; {} dead ops dropped",
-        f.gelu, f.gelu_tanh, f.silu, f.layer_norm, f.scale_into_weights, f.pad_into_conv, f.folded_into_conv, f.bias, f.residual, f.activation, f.eltwise, f.dead
+        "{indent}fused: {} GELU (erf), {} GELU (tanh), {} SiLU, {} layer norm, {} RMS norm, {} scale into weights, {} pad + {} BatchNorm/affine into conv, {} bias, {} residual, {} activation, {} element-wise ops into ELTWISE programs; {} dead ops dropped",
+        f.gelu, f.gelu_tanh, f.silu, f.layer_norm, f.rms_norm, f.scale_into_weights, f.pad_into_conv, f.folded_into_conv, f.bias, f.residual, f.activation, f.eltwise, f.dead
     );
     if r.int8.conv + r.int8.gemm > 0 {
         println!(

@@ -51,7 +51,7 @@ impl Importer {
                         }
                     }
                 }
-                self.device(cx, Kind::LayerNorm { x, gamma: Some(gamma), beta, rows, cols, eps: cx.float("epsilon", 1e-5) }, s)
+                self.device(cx, Kind::LayerNorm { x, gamma: Some(gamma), beta, rows, cols, eps: cx.float("epsilon", 1e-5), rms: false }, s)
             }
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
             | "ReduceLogSum" | "ReduceLogSumExp" => self.reduce(cx, ins)?,
@@ -195,7 +195,7 @@ impl Importer {
         let rows = n * groups;
         let cols = volume(&s[1..]) / groups;
         let eps = cx.float("epsilon", 1e-5);
-        let normed = self.device_tmp(cx, Kind::LayerNorm { x, gamma: None, beta: None, rows, cols, eps }, s, "normalized");
+        let normed = self.device_tmp(cx, Kind::LayerNorm { x, gamma: None, beta: None, rows, cols, eps, rms: false }, s, "normalized");
         let shift = affine.pop().unwrap_or_default();
         let scale = affine.pop().unwrap_or_default();
         self.channel_affine(cx, normed, scale, shift, "bias")

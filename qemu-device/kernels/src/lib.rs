@@ -44,7 +44,7 @@
 //! - [`unary`], [`unary_inplace`]: element-wise activations and math
 //! - [`eltwise`]: a fused program of unary and binary steps over up to
 //!   four broadcast inputs, one pass
-//! - [`softmax`], [`layer_norm`]
+//! - [`softmax`], [`layer_norm`], [`rms_norm`]
 //! - [`reduce`]: Sum/Mean/Max/Min along one axis
 //! - [`permute`], [`strided_copy`]
 //! - [`gather`]: ONNX Gather with `i32` / `i64` indices
@@ -99,7 +99,7 @@ pub use recurrent::{recurrent, RecCell, RecurrentInputs, RecurrentParams};
 pub use reduce::{arg_reduce, reduce, ReduceOp};
 pub use resize::{resize2d, resize2d_output_shape, NearestMode, ResizeAxis, ResizeMode, ResizeParams};
 pub use select::{broadcast_shape3, where_select};
-pub use softmax::{layer_norm, log_softmax, softmax};
+pub use softmax::{layer_norm, log_softmax, rms_norm, softmax};
 pub use tile::{run_tile, TileFault, TileLaunch, TileMem};
 pub use topk::top_k;
 pub use util::parallel_tasks;

@@ -83,12 +83,25 @@ fn softmax_or_log(shape: &[usize], axis: isize, log: bool, x: &[f32], y: &mut [f
 /// `x.len()` must be a multiple of `norm_size` (> 0); `gamma` and `beta`,
 /// when given, have `norm_size` elements; `eps` must be finite and ≥ 0.
 /// Parallel over groups.
-pub fn layer_norm(
+pub fn layer_norm(x: &[f32], norm_size: usize, gamma: Option<&[f32]>, beta: Option<&[f32]>, eps: f32, y: &mut [f32]) -> Result<()> {
+    normalize(x, norm_size, gamma, beta, eps, true, y)
+}
+
+/// Root-mean-square normalization (LLaMA's and T5's RMSNorm): as
+/// [`layer_norm`] without subtracting the mean,
+/// `y = x / sqrt(mean(x²) + eps) · gamma + beta`.
+pub fn rms_norm(x: &[f32], norm_size: usize, gamma: Option<&[f32]>, beta: Option<&[f32]>, eps: f32, y: &mut [f32]) -> Result<()> {
+    normalize(x, norm_size, gamma, beta, eps, false, y)
+}
+
+/// [`layer_norm`] (`centre`) or [`rms_norm`].
+fn normalize(
     x: &[f32],
     norm_size: usize,
     gamma: Option<&[f32]>,
     beta: Option<&[f32]>,
     eps: f32,
+    centre: bool,
     y: &mut [f32],
 ) -> Result<()> {
     if norm_size == 0 {
@@ -112,21 +125,23 @@ pub fn layer_norm(
     }
     let rows = rows_per_task(norm_size);
     if x.len() <= rows * norm_size {
-        layer_norm_rows(x, y, norm_size, gamma, beta, eps);
+        layer_norm_rows(x, y, norm_size, gamma, beta, eps, centre);
     } else {
         y.par_chunks_mut(rows * norm_size)
             .zip(x.par_chunks(rows * norm_size))
-            .for_each(|(yc, xc)| layer_norm_rows(xc, yc, norm_size, gamma, beta, eps));
+            .for_each(|(yc, xc)| layer_norm_rows(xc, yc, norm_size, gamma, beta, eps, centre));
     }
     Ok(())
 }
 
 simd_dispatch! {
-    /// Layer norm of consecutive rows of `norm_size`.
-    fn layer_norm_rows(xc: &[f32], yc: &mut [f32], norm_size: usize, gamma: Option<&[f32]>, beta: Option<&[f32]>, eps: f32) {
+    /// Layer norm (RMS norm without `centre`) of consecutive rows of
+    /// `norm_size`.
+    fn layer_norm_rows(xc: &[f32], yc: &mut [f32], norm_size: usize, gamma: Option<&[f32]>, beta: Option<&[f32]>, eps: f32, centre: bool) {
         let inv_n = 1.0 / norm_size as f32;
         for (yr, xr) in yc.chunks_exact_mut(norm_size).zip(xc.chunks_exact(norm_size)) {
-            let mean = sum_f32(xr) * inv_n;
+            // x − 0 is x exactly: the RMS path shares the loops below.
+            let mean = if centre { sum_f32(xr) * inv_n } else { 0.0 };
             for (o, &v) in yr.iter_mut().zip(xr) {
                 *o = v - mean;
             }

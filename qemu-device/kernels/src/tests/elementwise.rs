@@ -426,7 +426,18 @@ fn log_softmax_random() {
 
 #[test]
 fn layer_norm_random() {
-    let mut rng = Rng::new(14);
+    check_norm_random(true);
+}
+
+/// RMS norm: no mean subtracted (a mean far from 0 would show).
+#[test]
+fn rms_norm_random() {
+    check_norm_random(false);
+}
+
+fn check_norm_random(centre: bool) {
+    let mut rng = Rng::new(if centre { 14 } else { 15 });
+    let norm_fn = if centre { layer_norm } else { rms_norm };
     for it in 0..60 {
         let norm = rng.pick(&[1, 2, 3, 7, 17, 64, 65, 768, 1000]);
         let rows = rng.pick(&[0, 1, 3, 33, 100]);
@@ -437,11 +448,11 @@ fn layer_norm_random() {
         let b = (it % 3 != 0).then_some(&beta[..]);
         let eps = 1e-5;
         let mut y = vec![f32::NAN; x.len()];
-        layer_norm(&x, norm, g, b, eps, &mut y).unwrap();
+        norm_fn(&x, norm, g, b, eps, &mut y).unwrap();
         let mut want = vec![0.0; x.len()];
         for r in 0..rows {
             let xr = &x[r * norm..][..norm];
-            let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / norm as f64;
+            let mean = if centre { xr.iter().map(|&v| v as f64).sum::<f64>() / norm as f64 } else { 0.0 };
             let var = xr.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / norm as f64;
             for j in 0..norm {
                 let mut v = (xr[j] as f64 - mean) / (var + eps as f64).sqrt();
@@ -456,7 +467,7 @@ fn layer_norm_random() {
         }
         // Normalized values are O(1): compare against 1 as the magnitude.
         let ones = vec![1.0; want.len()];
-        assert_close(&format!("layer_norm norm={norm} rows={rows}"), &y, &want, Some(&ones), 1e-4);
+        assert_close(&format!("norm centre={centre} norm={norm} rows={rows}"), &y, &want, Some(&ones), 1e-4);
     }
 }
 
