@@ -163,7 +163,7 @@ fn reshaped_strides(sizes: &[u64], strides: &[u64], target: &[u64]) -> Option<Ve
                 oj += 1;
             }
         }
-        if (oi..oj - 1).any(|o| old[o].1 != old[o + 1].0.checked_mul(old[o + 1].1).unwrap_or(u64::MAX)) {
+        if (oi..oj - 1).any(|o| old[o].1 != old[o + 1].0.saturating_mul(old[o + 1].1)) {
             return None;
         }
         out[new[nj - 1]] = old[oj - 1].1;
