@@ -458,12 +458,23 @@ fn rms_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     };
     let mut last = normed;
     let mut gamma = None;
-    if let Some(m) = ix.sole_reader(g.ops[normed].out) {
+    // The weight may come after identity views (LLaMA's and Qwen's
+    // exports cast the normalised value to its own type first).
+    let (mut cur, mut views) = (normed, Vec::new());
+    while let Some(v) = ix.sole_reader(g.ops[cur].out) {
+        if !matches!(g.ops[v].kind, Kind::View { .. }) || g.values[g.ops[v].out].shape != g.values[x].shape {
+            break;
+        }
+        views.push(v);
+        cur = v;
+    }
+    if let Some(m) = ix.sole_reader(g.ops[cur].out) {
         if let Some((Binary::Mul, ma, mb)) = binary(&g.ops[m]) {
-            let p = other(ma, mb, g.ops[normed].out)?;
+            let p = other(ma, mb, g.ops[cur].out)?;
             if trailing(g, p, x, cols) {
                 gamma = Some(p);
                 dead.push(last);
+                dead.extend(views);
                 last = m;
             }
         }

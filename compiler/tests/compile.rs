@@ -240,14 +240,16 @@ fn erf_gelu_and_decomposed_layernorm_are_recognised() {
 fn rms(form: &str, residual: bool) -> Vec<u8> {
     let d = 8;
     let mut nodes = match form {
-        // LLaMA / Qwen / T5: x * (1 / sqrt(mean(x^2) + eps)), then * weight.
-        "llama" => vec![
+        // LLaMA / Qwen / T5: x * (1 / sqrt(mean(x^2) + eps)), then * weight
+        // (LLaMA and Qwen cast to float32 in between).
+        "llama" | "llama-cast" => vec![
             node("Pow", "n.pow", &["x", "two"], &["sq"], vec![]),
             node("ReduceMean", "n.mean", &["sq"], &["ms"], vec![attr_ints("axes", &[-1])]),
             node("Add", "n.eps", &["ms", "eps"], &["me"], vec![]),
             node("Sqrt", "n.sqrt", &["me"], &["rt"], vec![]),
             node("Div", "n.recip", &["one", "rt"], &["inv"], vec![]),
-            node("Mul", "n.scale", &["x", "inv"], &["nx"], vec![]),
+            node("Mul", "n.scale", &["x", "inv"], &["nx0"], vec![]),
+            if form == "llama" { node("Identity", "n.id", &["nx0"], &["nx"], vec![]) } else { node("Cast", "n.cast", &["nx0"], &["nx"], vec![attr_i("to", 1)]) },
             node("Mul", "n.gamma", &["gamma", "nx"], &["y"], vec![]),
         ],
         // x / sqrt(mean(x*x) + eps), no weight ("wrong": x*x / ...).
@@ -289,7 +291,7 @@ fn rms(form: &str, residual: bool) -> Vec<u8> {
 
 #[test]
 fn decomposed_rms_norm_is_recognised() {
-    for form in ["llama", "div", "reciprocal"] {
+    for form in ["llama", "llama-cast", "div", "reciprocal"] {
         let c = compiled(&rms(form, false));
         assert_eq!(compute_ops(&c.model), ["RMSNorm(decomposed)"], "{form}");
         assert_eq!((c.report.fused.rms_norm, c.report.fused.layer_norm), (1, 0), "{form}");
