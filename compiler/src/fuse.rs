@@ -328,6 +328,15 @@ fn trailing(g: &Graph, p: ValueId, x: ValueId, cols: u64) -> bool {
     volume(&ps) == cols && xs.ends_with(&ps) && g.konst(p).is_some()
 }
 
+/// The op that alone reads op `i`'s result and combines it by `kind`
+/// with a [`trailing`] constant of a norm over `x`, and that constant.
+fn trailing_param(g: &Graph, ix: &Index, i: usize, kind: Binary, x: ValueId, cols: u64) -> Option<(usize, ValueId)> {
+    let m = ix.sole_reader(g.ops[i].out)?;
+    let (k, a, b) = binary(&g.ops[m])?;
+    let p = other(a, b, g.ops[i].out)?;
+    (k == kind && trailing(g, p, x, cols)).then_some((m, p))
+}
+
 /// `(x - mean) / sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta]` over
 /// the trailing elements of each row.
 fn layer_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
@@ -377,24 +386,14 @@ fn layer_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     let mut dead = vec![i, s, q, r2, a, sq];
     let mut last = div;
     let (mut gamma, mut beta) = (None, None);
-    if let Some(m) = ix.sole_reader(g.ops[div].out) {
-        if let Some((Binary::Mul, ma, mb)) = binary(&g.ops[m]) {
-            let p = other(ma, mb, g.ops[div].out)?;
-            if trailing(g, p, x, cols) {
-                gamma = Some(p);
-                dead.push(last);
-                last = m;
-                if let Some(ad) = ix.sole_reader(g.ops[m].out) {
-                    if let Some((Binary::Add, aa, ab)) = binary(&g.ops[ad]) {
-                        let p = other(aa, ab, g.ops[m].out)?;
-                        if trailing(g, p, x, cols) {
-                            beta = Some(p);
-                            dead.push(last);
-                            last = ad;
-                        }
-                    }
-                }
-            }
+    if let Some((m, p)) = trailing_param(g, ix, div, Binary::Mul, x, cols) {
+        gamma = Some(p);
+        dead.push(last);
+        last = m;
+        if let Some((ad, p)) = trailing_param(g, ix, m, Binary::Add, x, cols) {
+            beta = Some(p);
+            dead.push(last);
+            last = ad;
         }
     }
     if g.values[g.ops[last].out].shape != g.values[x].shape {
@@ -468,16 +467,11 @@ fn rms_norm(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
         views.push(v);
         cur = v;
     }
-    if let Some(m) = ix.sole_reader(g.ops[cur].out) {
-        if let Some((Binary::Mul, ma, mb)) = binary(&g.ops[m]) {
-            let p = other(ma, mb, g.ops[cur].out)?;
-            if trailing(g, p, x, cols) {
-                gamma = Some(p);
-                dead.push(last);
-                dead.extend(views);
-                last = m;
-            }
-        }
+    if let Some((m, p)) = trailing_param(g, ix, cur, Binary::Mul, x, cols) {
+        gamma = Some(p);
+        dead.push(last);
+        dead.extend(views);
+        last = m;
     }
     if g.values[g.ops[last].out].shape != g.values[x].shape {
         return None;
