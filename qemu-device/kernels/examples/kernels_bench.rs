@@ -190,8 +190,8 @@ fn bench_conv(b: &mut Bench, name: &str, p: Conv2dParams, residual: bool) {
     let npos = oh * ow;
     let flops = 2.0 * (bn * co * npos * kdim) as f64;
     if cg > 1 {
-        // Reference: per group, one GEMM [co/groups × kdim]·[kdim × npos]
-        // on a prebuilt im2col.
+        // Reference: per image and group, one GEMM [co/groups × kdim]·
+        // [kdim × npos] on a prebuilt im2col.
         let col = data(kdim * npos, 8);
         let mut dst = vec![0.0f32; co * npos];
         let r = race(
@@ -205,7 +205,7 @@ fn bench_conv(b: &mut Bench, name: &str, p: Conv2dParams, residual: bool) {
             },
             || {
                 let og = co / p.groups;
-                for _ in 0..p.groups {
+                for _ in 0..p.batch * p.groups {
                     raw_gemm(og, npos, kdim, &w[..og * kdim], &col, &mut dst[..og * npos]);
                 }
             },
