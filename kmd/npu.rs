@@ -400,13 +400,15 @@ impl Npu {
         if st.health == uapi::HEALTH_LOST {
             return 0;
         }
-        let busy: u64 = st.core_busy_ns.iter().sum();
+        // Saturating: the counters come from the device, and a sum that
+        // overflowed would be an overflow panic on a sysfs read.
+        let busy = st.core_busy_ns.iter().fold(0u64, |a, &b| a.saturating_add(b));
         let mut w = self.util.lock();
         let dt = st.timestamp_ns.saturating_sub(w.at_ns);
         if dt >= 100_000_000 {
             let cores = u64::from(self.hw.num_cores.max(1));
             let used = busy.saturating_sub(w.busy_ns);
-            w.percent = (used.saturating_mul(100) / dt.saturating_mul(cores)).min(100) as u32;
+            w.percent = used.saturating_mul(100).checked_div(dt.saturating_mul(cores)).unwrap_or(0).min(100) as u32;
             w.at_ns = st.timestamp_ns;
             w.busy_ns = busy;
         }

@@ -140,7 +140,11 @@ unsafe extern "C" fn show<const WHAT: u8>(
             writeln!(out, "{}.{}.{}", ma, mi, pa)
         }
         w if w == Show::DramTotal as u8 => writeln!(out, "{}", npu.hw.dram_size),
-        w if w == Show::DramUsed as u8 => writeln!(out, "{}", npu.hw.dram_size - npu.stats().dram_free),
+        w if w == Show::DramUsed as u8 => {
+            // Saturating: a snapshot that ever showed more free than total
+            // must not become an overflow panic on a sysfs read.
+            writeln!(out, "{}", npu.hw.dram_size.saturating_sub(npu.stats().dram_free))
+        }
         w if w == Show::Utilization as u8 => writeln!(out, "{}", npu.utilization()),
         w if w == Show::Health as u8 => writeln!(out, "{}", uapi::health_name(npu.stats().health)),
         w if w == Show::ResetCount as u8 => writeln!(out, "{}", npu.stats().resets),

@@ -19,6 +19,11 @@
 #                       references' threads (default: the device model's
 #                       compute threads, i.e. its rayon pool: RAYON_NUM_THREADS
 #                       or one per host core)
+#   BENCH_KERNEL        guest kernel flavor (scripts/build-kernel.sh): default
+#                       "bench" (no lockdep, optimised for speed; built once
+#                       into RBLN_CACHE, about 10-15 min), and with
+#                       BENCH_SMOKE=1 "" (the test kernel make test has
+#                       already built); the module is built for it
 #   BENCH_SKIP_BUILD=1  do not run cargo build / build-kmd.sh first
 #   BENCH_NO_VM=1       host side only (the device rows then show errors)
 #   VM_TIMEOUT          seconds for the VM (default here 1200)
@@ -26,6 +31,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SMOKE=${BENCH_SMOKE:-0}
 if [[ $SMOKE == 1 ]]; then OUT_REL=${BENCH_OUT:-target/bench-smoke}; else OUT_REL=${BENCH_OUT:-target/bench}; fi
+# Timings come from a kernel configured as a deployment's would be: the
+# test kernel's lockdep executes more guest instructions than the stack
+# itself on every ioctl, interrupt and socket call (guest-kernel-bench.config).
+if [[ $SMOKE == 1 ]]; then KERNEL=${BENCH_KERNEL-}; else KERNEL=${BENCH_KERNEL-bench}; fi
+KMD_KO=kmd/rbln.ko
+[[ -z $KERNEL ]] || KMD_KO=target/kmd-$KERNEL/kmd/rbln.ko
 [[ $OUT_REL != /* && $OUT_REL != *..* ]] || die "BENCH_OUT must be a path inside the repo, relative to it"
 OUT=$RBLN_ROOT/$OUT_REL
 # The device model runs a queue's kernels on a pool of one thread per host
@@ -173,7 +184,7 @@ main() {
     if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
         log "building (cargo build --release --workspace, kmd/rbln.ko)"
         cargo build --release --workspace --quiet
-        "$RBLN_ROOT/scripts/build-kmd.sh"
+        KERNEL_FLAVOR=$KERNEL "$RBLN_ROOT/scripts/build-kmd.sh"
     fi
     # The guest's Python with the rbln wheel (the Python SDK rows); quick
     # when nothing changed.
@@ -190,10 +201,11 @@ main() {
         cp "$RBLN_ROOT/target/release/$b" "$OUT/bin/" || die "target/release/$b is missing: run 'make host'"
     done
     if [[ ${BENCH_NO_VM:-0} != 1 ]]; then
-        cp "$RBLN_ROOT/kmd/rbln.ko" "$OUT/bin/" || die "kmd/rbln.ko is missing: run 'make kmd'"
+        cp "$RBLN_ROOT/$KMD_KO" "$OUT/bin/" || die "$KMD_KO is missing: run 'KERNEL_FLAVOR=$KERNEL scripts/build-kmd.sh'"
     fi
     {
         echo "host_cpus=$(nproc)"
+        echo "guest_kernel='${KERNEL:-test}'"
         echo "device_cores=$CORES"
         echo "cpu_model='$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1 | tr -d "'")'"
         echo "loadavg_at_start='$(cut -d' ' -f1-3 /proc/loadavg)'"
@@ -264,7 +276,7 @@ main() {
         # The rbln-serve rows' load client runs here on the host, reaching
         # the guest's gRPC port through QEMU user networking.
         VM_FORWARD=8001 VM_HOST_CLIENT="$OUT/bin/rbln-serve-load --addr http://{8001}" \
-            VM_TIMEOUT=${VM_TIMEOUT:-1200} "$RBLN_ROOT/scripts/vm.sh" "sh tests/bench/guest.sh $OUT_REL" \
+            VM_KERNEL=$KERNEL VM_TIMEOUT=${VM_TIMEOUT:-1200} "$RBLN_ROOT/scripts/vm.sh" "sh tests/bench/guest.sh $OUT_REL" \
             2>&1 | tee "$OUT/vm.log" || rc=${PIPESTATUS[0]}
     fi
     echo "$rc" >"$OUT/vm.rc"

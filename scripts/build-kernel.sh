@@ -6,7 +6,9 @@
 # KERNEL_FLAVOR=debug builds the debug kernel of `make test-debug` instead:
 # guest-kernel-debug.config merged on top (KASAN, kmemleak, debug objects,
 # allocation-failure injection), built with LLVM=1 (the kernel allows KASAN
-# together with Rust only when compiled by clang).
+# together with Rust only when compiled by clang). KERNEL_FLAVOR=bench
+# builds the kernel of `make bench`: guest-kernel-bench.config merged on
+# top (no lockdep, optimised for speed).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 KERNEL_FLAVOR=${KERNEL_FLAVOR:-}
@@ -18,7 +20,8 @@ case $KERNEL_FLAVOR in
         FRAGMENTS="$FRAGMENTS $RBLN_ROOT/scripts/guest-kernel-debug.config"
         MAKE_LLVM=LLVM=1
         ;;
-    *) die "unknown KERNEL_FLAVOR '$KERNEL_FLAVOR' (empty or debug)" ;;
+    bench) FRAGMENTS="$FRAGMENTS $RBLN_ROOT/scripts/guest-kernel-bench.config" ;;
+    *) die "unknown KERNEL_FLAVOR '$KERNEL_FLAVOR' (empty, debug or bench)" ;;
 esac
 
 kernel_dir() {
@@ -49,10 +52,13 @@ build_inside() {
     make -s ARCH=x86_64 $MAKE_LLVM rustavailable
     # merge_config only warns about options Kconfig refused; refuse to build
     # a kernel that silently lacks one of them (or has one a fragment turns
-    # off).
+    # off). A later fragment overrides an earlier one: each option is
+    # checked as the last fragment that names it sets it.
     local missing
     # shellcheck disable=SC2086
-    missing=$(cat $FRAGMENTS | grep -E '^CONFIG_|^# CONFIG_.* is not set' | while read -r opt; do
+    missing=$(cat $FRAGMENTS | grep -E '^CONFIG_|^# CONFIG_.* is not set' \
+        | awk '{ name = ($1 == "#") ? $2 : substr($0, 1, index($0, "=") - 1); last[name] = $0; order[name] = NR }
+               END { for (n in last) print order[n], last[n] }' | sort -n | cut -d' ' -f2- | while read -r opt; do
         case $opt in
             "# "*)
                 local name=${opt#"# "}

@@ -3,23 +3,26 @@
 # (whose rustc is the one the kernel was built with). Kbuild's by-products
 # next to the sources are covered by .gitignore.
 #
-# KERNEL_FLAVOR=debug builds it against the debug kernel instead (LLVM=1,
-# like that kernel), in a copy of the sources under target/kmd-debug (the
-# module's #[path] includes of hw/ and uapi/ keep their relative layout),
-# so that the normal build is left alone: target/kmd-debug/kmd/rbln.ko.
+# KERNEL_FLAVOR=debug or bench builds it against that kernel instead
+# (debug: LLVM=1, like that kernel), in a copy of the sources under
+# target/kmd-FLAVOR (the module's #[path] includes of hw/ and uapi/ keep
+# their relative layout), so that the normal build is left alone:
+# target/kmd-FLAVOR/kmd/rbln.ko. A module runs only on the kernel it was
+# built against (lockdep alone changes the layout of every lock).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 main() {
     local kdir log src=kmd llvm=
     kdir=$("$RBLN_ROOT/scripts/build-kernel.sh")
-    if [[ ${KERNEL_FLAVOR:-} == debug ]]; then
-        local out=$RBLN_ROOT/target/kmd-debug
+    local flavor=${KERNEL_FLAVOR:-}
+    if [[ -n $flavor ]]; then
+        local out=$RBLN_ROOT/target/kmd-$flavor
         mkdir -p "$out/kmd" "$out/hw/src" "$out/uapi/src"
         cp "$RBLN_ROOT"/kmd/*.rs "$RBLN_ROOT/kmd/Kbuild" "$out/kmd/"
         cp -r "$RBLN_ROOT"/hw/src/. "$out/hw/src/"
         cp -r "$RBLN_ROOT"/uapi/src/. "$out/uapi/src/"
-        src=target/kmd-debug/kmd
-        llvm=LLVM=1
+        src=target/kmd-$flavor/kmd
+        [[ $flavor != debug ]] || llvm=LLVM=1
     fi
     log "building $src/rbln.ko"
     log=$RBLN_CACHE/kmd-build${KERNEL_FLAVOR:+-$KERNEL_FLAVOR}.log

@@ -15,8 +15,12 @@
 # allocations do not fail the run), VM_HOTPLUG=1, VM_FORWARD and
 # VM_HOST_CLIENT (see below), VM_KERNEL=debug (the debug kernel
 # of `make test-debug`, with the module built for it and a kmemleak check
-# after COMMAND), VM_TSC_KHZ (the guest's TSC rate; see guest_clock_args),
-# VM_KEEP=1 keeps the run directory for inspection.
+# after COMMAND), VM_KERNEL=bench (the kernel of `make bench`: no
+# lockdep; guest tests find the module built for it through RBLN_KO),
+# VM_TSC_KHZ (the guest's TSC rate; see guest_clock_args),
+# VM_KEEP=1 keeps the run directory for inspection, VM_QEMU_EXTRA (extra
+# QEMU arguments, split on spaces, e.g. "-plugin /rbln/PATH.so": the repo
+# is /rbln where QEMU runs).
 #
 # Surprise removal: a guest test makes device model i fall off the bus
 # (SIGUSR1: reads return all ones, no interrupts, no DMA) by creating
@@ -81,7 +85,7 @@ QEMU_NOISE='Could not enable error recovery for the device'
 qemu_args() {
     local initrd_name=$1
     printf '%s\n' \
-        -accel tcg,thread=multi -cpu max -smp "$VM_SMP" -m "$VM_MEM" \
+        ${VM_QEMU_EXTRA:-} -accel tcg,thread=multi -cpu max -smp "$VM_SMP" -m "$VM_MEM" \
         -object "memory-backend-memfd,id=mem,size=${VM_MEM}M,share=on" \
         -machine q35,memory-backend=mem \
         -nodefaults -no-reboot -display none -serial stdio -monitor none -nic none \
@@ -316,6 +320,8 @@ main() {
         # fails the run on any leak reported after the command.
         printf 'set -e\nexport RBLN_KO=target/kmd-debug/kmd/rbln.ko\nsh tests/vm-debug/kmemleak.sh start\n%s\nsh tests/vm-debug/kmemleak.sh check\n' \
             "$cmd" >"$run/cmd.sh"
+    elif [[ $VM_KERNEL == bench ]]; then
+        printf 'set -e\nexport RBLN_KO=target/kmd-bench/kmd/rbln.ko\n%s\n' "$cmd" >"$run/cmd.sh"
     else
         printf 'set -e\n%s\n' "$cmd" >"$run/cmd.sh"
     fi
