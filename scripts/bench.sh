@@ -24,7 +24,9 @@
 #                       into RBLN_CACHE, about 10-15 min), and with
 #                       BENCH_SMOKE=1 "" (the test kernel make test has
 #                       already built); the module is built for it
-#   BENCH_SKIP_BUILD=1  do not run cargo build / build-kmd.sh first
+#   BENCH_SKIP_BUILD=1  do not run cargo build first (make bench builds the
+#                       workspace itself); the module for BENCH_KERNEL is
+#                       still built
 #   BENCH_NO_VM=1       host side only (the device rows then show errors)
 #   VM_TIMEOUT          seconds for the VM (default here 1200)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -184,6 +186,11 @@ main() {
     if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
         log "building (cargo build --release --workspace, kmd/rbln.ko)"
         cargo build --release --workspace --quiet
+        KERNEL_FLAVOR=$KERNEL "$RBLN_ROOT/scripts/build-kmd.sh"
+    elif [[ -n $KERNEL && ${BENCH_NO_VM:-0} != 1 ]]; then
+        # `make bench` built the workspace and the test kernel's module;
+        # the module for this kernel (and the kernel, the first time) is
+        # built here.
         KERNEL_FLAVOR=$KERNEL "$RBLN_ROOT/scripts/build-kmd.sh"
     fi
     # The guest's Python with the rbln wheel (the Python SDK rows); quick
