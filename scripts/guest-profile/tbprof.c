@@ -5,7 +5,9 @@
  * "Debugging", says (scripts/guest-profile/build.sh, VM_QEMU_EXTRA).
  *
  * Control: the plugin polls /run/rbln/tbprof.cmd (the VM's run directory,
- * which the guest sees at the same path) every 50 ms:
+ * which the guest sees at the same path) every 50 ms; write the command
+ * into another file there and rename it to tbprof.cmd, so that it is
+ * never read half written:
  *   "reset"       zero every count;
  *   "dump PATH"   write "VADDR INSNS_EXECUTED INSNS_PER_BLOCK" lines for
  *                 every block that ran since the last reset (PATH as QEMU
@@ -110,6 +112,8 @@ static void *control(void *arg) {
             continue;
         size_t n = fread(cmd, 1, sizeof cmd - 1, f);
         fclose(f);
+        if (n == 0)
+            continue; /* created but not written yet: write it elsewhere and rename it */
         unlink(CMD);
         cmd[n] = 0;
         cmd[strcspn(cmd, "\n")] = 0;
