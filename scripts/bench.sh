@@ -184,13 +184,13 @@ host_references() {
 main() {
     local t0=$SECONDS
     if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
-        log "building (cargo build --release --workspace, kmd/rbln.ko)"
+        log "building (cargo build --release --workspace)"
         cargo build --release --workspace --quiet
-        KERNEL_FLAVOR=$KERNEL "$RBLN_ROOT/scripts/build-kmd.sh"
-    elif [[ -n $KERNEL && ${BENCH_NO_VM:-0} != 1 ]]; then
-        # `make bench` built the workspace and the test kernel's module;
-        # the module for this kernel (and the kernel, the first time) is
-        # built here.
+    fi
+    # `make bench` builds the workspace and the test kernel's module; the
+    # module for another kernel (and that kernel, the first time) is built
+    # here.
+    if [[ ${BENCH_SKIP_BUILD:-0} != 1 || (-n $KERNEL && ${BENCH_NO_VM:-0} != 1) ]]; then
         KERNEL_FLAVOR=$KERNEL "$RBLN_ROOT/scripts/build-kmd.sh"
     fi
     # The guest's Python with the rbln wheel (the Python SDK rows); quick

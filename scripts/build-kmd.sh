@@ -25,7 +25,7 @@ main() {
         [[ $flavor != debug ]] || llvm=LLVM=1
     fi
     log "building $src/rbln.ko"
-    log=$RBLN_CACHE/kmd-build${KERNEL_FLAVOR:+-$KERNEL_FLAVOR}.log
+    log=$RBLN_CACHE/kmd-build${flavor:+-$flavor}.log
     SYSROOT_BINDS="$kdir:/build" in_sysroot \
         make -s -C /build/src M="/rbln/$src" ARCH=x86_64 $llvm modules >"$log" 2>&1 \
         || { grep -v 'Failed to run rustfmt' "$log" >&2; die "kmd build failed"; }

@@ -322,16 +322,16 @@ main() {
     mkdir -p "$RBLN_CACHE/run"
     run=$(mktemp -d "$RBLN_CACHE/run/vm.XXXXXX")
     trap 'for p in "${NPU_PIDS[@]}" ${WATCHER:-}; do kill -TERM "$p" 2>/dev/null || true; done; [[ ${VM_KEEP:-0} == 1 ]] || rm -rf "$run"' EXIT
+    # A kernel flavor's guest tests find the module built for it
+    # (scripts/build-kmd.sh) through RBLN_KO; the debug kernel's runs also
+    # fail on any leak kmemleak reports after the command.
+    local head='set -e\n' tail=''
+    [[ -z $VM_KERNEL ]] || head+="export RBLN_KO=target/kmd-$VM_KERNEL/kmd/rbln.ko\n"
     if [[ $VM_KERNEL == debug ]]; then
-        # The module built for the debug kernel, and a kmemleak scan that
-        # fails the run on any leak reported after the command.
-        printf 'set -e\nexport RBLN_KO=target/kmd-debug/kmd/rbln.ko\nsh tests/vm-debug/kmemleak.sh start\n%s\nsh tests/vm-debug/kmemleak.sh check\n' \
-            "$cmd" >"$run/cmd.sh"
-    elif [[ $VM_KERNEL == bench ]]; then
-        printf 'set -e\nexport RBLN_KO=target/kmd-bench/kmd/rbln.ko\n%s\n' "$cmd" >"$run/cmd.sh"
-    else
-        printf 'set -e\n%s\n' "$cmd" >"$run/cmd.sh"
+        head+='sh tests/vm-debug/kmemleak.sh start\n'
+        tail='sh tests/vm-debug/kmemleak.sh check\n'
     fi
+    printf "$head%s\n$tail" "$cmd" >"$run/cmd.sh"
     [[ -z $VM_HOST_CLIENT || -n $VM_FORWARD ]] || die "VM_HOST_CLIENT needs VM_FORWARD (the ports it reaches)"
     plan_forwards "$run"
     start_devices "$run"
