@@ -62,6 +62,8 @@ pub enum Error {
     DramBusy { need: u64, weights: u64, dram: u64 },
     #[error("parallel must be 1 or 2, not {0}")]
     Parallel(usize),
+    #[error("profile runs must be 1 ..= {max}, not {0}", max = MAX_PROFILE_RUNS)]
+    ProfileRuns(u32),
     #[error("the request's result was lost (its slot failed)")]
     Lost,
     #[error("the model has no entry point '{name}' (it has: {have})")]
@@ -414,7 +416,24 @@ pub struct ProfileEvent {
 /// Device timestamps of one inference.
 #[derive(Clone, Debug, Default)]
 pub struct Profile {
+    /// The events of the last inference of the profiled submission.
     pub events: Vec<ProfileEvent>,
+    /// Inferences the profiled submission ran back to back
+    /// ([`Runtime::profile_runs`]; 0 or 1: one).
+    pub runs: u32,
+    /// With several runs: the span (first event start to last event end)
+    /// of the first, which started on a device that had been idle.
+    pub first_span_ns: Option<u64>,
+}
+
+/// Most inferences one profiled submission may run back to back.
+pub const MAX_PROFILE_RUNS: u32 = 100;
+
+/// Span of `events`: first start to last end (0 for none).
+fn span_ns(events: &[ProfileEvent]) -> u64 {
+    let start = events.iter().map(|e| e.start_ns).min().unwrap_or(0);
+    let end = events.iter().map(|e| e.start_ns.saturating_add(e.dur_ns)).max().unwrap_or(0);
+    end.saturating_sub(start)
 }
 
 impl Profile {
@@ -435,7 +454,10 @@ impl Profile {
         serde_json::json!({
             "traceEvents": events,
             "displayTimeUnit": "ns",
-            "otherData": {"model": model, "clock": "rbln device timestamp"},
+            "otherData": {
+                "model": model, "clock": "rbln device timestamp", "runs": self.runs.max(1),
+                "first_run_span_us": self.first_span_ns.map(|n| n as f64 / 1e3),
+            },
         })
         .to_string()
     }
@@ -775,6 +797,21 @@ impl Runtime {
 
     /// [`Runtime::profile`] on borrowed inputs.
     pub fn profile_views(&mut self, inputs: &[TensorView<'_>]) -> Result<(Vec<Tensor>, Profile)> {
+        self.profile_runs(inputs, 1)
+    }
+
+    /// [`Runtime::profile_views`], the profiled inference run `runs` times
+    /// back to back in one submission (1 ..= [`MAX_PROFILE_RUNS`]); the
+    /// profile holds the last run's events and the first run's span. The
+    /// last run shows the device in the steady state of a loop of
+    /// inferences: its caches and worker threads warm, and (on the virtual
+    /// NPU, whose compute shares the host's CPUs with the emulated guest)
+    /// the guest asleep in its fence wait. The first shows an inference
+    /// after the device sat idle.
+    pub fn profile_runs(&mut self, inputs: &[TensorView<'_>], runs: u32) -> Result<(Vec<Tensor>, Profile)> {
+        if !(1..=MAX_PROFILE_RUNS).contains(&runs) {
+            return Err(Error::ProfileRuns(runs));
+        }
         if !self.state.is_empty() {
             return Err(Error::State("profiling a runtime with bound state is not supported".into()));
         }
@@ -803,6 +840,11 @@ impl Runtime {
                 }
             }
         }
+        // The same spans once per run (a run reads only the staged inputs
+        // and writes the outputs and its own activations: runs repeat it
+        // exactly).
+        let per_run = spans.len();
+        let spans: Vec<_> = (0..runs).flat_map(|_| spans.iter().cloned()).collect();
         let ts = self.dev.alloc((spans.len() as u64 * 16).max(16), Placement::Host)?;
         let ts_va = ts.map(Perms::RW)?;
         // Two timestamps and an INDIRECT per span (an unrolled LSTM has
@@ -816,12 +858,14 @@ impl Runtime {
         }
         self.queue.submit_ioctl(&mut cb)?.wait(STREAM_TIMEOUT)?;
         let stamps: Vec<u64> = ts.read_vec(0, spans.len() * 2)?;
-        let events = spans
+        let mut events: Vec<ProfileEvent> = spans
             .into_iter()
             .enumerate()
             .map(|(i, (name, cat, _, _))| ProfileEvent { name, cat, start_ns: stamps[2 * i], dur_ns: stamps[2 * i + 1].saturating_sub(stamps[2 * i]) })
             .collect();
-        Ok((self.read_outputs()?, Profile { events }))
+        let first_span_ns = (runs > 1).then(|| span_ns(&events[..per_run]));
+        let events = events.split_off(events.len() - per_run);
+        Ok((self.read_outputs()?, Profile { events, runs, first_span_ns }))
     }
 
     /// The outputs of the last completed inference, from staging.

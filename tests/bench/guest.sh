@@ -39,9 +39,10 @@ fi
 cat /sys/devices/system/clocksource/clocksource0/current_clocksource >"$G/clocksource" 2>/dev/null || true
 nproc >"$G/cpus"
 
-# Models: timed runs (p50) with one profiled inference, then more
-# profiled inferences (each a fresh rbln-run, profiling its third
-# inference) for the median device time.
+# Models: timed runs (p50) with one profiled submission, then more (each
+# a fresh rbln-run after one warm-up inference) for the median device
+# time. Each profiled submission runs the inference PROFILE_RUNS times back
+# to back and its trace times the last (the steady state of a loop).
 for m in $MODELS $MICRO_MODELS; do
     [ -f "$M/$m.rbln" ] && [ "$m" != "$ASYNC_MODEL" ] || continue
     case " $MICRO_MODELS " in
@@ -59,12 +60,12 @@ for m in $MODELS $MICRO_MODELS; do
     fi
     # shellcheck disable=SC2086 # $ins is a list of arguments
     step "$m.run" rbln-run "$M/$m.rbln" $ins --output "$G/$m.out.npy" \
-        --iterations "$iters" --warmup "$warm" --json --profile "$G/$m.trace.0.json" || continue
+        --iterations "$iters" --warmup "$warm" --json --profile "$G/$m.trace.0.json" --profile-runs "${PROFILE_RUNS:-1}" || continue
     i=1
     while [ "$i" -lt "$profiles" ]; do
         # shellcheck disable=SC2086
         step "$m.profile.$i" rbln-run "$M/$m.rbln" $ins --warmup 1 \
-            --profile "$G/$m.trace.$i.json" || break
+            --profile "$G/$m.trace.$i.json" --profile-runs "${PROFILE_RUNS:-1}" || break
         i=$((i + 1))
     done
 done

@@ -28,6 +28,10 @@ echo "# mlp-wide throughput: parallel=1 $t1/s, parallel=2 $t2/s, ratio $(awk "BE
 check "wide MLP matches its reference" sh -c "rbln-run $m/mlp-wide.rbln --input $m/mlp-wide.input.npy --output /tmp/yw.npy >/dev/null && rbln-example-models compare /tmp/yw.npy $m/mlp-wide.expected.npy 1e-3"
 check "--profile writes a Chrome trace with one event per node" sh -c "rbln-run $m/mlp.rbln --profile /tmp/trace.json >/dev/null && grep -o '\"ph\":\"X\"' /tmp/trace.json | wc -l | grep -qx 4 && grep -q '\"name\":\"fc1\"' /tmp/trace.json"
 cat /tmp/trace.json; echo
+check "--profile-runs 3: one inference's events (the last of three back to back), its outputs match, the first run's span recorded" sh -c "rbln-run $m/mlp.rbln --input $m/mlp.input.npy --output /tmp/yp.npy --profile /tmp/trace3.json --profile-runs 3 >/dev/null && grep -o '\"ph\":\"X\"' /tmp/trace3.json | wc -l | grep -qx 4 && grep -q '\"runs\":3' /tmp/trace3.json && grep -q '\"first_run_span_us\":[0-9]' /tmp/trace3.json && rbln-example-models compare /tmp/yp.npy $m/mlp.expected.npy 1e-4"
+rc=0; rbln-run $m/mlp.rbln --profile /tmp/trace0.json --profile-runs 0 >/tmp/err 2>&1 || rc=$?
+cat /tmp/err
+check "--profile-runs 0: exit 2, names the range" sh -c "test $rc = 2 && grep -q 'profile runs must be 1 ..= 100, not 0' /tmp/err"
 check "CNN (conv, pool, dense) matches its reference" sh -c "rbln-run $m/cnn.rbln --input $m/cnn.input.npy --output /tmp/yc.npy --iterations 5 >/dev/null && rbln-example-models compare /tmp/yc.npy $m/cnn.expected.npy 1e-4"
 check "CNN through AsyncRuntime and the API tests" rbln-runtime-tests $m/cnn.rbln $m/cnn.input.npy $m/cnn.expected.npy
 cp $m/mlp.rbln /tmp/flip.rbln

@@ -67,6 +67,12 @@ struct Args {
     /// around every node and write a Chrome trace (Perfetto) here.
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// The profiled submission runs the inference this many times back to
+    /// back (1..=100) and the trace shows the last: the device's steady
+    /// state in a loop of inferences (caches and worker threads warm, the
+    /// guest asleep). The trace's otherData carries the first run's span.
+    #[arg(long, default_value_t = 1, requires = "profile")]
+    profile_runs: u32,
 }
 
 /// A one-line progress bar on stderr for long runs (only on a terminal).
@@ -148,6 +154,9 @@ fn main() -> ExitCode {
     // any other thread exists; no handler code is involved.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let args = Args::parse();
+    if !(1..=rbln_runtime::MAX_PROFILE_RUNS).contains(&args.profile_runs) {
+        return fail(EXIT_USAGE, Error::ProfileRuns(args.profile_runs));
+    }
     let model = match rbln_format::Model::open(&args.model) {
         Ok(m) => m,
         Err(e) => return fail(EXIT_MODEL, format!("{}: {e}", args.model.display())),
@@ -189,7 +198,8 @@ fn main() -> ExitCode {
         | Error::InputDType { .. }
         | Error::InputLength { .. }
         | Error::InputValue { .. }
-        | Error::Parallel(_) => EXIT_USAGE,
+        | Error::Parallel(_)
+        | Error::ProfileRuns(_) => EXIT_USAGE,
         Error::Format(_)
         | Error::HardwareVersion { .. }
         | Error::NotStaged { .. }
@@ -266,8 +276,12 @@ fn main() -> ExitCode {
         }
         wall = t_wall.elapsed();
         if let Some(path) = &args.profile {
-            match rt.profile(&inputs) {
-                Ok((_, prof)) => {
+            let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+            match rt.profile_runs(&views, args.profile_runs) {
+                Ok((outs, prof)) => {
+                    // The latest inference's outputs: --output shows what the
+                    // profiled runs computed.
+                    outputs = outs;
                     if let Err(e) = std::fs::write(path, prof.to_chrome_trace(&info.name)) {
                         return fail(EXIT_USAGE, format!("{}: {e}", path.display()));
                     }

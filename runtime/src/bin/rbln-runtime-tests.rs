@@ -67,6 +67,22 @@ fn main() -> Result<(), String> {
     short.as_f32_mut().ok_or("f32 input")?.pop();
     let e = rt.run(&[short]).unwrap_err();
     check(matches!(e, Error::InputLength { .. }), &format!("short data: {e}"))?;
+    // A profiled submission of three back-to-back runs: the outputs of the
+    // last, the events of one inference (in order, on the device clock),
+    // the first run's span before them.
+    let (y1, p1) = rt.profile(std::slice::from_ref(&x)).map_err(|e| e.to_string())?;
+    let (y3, p3) = rt.profile_runs(&[x.view()], 3).map_err(|e| e.to_string())?;
+    check(close(&y1[0], &want) && close(&y3[0], &want), "profiled runs (1 and 3 back to back) match the CPU reference")?;
+    let names = |p: &rbln_runtime::Profile| p.events.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
+    check(!p1.events.is_empty() && names(&p1) == names(&p3), "three runs: the profile holds one inference's events")?;
+    check((p1.runs, p1.first_span_ns, p3.runs) == (1, None, 3), "the profile says how many runs it timed")?;
+    let first = p3.first_span_ns.ok_or("three runs: no first span")?;
+    let last_start = p3.events.iter().map(|e| e.start_ns).min().unwrap_or(0);
+    check(first > 0 && p3.events.windows(2).all(|w| w[0].start_ns <= w[1].start_ns) && last_start > 0, "the first run's span and the last run's events are on the device clock, in order")?;
+    for bad in [0, rbln_runtime::MAX_PROFILE_RUNS + 1] {
+        let e = rt.profile_runs(&[x.view()], bad).unwrap_err();
+        check(matches!(e, Error::ProfileRuns(n) if n == bad), &format!("profile runs {bad} refused: {e}"))?;
+    }
     drop(rt);
 
     for parallel in [1, 2] {
