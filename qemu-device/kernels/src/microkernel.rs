@@ -243,24 +243,34 @@ fn select_wide() -> Option<(Wide, Wide)> {
 struct Family {
     full: (Micro, Micro),
     short: (Micro, Micro),
+    /// `MR` rows × the first `NR / 2` columns, for a last panel of at most
+    /// that many real columns (a 7×7 map's 49 positions are three panels
+    /// and one column: half the work of a full tile on that column).
+    half: Option<(Micro, Micro)>,
 }
 
 impl Family {
     fn portable() -> Family {
-        Family { full: (portable::<false, MR>, portable::<true, MR>), short: (portable::<false, SHORT_MR>, portable::<true, SHORT_MR>) }
+        Family { full: (portable::<false, MR>, portable::<true, MR>), short: (portable::<false, SHORT_MR>, portable::<true, SHORT_MR>), half: None }
     }
 
     #[cfg(target_arch = "x86_64")]
     fn avx2_fma() -> Family {
-        Family { full: (avx2_fma::<false, MR>, avx2_fma::<true, MR>), short: (avx2_fma::<false, SHORT_MR>, avx2_fma::<true, SHORT_MR>) }
+        Family {
+            full: (avx2_fma::<false, MR>, avx2_fma::<true, MR>),
+            short: (avx2_fma::<false, SHORT_MR>, avx2_fma::<true, SHORT_MR>),
+            half: Some((avx2_fma_half::<false>, avx2_fma_half::<true>)),
+        }
     }
 
-    /// The (packed, indirect) kernels for tiles of `rows` rows.
-    fn rows(&self, rows: usize) -> (Micro, Micro) {
-        if rows == MR {
-            self.full
-        } else {
-            self.short
+    /// The (packed, indirect) kernels for tiles of `rows` rows and `cols`
+    /// real columns: only the first `cols` of the tile's columns are
+    /// meaningful on return (the others may be left as they were).
+    fn rows(&self, rows: usize, cols: usize) -> (Micro, Micro) {
+        match self.half {
+            Some(half) if rows == MR && cols <= NR / 2 => half,
+            _ if rows == MR => self.full,
+            _ => self.short,
         }
     }
 }
@@ -390,7 +400,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                 let mut i = i0;
                 while i < i0 + mc {
                     let h = tile_height(i0 + mc - i);
-                    let (packed, indirect) = family.rows(h);
+                    let (packed, indirect) = family.rows(h, nr);
                     let micro = if matches!(b, MatB::Rows { .. }) { indirect } else { packed };
                     let mr = h.min(i0 + mc - i);
                     let rows = tile_rows(a, i, mr, k0);
@@ -567,6 +577,44 @@ unsafe fn avx2_fma<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*
         for (i, ri) in r.iter().enumerate() {
             _mm256_storeu_ps(c.add(i * ldc), ri[0]);
             _mm256_storeu_ps(c.add(i * ldc + 8), ri[1]);
+        }
+    }
+}
+
+/// AVX2+FMA microkernel on the first `NR / 2` columns of an `MR`-row tile
+/// (6 ymm accumulators; one load of B and six broadcasts per step): the
+/// tail panel of a GEMM whose columns end just past a panel boundary. It
+/// writes those 8 columns only, takes no epilogue (the caller's tail path
+/// applies it) and reads only the first `NR / 2` floats of each B row.
+///
+/// # Safety
+/// As [`avx2_fma`] with `post` null, for the tile's first `NR / 2` columns.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_fma_half<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost) {
+    use core::arch::x86_64::*;
+    debug_assert!(post.is_null());
+    // SAFETY (whole body): every pointer dereferenced is inside the tile's
+    // first NR/2 columns, the panel's kc rows or A's kc columns of the MR
+    // rows (contract).
+    unsafe {
+        let mut r = [_mm256_setzero_ps(); MR];
+        if acc {
+            for (i, ri) in r.iter_mut().enumerate() {
+                *ri = _mm256_loadu_ps(c.add(i * ldc));
+            }
+        }
+        let mut off = 0isize;
+        for l in 0..kc {
+            let b0 = _mm256_loadu_ps(b_row::<INDIRECT>(b, offs, l));
+            for (i, ri) in r.iter_mut().enumerate() {
+                *ri = _mm256_fmadd_ps(_mm256_broadcast_ss(&*rows[i].offset(off)), b0, *ri);
+            }
+            off = off.wrapping_add(a_cs);
+        }
+        for (i, ri) in r.iter().enumerate() {
+            _mm256_storeu_ps(c.add(i * ldc), *ri);
         }
     }
 }
@@ -773,7 +821,9 @@ mod tests {
                 // Pairs of full panels, a lone last panel, partial rows.
                 // Row counts whose tiles mix 6 and 4 rows (8, 10, 14), end
                 // in a partial short tile (3, 7, 13) or a partial full one (5, 11).
-                for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 40, 300), (250, 33, 520), (5, 3, 0), (6, 32, 4), (11, 64, 257), (3, 80, 9), (8, 16, 7), (10, 48, 33), (14, 17, 260), (4, 16, 2)] {
+                // Last panels of 1..=8 real columns (the half-width kernel)
+                // and of 9 (the full one): 17, 33, 40, 8, 49 / 25, 57.
+                for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 40, 300), (250, 33, 520), (5, 3, 0), (6, 32, 4), (11, 64, 257), (3, 80, 9), (8, 16, 7), (10, 48, 33), (14, 17, 260), (4, 16, 2), (6, 8, 5), (12, 25, 70), (18, 57, 300), (54, 49, 260)] {
                     check(m, n, k, pair, wide);
                     check_post(m, n, k, pair, wide);
                 }

@@ -139,8 +139,14 @@ impl Split {
         let (mut mb, mut nmb) = (og.max(1), 1);
         let tasks = images.saturating_mul(ntiles);
         if tasks < want && og >= 4 * MIN_MB {
-            // Split the channels: blocks of at least MIN_MB rows.
+            // Split the channels: blocks of at least MIN_MB rows, all tasks
+            // a multiple of the threads when there are enough (equal tasks
+            // handed out one at a time: 5 of them on 2 threads keep one
+            // thread busy for a sixth).
             nmb = want.div_ceil(tasks).min(og / MIN_MB).max(1);
+            if tasks * nmb > threads {
+                nmb = (tasks * nmb / threads * threads).div_ceil(tasks).max(1);
+            }
             mb = og.div_ceil(nmb).div_ceil(MR) * MR;
             nmb = og.div_ceil(mb);
         } else if tasks < want {
