@@ -421,9 +421,10 @@ pub struct Profile {
     /// Inferences the profiled submission ran back to back
     /// ([`Runtime::profile_runs`]; 0 or 1: one).
     pub runs: u32,
-    /// With several runs: the span (first event start to last event end)
-    /// of the first, which started on a device that had been idle.
-    pub first_span_ns: Option<u64>,
+    /// The span (first event start to last event end) of every run, in
+    /// order: the first started on a device that had been idle, the others
+    /// right after the run before them.
+    pub run_spans_ns: Vec<u64>,
 }
 
 /// Most inferences one profiled submission may run back to back.
@@ -456,7 +457,7 @@ impl Profile {
             "displayTimeUnit": "ns",
             "otherData": {
                 "model": model, "clock": "rbln device timestamp", "runs": self.runs.max(1),
-                "first_run_span_us": self.first_span_ns.map(|n| n as f64 / 1e3),
+                "run_spans_us": self.run_spans_ns.iter().map(|&n| n as f64 / 1e3).collect::<Vec<_>>(),
             },
         })
         .to_string()
@@ -802,7 +803,7 @@ impl Runtime {
 
     /// [`Runtime::profile_views`], the profiled inference run `runs` times
     /// back to back in one submission (1 ..= [`MAX_PROFILE_RUNS`]); the
-    /// profile holds the last run's events and the first run's span. The
+    /// profile holds the last run's events and every run's span. The
     /// last run shows the device in the steady state of a loop of
     /// inferences: its caches and worker threads warm, and (on the virtual
     /// NPU, whose compute shares the host's CPUs with the emulated guest)
@@ -863,9 +864,9 @@ impl Runtime {
             .enumerate()
             .map(|(i, (name, cat, _, _))| ProfileEvent { name, cat, start_ns: stamps[2 * i], dur_ns: stamps[2 * i + 1].saturating_sub(stamps[2 * i]) })
             .collect();
-        let first_span_ns = (runs > 1).then(|| span_ns(&events[..per_run]));
+        let run_spans_ns = if per_run == 0 { Vec::new() } else { events.chunks(per_run).map(span_ns).collect() };
         let events = events.split_off(events.len() - per_run);
-        Ok((self.read_outputs()?, Profile { events, runs, first_span_ns }))
+        Ok((self.read_outputs()?, Profile { events, runs, run_spans_ns }))
     }
 
     /// The outputs of the last completed inference, from staging.

@@ -16,9 +16,11 @@ Definitions (see README.md, "Benchmarks"):
 - device_ms: span of one profiled inference's device timestamps (first
   event start to last event end, input and output transfers included),
   median over the profiled inferences; each profiled submission runs the
-  inference PROFILE_RUNS times back to back (rbln-run --profile-runs) and
-  its trace is the last run's: the steady state of a loop of inferences,
-  as onnxruntime's median is (device_first_run_ms: the first runs');
+  inference PROFILE_RUNS times back to back (rbln-run --profile-runs,
+  which records every run's span; its trace holds the last run's events)
+  and device_ms is the median over all profiles' runs but the first: the
+  steady state of a loop of inferences, as onnxruntime's median is
+  (device_first_run_ms: the median of the first runs);
 - run_p50_ms: rbln-run's p50 latency in the guest (wall clock, TCG guest);
 - ratio: device_ms / onnxruntime_ms (lower is better, 1 = parity).
 Micro rows carry value, reference, unit, ratio = value / reference and
@@ -77,8 +79,12 @@ def size_str(n):
 
 
 def median(v):
+    """The median (the mean of the middle two of an even count)."""
     v = sorted(v)
-    return v[len(v) // 2] if v else None
+    if not v:
+        return None
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 class Guest:
@@ -115,11 +121,21 @@ class Guest:
     def traces(self):
         return [t["traceEvents"] for t in self.trace_files()]
 
-    def first_run_spans(self):
-        """The span (ms) of the first of each profile's back-to-back runs
-        (rbln-run --profile-runs N > 1), where recorded."""
-        spans = [(t.get("otherData") or {}).get("first_run_span_us") for t in self.trace_files()]
-        return [s / 1e3 for s in spans if isinstance(s, (int, float))]
+    def run_spans(self):
+        """(spans of the first runs, spans of the runs after them), in ms,
+        over the profiles: each profiled submission (rbln-run --profile-runs
+        N) records the span of each of its N back-to-back runs; a trace
+        without them counts as one run, its events' span."""
+        first, later = [], []
+        for t in self.trace_files():
+            spans = (t.get("otherData") or {}).get("run_spans_us")
+            if isinstance(spans, list) and spans and all(isinstance(s, (int, float)) for s in spans):
+                spans = [s / 1e3 for s in spans]
+            else:
+                spans = [span_ms(t["traceEvents"])]
+            first.append(spans[0])
+            later.extend(spans[1:])
+        return first, later
 
 
 def span_ms(events):
@@ -194,14 +210,17 @@ def model_row(out, name, ort, kind):
             if not traces:
                 errors.append("no profile trace")
             else:
-                spans = [span_ms(t) for t in traces]
-                row["device_ms"] = median(spans)
-                row["device_min_ms"] = min(spans)
+                first, later = g.run_spans()
+                # The runs after the first of each profiled submission: the
+                # steady state of a loop (all of them when a profile holds
+                # one run only).
+                spans = [s for s in later if s is not None] or [s for s in first if s is not None]
+                row["device_ms"] = median(spans) if spans else None
+                row["device_min_ms"] = min(spans) if spans else None
                 row["device_ms_profiles"] = spans
                 row["device_compute_ms"] = median([compute_ms(t) for t in traces])
                 row["device_transfer_ms"] = median([transfer_ms(t) for t in traces])
-                first = g.first_run_spans()
-                if first:
+                if later:
                     # The first inference of each profiled submission: the
                     # device (caches, worker threads) coming out of idle.
                     row["device_first_run_ms"] = median(first)

@@ -70,7 +70,7 @@ struct Args {
     /// The profiled submission runs the inference this many times back to
     /// back (1..=100) and the trace shows the last: the device's steady
     /// state in a loop of inferences (caches and worker threads warm, the
-    /// guest asleep). The trace's otherData carries the first run's span.
+    /// guest asleep). The trace's otherData lists every run's span.
     #[arg(long, default_value_t = 1, requires = "profile")]
     profile_runs: u32,
 }

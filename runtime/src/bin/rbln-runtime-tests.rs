@@ -75,10 +75,16 @@ fn main() -> Result<(), String> {
     check(close(&y1[0], &want) && close(&y3[0], &want), "profiled runs (1 and 3 back to back) match the CPU reference")?;
     let names = |p: &rbln_runtime::Profile| p.events.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
     check(!p1.events.is_empty() && names(&p1) == names(&p3), "three runs: the profile holds one inference's events")?;
-    check((p1.runs, p1.first_span_ns, p3.runs) == (1, None, 3), "the profile says how many runs it timed")?;
-    let first = p3.first_span_ns.ok_or("three runs: no first span")?;
-    let last_start = p3.events.iter().map(|e| e.start_ns).min().unwrap_or(0);
-    check(first > 0 && p3.events.windows(2).all(|w| w[0].start_ns <= w[1].start_ns) && last_start > 0, "the first run's span and the last run's events are on the device clock, in order")?;
+    check((p1.runs, p1.run_spans_ns.len(), p3.runs, p3.run_spans_ns.len()) == (1, 1, 3, 3), "the profile says how many runs it timed, with each run's span")?;
+    let last = |p: &rbln_runtime::Profile| {
+        let start = p.events.iter().map(|e| e.start_ns).min().unwrap_or(0);
+        p.events.iter().map(|e| e.start_ns + e.dur_ns).max().unwrap_or(0) - start
+    };
+    check(
+        p3.run_spans_ns.iter().all(|&s| s > 0) && p3.run_spans_ns[2] == last(&p3) && p1.run_spans_ns[0] == last(&p1),
+        "every run's span is on the device clock, the last one the span of the events",
+    )?;
+    check(p3.events.windows(2).all(|w| w[0].start_ns <= w[1].start_ns), "the last run's events are in order")?;
     for bad in [0, rbln_runtime::MAX_PROFILE_RUNS + 1] {
         let e = rt.profile_runs(&[x.view()], bad).unwrap_err();
         check(matches!(e, Error::ProfileRuns(n) if n == bad), &format!("profile runs {bad} refused: {e}"))?;
