@@ -857,7 +857,8 @@ impl Runtime {
         for (i, (_, _, va, len)) in spans.iter().enumerate() {
             cb.timestamp_va(ts_va + 16 * i as u64).indirect_va(*va, *len).timestamp_va(ts_va + 16 * i as u64 + 8);
         }
-        self.queue.submit_ioctl(&mut cb)?.wait(STREAM_TIMEOUT)?;
+        // Each run is an inference's worth of work.
+        self.queue.submit_ioctl(&mut cb)?.wait(STREAM_TIMEOUT.saturating_mul(runs))?;
         let stamps: Vec<u64> = ts.read_vec(0, spans.len() * 2)?;
         let mut events: Vec<ProfileEvent> = spans
             .into_iter()
