@@ -200,7 +200,7 @@ fn pointwise_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32],
         return few_positions(p, g, input, weight, epi, output);
     }
     let chunks = |_, _, each: &mut dyn FnMut(Chunk)| stored_chunks(g.kdim, each);
-    packed_gemm(p, g, input, weight, epi, output, MAX_TILE_DIRECT, chunks, |panels, group_input, ch, t0, nt| {
+    packed_gemm(p, g, input, weight, epi, output, MAX_TILE_DIRECT, true, chunks, |panels, group_input, ch, t0, nt| {
         // SAFETY: rows r0..r0+kc (input channels of this group), columns
         // t0..t0+nt < in_plane = npos, inside `group_input`.
         unsafe { pack_b(panels, group_input[ch.r0 * in_plane + t0..].as_ptr(), in_plane as isize, 1, ch.kc, nt) };
@@ -296,7 +296,7 @@ fn im2col_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], ep
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
     let chunks = |_, _, each: &mut dyn FnMut(Chunk)| stored_chunks(g.kdim, each);
-    packed_gemm(p, g, input, weight, epi, output, MAX_TILE, chunks, |panels, group_input, ch, t0, nt| {
+    packed_gemm(p, g, input, weight, epi, output, MAX_TILE, true, chunks, |panels, group_input, ch, t0, nt| {
         fill_panels(panels, nt, |rr| {
             let r = ch.r0 + rr;
             let (ci, tap) = (r / (kh * kw), r % (kh * kw));
@@ -343,7 +343,7 @@ fn tap_gemm(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], epi: 
         } else {
             weight.par_chunks_exact(kdim).zip(wt.par_chunks_exact_mut(kdim)).for_each(reorder);
         }
-        packed_gemm(p, g, input, wt, epi, output, MAX_TILE, chunks, |panels, group_input, ch, t0, nt| {
+        packed_gemm(p, g, input, wt, epi, output, MAX_TILE, false, chunks, |panels, group_input, ch, t0, nt| {
             let (ky, kx) = (ch.tap / kw, ch.tap % kw);
             fill_panels(panels, nt, |rr| (&group_input[(ch.r0 + rr) * g.in_plane..][..g.in_plane], ky, kx), &ha, &wa, ch.kc, t0);
         });
@@ -419,6 +419,13 @@ fn stored_chunks(kdim: usize, each: &mut dyn FnMut(Chunk)) {
 /// positions `t0..t0+nt`, `fill(panels, group_input, chunk, t0, nt)`
 /// writes the rows' packed panels, then the microkernel GEMM accumulates
 /// them into the task's output tile (zero if no chunk is listed).
+///
+/// When the output channels are split into several blocks, every block's
+/// task would pack the same panels: with `fixed_chunks` (the chunk list
+/// does not depend on the tile: `chunks` lists each reduction row once, in
+/// order, `r0` = the chunk's first row) and [`SHARED_PANELS_MAX`] room,
+/// each (image, tile)'s panels are packed once for all blocks instead
+/// (ResNet-50's 1×1 256→1024 @14 packed its input 16 times).
 #[allow(clippy::too_many_arguments)]
 fn packed_gemm(
     p: &Conv2dParams,
@@ -428,6 +435,7 @@ fn packed_gemm(
     epi: &Epilogue<'_>,
     output: &mut [f32],
     max_tile: usize,
+    fixed_chunks: bool,
     chunks: impl Fn(usize, usize, &mut dyn FnMut(Chunk)) + Sync,
     fill: impl Fn(&mut [f32], &[f32], Chunk, usize, usize) + Sync,
 ) {
@@ -438,64 +446,130 @@ fn packed_gemm(
     let sp = Split::new(images, npos, g.og, kdim, max_tile, seq);
     let out_ptr = SendPtr(output.as_mut_ptr());
     let col_len = packed_len(KCHUNK.min(kdim), sp.tile);
-    for_each_task(sp.tasks(images), seq, |task| {
-        with_scratch(col_len, |col| {
-            let (image, t, m0, mb) = sp.task(task, g.og);
-            let (b, grp) = (image / p.groups, image % p.groups);
-            let t0 = t * sp.tile;
-            let nt = sp.tile.min(npos - t0);
-            let in_base = (b * p.in_channels + grp * g.cg) * g.in_plane;
-            let out_base = (b * p.out_channels + grp * g.og + m0) * npos;
-            let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
-            let group_input = &input[in_base..][..g.cg * g.in_plane];
-            // The bias, residual and a clamp go with the last chunk's
-            // stores: each chunk runs when the next is listed (or the list
-            // ends), after the panels it filled.
-            let (mut post, rest) = epi.split(grp * g.og + m0, mb);
-            // The residual has the output's layout: this task's rows are at
-            // the same offsets.
-            post.residual = epi.residual.map(|r| (r[out_base + t0..].as_ptr(), npos));
-            let mut first = true;
-            let mut multiply = |ch: Chunk, col: &[f32], post: Option<&Post<'_>>| {
-                let a = MatA { ptr: w_group[ch.a_off..].as_ptr(), rs: kdim as isize, cs: 1 };
-                // SAFETY: rows co < mb at out_base + co·npos + t0 .. + nt lie
-                // in `output` (length checked by the caller) and are
-                // written by this task only; A is [mb × kc] with row stride
-                // kdim inside `weight` (the chunk's rows are reduction rows
-                // of the group); the bias has the mb channels and the
-                // residual the output's length. `output` aliases none.
-                unsafe { gemm_packed(mb, nt, ch.kc, a, MatB::Packed(&col[..packed_len(ch.kc, nt)]), out_ptr.get().add(out_base + t0), npos, !first, post) };
-                first = false;
-            };
-            let mut pending = None;
-            chunks(t0, nt, &mut |ch| {
-                if let Some(prev) = pending.take() {
-                    multiply(prev, col, None);
+    // One (image, tile)'s panels, all reduction rows: the largest tile's.
+    let per_tile = packed_len(kdim, sp.tile);
+    let tiles = images * sp.ntiles;
+    let group_input = |image: usize| {
+        let (b, grp) = (image / p.groups, image % p.groups);
+        &input[(b * p.in_channels + grp * g.cg) * g.in_plane..][..g.cg * g.in_plane]
+    };
+    let tile_of = |t: usize| (t * sp.tile, sp.tile.min(npos - t * sp.tile));
+    // One task: `shared`, if any, holds every (image, tile)'s panels at
+    // `per_tile` strides.
+    let task = |task: usize, col: &mut [f32], shared: Option<&[f32]>| {
+        let (image, t, m0, mb) = sp.task(task, g.og);
+        let (b, grp) = (image / p.groups, image % p.groups);
+        let (t0, nt) = tile_of(t);
+        let out_base = (b * p.out_channels + grp * g.og + m0) * npos;
+        let w_group = &weight[(grp * g.og + m0) * kdim..][..mb * kdim];
+        let group_input = group_input(image);
+        // The bias, residual and a clamp go with the last chunk's
+        // stores: each chunk runs when the next is listed (or the list
+        // ends), after the panels it filled.
+        let (mut post, rest) = epi.split(grp * g.og + m0, mb);
+        // The residual has the output's layout: this task's rows are at
+        // the same offsets.
+        post.residual = epi.residual.map(|r| (r[out_base + t0..].as_ptr(), npos));
+        let mut first = true;
+        let mut multiply = |ch: Chunk, panels: &[f32], post: Option<&Post<'_>>| {
+            let a = MatA { ptr: w_group[ch.a_off..].as_ptr(), rs: kdim as isize, cs: 1 };
+            // SAFETY: rows co < mb at out_base + co·npos + t0 .. + nt lie
+            // in `output` (length checked by the caller) and are
+            // written by this task only; A is [mb × kc] with row stride
+            // kdim inside `weight` (the chunk's rows are reduction rows
+            // of the group); the bias has the mb channels and the
+            // residual the output's length. `output` aliases none.
+            unsafe { gemm_packed(mb, nt, ch.kc, a, MatB::Packed(&panels[..packed_len(ch.kc, nt)]), out_ptr.get().add(out_base + t0), npos, !first, post) };
+            first = false;
+        };
+        let mut pending = None;
+        // A chunk's panels: in `shared` (rows r0.. of this tile's), or
+        // packed into `col` now.
+        let tile_panels = shared.map(|s| &s[(image * sp.ntiles + t) * per_tile..][..packed_len(kdim, nt)]);
+        let ntp = packed_len(1, nt);
+        chunks(t0, nt, &mut |ch| {
+            if let Some(prev) = pending.take() {
+                match tile_panels {
+                    Some(tp) => multiply(prev, &tp[prev.r0 * ntp..], None),
+                    None => multiply(prev, col, None),
                 }
+            }
+            if tile_panels.is_none() {
                 fill(&mut col[..packed_len(ch.kc, nt)], group_input, ch, t0, nt);
-                pending = Some(ch);
-            });
-            let fused = pending.is_some();
-            if let Some(last) = pending {
-                multiply(last, col, Some(&post));
             }
-            for co in 0..mb {
-                let off = out_base + co * npos + t0;
-                // SAFETY: this task's rows, as above; no other reference to them lives.
-                let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
-                if !fused {
-                    // Every reduction row reads padding here.
-                    row.fill(0.0);
-                    if epi.any() {
-                        epi.apply(row, grp * g.og + m0 + co, off);
-                    }
-                } else if rest != Activation::None {
-                    epilogue(row, Bias::None, None, rest);
+            pending = Some(ch);
+        });
+        let fused = pending.is_some();
+        if let Some(last) = pending {
+            match tile_panels {
+                Some(tp) => multiply(last, &tp[last.r0 * ntp..], Some(&post)),
+                None => multiply(last, col, Some(&post)),
+            }
+        }
+        for co in 0..mb {
+            let off = out_base + co * npos + t0;
+            // SAFETY: this task's rows, as above; no other reference to them lives.
+            let row = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), nt) };
+            if !fused {
+                // Every reduction row reads padding here.
+                row.fill(0.0);
+                if epi.any() {
+                    epi.apply(row, grp * g.og + m0 + co, off);
                 }
+            } else if rest != Activation::None {
+                epilogue(row, Bias::None, None, rest);
             }
-        })
+        }
+    };
+    let share = fixed_chunks && sp.nmb > 1 && tiles.checked_mul(per_tile).is_some_and(|n| n <= SHARED_PANELS_MAX);
+    if !share {
+        for_each_task(sp.tasks(images), seq, |t| with_scratch(col_len, |col| task(t, col, None)));
+        return;
+    }
+    #[cfg(test)]
+    SHARED_PANEL_RUNS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    with_op_scratch(tiles * per_tile, |shared| {
+        let sh = SendPtr(shared.as_mut_ptr());
+        // Tasks of one chunk's rows for FILL_PANELS panels each, so that
+        // every thread packs: a chunk's panels are stored panel after
+        // panel, and packing columns t0'..t0'+n' of its rows writes
+        // exactly those panels. (The chunk list is the same for every tile.)
+        let mut list = Vec::new();
+        chunks(0, sp.tile.min(npos), &mut |ch| list.push(ch));
+        let groups = sp.tile.div_ceil(NR).div_ceil(FILL_PANELS);
+        let per_tile_tasks = list.len() * groups;
+        for_each_task(tiles * per_tile_tasks, seq, |task| {
+            let (it, rest) = (task / per_tile_tasks, task % per_tile_tasks);
+            let (ch, pg) = (list[rest / groups], rest % groups);
+            let (t0, nt) = tile_of(it % sp.ntiles);
+            let c0 = pg * FILL_PANELS * NR;
+            if c0 >= nt {
+                return;
+            }
+            let cols = (FILL_PANELS * NR).min(nt - c0);
+            let ntp = packed_len(1, nt);
+            // SAFETY: panels c0/NR.. of chunk `ch` of (image, tile) `it`:
+            // inside its own `per_tile` floats of `shared` (the chunk's
+            // block at r0·ntp, its panels kc·NR floats each, all within
+            // packed_len(kdim, nt) ≤ per_tile); tasks write disjoint ranges.
+            let dst = unsafe { core::slice::from_raw_parts_mut(sh.get().add(it * per_tile + ch.r0 * ntp + c0 * ch.kc), packed_len(ch.kc, cols)) };
+            fill(dst, group_input(it / sp.ntiles), ch, t0 + c0, cols);
+        });
+        let shared = &*shared;
+        for_each_task(sp.tasks(images), seq, |t| task(t, &mut [], Some(shared)));
     });
 }
+
+/// Most floats of panels [`packed_gemm`] packs once for all channel blocks
+/// (16 MiB).
+const SHARED_PANELS_MAX: usize = 1 << 22;
+/// Panels per task packing shared panels.
+const FILL_PANELS: usize = 4;
+
+/// Convolutions whose channel blocks shared their packed panels, for the
+/// tests.
+#[cfg(test)]
+pub(crate) static SHARED_PANEL_RUNS: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 
 /// The phase-plane ("indirect") convolution; see the module docs.
 fn indirect_gemm(

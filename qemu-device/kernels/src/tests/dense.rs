@@ -285,6 +285,18 @@ fn conv2d_tiled_and_pointwise() {
     check_conv(&mut rng, &huge, true);
     // Very deep columns (minimum tile of 64 positions).
     check_conv(&mut rng, &Conv2dParams { in_channels: 1024, in_h: 9, in_w: 9, out_channels: 4, batch: 1, ..base }, true);
+    // Channel blocks sharing their input's panels, packed once per (image,
+    // tile): a reduction of several chunks (1100 = 512 + 512 + 76 rows),
+    // two images, two tiles of positions, and grouped.
+    let shared = Conv2dParams { kernel: [1, 1], padding: Padding2d::default(), in_channels: 1100, out_channels: 200, in_h: 15, in_w: 15, batch: 2, ..base };
+    thread_pool(2).unwrap().install(|| {
+        use core::sync::atomic::Ordering::Relaxed;
+        let runs = crate::conv::gemm::SHARED_PANEL_RUNS.load(Relaxed);
+        check_conv(&mut rng, &shared, true);
+        check_conv(&mut rng, &Conv2dParams { in_h: 23, in_w: 23, batch: 1, ..shared }, false);
+        check_conv(&mut rng, &Conv2dParams { groups: 2, out_channels: 400, ..shared }, true);
+        assert!(crate::conv::gemm::SHARED_PANEL_RUNS.load(Relaxed) >= runs + 3, "the convs shared their panels");
+    });
     // 1×1 stride-1 unpadded: im2col skipped; grouped too.
     let pw = Conv2dParams { kernel: [1, 1], padding: Padding2d::default(), out_channels: 16, ..base };
     check_conv(&mut rng, &pw, false);
