@@ -418,9 +418,6 @@ pub struct ProfileEvent {
 pub struct Profile {
     /// The events of the last inference of the profiled submission.
     pub events: Vec<ProfileEvent>,
-    /// Inferences the profiled submission ran back to back
-    /// ([`Runtime::profile_runs`]; 0 or 1: one).
-    pub runs: u32,
     /// The span (first event start to last event end) of every run, in
     /// order: the first started on a device that had been idle, the others
     /// right after the run before them.
@@ -438,6 +435,12 @@ fn span_ns(events: &[ProfileEvent]) -> u64 {
 }
 
 impl Profile {
+    /// Inferences the profiled submission ran back to back
+    /// ([`Runtime::profile_runs`]): one per recorded span, at least one.
+    pub fn runs(&self) -> usize {
+        self.run_spans_ns.len().max(1)
+    }
+
     /// Chrome trace-event JSON (opens in Perfetto and chrome://tracing):
     /// complete events ("ph":"X") in microseconds from the first event.
     pub fn to_chrome_trace(&self, model: &str) -> String {
@@ -456,7 +459,7 @@ impl Profile {
             "traceEvents": events,
             "displayTimeUnit": "ns",
             "otherData": {
-                "model": model, "clock": "rbln device timestamp", "runs": self.runs.max(1),
+                "model": model, "clock": "rbln device timestamp", "runs": self.runs(),
                 "run_spans_us": self.run_spans_ns.iter().map(|&n| n as f64 / 1e3).collect::<Vec<_>>(),
             },
         })
@@ -867,7 +870,7 @@ impl Runtime {
             .collect();
         let run_spans_ns = if per_run == 0 { Vec::new() } else { events.chunks(per_run).map(span_ns).collect() };
         let events = events.split_off(events.len() - per_run);
-        Ok((self.read_outputs()?, Profile { events, runs, run_spans_ns }))
+        Ok((self.read_outputs()?, Profile { events, run_spans_ns }))
     }
 
     /// The outputs of the last completed inference, from staging.

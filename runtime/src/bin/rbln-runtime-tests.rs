@@ -75,7 +75,7 @@ fn main() -> Result<(), String> {
     check(close(&y1[0], &want) && close(&y3[0], &want), "profiled runs (1 and 3 back to back) match the CPU reference")?;
     let names = |p: &rbln_runtime::Profile| p.events.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
     check(!p1.events.is_empty() && names(&p1) == names(&p3), "three runs: the profile holds one inference's events")?;
-    check((p1.runs, p1.run_spans_ns.len(), p3.runs, p3.run_spans_ns.len()) == (1, 1, 3, 3), "the profile says how many runs it timed, with each run's span")?;
+    check((p1.runs(), p1.run_spans_ns.len(), p3.runs(), p3.run_spans_ns.len()) == (1, 1, 3, 3), "the profile says how many runs it timed, with each run's span")?;
     let last = |p: &rbln_runtime::Profile| {
         let start = p.events.iter().map(|e| e.start_ns).min().unwrap_or(0);
         p.events.iter().map(|e| e.start_ns + e.dur_ns).max().unwrap_or(0) - start
