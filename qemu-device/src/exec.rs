@@ -42,9 +42,11 @@ const DMA_PARALLEL_MIN: u64 = 256 << 10;
 const DMA_STEP: usize = 64 << 10;
 
 thread_local! {
-    /// The steps of a shared DMA copy: (source, destination, bytes), as
-    /// addresses; reused by the command processor thread.
-    static DMA_STEPS: std::cell::RefCell<Vec<(usize, usize, usize)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The plan of a shared DMA copy, reused by the command processor
+    /// thread: its steps (source, destination, bytes, as addresses) and
+    /// where each task's run of steps starts (then the end).
+    #[allow(clippy::type_complexity)]
+    static DMA_STEPS: std::cell::RefCell<(Vec<(usize, usize, usize)>, Vec<usize>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 /// How often a blocked SEM_WAIT re-reads memory the guest CPU may write.
 const SEM_POLL: Duration = Duration::from_micros(200);
@@ -345,31 +347,49 @@ impl Exec<'_> {
         let (mut a, mut b) = (Chunks::new(from.pieces()), Chunks::new(to.pieces()));
         let disjoint = src.saturating_add(size) <= dst || dst.saturating_add(size) <= src;
         if size >= DMA_PARALLEL_MIN && disjoint {
-            DMA_STEPS.with(|steps| -> Result<(), Stop> {
-                let mut steps = steps.borrow_mut();
+            DMA_STEPS.with(|plan| -> Result<(), Stop> {
+                let (steps, tasks) = &mut *plan.borrow_mut();
                 steps.clear();
+                tasks.clear();
+                // Steps are contiguous on both sides; a task is a run of
+                // consecutive steps of about DMA_STEP bytes (guest pages
+                // are scattered 4 KiB pieces: one task per piece made the
+                // threads contend on the task counter for every 4 KiB).
+                let mut in_task = DMA_STEP;
                 loop {
                     let n = a.peek().min(b.peek()).min(DMA_STEP);
                     let (Some(s), Some(d)) = (a.next(n), b.next(n)) else { break };
+                    if in_task + n > DMA_STEP {
+                        tasks.push(steps.len());
+                        in_task = 0;
+                    }
+                    in_task += n;
                     steps.push((s.ptr as usize, d.ptr as usize, n));
                 }
+                tasks.push(steps.len());
                 self.workers.shareable();
-                // A reset or shutdown is noticed between groups of steps.
-                for group in steps.chunks((DMA_CHUNK as usize / DMA_STEP) * 16) {
+                // A reset or shutdown is noticed between groups of tasks.
+                let per_group = (DMA_CHUNK as usize / DMA_STEP) * 16;
+                let ntasks = tasks.len() - 1;
+                for g0 in (0..ntasks).step_by(per_group) {
                     self.check_live()?;
+                    let bounds = &tasks[g0..=(g0 + per_group).min(ntasks)];
+                    let steps = &steps[..];
                     self.workers.run(|| {
-                        rbln_kernels::parallel_tasks(group.len(), |i| {
-                            let (s, d, n) = group[i];
-                            // SAFETY: both are resolved device memory of
-                            // `n` bytes, alive while `pinned` lives (this
-                            // call returns before it drops). The VA ranges
-                            // do not overlap, so the steps are independent;
-                            // should the context's page tables alias one
-                            // physical page under both, that page gets
-                            // unspecified bytes, as with a multi-channel DMA
-                            // engine (memory stays valid: `ptr::copy`
-                            // allows overlap).
-                            unsafe { std::ptr::copy(s as *const u8, d as *mut u8, n) };
+                        rbln_kernels::parallel_tasks(bounds.len() - 1, |t| {
+                            for &(s, d, n) in &steps[bounds[t]..bounds[t + 1]] {
+                                // SAFETY: both are resolved device memory
+                                // of `n` bytes, alive while `pinned` lives
+                                // (this call returns before it drops). The
+                                // VA ranges do not overlap, so the steps
+                                // are independent; should the context's
+                                // page tables alias one physical page under
+                                // both, that page gets unspecified bytes,
+                                // as with a multi-channel DMA engine
+                                // (memory stays valid: `ptr::copy` allows
+                                // overlap).
+                                unsafe { std::ptr::copy(s as *const u8, d as *mut u8, n) };
+                            }
                         })
                     });
                 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rbln_hw::cmd::Encoder;
+use rbln_hw::mmu::Target;
 use rbln_hw::ops::*;
 use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
@@ -226,4 +227,82 @@ fn conv_through_the_device_matches_the_kernel() {
     // The test suite's small CNNs: fixed costs dominate.
     conv_through_device_and_kernel("3x3 16->16 @16", 16, 16, 16, 3, 1, 1);
     conv_through_device_and_kernel("3x3 32->32 @8", 32, 32, 8, 3, 1, 1);
+}
+
+/// DMA_COPY of 1 MiB from guest pages scattered in RAM (4 KiB pieces, as
+/// a guest kernel's allocator hands them out) to device DRAM, the way the
+/// guest bench times it (one submission after the engine went idle,
+/// TIMESTAMPs around the copy) and back to back in one submission, against
+/// a host memcpy of the same size on one thread. The copy must be exact;
+/// the times are printed, never asserted.
+#[test]
+fn dma_copy_of_scattered_pages_against_memcpy() {
+    let mut rig = Rig::new();
+    let ctx = rig.context(0);
+    let mut q = rig.queue(0, &ctx, 64);
+    const SIZE: u64 = 1 << 20;
+    const PAGE: u64 = rbln_hw::PAGE_SIZE;
+    let pages = SIZE / PAGE;
+    // Every other page of a region twice the size, in a shuffled order.
+    let region = rig.alloc(2 * SIZE);
+    let (hva, dva, tva) = (0x100_0000u64, 0x200_0000u64, 0x300_0000u64);
+    let order: Vec<u64> = (0..pages).map(|i| (i * 37) % pages).collect();
+    for (i, &p) in order.iter().enumerate() {
+        rig.map(&ctx, hva + i as u64 * PAGE, Target::Host, region + 2 * p * PAGE, PAGE, true, true);
+    }
+    rig.map(&ctx, dva, Target::Dram, 0, SIZE, true, true);
+    let tbus = rig.host_buffer(&ctx, tva, 4096);
+    let data: Vec<u8> = (0..SIZE).map(|i| (i * 2_654_435_761 >> 13) as u8).collect();
+    for (i, &p) in order.iter().enumerate() {
+        let i = i as u64;
+        rig.write(region + 2 * p * PAGE, &data[(i * PAGE) as usize..((i + 1) * PAGE) as usize]);
+    }
+    let timed = |reps: u64| {
+        let mut e = Encoder::new(Vec::new());
+        for r in 0..reps {
+            e.timestamp(tva + 16 * r);
+            e.dma_copy(hva, dva, SIZE);
+            e.timestamp(tva + 16 * r + 8);
+        }
+        e.buf
+    };
+    let (one, many) = (timed(1), timed(16));
+    let cva = 0x400_0000;
+    let cbus = rig.host_buffer(&ctx, cva, many.len() as u64);
+    let mut run = |cmds: &[u8], reps: u64| -> Vec<u64> {
+        rig.write(cbus, cmds);
+        rig.submit(&mut q, cva, cmds.len() as u32);
+        rig.wait_idle(&q, Duration::from_secs(10));
+        assert_eq!(rig.state(&q), QueueState::Idle);
+        (0..reps).map(|r| rig.read_u64(tbus + 16 * r + 8) - rig.read_u64(tbus + 16 * r)).collect()
+    };
+    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let mut after_idle = Vec::new();
+    for _ in 0..rounds {
+        std::thread::sleep(Duration::from_millis(3)); // past the helpers' spin
+        after_idle.extend(run(&one, 1));
+    }
+    let mut back_to_back = Vec::new();
+    for _ in 0..rounds / 5 {
+        back_to_back.extend(run(&many, 16).into_iter().skip(1));
+    }
+    assert_eq!(rig.dram_read(0, SIZE as usize), data);
+    let (src, mut dst) = (data.clone(), vec![0u8; SIZE as usize]);
+    let mut host = Vec::new();
+    for _ in 0..200 {
+        let t0 = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        host.push(t0.elapsed().as_nanos() as u64);
+    }
+    assert_eq!(dst, src);
+    let med = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    let gbps = |ns: u64| SIZE as f64 / ns as f64;
+    let (a, b, h) = (med(after_idle), med(back_to_back), med(host));
+    println!(
+        "DMA 1 MiB scattered host -> DRAM: after idle {a} ns ({:.1} GB/s), back to back {b} ns ({:.1} GB/s); memcpy 1 thread {h} ns ({:.1} GB/s)",
+        gbps(a), gbps(b), gbps(h)
+    );
 }

@@ -434,6 +434,9 @@ def micro_rows(out, plan, ort, native):
             dma_err or (None if d and cp else "missing result"),
             bytes=s, device_ms=d["h2d_median_ns"] / 1e6 if d else None,
             d2h_gbps=d["d2h_gbps"] if d else None,
+            first_copy_gbps=d.get("h2d_first_gbps") if d else None,
+            copies_per_submission=d.get("stream") if d else None,
+            value_what="host->DRAM copies streaming back to back (all but each submission's first)",
             bytes_counted="bytes copied (size / time), both sides",
             reference_what="host memcpy, 1 thread (rbln-bench-host)")
 
