@@ -521,22 +521,46 @@ struct Inference {
     /// (device VA, size) to submit; None for a program without
     /// per-inference streams.
     stream: Option<(u64, u32)>,
-    /// The buffer holding the chain, when there is more than one stream.
-    _chain: Option<Buffer>,
+    /// The chain (TIMESTAMP, an INDIRECT per stream, TIMESTAMP) and, at
+    /// [`Inference::stamps`], the two device times it writes.
+    chain: Option<Buffer>,
 }
 
 impl Inference {
+    /// Offset of the (start, end) device times in the chain buffer.
+    const STAMPS: u64 = 0;
+
     fn new(dev: &Device, streams: &[(u64, u32)]) -> Result<Inference> {
-        if streams.len() <= 1 {
-            return Ok(Inference { stream: streams.first().copied(), _chain: None });
+        if streams.is_empty() {
+            return Ok(Inference { stream: None, chain: None });
         }
-        let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
-        for &(va, len) in streams {
-            e.indirect(va, len);
-        }
-        let (buf, va) = alloc_mapped(dev, e.buf.len() as u64, Placement::Host)?;
-        buf.write_slice(0, &e.buf)?;
-        Ok(Inference { stream: Some((va, e.buf.len() as u32)), _chain: Some(buf) })
+        // Every inference is bracketed by device timestamps (two packets,
+        // about a microsecond): its device time is known without the
+        // profiler, from the same runs whose wall time the caller sees.
+        let encode = |va: u64| {
+            let mut e = rbln_hw::cmd::Encoder::new(Vec::new());
+            e.timestamp(va + Self::STAMPS);
+            for &(sva, len) in streams {
+                e.indirect(sva, len);
+            }
+            e.timestamp(va + Self::STAMPS + 8);
+            e.buf
+        };
+        let packets_at = 16;
+        let len = encode(0).len() as u64;
+        let (buf, va) = alloc_mapped(dev, packets_at + len, Placement::Host)?;
+        let packets = encode(va);
+        buf.write_slice(Self::STAMPS, &[0u64; 2])?;
+        buf.write_slice(packets_at, &packets)?;
+        Ok(Inference { stream: Some((va + packets_at, packets.len() as u32)), chain: Some(buf) })
+    }
+
+    /// Device time from the start of the last completed inference to its
+    /// end; None before the first, while one runs, or after one that
+    /// stopped early.
+    fn device_time(&self) -> Option<Duration> {
+        let stamps: Vec<u64> = self.chain.as_ref()?.read_vec(Self::STAMPS, 2).ok()?;
+        (stamps[0] != 0 && stamps[1] >= stamps[0]).then(|| Duration::from_nanos(stamps[1] - stamps[0]))
     }
 }
 
@@ -766,6 +790,15 @@ impl Runtime {
     /// Run one inference.
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         self.run_views(&views(inputs))
+    }
+
+    /// Device time of the last completed inference of the selected entry
+    /// point (run, run_views or through an AsyncRuntime), from device
+    /// timestamps around each inference's packets: what the profiler's
+    /// span measures, without the per-node timestamps. None before the
+    /// first inference, while one runs, or after one that failed.
+    pub fn last_device_time(&self) -> Option<Duration> {
+        self.programs[self.cur].inference.device_time()
     }
 
     /// Run one inference on borrowed inputs (copied once, into staging).

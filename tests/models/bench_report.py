@@ -22,6 +22,8 @@ Definitions (see README.md, "Benchmarks"):
   steady state of a loop of inferences, as onnxruntime's median is
   (device_first_run_ms: the median of the first runs);
 - run_p50_ms: rbln-run's p50 latency in the guest (wall clock, TCG guest);
+  run_device_p50_ms: the p50 device time of those same inferences (device
+  timestamps around each), run_overhead = run_p50_ms / run_device_p50_ms - 1;
 - ratio: device_ms / onnxruntime_ms (lower is better, 1 = parity).
 Micro rows carry value, reference, unit, ratio = value / reference and
 `better` ("higher" or "lower") saying which direction is good.
@@ -205,6 +207,13 @@ def model_row(out, name, ort, kind):
             lat = run.get("latency", {})
             row["run_p50_ms"] = lat.get("p50_ms")
             row["run"] = {k: lat.get(k) for k in ("count", "mean_ms", "min_ms", "p90_ms")}
+            # The device time of the same timed inferences (timestamps
+            # around each): run_p50 over it is the runtime's own overhead,
+            # free of the drift between the timed runs and the profiles.
+            dev = run.get("device") or {}
+            row["run_device_p50_ms"] = dev.get("p50_ms")
+            if dev.get("p50_ms") and lat.get("p50_ms"):
+                row["run_overhead"] = lat["p50_ms"] / dev["p50_ms"] - 1
             row["load_ms"] = run.get("load_ms")
             traces = g.traces()
             if not traces:
@@ -693,6 +702,12 @@ def print_table(rep):
             why.append(f"onnxruntime's medians before and after the VM differ by up to "
                        f"{(drift['max'] - 1) * 100:.0f}% ({drift['model']})")
         print(f"  NOTE: {'; '.join(why)}: expect noise of that order")
+    long = [r for r in rep["models"] if (r.get("run_device_p50_ms") or 0) >= 10 and r.get("run_overhead") is not None]
+    if long:
+        ok = [r for r in long if r["run_overhead"] <= 0.15]
+        worst = max(long, key=lambda r: r["run_overhead"])
+        print(f"  rbln-run p50 within 15% of the same inferences' device time: {len(ok)} of {len(long)} models of >= 10 ms "
+              f"(most: {worst['name']} +{worst['run_overhead'] * 100:.0f}%)")
     for r in rep["models"]:
         if r.get("device_vs_float"):
             print(f"  {r['name']}: device time {r['device_vs_float']:.2f}x its float model's (target <= 0.6)")

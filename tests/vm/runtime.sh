@@ -11,6 +11,7 @@ check "rbln-run --inspect" sh -c "rbln-run $m/mlp.rbln --inspect | grep -q 'inpu
 check "rbln-run: MLP on the NPU" rbln-run $m/mlp.rbln --input $m/mlp.input.npy --output /tmp/y.npy --iterations 20 --warmup 2
 check "outputs match the CPU reference (tol 1e-4)" rbln-example-models compare /tmp/y.npy $m/mlp.expected.npy 1e-4
 check "--json report" sh -c "rbln-run $m/mlp.rbln --json --iterations 3 | grep -q '\"p99_ms\"'"
+check "--json report: the device time of each timed inference (3 of them)" sh -c "rbln-run $m/mlp.rbln --json --iterations 3 | grep -q '\"device\":{\"count\":3,'"
 rc=0; rbln-run $m/mlp.rbln --input $m/mlp.badshape.npy >/tmp/err 2>&1 || rc=$?
 cat /tmp/err
 check "wrong input shape: exit 2, names the tensor" sh -c "test $rc = 2 && grep -q \"input 'x': expected shape \[16, 256\]\" /tmp/err"

@@ -209,6 +209,9 @@ fn main() -> ExitCode {
         _ => EXIT_DEVICE,
     };
     let mut lat = Vec::with_capacity(args.iterations as usize);
+    // Device time of each timed inference (synchronous runs): the same
+    // inferences' share of `lat` spent on the device.
+    let mut device: Vec<Duration> = Vec::with_capacity(args.iterations as usize);
     let mut outputs = Vec::new();
     let (load, wall);
     if args.pipelined && args.profile.is_some() {
@@ -272,6 +275,7 @@ fn main() -> ExitCode {
                 Err(e) => return fail(classify(&e), e),
             }
             lat.push(t0.elapsed());
+            device.extend(rt.last_device_time());
             progress.tick(i + 1);
         }
         wall = t_wall.elapsed();
@@ -300,6 +304,7 @@ fn main() -> ExitCode {
         }
     }
     let stats = LatencyStats::new(&lat, wall).unwrap_or_else(|| LatencyStats::new(&[Duration::ZERO], wall).unwrap());
+    let dev_stats = LatencyStats::new(&device, wall);
     if args.json {
         let outs: Vec<_> = outputs
             .iter()
@@ -308,7 +313,12 @@ fn main() -> ExitCode {
             .collect();
         println!(
             "{}",
-            serde_json::json!({"model": info.name, "load_ms": load.as_secs_f64() * 1e3, "latency": stats.to_json(), "clock": clock::describe(), "outputs": outs})
+            serde_json::json!({"model": info.name, "load_ms": load.as_secs_f64() * 1e3, "latency": stats.to_json(),
+                "device": dev_stats.as_ref().map(|d| {
+                    let mut j = d.to_json();
+                    j.as_object_mut().map(|o| o.remove("throughput_per_s"));
+                    j
+                }), "clock": clock::describe(), "outputs": outs})
         );
     } else {
         println!("Model:      {} on {} (loaded in {:.1} ms)", info.name, dev.path().display(), load.as_secs_f64() * 1e3);
@@ -317,6 +327,10 @@ fn main() -> ExitCode {
             println!("Output:     {} {:?} [{}{}]", o.name, t.shape, head.join(", "), if t.data.len() > 6 { ", ..." } else { "" });
         }
         println!("{stats}");
+        if let Some(d) = &dev_stats {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            println!("Device:     median {:.3} ms, min {:.3} ms, max {:.3} ms (device timestamps around each inference)", ms(d.p50), ms(d.min), ms(d.max));
+        }
     }
     ExitCode::SUCCESS
 }

@@ -52,8 +52,13 @@ fn main() -> Result<(), String> {
     let dev = rbln_umd::Device::open(0).map_err(|e| e.to_string())?;
 
     let mut rt = Runtime::new(&dev, model.clone()).map_err(|e| e.to_string())?;
+    check(rt.last_device_time().is_none(), "no device time before the first inference")?;
+    let t0 = rbln_umd::clock::now();
     let y = rt.run(std::slice::from_ref(&x)).map_err(|e| e.to_string())?;
+    let wall = t0.elapsed();
     check(close(&y[0], &want), "Runtime::run matches the CPU reference")?;
+    let d = rt.last_device_time().ok_or("no device time after an inference")?;
+    check(!d.is_zero() && d <= wall, &format!("the inference's device time ({d:?}) is within its wall time ({wall:?})"))?;
     let e = rt.run(&[]).unwrap_err();
     check(matches!(e, Error::InputCount { expected: 1, got: 0, .. }), &format!("no inputs: {e}"))?;
     let e = rt.run(&[Tensor::zeros(&[1, 2]), Tensor::zeros(&[1])]).unwrap_err();
