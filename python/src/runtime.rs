@@ -232,6 +232,15 @@ impl Runtime {
         outputs_to_py(py, vec![t], self.tensor_type)
     }
 
+    /// Device time (ns) of the last completed run, from the device
+    /// timestamps around every inference (no profiler needed); None before
+    /// the first run or after a failed one.
+    fn last_device_time_ns(&self) -> PyResult<Option<u64>> {
+        let g = lock(&self.inner);
+        let rt = g.as_ref().ok_or_else(|| PyErr::from(Failure::closed("runtime")))?;
+        Ok(rt.last_device_time().map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
+    }
+
     /// The Chrome trace (JSON text) of the last run, when the runtime was
     /// made with `activate_profiler=True`; None before the first run.
     fn profile_trace(&self) -> Option<String> {

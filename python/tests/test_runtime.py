@@ -180,6 +180,20 @@ def test_profiler(mlp):
         assert trace["traceEvents"] and all(e["ph"] == "X" for e in trace["traceEvents"])
 
 
+def test_last_device_time(mlp):
+    path, x, want = mlp
+    rt = rbln.Runtime(path)
+    assert rt.last_device_time_ns() is None
+    t0 = rbln.perf_counter_ns()
+    assert close(rt(x), want)
+    wall = rbln.perf_counter_ns() - t0
+    d = rt.last_device_time_ns()
+    assert d is not None and 0 < d <= wall, (d, wall)
+    rt.close()
+    with pytest.raises(rbln.RBLNClosedError):
+        rt.last_device_time_ns()
+
+
 def test_threads_share_one_runtime(scale_model):
     """Runs from several threads on one Runtime are serialized; each gets
     the result of its own input."""
