@@ -845,9 +845,6 @@ fn command_processor(s: &Shared, qi: usize) {
                 Err(exec::Stop::Aborted) => {}
             }
         }
-        if r.head == r.tail || r.state != QueueState::Running {
-            workers.ring_empty();
-        }
         q.cv.notify_all();
         drop(r);
         if s.die.swap(false, Ordering::SeqCst) {

@@ -57,9 +57,6 @@ struct Hot {
     last_end_ns: AtomicU64,
     /// Helpers currently spinning.
     spinners: AtomicUsize,
-    /// The queue's ring ran dry: spinners stop at once (see
-    /// [`Workers::ring_empty`]).
-    parked: AtomicBool,
     /// Spin this long after the last op (ns).
     spin_ns: u64,
 }
@@ -76,9 +73,7 @@ impl Hot {
     /// up a spinner from its broadcast queue, and a spinner that waited for
     /// the op to end there would wait for itself.
     fn stop_spinning(&self) -> bool {
-        self.busy.load(Ordering::Acquire)
-            || self.parked.load(Ordering::Acquire)
-            || self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Acquire)) > self.spin_ns
+        self.busy.load(Ordering::Acquire) || self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Acquire)) > self.spin_ns
     }
 }
 
@@ -113,7 +108,6 @@ impl Workers {
             busy: AtomicBool::new(false),
             last_end_ns: AtomicU64::new(0),
             spinners: AtomicUsize::new(0),
-            parked: AtomicBool::new(false),
             spin_ns: u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX),
         };
         Workers { pool, hot: Arc::new(hot), warm: AtomicBool::new(false), shared_work: AtomicBool::new(false) }
@@ -145,7 +139,6 @@ impl Workers {
     /// Called when a ring entry starts: sets the helpers spinning if the
     /// previous entry had work worth sharing.
     pub fn job_start(&self) {
-        self.hot.parked.store(false, Ordering::Release);
         let warm = self.shared_work.swap(false, Ordering::Relaxed);
         self.warm.store(warm, Ordering::Relaxed);
         if warm {
@@ -153,19 +146,6 @@ impl Workers {
             self.hot.last_end_ns.store(self.hot.now_ns(), Ordering::Release);
             self.wake_if_asleep();
         }
-    }
-
-    /// Called when a ring entry ended and the ring holds no other: the
-    /// helpers stop spinning at once instead of for the spin window. The
-    /// next entry cannot come before the guest has handled this one's
-    /// completion and submitted again, and until then spinning helpers
-    /// only take the host's cores from the guest's vCPUs (measured in the
-    /// VM, rbln-run back to back, 4 runs each, alternating: the tiny test
-    /// CNN 200-340 -> 315-460 inferences/s, micro-mlp 200-720 -> 490-640;
-    /// MobileNetV2 and ResNet-18 unchanged), while the next entry's first
-    /// op pays one helper wake-up.
-    pub fn ring_empty(&self) {
-        self.hot.parked.store(true, Ordering::Release);
     }
 
     fn wake_if_asleep(&self) {
@@ -199,37 +179,5 @@ impl Workers {
                 hot.spinners.fetch_sub(1, Ordering::AcqRel);
             });
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spinners(w: &Workers) -> usize {
-        w.hot.spinners.load(Ordering::Acquire)
-    }
-
-    /// With a spin window far longer than the test, helpers spin after a
-    /// shared op until the ring runs dry, and again once the next entry
-    /// starts.
-    #[test]
-    fn helpers_stop_spinning_when_the_ring_runs_dry() {
-        let w = Workers::join(Duration::from_secs(60));
-        let helpers = w.pool.as_ref().map_or(0, |p| p.current_num_threads() - 1);
-        w.job_start();
-        w.shareable();
-        w.run(|| ());
-        assert_eq!(spinners(&w), helpers, "spinning for the gap after the op");
-        w.ring_empty();
-        let t0 = Instant::now();
-        while spinners(&w) != 0 && t0.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(spinners(&w), 0, "still spinning {:?} after the ring ran dry", t0.elapsed());
-        // The next entry after shared work sets them spinning again.
-        w.job_start();
-        assert_eq!(spinners(&w), helpers);
-        w.ring_empty();
     }
 }
