@@ -521,14 +521,17 @@ struct Inference {
     /// (device VA, size) to submit; None for a program without
     /// per-inference streams.
     stream: Option<(u64, u32)>,
-    /// The chain (TIMESTAMP, an INDIRECT per stream, TIMESTAMP) and, at
-    /// [`Inference::stamps`], the two device times it writes.
+    /// The two device times the chain writes (at [`Inference::STAMPS`]),
+    /// then the chain (TIMESTAMP, an INDIRECT per stream, TIMESTAMP) at
+    /// [`Inference::PACKETS`].
     chain: Option<Buffer>,
 }
 
 impl Inference {
     /// Offset of the (start, end) device times in the chain buffer.
     const STAMPS: u64 = 0;
+    /// Offset of the chain's packets, after the two times.
+    const PACKETS: u64 = Self::STAMPS + 16;
 
     fn new(dev: &Device, streams: &[(u64, u32)]) -> Result<Inference> {
         if streams.is_empty() {
@@ -546,13 +549,13 @@ impl Inference {
             e.timestamp(va + Self::STAMPS + 8);
             e.buf
         };
-        let packets_at = 16;
+        // The packets' size does not depend on the VA they point at.
         let len = encode(0).len() as u64;
-        let (buf, va) = alloc_mapped(dev, packets_at + len, Placement::Host)?;
+        let (buf, va) = alloc_mapped(dev, Self::PACKETS + len, Placement::Host)?;
         let packets = encode(va);
         buf.write_slice(Self::STAMPS, &[0u64; 2])?;
-        buf.write_slice(packets_at, &packets)?;
-        Ok(Inference { stream: Some((va + packets_at, packets.len() as u32)), chain: Some(buf) })
+        buf.write_slice(Self::PACKETS, &packets)?;
+        Ok(Inference { stream: Some((va + Self::PACKETS, packets.len() as u32)), chain: Some(buf) })
     }
 
     /// Device time from the start of the last completed inference to its

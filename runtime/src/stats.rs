@@ -44,6 +44,14 @@ impl LatencyStats {
     }
 
     pub fn to_json(&self) -> serde_json::Value {
+        let mut j = self.durations_json();
+        j["throughput_per_s"] = self.throughput.into();
+        j
+    }
+
+    /// The count and the duration statistics alone (for times that are
+    /// parts of other latencies, where a throughput means nothing).
+    pub fn durations_json(&self) -> serde_json::Value {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         serde_json::json!({
             "count": self.count,
@@ -53,7 +61,6 @@ impl LatencyStats {
             "p50_ms": ms(self.p50),
             "p90_ms": ms(self.p90),
             "p99_ms": ms(self.p99),
-            "throughput_per_s": self.throughput,
         })
     }
 }

@@ -74,7 +74,6 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn dma(dev: &Device, sizes: &[u64], reps: usize, stream: usize) -> Result<serde_json::Value, String> {
     let queue = dev.create_queue(0).map_err(e("create queue"))?;
-    let stream = stream.max(1);
     let mut rows = Vec::new();
     for &size in sizes {
         let ts = size.div_ceil(4096) * 4096;

@@ -314,11 +314,7 @@ fn main() -> ExitCode {
         println!(
             "{}",
             serde_json::json!({"model": info.name, "load_ms": load.as_secs_f64() * 1e3, "latency": stats.to_json(),
-                "device": dev_stats.as_ref().map(|d| {
-                    let mut j = d.to_json();
-                    j.as_object_mut().map(|o| o.remove("throughput_per_s"));
-                    j
-                }), "clock": clock::describe(), "outputs": outs})
+                "device": dev_stats.as_ref().map(LatencyStats::durations_json), "clock": clock::describe(), "outputs": outs})
         );
     } else {
         println!("Model:      {} on {} (loaded in {:.1} ms)", info.name, dev.path().display(), load.as_secs_f64() * 1e3);

@@ -487,12 +487,12 @@ fn packed_gemm(
         // packed into `col` now.
         let tile_panels = shared.map(|s| &s[(image * sp.ntiles + t) * per_tile..][..packed_len(kdim, nt)]);
         let ntp = packed_len(1, nt);
+        fn panels_of<'a>(tile_panels: Option<&'a [f32]>, col: &'a [f32], ch: Chunk, ntp: usize) -> &'a [f32] {
+            tile_panels.map_or(col, |tp| &tp[ch.r0 * ntp..])
+        }
         chunks(t0, nt, &mut |ch| {
             if let Some(prev) = pending.take() {
-                match tile_panels {
-                    Some(tp) => multiply(prev, &tp[prev.r0 * ntp..], None),
-                    None => multiply(prev, col, None),
-                }
+                multiply(prev, panels_of(tile_panels, col, prev, ntp), None);
             }
             if tile_panels.is_none() {
                 fill(&mut col[..packed_len(ch.kc, nt)], group_input, ch, t0, nt);
@@ -501,10 +501,7 @@ fn packed_gemm(
         });
         let fused = pending.is_some();
         if let Some(last) = pending {
-            match tile_panels {
-                Some(tp) => multiply(last, &tp[last.r0 * ntp..], Some(&post)),
-                None => multiply(last, col, Some(&post)),
-            }
+            multiply(last, panels_of(tile_panels, col, last, ntp), Some(&post));
         }
         for co in 0..mb {
             let off = out_base + co * npos + t0;
