@@ -121,6 +121,31 @@ fn conv2d_dilated_tap_major() {
     assert!(runs() >= before + cases.len(), "the tap-major path ran {} of {} times", runs() - before, cases.len());
 }
 
+/// Strided and dilated convs with many channels (ResNet's stride-2 3×3
+/// and 1×1 projections, a DeepLab dilation) take the packed im2col path:
+/// paddings, odd sizes, batches, groups, reduction rows past one chunk,
+/// every epilogue part.
+#[test]
+fn conv2d_strided_packed() {
+    let mut rng = Rng::new(131);
+    let runs = || crate::conv::gemm::IM2COL_RUNS.load(core::sync::atomic::Ordering::Relaxed);
+    let before = runs();
+    let base = Conv2dParams { batch: 1, in_channels: 64, in_h: 15, in_w: 13, out_channels: 70, kernel: [3, 3], stride: [2, 2], padding: Padding2d::uniform(1), dilation: [1, 1], groups: 1, activation: Activation::Relu };
+    let cases = [
+        base,
+        Conv2dParams { kernel: [1, 1], padding: Padding2d::default(), in_channels: 96, batch: 2, activation: Activation::None, ..base },
+        Conv2dParams { in_channels: 72, stride: [2, 1], padding: Padding2d { top: 0, left: 2, bottom: 1, right: 0 }, activation: Activation::Silu, ..base },
+        Conv2dParams { stride: [1, 1], dilation: [2, 2], padding: Padding2d::uniform(2), ..base },
+        Conv2dParams { groups: 2, in_channels: 128, out_channels: 128, ..base },
+        // 600 channels × 9 taps: reduction rows past one chunk.
+        Conv2dParams { in_channels: 600, in_h: 9, in_w: 11, ..base },
+    ];
+    for (i, p) in cases.iter().enumerate() {
+        check_conv_residual(&mut rng, p, i % 2 == 0, i % 3 != 1);
+    }
+    assert!(runs() >= before + cases.len(), "the packed path ran {} of {} times", runs() - before, cases.len());
+}
+
 /// Pointwise convs over a few positions (squeeze-excite FCs on a 1×1
 /// map) take the matrix-vector path: every epilogue part, groups, batches.
 #[test]
