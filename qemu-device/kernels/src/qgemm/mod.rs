@@ -468,12 +468,29 @@ pub(crate) unsafe fn drive<'a>(
         let w1 = (w0 + per_wave).min(nblocks);
         let bufp = SendPtr(shared.as_mut_ptr());
         let infp = SendPtr(infos.as_mut_ptr());
-        for_each_task(w1 - w0, seq, |i| {
+        // Fewer blocks than threads (a late layer's few positions: one
+        // block): each block is packed in parts of whole micro-panels, so
+        // that no thread waits while one packs.
+        let parts = if seq { 1 } else { plan_threads(seq).div_ceil(w1 - w0).min(sp.mc / MR).max(1) };
+        let part_mp = (sp.mc / MR).div_ceil(parts);
+        for_each_task((w1 - w0) * parts, seq, |t| {
+            let (i, part) = (t / parts, t % parts);
             let (img, r0, rows) = blk(w0 + i);
-            // SAFETY: block i and its infos are disjoint from the other tasks'.
-            let (block, inf) = unsafe { (core::slice::from_raw_parts_mut(bufp.get().add(i * bbytes), bbytes), core::slice::from_raw_parts_mut(infp.get().add(i * (MC_MAX / MR)), MC_MAX / MR)) };
-            pack(img, r0, rows, block);
-            core(img).prepare(block, rows, inf);
+            let mp0 = part * part_mp;
+            if mp0 * MR >= rows {
+                return;
+            }
+            let sub = (part_mp * MR).min(rows - mp0 * MR);
+            // SAFETY: micro-panels mp0.. of block i and their infos are
+            // disjoint from the other tasks'.
+            let (block, inf) = unsafe {
+                (
+                    core::slice::from_raw_parts_mut(bufp.get().add(i * bbytes + mp0 * pl), bbytes - mp0 * pl),
+                    core::slice::from_raw_parts_mut(infp.get().add(i * (MC_MAX / MR) + mp0), MC_MAX / MR - mp0),
+                )
+            };
+            pack(img, r0 + mp0 * MR, sub, block);
+            core(img).prepare(block, sub, inf);
         });
         let (shared, infos) = (&shared, &infos);
         for_each_task((w1 - w0) * sp.ncb, seq, |t| {
