@@ -164,7 +164,7 @@ pub(crate) fn col_data(b: &[u8], k: usize, n: usize, az: i32, b_zero: Option<&[i
     let np = n.div_ceil(NR) * NR;
     let kg = k.div_ceil(4);
     let mut colsum = vec![0i32; np];
-    let (lo, hi) = kernel::scan_b(b, kg, &mut colsum[..n.div_ceil(PANEL) * PANEL], simd);
+    let (lo, hi) = scan_b_parallel(b, kg, &mut colsum[..n.div_ceil(PANEL) * PANEL], simd);
     let mut zb = vec![0i32; np];
     let mut sc = vec![0f32; np];
     let mut cconst = vec![0i32; np];
@@ -177,6 +177,31 @@ pub(crate) fn col_data(b: &[u8], k: usize, n: usize, az: i32, b_zero: Option<&[i
             .wrapping_sub(az.wrapping_mul(colsum[j]));
     }
     (ColData { colsum, cconst, zb, scale: sc }, lo, hi)
+}
+
+/// [`kernel::scan_b`] over chunks of panels on the pool's threads: the
+/// scan reads all of B (megabytes for a late layer's weights, from memory
+/// rather than cache in a model's inference) before the GEMM can start.
+fn scan_b_parallel(b: &[u8], kg: usize, colsum: &mut [i32], simd: bool) -> (i8, i8) {
+    /// Panels per task (`CHUNK·kg·32` bytes of B).
+    const CHUNK: usize = 8;
+    let panels = colsum.len() / PANEL;
+    let seq = sequential(b.len().saturating_mul(8));
+    if seq || panels <= CHUNK || kg == 0 {
+        return kernel::scan_b(b, kg, colsum, simd);
+    }
+    let tasks = panels.div_ceil(CHUNK);
+    let mut ranges = vec![(i8::MAX, i8::MIN); tasks];
+    let (cp, rp) = (SendPtr(colsum.as_mut_ptr()), SendPtr(ranges.as_mut_ptr()));
+    let pb = kg * 32;
+    for_each_task(tasks, seq, |t| {
+        let (p0, p1) = (t * CHUNK, ((t + 1) * CHUNK).min(panels));
+        // SAFETY: panels p0..p1 of colsum and slot t of ranges belong to
+        // this task only.
+        let (cs, r) = unsafe { (core::slice::from_raw_parts_mut(cp.get().add(p0 * PANEL), (p1 - p0) * PANEL), &mut *rp.get().add(t)) };
+        *r = kernel::scan_b(&b[p0 * pb..p1 * pb], kg, cs, simd);
+    });
+    ranges.iter().fold((i8::MAX, i8::MIN), |(lo, hi), &(l, h)| (lo.min(l), hi.max(h)))
 }
 
 /// How the rows and columns of a problem are cut into tasks.

@@ -433,6 +433,35 @@ fn pack_conv_w(w: &[i8], p: &QConvParams) -> Vec<u8> {
     out
 }
 
+/// B's statistics (7-bit or not, column sums) come from a scan split over
+/// the threads for large B: one full-range weight pair in the last chunk
+/// of otherwise 7-bit weights must still rule out the plain mode, which
+/// would saturate against a row of 255s.
+#[test]
+fn qgemm_parallel_scan_sees_every_chunk() {
+    let mut r = Rng::new(17);
+    let (m, n, k) = (4, 1000, 1280);
+    let mut a = gen_a(&mut r, m * k, AKind::Full, false);
+    a[..k].fill(255);
+    let mut b = gen_b(&mut r, k * n, BKind::Seven);
+    b[(n - 1)..].iter_mut().step_by(n).take(2).for_each(|v| *v = -128);
+    let bp = pack(&b, k, n);
+    let scale = vec![1e-4f32; n];
+    let mut acc = vec![0i32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            acc[i * n + j] = (0..k).fold(0i32, |s, l| s.wrapping_add(a[i * k + l] as i32 * b[l * n + j] as i32));
+        }
+    }
+    let spec = OutSpec::F32 { relu: false };
+    let want = finish(&acc, n, &scale, spec);
+    let p = QGemmParams { m, n, k, a_zero: 0, b: &bp, b_zero: None, bias: None, scale: &scale };
+    for simd in paths() {
+        let got = run_spec(m * n, spec, |mut d| qgemm_impl(QTensor { data: &a, signed: false }, &p, &mut d, simd));
+        assert_same(&format!("parallel scan isa {simd:?}"), &got, &want);
+    }
+}
+
 #[test]
 fn qconv2d_matches_reference() {
     let mut r = Rng::new(77);
