@@ -506,12 +506,14 @@ pub(crate) unsafe fn drive<'a>(
                 return;
             }
             let sub = (part_mp * MR).min(rows - mp0 * MR);
-            // SAFETY: micro-panels mp0.. of block i and their infos are
-            // disjoint from the other tasks'.
+            let nmp = sub.div_ceil(MR);
+            // SAFETY: micro-panels mp0 .. mp0 + nmp of block i (inside it:
+            // mp0 + nmp ≤ ⌈rows/MR⌉ ≤ mc/MR) and their infos; the parts
+            // of a block cover disjoint micro-panels, blocks are disjoint.
             let (block, inf) = unsafe {
                 (
-                    core::slice::from_raw_parts_mut(bufp.get().add(i * bbytes + mp0 * pl), bbytes - mp0 * pl),
-                    core::slice::from_raw_parts_mut(infp.get().add(i * (MC_MAX / MR) + mp0), MC_MAX / MR - mp0),
+                    core::slice::from_raw_parts_mut(bufp.get().add(i * bbytes + mp0 * pl), nmp * pl),
+                    core::slice::from_raw_parts_mut(infp.get().add(i * (MC_MAX / MR) + mp0), nmp),
                 )
             };
             pack(img, r0 + mp0 * MR, sub, block);
