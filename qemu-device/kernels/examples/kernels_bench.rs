@@ -477,6 +477,9 @@ fn run() {
     bench_qconv(&mut b, "qconv r18 3x3 s1 128->128 @28", conv_params(128, 128, 28, 3, 1, 1, Relu));
     bench_qconv(&mut b, "qconv r18 3x3 s1 512->512 @7", conv_params(512, 512, 7, 3, 1, 1, Relu));
     bench_qconv(&mut b, "qconv r18 7x7 s2 3->64 @224 (stem)", conv_params(3, 64, 224, 7, 2, 1, Relu));
+    // ResNet-50's strided convs: a stride-2 3x3 and a projection.
+    bench_qconv(&mut b, "qconv r50 3x3 s2 128->128 @56", conv_params(128, 128, 56, 3, 2, 1, Relu));
+    bench_qconv(&mut b, "qconv r50 1x1 s2 256->512 @56 (proj)", conv_params(256, 512, 56, 1, 2, 1, Relu));
 
     // ---- ResNet-50 convolutions (bias + relu fused, as the compiler emits).
     let resnet = [
