@@ -548,6 +548,10 @@ fn qconv2d_resnet_like_shapes() {
         (36, 20, 13, 1, 1, 0, false, AKind::Full),
         (3, 16, 30, 7, 2, 3, false, AKind::Full),
         (5, 16, 21, 3, 2, 1, true, AKind::High),
+        // Strided 1×1 projections: the stage holds one phase of every
+        // other row (odd sizes: the last row and column are read too).
+        (64, 40, 15, 1, 2, 0, false, AKind::Full),
+        (48, 24, 14, 1, 3, 0, true, AKind::Full),
     ];
     for (cin, cout, hw, kk, s, pad, signed, ak) in cases {
         let p = QConvParams { batch: 1, in_channels: cin, in_h: hw, in_w: hw, out_channels: cout, kernel: [kk, kk], stride: [s, s], padding: Padding2d::uniform(pad), dilation: [1, 1], groups: 1 };
