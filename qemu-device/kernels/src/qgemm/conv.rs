@@ -207,16 +207,14 @@ impl Stage {
         let plane = ha.input * wa.input;
         // Only the column phases and rows some tap reads (a strided 1×1
         // conv reads one phase of every other row: a quarter of the rest).
-        let phase_used: Vec<bool> = (0..sw).map(|ph| (0..wa.kernel).any(|kx| (kx * wa.dilation) % sw == ph)).collect();
+        let phase_used = |ph: usize| (0..wa.kernel).any(|kx| (kx * wa.dilation) % sw == ph);
         let rows_out = nry.saturating_sub((ha.kernel - 1) * self.dh + 1) / self.sh + 1;
-        let row_used: Vec<bool> = (0..nry)
-            .map(|yy| (0..ha.kernel).any(|ky| yy >= ky * self.dh && (yy - ky * self.dh) % self.sh == 0 && (yy - ky * self.dh) / self.sh < rows_out))
-            .collect();
+        let row_used = |yy: usize| (0..ha.kernel).any(|ky| yy >= ky * self.dh && (yy - ky * self.dh) % self.sh == 0 && (yy - ky * self.dh) / self.sh < rows_out);
         for c in 0..self.cg {
-            for yy in (0..nry).filter(|&yy| row_used[yy]) {
+            for yy in (0..nry).filter(|&yy| row_used(yy)) {
                 let iy = (self.oy0 * self.sh + yy) as isize - ha.pad_before as isize;
                 let real = iy >= 0 && (iy as usize) < ha.input;
-                for ph in (0..sw).filter(|&ph| phase_used[ph]) {
+                for ph in (0..sw).filter(|&ph| phase_used(ph)) {
                     let d = &mut stage[((c * sw + ph) * nry + yy) * pxw..][..pxw];
                     if !real {
                         d.fill(pad);
