@@ -84,6 +84,18 @@ fn pack(b: &[i8], k: usize, n: usize) -> Vec<u8> {
     dst.into_iter().map(|v| v as u8).collect()
 }
 
+/// `Σ_l A[i,l]·B[l,j]` for u8 A `[m × k]` and i8 B `[k × n]`, no zero
+/// points (wrapping, as the kernels).
+fn product_u8(a: &[u8], b: &[i8], m: usize, n: usize, k: usize) -> Vec<i32> {
+    let mut acc = vec![0i32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            acc[i * n + j] = (0..k).fold(0i32, |s, l| s.wrapping_add(a[i * k + l] as i32 * b[l * n + j] as i32));
+        }
+    }
+    acc
+}
+
 fn aval(a: u8, signed: bool) -> i32 {
     if signed {
         a as i8 as i32
@@ -280,12 +292,7 @@ fn qgemm_mixed_blocks() {
         let b = gen_b(&mut r, k * n, bk);
         let bp = pack(&b, k, n);
         let scale = vec![1.0f32; n];
-        let mut acc = vec![0i32; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                acc[i * n + j] = (0..k).map(|l| a[i * k + l] as i32 * b[l * n + j] as i32).sum();
-            }
-        }
+        let acc = product_u8(&a, &b, m, n, k);
         let spec = OutSpec::F32 { relu: false };
         let want = finish(&acc, n, &scale, spec);
         let p = QGemmParams { m, n, k, a_zero: 0, b: &bp, b_zero: None, bias: None, scale: &scale };
@@ -316,12 +323,7 @@ fn qgemm_sign_extremes() {
         let b = vec![bv; k * n];
         let bp = pack(&b, k, n);
         let scale = vec![1.0f32; n];
-        let mut acc = vec![0i32; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                acc[i * n + j] = (0..k).map(|l| a[i * k + l] as i32 * b[l * n + j] as i32).sum();
-            }
-        }
+        let acc = product_u8(&a, &b, m, n, k);
         let spec = OutSpec::F32 { relu: false };
         let want = finish(&acc, n, &scale, spec);
         let p = QGemmParams { m, n, k, a_zero: 0, b: &bp, b_zero: None, bias: None, scale: &scale };
@@ -447,12 +449,7 @@ fn qgemm_parallel_scan_sees_every_chunk() {
     b[(n - 1)..].iter_mut().step_by(n).take(2).for_each(|v| *v = -128);
     let bp = pack(&b, k, n);
     let scale = vec![1e-4f32; n];
-    let mut acc = vec![0i32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            acc[i * n + j] = (0..k).fold(0i32, |s, l| s.wrapping_add(a[i * k + l] as i32 * b[l * n + j] as i32));
-        }
-    }
+    let acc = product_u8(&a, &b, m, n, k);
     let spec = OutSpec::F32 { relu: false };
     let want = finish(&acc, n, &scale, spec);
     let p = QGemmParams { m, n, k, a_zero: 0, b: &bp, b_zero: None, bias: None, scale: &scale };
