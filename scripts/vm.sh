@@ -325,7 +325,9 @@ main() {
     # A kernel flavor's guest tests find the module built for it
     # (scripts/build-kmd.sh) through RBLN_KO; the debug kernel's runs also
     # fail on any leak kmemleak reports after the command.
-    local head='set -e\n' tail=''
+    # RBLN_VM_SMP: the vCPUs QEMU is given (tests/vm/boot.sh checks that
+    # the guest kernel brought them all up).
+    local head="set -e\nexport RBLN_VM_SMP=$VM_SMP\n" tail=''
     [[ -z $VM_KERNEL ]] || head+="export RBLN_KO=target/kmd-$VM_KERNEL/kmd/rbln.ko\n"
     if [[ $VM_KERNEL == debug ]]; then
         head+='sh tests/vm-debug/kmemleak.sh start\n'

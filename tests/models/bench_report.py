@@ -546,6 +546,9 @@ def machine_info(out, plan):
     except ImportError:
         pass
     m["guest_clocksource"] = read_text(os.path.join(out, "guest", "clocksource")) or None
+    # The CPUs the guest kernel brought up (QEMU is given VM_SMP vCPUs).
+    cpus = read_text(os.path.join(out, "guest", "cpus"))
+    m["guest_cpus"] = int(cpus) if cpus and cpus.strip().isdigit() else None
     for k in ("host_cpus", "device_cores", "git_dirty_files"):
         if k in m:
             m[k] = int(m[k])
