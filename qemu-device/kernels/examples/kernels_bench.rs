@@ -672,6 +672,17 @@ fn run() {
             padding: Padding2d::uniform(1),
             ..Default::default()
         }),
+        // The test CNN's (batch 2).
+        ("maxpool 3x3 s2 16@32 b2 (small)", Pool2dParams {
+            batch: 2,
+            channels: 16,
+            in_h: 32,
+            in_w: 32,
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: Padding2d::uniform(1),
+            ..Default::default()
+        }),
         // The CRNN export's pools (batch 2): 2x2, then 2x1.
         ("maxpool 2x2 s2 16@32x40 b2 (crnn)", Pool2dParams {
             batch: 2,
