@@ -2,7 +2,7 @@
 
 use crate::activation::{epilogue, Activation, Bias, EPI_BLOCK};
 use crate::error::{KernelError, Result};
-use crate::util::{check_len, check_rank, elementwise_chunk, volume};
+use crate::util::{check_len, check_rank, elementwise_chunk, stream_fence, stream_zip, volume, STREAM_MIN_BYTES};
 use crate::{Shape, MAX_RANK};
 use rayon::prelude::*;
 
@@ -102,7 +102,16 @@ pub fn binary_act(
     // Non-empty output: every dimension is ≥ 1, so the operands' volumes
     // (validated above) bound all strides.
     let g = Geom::new([a_shape, b_shape], &out_shape);
-    with_op(op, (b.len() == 1).then(|| b[0]), Run { a, b, g: &g, act, out });
+    // Streaming stores for outputs too large to stay in cache, written in
+    // long contiguous runs (each ends with a fence), when the activation
+    // is a clamp applied on the way.
+    let bytes = 4 * (a.len() + b.len() + out.len());
+    let [sa, sb] = g.dims[0].s;
+    let stream = match act.as_clamp() {
+        (clamp, Activation::None) if bytes >= STREAM_MIN_BYTES && g.dims[0].size >= 4 * EPI_BLOCK && sa + sb > 0 => Some(clamp),
+        _ => None,
+    };
+    with_op(op, (b.len() == 1).then(|| b[0]), Run { a, b, g: &g, act, stream, out });
     Ok(())
 }
 
@@ -259,9 +268,39 @@ fn row<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: usize
 }
 
 /// [`row`] followed by `act`, block by block so that the activation reads
-/// the block from L1.
+/// the block from L1; or, with `stream = Some(clamp)` (the activation
+/// nothing or a clamp), in one pass with streaming stores.
 #[inline(always)]
-fn row_act<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: usize, act: Activation, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+fn row_act<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: usize, act: Activation, stream: Option<Option<(f32, f32)>>, out: &mut [f32]) {
+    match stream {
+        // The clamp as the epilogue applies it (ReLU's `max` maps NaN to 0).
+        Some(Some((lo, hi))) => row_stream(&|x, y| f(x, y).max(lo).min(hi), a, sa, b, sb, out),
+        Some(None) => row_stream(f, a, sa, b, sb, out),
+        None => row_blocks(f, a, sa, b, sb, act, out),
+    }
+}
+
+/// [`row`] with streaming stores (`sa + sb > 0`).
+#[inline(always)]
+fn row_stream<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: usize, out: &mut [f32]) {
+    match (sa, sb) {
+        (1, 1) => stream_zip(out, a, b, f),
+        (1, _) => {
+            let y = b[0];
+            stream_zip(out, a, a, |x, _| f(x, y));
+        }
+        _ => {
+            let x = a[0];
+            stream_zip(out, b, b, |_, y| f(x, y));
+        }
+    }
+    stream_fence();
+}
+
+/// [`row`] followed by `act`, block by block.
+#[inline(always)]
+fn row_blocks<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], sa: usize, b: &[f32], sb: usize, act: Activation, out: &mut [f32]) {
     if act == Activation::None {
         row(f, a, sa, b, sb, out);
         return;
@@ -313,14 +352,16 @@ struct Run<'a> {
     b: &'a [f32],
     g: &'a Geom<2>,
     act: Activation,
+    /// Streaming stores, with the activation's clamp if it has one.
+    stream: Option<Option<(f32, f32)>>,
     out: &'a mut [f32],
 }
 
 impl WithOp for Run<'_> {
     fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F) {
-        let Run { a, b, g, act, out } = self;
+        let Run { a, b, g, act, stream, out } = self;
         let [sa, sb] = g.dims[0].s;
-        drive(g, out, |[oa, ob], o| row_act(&f, &a[oa..], sa, &b[ob..], sb, act, o));
+        drive(g, out, |[oa, ob], o| row_act(&f, &a[oa..], sa, &b[ob..], sb, act, stream, o));
     }
 }
 
