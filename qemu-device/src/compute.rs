@@ -100,7 +100,7 @@ fn scatter<T: Elem>(data: &[T], span: &Span) {
         // span's total length (the caller sized it so), and a Rust vector
         // never overlaps device memory.
         unsafe {
-            std::ptr::copy_nonoverlapping(src, p.ptr, p.len);
+            rbln_kernels::copy_bytes(src, p.ptr, p.len);
             src = src.add(p.len);
         }
     }
@@ -112,7 +112,7 @@ fn gather_into(span: &Span, dst: &mut [u8]) {
     for p in span.pieces() {
         // SAFETY: `p` is resolved readable device memory (alive while the
         // op's `Pinned` lives); the pieces add up to `dst.len()` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(p.ptr, dst[off..off + p.len].as_mut_ptr(), p.len) };
+        unsafe { rbln_kernels::copy_bytes(p.ptr, dst[off..off + p.len].as_mut_ptr(), p.len) };
         off += p.len;
     }
 }

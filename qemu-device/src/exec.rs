@@ -386,9 +386,9 @@ impl Exec<'_> {
                                 // page tables alias one physical page under
                                 // both, that page gets unspecified bytes,
                                 // as with a multi-channel DMA engine
-                                // (memory stays valid: `ptr::copy` allows
+                                // (memory stays valid: `copy_bytes` allows
                                 // overlap).
-                                unsafe { std::ptr::copy(s as *const u8, d as *mut u8, n) };
+                                unsafe { rbln_kernels::copy_bytes(s as *const u8, d as *mut u8, n) };
                             }
                         })
                     });
@@ -407,9 +407,9 @@ impl Exec<'_> {
                 self.check_live()?;
             }
             // SAFETY: both pieces are resolved device memory of `n` bytes,
-            // alive while `pinned` lives; `ptr::copy` allows overlap (a copy
+            // alive while `pinned` lives; `copy_bytes` allows overlap (a copy
             // within one buffer).
-            unsafe { std::ptr::copy(s.ptr, d.ptr, n) };
+            unsafe { rbln_kernels::copy_bytes(s.ptr, d.ptr, n) };
             Counters::add(&self.s.counters.dma_bytes, n as u64);
             since_check += n;
             if since_check >= DMA_CHUNK as usize {

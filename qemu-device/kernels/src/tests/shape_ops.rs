@@ -171,3 +171,27 @@ fn gather_random() {
     gather(&data, &[1000, 64], 0, &idx, &[64, 64], &mut y).unwrap();
     assert_eq!(y, gather_ref(&data, &[1000, 64], 0, &idx, 4096));
 }
+
+/// `copy_bytes` is a memmove at every distance, including the short
+/// distances modulo 4 KiB that it copies piece by piece, and overlapping
+/// ranges in both directions.
+#[test]
+fn copy_bytes_is_memmove() {
+    let pattern = |len: usize| -> Vec<u8> { (0..len).map(|i| (i * 131 + i / 251) as u8).collect() };
+    for n in [0usize, 1, 100, 2048, 2049, 4096, 6000, 70_001] {
+        for distance in [-8192isize, -4095, -4080, -64, -16, -1, 1, 16, 63, 64, 4096 + 16, 8192 + 1, 3 * 4096 + 63] {
+            let base = 9000usize;
+            let len = base + n + 9000 + 4 * 4096;
+            let mut buf = pattern(len);
+            let mut want = buf.clone();
+            let src = base;
+            let dst = (base as isize + distance) as usize;
+            want.copy_within(src..src + n, dst);
+            let p = buf.as_mut_ptr();
+            // SAFETY: both ranges lie inside `buf` (len leaves room on each
+            // side for every distance above).
+            unsafe { copy_bytes(p.add(src), p.add(dst), n) };
+            assert!(buf == want, "n {n} distance {distance}");
+        }
+    }
+}
