@@ -504,6 +504,8 @@ fn run() {
     bench_qconv(&mut b, "qconv 3x3 s1 64->64 @56", conv_params(64, 64, 56, 3, 1, 1, Relu));
     bench_qconv(&mut b, "qconv 3x3 s1 256->256 @14", conv_params(256, 256, 14, 3, 1, 1, Relu));
     bench_qconv(&mut b, "qconv 1x1 256->64 @56", conv_params(256, 64, 56, 1, 1, 1, Relu));
+    // ResNet-50's expansions: a short reduction (64) and many outputs.
+    bench_qconv(&mut b, "qconv r50 1x1 64->256 @56 (expand)", conv_params(64, 256, 56, 1, 1, 1, Relu));
     // ResNet-18 layers (int8, quantize_static).
     bench_qconv(&mut b, "qconv r18 3x3 s1 128->128 @28", conv_params(128, 128, 28, 3, 1, 1, Relu));
     bench_qconv(&mut b, "qconv r18 3x3 s1 512->512 @7", conv_params(512, 512, 7, 3, 1, 1, Relu));
