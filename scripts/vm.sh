@@ -6,7 +6,7 @@
 # 124) when the guest does not finish within $VM_TIMEOUT seconds.
 #
 # Every run attaches $VM_DEVICES (default 1) rbln-npu device models
-# (target/release/rbln-npu, started here on the host, one vfio-user socket
+# (target/release/rbln-npu, or $VM_NPU_BIN; started here on the host, one vfio-user socket
 # each); a device model that exits with an error fails the run (status 92).
 #
 # Environment: VM_TIMEOUT (s, default 900), VM_SMP (default 2), VM_MEM
@@ -77,7 +77,7 @@ VM_KERNEL=${VM_KERNEL:-}
 VM_FORWARD=${VM_FORWARD:-}
 VM_HOST_CLIENT=${VM_HOST_CLIENT:-}
 GUEST_IP=10.0.2.15
-NPU_BIN=$RBLN_ROOT/target/release/rbln-npu
+NPU_BIN=${VM_NPU_BIN:-$RBLN_ROOT/target/release/rbln-npu}
 NPU_PIDS=()
 
 # Kernel log lines (they start with a printk timestamp) that mean the

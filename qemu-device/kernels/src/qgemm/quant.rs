@@ -133,13 +133,95 @@ pub fn qbinary(kind: QBinaryKind, a: QOperand<'_>, b: QOperand<'_>, relu: bool, 
     // An i8 value v is the u8 (v ^ 0x80) less 128: one formula for both.
     let side = |o: &QOperand<'_>| if o.q.signed { (0x80u8, o.zero + 128, o.scale) } else { (0, o.zero, o.scale) };
     let p = QBinArgs { a: side(&a), b: side(&b), mul: kind == QBinaryKind::Mul, relu, out_scale, out_zero, lo, hi };
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
     chunked(out, |start, o| {
         let (qa, qb) = (&a.q.data[start..][..o.len()], &b.q.data[start..][..o.len()]);
+        #[allow(unused_mut)]
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the CPU has AVX2 (detected above).
+            done = unsafe { qbinary_avx2(qa, qb, o, p) };
+        }
+        let (o, qa, qb) = (&mut o[done..], &qa[done..], &qb[done..]);
         for ((o, qa), qb) in o.chunks_mut(QBIN_CHUNK).zip(qa.chunks(QBIN_CHUNK)).zip(qb.chunks(QBIN_CHUNK)) {
             qbinary_run(qa, qb, o, p);
         }
     });
     Ok(())
+}
+
+/// [`qbinary_run`]'s arithmetic on whole 32-element steps in AVX2
+/// registers, the same operations in the same order (bit for bit the same
+/// bytes: no fused multiply-add, the division kept), with the 32 results
+/// packed to bytes in registers (the portable loop spent a third of its
+/// time narrowing eight lanes at a time). Returns the elements done (a
+/// multiple of 32; the caller finishes the rest).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn qbinary_avx2(qa: &[u8], qb: &[u8], out: &mut [u8], p: QBinArgs) -> usize {
+    // (`target_feature` on every function, no closures: the intrinsics of
+    // a function without it are out-of-line calls.)
+    #[target_feature(enable = "avx2")]
+    unsafe fn steps<const MUL: bool, const RELU: bool>(qa: &[u8], qb: &[u8], out: &mut [u8], p: &QBinArgs) -> usize {
+        use core::arch::x86_64::*;
+        let n = out.len().min(qa.len()).min(qb.len()) / 32 * 32;
+        let ((xa, za, sa), (xb, zb, sb)) = (p.a, p.b);
+        // SAFETY (whole block): AVX2 is enabled on the caller; every load
+        // reads 8 bytes at i + 8k < n of `qa` / `qb`, every store writes 32
+        // bytes at i < n of `out`.
+        unsafe {
+            let (xa, xb) = (_mm_set1_epi8(xa as i8), _mm_set1_epi8(xb as i8));
+            let (za, zb) = (_mm256_set1_epi32(za), _mm256_set1_epi32(zb));
+            let (sa, sb) = (_mm256_set1_ps(sa), _mm256_set1_ps(sb));
+            let (os, oz) = (_mm256_set1_ps(p.out_scale), _mm256_set1_ps(p.out_zero as f32));
+            let (lo, hi) = (_mm256_set1_ps(p.lo as f32), _mm256_set1_ps(p.hi as f32));
+            let zero = _mm256_setzero_ps();
+            let low = _mm256_set1_epi32(0xff);
+            // `eight!(at)`: the dequantised operands, the op, the ReLU
+            // (`max(v, 0)` maps NaN to 0 as `f32::max` does), the
+            // quantisation (NaN to the zero point), as integers.
+            macro_rules! eight {
+                ($at:expr) => {{
+                    let at = $at;
+                    let ea = _mm256_cvtepu8_epi32(_mm_xor_si128(_mm_loadl_epi64(qa.as_ptr().add(at).cast()), xa));
+                    let eb = _mm256_cvtepu8_epi32(_mm_xor_si128(_mm_loadl_epi64(qb.as_ptr().add(at).cast()), xb));
+                    let x = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ea, za)), sa);
+                    let z = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(eb, zb)), sb);
+                    let v = if MUL { _mm256_mul_ps(x, z) } else { _mm256_add_ps(x, z) };
+                    let v = if RELU { _mm256_max_ps(v, zero) } else { v };
+                    let q = _mm256_add_ps(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_div_ps(v, os)), oz);
+                    let clamped = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
+                    let q = _mm256_blendv_ps(clamped, oz, _mm256_cmp_ps::<_CMP_UNORD_Q>(q, q));
+                    _mm256_and_si256(_mm256_cvttps_epi32(q), low)
+                }};
+            }
+            let mut i = 0;
+            while i < n {
+                let (a, b, c, d) = (eight!(i), eight!(i + 8), eight!(i + 16), eight!(i + 24));
+                // Low bytes, exactly (masked above): per 128-bit lane
+                // [a b c d] quarters, then the quarters back in order.
+                let bytes = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+                let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), bytes);
+                i += 32;
+            }
+        }
+        n
+    }
+    // SAFETY: the caller's contract (AVX2).
+    unsafe {
+        match (p.mul, p.relu) {
+            (false, false) => steps::<false, false>(qa, qb, out, &p),
+            (false, true) => steps::<false, true>(qa, qb, out, &p),
+            (true, false) => steps::<true, false>(qa, qb, out, &p),
+            (true, true) => steps::<true, true>(qa, qb, out, &p),
+        }
+    }
 }
 
 /// Elements [`qbinary_run`] handles at once (its f32 scratch on the stack).
