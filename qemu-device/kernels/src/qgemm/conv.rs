@@ -129,6 +129,10 @@ pub(crate) fn qconv2d_impl(
                 transpose(block, |r| &src[r * plane + r0..][..tp], pl, tp, 0, k);
                 return;
             }
+            // Reduction row r = (c·kh + ky)·kw + kx, stepped without
+            // divisions; the positions' first output row and column once.
+            let at = Start { oy: r0 / wa.output, ox: r0 % wa.output };
+            let (mut c, mut ky, mut kx) = (0, 0, 0);
             let mut k0 = 0;
             while k0 < kg * 4 {
                 let kc = KC.min(kg * 4 - k0);
@@ -138,9 +142,17 @@ pub(crate) fn qconv2d_impl(
                         run[rr * tp..][..tp].fill(0);
                         continue;
                     }
-                    let (kx, ky, c) = (r % kw, (r / kw) % kh, r / (kw * kh));
-                    st.gather(run, rr * tp, stage, &wa, c, ky, kx, r0, rows);
+                    st.gather(run, rr * tp, stage, &wa, c, ky, kx, at, rows);
                     run[rr * tp + rows..][..tp - rows].fill(0);
+                    kx += 1;
+                    if kx == kw {
+                        kx = 0;
+                        ky += 1;
+                        if ky == kh {
+                            ky = 0;
+                            c += 1;
+                        }
+                    }
                 }
                 transpose(block, |r| &run[(r - k0) * tp..][..tp], pl, tp, k0, kc);
                 k0 += kc;
@@ -207,14 +219,17 @@ impl Stage {
         let plane = ha.input * wa.input;
         // Only the column phases and rows some tap reads (a strided 1×1
         // conv reads one phase of every other row: a quarter of the rest).
-        let phase_used = |ph: usize| (0..wa.kernel).any(|kx| (kx * wa.dilation) % sw == ph);
+        // (Decided once per stage, not per channel: the divisions cost more
+        // than the copies of a small map's rows.)
+        let phases: smallvec::SmallVec<[usize; 4]> = (0..sw).filter(|&ph| (0..wa.kernel).any(|kx| (kx * wa.dilation) % sw == ph)).collect();
         let rows_out = nry.saturating_sub((ha.kernel - 1) * self.dh + 1) / self.sh + 1;
         let row_used = |yy: usize| (0..ha.kernel).any(|ky| yy >= ky * self.dh && (yy - ky * self.dh) % self.sh == 0 && (yy - ky * self.dh) / self.sh < rows_out);
+        let rows: smallvec::SmallVec<[usize; 64]> = (0..nry).filter(|&yy| row_used(yy)).collect();
         for c in 0..self.cg {
-            for yy in (0..nry).filter(|&yy| row_used(yy)) {
+            for &yy in &rows {
                 let iy = (self.oy0 * self.sh + yy) as isize - ha.pad_before as isize;
                 let real = iy >= 0 && (iy as usize) < ha.input;
-                for ph in (0..sw).filter(|&ph| phase_used(ph)) {
+                for &ph in &phases {
                     let d = &mut stage[((c * sw + ph) * nry + yy) * pxw..][..pxw];
                     if !real {
                         d.fill(pad);
@@ -250,14 +265,15 @@ impl Stage {
         }
     }
 
-    /// Row `(c, ky, kx)` of the im2col matrix for output positions `t0 ..
-    /// t0 + rows`, written at `run[at..]` (and up to 7 bytes after it).
+    /// Row `(c, ky, kx)` of the im2col matrix for output positions from
+    /// `t0` (at output row and column `t0`) on, `rows` of them, written at
+    /// `run[at..]` (and up to 7 bytes after it).
     #[allow(clippy::too_many_arguments)]
-    fn gather(&self, run: &mut [u8], at: usize, stage: &[u8], wa: &Axis, c: usize, ky: usize, kx: usize, t0: usize, rows: usize) {
+    fn gather(&self, run: &mut [u8], at: usize, stage: &[u8], wa: &Axis, c: usize, ky: usize, kx: usize, t0: Start, rows: usize) {
         let ow = wa.output;
         let (sw, pxw) = (wa.stride, self.pxw);
-        let (ph, xo) = ((kx * wa.dilation) % sw, (kx * wa.dilation) / sw);
-        let (mut oy, mut ox0) = (t0 / ow, t0 % ow);
+        let (ph, xo) = if sw == 1 { (0, kx * wa.dilation) } else { ((kx * wa.dilation) % sw, (kx * wa.dilation) / sw) };
+        let (mut oy, mut ox0) = (t0.oy, t0.ox);
         let mut j = 0;
         while j < rows {
             let seg = (ow - ox0).min(rows - j);
@@ -275,6 +291,13 @@ impl Stage {
             oy += 1;
         }
     }
+}
+
+/// The output row and column of a block's first position.
+#[derive(Clone, Copy)]
+struct Start {
+    oy: usize,
+    ox: usize,
 }
 
 /// Copies `len` bytes rounded up to whole 8-byte words.
