@@ -689,6 +689,38 @@ fn qbinary_equals_dequantize_op_quantize() {
     }
 }
 
+/// Scales that put many results on or next to a rounding tie (sums of
+/// multiples of 0.05 over 0.1, products over 0.3), a subnormal output
+/// scale (no normal reciprocal) and a huge one: still bit for bit the
+/// dequantise, op, quantise composite (whose quantise divides).
+#[test]
+fn qbinary_near_ties_match_the_division() {
+    let n = 4099;
+    let qa: Vec<u8> = (0..n).map(|i| (i * 7 % 256) as u8).collect();
+    let qb: Vec<u8> = (0..n).map(|i| (i * 13 % 251) as u8).collect();
+    for (kind, sa, sb, os) in [
+        (QBinaryKind::Add, 0.05f32, 0.05f32, 0.1f32),
+        (QBinaryKind::Add, 0.1, 0.3, 0.2),
+        (QBinaryKind::Mul, 0.1, 0.3, 0.3),
+        (QBinaryKind::Add, 0.05, 0.05, 1e-40),
+        (QBinaryKind::Mul, 1e30, 1e-5, 1e30),
+    ] {
+        let a = QOperand { q: QTensor { data: &qa, signed: false }, scale: sa, zero: 0 };
+        let b = QOperand { q: QTensor { data: &qb, signed: false }, scale: sb, zero: 0 };
+        for relu in [false, true] {
+            let mut got = vec![0u8; n];
+            qbinary(kind, a, b, relu, &mut got, false, os, 0).unwrap();
+            let (mut fa, mut fb) = (vec![0f32; n], vec![0f32; n]);
+            dequantize(a.q, &mut fa, 1, 1, n, &[sa], &[0]).unwrap();
+            dequantize(b.q, &mut fb, 1, 1, n, &[sb], &[0]).unwrap();
+            let y: Vec<f32> = fa.iter().zip(&fb).map(|(x, z)| if kind == QBinaryKind::Add { x + z } else { x * z }).map(|v| if relu { v.max(0.0) } else { v }).collect();
+            let mut want = vec![0u8; n];
+            quantize(&y, &mut want, false, 1, 1, n, &[os], &[0]).unwrap();
+            assert_eq!(got, want, "{kind:?} scales {sa} {sb} -> {os}, relu {relu}");
+        }
+    }
+}
+
 #[test]
 fn qbinary_rejects_bad_params() {
     let q = [1u8; 4];
