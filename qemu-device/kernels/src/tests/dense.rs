@@ -306,6 +306,39 @@ fn conv2d_tiled_and_pointwise() {
     check_conv(&mut rng, &dw, true);
 }
 
+/// Pointwise convs whose planes are whole microkernel panels wide read
+/// their input in place (`pointwise_rows`, asserted taken): one and two
+/// images, groups, reductions of several blocks, channel splits, every
+/// epilogue (bias, residual, a clamp, an activation after the stores).
+#[test]
+fn conv2d_pointwise_rows_in_place() {
+    let mut rng = Rng::new(17);
+    let runs = || crate::conv::gemm::POINTWISE_ROWS_RUNS.with(|n| n.get());
+    let pw = |cin: usize, cout: usize, h: usize, w: usize, batch: usize, groups: usize, act: Activation| Conv2dParams {
+        batch,
+        in_channels: cin,
+        in_h: h,
+        in_w: w,
+        out_channels: cout,
+        kernel: [1, 1],
+        groups,
+        activation: act,
+        ..Default::default()
+    };
+    for threads in [1, 2] {
+        thread_pool(threads).unwrap().install(|| {
+            let before = runs();
+            check_conv(&mut rng, &pw(64, 24, 8, 8, 2, 1, Activation::Relu), true);
+            check_conv(&mut rng, &pw(300, 40, 4, 4, 1, 1, Activation::Silu), false);
+            check_conv(&mut rng, &pw(96, 200, 16, 20, 2, 2, Activation::None), true);
+            check_conv(&mut rng, &pw(520, 7, 8, 6, 1, 1, Activation::Clip { min: -0.5, max: 0.5 }), true);
+            super::fused::check_conv_residual(&mut rng, &pw(48, 256, 8, 8, 2, 1, Activation::Relu), true, true);
+            super::fused::check_conv_residual(&mut rng, &pw(32, 20, 16, 16, 1, 2, Activation::Gelu), false, true);
+            assert_eq!(runs(), before + 6, "every conv read its planes in place");
+        });
+    }
+}
+
 /// 3×3 stride-1 convolutions that take the Winograd F(2×2, 3×3) path (the
 /// test checks that they do): odd output sizes (tiles hanging over the
 /// last row and column), asymmetric and zero padding, batches, several
