@@ -125,7 +125,12 @@ async fn run(args: Args) -> Result<bool, String> {
                     }
                     Err(s) => {
                         errors += 1;
-                        *codes.entry(format!("{:?}", s.code())).or_default() += 1;
+                        // A status the server sent carries no source; one
+                        // the client made from a failed connection (an h2
+                        // reset as the server closes at shutdown, say) does:
+                        // counted as "Transport", whatever code it maps to.
+                        let code = if std::error::Error::source(&s).is_some() { "Transport".to_string() } else { format!("{:?}", s.code()) };
+                        *codes.entry(code).or_default() += 1;
                         first_err.get_or_insert_with(|| format!("{:?}: {}", s.code(), s.message()));
                     }
                 }
