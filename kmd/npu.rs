@@ -85,8 +85,10 @@ pub(crate) struct Events {
     pub(crate) hung: u32,
     /// Resets asked for through sysfs since the driver bound the device.
     pub(crate) resets: u64,
-    /// Interrupts that found nothing pending (spurious, or drained by an
-    /// earlier vector's service): ignored.
+    /// Error interrupts that found nothing pending (spurious, or a record
+    /// a waiter's own check already took): ignored. (Queue vectors read
+    /// no register, so nothing tells a spurious one apart: their waiters
+    /// find their fences unchanged and sleep again.)
     pub(crate) spurious: u64,
     /// Fence waits completed by the waiter's periodic check after a nap
     /// that no interrupt ended (the fence's interrupt lost or late).
@@ -167,26 +169,38 @@ pub(crate) struct Resources {
 }
 
 impl Npu {
-    /// Threaded part of every vector: acknowledge what the device reports
-    /// and wake all waiters (they re-check their own condition).
-    fn service_interrupts(&self) -> IrqReturn {
+    /// Threaded part of every vector: wake all waiters (they re-check
+    /// their own condition); the error vector first acknowledges and
+    /// handles the faults the device reports.
+    ///
+    /// A queue vector reads no register. Fences live in the queues' status
+    /// blocks in host memory, which every waiter reads itself, and the
+    /// device raises a queue vector for every fence whether or not its
+    /// IRQ_QUEUE_STATUS bit is still set, so that bit need not be cleared.
+    /// Each register access is a round trip to the device (on the virtual
+    /// NPU a message to the device model that stalls the CPU until
+    /// answered, 40-100 us): reading and clearing both status registers
+    /// made a fence interrupt three round trips.
+    fn service_interrupts(&self, vector: u32) -> IrqReturn {
+        if vector != regs::MSIX_ERROR_VECTOR {
+            let mut ev = self.events.lock();
+            ev.irqs = ev.irqs.wrapping_add(1);
+            self.event_cv.notify_all();
+            return IrqReturn::Handled;
+        }
         let status = self.with_regs(|r| {
-            let q = r.r32(regs::IRQ_QUEUE_STATUS)?;
             let e = r.r32(regs::IRQ_ERROR_STATUS)?;
             // Write-1-to-clear exactly what was seen; nothing to clear is
-            // no write (each register access is a round trip to the device).
-            if q != 0 {
-                r.w32(regs::IRQ_QUEUE_STATUS, q)?;
-            }
+            // no write.
             if e != 0 {
                 r.w32(regs::IRQ_ERROR_STATUS, e)?;
             }
-            Ok((q, e))
+            Ok(e)
         });
-        let Ok((q, e)) = status else { return IrqReturn::None };
+        let Ok(e) = status else { return IrqReturn::None };
         // A device that fell off the bus reads all ones: not a fault of
         // every queue.
-        if (q == u32::MAX || e == u32::MAX) && !self.check_alive() {
+        if e == u32::MAX && !self.check_alive() {
             return IrqReturn::Handled;
         }
         let mut poison = 0u64;
@@ -203,11 +217,11 @@ impl Npu {
         }
         let mut ev = self.events.lock();
         ev.irqs = ev.irqs.wrapping_add(1);
-        // Nothing pending is not an error: MSI-X vectors share the status
-        // registers, so a vector often finds its event already drained by
-        // another's service. Still IRQ_HANDLED: IRQ_NONE would let the
-        // core's spurious-interrupt detector disable a healthy vector.
-        if q == 0 && e == 0 {
+        // Nothing pending is not an error (an error interrupt whose record
+        // a waiter's own check already took). Still IRQ_HANDLED: IRQ_NONE
+        // would let the core's spurious-interrupt detector disable a
+        // healthy vector.
+        if e == 0 {
             ev.spurious = ev.spurious.wrapping_add(1);
         }
         ev.faulted |= e;
@@ -683,11 +697,13 @@ pub(crate) struct MiscHolder {
 /// An interrupt vector's handler.
 pub(crate) struct Irq {
     npu: Arc<Npu>,
+    /// The MSI-X vector (0: errors; 1..: queue fences).
+    vector: u32,
 }
 
 impl ThreadedHandler for Irq {
     fn handle_threaded(&self) -> IrqReturn {
-        self.npu.service_interrupts()
+        self.npu.service_interrupts(self.vector)
     }
 }
 
@@ -785,7 +801,7 @@ fn setup_irqs<'bound>(
     let mut irqs = KVec::new();
     for i in 0..n as usize {
         let registration = vref.index(i).and_then(|vector| {
-            let handler = Irq { npu: npu.clone() };
+            let handler = Irq { npu: npu.clone(), vector: i as u32 };
             // SAFETY: the registration is kept in `irqs` and dropped in
             // `RblnData::drop`; it is never forgotten.
             let init = unsafe { ThreadedRegistration::new(vector.into(), irq::Flags::ONESHOT, c"rbln", Ok::<_, Error>(handler)) };
