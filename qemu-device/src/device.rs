@@ -33,6 +33,14 @@ pub struct Config {
     /// How long a compute core's helper threads keep spinning for the next
     /// op after one ends (zero: they sleep at once); see `workers`.
     pub spin: std::time::Duration,
+    /// Offer BAR2 (DRAM) to the VMM as a mappable region, so that guest
+    /// CPU loads and stores reach the memfd without trapping. Off by
+    /// default: QEMU's vfio-user client then stops posting MMIO writes for
+    /// the whole device (a mapped region could otherwise observe a posted
+    /// write before it is applied), and every doorbell write stalls the
+    /// vCPU until the server answers. The driver stack reaches DRAM only
+    /// by DMA; trapped BAR2 accesses still work, slowly.
+    pub dram_bar_mmap: bool,
 }
 
 /// Device DRAM of the default configuration (`rbln-npu --dram-mib`), in
@@ -50,6 +58,7 @@ impl Default for Config {
             num_dma_engines: 2,
             reported_version: HW_VERSION,
             spin: crate::workers::DEFAULT_SPIN,
+            dram_bar_mmap: false,
         }
     }
 }

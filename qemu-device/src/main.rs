@@ -39,6 +39,11 @@ struct Args {
     /// next op before they sleep (0: never spin).
     #[arg(long, default_value_t = rbln_npu::workers::DEFAULT_SPIN.as_micros() as u64)]
     spin_us: u64,
+    /// Offer BAR2 (device DRAM) as a mappable region: guest CPU accesses
+    /// to it stop trapping, but QEMU then makes every MMIO write of the
+    /// device (doorbells too) wait for the server's answer.
+    #[arg(long)]
+    dram_bar_mmap: bool,
     /// Arm a fault-injection plan from the start (repeatable; see
     /// docs/reliability.md): KIND[:after=N,count=N,queue=Q,ms=M].
     #[arg(long = "inject", value_name = "PLAN")]
@@ -101,6 +106,7 @@ fn main() -> ExitCode {
         num_dma_engines: args.dma_engines,
         reported_version: args.report_version,
         spin: std::time::Duration::from_micros(args.spin_us),
+        dram_bar_mmap: args.dram_bar_mmap,
     };
     // Before any other thread exists, so that all inherit the signal mask.
     let for_signals = Arc::new(OnceLock::new());

@@ -76,13 +76,20 @@ pub fn serve(device: Arc<Device>, path: &Path) -> Result<(), vfio_user::Error> {
     regions[pci::BAR_DOORBELL as usize] = region(pci::BAR_DOORBELL, doorbell_size, rw);
     regions[VFIO_PCI_CONFIG_REGION_INDEX as usize] =
         region(VFIO_PCI_CONFIG_REGION_INDEX, CONFIG_SIZE as u64, rw);
-    // DRAM: the whole BAR is one mappable area of the memfd, so guest CPU
-    // accesses never trap. (The crate sends the fd with the sparse-mmap
-    // capability, hence the single area covering the region.)
-    let mut dram = region(pci::BAR_DRAM, cfg.dram_size, rw | VFIO_REGION_INFO_FLAG_MMAP);
-    dram.sparse_areas = vec![SparseArea { area: vfio_region_sparse_mmap_area { offset: 0, size: cfg.dram_size } }];
-    dram.mmap_fd = Some(device.dram().file().as_raw_fd());
-    regions[pci::BAR_DRAM as usize] = dram;
+    // DRAM: trapped by default, so that QEMU posts MMIO writes (it stops
+    // posting them for a device with any mappable region: a doorbell would
+    // then stall the vCPU for a round trip). With `dram_bar_mmap` the
+    // whole BAR is one mappable area of the memfd and guest CPU accesses
+    // never trap. (The crate sends the fd with the sparse-mmap capability,
+    // hence the single area covering the region.)
+    regions[pci::BAR_DRAM as usize] = if cfg.dram_bar_mmap {
+        let mut dram = region(pci::BAR_DRAM, cfg.dram_size, rw | VFIO_REGION_INFO_FLAG_MMAP);
+        dram.sparse_areas = vec![SparseArea { area: vfio_region_sparse_mmap_area { offset: 0, size: cfg.dram_size } }];
+        dram.mmap_fd = Some(device.dram().file().as_raw_fd());
+        dram
+    } else {
+        region(pci::BAR_DRAM, cfg.dram_size, rw)
+    };
 
     let irqs: Vec<IrqInfo> = (0..VFIO_PCI_NUM_IRQS)
         .map(|index| {

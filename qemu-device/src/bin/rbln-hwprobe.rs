@@ -172,7 +172,7 @@ fn run(dev: &Path) -> Res<()> {
     regs_bar.w32(regs::DEVICE_RESET, regs::RESET_MAGIC);
     check(regs_bar.r32(regs::SCRATCH) == 0, "device reset clears SCRATCH")?;
     dram.w64(0x1000, 0x0123_4567_89AB_CDEF);
-    check(dram.r64(0x1000) == 0x0123_4567_89AB_CDEF, "BAR2 DRAM write/read (mapped memfd)")?;
+    check(dram.r64(0x1000) == 0x0123_4567_89AB_CDEF, "BAR2 DRAM write/read (trapped to the device unless rbln-npu --dram-bar-mmap)")?;
 
     let p = Pages::new(NPAGES)?;
     // Page tables: L2[0] -> L1, L1[1] -> L0 (VA 2 MiB..4 MiB), three leaves.
