@@ -104,6 +104,9 @@ pub struct Input<'py> {
 }
 
 enum InputData<'py> {
+    /// A C-contiguous, aligned, native-endian ndarray of a dtype the
+    /// runtime passes, read in place through its data pointer.
+    Raw(RawArray<'py>),
     F32(PyReadonlyArrayDyn<'py, f32>),
     I32(PyReadonlyArrayDyn<'py, i32>),
     I64(PyReadonlyArrayDyn<'py, i64>),
@@ -113,11 +116,119 @@ enum InputData<'py> {
     Owned(Data),
 }
 
+/// The common case of an input, taken without rust-numpy's borrow
+/// bookkeeping (a process-wide table of borrowed arrays, updated at every
+/// borrow and release; on the guest's emulated CPU that bookkeeping was
+/// about a tenth of `Runtime.run`'s own cost on a small model). The array
+/// is only read, and only while `Input` lives; the bookkeeping guards
+/// against a Rust borrow that writes the same array, which `run` never
+/// holds at the same time (`out=` arrays are written after the inputs are
+/// dropped).
+struct RawArray<'py> {
+    /// Keeps the array (and so its data) alive.
+    _array: Bound<'py, PyUntypedArray>,
+    data: *const u8,
+    elements: usize,
+    dtype: RawDType,
+}
+
+#[derive(Clone, Copy)]
+enum RawDType {
+    F32,
+    I32,
+    I64,
+    I8,
+    U8,
+}
+
+impl<'py> RawArray<'py> {
+    /// `arr` as an input if it is C-contiguous, native-endian and of a
+    /// dtype the runtime passes: read in place when aligned, else copied
+    /// byte-wise into an aligned vector (a typed slice of unaligned data
+    /// would be undefined behaviour). None: the general path takes it,
+    /// with its conversions and error messages.
+    fn input(arr: &Bound<'py, PyUntypedArray>) -> Option<InputData<'py>> {
+        use numpy::npyffi::{NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS};
+        let dt = arr.dtype();
+        if dt.is_native_byteorder() == Some(false) {
+            return None;
+        }
+        let dtype = match (dt.kind(), dt.itemsize()) {
+            (b'f', 4) => RawDType::F32,
+            (b'i', 4) => RawDType::I32,
+            (b'i', 8) => RawDType::I64,
+            (b'i', 1) => RawDType::I8,
+            (b'u', 1) => RawDType::U8,
+            // bool stays on the checked path: a NumPy bool array viewed
+            // from bytes may hold values other than 0 and 1, which a Rust
+            // bool must not.
+            _ => return None,
+        };
+        // SAFETY: `arr` is a live ndarray (the cast checked its type), so
+        // its object fields are readable while we hold the reference.
+        let (data, flags) = unsafe {
+            let f = &*numpy::npyffi::_PyArray_GET_ITEM_DATA(arr.as_array_ptr());
+            (f.data as *const u8, f.flags)
+        };
+        let elements = arr.len();
+        if flags & NPY_ARRAY_C_CONTIGUOUS == 0 || (data.is_null() && elements != 0) {
+            return None;
+        }
+        let raw = Self { _array: arr.clone(), data, elements, dtype };
+        if flags & NPY_ARRAY_ALIGNED != 0 {
+            return Some(InputData::Raw(raw));
+        }
+        Some(InputData::Owned(match dtype {
+            RawDType::F32 => Data::F32(raw.unaligned_copy()),
+            RawDType::I32 => Data::I32(raw.unaligned_copy()),
+            RawDType::I64 => Data::I64(raw.unaligned_copy()),
+            RawDType::I8 => Data::I8(raw.unaligned_copy()),
+            RawDType::U8 => Data::U8(raw.unaligned_copy()),
+        }))
+    }
+
+    /// The elements copied out as `T` (the element type `dtype` names),
+    /// whatever the data's alignment.
+    fn unaligned_copy<T: Copy>(&self) -> Vec<T> {
+        (0..self.elements)
+            // SAFETY: `input` checked that the array is C-contiguous with
+            // `elements` elements of `T`'s size and kind; `read_unaligned`
+            // needs no alignment.
+            .map(|i| unsafe { self.data.cast::<T>().add(i).read_unaligned() })
+            .collect()
+    }
+
+    /// The elements as `T`, which must be the element type `dtype` names.
+    fn slice<T>(&self) -> &[T] {
+        if self.elements == 0 {
+            return &[];
+        }
+        // SAFETY: `RawArray::input` made a RawArray of an array it found
+        // C-contiguous and aligned, and checked that its elements are `T` (kind and size; every
+        // caller below matches `dtype`), so `data` points at `elements`
+        // initialised values of `T`. `self` keeps the array alive for the
+        // slice's lifetime; nothing in this extension writes it meanwhile
+        // (see RawArray).
+        unsafe { std::slice::from_raw_parts(self.data.cast::<T>(), self.elements) }
+    }
+
+    fn view(&self) -> DataRef<'_> {
+        match self.dtype {
+            RawDType::F32 => DataRef::F32(self.slice()),
+            RawDType::I32 => DataRef::I32(self.slice()),
+            RawDType::I64 => DataRef::I64(self.slice()),
+            RawDType::I8 => DataRef::I8(self.slice()),
+            RawDType::U8 => DataRef::U8(self.slice()),
+        }
+    }
+}
+
 impl Input<'_> {
     /// The input borrowed for `Runtime::run_views`.
     pub fn view(&self) -> TensorView<'_> {
         // `borrowed` keeps only C-contiguous arrays, whose as_slice works.
         let data = match &self.data {
+            InputData::Raw(r) => r.view(),
             InputData::F32(a) => DataRef::F32(a.as_slice().unwrap_or_default()),
             InputData::I32(a) => DataRef::I32(a.as_slice().unwrap_or_default()),
             InputData::I64(a) => DataRef::I64(a.as_slice().unwrap_or_default()),
@@ -132,6 +243,14 @@ impl Input<'_> {
     /// The input as an owned tensor (one copy when borrowed).
     pub fn into_tensor(self) -> Tensor {
         let data = match self.data {
+            InputData::Raw(r) => match r.view() {
+                DataRef::F32(v) => Data::F32(v.to_vec()),
+                DataRef::I32(v) => Data::I32(v.to_vec()),
+                DataRef::I64(v) => Data::I64(v.to_vec()),
+                DataRef::I8(v) => Data::I8(v.to_vec()),
+                DataRef::U8(v) => Data::U8(v.to_vec()),
+                DataRef::Bool(v) => Data::Bool(v.to_vec()),
+            },
             InputData::F32(a) => Data::F32(a.as_slice().unwrap_or_default().to_vec()),
             InputData::I32(a) => Data::I32(a.as_slice().unwrap_or_default().to_vec()),
             InputData::I64(a) => Data::I64(a.as_slice().unwrap_or_default().to_vec()),
@@ -175,6 +294,9 @@ pub fn to_input<'py>(obj: &Bound<'py, PyAny>, want: &IoInfo) -> PyResult<Input<'
         }
     };
     let shape: Vec<u64> = arr.shape().iter().map(|&d| d as u64).collect();
+    if let Some(data) = RawArray::input(&arr) {
+        return Ok(Input { shape, data });
+    }
     let dt = arr.dtype();
     let data = if dt.is_equiv_to(&dtype::<f32>(py)) {
         borrowed(&arr, InputData::F32)?
@@ -216,12 +338,34 @@ where
     Ok(InputData::Owned(ro.as_array().iter().copied().collect::<Vec<T>>().into()))
 }
 
-/// A runtime tensor as a NumPy array (owning the tensor's vector; one
-/// array object, made with its shape).
+/// Outputs up to this size are copied into an array NumPy allocates;
+/// larger ones are handed over without a copy. Wrapping a vector costs an
+/// owner object and ndarray's shape bookkeeping, more than copying a few
+/// KiB; copying costs more beyond.
+const COPY_OUTPUT_BYTES: usize = 64 << 10;
+
+/// A runtime tensor as a NumPy array: a copy in an array NumPy owns when
+/// small, else an array owning the tensor's vector.
 pub fn to_numpy<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyAny>> {
-    fn owned<'py, T: numpy::Element>(py: Python<'py>, shape: Vec<usize>, v: Vec<T>) -> PyResult<Bound<'py, PyAny>> {
-        let a = numpy::ndarray::ArrayD::from_shape_vec(shape, v)
-            .map_err(|e| Failure::new("RBLNRuntimeError", format!("output of the wrong size: {e}")))?;
+    fn owned<'py, T: numpy::Element + Copy>(py: Python<'py>, shape: Vec<usize>, v: Vec<T>) -> PyResult<Bound<'py, PyAny>> {
+        let wrong = |what: String| Failure::new("RBLNRuntimeError", format!("output of the wrong size: {what}"));
+        if std::mem::size_of_val(v.as_slice()) <= COPY_OUTPUT_BYTES {
+            if shape.iter().product::<usize>() != v.len() {
+                return Err(wrong(format!("{} elements for shape {shape:?}", v.len())).into());
+            }
+            // SAFETY: `new` leaves the elements uninitialised; every one of
+            // them is written from `v` below before Python can see the
+            // array (a fresh C-order array of exactly `v.len()` elements).
+            let a = unsafe { PyArrayDyn::<T>::new(py, shape, false) };
+            if !v.is_empty() {
+                // SAFETY: the array was just created here: C-contiguous,
+                // `v.len()` elements at a non-null aligned pointer, not
+                // shared with any other reference yet.
+                unsafe { std::slice::from_raw_parts_mut(a.data(), v.len()) }.copy_from_slice(&v);
+            }
+            return Ok(a.into_any());
+        }
+        let a = numpy::ndarray::ArrayD::from_shape_vec(shape, v).map_err(|e| wrong(e.to_string()))?;
         Ok(PyArrayDyn::from_owned_array(py, a).into_any())
     }
     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();

@@ -48,6 +48,31 @@ def test_inputs_any_layout(mlp):
         big = np.zeros((16, 512), np.float32)
         big[:, ::2] = x
         assert close(rt(big[:, ::2]), want)                 # strided view
+        raw = bytearray(x.nbytes + 1)
+        odd = np.frombuffer(raw, np.float32, count=x.size, offset=1).reshape(x.shape)
+        odd[...] = x
+        assert not odd.flags.aligned and odd.flags.c_contiguous
+        assert close(rt(odd), want)                         # unaligned
+        with pytest.raises(TypeError, match=r"input 'x': expected dtype f32, got >f4"):
+            rt(x.astype(">f4"))                             # not native byte order: named, not misread
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (256, 128)])  # 256 B and 128 KiB outputs
+def test_outputs_are_fresh_arrays(shape):
+    """Small outputs are copied into arrays NumPy allocates, large ones
+    wrap the runtime's vector: either way a fresh, writable, C-contiguous
+    array that later runs do not touch."""
+    import onnx_min
+    model = rbln.compile_from_onnx(onnx_min.scale(shape, 3.0))
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    with model.create_runtime() as rt:
+        a = rt.run(x)
+        assert a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+        np.testing.assert_array_equal(a, 3 * x)
+        a[...] = -1
+        b = rt.run(x + 1)
+        np.testing.assert_array_equal(b, 3 * (x + 1))
+        assert (a == -1).all() and not np.shares_memory(a, b)
 
 
 def test_inspect(mlp):
