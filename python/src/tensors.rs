@@ -242,24 +242,10 @@ impl Input<'_> {
 
     /// The input as an owned tensor (one copy when borrowed).
     pub fn into_tensor(self) -> Tensor {
-        let data = match self.data {
-            InputData::Raw(r) => match r.view() {
-                DataRef::F32(v) => Data::F32(v.to_vec()),
-                DataRef::I32(v) => Data::I32(v.to_vec()),
-                DataRef::I64(v) => Data::I64(v.to_vec()),
-                DataRef::I8(v) => Data::I8(v.to_vec()),
-                DataRef::U8(v) => Data::U8(v.to_vec()),
-                DataRef::Bool(v) => Data::Bool(v.to_vec()),
-            },
-            InputData::F32(a) => Data::F32(a.as_slice().unwrap_or_default().to_vec()),
-            InputData::I32(a) => Data::I32(a.as_slice().unwrap_or_default().to_vec()),
-            InputData::I64(a) => Data::I64(a.as_slice().unwrap_or_default().to_vec()),
-            InputData::I8(a) => Data::I8(a.as_slice().unwrap_or_default().to_vec()),
-            InputData::U8(a) => Data::U8(a.as_slice().unwrap_or_default().to_vec()),
-            InputData::Bool(a) => Data::Bool(a.as_slice().unwrap_or_default().to_vec()),
-            InputData::Owned(d) => d,
-        };
-        Tensor { shape: self.shape, data }
+        match self.data {
+            InputData::Owned(data) => Tensor { shape: self.shape, data },
+            _ => self.view().to_tensor(),
+        }
     }
 }
 
