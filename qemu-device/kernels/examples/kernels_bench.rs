@@ -556,6 +556,15 @@ fn run() {
         ("conv 1x1 96->576 @14 (mbv2)", conv_params(96, 576, 14, 1, 1, 1, Clip { min: 0.0, max: 6.0 }), false),
         ("conv 1x1 32->192 @28 (mbv2)", conv_params(32, 192, 28, 1, 1, 1, Clip { min: 0.0, max: 6.0 }), false),
         ("conv 1x1 960->160 @7 (mbv2)", conv_params(960, 160, 7, 1, 1, 1, None), false),
+        // DenseNet-121: 3x3 convs to 32 channels (growth rate) and 1x1s
+        // from the growing concatenation to 128.
+        ("conv 3x3 s1 128->32 @56 (densenet)", conv_params(128, 32, 56, 3, 1, 1, None), false),
+        ("conv 3x3 s1 128->32 @28 (densenet)", conv_params(128, 32, 28, 3, 1, 1, None), false),
+        ("conv 3x3 s1 128->32 @14 (densenet)", conv_params(128, 32, 14, 3, 1, 1, None), false),
+        ("conv 1x1 224->128 @56 (densenet)", conv_params(224, 128, 56, 1, 1, 1, Relu), false),
+        ("conv 1x1 256->128 @56 (densenet transition)", conv_params(256, 128, 56, 1, 1, 1, None), false),
+        ("conv 1x1 768->128 @14 (densenet)", conv_params(768, 128, 14, 1, 1, 1, Relu), false),
+        ("conv 1x1 768->128 @7 (densenet)", conv_params(768, 128, 7, 1, 1, 1, Relu), false),
     ];
     for (name, p, res) in resnet {
         bench_conv(&mut b, name, p, res);
@@ -695,6 +704,26 @@ fn run() {
             let mut out = vec![0.0f32; n];
             b.mem(&name, 8 * n, || {
                 binary(BinaryOp::Mul, &a, &[1, c, hw, hw], &s, &[1, c, 1, 1], &mut out).unwrap();
+                black_box(&mut out);
+            });
+        }
+    }
+    // Pre-activation BatchNorm + ReLU (DenseNet) as the compiler fuses it:
+    // one ELTWISE program x·scale[c] + shift[c], relu.
+    for (c, hw) in [(256usize, 56usize), (512, 28), (864, 7)] {
+        let name = format!("eltwise bn+relu [1,{c},{hw},{hw}]");
+        if b.wants(&name) {
+            let n = c * hw * hw;
+            let (x, sc, sh) = (data(n, 1), data(c, 2), data(c, 3));
+            let mut out = vec![0.0f32; n];
+            let steps = [
+                EltStep::Binary { op: BinaryOp::Mul, dst: 0, a: EltOperand::Reg(0), b: EltOperand::Reg(1) },
+                EltStep::Binary { op: BinaryOp::Add, dst: 0, a: EltOperand::Reg(0), b: EltOperand::Reg(2) },
+                EltStep::Unary { op: UnaryOp::Relu, dst: 0, a: 0 },
+            ];
+            let (xs, cs) = ([c * hw * hw, hw * hw, hw, 1], [0, 1, 0, 0]);
+            b.mem(&name, 8 * n, || {
+                eltwise(&steps, 0, &[(&x, &xs), (&sc, &cs), (&sh, &cs)], &[1, c, hw, hw], &mut out).unwrap();
                 black_box(&mut out);
             });
         }

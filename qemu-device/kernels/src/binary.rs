@@ -175,6 +175,69 @@ impl<const N: usize> Geom<N> {
     }
 }
 
+/// Most rows [`drive_rows`] hands over in one call.
+pub(crate) const MAX_BATCH_ROWS: usize = 64;
+
+/// As [`drive`] for an output with outer dims, but hands over up to
+/// `per` (≤ [`MAX_BATCH_ROWS`]) consecutive rows at once: `rows(offsets,
+/// out_block)` gets each row's operand offsets and the block of those
+/// rows (contiguous in the output). For short rows (a small feature map
+/// broadcast against per-channel values) the per-call work is then
+/// spread over many elements.
+pub(crate) fn drive_rows<const N: usize, F>(g: &Geom<N>, out: &mut [f32], per: usize, rows: F)
+where
+    F: Fn(&[[usize; N]], &mut [f32]) + Sync,
+{
+    if out.is_empty() {
+        return;
+    }
+    let inner = g.dims[0];
+    let outer = &g.dims[1..];
+    let per = per.clamp(1, MAX_BATCH_ROWS);
+    let chunk = elementwise_chunk(out.len());
+    // Tasks of whole row batches.
+    let task_rows = (chunk / inner.size).max(1).div_ceil(per) * per;
+    let body = |t: usize, chunk: &mut [f32]| {
+        let mut idx = [0usize; MAX_RANK];
+        let mut off = [0usize; N];
+        let mut rest = t * task_rows;
+        for (k, d) in outer.iter().enumerate() {
+            idx[k] = rest % d.size;
+            rest /= d.size;
+            for (o, s) in off.iter_mut().zip(d.s) {
+                *o += idx[k] * s;
+            }
+        }
+        let mut batch = [[0usize; N]; MAX_BATCH_ROWS];
+        for block in chunk.chunks_mut(per * inner.size) {
+            let n = block.len() / inner.size;
+            for b in batch.iter_mut().take(n) {
+                *b = off;
+                for (k, d) in outer.iter().enumerate() {
+                    idx[k] += 1;
+                    for (o, s) in off.iter_mut().zip(d.s) {
+                        *o += s;
+                    }
+                    if idx[k] < d.size {
+                        break;
+                    }
+                    idx[k] = 0;
+                    for (o, s) in off.iter_mut().zip(d.s) {
+                        *o -= d.size * s;
+                    }
+                }
+            }
+            rows(&batch[..n], block);
+        }
+    };
+    let task = task_rows * inner.size;
+    if task >= out.len() {
+        body(0, out);
+    } else {
+        out.par_chunks_mut(task).enumerate().for_each(|(t, c)| body(t, c));
+    }
+}
+
 /// Runs `row(offsets, out_segment)` over the whole output, in parallel
 /// for large outputs: each call covers a run of consecutive output
 /// elements along the innermost coalesced dim, whose operand elements

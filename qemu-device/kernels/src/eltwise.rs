@@ -15,7 +15,7 @@
 use std::cell::RefCell;
 
 use crate::activation::{apply_copy, apply_slice, UnaryOp};
-use crate::binary::{drive, with_op, BinaryOp, Geom, WithOp};
+use crate::binary::{drive, drive_rows, with_op, BinaryOp, Geom, WithOp, MAX_BATCH_ROWS};
 use crate::error::{KernelError, Result};
 use crate::fastmath::simd_dispatch;
 use crate::util::{check_len, check_rank, volume};
@@ -127,6 +127,21 @@ pub fn eltwise(steps: &[EltStep], out_reg: u8, inputs: &[(&[f32], &[usize])], ou
     // slice: no offset overflows.
     let g = Geom::with_strides(strides, out_shape);
     let inner = g.dims[0].s;
+    let len = g.dims[0].size;
+    if g.dims.len() > 1 && 2 * len <= BLOCK {
+        // Short rows (a small map against per-channel values): whole rows
+        // batched into each block, so that a step's fixed cost is spread
+        // over a block rather than paid per row (2x on a 7x7 map).
+        let per = (BLOCK / len).min(MAX_BATCH_ROWS);
+        drive_rows(&g, out, per, |rows, o| {
+            SLOTS.with(|slots| match slots.try_borrow_mut() {
+                Ok(mut slots) => run_rows(&plan, out_src, &data, rows, inner, len, &mut slots, o),
+                // As below: a fresh register file.
+                Err(_) => run_rows(&plan, out_src, &data, rows, inner, len, &mut vec![[0.0; BLOCK]; SLOTS_LEN], o),
+            })
+        });
+        return Ok(());
+    }
     drive(&g, out, |offs, o| {
         SLOTS.with(|slots| match slots.try_borrow_mut() {
             Ok(mut slots) => run_row(&plan, out_src, &data, offs, inner, &mut slots, o),
@@ -280,25 +295,7 @@ fn run_row(
             } else {
                 &mut target[..n]
             };
-            match *step {
-                Resolved::Unary { op, a, .. } => match view(a) {
-                    Opnd::Slice(x) => apply_copy(op, x, t),
-                    Opnd::Scalar(v) => {
-                        t.fill(v);
-                        apply_slice(op, t);
-                    }
-                },
-                Resolved::Binary { op, a, b, .. } => {
-                    // As `binary`, whose small-exponent Pow needs a
-                    // one-element exponent (not just a broadcast one).
-                    let b_const = match b {
-                        Src::Imm(_) => true,
-                        Src::Input(k) => data[k].len() == 1,
-                        Src::Slot(_) => false,
-                    };
-                    binary_block(op, view(a), view(b), b_const, t)
-                }
-            }
+            step_block(*step, data, view, t);
         }
         if !direct_last {
             match out_src {
@@ -311,6 +308,119 @@ fn run_row(
             }
         }
         j0 += n;
+    }
+}
+
+/// How an input is read over a block of whole rows.
+#[derive(Clone, Copy)]
+enum BlockInput {
+    /// One contiguous run from this offset (laid out like the output).
+    Run(usize),
+    /// One value for the whole block.
+    Const(f32),
+    /// Copied, filled or gathered row by row into its slot.
+    Gathered,
+}
+
+/// [`run_row`] over `rows.len()` whole rows of `len` elements (the block
+/// `o`, at most [`BLOCK`] elements): input `k`'s row `r` starts at
+/// `rows[r][k]` with stride `inner[k]`.
+#[allow(clippy::too_many_arguments)]
+fn run_rows(
+    plan: &[Resolved],
+    out_src: Src,
+    data: &[&[f32]; ELT_MAX_INPUTS],
+    rows: &[[usize; ELT_MAX_INPUTS]],
+    inner: [usize; ELT_MAX_INPUTS],
+    len: usize,
+    slots: &mut [[f32; BLOCK]],
+    o: &mut [f32],
+) {
+    let n = o.len();
+    debug_assert!(n == rows.len() * len && n <= BLOCK);
+    let mut how = [BlockInput::Const(0.0); ELT_MAX_INPUTS];
+    for k in 0..ELT_MAX_INPUTS {
+        let (s, o0) = (inner[k], rows[0][k]);
+        how[k] = if s == 1 && rows.iter().enumerate().all(|(r, off)| off[k] == o0 + r * len) {
+            BlockInput::Run(o0)
+        } else if s == 0 && rows.iter().all(|off| off[k] == o0) {
+            BlockInput::Const(data[k][o0])
+        } else {
+            for (seg, off) in slots[GATHERED + k][..n].chunks_exact_mut(len).zip(rows) {
+                let base = off[k];
+                match s {
+                    0 => seg.fill(data[k][base]),
+                    1 => seg.copy_from_slice(&data[k][base..base + len]),
+                    _ => {
+                        for (j, x) in seg.iter_mut().enumerate() {
+                            *x = data[k][base + j * s];
+                        }
+                    }
+                }
+            }
+            BlockInput::Gathered
+        };
+    }
+    // The last step writes the output block itself when it is the result.
+    let direct_last = match (out_src, plan.last()) {
+        (Src::Slot(p), Some(Resolved::Unary { dst, .. } | Resolved::Binary { dst, .. })) => p == *dst,
+        _ => false,
+    };
+    for (i, step) in plan.iter().enumerate() {
+        let (Resolved::Unary { dst, .. } | Resolved::Binary { dst, .. }) = *step;
+        // `dst` is a free slot: no operand of this step reads it.
+        let (lo, hi) = slots.split_at_mut(dst);
+        let Some((target, hi)) = hi.split_first_mut() else {
+            continue;
+        };
+        let slot = |p: usize| if p < dst { &lo[p][..n] } else { &hi[p - dst - 1][..n] };
+        let view = |s: Src| match s {
+            Src::Slot(p) => Opnd::Slice(slot(p)),
+            Src::Input(k) => match how[k] {
+                BlockInput::Run(o0) => Opnd::Slice(&data[k][o0..o0 + n]),
+                BlockInput::Const(v) => Opnd::Scalar(v),
+                BlockInput::Gathered => Opnd::Slice(slot(GATHERED + k)),
+            },
+            Src::Imm(v) => Opnd::Scalar(v),
+        };
+        let t: &mut [f32] = if direct_last && i + 1 == plan.len() { &mut *o } else { &mut target[..n] };
+        step_block(*step, data, view, t);
+    }
+    if !direct_last {
+        match out_src {
+            Src::Slot(p) => o.copy_from_slice(&slots[p][..n]),
+            Src::Input(k) => match how[k] {
+                BlockInput::Run(o0) => o.copy_from_slice(&data[k][o0..o0 + n]),
+                BlockInput::Const(v) => o.fill(v),
+                BlockInput::Gathered => o.copy_from_slice(&slots[GATHERED + k][..n]),
+            },
+            Src::Imm(v) => o.fill(v),
+        }
+    }
+}
+
+/// One step over a block: `t = step(operands)`, the operands read
+/// through `view`.
+#[inline(always)]
+fn step_block<'a>(step: Resolved, data: &[&[f32]; ELT_MAX_INPUTS], view: impl Fn(Src) -> Opnd<'a>, t: &mut [f32]) {
+    match step {
+        Resolved::Unary { op, a, .. } => match view(a) {
+            Opnd::Slice(x) => apply_copy(op, x, t),
+            Opnd::Scalar(v) => {
+                t.fill(v);
+                apply_slice(op, t);
+            }
+        },
+        Resolved::Binary { op, a, b, .. } => {
+            // As `binary`, whose small-exponent Pow needs a one-element
+            // exponent (not just a broadcast one).
+            let b_const = match b {
+                Src::Imm(_) => true,
+                Src::Input(k) => data[k].len() == 1,
+                Src::Slot(_) => false,
+            };
+            binary_block(op, view(a), view(b), b_const, t)
+        }
     }
 }
 

@@ -304,3 +304,33 @@ fn bad_programs_and_shapes_are_refused_without_writing() {
     let mut short = [0.0f32; 5];
     assert!(eltwise(&one(), 1, &[(&x, s)], shape, &mut short).is_err());
 }
+
+#[test]
+fn short_rows_are_batched_per_block_and_match() {
+    // BatchNorm + ReLU on small maps, x · scale[c] + shift[c]: rows of 49,
+    // 9 and 1 elements, several per block, some blocks ending mid-task,
+    // enough of them to run in parallel.
+    let r = EltOperand::Reg;
+    let steps = [
+        EltStep::Binary { op: BinaryOp::Mul, dst: 3, a: r(0), b: r(1) },
+        EltStep::Binary { op: BinaryOp::Add, dst: 3, a: r(3), b: r(2) },
+        EltStep::Unary { op: UnaryOp::Relu, dst: 3, a: 3 },
+    ];
+    for (n, c, hw) in [(1usize, 864usize, 7usize), (3, 77, 3), (2, 300, 1), (4, 1000, 7)] {
+        let mut rng = Rng::new((c * hw) as u64);
+        let shape = vec![n, c, hw, hw];
+        let inputs = vec![
+            (rng.vec_in(n * c * hw * hw, -2.0, 2.0), shape.clone()),
+            (rng.vec(c), vec![c, 1, 1]),
+            (rng.vec(c), vec![c, 1, 1]),
+        ];
+        let strides: Vec<Vec<usize>> = inputs.iter().map(|(_, s)| broadcast_strides(s, &shape)).collect();
+        let ins: Vec<(&[f32], &[usize])> = inputs.iter().zip(&strides).map(|((x, _), st)| (x.as_slice(), st.as_slice())).collect();
+        for out_reg in [3u8, 1] {
+            let want = reference(&steps, out_reg, &inputs, &shape);
+            let mut got = vec![f32::NAN; want.len()];
+            eltwise(&steps, out_reg, &ins, &shape, &mut got).unwrap();
+            same_bits(&format!("{shape:?} -> r{out_reg}"), &got, &want);
+        }
+    }
+}
