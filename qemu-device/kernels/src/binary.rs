@@ -175,6 +175,49 @@ impl<const N: usize> Geom<N> {
     }
 }
 
+/// The operand offsets of consecutive rows over a geometry's outer dims:
+/// the multi-index of the current row (innermost first), advanced like an
+/// odometer, and each operand's offset for it.
+struct Odometer<'g, const N: usize> {
+    outer: &'g [Dim<N>],
+    idx: [usize; MAX_RANK],
+    off: [usize; N],
+}
+
+impl<'g, const N: usize> Odometer<'g, N> {
+    /// At row `row` (counted over the outer dims).
+    #[inline(always)]
+    fn at(outer: &'g [Dim<N>], row: usize) -> Self {
+        let (mut idx, mut off, mut rest) = ([0usize; MAX_RANK], [0usize; N], row);
+        for (k, d) in outer.iter().enumerate() {
+            idx[k] = rest % d.size;
+            rest /= d.size;
+            for (o, s) in off.iter_mut().zip(d.s) {
+                *o += idx[k] * s;
+            }
+        }
+        Odometer { outer, idx, off }
+    }
+
+    /// On to the next row.
+    #[inline(always)]
+    fn advance(&mut self) {
+        for (k, d) in self.outer.iter().enumerate() {
+            self.idx[k] += 1;
+            for (o, s) in self.off.iter_mut().zip(d.s) {
+                *o += s;
+            }
+            if self.idx[k] < d.size {
+                break;
+            }
+            self.idx[k] = 0;
+            for (o, s) in self.off.iter_mut().zip(d.s) {
+                *o -= d.size * s;
+            }
+        }
+    }
+}
+
 /// Most rows [`drive_rows`] hands over in one call.
 pub(crate) const MAX_BATCH_ROWS: usize = 64;
 
@@ -192,40 +235,18 @@ where
         return;
     }
     let inner = g.dims[0];
-    let outer = &g.dims[1..];
     let per = per.clamp(1, MAX_BATCH_ROWS);
     let chunk = elementwise_chunk(out.len());
     // Tasks of whole row batches.
     let task_rows = (chunk / inner.size).max(1).div_ceil(per) * per;
     let body = |t: usize, chunk: &mut [f32]| {
-        let mut idx = [0usize; MAX_RANK];
-        let mut off = [0usize; N];
-        let mut rest = t * task_rows;
-        for (k, d) in outer.iter().enumerate() {
-            idx[k] = rest % d.size;
-            rest /= d.size;
-            for (o, s) in off.iter_mut().zip(d.s) {
-                *o += idx[k] * s;
-            }
-        }
+        let mut od = Odometer::at(&g.dims[1..], t * task_rows);
         let mut batch = [[0usize; N]; MAX_BATCH_ROWS];
         for block in chunk.chunks_mut(per * inner.size) {
             let n = block.len() / inner.size;
             for b in batch.iter_mut().take(n) {
-                *b = off;
-                for (k, d) in outer.iter().enumerate() {
-                    idx[k] += 1;
-                    for (o, s) in off.iter_mut().zip(d.s) {
-                        *o += s;
-                    }
-                    if idx[k] < d.size {
-                        break;
-                    }
-                    idx[k] = 0;
-                    for (o, s) in off.iter_mut().zip(d.s) {
-                        *o -= d.size * s;
-                    }
-                }
+                *b = od.off;
+                od.advance();
             }
             rows(&batch[..n], block);
         }
@@ -267,33 +288,10 @@ where
     }
     let rows = (chunk / inner.size).max(1);
     let body = |t: usize, chunk: &mut [f32]| {
-        // Multi-index of the task's first row over the outer dims
-        // (innermost first), then advanced like an odometer.
-        let mut idx = [0usize; MAX_RANK];
-        let mut off = [0usize; N];
-        let mut rest = t * rows;
-        for (k, d) in outer.iter().enumerate() {
-            idx[k] = rest % d.size;
-            rest /= d.size;
-            for (o, s) in off.iter_mut().zip(d.s) {
-                *o += idx[k] * s;
-            }
-        }
+        let mut od = Odometer::at(outer, t * rows);
         for o in chunk.chunks_exact_mut(inner.size) {
-            row(off, o);
-            for (k, d) in outer.iter().enumerate() {
-                idx[k] += 1;
-                for (o, s) in off.iter_mut().zip(d.s) {
-                    *o += s;
-                }
-                if idx[k] < d.size {
-                    break;
-                }
-                idx[k] = 0;
-                for (o, s) in off.iter_mut().zip(d.s) {
-                    *o -= d.size * s;
-                }
-            }
+            row(od.off, o);
+            od.advance();
         }
     };
     let task = rows * inner.size;
