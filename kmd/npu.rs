@@ -661,6 +661,17 @@ impl Npu {
 }
 
 /// Typed access to BAR0 at runtime-computed offsets (bounds-checked).
+///
+/// Writes return once they have taken effect. MMIO writes are posted (on
+/// PCIe, and by QEMU's vfio-user client: hardware.md 15.3): the CPU
+/// moves on while the write is still on its way, so a queue reset or an
+/// MMU invalidation could otherwise still be pending when the memory the
+/// queue or the translation used is freed, and the device would write its
+/// status block into a page the kernel has handed to someone else. Each
+/// write is therefore followed by a read of `ID`, which the device
+/// answers only after every earlier write (the PCI flush idiom; the
+/// device handles BAR accesses in order, a stop completing before the
+/// next access). Doorbells (BAR4, `Npu::ring_doorbell`) stay posted.
 pub(crate) struct Regs<'a>(&'a pci::Bar<'a, REGS_SIZE>);
 
 impl Regs<'_> {
@@ -671,7 +682,8 @@ impl Regs<'_> {
 
     pub(crate) fn w32(&self, off: u64, v: u32) -> Result {
         use kernel::io::Io;
-        self.0.try_write32(v, off as usize)
+        self.0.try_write32(v, off as usize)?;
+        self.flush()
     }
 
     pub(crate) fn r64(&self, off: u64) -> Result<u64> {
@@ -681,7 +693,15 @@ impl Regs<'_> {
 
     pub(crate) fn w64(&self, off: u64, v: u64) -> Result {
         use kernel::io::Io;
-        self.0.try_write64(v, off as usize)
+        self.0.try_write64(v, off as usize)?;
+        self.flush()
+    }
+
+    /// Waits until every earlier write has reached the device and taken
+    /// effect (a read cannot pass posted writes).
+    fn flush(&self) -> Result {
+        use kernel::io::Io;
+        self.0.try_read32(regs::ID as usize).map(|_| ())
     }
 }
 
