@@ -1,8 +1,12 @@
 //! vfio-user transport: serves a [`Device`] to QEMU's `vfio-user-pci`.
 //!
 //! Only translation lives here: config space, region accesses, DMA
-//! map/unmap and MSI-X eventfds. Handlers never block on device work (the
-//! server loop is single-threaded and QEMU waits on every reply).
+//! map/unmap and MSI-X eventfds. Handlers never wait for device work to
+//! finish, at most for it to reach an abort point (a queue stop): the
+//! server loop is single-threaded and QEMU waits on every reply but a
+//! posted write's. Messages are handled in order, so a region read is
+//! answered after every write posted before it (the flush rbln.ko relies
+//! on, hardware.md 15.3).
 
 use std::fs::File;
 use std::io::Write;
