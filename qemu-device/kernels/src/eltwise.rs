@@ -256,17 +256,9 @@ fn run_row(
     slots: &mut [[f32; BLOCK]],
     o: &mut [f32],
 ) {
-    // The last step writes the output block itself when it is the result.
-    let direct_last = match (out_src, plan.last()) {
-        (Src::Slot(p), Some(Resolved::Unary { dst, .. } | Resolved::Binary { dst, .. })) => {
-            p == *dst
-        }
-        _ => false,
-    };
     let mut j0 = 0;
     while j0 < o.len() {
         let n = (o.len() - j0).min(BLOCK);
-        let block = &mut o[j0..j0 + n];
         // Inputs read with a stride: gathered into their slots.
         for k in 0..ELT_MAX_INPUTS {
             let s = inner[k];
@@ -277,36 +269,11 @@ fn run_row(
                 }
             }
         }
-        for (i, step) in plan.iter().enumerate() {
-            let (Resolved::Unary { dst, .. } | Resolved::Binary { dst, .. }) = *step;
-            // `dst` is a free slot: no operand of this step reads it.
-            let (lo, hi) = slots.split_at_mut(dst);
-            let Some((target, hi)) = hi.split_first_mut() else {
-                continue;
-            };
-            let slot = |p: usize| if p < dst { &lo[p][..n] } else { &hi[p - dst - 1][..n] };
-            let view = |s: Src| match s {
-                Src::Slot(p) => Opnd::Slice(slot(p)),
-                Src::Input(k) => input_view(data[k], offs[k], inner[k], j0, n, slot(GATHERED + k)),
-                Src::Imm(v) => Opnd::Scalar(v),
-            };
-            let t: &mut [f32] = if direct_last && i + 1 == plan.len() {
-                &mut *block
-            } else {
-                &mut target[..n]
-            };
-            step_block(*step, data, view, t);
-        }
-        if !direct_last {
-            match out_src {
-                Src::Slot(p) => block.copy_from_slice(&slots[p][..n]),
-                Src::Input(k) => match input_view(data[k], offs[k], inner[k], j0, n, &slots[GATHERED + k][..n]) {
-                    Opnd::Slice(x) => block.copy_from_slice(x),
-                    Opnd::Scalar(v) => block.fill(v),
-                },
-                Src::Imm(v) => block.fill(v),
-            }
-        }
+        run_steps(plan, out_src, data, slots, &mut o[j0..j0 + n], |k| match inner[k] {
+            0 => InputView::Scalar(data[k][offs[k]]),
+            1 => InputView::Slice(&data[k][offs[k] + j0..][..n]),
+            _ => InputView::Gathered,
+        });
         j0 += n;
     }
 }
@@ -361,6 +328,30 @@ fn run_rows(
             BlockInput::Gathered
         };
     }
+    run_steps(plan, out_src, data, slots, o, |k| match how[k] {
+        BlockInput::Run(o0) => InputView::Slice(&data[k][o0..o0 + n]),
+        BlockInput::Const(v) => InputView::Scalar(v),
+        BlockInput::Gathered => InputView::Gathered,
+    });
+}
+
+/// Input `k`'s values over a block.
+#[derive(Clone, Copy)]
+enum InputView<'d> {
+    /// Where they lie.
+    Slice(&'d [f32]),
+    /// One value for the whole block.
+    Scalar(f32),
+    /// In the input's slot (gathered beforehand).
+    Gathered,
+}
+
+/// The program's steps over one block (`block`, at most [`BLOCK`]
+/// elements), then the result into it; `input(k)` says where input `k`'s
+/// values over the block are.
+#[inline(always)]
+fn run_steps<'d>(plan: &[Resolved], out_src: Src, data: &[&'d [f32]; ELT_MAX_INPUTS], slots: &mut [[f32; BLOCK]], block: &mut [f32], input: impl Fn(usize) -> InputView<'d>) {
+    let n = block.len();
     // The last step writes the output block itself when it is the result.
     let direct_last = match (out_src, plan.last()) {
         (Src::Slot(p), Some(Resolved::Unary { dst, .. } | Resolved::Binary { dst, .. })) => p == *dst,
@@ -376,25 +367,25 @@ fn run_rows(
         let slot = |p: usize| if p < dst { &lo[p][..n] } else { &hi[p - dst - 1][..n] };
         let view = |s: Src| match s {
             Src::Slot(p) => Opnd::Slice(slot(p)),
-            Src::Input(k) => match how[k] {
-                BlockInput::Run(o0) => Opnd::Slice(&data[k][o0..o0 + n]),
-                BlockInput::Const(v) => Opnd::Scalar(v),
-                BlockInput::Gathered => Opnd::Slice(slot(GATHERED + k)),
+            Src::Input(k) => match input(k) {
+                InputView::Slice(x) => Opnd::Slice(x),
+                InputView::Scalar(v) => Opnd::Scalar(v),
+                InputView::Gathered => Opnd::Slice(slot(GATHERED + k)),
             },
             Src::Imm(v) => Opnd::Scalar(v),
         };
-        let t: &mut [f32] = if direct_last && i + 1 == plan.len() { &mut *o } else { &mut target[..n] };
+        let t: &mut [f32] = if direct_last && i + 1 == plan.len() { &mut *block } else { &mut target[..n] };
         step_block(*step, data, view, t);
     }
     if !direct_last {
         match out_src {
-            Src::Slot(p) => o.copy_from_slice(&slots[p][..n]),
-            Src::Input(k) => match how[k] {
-                BlockInput::Run(o0) => o.copy_from_slice(&data[k][o0..o0 + n]),
-                BlockInput::Const(v) => o.fill(v),
-                BlockInput::Gathered => o.copy_from_slice(&slots[GATHERED + k][..n]),
+            Src::Slot(p) => block.copy_from_slice(&slots[p][..n]),
+            Src::Input(k) => match input(k) {
+                InputView::Slice(x) => block.copy_from_slice(x),
+                InputView::Scalar(v) => block.fill(v),
+                InputView::Gathered => block.copy_from_slice(&slots[GATHERED + k][..n]),
             },
-            Src::Imm(v) => o.fill(v),
+            Src::Imm(v) => block.fill(v),
         }
     }
 }
@@ -424,16 +415,6 @@ fn step_block<'a>(step: Resolved, data: &[&[f32]; ELT_MAX_INPUTS], view: impl Fn
     }
 }
 
-/// Input values over the block `j0..j0 + n` of a row starting at `off`
-/// with stride `stride`; an input with a stride above 1 was gathered.
-#[inline(always)]
-fn input_view<'a>(data: &'a [f32], off: usize, stride: usize, j0: usize, n: usize, gathered: &'a [f32]) -> Opnd<'a> {
-    match stride {
-        0 => Opnd::Scalar(data[off]),
-        1 => Opnd::Slice(&data[off + j0..off + j0 + n]),
-        _ => Opnd::Slice(gathered),
-    }
-}
 
 /// A binary step's operand over one block.
 #[derive(Clone, Copy)]
