@@ -2,11 +2,13 @@
 //! with relocations, the four command streams and the graph section.
 //!
 //! Memory plan: every run-time value gets arena bytes; views share their
-//! source's bytes. A value is live from the node that produces it to the
-//! last node that reads it (model inputs and outputs: from their transfer
-//! node on / until theirs), exactly the rule `.rbln` readers check. Values
-//! are placed largest first at the lowest offset that no value with an
-//! overlapping lifetime occupies (greedy by size).
+//! source's bytes and an in-place concatenation its inputs'
+//! (crate::storage: values sharing bytes form one storage). A value is
+//! live from the node that produces it to the last node that reads it
+//! (model inputs and outputs: from their transfer node on / until theirs),
+//! a storage while any of its values is, exactly the rule `.rbln` readers
+//! check. Storages are placed largest first at the lowest offset that no
+//! storage with an overlapping lifetime occupies (greedy by size).
 
 use std::collections::{HashMap, HashSet};
 use std::mem::offset_of;
@@ -217,45 +219,42 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)], pool: 
     let n_in = g.inputs.len() as u64;
     let op_time = |i: usize| n_in + i as u64 + 1;
     let out_time0 = n_in + g.ops.len() as u64 + 1;
-    // Alias roots and lifetimes of run-time values.
-    let mut root: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut life: HashMap<ValueId, (u64, u64)> = HashMap::new();
-    let touch = |life: &mut HashMap<ValueId, (u64, u64)>, r: ValueId, t: u64| {
-        let e = life.entry(r).or_insert((t, t));
+    // Storages (values sharing bytes: views, in-place concatenations)
+    // and their lifetimes.
+    let st = crate::storage::Storages::of_graph(g)?;
+    let mut life: HashMap<usize, (u64, u64)> = HashMap::new();
+    let mut touch = |v: ValueId, t: u64| -> Result<()> {
+        let s = st.place(v)?.storage;
+        let e = life.entry(s).or_insert((t, t));
         e.0 = e.0.min(t);
         e.1 = e.1.max(t);
+        Ok(())
     };
     for (i, (_, v)) in g.inputs.iter().enumerate() {
-        root.insert(*v, *v);
-        touch(&mut life, *v, i as u64 + 1);
+        touch(*v, i as u64 + 1)?;
     }
     for (i, op) in g.ops.iter().enumerate() {
         for v in op.kind.inputs() {
             if g.konst(v).is_none() {
-                let r = *root.get(&v).ok_or_else(|| CompileError::Invalid(format!("'{}' is read before it is computed", g.values[v].name)))?;
-                touch(&mut life, r, op_time(i));
+                touch(v, op_time(i))?;
             }
         }
-        let r = match op.kind {
-            Kind::View { x } => root[&x],
-            _ => op.out,
-        };
-        root.insert(op.out, r);
-        touch(&mut life, r, op_time(i));
+        touch(op.out, op_time(i))?;
     }
-    for (j, (name, v)) in g.outputs.iter().enumerate() {
-        let r = *root.get(v).ok_or_else(|| CompileError::Invalid(format!("output '{name}' is not computed")))?;
-        touch(&mut life, r, out_time0 + j as u64);
+    for (j, (_, v)) in g.outputs.iter().enumerate() {
+        touch(*v, out_time0 + j as u64)?;
     }
     let byte_size = |v: ValueId| g.values[v].elems() * g.values[v].dtype.size();
-    let mut roots: Vec<ValueId> = life.keys().copied().collect();
-    roots.sort_unstable();
+    // (storage, lowest member position, bytes) of the live storages.
+    let spans: Vec<(usize, i64, u64)> = st.spans().into_iter().filter(|s| life.contains_key(&s.0)).collect();
     let items: Vec<Interval> =
-        roots.iter().map(|r| Interval { first: life[r].0, last: life[r].1, size: byte_size(*r) }).collect();
+        spans.iter().map(|&(s, _, size)| Interval { first: life[&s].0, last: life[&s].1, size }).collect();
     let (offsets, planned) = plan(&items);
     let naive: u64 = items.iter().map(|i| round_up(i.size, ACT_ALIGN)).sum();
     let act_base = round_up(weights_bytes, rbln_hw::PAGE_SIZE);
-    let root_off: HashMap<ValueId, u64> = roots.iter().zip(&offsets).map(|(r, o)| (*r, act_base + o)).collect();
+    // Arena offset of each storage's lowest position.
+    let storage_off: HashMap<usize, (u64, i64)> =
+        spans.iter().zip(&offsets).map(|(&(s, lo, _), o)| (s, (act_base + o, lo))).collect();
     let arena = round_up(act_base + planned, rbln_hw::PAGE_SIZE);
     b.arena_size(arena);
 
@@ -275,7 +274,9 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)], pool: 
     // Arena tensors of run-time values.
     let arena_tensor = |b: &mut ModelBuilder, names: &mut Names, v: ValueId| -> TensorId {
         let name = if g.inputs.iter().any(|(_, i)| *i == v) { format!("{}.dev", g.values[v].name) } else { g.values[v].name.clone() };
-        b.arena_tensor(&names.get(&name), g.values[v].dtype, &g.values[v].shape, root_off[&root[&v]])
+        let p = st.place(v).expect("every run-time value has a place");
+        let (base, lo) = storage_off[&p.storage];
+        b.arena_tensor(&names.get(&name), g.values[v].dtype, &g.values[v].shape, base + (p.pos - lo) as u64)
     };
     for (_, v) in &g.inputs {
         let t = arena_tensor(&mut b, &mut names, *v);
@@ -304,9 +305,16 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)], pool: 
     for op in &g.ops {
         let ins: Vec<TensorId> = op.kind.inputs().iter().map(|v| tid[v]).collect();
         let out = tid[&op.out];
-        if let Kind::View { .. } = op.kind {
-            b.add_node(Node::view(&op.name, ins[0], out));
-            continue;
+        match op.kind {
+            Kind::View { .. } => {
+                b.add_node(Node::view(&op.name, ins[0], out));
+                continue;
+            }
+            Kind::ConcatView { .. } => {
+                b.add_node(Node::concat_view(&op.name, &ins, out));
+                continue;
+            }
+            _ => {}
         }
         let descs = descriptors(g, op, &|v| off(&b, v))?;
         let mut cmd_at = None;
@@ -863,7 +871,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             r.push(reloc(offset_of!(EltwiseDesc, out_va), o));
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::View { .. } => Vec::new(),
+        Kind::View { .. } | Kind::ConcatView { .. } => Vec::new(),
     })
 }
 

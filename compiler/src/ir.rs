@@ -236,6 +236,9 @@ pub enum Kind {
     Pad { x: ValueId, value: f32, dims: Vec<u64>, begin: Vec<u64>, end: Vec<u64>, step: Vec<u64> },
     /// The output reinterprets the input's bytes with another shape.
     View { x: ValueId },
+    /// The output is `parts` side by side, their producers having written
+    /// them in place (a concatenation without a copy; crate::storage).
+    ConcatView { parts: Vec<ValueId> },
     /// int8 quantise (f32 → `qtype`) or dequantise (`qtype` → f32) of `x`
     /// viewed as `[outer, channels, inner]`; `scale` (f32) and `zero`
     /// (i32) are constants of `channels` entries.
@@ -321,6 +324,7 @@ impl Kind {
                 v.dedup();
                 v
             }
+            ConcatView { parts } => parts.clone(),
             Gather { data, indices, .. } => vec![*data, *indices],
             Quant { x, scale, zero, .. } => vec![*x, *scale, *zero],
             QGemm { a, b, b_zero, bias, scale, .. } => [Some(*a), Some(*b), *b_zero, *bias, Some(*scale)].into_iter().flatten().collect(),

@@ -19,6 +19,7 @@ pub mod ir;
 pub mod onnx;
 pub mod pack;
 pub mod shape;
+pub mod storage;
 pub mod tflite;
 pub mod ttir;
 
@@ -68,8 +69,11 @@ pub struct Report {
     pub onnx_nodes: usize,
     /// Device ops in the `.rbln` graph (views excluded), by op label.
     pub device_ops: BTreeMap<String, usize>,
-    /// Views (reshapes that move no data).
+    /// Views (reshapes and in-place concatenations: no data moves).
     pub views: usize,
+    /// Concatenations whose inputs' producers write into the result
+    /// (crate::storage), counted among the views.
+    pub concats_in_place: usize,
     /// Weight layout decisions, one per op whose weights were laid out
     /// for the cores.
     pub layouts: Vec<Layout>,
@@ -104,6 +108,7 @@ struct Prepared {
     fused: FuseStats,
     int8: Int8Stats,
     layouts: Vec<Layout>,
+    concats_in_place: usize,
 }
 
 /// Compile the bytes of an ONNX or TFLite file (told apart by TFLite's
@@ -205,21 +210,33 @@ fn prepare(mut g: ir::Graph, props: Vec<(String, String)>, format: SourceFormat,
         fused.eltwise = eltwise::run(&mut g);
     }
     let layouts = pack::run(&mut g);
-    Prepared { g, props, format, onnx_nodes, fused, int8, layouts }
+    // Last: it decides the memory layout of the graph the others made.
+    let concats_in_place = storage::in_place(&mut g);
+    Prepared { g, props, format, onnx_nodes, fused, int8, layouts, concats_in_place }
 }
 
 fn finish(p: Prepared, name: &str, pool: WeightPool) -> Result<Compiled> {
     let mut device_ops = BTreeMap::new();
     let mut views = 0;
     for op in &p.g.ops {
-        if matches!(op.kind, ir::Kind::View { .. }) {
+        if matches!(op.kind, ir::Kind::View { .. } | ir::Kind::ConcatView { .. }) {
             views += 1;
         } else {
             *device_ops.entry(op.op.clone()).or_insert(0) += 1;
         }
     }
     let e = emit::emit(&p.g, name, &p.props, pool)?;
-    let report = Report { format: p.format, onnx_nodes: p.onnx_nodes, device_ops, views, layouts: p.layouts, fused: p.fused, int8: p.int8, memory: e.memory };
+    let report = Report {
+        format: p.format,
+        onnx_nodes: p.onnx_nodes,
+        device_ops,
+        views,
+        concats_in_place: p.concats_in_place,
+        layouts: p.layouts,
+        fused: p.fused,
+        int8: p.int8,
+        memory: e.memory,
+    };
     Ok(Compiled { model: e.model, report, entries: Vec::new() })
 }
 

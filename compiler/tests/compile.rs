@@ -2218,3 +2218,49 @@ fn slices_read_only_by_a_chain_become_strided_inputs() {
     assert_eq!((e.n_inputs, e.n_instrs), (2, 2));
     assert_eq!(e.in_strides[..2], [[8, 1, 0, 0, 0, 0], [8, 1, 0, 0, 0, 0]]);
 }
+
+/// DenseNet's pattern at batch `n`: a = Sigmoid(x), b = Tanh(a),
+/// c1 = Concat(a, b), d = Conv1x1(c1) (4 channels), c2 = Concat(a, b, d),
+/// y = Conv1x1(c2); `twice` makes the first concatenation Concat(a, a).
+fn dense_block(n: i64, twice: bool) -> Vec<u8> {
+    let second = if twice { "a" } else { "b" };
+    model(
+        vec![
+            node("Sigmoid", "s", &["x"], &["a"], vec![]),
+            node("Tanh", "t", &["a"], &["b"], vec![]),
+            node("Concat", "cat1", &["a", second], &["c1"], vec![attr_i("axis", 1)]),
+            node("Conv", "conv1", &["c1", "W1"], &["d"], vec![]),
+            node("Concat", "cat2", &["a", "b", "d"], &["c2"], vec![attr_i("axis", 1)]),
+            node("Conv", "conv2", &["c2", "W2"], &["y"], vec![]),
+        ],
+        vec![tensor("W1", &[4, 8, 1, 1], &ramp(32, 0.1)), tensor("W2", &[2, 12, 1, 1], &ramp(24, 0.1))],
+        vec![vinfo("x", &[n, 4, 3, 3])],
+        vec![vinfo("y", &[n, 2, 3, 3])],
+    )
+}
+
+#[test]
+fn concatenations_are_written_in_place_by_their_inputs_producers() {
+    let c = compiled_unfused(&dense_block(1, false));
+    assert_eq!(c.report.concats_in_place, 2);
+    assert!(!compute_ops(&c.model).iter().any(|o| o == "Concat"), "{:?}", compute_ops(&c.model));
+    let g = &c.model.graph;
+    let tensor = |name: &str| g.tensors.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no tensor {name}")).placement;
+    let views: Vec<&rbln_format::Node> = g.nodes.iter().filter(|n| n.kind == NodeKind::View).collect();
+    assert_eq!(views.iter().map(|n| n.inputs.len()).collect::<Vec<_>>(), vec![2, 3]);
+    // a, b and d side by side; both concatenations start at a.
+    let (a, b, d) = (tensor("a"), tensor("b"), tensor("d"));
+    assert_eq!(b.offset(), a.offset() + a.size());
+    assert_eq!(d.offset(), b.offset() + b.size());
+    assert_eq!((tensor("c1").offset(), tensor("c1").size()), (a.offset(), a.size() + b.size()));
+    assert_eq!((tensor("c2").offset(), tensor("c2").size()), (a.offset(), a.size() + b.size() + d.size()));
+    // At batch 2 each input is two runs of the result: copies remain.
+    let copied = compiled_unfused(&dense_block(2, false));
+    assert_eq!(copied.report.concats_in_place, 0, "at batch 2 no input is contiguous in the result");
+    assert_eq!(compute_ops(&copied.model).iter().filter(|o| *o == "Concat").count(), 2);
+    // a at two places of one concatenation: that one stays a copy; the
+    // second still goes in place (a and b side by side, d after them).
+    let twice = compiled_unfused(&dense_block(1, true));
+    assert_eq!(twice.report.concats_in_place, 1);
+    assert_eq!(compute_ops(&twice.model).iter().filter(|o| *o == "Concat").count(), 1);
+}

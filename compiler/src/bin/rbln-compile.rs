@@ -147,7 +147,11 @@ fn main() -> ExitCode {
             for (i, n) in g.nodes.iter().enumerate() {
                 let out = n.outputs.first().and_then(|&t| g.tensors.get(t as usize));
                 let (shape, place) = out.map_or((String::new(), String::new()), |t| (format!("{:?}", t.shape), format!("{:?}", t.placement)));
-                let what = if n.op.is_empty() { format!("{:?}", n.kind) } else { n.op.clone() };
+                let what = match (n.op.is_empty(), n.inputs.len()) {
+                    (false, _) => n.op.clone(),
+                    (true, k) if n.kind == rbln_format::NodeKind::View && k > 1 => format!("View (concat of {k}, in place)"),
+                    (true, _) => format!("{:?}", n.kind),
+                };
                 let layout = layouts.get(n.name.as_str()).map_or(String::new(), |l| format!("  [{l}]"));
                 println!("  {i:4} {:40} {:36} {shape:20} {place}{layout}", n.name, what);
             }
@@ -168,8 +172,8 @@ fn report_json(r: &Report) -> String {
     let m = &r.memory;
     let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     format!(
-        "\"format\":\"{}\",\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"packed_gemm_weights\":{},\"int8_ops\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{}",
-        r.format.name(), r.onnx_nodes, r.device_op_count(), r.views, r.layouts.len(), r.int8.conv + r.int8.gemm, ops.join(","),
+        "\"format\":\"{}\",\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"concats_in_place\":{},\"packed_gemm_weights\":{},\"int8_ops\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{}",
+        r.format.name(), r.onnx_nodes, r.device_op_count(), r.views, r.concats_in_place, r.layouts.len(), r.int8.conv + r.int8.gemm, ops.join(","),
         m.weights_bytes, m.naive_bytes, m.planned_bytes, m.arena_bytes
     )
 }
@@ -191,7 +195,11 @@ fn print_report(r: &Report, file_len: usize, indent: &str) {
     }
     let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("{k} x{v}")).collect();
     println!("{indent}ops: {}", ops.join(", "));
-    println!("{indent}layouts: {} GEMMs read constant B packed in panels (--list names them)", r.layouts.len());
+    println!(
+        "{indent}layouts: {} GEMMs read constant B packed in panels, {} concatenations written in place by their inputs' producers (--list names them)",
+        r.layouts.len(),
+        r.concats_in_place
+    );
     println!(
         "{indent}memory: weights {} B, activations {} B planned vs {} B naive ({saved:.1}% saved), arena {} B, file {file_len} B",
         m.weights_bytes, m.planned_bytes, m.naive_bytes, m.arena_bytes

@@ -152,8 +152,10 @@ pub enum NodeKind {
     HostToDevice = 1,
     /// DMA of one arena tensor into one staging tensor.
     DeviceToHost = 2,
-    /// A free reinterpretation (reshape, flatten): the output occupies
-    /// exactly the input's bytes; no commands.
+    /// No commands. One input: a free reinterpretation (reshape,
+    /// flatten), the output occupies exactly the input's bytes. Several:
+    /// the output is the inputs side by side (a concatenation whose
+    /// inputs their producers wrote in place).
     View = 3,
 }
 
@@ -223,6 +225,10 @@ impl Node {
     /// A view (`dst` reinterprets the bytes of `src`).
     pub fn view(name: &str, src: u32, dst: u32) -> Self {
         Self::new(name, NodeKind::View, "", &[src], &[dst])
+    }
+    /// A concatenation view: `dst` is the bytes of `srcs` side by side.
+    pub fn concat_view(name: &str, srcs: &[u32], dst: u32) -> Self {
+        Self::new(name, NodeKind::View, "", srcs, &[dst])
     }
     fn new(name: &str, kind: NodeKind, op: &str, inputs: &[u32], outputs: &[u32]) -> Self {
         Node {

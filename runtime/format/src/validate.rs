@@ -438,13 +438,41 @@ fn graph(m: &EntryRef<'_>, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Re
                 place("input", n.inputs[0], &[from.0], from.1)?;
                 place("output", n.outputs[0], &[to.0], to.1)?;
             }
-            NodeKind::View => {
+            NodeKind::View if n.inputs.len() <= 1 => {
                 arity(1, 1)?;
                 let (a, b) = (&g.tensors[n.inputs[0] as usize], &g.tensors[n.outputs[0] as usize]);
                 if a.placement != b.placement {
                     return Err(bad_node(format!(
                         "output '{}' must occupy exactly the input's bytes ({:?}), found {:?}",
                         b.name, a.placement, b.placement
+                    )));
+                }
+            }
+            NodeKind::View => {
+                // A concatenation view: the inputs lie side by side, in
+                // order, over exactly the output's bytes.
+                arity(n.inputs.len(), 1)?;
+                let out = &g.tensors[n.outputs[0] as usize];
+                place("output", n.outputs[0], &[ARENA], "arena")?;
+                let mut at = out.placement.offset();
+                for &t in &n.inputs {
+                    place("input", t, &[ARENA], "arena")?;
+                    let p = g.tensors[t as usize].placement;
+                    if p.offset() != at || p.size() == 0 {
+                        return Err(bad_node(format!(
+                            "input '{}' ({:?}) must be non-empty and start at arena offset {at}, where the previous input ends \
+                             (the output '{}' is {:?})",
+                            g.tensors[t as usize].name, p, out.name, out.placement
+                        )));
+                    }
+                    at = at.saturating_add(p.size());
+                }
+                if at != out.placement.offset() + out.placement.size() {
+                    return Err(bad_node(format!(
+                        "the inputs cover {} bytes, the output '{}' {:?}",
+                        at - out.placement.offset(),
+                        out.name,
+                        out.placement
                     )));
                 }
             }
@@ -665,19 +693,67 @@ fn io(m: &EntryRef<'_>, producer: &[u32]) -> Result<()> {
 /// Time 0 is before the first node, node i runs at time i + 1, time N + 1
 /// is after the last node. A tensor is live from its producer (+1) to its
 /// last reader (+1); model inputs and outputs are live for the whole run
-/// (0..=N+1), so the runtime may fill and read them at any time; a view's
-/// output shares its input's bytes and extends its lifetime.
+/// (0..=N+1), so the runtime may fill and read them at any time. Views
+/// join tensors into one storage (the tensors a chain of view nodes
+/// connects): its bytes are the span of theirs, its lifetime the union of
+/// theirs, and its tensors that a view does not produce (those something
+/// writes) share no byte.
 fn liveness(m: &EntryRef<'_>, producer: &[u32]) -> Result<()> {
     let g = &m.graph;
     let n = g.nodes.len() as u64;
-    // Alias classes: a view output's root is its input's root.
-    let mut root: Vec<u32> = (0..g.tensors.len() as u32).collect();
-    for node in &g.nodes {
-        if node.kind == NodeKind::View {
-            if let (Some(&i), Some(&o)) = (node.inputs.first(), node.outputs.first()) {
-                root[o as usize] = root[i as usize];
-            }
+    // Storage classes: union-find over the view nodes' tensors.
+    let mut parent: Vec<u32> = (0..g.tensors.len() as u32).collect();
+    fn find(parent: &mut [u32], mut t: u32) -> u32 {
+        while parent[t as usize] != t {
+            let up = parent[parent[t as usize] as usize];
+            parent[t as usize] = up;
+            t = up;
         }
+        t
+    }
+    for node in g.nodes.iter().filter(|n| n.kind == NodeKind::View) {
+        for &t in node.inputs.iter().chain(&node.outputs) {
+            // The lowest id names the storage (in messages).
+            let (a, b) = (find(&mut parent, t), find(&mut parent, node.outputs[0]));
+            parent[a.max(b) as usize] = a.min(b);
+        }
+    }
+    let root: Vec<u32> = (0..g.tensors.len() as u32).map(|t| find(&mut parent, t)).collect();
+    let by_view = |t: usize| producer[t] != NONE && g.nodes[producer[t] as usize].kind == NodeKind::View;
+    // Within a storage, the written tensors are disjoint (weights, never
+    // written at run time, may overlap).
+    let mut written: Vec<(u32, u64, u64, u32)> = (0..g.tensors.len())
+        .filter(|&t| !by_view(t) && g.tensors[t].placement.size() > 0 && g.tensors[t].placement.code() != 1)
+        .map(|t| (root[t], g.tensors[t].placement.offset(), g.tensors[t].placement.size(), t as u32))
+        .collect();
+    written.sort_unstable();
+    // (root, end of the bytes seen so far in it, the tensor reaching there)
+    let mut reach: Option<(u32, u64, u32)> = None;
+    for &(r, off, size, t) in &written {
+        match reach {
+            Some((rr, end, who)) if rr == r && end > off => {
+                let (a, b) = (who.min(t), who.max(t));
+                return Err(FormatError::TensorOverlap {
+                    a,
+                    a_name: g.tensors[a as usize].name.clone(),
+                    b,
+                    b_name: g.tensors[b as usize].name.clone(),
+                    region: "storage of views",
+                });
+            }
+            Some((rr, end, _)) if rr == r && end >= off + size => {}
+            _ => reach = Some((r, off + size, t)),
+        }
+    }
+    // Each storage's span (offset, end) and region.
+    let mut span: Vec<Option<(u64, u64)>> = vec![None; g.tensors.len()];
+    for (t, tensor) in g.tensors.iter().enumerate() {
+        let (o, e) = (tensor.placement.offset(), tensor.placement.offset() + tensor.placement.size());
+        let s = &mut span[root[t] as usize];
+        *s = Some(match *s {
+            None => (o, e),
+            Some((a, b)) => (a.min(o), b.max(e)),
+        });
     }
     // Live interval per root: (start, end), inclusive; None if never live.
     let mut live: Vec<Option<(u64, u64)>> = vec![None; g.tensors.len()];
@@ -711,14 +787,8 @@ fn liveness(m: &EntryRef<'_>, producer: &[u32]) -> Result<()> {
             .filter_map(|(t, l)| {
                 let tensor = &g.tensors[t];
                 let (s, e) = (*l)?;
-                let size = tensor.placement.size();
-                (root[t] as usize == t && tensor.placement.code() == code && size > 0).then_some((
-                    s,
-                    e,
-                    tensor.placement.offset(),
-                    size,
-                    t as u32,
-                ))
+                let (lo, hi) = span[t]?;
+                (root[t] as usize == t && tensor.placement.code() == code && hi > lo).then_some((s, e, lo, hi - lo, t as u32))
             })
             .collect();
         items.sort_unstable();

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use rbln_format::container::{self, SectionSpec};
 use rbln_format::*;
-use rbln_hw::ops::GemmDesc;
+use rbln_hw::ops::{GemmDesc, Unary};
 
 fn read(bytes: &[u8]) -> Result<Model, FormatError> {
     Model::from_bytes(bytes)
@@ -379,8 +379,10 @@ fn invalid_utf8_and_unknown_enums() {
 
 #[test]
 fn node_records() {
+    // A view of several inputs is a concatenation: x.dev (arena 4096+16)
+    // is not where it would start (the output h, 4160).
     let b = mutate(|m| m.graph.nodes[1].kind = NodeKind::View);
-    assert_err_msg(read(&b), &["node 1 ('fc1', view)", "3 inputs"]);
+    assert_err_msg(read(&b), &["node 1 ('fc1', view)", "input 'x.dev'", "must be non-empty and start at arena offset 4160"]);
     // Stream NONE with a non-zero range.
     let bytes = mlp_bytes();
     let b = patch_section(&bytes, ".rbln.graph", |d| {
@@ -582,6 +584,82 @@ fn view_nodes() {
         m.graph.nodes[3] = Node::view("v", ids.y, ids.y_host);
     });
     assert_err_msg(read(&b), &["node 3 ('v', view)", "must occupy exactly the input's bytes"]);
+}
+
+/// x [1,4] uploaded into arena ACT, h = relu(x W1 + b1) [1,8] written
+/// right after it, `cat` [1,12] a view of both side by side (a
+/// concatenation done in place), downloaded. With `z`, a second input
+/// [1,2] at ACT+8, sharing bytes with x; with `zh` as well, a view of z
+/// and h side by side joins z to the storage of x, h and cat.
+fn concat_fixture(z: bool, zh: bool) -> (Model, Vec<u32>) {
+    let mut b = ModelBuilder::new("cat");
+    let w1 = b.add_weight_f32("W1", &[IN, HID], &[0.5; (IN * HID) as usize]);
+    let b1 = b.add_weight_f32("b1", &[HID], &[0.25; HID as usize]);
+    let x_host = b.staging_tensor("x", DType::F32, &[1, IN], 0);
+    let c_host = b.staging_tensor("cat", DType::F32, &[1, IN + HID], 64);
+    let x = b.arena_tensor("x.dev", DType::F32, &[1, IN], ACT);
+    let h = b.arena_tensor("h", DType::F32, &[1, HID], ACT + 4 * IN);
+    let c = b.arena_tensor("cat.dev", DType::F32, &[1, IN + HID], ACT);
+    let upload = b.add_stream("upload", StreamRole::UploadWeights);
+    let input = b.add_stream("input", StreamRole::InputTransfer);
+    let run = b.add_stream("run", StreamRole::Run);
+    let output = b.add_stream("output", StreamRole::OutputTransfer);
+    let wlen = b.weights_len();
+    b.dma_copy(upload, Va::Rel(RelocKind::WeightsSource, 0), Va::arena(0), wlen);
+    let at = b.dma_copy(input, b.va_of(x_host), b.va_of(x), IN * 4);
+    b.add_node(Node::host_to_device("x.upload", x_host, x).with_commands(input, at, 32));
+    let mut ids = vec![x, h, c];
+    if z {
+        let z_host = b.staging_tensor("z", DType::F32, &[1, 2], 128);
+        let zd = b.arena_tensor("z.dev", DType::F32, &[1, 2], ACT + 8);
+        let zh = b.arena_tensor("zh", DType::F32, &[1, 2 + HID], ACT + 8);
+        let at = b.dma_copy(input, b.va_of(z_host), b.va_of(zd), 8);
+        b.add_node(Node::host_to_device("z.upload", z_host, zd).with_commands(input, at, 32));
+        b.input("z", z_host);
+        ids.push(zh);
+        ids.push(zd);
+    }
+    let (d, size) = gemm(&mut b, 1, HID as u32, IN as u32, Unary::Relu, x, w1, b1, h);
+    let at = b.compute(run, d, size);
+    b.add_node(Node::compute("fc1", "Gemm", &[x, w1, b1], &[h]).with_commands(run, at, 16).with_descriptors(d, size as u64));
+    b.add_node(Node::concat_view("cat", &[x, h], c));
+    if z && zh {
+        b.add_node(Node::concat_view("zh", &[ids[4], h], ids[3]));
+    }
+    let at = b.dma_copy(output, b.va_of(c), b.va_of(c_host), (IN + HID) * 4);
+    b.add_node(Node::device_to_host("cat.download", c, c_host).with_commands(output, at, 32));
+    b.input("x", x_host).output("cat", c_host);
+    (b.build_model_unchecked(), ids)
+}
+
+#[test]
+fn concatenation_views() {
+    // In place: h lies right after x, the view spans both.
+    let (m, ids) = concat_fixture(false, false);
+    let m = read(&m.to_bytes_unchecked().unwrap()).expect("a concatenation view of x and h is valid");
+    assert_eq!(m.graph.nodes[2].inputs, vec![ids[0], ids[1]]);
+    // A gap between the inputs.
+    let (mut m, ids) = concat_fixture(false, false);
+    m.graph.tensors[ids[1] as usize].placement = Placement::Arena { offset: ACT + 32, size: 4 * HID };
+    assert_err_msg(read(&m.to_bytes_unchecked().unwrap()), &["node 2 ('cat', view)", "input 'h'", "start at arena offset 4112"]);
+    // The inputs covering less than the output.
+    let (mut m, ids) = concat_fixture(false, false);
+    m.graph.tensors[ids[2] as usize].shape = vec![1, IN + HID + 1];
+    m.graph.tensors[ids[2] as usize].placement = Placement::Arena { offset: ACT, size: 4 * (IN + HID) + 4 };
+    assert_err_msg(read(&m.to_bytes_unchecked().unwrap()), &["node 2 ('cat', view)", "the inputs cover 48 bytes"]);
+    // A concatenation view of a weight.
+    let (mut m, _) = concat_fixture(false, false);
+    m.graph.nodes[2].inputs[0] = 0;
+    assert_err_msg(read(&m.to_bytes_unchecked().unwrap()), &["node 2 ('cat', view)", "'W1') is in the weights region, expected arena"]);
+    // Two written tensors of one storage sharing bytes: x (4096+16) and
+    // z (4104+8), joined through h by the views cat and zh.
+    let (m, _) = concat_fixture(true, true);
+    let e = assert_err_msg(read(&m.to_bytes_unchecked().unwrap()), &["'x.dev'", "'z.dev'", "overlap in the storage of views"]);
+    assert!(matches!(e, FormatError::TensorOverlap { .. }));
+    // Without the view zh, z is a storage of its own over bytes of the
+    // storage of x, h and cat (named by x) while both are live.
+    let (m, _) = concat_fixture(true, false);
+    assert_err_msg(read(&m.to_bytes_unchecked().unwrap()), &["'x.dev'", "'z.dev'", "overlap in the arena while both are live"]);
 }
 
 #[test]

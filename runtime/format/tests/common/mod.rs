@@ -32,7 +32,7 @@ fn vals(n: u64, scale: f32) -> Vec<f32> {
 
 /// GEMM descriptor with its four VA fields relocated against the arena.
 #[allow(clippy::too_many_arguments)]
-fn gemm(b: &mut ModelBuilder, m: u32, n: u32, k: u32, act: Unary, a: u32, w: u32, bias: u32, c: u32) -> (u64, u32) {
+pub fn gemm(b: &mut ModelBuilder, m: u32, n: u32, k: u32, act: Unary, a: u32, w: u32, bias: u32, c: u32) -> (u64, u32) {
     let d =
         GemmDesc { m, n, k, batch: 1, flags: GEMM_BIAS, activation: act as u32, ..Default::default() }.with_header();
     let off = |t| b.placement(t).unwrap().offset();
