@@ -372,6 +372,48 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)], pool: 
     Ok(Emitted { model: b.build_model()?, memory: mem, pool })
 }
 
+/// One source of a CONCAT: `rows × cols` elements from `src_offset` of
+/// `src`, landing at column `col` of each output row.
+struct ConcatPiece {
+    src: ValueId,
+    src_offset: u64,
+    col: u64,
+    cols: u64,
+}
+
+/// A copy whose parts each move whole rows of a row-major source into
+/// columns of the output's rows: (rows, output row length, the parts).
+/// Concatenations along any axis look like this.
+fn concat_rows(g: &Graph, parts: &[crate::ir::CopyPart], out: ValueId) -> Option<(u64, u64, Vec<ConcatPiece>)> {
+    let (rows, _) = row_shape(parts.first()?)?;
+    let n_out = g.values[out].elems();
+    if rows == 0 || n_out % rows != 0 {
+        return None;
+    }
+    let out_cols = n_out / rows;
+    let mut pieces = Vec::with_capacity(parts.len());
+    for p in parts {
+        let (r, cols) = row_shape(p)?;
+        let (src_row, dst_row) = if p.sizes.len() == 2 { (p.src_strides[0], p.dst_strides[0]) } else { (cols, out_cols) };
+        let col = p.dst_offset;
+        if r != rows || cols == 0 || (rows > 1 && (src_row != cols || dst_row != out_cols)) || col.checked_add(cols)? > out_cols {
+            return None;
+        }
+        pieces.push(ConcatPiece { src: p.src, src_offset: p.src_offset, col, cols });
+    }
+    Some((rows, out_cols, pieces))
+}
+
+/// (rows, columns) of a rank-1 or rank-2 copy part whose rows are
+/// contiguous on both sides.
+fn row_shape(p: &crate::ir::CopyPart) -> Option<(u64, u64)> {
+    match p.sizes.as_slice() {
+        [n] if p.src_strides[0] == 1 && p.dst_strides[0] == 1 => Some((1, *n)),
+        [r, c] if p.src_strides[1] == 1 && p.dst_strides[1] == 1 => Some((*r, *c)),
+        _ => None,
+    }
+}
+
 /// Nominal FLOPs and bytes touched by an op (`.rbln.profile`).
 fn cost(g: &Graph, op: &Op) -> (u64, u64) {
     let out = g.values[op.out].elems();
@@ -543,6 +585,21 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let p: Vec<u64> = perm.clone();
             let d = TransposeDesc { rank: dims.len() as u32, dims: dims6(op, dims, "dims")?, perm: dims6(op, &p, "perm")?, ..Default::default() }.with_header();
             vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(TransposeDesc, in_va), off(*x)), reloc(offset_of!(TransposeDesc, out_va), o)])]
+        }
+        Kind::Copy { parts } if parts.len() > 1 && concat_rows(g, parts, op.out).is_some() => {
+            // A concatenation: one CONCAT per MAX_CONCAT_PARTS sources.
+            let (rows, out_cols, pieces) = concat_rows(g, parts, op.out).expect("checked by the guard");
+            let mut v = Vec::new();
+            for chunk in pieces.chunks(MAX_CONCAT_PARTS) {
+                let mut d = ConcatDesc { rows: u32c(op, rows, "rows")?, out_cols: u32c(op, out_cols, "columns")?, parts: chunk.len() as u32, ..Default::default() };
+                let mut r = vec![reloc(offset_of!(ConcatDesc, out_va), o)];
+                for (i, p) in chunk.iter().enumerate() {
+                    (d.col[i], d.cols[i]) = (u32c(op, p.col, "column")?, u32c(op, p.cols, "columns")?);
+                    r.push(reloc(offset_of!(ConcatDesc, src_va) + 8 * i, off(p.src) + 4 * p.src_offset));
+                }
+                v.push((d.with_header().to_bytes().to_vec(), r));
+            }
+            v
         }
         Kind::Copy { parts } => {
             let mut v = Vec::new();

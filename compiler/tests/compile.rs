@@ -8,7 +8,7 @@ use rbln_compile::onnx::*;
 use rbln_compile::{compile, parse_input_shape, CompileError, Options};
 use rbln_format::{Model, NodeKind, Placement};
 use rbln_hw::ops::{
-    Binary, Desc, GemmDesc, GridSampleDesc, ResizeDesc, TopKDesc, ELTWISE_IMM, TOPK_LARGEST, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
+    Binary, ConcatDesc, Desc, GemmDesc, GridSampleDesc, ResizeDesc, TopKDesc, ELTWISE_IMM, TOPK_LARGEST, GRID_ALIGN_CORNERS, GRID_CUBIC, GRID_LINEAR, GRID_PAD_REFLECTION, GRID_PAD_ZEROS, RESIZE_CUBIC,
     RESIZE_EXCLUDE_OUTSIDE, RecurrentDesc, REC_GRU, REC_LINEAR_BEFORE_RESET, REC_LSTM, REC_REVERSE,
 };
 
@@ -2240,6 +2240,19 @@ fn dense_block(n: i64, twice: bool) -> Vec<u8> {
 }
 
 #[test]
+fn a_concatenation_of_many_inputs_takes_one_concat_per_sixteen() {
+    // 20 vectors [2, 3] on axis 1: rows 2, output rows of 60.
+    let names: Vec<String> = (0..20).map(|i| format!("a{i}")).collect();
+    let mut nodes: Vec<NodeProto> = names.iter().map(|n| node("Sigmoid", n, &["x"], &[n], vec![])).collect();
+    let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+    nodes.push(node("Concat", "cat", &refs, &["y"], vec![attr_i("axis", 1)]));
+    let c = compiled_unfused(&model(nodes, vec![], vec![vinfo("x", &[2, 3])], vec![vinfo("y", &[2, 60])]));
+    let cats: Vec<ConcatDesc> = descriptors(&c.model).into_iter().filter_map(|d| if let Desc::Concat(c) = d { Some(c) } else { None }).collect();
+    assert_eq!(cats.iter().map(|c| c.parts).collect::<Vec<_>>(), vec![16, 4]);
+    assert_eq!((cats[1].rows, cats[1].out_cols, cats[1].col[3], cats[1].cols[3]), (2, 60, 57, 3));
+}
+
+#[test]
 fn concatenations_are_written_in_place_by_their_inputs_producers() {
     let c = compiled_unfused(&dense_block(1, false));
     assert_eq!(c.report.concats_in_place, 2);
@@ -2254,10 +2267,16 @@ fn concatenations_are_written_in_place_by_their_inputs_producers() {
     assert_eq!(d.offset(), b.offset() + b.size());
     assert_eq!((tensor("c1").offset(), tensor("c1").size()), (a.offset(), a.size() + b.size()));
     assert_eq!((tensor("c2").offset(), tensor("c2").size()), (a.offset(), a.size() + b.size() + d.size()));
-    // At batch 2 each input is two runs of the result: copies remain.
+    // At batch 2 each input is two runs of the result: copies remain, one
+    // CONCAT descriptor each (rows = the batch, columns 36 + 36 (+ 36)).
     let copied = compiled_unfused(&dense_block(2, false));
     assert_eq!(copied.report.concats_in_place, 0, "at batch 2 no input is contiguous in the result");
     assert_eq!(compute_ops(&copied.model).iter().filter(|o| *o == "Concat").count(), 2);
+    let cats: Vec<ConcatDesc> = descriptors(&copied.model).into_iter().filter_map(|d| if let Desc::Concat(c) = d { Some(c) } else { None }).collect();
+    assert_eq!(cats.len(), 2);
+    assert_eq!((cats[0].rows, cats[0].out_cols, cats[0].parts, cats[0].col[..2].to_vec(), cats[0].cols[..2].to_vec()), (2, 72, 2, vec![0, 36], vec![36, 36]));
+    assert_eq!((cats[1].out_cols, cats[1].parts, cats[1].col[2]), (108, 3, 72));
+    assert!(!descriptors(&copied.model).iter().any(|d| matches!(d, Desc::StridedCopy(_))));
     // a at two places of one concatenation: that one stays a copy; the
     // second still goes in place (a and b side by side, d after them).
     let twice = compiled_unfused(&dense_block(1, true));

@@ -56,6 +56,9 @@ pub enum OpCode {
     /// A recurrent layer (LSTM, GRU or RNN cell) run over a whole sequence
     /// for one direction (minor 12).
     Recurrent = 23,
+    /// Up to [`MAX_CONCAT_PARTS`] row-major sources side by side in each
+    /// row of the output: a concatenation in one op (minor 14).
+    Concat = 24,
 }
 
 /// Unary functions; codes 0..=7 double as fused activations.
@@ -1080,6 +1083,52 @@ wire_struct! {
 
 const _: () = assert!(RecurrentDesc::SIZE == 88);
 
+/// Sources of one CONCAT descriptor.
+pub const MAX_CONCAT_PARTS: usize = 16;
+
+wire_struct! {
+    /// A concatenation of 4-byte elements (hardware minor version 14):
+    /// for every row `r < rows` and every part `i < parts`, elements
+    /// `r·cols[i] .. (r+1)·cols[i]` of source `i` (`src_va[i]`, `rows ×
+    /// cols[i]` row-major) go to `out_va` + 4·(`r·out_cols + col[i]` ..).
+    /// Output elements no part covers keep their contents; parts are
+    /// written in order (a later one wins where they overlap). Part `i`
+    /// needs `cols[i] ≥ 1` and `col[i] + cols[i] ≤ out_cols`; the fields
+    /// of parts `≥ parts` are 0.
+    pub struct ConcatDesc {
+        pub header: OpHeader,
+        pub rows: u32,
+        pub out_cols: u32,
+        pub parts: u32,
+        /// Reserved, must be 0.
+        pub reserved: u32,
+        pub out_va: u64,
+        pub src_va: [u64; 16],
+        pub col: [u32; 16],
+        pub cols: [u32; 16],
+    }
+}
+
+const _: () = assert!(ConcatDesc::SIZE == 288);
+
+impl ConcatDesc {
+    fn check(&self) -> Result<(), DescError> {
+        let n = self.parts as usize;
+        if n == 0 || n > MAX_CONCAT_PARTS || self.reserved != 0 || self.rows == 0 || self.out_cols == 0 {
+            return Err(DescError::BadField("concat rows/out_cols/parts"));
+        }
+        for i in 0..n {
+            if self.cols[i] == 0 || self.col[i] as u64 + self.cols[i] as u64 > self.out_cols as u64 {
+                return Err(DescError::BadField("concat part columns"));
+            }
+        }
+        if (n..MAX_CONCAT_PARTS).any(|i| self.src_va[i] != 0 || self.col[i] != 0 || self.cols[i] != 0) {
+            return Err(DescError::BadField("concat unused part"));
+        }
+        Ok(())
+    }
+}
+
 impl RecurrentDesc {
     /// Checks cell, flags and which optional operands the cell may have.
     fn check(&self) -> Result<(), DescError> {
@@ -1152,6 +1201,7 @@ pub enum Desc {
     TopK(TopKDesc),
     Eltwise(EltwiseDesc),
     Recurrent(RecurrentDesc),
+    Concat(ConcatDesc),
 }
 
 /// Why a descriptor was rejected before looking at its tensors.
@@ -1206,6 +1256,7 @@ encode_fn!(GridSampleDesc, GridSample);
 encode_fn!(TopKDesc, TopK);
 encode_fn!(EltwiseDesc, Eltwise);
 encode_fn!(RecurrentDesc, Recurrent);
+encode_fn!(ConcatDesc, Concat);
 
 /// Sizes of descriptors written before fields were appended to them
 /// (GEMM, CONV2D and BINARY in minor version 1, RESIZE in minor version
@@ -1482,6 +1533,11 @@ impl Desc {
                 d.check()?;
                 Desc::Recurrent(d)
             }
+            24 => {
+                let d = get!(ConcatDesc);
+                d.check()?;
+                Desc::Concat(d)
+            }
             op => return Err(UnknownOp(op)),
         };
         Ok(d)
@@ -1590,6 +1646,34 @@ mod tests {
             with(&|b| (b.instrs[3].a, b.instrs[3].b) = (ELTWISE_IMM, ELTWISE_IMM)),
             with(&|b| b.instrs[2].reserved[1] = 1),
             with(&|b| b.rank = 7),
+        ];
+        for b in bad {
+            assert!(matches!(Desc::decode(&b.to_bytes()), Err(DescError::BadField(_))), "{b:?}");
+        }
+    }
+
+    #[test]
+    fn concat_descriptors_are_checked() {
+        let mut d = ConcatDesc { rows: 2, out_cols: 7, parts: 2, out_va: 0x3000, ..Default::default() }.with_header();
+        (d.src_va[0], d.col[0], d.cols[0]) = (0x1000, 0, 3);
+        (d.src_va[1], d.col[1], d.cols[1]) = (0x2000, 3, 4);
+        assert_eq!(Desc::decode(&d.to_bytes()), Ok(Desc::Concat(d)));
+        let with = |f: &dyn Fn(&mut ConcatDesc)| {
+            let mut b = d;
+            f(&mut b);
+            b
+        };
+        let bad = [
+            with(&|b| b.parts = 0),
+            with(&|b| b.parts = MAX_CONCAT_PARTS as u32 + 1),
+            with(&|b| b.rows = 0),
+            with(&|b| b.out_cols = 0),
+            with(&|b| b.reserved = 1),
+            with(&|b| b.cols[1] = 0),
+            with(&|b| b.col[1] = 4),                         // 4 + 4 > 7
+            with(&|b| (b.col[1], b.cols[1]) = (u32::MAX, 2)), // no wrap-around
+            with(&|b| b.src_va[2] = 0x4000),                 // an unused part
+            with(&|b| b.cols[15] = 1),
         ];
         for b in bad {
             assert!(matches!(Desc::decode(&b.to_bytes()), Err(DescError::BadField(_))), "{b:?}");

@@ -419,6 +419,7 @@ pub fn run(mem: &mut AddressSpace<'_>, bytes: &[u8], desc_va: u64) -> R<u64> {
             Ok(n as u64)
         }
         Desc::StridedCopy(d) => strided_copy(&mut op, &d),
+        Desc::Concat(d) => concat(&mut op, &d),
         Desc::Cast(d) => cast(&mut op, &d),
         Desc::Resize(d) => resize(&mut op, &d),
         Desc::GridSample(d) => grid_sample(&mut op, &d),
@@ -1088,6 +1089,31 @@ fn recurrent(op: &mut Op<'_, '_, '_>, d: &ops::RecurrentDesc) -> R<u64> {
         c.commit();
     }
     Ok(flops)
+}
+
+fn concat(op: &mut Op<'_, '_, '_>, d: &ops::ConcatDesc) -> R<u64> {
+    let (rows, out_cols, n) = (d.rows as usize, d.out_cols as usize, d.parts as usize);
+    let n_out = op.volume(&[rows, out_cols])?;
+    // Decoding bounded `parts` and each part's columns to the row.
+    let mut srcs: SmallVec<[Cow<'_, [f32]>; ops::MAX_CONCAT_PARTS]> = SmallVec::new();
+    let mut moved = 0u64;
+    for i in 0..n {
+        let count = op.volume(&[rows, d.cols[i] as usize])?;
+        srcs.push(op.input(d.src_va[i], count)?);
+        moved += count as u64;
+    }
+    // Whether the parts tile every row, so that the old contents need not
+    // be kept.
+    let mut spans: SmallVec<[(u32, u32); ops::MAX_CONCAT_PARTS]> = (0..n).map(|i| (d.col[i], d.cols[i])).collect();
+    spans.sort_unstable();
+    let tiles = spans.iter().try_fold(0u32, |at, &(c, w)| (c == at).then_some(c + w)) == Some(d.out_cols);
+    let parts: SmallVec<[k::ConcatPart<'_>; ops::MAX_CONCAT_PARTS]> =
+        srcs.iter().enumerate().map(|(i, s)| k::ConcatPart { src: s, col: d.col[i] as usize, cols: d.cols[i] as usize }).collect();
+    let mut out = op.output(d.out_va, n_out, !tiles)?;
+    let r = k::concat_rows(rows, out_cols, &parts, out.buf());
+    op.kernel(r)?;
+    out.commit();
+    Ok(moved)
 }
 
 fn strided_copy(op: &mut Op<'_, '_, '_>, d: &ops::StridedCopyDesc) -> R<u64> {

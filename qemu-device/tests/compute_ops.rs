@@ -1703,3 +1703,61 @@ fn recurrent_faults_leave_the_outputs_untouched() {
     assert_eq!(r.run(&RecurrentDesc { seq: u32::MAX, hidden: u32::MAX, ..base }.to_bytes()), FaultCode::BadDescriptor);
     assert!(r.rig.dev.healthy());
 }
+
+fn concat_desc(rows: u32, out_cols: u32, parts: &[(u64, u32, u32)], out_va: u64) -> ConcatDesc {
+    let mut d = ConcatDesc { rows, out_cols, parts: parts.len() as u32, out_va, ..Default::default() };
+    for (i, &(va, col, cols)) in parts.iter().enumerate() {
+        (d.src_va[i], d.col[i], d.cols[i]) = (va, col, cols);
+    }
+    d.with_header()
+}
+
+#[test]
+fn concat_through_the_device() {
+    let mut r = OpRig::new();
+    // Three sources [2,3], [2,1], [2,2] side by side in rows of 7: the
+    // last column is nobody's and keeps its value.
+    r.put(0, &[1., 2., 3., 4., 5., 6.]);
+    r.put(1, &[10., 20.]);
+    r.put(2, &[100., 200., 300., 400.]);
+    r.put(3, &[-1.; 16]);
+    let d = concat_desc(2, 7, &[(tva(0), 0, 3), (tva(1), 3, 1), (tva(2), 4, 2)], tva(3));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.get(3, 15), [1., 2., 3., 10., 100., 200., -1., 4., 5., 6., 20., 300., 400., -1., -1.]);
+    // Parts in another order than their columns, and one source read
+    // twice.
+    let d = concat_desc(2, 6, &[(tva(2), 4, 2), (tva(0), 1, 3), (tva(1), 0, 1)], tva(4));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.get(4, 12), [10., 1., 2., 3., 100., 200., 20., 4., 5., 6., 300., 400.]);
+    // The output over a source: every source is read before the output
+    // is written (it starts at source 0, which is its own part 0).
+    r.put(0, &[1., 2., 3., 4., 5., 6., 7., 8.]);
+    let d = concat_desc(2, 4, &[(tva(1), 0, 1), (tva(0), 1, 3)], tva(0));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.get(0, 8), [10., 1., 2., 3., 20., 4., 5., 6.]);
+    assert_eq!(r.rig.state(&r.q), QueueState::Idle);
+}
+
+#[test]
+fn concat_faults_write_nothing() {
+    // A source running into unmapped memory (1 MiB buffers): Unmapped, the
+    // output untouched.
+    let mut r = OpRig::new();
+    r.put(3, &[42.0; 8]);
+    let d = concat_desc(2, 4, &[(tva(0), 0, 2), (tva(4) + (1 << 20) - 8, 2, 2)], tva(3));
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::Unmapped);
+    assert_eq!(r.get(3, 8), [42.0; 8], "no partial write");
+    // A part past the end of the row, and a used field of an unused part:
+    // BadDescriptor, nothing written.
+    for bad in [concat_desc(2, 4, &[(tva(0), 3, 2)], tva(3)), {
+        let mut d = concat_desc(2, 4, &[(tva(0), 0, 4)], tva(3));
+        d.cols[5] = 1;
+        d
+    }] {
+        let mut r = OpRig::new();
+        r.put(3, &[42.0; 8]);
+        assert_eq!(r.run(&bad.to_bytes()), FaultCode::BadDescriptor);
+        assert_eq!(r.get(3, 8), [42.0; 8]);
+        assert!(r.rig.dev.healthy());
+    }
+}

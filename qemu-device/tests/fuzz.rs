@@ -13,7 +13,7 @@ use common::*;
 use proptest::prelude::*;
 use rbln_hw::cmd::{header, Opcode};
 use rbln_hw::mmu::{Target, VA_LIMIT};
-use rbln_hw::ops::{CastDesc, EltInstr, EltwiseDesc, GatherDesc, OpHeader, QBinaryDesc, QConvDesc, QGemmDesc, QuantDesc, RecurrentDesc, WhereDesc};
+use rbln_hw::ops::{CastDesc, ConcatDesc, EltInstr, EltwiseDesc, GatherDesc, OpHeader, QBinaryDesc, QConvDesc, QGemmDesc, QuantDesc, RecurrentDesc, WhereDesc, MAX_CONCAT_PARTS};
 use rbln_hw::pci::{BAR_DOORBELL, BAR_DRAM, BAR_REGS};
 use rbln_hw::regs;
 use rbln_hw::ring::QueueState;
@@ -232,6 +232,26 @@ fn recurrent_descriptor() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// CONCAT descriptors, mostly decodable: 1 to 16 parts (sometimes 0 or
+/// 17), rows and columns from tiny to overflowing, parts overlapping each
+/// other and the output, awkward addresses.
+fn concat_descriptor() -> impl Strategy<Value = Vec<u8>> {
+    let size = || prop_oneof![8 => 1u32..8, 1 => Just(0u32), 1 => Just(1u32 << 16), 1 => any::<u32>()];
+    let part = (element_address(), prop_oneof![4 => 0u32..8, 1 => any::<u32>()], size());
+    (
+        (prop_oneof![9 => 1u32..=MAX_CONCAT_PARTS as u32, 1 => Just(0u32), 1 => Just(MAX_CONCAT_PARTS as u32 + 1)], size(), size()),
+        element_address(),
+        prop::collection::vec(part, MAX_CONCAT_PARTS),
+    )
+        .prop_map(|((parts, rows, out_cols), out_va, ps)| {
+            let mut d = ConcatDesc { rows, out_cols, parts, out_va, ..Default::default() };
+            for (i, &(va, col, cols)) in ps.iter().enumerate().take(parts as usize) {
+                (d.src_va[i], d.col[i], d.cols[i]) = (va, col % out_cols.max(1), cols);
+            }
+            d.with_header().to_bytes().to_vec()
+        })
+}
+
 /// A descriptor page: a valid header for a random op with random fields
 /// drawn mostly from small numbers and mapped addresses.
 fn descriptor() -> impl Strategy<Value = Vec<u8>> {
@@ -386,6 +406,14 @@ proptest! {
     #[test]
     fn hostile_recurrent_descriptors(
         desc in recurrent_descriptor(),
+        data in prop::collection::vec(prop_oneof![Just(0.0f32), Just(-1.0), Just(f32::NAN), any::<f32>()], 256),
+    ) {
+        run_descriptor(&desc, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+    }
+
+    #[test]
+    fn hostile_concat_descriptors(
+        desc in concat_descriptor(),
         data in prop::collection::vec(prop_oneof![Just(0.0f32), Just(-1.0), Just(f32::NAN), any::<f32>()], 256),
     ) {
         run_descriptor(&desc, &data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;

@@ -133,6 +133,47 @@ pub fn strided_copy(p: &StridedCopy<'_>, src: &[f32], dst: &mut [f32]) -> Result
     Ok(())
 }
 
+/// One source of [`concat_rows`]: `rows × cols` row-major, landing at
+/// column `col` of every output row.
+#[derive(Clone, Copy, Debug)]
+pub struct ConcatPart<'a> {
+    pub src: &'a [f32],
+    pub col: usize,
+    pub cols: usize,
+}
+
+/// A concatenation in one pass: for every row `r < rows`, each part's row
+/// `r` lands at `out[r·out_cols + col ..]`, parts in order (a later one
+/// wins where they overlap); columns no part covers keep their values.
+/// Output rows are split between threads when the copy is large.
+pub fn concat_rows(rows: usize, out_cols: usize, parts: &[ConcatPart<'_>], out: &mut [f32]) -> Result<()> {
+    let n_out = rows.checked_mul(out_cols).ok_or_else(|| KernelError::invalid("concat rows", format!("{rows} × {out_cols} overflows")))?;
+    check_len("concat output", out.len(), n_out)?;
+    let mut moved = 0usize;
+    for p in parts {
+        if p.col.checked_add(p.cols).is_none_or(|end| end > out_cols) {
+            return Err(KernelError::invalid("concat part", format!("columns {}..+{} outside a row of {out_cols}", p.col, p.cols)));
+        }
+        let n = rows.checked_mul(p.cols).ok_or_else(|| KernelError::invalid("concat part", "size overflows"))?;
+        check_len("concat part", p.src.len(), n)?;
+        moved = moved.saturating_add(n);
+    }
+    if n_out == 0 {
+        return Ok(());
+    }
+    let row = |r: usize, dst: &mut [f32]| {
+        for p in parts {
+            dst[p.col..p.col + p.cols].copy_from_slice(&p.src[r * p.cols..][..p.cols]);
+        }
+    };
+    if moved < 2 * PAR_CHUNK || rows == 1 {
+        out.chunks_mut(out_cols).enumerate().for_each(|(r, dst)| row(r, dst));
+    } else {
+        out.par_chunks_mut(out_cols).enumerate().for_each(|(r, dst)| row(r, dst));
+    }
+    Ok(())
+}
+
 /// `y = x` with dimensions permuted: `y`'s dimension `i` is `x`'s dimension
 /// `perm[i]` (numpy `transpose(x, perm)`). Rank ≤ 6.
 pub fn permute(shape: &[usize], perm: &[usize], x: &[f32], y: &mut [f32]) -> Result<()> {
