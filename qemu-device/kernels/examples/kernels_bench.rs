@@ -728,6 +728,37 @@ fn run() {
             });
         }
     }
+    // Concatenations that cannot be done in place (rows > 1): one CONCAT,
+    // and the STRIDED_COPY per input it replaced. YOLOv8's detection head
+    // (three maps' channels along the positions), then many short rows.
+    for (rows, cols) in [(64usize, vec![6400usize, 1600, 400]), (2, vec![8; 13])] {
+        let out_cols: usize = cols.iter().sum();
+        let srcs: Vec<Vec<f32>> = cols.iter().enumerate().map(|(i, &c)| data(rows * c, i as u32)).collect();
+        let mut out = vec![0.0f32; rows * out_cols];
+        let bytes = 8 * rows * out_cols;
+        let name = format!("concat rows {rows} x {cols:?}");
+        if b.wants(&name) {
+            b.mem(&name, bytes, || {
+                let mut at = 0;
+                let parts: Vec<ConcatPart<'_>> = srcs.iter().zip(&cols).map(|(s, &c)| { at += c; ConcatPart { src: s, col: at - c, cols: c } }).collect();
+                concat_rows(rows, out_cols, &parts, &mut out).unwrap();
+                black_box(&mut out);
+            });
+        }
+        let name = format!("strided copies rows {rows} x {cols:?}");
+        if b.wants(&name) {
+            b.mem(&name, bytes, || {
+                let mut at = 0;
+                for (s, &c) in srcs.iter().zip(&cols) {
+                    let (ss, ds) = ([c as isize, 1], [out_cols as isize, 1]);
+                    let p = StridedCopy { sizes: &[rows, c], src_offset: 0, src_strides: &ss, dst_offset: at, dst_strides: &ds };
+                    strided_copy(&p, s, &mut out).unwrap();
+                    at += c;
+                }
+                black_box(&mut out);
+            });
+        }
+    }
     // Pooling.
     let pools = [
         ("maxpool 3x3 s2 64@112 (stem)", Pool2dParams {
