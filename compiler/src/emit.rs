@@ -314,6 +314,10 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)], pool: 
                 b.add_node(Node::concat_view(&op.name, &ins, out));
                 continue;
             }
+            Kind::SliceView { .. } => {
+                b.add_node(Node::view(&op.name, ins[0], out));
+                continue;
+            }
             _ => {}
         }
         let descs = descriptors(g, op, &|v| off(&b, v))?;
@@ -928,7 +932,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             r.push(reloc(offset_of!(EltwiseDesc, out_va), o));
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::View { .. } | Kind::ConcatView { .. } => Vec::new(),
+        Kind::View { .. } | Kind::ConcatView { .. } | Kind::SliceView { .. } => Vec::new(),
     })
 }
 

@@ -239,6 +239,9 @@ pub enum Kind {
     /// The output is `parts` side by side, their producers having written
     /// them in place (a concatenation without a copy; crate::storage).
     ConcatView { parts: Vec<ValueId> },
+    /// The output is the contiguous bytes of `x` from byte `offset` on (a
+    /// slice or split part read in place; crate::storage).
+    SliceView { x: ValueId, offset: u64 },
     /// int8 quantise (f32 → `qtype`) or dequantise (`qtype` → f32) of `x`
     /// viewed as `[outer, channels, inner]`; `scale` (f32) and `zero`
     /// (i32) are constants of `channels` entries.
@@ -314,7 +317,7 @@ impl Kind {
         match self {
             Gemm { a, b, bias, residual, .. } => [Some(*a), Some(*b), *bias, *residual].into_iter().flatten().collect(),
             Conv { x, w, bias, residual, .. } => [Some(*x), Some(*w), *bias, *residual].into_iter().flatten().collect(),
-            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } | Resize { x, .. } | TopK { x, .. } => vec![*x],
+            Pool { x, .. } | Unary { x, .. } | Softmax { x, .. } | Reduce { x, .. } | Transpose { x, .. } | Pad { x, .. } | View { x } | Cast { x, .. } | Resize { x, .. } | TopK { x, .. } | SliceView { x, .. } => vec![*x],
             Binary { a, b, .. } => vec![*a, *b],
             Where { cond, a, b, .. } => vec![*cond, *a, *b],
             GridSample { x, grid, .. } => vec![*x, *grid],

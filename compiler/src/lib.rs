@@ -74,6 +74,8 @@ pub struct Report {
     /// Concatenations whose inputs' producers write into the result
     /// (crate::storage), counted among the views.
     pub concats_in_place: usize,
+    /// Slices read in place (crate::storage), counted among the views.
+    pub slices_in_place: usize,
     /// Weight layout decisions, one per op whose weights were laid out
     /// for the cores.
     pub layouts: Vec<Layout>,
@@ -108,7 +110,7 @@ struct Prepared {
     fused: FuseStats,
     int8: Int8Stats,
     layouts: Vec<Layout>,
-    concats_in_place: usize,
+    in_place: storage::InPlace,
 }
 
 /// Compile the bytes of an ONNX or TFLite file (told apart by TFLite's
@@ -211,15 +213,15 @@ fn prepare(mut g: ir::Graph, props: Vec<(String, String)>, format: SourceFormat,
     }
     let layouts = pack::run(&mut g);
     // Last: it decides the memory layout of the graph the others made.
-    let concats_in_place = storage::in_place(&mut g);
-    Prepared { g, props, format, onnx_nodes, fused, int8, layouts, concats_in_place }
+    let in_place = storage::in_place(&mut g);
+    Prepared { g, props, format, onnx_nodes, fused, int8, layouts, in_place }
 }
 
 fn finish(p: Prepared, name: &str, pool: WeightPool) -> Result<Compiled> {
     let mut device_ops = BTreeMap::new();
     let mut views = 0;
     for op in &p.g.ops {
-        if matches!(op.kind, ir::Kind::View { .. } | ir::Kind::ConcatView { .. }) {
+        if matches!(op.kind, ir::Kind::View { .. } | ir::Kind::ConcatView { .. } | ir::Kind::SliceView { .. }) {
             views += 1;
         } else {
             *device_ops.entry(op.op.clone()).or_insert(0) += 1;
@@ -231,7 +233,8 @@ fn finish(p: Prepared, name: &str, pool: WeightPool) -> Result<Compiled> {
         onnx_nodes: p.onnx_nodes,
         device_ops,
         views,
-        concats_in_place: p.concats_in_place,
+        concats_in_place: p.in_place.concats,
+        slices_in_place: p.in_place.slices,
         layouts: p.layouts,
         fused: p.fused,
         int8: p.int8,

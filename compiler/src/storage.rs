@@ -1,8 +1,10 @@
-//! Which run-time values share arena bytes, and concatenations done in
-//! place.
+//! Which run-time values share arena bytes: concatenations and slices
+//! done in place.
 //!
 //! A storage is a set of values at byte positions; its bytes are the span
-//! of theirs. A view shares its input's bytes. A concatenation whose
+//! of theirs. A view shares its input's bytes; a slice that is one
+//! contiguous range of its input (a split along channels at batch 1)
+//! shares those bytes instead of copying them. A concatenation whose
 //! inputs each land in one contiguous range of the result (the axis and
 //! everything before it of extent 1: a channel concat at batch 1, any
 //! concat of vectors) becomes a view of its inputs side by side when
@@ -57,6 +59,18 @@ impl Storages {
         let p = self.place(x)?;
         self.storages[p.storage].members.push((out, p.pos, p.bytes));
         self.of.insert(out, p);
+        Ok(())
+    }
+
+    /// `out` is the bytes of `x` from byte `offset` on.
+    pub fn view_at(&mut self, out: ValueId, x: ValueId, offset: u64, bytes: u64) -> Result<()> {
+        let p = self.place(x)?;
+        if offset.checked_add(bytes).is_none_or(|end| end > p.bytes) {
+            return Err(CompileError::Invalid(format!("value {out}: bytes {offset}+{bytes} outside its source's {}", p.bytes)));
+        }
+        let pos = p.pos + offset as i64;
+        self.storages[p.storage].members.push((out, pos, bytes));
+        self.of.insert(out, Place { storage: p.storage, pos, bytes });
         Ok(())
     }
 
@@ -142,6 +156,7 @@ impl Storages {
         for op in &g.ops {
             match &op.kind {
                 Kind::View { x } => s.view(op.out, *x)?,
+                Kind::SliceView { x, offset } => s.view_at(op.out, *x, *offset, byte_size(g, op.out))?,
                 Kind::ConcatView { parts } => {
                     let parts: Vec<(ValueId, u64)> = parts.iter().map(|&v| (v, byte_size(g, v))).collect();
                     if !s.concat(op.out, &parts)? {
@@ -192,30 +207,71 @@ fn contiguous_concat(g: &Graph, parts: &[CopyPart], out: ValueId) -> Option<Vec<
     (at == g.values[out].elems() && !srcs.is_empty()).then_some(srcs)
 }
 
+/// The source and element offset of a copy that takes one contiguous
+/// range of its source whole into its output (a slice along the first axis
+/// of extent above 1, a channel split at batch 1); None for any other copy.
+fn contiguous_slice(g: &Graph, parts: &[CopyPart], out: ValueId) -> Option<(ValueId, u64)> {
+    let [p] = parts else { return None };
+    let four = |v: ValueId| g.values[v].dtype.size() == 4;
+    if g.konst(p.src).is_some() || !four(p.src) || !four(out) || p.dst_offset != 0 || crate::shape::volume(&p.sizes) != g.values[out].elems() {
+        return None;
+    }
+    let mut expect = 1;
+    for d in (0..p.sizes.len()).rev() {
+        if p.sizes[d] == 1 {
+            continue;
+        }
+        if p.src_strides.get(d) != Some(&expect) || p.dst_strides.get(d) != Some(&expect) {
+            return None;
+        }
+        expect *= p.sizes[d];
+    }
+    Some((p.src, p.src_offset))
+}
+
+/// What [`in_place`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InPlace {
+    /// Concatenations become [`Kind::ConcatView`]s.
+    pub concats: usize,
+    /// Slices become [`Kind::SliceView`]s.
+    pub slices: usize,
+}
+
 /// Turn every copy that is a concatenation its inputs' producers can write
-/// in place into a [`Kind::ConcatView`]; returns how many.
-pub fn in_place(g: &mut Graph) -> usize {
+/// in place into a [`Kind::ConcatView`], and every copy of one contiguous
+/// range of a value into a [`Kind::SliceView`] of it.
+pub fn in_place(g: &mut Graph) -> InPlace {
     let mut s = Storages::default();
     for (_, v) in &g.inputs {
         s.written(*v, byte_size(g, *v));
     }
-    let mut done = 0;
+    let mut done = InPlace::default();
     for i in 0..g.ops.len() {
         let out = g.ops[i].out;
         let ok = match &g.ops[i].kind {
             Kind::View { x } => s.view(out, *x).is_ok(),
-            Kind::Copy { parts } => match contiguous_concat(g, parts, out) {
-                Some(srcs) => {
-                    let sized: Vec<(ValueId, u64)> = srcs.iter().map(|&v| (v, byte_size(g, v))).collect();
-                    if s.concat(out, &sized).unwrap_or(false) {
-                        g.ops[i].kind = Kind::ConcatView { parts: srcs };
-                        done += 1;
+            Kind::Copy { parts } => {
+                if let Some((x, at)) = contiguous_slice(g, parts, out) {
+                    if s.view_at(out, x, 4 * at, byte_size(g, out)).is_ok() {
+                        g.ops[i].kind = Kind::SliceView { x, offset: 4 * at };
+                        done.slices += 1;
                         continue;
                     }
-                    false
                 }
-                None => false,
-            },
+                match contiguous_concat(g, parts, out) {
+                    Some(srcs) => {
+                        let sized: Vec<(ValueId, u64)> = srcs.iter().map(|&v| (v, byte_size(g, v))).collect();
+                        if s.concat(out, &sized).unwrap_or(false) {
+                            g.ops[i].kind = Kind::ConcatView { parts: srcs };
+                            done.concats += 1;
+                            continue;
+                        }
+                        false
+                    }
+                    None => false,
+                }
+            }
             _ => false,
         };
         if !ok {

@@ -2048,9 +2048,10 @@ fn recurrent_layers_are_one_recurrent_op_per_direction_and_refuse_what_they_do_n
     };
     let hidden = attr_i("hidden_size", 5);
     let ok = compiled(&lstm(vec![hidden.clone()], vec![], &["x", "W", "R"]));
-    // The projection GEMM, the RECURRENT op and the copy of Y (Y_h is not
-    // a graph output).
-    assert_eq!(compute_ops(&ok.model), ["LSTM"; 3]);
+    // The projection GEMM and the RECURRENT op; Y is a slice of its
+    // output read in place (Y_h is not a graph output).
+    assert_eq!(compute_ops(&ok.model), ["LSTM"; 2]);
+    assert_eq!(ok.report.slices_in_place, 1);
     let rec: Vec<RecurrentDesc> = descriptors(&ok.model).into_iter().filter_map(|d| if let Desc::Recurrent(r) = d { Some(r) } else { None }).collect();
     assert_eq!(rec.len(), 1);
     assert_eq!((rec[0].cell, rec[0].flags, rec[0].seq, rec[0].batch, rec[0].hidden), (REC_LSTM, 0, 3, 2, 5));
@@ -2109,8 +2110,11 @@ fn top_k_is_one_selection_op_and_refuses_what_it_cannot_bound() {
             vec![vinfo("v", &[2, k]), typed_vinfo("i", &[2, k], elem::INT64)],
         )
     };
-    // One TOPK, a copy of each half (values, indices) and the cast.
-    assert_eq!(compute_ops(&compiled(&topk(3, 10, true)).model), ["TopK"; 4]);
+    // One TOPK and the cast of the indices; its halves (values, indices)
+    // are slices of its output read in place.
+    let c = compiled(&topk(3, 10, true));
+    assert_eq!(compute_ops(&c.model), ["TopK"; 2]);
+    assert_eq!(c.report.slices_in_place, 2);
     let m = compiled(&topk(300, 1000, true)).model;
     let d: Vec<TopKDesc> = descriptors(&m).into_iter().filter_map(|d| if let Desc::TopK(t) = d { Some(t) } else { None }).collect();
     assert_eq!(d.len(), 1);
@@ -2282,4 +2286,37 @@ fn concatenations_are_written_in_place_by_their_inputs_producers() {
     let twice = compiled_unfused(&dense_block(1, true));
     assert_eq!(twice.report.concats_in_place, 1);
     assert_eq!(compute_ops(&twice.model).iter().filter(|o| *o == "Concat").count(), 1);
+}
+
+/// x [n,8,2,2] -> Sigmoid -> Split into channels 3 + 5 -> Tanh of each ->
+/// Concat.
+fn split_halves(n: i64) -> Vec<u8> {
+    model(
+        vec![
+            node("Sigmoid", "s", &["x"], &["a"], vec![]),
+            node("Split", "split", &["a", "sizes"], &["p", "q"], vec![attr_i("axis", 1)]),
+            node("Tanh", "t1", &["p"], &["tp"], vec![]),
+            node("Tanh", "t2", &["q"], &["tq"], vec![]),
+            node("Concat", "cat", &["tq", "tp"], &["y"], vec![attr_i("axis", 1)]),
+        ],
+        vec![ints("sizes", &[3, 5])],
+        vec![vinfo("x", &[n, 8, 2, 2])],
+        vec![vinfo("y", &[n, 8, 2, 2])],
+    )
+}
+
+#[test]
+fn contiguous_slices_are_read_in_place() {
+    let c = compiled_unfused(&split_halves(1));
+    assert_eq!((c.report.slices_in_place, c.report.concats_in_place), (2, 1));
+    assert!(!compute_ops(&c.model).iter().any(|o| o == "Split" || o == "Slice" || o == "Concat"), "{:?}", compute_ops(&c.model));
+    let g = &c.model.graph;
+    let place = |name: &str| g.tensors.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no tensor {name}")).placement;
+    // p is a's first 3 channels (48 bytes), q the other 5.
+    assert_eq!((place("p").offset(), place("p").size()), (place("a").offset(), 48));
+    assert_eq!((place("q").offset(), place("q").size()), (place("a").offset() + 48, 80));
+    // At batch 2 each part is two runs of a: copies.
+    let c = compiled_unfused(&split_halves(2));
+    assert_eq!(c.report.slices_in_place, 0);
+    assert_eq!(compute_ops(&c.model).iter().filter(|o| *o == "Split").count(), 2);
 }

@@ -150,6 +150,12 @@ fn main() -> ExitCode {
                 let what = match (n.op.is_empty(), n.inputs.len()) {
                     (false, _) => n.op.clone(),
                     (true, k) if n.kind == rbln_format::NodeKind::View && k > 1 => format!("View (concat of {k}, in place)"),
+                    (true, 1)
+                        if n.kind == rbln_format::NodeKind::View
+                            && g.tensors.get(n.inputs[0] as usize).map(|t| t.placement) != out.map(|t| t.placement) =>
+                    {
+                        "View (slice, in place)".to_string()
+                    }
                     (true, _) => format!("{:?}", n.kind),
                 };
                 let layout = layouts.get(n.name.as_str()).map_or(String::new(), |l| format!("  [{l}]"));
@@ -172,8 +178,8 @@ fn report_json(r: &Report) -> String {
     let m = &r.memory;
     let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     format!(
-        "\"format\":\"{}\",\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"concats_in_place\":{},\"packed_gemm_weights\":{},\"int8_ops\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{}",
-        r.format.name(), r.onnx_nodes, r.device_op_count(), r.views, r.concats_in_place, r.layouts.len(), r.int8.conv + r.int8.gemm, ops.join(","),
+        "\"format\":\"{}\",\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"concats_in_place\":{},\"slices_in_place\":{},\"packed_gemm_weights\":{},\"int8_ops\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{}",
+        r.format.name(), r.onnx_nodes, r.device_op_count(), r.views, r.concats_in_place, r.slices_in_place, r.layouts.len(), r.int8.conv + r.int8.gemm, ops.join(","),
         m.weights_bytes, m.naive_bytes, m.planned_bytes, m.arena_bytes
     )
 }
@@ -196,9 +202,10 @@ fn print_report(r: &Report, file_len: usize, indent: &str) {
     let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("{k} x{v}")).collect();
     println!("{indent}ops: {}", ops.join(", "));
     println!(
-        "{indent}layouts: {} GEMMs read constant B packed in panels, {} concatenations written in place by their inputs' producers (--list names them)",
+        "{indent}layouts: {} GEMMs read constant B packed in panels, {} concatenations written in place by their inputs' producers, {} slices read in place (--list names them)",
         r.layouts.len(),
-        r.concats_in_place
+        r.concats_in_place,
+        r.slices_in_place
     );
     println!(
         "{indent}memory: weights {} B, activations {} B planned vs {} B naive ({saved:.1}% saved), arena {} B, file {file_len} B",

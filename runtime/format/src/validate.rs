@@ -439,12 +439,18 @@ fn graph(m: &EntryRef<'_>, inputs: &HashSet<u32>, boundaries: &[Vec<u64>]) -> Re
                 place("output", n.outputs[0], &[to.0], to.1)?;
             }
             NodeKind::View if n.inputs.len() <= 1 => {
+                // A reshape (the same bytes) or a slice (a contiguous part
+                // of them).
                 arity(1, 1)?;
                 let (a, b) = (&g.tensors[n.inputs[0] as usize], &g.tensors[n.outputs[0] as usize]);
-                if a.placement != b.placement {
+                let (pa, pb) = (a.placement, b.placement);
+                let inside = pa.code() == pb.code()
+                    && pb.offset() >= pa.offset()
+                    && pb.offset().saturating_add(pb.size()) <= pa.offset().saturating_add(pa.size());
+                if pa != pb && !inside {
                     return Err(bad_node(format!(
-                        "output '{}' must occupy exactly the input's bytes ({:?}), found {:?}",
-                        b.name, a.placement, b.placement
+                        "output '{}' must occupy the input's bytes or a part of them ({:?}), found {:?}",
+                        b.name, pa, pb
                     )));
                 }
             }
