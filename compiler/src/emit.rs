@@ -306,16 +306,12 @@ pub fn emit(g: &Graph, model_name: &str, properties: &[(String, String)], pool: 
         let ins: Vec<TensorId> = op.kind.inputs().iter().map(|v| tid[v]).collect();
         let out = tid[&op.out];
         match op.kind {
-            Kind::View { .. } => {
+            Kind::View { .. } | Kind::SliceView { .. } => {
                 b.add_node(Node::view(&op.name, ins[0], out));
                 continue;
             }
             Kind::ConcatView { .. } => {
                 b.add_node(Node::concat_view(&op.name, &ins, out));
-                continue;
-            }
-            Kind::SliceView { .. } => {
-                b.add_node(Node::view(&op.name, ins[0], out));
                 continue;
             }
             _ => {}
@@ -387,9 +383,12 @@ struct ConcatPiece {
 
 /// A copy whose parts each move whole rows of a row-major source into
 /// columns of the output's rows: (rows, output row length, the parts).
-/// Concatenations along any axis look like this.
+/// Concatenations along any axis of two or more inputs look like this.
 fn concat_rows(g: &Graph, parts: &[crate::ir::CopyPart], out: ValueId) -> Option<(u64, u64, Vec<ConcatPiece>)> {
-    let (rows, _) = row_shape(parts.first()?)?;
+    if parts.len() < 2 {
+        return None;
+    }
+    let (rows, _) = row_shape(&parts[0])?;
     let n_out = g.values[out].elems();
     if rows == 0 || n_out % rows != 0 {
         return None;
@@ -590,9 +589,8 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let d = TransposeDesc { rank: dims.len() as u32, dims: dims6(op, dims, "dims")?, perm: dims6(op, &p, "perm")?, ..Default::default() }.with_header();
             vec![(d.to_bytes().to_vec(), vec![reloc(offset_of!(TransposeDesc, in_va), off(*x)), reloc(offset_of!(TransposeDesc, out_va), o)])]
         }
-        Kind::Copy { parts } if parts.len() > 1 && concat_rows(g, parts, op.out).is_some() => {
+        Kind::Copy { parts } if let Some((rows, out_cols, pieces)) = concat_rows(g, parts, op.out) => {
             // A concatenation: one CONCAT per MAX_CONCAT_PARTS sources.
-            let (rows, out_cols, pieces) = concat_rows(g, parts, op.out).expect("checked by the guard");
             let mut v = Vec::new();
             for chunk in pieces.chunks(MAX_CONCAT_PARTS) {
                 let mut d = ConcatDesc { rows: u32c(op, rows, "rows")?, out_cols: u32c(op, out_cols, "columns")?, parts: chunk.len() as u32, ..Default::default() };

@@ -174,6 +174,22 @@ fn byte_size(g: &Graph, v: ValueId) -> u64 {
     g.values[v].elems() * g.values[v].dtype.size()
 }
 
+/// Whether a copy part moves one contiguous run on both sides: its box
+/// is row-major over both (extent-1 dims skipped).
+fn one_run(p: &CopyPart) -> bool {
+    let mut expect = 1;
+    for d in (0..p.sizes.len()).rev() {
+        if p.sizes[d] == 1 {
+            continue;
+        }
+        if p.src_strides.get(d) != Some(&expect) || p.dst_strides.get(d) != Some(&expect) {
+            return false;
+        }
+        expect *= p.sizes[d];
+    }
+    true
+}
+
 /// The inputs of a copy that is a concatenation with every input landing
 /// whole in one contiguous range of the output, in output order; None for
 /// any other copy.
@@ -190,16 +206,8 @@ fn contiguous_concat(g: &Graph, parts: &[CopyPart], out: ValueId) -> Option<Vec<
         if g.konst(p.src).is_some() || !four(p.src) || p.src_offset != 0 || p.dst_offset != at || n != g.values[p.src].elems() {
             return None;
         }
-        // Row-major over the box, skipping extent-1 dims, in both.
-        let mut expect = 1;
-        for d in (0..p.sizes.len()).rev() {
-            if p.sizes[d] == 1 {
-                continue;
-            }
-            if p.src_strides.get(d) != Some(&expect) || p.dst_strides.get(d) != Some(&expect) {
-                return None;
-            }
-            expect *= p.sizes[d];
+        if !one_run(p) {
+            return None;
         }
         at += n;
         srcs.push(p.src);
@@ -216,17 +224,7 @@ fn contiguous_slice(g: &Graph, parts: &[CopyPart], out: ValueId) -> Option<(Valu
     if g.konst(p.src).is_some() || !four(p.src) || !four(out) || p.dst_offset != 0 || crate::shape::volume(&p.sizes) != g.values[out].elems() {
         return None;
     }
-    let mut expect = 1;
-    for d in (0..p.sizes.len()).rev() {
-        if p.sizes[d] == 1 {
-            continue;
-        }
-        if p.src_strides.get(d) != Some(&expect) || p.dst_strides.get(d) != Some(&expect) {
-            return None;
-        }
-        expect *= p.sizes[d];
-    }
-    Some((p.src, p.src_offset))
+    one_run(p).then_some((p.src, p.src_offset))
 }
 
 /// What [`in_place`] did.
