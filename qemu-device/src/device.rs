@@ -261,7 +261,7 @@ pub struct Device {
 impl Device {
     pub fn new(cfg: Config) -> Result<Self, ConfigError> {
         cfg.validate()?;
-        let dram = Dram::new(cfg.dram_size)?;
+        let dram = Dram::new(cfg.dram_size, cfg.dram_bar_mmap)?;
         let shared = Arc::new(Shared {
             host: HostMemory::default(),
             dram,

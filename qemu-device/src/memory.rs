@@ -16,7 +16,8 @@ pub struct BusError {
     pub len: u64,
 }
 
-/// A mapping of a file range, accessed with raw copies.
+/// A mapping of a file range (or of anonymous memory), accessed with raw
+/// copies.
 ///
 /// The guest (or QEMU) may write the same memory concurrently: this is
 /// shared memory with another party, so every access is a plain byte copy
@@ -30,6 +31,20 @@ impl Mapping {
     pub fn new(file: &File, offset: u64, len: u64) -> std::io::Result<Self> {
         let len = usize::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
         let map = MmapOptions::new().offset(offset).len(len).map_raw(file)?;
+        Ok(Self { map })
+    }
+
+    /// `len` bytes of private anonymous memory, zero until written, with
+    /// transparent huge pages requested: memory only the device reaches.
+    pub fn anonymous(len: u64) -> std::io::Result<Self> {
+        let len = usize::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let map = MmapRaw::from(MmapOptions::new().len(len).map_anon()?);
+        // 2 MiB pages where the host allows them (THP "always" or
+        // "madvise"): the kernels stream megabytes of weights and
+        // activations per op, and with 4 KiB pages every 4 KiB is a TLB
+        // miss, a two-dimensional page walk when the host is itself a
+        // virtual machine. Refused (no THP): 4 KiB pages, as before.
+        let _ = map.advise(memmap2::Advice::HugePage);
         Ok(Self { map })
     }
 
@@ -194,26 +209,38 @@ pub fn memfd(name: &str, size: u64) -> std::io::Result<File> {
     Ok(file)
 }
 
-/// Device DRAM: a memfd the guest can also map directly through BAR2.
+/// Device DRAM: private memory of the device model or, when the guest may
+/// map BAR2 directly, a memfd shared with the VMM.
 pub struct Dram {
-    file: File,
+    /// The memfd behind a shareable DRAM.
+    file: Option<File>,
     map: Mapping,
 }
 
 impl Dram {
-    pub fn new(size: u64) -> std::io::Result<Self> {
+    /// `size` bytes of DRAM; `shareable`: backed by a memfd that [`file`]
+    /// offers to the VMM (4 KiB pages: shared memory gets huge pages only
+    /// where the host's shmem THP policy allows), else anonymous memory
+    /// with huge pages requested.
+    ///
+    /// [`file`]: Dram::file
+    pub fn new(size: u64, shareable: bool) -> std::io::Result<Self> {
+        if !shareable {
+            return Ok(Self { file: None, map: Mapping::anonymous(size)? });
+        }
         let file = memfd("rbln-dram", size)?;
         let map = Mapping::new(&file, 0, size)?;
-        Ok(Self { file, map })
+        Ok(Self { file: Some(file), map })
     }
 
     pub fn size(&self) -> u64 {
         self.map.len()
     }
 
-    /// The memfd, offered to QEMU so BAR2 is mapped without trapping.
-    pub fn file(&self) -> &File {
-        &self.file
+    /// The memfd, offered to QEMU so BAR2 is mapped without trapping;
+    /// None for DRAM made not shareable.
+    pub fn file(&self) -> Option<&File> {
+        self.file.as_ref()
     }
 
     pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), BusError> {

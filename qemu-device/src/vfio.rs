@@ -86,10 +86,11 @@ pub fn serve(device: Arc<Device>, path: &Path) -> Result<(), vfio_user::Error> {
     // whole BAR is one mappable area of the memfd and guest CPU accesses
     // never trap. (The crate sends the fd with the sparse-mmap capability,
     // hence the single area covering the region.)
-    regions[pci::BAR_DRAM as usize] = if cfg.dram_bar_mmap {
+    // (The device made its DRAM a memfd exactly when `dram_bar_mmap`.)
+    regions[pci::BAR_DRAM as usize] = if let (true, Some(file)) = (cfg.dram_bar_mmap, device.dram().file()) {
         let mut dram = region(pci::BAR_DRAM, cfg.dram_size, rw | VFIO_REGION_INFO_FLAG_MMAP);
         dram.sparse_areas = vec![SparseArea { area: vfio_region_sparse_mmap_area { offset: 0, size: cfg.dram_size } }];
-        dram.mmap_fd = Some(device.dram().file().as_raw_fd());
+        dram.mmap_fd = Some(file.as_raw_fd());
         dram
     } else {
         region(pci::BAR_DRAM, cfg.dram_size, rw)

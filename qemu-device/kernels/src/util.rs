@@ -271,7 +271,7 @@ pub(crate) fn with_local<T: Default, R>(key: &'static std::thread::LocalKey<core
 /// gets a temporary buffer.)
 pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     if len > SCRATCH_KEEP {
-        return f(&mut vec![0.0; len]);
+        return f(&mut huge_page_vec(len));
     }
     with_local(&SCRATCH, |buf| sized(buf, len, f))
 }
@@ -279,9 +279,32 @@ pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R 
 /// `f` on the first `len` elements of `buf`, grown if needed.
 fn sized<R>(buf: &mut Vec<f32>, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     if buf.len() < len {
-        buf.resize(len, 0.0);
+        *buf = huge_page_vec(len);
     }
     f(&mut buf[..len])
+}
+
+/// A zeroed vector of `len` floats whose whole 2 MiB pages are backed by
+/// transparent huge pages where the host allows them (asked for before
+/// the first touch): the kernels stream megabytes of scratch per op, and
+/// every 4 KiB page is otherwise a TLB miss.
+pub(crate) fn huge_page_vec(len: usize) -> Vec<f32> {
+    const HUGE: usize = 2 << 20;
+    let mut v: Vec<f32> = Vec::with_capacity(len);
+    #[cfg(target_os = "linux")]
+    if len * 4 >= HUGE {
+        let start = v.as_mut_ptr() as usize;
+        let (lo, hi) = (start.next_multiple_of(HUGE), (start + len * 4) / HUGE * HUGE);
+        if hi > lo {
+            // SAFETY: [lo, hi) lies inside the allocation just made (and
+            // not yet touched); MADV_HUGEPAGE only changes how its pages
+            // are backed, never their contents. A refusal (no THP) keeps
+            // 4 KiB pages.
+            unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
+        }
+    }
+    v.resize(len, 0.0);
+    v
 }
 
 /// Largest op-level scratch buffer kept alive per thread (64 MiB).
@@ -296,7 +319,7 @@ std::thread_local! {
 /// the tasks this thread runs meanwhile keep theirs.
 pub(crate) fn with_op_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     if len > OP_SCRATCH_KEEP {
-        return f(&mut vec![0.0; len]);
+        return f(&mut huge_page_vec(len));
     }
     with_local(&OP_SCRATCH, |buf| sized(buf, len, f))
 }
