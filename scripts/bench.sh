@@ -297,7 +297,11 @@ main() {
         log "device measurements: one VM boot (tests/bench/guest.sh)"
         # The rbln-serve rows' load client runs here on the host, reaching
         # the guest's gRPC port through QEMU user networking.
-        VM_FORWARD=8001 VM_HOST_CLIENT="$OUT/bin/rbln-serve-load --addr http://{8001}" \
+        # The same channel brings the guest's requests for onnxruntime
+        # right before each model's profiles (scripts/bench-host-client.sh).
+        rm -f "$OUT/host/ort.paired.jsonl"
+        BENCH_HOST_OUT=$OUT BENCH_HOST_PY=$PY BENCH_HOST_THREADS=$THREADS BENCH_HOST_ORT_ARGS="${ORT_ARGS[*]}" \
+        VM_FORWARD=8001 VM_HOST_CLIENT="$RBLN_ROOT/scripts/bench-host-client.sh http://{8001}" \
             VM_KERNEL=$KERNEL VM_SMP=$VM_SMP_BENCH VM_TIMEOUT=${VM_TIMEOUT:-1200} "$RBLN_ROOT/scripts/vm.sh" "sh tests/bench/guest.sh $OUT_REL" \
             2>&1 | tee "$OUT/vm.log" || rc=${PIPESTATUS[0]}
     fi

@@ -29,6 +29,31 @@ step() {
     return "$rc"
 }
 
+# host_client ARGS...: the harness's host client
+# (scripts/bench-host-client.sh: "load ..." runs rbln-serve-load on the
+# host, reaching the guest's port 8001 through QEMU user networking;
+# "ort NAME" times onnxruntime on NAME; scripts/vm.sh VM_HOST_CLIENT) run
+# with ARGS: its output, errors and exit status become this command's.
+#
+# It polls for the answer once a second: every poll is a fork and exec of
+# busybox's sleep on the emulated CPU, and at 5 polls a second those were
+# about a fifth of all guest instructions while rbln-serve answered a
+# small model's requests (the client times itself on the host, so the
+# poll interval adds nothing to its figures).
+host_client() {
+    rm -f /run/rbln/host-client.rc
+    echo "$*" >/run/rbln/host-client.req.tmp && mv /run/rbln/host-client.req.tmp /run/rbln/host-client.req
+    k=0
+    while [ ! -f /run/rbln/host-client.rc ]; do
+        k=$((k + 1))
+        [ "$k" -lt 600 ] || { echo "the host client did not answer in 600 s" >&2; return 124; }
+        sleep 1
+    done
+    cat /run/rbln/host-client.out
+    cat /run/rbln/host-client.err >&2
+    return "$(cat /run/rbln/host-client.rc)"
+}
+
 t0=$(date +%s)
 elapsed() { echo "[guest +$(($(date +%s) - t0))s] $*"; }
 
@@ -43,6 +68,8 @@ nproc >"$G/cpus"
 # a fresh rbln-run after one warm-up inference) for the median device
 # time. Each profiled submission runs the inference PROFILE_RUNS times back
 # to back and its trace times the last (the steady state of a loop).
+paired=0
+grep -q '^8001 ' /run/rbln/forward 2>/dev/null && paired=1
 for m in $MODELS $MICRO_MODELS; do
     [ -f "$M/$m.rbln" ] && [ "$m" != "$ASYNC_MODEL" ] || continue
     case " $MICRO_MODELS " in
@@ -57,6 +84,12 @@ for m in $MODELS $MICRO_MODELS; do
         ins=""
         k=0
         while [ -f "$M/$m.input$k.npy" ]; do ins="$ins --input $M/$m.input$k.npy"; k=$((k + 1)); done
+    fi
+    # The paired onnxruntime reference, timed on the host now while this
+    # guest sleeps (the device idle): the machine's speed drifts too much
+    # over a whole bench for references taken before and after the VM.
+    if [ "$paired" = 1 ]; then
+        host_client ort "$m" >/dev/null 2>"$G/$m.ort.err" || echo "bench: onnxruntime for $m failed (see $m.ort.err)"
     fi
     # shellcheck disable=SC2086 # $ins is a list of arguments
     step "$m.run" rbln-run "$M/$m.rbln" $ins --output "$G/$m.out.npy" \
@@ -121,30 +154,6 @@ for m in $PY_MODELS; do
         --requests "$PY_REQUESTS" --rounds "$PY_ROUNDS" || true
 done
 
-# host_client ARGS...: the harness's host client (rbln-serve-load on the
-# host, reaching the guest's port 8001 through QEMU user networking;
-# scripts/vm.sh VM_HOST_CLIENT) run with ARGS: its output, errors and exit
-# status become this command's.
-#
-# It polls for the answer once a second: every poll is a fork and exec of
-# busybox's sleep on the emulated CPU, and at 5 polls a second those were
-# about a fifth of all guest instructions while rbln-serve answered a
-# small model's requests (the client times itself on the host, so the
-# poll interval adds nothing to its figures).
-host_client() {
-    rm -f /run/rbln/host-client.rc
-    echo "$*" >/run/rbln/host-client.req.tmp && mv /run/rbln/host-client.req.tmp /run/rbln/host-client.req
-    k=0
-    while [ ! -f /run/rbln/host-client.rc ]; do
-        k=$((k + 1))
-        [ "$k" -lt 600 ] || { echo "the host client did not answer in 600 s" >&2; return 124; }
-        sleep 1
-    done
-    cat /run/rbln/host-client.out
-    cat /run/rbln/host-client.err >&2
-    return "$(cat /run/rbln/host-client.rc)"
-}
-
 # rbln-serve (2 instances of each model) under rbln-serve-load at each
 # concurrency, and rbln-run --async --parallel 2 (the same AsyncRuntime
 # without the server) on the same model right before: the throughput the
@@ -155,7 +164,7 @@ host_client() {
 if [ -n "$SERVE_MODELS" ]; then
     ip link set lo up
     client=guest load=rbln-serve-load
-    grep -q '^8001 ' /run/rbln/forward 2>/dev/null && client=host load=host_client
+    [ "$paired" = 1 ] && client=host load="host_client load"
     echo "$client" >"$G/serve.client"
     R=/tmp/bench-repo
     rm -rf "$R"

@@ -191,6 +191,7 @@ def model_row(out, name, ort, kind):
         row["onnxruntime_min_ms"] = o["min_ms"]
         row["onnxruntime_runs"] = o["runs"]
         row["onnxruntime_phase_ms"] = o["phase_median_ms"]
+        row["onnxruntime_paired"] = o["paired"]
     rc = read_text(os.path.join(out, "models", f"{name}.compile.rc"), None)
     if rc != "0":
         err = last_line(os.path.join(out, "models", f"{name}.compile.err"))
@@ -563,10 +564,13 @@ PHASES = ("before", "after")
 
 
 def read_ort(out):
-    """onnxruntime times of the runs before and after the VM, pooled:
-    median_ms and min_ms over all runs, plus each phase's median."""
+    """onnxruntime times. A model the guest had timed right before its
+    profiles (host/ort.paired.jsonl, scripts/bench-host-client.sh) takes
+    that paired run's median_ms and min_ms; the others pool the runs before
+    and after the VM. Every row keeps each phase's median (before, after,
+    paired) and says which it took ("paired")."""
     phases = {}
-    for ph in PHASES:
+    for ph in PHASES + ("paired",):
         path = os.path.join(out, "host", f"ort.{ph}.jsonl")
         if os.path.exists(path):
             with open(path) as f:
@@ -578,9 +582,11 @@ def read_ort(out):
         if not good:
             ort[name] = next(iter(rows.values()))
             continue
-        times = sorted(t for r in good.values() for t in r["times_ms"])
+        paired = "paired" in good
+        pool = [good["paired"]] if paired else [r for ph, r in good.items() if ph != "paired"]
+        times = sorted(t for r in pool for t in r["times_ms"])
         ort[name] = {"name": name, "median_ms": median(times), "min_ms": times[0], "runs": len(times),
-                     "phase_median_ms": {ph: r["median_ms"] for ph, r in good.items()}}
+                     "paired": paired, "phase_median_ms": {ph: r["median_ms"] for ph, r in good.items()}}
     return ort
 
 
@@ -612,12 +618,13 @@ def read_native(out):
 
 
 def drift(models):
-    """The largest ratio between onnxruntime's medians before and after the
-    VM (models over 1 ms), a measure of how busy the machine was."""
+    """The largest ratio between onnxruntime's medians of one model in
+    different phases (before the VM, paired, after; models over 1 ms), a
+    measure of how much the machine's speed drifted."""
     worst = None
     for r in models:
         ph = r.get("onnxruntime_phase_ms") or {}
-        if len(ph) == 2 and min(ph.values()) > 1.0:
+        if len(ph) >= 2 and min(ph.values()) > 1.0:
             d = max(ph.values()) / min(ph.values())
             if worst is None or d > worst["max"]:
                 worst = {"max": d, "model": r["name"]}
@@ -690,6 +697,11 @@ def print_table(rep):
     g = rep.get("geomean_ratio_min")
     if g is not None:
         print(f"  (best run against best run: {g:.2f})")
+    timed = [r for r in rep["models"] if r.get("onnxruntime_ms")]
+    if timed:
+        paired = sum(1 for r in timed if r.get("onnxruntime_paired"))
+        print(f"  onnxruntime timed right before the model's device profiles (paired): {paired} of {len(timed)} models; "
+              "the others pool the runs before and after the VM")
     phases = [("host_before", "host references before the VM"), ("vm", "the VM"),
               ("host_after", "host references after it")]
     others = [(m.get(f"others_cpu_{p}"), m.get(f"steal_cpu_{p}"), what) for p, what in phases]
@@ -702,7 +714,7 @@ def print_table(rep):
     if busy or drifted:
         why = ["other processes used the machine"] if busy else []
         if drifted:
-            why.append(f"onnxruntime's medians before and after the VM differ by up to "
+            why.append(f"onnxruntime's medians of one model (before the VM, paired, after) differ by up to "
                        f"{(drift['max'] - 1) * 100:.0f}% ({drift['model']})")
         print(f"  NOTE: {'; '.join(why)}: expect noise of that order")
     long = [r for r in rep["models"] if (r.get("run_device_p50_ms") or 0) >= 10 and r.get("run_overhead") is not None]
