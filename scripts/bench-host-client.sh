@@ -8,14 +8,20 @@
 #   bench-host-client.sh ADDR ort NAME...   onnxruntime on NAME now, one JSON
 #                                           line each appended to
 #                                           OUT/host/ort.paired.jsonl
+#   bench-host-client.sh ADDR native        the micro rows' host references
+#                                           (rbln-bench-host: gemm crate,
+#                                           copy bandwidth) now, into
+#                                           OUT/host/native.paired.json
 #
-# `ort` is the paired reference of the model rows: the guest asks for it
-# right before it profiles the model and sleeps meanwhile, so that
+# `ort` is the paired reference of the model rows (`native` that of the
+# micro rows): the guest asks for it right before it measures the model
+# (the micro models) and sleeps meanwhile, so that
 # onnxruntime and the device are measured minutes apart at most, not an
 # hour (this host's speed drifts by a third within a `make bench`).
 # Environment: BENCH_HOST_OUT (the bench's output directory), BENCH_HOST_PY
 # (the venv's python), BENCH_HOST_THREADS, BENCH_HOST_ORT_ARGS (options of
-# bench_models.py ort).
+# bench_models.py ort), BENCH_HOST_NATIVE_ARGS (options of rbln-bench-host
+# besides --threads).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [[ $# -ge 2 ]] || { echo "usage: $0 ADDR load|ort ARGS..." >&2; exit 2; }
@@ -28,5 +34,11 @@ case $what in
         "$BENCH_HOST_PY" "$root/tests/models/bench_models.py" ort "$BENCH_HOST_OUT/models" \
             --threads "$BENCH_HOST_THREADS" $BENCH_HOST_ORT_ARGS "$@" | tee -a "$BENCH_HOST_OUT/host/ort.paired.jsonl"
         ;;
-    *) echo "$0: unknown request '$what' (load, ort)" >&2; exit 2 ;;
+    native)
+        # shellcheck disable=SC2086 # a list of options
+        "$root/target/release/rbln-bench-host" --threads "$BENCH_HOST_THREADS" $BENCH_HOST_NATIVE_ARGS \
+            >"$BENCH_HOST_OUT/host/native.paired.json.tmp"
+        mv "$BENCH_HOST_OUT/host/native.paired.json.tmp" "$BENCH_HOST_OUT/host/native.paired.json"
+        ;;
+    *) echo "$0: unknown request '$what' (load, ort, native)" >&2; exit 2 ;;
 esac

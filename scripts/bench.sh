@@ -298,9 +298,14 @@ main() {
         # The rbln-serve rows' load client runs here on the host, reaching
         # the guest's gRPC port through QEMU user networking.
         # The same channel brings the guest's requests for onnxruntime
-        # right before each model's profiles (scripts/bench-host-client.sh).
-        rm -f "$OUT/host/ort.paired.jsonl"
+        # right before each model's profiles, and for the micro rows' host
+        # references right before the micro models
+        # (scripts/bench-host-client.sh).
+        rm -f "$OUT/host/ort.paired.jsonl" "$OUT/host/native.paired.json"
+        local native_args=("${NATIVE_ARGS[@]}") s
+        for s in "${COPY_SIZES[@]}"; do native_args+=(--copy "$s"); done
         BENCH_HOST_OUT=$OUT BENCH_HOST_PY=$PY BENCH_HOST_THREADS=$THREADS BENCH_HOST_ORT_ARGS="${ORT_ARGS[*]}" \
+        BENCH_HOST_NATIVE_ARGS="${native_args[*]}" \
         VM_FORWARD=8001 VM_HOST_CLIENT="$RBLN_ROOT/scripts/bench-host-client.sh http://{8001}" \
             VM_KERNEL=$KERNEL VM_SMP=$VM_SMP_BENCH VM_TIMEOUT=${VM_TIMEOUT:-1200} "$RBLN_ROOT/scripts/vm.sh" "sh tests/bench/guest.sh $OUT_REL" \
             2>&1 | tee "$OUT/vm.log" || rc=${PIPESTATUS[0]}

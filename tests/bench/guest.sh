@@ -68,7 +68,7 @@ nproc >"$G/cpus"
 # a fresh rbln-run after one warm-up inference) for the median device
 # time. Each profiled submission runs the inference PROFILE_RUNS times back
 # to back and its trace times the last (the steady state of a loop).
-paired=0
+paired=0 native=0
 grep -q '^8001 ' /run/rbln/forward 2>/dev/null && paired=1
 for m in $MODELS $MICRO_MODELS; do
     [ -f "$M/$m.rbln" ] && [ "$m" != "$ASYNC_MODEL" ] || continue
@@ -90,6 +90,11 @@ for m in $MODELS $MICRO_MODELS; do
     # over a whole bench for references taken before and after the VM.
     if [ "$paired" = 1 ]; then
         host_client ort "$m" >/dev/null 2>"$G/$m.ort.err" || echo "bench: onnxruntime for $m failed (see $m.ort.err)"
+        # The micro rows' host references (gemm crate, copy bandwidth),
+        # once, before the first micro model.
+        case " $MICRO_MODELS " in
+            *" $m "*) [ "$native" = 1 ] || { native=1; host_client native >/dev/null 2>"$G/native.err" || echo "bench: host references failed (see native.err)"; } ;;
+        esac
     fi
     # shellcheck disable=SC2086 # $ins is a list of arguments
     step "$m.run" rbln-run "$M/$m.rbln" $ins --output "$G/$m.out.npy" \

@@ -8,7 +8,8 @@ the table (scripts/bench.sh runs it after the VM).
 Inputs, all under OUT: plan.env (what was run), machine.env (host facts
 recorded by bench.sh), models/NAME.{onnx,compile.rc,compile.err,report.json},
 host/ort.{before,after}.jsonl (bench_models.py ort before and after the
-VM), host/native.{before,after}.json (rbln-bench-host),
+VM; ort.paired.jsonl: right before each model, the guest asleep),
+host/native.{before,after,paired}.json (rbln-bench-host),
 guest/* (tests/bench/guest.sh: rbln-run --json reports, Chrome traces of
 rbln-run --profile, rbln-bench-guest results).
 
@@ -591,13 +592,20 @@ def read_ort(out):
 
 
 def read_native(out):
-    """rbln-bench-host results before and after the VM: the mean of the two
-    medians (GFLOP/s, GB/s), each phase kept."""
-    runs = {ph: read_json(os.path.join(out, "host", f"native.{ph}.json")) for ph in PHASES}
+    """rbln-bench-host results: the paired run's (host/native.paired.json,
+    timed right before the micro models while the guest slept) when there
+    is one, else the mean of the medians before and after the VM (GFLOP/s,
+    GB/s); every phase's figure kept."""
+    runs = {ph: read_json(os.path.join(out, "host", f"native.{ph}.json")) for ph in PHASES + ("paired",)}
     runs = {ph: r for ph, r in runs.items() if r}
     if not runs:
         return None
     mean = lambda v: sum(v) / len(v)  # noqa: E731
+    # The paired run (right before the micro models, the VM idle) alone
+    # when there is one; each phase's figure stays in phase_*.
+    every = runs
+    if "paired" in runs:
+        runs = {"paired": runs["paired"]}
     first = next(iter(runs.values()))
     gemm = None
     if first.get("gemm"):
@@ -605,16 +613,16 @@ def read_native(out):
         gemm = dict(first["gemm"], gflops=mean([x["gflops"] for x in g]),
                     median_ms=mean([x["median_ms"] for x in g]),
                     best_gflops=max(x["best_gflops"] for x in g),
-                    phase_gflops={ph: r["gemm"]["gflops"] for ph, r in runs.items()})
+                    phase_gflops={ph: r["gemm"]["gflops"] for ph, r in every.items() if r.get("gemm")})
     copies = []
     for c in first.get("copy", []):
         same = [x for r in runs.values() for x in r.get("copy", []) if x["bytes"] == c["bytes"]]
         merged = {"bytes": c["bytes"]}
         for k in ("memcpy_1t", "copy_nt"):
             merged[k] = {f: mean([x[k][f] for x in same]) for f in ("gbps", "gbps_read_write", "median_ms")}
-            merged[k]["phase_gbps"] = [x[k]["gbps"] for x in same]
+            merged[k]["phase_gbps"] = [x[k]["gbps"] for r in every.values() for x in r.get("copy", []) if x["bytes"] == c["bytes"]]
         copies.append(merged)
-    return {"threads": first.get("threads"), "gemm": gemm, "copy": copies}
+    return {"threads": first.get("threads"), "gemm": gemm, "copy": copies, "paired": "paired" in every}
 
 
 def drift(models):
@@ -667,6 +675,9 @@ def build_report(out):
         "geomean_ratio_min": geomean(ratios_min),
         "onnxruntime_drift": drift(models),
         "micro": micro_rows(out, plan, ort, native),
+        # The micro rows' host references (gemm crate, copies) were timed
+        # right before the micro models, the guest asleep.
+        "micro_references_paired": bool((native or {}).get("paired")),
     }
 
 
@@ -736,6 +747,8 @@ def print_table(rep):
     for r in rep["micro"]:
         print(f"{r['name'].ljust(w)} | {fmt(r['value'], 10)} | {fmt(r['reference'], 10)} | "
               f"{r['unit']:<12} | {fmt(r['ratio'], 5, 2)}  ({r['better']} is better)")
+    print("  host references (gemm crate, copies): " + ("timed right before the micro models (paired)"
+          if rep.get("micro_references_paired") else "the mean of the runs before and after the VM"))
     for r in rep["micro"]:
         if r["error"]:
             print(f"  {r['name']}: ERROR {r['error']}")
