@@ -24,7 +24,7 @@
 # besides --threads).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[[ $# -ge 2 ]] || { echo "usage: $0 ADDR load|ort ARGS..." >&2; exit 2; }
+[[ $# -ge 2 ]] || { echo "usage: $0 ADDR load|ort|native [ARGS...]" >&2; exit 2; }
 addr=$1 what=$2
 shift 2
 case $what in

@@ -32,8 +32,9 @@ step() {
 # host_client ARGS...: the harness's host client
 # (scripts/bench-host-client.sh: "load ..." runs rbln-serve-load on the
 # host, reaching the guest's port 8001 through QEMU user networking;
-# "ort NAME" times onnxruntime on NAME; scripts/vm.sh VM_HOST_CLIENT) run
-# with ARGS: its output, errors and exit status become this command's.
+# "ort NAME" times onnxruntime on NAME, "native" the micro rows' host
+# references; scripts/vm.sh VM_HOST_CLIENT) run with ARGS: its output,
+# errors and exit status become this command's.
 #
 # It polls for the answer once a second: every poll is a fork and exec of
 # busybox's sleep on the emulated CPU, and at 5 polls a second those were
