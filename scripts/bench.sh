@@ -146,6 +146,7 @@ ASYNC_MODEL=micro-relu  # only run with --async (guest.sh)
 # The host copy reference covers the Add's tensor size and the DMA sizes.
 if [[ $SMOKE == 1 ]]; then ADD_BYTES=$((4 * 4 * 32 * 32)); else ADD_BYTES=$((4 * 64 * 256 * 256)); fi
 read -r -a COPY_SIZES <<<"$(printf '%s\n' $ADD_BYTES $DMA_SIZES | sort -nu | tr '\n' ' ')"
+for s in "${COPY_SIZES[@]}"; do NATIVE_ARGS+=(--copy "$s"); done
 
 # Other work on the machine moves every number. cpu_mark VAR stores in VAR
 # what phase_end needs: wall ns, busy and steal ticks of all CPUs
@@ -179,7 +180,7 @@ phase_end() {
 # host_references PHASE: onnxruntime on every model, then the gemm crate
 # and copy bandwidth, into OUT/host/{ort,native}.PHASE.*
 host_references() {
-    local phase=$1 s copy_args=() mark
+    local phase=$1 mark
     cpu_mark mark
     log "onnxruntime on $THREADS threads (ORT_ENABLE_ALL, sequential), $phase the VM"
     "$PY" "$RBLN_ROOT/tests/models/bench_models.py" ort "$OUT/models" --threads "$THREADS" "${ORT_ARGS[@]}" \
@@ -190,8 +191,7 @@ host_references() {
             --new-tokens "$DEC_TOKENS" --runs "$DEC_RUNS" --seqs "$DEC_SEQS" $DECODERS >"$OUT/host/decoder.$phase.jsonl"
     fi
     log "host references: gemm crate, copy bandwidth ($THREADS threads), $phase the VM"
-    for s in "${COPY_SIZES[@]}"; do copy_args+=(--copy "$s"); done
-    "$RBLN_ROOT/target/release/rbln-bench-host" --threads "$THREADS" "${NATIVE_ARGS[@]}" "${copy_args[@]}" \
+    "$RBLN_ROOT/target/release/rbln-bench-host" --threads "$THREADS" "${NATIVE_ARGS[@]}" \
         >"$OUT/host/native.$phase.json"
     phase_end "host_$phase" "$mark"
 }
@@ -302,10 +302,8 @@ main() {
         # references right before the micro models
         # (scripts/bench-host-client.sh).
         rm -f "$OUT/host/ort.paired.jsonl" "$OUT/host/native.paired.json"
-        local native_args=("${NATIVE_ARGS[@]}") s
-        for s in "${COPY_SIZES[@]}"; do native_args+=(--copy "$s"); done
         BENCH_HOST_OUT=$OUT BENCH_HOST_PY=$PY BENCH_HOST_THREADS=$THREADS BENCH_HOST_ORT_ARGS="${ORT_ARGS[*]}" \
-        BENCH_HOST_NATIVE_ARGS="${native_args[*]}" \
+        BENCH_HOST_NATIVE_ARGS="${NATIVE_ARGS[*]}" \
         VM_FORWARD=8001 VM_HOST_CLIENT="$RBLN_ROOT/scripts/bench-host-client.sh http://{8001}" \
             VM_KERNEL=$KERNEL VM_SMP=$VM_SMP_BENCH VM_TIMEOUT=${VM_TIMEOUT:-1200} "$RBLN_ROOT/scripts/vm.sh" "sh tests/bench/guest.sh $OUT_REL" \
             2>&1 | tee "$OUT/vm.log" || rc=${PIPESTATUS[0]}

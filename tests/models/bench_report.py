@@ -562,6 +562,17 @@ def machine_info(out, plan):
 
 
 PHASES = ("before", "after")
+# The references timed during the VM, right before what they are compared
+# with (scripts/bench-host-client.sh).
+PAIRED = "paired"
+
+
+def reference_runs(runs):
+    """Of a reference's results by phase, the ones its figure is made of:
+    the paired run alone when there is one, else the others pooled."""
+    if PAIRED in runs:
+        return {PAIRED: runs[PAIRED]}
+    return runs
 
 
 def read_ort(out):
@@ -571,7 +582,7 @@ def read_ort(out):
     and after the VM. Every row keeps each phase's median (before, after,
     paired) and says which it took ("paired")."""
     phases = {}
-    for ph in PHASES + ("paired",):
+    for ph in PHASES + (PAIRED,):
         path = os.path.join(out, "host", f"ort.{ph}.jsonl")
         if os.path.exists(path):
             with open(path) as f:
@@ -583,11 +594,9 @@ def read_ort(out):
         if not good:
             ort[name] = next(iter(rows.values()))
             continue
-        paired = "paired" in good
-        pool = [good["paired"]] if paired else [r for ph, r in good.items() if ph != "paired"]
-        times = sorted(t for r in pool for t in r["times_ms"])
+        times = sorted(t for r in reference_runs(good).values() for t in r["times_ms"])
         ort[name] = {"name": name, "median_ms": median(times), "min_ms": times[0], "runs": len(times),
-                     "paired": paired, "phase_median_ms": {ph: r["median_ms"] for ph, r in good.items()}}
+                     "paired": PAIRED in good, "phase_median_ms": {ph: r["median_ms"] for ph, r in good.items()}}
     return ort
 
 
@@ -596,16 +605,12 @@ def read_native(out):
     timed right before the micro models while the guest slept) when there
     is one, else the mean of the medians before and after the VM (GFLOP/s,
     GB/s); every phase's figure kept."""
-    runs = {ph: read_json(os.path.join(out, "host", f"native.{ph}.json")) for ph in PHASES + ("paired",)}
-    runs = {ph: r for ph, r in runs.items() if r}
-    if not runs:
+    every = {ph: read_json(os.path.join(out, "host", f"native.{ph}.json")) for ph in PHASES + (PAIRED,)}
+    every = {ph: r for ph, r in every.items() if r}
+    if not every:
         return None
     mean = lambda v: sum(v) / len(v)  # noqa: E731
-    # The paired run (right before the micro models, the VM idle) alone
-    # when there is one; each phase's figure stays in phase_*.
-    every = runs
-    if "paired" in runs:
-        runs = {"paired": runs["paired"]}
+    runs = reference_runs(every)
     first = next(iter(runs.values()))
     gemm = None
     if first.get("gemm"):
@@ -622,7 +627,7 @@ def read_native(out):
             merged[k] = {f: mean([x[k][f] for x in same]) for f in ("gbps", "gbps_read_write", "median_ms")}
             merged[k]["phase_gbps"] = [x[k]["gbps"] for r in every.values() for x in r.get("copy", []) if x["bytes"] == c["bytes"]]
         copies.append(merged)
-    return {"threads": first.get("threads"), "gemm": gemm, "copy": copies, "paired": "paired" in every}
+    return {"threads": first.get("threads"), "gemm": gemm, "copy": copies, "paired": PAIRED in every}
 
 
 def drift(models):
