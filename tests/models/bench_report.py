@@ -700,7 +700,7 @@ def print_table(rep):
     m = rep["machine"]
     print(f"make bench ({rep['mode']}), {rep['date']}: onnxruntime {m.get('onnxruntime_version')} on "
           f"{rep['threads']} threads vs the rbln NPU ({m.get('device_cores')} cores, kernels on "
-          f"{rep['threads']} threads); host: {m.get('cpu_model')}")
+          f"{rep['threads']} threads, {m.get('kernels_isa') or 'ISA not recorded'}); host: {m.get('cpu_model')}")
     w = max([len(r["name"]) for r in rep["models"]] + [5])
     print(f"{'model'.ljust(w)} | onnxruntime ms | device ms | run p50 ms | ratio")
     print(f"{'-' * w}-|----------------|-----------|------------|-------")

@@ -196,16 +196,26 @@ macro_rules! simd_dispatch {
 }
 pub(crate) use simd_dispatch;
 
+/// Whether any kernel may use AVX-512: `RBLN_NO_AVX512` is unset (read
+/// once). Set, the kernels run as on an AVX2 host (the f32 GEMM's wide
+/// microkernel and the int8 kernels' VNNI too), so one machine measures
+/// both; the references (onnxruntime, the gemm crate) are not affected.
+pub(crate) fn avx512_allowed() -> bool {
+    use std::sync::OnceLock;
+    static ALLOWED: OnceLock<bool> = OnceLock::new();
+    *ALLOWED.get_or_init(|| std::env::var_os("RBLN_NO_AVX512").is_none())
+}
+
 /// Whether [`simd_dispatch`] kernels take their AVX-512 build: the CPU has
-/// AVX-512 F/VL/BW/DQ and FMA, and `RBLN_NO_AVX512` is unset (read once:
-/// tests and A/B measurements compare the two builds in one process by
-/// running it twice).
+/// AVX-512 F/VL/BW/DQ and FMA, and [`avx512_allowed`] (tests and A/B
+/// measurements compare the two builds in one process by running it
+/// twice).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx512() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
-        std::env::var_os("RBLN_NO_AVX512").is_none()
+        avx512_allowed()
             && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("avx512bw")

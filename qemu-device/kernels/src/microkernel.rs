@@ -231,7 +231,7 @@ fn select_wide() -> Option<(Wide, Wide)> {
         return w;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if crate::fastmath::avx512_allowed() && std::arch::is_x86_feature_detected!("avx512f") {
         return Some((avx512::<false>, avx512::<true>));
     }
     None

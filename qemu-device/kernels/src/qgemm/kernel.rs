@@ -79,7 +79,7 @@ impl Isa {
     pub(crate) fn best() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if have_avx2() && std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl") {
+            if have_avx2() && crate::fastmath::avx512_allowed() && std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl") {
                 return Isa::Vnni;
             }
         }
