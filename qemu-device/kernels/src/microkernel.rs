@@ -224,6 +224,11 @@ type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *cons
 /// an `MR`×2·`NR` tile.
 type Wide = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool);
 
+/// Whether GEMMs run on a wide (AVX-512) microkernel here.
+pub(crate) fn has_wide() -> bool {
+    select_wide().is_some()
+}
+
 /// The (packed, indirect) wide microkernels for this CPU, if it has them.
 fn select_wide() -> Option<(Wide, Wide)> {
     #[cfg(test)]

@@ -28,10 +28,20 @@ const XI: usize = 16;
 /// keeps the GEMMs' last panel full).
 const BLOCK_TILES: usize = 64;
 
-/// Whether `conv2d` should take this path: 3×3, stride 1, undilated, one
-/// group, enough channels for the GEMMs to run well and enough output
-/// tiles for the per-op filter transform to pay for itself.
+/// Whether `conv2d` takes this path: a shape it suits ([`suits`]) on a
+/// host whose GEMM microkernel is AVX2's. Against the AVX-512 microkernel
+/// (twice the vector width) the direct path's GEMM was as fast at 56×56
+/// and faster at 28×28 (kernels_bench on a Xeon with AVX-512, three runs
+/// each, ms: 3×3 128→128 @28 1.67-1.79 direct vs 2.45-2.56 Winograd,
+/// 128→32 @28 0.52 vs 0.92-0.95, 64→64 @56 1.53-2.03 vs 1.63-1.79).
 pub(crate) fn applies(p: &Conv2dParams, g: &Geometry) -> bool {
+    suits(p, g) && (!crate::microkernel::has_wide() || forced())
+}
+
+/// 3×3, stride 1, undilated, one group, enough channels for the GEMMs to
+/// run well and enough output tiles for the per-op filter transform to
+/// pay for itself.
+pub(crate) fn suits(p: &Conv2dParams, g: &Geometry) -> bool {
     let tiles = g.h.output.div_ceil(2) * g.w.output.div_ceil(2);
     p.kernel == [3, 3]
         && p.stride == [1, 1]
@@ -306,4 +316,28 @@ simd_dispatch! {
             y11[x] = s11 - s12 - s13 + bias;
         }
     }
+}
+
+#[cfg(test)]
+std::thread_local! {
+    static FORCED: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// Whether a test on this thread forces the path ([`force`]).
+#[inline]
+fn forced() -> bool {
+    #[cfg(test)]
+    return FORCED.with(|f| f.get());
+    #[cfg(not(test))]
+    false
+}
+
+/// Runs `f` with this path forced wherever it [`suits`] on this thread
+/// (tests on a host with the AVX-512 microkernel).
+#[cfg(test)]
+pub(crate) fn force<R>(f: impl FnOnce() -> R) -> R {
+    FORCED.with(|x| x.set(true));
+    let r = f();
+    FORCED.with(|x| x.set(false));
+    r
 }

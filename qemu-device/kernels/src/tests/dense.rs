@@ -365,10 +365,14 @@ fn conv2d_winograd() {
         Conv2dParams { in_h: 9, in_w: 90, in_channels: 33, out_channels: 17, ..base },
         Conv2dParams { in_h: 57, in_w: 31, padding: Padding2d::uniform(2), ..base },
     ];
+    // Forced: a host with the AVX-512 microkernel takes the direct path.
+    use crate::conv::winograd::{applies, force, suits};
     for (i, p) in cases.iter().enumerate() {
         let p = Conv2dParams { activation: ACTS[i % ACTS.len()], ..*p };
-        assert!(crate::conv::winograd::applies(&p, &crate::conv::geometry(&p).unwrap()), "{p:?} should take the Winograd path");
-        check_conv(&mut rng, &p, i % 2 == 0);
+        let g = crate::conv::geometry(&p).unwrap();
+        assert!(suits(&p, &g) && force(|| applies(&p, &g)), "{p:?} should take the Winograd path");
+        assert_eq!(applies(&p, &g), !crate::microkernel::has_wide(), "{p:?}: Winograd only without the AVX-512 microkernel");
+        force(|| check_conv(&mut rng, &p, i % 2 == 0));
     }
     // With a residual (added before the activation).
     let p = Conv2dParams { in_h: 21, in_w: 22, batch: 2, activation: Activation::Relu, ..base };
@@ -378,7 +382,7 @@ fn conv2d_winograd() {
     let [n, c, oh, ow] = conv2d_output_shape(&p).unwrap();
     let res = rng.vec(n * c * oh * ow);
     let mut y = vec![f32::NAN; res.len()];
-    conv2d_residual(&p, &x, &w, Some(&bias), Some(&res), &mut y).unwrap();
+    force(|| conv2d_residual(&p, &x, &w, Some(&bias), Some(&res), &mut y)).unwrap();
     let (lin, scale) = conv_ref(&Conv2dParams { activation: Activation::None, ..p }, &x, &w, Some(&bias));
     let want: Vec<f64> = lin.iter().zip(&res).map(|(&v, &r)| act_ref(p.activation, v + r as f64)).collect();
     let scale: Vec<f64> = scale.iter().zip(&res).map(|(&s, &r)| s + (r as f64).abs()).collect();
@@ -393,7 +397,7 @@ fn conv2d_winograd() {
         Conv2dParams { in_h: 14, in_w: 14, ..base },
         Conv2dParams { kernel: [3, 5], ..base },
     ] {
-        assert!(!crate::conv::winograd::applies(&q, &crate::conv::geometry(&q).unwrap()), "{q:?}");
+        assert!(!suits(&q, &crate::conv::geometry(&q).unwrap()), "{q:?}");
     }
 }
 
