@@ -11,7 +11,8 @@ prints one JSON object:
   runs each, alternating (after K warm-up runs): p50 of each over all
   blocks (us), the difference, and the cost of a no-op call into the
   extension (`rbln.perf_counter_ns`) as a yardstick of the machine's
-  Python speed;
+  Python speed; and, in each block, the Rust `Runtime` called N/2 times
+  for two runs: p50 of the first and of the second runs over all blocks;
 - "async": `rbln.AsyncRuntime(parallel=2).async_run` under asyncio (R
   requests through one `asyncio.gather` per round) against a Rust
   `AsyncRuntime` driven as `rbln-run --async --parallel 2` drives it
@@ -45,7 +46,7 @@ def noop_call_us(n=2000):
 
 
 def sync_overhead(model, x, iterations, warmup, blocks):
-    py, rust = [], []
+    py, rust, firsts, seconds = [], [], [], []
     with rbln.Runtime(model) as rt:
         for _ in range(warmup):
             rt.run(x)
@@ -55,10 +56,30 @@ def sync_overhead(model, x, iterations, warmup, blocks):
                 rt.run(x)
                 py.append((ns() - t0) / 1e3)
             rust += [t / 1e3 for t in rt._time_rust(x, n=iterations)]
+            f, s = rust_pairs(rt, x, max(1, iterations // 2))
+            firsts += f
+            seconds += s
+    first, warm = statistics.median(firsts), statistics.median(seconds)
     p, r = statistics.median(py), statistics.median(rust)
     return {"runs": len(py), "blocks": blocks, "p50_us": p, "rust_p50_us": r, "overhead_us": p - r,
             "mean_us": statistics.fmean(py), "rust_mean_us": statistics.fmean(rust),
-            "noop_call_us": noop_call_us()}
+            "noop_call_us": noop_call_us(),
+            "rust_first_p50_us": first, "rust_next_p50_us": warm, "overhead_vs_first_us": p - first}
+
+
+def rust_pairs(rt, x, n):
+    """The Rust `Runtime` called from Python for 2 runs at a time, n times:
+    the first runs' and the second runs' latencies (us). Under TCG a run
+    costs more right after the guest ran other code (here the few
+    microseconds of Python between the calls) than straight after another
+    run, whoever the caller: a first run is what every Python `run` pays
+    before any cost of its own (README, "Benchmarks")."""
+    first, second = [], []
+    for _ in range(n):
+        a, b = rt._time_rust(x, n=2)
+        first.append(a / 1e3)
+        second.append(b / 1e3)
+    return first, second
 
 
 async def gather_round(rt, x, requests):

@@ -497,6 +497,8 @@ def micro_rows(out, plan, ort, native):
             allowed_overhead_us=allowed,
             within_allowed=(mean_over <= allowed) if mean_over is not None and allowed else None,
             noop_call_us=sy.get("noop_call_us"),
+            rust_first_run_p50_us=sy.get("rust_first_p50_us"), rust_next_run_p50_us=sy.get("rust_next_p50_us"),
+            overhead_vs_rust_first_run_us=sy.get("overhead_vs_first_us"),
             rbln_run_p50_us=rs["latency"]["p50_ms"] * 1e3 if rs else None,
             reference_what="the Rust Runtime looped in Rust in the same process on the same runtime and "
                            "input, blocks alternating with the Python calls (p50 of each)",
