@@ -34,7 +34,8 @@
 #   BENCH_NO_VM=1       host side only (the device rows then show errors)
 #   BENCH_VM_SMP        the guest's vCPUs (default 1; see below)
 #   RBLN_NO_AVX512=1    the device model's kernels as on an AVX2 host
-#                       (machine.kernels_isa in the report says which ran)
+#                       (machine.kernels_isa in the report, from
+#                       rbln-bench-host, says which ran)
 #   VM_TIMEOUT          seconds for the VM (default here 1200)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -232,14 +233,6 @@ main() {
         echo "guest_kernel='${KERNEL:-test}'"
         echo "device_cores=$CORES"
         echo "cpu_model='$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1 | tr -d "'")'"
-        # The widest vector unit the device model's kernels use: AVX-512
-        # (VNNI for int8) where the CPU has it, unless RBLN_NO_AVX512
-        # holds them to AVX2 (docs/hardware.md).
-        if grep -qw avx512f /proc/cpuinfo && [[ -z ${RBLN_NO_AVX512:-} ]]; then
-            echo "kernels_isa='$(grep -qw avx512_vnni /proc/cpuinfo && echo avx512-vnni || echo avx512)'"
-        else
-            echo "kernels_isa='$(grep -qw avx2 /proc/cpuinfo && echo avx2 || echo baseline)${RBLN_NO_AVX512:+ (RBLN_NO_AVX512)}'"
-        fi
         echo "loadavg_at_start='$(cut -d' ' -f1-3 /proc/loadavg)'"
         echo "git_commit=$(git -C "$RBLN_ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
         echo "git_dirty_files=$(git -C "$RBLN_ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"

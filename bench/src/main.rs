@@ -134,7 +134,8 @@ fn main() {
     let out = pool.install(|| {
         let gemm = (args.gemm > 0).then(|| gemm_bench(args.gemm, args.reps));
         let copies: Vec<_> = args.copy.iter().map(|&b| copy_bench(b, args.threads, args.reps)).collect();
-        json!({"threads": rayon::current_num_threads(), "reps": args.reps, "gemm": gemm, "copy": copies})
+        json!({"threads": rayon::current_num_threads(), "reps": args.reps, "gemm": gemm, "copy": copies,
+               "kernels_isa": rbln_kernels::isa_summary()})
     });
     println!("{out}");
 }

@@ -629,7 +629,8 @@ def read_native(out):
             merged[k] = {f: mean([x[k][f] for x in same]) for f in ("gbps", "gbps_read_write", "median_ms")}
             merged[k]["phase_gbps"] = [x[k]["gbps"] for r in every.values() for x in r.get("copy", []) if x["bytes"] == c["bytes"]]
         copies.append(merged)
-    return {"threads": first.get("threads"), "gemm": gemm, "copy": copies, "paired": PAIRED in every}
+    return {"threads": first.get("threads"), "gemm": gemm, "copy": copies, "paired": PAIRED in every,
+            "kernels_isa": first.get("kernels_isa")}
 
 
 def drift(models):
@@ -669,6 +670,8 @@ def build_report(out):
     ratios = [r["ratio"] for r in models if r["ratio"]]
     ratios_min = [r["ratio_min"] for r in models if r.get("ratio_min")]
     machine = machine_info(out, plan)
+    # What the kernels' dispatch chose here (rbln-bench-host asks them).
+    machine["kernels_isa"] = (native or {}).get("kernels_isa")
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mode": "smoke" if plan.get("SMOKE") == "1" else "full",

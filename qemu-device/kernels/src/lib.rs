@@ -113,6 +113,22 @@ pub const MAX_RANK: usize = 6;
 /// A tensor shape of rank at most [`MAX_RANK`], held inline.
 pub type Shape = smallvec::SmallVec<[usize; MAX_RANK]>;
 
+/// The widest instruction sets the kernels use on this host, for reports:
+/// "avx512-vnni" (AVX-512 GEMM microkernel, int8 by VNNI), "avx512",
+/// "avx2" or "baseline", with " (RBLN_NO_AVX512)" when that variable
+/// holds them to AVX2 (the same decisions the kernels take per call).
+pub fn isa_summary() -> String {
+    let isa = if microkernel::has_wide() {
+        if qgemm::kernel::Isa::best() == qgemm::kernel::Isa::Vnni { "avx512-vnni" } else { "avx512" }
+    } else if qgemm::kernel::have_avx2() {
+        "avx2"
+    } else {
+        "baseline"
+    };
+    let held = if fastmath::avx512_allowed() { "" } else { " (RBLN_NO_AVX512)" };
+    format!("{isa}{held}")
+}
+
 /// Builds a rayon pool with `threads` worker threads (0 = one per core), in
 /// which to `install` kernel calls.
 pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool> {
