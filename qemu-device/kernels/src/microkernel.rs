@@ -221,8 +221,8 @@ type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *cons
 
 /// A wide microkernel: as [`Micro`] over two panels, `b0` for columns
 /// `0..NR` and `b1` for `NR..2·NR` (each with the same row addressing), on
-/// an `MR`×2·`NR` tile.
-type Wide = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool);
+/// an `MR`×2·`NR` tile, `post` (if non-null) covering all of it.
+type Wide = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost);
 
 /// Whether GEMMs run on a wide (AVX-512) microkernel here.
 pub(crate) fn has_wide() -> bool {
@@ -363,13 +363,12 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                         // SAFETY: (i, j0) is inside C.
                         let ct = unsafe { c.add(i * ldc + j0) };
                         if mr == MR {
+                            let tp = post.map(|p| p.tile(i, j0));
+                            let tp = tp.as_ref().map_or(core::ptr::null(), |t| t as *const TilePost);
                             // SAFETY: the MR×2NR tile is inside C; rows and
-                            // both panels cover kc steps.
-                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, ct, ldc, acc) };
-                            if let Some(post) = post {
-                                // SAFETY: the tile, inside C and post's terms.
-                                unsafe { post.tile(i, j0).apply_tile(ct, ldc, MR, 2 * NR) };
-                            }
+                            // both panels cover kc steps; post's terms
+                            // cover the tile.
+                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, ct, ldc, acc, tp) };
                         } else {
                             let mut tile = [0.0f32; MR * 2 * NR];
                             if acc {
@@ -380,7 +379,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                                 }
                             }
                             // SAFETY: `tile` is MR×2NR with row stride 2NR.
-                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, tile.as_mut_ptr(), 2 * NR, acc) };
+                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, tile.as_mut_ptr(), 2 * NR, acc, core::ptr::null()) };
                             for r in 0..mr {
                                 // SAFETY: as above.
                                 let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), 2 * NR) };
@@ -658,16 +657,23 @@ unsafe fn avx2_fma_half<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR]
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx512<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn avx512<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost) {
     use core::arch::x86_64::*;
     // SAFETY (whole body): every pointer dereferenced is inside the tile,
-    // the two panels' kc rows or A's kc columns of the six rows (contract).
+    // the two panels' kc rows, A's kc columns of the six rows or post's
+    // terms for the tile (contract).
     unsafe {
         let mut r = [[_mm512_setzero_ps(); 2]; MR];
         if acc {
             for (i, ri) in r.iter_mut().enumerate() {
                 ri[0] = _mm512_loadu_ps(c.add(i * ldc));
                 ri[1] = _mm512_loadu_ps(c.add(i * ldc + NR));
+            }
+        }
+        if let Some(p) = post.as_ref() {
+            if !p.res.is_null() {
+                prefetch_tile::<MR>(p.res, p.res_ld);
+                prefetch_tile::<MR>(p.res.wrapping_add(NR), p.res_ld);
             }
         }
         let mut off = 0isize;
@@ -680,6 +686,36 @@ unsafe fn avx512<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs:
                 ri[1] = _mm512_fmadd_ps(av, x1, ri[1]);
             }
             off = off.wrapping_add(a_cs);
+        }
+        if let Some(p) = post.as_ref() {
+            // The epilogue on the registers, in TilePost::apply's order.
+            if !p.rb.is_null() {
+                for (i, ri) in r.iter_mut().enumerate() {
+                    let v = _mm512_set1_ps(*p.rb.add(i));
+                    ri[0] = _mm512_add_ps(ri[0], v);
+                    ri[1] = _mm512_add_ps(ri[1], v);
+                }
+            }
+            if !p.cb.is_null() {
+                let (v0, v1) = (_mm512_loadu_ps(p.cb), _mm512_loadu_ps(p.cb.add(NR)));
+                for ri in r.iter_mut() {
+                    ri[0] = _mm512_add_ps(ri[0], v0);
+                    ri[1] = _mm512_add_ps(ri[1], v1);
+                }
+            }
+            if !p.res.is_null() {
+                for (i, ri) in r.iter_mut().enumerate() {
+                    ri[0] = _mm512_add_ps(ri[0], _mm512_loadu_ps(p.res.add(i * p.res_ld)));
+                    ri[1] = _mm512_add_ps(ri[1], _mm512_loadu_ps(p.res.add(i * p.res_ld + NR)));
+                }
+            }
+            if p.clamp {
+                let (lo, hi) = (_mm512_set1_ps(p.lo), _mm512_set1_ps(p.hi));
+                for ri in r.iter_mut() {
+                    ri[0] = _mm512_min_ps(_mm512_max_ps(ri[0], lo), hi);
+                    ri[1] = _mm512_min_ps(_mm512_max_ps(ri[1], lo), hi);
+                }
+            }
         }
         for (i, ri) in r.iter().enumerate() {
             _mm512_storeu_ps(c.add(i * ldc), ri[0]);
