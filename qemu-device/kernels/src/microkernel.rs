@@ -20,7 +20,9 @@
 //! panel stays in L1 and `m` so the block of `A` stays in L2. On AVX-512 hosts a wide kernel takes two
 //! adjacent panels at once: an `MR`×2·`NR` tile in 12 zmm registers, 12
 //! fused multiply-adds of 16 lanes per two loads of `B` and six
-//! broadcasts, twice the AVX2 kernel's work per load. Hosts without
+//! broadcasts, twice the AVX2 kernel's work per load (4-row tiles too,
+//! and a last pair of 17..=31 real columns masked: a 7×7 map's 49
+//! positions are one full and one masked wide tile). Hosts without
 //! AVX2+FMA run a portable kernel of the same shape.
 
 /// Rows of `C` per microkernel tile.
@@ -220,24 +222,41 @@ impl TilePost {
 type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost);
 
 /// A wide microkernel: as [`Micro`] over two panels, `b0` for columns
-/// `0..NR` and `b1` for `NR..2·NR` (each with the same row addressing), on
-/// an `MR`×2·`NR` tile, `post` (if non-null) covering all of it.
-type Wide = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost);
+/// `0..NR` and `b1` for `NR..2·NR` (each with the same row addressing,
+/// all 2·`NR` columns readable), on an `R`×2·`NR` tile of which only the
+/// first `cols` columns (`NR < cols ≤ 2·NR`) are read and written, `post`
+/// (if non-null) covering those.
+type Wide = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, cols: usize, post: *const TilePost);
+
+/// The wide microkernels of one instruction set, (packed, indirect) each:
+/// on `MR`-row tiles and on `SHORT_MR`-row ones.
+#[derive(Clone, Copy)]
+struct WideFamily {
+    full: (Wide, Wide),
+    short: (Wide, Wide),
+}
+
+impl WideFamily {
+    #[cfg(target_arch = "x86_64")]
+    fn avx512() -> WideFamily {
+        WideFamily { full: (avx512::<false, MR>, avx512::<true, MR>), short: (avx512::<false, SHORT_MR>, avx512::<true, SHORT_MR>) }
+    }
+}
 
 /// Whether GEMMs run on a wide (AVX-512) microkernel here.
 pub(crate) fn has_wide() -> bool {
     select_wide().is_some()
 }
 
-/// The (packed, indirect) wide microkernels for this CPU, if it has them.
-fn select_wide() -> Option<(Wide, Wide)> {
+/// The wide microkernels for this CPU, if it has them.
+fn select_wide() -> Option<WideFamily> {
     #[cfg(test)]
     if let Some(w) = tests::WIDE_OVERRIDE.with(|o| o.get()) {
         return w;
     }
     #[cfg(target_arch = "x86_64")]
     if crate::fastmath::avx512_allowed() && std::arch::is_x86_feature_detected!("avx512f") {
-        return Some((avx512::<false>, avx512::<true>));
+        return Some(WideFamily::avx512());
     }
     None
 }
@@ -349,45 +368,55 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
             let mut p = 0;
             while p < panels {
                 let j0 = p * NR;
-                // Two full panels at once where the wide kernel exists.
-                if let (Some((wide_packed, wide_indirect)), true) = (wide, n - j0 >= 2 * NR) {
-                    let (micro, b0, b1, offs) = match b {
-                        MatB::Packed(bp) => (wide_packed, bp[p * k * NR + k0 * NR..].as_ptr(), bp[(p + 1) * k * NR + k0 * NR..].as_ptr(), core::ptr::null()),
-                        // SAFETY: columns j0 and j0 + NR of the rows (contract).
-                        MatB::Rows { base, offs } => unsafe { (wide_indirect, base.add(j0), base.add(j0 + NR), offs[k0..].as_ptr()) },
+                // Two panels at once where the wide kernel exists and more
+                // than one panel's columns remain (a last pair of 17..=31
+                // real columns is one masked wide tile, not two narrow ones).
+                if let (Some(wf), true) = (wide, n - j0 > NR) {
+                    let cols = (n - j0).min(2 * NR);
+                    let (b0, b1, offs) = match b {
+                        // Panel p + 1 exists: n > j0 + NR.
+                        MatB::Packed(bp) => (bp[p * k * NR + k0 * NR..].as_ptr(), bp[(p + 1) * k * NR + k0 * NR..].as_ptr(), core::ptr::null()),
+                        // SAFETY: columns j0 and j0 + NR of the rows
+                        // (contract: readable up to n rounded up to NR, which
+                        // is at least j0 + 2·NR).
+                        MatB::Rows { base, offs } => unsafe { (base.add(j0), base.add(j0 + NR), offs[k0..].as_ptr()) },
                     };
                     let mut i = i0;
                     while i < i0 + mc {
-                        let mr = MR.min(i0 + mc - i);
+                        let h = tile_height(i0 + mc - i);
+                        let (packed, indirect) = if h == MR { wf.full } else { wf.short };
+                        let micro = if matches!(b, MatB::Rows { .. }) { indirect } else { packed };
+                        let mr = h.min(i0 + mc - i);
                         let rows = tile_rows(a, i, mr, k0);
                         // SAFETY: (i, j0) is inside C.
                         let ct = unsafe { c.add(i * ldc + j0) };
-                        if mr == MR {
+                        if mr == h {
                             let tp = post.map(|p| p.tile(i, j0));
                             let tp = tp.as_ref().map_or(core::ptr::null(), |t| t as *const TilePost);
-                            // SAFETY: the MR×2NR tile is inside C; rows and
-                            // both panels cover kc steps; post's terms
-                            // cover the tile.
-                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, ct, ldc, acc, tp) };
+                            // SAFETY: the tile's h rows and cols columns are
+                            // inside C; rows and both panels cover kc steps;
+                            // post's terms cover the tile.
+                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, ct, ldc, acc, cols, tp) };
                         } else {
                             let mut tile = [0.0f32; MR * 2 * NR];
                             if acc {
                                 for r in 0..mr {
-                                    // SAFETY: row r < mr of the tile, 2·NR columns.
-                                    let src = unsafe { core::slice::from_raw_parts(ct.add(r * ldc), 2 * NR) };
-                                    tile[r * 2 * NR..(r + 1) * 2 * NR].copy_from_slice(src);
+                                    // SAFETY: row r < mr of the tile, cols columns.
+                                    let src = unsafe { core::slice::from_raw_parts(ct.add(r * ldc), cols) };
+                                    tile[r * 2 * NR..r * 2 * NR + cols].copy_from_slice(src);
                                 }
                             }
-                            // SAFETY: `tile` is MR×2NR with row stride 2NR.
-                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, tile.as_mut_ptr(), 2 * NR, acc, core::ptr::null()) };
+                            // SAFETY: `tile` is MR×2NR (≥ h rows) with row
+                            // stride 2NR, all of it writable.
+                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, tile.as_mut_ptr(), 2 * NR, acc, 2 * NR, core::ptr::null()) };
                             for r in 0..mr {
                                 // SAFETY: as above.
-                                let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), 2 * NR) };
-                                dst.copy_from_slice(&tile[r * 2 * NR..(r + 1) * 2 * NR]);
+                                let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), cols) };
+                                dst.copy_from_slice(&tile[r * 2 * NR..r * 2 * NR + cols]);
                             }
                             if let Some(post) = post {
-                                // SAFETY: the tile's real rows, inside C.
-                                unsafe { post.tile(i, j0).apply_tile(ct, ldc, mr, 2 * NR) };
+                                // SAFETY: the tile's real part, inside C.
+                                unsafe { post.tile(i, j0).apply_tile(ct, ldc, mr, cols) };
                             }
                         }
                         i += mr;
@@ -648,32 +677,37 @@ unsafe fn avx2_fma_half<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR]
     }
 }
 
-/// AVX-512 wide microkernel: the 6×32 tile of two panels in 12 zmm
-/// registers.
+/// AVX-512 wide microkernel: the `ROWS`×32 tile of two panels in
+/// 2·`ROWS` zmm registers (6 rows: 12 of them), the second panel's
+/// columns masked to the tile's `cols`.
 ///
 /// # Safety
-/// As [`portable`] for each panel (`b0`, `b1`), the tile at `c` being
-/// 6×32, and the CPU supports AVX-512F.
+/// See [`Wide`]: as [`portable`] for each panel (`b0`, `b1`), the tile's
+/// `ROWS` rows and first `cols` columns at `c`, and the CPU supports
+/// AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx512<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost) {
+unsafe fn avx512<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, cols: usize, post: *const TilePost) {
     use core::arch::x86_64::*;
-    // SAFETY (whole body): every pointer dereferenced is inside the tile,
-    // the two panels' kc rows, A's kc columns of the six rows or post's
-    // terms for the tile (contract).
+    debug_assert!(cols > NR && cols <= 2 * NR);
+    // The second panel's real columns.
+    let m1: __mmask16 = (((1u32 << (cols - NR)) - 1) & 0xffff) as __mmask16;
+    // SAFETY (whole body): every pointer dereferenced is inside the tile
+    // (the second half through the mask), the two panels' kc rows, A's kc
+    // columns of the ROWS rows or post's terms for the tile (contract).
     unsafe {
-        let mut r = [[_mm512_setzero_ps(); 2]; MR];
+        let mut r = [[_mm512_setzero_ps(); 2]; ROWS];
         if acc {
             for (i, ri) in r.iter_mut().enumerate() {
                 ri[0] = _mm512_loadu_ps(c.add(i * ldc));
-                ri[1] = _mm512_loadu_ps(c.add(i * ldc + NR));
+                ri[1] = _mm512_maskz_loadu_ps(m1, c.add(i * ldc + NR));
             }
         }
         if let Some(p) = post.as_ref() {
             if !p.res.is_null() {
-                prefetch_tile::<MR>(p.res, p.res_ld);
-                prefetch_tile::<MR>(p.res.wrapping_add(NR), p.res_ld);
+                prefetch_tile::<ROWS>(p.res, p.res_ld);
+                prefetch_tile::<ROWS>(p.res.wrapping_add(NR), p.res_ld);
             }
         }
         let mut off = 0isize;
@@ -697,7 +731,7 @@ unsafe fn avx512<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs:
                 }
             }
             if !p.cb.is_null() {
-                let (v0, v1) = (_mm512_loadu_ps(p.cb), _mm512_loadu_ps(p.cb.add(NR)));
+                let (v0, v1) = (_mm512_loadu_ps(p.cb), _mm512_maskz_loadu_ps(m1, p.cb.add(NR)));
                 for ri in r.iter_mut() {
                     ri[0] = _mm512_add_ps(ri[0], v0);
                     ri[1] = _mm512_add_ps(ri[1], v1);
@@ -706,7 +740,7 @@ unsafe fn avx512<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs:
             if !p.res.is_null() {
                 for (i, ri) in r.iter_mut().enumerate() {
                     ri[0] = _mm512_add_ps(ri[0], _mm512_loadu_ps(p.res.add(i * p.res_ld)));
-                    ri[1] = _mm512_add_ps(ri[1], _mm512_loadu_ps(p.res.add(i * p.res_ld + NR)));
+                    ri[1] = _mm512_add_ps(ri[1], _mm512_maskz_loadu_ps(m1, p.res.add(i * p.res_ld + NR)));
                 }
             }
             if p.clamp {
@@ -719,7 +753,7 @@ unsafe fn avx512<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR], a_cs:
         }
         for (i, ri) in r.iter().enumerate() {
             _mm512_storeu_ps(c.add(i * ldc), ri[0]);
-            _mm512_storeu_ps(c.add(i * ldc + NR), ri[1]);
+            _mm512_mask_storeu_ps(c.add(i * ldc + NR), m1, ri[1]);
         }
     }
 }
@@ -736,7 +770,7 @@ mod tests {
 
     type Pair = Family;
 
-    type WidePair = Option<(Wide, Wide)>;
+    type WidePair = Option<WideFamily>;
 
     std::thread_local! {
         pub(super) static MICRO_OVERRIDE: core::cell::Cell<Option<Pair>> = const { core::cell::Cell::new(None) };
@@ -880,7 +914,7 @@ mod tests {
         let mut wides: Vec<WidePair> = vec![None];
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f") {
-            wides.push(Some((avx512::<false>, avx512::<true>)));
+            wides.push(Some(WideFamily::avx512()));
         }
         for pair in micros {
             for &wide in &wides {
