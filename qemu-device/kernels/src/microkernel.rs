@@ -20,10 +20,13 @@
 //! panel stays in L1 and `m` so the block of `A` stays in L2. On AVX-512 hosts a wide kernel takes two
 //! adjacent panels at once: an `MR`×2·`NR` tile in 12 zmm registers, 12
 //! fused multiply-adds of 16 lanes per two loads of `B` and six
-//! broadcasts, twice the AVX2 kernel's work per load (4-row tiles too,
-//! and a last pair of 17..=31 real columns masked: a 7×7 map's 49
-//! positions are one full and one masked wide tile). Hosts without
-//! AVX2+FMA run a portable kernel of the same shape.
+//! broadcasts, twice the AVX2 kernel's work per load; where 49 or more
+//! columns remain it takes four (an `MR`×4·`NR` tile in 24 zmm registers,
+//! 24 multiply-adds per four loads and six broadcasts, `k` blocked to
+//! `KC_FOUR` so the four panels stay in L1). Both run on 4-row tiles too,
+//! and mask their last panel's columns (a 7×7 map's 49 positions are one
+//! masked four-panel tile). Hosts without AVX2+FMA run a portable kernel
+//! of the AVX2 one's shape.
 
 /// Rows of `C` per microkernel tile.
 pub(crate) const MR: usize = 6;
@@ -34,8 +37,15 @@ const SHORT_MR: usize = 4;
 /// Columns of `C` per microkernel tile = width of a packed `B` panel, as
 /// the hardware contract's packed GEMM operand lays them out.
 pub(crate) const NR: usize = rbln_hw::ops::GEMM_PANEL;
-/// `k` per block: a `KC`×`NR` panel of `B` (16 KiB) stays in L1.
+/// `k` per block: a `KC`×`NR` panel of `B` (16 KiB; a pair, 32 KiB)
+/// stays in L1.
 const KC: usize = 256;
+/// `k` per block where the wide kernel takes four panels at once: the four
+/// (32 KiB) stay in L1. (With `KC` they did not: 4-panel tiles were no
+/// faster than 2-panel ones; with this, kernels_bench's ResNet convs took
+/// 0.77-0.96 of the 2-panel time, 8 alternated rounds, and 1024³ packed
+/// 1.19.)
+const KC_FOUR: usize = 128;
 /// Rows of `A` per block: `MC`×`KC` floats (~240 KiB) stay in L2.
 const MC: usize = 240;
 
@@ -221,25 +231,36 @@ impl TilePost {
 /// then `post` (if non-null) on the whole tile as it is stored.
 type Micro = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, post: *const TilePost);
 
-/// A wide microkernel: as [`Micro`] over two panels, `b0` for columns
-/// `0..NR` and `b1` for `NR..2·NR` (each with the same row addressing,
-/// all 2·`NR` columns readable), on an `R`×2·`NR` tile of which only the
-/// first `cols` columns (`NR < cols ≤ 2·NR`) are read and written, `post`
+/// A wide microkernel: as [`Micro`] over `P` adjacent panels (2 or 4),
+/// panel `q` at `b + q·pstride` (each with the same row addressing, all
+/// `P·NR` columns readable), on an `R`×`P·NR` tile of which only the first
+/// `cols` columns (`(P-1)·NR < cols ≤ P·NR`) are read and written, `post`
 /// (if non-null) covering those.
-type Wide = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, cols: usize, post: *const TilePost);
+type Wide = unsafe fn(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, pstride: isize, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, cols: usize, post: *const TilePost);
 
-/// The wide microkernels of one instruction set, (packed, indirect) each:
-/// on `MR`-row tiles and on `SHORT_MR`-row ones.
+/// The wide microkernels of one instruction set on `P` panels, (packed,
+/// indirect) each: on `MR`-row tiles and on `SHORT_MR`-row ones.
 #[derive(Clone, Copy)]
-struct WideFamily {
+struct WideKernels {
     full: (Wide, Wide),
     short: (Wide, Wide),
+}
+
+/// The wide microkernels: on two panels, and on four where the columns
+/// reach that far (24 accumulators: half the loads per multiply-add).
+#[derive(Clone, Copy)]
+struct WideFamily {
+    two: WideKernels,
+    four: Option<WideKernels>,
 }
 
 impl WideFamily {
     #[cfg(target_arch = "x86_64")]
     fn avx512() -> WideFamily {
-        WideFamily { full: (avx512::<false, MR>, avx512::<true, MR>), short: (avx512::<false, SHORT_MR>, avx512::<true, SHORT_MR>) }
+        WideFamily {
+            two: WideKernels { full: (avx512::<false, MR, 2>, avx512::<true, MR, 2>), short: (avx512::<false, SHORT_MR, 2>, avx512::<true, SHORT_MR, 2>) },
+            four: Some(WideKernels { full: (avx512::<false, MR, 4>, avx512::<true, MR, 4>), short: (avx512::<false, SHORT_MR, 4>, avx512::<true, SHORT_MR, 4>) }),
+        }
     }
 }
 
@@ -355,10 +376,11 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
     }
     let family = select();
     let wide = select_wide();
+    let four_panels = wide.is_some_and(|w| w.four.is_some()) && n > 3 * NR;
     let panels = n.div_ceil(NR);
     let mut k0 = 0;
     while k0 < k {
-        let kc = KC.min(k - k0);
+        let kc = if four_panels { KC_FOUR } else { KC }.min(k - k0);
         let acc = accumulate || k0 > 0;
         // The epilogue goes with the last block's stores.
         let post = post.filter(|_| k0 + kc == k);
@@ -368,23 +390,28 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
             let mut p = 0;
             while p < panels {
                 let j0 = p * NR;
-                // Two panels at once where the wide kernel exists and more
-                // than one panel's columns remain (a last pair of 17..=31
-                // real columns is one masked wide tile, not two narrow ones).
-                if let (Some(wf), true) = (wide, n - j0 > NR) {
-                    let cols = (n - j0).min(2 * NR);
-                    let (b0, b1, offs) = match b {
-                        // Panel p + 1 exists: n > j0 + NR.
-                        MatB::Packed(bp) => (bp[p * k * NR + k0 * NR..].as_ptr(), bp[(p + 1) * k * NR + k0 * NR..].as_ptr(), core::ptr::null()),
-                        // SAFETY: columns j0 and j0 + NR of the rows
-                        // (contract: readable up to n rounded up to NR, which
-                        // is at least j0 + 2·NR).
-                        MatB::Rows { base, offs } => unsafe { (base.add(j0), base.add(j0 + NR), offs[k0..].as_ptr()) },
+                // Two or four panels at once where the wide kernels exist
+                // and more than one (three) panel's columns remain: a last
+                // group of panels with a partial one is one masked wide
+                // tile, not narrow ones.
+                let group = wide.and_then(|wf| match n - j0 {
+                    rem if rem > 3 * NR && wf.four.is_some() => wf.four.map(|w| (w, 4)),
+                    rem if rem > NR => Some((wf.two, 2)),
+                    _ => None,
+                });
+                if let Some((wk, np)) = group {
+                    let cols = (n - j0).min(np * NR);
+                    let (b0, pstride, offs) = match b {
+                        // Panels p .. p + np exist: n > j0 + (np - 1)·NR.
+                        MatB::Packed(bp) => (bp[p * k * NR + k0 * NR..].as_ptr(), (k * NR) as isize, core::ptr::null()),
+                        // SAFETY: column j0 of the rows (contract: readable
+                        // up to n rounded up to NR, at least j0 + np·NR).
+                        MatB::Rows { base, offs } => (unsafe { base.add(j0) }, NR as isize, offs[k0..].as_ptr()),
                     };
                     let mut i = i0;
                     while i < i0 + mc {
                         let h = tile_height(i0 + mc - i);
-                        let (packed, indirect) = if h == MR { wf.full } else { wf.short };
+                        let (packed, indirect) = if h == MR { wk.full } else { wk.short };
                         let micro = if matches!(b, MatB::Rows { .. }) { indirect } else { packed };
                         let mr = h.min(i0 + mc - i);
                         let rows = tile_rows(a, i, mr, k0);
@@ -394,25 +421,26 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                             let tp = post.map(|p| p.tile(i, j0));
                             let tp = tp.as_ref().map_or(core::ptr::null(), |t| t as *const TilePost);
                             // SAFETY: the tile's h rows and cols columns are
-                            // inside C; rows and both panels cover kc steps;
+                            // inside C; rows and the panels cover kc steps;
                             // post's terms cover the tile.
-                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, ct, ldc, acc, cols, tp) };
+                            unsafe { micro(kc, &rows, a.cs, b0, pstride, offs, ct, ldc, acc, cols, tp) };
                         } else {
-                            let mut tile = [0.0f32; MR * 2 * NR];
+                            const W: usize = 4 * NR;
+                            let mut tile = [0.0f32; MR * W];
                             if acc {
                                 for r in 0..mr {
                                     // SAFETY: row r < mr of the tile, cols columns.
                                     let src = unsafe { core::slice::from_raw_parts(ct.add(r * ldc), cols) };
-                                    tile[r * 2 * NR..r * 2 * NR + cols].copy_from_slice(src);
+                                    tile[r * W..r * W + cols].copy_from_slice(src);
                                 }
                             }
-                            // SAFETY: `tile` is MR×2NR (≥ h rows) with row
-                            // stride 2NR, all of it writable.
-                            unsafe { micro(kc, &rows, a.cs, b0, b1, offs, tile.as_mut_ptr(), 2 * NR, acc, 2 * NR, core::ptr::null()) };
+                            // SAFETY: `tile` is MR×4NR (≥ h rows, ≥ np·NR
+                            // columns) with row stride 4NR, all writable.
+                            unsafe { micro(kc, &rows, a.cs, b0, pstride, offs, tile.as_mut_ptr(), W, acc, np * NR, core::ptr::null()) };
                             for r in 0..mr {
                                 // SAFETY: as above.
                                 let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), cols) };
-                                dst.copy_from_slice(&tile[r * 2 * NR..r * 2 * NR + cols]);
+                                dst.copy_from_slice(&tile[r * W..r * W + cols]);
                             }
                             if let Some(post) = post {
                                 // SAFETY: the tile's real part, inside C.
@@ -421,7 +449,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                         }
                         i += mr;
                     }
-                    p += 2;
+                    p += np;
                     continue;
                 }
                 let nr = NR.min(n - j0);
@@ -677,47 +705,54 @@ unsafe fn avx2_fma_half<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR]
     }
 }
 
-/// AVX-512 wide microkernel: the `ROWS`×32 tile of two panels in
-/// 2·`ROWS` zmm registers (6 rows: 12 of them), the second panel's
+/// AVX-512 wide microkernel: the `ROWS`×`P`·16 tile of `P` panels in
+/// `P`·`ROWS` zmm registers (6 rows of 4 panels: 24 of them, with the
+/// four loads of B and a broadcast of A 29 of the 32), the last panel's
 /// columns masked to the tile's `cols`.
 ///
 /// # Safety
-/// See [`Wide`]: as [`portable`] for each panel (`b0`, `b1`), the tile's
-/// `ROWS` rows and first `cols` columns at `c`, and the CPU supports
-/// AVX-512F.
+/// See [`Wide`]: as [`portable`] for each panel, the tile's `ROWS` rows
+/// and first `cols` columns at `c`, and the CPU supports AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx512<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b0: *const f32, b1: *const f32, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, cols: usize, post: *const TilePost) {
+unsafe fn avx512<const INDIRECT: bool, const ROWS: usize, const P: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, pstride: isize, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, cols: usize, post: *const TilePost) {
     use core::arch::x86_64::*;
-    debug_assert!(cols > NR && cols <= 2 * NR);
-    // The second panel's real columns.
-    let m1: __mmask16 = (((1u32 << (cols - NR)) - 1) & 0xffff) as __mmask16;
+    debug_assert!(cols > (P - 1) * NR && cols <= P * NR);
+    const L: usize = NR;
+    // The last panel's real columns.
+    let ml: __mmask16 = (((1u32 << (cols - (P - 1) * NR)) - 1) & 0xffff) as __mmask16;
+    let last = (P - 1) * L;
     // SAFETY (whole body): every pointer dereferenced is inside the tile
-    // (the second half through the mask), the two panels' kc rows, A's kc
-    // columns of the ROWS rows or post's terms for the tile (contract).
+    // (the last panel's columns through the mask), the panels' kc rows,
+    // A's kc columns of the ROWS rows or post's terms for the tile
+    // (contract).
     unsafe {
-        let mut r = [[_mm512_setzero_ps(); 2]; ROWS];
+        let mut r = [[_mm512_setzero_ps(); P]; ROWS];
         if acc {
             for (i, ri) in r.iter_mut().enumerate() {
-                ri[0] = _mm512_loadu_ps(c.add(i * ldc));
-                ri[1] = _mm512_maskz_loadu_ps(m1, c.add(i * ldc + NR));
+                for (q, v) in ri.iter_mut().enumerate().take(P - 1) {
+                    *v = _mm512_loadu_ps(c.add(i * ldc + q * L));
+                }
+                ri[P - 1] = _mm512_maskz_loadu_ps(ml, c.add(i * ldc + last));
             }
         }
         if let Some(p) = post.as_ref() {
             if !p.res.is_null() {
-                prefetch_tile::<ROWS>(p.res, p.res_ld);
-                prefetch_tile::<ROWS>(p.res.wrapping_add(NR), p.res_ld);
+                for q in 0..P {
+                    prefetch_tile::<ROWS>(p.res.wrapping_add(q * L), p.res_ld);
+                }
             }
         }
         let mut off = 0isize;
         for l in 0..kc {
-            let x0 = _mm512_loadu_ps(b_row::<INDIRECT>(b0, offs, l));
-            let x1 = _mm512_loadu_ps(b_row::<INDIRECT>(b1, offs, l));
+            let bl = b_row::<INDIRECT>(b, offs, l);
+            let x: [__m512; P] = core::array::from_fn(|q| _mm512_loadu_ps(bl.wrapping_offset(q as isize * pstride)));
             for (i, ri) in r.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*rows[i].offset(off));
-                ri[0] = _mm512_fmadd_ps(av, x0, ri[0]);
-                ri[1] = _mm512_fmadd_ps(av, x1, ri[1]);
+                for q in 0..P {
+                    ri[q] = _mm512_fmadd_ps(av, x[q], ri[q]);
+                }
             }
             off = off.wrapping_add(a_cs);
         }
@@ -726,34 +761,42 @@ unsafe fn avx512<const INDIRECT: bool, const ROWS: usize>(kc: usize, rows: &[*co
             if !p.rb.is_null() {
                 for (i, ri) in r.iter_mut().enumerate() {
                     let v = _mm512_set1_ps(*p.rb.add(i));
-                    ri[0] = _mm512_add_ps(ri[0], v);
-                    ri[1] = _mm512_add_ps(ri[1], v);
+                    for x in ri.iter_mut() {
+                        *x = _mm512_add_ps(*x, v);
+                    }
                 }
             }
             if !p.cb.is_null() {
-                let (v0, v1) = (_mm512_loadu_ps(p.cb), _mm512_maskz_loadu_ps(m1, p.cb.add(NR)));
+                let v: [__m512; P] = core::array::from_fn(|q| if q + 1 < P { _mm512_loadu_ps(p.cb.add(q * L)) } else { _mm512_maskz_loadu_ps(ml, p.cb.add(last)) });
                 for ri in r.iter_mut() {
-                    ri[0] = _mm512_add_ps(ri[0], v0);
-                    ri[1] = _mm512_add_ps(ri[1], v1);
+                    for q in 0..P {
+                        ri[q] = _mm512_add_ps(ri[q], v[q]);
+                    }
                 }
             }
             if !p.res.is_null() {
                 for (i, ri) in r.iter_mut().enumerate() {
-                    ri[0] = _mm512_add_ps(ri[0], _mm512_loadu_ps(p.res.add(i * p.res_ld)));
-                    ri[1] = _mm512_add_ps(ri[1], _mm512_maskz_loadu_ps(m1, p.res.add(i * p.res_ld + NR)));
+                    let row = p.res.add(i * p.res_ld);
+                    for (q, x) in ri.iter_mut().enumerate().take(P - 1) {
+                        *x = _mm512_add_ps(*x, _mm512_loadu_ps(row.add(q * L)));
+                    }
+                    ri[P - 1] = _mm512_add_ps(ri[P - 1], _mm512_maskz_loadu_ps(ml, row.add(last)));
                 }
             }
             if p.clamp {
                 let (lo, hi) = (_mm512_set1_ps(p.lo), _mm512_set1_ps(p.hi));
                 for ri in r.iter_mut() {
-                    ri[0] = _mm512_min_ps(_mm512_max_ps(ri[0], lo), hi);
-                    ri[1] = _mm512_min_ps(_mm512_max_ps(ri[1], lo), hi);
+                    for x in ri.iter_mut() {
+                        *x = _mm512_min_ps(_mm512_max_ps(*x, lo), hi);
+                    }
                 }
             }
         }
         for (i, ri) in r.iter().enumerate() {
-            _mm512_storeu_ps(c.add(i * ldc), ri[0]);
-            _mm512_mask_storeu_ps(c.add(i * ldc + NR), m1, ri[1]);
+            for (q, v) in ri.iter().enumerate().take(P - 1) {
+                _mm512_storeu_ps(c.add(i * ldc + q * L), *v);
+            }
+            _mm512_mask_storeu_ps(c.add(i * ldc + last), ml, ri[P - 1]);
         }
     }
 }
