@@ -88,6 +88,7 @@ if [[ $SMOKE == 1 ]]; then
     PY_MODELS=micro-mlp PY_ITERS=10 PY_WARMUP=2 PY_REQUESTS=10 PY_ROUNDS=1
     SERVE_MODELS=micro-mlp SERVE_CONC=2 SERVE_REQUESTS=10
     ORT_ARGS=(--warmup 1 --min-runs 3 --max-runs 10 --budget 0.5)
+    PAIRED_ORT_ARGS=("${ORT_ARGS[@]}")
     NATIVE_ARGS=(--gemm 64 --reps 3)
 else
     TEST_MODELS=$(test_models)
@@ -106,6 +107,9 @@ else
     # concurrencies against rbln-run --async on the same model and device.
     SERVE_MODELS="micro-mlp resnet18" SERVE_CONC="1 4 8" SERVE_REQUESTS=100
     ORT_ARGS=(--warmup 3 --min-runs 8 --max-runs 60 --budget 2)
+    # One turn of the paired reference (before each of a model's profiles,
+    # tests/bench/guest.sh): about as many runs in all as ORT_ARGS'.
+    PAIRED_ORT_ARGS=(--warmup 2 --min-runs 3 --max-runs 12 --budget 0.4)
     NATIVE_ARGS=(--gemm 1024 --reps 11)
 fi
 # The real PyTorch exports of tests/compiler/compile-exports.sh, benched as
@@ -305,7 +309,7 @@ main() {
         # references right before the micro models
         # (scripts/bench-host-client.sh).
         rm -f "$OUT/host/ort.paired.jsonl" "$OUT/host/native.paired.json"
-        BENCH_HOST_OUT=$OUT BENCH_HOST_PY=$PY BENCH_HOST_THREADS=$THREADS BENCH_HOST_ORT_ARGS="${ORT_ARGS[*]}" \
+        BENCH_HOST_OUT=$OUT BENCH_HOST_PY=$PY BENCH_HOST_THREADS=$THREADS BENCH_HOST_ORT_ARGS="${PAIRED_ORT_ARGS[*]}" \
         BENCH_HOST_NATIVE_ARGS="${NATIVE_ARGS[*]}" \
         VM_FORWARD=8001 VM_HOST_CLIENT="$RBLN_ROOT/scripts/bench-host-client.sh http://{8001}" \
             VM_KERNEL=$KERNEL VM_SMP=$VM_SMP_BENCH VM_TIMEOUT=${VM_TIMEOUT:-1200} "$RBLN_ROOT/scripts/vm.sh" "sh tests/bench/guest.sh $OUT_REL" \

@@ -47,12 +47,18 @@ host_client() {
     k=0
     while [ ! -f /run/rbln/host-client.rc ]; do
         k=$((k + 1))
-        [ "$k" -lt 600 ] || { echo "the host client did not answer in 600 s" >&2; return 124; }
-        sleep 1
+        [ "$k" -lt 3000 ] || { echo "the host client did not answer in 600 s" >&2; return 124; }
+        sleep 0.2 2>/dev/null || sleep 1
     done
     cat /run/rbln/host-client.out
     cat /run/rbln/host-client.err >&2
     return "$(cat /run/rbln/host-client.rc)"
+}
+
+# ort_turn NAME: one turn of the paired onnxruntime reference of NAME
+# (scripts/bench-host-client.sh appends its runs to ort.paired.jsonl).
+ort_turn() {
+    host_client ort "$1" >/dev/null 2>>"$G/$1.ort.err" || echo "bench: onnxruntime for $1 failed (see $1.ort.err)"
 }
 
 t0=$(date +%s)
@@ -87,10 +93,13 @@ for m in $MODELS $MICRO_MODELS; do
         while [ -f "$M/$m.input$k.npy" ]; do ins="$ins --input $M/$m.input$k.npy"; k=$((k + 1)); done
     fi
     # The paired onnxruntime reference, timed on the host now while this
-    # guest sleeps (the device idle): the machine's speed drifts too much
-    # over a whole bench for references taken before and after the VM.
+    # guest sleeps (the device idle), and again before each further
+    # profile: the host's speed drifts too much over a whole bench for
+    # references taken before and after the VM, and by up to 1.6x within
+    # seconds (its clock under other tenants' load), so onnxruntime and the
+    # device take turns and each figure is the median over all the turns.
     if [ "$paired" = 1 ]; then
-        host_client ort "$m" >/dev/null 2>"$G/$m.ort.err" || echo "bench: onnxruntime for $m failed (see $m.ort.err)"
+        ort_turn "$m"
         # The micro rows' host references (gemm crate, copy bandwidth),
         # once, before the first micro model.
         case " $MICRO_MODELS " in
@@ -102,6 +111,7 @@ for m in $MODELS $MICRO_MODELS; do
         --iterations "$iters" --warmup "$warm" --json --profile "$G/$m.trace.0.json" --profile-runs "${PROFILE_RUNS:-1}" || continue
     i=1
     while [ "$i" -lt "$profiles" ]; do
+        [ "$paired" = 1 ] && ort_turn "$m"
         # shellcheck disable=SC2086
         step "$m.profile.$i" rbln-run "$M/$m.rbln" $ins --warmup 1 \
             --profile "$G/$m.trace.$i.json" --profile-runs "${PROFILE_RUNS:-1}" || break

@@ -8,7 +8,8 @@ the table (scripts/bench.sh runs it after the VM).
 Inputs, all under OUT: plan.env (what was run), machine.env (host facts
 recorded by bench.sh), models/NAME.{onnx,compile.rc,compile.err,report.json},
 host/ort.{before,after}.jsonl (bench_models.py ort before and after the
-VM; ort.paired.jsonl: right before each model, the guest asleep),
+VM; ort.paired.jsonl: right before each of a model's profiles, the
+guest asleep, one line per turn),
 host/native.{before,after,paired}.json (rbln-bench-host),
 guest/* (tests/bench/guest.sh: rbln-run --json reports, Chrome traces of
 rbln-run --profile, rbln-bench-guest results).
@@ -577,6 +578,17 @@ def reference_runs(runs):
     return runs
 
 
+def pool_turns(results):
+    """bench_models.py ort results of one model, as one: every good turn's
+    runs together (an error only when every turn failed)."""
+    good = [r for r in results if "error" not in r]
+    if not good:
+        return results[-1]
+    times = sorted(t for r in good for t in r["times_ms"])
+    return {"name": good[0]["name"], "median_ms": median(times), "min_ms": times[0], "runs": len(times),
+            "times_ms": times, "turns": len(good)}
+
+
 def read_ort(out):
     """onnxruntime times. A model the guest had timed right before its
     profiles (host/ort.paired.jsonl, scripts/bench-host-client.sh) takes
@@ -588,7 +600,12 @@ def read_ort(out):
         path = os.path.join(out, "host", f"ort.{ph}.jsonl")
         if os.path.exists(path):
             with open(path) as f:
-                phases[ph] = {r["name"]: r for r in map(json.loads, filter(str.strip, f))}
+                phases[ph] = {}
+                for r in map(json.loads, filter(str.strip, f)):
+                    phases[ph].setdefault(r["name"], []).append(r)
+            # One result per model, its turns pooled (the paired reference
+            # takes a turn before each of the model's profiles).
+            phases[ph] = {name: pool_turns(rs) for name, rs in phases[ph].items()}
     ort = {}
     for name in set().union(*phases.values()) if phases else ():
         rows = {ph: p[name] for ph, p in phases.items() if name in p}

@@ -455,7 +455,25 @@ fn main() {
     // a kernel's parallel loops start inline instead of being injected
     // into the pool from outside (two context switches per call).
     let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
+    // BENCH_SPIN=1: the other workers spin between kernels, as the
+    // device's do between a command buffer's ops (rbln-npu --spin-us),
+    // instead of sleeping: no wake-up (~100 µs on a virtualised host) in
+    // the timings.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if std::env::var("BENCH_SPIN").is_ok_and(|v| v == "1") {
+        for _ in 1..pool.current_num_threads() {
+            let stop = stop.clone();
+            pool.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+        }
+    }
     pool.install(run);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 fn run() {
