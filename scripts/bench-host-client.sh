@@ -14,10 +14,11 @@
 #                                           OUT/host/native.paired.json
 #
 # `ort` is the paired reference of the model rows (`native` that of the
-# micro rows): the guest asks for it right before it measures the model
-# (the micro models) and sleeps meanwhile, so that
-# onnxruntime and the device are measured minutes apart at most, not an
-# hour (this host's speed drifts by a third within a `make bench`).
+# micro rows): the guest asks for it before each of the model's profiles
+# (`native`: once, before the micro models) and sleeps meanwhile, so that
+# onnxruntime and the device take turns seconds apart, not an hour (this
+# host's speed drifts by a third within a `make bench`, and by up to 1.6x
+# within seconds).
 # Environment: BENCH_HOST_OUT (the bench's output directory), BENCH_HOST_PY
 # (the venv's python), BENCH_HOST_THREADS, BENCH_HOST_ORT_ARGS (options of
 # bench_models.py ort), BENCH_HOST_NATIVE_ARGS (options of rbln-bench-host

@@ -306,7 +306,7 @@ main() {
         # The rbln-serve rows' load client runs here on the host, reaching
         # the guest's gRPC port through QEMU user networking.
         # The same channel brings the guest's requests for onnxruntime
-        # right before each model's profiles, and for the micro rows' host
+        # before each of a model's profiles, and for the micro rows' host
         # references right before the micro models
         # (scripts/bench-host-client.sh).
         rm -f "$OUT/host/ort.paired.jsonl" "$OUT/host/native.paired.json"
