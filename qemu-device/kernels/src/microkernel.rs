@@ -719,7 +719,9 @@ unsafe fn avx2_fma_half<const INDIRECT: bool>(kc: usize, rows: &[*const f32; MR]
 unsafe fn avx512<const INDIRECT: bool, const ROWS: usize, const P: usize>(kc: usize, rows: &[*const f32; MR], a_cs: isize, b: *const f32, pstride: isize, offs: *const isize, c: *mut f32, ldc: usize, acc: bool, cols: usize, post: *const TilePost) {
     use core::arch::x86_64::*;
     debug_assert!(cols > (P - 1) * NR && cols <= P * NR);
+    // A panel is one zmm register of floats.
     const L: usize = NR;
+    const { assert!(L == 16) };
     // The last panel's real columns.
     let ml: __mmask16 = (((1u32 << (cols - (P - 1) * NR)) - 1) & 0xffff) as __mmask16;
     let last = (P - 1) * L;
