@@ -425,27 +425,14 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                             // post's terms cover the tile.
                             unsafe { micro(kc, &rows, a.cs, b0, pstride, offs, ct, ldc, acc, cols, tp) };
                         } else {
-                            const W: usize = 4 * NR;
-                            let mut tile = [0.0f32; MR * W];
-                            if acc {
-                                for r in 0..mr {
-                                    // SAFETY: row r < mr of the tile, cols columns.
-                                    let src = unsafe { core::slice::from_raw_parts(ct.add(r * ldc), cols) };
-                                    tile[r * W..r * W + cols].copy_from_slice(src);
-                                }
-                            }
-                            // SAFETY: `tile` is MR×4NR (≥ h rows, ≥ np·NR
-                            // columns) with row stride 4NR, all writable.
-                            unsafe { micro(kc, &rows, a.cs, b0, pstride, offs, tile.as_mut_ptr(), W, acc, np * NR, core::ptr::null()) };
-                            for r in 0..mr {
-                                // SAFETY: as above.
-                                let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), cols) };
-                                dst.copy_from_slice(&tile[r * W..r * W + cols]);
-                            }
-                            if let Some(post) = post {
-                                // SAFETY: the tile's real part, inside C.
-                                unsafe { post.tile(i, j0).apply_tile(ct, ldc, mr, cols) };
-                            }
+                            // SAFETY: the tile's mr rows and cols columns
+                            // are inside C and post's terms; the stage is
+                            // MR×4NR (≥ h rows, ≥ np·NR columns).
+                            unsafe {
+                                staged(4 * NR, ct, ldc, mr, cols, acc, post.map(|p| p.tile(i, j0)), |t, ld| {
+                                    micro(kc, &rows, a.cs, b0, pstride, offs, t, ld, acc, np * NR, core::ptr::null())
+                                })
+                            };
                         }
                         i += mr;
                     }
@@ -475,25 +462,14 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
                         // post's terms cover the tile.
                         unsafe { micro(kc, &rows, a.cs, bpan, offs, ct, ldc, acc, tp) };
                     } else {
-                        let mut tile = [0.0f32; MR * NR];
-                        if acc {
-                            for r in 0..mr {
-                                // SAFETY: row r < mr of the tile, nr columns.
-                                let src = unsafe { core::slice::from_raw_parts(ct.add(r * ldc), nr) };
-                                tile[r * NR..r * NR + nr].copy_from_slice(src);
-                            }
-                        }
-                        // SAFETY: `tile` is MR×NR (≥ h rows) with row stride NR.
-                        unsafe { micro(kc, &rows, a.cs, bpan, offs, tile.as_mut_ptr(), NR, acc, core::ptr::null()) };
-                        for r in 0..mr {
-                            // SAFETY: as above.
-                            let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), nr) };
-                            dst.copy_from_slice(&tile[r * NR..r * NR + nr]);
-                        }
-                        if let Some(post) = post {
-                            // SAFETY: the tile's real part, inside C.
-                            unsafe { post.tile(i, j0).apply_tile(ct, ldc, mr, nr) };
-                        }
+                        // SAFETY: the tile's mr rows and nr columns are
+                        // inside C and post's terms; the stage is MR×NR
+                        // (≥ h rows).
+                        unsafe {
+                            staged(NR, ct, ldc, mr, nr, acc, post.map(|p| p.tile(i, j0)), |t, ld| {
+                                micro(kc, &rows, a.cs, bpan, offs, t, ld, acc, core::ptr::null())
+                            })
+                        };
                     }
                     i += mr;
                 }
@@ -502,6 +478,39 @@ pub(crate) unsafe fn gemm_packed(m: usize, n: usize, k: usize, a: MatA, b: MatB<
             i0 += mc;
         }
         k0 += kc;
+    }
+}
+
+/// A tile C cannot take whole (fewer real rows than the kernel writes, or
+/// a narrow kernel's partial panel): `kernel` runs on an `MR`×`w` stage
+/// (`w ≤ 4·NR`), given its pointer and row stride, holding C's
+/// `rows`×`cols` corner at `ct` first if `acc`; the corner is copied back
+/// and `post` applied to it.
+///
+/// # Safety
+/// The corner (row stride `ldc`) is inside C and `post`'s terms cover it;
+/// `kernel` writes only inside the stage.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn staged(w: usize, ct: *mut f32, ldc: usize, rows: usize, cols: usize, acc: bool, post: Option<TilePost>, kernel: impl FnOnce(*mut f32, usize)) {
+    debug_assert!(rows <= MR && cols <= w && w <= 4 * NR);
+    let mut stage = [0.0f32; MR * 4 * NR];
+    if acc {
+        for r in 0..rows {
+            // SAFETY: row r of the corner (contract).
+            let src = unsafe { core::slice::from_raw_parts(ct.add(r * ldc), cols) };
+            stage[r * w..r * w + cols].copy_from_slice(src);
+        }
+    }
+    kernel(stage.as_mut_ptr(), w);
+    for r in 0..rows {
+        // SAFETY: as above.
+        let dst = unsafe { core::slice::from_raw_parts_mut(ct.add(r * ldc), cols) };
+        dst.copy_from_slice(&stage[r * w..r * w + cols]);
+    }
+    if let Some(post) = post {
+        // SAFETY: the corner, inside C and post's terms (contract).
+        unsafe { post.apply_tile(ct, ldc, rows, cols) };
     }
 }
 
