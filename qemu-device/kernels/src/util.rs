@@ -124,6 +124,12 @@ pub(crate) fn stream_zip(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, 
     let n = out.len();
     let (a, b) = (&a[..n], &b[..n]);
     #[cfg(target_arch = "x86_64")]
+    if crate::fastmath::has_avx512() {
+        // SAFETY: the CPU has AVX-512F (`has_avx512`).
+        unsafe { stream_zip_avx512(out, a, b, f) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     {
         use core::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
         // Normal stores up to a 16-byte boundary of `out`, then aligned
@@ -154,6 +160,39 @@ pub(crate) fn stream_zip(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, 
     #[cfg(not(target_arch = "x86_64"))]
     for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
         *o = f(x, y);
+    }
+}
+
+/// [`stream_zip`] in 64-byte steps: one streaming store fills a whole
+/// cache line (with 16-byte stores the write-combining buffer waits for
+/// four), and 16 lanes per instruction. Measured on two threads, a 16 MiB
+/// Add: 1.1-1.35 ms with the 16-byte stores, 0.86-0.98 ms in C with these.
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` and `b` are at least `out.len()` long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn stream_zip_avx512(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+    use core::arch::x86_64::{_mm512_loadu_ps, _mm512_stream_ps};
+    let n = out.len();
+    let head = out.as_ptr().align_offset(64).min(n);
+    let body = (n - head) / 16 * 16;
+    for j in (0..head).chain(head + body..n) {
+        out[j] = f(a[j], b[j]);
+    }
+    let steps = out[head..head + body]
+        .chunks_exact_mut(16)
+        .zip(a[head..head + body].chunks_exact(16))
+        .zip(b[head..head + body].chunks_exact(16));
+    for ((o, x), y) in steps {
+        let mut t = [0.0f32; 16];
+        for i in 0..16 {
+            t[i] = f(x[i], y[i]);
+        }
+        // SAFETY: `o` holds sixteen f32 and starts 64-byte aligned (`head`
+        // aligned the first step; steps are 64 bytes long); `t` holds
+        // sixteen f32.
+        unsafe { _mm512_stream_ps(o.as_mut_ptr(), _mm512_loadu_ps(t.as_ptr())) };
     }
 }
 
