@@ -21,9 +21,11 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for ((i = 1; i <= rounds; i++)); do
     for k in "${!bins[@]}"; do
-        # "NAME  ours ... X ms | ..." -> "k|i|NAME|X"
+        # "NAME  ours ... X ms | ..." (or, int8 rows, "NAME  int8 ... X ms
+        # | f32 (ours) ...") -> "k|i|NAME|X"
         BENCH_REPS=${BENCH_REPS:-5} "${bins[$k]}" "$@" 2>&1 \
-            | sed -n 's/^\(.*[^ ]\) \{1,\}ours .* \([0-9.]\{1,\}\) ms | .*/\1|\2/p' \
+            | sed -n -e 's/^\(int8 .*[^ ]\) \{1,\}int8 .* \([0-9.]\{1,\}\) ms | f32 (ours).*/\1|\2/p' \
+                -e 's/^\(.*[^ ]\) \{1,\}ours .* \([0-9.]\{1,\}\) ms | .*/\1|\2/p' \
             | sed "s/^/$k|$i|/" >>"$out"
     done
 done

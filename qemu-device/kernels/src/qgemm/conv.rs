@@ -1,9 +1,10 @@
 //! int8 convolution: im2col straight into packed micro-panels (rows =
 //! output positions, k = (c, ky, kx)), then the int8 GEMM core, storing
-//! NCHW (row stride 1, column stride `oh·ow`).
+//! NCHW (row stride 1, column stride `oh·ow`). On AVX-512 VNNI the
+//! micro-panels are [`super::vnni`]'s (16 rows) and so is the core.
 
-use super::kernel::{GROUP_A, MR};
-use super::{bstats, check_cols, check_dst, check_zero, col_data, drive, packed_b_len, panel_len, with_bytes2, Core, QDst, QTensor, QGEMM_MAX_K};
+use super::kernel::{Isa, MR, VNNI_MR};
+use super::{bstats, check_cols, check_dst, check_zero, col_data, drive, packed_b_len, panel_len, with_bytes2, BlockCore, Core, QDst, QTensor, QGEMM_MAX_K};
 use crate::conv::{Axis, Padding2d};
 use crate::error::{KernelError, Result};
 use crate::util::{check_len, mul, sequential, volume};
@@ -110,71 +111,59 @@ pub(crate) fn qconv2d_impl(
     let seq = sequential(images.saturating_mul(g.out_plane).saturating_mul(og).saturating_mul(k).saturating_mul(2));
     let (h, wa) = (g.h, g.w);
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
-    let pack = |img: usize, r0: usize, rows: usize, block: &mut [u8]| {
+    let g = &g;
+    // The packing for micro-panels of `mr` rows, `pl` bytes apart.
+    let pack_for = |mr: usize, pl: usize| move |img: usize, r0: usize, rows: usize, block: &mut [u8]| {
         let (b, grp) = (img / p.groups, img % p.groups);
-        let tp = rows.div_ceil(MR) * MR;
+        let tp = rows.div_ceil(mr) * mr;
         let plane0 = (b * p.in_channels + grp * g.cg) * g.in_plane;
         let src = &x.data[plane0..][..g.cg * g.in_plane];
         let st = Stage::new(&h, &wa, kh, kw, g.cg, r0, rows, xor == 0);
-        with_bytes2(st.len + SLACK + KC * tp + SLACK, |buf| {
-            let (stage, run) = buf.split_at_mut(st.len + SLACK);
+        with_bytes2(st.len + SLACK, |stage| {
             st.build(stage, src, &h, &wa, xor, xz as u8);
             let stage: &[u8] = if st.direct { src } else { stage };
-            let pl = panel_len(kg);
             if st.direct && k.is_multiple_of(4) && r0 + tp <= g.in_plane {
                 // A 1×1 convolution reading whole micro-panels' worth of
                 // positions inside every plane: im2col row c is plane c
                 // itself, transposed straight from the input.
                 let plane = g.in_plane;
-                transpose(block, |r| &src[r * plane + r0..][..tp], pl, tp, 0, k);
+                match mr {
+                    4 => transpose::<MR>(block, |r| &src[r * plane + r0..][..tp], pl, tp, 0, k),
+                    _ => transpose::<VNNI_MR>(block, |r| &src[r * plane + r0..][..tp], pl, tp, 0, k),
+                }
                 return;
             }
-            // Reduction row r = (c·kh + ky)·kw + kx, stepped without
-            // divisions; the positions' first output row and column once.
-            let at = Start { oy: r0 / wa.output, ox: r0 % wa.output };
-            let (mut c, mut ky, mut kx) = (0, 0, 0);
-            let mut k0 = 0;
-            while k0 < kg * 4 {
-                let kc = KC.min(kg * 4 - k0);
-                for rr in 0..kc {
-                    let r = k0 + rr;
-                    if r >= k {
-                        run[rr * tp..][..tp].fill(0);
-                        continue;
-                    }
-                    st.gather(run, rr * tp, stage, &wa, c, ky, kx, at, rows);
-                    run[rr * tp + rows..][..tp - rows].fill(0);
-                    kx += 1;
-                    if kx == kw {
-                        kx = 0;
-                        ky += 1;
-                        if ky == kh {
-                            ky = 0;
-                            c += 1;
-                        }
-                    }
-                }
-                transpose(block, |r| &run[(r - k0) * tp..][..tp], pl, tp, k0, kc);
-                k0 += kc;
+            match mr {
+                4 => st.pack::<MR>(block, stage, &wa, k, kh, kw, r0, rows, tp, pl),
+                _ => st.pack::<VNNI_MR>(block, stage, &wa, k, kh, kw, r0, rows, tp, pl),
             }
         })
     };
+    // Image b, group grp: positions of channels grp·og + j.
+    let place = |img: usize| (img / p.groups * p.out_channels + img % p.groups * og) * g.out_plane;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Vnni && super::vnni::available() {
+        use super::vnni;
+        let core = |img: usize| {
+            let grp = img % p.groups;
+            vnni::Core { kg, zero_points: stats.zero_points, kind, b: &w[grp * blen..][..blen], cols: cds[grp].cols() }
+        };
+        let pack = pack_for(vnni::MR, <vnni::Core<'_> as BlockCore>::panel_len(kg));
+        // SAFETY: as below.
+        unsafe { drive(images, g.out_plane, og, kg, seq, pack, core, &out, place, 1, g.out_plane) };
+        return Ok(());
+    }
     let core = |img: usize| {
         let grp = img % p.groups;
         Core { k, kg, stats, isa, kind, b: &w[grp * blen..][..blen], cols: cds[grp].cols() }
     };
-    // Image b, group grp: positions of channels grp·og + j.
-    let place = |img: usize| (img / p.groups * p.out_channels + img % p.groups * og) * g.out_plane;
     // SAFETY: (image, group) × positions × channels of the NCHW output
     // (length checked), distinct for distinct (img, row, column).
-    unsafe { drive(images, g.out_plane, og, kg, seq, pack, core, &out, place, 1, g.out_plane) };
+    unsafe { drive(images, g.out_plane, og, kg, seq, pack_for(MR, panel_len(kg)), core, &out, place, 1, g.out_plane) };
     Ok(())
 }
 
-/// Reduction rows gathered per im2col chunk (a multiple of 4).
-const KC: usize = 64;
-/// Readable / writable bytes past the ends of the staging buffers (the
-/// gathers copy whole 8-byte words).
+/// Bytes past the end of the stage buffer (kept zero-cost slack).
 const SLACK: usize = 16;
 
 /// The input under a block of output positions, padded and split by
@@ -265,95 +254,154 @@ impl Stage {
         }
     }
 
-    /// Row `(c, ky, kx)` of the im2col matrix for output positions from
-    /// `t0` (at output row and column `t0`) on, `rows` of them, written at
-    /// `run[at..]` (and up to 7 bytes after it).
+    /// Packs the im2col rows of output positions `r0 .. r0+rows` (`tp`
+    /// of them padded with zeros, as are the rows `k .. 4·⌈k/4⌉`) into the
+    /// micro-panels of `MR` rows (`pl` bytes apart, see [`transpose`]),
+    /// reading `stage` (built by [`Stage::build`]) straight into the
+    /// layout: 16 positions of one output row are 16 consecutive stage
+    /// bytes for every reduction row (c, ky, kx), at an offset that is the
+    /// sum of a per-position and a per-reduction-row part. (Gathering whole
+    /// im2col rows into a buffer first and transposing that took about
+    /// half of a VNNI 3×3 convolution.)
     #[allow(clippy::too_many_arguments)]
-    fn gather(&self, run: &mut [u8], at: usize, stage: &[u8], wa: &Axis, c: usize, ky: usize, kx: usize, t0: Start, rows: usize) {
-        let ow = wa.output;
-        let (sw, pxw) = (wa.stride, self.pxw);
-        let (ph, xo) = if sw == 1 { (0, kx * wa.dilation) } else { ((kx * wa.dilation) % sw, (kx * wa.dilation) / sw) };
-        let (mut oy, mut ox0) = (t0.oy, t0.ox);
-        let mut j = 0;
-        while j < rows {
-            let seg = (ow - ox0).min(rows - j);
-            let yy = (oy - self.oy0) * self.sh + ky * self.dh;
-            let off = (c * sw + ph) * self.cstride + yy * pxw + xo + ox0;
-            if off + seg.div_ceil(8) * 8 <= stage.len() && at + j + seg.div_ceil(8) * 8 <= run.len() {
-                // SAFETY: both ranges, rounded up to whole words, are in
-                // bounds (checked).
-                unsafe { copy_words(run.as_mut_ptr().add(at + j), stage.as_ptr().add(off), seg) };
-            } else {
-                run[at + j..][..seg].copy_from_slice(&stage[off..][..seg]);
+    fn pack<const MR: usize>(&self, block: &mut [u8], stage: &[u8], wa: &Axis, k: usize, kh: usize, kw: usize, r0: usize, rows: usize, tp: usize, pl: usize) {
+        let (ow, sw, pxw) = (wa.output, wa.stride, self.pxw);
+        // Stage offset of each real position (its reduction-row part 0).
+        let pos = |q: usize| {
+            let (oy, ox) = ((r0 + q) / ow, (r0 + q) % ow);
+            (oy - self.oy0) * self.sh * pxw + ox
+        };
+        // Stage offset of reduction row r = (c·kh + ky)·kw + kx.
+        let krow = |r: usize| {
+            let (c, ky, kx) = (r / (kh * kw), r / kw % kh, r % kw);
+            let (ph, xo) = ((kx * wa.dilation) % sw, (kx * wa.dilation) / sw);
+            (c * sw + ph) * self.cstride + ky * self.dh * pxw + xo
+        };
+        let kg = k.div_ceil(4);
+        // Each chunk of 16 positions as runs inside one output row (first
+        // lane, lanes, stage offset): one run, or one per row it touches
+        // (a 7×7 map's chunks touch three or four); real positions only.
+        let mut runs: smallvec::SmallVec<[(usize, usize, usize); 64]> = smallvec::SmallVec::new();
+        let mut first: smallvec::SmallVec<[usize; 64]> = smallvec::SmallVec::new();
+        for c in 0..tp / 16 {
+            first.push(runs.len());
+            let mut lane = 0;
+            while lane < 16 && 16 * c + lane < rows {
+                let q = 16 * c + lane;
+                let len = (ow - (r0 + q) % ow).min(16 - lane).min(rows - q);
+                runs.push((lane, len, pos(q)));
+                lane += len;
             }
-            j += seg;
-            ox0 = 0;
-            oy += 1;
+        }
+        first.push(runs.len());
+        // Reduction rows' offsets by group (the rows past k: none).
+        let bases: smallvec::SmallVec<[[Option<usize>; 4]; 64]> = (0..kg).map(|gi| core::array::from_fn(|kk| (4 * gi + kk < k).then(|| krow(4 * gi + kk)))).collect();
+        // Chunk by chunk, so that each micro-panel is written in order.
+        let mut q = 0;
+        while q + 16 <= tp {
+            let runs = &runs[first[q / 16]..first[q / 16 + 1]];
+            for (gi, bases) in bases.iter().enumerate() {
+                let mut tmp = [[0u8; 16]; 4];
+                for (t, base) in tmp.iter_mut().zip(bases) {
+                    let Some(base) = *base else { continue };
+                    if let [(0, 16, o)] = *runs {
+                        t.copy_from_slice(&stage[base + o..][..16]);
+                        continue;
+                    }
+                    for &(lane, len, o) in runs {
+                        t[lane..lane + len].copy_from_slice(&stage[base + o..][..len]);
+                    }
+                }
+                store_interleaved::<MR>(block, &tmp, q, gi, pl);
+            }
+            q += 16;
+        }
+        // A last part of fewer than 16 positions (4-row micro-panels only).
+        while q < tp {
+            for (gi, bases) in bases.iter().enumerate() {
+                let dst = &mut block[panel_at::<MR>(q, gi, pl)..][..16];
+                for i in 0..4 {
+                    for kk in 0..4 {
+                        dst[i * 4 + kk] = match bases[kk] {
+                            Some(base) if q + i < rows => stage[base + pos(q + i)],
+                            _ => 0,
+                        };
+                    }
+                }
+            }
+            q += 4;
         }
     }
 }
 
-/// The output row and column of a block's first position.
-#[derive(Clone, Copy)]
-struct Start {
-    oy: usize,
-    ox: usize,
+/// Byte offset in a block of micro-panels of `MR` rows (`pl` bytes apart)
+/// of position `q`'s (a multiple of 4) 4 rows × 4 `k` in group `gi`: 16
+/// consecutive bytes.
+#[inline(always)]
+fn panel_at<const MR: usize>(q: usize, gi: usize, pl: usize) -> usize {
+    (q / MR) * pl + gi * MR * 4 + (q % MR) * 4
 }
 
-/// Copies `len` bytes rounded up to whole 8-byte words.
-///
-/// # Safety
-/// `src` / `dst` are readable / writable for `len.div_ceil(8)·8` bytes.
+/// Stores 4 reduction rows × 16 positions (`rows[kk][i]`, positions `q ..
+/// q+16`, reduction rows `4gi ..`) as their micro-panels' bytes `4i + kk`:
+/// four 16-byte pieces of groups (of 4 micro-panels of 4 rows, or one
+/// whole group of a 16-row micro-panel).
 #[inline(always)]
-unsafe fn copy_words(dst: *mut u8, src: *const u8, len: usize) {
-    let mut i = 0;
-    while i < len {
-        // SAFETY: the caller's contract.
-        unsafe { (dst.add(i) as *mut u64).write_unaligned((src.add(i) as *const u64).read_unaligned()) };
-        i += 8;
+fn store_interleaved<const MR: usize>(block: &mut [u8], rows: &[[u8; 16]; 4], q: usize, gi: usize, pl: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::*;
+        // SAFETY: SSE2 is baseline on x86_64; the loads read the 16-byte
+        // arrays of `rows`; each store writes 16 bytes inside `block`
+        // (sliced).
+        unsafe {
+            let ld = |r: &[u8; 16]| _mm_loadu_si128(r.as_ptr() as *const __m128i);
+            let (a, b, c, d) = (ld(&rows[0]), ld(&rows[1]), ld(&rows[2]), ld(&rows[3]));
+            let ab_lo = _mm_unpacklo_epi8(a, b);
+            let ab_hi = _mm_unpackhi_epi8(a, b);
+            let cd_lo = _mm_unpacklo_epi8(c, d);
+            let cd_hi = _mm_unpackhi_epi8(c, d);
+            let outs = [_mm_unpacklo_epi16(ab_lo, cd_lo), _mm_unpackhi_epi16(ab_lo, cd_lo), _mm_unpacklo_epi16(ab_hi, cd_hi), _mm_unpackhi_epi16(ab_hi, cd_hi)];
+            for (o, v) in outs.iter().enumerate() {
+                let dst = &mut block[panel_at::<MR>(q + 4 * o, gi, pl)..][..16];
+                _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, *v);
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    for o in 0..4 {
+        let dst = &mut block[panel_at::<MR>(q + 4 * o, gi, pl)..][..16];
+        for i in 0..4 {
+            for kk in 0..4 {
+                dst[i * 4 + kk] = rows[kk][4 * o + i];
+            }
+        }
     }
 }
 
 /// Moves im2col rows `k0 .. k0+kc` (`row(r)`: row `r`, `tp` bytes, `tp` a
-/// multiple of MR) into the plain parts of the micro-panels (`pl` bytes
-/// apart): group `k0/4 + g` of panel `mp`, byte `4i + kk` =
-/// `row(k0 + 4g + kk)[4mp + i]`.
-fn transpose<'r>(block: &mut [u8], row: impl Fn(usize) -> &'r [u8], pl: usize, tp: usize, k0: usize, kc: usize) {
-    let nmp = tp / MR;
+/// multiple of `MR`) into the plain parts of the micro-panels of `MR` rows
+/// (`pl` bytes apart): group `k0/4 + g` of panel `mp`, byte `4i + kk` =
+/// `row(k0 + 4g + kk)[MR·mp + i]`.
+fn transpose<'r, const MR: usize>(block: &mut [u8], row: impl Fn(usize) -> &'r [u8], pl: usize, tp: usize, k0: usize, kc: usize) {
+    debug_assert!(tp.is_multiple_of(MR));
     for g in 0..kc / 4 {
         let rows: [&[u8]; 4] = core::array::from_fn(|kk| row(k0 + 4 * g + kk));
-        let goff = (k0 / 4 + g) * GROUP_A;
-        let mut mp = 0;
-        #[cfg(target_arch = "x86_64")]
-        while mp + 4 <= nmp {
-            use core::arch::x86_64::*;
-            // SSE2 (baseline on x86_64): 4 k-rows × 16 positions → the
-            // groups of 4 micro-panels.
-            // SAFETY: 16 bytes at 4mp of each row (4mp + 16 ≤ tp); each
-            // store is one 16-byte group of a micro-panel inside `block`.
-            unsafe {
-                let ld = |r: &[u8]| _mm_loadu_si128(r[4 * mp..].as_ptr() as *const __m128i);
-                let (a, b, c, d) = (ld(rows[0]), ld(rows[1]), ld(rows[2]), ld(rows[3]));
-                let ab_lo = _mm_unpacklo_epi8(a, b);
-                let ab_hi = _mm_unpackhi_epi8(a, b);
-                let cd_lo = _mm_unpacklo_epi8(c, d);
-                let cd_hi = _mm_unpackhi_epi8(c, d);
-                let outs = [_mm_unpacklo_epi16(ab_lo, cd_lo), _mm_unpackhi_epi16(ab_lo, cd_lo), _mm_unpacklo_epi16(ab_hi, cd_hi), _mm_unpackhi_epi16(ab_hi, cd_hi)];
-                for (q, v) in outs.iter().enumerate() {
-                    let dst = &mut block[(mp + q) * pl + goff..][..GROUP_A];
-                    _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, *v);
-                }
-            }
-            mp += 4;
+        let gi = k0 / 4 + g;
+        let mut q = 0;
+        while q + 16 <= tp {
+            let tmp: [[u8; 16]; 4] = core::array::from_fn(|kk| rows[kk][q..q + 16].try_into().expect("16 bytes"));
+            store_interleaved::<MR>(block, &tmp, q, gi, pl);
+            q += 16;
         }
-        while mp < nmp {
-            let dst = &mut block[mp * pl + goff..][..GROUP_A];
-            for i in 0..MR {
+        while q < tp {
+            let dst = &mut block[panel_at::<MR>(q, gi, pl)..][..16];
+            for i in 0..4 {
                 for kk in 0..4 {
-                    dst[i * 4 + kk] = rows[kk][mp * MR + i];
+                    dst[i * 4 + kk] = rows[kk][q + i];
                 }
             }
-            mp += 1;
+            q += 4;
         }
     }
 }

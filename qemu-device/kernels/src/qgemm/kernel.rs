@@ -15,6 +15,8 @@ use core::arch::x86_64::*;
 
 /// Rows per micro-panel.
 pub(crate) const MR: usize = 4;
+/// Rows per micro-panel of the VNNI convolution core (`super::vnni`).
+pub(crate) const VNNI_MR: usize = 16;
 /// Columns per micro-tile (two packed B panels).
 pub(crate) const NR: usize = 16;
 /// Columns of one packed B panel.

@@ -23,10 +23,14 @@
 //! Tasks are (image, row block, column block); each packs its row block
 //! of A once (im2col for convolutions), then runs 4 × 16 micro-tiles whose
 //! requantising epilogue is applied while they are in registers.
+//! Convolutions on AVX-512 VNNI take [`vnni`]'s layout instead: 16 output
+//! positions per micro-panel, in the lanes of one register.
 
 mod conv;
 pub(crate) mod kernel;
 mod quant;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 pub use conv::{qconv2d, qconv2d_output_shape, QConvParams};
 #[cfg(test)]
@@ -222,11 +226,12 @@ const A_BLOCK: usize = 512 << 10;
 const MC_MAX: usize = 256;
 
 impl Split {
-    pub(crate) fn new(images: usize, rows: usize, n: usize, kp: usize, seq: bool) -> Split {
+    /// For micro-panels of `mr` rows (4 or 16, dividing [`MC_MAX`] and 64).
+    pub(crate) fn new(images: usize, rows: usize, n: usize, kp: usize, mr: usize, seq: bool) -> Split {
         let threads = plan_threads(seq);
         let want = if seq { 1 } else { 6 * threads };
-        let rows_r = rows.div_ceil(MR).max(1) * MR;
-        let mut mc = ((A_BLOCK / kp.max(1)).clamp(MR, MC_MAX) / MR * MR).min(rows_r);
+        let rows_r = rows.div_ceil(mr).max(1) * mr;
+        let mut mc = ((A_BLOCK / kp.max(1)).clamp(mr, MC_MAX) / mr * mr).min(rows_r);
         let mut nrb = rows.div_ceil(mc).max(1);
         let npp = n.div_ceil(NR).max(1);
         let mut ncb = 1;
@@ -234,7 +239,7 @@ impl Split {
         if tasks < want {
             // More blocks of rows first (down to 64 rows), then columns.
             let more = want.div_ceil(tasks);
-            let mc2 = (rows.div_ceil(nrb * more).div_ceil(MR) * MR).max(64).min(mc);
+            let mc2 = (rows.div_ceil(nrb * more).div_ceil(mr) * mr).max(64).min(mc);
             mc = mc2;
             nrb = rows.div_ceil(mc).max(1);
             let tasks = images.saturating_mul(nrb);
@@ -272,6 +277,39 @@ pub(crate) fn with_bytes<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
 /// A second per-thread byte buffer (for the packing routines' own scratch).
 pub(crate) fn with_bytes2<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     with_local(&QSCRATCH2, |buf: &mut Vec<u8>| sized_bytes(buf, len, f))
+}
+
+/// What [`drive`] runs on the blocks of packed rows of one image: the
+/// micro-panel layout and the kernels that use it.
+pub(crate) trait BlockCore: Sync {
+    /// Rows per micro-panel (divides 64 and [`MC_MAX`]).
+    const MR: usize;
+    /// Bytes of one packed micro-panel of `kg` groups of 4 `k`.
+    fn panel_len(kg: usize) -> usize;
+    /// Finishes the `⌈rows/MR⌉` packed micro-panels of `block` (see
+    /// [`Core::prepare`]).
+    fn prepare(&self, block: &mut [u8], rows: usize, infos: &mut [PanelInfo]);
+    /// Computes rows `0..rows` × columns `c0 .. c0+nc` of a finished
+    /// block (see [`Core::compute`]).
+    ///
+    /// # Safety
+    /// As [`Core::compute`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn compute(&self, block: &[u8], infos: &[PanelInfo], rows: usize, c0: usize, nc: usize, out: &OutPtr, out0: usize, rs: usize, cs: usize);
+}
+
+impl BlockCore for Core<'_> {
+    const MR: usize = MR;
+    fn panel_len(kg: usize) -> usize {
+        panel_len(kg)
+    }
+    fn prepare(&self, block: &mut [u8], rows: usize, infos: &mut [PanelInfo]) {
+        Core::prepare(self, block, rows, infos)
+    }
+    unsafe fn compute(&self, block: &[u8], infos: &[PanelInfo], rows: usize, c0: usize, nc: usize, out: &OutPtr, out0: usize, rs: usize, cs: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { Core::compute(self, block, infos, rows, c0, nc, out, out0, rs, cs) }
+    }
 }
 
 /// The shared part of a GEMM block run.
@@ -474,29 +512,31 @@ static SHARED_A: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
 
 /// Runs a problem of `images` independent products of `rows` rows × `n`
 /// columns over `kg` groups of k: `pack(img, r0, rows, block)` fills the
-/// plain parts of the `⌈rows/MR⌉` micro-panels of `block` (`panel_len(kg)`
-/// apart) with rows `r0 .. r0+rows` of image `img`; `core(img)` is its
-/// [`Core`]; element (row i, column j) of image `img` goes to
-/// `place(img) + i·rs + j·cs`.
+/// plain parts of the `⌈rows/C::MR⌉` micro-panels of `block`
+/// (`C::panel_len(kg)` apart) with rows `r0 .. r0+rows` of image `img`;
+/// `core(img)` is its [`BlockCore`]; element (row i, column j) of image
+/// `img` goes to `place(img) + i·rs + j·cs`.
 ///
 /// # Safety
 /// Those elements lie in the destination and are distinct.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn drive<'a>(
+pub(crate) unsafe fn drive<C: BlockCore>(
     images: usize,
     rows: usize,
     n: usize,
     kg: usize,
     seq: bool,
     pack: impl Fn(usize, usize, usize, &mut [u8]) + Sync,
-    core: impl Fn(usize) -> Core<'a> + Sync,
+    core: impl Fn(usize) -> C + Sync,
     out: &OutPtr,
     place: impl Fn(usize) -> usize + Sync,
     rs: usize,
     cs: usize,
 ) {
-    let sp = Split::new(images, rows, n, kg * 4, seq);
-    let pl = panel_len(kg);
+    let mr = C::MR;
+    const { assert!(MC_MAX.is_multiple_of(64)) };
+    let sp = Split::new(images, rows, n, kg * 4, mr, seq);
+    let pl = C::panel_len(kg);
     let nblocks = images * sp.nrb;
     // (image, first row, rows) of row block `rb`.
     let blk = |rb: usize| {
@@ -508,7 +548,7 @@ pub(crate) unsafe fn drive<'a>(
         // Pack and use each block in one task (it stays in cache).
         for_each_task(nblocks, seq, |rb| {
             let (img, r0, rows) = blk(rb);
-            let nmp = rows.div_ceil(MR);
+            let nmp = rows.div_ceil(mr);
             with_bytes(nmp * pl, |block| {
                 pack(img, r0, rows, block);
                 let c = core(img);
@@ -521,7 +561,7 @@ pub(crate) unsafe fn drive<'a>(
         return;
     }
     // Pack a wave of blocks once, then share each among its column blocks.
-    let bbytes = sp.mc.div_ceil(MR) * pl;
+    let bbytes = sp.mc.div_ceil(mr) * pl;
     let per_wave = (WAVE / bbytes.max(1)).clamp(1, nblocks);
     let mut shared = core::mem::take(&mut *SHARED_A.lock().unwrap_or_else(|e| e.into_inner()));
     if shared.len() < per_wave * bbytes {
@@ -536,17 +576,17 @@ pub(crate) unsafe fn drive<'a>(
         // Fewer blocks than threads (a late layer's few positions: one
         // block): each block is packed in parts of whole micro-panels, so
         // that no thread waits while one packs.
-        let parts = if seq { 1 } else { plan_threads(seq).div_ceil(w1 - w0).min(sp.mc / MR).max(1) };
-        let part_mp = (sp.mc / MR).div_ceil(parts);
+        let parts = if seq { 1 } else { plan_threads(seq).div_ceil(w1 - w0).min(sp.mc / mr).max(1) };
+        let part_mp = (sp.mc / mr).div_ceil(parts);
         for_each_task((w1 - w0) * parts, seq, |t| {
             let (i, part) = (t / parts, t % parts);
             let (img, r0, rows) = blk(w0 + i);
             let mp0 = part * part_mp;
-            if mp0 * MR >= rows {
+            if mp0 * mr >= rows {
                 return;
             }
-            let sub = (part_mp * MR).min(rows - mp0 * MR);
-            let nmp = sub.div_ceil(MR);
+            let sub = (part_mp * mr).min(rows - mp0 * mr);
+            let nmp = sub.div_ceil(mr);
             // SAFETY: micro-panels mp0 .. mp0 + nmp of block i (inside it:
             // mp0 + nmp ≤ ⌈rows/MR⌉ ≤ mc/MR) and their infos; the parts
             // of a block cover disjoint micro-panels, blocks are disjoint.
@@ -556,7 +596,7 @@ pub(crate) unsafe fn drive<'a>(
                     core::slice::from_raw_parts_mut(infp.get().add(i * (MC_MAX / MR) + mp0), nmp),
                 )
             };
-            pack(img, r0 + mp0 * MR, sub, block);
+            pack(img, r0 + mp0 * mr, sub, block);
             core(img).prepare(block, sub, inf);
         });
         let (shared, infos) = (&shared, &infos);
