@@ -212,7 +212,7 @@ impl Stage {
         // than the copies of a small map's rows.)
         let phases: smallvec::SmallVec<[usize; 4]> = (0..sw).filter(|&ph| (0..wa.kernel).any(|kx| (kx * wa.dilation) % sw == ph)).collect();
         let rows_out = nry.saturating_sub((ha.kernel - 1) * self.dh + 1) / self.sh + 1;
-        let row_used = |yy: usize| (0..ha.kernel).any(|ky| yy >= ky * self.dh && (yy - ky * self.dh) % self.sh == 0 && (yy - ky * self.dh) / self.sh < rows_out);
+        let row_used = |yy: usize| (0..ha.kernel).any(|ky| yy >= ky * self.dh && (yy - ky * self.dh).is_multiple_of(self.sh) && (yy - ky * self.dh) / self.sh < rows_out);
         let rows: smallvec::SmallVec<[usize; 64]> = (0..nry).filter(|&yy| row_used(yy)).collect();
         for c in 0..self.cg {
             for &yy in &rows {
