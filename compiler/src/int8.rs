@@ -36,6 +36,8 @@ pub struct Int8Stats {
     pub int8_out: usize,
     /// Element-wise Add / Mul on int8 values (QBINARY).
     pub eltwise: usize,
+    /// Of the convolutions, those whose weights are in channel quads.
+    pub conv_quads: usize,
 }
 
 /// Lowers every eligible Conv and GEMM, then drops what no one reads.
@@ -49,6 +51,7 @@ pub fn run(g: &mut Graph) -> Int8Stats {
         }
         st.int8_out += int8_out as usize;
     }
+    st.conv_quads = g.ops.iter().filter(|o| matches!(o.kind, Kind::QConv { quads: true, .. })).count();
     let mut i = 0;
     while i < g.ops.len() {
         st.eltwise += lower_binary(g, i) as usize;
@@ -246,15 +249,30 @@ fn try_lower(g: &mut Graph, i: usize) -> Option<(bool, bool)> {
         Kind::Conv { dims, stride, dilation, pads, .. } => {
             let groups = dims[7].max(1) as usize;
             let (ng, kg) = (cols / groups, i8s.len() / cols);
+            let (cin_g, kh, kw) = (dims[1] as usize / groups, dims[5] as usize, dims[6] as usize);
+            // Windows over whole channel quads take the quad order: the
+            // device then reads the input's 4 channels of a tap side by
+            // side instead of building im2col rows (docs/hardware.md,
+            // QCONV). Not for 1×1 (the two orders coincide) nor for
+            // channel counts it would pad (a depthwise conv's 1 → 4).
+            let quads = kh * kw > 1 && cin_g.is_multiple_of(4) && cin_g * kh * kw == kg;
             let per = qgemm_packed_b_len(kg as u64, ng as u64)? as usize;
             let mut packed = vec![0i8; per * groups];
+            let mut reordered = vec![0i8; if quads { ng * kg } else { 0 }];
             for (gi, dst) in packed.chunks_exact_mut(per).enumerate() {
                 // W is [c_out, k]: group gi's B is its rows, transposed.
-                pack_qgemm_b(&i8s[gi * ng * kg..(gi + 1) * ng * kg], kg, ng, true, dst);
+                let rows = &i8s[gi * ng * kg..(gi + 1) * ng * kg];
+                if quads {
+                    let zero: Vec<i8> = qw.zero[gi * ng..(gi + 1) * ng].iter().map(|&z| z as i8).collect();
+                    rbln_hw::ops::qconv_quad_order(rows, ng, cin_g, kh, kw, &zero, &mut reordered);
+                    pack_qgemm_b(&reordered, kg, ng, true, dst);
+                } else {
+                    pack_qgemm_b(rows, kg, ng, true, dst);
+                }
             }
             let len = packed.len() as u64;
             let wv = konst(g, "packed_q", Const { shape: vec![len], data: Data::I(packed.iter().map(|&v| v as i64).collect()) }, DType::I8);
-            Kind::QConv { x: xq, x_type, x_zero: zx, w: wv, w_zero: b_zero, bias: bias_v, scale: scale_v, dims, stride, dilation, pads, out }
+            Kind::QConv { quads, x: xq, x_type, x_zero: zx, w: wv, w_zero: b_zero, bias: bias_v, scale: scale_v, dims, stride, dilation, pads, out }
         }
         Kind::Gemm { m, n, k, batch, trans_b, .. } => {
             if i8s.len() as u64 != k * n {

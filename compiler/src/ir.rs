@@ -264,8 +264,11 @@ pub enum Kind {
         count: u64,
     },
     /// int8 convolution (geometry as `Conv`); `w` holds one packed B
-    /// operand per group; per-output-channel constants as in `QGemm`.
+    /// operand per group, its reduction in channel quads when `quads`
+    /// (`rbln_hw::ops::QCONV_CHANNEL_QUADS`); per-output-channel constants
+    /// as in `QGemm`.
     QConv {
+        quads: bool,
         x: ValueId,
         x_type: DType,
         x_zero: i32,

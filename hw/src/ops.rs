@@ -289,6 +289,11 @@ pub const QGEMM_BIAS: u32 = 1 << 0;
 pub const QGEMM_B_ZERO: u32 = 1 << 1;
 /// QGEMM / QCONV with a QTYPE_F32 output: max(0, y).
 pub const QGEMM_RELU: u32 = 1 << 2;
+/// QCONV only: the weights' reduction index is in channel quads (see
+/// [`qconv_k`]): each group of 4 `k` is 4 input channels of one tap, so
+/// the device reads an NCHW input's 4 channels of a position side by side
+/// instead of building im2col rows.
+pub const QCONV_CHANNEL_QUADS: u32 = 1 << 3;
 /// QBINARY: max(0, y) before quantising the result.
 pub const QBINARY_RELU: u32 = 1 << 0;
 /// Columns per panel of a packed int8 B operand.
@@ -308,6 +313,50 @@ pub const fn qgemm_packed_b_len(k: u64, n: u64) -> Option<u64> {
     match k.div_ceil(QGEMM_KGROUP as u64).checked_mul(QGEMM_KGROUP as u64) {
         Some(kp) => kp.checked_mul(w),
         None => None,
+    }
+}
+
+/// The reduction length of one group's QCONV weights (`cin_g` input
+/// channels per group, a `kh × kw` window): `cin_g·kh·kw`, ordered (c, ky,
+/// kx); with [`QCONV_CHANNEL_QUADS`] `4⌈cin_g/4⌉·kh·kw`, ordered (c/4, ky,
+/// kx, c%4): index `((c/4·kh + ky)·kw + kx)·4 + c%4`, the channels past
+/// `cin_g` being padding whose weights equal the column's zero point (a
+/// real 0). `None` on overflow.
+pub const fn qconv_k(cin_g: u64, kh: u64, kw: u64, flags: u32) -> Option<u64> {
+    let c = if flags & QCONV_CHANNEL_QUADS != 0 {
+        match cin_g.div_ceil(4).checked_mul(4) {
+            Some(c) => c,
+            None => return None,
+        }
+    } else {
+        cin_g
+    };
+    match c.checked_mul(kh) {
+        Some(ck) => ck.checked_mul(kw),
+        None => None,
+    }
+}
+
+/// Reorders one group's conv weights `w` (`[c_out_g][cin_g][kh][kw]`,
+/// rows of `cin_g·kh·kw`) into `dst`, rows of [`qconv_k`] with
+/// [`QCONV_CHANNEL_QUADS`] (`[c_out_g][k]`, ready for [`pack_qgemm_b`]
+/// with `trans_b`); `zero[o]` fills output channel o's padding channels.
+///
+/// # Panics
+/// If `w` is not `c_out_g` rows, `zero` not `c_out_g` long or `dst` not
+/// `c_out_g` rows of the quad order.
+pub fn qconv_quad_order(w: &[i8], c_out_g: usize, cin_g: usize, kh: usize, kw: usize, zero: &[i8], dst: &mut [i8]) {
+    let (taps, cq) = (kh * kw, cin_g.div_ceil(4) * 4);
+    assert_eq!(w.len(), c_out_g * cin_g * taps, "w holds c_out_g rows of cin_g·kh·kw");
+    assert_eq!(zero.len(), c_out_g, "one zero point per output channel");
+    assert_eq!(dst.len(), c_out_g * cq * taps, "dst holds c_out_g rows of the quad order");
+    for o in 0..c_out_g {
+        let (src, row) = (&w[o * cin_g * taps..][..cin_g * taps], &mut dst[o * cq * taps..][..cq * taps]);
+        for c in 0..cq {
+            for t in 0..taps {
+                row[((c / 4) * taps + t) * 4 + c % 4] = if c < cin_g { src[c * taps + t] } else { zero[o] };
+            }
+        }
     }
 }
 
@@ -453,7 +502,8 @@ wire_struct! {
 wire_struct! {
     /// int8 2-D convolution, NCHW, geometry as CONV2D's. Per group `g`
     /// the weights are one packed `[k × c_out/groups]` B operand
-    /// (`k = c_in/groups·kh·kw`, ordered (c, ky, kx); [`pack_qgemm_b`]),
+    /// (`k = c_in/groups·kh·kw`, ordered (c, ky, kx), or in channel quads
+    /// with QCONV_CHANNEL_QUADS: [`qconv_k`]; [`pack_qgemm_b`]),
     /// the groups' operands back to back; padded input positions hold
     /// `x_zero` (a real 0). The arithmetic, zero points, bias, scale and
     /// output are QGEMM's with output channel as the column.
@@ -524,7 +574,7 @@ wire_struct! {
 /// Checks the type, zero-point and clamp fields shared by QGEMM and QCONV.
 fn qgemm_fields_ok(flags: u32, a_type: u32, out_type: u32, a_zero: i32, out_zero: i32, out_min: i32, out_max: i32) -> Result<(), DescError> {
     use DescError::BadField;
-    if flags & !(QGEMM_BIAS | QGEMM_B_ZERO | QGEMM_RELU) != 0 {
+    if flags & !(QGEMM_BIAS | QGEMM_B_ZERO | QGEMM_RELU | QCONV_CHANNEL_QUADS) != 0 {
         return Err(BadField("qgemm flags"));
     }
     let (lo, hi) = qtype_range(a_type).ok_or(BadField("input type"))?;
@@ -1459,6 +1509,9 @@ impl Desc {
             }
             16 => {
                 let d = get!(QGemmDesc);
+                if d.flags & QCONV_CHANNEL_QUADS != 0 {
+                    return Err(BadField("qgemm flags"));
+                }
                 qgemm_fields_ok(d.flags, d.a_type, d.out_type, d.a_zero, d.out_zero, d.out_min, d.out_max)?;
                 Desc::QGemm(d)
             }
@@ -1678,6 +1731,32 @@ mod tests {
         for b in bad {
             assert!(matches!(Desc::decode(&b.to_bytes()), Err(DescError::BadField(_))), "{b:?}");
         }
+    }
+
+    /// The channel-quad order of QCONV weights: index ((c/4·kh + ky)·kw +
+    /// kx)·4 + c%4, padding channels at the column's zero point; the flag
+    /// is QCONV's only.
+    #[test]
+    fn qconv_channel_quads() {
+        assert_eq!(qconv_k(6, 3, 3, 0), Some(54));
+        assert_eq!(qconv_k(6, 3, 3, QCONV_CHANNEL_QUADS), Some(72));
+        assert_eq!(qconv_k(u64::MAX, 2, 1, QCONV_CHANNEL_QUADS), None);
+        // 2 output channels, 5 input channels, a 1×2 window: w[o][c][t] = 10c + t (+ 100 for o = 1).
+        let mut w = [0i8; 20];
+        for (i, v) in w.iter_mut().enumerate() {
+            let (o, c, t) = (i / 10, i / 2 % 5, i % 2);
+            *v = (o * 100 + 10 * c + t) as i8;
+        }
+        let mut q = [0i8; 2 * 8 * 2];
+        qconv_quad_order(&w, 2, 5, 1, 2, &[-3, 7], &mut q);
+        // Row 0: quad 0 tap 0 (c 0..4), quad 0 tap 1, quad 1 tap 0 (c 4, then padding), quad 1 tap 1.
+        assert_eq!(&q[..16], &[0, 10, 20, 30, 1, 11, 21, 31, 40, -3, -3, -3, 41, -3, -3, -3]);
+        assert_eq!(&q[16..20], &[100, 110, 120, -126]);
+        assert_eq!(&q[24..28], &[-116, 7, 7, 7]);
+        let qc = QConvDesc { n: 1, c_in: 4, h: 3, w: 3, c_out: 1, kh: 3, kw: 3, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1, groups: 1, flags: QCONV_CHANNEL_QUADS, ..Default::default() }.with_header();
+        assert_eq!(Desc::decode(&qc.to_bytes()), Ok(Desc::QConv(qc)));
+        let qg = QGemmDesc { m: 1, n: 1, k: 4, flags: QCONV_CHANNEL_QUADS, ..Default::default() }.with_header();
+        assert_eq!(Desc::decode(&qg.to_bytes()), Err(DescError::BadField("qgemm flags")));
     }
 
     #[test]

@@ -872,18 +872,20 @@ fn qconv(op: &mut Op<'_, '_, '_>, d: &ops::QConvDesc) -> R<u64> {
         padding: padding(d.pad_top, d.pad_left, d.pad_bottom, d.pad_right),
         dilation: [d.dil_h as usize, d.dil_w as usize],
         groups: d.groups as usize,
+        channel_quads: d.flags & ops::QCONV_CHANNEL_QUADS != 0,
     };
     let out_shape = op.kernel(k::qconv2d_output_shape(&p))?;
     if p.groups == 0 || !p.in_channels.is_multiple_of(p.groups) || !p.out_channels.is_multiple_of(p.groups) {
         return Err(op.bad());
     }
     let (cin_g, cout_g) = (p.in_channels / p.groups, p.out_channels / p.groups);
-    let k_g = op.volume(&[cin_g, p.kernel[0], p.kernel[1]])?;
+    let k_g = ops::qconv_k(cin_g as u64, p.kernel[0] as u64, p.kernel[1] as u64, d.flags).ok_or_else(|| op.bad())?;
     let n_in = op.volume(&[p.batch, p.in_channels, p.in_h, p.in_w])?;
-    let per_group = ops::qgemm_packed_b_len(k_g as u64, cout_g as u64).ok_or_else(|| op.bad())?;
+    let per_group = ops::qgemm_packed_b_len(k_g, cout_g as u64).ok_or_else(|| op.bad())?;
     let n_w = per_group.checked_mul(p.groups as u64).filter(|&l| l <= MAX_TENSOR_ELEMS).ok_or_else(|| op.bad())? as usize;
     let n_out = op.volume(&out_shape)?;
-    let flops = op.flops(&[2, n_out as u64, k_g as u64])?;
+    // Real multiply-adds (the padding channels of a quad order are not).
+    let flops = op.flops(&[2, n_out as u64, cin_g as u64, p.kernel[0] as u64, p.kernel[1] as u64])?;
     let x = op.input_of::<u8>(d.x_va, n_in)?;
     let w = op.input_of::<u8>(d.w_va, n_w)?;
     let cols = q_columns(op, d.flags, p.out_channels, d.w_zero_va, d.bias_va, d.scale_va)?;

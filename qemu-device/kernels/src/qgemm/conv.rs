@@ -23,6 +23,9 @@ pub struct QConvParams {
     pub dilation: [usize; 2],
     /// Must divide both channel counts.
     pub groups: usize,
+    /// The weights' reduction index is in channel quads
+    /// (`rbln_hw::ops::QCONV_CHANNEL_QUADS`, [`rbln_hw::ops::qconv_k`]).
+    pub channel_quads: bool,
 }
 
 /// The f32 convolution's geometry is the int8 one's (its activation
@@ -30,21 +33,26 @@ pub struct QConvParams {
 impl From<&crate::conv::Conv2dParams> for QConvParams {
     fn from(p: &crate::conv::Conv2dParams) -> Self {
         let crate::conv::Conv2dParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, activation: _ } = *p;
-        QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups }
+        QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, channel_quads: false }
     }
 }
 
 impl From<&QConvParams> for crate::conv::Conv2dParams {
     fn from(p: &QConvParams) -> Self {
-        let QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups } = *p;
+        let QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, channel_quads: _ } = *p;
         crate::conv::Conv2dParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, activation: crate::Activation::None }
     }
 }
 
 /// The geometry of a convolution, checked as the f32 convolution's (the
-/// same rules), plus the int8 kernels' limit on k.
+/// same rules), plus the int8 kernels' limit on k; `kdim` is the weights'
+/// reduction length (in channel quads: rounded up).
 fn geometry(p: &QConvParams) -> Result<crate::conv::Geometry> {
-    let g = crate::conv::geometry(&p.into())?;
+    let mut g = crate::conv::geometry(&p.into())?;
+    if p.channel_quads {
+        let ks = rbln_hw::ops::qconv_k(g.cg as u64, p.kernel[0] as u64, p.kernel[1] as u64, rbln_hw::ops::QCONV_CHANNEL_QUADS);
+        g.kdim = ks.and_then(|k| usize::try_from(k).ok()).ok_or(KernelError::Overflow { what: "qconv2d k" })?;
+    }
     if g.kdim > QGEMM_MAX_K {
         return Err(KernelError::invalid("qconv2d k", format!("{} exceeds the maximum of {QGEMM_MAX_K}", g.kdim)));
     }
@@ -59,8 +67,9 @@ pub fn qconv2d_output_shape(p: &QConvParams) -> Result<[usize; 4]> {
 
 /// int8 NCHW convolution: `x` `[batch, in_channels, in_h, in_w]` with zero
 /// point `x_zero`; weights per group one packed `[k × out_channels/groups]`
-/// B (`k = in_channels/groups·kh·kw` ordered (c, ky, kx);
-/// `rbln_hw::ops::pack_qgemm_b`), the groups back to back; padded input
+/// B (`k = in_channels/groups·kh·kw` ordered (c, ky, kx), or in channel
+/// quads with `p.channel_quads`; `rbln_hw::ops::pack_qgemm_b`), the groups
+/// back to back; padded input
 /// positions read as `x_zero`. `w_zero` / `bias` / `scale` have
 /// `out_channels` entries; arithmetic and output as [`qgemm`](super::qgemm),
 /// output channel as the column; `dst` is NCHW.
@@ -122,7 +131,7 @@ pub(crate) fn qconv2d_impl(
         with_bytes2(st.len + SLACK, |stage| {
             st.build(stage, src, &h, &wa, xor, xz as u8);
             let stage: &[u8] = if st.direct { src } else { stage };
-            if st.direct && k.is_multiple_of(4) && r0 + tp <= g.in_plane {
+            if st.direct && k.is_multiple_of(4) && k == g.cg && r0 + tp <= g.in_plane {
                 // A 1×1 convolution reading whole micro-panels' worth of
                 // positions inside every plane: im2col row c is plane c
                 // itself, transposed straight from the input.
@@ -134,8 +143,8 @@ pub(crate) fn qconv2d_impl(
                 return;
             }
             match mr {
-                4 => st.pack::<MR>(block, stage, &wa, k, kh, kw, r0, rows, tp, pl),
-                _ => st.pack::<VNNI_MR>(block, stage, &wa, k, kh, kw, r0, rows, tp, pl),
+                4 => st.pack::<MR>(block, stage, &wa, k, p.channel_quads, kh, kw, r0, rows, tp, pl),
+                _ => st.pack::<VNNI_MR>(block, stage, &wa, k, p.channel_quads, kh, kw, r0, rows, tp, pl),
             }
         })
     };
@@ -264,18 +273,25 @@ impl Stage {
     /// im2col rows into a buffer first and transposing that took about
     /// half of a VNNI 3×3 convolution.)
     #[allow(clippy::too_many_arguments)]
-    fn pack<const MR: usize>(&self, block: &mut [u8], stage: &[u8], wa: &Axis, k: usize, kh: usize, kw: usize, r0: usize, rows: usize, tp: usize, pl: usize) {
+    fn pack<const MR: usize>(&self, block: &mut [u8], stage: &[u8], wa: &Axis, k: usize, quads: bool, kh: usize, kw: usize, r0: usize, rows: usize, tp: usize, pl: usize) {
         let (ow, sw, pxw) = (wa.output, wa.stride, self.pxw);
         // Stage offset of each real position (its reduction-row part 0).
         let pos = |q: usize| {
             let (oy, ox) = ((r0 + q) / ow, (r0 + q) % ow);
             (oy - self.oy0) * self.sh * pxw + ox
         };
-        // Stage offset of reduction row r = (c·kh + ky)·kw + kx.
+        // Stage offset of reduction row r = (c·kh + ky)·kw + kx, or in
+        // channel quads ((c/4·kh + ky)·kw + kx)·4 + c%4 (none for the
+        // padding channels).
         let krow = |r: usize| {
-            let (c, ky, kx) = (r / (kh * kw), r / kw % kh, r % kw);
+            let (c, ky, kx) = if quads {
+                let t = r / 4;
+                ((t / (kh * kw)) * 4 + r % 4, t / kw % kh, t % kw)
+            } else {
+                (r / (kh * kw), r / kw % kh, r % kw)
+            };
             let (ph, xo) = ((kx * wa.dilation) % sw, (kx * wa.dilation) / sw);
-            (c * sw + ph) * self.cstride + ky * self.dh * pxw + xo
+            (c < self.cg).then(|| (c * sw + ph) * self.cstride + ky * self.dh * pxw + xo)
         };
         let kg = k.div_ceil(4);
         // Each chunk of 16 positions as runs inside one output row (first
@@ -295,7 +311,7 @@ impl Stage {
         }
         first.push(runs.len());
         // Reduction rows' offsets by group (the rows past k: none).
-        let bases: smallvec::SmallVec<[[Option<usize>; 4]; 64]> = (0..kg).map(|gi| core::array::from_fn(|kk| (4 * gi + kk < k).then(|| krow(4 * gi + kk)))).collect();
+        let bases: smallvec::SmallVec<[[Option<usize>; 4]; 64]> = (0..kg).map(|gi| core::array::from_fn(|kk| if 4 * gi + kk < k { krow(4 * gi + kk) } else { None })).collect();
         // Chunk by chunk, so that each micro-panel is written in order.
         let mut q = 0;
         while q + 16 <= tp {

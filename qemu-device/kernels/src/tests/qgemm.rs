@@ -420,16 +420,28 @@ fn conv_ref(p: &QConvParams, x: &[u8], signed: bool, xz: i32, w: &[i8], wz: Opti
 }
 
 /// Packs `[co][c][ky][kx]` weights per group as `[k × og]` B operands.
-fn pack_conv_w(w: &[i8], p: &QConvParams) -> Vec<u8> {
+/// The packed weights of `w` (`[c_out][cin_g·kh·kw]`), in channel quads
+/// when `p.channel_quads` (padding channels at the column's zero point of
+/// `wz`).
+fn pack_conv_w(w: &[i8], p: &QConvParams, wz: Option<&[i32]>) -> Vec<u8> {
     let (cg, og) = (p.in_channels / p.groups, p.out_channels / p.groups);
-    let k = cg * p.kernel[0] * p.kernel[1];
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let k0 = cg * kh * kw;
+    let flags = if p.channel_quads { rbln_hw::ops::QCONV_CHANNEL_QUADS } else { 0 };
+    let k = rbln_hw::ops::qconv_k(cg as u64, kh as u64, kw as u64, flags).unwrap() as usize;
     let mut out = Vec::new();
     for grp in 0..p.groups {
         // B[l][j] = w[grp·og + j][l]: stored [og × k], i.e. transposed.
-        let wg = &w[grp * og * k..][..og * k];
+        let mut wg = w[grp * og * k0..][..og * k0].to_vec();
+        if p.channel_quads {
+            let zero: Vec<i8> = (0..og).map(|j| wz.map_or(0, |z| z[grp * og + j] as i8)).collect();
+            let mut q = vec![0i8; og * k];
+            rbln_hw::ops::qconv_quad_order(&wg, og, cg, kh, kw, &zero, &mut q);
+            wg = q;
+        }
         let len = rbln_hw::ops::qgemm_packed_b_len(k as u64, og as u64).unwrap() as usize;
         let mut dst = vec![0i8; len];
-        rbln_hw::ops::pack_qgemm_b(wg, k, og, true, &mut dst);
+        rbln_hw::ops::pack_qgemm_b(&wg, k, og, true, &mut dst);
         out.extend(dst.into_iter().map(|v| v as u8));
     }
     out
@@ -483,7 +495,7 @@ fn qconv2d_matches_reference() {
         let pad = Padding2d { top: r.range(0, 2), left: r.range(0, 2), bottom: r.range(0, 2), right: r.range(0, 1) };
         let in_h = r.range(dil[0] * (kern[0] - 1) + 1, 12);
         let in_w = r.range(dil[1] * (kern[1] - 1) + 1, 12);
-        let p = QConvParams { batch: r.range(1, 2), in_channels: cin, in_h, in_w, out_channels: cout, kernel: kern, stride, padding: pad, dilation: dil, groups };
+        let p = QConvParams { batch: r.range(1, 2), in_channels: cin, in_h, in_w, out_channels: cout, kernel: kern, stride, padding: pad, dilation: dil, groups, channel_quads: case % 3 == 1 };
         let [bn, co, oh, ow] = qconv2d_output_shape(&p).unwrap();
         let signed = r.bool();
         let ak = akinds[case % 4];
@@ -491,10 +503,10 @@ fn qconv2d_matches_reference() {
         let x = gen_a(&mut r, bn * cin * in_h * in_w, ak, signed);
         let k = cin / groups * kern[0] * kern[1];
         let w = gen_b(&mut r, cout * k, bk);
-        let wp = pack_conv_w(&w, &p);
         let (lo, _) = if signed { (-128, 127) } else { (0, 255) };
         let xz = lo + r.below(256) as i32;
         let wz: Option<Vec<i32>> = r.bool().then(|| (0..cout).map(|_| r.below(256) as i32 - 128).collect());
+        let wp = pack_conv_w(&w, &p, wz.as_deref());
         let bias: Option<Vec<i32>> = r.bool().then(|| (0..cout).map(|_| r.below(20000) as i32 - 10000).collect());
         let scale: Vec<f32> = (0..cout).map(|_| r.f32_in(1e-3, 0.02)).collect();
         let spec = rand_spec(&mut r);
@@ -515,16 +527,18 @@ fn qconv2d_matches_reference() {
 #[test]
 fn qconv2d_large_parallel() {
     let mut r = Rng::new(3);
-    let p = QConvParams { batch: 2, in_channels: 24, in_h: 30, in_w: 29, out_channels: 40, kernel: [3, 3], stride: [1, 1], padding: Padding2d::uniform(1), dilation: [1, 1], groups: 2 };
     let x = gen_a(&mut r, 2 * 24 * 30 * 29, AKind::Full, false);
     let w = gen_b(&mut r, 40 * 12 * 9, BKind::WithMin);
-    let wp = pack_conv_w(&w, &p);
-    let scale = vec![0.01f32; 40];
-    let acc = conv_ref(&p, &x, false, 3, &w, None, None);
-    let spec = OutSpec::Int { signed: false, zero: 128, min: 0, max: 255 };
-    let want = finish(&acc, acc.len(), &vec![0.01f32; acc.len()], spec);
-    let got = run_spec(acc.len(), spec, |d| qconv2d(QTensor { data: &x, signed: false }, 3, &wp, None, None, &scale, &p, d));
-    assert_same("large conv", &got, &want);
+    for channel_quads in [false, true] {
+        let p = QConvParams { batch: 2, in_channels: 24, in_h: 30, in_w: 29, out_channels: 40, kernel: [3, 3], stride: [1, 1], padding: Padding2d::uniform(1), dilation: [1, 1], groups: 2, channel_quads };
+        let wp = pack_conv_w(&w, &p, None);
+        let scale = vec![0.01f32; 40];
+        let acc = conv_ref(&p, &x, false, 3, &w, None, None);
+        let spec = OutSpec::Int { signed: false, zero: 128, min: 0, max: 255 };
+        let want = finish(&acc, acc.len(), &vec![0.01f32; acc.len()], spec);
+        let got = run_spec(acc.len(), spec, |d| qconv2d(QTensor { data: &x, signed: false }, 3, &wp, None, None, &scale, &p, d));
+        assert_same(&format!("large conv, channel quads {channel_quads}"), &got, &want);
+    }
 }
 
 /// The shapes of the fast paths: few positions with a long k (packed once,
@@ -550,12 +564,12 @@ fn qconv2d_resnet_like_shapes() {
         (64, 40, 15, 1, 2, 0, false, AKind::Full),
         (48, 24, 14, 1, 3, 0, true, AKind::Full),
     ];
-    for (cin, cout, hw, kk, s, pad, signed, ak) in cases {
-        let p = QConvParams { batch: 1, in_channels: cin, in_h: hw, in_w: hw, out_channels: cout, kernel: [kk, kk], stride: [s, s], padding: Padding2d::uniform(pad), dilation: [1, 1], groups: 1 };
+    for ((cin, cout, hw, kk, s, pad, signed, ak), channel_quads) in cases.iter().flat_map(|&c| [(c, false), (c, true)]) {
+        let p = QConvParams { batch: 1, in_channels: cin, in_h: hw, in_w: hw, out_channels: cout, kernel: [kk, kk], stride: [s, s], padding: Padding2d::uniform(pad), dilation: [1, 1], groups: 1, channel_quads };
         let x = gen_a(&mut r, cin * hw * hw, ak, signed);
         let k = cin * kk * kk;
         let w = gen_b(&mut r, cout * k, BKind::NoMin);
-        let wp = pack_conv_w(&w, &p);
+        let wp = pack_conv_w(&w, &p, None);
         let xz = if signed { -5 } else { 7 };
         let bias: Vec<i32> = (0..cout).map(|_| r.below(20000) as i32 - 10000).collect();
         let scale: Vec<f32> = (0..cout).map(|_| r.f32_in(1e-5, 1e-3)).collect();
@@ -575,7 +589,7 @@ fn qconv2d_resnet_like_shapes() {
 
 #[test]
 fn qconv2d_rejects_bad_params() {
-    let p = QConvParams { batch: 1, in_channels: 4, in_h: 5, in_w: 5, out_channels: 4, kernel: [3, 3], stride: [1, 1], padding: Padding2d::default(), dilation: [1, 1], groups: 2 };
+    let p = QConvParams { batch: 1, in_channels: 4, in_h: 5, in_w: 5, out_channels: 4, kernel: [3, 3], stride: [1, 1], padding: Padding2d::default(), dilation: [1, 1], groups: 2, channel_quads: false };
     let x = vec![0u8; 100];
     let blen = rbln_hw::ops::qgemm_packed_b_len(18, 2).unwrap() as usize;
     let w = vec![0u8; 2 * blen];
