@@ -419,14 +419,21 @@ fn bench_qconv(b: &mut Bench, name: &str, p: Conv2dParams) {
         if !b.wants(&name) {
             continue;
         }
-        let qp = QConvParams::from(&p);
+        // BENCH_QUADS=1: weights in channel quads, as rbln-compile lays
+        // out windows over whole quads of channels (the implicit VNNI
+        // path); the same names, so two runs compare with kernels-ab.sh.
+        let cg = p.in_channels / p.groups;
+        let quads = std::env::var("BENCH_QUADS").is_ok_and(|v| v == "1") && p.kernel[0] * p.kernel[1] > 1 && cg.is_multiple_of(4);
+        let qp = QConvParams { channel_quads: quads, ..QConvParams::from(&p) };
         let [bn, co, oh, ow] = conv2d_output_shape(&p).unwrap();
-        let kdim = p.in_channels / p.groups * p.kernel[0] * p.kernel[1];
+        let kdim = cg * p.kernel[0] * p.kernel[1];
         let og = co / p.groups;
         let x = qdata(p.batch * p.in_channels * p.in_h * p.in_w, 4, alo, ahi);
         let mut wq = Vec::new();
         for g in 0..p.groups {
-            wq.extend(qweights(kdim, og, 5 + g as u32, wlo, whi));
+            // Random weights: the quad order only needs their count.
+            let kq = rbln_hw::ops::qconv_k(cg as u64, p.kernel[0] as u64, p.kernel[1] as u64, if quads { rbln_hw::ops::QCONV_CHANNEL_QUADS } else { 0 }).unwrap() as usize;
+            wq.extend(qweights(kq, og, 5 + g as u32, wlo, whi));
         }
         let bias: Vec<i32> = (0..co as i32).collect();
         let scale = vec![1e-4f32; co];

@@ -157,6 +157,10 @@ pub(crate) fn qconv2d_impl(
             let grp = img % p.groups;
             vnni::Core { kg, zero_points: stats.zero_points, kind, b: &w[grp * blen..][..blen], cols: cds[grp].cols() }
         };
+        if implicit_applies(p, g) {
+            implicit(x.data, xor, xz as u8, p, g, &core, &out, &place, seq);
+            return Ok(());
+        }
         let pack = pack_for(vnni::MR, <vnni::Core<'_> as BlockCore>::panel_len(kg));
         // SAFETY: as below.
         unsafe { drive(images, g.out_plane, og, kg, seq, pack, core, &out, place, 1, g.out_plane) };
@@ -170,6 +174,197 @@ pub(crate) fn qconv2d_impl(
     // (length checked), distinct for distinct (img, row, column).
     unsafe { drive(images, g.out_plane, og, kg, seq, pack_for(MR, panel_len(kg)), core, &out, place, 1, g.out_plane) };
     Ok(())
+}
+
+/// Whether [`implicit`] runs `p`: weights in channel quads, and rows of
+/// at least 8 positions in the stage (a vector of 16 then touches at most
+/// three output rows).
+#[cfg(target_arch = "x86_64")]
+fn implicit_applies(p: &QConvParams, g: &crate::conv::Geometry) -> bool {
+    let needw = (g.w.output - 1) * g.w.stride + (p.kernel[1] - 1) * g.w.dilation + 1;
+    p.channel_quads && needw.div_ceil(g.w.stride) >= 8
+}
+
+/// The VNNI convolution without im2col, for weights in channel quads: a
+/// block's stage (its output rows' input, padded, by column phase) is
+/// rewritten with 4 channels side by side and its rows split by row phase
+/// too (byte `4x + c%4` of row `yy/sh` of plane `(c/4, column phase, yy %
+/// sh)`), so that reduction group `(c/4, ky, kx)` of 16 consecutive
+/// positions of one output row is 64 consecutive bytes. Positions are
+/// *virtual*: `r·pxw + ox` over the stage rows' width `pxw` (the columns
+/// past the output width compute values that are not stored), so a
+/// vector runs on across output rows (the next output row's input rows
+/// are the next rows of the same row phase). Tasks are (image, block of
+/// output rows, block of columns).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Geometry, core: &(impl Fn(usize) -> super::vnni::Core<'w> + Sync), out: &super::OutPtr, place: &(impl Fn(usize) -> usize + Sync), seq: bool) {
+    use super::vnni::{Seg, MR as VR};
+    use crate::util::{for_each_task, plan_threads};
+    let (h, wa) = (g.h, g.w);
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let (oh, ow, sw, sh) = (h.output, wa.output, wa.stride, h.stride);
+    let needw = (ow - 1) * sw + (kw - 1) * wa.dilation + 1;
+    let pxw = needw.div_ceil(sw);
+    let (cg, cq) = (g.cg, g.cg.div_ceil(4));
+    let images = p.batch * p.groups;
+    let want = if seq { 1 } else { 6 * plan_threads(seq) };
+    // About 16 vectors of positions per block; then enough tasks, from
+    // blocks of columns first (fewer rows per block waste more lanes: a
+    // 7×7 map's rows one by one would fill 7 of 16).
+    let mut rows_blk = (256 / pxw).clamp(1, oh);
+    let panels = g.og.div_ceil(PANEL_COLS);
+    let tasks = |rows_blk: usize| images * oh.div_ceil(rows_blk);
+    let mut ncb = if tasks(rows_blk) < want { want.div_ceil(tasks(rows_blk)).min(panels) } else { 1 };
+    if tasks(rows_blk) * ncb < want {
+        rows_blk = oh.div_ceil(want.div_ceil(images * ncb).min(oh)).max(1);
+    }
+    let nrb = oh.div_ceil(rows_blk);
+    let cb = panels.div_ceil(ncb) * PANEL_COLS;
+    ncb = g.og.div_ceil(cb);
+    let blocks = images * nrb;
+    // Block `blk`: image, first output row, rows; its stage geometry.
+    let block = |blk: usize| {
+        let (img, rb) = (blk / nrb, blk % nrb);
+        let oy0 = rb * rows_blk;
+        let nrows = rows_blk.min(oh - oy0);
+        (img, oy0, nrows, Stage::new(&h, &wa, kh, kw, cg, oy0 * ow, nrows * ow, false))
+    };
+    // Bytes of a channel of a block's stage, of a quad of its rewritten
+    // stage (row phases padded to whole rows), and the most any block
+    // needs (a group's last real position lies in the stage, its vector
+    // reads at most 60 bytes past it).
+    let plane_of = |st: &Stage| sw * st.cstride;
+    let quad_of = |st: &Stage| sw * sh * st.nry.div_ceil(sh) * pxw * 4;
+    let len4 = cq * quad_of(&block(0).3) + VR * 4;
+    // Writes channel quads q0 .. q1 of block `blk`'s rewritten stage into
+    // `st4` (quad q0 first; the quads past cg/4 and the slack: `pad`).
+    let build = |blk: usize, q0: usize, q1: usize, st4: &mut [u8]| {
+        let (img, _, _, st) = block(blk);
+        let (b, grp) = (img / p.groups, img % p.groups);
+        let (plane, quad, nph) = (plane_of(&st), quad_of(&st), st.nry.div_ceil(sh));
+        let (c0, c1) = ((4 * q0).min(cg), (4 * q1).min(cg));
+        let src = &x[((b * p.in_channels + grp * cg) + c0) * g.in_plane..][..(c1 - c0) * g.in_plane];
+        let sub = Stage { cg: c1 - c0, len: (c1 - c0) * plane, ..st };
+        with_bytes2(sub.len + SLACK, |stage| {
+            sub.build(stage, src, &h, &wa, xor, pad);
+            for q in q0..q1 {
+                for ph in 0..sw {
+                    for yy in 0..st.nry {
+                        let row = |c: usize| &stage[(((c - c0) * sw + ph) * st.nry + yy) * pxw..][..pxw];
+                        let rows: [Option<&[u8]>; 4] = core::array::from_fn(|i| (4 * q + i < c1).then(|| row(4 * q + i)));
+                        let at = (q - q0) * quad + (((ph * sh + yy % sh) * nph + yy / sh) * pxw) * 4;
+                        interleave4(&mut st4[at..][..pxw * 4], rows, pad);
+                    }
+                }
+            }
+        });
+        if q1 == cq {
+            st4[(q1 - q0) * quad..].fill(pad);
+        }
+    };
+    // Runs the columns c0 .. c0+nc of block `blk` on its rewritten stage.
+    let run = |blk: usize, st4: &[u8], c0: usize, nc: usize| {
+        let (img, oy0, nrows, st) = block(blk);
+        assert!(st4.len() >= len4);
+        let nph = st.nry.div_ceil(sh);
+        let nv = (nrows - 1) * pxw + ow;
+        let nvec = nv.div_ceil(VR);
+        // Group (c/4, ky, kx)'s offset in the rewritten stage, by group
+        // (a table: divisions per group cost more than its multiply-adds).
+        let mut goffs = Vec::with_capacity(cq * kh * kw);
+        for c4 in 0..cq {
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    let (ph, xo) = ((kx * wa.dilation) % sw, (kx * wa.dilation) / sw);
+                    let (phy, yo) = ((ky * st.dh) % sh, (ky * st.dh) / sh);
+                    goffs.push(((((c4 * sw + ph) * sh + phy) * nph + yo) * pxw + xo) * 4);
+                }
+            }
+        }
+        // Each vector's runs of stored positions.
+        let segs: smallvec::SmallVec<[Seg; 64]> = (0..nvec)
+            .map(|v| {
+                let mut s = Seg::default();
+                let (v0, v1) = (v * VR, ((v + 1) * VR).min(nv));
+                let mut r = v0 / pxw;
+                while r * pxw < v1 {
+                    let (l0, l1) = ((r * pxw).max(v0), (r * pxw + ow).min(v1));
+                    if l1 > l0 {
+                        let mask = (((1u32 << (l1 - l0)) - 1) << (l0 - v0)) as u16;
+                        s.push(mask, ((oy0 + r) * ow) as isize + v0 as isize - (r * pxw) as isize);
+                    }
+                    r += 1;
+                }
+                s
+            })
+            .collect();
+        // SAFETY: AVX-512 F/BW/VL and VNNI (the caller checked
+        // `vnni::available`); vector v of group gi reads st4 at goffs[gi] +
+        // 64v .. + 64 ≤ len4 (above); the stores are this block's rows ×
+        // columns c0 .. c0+nc of image img's NCHW output, no other task's.
+        unsafe { core(img).tiles(st4.as_ptr(), VR * 4, nvec, &|gi| goffs[gi], &segs, c0, nc, out, place(img) + c0 * g.out_plane, g.out_plane) };
+    };
+    if ncb == 1 {
+        // Each block's stage built and used by one task, in its cache.
+        for_each_task(blocks, seq, |blk| super::with_bytes(len4, |st4| {
+            build(blk, 0, cq, st4);
+            run(blk, st4, 0, g.og);
+        }));
+        return;
+    }
+    // Few blocks, many columns: every block's stage once (in parts of
+    // channel quads, so that all threads build), shared by its columns'
+    // tasks.
+    super::with_bytes(blocks * len4, |shared| {
+        let parts = want.div_ceil(blocks).clamp(1, cq);
+        let per = cq.div_ceil(parts);
+        let sp = crate::util::SendPtr(shared.as_mut_ptr());
+        for_each_task(blocks * parts, seq, |t| {
+            let (blk, part) = (t / parts, t % parts);
+            let (q0, q1) = ((part * per).min(cq), ((part + 1) * per).min(cq));
+            if q0 == q1 && q1 != cq {
+                return;
+            }
+            let quad = quad_of(&block(blk).3);
+            let start = blk * len4 + q0 * quad;
+            let end = if q1 == cq { (blk + 1) * len4 } else { blk * len4 + q1 * quad };
+            // SAFETY: tasks write disjoint ranges of `shared` (blocks are
+            // len4 apart; parts cover disjoint quads of a block, the last
+            // part also the block's slack).
+            let st4 = unsafe { core::slice::from_raw_parts_mut(sp.get().add(start), end - start) };
+            build(blk, q0, q1, st4);
+        });
+        let shared = &*shared;
+        for_each_task(blocks * ncb, seq, |t| {
+            let (blk, cbi) = (t / ncb, t % ncb);
+            let c0 = cbi * cb;
+            run(blk, &shared[blk * len4..][..len4], c0, cb.min(g.og - c0));
+        });
+    });
+}
+
+/// Columns of a packed B panel.
+#[cfg(target_arch = "x86_64")]
+const PANEL_COLS: usize = super::kernel::PANEL;
+
+/// `dst[4i + r] = rows[r][i]` (`pad` for a missing row), `dst` 4× a
+/// row's length.
+#[cfg(target_arch = "x86_64")]
+fn interleave4(dst: &mut [u8], rows: [Option<&[u8]>; 4], pad: u8) {
+    let n = dst.len() / 4;
+    let padrow = [pad; 16];
+    let mut i = 0;
+    while i + 16 <= n {
+        let tmp: [[u8; 16]; 4] = core::array::from_fn(|r| rows[r].map_or(padrow, |row| row[i..i + 16].try_into().expect("16 bytes")));
+        store_interleaved::<16>(&mut dst[4 * i..][..64], &tmp, 0, 0, 0);
+        i += 16;
+    }
+    for j in i..n {
+        for (r, row) in rows.iter().enumerate() {
+            dst[4 * j + r] = row.map_or(pad, |row| row[j]);
+        }
+    }
 }
 
 /// Bytes past the end of the stage buffer (kept zero-cost slack).

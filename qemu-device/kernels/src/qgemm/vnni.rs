@@ -63,84 +63,142 @@ impl BlockCore for Core<'_> {
         let kg = self.kg;
         let pl = kg * GROUP;
         let nmp = rows.div_ceil(MR);
-        assert!(block.len() >= nmp * pl && c0.is_multiple_of(PANEL));
+        // Rows are output positions of an NCHW convolution: consecutive.
+        assert!(rs == 1 && block.len() >= nmp * pl);
+        // Micro-panel v's rows r0 .. r0+16 (the real ones) at out0 + r0.
+        let segs: smallvec::SmallVec<[Seg; 64]> = (0..nmp).map(|v| Seg::run(v * MR, (rows - v * MR).min(MR))).collect();
+        let at = |g: usize| g * GROUP;
+        // SAFETY: micro-panel v, group g at block + v·pl + g·64, inside
+        // `block` (asserted); the rest is the caller's contract.
+        unsafe { self.tiles(block.as_ptr(), pl, nmp, &at, &segs, c0, nc, out, out0, cs) }
+    }
+}
+
+/// The lanes of one vector of results that are stored, as runs of
+/// consecutive output elements: `mask` (bit i: lane i) and the element
+/// offset of lane 0 (`lane i → base + i`; the base of a run that starts
+/// at a later lane may lie before the destination's start, lanes outside
+/// the mask are never touched). At most four runs (a vector of 16 virtual
+/// positions over rows of at least 5).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Seg {
+    runs: [(u16, isize); 4],
+    n: u8,
+}
+
+impl Seg {
+    /// Lanes `0..len` to elements `base ..`.
+    fn run(base: usize, len: usize) -> Seg {
+        let mut s = Seg::default();
+        if len > 0 {
+            s.runs[0] = (if len >= MR { !0 } else { (1u16 << len) - 1 }, base as isize);
+            s.n = 1;
+        }
+        s
+    }
+
+    /// Adds a run: lanes of `mask` to elements `base + lane`.
+    pub(crate) fn push(&mut self, mask: u16, base: isize) {
+        let n = self.n as usize;
+        assert!(n < self.runs.len(), "a vector spans at most four runs");
+        self.runs[n] = (mask, base);
+        self.n += 1;
+    }
+
+    fn runs(&self) -> &[(u16, isize)] {
+        &self.runs[..self.n as usize]
+    }
+}
+
+impl Core<'_> {
+    /// Runs the micro-tiles of `nvec` vectors of 16 rows: vector v of
+    /// reduction group g is the 64 bytes at `a + v·vstride + at(g)`; its
+    /// results go to `out0 + (j − c0)·cs + segs[v]` for the columns `c0 ..
+    /// c0+nc` (`c0` a multiple of [`PANEL`]).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL and VNNI available ([`available`]); every vector's
+    /// 64 bytes for every group are readable; the stored elements lie in
+    /// the destination and no other task writes them.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn tiles(&self, a: *const u8, vstride: usize, nvec: usize, at: &impl Fn(usize) -> usize, segs: &[Seg], c0: usize, nc: usize, out: &OutPtr, out0: usize, cs: usize) {
+        let kg = self.kg;
+        assert!(c0.is_multiple_of(PANEL) && segs.len() >= nvec);
         let pbytes = kg * 32;
         assert!(self.b.len() >= (c0 + nc).div_ceil(PANEL) * pbytes && self.cols.scale.len() >= c0 + nc);
-        let dst = Dst { out, out0, rs, cs, rows };
+        let dst = Dst { out, out0, cs };
         // Panel by panel: one panel of B (kg·32 bytes) stays in L1 while
-        // the block's micro-panels stream past it.
+        // the block's vectors stream past it.
         for p in c0 / PANEL..(c0 + nc).div_ceil(PANEL) {
             let j0 = p * PANEL;
             let cols = (c0 + nc - j0).min(PANEL);
             let b = self.b[p * pbytes..].as_ptr();
-            let mut mp = 0;
-            while mp < nmp {
-                let nv = (nmp - mp).min(TILE_PANELS);
-                let a = block[mp * pl..].as_ptr();
-                let t = Tile { a, pl, b, kg, mp, j0, jl: j0 - c0, cols };
-                // SAFETY: AVX-512 F/BW/VL and VNNI (`available`, checked by
-                // the caller that built this core); micro-panels mp .. mp+nv
-                // (nv·pl bytes from `a`) lie in `block` and panel p of B in
-                // `b` (asserted above); the stores are the caller's contract.
+            let mut v = 0;
+            while v < nvec {
+                let nv = (nvec - v).min(TILE_PANELS);
+                let t = Tile { a: a.wrapping_add(v * vstride), vstride, b, kg, j0, jl: j0 - c0, cols };
+                let segs = &segs[v..v + nv];
+                // SAFETY: the caller's contract; panel p of B lies in `b`
+                // (asserted above).
                 unsafe {
                     match (nv, self.zero_points) {
-                        (3, false) => tile::<3, false>(&t, self, &dst),
-                        (3, true) => tile::<3, true>(&t, self, &dst),
-                        (2, false) => tile::<2, false>(&t, self, &dst),
-                        (2, true) => tile::<2, true>(&t, self, &dst),
-                        (_, false) => tile::<1, false>(&t, self, &dst),
-                        (_, true) => tile::<1, true>(&t, self, &dst),
+                        (3, false) => tile::<3, false>(&t, at, segs, self, &dst),
+                        (3, true) => tile::<3, true>(&t, at, segs, self, &dst),
+                        (2, false) => tile::<2, false>(&t, at, segs, self, &dst),
+                        (2, true) => tile::<2, true>(&t, at, segs, self, &dst),
+                        (_, false) => tile::<1, false>(&t, at, segs, self, &dst),
+                        (_, true) => tile::<1, true>(&t, at, segs, self, &dst),
                     }
                 }
-                mp += nv;
+                v += nv;
             }
         }
     }
 }
 
-/// Where a block's results go: element (row i, column j) at
-/// `out0 + i·rs + (j − c0)·cs`, rows `< rows`.
+/// Where a block's results go: column j's element at `out0 + (j − c0)·cs`
+/// plus its vector's [`Seg`] offsets.
 struct Dst<'a> {
     out: &'a OutPtr,
     out0: usize,
-    rs: usize,
     cs: usize,
-    rows: usize,
 }
 
-/// One micro-tile: micro-panels `mp ..` at `a` (`pl` bytes apart), B panel
-/// at `b` (columns `j0 .. j0+cols` of the image, `jl ..` of the block).
+/// One micro-tile: vectors at `a` (`vstride` bytes apart), B panel at `b`
+/// (columns `j0 .. j0+cols` of the image, `jl ..` of the block).
 struct Tile {
     a: *const u8,
-    pl: usize,
+    vstride: usize,
     b: *const u8,
     kg: usize,
-    mp: usize,
     j0: usize,
     jl: usize,
     cols: usize,
 }
 
-/// Computes and stores one micro-tile of `NV` micro-panels; `ZP`: with
-/// the rows' sums of A.
+/// Computes and stores one micro-tile of `NV` vectors; `ZP`: with the
+/// rows' sums of A.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL and VNNI available; `NV` micro-panels of `t.kg` groups
-/// readable at `t.a` (`t.pl` apart) and `t.kg·32` bytes at `t.b`; the
-/// elements stored lie in the destination and no other task writes them.
+/// AVX-512 F/BW/VL and VNNI available; for every group g, `NV` vectors of
+/// 64 bytes readable at `t.a + at(g)` (`t.vstride` apart), and `t.kg·32`
+/// bytes at `t.b`; the elements stored lie in the destination and no other
+/// task writes them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const NV: usize, const ZP: bool>(t: &Tile, core: &Core<'_>, d: &Dst<'_>) {
+unsafe fn tile<const NV: usize, const ZP: bool>(t: &Tile, at: &impl Fn(usize) -> usize, segs: &[Seg], core: &Core<'_>, d: &Dst<'_>) {
     let mut acc = [[_mm512_setzero_si512(); NV]; PANEL];
     let mut rsum = [_mm512_setzero_si512(); NV];
     let ones = _mm512_set1_epi8(1);
     for g in 0..t.kg {
-        // SAFETY: group g of micro-panel v, and of the B panel (caller).
-        let av: [__m512i; NV] = core::array::from_fn(|v| unsafe { _mm512_loadu_si512(t.a.add(v * t.pl + g * GROUP) as *const __m512i) });
+        let ag = t.a.wrapping_add(at(g));
+        // SAFETY: group g of vector v (caller).
+        let av: [__m512i; NV] = core::array::from_fn(|v| unsafe { _mm512_loadu_si512(ag.wrapping_add(v * t.vstride) as *const __m512i) });
         if ZP {
             for v in 0..NV {
                 rsum[v] = _mm512_dpbusd_epi32(rsum[v], av[v], ones);
             }
         }
+        // SAFETY: group g of the B panel (caller).
         let bg = unsafe { t.b.add(g * 32) } as *const i32;
         for (c, acc) in acc.iter_mut().enumerate() {
             // SAFETY: as above (column c's 4 bytes of the group).
@@ -174,13 +232,11 @@ unsafe fn tile<const NV: usize, const ZP: bool>(t: &Tile, core: &Core<'_>, d: &D
         let cc = _mm512_set1_epi32(cols.cconst[j]);
         let zb = _mm512_set1_epi32(cols.zb[j]);
         let sc = _mm512_set1_ps(cols.scale[j]);
-        for v in 0..NV {
-            let r0 = (t.mp + v) * MR;
-            if r0 >= d.rows {
-                break;
+        let col = (d.out0 + (t.jl + c) * d.cs) as isize;
+        for (v, seg) in segs.iter().enumerate().take(NV) {
+            if seg.n == 0 {
+                continue;
             }
-            let nr = (d.rows - r0).min(MR);
-            let mask: __mmask16 = if nr == MR { !0 } else { (1u16 << nr) - 1 };
             // SAFETY: 16 i32 each.
             let (acc, rsum) = unsafe { (_mm512_loadu_si512(sums[v].as_ptr() as *const __m512i), _mm512_loadu_si512(rsums[v].as_ptr() as *const __m512i)) };
             let mut x = _mm512_add_epi32(acc, cc);
@@ -188,40 +244,24 @@ unsafe fn tile<const NV: usize, const ZP: bool>(t: &Tile, core: &Core<'_>, d: &D
                 x = _mm512_sub_epi32(x, _mm512_mullo_epi32(zb, rsum));
             }
             let f = _mm512_mul_ps(_mm512_cvtepi32_ps(x), sc);
-            let at = d.out0 + r0 * d.rs + (t.jl + c) * d.cs;
             match (core.kind, d.out) {
                 (OutKind::Int { zero, min, max }, OutPtr::U8(p)) => {
                     let f = _mm512_add_ps(_mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(f), _mm512_set1_ps(zero as f32));
                     let f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps(min as f32)), _mm512_set1_ps(max as f32));
                     // The low bytes (`x as u8`; the values are in range).
                     let bytes = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(f));
-                    if d.rs == 1 {
-                        // SAFETY: elements at .. at + nr (the caller's contract).
-                        unsafe { _mm_mask_storeu_epi8(p.get().add(at) as *mut i8, mask, bytes) };
-                    } else {
-                        let mut tmp = [0u8; MR];
-                        // SAFETY: 16 bytes.
-                        unsafe { _mm_storeu_si128(tmp.as_mut_ptr() as *mut __m128i, bytes) };
-                        for (i, &b) in tmp.iter().enumerate().take(nr) {
-                            // SAFETY: the caller's contract.
-                            unsafe { *p.get().add(at + i * d.rs) = b };
-                        }
+                    for &(mask, base) in seg.runs() {
+                        // SAFETY: the masked lanes' elements (the caller's
+                        // contract); no other lane is accessed.
+                        unsafe { _mm_mask_storeu_epi8(p.get().wrapping_offset(col + base) as *mut i8, mask, bytes) };
                     }
                 }
                 (OutKind::F32 { relu }, OutPtr::F32(p)) => {
                     // max(x, 0) returns 0 for NaN, as `kernel::to_f32`.
                     let f = if relu { _mm512_max_ps(f, _mm512_setzero_ps()) } else { f };
-                    if d.rs == 1 {
-                        // SAFETY: elements at .. at + nr (the caller's contract).
-                        unsafe { _mm512_mask_storeu_ps(p.get().add(at), mask, f) };
-                    } else {
-                        let mut tmp = [0f32; MR];
-                        // SAFETY: 16 f32.
-                        unsafe { _mm512_storeu_ps(tmp.as_mut_ptr(), f) };
-                        for (i, &x) in tmp.iter().enumerate().take(nr) {
-                            // SAFETY: the caller's contract.
-                            unsafe { *p.get().add(at + i * d.rs) = x };
-                        }
+                    for &(mask, base) in seg.runs() {
+                        // SAFETY: as above.
+                        unsafe { _mm512_mask_storeu_ps(p.get().wrapping_offset(col + base), mask, f) };
                     }
                 }
                 _ => unreachable!("the core's output kind is the destination's"),
