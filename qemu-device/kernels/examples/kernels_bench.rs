@@ -422,8 +422,10 @@ fn bench_qconv(b: &mut Bench, name: &str, p: Conv2dParams) {
         // BENCH_QUADS=1: weights in channel quads, as rbln-compile lays
         // out windows over whole quads of channels (the implicit VNNI
         // path); the same names, so two runs compare with kernels-ab.sh.
+        // BENCH_QUADS_1X1=1 besides: 1×1 convolutions too (which
+        // rbln-compile does not do: measured 1.26-2.2× the direct path).
         let cg = p.in_channels / p.groups;
-        let quads = std::env::var("BENCH_QUADS").is_ok_and(|v| v == "1") && p.kernel[0] * p.kernel[1] > 1 && cg.is_multiple_of(4);
+        let quads = std::env::var("BENCH_QUADS").is_ok_and(|v| v == "1") && (p.kernel[0] * p.kernel[1] > 1 || std::env::var("BENCH_QUADS_1X1").is_ok()) && cg.is_multiple_of(4);
         let qp = QConvParams { channel_quads: quads, ..QConvParams::from(&p) };
         let [bn, co, oh, ow] = conv2d_output_shape(&p).unwrap();
         let kdim = cg * p.kernel[0] * p.kernel[1];
