@@ -289,8 +289,9 @@ pub const QGEMM_BIAS: u32 = 1 << 0;
 pub const QGEMM_B_ZERO: u32 = 1 << 1;
 /// QGEMM / QCONV with a QTYPE_F32 output: max(0, y).
 pub const QGEMM_RELU: u32 = 1 << 2;
-/// QCONV only: the weights' reduction index is in channel quads (see
-/// [`qconv_k`]): each group of 4 `k` is 4 input channels of one tap, so
+/// QCONV only (hardware minor version 15): the weights' reduction index
+/// is in channel quads (see [`qconv_k`]): each group of 4 `k` is 4 input
+/// channels of one tap, so
 /// the device reads an NCHW input's 4 channels of a position side by side
 /// instead of building im2col rows.
 pub const QCONV_CHANNEL_QUADS: u32 = 1 << 3;
