@@ -128,7 +128,7 @@ pub(crate) fn qconv2d_impl(
         let plane0 = (b * p.in_channels + grp * g.cg) * g.in_plane;
         let src = &x.data[plane0..][..g.cg * g.in_plane];
         let st = Stage::new(&h, &wa, kh, kw, g.cg, r0, rows, xor == 0);
-        with_bytes2(st.len + SLACK, |stage| {
+        with_bytes2(st.len, |stage| {
             st.build(stage, src, &h, &wa, xor, xz as u8);
             let stage: &[u8] = if st.direct { src } else { stage };
             if st.direct && k.is_multiple_of(4) && k == g.cg && r0 + tp <= g.in_plane {
@@ -246,7 +246,7 @@ fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Ge
         let (c0, c1) = ((4 * q0).min(cg), (4 * q1).min(cg));
         let src = &x[((b * p.in_channels + grp * cg) + c0) * g.in_plane..][..(c1 - c0) * g.in_plane];
         let sub = Stage { cg: c1 - c0, len: (c1 - c0) * plane, ..st };
-        with_bytes2(sub.len + SLACK, |stage| {
+        with_bytes2(sub.len, |stage| {
             sub.build(stage, src, &h, &wa, xor, pad);
             for q in q0..q1 {
                 for ph in 0..sw {
@@ -366,9 +366,6 @@ fn interleave4(dst: &mut [u8], rows: [Option<&[u8]>; 4], pad: u8) {
         }
     }
 }
-
-/// Bytes past the end of the stage buffer (kept zero-cost slack).
-const SLACK: usize = 16;
 
 /// The input under a block of output positions, padded and split by
 /// column phase: byte `((c·sw + ph)·nry + yy)·pxw + x` is the padded input
