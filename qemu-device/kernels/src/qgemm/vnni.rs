@@ -18,6 +18,13 @@
 //! ones per load of A. Each column's 16 results are consecutive in an NCHW
 //! output (rows are positions): one 16-byte (or 64-byte) store each, no
 //! transpose.
+//!
+//! [`Core::tiles`] takes its vectors of A anywhere: the packed
+//! micro-panels of [`super::drive`] (group g of vector v at `v·pl + 64g`)
+//! or, for weights in channel quads, a convolution's rewritten stage
+//! (`super::conv`'s implicit path: group g at a per-group offset, vectors
+//! 64 bytes apart), each vector's results stored as up to four runs of
+//! output positions ([`Seg`]).
 
 use core::arch::x86_64::*;
 
