@@ -130,33 +130,15 @@ pub(crate) fn stream_zip(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, 
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    {
+    stream_steps::<8>(out, a, b, &f, |o, t| {
         use core::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
-        // Normal stores up to a 16-byte boundary of `out`, then aligned
-        // streaming stores, then the tail.
-        let head = out.as_ptr().align_offset(16).min(n);
-        let body = (n - head) / 8 * 8;
-        for j in (0..head).chain(head + body..n) {
-            out[j] = f(a[j], b[j]);
+        // SAFETY: `o` holds eight f32 and starts 32-byte aligned
+        // (`stream_steps`); `t` holds eight f32.
+        unsafe {
+            _mm_stream_ps(o.as_mut_ptr(), _mm_loadu_ps(t.as_ptr()));
+            _mm_stream_ps(o.as_mut_ptr().add(4), _mm_loadu_ps(t.as_ptr().add(4)));
         }
-        let steps = out[head..head + body]
-            .chunks_exact_mut(8)
-            .zip(a[head..head + body].chunks_exact(8))
-            .zip(b[head..head + body].chunks_exact(8));
-        for ((o, x), y) in steps {
-            let mut t = [0.0f32; 8];
-            for i in 0..8 {
-                t[i] = f(x[i], y[i]);
-            }
-            // SAFETY: `o` holds eight f32 and starts 16-byte aligned
-            // (`head` aligned the first step; steps are 32 bytes long);
-            // `t` holds eight f32.
-            unsafe {
-                _mm_stream_ps(o.as_mut_ptr(), _mm_loadu_ps(t.as_ptr()));
-                _mm_stream_ps(o.as_mut_ptr().add(4), _mm_loadu_ps(t.as_ptr().add(4)));
-            }
-        }
-    }
+    });
     #[cfg(not(target_arch = "x86_64"))]
     for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
         *o = f(x, y);
@@ -173,26 +155,37 @@ pub(crate) fn stream_zip(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn stream_zip_avx512(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
-    use core::arch::x86_64::{_mm512_loadu_ps, _mm512_stream_ps};
+    stream_steps::<16>(out, a, b, &f, |o, t| {
+        use core::arch::x86_64::{_mm512_loadu_ps, _mm512_stream_ps};
+        // SAFETY: `o` holds sixteen f32 and starts 64-byte aligned
+        // (`stream_steps`); `t` holds sixteen f32.
+        unsafe { _mm512_stream_ps(o.as_mut_ptr(), _mm512_loadu_ps(t.as_ptr())) };
+    });
+}
+
+/// The loop of [`stream_zip`]'s variants: normal stores up to a `4·W`-byte
+/// boundary of `out` and for the tail; between them steps of `W` results,
+/// each computed into an array and handed to `store` with its destination
+/// (`W` elements, `4·W`-byte aligned).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn stream_steps<const W: usize>(out: &mut [f32], a: &[f32], b: &[f32], f: &impl Fn(f32, f32) -> f32, store: impl Fn(&mut [f32], &[f32; W])) {
     let n = out.len();
-    let head = out.as_ptr().align_offset(64).min(n);
-    let body = (n - head) / 16 * 16;
+    let head = out.as_ptr().align_offset(4 * W).min(n);
+    let body = (n - head) / W * W;
     for j in (0..head).chain(head + body..n) {
         out[j] = f(a[j], b[j]);
     }
     let steps = out[head..head + body]
-        .chunks_exact_mut(16)
-        .zip(a[head..head + body].chunks_exact(16))
-        .zip(b[head..head + body].chunks_exact(16));
+        .chunks_exact_mut(W)
+        .zip(a[head..head + body].chunks_exact(W))
+        .zip(b[head..head + body].chunks_exact(W));
     for ((o, x), y) in steps {
-        let mut t = [0.0f32; 16];
-        for i in 0..16 {
+        let mut t = [0.0f32; W];
+        for i in 0..W {
             t[i] = f(x[i], y[i]);
         }
-        // SAFETY: `o` holds sixteen f32 and starts 64-byte aligned (`head`
-        // aligned the first step; steps are 64 bytes long); `t` holds
-        // sixteen f32.
-        unsafe { _mm512_stream_ps(o.as_mut_ptr(), _mm512_loadu_ps(t.as_ptr())) };
+        store(o, &t);
     }
 }
 
