@@ -155,6 +155,9 @@ if [[ -n ${BENCH_MODELS:-} ]]; then
     done
 fi
 MICRO_MODELS="micro-gemm micro-gemm-int8 micro-gemm-int8r micro-attention-triton micro-attention-builtin micro-conv micro-add micro-relu"
+# The micro models compared with rbln-bench-host (gemm crate, copy): the
+# guest has it timed right before each of their profiles.
+NATIVE_MODELS="micro-gemm micro-add"
 # Python and serving rows need their models generated; resnet18 is a test
 # model.
 for m in $PY_MODELS $SERVE_MODELS; do
@@ -296,7 +299,7 @@ main() {
     host_references before
     {
         local v
-        for v in SMOKE THREADS TEST_MODELS BENCH_MODELS_LIST EXPORT_MODELS_LIST MICRO_MODELS ITERS WARMUP PROFILES PROFILE_RUNS \
+        for v in SMOKE THREADS TEST_MODELS BENCH_MODELS_LIST EXPORT_MODELS_LIST MICRO_MODELS NATIVE_MODELS ITERS WARMUP PROFILES PROFILE_RUNS \
             PROFILE_BUDGET_MS MICRO_ITERS MICRO_WARMUP MICRO_PROFILES DMA_SIZES DMA_REPS LAT_RUNS LAT_WARMUP \
             ASYNC_MODEL ASYNC_ITERS ASYNC_WARMUP PY_MODELS PY_ITERS PY_WARMUP PY_REQUESTS PY_ROUNDS \
             SERVE_MODELS SERVE_CONC SERVE_REQUESTS DECODERS DEC_TOKENS DEC_RUNS DEC_SEQS; do
@@ -318,9 +321,9 @@ main() {
         # the guest's gRPC port through QEMU user networking.
         # The same channel brings the guest's requests for onnxruntime
         # before each of a model's profiles, and for the micro rows' host
-        # references right before the micro models
-        # (scripts/bench-host-client.sh).
-        rm -f "$OUT/host/ort.paired.jsonl" "$OUT/host/native.paired.json"
+        # references before each profile of the micro models compared with
+        # them and before the DMA step (scripts/bench-host-client.sh).
+        rm -f "$OUT/host/ort.paired.jsonl" "$OUT/host/native.paired.jsonl"
         BENCH_HOST_OUT=$OUT BENCH_HOST_PY=$PY BENCH_HOST_THREADS=$THREADS BENCH_HOST_ORT_ARGS="${PAIRED_ORT_ARGS[*]}" \
         BENCH_HOST_NATIVE_ARGS="${NATIVE_ARGS[*]}" \
         VM_FORWARD=8001 VM_HOST_CLIENT="$RBLN_ROOT/scripts/bench-host-client.sh http://{8001}" \

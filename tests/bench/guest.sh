@@ -63,6 +63,14 @@ ort_turn() {
     host_client ort "$1" >/dev/null 2>>"$G/$1.ort.err" || echo "bench: onnxruntime for $1 failed (see $1.ort.err)"
 }
 
+# native_turn TAG: one turn of the micro rows' host references (gemm
+# crate, copy bandwidth), tagged with what it is paired with
+# (scripts/bench-host-client.sh appends it to native.paired.jsonl).
+native_turn() {
+    [ "$paired" = 1 ] || return 0
+    host_client native "$1" >/dev/null 2>>"$G/native.err" || echo "bench: host references failed (see native.err)"
+}
+
 t0=$(date +%s)
 elapsed() { echo "[guest +$(($(date +%s) - t0))s] $*"; }
 
@@ -78,7 +86,7 @@ nproc >"$G/cpus"
 # time. Each profiled submission runs the inference PROFILE_RUNS times (or
 # more, below) back to back; the report takes the median of the runs'
 # spans but each submission's first (the steady state of a loop).
-paired=0 native=0
+paired=0
 grep -q '^8001 ' /run/rbln/forward 2>/dev/null && paired=1
 for m in $MODELS $MICRO_MODELS; do
     [ -f "$M/$m.rbln" ] && [ "$m" != "$ASYNC_MODEL" ] || continue
@@ -101,14 +109,11 @@ for m in $MODELS $MICRO_MODELS; do
     # references taken before and after the VM, and by up to 1.6x within
     # seconds (its clock under other tenants' load), so onnxruntime and the
     # device take turns and each figure is the median over all the turns.
-    if [ "$paired" = 1 ]; then
-        ort_turn "$m"
-        # The micro rows' host references (gemm crate, copy bandwidth),
-        # once, before the first micro model.
-        case " $MICRO_MODELS " in
-            *" $m "*) [ "$native" = 1 ] || { native=1; host_client native >/dev/null 2>"$G/native.err" || echo "bench: host references failed (see native.err)"; } ;;
-        esac
-    fi
+    # The micro rows compared with rbln-bench-host take turns with it the
+    # same way.
+    case " ${NATIVE_MODELS:-} " in *" $m "*) nat=1 ;; *) nat=0 ;; esac
+    [ "$paired" = 1 ] && ort_turn "$m"
+    [ "$nat" = 1 ] && native_turn "$m"
     # shellcheck disable=SC2086 # $ins is a list of arguments
     step "$m.run" rbln-run "$M/$m.rbln" $ins --output "$G/$m.out.npy" \
         --iterations "$iters" --warmup "$warm" --json --profile "$G/$m.trace.0.json" --profile-runs "${PROFILE_RUNS:-1}" || continue
@@ -124,6 +129,7 @@ for m in $MODELS $MICRO_MODELS; do
     i=1
     while [ "$i" -lt "$profiles" ]; do
         [ "$paired" = 1 ] && ort_turn "$m"
+        [ "$nat" = 1 ] && native_turn "$m"
         # shellcheck disable=SC2086
         step "$m.profile.$i" rbln-run "$M/$m.rbln" $ins --warmup 1 \
             --profile "$G/$m.trace.$i.json" --profile-runs "$runs" || break
@@ -132,6 +138,7 @@ for m in $MODELS $MICRO_MODELS; do
 done
 
 elapsed "DMA host <-> DRAM: $DMA_SIZES bytes"
+native_turn dma
 args=""
 for s in $DMA_SIZES; do args="$args --size $s"; done
 # shellcheck disable=SC2086

@@ -10,7 +10,10 @@ recorded by bench.sh), models/NAME.{onnx,compile.rc,compile.err,report.json},
 host/ort.{before,after}.jsonl (bench_models.py ort before and after the
 VM; ort.paired.jsonl: right before each of a model's profiles, the
 guest asleep, one line per turn),
-host/native.{before,after,paired}.json (rbln-bench-host),
+host/native.{before,after}.json (rbln-bench-host before and after the
+VM; native.paired.jsonl: right before each profile of the micro models
+compared with it and before the DMA step, one line per turn tagged with
+what it is paired with),
 guest/* (tests/bench/guest.sh: rbln-run --json reports, Chrome traces of
 rbln-run --profile, rbln-bench-guest results).
 
@@ -276,9 +279,14 @@ def micro_rows(out, plan, ort, native):
         mins[name] = min(v)
         return median(v), None
 
+    def host_refs(tag):
+        """(gemm result, copies by size, how they were paired) of
+        rbln-bench-host for the row measured after turns tagged TAG."""
+        nat, how = native.for_tag(tag)
+        return ((nat or {}).get("gemm") or {}, {c["bytes"]: c for c in (nat or {}).get("copy", [])},
+                {"reference_turns": how, "reference_runs": (nat or {}).get("runs")})
+
     mins = {}
-    gemm_native = (native or {}).get("gemm") or {}
-    copies = {c["bytes"]: c for c in (native or {}).get("copy", [])}
 
     # 1. GEMM n x n x n: device (one MatMul compiled from ONNX) vs the gemm crate.
     name = "micro-gemm"
@@ -286,6 +294,7 @@ def micro_rows(out, plan, ort, native):
         (n, _), _ = onnx_input_shapes(os.path.join(models, f"{name}.onnx"))
         flop = 2.0 * n ** 3
         ms, err = device_compute(name)
+        gemm_native, _, how = host_refs(name)
         host_n = gemm_native.get("m")
         ref = gemm_native.get("gflops") if host_n == n else None
         if ref is None and not err:
@@ -295,7 +304,7 @@ def micro_rows(out, plan, ort, native):
             device_ms=ms, device_min_ms=mins.get(name), reference_ms=gemm_native.get("median_ms"),
             reference_best_gflops=gemm_native.get("best_gflops"),
             reference_what=f"gemm crate on {plan.get('THREADS')} threads (rbln-bench-host)",
-            onnxruntime_gflops=flop / o["median_ms"] / 1e6 if "median_ms" in o else None)
+            onnxruntime_gflops=flop / o["median_ms"] / 1e6 if "median_ms" in o else None, **how)
 
     # 1a. A Triton kernel on the tile engine: the causal attention kernel
     # (one TILE op) against the same attention as built-in ops
@@ -411,6 +420,7 @@ def micro_rows(out, plan, ort, native):
         shape, _ = onnx_input_shapes(os.path.join(models, f"{name}.onnx"))
         nbytes = 4 * math.prod(shape)
         ms, err = device_compute(name)
+        _, copies, how = host_refs(name)
         cp = copies.get(nbytes)
         ref = cp["copy_nt"]["gbps_read_write"] if cp else None
         if ref is None and not err:
@@ -422,7 +432,7 @@ def micro_rows(out, plan, ort, native):
             bytes_counted="Add: 2 reads + 1 write; copy: 1 read + 1 write",
             reference_what=f"host copy on {plan.get('THREADS')} threads (rbln-bench-host)",
             reference_memcpy_1t_gbps=cp["memcpy_1t"]["gbps_read_write"] if cp else None,
-            onnxruntime_gbps=3 * nbytes / o["median_ms"] / 1e6 if "median_ms" in o else None)
+            onnxruntime_gbps=3 * nbytes / o["median_ms"] / 1e6 if "median_ms" in o else None, **how)
 
     # 4. DMA host -> device DRAM vs host memcpy of the same size.
     def guest_bench(what):
@@ -437,6 +447,7 @@ def micro_rows(out, plan, ort, native):
         return None, f"rbln-bench-guest {what} exited with status {rc}: {last_line(g + '.err')}"
 
     dma, dma_err = guest_bench("dma")
+    _, copies, how = host_refs("dma")
     for s in plan.get("DMA_SIZES", "").split():
         s = int(s)
         d = next((r for r in (dma or {}).get("dma", []) if r["bytes"] == s), None)
@@ -450,7 +461,7 @@ def micro_rows(out, plan, ort, native):
             copies_per_submission=d.get("stream") if d else None,
             value_what="host->DRAM copies streaming back to back (all but each submission's first)",
             bytes_counted="bytes copied (size / time), both sides",
-            reference_what="host memcpy, 1 thread (rbln-bench-host)")
+            reference_what="host memcpy, 1 thread (rbln-bench-host)", **how)
 
     # 5. NOP submit -> fence latency, both submission paths.
     lat, lat_err = guest_bench("latency")
@@ -619,35 +630,63 @@ def read_ort(out):
     return ort
 
 
-def read_native(out):
-    """rbln-bench-host results: the paired run's (host/native.paired.json,
-    timed right before the micro models while the guest slept) when there
-    is one, else the mean of the medians before and after the VM (GFLOP/s,
-    GB/s); every phase's figure kept."""
-    every = {ph: read_json(os.path.join(out, "host", f"native.{ph}.json")) for ph in PHASES + (PAIRED,)}
-    every = {ph: r for ph, r in every.items() if r}
-    if not every:
+def merge_native(runs):
+    """rbln-bench-host results as one: the median of each figure over the
+    runs (GFLOP/s, GB/s, ms), every run's figure kept."""
+    if not runs:
         return None
-    mean = lambda v: sum(v) / len(v)  # noqa: E731
-    runs = reference_runs(every)
-    first = next(iter(runs.values()))
+    first = runs[0]
     gemm = None
-    if first.get("gemm"):
-        g = [r["gemm"] for r in runs.values()]
-        gemm = dict(first["gemm"], gflops=mean([x["gflops"] for x in g]),
-                    median_ms=mean([x["median_ms"] for x in g]),
+    g = [r["gemm"] for r in runs if r.get("gemm")]
+    if g:
+        gemm = dict(g[0], gflops=median([x["gflops"] for x in g]),
+                    median_ms=median([x["median_ms"] for x in g]),
                     best_gflops=max(x["best_gflops"] for x in g),
-                    phase_gflops={ph: r["gemm"]["gflops"] for ph, r in every.items() if r.get("gemm")})
+                    every_gflops=[x["gflops"] for x in g])
     copies = []
     for c in first.get("copy", []):
-        same = [x for r in runs.values() for x in r.get("copy", []) if x["bytes"] == c["bytes"]]
+        same = [x for r in runs for x in r.get("copy", []) if x["bytes"] == c["bytes"]]
         merged = {"bytes": c["bytes"]}
         for k in ("memcpy_1t", "copy_nt"):
-            merged[k] = {f: mean([x[k][f] for x in same]) for f in ("gbps", "gbps_read_write", "median_ms")}
-            merged[k]["phase_gbps"] = [x[k]["gbps"] for r in every.values() for x in r.get("copy", []) if x["bytes"] == c["bytes"]]
+            merged[k] = {f: median([x[k][f] for x in same]) for f in ("gbps", "gbps_read_write", "median_ms")}
+            merged[k]["every_gbps"] = [x[k]["gbps"] for x in same]
         copies.append(merged)
-    return {"threads": first.get("threads"), "gemm": gemm, "copy": copies, "paired": PAIRED in every,
+    return {"threads": first.get("threads"), "gemm": gemm, "copy": copies, "runs": len(runs),
             "kernels_isa": first.get("kernels_isa")}
+
+
+class Native:
+    """The micro rows' host references (rbln-bench-host). A row takes the
+    turns timed right before its own device measurements (the paired
+    turns tagged with its model, or "dma"), else every paired turn, else
+    the runs before and after the VM; `for_tag` says which it took."""
+
+    def __init__(self, out):
+        self.phases = {ph: read_json(os.path.join(out, "host", f"native.{ph}.json")) for ph in PHASES}
+        self.phases = {ph: r for ph, r in self.phases.items() if r}
+        self.turns = []
+        path = os.path.join(out, "host", f"native.{PAIRED}.jsonl")
+        if os.path.exists(path):
+            with open(path) as f:
+                for line in filter(str.strip, f):
+                    try:
+                        self.turns.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass  # a torn line: the turn is lost, not the report
+
+    def for_tag(self, tag):
+        """(merged references, which: "paired" | "paired-any" | "before-after" | None)."""
+        own = [t for t in self.turns if t.get("tag") == tag]
+        if own:
+            return merge_native(own), PAIRED
+        if self.turns:
+            return merge_native(self.turns), "paired-any"
+        if self.phases:
+            return merge_native(list(self.phases.values())), "before-after"
+        return None, None
+
+    def any(self):
+        return self.for_tag(None)[0]
 
 
 def drift(models):
@@ -671,7 +710,7 @@ def geomean(v):
 def build_report(out):
     plan = read_env(os.path.join(out, "plan.env"))
     ort = read_ort(out)
-    native = read_native(out)
+    native = Native(out)
     test = plan.get("TEST_MODELS", "").split()
     models = [model_row(out, n, ort, "test") for n in test]
     models += [model_row(out, n, ort, "bench") for n in plan.get("BENCH_MODELS", "").split()]
@@ -688,7 +727,7 @@ def build_report(out):
     ratios_min = [r["ratio_min"] for r in models if r.get("ratio_min")]
     machine = machine_info(out, plan)
     # What the kernels' dispatch chose here (rbln-bench-host asks them).
-    machine["kernels_isa"] = (native or {}).get("kernels_isa")
+    machine["kernels_isa"] = (native.any() or {}).get("kernels_isa")
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mode": "smoke" if plan.get("SMOKE") == "1" else "full",
@@ -703,8 +742,9 @@ def build_report(out):
         "onnxruntime_drift": drift(models),
         "micro": micro_rows(out, plan, ort, native),
         # The micro rows' host references (gemm crate, copies) were timed
-        # right before the micro models, the guest asleep.
-        "micro_references_paired": bool((native or {}).get("paired")),
+        # right before the device measurements they are compared with, the
+        # guest asleep (each row's `reference_turns` says how).
+        "micro_references_paired": bool(native.turns),
     }
 
 
@@ -774,7 +814,7 @@ def print_table(rep):
     for r in rep["micro"]:
         print(f"{r['name'].ljust(w)} | {fmt(r['value'], 10)} | {fmt(r['reference'], 10)} | "
               f"{r['unit']:<12} | {fmt(r['ratio'], 5, 2)}  ({r['better']} is better)")
-    print("  host references (gemm crate, copies): " + ("timed right before the micro models (paired)"
+    print("  host references (gemm crate, copies): " + ("timed in turns with the device measurements (paired), median of the turns"
           if rep.get("micro_references_paired") else "the mean of the runs before and after the VM"))
     for r in rep["micro"]:
         if r["error"]:
