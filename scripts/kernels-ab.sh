@@ -22,10 +22,11 @@ trap 'rm -f "$out"' EXIT
 for ((i = 1; i <= rounds; i++)); do
     for k in "${!bins[@]}"; do
         # "NAME  ours ... X ms | ..." (or, int8 rows, "NAME  int8 ... X ms
-        # | f32 (ours) ...") -> "k|i|NAME|X"
+        # | f32 (ours) ...") -> "k|i|NAME|X": X is our time, the first one
+        # (the reference's follows the bar).
         BENCH_REPS=${BENCH_REPS:-5} "${bins[$k]}" "$@" 2>&1 \
             | sed -n -e 's/^\(int8 .*[^ ]\) \{1,\}int8 .* \([0-9.]\{1,\}\) ms | f32 (ours).*/\1|\2/p' \
-                -e 's/^\(.*[^ ]\) \{1,\}ours .* \([0-9.]\{1,\}\) ms | .*/\1|\2/p' \
+                -e 's/^\(.*[^ ]\) \{1,\}ours [^|]* \([0-9.]\{1,\}\) ms | .*/\1|\2/p' \
             | sed "s/^/$k|$i|/" >>"$out"
     done
 done
