@@ -542,7 +542,14 @@ fn run() {
     bench_qconv(&mut b, "qconv r50 1x1 s2 256->512 @56 (proj)", conv_params(256, 512, 56, 1, 2, 1, Relu));
 
     // ---- ResNet-50 convolutions (bias + relu fused, as the compiler emits).
+    // A batch of 2 small images (the test suite's CIFAR-sized ResNet):
+    // per-call costs and thin reductions, not FLOPs, decide these.
+    let b2 = |p: Conv2dParams| Conv2dParams { batch: 2, ..p };
     let resnet = [
+        ("conv 3x3 s1 3->16 @32 b2 (small)", b2(conv_params(3, 16, 32, 3, 1, 1, Relu)), false),
+        ("conv 3x3 s1 16->16 @16 b2 (small)", b2(conv_params(16, 16, 16, 3, 1, 1, Relu)), true),
+        ("conv 3x3 s2 16->32 @16 b2 (small)", b2(conv_params(16, 32, 16, 3, 2, 1, Relu)), false),
+        ("conv 3x3 s1 32->32 @8 b2 (small)", b2(conv_params(32, 32, 8, 3, 1, 1, Relu)), true),
         ("conv 3x3 s1 64->64 @56", conv_params(64, 64, 56, 3, 1, 1, Relu), false),
         ("conv 3x3 s1 128->128 @28", conv_params(128, 128, 28, 3, 1, 1, Relu), false),
         ("conv 3x3 s1 256->256 @14", conv_params(256, 256, 14, 3, 1, 1, Relu), false),
@@ -638,6 +645,14 @@ fn run() {
         ("dw 3x3 s2 144 @56 (mbv2)", conv_params(144, 144, 56, 3, 2, 144, hs)),
         ("dw 3x3 s1 576 @14 (mbv2)", conv_params(576, 576, 14, 3, 1, 576, hs)),
         ("dw 3x3 s1 960 @7 (mbv2)", conv_params(960, 960, 7, 3, 1, 960, hs)),
+        // MobileNetV3-small's (ReLU, then HardSwish).
+        ("dw 3x3 s2 16 @112 (mbv3s)", conv_params(16, 16, 112, 3, 2, 16, Relu)),
+        ("dw 3x3 s2 72 @56 (mbv3s)", conv_params(72, 72, 56, 3, 2, 72, Relu)),
+        ("dw 3x3 s1 88 @28 (mbv3s)", conv_params(88, 88, 28, 3, 1, 88, Relu)),
+        ("dw 5x5 s2 96 @28 (mbv3s)", conv_params(96, 96, 28, 5, 2, 96, HardSwish)),
+        ("dw 5x5 s1 240 @14 (mbv3s)", conv_params(240, 240, 14, 5, 1, 240, HardSwish)),
+        ("dw 5x5 s2 288 @14 (mbv3s)", conv_params(288, 288, 14, 5, 2, 288, HardSwish)),
+        ("dw 5x5 s1 576 @7 (mbv3s)", conv_params(576, 576, 7, 5, 1, 576, HardSwish)),
     ];
     for (name, p) in dw {
         bench_conv(&mut b, name, p, false);

@@ -424,6 +424,17 @@ fn depthwise_fast_path_shapes() {
         (16, 1, 112, 20, 3, 1, 1, 1),
         (40, 1, 13, 13, 7, 1, 3, 1),
         (12, 1, 6, 5, 3, 1, 1, 1),
+        // 16-lane blocks (AVX-512): whole ones, a shifted last one (72 =
+        // 4·16 + 8, 33), small maps whose rows leave together, stride 2
+        // with dilation, wide short rows; and 3×3 windows on maps of
+        // 14×14 outputs or more, which run per plane there.
+        (32, 1, 7, 7, 5, 1, 2, 1),
+        (72, 1, 14, 14, 5, 2, 2, 1),
+        (48, 1, 9, 9, 3, 1, 1, 1),
+        (33, 1, 12, 11, 3, 2, 1, 2),
+        (16, 1, 3, 40, 7, 1, 3, 1),
+        (20, 1, 30, 30, 3, 1, 1, 1),
+        (18, 1, 31, 29, 3, 2, 1, 1),
     ];
     for (it, &(c, mult, h, w, k, s, pad, d)) in cases.iter().enumerate() {
         for batch in [1, 2] {
