@@ -14,8 +14,8 @@ use crate::util::{for_each_task, with_local, SendPtr};
 /// channel-blocked ([`Blocked`]): a vector's worth of channels side by
 /// side in the lanes (8, 16 with AVX-512), so that every tap is one vector
 /// multiply-add per output pixel whatever the plane's size. With AVX-512,
-/// windows of up to 9 taps on maps of 14×14 outputs or more run per plane
-/// instead ([`planes_pay`]), as do channel multipliers (several outputs
+/// windows of up to 9 taps at stride 1 on maps of 14×14 outputs or more
+/// run per plane instead ([`planes_pay`]), as do channel multipliers (several outputs
 /// per input channel) and hostile geometries:
 /// the (zero-padded) input plane is split into its stride phases, so that
 /// every tap reads a contiguous shifted window of one phase plane; the
@@ -34,7 +34,7 @@ pub(super) fn direct(
 ) {
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
-    if g.og == 1 && !planes_pay(kh * kw, g.out_plane) {
+    if g.og == 1 && !planes_pay(p, g.out_plane) {
         if let Some(b) = Blocked::new(&ha, &wa) {
             b.conv(p, g, input, weight, bias, residual, output);
             return;
@@ -78,18 +78,21 @@ pub(super) fn direct(
 }
 
 /// Whether depthwise proper runs per plane rather than channel-blocked:
-/// with AVX-512, for windows of up to 9 taps on maps of 14×14 outputs or
-/// more, where the blocked path's transposes cost more than its taps
-/// (kernels_bench, 2 threads, 4 alternated rounds of best of 40, per plane
-/// / blocked: 3×3 s1 32@112 0.78, 64@56 0.81 / 0.89, s2 72@56 0.77 / 0.87,
-/// s1 88@28 0.70 / 1.16, 576@14 0.65 / 0.76; 5×5 and 7×7 maps stay
-/// blocked: 5×5 s1 576@7 1.04 / 0.49, s2 288@14 1.57 / 0.46).
-fn planes_pay(taps: usize, out_plane: usize) -> bool {
+/// with AVX-512, for windows of up to 9 taps at stride 1 on maps of 14×14
+/// outputs or more, where the blocked path's transposes cost more than its
+/// taps (kernels_bench, 2 threads, 4 alternated rounds of best of 40, time
+/// against the 8-lane blocked path before, per plane / 16-lane blocked:
+/// 3×3 s1 32@112 0.78 / 1.04, 64@56 0.81 / 0.89, 88@28 0.70 / 1.16,
+/// 576@14 0.65 / 0.76). Stride 2 stays blocked (per plane 0.77-1.15 in
+/// kernels_bench but slower in a model: MobileNetV3's first two
+/// depthwise convs took 1.1-1.3× the time), and so do 5×5 windows and 7×7
+/// maps (5×5 s1 576@7 1.04 / 0.49, s2 288@14 1.57 / 0.46).
+fn planes_pay(p: &Conv2dParams, out_plane: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     if crate::fastmath::has_avx512() {
-        return taps <= 9 && out_plane >= 14 * 14;
+        return p.kernel[0] * p.kernel[1] <= 9 && p.stride == [1, 1] && out_plane >= 14 * 14;
     }
-    let _ = (taps, out_plane);
+    let _ = (p, out_plane);
     false
 }
 
@@ -339,8 +342,14 @@ impl Blocked {
         residual: Option<&[f32]>,
         output: &mut [f32],
     ) {
+        // 16 lanes on maps of up to 14×14 outputs, where a task's fixed
+        // costs (packing, transposes) weigh most; on larger maps few
+        // channels would make too few tasks, and 8 lanes measured as fast
+        // (kernels_bench, 16 / 8 lanes against the 8-lane path before:
+        // 5×5 s1 576@7 0.49 / 0.60, s2 288@14 0.46 / 0.67, 3×3 s1 960@7
+        // 0.48 / 0.61; 3×3 s2 16@112 1.08 / 0.97, 72@56 0.87 / 0.78).
         #[cfg(target_arch = "x86_64")]
-        if crate::fastmath::has_avx512() && p.out_channels >= 16 {
+        if crate::fastmath::has_avx512() && p.out_channels >= 16 && g.out_plane <= 14 * 14 {
             return self.conv_lanes::<16>(p, g, input, weight, bias, residual, output);
         }
         self.conv_lanes::<8>(p, g, input, weight, bias, residual, output)
