@@ -151,8 +151,8 @@ const TAPS_BLOCK: usize = 128;
 
 /// [`depthwise_taps`], on AVX-512 in blocks of [`TAPS_BLOCK`] outputs, the
 /// last one moved back to end at the last output (it recomputes some of
-/// the previous block's, identically) rather than in narrow tail blocks.
-/// `acc.len() ≥ TAPS_BLOCK` and every `off + acc.len() ≤ src.len()`.
+/// the previous block's, identically) rather than in narrow tail blocks;
+/// then `acc.len() ≥ TAPS_BLOCK`. Every `off + acc.len() ≤ src.len()`.
 fn plane_taps(src: &[f32], taps: &[(f32, usize)], bias: f32, acc: &mut [f32]) {
     let n = acc.len();
     #[cfg(target_arch = "x86_64")]
@@ -260,8 +260,12 @@ impl PhaseGeometry {
         taps.clear();
         taps.extend(wts.iter().copied().zip(self.tap_offsets.iter().copied()));
         // Whole vectors (garbage past the last output; see `plane`), and
-        // at least one block.
-        acc.resize((ha.output * cols).next_multiple_of(DW_VEC).max(TAPS_BLOCK), 0.0);
+        // with AVX-512 at least one block of `plane_taps`.
+        #[cfg(target_arch = "x86_64")]
+        let least = if crate::fastmath::has_avx512() { TAPS_BLOCK } else { DW_VEC };
+        #[cfg(not(target_arch = "x86_64"))]
+        let least = DW_VEC;
+        acc.resize((ha.output * cols).next_multiple_of(DW_VEC).max(least), 0.0);
         plane_taps(scratch, taps, bias, acc);
         for (oy, o) in out.chunks_exact_mut(wa.output).enumerate() {
             o.copy_from_slice(&acc[oy * cols..][..wa.output]);
