@@ -326,8 +326,9 @@ impl Blocked {
     /// Output rows per band at `lanes` lanes: the packed rows they read fit
     /// in [`BAND_FLOATS`].
     fn band(&self, ha: &Axis, lanes: usize) -> usize {
-        let one = (ha.kernel - 1) * ha.dilation + 1;
-        let fits = |band: usize| ((band - 1) * ha.stride + one) * self.wp * lanes <= BAND_FLOATS;
+        // (Saturating: hostile strides; `new` bounded the rest.)
+        let one = (ha.kernel - 1).saturating_mul(ha.dilation).saturating_add(1);
+        let fits = |band: usize| (band - 1).saturating_mul(ha.stride).saturating_add(one).saturating_mul(self.wp * lanes) <= BAND_FLOATS;
         let mut band = 1;
         while band < ha.output && fits(band + 1) {
             band += 1;
