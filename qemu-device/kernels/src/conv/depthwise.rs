@@ -36,7 +36,11 @@ pub(super) fn direct(
     let (ha, wa) = (g.h, g.w);
     if g.og == 1 && !planes_pay(p, g.out_plane) {
         if let Some(b) = Blocked::new(&ha, &wa) {
-            b.conv(p, g, input, weight, bias, residual, output);
+            if Blocked::wide(p, g) {
+                b.conv::<16>(p, g, input, weight, bias, residual, output);
+            } else {
+                b.conv::<8>(p, g, input, weight, bias, residual, output);
+            }
             return;
         }
     }
@@ -336,32 +340,24 @@ impl Blocked {
         band
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn conv(
-        &self,
-        p: &Conv2dParams,
-        g: &Geometry,
-        input: &[f32],
-        weight: &[f32],
-        bias: Option<&[f32]>,
-        residual: Option<&[f32]>,
-        output: &mut [f32],
-    ) {
-        // 16 lanes on maps of up to 14×14 outputs, where a task's fixed
-        // costs (packing, transposes) weigh most; on larger maps few
-        // channels would make too few tasks, and 8 lanes measured as fast
-        // (kernels_bench, 16 / 8 lanes against the 8-lane path before:
-        // 5×5 s1 576@7 0.49 / 0.60, s2 288@14 0.46 / 0.67, 3×3 s1 960@7
-        // 0.48 / 0.61; 3×3 s2 16@112 1.08 / 0.97, 72@56 0.87 / 0.78).
+    /// Whether blocks are 16 lanes wide: with AVX-512, on maps of up to
+    /// 14×14 outputs, where a task's fixed costs (packing, transposes)
+    /// weigh most; on larger maps few channels would make too few tasks,
+    /// and 8 lanes measured as fast (kernels_bench, 16 / 8 lanes against
+    /// the 8-lane path before: 5×5 s1 576@7 0.49 / 0.60, s2 288@14 0.46 /
+    /// 0.67, 3×3 s1 960@7 0.48 / 0.61; 3×3 s2 16@112 1.08 / 0.97, 72@56
+    /// 0.87 / 0.78).
+    fn wide(p: &Conv2dParams, g: &Geometry) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if crate::fastmath::has_avx512() && p.out_channels >= 16 && g.out_plane <= 14 * 14 {
-            return self.conv_lanes::<16>(p, g, input, weight, bias, residual, output);
+        if crate::fastmath::has_avx512() {
+            return p.out_channels >= 16 && g.out_plane <= 14 * 14;
         }
-        self.conv_lanes::<8>(p, g, input, weight, bias, residual, output)
+        let _ = (p, g);
+        false
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn conv_lanes<const L: usize>(
+    fn conv<const L: usize>(
         &self,
         p: &Conv2dParams,
         g: &Geometry,
@@ -645,14 +641,9 @@ fn dw_row16(row: &[f32], w: &[[f32; 16]], offsets: &[usize], bias: &[f32; 16], s
         unsafe { dw_row16_avx512(row.as_ptr(), w, offsets, bias, stride, acc.as_mut_ptr(), blocks) };
         return;
     }
-    dw_row16_generic(row, w, offsets, bias, stride, acc)
-}
-
-simd_dispatch! {
-    /// [`dw_row16`] without AVX-512 (tests of the portable paths).
-    fn dw_row16_generic(row: &[f32], w: &[[f32; 16]], offsets: &[usize], bias: &[f32; 16], stride: usize, acc: &mut [f32]) {
-        dw_row_lanes::<FMA, 16>(row, w, offsets, bias, stride, acc)
-    }
+    // Not reached (16-lane blocks run with AVX-512 only, and every
+    // window lies in its packed rows); fused as the path above.
+    dw_row_lanes::<true, 16>(row, w, offsets, bias, stride, acc)
 }
 
 /// # Safety
