@@ -34,6 +34,34 @@ pub(super) fn direct(
 ) {
     let (kh, kw) = (p.kernel[0], p.kernel[1]);
     let (ha, wa) = (g.h, g.w);
+    #[cfg(target_arch = "x86_64")]
+    if rows_pay(p, g) {
+        let rp = super::dw_rows::RowPlane {
+            in_h: ha.input,
+            in_w: wa.input,
+            out_h: ha.output,
+            out_w: wa.output,
+            kh,
+            kw,
+            pad_top: ha.pad_before,
+            pad_left: wa.pad_before,
+        };
+        per_plane(p, g, output, residual, |plane_idx, out| {
+            let (b, co) = (plane_idx / p.out_channels, plane_idx % p.out_channels);
+            let inp = &input[(b * p.in_channels + co / g.og) * g.in_plane..][..g.in_plane];
+            let wts = &weight[co * kh * kw..][..kh * kw];
+            with_local(&DW_ZEROS, |zeros| {
+                if zeros.len() < rp.zeros_len() {
+                    zeros.resize(rp.zeros_len(), 0.0);
+                }
+                // SAFETY: AVX-512 F is present (rows_pay); the plane, the
+                // zero row and the output plane have the lengths `plane`
+                // asks for; the geometry is stride 1, validated by `Axis`.
+                unsafe { super::dw_rows::plane(&rp, inp.as_ptr(), zeros.as_ptr(), wts, bias.map_or(0.0, |b| b[co]), out.as_mut_ptr()) };
+            });
+        });
+        return;
+    }
     if g.og == 1 && !planes_pay(p, g.out_plane) {
         if let Some(b) = Blocked::new(&ha, &wa) {
             if Blocked::wide(p, g) {
@@ -45,10 +73,45 @@ pub(super) fn direct(
         }
     }
     let phased = PhaseGeometry::new(&ha, &wa, g.in_plane, g.out_plane);
+    per_plane(
+        p,
+        g,
+        output,
+        residual,
+        |plane_idx, out| {
+            let b = plane_idx / p.out_channels;
+            let co = plane_idx % p.out_channels;
+            let ci = co / g.og; // group index == input channel within group 0
+            let inp = &input[(b * p.in_channels + ci) * g.in_plane..][..g.in_plane];
+            let wts = &weight[co * kh * kw..][..kh * kw];
+            let bv = bias.map_or(0.0, |b| b[co]);
+            with_local(&DW_SCRATCH, |bufs| match &phased {
+                Some(ph) => {
+                    ph.prepare(bufs);
+                    ph.depthwise_plane(inp, wts, bv, &ha, &wa, bufs, out)
+                }
+                None => {
+                    out.fill(bv);
+                    depthwise_plane(inp, wts, kh, kw, &ha, &wa, out);
+                }
+            })
+        },
+    );
+}
+
+/// Runs `plane(index, output plane)` over all output planes in tasks of
+/// whole planes, then each task's residual and activation.
+fn per_plane(
+    p: &Conv2dParams,
+    g: &Geometry,
+    output: &mut [f32],
+    residual: Option<&[f32]>,
+    plane: impl Fn(usize, &mut [f32]) + Sync,
+) {
     let planes = output.len() / g.out_plane.max(1);
     // Small convolutions as one task, on the calling thread. Depthwise
     // work runs at about an eighth of a GEMM's flop rate, hence the weight.
-    let flops = output.len().saturating_mul(2 * kh * kw).saturating_mul(8);
+    let flops = output.len().saturating_mul(2 * p.kernel[0] * p.kernel[1]).saturating_mul(8);
     let seq = crate::util::sequential(flops);
     // Tasks of whole planes, about 16 K outputs each, and enough of them
     // for the threads to share.
@@ -56,29 +119,41 @@ pub(super) fn direct(
     let per_task = if seq { planes.max(1) } else { (16_384 / g.out_plane.max(1)).min(planes.div_ceil(8 * threads)).max(1) };
     let out_ptr = SendPtr(output.as_mut_ptr());
     for_each_task(planes.div_ceil(per_task), seq, |t| {
-        with_local(&DW_SCRATCH, |bufs| {
-            for plane_idx in t * per_task..((t + 1) * per_task).min(planes) {
-                // SAFETY: plane `plane_idx` of `output` (planes·out_plane =
-                // output.len()); tasks cover disjoint planes.
-                let out = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(plane_idx * g.out_plane), g.out_plane) };
-                let b = plane_idx / p.out_channels;
-                let co = plane_idx % p.out_channels;
-                let ci = co / g.og; // group index == input channel within group 0
-                let inp = &input[(b * p.in_channels + ci) * g.in_plane..][..g.in_plane];
-                let wts = &weight[co * kh * kw..][..kh * kw];
-                let bv = bias.map_or(0.0, |b| b[co]);
-                match &phased {
-                    Some(ph) => ph.depthwise_plane(inp, wts, bv, &ha, &wa, bufs, out),
-                    None => {
-                        out.fill(bv);
-                        depthwise_plane(inp, wts, kh, kw, &ha, &wa, out);
-                    }
-                }
-                let res = residual.map(|r| &r[plane_idx * g.out_plane..][..g.out_plane]);
-                epilogue(out, Bias::None, res, p.activation);
-            }
-        })
+        let first = t * per_task;
+        let last = ((t + 1) * per_task).min(planes);
+        // SAFETY: planes `first..last` of `output` (planes·out_plane =
+        // output.len()); tasks cover disjoint planes.
+        let outs = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(first * g.out_plane), (last - first) * g.out_plane) };
+        for (plane_idx, out) in (first..last).zip(outs.chunks_exact_mut(g.out_plane.max(1))) {
+            plane(plane_idx, out);
+        }
+        // The residual and activation once over the task's planes (they
+        // are contiguous): one pass, not a call per small plane.
+        let res = residual.map(|r| &r[first * g.out_plane..last * g.out_plane]);
+        epilogue(outs, Bias::None, res, p.activation);
     });
+}
+
+/// Whether planes run straight from the input rows ([`super::dw_rows`]):
+/// AVX-512, stride 1, no dilation, up to 9 taps, output rows of 14 or
+/// more (a vector's lanes mostly used). kernels_bench, 2 threads, best of
+/// 40, 3 alternated rounds, time against the paths before: 3×3 576@14
+/// 0.63, 480@14 0.77, 88@28 0.79, 32@112 0.90, 64@56 0.95; not taken:
+/// 3×3 960@7 1.16, 5×5 240@28 0.91 but 672@14 1.12 and 576@7 1.78 (more
+/// taps, more loads per output than the blocked path's).
+#[cfg(target_arch = "x86_64")]
+fn rows_pay(p: &Conv2dParams, g: &Geometry) -> bool {
+    crate::fastmath::has_avx512()
+        && p.stride == [1, 1]
+        && p.dilation == [1, 1]
+        && p.kernel[0] * p.kernel[1] <= 9
+        && g.w.output >= 14
+        && g.out_plane >= 14 * 14
+}
+
+std::thread_local! {
+    /// A row of zeros for [`super::dw_rows`] (never written but to grow).
+    static DW_ZEROS: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
 /// Whether depthwise proper runs per plane rather than channel-blocked:
@@ -236,7 +311,22 @@ simd_dispatch! {
 
 
 impl PhaseGeometry {
-    /// Computes one output plane (`bias` + the taps, no activation).
+    /// Readies a thread's buffers for [`PhaseGeometry::depthwise_plane`]
+    /// (once per task). Every plane of a layout writes the same (in-bounds)
+    /// positions, so the zeros of the padding only need writing when the
+    /// buffer last held another layout (another op's, or none): not per
+    /// plane, nor per task. (Zeros past the phase planes: the last block
+    /// of taps may read up to a block past the outputs' last window.)
+    fn prepare(&self, (scratch, _, _, layout): &mut DwScratch) {
+        if scratch.len() != self.len() + TAPS_BLOCK || !self.has_layout(layout) {
+            scratch.clear();
+            scratch.resize(self.len() + TAPS_BLOCK, 0.0);
+            self.layout_key(layout);
+        }
+    }
+
+    /// Computes one output plane (`bias` + the taps, no activation), the
+    /// buffers readied by [`PhaseGeometry::prepare`].
     #[allow(clippy::too_many_arguments)]
     fn depthwise_plane(
         &self,
@@ -245,21 +335,10 @@ impl PhaseGeometry {
         bias: f32,
         ha: &Axis,
         wa: &Axis,
-        (scratch, acc, taps, layout): &mut DwScratch,
+        (scratch, acc, taps, _): &mut DwScratch,
         out: &mut [f32],
     ) {
         let cols = self.cols;
-        // Every plane of a layout writes the same (in-bounds) positions, so
-        // the zeros of the padding only need writing when the buffer last
-        // held another layout (another op's, or none): not per plane, nor
-        // per task.
-        // (Zeros past the phase planes: the last block of taps may read
-        // up to a block past the outputs' last window.)
-        if scratch.len() != self.len() + TAPS_BLOCK || !self.has_layout(layout) {
-            scratch.clear();
-            scratch.resize(self.len() + TAPS_BLOCK, 0.0);
-            self.layout_key(layout);
-        }
         self.fill(inp, ha, wa, scratch, false);
         taps.clear();
         taps.extend(wts.iter().copied().zip(self.tap_offsets.iter().copied()));
@@ -272,7 +351,7 @@ impl PhaseGeometry {
         acc.resize((ha.output * cols).next_multiple_of(DW_VEC).max(least), 0.0);
         plane_taps(scratch, taps, bias, acc);
         for (oy, o) in out.chunks_exact_mut(wa.output).enumerate() {
-            o.copy_from_slice(&acc[oy * cols..][..wa.output]);
+            super::copy_row(o, &acc[oy * cols..]);
         }
     }
 }

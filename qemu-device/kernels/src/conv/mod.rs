@@ -1,6 +1,7 @@
 //! 2-D convolution (NCHW) with fused bias and activation.
 
 mod depthwise;
+mod dw_rows;
 pub(crate) mod gemm;
 mod phases;
 pub(crate) mod winograd;
@@ -249,10 +250,46 @@ pub(crate) fn gather_strided(dst: &mut [f32], src: &[f32], stride: usize) {
         return;
     }
     if stride == 1 {
-        dst.copy_from_slice(&src[..n]);
+        copy_row(dst, src);
         return;
     }
     gather_strided_simd(dst, src, stride);
+}
+
+/// `dst.copy_from_slice(&src[..dst.len()])`, without a call into `memcpy`
+/// for the short rows of small maps (a 14-float row: `memcpy`'s call and
+/// size dispatch cost more than the copy).
+#[inline]
+pub(crate) fn copy_row(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len();
+    let src = &src[..n];
+    #[cfg(target_arch = "x86_64")]
+    if n <= 64 && crate::fastmath::has_avx512() {
+        // SAFETY: AVX-512 F is present; both slices hold `n` floats.
+        unsafe { copy_row_avx512(dst.as_mut_ptr(), src.as_ptr(), n) };
+        return;
+    }
+    dst.copy_from_slice(src);
+}
+
+/// # Safety
+/// AVX-512 F; `src` readable and `dst` writable for `n` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn copy_row_avx512(dst: *mut f32, src: *const f32, n: usize) {
+    use core::arch::x86_64::*;
+    let mut i = 0;
+    // SAFETY: every access is below `n` (the tail through a mask).
+    unsafe {
+        while i + 16 <= n {
+            _mm512_storeu_ps(dst.add(i), _mm512_loadu_ps(src.add(i)));
+            i += 16;
+        }
+        if i < n {
+            let m: __mmask16 = (1u16 << (n - i)) - 1;
+            _mm512_mask_storeu_ps(dst.add(i), m, _mm512_maskz_loadu_ps(m, src.add(i)));
+        }
+    }
 }
 
 simd_dispatch! {

@@ -435,6 +435,18 @@ fn depthwise_fast_path_shapes() {
         (16, 1, 3, 40, 7, 1, 3, 1),
         (20, 1, 30, 30, 3, 1, 1, 1),
         (18, 1, 31, 29, 3, 2, 1, 1),
+        // Stride 1 straight from the input rows (AVX-512, rows of 14 or
+        // more outputs): rows of exactly one vector, one lane past it, a
+        // masked tail after whole vectors; no padding; more padding than
+        // the window needs; a channel multiplier; row counts that leave
+        // 4-, 2- and 1-row blocks after the 8-row ones.
+        (5, 1, 16, 16, 3, 1, 1, 1),
+        (3, 1, 15, 17, 3, 1, 1, 1),
+        (4, 1, 19, 33, 3, 1, 1, 1),
+        (3, 1, 18, 18, 3, 1, 0, 1),
+        (3, 1, 14, 14, 3, 1, 2, 1),
+        (2, 2, 23, 20, 3, 1, 1, 1),
+        (3, 1, 15, 14, 1, 1, 0, 1),
     ];
     for (it, &(c, mult, h, w, k, s, pad, d)) in cases.iter().enumerate() {
         for batch in [1, 2] {
@@ -470,6 +482,12 @@ fn depthwise_fast_path_shapes() {
     };
     check_conv_residual(&mut rng, &p, true, true);
     check_conv_residual(&mut rng, &Conv2dParams { in_channels: 16, out_channels: 16, groups: 16, ..p }, true, true);
+    // The same at stride 1 without dilation (the row path), and windows
+    // of one row or one column.
+    for kernel in [[3, 3], [1, 3], [3, 1], [2, 4]] {
+        let q = Conv2dParams { stride: [1, 1], dilation: [1, 1], kernel, ..p };
+        check_conv_residual(&mut rng, &q, true, true);
+    }
     // Huge padding with a dilated kernel: the phase planes would dwarf the
     // data, so the generic loop runs (and must agree).
     let p = Conv2dParams {
