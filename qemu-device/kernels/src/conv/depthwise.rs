@@ -50,15 +50,10 @@ pub(super) fn direct(
             let (b, co) = (plane_idx / p.out_channels, plane_idx % p.out_channels);
             let inp = &input[(b * p.in_channels + co / g.og) * g.in_plane..][..g.in_plane];
             let wts = &weight[co * kh * kw..][..kh * kw];
-            with_local(&DW_ZEROS, |zeros| {
-                if zeros.len() < rp.zeros_len() {
-                    zeros.resize(rp.zeros_len(), 0.0);
-                }
-                // SAFETY: AVX-512 F is present (rows_pay); the plane, the
-                // zero row and the output plane have the lengths `plane`
-                // asks for; the geometry is stride 1, validated by `Axis`.
-                unsafe { super::dw_rows::plane(&rp, inp.as_ptr(), zeros.as_ptr(), wts, bias.map_or(0.0, |b| b[co]), out.as_mut_ptr()) };
-            });
+            // SAFETY: AVX-512 F is present (rows_pay); the input and
+            // output planes have the lengths `plane` asks for; the
+            // geometry is stride 1, validated by `Axis`.
+            unsafe { super::dw_rows::plane(&rp, inp.as_ptr(), wts, bias.map_or(0.0, |b| b[co]), out.as_mut_ptr()) };
         });
         return;
     }
@@ -135,26 +130,23 @@ fn per_plane(
 }
 
 /// Whether planes run straight from the input rows ([`super::dw_rows`]):
-/// AVX-512, stride 1, no dilation, up to 9 taps, output rows of 14 or
-/// more (a vector's lanes mostly used). kernels_bench, 2 threads, best of
-/// 40, 3 alternated rounds, time against the paths before: 3×3 576@14
-/// 0.63, 480@14 0.77, 88@28 0.79, 32@112 0.90, 64@56 0.95; not taken:
-/// 3×3 960@7 1.16, 5×5 240@28 0.91 but 672@14 1.12 and 576@7 1.78 (more
-/// taps, more loads per output than the blocked path's).
+/// AVX-512, stride 1, no dilation, up to 9 taps or 5×5, output rows of
+/// 14 or more (a vector's lanes mostly used). kernels_bench, 2 threads,
+/// best of 40, 5 alternated rounds, time against the paths before (per
+/// plane / channel-blocked): 3×3 576@14 0.43, 480@14 0.49, 88@28 0.50,
+/// 64@56 0.63, 32@112 0.68; 5×5 240@28 0.62, 240@14 0.65, 672@14 0.71.
+/// 7×7 maps stay channel-blocked (a vector's lanes half used: 3×3 960@7
+/// 0.88-1.26, 5×5 576@7 1.16-1.78 in the first, per-tap version).
 #[cfg(target_arch = "x86_64")]
 fn rows_pay(p: &Conv2dParams, g: &Geometry) -> bool {
     crate::fastmath::has_avx512()
         && p.stride == [1, 1]
         && p.dilation == [1, 1]
-        && p.kernel[0] * p.kernel[1] <= 9
+        && (p.kernel[0] * p.kernel[1] <= 9 || p.kernel == [5, 5])
         && g.w.output >= 14
         && g.out_plane >= 14 * 14
 }
 
-std::thread_local! {
-    /// A row of zeros for [`super::dw_rows`] (never written but to grow).
-    static DW_ZEROS: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
-}
 
 /// Whether depthwise proper runs per plane rather than channel-blocked:
 /// with AVX-512, for windows of up to 9 taps at stride 1 on maps of 14×14
