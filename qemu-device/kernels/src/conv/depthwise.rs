@@ -10,13 +10,16 @@ use crate::util::{for_each_task, with_local, SendPtr};
 /// One input channel per group: each output plane is a weighted sum of
 /// shifted views of one input plane.
 ///
-/// Depthwise proper (one output channel per input channel) runs
+/// With AVX-512, windows of up to 9 taps or 5×5 at strides 1 and 2 with
+/// output rows of 14 or more run per plane straight from the input rows
+/// ([`rows_pay`], [`super::dw_rows`]), channel multipliers included.
+/// Otherwise depthwise proper (one output channel per input channel) runs
 /// channel-blocked ([`Blocked`]): a vector's worth of channels side by
 /// side in the lanes (8, 16 with AVX-512), so that every tap is one vector
 /// multiply-add per output pixel whatever the plane's size. With AVX-512,
-/// windows of up to 9 taps at stride 1 on maps of 14×14 outputs or more
-/// run per plane instead ([`planes_pay`]), as do channel multipliers (several outputs
-/// per input channel) and hostile geometries:
+/// the remaining windows of up to 9 taps at stride 1 on maps of 14×14
+/// outputs or more run per plane instead ([`planes_pay`]), as do channel
+/// multipliers (several outputs per input channel) and hostile geometries:
 /// the (zero-padded) input plane is split into its stride phases, so that
 /// every tap reads a contiguous shifted window of one phase plane; the
 /// output is computed over the flattened phase-plane grid (a few garbage
@@ -45,15 +48,27 @@ pub(super) fn direct(
             kw,
             pad_top: ha.pad_before,
             pad_left: wa.pad_before,
+            stride: p.stride,
         };
         per_plane(p, g, output, residual, |plane_idx, out| {
             let (b, co) = (plane_idx / p.out_channels, plane_idx % p.out_channels);
             let inp = &input[(b * p.in_channels + co / g.og) * g.in_plane..][..g.in_plane];
             let wts = &weight[co * kh * kw..][..kh * kw];
-            // SAFETY: AVX-512 F is present (rows_pay); the input and
-            // output planes have the lengths `plane` asks for; the
-            // geometry is stride 1, validated by `Axis`.
-            unsafe { super::dw_rows::plane(&rp, inp.as_ptr(), wts, bias.map_or(0.0, |b| b[co]), out.as_mut_ptr()) };
+            let bv = bias.map_or(0.0, |b| b[co]);
+            // SAFETY (both): AVX-512 F is present (rows_pay); the input
+            // and output planes and the scratch have the lengths `plane`
+            // asks for; the geometry was validated by `Axis`, with strides
+            // of 1 or 2 and no dilation (rows_pay).
+            if rp.scratch_len() == 0 {
+                unsafe { super::dw_rows::plane(&rp, inp.as_ptr(), core::ptr::null_mut(), wts, bv, out.as_mut_ptr()) };
+                return;
+            }
+            with_local(&DW_ROWS_SCRATCH, |scratch| {
+                if scratch.len() < rp.scratch_len() {
+                    scratch.resize(rp.scratch_len(), 0.0);
+                }
+                unsafe { super::dw_rows::plane(&rp, inp.as_ptr(), scratch.as_mut_ptr(), wts, bv, out.as_mut_ptr()) };
+            });
         });
         return;
     }
@@ -94,6 +109,11 @@ pub(super) fn direct(
     );
 }
 
+std::thread_local! {
+    /// A thread's column phases for [`super::dw_rows`] at stride 2.
+    static DW_ROWS_SCRATCH: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
 /// Runs `plane(index, output plane)` over all output planes in tasks of
 /// whole planes, then each task's residual and activation.
 fn per_plane(
@@ -130,17 +150,19 @@ fn per_plane(
 }
 
 /// Whether planes run straight from the input rows ([`super::dw_rows`]):
-/// AVX-512, stride 1, no dilation, up to 9 taps or 5×5, output rows of
-/// 14 or more (a vector's lanes mostly used). kernels_bench, 2 threads,
-/// best of 40, 5 alternated rounds, time against the paths before (per
-/// plane / channel-blocked): 3×3 576@14 0.43, 480@14 0.49, 88@28 0.50,
-/// 64@56 0.63, 32@112 0.68; 5×5 240@28 0.62, 240@14 0.65, 672@14 0.71.
-/// 7×7 maps stay channel-blocked (a vector's lanes half used: 3×3 960@7
+/// AVX-512, strides 1 or 2, no dilation, up to 9 taps or 5×5, output
+/// rows of 14 or more (a vector's lanes mostly used). kernels_bench, 2
+/// threads, best of 40, 4-5 alternated rounds, time against the paths
+/// before (per plane / channel-blocked): stride 1: 3×3 576@14 0.43,
+/// 480@14 0.49, 88@28 0.50, 64@56 0.63, 32@112 0.68; 5×5 240@28 0.62,
+/// 240@14 0.65, 672@14 0.71; stride 2: 3×3 144@56 0.61, 72@56 0.66,
+/// 96@112 0.83, 16@112 0.88; 5×5 144@56 0.57, 96@28 0.79. 7×7 output
+/// maps stay channel-blocked (a vector's lanes half used: 3×3 960@7
 /// 0.88-1.26, 5×5 576@7 1.16-1.78 in the first, per-tap version).
 #[cfg(target_arch = "x86_64")]
 fn rows_pay(p: &Conv2dParams, g: &Geometry) -> bool {
     crate::fastmath::has_avx512()
-        && p.stride == [1, 1]
+        && p.stride.iter().all(|s| (1..=2).contains(s))
         && p.dilation == [1, 1]
         && (p.kernel[0] * p.kernel[1] <= 9 || p.kernel == [5, 5])
         && g.w.output >= 14

@@ -450,6 +450,13 @@ fn depthwise_fast_path_shapes() {
         (3, 1, 20, 19, 5, 1, 0, 1),
         (2, 1, 17, 33, 5, 1, 1, 1),
         (2, 1, 14, 14, 5, 1, 3, 1),
+        // ... and at stride 2 (the input rows split into column phases):
+        // odd and even widths, rows of 16 and 17 outputs, no padding,
+        // a 2×2 window (the per-tap loads).
+        (3, 1, 33, 33, 3, 2, 1, 1),
+        (2, 1, 30, 34, 3, 2, 0, 1),
+        (2, 1, 29, 35, 5, 2, 2, 1),
+        (3, 1, 28, 28, 2, 2, 0, 1),
     ];
     for (it, &(c, mult, h, w, k, s, pad, d)) in cases.iter().enumerate() {
         for batch in [1, 2] {
@@ -485,11 +492,13 @@ fn depthwise_fast_path_shapes() {
     };
     check_conv_residual(&mut rng, &p, true, true);
     check_conv_residual(&mut rng, &Conv2dParams { in_channels: 16, out_channels: 16, groups: 16, ..p }, true, true);
-    // The same at stride 1 without dilation (the row path), and windows
-    // of one row or one column.
-    for kernel in [[3, 3], [1, 3], [3, 1], [2, 4]] {
-        let q = Conv2dParams { stride: [1, 1], dilation: [1, 1], kernel, ..p };
-        check_conv_residual(&mut rng, &q, true, true);
+    // The same without dilation (the row path), at each mix of strides 1
+    // and 2, and windows of one row or one column.
+    for kernel in [[3, 3], [1, 3], [3, 1], [2, 4], [5, 5]] {
+        for stride in [[1, 1], [2, 1], [1, 2], [2, 2]] {
+            let q = Conv2dParams { stride, dilation: [1, 1], kernel, ..p };
+            check_conv_residual(&mut rng, &q, true, true);
+        }
     }
     // Huge padding with a dilated kernel: the phase planes would dwarf the
     // data, so the generic loop runs (and must agree).
