@@ -580,6 +580,10 @@ fn run() {
         ("conv 3x3 s1 32->32 @8 (small)", conv_params(32, 32, 8, 3, 1, 1, Relu), false),
         ("conv 3x3 s1 3->16 @32 (small stem)", conv_params(3, 16, 32, 3, 1, 1, Relu), false),
         ("conv 3x3 s1 16->32 @16x20 b2 (small crnn)", Conv2dParams { batch: 2, in_w: 20, ..conv_params(16, 32, 16, 3, 1, 1, Relu) }, false),
+        // Few channels on large maps (UNet's and YOLO's first stages).
+        ("conv 3x3 s1 16->32 @112 (unet)", conv_params(16, 32, 112, 3, 1, 1, Relu), false),
+        ("conv 3x3 s1 32->64 @112 (unet)", conv_params(32, 64, 112, 3, 1, 1, Relu), false),
+        ("conv 3x3 s2 32->64 @160 (yolo)", conv_params(32, 64, 160, 3, 2, 1, Silu), false),
         // RegNetY-400MF's first stage: narrow 1x1s, a strided projection and
         // grouped 3x3s of group width 8.
         ("conv 1x1 32->48 @112 (regnet)", conv_params(32, 48, 112, 1, 1, 1, Relu), false),

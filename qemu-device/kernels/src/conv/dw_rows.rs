@@ -57,15 +57,57 @@ impl RowPlane {
             self.in_h * self.stride[1] * self.phase_len()
         }
     }
+
+    /// The rows the taps read and their length: the input plane's, or at
+    /// a horizontal stride of 2 its rows split into column phases in
+    /// `scratch` (each tap of a vector then reads consecutive floats).
+    ///
+    /// # Safety
+    /// AVX-512 F; `inp` readable for `in_h·in_w` floats, `scratch`
+    /// writable for [`RowPlane::scratch_len`].
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn rows(&self, inp: *const f32, scratch: *mut f32) -> (*const f32, usize) {
+        if self.stride[1] == 1 {
+            return (inp, self.in_w);
+        }
+        // SAFETY: per the function contract.
+        unsafe { split_phases(self, inp, scratch) };
+        (scratch.cast_const(), self.stride[1] * self.phase_len())
+    }
+
+    /// The loads of the vector of outputs at column `x0` of a row: per
+    /// column tap kx, the lanes that read input and where lane 0 reads
+    /// in a row of [`RowPlane::rows`].
+    #[inline(always)]
+    pub(super) fn columns(&self, x0: isize) -> ([__mmask16; MAX_KW], [isize; MAX_KW]) {
+        let (sx, ow) = (self.stride[1], self.out_w as isize);
+        // (sx is 1 or 2: shifts and masks, not divisions, which would cost
+        // more than a small plane's taps.)
+        let (shift, phase_len) = (sx.trailing_zeros(), self.phase_len());
+        let mut masks = [0 as __mmask16; MAX_KW];
+        let mut offs = [0isize; MAX_KW];
+        for kx in 0..self.kw.min(MAX_KW) {
+            // Lane l of column tap kx is input column sx·(x0 + l) + kx −
+            // pad_left: of phase ph = (kx − pad_left) mod sx, element
+            // x0 + l + q with q = (kx − pad_left) div sx.
+            let c = kx as isize - self.pad_left as isize;
+            let (ph, q) = (c & (sx as isize - 1), c >> shift);
+            // Input columns in phase ph: ph, ph + sx, … < in_w.
+            let len = (self.in_w as isize - ph + sx as isize - 1) >> shift;
+            masks[kx] = lanes(-(x0 + q), (len - x0 - q).min(ow - x0));
+            offs[kx] = ph * phase_len as isize + x0 + q;
+        }
+        (masks, offs)
+    }
 }
 
 /// A vector column's loads: per column tap kx, the lanes that read input
 /// (`masks`) and the input column of lane 0 (`offs`).
-type Columns<'a> = (&'a [__mmask16; MAX_KW], &'a [isize; MAX_KW]);
+pub(super) type Columns<'a> = (&'a [__mmask16; MAX_KW], &'a [isize; MAX_KW]);
 
 /// Lanes `lo..hi` (clamped to 0..16) set.
 #[inline(always)]
-fn lanes(lo: isize, hi: isize) -> __mmask16 {
+pub(super) fn lanes(lo: isize, hi: isize) -> __mmask16 {
     let (lo, hi) = (lo.clamp(0, 16), hi.clamp(0, 16));
     if hi <= lo {
         return 0;
@@ -83,34 +125,12 @@ fn lanes(lo: isize, hi: isize) -> __mmask16 {
 /// or 2.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn plane(g: &RowPlane, inp: *const f32, scratch: *mut f32, wts: &[f32], bias: f32, out: *mut f32) {
-    let (sx, ow) = (g.stride[1], g.out_w as isize);
-    let (shift, phase_len) = (sx.trailing_zeros(), g.phase_len());
-    // Rows to read: the input's, or at stride 2 its column phases (each
-    // tap of a vector then reads consecutive floats of one phase).
-    let (src, row_len) = if sx == 1 {
-        (inp, g.in_w)
-    } else {
-        // SAFETY: per the function contract.
-        unsafe { split_phases(g, inp, scratch) };
-        (scratch.cast_const(), sx * phase_len)
-    };
+    let ow = g.out_w as isize;
+    // SAFETY: per the function contract.
+    let (src, row_len) = unsafe { g.rows(inp, scratch) };
     let mut x0 = 0isize;
     while x0 < ow {
-        // Lane l of column tap kx is input column sx·(x0 + l) + kx −
-        // pad_left: of phase ph = (kx − pad_left) mod sx, element
-        // x0 + l + q with q = (kx − pad_left) div sx.
-        let mut masks = [0 as __mmask16; MAX_KW];
-        let mut offs = [0isize; MAX_KW];
-        for kx in 0..g.kw {
-            // (sx is 1 or 2: shifts and masks, not divisions, which would
-            // cost more than a small plane's taps.)
-            let c = kx as isize - g.pad_left as isize;
-            let (ph, q) = (c & (sx as isize - 1), c >> shift);
-            // Input columns in phase ph: ph, ph + sx, … < in_w.
-            let len = (g.in_w as isize - ph + sx as isize - 1) >> shift;
-            masks[kx] = lanes(-(x0 + q), (len - x0 - q).min(ow - x0));
-            offs[kx] = ph * phase_len as isize + x0 + q;
-        }
+        let (masks, offs) = g.columns(x0);
         let cols = (&masks, &offs);
         let store = lanes(0, ow - x0);
         // SAFETY: per the function contract.

@@ -1,6 +1,7 @@
 //! 2-D convolution (NCHW) with fused bias and activation.
 
 mod depthwise;
+mod direct;
 mod dw_rows;
 pub(crate) mod gemm;
 mod phases;
@@ -231,8 +232,15 @@ pub fn conv2d_residual(
     if output.is_empty() {
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    let direct = g.cg > 1 && direct::applies(p, &g);
+    #[cfg(not(target_arch = "x86_64"))]
+    let direct = false;
     if g.cg == 1 {
         depthwise::direct(p, &g, input, weight, bias, residual, output);
+    } else if direct {
+        #[cfg(target_arch = "x86_64")]
+        direct::conv(p, &g, input, weight, bias, residual, output);
     } else if winograd::applies(p, &g) {
         winograd::conv(p, &g, input, weight, bias, residual, output);
     } else {

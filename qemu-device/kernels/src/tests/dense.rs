@@ -532,3 +532,59 @@ fn pool2d_global_average_and_all_padding_windows() {
     pool2d(&p, &[3.0], &mut y).unwrap();
     assert_eq!(y, [0.0, 3.0]);
 }
+
+/// Short reductions (stems, small convolutions), which the direct path
+/// takes on AVX-512 when their rows fill its vectors (the GEMM path the
+/// others, and elsewhere): strides 1 and 2 on
+/// each axis, odd and even sizes, rows of one vector, one lane past it and
+/// several; channel counts that leave a partial block of 8; padding from
+/// none to more than the window; 2×2 to 7×7 windows, non-square ones; a
+/// batch; row counts that leave 2- and 1-row blocks after the 3-row ones;
+/// bias or not, every epilogue (residual, clamp, activations); one and
+/// two threads.
+#[test]
+fn conv2d_short_reductions() {
+    let mut rng = Rng::new(23);
+    type Case = (usize, usize, usize, usize, [usize; 2], [usize; 2], Padding2d, usize);
+    #[rustfmt::skip]
+    let cases: [Case; 16] = [
+        // (cin, cout, h, w, kernel, stride, padding, batch)
+        (3, 16, 32, 32, [3, 3], [1, 1], Padding2d::uniform(1), 2),
+        (3, 32, 33, 35, [3, 3], [2, 2], Padding2d::uniform(1), 1),
+        (3, 13, 40, 37, [7, 7], [2, 2], Padding2d::uniform(3), 1),
+        (16, 16, 16, 16, [3, 3], [1, 1], Padding2d::uniform(1), 2),
+        (16, 20, 16, 17, [3, 3], [2, 1], Padding2d { top: 0, left: 1, bottom: 2, right: 1 }, 1),
+        (17, 9, 9, 8, [3, 3], [1, 1], Padding2d::uniform(0), 2),
+        (5, 8, 20, 30, [5, 5], [1, 2], Padding2d::uniform(2), 1),
+        (4, 11, 14, 24, [1, 3], [1, 1], Padding2d { top: 0, left: 1, bottom: 0, right: 1 }, 1),
+        (6, 7, 12, 12, [3, 1], [2, 2], Padding2d::uniform(4), 1),
+        (2, 24, 18, 19, [2, 2], [2, 2], Padding2d::default(), 2),
+        (8, 8, 23, 16, [3, 3], [1, 1], Padding2d::uniform(1), 1),
+        (1, 40, 11, 31, [4, 6], [1, 1], Padding2d { top: 2, left: 3, bottom: 1, right: 2 }, 1),
+        (3, 16, 64, 64, [3, 3], [2, 2], Padding2d::uniform(1), 2),
+        (3, 13, 60, 63, [7, 7], [2, 2], Padding2d::uniform(3), 1),
+        (4, 10, 30, 32, [3, 3], [1, 2], Padding2d::uniform(1), 1),
+        (5, 9, 33, 16, [3, 3], [2, 1], Padding2d { top: 1, left: 0, bottom: 0, right: 2 }, 1),
+    ];
+    let acts = [Activation::None, Activation::Relu, Activation::Clip { min: -0.5, max: 0.5 }, Activation::Silu];
+    for threads in [1, 2] {
+        thread_pool(threads).unwrap().install(|| {
+            for (i, &(cin, cout, h, w, kernel, stride, padding, batch)) in cases.iter().enumerate() {
+                let p = Conv2dParams {
+                    batch,
+                    in_channels: cin,
+                    in_h: h,
+                    in_w: w,
+                    out_channels: cout,
+                    kernel,
+                    stride,
+                    padding,
+                    activation: acts[i % acts.len()],
+                    ..Default::default()
+                };
+                check_conv(&mut rng, &p, i % 3 != 2);
+                super::fused::check_conv_residual(&mut rng, &p, i % 2 == 0, true);
+            }
+        });
+    }
+}
