@@ -39,17 +39,7 @@ pub(super) fn direct(
     let (ha, wa) = (g.h, g.w);
     #[cfg(target_arch = "x86_64")]
     if rows_pay(p, g) {
-        let rp = super::dw_rows::RowPlane {
-            in_h: ha.input,
-            in_w: wa.input,
-            out_h: ha.output,
-            out_w: wa.output,
-            kh,
-            kw,
-            pad_top: ha.pad_before,
-            pad_left: wa.pad_before,
-            stride: p.stride,
-        };
+        let rp = super::dw_rows::RowPlane::new(p, g);
         per_plane(p, g, output, residual, |plane_idx, out| {
             let (b, co) = (plane_idx / p.out_channels, plane_idx % p.out_channels);
             let inp = &input[(b * p.in_channels + co / g.og) * g.in_plane..][..g.in_plane];

@@ -69,17 +69,7 @@ pub(super) fn conv(
     residual: Option<&[f32]>,
     output: &mut [f32],
 ) {
-    let rp = RowPlane {
-        in_h: g.h.input,
-        in_w: g.w.input,
-        out_h: g.h.output,
-        out_w: g.w.output,
-        kh: p.kernel[0],
-        kw: p.kernel[1],
-        pad_top: g.h.pad_before,
-        pad_left: g.w.pad_before,
-        stride: p.stride,
-    };
+    let rp = RowPlane::new(p, g);
     let blocks = p.out_channels.div_ceil(OCB);
     let seq = sequential(output.len().saturating_mul(2 * g.kdim));
     let out_ptr = SendPtr(output.as_mut_ptr());

@@ -40,6 +40,21 @@ pub(super) struct RowPlane {
 }
 
 impl RowPlane {
+    /// The plane geometry of convolution `p` (checked geometry `g`).
+    pub(super) fn new(p: &super::Conv2dParams, g: &super::Geometry) -> RowPlane {
+        RowPlane {
+            in_h: g.h.input,
+            in_w: g.w.input,
+            out_h: g.h.output,
+            out_w: g.w.output,
+            kh: p.kernel[0],
+            kw: p.kernel[1],
+            pad_top: g.h.pad_before,
+            pad_left: g.w.pad_before,
+            stride: p.stride,
+        }
+    }
+
     /// Floats of one column phase of a row: input columns
     /// ph, ph + sx, … at a horizontal stride sx of 2 (one phase, the row
     /// itself, at stride 1).
