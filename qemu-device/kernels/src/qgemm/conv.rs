@@ -367,6 +367,26 @@ fn interleave4(dst: &mut [u8], rows: [Option<&[u8]>; 4], pad: u8) {
     }
 }
 
+crate::fastmath::simd_dispatch! {
+    /// `dst[i] = src[i·stride] ^ xor` (`src` holds the last of them):
+    /// stride 2 as whole pairs, which vectorize (on AVX-512 as truncating
+    /// word-to-byte moves), others element by element.
+    fn gather_bytes(dst: &mut [u8], src: &[u8], stride: usize, xor: u8) {
+        let Some(n1) = dst.len().checked_sub(1) else { return };
+        let (body, last) = dst.split_at_mut(n1);
+        if stride == 2 {
+            for (d, pair) in body.iter_mut().zip(src[..2 * n1].chunks_exact(2)) {
+                *d = pair[0] ^ xor;
+            }
+        } else {
+            for (d, s) in body.iter_mut().zip(src.iter().step_by(stride)) {
+                *d = *s ^ xor;
+            }
+        }
+        last[0] = src[n1 * stride] ^ xor;
+    }
+}
+
 /// The input under a block of output positions, padded and split by
 /// column phase: byte `((c·sw + ph)·nry + yy)·pxw + x` is the padded input
 /// at row `oy0·sh + yy`, column `x·sw + ph` of channel `c` (`^ xor`, or
@@ -445,9 +465,7 @@ impl Stage {
                         d[r..].fill(pad);
                         if r > l {
                             let ix0 = l * sw + ph2 - pb;
-                            for (d, s) in d[l..r].iter_mut().zip(row[ix0..].iter().step_by(sw)) {
-                                *d = *s ^ xor;
-                            }
+                            gather_bytes(&mut d[l..r], &row[ix0..], sw, xor);
                         }
                     }
                 }
