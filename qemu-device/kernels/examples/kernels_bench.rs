@@ -709,6 +709,19 @@ fn run() {
                 black_box(&mut qo);
             });
         }
+        // Scales as calibration picks them (no simple ratios between
+        // them: rounding ties are rare, unlike 0.03 + 0.05 over 0.04).
+        let name = format!("int8 add+relu (qbinary, calibrated scales) {label} elements");
+        if b.wants(&name) {
+            let (qa, qb) = (qdata(n, 5, 0, 255), qdata(n, 6, -128, 127));
+            let mut qo = vec![0u8; n];
+            b.mem(&name, 3 * n, || {
+                let a = QOperand { q: QTensor { data: &qa, signed: false }, scale: 0.031_73, zero: 3 };
+                let c = QOperand { q: QTensor { data: &qb, signed: true }, scale: 0.052_91, zero: -2 };
+                qbinary(QBinaryKind::Add, a, c, true, &mut qo, false, 0.041_17, 0).unwrap();
+                black_box(&mut qo);
+            });
+        }
         let name = format!("add+relu fused {label}");
         if b.wants(&name) {
             b.mem(&name, 12 * n, || {

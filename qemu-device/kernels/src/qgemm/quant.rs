@@ -135,12 +135,18 @@ pub fn qbinary(kind: QBinaryKind, a: QOperand<'_>, b: QOperand<'_>, relu: bool, 
     let p = QBinArgs { a: side(&a), b: side(&b), mul: kind == QBinaryKind::Mul, relu, out_scale, out_zero, lo, hi };
     #[cfg(target_arch = "x86_64")]
     let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = crate::fastmath::has_avx512() && (1.0 / out_scale).is_normal();
     chunked(out, |start, o| {
         let (qa, qb) = (&a.q.data[start..][..o.len()], &b.q.data[start..][..o.len()]);
         #[allow(unused_mut)]
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if avx2 {
+        if avx512 {
+            // SAFETY: the CPU has AVX-512 F/BW/VL/DQ (checked above), and
+            // 1 / out_scale is a normal number.
+            done = unsafe { qbinary_avx512(qa, qb, o, p) };
+        } else if avx2 {
             // SAFETY: the CPU has AVX2 (detected above).
             done = unsafe { qbinary_avx2(qa, qb, o, p) };
         }
@@ -220,6 +226,90 @@ unsafe fn qbinary_avx2(qa: &[u8], qb: &[u8], out: &mut [u8], p: QBinArgs) -> usi
             (false, true) => steps::<false, true>(qa, qb, out, &p),
             (true, false) => steps::<true, false>(qa, qb, out, &p),
             (true, true) => steps::<true, true>(qa, qb, out, &p),
+        }
+    }
+}
+
+/// [`qbinary_run`]'s results on whole 16-element steps in AVX-512
+/// registers, without its division: the quotient is `v · (1/out_scale)`,
+/// within 3 units in the last place of the divided one (both roundings
+/// of a normal reciprocal and of the product), so it rounds to the same
+/// integer unless it lies within `|t|·2⁻²⁰` of a half-integer (a tie of
+/// the rounding); the vectors with such a lane (rare: about one value in
+/// 10⁵ for arbitrary scales, more for scales that make exact ties) divide
+/// those lanes; a power-of-two scale has an exact reciprocal, and its
+/// quotients need no check. Everything else is `qbinary_avx2`'s
+/// sequence, so the bytes are the composite's bit for bit. Returns the elements done (a
+/// multiple of 16; the caller finishes the rest).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/DQ, and `1 / p.out_scale` is normal.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn qbinary_avx512(qa: &[u8], qb: &[u8], out: &mut [u8], p: QBinArgs) -> usize {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    unsafe fn steps<const MUL: bool, const RELU: bool, const EXACT: bool>(qa: &[u8], qb: &[u8], out: &mut [u8], p: &QBinArgs) -> usize {
+        use core::arch::x86_64::*;
+        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        let n = out.len().min(qa.len()).min(qb.len()) / 16 * 16;
+        let ((xa, za, sa), (xb, zb, sb)) = (p.a, p.b);
+        // SAFETY (whole block): AVX-512 is enabled on the caller; every
+        // load reads 16 bytes at i < n of `qa` / `qb`, every store writes
+        // 16 bytes at i < n of `out`.
+        unsafe {
+            let (xa, xb) = (_mm_set1_epi8(xa as i8), _mm_set1_epi8(xb as i8));
+            let (za, zb) = (_mm512_set1_epi32(za), _mm512_set1_epi32(zb));
+            let (sa, sb) = (_mm512_set1_ps(sa), _mm512_set1_ps(sb));
+            let os = _mm512_set1_ps(p.out_scale);
+            let inv = _mm512_set1_ps(1.0 / p.out_scale);
+            let (oz, lo, hi) = (_mm512_set1_ps(p.out_zero as f32), _mm512_set1_ps(p.lo as f32), _mm512_set1_ps(p.hi as f32));
+            let (zero, half, rel) = (_mm512_setzero_ps(), _mm512_set1_ps(0.5), _mm512_set1_ps(1.0 / (1u32 << 20) as f32));
+            let mut i = 0;
+            while i < n {
+                let ea = _mm512_cvtepu8_epi32(_mm_xor_si128(_mm_loadu_si128(qa.as_ptr().add(i).cast()), xa));
+                let eb = _mm512_cvtepu8_epi32(_mm_xor_si128(_mm_loadu_si128(qb.as_ptr().add(i).cast()), xb));
+                let x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ea, za)), sa);
+                let z = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(eb, zb)), sb);
+                let v = if MUL { _mm512_mul_ps(x, z) } else { _mm512_add_ps(x, z) };
+                // `max(v, 0)` maps NaN to 0, as `f32::max` does.
+                let v = if RELU { _mm512_max_ps(v, zero) } else { v };
+                let t = _mm512_mul_ps(v, inv);
+                let mut r = _mm512_roundscale_ps::<NEAREST>(t);
+                if !EXACT {
+                    // Lanes whose quotient lies near a half-integer:
+                    // |t − r| + |t|·2⁻²⁰ ≥ ½ (|t − r| ≤ ½ always; NaN and
+                    // infinite t compare false: they quantise alike).
+                    let off = _mm512_fmadd_ps(_mm512_abs_ps(t), rel, _mm512_abs_ps(_mm512_sub_ps(t, r)));
+                    let near = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(off, half);
+                    if near != 0 {
+                        r = _mm512_mask_roundscale_ps::<NEAREST>(r, near, _mm512_div_ps(v, os));
+                    }
+                }
+                let q = _mm512_add_ps(r, oz);
+                let q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
+                // NaN quantises to the zero point (`max`/`min` above
+                // return their second operand for a NaN first one: `hi`).
+                let q = _mm512_mask_mov_ps(q, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(r, r), oz);
+                // Integers in lo..=hi: the low byte is the u8 or i8 value.
+                _mm_storeu_si128(out.as_mut_ptr().add(i).cast(), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
+                i += 16;
+            }
+        }
+        n
+    }
+    // A power of two (no mantissa bits) has an exact normal reciprocal.
+    let exact = p.out_scale.to_bits() & 0x007f_ffff == 0;
+    // SAFETY: the caller's contract (AVX-512).
+    unsafe {
+        match (p.mul, p.relu, exact) {
+            (false, false, false) => steps::<false, false, false>(qa, qb, out, &p),
+            (false, true, false) => steps::<false, true, false>(qa, qb, out, &p),
+            (true, false, false) => steps::<true, false, false>(qa, qb, out, &p),
+            (true, true, false) => steps::<true, true, false>(qa, qb, out, &p),
+            (false, false, true) => steps::<false, false, true>(qa, qb, out, &p),
+            (false, true, true) => steps::<false, true, true>(qa, qb, out, &p),
+            (true, false, true) => steps::<true, false, true>(qa, qb, out, &p),
+            (true, true, true) => steps::<true, true, true>(qa, qb, out, &p),
         }
     }
 }

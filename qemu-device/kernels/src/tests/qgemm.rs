@@ -704,7 +704,7 @@ fn qbinary_equals_dequantize_op_quantize() {
 }
 
 /// Scales that put many results on or next to a rounding tie (sums of
-/// multiples of 0.05 over 0.1, products over 0.3), a subnormal output
+/// multiples of 0.05 over 0.1, products over 0.3, powers of two), a subnormal output
 /// scale (no normal reciprocal) and a huge one: still bit for bit the
 /// dequantise, op, quantise composite (whose quantise divides).
 #[test]
@@ -716,6 +716,9 @@ fn qbinary_near_ties_match_the_division() {
         (QBinaryKind::Add, 0.05f32, 0.05f32, 0.1f32),
         (QBinaryKind::Add, 0.1, 0.3, 0.2),
         (QBinaryKind::Mul, 0.1, 0.3, 0.3),
+        // Powers of two: exact reciprocal, exact ties.
+        (QBinaryKind::Add, 0.0625, 0.03125, 0.125),
+        (QBinaryKind::Mul, 0.25, 0.5, 0.0625),
         (QBinaryKind::Add, 0.05, 0.05, 1e-40),
         (QBinaryKind::Mul, 1e30, 1e-5, 1e30),
     ] {
