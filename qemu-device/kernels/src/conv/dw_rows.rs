@@ -122,7 +122,7 @@ pub(super) type Columns<'a> = (&'a [__mmask16; MAX_KW], &'a [isize; MAX_KW]);
 
 /// Lanes `lo..hi` (clamped to 0..16) set.
 #[inline(always)]
-pub(super) fn lanes(lo: isize, hi: isize) -> __mmask16 {
+pub(crate) fn lanes(lo: isize, hi: isize) -> __mmask16 {
     let (lo, hi) = (lo.clamp(0, 16), hi.clamp(0, 16));
     if hi <= lo {
         return 0;

@@ -2,7 +2,7 @@
 
 mod depthwise;
 mod direct;
-mod dw_rows;
+pub(crate) mod dw_rows;
 pub(crate) mod gemm;
 mod phases;
 pub(crate) mod winograd;

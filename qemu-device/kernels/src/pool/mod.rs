@@ -6,6 +6,9 @@ use crate::fastmath::simd_dispatch;
 use crate::util::{check_len, max_f32, mul, sum_f32, valid_range, volume};
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+mod rows;
+
 /// Pooling reduction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolKind {
@@ -124,6 +127,23 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
                 let x = &input[plane * in_plane..][..in_plane];
                 same_max_plane(x, p.in_h, p.in_w, kh, ph, kw, pw, v, out);
             });
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kind == PoolKind::Max && in_plane > 0 && rows::applies(&ha, &wa) {
+        // Downsampling max pools (ResNet's stem, VGG's, UNet's): straight
+        // from the input rows, tasks of whole planes.
+        let planes = p.batch * p.channels;
+        let tasks = planes.div_ceil(planes_per_task);
+        let dst = crate::util::SendPtr(output.as_mut_ptr());
+        crate::util::for_each_task(tasks, input.len() <= crate::util::SEQ_MAX, |t| {
+            for plane in t * planes_per_task..((t + 1) * planes_per_task).min(planes) {
+                // SAFETY: `applies` held; plane `plane` of the input and of
+                // the output lie in them (lengths checked above), and each
+                // task writes its own planes.
+                unsafe { rows::max_plane(&ha, &wa, input[plane * in_plane..].as_ptr(), dst.get().add(plane * out_plane)) };
+            }
+        });
         return Ok(());
     }
     if in_plane == 0 {
