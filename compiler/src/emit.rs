@@ -521,10 +521,15 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             }
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Pool { x, max, count_include_pad, dims, kernel, stride, dilation, pads } => {
+        Kind::Pool { x, max, count_include_pad, int8, dims, kernel, stride, dilation, pads } => {
+            let bytes = match int8 {
+                Some(true) => POOL_INT8 | POOL_SIGNED,
+                Some(false) => POOL_INT8,
+                None => 0,
+            };
             let d = PoolDesc {
                 kind: if *max { POOL_MAX } else { POOL_AVG },
-                flags: if *count_include_pad { POOL_COUNT_INCLUDE_PAD } else { 0 },
+                flags: if *count_include_pad { POOL_COUNT_INCLUDE_PAD } else { 0 } | bytes,
                 n: u32c(op, dims[0], "n")?,
                 c: u32c(op, dims[1], "c")?,
                 h: u32c(op, dims[2], "h")?,

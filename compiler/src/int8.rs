@@ -17,6 +17,11 @@
 //! becomes one QBINARY op, bit for bit the float island it replaces (the
 //! residual adds of ResNets and MobileNets).
 //!
+//! A MaxPool between a per-tensor DequantizeLinear and a QuantizeLinear of
+//! the same type, scale and zero point pools the bytes themselves (max
+//! commutes with the dequantisation, and the requantisation gives each
+//! maximum back exactly): ResNets' stem pool.
+//!
 //! Everything else stays as imported: the float ops between QUANT ops are
 //! the float islands, exact to the quantised values they read.
 
@@ -38,6 +43,8 @@ pub struct Int8Stats {
     pub eltwise: usize,
     /// Of the convolutions, those whose weights are in channel quads.
     pub conv_quads: usize,
+    /// MaxPools on int8 values.
+    pub max_pool: usize,
 }
 
 /// Lowers every eligible Conv and GEMM, then drops what no one reads.
@@ -55,6 +62,7 @@ pub fn run(g: &mut Graph) -> Int8Stats {
     let mut i = 0;
     while i < g.ops.len() {
         st.eltwise += lower_binary(g, i) as usize;
+        st.max_pool += lower_max_pool(g, i) as usize;
         i += 1;
     }
     st
@@ -99,6 +107,28 @@ fn lower_binary(g: &mut Graph, i: usize) -> bool {
         count,
     };
     g.ops[i].op = label;
+    g.ops[i].out = g.ops[r].out;
+    g.ops.remove(r);
+    true
+}
+
+/// Lowers op `i` to an 8-bit MaxPool if it is a MaxPool of a per-tensor
+/// dequantised value whose sole reader quantises with the same type,
+/// scale and zero point. (For a normal scale `s` with `256·s` finite,
+/// `round((q − z)·s / s) = q − z` exactly, so the composite returns the
+/// largest byte of each window.)
+fn lower_max_pool(g: &mut Graph, i: usize) -> bool {
+    let Kind::Pool { x, max: true, int8: None, .. } = g.ops[i].kind else { return false };
+    let Some((q, qtype, scale, zero)) = dequantized_input(g, x) else { return false };
+    let Some((r, out_q)) = requantizer(g, g.ops[i].out) else { return false };
+    if out_q.dtype != qtype || out_q.scale.to_bits() != scale.to_bits() || out_q.zero != zero || !scale.is_normal() || !(scale * 256.0).is_finite() {
+        return false;
+    }
+    if let Kind::Pool { x, int8, .. } = &mut g.ops[i].kind {
+        *x = q;
+        *int8 = Some(qtype == DType::I8);
+    }
+    g.ops[i].op = format!("int8:{}", g.ops[i].op);
     g.ops[i].out = g.ops[r].out;
     g.ops.remove(r);
     true

@@ -184,6 +184,9 @@ pub enum Kind {
         x: ValueId,
         max: bool,
         count_include_pad: bool,
+        /// 8-bit elements (max pooling of quantised values; Some(signed),
+        /// set by the int8 pass), else f32.
+        int8: Option<bool>,
         /// n, c, h, w.
         dims: [u64; 4],
         kernel: [u64; 2],

@@ -195,6 +195,12 @@ pub const POOL_MAX: u32 = 0;
 pub const POOL_AVG: u32 = 1;
 /// Pool flag: padded positions count in the average's divisor.
 pub const POOL_COUNT_INCLUDE_PAD: u32 = 1 << 0;
+/// Pool flag (MAX only; hardware minor version 16): the elements are
+/// bytes, u8, or i8 with [`POOL_SIGNED`]; a window without a real tap
+/// gives the type's least value.
+pub const POOL_INT8: u32 = 1 << 1;
+/// Pool flag, with [`POOL_INT8`] only: the bytes are i8.
+pub const POOL_SIGNED: u32 = 1 << 2;
 
 pub const REDUCE_SUM: u32 = 0;
 pub const REDUCE_MEAN: u32 = 1;
@@ -1378,7 +1384,12 @@ impl Desc {
             }
             3 => {
                 let d = get!(PoolDesc);
-                if d.kind > POOL_AVG || d.flags & !POOL_COUNT_INCLUDE_PAD != 0 {
+                let int8 = d.flags & POOL_INT8 != 0;
+                if d.kind > POOL_AVG
+                    || d.flags & !(POOL_COUNT_INCLUDE_PAD | POOL_INT8 | POOL_SIGNED) != 0
+                    || (int8 && d.kind != POOL_MAX)
+                    || (!int8 && d.flags & POOL_SIGNED != 0)
+                {
                     return Err(BadField("pool kind/flags"));
                 }
                 Desc::Pool(d)

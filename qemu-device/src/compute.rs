@@ -917,6 +917,13 @@ fn pool(op: &mut Op<'_, '_, '_>, d: &ops::PoolDesc) -> R<u64> {
     let n_in = op.volume(&[p.batch, p.channels, p.in_h, p.in_w])?;
     let n_out = op.volume(&out_shape)?;
     let flops = op.flops(&[n_out as u64, p.kernel[0] as u64, p.kernel[1] as u64])?;
+    if d.flags & ops::POOL_INT8 != 0 {
+        // (Decoding only lets INT8 through with MAX.)
+        let signed = d.flags & ops::POOL_SIGNED != 0;
+        let input = op.input_of::<u8>(d.input_va, n_in)?;
+        op.write_out_of::<u8>(d.output_va, n_out, |out| k::pool2d_int8(&p, &input, signed, out))?;
+        return Ok(flops);
+    }
     let input = op.input(d.input_va, n_in)?;
     op.write_out(d.output_va, n_out, |out| k::pool2d(&p, &input, out))?;
     Ok(flops)

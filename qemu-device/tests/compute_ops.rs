@@ -188,6 +188,36 @@ fn elementwise_softmax_layernorm_reduce_transpose_gather_copy_pool() {
     assert_eq!(r.rig.state(&r.q), QueueState::Idle);
 }
 
+/// POOL with INT8 (and SIGNED): the maximum byte of each window, u8 and
+/// i8 orders, a window of padding only giving the type's least value;
+/// INT8 with AVG, SIGNED without INT8 and unknown flag bits are
+/// BadDescriptor and leave the output untouched.
+#[test]
+fn int8_max_pool() {
+    let mut r = OpRig::new();
+    // [1,1,2,4] bytes: 0x80 is 128 as u8, -128 as i8; 0x7f is 127 either way.
+    r.rig.write(r.bus[0], &[0x80, 0x01, 0x7f, 0xff, 0x02, 0x03, 0x10, 0x20]);
+    let d = PoolDesc { kind: POOL_MAX, flags: POOL_INT8, n: 1, c: 1, h: 2, w: 4, kh: 2, kw: 2, stride_h: 2, stride_w: 2, dil_h: 1, dil_w: 1, input_va: tva(0), output_va: tva(1), ..Default::default() }.with_header();
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.rig.read(r.bus[1], 2), [0x80, 0xff]);
+    let d = PoolDesc { flags: POOL_INT8 | POOL_SIGNED, ..d };
+    assert_eq!(r.run(&d.to_bytes()), FaultCode::None);
+    assert_eq!(r.rig.read(r.bus[1], 2), [0x03, 0x7f]);
+    // A 1x1 window at stride 3 with 2 rows of padding on top: the first
+    // output row sees padding only, the second row 1 at columns 0 and 3.
+    let pad = PoolDesc { kh: 1, kw: 1, stride_h: 3, stride_w: 3, pad_top: 2, ..d };
+    for (flags, least) in [(POOL_INT8, 0x00u8), (POOL_INT8 | POOL_SIGNED, 0x80)] {
+        r.rig.write(r.bus[1], &[0x55; 4]);
+        assert_eq!(r.run(&PoolDesc { flags, ..pad }.to_bytes()), FaultCode::None);
+        assert_eq!(r.rig.read(r.bus[1], 4), [least, least, 0x02, 0x20], "flags {flags:#x}");
+    }
+    r.rig.write(r.bus[1], &[0x55; 4]);
+    for bad in [PoolDesc { kind: POOL_AVG, ..d }, PoolDesc { flags: POOL_SIGNED, ..d }, PoolDesc { flags: POOL_INT8 | (1 << 3), ..d }] {
+        assert_eq!(r.run(&bad.to_bytes()), FaultCode::BadDescriptor, "{bad:?}");
+        assert_eq!(r.rig.read(r.bus[1], 4), [0x55; 4]);
+    }
+}
+
 #[test]
 fn batched_gemm_with_transposed_b() {
     let mut r = OpRig::new();

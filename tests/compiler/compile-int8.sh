@@ -18,20 +18,20 @@ mkdir -p "$OUT"
 
 source "$RBLN_ROOT/tests/compiler/lib.sh"
 
-# model, int8 Conv, int8 GEMM, int8 Add/Mul (QBINARY) expected
-while read -r m conv gemm elt; do
+# model, int8 Conv, int8 GEMM, int8 Add/Mul (QBINARY), int8 MaxPool expected
+while read -r m conv gemm elt mp; do
     "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" >"$OUT/$m.report.txt" || fail "$m did not compile"
     cat "$OUT/$m.report.txt" >&2
-    grep -q "int8: $conv Conv and $gemm GEMM on integer kernels (.*), $elt Add/Mul on int8 values" "$OUT/$m.report.txt" \
-        || fail "$m: expected $conv Conv and $gemm GEMM on int8 kernels, $elt Add/Mul on int8 values"
+    grep -q "int8: $conv Conv and $gemm GEMM on integer kernels (.*), $elt Add/Mul and $mp MaxPool on int8 values" "$OUT/$m.report.txt" \
+        || fail "$m: expected $conv Conv and $gemm GEMM on int8 kernels, $elt Add/Mul and $mp MaxPool on int8 values"
 done <<'LIST'
-resnet18-int8 20 1 8
-resnet18-int8-pt 20 1 8
-resnet18-int8-s8 20 1 8
-mobilenetv2-int8 52 1 10
-transformer-int8 0 7 3
-resnet18-int8-qop 20 1 8
-transformer-int8-qop 0 7 3
+resnet18-int8 20 1 8 1
+resnet18-int8-pt 20 1 8 1
+resnet18-int8-s8 20 1 8 1
+mobilenetv2-int8 52 1 10 0
+transformer-int8 0 7 3 0
+resnet18-int8-qop 20 1 8 0
+transformer-int8-qop 0 7 3 0
 LIST
 
 # Calibration data for rbln-quantize (tests/vm/quantize.sh).

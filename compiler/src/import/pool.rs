@@ -63,7 +63,7 @@ impl Importer {
         }
         let out_sp = win.output(cx)?;
         let kind = Kind::Pool {
-            x, max, count_include_pad: include_pad,
+            x, max, count_include_pad: include_pad, int8: None,
             dims: [s[0], s[1], win.input[0], win.input[1]],
             kernel: win.kernel,
             stride: win.stride,
@@ -106,7 +106,7 @@ impl Importer {
         let [od, _] = depth.output(cx)?;
         let frames = self.reshaped(cx, x, vec![n, planes, h, w], Some("frames"));
         let kind = Kind::Pool {
-            x: frames, max, count_include_pad: include_pad,
+            x: frames, max, count_include_pad: include_pad, int8: None,
             dims: [n, planes, h, w],
             kernel: hw.kernel, stride: hw.stride, dilation: hw.dilation, pads: hw.pad4(),
         };
@@ -114,7 +114,7 @@ impl Importer {
         let nc = n.checked_mul(c).ok_or_else(too_big)?;
         let y = self.reshaped(cx, y, vec![nc, 1, d, oh * ow], Some("depth_rows"));
         let kind = Kind::Pool {
-            x: y, max, count_include_pad: include_pad,
+            x: y, max, count_include_pad: include_pad, int8: None,
             dims: [nc, 1, d, oh * ow],
             kernel: depth.kernel, stride: depth.stride, dilation: depth.dilation, pads: depth.pad4(),
         };

@@ -93,7 +93,7 @@ pub use error::{KernelError, Result};
 pub use gather::{gather, gather_output_shape, GatherIndex};
 pub use gemm::{gemm, gemm_residual, GemmParams};
 pub use grid_sample::{grid_sample, grid_sample_output_shape, GridMode, GridPadding, GridSampleParams};
-pub use pool::{pool2d, pool2d_output_shape, Pool2dParams, PoolKind};
+pub use pool::{pool2d, pool2d_int8, pool2d_output_shape, Pool2dParams, PoolKind};
 pub use qgemm::{dequantize, qbinary, qconv2d, qconv2d_output_shape, qgemm, quantize, QBinaryKind, QConvParams, QDst, QGemmParams, QOperand, QTensor, QGEMM_MAX_K};
 pub use recurrent::{recurrent, RecCell, RecurrentInputs, RecurrentParams};
 pub use reduce::{arg_reduce, reduce, ReduceOp};

@@ -506,6 +506,47 @@ fn pool2d_random() {
     assert!(valid > 250, "only {valid} valid cases");
 }
 
+/// 8-bit max pooling: u8 and i8 bytes give the maxima of the naive
+/// reference on their values (a window of padding only: the type's least
+/// value), over random geometries and sizes past one task's planes
+/// (64 planes of 17x33: several tasks, in parallel); average pooling is
+/// refused.
+#[test]
+fn pool2d_int8_random() {
+    let mut rng = Rng::new(11);
+    let mut cases = 0;
+    for it in 0..300 {
+        let p = Pool2dParams {
+            batch: 1 + it % 2,
+            channels: if it % 10 == 0 { 64 } else { rng.pick(&[1, 3]) },
+            in_h: rng.pick(&[1, 2, 3, 7, 17]),
+            in_w: rng.pick(&[1, 3, 5, 16, 33]),
+            kernel: [rng.pick(&[1, 2, 3]), rng.pick(&[1, 2, 3])],
+            stride: [rng.range(1, 3), rng.range(1, 3)],
+            padding: Padding2d { top: rng.range(0, 3), left: rng.range(0, 2), bottom: rng.range(0, 2), right: rng.range(0, 3) },
+            dilation: [1, rng.range(1, 2)],
+            kind: PoolKind::Max,
+        };
+        let Ok([n, c, oh, ow]) = pool2d_output_shape(&p) else { continue };
+        cases += 1;
+        let x: Vec<u8> = rng.vec(p.batch * p.channels * p.in_h * p.in_w).iter().map(|v| (v * 127.0 + 128.0) as u8).collect();
+        for signed in [false, true] {
+            let vals: Vec<f32> = x.iter().map(|&b| if signed { b as i8 as f32 } else { b as f32 }).collect();
+            let (want, _) = pool_ref(&p, &vals);
+            let least = if signed { -128.0 } else { 0.0 };
+            let mut y = vec![0x5au8; n * c * oh * ow];
+            pool2d_int8(&p, &x, signed, &mut y).unwrap();
+            for (i, (&g, &w)) in y.iter().zip(&want).enumerate() {
+                let g = if signed { g as i8 as f64 } else { g as f64 };
+                assert_eq!(g, w.max(least), "{p:?} signed {signed} [{i}]");
+            }
+        }
+    }
+    assert!(cases > 150, "only {cases} valid cases");
+    let p = Pool2dParams { kernel: [2, 2], kind: PoolKind::Avg { count_include_pad: false }, in_h: 2, in_w: 2, ..Default::default() };
+    assert!(pool2d_int8(&p, &[1; 4], false, &mut [0]).is_err());
+}
+
 #[test]
 fn pool2d_global_average_and_all_padding_windows() {
     let mut rng = Rng::new(8);
