@@ -915,6 +915,18 @@ fn run() {
             black_box(&mut y);
         });
     }
+    // The int8 ResNets' stem pool on bytes (QDQ MaxPool lowered by the
+    // compiler).
+    let name = "int8 maxpool 3x3 s2 64@112 (stem)";
+    if b.wants(name) {
+        let p = Pool2dParams { channels: 64, in_h: 112, in_w: 112, kernel: [3, 3], stride: [2, 2], padding: Padding2d::uniform(1), ..Default::default() };
+        let x = qdata(64 * 112 * 112, 3, 0, 255);
+        let mut y = vec![0u8; 64 * 56 * 56];
+        b.mem(name, x.len() + y.len(), || {
+            pool2d_int8(&p, &x, false, &mut y).unwrap();
+            black_box(&mut y);
+        });
+    }
     // Softmax / layer norm (BERT-base, seq 128).
     {
         let name = "softmax [12,128,128] axis -1";

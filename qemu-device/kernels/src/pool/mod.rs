@@ -6,8 +6,11 @@ use crate::fastmath::simd_dispatch;
 use crate::util::{check_len, max_f32, mul, sum_f32, valid_range, volume};
 use rayon::prelude::*;
 
+mod bytes;
 #[cfg(target_arch = "x86_64")]
 mod rows;
+
+pub use bytes::pool2d_int8;
 
 /// Pooling reduction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,64 +178,6 @@ pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()>
             },
         );
     Ok(())
-}
-
-/// Max pooling of 8-bit elements, u8 or (`signed`) i8, with the window
-/// geometry of `p` (whose kind must be `Max`): each task converts a run of
-/// planes to f32 (exactly), pools them with [`pool2d`] and converts the
-/// maxima back; a window without a real tap gives the type's least value.
-/// (Max commutes with a dequantisation, so this is also the QDQ form
-/// `quantize(maxpool(dequantize(x)))` with one scale and zero point.)
-pub fn pool2d_int8(p: &Pool2dParams, input: &[u8], signed: bool, output: &mut [u8]) -> Result<()> {
-    if p.kind != PoolKind::Max {
-        return Err(crate::KernelError::invalid("pool2d_int8 kind", "8-bit elements are max-pooled only"));
-    }
-    let (ha, wa) = axes(p)?;
-    let in_plane = mul("pool2d input", p.in_h, p.in_w)?;
-    let out_plane = mul("pool2d output", ha.output, wa.output)?;
-    let planes = mul("pool2d planes", p.batch, p.channels)?;
-    check_len("pool2d input", input.len(), mul("pool2d input", planes, in_plane)?)?;
-    check_len("pool2d output", output.len(), mul("pool2d output", planes, out_plane)?)?;
-    if output.is_empty() {
-        return Ok(());
-    }
-    let per = (16_384 / in_plane.max(out_plane).max(1)).max(1);
-    let dst = crate::util::SendPtr(output.as_mut_ptr());
-    let failed = std::sync::Mutex::new(None);
-    let least = if signed { i8::MIN as f32 } else { 0.0 };
-    crate::util::for_each_task(planes.div_ceil(per), input.len() <= crate::util::SEQ_MAX, |t| {
-        let (p0, p1) = (t * per, ((t + 1) * per).min(planes));
-        let n = p1 - p0;
-        crate::util::with_scratch(n * (in_plane + out_plane), |buf| {
-            let (x, y) = buf.split_at_mut(n * in_plane);
-            let src = &input[p0 * in_plane..p1 * in_plane];
-            if signed {
-                for (d, &s) in x.iter_mut().zip(src) {
-                    *d = s as i8 as f32;
-                }
-            } else {
-                for (d, &s) in x.iter_mut().zip(src) {
-                    *d = s as f32;
-                }
-            }
-            if let Err(e) = pool2d(&Pool2dParams { batch: 1, channels: n, ..*p }, x, y) {
-                *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-                return;
-            }
-            // SAFETY: planes p0 .. p1 of the output (length checked above),
-            // written by this task only.
-            let out = unsafe { core::slice::from_raw_parts_mut(dst.get().add(p0 * out_plane), n * out_plane) };
-            // Integers of the type's range, or -inf: exact conversions.
-            for (o, &v) in out.iter_mut().zip(y.iter()) {
-                let v = v.max(least);
-                *o = if signed { v as i8 as u8 } else { v as u8 };
-            }
-        });
-    });
-    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
 }
 
 simd_dispatch! {
