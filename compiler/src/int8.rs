@@ -20,7 +20,9 @@
 //! A MaxPool between a per-tensor DequantizeLinear and a QuantizeLinear of
 //! the same type, scale and zero point pools the bytes themselves (max
 //! commutes with the dequantisation, and the requantisation gives each
-//! maximum back exactly): ResNets' stem pool.
+//! maximum back exactly): ResNets' stem pool, in QDQ models and in
+//! QOperator ones (whose 8-bit MaxPool is imported through unit-scale
+//! conversions).
 //!
 //! Everything else stays as imported: the float ops between QUANT ops are
 //! the float islands, exact to the quantised values they read.
@@ -119,7 +121,7 @@ fn lower_binary(g: &mut Graph, i: usize) -> bool {
 /// largest byte of each window.)
 fn lower_max_pool(g: &mut Graph, i: usize) -> bool {
     let Kind::Pool { x, max: true, int8: None, .. } = g.ops[i].kind else { return false };
-    let Some((q, qtype, scale, zero)) = dequantized_input(g, x) else { return false };
+    let Some((q, qtype, scale, zero)) = dequantized_input(g, x).or_else(|| dequantized_by_op(g, x)) else { return false };
     let Some((r, out_q)) = requantizer(g, g.ops[i].out) else { return false };
     if out_q.dtype != qtype || out_q.scale.to_bits() != scale.to_bits() || out_q.zero != zero || !scale.is_normal() || !(scale * 256.0).is_finite() {
         return false;
@@ -132,6 +134,20 @@ fn lower_max_pool(g: &mut Graph, i: usize) -> bool {
     g.ops[i].out = g.ops[r].out;
     g.ops.remove(r);
     true
+}
+
+/// The input of a per-tensor QUANT op dequantising `v` with constant
+/// parameters: (q, type, scale, zero). (The exact conversion of an 8-bit
+/// value that an element-moving op such as a QOperator model's MaxPool
+/// computes through, scale 1 and zero point 0.)
+fn dequantized_by_op(g: &Graph, v: ValueId) -> Option<(ValueId, DType, f32, i32)> {
+    let op = g.ops.iter().find(|o| o.out == v)?;
+    let Kind::Quant { x, dequantize: true, qtype, channels: 1, scale, zero, .. } = &op.kind else { return None };
+    if !matches!(qtype, DType::U8 | DType::I8) {
+        return None;
+    }
+    let (s, z) = (g.konst(*scale)?.floats(), g.konst(*zero)?.ints());
+    Some((*x, *qtype, *s.first()?, *z.first()? as i32))
 }
 
 /// The quantised input of a per-tensor dequantise, seen through views

@@ -30,7 +30,7 @@ resnet18-int8-pt 20 1 8 1
 resnet18-int8-s8 20 1 8 1
 mobilenetv2-int8 52 1 10 0
 transformer-int8 0 7 3 0
-resnet18-int8-qop 20 1 8 0
+resnet18-int8-qop 20 1 8 1
 transformer-int8-qop 0 7 3 0
 LIST
 
