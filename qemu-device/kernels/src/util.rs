@@ -297,6 +297,29 @@ pub(crate) fn with_local<T: Default, R>(key: &'static std::thread::LocalKey<core
     })
 }
 
+std::thread_local! {
+    static BYTES: core::cell::RefCell<Vec<u8>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` on the first `len` bytes of `buf`, grown if needed (and dropped
+/// after use when above 16 MiB).
+pub(crate) fn sized_bytes<R>(buf: &mut Vec<u8>, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let r = f(&mut buf[..len]);
+    if buf.len() > 16 << 20 {
+        *buf = Vec::new();
+    }
+    r
+}
+
+/// Runs `f` on a per-thread byte buffer of `len` bytes (contents
+/// unspecified; a nested call gets a temporary one).
+pub(crate) fn with_bytes<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    with_local(&BYTES, |buf: &mut Vec<u8>| sized_bytes(buf, len, f))
+}
+
 /// Runs `f` on a scratch slice of `len` elements with unspecified contents,
 /// reusing a per-thread buffer: no allocation or page faults per task.
 /// (A nested call on the same thread, or a request above `SCRATCH_KEEP`,

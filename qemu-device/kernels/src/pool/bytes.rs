@@ -8,11 +8,11 @@
 //! maximum of its taps along that row (loops the compiler vectorises:
 //! byte maxima, and pairs of bytes for the usual stride 2).
 
-use super::{axes, PoolKind, Pool2dParams};
+use super::{planes, PoolKind, Pool2dParams};
 use crate::conv::Axis;
 use crate::error::{KernelError, Result};
 use crate::fastmath::simd_dispatch;
-use crate::util::{check_len, for_each_task, mul, valid_range, with_local, SendPtr, SEQ_MAX};
+use crate::util::{for_each_task, valid_range, with_bytes, SendPtr, SEQ_MAX};
 
 /// Max pooling of 8-bit elements, u8 or (`signed`) i8, with the window
 /// geometry of `p` (whose kind must be `Max`); a window without a real
@@ -23,12 +23,9 @@ pub fn pool2d_int8(p: &Pool2dParams, input: &[u8], signed: bool, output: &mut [u
     if p.kind != PoolKind::Max {
         return Err(KernelError::invalid("pool2d_int8 kind", "8-bit elements are max-pooled only"));
     }
-    let (ha, wa) = axes(p)?;
-    let in_plane = mul("pool2d input", p.in_h, p.in_w)?;
-    let out_plane = mul("pool2d output", ha.output, wa.output)?;
-    let planes = mul("pool2d planes", p.batch, p.channels)?;
-    check_len("pool2d input", input.len(), mul("pool2d input", planes, in_plane)?)?;
-    check_len("pool2d output", output.len(), mul("pool2d output", planes, out_plane)?)?;
+    let (ha, wa, in_plane, out_plane) = planes(p, input.len(), output.len())?;
+    // (Fits: the lengths were checked against its multiples.)
+    let nplanes = p.batch * p.channels;
     if output.is_empty() {
         return Ok(());
     }
@@ -39,10 +36,9 @@ pub fn pool2d_int8(p: &Pool2dParams, input: &[u8], signed: bool, output: &mut [u
     let padded = span.max(wa.pad_before + wa.input) + wa.stride;
     let per = (65_536 / in_plane.max(out_plane).max(1)).max(1);
     let dst = SendPtr(output.as_mut_ptr());
-    for_each_task(planes.div_ceil(per), input.len() <= 4 * SEQ_MAX, |t| {
-        with_local(&ROW, |row: &mut Vec<u8>| {
-            row.resize(padded, 0);
-            for plane in t * per..((t + 1) * per).min(planes) {
+    for_each_task(nplanes.div_ceil(per), input.len() <= 4 * SEQ_MAX, |t| {
+        with_bytes(padded, |row| {
+            for plane in t * per..((t + 1) * per).min(nplanes) {
                 // SAFETY: plane `plane` of the output (length checked
                 // above), written by this task only.
                 let out = unsafe { core::slice::from_raw_parts_mut(dst.get().add(plane * out_plane), out_plane) };
@@ -51,10 +47,6 @@ pub fn pool2d_int8(p: &Pool2dParams, input: &[u8], signed: bool, output: &mut [u
         })
     });
     Ok(())
-}
-
-std::thread_local! {
-    static ROW: core::cell::RefCell<Vec<u8>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
 simd_dispatch! {

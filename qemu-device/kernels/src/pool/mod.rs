@@ -83,14 +83,21 @@ pub fn pool2d_output_shape(p: &Pool2dParams) -> Result<[usize; 4]> {
     Ok([p.batch, p.channels, h.output, w.output])
 }
 
-/// Max or average pooling; see [`Pool2dParams`]. Parallel over planes.
-pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()> {
+/// The axes and plane sizes (input, output) of `p`, with the input and
+/// output lengths checked against them.
+fn planes(p: &Pool2dParams, input: usize, output: usize) -> Result<(Axis, Axis, usize, usize)> {
     let (ha, wa) = axes(p)?;
     let in_plane = mul("pool2d input", p.in_h, p.in_w)?;
     let out_plane = mul("pool2d output", ha.output, wa.output)?;
+    check_len("pool2d input", input, volume("pool2d input", &[p.batch, p.channels, in_plane])?)?;
+    check_len("pool2d output", output, volume("pool2d output", &[p.batch, p.channels, out_plane])?)?;
+    Ok((ha, wa, in_plane, out_plane))
+}
+
+/// Max or average pooling; see [`Pool2dParams`]. Parallel over planes.
+pub fn pool2d(p: &Pool2dParams, input: &[f32], output: &mut [f32]) -> Result<()> {
+    let (ha, wa, in_plane, out_plane) = planes(p, input.len(), output.len())?;
     let window = mul("pool2d window", p.kernel[0], p.kernel[1])?;
-    check_len("pool2d input", input.len(), volume("pool2d input", &[p.batch, p.channels, in_plane])?)?;
-    check_len("pool2d output", output.len(), volume("pool2d output", &[p.batch, p.channels, out_plane])?)?;
     if output.is_empty() {
         return Ok(());
     }

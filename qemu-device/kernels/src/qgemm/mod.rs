@@ -38,7 +38,7 @@ pub(crate) use conv::qconv2d_impl as conv_impl;
 pub use quant::{dequantize, qbinary, quantize, QBinaryKind, QOperand};
 
 use crate::error::{KernelError, Result};
-use crate::util::{check_len, for_each_task, mul, plan_threads, sequential, with_local, SendPtr};
+use crate::util::{check_len, for_each_task, mul, plan_threads, sequential, sized_bytes, with_bytes, with_local, SendPtr};
 use kernel::{BStats, Cols, OutKind, PanelInfo, TileVals, GROUP_A, MR, NR, PANEL};
 
 /// Largest `k` (reduction length) of [`qgemm`] and [`qconv2d`]: bounds the
@@ -253,25 +253,8 @@ impl Split {
 }
 
 std::thread_local! {
-    static QSCRATCH: core::cell::RefCell<Vec<u8>> = const { core::cell::RefCell::new(Vec::new()) };
     static QSCRATCH2: core::cell::RefCell<Vec<u8>> = const { core::cell::RefCell::new(Vec::new()) };
     static QACC: core::cell::RefCell<Vec<[[i32; NR]; MR]>> = const { core::cell::RefCell::new(Vec::new()) };
-}
-
-fn sized_bytes<R>(buf: &mut Vec<u8>, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    let r = f(&mut buf[..len]);
-    if buf.len() > 16 << 20 {
-        *buf = Vec::new();
-    }
-    r
-}
-
-/// Runs `f` on a per-thread byte buffer of `len` bytes (contents unspecified).
-pub(crate) fn with_bytes<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    with_local(&QSCRATCH, |buf: &mut Vec<u8>| sized_bytes(buf, len, f))
 }
 
 /// A second per-thread byte buffer (for the packing routines' own scratch).
