@@ -751,7 +751,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             let r = vec![reloc(offset_of!(QBinaryDesc, a_va), off(*a)), reloc(offset_of!(QBinaryDesc, b_va), off(*b)), reloc(offset_of!(QBinaryDesc, out_va), o)];
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::QConv { quads, x, x_type, x_zero, w, w_zero, bias, scale, dims, stride, dilation, pads, out } => {
+        Kind::QConv { quads, tiles, x, x_type, x_zero, w, w_zero, bias, scale, dims, stride, dilation, pads, out } => {
             let d = QConvDesc {
                 n: u32c(op, dims[0], "n")?,
                 c_in: u32c(op, dims[1], "c_in")?,
@@ -769,7 +769,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 pad_left: u32c(op, pads[1], "pad")?,
                 pad_bottom: u32c(op, pads[2], "pad")?,
                 pad_right: u32c(op, pads[3], "pad")?,
-                flags: qflags(*w_zero, *bias, out) | if *quads { rbln_hw::ops::QCONV_CHANNEL_QUADS } else { 0 },
+                flags: qflags(*w_zero, *bias, out) | if *quads { rbln_hw::ops::QCONV_CHANNEL_QUADS } else { 0 } | if *tiles { rbln_hw::ops::QCONV_WEIGHT_TILES } else { 0 },
                 x_type: qtype_code(op, *x_type)?,
                 out_type: qtype_code(op, out.dtype)?,
                 x_zero: *x_zero,

@@ -45,6 +45,8 @@ pub struct Int8Stats {
     pub eltwise: usize,
     /// Of the convolutions, those whose weights are in channel quads.
     pub conv_quads: usize,
+    /// Of the convolutions, those whose weights are in the tile layout.
+    pub conv_tiles: usize,
     /// MaxPools on int8 values.
     pub max_pool: usize,
 }
@@ -61,6 +63,7 @@ pub fn run(g: &mut Graph) -> Int8Stats {
         st.int8_out += int8_out as usize;
     }
     st.conv_quads = g.ops.iter().filter(|o| matches!(o.kind, Kind::QConv { quads: true, .. })).count();
+    st.conv_tiles = g.ops.iter().filter(|o| matches!(o.kind, Kind::QConv { tiles: true, .. })).count();
     let mut i = 0;
     while i < g.ops.len() {
         st.eltwise += lower_binary(g, i) as usize;
@@ -302,23 +305,33 @@ fn try_lower(g: &mut Graph, i: usize) -> Option<(bool, bool)> {
             // QCONV). Not for 1×1 (the two orders coincide) nor for
             // channel counts it would pad (a depthwise conv's 1 → 4).
             let quads = kh * kw > 1 && cin_g.is_multiple_of(4) && cin_g * kh * kw == kg;
-            let per = qgemm_packed_b_len(kg as u64, ng as u64)? as usize;
+            // The tile layout (blocks of 16 output channels, each tap's
+            // channel quads in rows of 16 quads) where every row is whole:
+            // 64 input channels per tap, or a 1×1 reduction of a multiple
+            // of 64. The device's matrix unit multiplies such tiles
+            // (docs/hardware.md, QCONV); for other shapes it would pad.
+            let taps = if quads { kh * kw } else { 1 };
+            let tiles = kg.is_multiple_of(4) && (kg / 4 / taps).is_multiple_of(rbln_hw::ops::QTILE_GROUPS) && kg > 0;
+            let per = if tiles { rbln_hw::ops::qconv_tiled_len(kg as u64, ng as u64)? } else { qgemm_packed_b_len(kg as u64, ng as u64)? } as usize;
             let mut packed = vec![0i8; per * groups];
             let mut reordered = vec![0i8; if quads { ng * kg } else { 0 }];
             for (gi, dst) in packed.chunks_exact_mut(per).enumerate() {
                 // W is [c_out, k]: group gi's B is its rows, transposed.
-                let rows = &i8s[gi * ng * kg..(gi + 1) * ng * kg];
+                let mut rows = &i8s[gi * ng * kg..(gi + 1) * ng * kg];
                 if quads {
                     let zero: Vec<i8> = qw.zero[gi * ng..(gi + 1) * ng].iter().map(|&z| z as i8).collect();
                     rbln_hw::ops::qconv_quad_order(rows, ng, cin_g, kh, kw, &zero, &mut reordered);
-                    pack_qgemm_b(&reordered, kg, ng, true, dst);
+                    rows = &reordered;
+                }
+                if tiles {
+                    rbln_hw::ops::pack_qconv_tiles(rows, kg, ng, taps, dst);
                 } else {
                     pack_qgemm_b(rows, kg, ng, true, dst);
                 }
             }
             let len = packed.len() as u64;
             let wv = konst(g, "packed_q", Const { shape: vec![len], data: Data::I(packed.iter().map(|&v| v as i64).collect()) }, DType::I8);
-            Kind::QConv { quads, x: xq, x_type, x_zero: zx, w: wv, w_zero: b_zero, bias: bias_v, scale: scale_v, dims, stride, dilation, pads, out }
+            Kind::QConv { quads, tiles, x: xq, x_type, x_zero: zx, w: wv, w_zero: b_zero, bias: bias_v, scale: scale_v, dims, stride, dilation, pads, out }
         }
         Kind::Gemm { m, n, k, batch, trans_b, .. } => {
             if i8s.len() as u64 != k * n {

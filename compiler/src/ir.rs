@@ -268,10 +268,12 @@ pub enum Kind {
     },
     /// int8 convolution (geometry as `Conv`); `w` holds one packed B
     /// operand per group, its reduction in channel quads when `quads`
-    /// (`rbln_hw::ops::QCONV_CHANNEL_QUADS`); per-output-channel constants
-    /// as in `QGemm`.
+    /// (`rbln_hw::ops::QCONV_CHANNEL_QUADS`), in the tile layout when
+    /// `tiles` (`QCONV_WEIGHT_TILES`, else panels); per-output-channel
+    /// constants as in `QGemm`.
     QConv {
         quads: bool,
+        tiles: bool,
         x: ValueId,
         x_type: DType,
         x_zero: i32,

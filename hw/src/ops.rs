@@ -301,6 +301,12 @@ pub const QGEMM_RELU: u32 = 1 << 2;
 /// the device reads an NCHW input's 4 channels of a position side by side
 /// instead of building im2col rows.
 pub const QCONV_CHANNEL_QUADS: u32 = 1 << 3;
+/// QCONV only (hardware minor version 17): the weights are in the tile
+/// layout of [`pack_qconv_tiles`] (blocks of 16 output channels, each
+/// channel's reduction bytes in rows of up to 64) instead of
+/// [`pack_qgemm_b`]'s panels: the operand order of a matrix unit that
+/// multiplies 16 channels' rows by 16 positions' columns.
+pub const QCONV_WEIGHT_TILES: u32 = 1 << 4;
 /// QBINARY: max(0, y) before quantising the result.
 pub const QBINARY_RELU: u32 = 1 << 0;
 /// Columns per panel of a packed int8 B operand.
@@ -397,6 +403,76 @@ pub fn pack_qgemm_b(b: &[i8], k: usize, n: usize, trans_b: bool, dst: &mut [i8])
                     b[l * n + j]
                 };
             }
+        }
+    }
+}
+
+/// Output channels per block of [`pack_qconv_tiles`]' layout.
+pub const QTILE_COLS: usize = 16;
+/// Groups of 4 `k` per row run of [`pack_qconv_tiles`]' layout (64 bytes).
+pub const QTILE_GROUPS: usize = 16;
+
+/// The taps of QCONV's tile layout: `kh·kw` with [`QCONV_CHANNEL_QUADS`]
+/// (each tap's channel quads are one run), else 1 (`k` in order).
+pub const fn qconv_tile_taps(kh: u64, kw: u64, flags: u32) -> u64 {
+    if flags & QCONV_CHANNEL_QUADS != 0 {
+        kh.saturating_mul(kw)
+    } else {
+        1
+    }
+}
+
+/// Bytes of one group's QCONV weights in the tile layout (`k` rows, `n`
+/// output channels): `n` rounded up to [`QTILE_COLS`] times `k` rounded up
+/// to 4. `None` on overflow.
+pub const fn qconv_tiled_len(k: u64, n: u64) -> Option<u64> {
+    let w = match n.div_ceil(QTILE_COLS as u64).checked_mul(QTILE_COLS as u64) {
+        Some(w) => w,
+        None => return None,
+    };
+    match k.div_ceil(QGEMM_KGROUP as u64).checked_mul(QGEMM_KGROUP as u64) {
+        Some(kp) => kp.checked_mul(w),
+        None => None,
+    }
+}
+
+/// Where weight `(l, j)` (reduction index `l`, output channel `j`) of one
+/// group lies in the tile layout, for `k` reduction rows and `taps` taps
+/// ([`qconv_tile_taps`]; it divides `kg = ⌈k/4⌉`). Group `g = l/4` is
+/// quad `q = g/taps` of tap `s = g%taps` (`qn = kg/taps` quads per tap),
+/// channel `j` is `c = j%16` of block `b = j/16`: block `b` is `64·kg`
+/// bytes, its tap `s` `64·qn` bytes, whose runs of 16 quads (`r = q/16`,
+/// the last one `len = min(16, qn − 16r)` long) are `16·4·len` bytes
+/// each: channel `c`'s row of `4·len` bytes, 4 bytes per quad. Offset
+/// `64·kg·b + 64·qn·s + 1024·r + 4·len·c + 4·(q%16) + l%4`.
+pub const fn qconv_tile_offset(k: usize, taps: usize, l: usize, j: usize) -> usize {
+    let kg = k.div_ceil(QGEMM_KGROUP);
+    let qn = kg / taps;
+    let (g, b, c) = (l / QGEMM_KGROUP, j / QTILE_COLS, j % QTILE_COLS);
+    let (q, s) = (g / taps, g % taps);
+    let r = q / QTILE_GROUPS;
+    let len = if qn - QTILE_GROUPS * r < QTILE_GROUPS { qn - QTILE_GROUPS * r } else { QTILE_GROUPS };
+    let run = QTILE_COLS * QTILE_GROUPS * QGEMM_KGROUP;
+    QTILE_COLS * QGEMM_KGROUP * (kg * b + qn * s) + run * r + QGEMM_KGROUP * (len * c + q % QTILE_GROUPS) + l % QGEMM_KGROUP
+}
+
+/// Writes one group's QCONV weights `w` (`[n][k]`: output channel rows
+/// of the reduction order, plain or [`qconv_quad_order`]) into `dst` in
+/// the tile layout ([`qconv_tile_offset`]); padding channels and `k` are
+/// 0.
+///
+/// # Panics
+/// If `w` is not `n·k` long, `taps` does not divide `⌈k/4⌉` or `dst` is
+/// not `qconv_tiled_len(k, n)` long.
+pub fn pack_qconv_tiles(w: &[i8], k: usize, n: usize, taps: usize, dst: &mut [i8]) {
+    assert_eq!(w.len(), k * n, "w holds n rows of k");
+    let kg = k.div_ceil(QGEMM_KGROUP);
+    assert!(taps > 0 && kg.is_multiple_of(taps), "taps divides the groups");
+    assert_eq!(Some(dst.len() as u64), qconv_tiled_len(k as u64, n as u64), "dst is one tiled matrix");
+    dst.fill(0);
+    for j in 0..n {
+        for l in 0..k {
+            dst[qconv_tile_offset(k, taps, l, j)] = w[j * k + l];
         }
     }
 }
@@ -581,7 +657,7 @@ wire_struct! {
 /// Checks the type, zero-point and clamp fields shared by QGEMM and QCONV.
 fn qgemm_fields_ok(flags: u32, a_type: u32, out_type: u32, a_zero: i32, out_zero: i32, out_min: i32, out_max: i32) -> Result<(), DescError> {
     use DescError::BadField;
-    if flags & !(QGEMM_BIAS | QGEMM_B_ZERO | QGEMM_RELU | QCONV_CHANNEL_QUADS) != 0 {
+    if flags & !(QGEMM_BIAS | QGEMM_B_ZERO | QGEMM_RELU | QCONV_CHANNEL_QUADS | QCONV_WEIGHT_TILES) != 0 {
         return Err(BadField("qgemm flags"));
     }
     let (lo, hi) = qtype_range(a_type).ok_or(BadField("input type"))?;
@@ -1521,7 +1597,7 @@ impl Desc {
             }
             16 => {
                 let d = get!(QGemmDesc);
-                if d.flags & QCONV_CHANNEL_QUADS != 0 {
+                if d.flags & (QCONV_CHANNEL_QUADS | QCONV_WEIGHT_TILES) != 0 {
                     return Err(BadField("qgemm flags"));
                 }
                 qgemm_fields_ok(d.flags, d.a_type, d.out_type, d.a_zero, d.out_zero, d.out_min, d.out_max)?;
@@ -1768,6 +1844,44 @@ mod tests {
         let qc = QConvDesc { n: 1, c_in: 4, h: 3, w: 3, c_out: 1, kh: 3, kw: 3, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1, groups: 1, flags: QCONV_CHANNEL_QUADS, ..Default::default() }.with_header();
         assert_eq!(Desc::decode(&qc.to_bytes()), Ok(Desc::QConv(qc)));
         let qg = QGemmDesc { m: 1, n: 1, k: 4, flags: QCONV_CHANNEL_QUADS, ..Default::default() }.with_header();
+        assert_eq!(Desc::decode(&qg.to_bytes()), Err(DescError::BadField("qgemm flags")));
+    }
+
+    /// The tile layout places every weight of a matrix at its own offset
+    /// inside the matrix (padding elsewhere), a tap's runs of 16 quads as
+    /// channel rows; the flag is QCONV's only.
+    #[test]
+    fn qconv_weight_tiles() {
+        // 3 taps × 20 quads (a 4-quad last run), 18 channels (2 blocks).
+        let (k, n, taps) = (4 * 20 * 3, 18, 3);
+        let len = qconv_tiled_len(k as u64, n as u64).unwrap() as usize;
+        assert_eq!(len, 32 * k);
+        let mut seen = [false; 32 * 240];
+        for j in 0..n {
+            for l in 0..k {
+                let o = qconv_tile_offset(k, taps, l, j);
+                assert!(o < len && !seen[o], "({l}, {j}) at {o}");
+                seen[o] = true;
+            }
+        }
+        // Quad q of tap s: group 3q + s. Channel 1's row of the first run
+        // of tap 2: 64 bytes after channel 0's; the last run's rows are 16
+        // bytes (4 quads).
+        assert_eq!(qconv_tile_offset(k, taps, 4 * 2, 0), 2 * 64 * 20);
+        assert_eq!(qconv_tile_offset(k, taps, 4 * 2 + 1, 1), 2 * 64 * 20 + 64 + 1);
+        assert_eq!(qconv_tile_offset(k, taps, 4 * (3 * 17), 1), 1024 + 16 + 4);
+        assert_eq!(qconv_tile_offset(k, taps, 0, 17), 64 * 60 + 64);
+        let w: [i8; 240 * 18] = core::array::from_fn(|i| (i % 251) as i8);
+        let mut t = [1i8; 32 * 240];
+        pack_qconv_tiles(&w, k, n, taps, &mut t);
+        assert_eq!(t[qconv_tile_offset(k, taps, 7, 5)], w[5 * k + 7]);
+        assert_eq!(t.iter().filter(|&&v| v != 0).count(), w.iter().filter(|&&v| v != 0).count());
+        // k not a multiple of 4 (one tap): the last group is padded.
+        assert_eq!(qconv_tiled_len(6, 1), Some(8 * 16));
+        assert_eq!(qconv_tile_offset(6, 1, 5, 1), 8 + 4 + 1);
+        let qc = QConvDesc { n: 1, c_in: 4, h: 3, w: 3, c_out: 1, kh: 3, kw: 3, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1, groups: 1, flags: QCONV_WEIGHT_TILES, ..Default::default() }.with_header();
+        assert_eq!(Desc::decode(&qc.to_bytes()), Ok(Desc::QConv(qc)));
+        let qg = QGemmDesc { m: 1, n: 1, k: 4, flags: QCONV_WEIGHT_TILES, ..Default::default() }.with_header();
         assert_eq!(Desc::decode(&qg.to_bytes()), Err(DescError::BadField("qgemm flags")));
     }
 

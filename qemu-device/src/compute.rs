@@ -873,6 +873,7 @@ fn qconv(op: &mut Op<'_, '_, '_>, d: &ops::QConvDesc) -> R<u64> {
         dilation: [d.dil_h as usize, d.dil_w as usize],
         groups: d.groups as usize,
         channel_quads: d.flags & ops::QCONV_CHANNEL_QUADS != 0,
+        weight_tiles: d.flags & ops::QCONV_WEIGHT_TILES != 0,
     };
     let out_shape = op.kernel(k::qconv2d_output_shape(&p))?;
     if p.groups == 0 || !p.in_channels.is_multiple_of(p.groups) || !p.out_channels.is_multiple_of(p.groups) {
@@ -881,7 +882,7 @@ fn qconv(op: &mut Op<'_, '_, '_>, d: &ops::QConvDesc) -> R<u64> {
     let (cin_g, cout_g) = (p.in_channels / p.groups, p.out_channels / p.groups);
     let k_g = ops::qconv_k(cin_g as u64, p.kernel[0] as u64, p.kernel[1] as u64, d.flags).ok_or_else(|| op.bad())?;
     let n_in = op.volume(&[p.batch, p.in_channels, p.in_h, p.in_w])?;
-    let per_group = ops::qgemm_packed_b_len(k_g, cout_g as u64).ok_or_else(|| op.bad())?;
+    let per_group = if p.weight_tiles { ops::qconv_tiled_len(k_g, cout_g as u64) } else { ops::qgemm_packed_b_len(k_g, cout_g as u64) }.ok_or_else(|| op.bad())?;
     let n_w = per_group.checked_mul(p.groups as u64).filter(|&l| l <= MAX_TENSOR_ELEMS).ok_or_else(|| op.bad())? as usize;
     let n_out = op.volume(&out_shape)?;
     // Real multiply-adds (the padding channels of a quad order are not).

@@ -1296,6 +1296,43 @@ fn int8_quantize_gemm_and_conv_through_the_device() {
     }
 }
 
+/// QCONV's WEIGHT_TILES flag: the same weights in the tile layout give
+/// the same bytes as in panels (a 64-channel 3×3 in channel quads, which
+/// the AMX core takes where the host has it, and a 1×1), two blocks of
+/// output channels, the second partial.
+#[test]
+fn qconv_weight_tiles_match_panels() {
+    for (kk, pad, flags, c, h, w, co) in [(3usize, 1u32, QCONV_CHANNEL_QUADS, 64usize, 6usize, 7usize, 24usize), (1, 0, 0, 64, 6, 7, 24), (3, 1, QCONV_CHANNEL_QUADS, 64, 56, 56, 64), (3, 1, QCONV_CHANNEL_QUADS, 256, 14, 14, 256)] {
+        let xq: Vec<u8> = (0..c * h * w).map(|i| (i * 37 % 251) as u8).collect();
+        let kdim = qconv_k(c as u64, kk as u64, kk as u64, flags).unwrap() as usize;
+        let wq: Vec<i8> = (0..co * kdim).map(|i| ((i * 13 % 255) as i32 - 127) as i8).collect();
+        let mut panels = vec![0i8; qgemm_packed_b_len(kdim as u64, co as u64).unwrap() as usize];
+        pack_qgemm_b(&wq, kdim, co, true, &mut panels);
+        let mut tiles = vec![0i8; qconv_tiled_len(kdim as u64, co as u64).unwrap() as usize];
+        pack_qconv_tiles(&wq, kdim, co, qconv_tile_taps(kk as u64, kk as u64, flags) as usize, &mut tiles);
+        let bias: Vec<i32> = (0..co as i32).map(|j| 100 * j - 900).collect();
+        let mut outs = Vec::new();
+        for (wbytes, f) in [(&panels, flags), (&tiles, flags | QCONV_WEIGHT_TILES)] {
+            let mut r = OpRig::new();
+            r.rig.write(r.bus[0], &xq);
+            r.rig.write(r.bus[1], &wbytes.iter().map(|&v| v as u8).collect::<Vec<u8>>());
+            r.rig.write(r.bus[2], &i32_bytes(&bias));
+            r.put(3, &vec![0.0007f32; co]);
+            r.rig.write(r.bus[4], &vec![0x5a; co * h * w]);
+            let d = QConvDesc {
+                n: 1, c_in: c as u32, h: h as u32, w: w as u32, c_out: co as u32, kh: kk as u32, kw: kk as u32, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1,
+                pad_top: pad, pad_left: pad, pad_bottom: pad, pad_right: pad, groups: 1, flags: f | QGEMM_BIAS, x_type: QTYPE_U8, out_type: QTYPE_U8, x_zero: 5,
+                out_zero: 100, out_max: 255, x_va: tva(0), w_va: tva(1), bias_va: tva(2), scale_va: tva(3), out_va: tva(4), ..Default::default()
+            }
+            .with_header();
+            assert_eq!(r.run(&d.to_bytes()), FaultCode::None, "flags {f:#x}");
+            outs.push(r.rig.read(r.bus[4], co * h * w));
+        }
+        assert_eq!(outs[0], outs[1], "{kk}x{kk}: tiles against panels");
+        assert!(outs[0].iter().any(|&v| v != outs[0][0]), "a non-constant output");
+    }
+}
+
 /// Malformed int8 descriptors are BadDescriptor and write nothing: bad
 /// types, zero points and clamps, non-finite or zero scales (in memory),
 /// inconsistent conv groups.

@@ -18,20 +18,22 @@ mkdir -p "$OUT"
 
 source "$RBLN_ROOT/tests/compiler/lib.sh"
 
-# model, int8 Conv, int8 GEMM, int8 Add/Mul (QBINARY), int8 MaxPool expected
-while read -r m conv gemm elt mp; do
+# model, int8 Conv, int8 GEMM, int8 Add/Mul (QBINARY), int8 MaxPool, Conv
+# with weights in tiles expected (all but the stem of a ResNet;
+# MobileNetV2's 1×1 convolutions over multiples of 64 channels)
+while read -r m conv gemm elt mp tiles; do
     "$COMPILE" "$OUT/$m.onnx" -o "$OUT/$m.rbln" >"$OUT/$m.report.txt" || fail "$m did not compile"
     cat "$OUT/$m.report.txt" >&2
-    grep -q "int8: $conv Conv and $gemm GEMM on integer kernels (.*), $elt Add/Mul and $mp MaxPool on int8 values" "$OUT/$m.report.txt" \
-        || fail "$m: expected $conv Conv and $gemm GEMM on int8 kernels, $elt Add/Mul and $mp MaxPool on int8 values"
+    grep -q "int8: $conv Conv and $gemm GEMM on integer kernels (.*, $tiles in tiles), $elt Add/Mul and $mp MaxPool on int8 values" "$OUT/$m.report.txt" \
+        || fail "$m: expected $conv Conv ($tiles in tiles) and $gemm GEMM on int8 kernels, $elt Add/Mul and $mp MaxPool on int8 values"
 done <<'LIST'
-resnet18-int8 20 1 8 1
-resnet18-int8-pt 20 1 8 1
-resnet18-int8-s8 20 1 8 1
-mobilenetv2-int8 52 1 10 0
-transformer-int8 0 7 3 0
-resnet18-int8-qop 20 1 8 1
-transformer-int8-qop 0 7 3 0
+resnet18-int8 20 1 8 1 19
+resnet18-int8-pt 20 1 8 1 19
+resnet18-int8-s8 20 1 8 1 19
+mobilenetv2-int8 52 1 10 0 18
+transformer-int8 0 7 3 0 0
+resnet18-int8-qop 20 1 8 1 19
+transformer-int8-qop 0 7 3 0 0
 LIST
 
 # Calibration data for rbln-quantize (tests/vm/quantize.sh).

@@ -195,8 +195,8 @@ fn print_report(r: &Report, file_len: usize, indent: &str) {
     );
     if r.int8.conv + r.int8.gemm > 0 {
         println!(
-            "{indent}int8: {} Conv and {} GEMM on integer kernels ({} with an int8 output; {} Conv with weights in channel quads), {} Add/Mul and {} MaxPool on int8 values",
-            r.int8.conv, r.int8.gemm, r.int8.int8_out, r.int8.conv_quads, r.int8.eltwise, r.int8.max_pool
+            "{indent}int8: {} Conv and {} GEMM on integer kernels ({} with an int8 output; {} Conv with weights in channel quads, {} in tiles), {} Add/Mul and {} MaxPool on int8 values",
+            r.int8.conv, r.int8.gemm, r.int8.int8_out, r.int8.conv_quads, r.int8.conv_tiles, r.int8.eltwise, r.int8.max_pool
         );
     }
     let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("{k} x{v}")).collect();

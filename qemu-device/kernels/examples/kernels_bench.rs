@@ -57,6 +57,12 @@ fn time(f: &mut impl FnMut()) -> f64 {
 
 /// Best times of `ours` and `reference`, timed alternately.
 fn race(mut ours: impl FnMut(), mut reference: impl FnMut()) -> (f64, f64) {
+    // BENCH_NO_REF=1: ours only (profiling a kernel; the ratios are void).
+    if std::env::var("BENCH_NO_REF").is_ok_and(|v| v == "1") {
+        ours();
+        let to = (0..reps()).map(|_| time(&mut ours)).fold(f64::INFINITY, f64::min);
+        return (to, f64::NAN);
+    }
     ours();
     reference();
     let (mut to, mut tr) = (f64::INFINITY, f64::INFINITY);
@@ -426,7 +432,10 @@ fn bench_qconv(b: &mut Bench, name: &str, p: Conv2dParams) {
         // rbln-compile does not do: measured 1.26-2.2× the direct path).
         let cg = p.in_channels / p.groups;
         let quads = std::env::var("BENCH_QUADS").is_ok_and(|v| v == "1") && (p.kernel[0] * p.kernel[1] > 1 || std::env::var("BENCH_QUADS_1X1").is_ok()) && cg.is_multiple_of(4);
-        let qp = QConvParams { channel_quads: quads, ..QConvParams::from(&p) };
+        // BENCH_TILES=1: weights in the tile layout (the AMX core, as
+        // rbln-compile lays out convolutions over 64-channel multiples).
+        let tiles = std::env::var("BENCH_TILES").is_ok_and(|v| v == "1");
+        let qp = QConvParams { channel_quads: quads, weight_tiles: tiles, ..QConvParams::from(&p) };
         let [bn, co, oh, ow] = conv2d_output_shape(&p).unwrap();
         let kdim = cg * p.kernel[0] * p.kernel[1];
         let og = co / p.groups;
@@ -435,7 +444,15 @@ fn bench_qconv(b: &mut Bench, name: &str, p: Conv2dParams) {
         for g in 0..p.groups {
             // Random weights: the quad order only needs their count.
             let kq = rbln_hw::ops::qconv_k(cg as u64, p.kernel[0] as u64, p.kernel[1] as u64, if quads { rbln_hw::ops::QCONV_CHANNEL_QUADS } else { 0 }).unwrap() as usize;
-            wq.extend(qweights(kq, og, 5 + g as u32, wlo, whi));
+            if tiles {
+                let taps = if quads { p.kernel[0] * p.kernel[1] } else { 1 };
+                let w: Vec<i8> = qdata(kq * og, 5 + g as u32, wlo, whi).into_iter().map(|v| v as i8).collect();
+                let mut t = vec![0i8; rbln_hw::ops::qconv_tiled_len(kq as u64, og as u64).unwrap() as usize];
+                rbln_hw::ops::pack_qconv_tiles(&w, kq, og, taps, &mut t);
+                wq.extend(t.into_iter().map(|v| v as u8));
+            } else {
+                wq.extend(qweights(kq, og, 5 + g as u32, wlo, whi));
+            }
         }
         let bias: Vec<i32> = (0..co as i32).collect();
         let scale = vec![1e-4f32; co];

@@ -114,12 +114,17 @@ pub const MAX_RANK: usize = 6;
 pub type Shape = smallvec::SmallVec<[usize; MAX_RANK]>;
 
 /// The widest instruction sets the kernels use on this host, for reports:
-/// "avx512-vnni" (AVX-512 GEMM microkernel, int8 by VNNI), "avx512",
+/// "avx512-vnni" (AVX-512 GEMM microkernel, int8 by VNNI),
+/// "avx512-vnni-amx" (int8 convolutions also on the AMX tile unit), "avx512",
 /// "avx2" or "baseline", with " (RBLN_NO_AVX512)" when that variable
 /// holds them to AVX2 (the same decisions the kernels take per call).
 pub fn isa_summary() -> String {
     let isa = if microkernel::has_wide() {
-        if qgemm::kernel::Isa::best() == qgemm::kernel::Isa::Vnni { "avx512-vnni" } else { "avx512" }
+        match qgemm::kernel::Isa::best() {
+            qgemm::kernel::Isa::Amx => "avx512-vnni-amx",
+            qgemm::kernel::Isa::Vnni => "avx512-vnni",
+            _ => "avx512",
+        }
     } else if qgemm::kernel::have_avx2() {
         "avx2"
     } else {

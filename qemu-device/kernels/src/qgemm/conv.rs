@@ -4,7 +4,7 @@
 //! micro-panels are [`super::vnni`]'s (16 rows) and so is the core.
 
 use super::kernel::{Isa, MR, VNNI_MR};
-use super::{bstats, check_cols, check_dst, check_zero, col_data, drive, packed_b_len, panel_len, with_bytes2, BlockCore, Core, QDst, QTensor, QGEMM_MAX_K};
+use super::{bstats, check_cols, check_dst, check_zero, col_data, drive, packed_b_len, panel_len, with_bytes2, BLayout, BlockCore, Core, QDst, QTensor, QGEMM_MAX_K};
 use crate::conv::{Axis, Padding2d};
 use crate::error::{KernelError, Result};
 use crate::util::{check_len, mul, sequential, volume};
@@ -26,6 +26,10 @@ pub struct QConvParams {
     /// The weights' reduction index is in channel quads
     /// (`rbln_hw::ops::QCONV_CHANNEL_QUADS`, [`rbln_hw::ops::qconv_k`]).
     pub channel_quads: bool,
+    /// The weights are in the tile layout
+    /// (`rbln_hw::ops::QCONV_WEIGHT_TILES`, `pack_qconv_tiles`) rather than
+    /// packed panels.
+    pub weight_tiles: bool,
 }
 
 /// The f32 convolution's geometry is the int8 one's (its activation
@@ -33,13 +37,13 @@ pub struct QConvParams {
 impl From<&crate::conv::Conv2dParams> for QConvParams {
     fn from(p: &crate::conv::Conv2dParams) -> Self {
         let crate::conv::Conv2dParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, activation: _ } = *p;
-        QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, channel_quads: false }
+        QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, channel_quads: false, weight_tiles: false }
     }
 }
 
 impl From<&QConvParams> for crate::conv::Conv2dParams {
     fn from(p: &QConvParams) -> Self {
-        let QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, channel_quads: _ } = *p;
+        let QConvParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, channel_quads: _, weight_tiles: _ } = *p;
         crate::conv::Conv2dParams { batch, in_channels, in_h, in_w, out_channels, kernel, stride, padding, dilation, groups, activation: crate::Activation::None }
     }
 }
@@ -72,7 +76,10 @@ pub fn qconv2d_output_shape(p: &QConvParams) -> Result<[usize; 4]> {
 /// back to back; padded input
 /// positions read as `x_zero`. `w_zero` / `bias` / `scale` have
 /// `out_channels` entries; arithmetic and output as [`qgemm`](super::qgemm),
-/// output channel as the column; `dst` is NCHW.
+/// output channel as the column; `dst` is NCHW. With `p.weight_tiles` the
+/// weights are in the tile layout instead (`rbln_hw::ops::pack_qconv_tiles`
+/// with `qconv_tile_taps` taps), which the AMX core reads as tiles and
+/// the VNNI core too; other cores get it rewritten as panels per call.
 #[allow(clippy::too_many_arguments)]
 pub fn qconv2d(x: QTensor<'_>, x_zero: i32, w: &[u8], w_zero: Option<&[i32]>, bias: Option<&[i32]>, scale: &[f32], p: &QConvParams, mut dst: QDst<'_>) -> Result<()> {
     qconv2d_impl(x, x_zero, w, w_zero, bias, scale, p, &mut dst, super::kernel::Isa::best())
@@ -93,23 +100,46 @@ pub(crate) fn qconv2d_impl(
     let g = geometry(p)?;
     check_len("qconv2d input", x.data.len(), volume("qconv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
     check_zero("qconv2d input zero point", x_zero, x.signed)?;
-    let blen = packed_b_len(g.kdim, g.og)?;
+    let (k, og) = (g.kdim, g.og);
+    let kg = k.div_ceil(4);
+    let layout = if p.weight_tiles {
+        let taps = if p.channel_quads { p.kernel[0] * p.kernel[1] } else { 1 };
+        if taps == 0 || !kg.is_multiple_of(taps) {
+            return Err(KernelError::invalid("qconv2d weight tiles", format!("{taps} taps do not divide {kg} groups of k")));
+        }
+        BLayout::Tiles { taps }
+    } else {
+        BLayout::Panels
+    };
+    let blen = match layout {
+        BLayout::Panels => packed_b_len(k, og)?,
+        BLayout::Tiles { .. } => rbln_hw::ops::qconv_tiled_len(k as u64, og as u64).and_then(|l| usize::try_from(l).ok()).ok_or(KernelError::Overflow { what: "qconv2d weight tiles" })?,
+    };
     check_len("qconv2d weight (packed)", w.len(), mul("qconv2d weight", blen, p.groups)?)?;
     check_cols("qconv2d scale", p.out_channels, w_zero, bias, scale)?;
     let (kind, out) = check_dst("qconv2d output", dst, volume("qconv2d output", &[p.batch, p.out_channels, g.out_plane])?)?;
     if p.batch == 0 || p.out_channels == 0 || g.out_plane == 0 {
         return Ok(());
     }
+    let vnni_core = cfg!(target_arch = "x86_64") && isa.vnni() && vnni_available();
+    // The cores without the VNNI layout's reads take panels: tiles are
+    // rewritten (a slow path of CPUs without AVX-512 VNNI).
+    let panels: Vec<u8>;
+    let (w, layout, blen) = match layout {
+        BLayout::Tiles { taps } if !vnni_core => {
+            panels = tiles_to_panels(w, blen, k, og, taps, p.groups)?;
+            (&panels[..], BLayout::Panels, packed_b_len(k, og)?)
+        }
+        _ => (w, layout, blen),
+    };
     let xor = if x.signed { 0x80u8 } else { 0 };
     let xz = if x.signed { x_zero + 128 } else { x_zero };
-    let (k, og) = (g.kdim, g.og);
-    let kg = k.div_ceil(4);
     // Per group: the epilogue terms and B's range.
     let mut cds = Vec::with_capacity(p.groups);
     let (mut lo, mut hi) = (i8::MAX, i8::MIN);
     for grp in 0..p.groups {
         let r = grp * og..(grp + 1) * og;
-        let (cd, l, h) = col_data(&w[grp * blen..][..blen], k, og, xz, w_zero.map(|z| &z[r.clone()]), bias.map(|b| &b[r.clone()]), &scale[r], isa.simd());
+        let (cd, l, h) = col_data(&w[grp * blen..][..blen], k, og, xz, w_zero.map(|z| &z[r.clone()]), bias.map(|b| &b[r.clone()]), &scale[r], isa.simd(), layout);
         cds.push(cd);
         lo = lo.min(l);
         hi = hi.max(h);
@@ -151,14 +181,15 @@ pub(crate) fn qconv2d_impl(
     // Image b, group grp: positions of channels grp·og + j.
     let place = |img: usize| (img / p.groups * p.out_channels + img % p.groups * og) * g.out_plane;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Vnni && super::vnni::available() {
+    if vnni_core {
         use super::vnni;
+        let amx = isa == Isa::Amx && super::amx::available();
         let core = |img: usize| {
             let grp = img % p.groups;
-            vnni::Core { kg, zero_points: stats.zero_points, kind, b: &w[grp * blen..][..blen], cols: cds[grp].cols() }
+            vnni::Core { kg, zero_points: stats.zero_points, kind, b: &w[grp * blen..][..blen], layout, amx, cols: cds[grp].cols() }
         };
         if implicit_applies(p, g) {
-            implicit(x.data, xor, xz as u8, p, g, &core, &out, &place, seq);
+            implicit(x.data, xor, xz as u8, p, g, layout, &core, &out, &place, seq);
             return Ok(());
         }
         let pack = pack_for(vnni::MR, <vnni::Core<'_> as BlockCore>::panel_len(kg));
@@ -198,7 +229,7 @@ fn implicit_applies(p: &QConvParams, g: &crate::conv::Geometry) -> bool {
 /// output rows, block of columns).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Geometry, core: &(impl Fn(usize) -> super::vnni::Core<'w> + Sync), out: &super::OutPtr, place: &(impl Fn(usize) -> usize + Sync), seq: bool) {
+fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Geometry, layout: BLayout, core: &(impl Fn(usize) -> super::vnni::Core<'w> + Sync), out: &super::OutPtr, place: &(impl Fn(usize) -> usize + Sync), seq: bool) {
     use super::vnni::{Seg, MR as VR};
     use crate::util::{for_each_task, plan_threads};
     let (h, wa) = (g.h, g.w);
@@ -213,14 +244,16 @@ fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Ge
     // blocks of columns first (fewer rows per block waste more lanes: a
     // 7×7 map's rows one by one would fill 7 of 16).
     let mut rows_blk = (256 / pxw).clamp(1, oh);
-    let panels = g.og.div_ceil(PANEL_COLS);
+    // Column blocks in whole blocks of the weights' layout.
+    let unit = if layout == BLayout::Panels { PANEL_COLS } else { super::vnni::TILE_COLS };
+    let panels = g.og.div_ceil(unit);
     let tasks = |rows_blk: usize| images * oh.div_ceil(rows_blk);
     let mut ncb = if tasks(rows_blk) < want { want.div_ceil(tasks(rows_blk)).min(panels) } else { 1 };
     if tasks(rows_blk) * ncb < want {
         rows_blk = oh.div_ceil(want.div_ceil(images * ncb).min(oh)).max(1);
     }
     let nrb = oh.div_ceil(rows_blk);
-    let cb = panels.div_ceil(ncb) * PANEL_COLS;
+    let cb = panels.div_ceil(ncb) * unit;
     ncb = g.og.div_ceil(cb);
     let blocks = images * nrb;
     // Block `blk`: image, first output row, rows; its stage geometry.
@@ -234,27 +267,36 @@ fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Ge
     // stage (row phases padded to whole rows), and the most any block
     // needs (a group's last real position lies in the stage, its vector
     // reads at most 60 bytes past it).
-    let plane_of = |st: &Stage| sw * st.cstride;
-    let quad_of = |st: &Stage| sw * sh * st.nry.div_ceil(sh) * pxw * 4;
+    // (An odd number of cache lines: the AMX core loads a tap's 16 quads
+    // as one tile, rows one quad apart, which a stride of a multiple of
+    // 1 KiB would map to a quarter of L1's sets.)
+    let quad_of = |st: &Stage| (sw * sh * st.nry.div_ceil(sh) * pxw * 4).div_ceil(64) / 2 * 128 + 64;
     let len4 = cq * quad_of(&block(0).3) + VR * 4;
     // Writes channel quads q0 .. q1 of block `blk`'s rewritten stage into
     // `st4` (quad q0 first; the quads past cg/4 and the slack: `pad`).
     let build = |blk: usize, q0: usize, q1: usize, st4: &mut [u8]| {
         let (img, _, _, st) = block(blk);
         let (b, grp) = (img / p.groups, img % p.groups);
-        let (plane, quad, nph) = (plane_of(&st), quad_of(&st), st.nry.div_ceil(sh));
-        let (c0, c1) = ((4 * q0).min(cg), (4 * q1).min(cg));
-        let src = &x[((b * p.in_channels + grp * cg) + c0) * g.in_plane..][..(c1 - c0) * g.in_plane];
-        let sub = Stage { cg: c1 - c0, len: (c1 - c0) * plane, ..st };
-        with_bytes2(sub.len, |stage| {
-            sub.build(stage, src, &h, &wa, xor, pad);
+        let (quad, nph) = (quad_of(&st), st.nry.div_ceil(sh));
+        let src = &x[(b * p.in_channels + grp * cg) * g.in_plane..][..cg * g.in_plane];
+        // Straight from the input rows into the rewritten stage (through
+        // a 4-row scratch only for strided columns).
+        let (phases, rows) = st.reads(&h, &wa);
+        with_bytes2(if sw > 1 { 4 * pxw } else { 0 }, |tmp| {
             for q in q0..q1 {
-                for ph in 0..sw {
-                    for yy in 0..st.nry {
-                        let row = |c: usize| &stage[(((c - c0) * sw + ph) * st.nry + yy) * pxw..][..pxw];
-                        let rows: [Option<&[u8]>; 4] = core::array::from_fn(|i| (4 * q + i < c1).then(|| row(4 * q + i)));
+                for &yy in &rows {
+                    let iy = (st.oy0 * sh + yy) as isize - h.pad_before as isize;
+                    let real = iy >= 0 && (iy as usize) < h.input;
+                    for &ph in &phases {
                         let at = (q - q0) * quad + (((ph * sh + yy % sh) * nph + yy / sh) * pxw) * 4;
-                        interleave4(&mut st4[at..][..pxw * 4], rows, pad);
+                        let d = &mut st4[at..][..pxw * 4];
+                        if !real {
+                            d.fill(pad);
+                            continue;
+                        }
+                        let srow = |c: usize| &src[c * g.in_plane + iy as usize * wa.input..][..wa.input];
+                        let srcs: [Option<&[u8]>; 4] = core::array::from_fn(|i| (4 * q + i < cg).then(|| srow(4 * q + i)));
+                        interleave_row(d, srcs, &wa, ph, xor, pad, tmp);
                     }
                 }
             }
@@ -267,7 +309,7 @@ fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Ge
     let run = |blk: usize, st4: &[u8], c0: usize, nc: usize| {
         let (img, oy0, nrows, st) = block(blk);
         assert!(st4.len() >= len4);
-        let nph = st.nry.div_ceil(sh);
+        let (nph, quad) = (st.nry.div_ceil(sh), quad_of(&st));
         let nv = (nrows - 1) * pxw + ow;
         let nvec = nv.div_ceil(VR);
         // Group (c/4, ky, kx)'s offset in the rewritten stage, by group
@@ -278,7 +320,7 @@ fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Ge
                 for kx in 0..kw {
                     let (ph, xo) = ((kx * wa.dilation) % sw, (kx * wa.dilation) / sw);
                     let (phy, yo) = ((ky * st.dh) % sh, (ky * st.dh) / sh);
-                    goffs.push(((((c4 * sw + ph) * sh + phy) * nph + yo) * pxw + xo) * 4);
+                    goffs.push(c4 * quad + (((ph * sh + phy) * nph + yo) * pxw + xo) * 4);
                 }
             }
         }
@@ -303,7 +345,8 @@ fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Ge
         // `vnni::available`); vector v of group gi reads st4 at goffs[gi] +
         // 64v .. + 64 ≤ len4 (above); the stores are this block's rows ×
         // columns c0 .. c0+nc of image img's NCHW output, no other task's.
-        unsafe { core(img).tiles(st4.as_ptr(), VR * 4, nvec, &|gi| goffs[gi], &segs, c0, nc, out, place(img) + c0 * g.out_plane, g.out_plane) };
+        // A tap's consecutive channel quads lie one rewritten quad apart.
+        unsafe { core(img).tiles(st4.as_ptr(), VR * 4, nvec, &|gi| goffs[gi], quad, &segs, c0, nc, out, place(img) + c0 * g.out_plane, g.out_plane) };
     };
     if ncb == 1 {
         // Each block's stage built and used by one task, in its cache.
@@ -348,21 +391,58 @@ fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Ge
 #[cfg(target_arch = "x86_64")]
 const PANEL_COLS: usize = super::kernel::PANEL;
 
-/// `dst[4i + r] = rows[r][i]` (`pad` for a missing row), `dst` 4× a
-/// row's length.
+/// One stage row of column phase `ph` for 4 channels: `dst[4x + i]` is
+/// channel i's input at column `x·sw + ph − pad_before` (`^ xor`), `pad`
+/// where that column is padding or the channel is missing (`None`);
+/// `dst` is 4 × the stage's width. Strided columns are gathered into
+/// `tmp` (4 × the width) first.
 #[cfg(target_arch = "x86_64")]
-fn interleave4(dst: &mut [u8], rows: [Option<&[u8]>; 4], pad: u8) {
-    let n = dst.len() / 4;
+fn interleave_row(dst: &mut [u8], rows: [Option<&[u8]>; 4], wa: &Axis, ph: usize, xor: u8, pad: u8, tmp: &mut [u8]) {
+    let (sw, pb) = (wa.stride, wa.pad_before);
+    let pxw = dst.len() / 4;
+    // Real columns l..r: x·sw + ph − pb in 0..input.
+    let l = if pb > ph { (pb - ph).div_ceil(sw) } else { 0 }.min(pxw);
+    let r = (wa.input + pb).saturating_sub(ph).div_ceil(sw).min(pxw).max(l);
+    dst[..4 * l].fill(pad);
+    dst[4 * r..].fill(pad);
+    if r == l {
+        return;
+    }
+    let (n, first) = (r - l, l * sw + ph - pb);
     let padrow = [pad; 16];
+    if sw == 1 {
+        interleave_body(&mut dst[4 * l..4 * r], core::array::from_fn(|i| rows[i].map(|row| &row[first..first + n])), xor, &padrow);
+    } else {
+        let (t0, rest) = tmp.split_at_mut(n);
+        let (t1, rest) = rest.split_at_mut(n);
+        let (t2, rest) = rest.split_at_mut(n);
+        let t3 = &mut rest[..n];
+        let mut ts = [t0, t1, t2, t3];
+        for (t, row) in ts.iter_mut().zip(rows) {
+            if let Some(row) = row {
+                gather_bytes(t, &row[first..], sw, xor);
+            }
+        }
+        let [t0, t1, t2, t3] = ts;
+        let gathered = [&*t0, &*t1, &*t2, &*t3];
+        interleave_body(&mut dst[4 * l..4 * r], core::array::from_fn(|i| rows[i].map(|_| gathered[i])), 0, &padrow);
+    }
+}
+
+/// `dst[4x + i] = rows[i][x] ^ xor` (`pad` of `padrow` for a missing
+/// row): 16 columns at a time.
+#[cfg(target_arch = "x86_64")]
+fn interleave_body(dst: &mut [u8], rows: [Option<&[u8]>; 4], xor: u8, padrow: &[u8; 16]) {
+    let n = dst.len() / 4;
     let mut i = 0;
     while i + 16 <= n {
-        let tmp: [[u8; 16]; 4] = core::array::from_fn(|r| rows[r].map_or(padrow, |row| row[i..i + 16].try_into().expect("16 bytes")));
+        let tmp: [[u8; 16]; 4] = core::array::from_fn(|r| rows[r].map_or(*padrow, |row| core::array::from_fn(|j| row[i + j] ^ xor)));
         store_interleaved::<16>(&mut dst[4 * i..][..64], &tmp, 0, 0, 0);
         i += 16;
     }
     for j in i..n {
         for (r, row) in rows.iter().enumerate() {
-            dst[4 * j + r] = row.map_or(pad, |row| row[j]);
+            dst[4 * j + r] = row.map_or(padrow[0], |row| row[j] ^ xor);
         }
     }
 }
@@ -406,6 +486,18 @@ struct Stage {
 }
 
 impl Stage {
+    /// The column phases and the rows (of `0..nry`) some tap reads: a
+    /// strided 1×1 conv reads one phase of every other row, a quarter of
+    /// the rest. (Decided once per stage, not per channel: the divisions
+    /// cost more than the copies of a small map's rows.)
+    fn reads(&self, ha: &Axis, wa: &Axis) -> (smallvec::SmallVec<[usize; 4]>, smallvec::SmallVec<[usize; 64]>) {
+        let sw = wa.stride;
+        let phases = (0..sw).filter(|&ph| (0..wa.kernel).any(|kx| (kx * wa.dilation) % sw == ph)).collect();
+        let rows_out = self.nry.saturating_sub((ha.kernel - 1) * self.dh + 1) / self.sh + 1;
+        let row_used = |yy: usize| (0..ha.kernel).any(|ky| yy >= ky * self.dh && (yy - ky * self.dh).is_multiple_of(self.sh) && (yy - ky * self.dh) / self.sh < rows_out);
+        (phases, (0..self.nry).filter(|&yy| row_used(yy)).collect())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn new(ha: &Axis, wa: &Axis, kh: usize, kw: usize, cg: usize, r0: usize, rows: usize, direct: bool) -> Stage {
         let ow = wa.output;
@@ -427,14 +519,7 @@ impl Stage {
         }
         let (sw, pxw, nry) = (wa.stride, self.pxw, self.nry);
         let plane = ha.input * wa.input;
-        // Only the column phases and rows some tap reads (a strided 1×1
-        // conv reads one phase of every other row: a quarter of the rest).
-        // (Decided once per stage, not per channel: the divisions cost more
-        // than the copies of a small map's rows.)
-        let phases: smallvec::SmallVec<[usize; 4]> = (0..sw).filter(|&ph| (0..wa.kernel).any(|kx| (kx * wa.dilation) % sw == ph)).collect();
-        let rows_out = nry.saturating_sub((ha.kernel - 1) * self.dh + 1) / self.sh + 1;
-        let row_used = |yy: usize| (0..ha.kernel).any(|ky| yy >= ky * self.dh && (yy - ky * self.dh).is_multiple_of(self.sh) && (yy - ky * self.dh) / self.sh < rows_out);
-        let rows: smallvec::SmallVec<[usize; 64]> = (0..nry).filter(|&yy| row_used(yy)).collect();
+        let (phases, rows) = self.reads(ha, wa);
         for c in 0..self.cg {
             for &yy in &rows {
                 let iy = (self.oy0 * self.sh + yy) as isize - ha.pad_before as isize;
@@ -630,4 +715,33 @@ fn transpose<'r, const MR: usize>(block: &mut [u8], row: impl Fn(usize) -> &'r [
             q += 4;
         }
     }
+}
+
+/// Whether the VNNI core runs here.
+fn vnni_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::vnni::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The `groups` weight matrices of `w` (each `blen` bytes in the tile
+/// layout with `taps` taps, `k × n`) as packed panels, back to back.
+fn tiles_to_panels(w: &[u8], blen: usize, k: usize, n: usize, taps: usize, groups: usize) -> Result<Vec<u8>> {
+    let plen = packed_b_len(k, n)?;
+    let mut out = vec![0u8; mul("qconv2d weight", plen, groups)?];
+    let kp = k.div_ceil(4) * 4;
+    for (src, dst) in w.chunks_exact(blen.max(1)).zip(out.chunks_exact_mut(plen.max(1))).take(groups) {
+        for j in 0..n {
+            for l in 0..kp {
+                // Panel layout: `rbln_hw::ops::pack_qgemm_b`.
+                dst[j / 8 * 8 * kp + l / 4 * 32 + j % 8 * 4 + l % 4] = src[rbln_hw::ops::qconv_tile_offset(k, taps, l, j)];
+            }
+        }
+    }
+    Ok(out)
 }

@@ -74,6 +74,9 @@ pub(crate) enum Isa {
     /// straight into i32, exact for any operands, one instruction where
     /// `maddubs` needs three: every micro-panel is plain.
     Vnni,
+    /// VNNI, plus the AMX tile unit (`tdpbsud` on 16 × 64-byte tiles) for
+    /// convolutions whose weights are in the tile layout ([`super::amx`]).
+    Amx,
 }
 
 impl Isa {
@@ -82,7 +85,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             if have_avx2() && crate::fastmath::avx512_allowed() && std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl") {
-                return Isa::Vnni;
+                return if super::amx::available() { Isa::Amx } else { Isa::Vnni };
             }
         }
         if have_avx2() {
@@ -95,6 +98,11 @@ impl Isa {
     /// Whether the AVX2 paths (scans, epilogues) may run.
     pub(crate) fn simd(self) -> bool {
         self != Isa::Portable
+    }
+
+    /// Whether `vpdpbusd` may run (VNNI, or AMX which implies it).
+    pub(crate) fn vnni(self) -> bool {
+        matches!(self, Isa::Vnni | Isa::Amx)
     }
 }
 
@@ -184,7 +192,7 @@ pub(crate) static MODES_SEEN: [core::sync::atomic::AtomicUsize; 3] = [const { co
 /// and returns its [`PanelInfo`]. `rows` rows and `k` are real (the rest
 /// is padding, ignored when choosing). Without `simd`, always plain.
 pub(crate) fn finish_panel(panel: &mut [u8], kg: usize, k: usize, rows: usize, b: BStats, isa: Isa) -> PanelInfo {
-    let (simd, exact) = (isa.simd(), isa == Isa::Vnni);
+    let (simd, exact) = (isa.simd(), isa.vnni());
     if (!simd || b.seven_bit || exact) && !b.zero_points {
         // Plain whatever A holds, and no row sums needed (symmetric
         // weights): nothing to scan.
@@ -333,7 +341,7 @@ unsafe fn scan_panel_avx2(plain: &[u8], kg: usize, rmask: &[u8; GROUP_A], lmask:
 pub(crate) unsafe fn micro(a: *const u8, a2: *const u8, b: *const u8, b_stride: usize, np: usize, kg: usize, mode: Mode, isa: Isa, first: bool, out: &mut [[i32; NR]; MR]) {
     debug_assert!((1..=2).contains(&np));
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Vnni && mode == Mode::Plain {
+    if isa.vnni() && mode == Mode::Plain {
         // SAFETY: as documented by the caller.
         unsafe {
             if np == 2 {

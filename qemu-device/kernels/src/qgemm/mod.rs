@@ -24,8 +24,13 @@
 //! of A once (im2col for convolutions), then runs 4 × 16 micro-tiles whose
 //! requantising epilogue is applied while they are in registers.
 //! Convolutions on AVX-512 VNNI take [`vnni`]'s layout instead: 16 output
-//! positions per micro-panel, in the lanes of one register.
+//! positions per micro-panel, in the lanes of one register; with weights
+//! in the tile layout (`rbln_hw::ops::pack_qconv_tiles`) on a host with
+//! AMX, [`amx`] multiplies 16 channels × 16 positions per instruction on
+//! the same layout.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod conv;
 pub(crate) mod kernel;
 mod quant;
@@ -78,6 +83,27 @@ pub struct QGemmParams<'a> {
     pub bias: Option<&'a [i32]>,
     /// Per-column finite scale (n entries).
     pub scale: &'a [f32],
+}
+
+/// How B's bytes are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BLayout {
+    /// `rbln_hw::ops::pack_qgemm_b`: panels of 8 columns, a group (4 `k`
+    /// of the 8 columns) 32 bytes.
+    Panels,
+    /// `rbln_hw::ops::pack_qconv_tiles` with `taps` taps: blocks of 16
+    /// columns, each column's quads of one tap in rows of up to 64 bytes.
+    Tiles { taps: usize },
+}
+
+impl BLayout {
+    /// Bytes of B for `n` columns of `kg` groups.
+    pub(crate) fn len(self, kg: usize, n: usize) -> usize {
+        match self {
+            BLayout::Panels => n.div_ceil(PANEL) * kg * 32,
+            BLayout::Tiles { .. } => n.div_ceil(rbln_hw::ops::QTILE_COLS) * kg * 64,
+        }
+    }
 }
 
 /// The range of an 8-bit type.
@@ -161,14 +187,25 @@ impl ColData {
     }
 }
 
-/// Scans one packed B (`k × n`) and builds its epilogue terms for A zero
-/// point `az` (u8 domain). Returns also its (min, max).
+/// Scans one packed B (`k × n`, in `layout`) and builds its epilogue
+/// terms for A zero point `az` (u8 domain). Returns also its (min, max).
+/// Weights in tiles (read by the VNNI and AMX cores only, which need
+/// neither the range nor, for `az = 0`, the column sums) are scanned only
+/// for `az ≠ 0`; the range returned is then the full one.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn col_data(b: &[u8], k: usize, n: usize, az: i32, b_zero: Option<&[i32]>, bias: Option<&[i32]>, scale: &[f32], simd: bool) -> (ColData, i8, i8) {
+pub(crate) fn col_data(b: &[u8], k: usize, n: usize, az: i32, b_zero: Option<&[i32]>, bias: Option<&[i32]>, scale: &[f32], simd: bool, layout: BLayout) -> (ColData, i8, i8) {
     let np = n.div_ceil(NR) * NR;
     let kg = k.div_ceil(4);
     let mut colsum = vec![0i32; np];
-    let (lo, hi) = scan_b_parallel(b, kg, &mut colsum[..n.div_ceil(PANEL) * PANEL], simd);
+    let (lo, hi) = match layout {
+        BLayout::Panels => scan_b_parallel(b, kg, &mut colsum[..n.div_ceil(PANEL) * PANEL], simd),
+        BLayout::Tiles { taps } => {
+            if az != 0 {
+                scan_tiles(b, kg, taps, &mut colsum[..n]);
+            }
+            (i8::MIN, i8::MAX)
+        }
+    };
     let mut zb = vec![0i32; np];
     let mut sc = vec![0f32; np];
     let mut cconst = vec![0i32; np];
@@ -181,6 +218,77 @@ pub(crate) fn col_data(b: &[u8], k: usize, n: usize, az: i32, b_zero: Option<&[i
             .wrapping_sub(az.wrapping_mul(colsum[j]));
     }
     (ColData { colsum, cconst, zb, scale: sc }, lo, hi)
+}
+
+/// The column sums of B in the tile layout (`kg` groups, `taps` taps;
+/// `colsum.len()` columns), in parallel over blocks of columns for large
+/// B (the scan reads all of it, as [`scan_b_parallel`]).
+fn scan_tiles(b: &[u8], kg: usize, taps: usize, colsum: &mut [i32]) {
+    let cols = rbln_hw::ops::QTILE_COLS;
+    let blocks = colsum.len().div_ceil(cols);
+    let seq = sequential(b.len().saturating_mul(8));
+    let per = if seq { blocks } else { blocks.div_ceil(2 * plan_threads(seq)).max(1) };
+    let cp = SendPtr(colsum.as_mut_ptr());
+    let n = colsum.len();
+    for_each_task(blocks.div_ceil(per.max(1)), seq, |t| {
+        let (b0, b1) = (t * per, ((t + 1) * per).min(blocks));
+        let (j0, j1) = (b0 * cols, (b1 * cols).min(n));
+        // SAFETY: columns j0..j1 of colsum belong to this task only.
+        let cs = unsafe { core::slice::from_raw_parts_mut(cp.get().add(j0), j1 - j0) };
+        for (i, cs) in cs.chunks_mut(cols).enumerate() {
+            let block = &b[(b0 + i) * 64 * kg..][..64 * kg];
+            scan_tile_block(block, kg, taps, cs);
+        }
+    });
+}
+
+/// One block of the tile layout's column sums (`cs.len() ≤ 16` columns).
+fn scan_tile_block(block: &[u8], kg: usize, taps: usize, cs: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if vnni::available() {
+        // SAFETY: AVX-512 F/BW and VNNI (checked).
+        unsafe { scan_tile_block_vnni(block, kg, taps, cs) };
+        return;
+    }
+    let qn = kg / taps;
+    cs.fill(0);
+    for s in 0..taps {
+        for r in 0..qn.div_ceil(16) {
+            let len = (qn - r * 16).min(16);
+            let run = &block[64 * qn * s + 1024 * r..][..64 * len];
+            for (c, sum) in cs.iter_mut().enumerate() {
+                let row = &run[4 * len * c..][..4 * len];
+                *sum = sum.wrapping_add(row.iter().map(|&v| v as i8 as i32).sum::<i32>());
+            }
+        }
+    }
+}
+
+/// [`scan_tile_block`] with `vpdpbusd` against ones: each row's bytes
+/// summed in 16 lanes, one reduction per column at the end.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn scan_tile_block_vnni(block: &[u8], kg: usize, taps: usize, cs: &mut [i32]) {
+    use core::arch::x86_64::*;
+    let qn = kg / taps;
+    let ones = _mm512_set1_epi8(1);
+    let mut acc = [_mm512_setzero_si512(); 16];
+    for s in 0..taps {
+        for r in 0..qn.div_ceil(16) {
+            let len = (qn - r * 16).min(16);
+            let run = &block[64 * qn * s + 1024 * r..][..64 * len];
+            let mask = if len == 16 { !0u64 } else { (1u64 << (4 * len)) - 1 };
+            for (c, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: the row's 4·len bytes lie in `run`; the mask
+                // reads no others.
+                let row = unsafe { _mm512_maskz_loadu_epi8(mask, run[4 * len * c..].as_ptr() as *const i8) };
+                *acc = _mm512_dpbusd_epi32(*acc, ones, row);
+            }
+        }
+    }
+    for (sum, acc) in cs.iter_mut().zip(acc) {
+        *sum = _mm512_reduce_add_epi32(acc);
+    }
 }
 
 /// [`kernel::scan_b`] over chunks of panels on the pool's threads: the
@@ -628,7 +736,7 @@ pub(crate) fn qgemm_impl(a: QTensor<'_>, p: &QGemmParams<'_>, dst: &mut QDst<'_>
     }
     let xor = if a.signed { 0x80u8 } else { 0 };
     let az = if a.signed { p.a_zero + 128 } else { p.a_zero };
-    let (cd, lo, hi) = col_data(p.b, k, n, az, p.b_zero, p.bias, p.scale, isa.simd());
+    let (cd, lo, hi) = col_data(p.b, k, n, az, p.b_zero, p.bias, p.scale, isa.simd(), BLayout::Panels);
     let kg = k.div_ceil(4);
     let core = Core { k, kg, stats: bstats(lo, hi, p.b_zero), isa, kind, b: p.b, cols: cd.cols() };
     let seq = sequential(m.saturating_mul(n).saturating_mul(k).saturating_mul(2));

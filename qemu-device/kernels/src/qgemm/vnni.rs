@@ -29,7 +29,7 @@
 use core::arch::x86_64::*;
 
 use super::kernel::{Cols, OutKind, PanelInfo, PANEL};
-use super::{BlockCore, OutPtr};
+use super::{BLayout, BlockCore, OutPtr};
 
 /// Rows per micro-panel: one zmm of u8 quadruples.
 pub(crate) const MR: usize = super::kernel::VNNI_MR;
@@ -52,10 +52,18 @@ pub(crate) struct Core<'a> {
     /// `zb[j]·rowsum[i]`.
     pub zero_points: bool,
     pub kind: OutKind,
-    /// Packed B (`rbln_hw::ops::pack_qgemm_b` layout) of this image's columns.
+    /// B of this image's columns, in `layout`.
     pub b: &'a [u8],
+    pub layout: BLayout,
+    /// Run [`super::amx`]'s core where it applies (weights in tiles).
+    pub amx: bool,
     pub cols: Cols<'a>,
 }
+
+/// Columns per block of the tile layout.
+pub(crate) const TILE_COLS: usize = rbln_hw::ops::QTILE_COLS;
+/// Quads per run of the tile layout.
+pub(crate) const TILE_RUN: usize = rbln_hw::ops::QTILE_GROUPS;
 
 impl BlockCore for Core<'_> {
     const MR: usize = MR;
@@ -75,9 +83,14 @@ impl BlockCore for Core<'_> {
         // Micro-panel v's rows r0 .. r0+16 (the real ones) at out0 + r0.
         let segs: smallvec::SmallVec<[Seg; 64]> = (0..nmp).map(|v| Seg::run(v * MR, (rows - v * MR).min(MR))).collect();
         let at = |g: usize| g * GROUP;
+        let taps = match self.layout {
+            BLayout::Tiles { taps } => taps,
+            BLayout::Panels => 1,
+        };
         // SAFETY: micro-panel v, group g at block + v·pl + g·64, inside
-        // `block` (asserted); the rest is the caller's contract.
-        unsafe { self.tiles(block.as_ptr(), pl, nmp, &at, &segs, c0, nc, out, out0, cs) }
+        // `block` (asserted); a tap's consecutive quads are `taps` groups
+        // apart; the rest is the caller's contract.
+        unsafe { self.tiles(block.as_ptr(), pl, nmp, &at, taps * GROUP, &segs, c0, nc, out, out0, cs) }
     }
 }
 
@@ -121,29 +134,44 @@ impl Core<'_> {
     /// Runs the micro-tiles of `nvec` vectors of 16 rows: vector v of
     /// reduction group g is the 64 bytes at `a + v·vstride + at(g)`; its
     /// results go to `out0 + (j − c0)·cs + segs[v]` for the columns `c0 ..
-    /// c0+nc` (`c0` a multiple of [`PANEL`]).
+    /// c0+nc` (`c0` a multiple of [`PANEL`]). With weights in tiles, quad
+    /// `q` and `q + 1` of a tap lie `quad_stride` bytes apart in every
+    /// vector (`at(g + taps) = at(g) + quad_stride`), which [`super::amx`]
+    /// needs (it loads a run of 16 quads as one tile).
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL and VNNI available ([`available`]); every vector's
-    /// 64 bytes for every group are readable; the stored elements lie in
-    /// the destination and no other task writes them.
+    /// AVX-512 F/BW/VL and VNNI available ([`available`]), AMX too with
+    /// `self.amx` ([`super::amx::available`]); every vector's 64 bytes for
+    /// every group are readable; the stored elements lie in the
+    /// destination and no other task writes them.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn tiles(&self, a: *const u8, vstride: usize, nvec: usize, at: &impl Fn(usize) -> usize, segs: &[Seg], c0: usize, nc: usize, out: &OutPtr, out0: usize, cs: usize) {
+    pub(crate) unsafe fn tiles(&self, a: *const u8, vstride: usize, nvec: usize, at: &impl Fn(usize) -> usize, quad_stride: usize, segs: &[Seg], c0: usize, nc: usize, out: &OutPtr, out0: usize, cs: usize) {
         let kg = self.kg;
         assert!(c0.is_multiple_of(PANEL) && segs.len() >= nvec);
-        let pbytes = kg * 32;
-        assert!(self.b.len() >= (c0 + nc).div_ceil(PANEL) * pbytes && self.cols.scale.len() >= c0 + nc);
+        assert!(self.b.len() >= self.layout.len(kg, c0 + nc) && self.cols.scale.len() >= c0 + nc);
         let dst = Dst { out, out0, cs };
-        // Panel by panel: one panel of B (kg·32 bytes) stays in L1 while
-        // the block's vectors stream past it.
+        if let BLayout::Tiles { taps } = self.layout {
+            assert!(taps > 0 && kg.is_multiple_of(taps));
+            if self.amx && !self.zero_points && (kg / taps).is_multiple_of(TILE_RUN) && c0.is_multiple_of(TILE_COLS) {
+                // SAFETY: the caller's contract, AMX's conditions checked.
+                unsafe { super::amx::tiles(self, taps, a, vstride, nvec, at, quad_stride, segs, c0, nc, &dst) };
+                return;
+            }
+        }
+        // Panel by panel (8 columns; half a block of the tile layout): its
+        // B (kg·32 bytes) stays in L1 while the block's vectors stream
+        // past it.
         for p in c0 / PANEL..(c0 + nc).div_ceil(PANEL) {
             let j0 = p * PANEL;
             let cols = (c0 + nc - j0).min(PANEL);
-            let b = self.b[p * pbytes..].as_ptr();
+            let b = match self.layout {
+                BLayout::Panels => self.b[p * kg * 32..].as_ptr(),
+                BLayout::Tiles { .. } => self.b[j0 / TILE_COLS * kg * 64..].as_ptr(),
+            };
             let mut v = 0;
             while v < nvec {
                 let nv = (nvec - v).min(TILE_PANELS);
-                let t = Tile { a: a.wrapping_add(v * vstride), vstride, b, kg, j0, jl: j0 - c0, cols };
+                let t = Tile { a: a.wrapping_add(v * vstride), vstride, b, half: j0 % TILE_COLS / PANEL, kg, j0, jl: j0 - c0, cols };
                 let segs = &segs[v..v + nv];
                 // SAFETY: the caller's contract; panel p of B lies in `b`
                 // (asserted above).
@@ -165,18 +193,20 @@ impl Core<'_> {
 
 /// Where a block's results go: column j's element at `out0 + (j − c0)·cs`
 /// plus its vector's [`Seg`] offsets.
-struct Dst<'a> {
+pub(crate) struct Dst<'a> {
     out: &'a OutPtr,
     out0: usize,
     cs: usize,
 }
 
 /// One micro-tile: vectors at `a` (`vstride` bytes apart), B panel at `b`
-/// (columns `j0 .. j0+cols` of the image, `jl ..` of the block).
+/// (columns `j0 .. j0+cols` of the image, `jl ..` of the block; with
+/// weights in tiles `b` is the block and `half` which 8 of its columns).
 struct Tile {
     a: *const u8,
     vstride: usize,
     b: *const u8,
+    half: usize,
     kg: usize,
     j0: usize,
     jl: usize,
@@ -196,22 +226,48 @@ unsafe fn tile<const NV: usize, const ZP: bool>(t: &Tile, at: &impl Fn(usize) ->
     let mut acc = [[_mm512_setzero_si512(); NV]; PANEL];
     let mut rsum = [_mm512_setzero_si512(); NV];
     let ones = _mm512_set1_epi8(1);
-    for g in 0..t.kg {
-        let ag = t.a.wrapping_add(at(g));
-        // SAFETY: group g of vector v (caller).
-        let av: [__m512i; NV] = core::array::from_fn(|v| unsafe { _mm512_loadu_si512(ag.wrapping_add(v * t.vstride) as *const __m512i) });
-        if ZP {
-            for v in 0..NV {
-                rsum[v] = _mm512_dpbusd_epi32(rsum[v], av[v], ones);
+    // One group: vectors at `ag`, column c's 4 bytes at `bg + c·cstr`.
+    macro_rules! group {
+        ($ag:expr, $bg:expr, $cstr:expr) => {{
+            let ag: *const u8 = $ag;
+            // SAFETY: the group's vectors (caller).
+            let av: [__m512i; NV] = core::array::from_fn(|v| unsafe { _mm512_loadu_si512(ag.wrapping_add(v * t.vstride) as *const __m512i) });
+            if ZP {
+                for v in 0..NV {
+                    rsum[v] = _mm512_dpbusd_epi32(rsum[v], av[v], ones);
+                }
+            }
+            for (c, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: column c's 4 bytes of the group: panel p's group
+                // g, or this half's row c of the run (caller).
+                let bc = _mm512_set1_epi32(unsafe { ($bg as *const u8).add(c * $cstr).cast::<i32>().read_unaligned() });
+                for v in 0..NV {
+                    acc[v] = _mm512_dpbusd_epi32(acc[v], av[v], bc);
+                }
+            }
+        }};
+    }
+    match core.layout {
+        BLayout::Panels => {
+            for g in 0..t.kg {
+                group!(t.a.wrapping_add(at(g)), t.b.wrapping_add(g * 32), 4);
             }
         }
-        // SAFETY: group g of the B panel (caller).
-        let bg = unsafe { t.b.add(g * 32) } as *const i32;
-        for (c, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: as above (column c's 4 bytes of the group).
-            let bc = _mm512_set1_epi32(unsafe { bg.add(c).read_unaligned() });
-            for v in 0..NV {
-                acc[v] = _mm512_dpbusd_epi32(acc[v], av[v], bc);
+        BLayout::Tiles { taps } => {
+            // Tap by tap, run by run: quad q of tap s is group q·taps + s;
+            // a run's rows are 4·len bytes, this half's 8 rows after the
+            // other's.
+            let qn = t.kg / taps;
+            for s in 0..taps {
+                for r in 0..qn.div_ceil(TILE_RUN) {
+                    let len = (qn - r * TILE_RUN).min(TILE_RUN);
+                    let cstr = 4 * len;
+                    let run = t.b.wrapping_add(64 * qn * s + TILE_COLS * 4 * TILE_RUN * r + PANEL * t.half * cstr);
+                    for i in 0..len {
+                        let g = (r * TILE_RUN + i) * taps + s;
+                        group!(t.a.wrapping_add(at(g)), run.wrapping_add(4 * i), cstr);
+                    }
+                }
             }
         }
     }
@@ -230,49 +286,59 @@ unsafe fn tile<const NV: usize, const ZP: bool>(t: &Tile, at: &impl Fn(usize) ->
         // SAFETY: 16 i32.
         unsafe { _mm512_storeu_si512(rsums[v].as_mut_ptr() as *mut __m512i, rsum[v]) };
     }
-    // The epilogue of `kernel::epilogue` on each column's vectors of rows
-    // (plain micro-panels: no offset, no row corrections), in the same
-    // order of operations, so the results are bit-identical.
     let cols = &core.cols;
     for (c, sums) in sums.iter().enumerate().take(t.cols) {
-        let j = t.j0 + c;
-        let cc = _mm512_set1_epi32(cols.cconst[j]);
-        let zb = _mm512_set1_epi32(cols.zb[j]);
-        let sc = _mm512_set1_ps(cols.scale[j]);
-        let col = (d.out0 + (t.jl + c) * d.cs) as isize;
         for (v, seg) in segs.iter().enumerate().take(NV) {
-            if seg.n == 0 {
-                continue;
-            }
             // SAFETY: 16 i32 each.
             let (acc, rsum) = unsafe { (_mm512_loadu_si512(sums[v].as_ptr() as *const __m512i), _mm512_loadu_si512(rsums[v].as_ptr() as *const __m512i)) };
-            let mut x = _mm512_add_epi32(acc, cc);
-            if ZP {
-                x = _mm512_sub_epi32(x, _mm512_mullo_epi32(zb, rsum));
-            }
-            let f = _mm512_mul_ps(_mm512_cvtepi32_ps(x), sc);
-            match (core.kind, d.out) {
-                (OutKind::Int { zero, min, max }, OutPtr::U8(p)) => {
-                    let f = _mm512_add_ps(_mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(f), _mm512_set1_ps(zero as f32));
-                    let f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps(min as f32)), _mm512_set1_ps(max as f32));
-                    // The low bytes (`x as u8`; the values are in range).
-                    let bytes = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(f));
-                    for &(mask, base) in seg.runs() {
-                        // SAFETY: the masked lanes' elements (the caller's
-                        // contract); no other lane is accessed.
-                        unsafe { _mm_mask_storeu_epi8(p.get().wrapping_offset(col + base) as *mut i8, mask, bytes) };
-                    }
-                }
-                (OutKind::F32 { relu }, OutPtr::F32(p)) => {
-                    // max(x, 0) returns 0 for NaN, as `kernel::to_f32`.
-                    let f = if relu { _mm512_max_ps(f, _mm512_setzero_ps()) } else { f };
-                    for &(mask, base) in seg.runs() {
-                        // SAFETY: as above.
-                        unsafe { _mm512_mask_storeu_ps(p.get().wrapping_offset(col + base), mask, f) };
-                    }
-                }
-                _ => unreachable!("the core's output kind is the destination's"),
+            // SAFETY: the caller's contract.
+            unsafe { store_column(acc, ZP.then_some(rsum), cols, t.j0 + c, t.jl + c, seg, core.kind, d) };
+        }
+    }
+}
+
+/// The epilogue of `kernel::epilogue` on one column's vector of 16 rows
+/// (plain micro-panels: no offset, no row corrections; `rsum` the rows'
+/// sums of A when some column has a zero point), in the same order of
+/// operations, so the results are bit-identical; stores the lanes of
+/// `seg` to column `jl` of the block (image column `j`).
+///
+/// # Safety
+/// AVX-512 F/BW/VL; the stored elements lie in the destination and no
+/// other task writes them.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn store_column(acc: __m512i, rsum: Option<__m512i>, cols: &Cols<'_>, j: usize, jl: usize, seg: &Seg, kind: OutKind, d: &Dst<'_>) {
+    if seg.n == 0 {
+        return;
+    }
+    let col = (d.out0 + jl * d.cs) as isize;
+    let mut x = _mm512_add_epi32(acc, _mm512_set1_epi32(cols.cconst[j]));
+    if let Some(rsum) = rsum {
+        x = _mm512_sub_epi32(x, _mm512_mullo_epi32(_mm512_set1_epi32(cols.zb[j]), rsum));
+    }
+    let f = _mm512_mul_ps(_mm512_cvtepi32_ps(x), _mm512_set1_ps(cols.scale[j]));
+    match (kind, d.out) {
+        (OutKind::Int { zero, min, max }, OutPtr::U8(p)) => {
+            let f = _mm512_add_ps(_mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(f), _mm512_set1_ps(zero as f32));
+            let f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps(min as f32)), _mm512_set1_ps(max as f32));
+            // The low bytes (`x as u8`; the values are in range).
+            let bytes = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(f));
+            for &(mask, base) in seg.runs() {
+                // SAFETY: the masked lanes' elements (the caller's
+                // contract); no other lane is accessed.
+                unsafe { _mm_mask_storeu_epi8(p.get().wrapping_offset(col + base) as *mut i8, mask, bytes) };
             }
         }
+        (OutKind::F32 { relu }, OutPtr::F32(p)) => {
+            // max(x, 0) returns 0 for NaN, as `kernel::to_f32`.
+            let f = if relu { _mm512_max_ps(f, _mm512_setzero_ps()) } else { f };
+            for &(mask, base) in seg.runs() {
+                // SAFETY: as above.
+                unsafe { _mm512_mask_storeu_ps(p.get().wrapping_offset(col + base), mask, f) };
+            }
+        }
+        _ => unreachable!("the core's output kind is the destination's"),
     }
 }

@@ -190,6 +190,9 @@ fn rand_spec(r: &mut Rng) -> OutSpec {
 /// Every instruction set this CPU has, best first.
 fn paths() -> Vec<Isa> {
     let mut v = vec![Isa::best()];
+    if v[0] == Isa::Amx {
+        v.push(Isa::Vnni);
+    }
     if have_avx2() && !v.contains(&Isa::Avx2) {
         v.push(Isa::Avx2);
     }
@@ -439,9 +442,16 @@ fn pack_conv_w(w: &[i8], p: &QConvParams, wz: Option<&[i32]>) -> Vec<u8> {
             rbln_hw::ops::qconv_quad_order(&wg, og, cg, kh, kw, &zero, &mut q);
             wg = q;
         }
-        let len = rbln_hw::ops::qgemm_packed_b_len(k as u64, og as u64).unwrap() as usize;
-        let mut dst = vec![0i8; len];
-        rbln_hw::ops::pack_qgemm_b(&wg, k, og, true, &mut dst);
+        let dst = if p.weight_tiles {
+            let taps = rbln_hw::ops::qconv_tile_taps(kh as u64, kw as u64, flags) as usize;
+            let mut dst = vec![0i8; rbln_hw::ops::qconv_tiled_len(k as u64, og as u64).unwrap() as usize];
+            rbln_hw::ops::pack_qconv_tiles(&wg, k, og, taps, &mut dst);
+            dst
+        } else {
+            let mut dst = vec![0i8; rbln_hw::ops::qgemm_packed_b_len(k as u64, og as u64).unwrap() as usize];
+            rbln_hw::ops::pack_qgemm_b(&wg, k, og, true, &mut dst);
+            dst
+        };
         out.extend(dst.into_iter().map(|v| v as u8));
     }
     out
@@ -495,7 +505,7 @@ fn qconv2d_matches_reference() {
         let pad = Padding2d { top: r.range(0, 2), left: r.range(0, 2), bottom: r.range(0, 2), right: r.range(0, 1) };
         let in_h = r.range(dil[0] * (kern[0] - 1) + 1, 12);
         let in_w = r.range(dil[1] * (kern[1] - 1) + 1, 12);
-        let p = QConvParams { batch: r.range(1, 2), in_channels: cin, in_h, in_w, out_channels: cout, kernel: kern, stride, padding: pad, dilation: dil, groups, channel_quads: case % 3 == 1 };
+        let p = QConvParams { batch: r.range(1, 2), in_channels: cin, in_h, in_w, out_channels: cout, kernel: kern, stride, padding: pad, dilation: dil, groups, channel_quads: case % 3 == 1, weight_tiles: case % 2 == 1 };
         let [bn, co, oh, ow] = qconv2d_output_shape(&p).unwrap();
         let signed = r.bool();
         let ak = akinds[case % 4];
@@ -530,7 +540,7 @@ fn qconv2d_large_parallel() {
     let x = gen_a(&mut r, 2 * 24 * 30 * 29, AKind::Full, false);
     let w = gen_b(&mut r, 40 * 12 * 9, BKind::WithMin);
     for channel_quads in [false, true] {
-        let p = QConvParams { batch: 2, in_channels: 24, in_h: 30, in_w: 29, out_channels: 40, kernel: [3, 3], stride: [1, 1], padding: Padding2d::uniform(1), dilation: [1, 1], groups: 2, channel_quads };
+        let p = QConvParams { batch: 2, in_channels: 24, in_h: 30, in_w: 29, out_channels: 40, kernel: [3, 3], stride: [1, 1], padding: Padding2d::uniform(1), dilation: [1, 1], groups: 2, channel_quads, weight_tiles: channel_quads };
         let wp = pack_conv_w(&w, &p, None);
         let scale = vec![0.01f32; 40];
         let acc = conv_ref(&p, &x, false, 3, &w, None, None);
@@ -563,14 +573,28 @@ fn qconv2d_resnet_like_shapes() {
         // other row (odd sizes: the last row and column are read too).
         (64, 40, 15, 1, 2, 0, false, AKind::Full),
         (48, 24, 14, 1, 3, 0, true, AKind::Full),
+        // The AMX core's shapes (weights in tiles, 16 quads per tap):
+        // stride 2, several runs and blocks, one partial block; few
+        // positions (one vector).
+        (128, 48, 14, 3, 2, 1, false, AKind::Full),
+        (256, 72, 7, 3, 1, 1, true, AKind::Extreme),
+        (128, 33, 4, 1, 1, 0, false, AKind::Full),
     ];
-    for ((cin, cout, hw, kk, s, pad, signed, ak), channel_quads) in cases.iter().flat_map(|&c| [(c, false), (c, true)]) {
-        let p = QConvParams { batch: 1, in_channels: cin, in_h: hw, in_w: hw, out_channels: cout, kernel: [kk, kk], stride: [s, s], padding: Padding2d::uniform(pad), dilation: [1, 1], groups: 1, channel_quads };
+    let layouts = [(false, false), (true, false), (false, true), (true, true)];
+    for ((cin, cout, hw, kk, s, pad, signed, ak), (channel_quads, weight_tiles)) in cases.iter().flat_map(|&c| layouts.map(|l| (c, l))) {
+        let p = QConvParams { batch: 1, in_channels: cin, in_h: hw, in_w: hw, out_channels: cout, kernel: [kk, kk], stride: [s, s], padding: Padding2d::uniform(pad), dilation: [1, 1], groups: 1, channel_quads, weight_tiles };
         let x = gen_a(&mut r, cin * hw * hw, ak, signed);
         let k = cin * kk * kk;
         let w = gen_b(&mut r, cout * k, BKind::NoMin);
         let wp = pack_conv_w(&w, &p, None);
-        let xz = if signed { -5 } else { 7 };
+        // (A u8 zero point of 0, the usual one after a ReLU, needs no
+        // column sums of the weights; -128 as i8 neither.)
+        let xz = match (signed, weight_tiles) {
+            (true, true) => -128,
+            (true, false) => -5,
+            (false, true) => 0,
+            (false, false) => 7,
+        };
         let bias: Vec<i32> = (0..cout).map(|_| r.below(20000) as i32 - 10000).collect();
         let scale: Vec<f32> = (0..cout).map(|_| r.f32_in(1e-5, 1e-3)).collect();
         let acc = conv_ref(&p, &x, signed, xz, &w, None, Some(&bias));
@@ -587,9 +611,37 @@ fn qconv2d_resnet_like_shapes() {
     }
 }
 
+/// Weights in tiles with zero points (the AMX core's shape, which leaves
+/// them to the VNNI core), against the reference on every path; a tiled
+/// operand is measured by the tile layout's length.
+#[test]
+fn qconv2d_weight_tiles_zero_points_and_length() {
+    let mut r = Rng::new(5);
+    let p = QConvParams { batch: 2, in_channels: 64, in_h: 9, in_w: 10, out_channels: 20, kernel: [3, 3], stride: [1, 1], padding: Padding2d::uniform(1), dilation: [1, 1], groups: 1, channel_quads: true, weight_tiles: true };
+    let x = gen_a(&mut r, 2 * 64 * 90, AKind::Full, false);
+    let w = gen_b(&mut r, 20 * 64 * 9, BKind::WithMin);
+    let wz: Vec<i32> = (0..20).map(|_| r.below(256) as i32 - 128).collect();
+    let wp = pack_conv_w(&w, &p, Some(&wz));
+    let scale = vec![0.003f32; 20];
+    let acc = conv_ref(&p, &x, false, 9, &w, Some(&wz), None);
+    let spec = OutSpec::F32 { relu: false };
+    let want = finish(&acc, acc.len(), &vec![0.003f32; acc.len()], spec);
+    for simd in paths() {
+        let got = run_spec(acc.len(), spec, |mut d| crate::qgemm::conv_impl(QTensor { data: &x, signed: false }, 9, &wp, Some(&wz), None, &scale, &p, &mut d, simd));
+        assert_same(&format!("tiles with zero points, isa {simd:?}"), &got, &want);
+    }
+    // 32 columns (two blocks) × 576: one byte less, or the panels' 24 × 576, is wrong.
+    assert_eq!(wp.len(), 32 * 576);
+    let mut out = vec![0f32; acc.len()];
+    let xt = QTensor { data: &x, signed: false };
+    assert!(qconv2d(xt, 9, &wp[1..], None, None, &scale, &p, QDst::F32 { out: &mut out, relu: false }).is_err());
+    assert!(qconv2d(xt, 9, &wp[..24 * 576], None, None, &scale, &p, QDst::F32 { out: &mut out, relu: false }).is_err());
+    assert!(qconv2d(xt, 9, &wp[..24 * 576], None, None, &scale, &QConvParams { weight_tiles: false, ..p }, QDst::F32 { out: &mut out, relu: false }).is_ok());
+}
+
 #[test]
 fn qconv2d_rejects_bad_params() {
-    let p = QConvParams { batch: 1, in_channels: 4, in_h: 5, in_w: 5, out_channels: 4, kernel: [3, 3], stride: [1, 1], padding: Padding2d::default(), dilation: [1, 1], groups: 2, channel_quads: false };
+    let p = QConvParams { batch: 1, in_channels: 4, in_h: 5, in_w: 5, out_channels: 4, kernel: [3, 3], stride: [1, 1], padding: Padding2d::default(), dilation: [1, 1], groups: 2, channel_quads: false, weight_tiles: false };
     let x = vec![0u8; 100];
     let blen = rbln_hw::ops::qgemm_packed_b_len(18, 2).unwrap() as usize;
     let w = vec![0u8; 2 * blen];
