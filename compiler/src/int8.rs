@@ -306,12 +306,15 @@ fn try_lower(g: &mut Graph, i: usize) -> Option<(bool, bool)> {
             // channel counts it would pad (a depthwise conv's 1 → 4).
             let quads = kh * kw > 1 && cin_g.is_multiple_of(4) && cin_g * kh * kw == kg;
             // The tile layout (blocks of 16 output channels, each tap's
-            // channel quads in rows of 16 quads) where every row is whole:
-            // 64 input channels per tap, or a 1×1 reduction of a multiple
-            // of 64. The device's matrix unit multiplies such tiles
-            // (docs/hardware.md, QCONV); for other shapes it would pad.
+            // channel quads in rows of 16 quads) where the rows are whole
+            // (a multiple of 64 input channels, or a 1×1 reduction of a
+            // multiple of 64): the device multiplies those tiles on a
+            // matrix unit (docs/hardware.md, QCONV). With a partial row per
+            // tap (the stem's 37 quads, MobileNet's 24 or 36) it measured
+            // no faster.
             let taps = if quads { kh * kw } else { 1 };
-            let tiles = kg.is_multiple_of(4) && (kg / 4 / taps).is_multiple_of(rbln_hw::ops::QTILE_GROUPS) && kg > 0;
+            let qn = kg.div_ceil(4) / taps;
+            let tiles = kg.is_multiple_of(4) && qn > 0 && qn.is_multiple_of(rbln_hw::ops::QTILE_GROUPS);
             let per = if tiles { rbln_hw::ops::qconv_tiled_len(kg as u64, ng as u64)? } else { qgemm_packed_b_len(kg as u64, ng as u64)? } as usize;
             let mut packed = vec![0i8; per * groups];
             let mut reordered = vec![0i8; if quads { ng * kg } else { 0 }];

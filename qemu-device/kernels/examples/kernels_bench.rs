@@ -557,6 +557,11 @@ fn run() {
     // ResNet-50's strided convs: a stride-2 3x3 and a projection.
     bench_qconv(&mut b, "qconv r50 3x3 s2 128->128 @56", conv_params(128, 128, 56, 3, 2, 1, Relu));
     bench_qconv(&mut b, "qconv r50 1x1 s2 256->512 @56 (proj)", conv_params(256, 512, 56, 1, 2, 1, Relu));
+    // MobileNetV2's projections: reductions of 24 and 36 channel quads
+    // (with tiles: one or two whole runs and a tail), few outputs.
+    bench_qconv(&mut b, "qconv mbv2 1x1 96->24 @56", conv_params(96, 24, 56, 1, 1, 1, Relu));
+    bench_qconv(&mut b, "qconv mbv2 1x1 144->32 @28", conv_params(144, 32, 28, 1, 1, 1, Relu));
+    bench_qconv(&mut b, "qconv mbv2 1x1 576->160 @7", conv_params(576, 160, 7, 1, 1, 1, Relu));
 
     // ---- ResNet-50 convolutions (bias + relu fused, as the compiler emits).
     // A batch of 2 small images (the test suite's CIFAR-sized ResNet):

@@ -14,8 +14,10 @@
 //!
 //! A micro-tile is 2 × 2 C tiles (32 channels × 32 positions) in tmm0-3,
 //! two weight tiles in tmm4-5 and two activation tiles in tmm6-7: per run
-//! 4 tile loads for 4 `tdpbsud` (16 × 16 × 64 multiply-adds each). Weights
-//! with zero points (the rows' sums of A) stay on the VNNI core.
+//! 4 tile loads for 4 `tdpbsud` (16 × 16 × 64 multiply-adds each); the
+//! quads past a tap's whole runs are added to the stored tiles with
+//! `vpdpbusd`. Weights with zero points (the rows' sums of A), and taps of
+//! fewer than 16 quads, stay on the VNNI core.
 //!
 //! Linux enables the tile state per process on request
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), which
@@ -24,6 +26,7 @@
 //! between kernels carry no tile state.
 
 use core::arch::asm;
+use core::arch::x86_64::{__m512i, _mm512_dpbusd_epi32, _mm512_loadu_si512, _mm512_set1_epi32};
 
 use super::vnni::{store_column, Core, Dst, Seg, TILE_COLS, TILE_RUN};
 
@@ -88,8 +91,12 @@ struct CTiles([[[i32; 16]; 16]; 4]);
 /// [`Core::tiles`] describes (`a`, `vstride`, `at`, `quad_stride`,
 /// `segs`), the weights in tiles of `taps` taps.
 ///
+/// Each tap's quads past its whole runs (`kg/taps` mod 16 of them) are
+/// added on the vector unit, as the VNNI core does, to the stored C
+/// tiles.
+///
 /// # Safety
-/// [`available`]; `c0` a multiple of 16, `kg/taps` a multiple of 16, B at
+/// [`available`]; `c0` a multiple of 16, `kg/taps` at least 16, B at
 /// least `⌈(c0+nc)/16⌉` blocks, no zero points; every vector's 64 bytes
 /// of every group readable, quad runs `quad_stride` apart as stated; the
 /// stored elements lie in the destination and no other task writes them.
@@ -98,7 +105,7 @@ struct CTiles([[[i32; 16]; 16]; 4]);
 pub(crate) unsafe fn tiles(core: &Core<'_>, taps: usize, a: *const u8, vstride: usize, nvec: usize, at: &impl Fn(usize) -> usize, quad_stride: usize, segs: &[Seg], c0: usize, nc: usize, d: &Dst<'_>) {
     let kg = core.kg;
     let qn = kg / taps;
-    let runs = qn / TILE_RUN;
+    let (runs, tail) = (qn / TILE_RUN, qn % TILE_RUN);
     let block_bytes = 64 * kg;
     // Run r of tap s: its weights' and its first quad's offsets.
     let run_at = |s: usize, r: usize| (64 * qn * s + TILE_COLS * 4 * TILE_RUN * r, at(r * TILE_RUN * taps + s));
@@ -180,14 +187,38 @@ pub(crate) unsafe fn tiles(core: &Core<'_>, taps: usize, a: *const u8, vstride: 
             }
             for i in 0..nb {
                 for vi in 0..nv {
+                    let tile = &c.0[2 * i + vi];
+                    // SAFETY: 16 i32 per row.
+                    let mut acc: [__m512i; 16] = core::array::from_fn(|r| unsafe { _mm512_loadu_si512(tile[r].as_ptr().cast()) });
+                    // The quads past a tap's whole runs on the vector unit:
+                    // channel r's row of the last run (4·tail bytes) against
+                    // the vector's 64 bytes of each quad.
+                    if tail > 0 {
+                        let xv = x0.wrapping_add(vi * vstride);
+                        for s in 0..taps {
+                            let wrun = w0.wrapping_add(i * block_bytes + 64 * qn * s + TILE_COLS * 4 * TILE_RUN * runs);
+                            for t in 0..tail {
+                                // SAFETY: the vector's 64 bytes of group
+                                // (16·runs + t)·taps + s, and channel r's 4
+                                // bytes of that quad inside the block
+                                // (caller).
+                                let av = unsafe { _mm512_loadu_si512(xv.wrapping_add(at((runs * TILE_RUN + t) * taps + s)).cast()) };
+                                for (r, acc) in acc.iter_mut().enumerate() {
+                                    // SAFETY: as above.
+                                    let wq = unsafe { wrun.add(4 * tail * r + 4 * t).cast::<i32>().read_unaligned() };
+                                    *acc = _mm512_dpbusd_epi32(*acc, av, _mm512_set1_epi32(wq));
+                                }
+                            }
+                        }
+                    }
                     let seg = &segs[v + vi];
-                    for (row, acc) in c.0[2 * i + vi].iter().enumerate() {
+                    for (row, acc) in acc.into_iter().enumerate() {
                         let j = (blk + i) * TILE_COLS + row;
                         if j >= c0 + nc {
                             break;
                         }
-                        // SAFETY: 16 i32; the stores are the caller's.
-                        unsafe { store_column(core::arch::x86_64::_mm512_loadu_si512(acc.as_ptr().cast()), None, &core.cols, j, j - c0, seg, core.kind, d) };
+                        // SAFETY: the stores are the caller's.
+                        unsafe { store_column(acc, None, &core.cols, j, j - c0, seg, core.kind, d) };
                     }
                 }
             }

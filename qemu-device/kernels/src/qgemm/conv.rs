@@ -139,7 +139,7 @@ pub(crate) fn qconv2d_impl(
     let (mut lo, mut hi) = (i8::MAX, i8::MIN);
     for grp in 0..p.groups {
         let r = grp * og..(grp + 1) * og;
-        let (cd, l, h) = col_data(&w[grp * blen..][..blen], k, og, xz, w_zero.map(|z| &z[r.clone()]), bias.map(|b| &b[r.clone()]), &scale[r], isa.simd(), layout);
+        let (cd, l, h) = col_data(&w[grp * blen..][..blen], k, og, xz, w_zero.map(|z| &z[r.clone()]), bias.map(|b| &b[r.clone()]), &scale[r], isa, layout);
         cds.push(cd);
         lo = lo.min(l);
         hi = hi.max(h);

@@ -189,16 +189,20 @@ impl ColData {
 
 /// Scans one packed B (`k × n`, in `layout`) and builds its epilogue
 /// terms for A zero point `az` (u8 domain). Returns also its (min, max).
-/// Weights in tiles (read by the VNNI and AMX cores only, which need
-/// neither the range nor, for `az = 0`, the column sums) are scanned only
-/// for `az ≠ 0`; the range returned is then the full one.
+/// The VNNI and AMX cores (the only ones reading tiles) need neither the
+/// range nor, for `az = 0`, the column sums: B is then not scanned (read
+/// in full, megabytes for a late layer) and the range returned is the
+/// full one.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn col_data(b: &[u8], k: usize, n: usize, az: i32, b_zero: Option<&[i32]>, bias: Option<&[i32]>, scale: &[f32], simd: bool, layout: BLayout) -> (ColData, i8, i8) {
+pub(crate) fn col_data(b: &[u8], k: usize, n: usize, az: i32, b_zero: Option<&[i32]>, bias: Option<&[i32]>, scale: &[f32], isa: kernel::Isa, layout: BLayout) -> (ColData, i8, i8) {
     let np = n.div_ceil(NR) * NR;
     let kg = k.div_ceil(4);
     let mut colsum = vec![0i32; np];
     let (lo, hi) = match layout {
-        BLayout::Panels => scan_b_parallel(b, kg, &mut colsum[..n.div_ceil(PANEL) * PANEL], simd),
+        // The VNNI cores' micro-panels are all plain (no range needed) and
+        // a zero point of 0 needs no column sums: B is not read.
+        BLayout::Panels if isa.vnni() && az == 0 => (i8::MIN, i8::MAX),
+        BLayout::Panels => scan_b_parallel(b, kg, &mut colsum[..n.div_ceil(PANEL) * PANEL], isa.simd()),
         BLayout::Tiles { taps } => {
             if az != 0 {
                 scan_tiles(b, kg, taps, &mut colsum[..n]);
@@ -736,7 +740,7 @@ pub(crate) fn qgemm_impl(a: QTensor<'_>, p: &QGemmParams<'_>, dst: &mut QDst<'_>
     }
     let xor = if a.signed { 0x80u8 } else { 0 };
     let az = if a.signed { p.a_zero + 128 } else { p.a_zero };
-    let (cd, lo, hi) = col_data(p.b, k, n, az, p.b_zero, p.bias, p.scale, isa.simd(), BLayout::Panels);
+    let (cd, lo, hi) = col_data(p.b, k, n, az, p.b_zero, p.bias, p.scale, isa, BLayout::Panels);
     let kg = k.div_ceil(4);
     let core = Core { k, kg, stats: bstats(lo, hi, p.b_zero), isa, kind, b: p.b, cols: cd.cols() };
     let seq = sequential(m.saturating_mul(n).saturating_mul(k).saturating_mul(2));

@@ -152,7 +152,7 @@ impl Core<'_> {
         let dst = Dst { out, out0, cs };
         if let BLayout::Tiles { taps } = self.layout {
             assert!(taps > 0 && kg.is_multiple_of(taps));
-            if self.amx && !self.zero_points && (kg / taps).is_multiple_of(TILE_RUN) && c0.is_multiple_of(TILE_COLS) {
+            if self.amx && !self.zero_points && kg / taps >= TILE_RUN && c0.is_multiple_of(TILE_COLS) {
                 // SAFETY: the caller's contract, AMX's conditions checked.
                 unsafe { super::amx::tiles(self, taps, a, vstride, nvec, at, quad_stride, segs, c0, nc, &dst) };
                 return;
