@@ -319,7 +319,13 @@ pub const QGEMM_KGROUP: usize = 4;
 /// [`QGEMM_PANEL`] columns times `k` rounded up to [`QGEMM_KGROUP`].
 /// `None` on overflow.
 pub const fn qgemm_packed_b_len(k: u64, n: u64) -> Option<u64> {
-    let w = match n.div_ceil(QGEMM_PANEL as u64).checked_mul(QGEMM_PANEL as u64) {
+    padded_int8_len(k, n, QGEMM_PANEL as u64)
+}
+
+/// `n` rounded up to `cols` times `k` rounded up to [`QGEMM_KGROUP`]:
+/// the bytes of an int8 weight layout; `None` on overflow.
+const fn padded_int8_len(k: u64, n: u64, cols: u64) -> Option<u64> {
+    let w = match n.div_ceil(cols).checked_mul(cols) {
         Some(w) => w,
         None => return None,
     };
@@ -426,14 +432,18 @@ pub const fn qconv_tile_taps(kh: u64, kw: u64, flags: u32) -> u64 {
 /// output channels): `n` rounded up to [`QTILE_COLS`] times `k` rounded up
 /// to 4. `None` on overflow.
 pub const fn qconv_tiled_len(k: u64, n: u64) -> Option<u64> {
-    let w = match n.div_ceil(QTILE_COLS as u64).checked_mul(QTILE_COLS as u64) {
-        Some(w) => w,
-        None => return None,
-    };
-    match k.div_ceil(QGEMM_KGROUP as u64).checked_mul(QGEMM_KGROUP as u64) {
-        Some(kp) => kp.checked_mul(w),
-        None => None,
-    }
+    padded_int8_len(k, n, QTILE_COLS as u64)
+}
+
+/// Run `r` of tap `s` in one block of the tile layout (`kg` groups,
+/// `taps` taps): its offset in the block and its length in quads (16,
+/// or fewer for a tap's last run); channel `c`'s row starts `4·len·c`
+/// bytes after it. (See [`qconv_tile_offset`].)
+pub const fn qconv_tile_run(kg: usize, taps: usize, s: usize, r: usize) -> (usize, usize) {
+    let qn = kg / taps;
+    let rest = qn - QTILE_GROUPS * r;
+    let len = if rest < QTILE_GROUPS { rest } else { QTILE_GROUPS };
+    (QTILE_COLS * QGEMM_KGROUP * (qn * s + QTILE_GROUPS * r), len)
 }
 
 /// Where weight `(l, j)` (reduction index `l`, output channel `j`) of one
@@ -447,13 +457,10 @@ pub const fn qconv_tiled_len(k: u64, n: u64) -> Option<u64> {
 /// `64·kg·b + 64·qn·s + 1024·r + 4·len·c + 4·(q%16) + l%4`.
 pub const fn qconv_tile_offset(k: usize, taps: usize, l: usize, j: usize) -> usize {
     let kg = k.div_ceil(QGEMM_KGROUP);
-    let qn = kg / taps;
     let (g, b, c) = (l / QGEMM_KGROUP, j / QTILE_COLS, j % QTILE_COLS);
     let (q, s) = (g / taps, g % taps);
-    let r = q / QTILE_GROUPS;
-    let len = if qn - QTILE_GROUPS * r < QTILE_GROUPS { qn - QTILE_GROUPS * r } else { QTILE_GROUPS };
-    let run = QTILE_COLS * QTILE_GROUPS * QGEMM_KGROUP;
-    QTILE_COLS * QGEMM_KGROUP * (kg * b + qn * s) + run * r + QGEMM_KGROUP * (len * c + q % QTILE_GROUPS) + l % QGEMM_KGROUP
+    let (run, len) = qconv_tile_run(kg, taps, s, q / QTILE_GROUPS);
+    QTILE_COLS * QGEMM_KGROUP * kg * b + run + QGEMM_KGROUP * (len * c + q % QTILE_GROUPS) + l % QGEMM_KGROUP
 }
 
 /// Writes one group's QCONV weights `w` (`[n][k]`: output channel rows

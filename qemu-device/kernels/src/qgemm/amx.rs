@@ -108,7 +108,7 @@ pub(crate) unsafe fn tiles(core: &Core<'_>, taps: usize, a: *const u8, vstride: 
     let (runs, tail) = (qn / TILE_RUN, qn % TILE_RUN);
     let block_bytes = 64 * kg;
     // Run r of tap s: its weights' and its first quad's offsets.
-    let run_at = |s: usize, r: usize| (64 * qn * s + TILE_COLS * 4 * TILE_RUN * r, at(r * TILE_RUN * taps + s));
+    let run_at = |s: usize, r: usize| (rbln_hw::ops::qconv_tile_run(kg, taps, s, r).0, at(r * TILE_RUN * taps + s));
     let mut c = CTiles([[[0; 16]; 16]; 4]);
     // SAFETY: AMX available (caller); the configuration is well formed.
     unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
@@ -196,7 +196,7 @@ pub(crate) unsafe fn tiles(core: &Core<'_>, taps: usize, a: *const u8, vstride: 
                     if tail > 0 {
                         let xv = x0.wrapping_add(vi * vstride);
                         for s in 0..taps {
-                            let wrun = w0.wrapping_add(i * block_bytes + 64 * qn * s + TILE_COLS * 4 * TILE_RUN * runs);
+                            let wrun = w0.wrapping_add(i * block_bytes + rbln_hw::ops::qconv_tile_run(kg, taps, s, runs).0);
                             for t in 0..tail {
                                 // SAFETY: the vector's 64 bytes of group
                                 // (16·runs + t)·taps + s, and channel r's 4

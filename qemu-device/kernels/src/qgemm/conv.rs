@@ -730,18 +730,19 @@ fn vnni_available() -> bool {
 }
 
 /// The `groups` weight matrices of `w` (each `blen` bytes in the tile
-/// layout with `taps` taps, `k × n`) as packed panels, back to back.
+/// layout with `taps` taps, `k × n`) as packed panels, back to back: each
+/// read back into rows and packed by `rbln_hw::ops::pack_qgemm_b`.
 fn tiles_to_panels(w: &[u8], blen: usize, k: usize, n: usize, taps: usize, groups: usize) -> Result<Vec<u8>> {
     let plen = packed_b_len(k, n)?;
-    let mut out = vec![0u8; mul("qconv2d weight", plen, groups)?];
-    let kp = k.div_ceil(4) * 4;
+    let mut out = vec![0i8; mul("qconv2d weight", plen, groups)?];
+    let mut rows = vec![0i8; mul("qconv2d weight", k, n)?];
     for (src, dst) in w.chunks_exact(blen.max(1)).zip(out.chunks_exact_mut(plen.max(1))).take(groups) {
-        for j in 0..n {
-            for l in 0..kp {
-                // Panel layout: `rbln_hw::ops::pack_qgemm_b`.
-                dst[j / 8 * 8 * kp + l / 4 * 32 + j % 8 * 4 + l % 4] = src[rbln_hw::ops::qconv_tile_offset(k, taps, l, j)];
+        for (j, row) in rows.chunks_exact_mut(k.max(1)).enumerate().take(n) {
+            for (l, v) in row.iter_mut().enumerate() {
+                *v = src[rbln_hw::ops::qconv_tile_offset(k, taps, l, j)] as i8;
             }
         }
+        rbln_hw::ops::pack_qgemm_b(&rows, k, n, true, dst);
     }
-    Ok(out)
+    Ok(out.into_iter().map(|v| v as u8).collect())
 }

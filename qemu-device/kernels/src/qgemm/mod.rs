@@ -224,6 +224,19 @@ pub(crate) fn col_data(b: &[u8], k: usize, n: usize, az: i32, b_zero: Option<&[i
     (ColData { colsum, cconst, zb, scale: sc }, lo, hi)
 }
 
+/// The runs of one block of the tile layout (`kg` groups, `taps` taps),
+/// in order: (tap, run, offset in the block, length in quads), from
+/// `rbln_hw::ops::qconv_tile_run`.
+pub(crate) fn tile_runs(kg: usize, taps: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    let qn = kg / taps;
+    (0..taps).flat_map(move |s| {
+        (0..qn.div_ceil(rbln_hw::ops::QTILE_GROUPS)).map(move |r| {
+            let (off, len) = rbln_hw::ops::qconv_tile_run(kg, taps, s, r);
+            (s, r, off, len)
+        })
+    })
+}
+
 /// The column sums of B in the tile layout (`kg` groups, `taps` taps;
 /// `colsum.len()` columns), in parallel over blocks of columns for large
 /// B (the scan reads all of it, as [`scan_b_parallel`]).
@@ -254,16 +267,12 @@ fn scan_tile_block(block: &[u8], kg: usize, taps: usize, cs: &mut [i32]) {
         unsafe { scan_tile_block_vnni(block, kg, taps, cs) };
         return;
     }
-    let qn = kg / taps;
     cs.fill(0);
-    for s in 0..taps {
-        for r in 0..qn.div_ceil(16) {
-            let len = (qn - r * 16).min(16);
-            let run = &block[64 * qn * s + 1024 * r..][..64 * len];
-            for (c, sum) in cs.iter_mut().enumerate() {
-                let row = &run[4 * len * c..][..4 * len];
-                *sum = sum.wrapping_add(row.iter().map(|&v| v as i8 as i32).sum::<i32>());
-            }
+    for (_, _, off, len) in tile_runs(kg, taps) {
+        let run = &block[off..][..64 * len];
+        for (c, sum) in cs.iter_mut().enumerate() {
+            let row = &run[4 * len * c..][..4 * len];
+            *sum = sum.wrapping_add(row.iter().map(|&v| v as i8 as i32).sum::<i32>());
         }
     }
 }
@@ -274,20 +283,16 @@ fn scan_tile_block(block: &[u8], kg: usize, taps: usize, cs: &mut [i32]) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn scan_tile_block_vnni(block: &[u8], kg: usize, taps: usize, cs: &mut [i32]) {
     use core::arch::x86_64::*;
-    let qn = kg / taps;
     let ones = _mm512_set1_epi8(1);
     let mut acc = [_mm512_setzero_si512(); 16];
-    for s in 0..taps {
-        for r in 0..qn.div_ceil(16) {
-            let len = (qn - r * 16).min(16);
-            let run = &block[64 * qn * s + 1024 * r..][..64 * len];
-            let mask = if len == 16 { !0u64 } else { (1u64 << (4 * len)) - 1 };
-            for (c, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: the row's 4·len bytes lie in `run`; the mask
-                // reads no others.
-                let row = unsafe { _mm512_maskz_loadu_epi8(mask, run[4 * len * c..].as_ptr() as *const i8) };
-                *acc = _mm512_dpbusd_epi32(*acc, ones, row);
-            }
+    for (_, _, off, len) in tile_runs(kg, taps) {
+        let run = &block[off..][..64 * len];
+        let mask = if len == 16 { !0u64 } else { (1u64 << (4 * len)) - 1 };
+        for (c, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: the row's 4·len bytes lie in `run`; the mask reads
+            // no others.
+            let row = unsafe { _mm512_maskz_loadu_epi8(mask, run[4 * len * c..].as_ptr() as *const i8) };
+            *acc = _mm512_dpbusd_epi32(*acc, ones, row);
         }
     }
     for (sum, acc) in cs.iter_mut().zip(acc) {

@@ -257,16 +257,12 @@ unsafe fn tile<const NV: usize, const ZP: bool>(t: &Tile, at: &impl Fn(usize) ->
             // Tap by tap, run by run: quad q of tap s is group q·taps + s;
             // a run's rows are 4·len bytes, this half's 8 rows after the
             // other's.
-            let qn = t.kg / taps;
-            for s in 0..taps {
-                for r in 0..qn.div_ceil(TILE_RUN) {
-                    let len = (qn - r * TILE_RUN).min(TILE_RUN);
-                    let cstr = 4 * len;
-                    let run = t.b.wrapping_add(64 * qn * s + TILE_COLS * 4 * TILE_RUN * r + PANEL * t.half * cstr);
-                    for i in 0..len {
-                        let g = (r * TILE_RUN + i) * taps + s;
-                        group!(t.a.wrapping_add(at(g)), run.wrapping_add(4 * i), cstr);
-                    }
+            for (s, r, off, len) in super::tile_runs(t.kg, taps) {
+                let cstr = 4 * len;
+                let run = t.b.wrapping_add(off + PANEL * t.half * cstr);
+                for i in 0..len {
+                    let g = (r * TILE_RUN + i) * taps + s;
+                    group!(t.a.wrapping_add(at(g)), run.wrapping_add(4 * i), cstr);
                 }
             }
         }
