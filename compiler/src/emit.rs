@@ -487,7 +487,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
             }
             vec![(d.to_bytes().to_vec(), r)]
         }
-        Kind::Conv { x, w, bias, dims, stride, dilation, pads, residual, act } => {
+        Kind::Conv { x, w, bias, dims, stride, dilation, pads, residual, act, winograd } => {
             let d = Conv2dDesc {
                 n: u32c(op, dims[0], "n")?,
                 c_in: u32c(op, dims[1], "c_in")?,
@@ -505,7 +505,7 @@ fn descriptors(g: &Graph, op: &Op, off: &dyn Fn(ValueId) -> u64) -> Result<Vec<D
                 pad_left: u32c(op, pads[1], "pad")?,
                 pad_bottom: u32c(op, pads[2], "pad")?,
                 pad_right: u32c(op, pads[3], "pad")?,
-                flags: if bias.is_some() { CONV_BIAS } else { 0 } | if residual.is_some() { CONV_RESIDUAL } else { 0 },
+                flags: if bias.is_some() { CONV_BIAS } else { 0 } | if residual.is_some() { CONV_RESIDUAL } else { 0 } | if *winograd { CONV_WINOGRAD } else { 0 },
                 activation: act.kind as u32,
                 act_param0: act.p0,
                 act_param1: act.p1,

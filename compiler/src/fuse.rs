@@ -528,7 +528,7 @@ fn conv_affine(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     };
     let b2 = g.add_value(&format!("{name}.B.folded"), vec![dims[4]], Some(Const::f32(&[dims[4]], new_b)));
     let Kind::Conv { x, stride, dilation, pads, .. } = g.ops[i].kind else { return None };
-    absorb(g, i, c, Kind::Conv { x, w: w2, bias: Some(b2), dims, stride, dilation, pads, residual: None, act })
+    absorb(g, i, c, Kind::Conv { x, w: w2, bias: Some(b2), dims, stride, dilation, pads, residual: None, act, winograd: false })
 }
 
 /// Zero padding of the spatial dims before a Conv becomes the Conv's own
@@ -542,7 +542,7 @@ fn pad_into_conv(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     // (top, left, bottom, right) added; a 1-D conv has no height to pad.
     let add = if r == 4 { [begin[2], begin[3], end[2], end[3]] } else { [0, begin[2], 0, end[2]] };
     let c = ix.sole_reader(g.ops[i].out)?;
-    let Kind::Conv { x: cx, w, bias, mut dims, stride, dilation, mut pads, residual, act } = g.ops[c].kind.clone() else { return None };
+    let Kind::Conv { x: cx, w, bias, mut dims, stride, dilation, mut pads, residual, act, winograd } = g.ops[c].kind.clone() else { return None };
     if cx != g.ops[i].out {
         return None;
     }
@@ -553,7 +553,7 @@ fn pad_into_conv(g: &mut Graph, ix: &Index, i: usize) -> Option<Vec<usize>> {
     }
     let label = join(&g.ops[i].op, &g.ops[c].op);
     let op = &mut g.ops[c];
-    op.kind = Kind::Conv { x, w, bias, dims, stride, dilation, pads, residual, act };
+    op.kind = Kind::Conv { x, w, bias, dims, stride, dilation, pads, residual, act, winograd };
     op.op = label;
     Some(vec![i])
 }

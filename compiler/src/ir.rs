@@ -179,6 +179,10 @@ pub enum Kind {
         /// Added before the activation; shaped like the output.
         residual: Option<ValueId>,
         act: Act,
+        /// `w` holds the filters in Winograd F(2×2, 3×3)'s domain
+        /// (`rbln_hw::ops::winograd_weights`, flag `CONV_WINOGRAD`): set by
+        /// `pack::run` only.
+        winograd: bool,
     },
     Pool {
         x: ValueId,

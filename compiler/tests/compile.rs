@@ -191,6 +191,58 @@ fn batchnorm_folds_into_conv_and_relu_fuses() {
     assert!((first_of_ch1 - want).abs() < 1e-6, "{first_of_ch1} vs {want}");
 }
 
+/// A 3×3 stride-1 conv (+BN+Relu) with 100 output tiles (20×20) and 16
+/// channels gets its folded filters in Winograd's domain (the contract's
+/// `winograd_weights` of the folded weights, flag CONV_WINOGRAD, counted
+/// in the report); a smaller map (18×18: 81 tiles), a strided conv and a
+/// narrow one (2 channels) keep the plain layout.
+#[test]
+fn winograd_filters_where_they_pay() {
+    let conv = |c: usize, hw: usize, stride: i64| {
+        model(
+            vec![
+                node("Conv", "conv", &["x", "W"], &["c"], vec![attr_ints("pads", &[1, 1, 1, 1]), attr_ints("strides", &[stride, stride])]),
+                node("BatchNormalization", "bn", &["c", "g", "be", "mu", "var"], &["n"], vec![attr_f("epsilon", 1e-5)]),
+                node("Relu", "relu", &["n"], &["y"], vec![]),
+            ],
+            vec![
+                tensor("W", &[c as i64, c as i64, 3, 3], &ramp(c * c * 9, 0.01)),
+                tensor("g", &[c as i64], &ramp(c, 0.1)),
+                tensor("be", &[c as i64], &ramp(c, 0.01)),
+                tensor("mu", &[c as i64], &ramp(c, 0.02)),
+                tensor("var", &[c as i64], &vec![1.5; c]),
+            ],
+            vec![vinfo("x", &[1, c as i64, hw as i64, hw as i64])],
+            vec![vinfo("y", &[1, c as i64, (hw as i64 - 1) / stride + 1, (hw as i64 - 1) / stride + 1])],
+        )
+    };
+    let weight = |c: &rbln_compile::Compiled, name: &str| {
+        let t = c.model.graph.tensors.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no tensor {name}"));
+        let Placement::Weight { offset, size } = t.placement else { panic!("{name} is not a weight") };
+        c.model.weights[offset as usize..(offset + size) as usize].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect::<Vec<f32>>()
+    };
+    let conv_flags = |c: &rbln_compile::Compiled| {
+        let descs = &c.model.program.descriptors;
+        let rbln_hw::ops::Desc::Conv2d(d) = rbln_hw::ops::Desc::decode(&descs[..rbln_hw::ops::Conv2dDesc::SIZE]).unwrap() else { panic!("not a conv") };
+        d.flags
+    };
+    let n = 16;
+    let c = compiled(&conv(n, 20, 1));
+    assert_eq!(rbln_compile::pack::count(&c.report.layouts, rbln_compile::pack::LayoutKind::Winograd), 1);
+    assert_ne!(conv_flags(&c) & rbln_hw::ops::CONV_WINOGRAD, 0);
+    let u = weight(&c, "conv.W.folded.winograd");
+    // The folded filters, as the plain compile stores them.
+    let plain = compiled(&conv(n, 18, 1));
+    assert_eq!(conv_flags(&plain) & rbln_hw::ops::CONV_WINOGRAD, 0);
+    assert_eq!(rbln_compile::pack::count(&plain.report.layouts, rbln_compile::pack::LayoutKind::Winograd), 0);
+    let w = weight(&plain, "conv.W.folded");
+    let mut want = vec![0.0f32; 16 * n * n];
+    rbln_hw::ops::winograd_weights(&w, n, n, &mut want);
+    assert_eq!(u, want);
+    assert_eq!(conv_flags(&compiled(&conv(n, 40, 2))) & rbln_hw::ops::CONV_WINOGRAD, 0, "strided");
+    assert_eq!(conv_flags(&compiled(&conv(2, 20, 1))) & rbln_hw::ops::CONV_WINOGRAD, 0, "2 channels");
+}
+
 /// x[2,3,8] -> layer norm (decomposed) -> GELU (erf form) -> y
 fn ln_gelu() -> Vec<u8> {
     let d = 8;

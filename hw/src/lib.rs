@@ -30,7 +30,7 @@ pub use wire::Wire;
 /// Hardware version implemented by this contract: major in bits 31..16,
 /// minor in bits 15..0. A driver refuses a device whose major differs.
 pub const HW_VERSION_MAJOR: u32 = 1;
-pub const HW_VERSION_MINOR: u32 = 17;
+pub const HW_VERSION_MINOR: u32 = 18;
 pub const HW_VERSION: u32 = (HW_VERSION_MAJOR << 16) | HW_VERSION_MINOR;
 
 /// Size of a device page, a doorbell page and a page-table page.

@@ -488,6 +488,52 @@ pub const CONV_BIAS: u32 = 1 << 3;
 /// out = act(conv + bias + R) with R at residual_va, shaped like the
 /// output (since hardware minor version 1).
 pub const CONV_RESIDUAL: u32 = 1 << 4;
+/// CONV only (hardware minor version 18): the weights are a 3×3 filter
+/// bank already in the domain of Winograd's minimal filtering F(2×2, 3×3)
+/// ([`winograd_weights`]: 16 matrices `[c_out × c_in]`), and the device
+/// computes the convolution that way: 2.25× fewer multiply-adds than the
+/// direct sum, with the filter transform done once, at compile time.
+/// Valid only for kh = kw = 3, stride 1, dilation 1, one group.
+pub const CONV_WINOGRAD: u32 = 1 << 5;
+/// Points of F(2×2, 3×3)'s transformed 4×4 tile: the matrices of
+/// [`winograd_weights`].
+pub const WINOGRAD_POINTS: usize = 16;
+
+/// Floats of a [`CONV_WINOGRAD`] filter bank: `16·c_out·c_in`.
+pub fn winograd_weights_len(c_out: u64, c_in: u64) -> Option<u64> {
+    (WINOGRAD_POINTS as u64).checked_mul(c_out)?.checked_mul(c_in)
+}
+
+/// `G·[g0, g1, g2]ᵀ` with F(2×2, 3×3)'s G = [[1,0,0],[½,½,½],[½,−½,½],[0,0,1]].
+#[inline]
+fn winograd_g(g0: f32, g1: f32, g2: f32) -> [f32; 4] {
+    [g0, 0.5 * (g0 + g1 + g2), 0.5 * (g0 - g1 + g2), g2]
+}
+
+/// Writes the filter bank `w` (`[c_out][c_in][3][3]`, CONV's stored
+/// layout) in [`CONV_WINOGRAD`]'s layout: `U = G·g·Gᵀ` (4×4) for each
+/// filter `g`, point `ξ = 4r + c` of filter `(co, ci)` at
+/// `dst[(ξ·c_out + co)·c_in + ci]`, so that point `ξ`'s weights are one
+/// row-major `[c_out × c_in]` matrix. `G·g` is computed first (per column
+/// of `g`), then `·Gᵀ` (per row), in f32, with the sums in the order
+/// [`winograd_g`] writes them.
+///
+/// # Panics
+/// If `w` is not `9·c_out·c_in` long or `dst` not `16·c_out·c_in`.
+pub fn winograd_weights(w: &[f32], c_out: usize, c_in: usize, dst: &mut [f32]) {
+    let filters = c_out * c_in;
+    assert_eq!(w.len(), 9 * filters, "w holds c_out·c_in 3×3 filters");
+    assert_eq!(dst.len(), WINOGRAD_POINTS * filters, "dst holds 16 matrices");
+    for (f, g) in w.chunks_exact(9).enumerate() {
+        // Column c of G·g, then row r of (G·g)·Gᵀ.
+        let cols: [[f32; 4]; 3] = core::array::from_fn(|c| winograd_g(g[c], g[3 + c], g[6 + c]));
+        for r in 0..4 {
+            for (c, v) in winograd_g(cols[0][r], cols[1][r], cols[2][r]).into_iter().enumerate() {
+                dst[(4 * r + c) * filters + f] = v;
+            }
+        }
+    }
+}
 pub const LAYERNORM_GAMMA: u32 = 1 << 0;
 pub const LAYERNORM_BETA: u32 = 1 << 1;
 /// Root-mean-square normalisation: the mean is not subtracted (hardware
@@ -1457,8 +1503,13 @@ impl Desc {
             }
             2 => {
                 let d = get!(Conv2dDesc);
-                if d.flags & !(CONV_BIAS | CONV_RESIDUAL) != 0 {
+                if d.flags & !(CONV_BIAS | CONV_RESIDUAL | CONV_WINOGRAD) != 0 {
                     return Err(BadField("conv flags"));
+                }
+                if d.flags & CONV_WINOGRAD != 0
+                    && (d.kh, d.kw, d.stride_h, d.stride_w, d.dil_h, d.dil_w, d.groups) != (3, 3, 1, 1, 1, 1, 1)
+                {
+                    return Err(BadField("conv winograd geometry"));
                 }
                 if !act_ok(d.activation) {
                     return Err(BadField("activation"));
@@ -1826,6 +1877,42 @@ mod tests {
         for b in bad {
             assert!(matches!(Desc::decode(&b.to_bytes()), Err(DescError::BadField(_))), "{b:?}");
         }
+    }
+
+    /// CONV_WINOGRAD's filter layout: U = G·g·Gᵀ (worked for g = 1..9,
+    /// checked against the matrix product in f64), point ξ of filter
+    /// (co, ci) at (ξ·c_out + co)·c_in + ci; the flag is decoded for 3×3
+    /// stride-1 undilated single-group convs only.
+    #[test]
+    fn conv_winograd_weights() {
+        let g: [f32; 9] = core::array::from_fn(|i| (i + 1) as f32);
+        let want = [1.0, 3.0, 1.0, 3.0, 6.0, 11.25, 3.75, 9.0, 2.0, 3.75, 1.25, 3.0, 7.0, 12.0, 4.0, 9.0];
+        let mut u = [0.0f32; 16];
+        winograd_weights(&g, 1, 1, &mut u);
+        assert_eq!(u, want);
+        // c_out 2 × c_in 3: filter (1, 2) is g, the others zero.
+        let mut w = [0.0f32; 2 * 3 * 9];
+        w[(3 + 2) * 9..][..9].copy_from_slice(&g);
+        let mut u = [f32::NAN; 16 * 6];
+        winograd_weights(&w, 2, 3, &mut u);
+        for (i, &v) in u.iter().enumerate() {
+            let (xi, f) = (i / 6, i % 6);
+            assert_eq!(v, if f == 3 + 2 { want[xi] } else { 0.0 }, "index {i}");
+        }
+        assert_eq!(winograd_weights_len(64, 32), Some(16 * 64 * 32));
+        assert_eq!(winograd_weights_len(u64::MAX, 2), None);
+        let d = Conv2dDesc { n: 1, c_in: 4, h: 8, w: 8, c_out: 4, kh: 3, kw: 3, groups: 1, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1, flags: CONV_WINOGRAD | CONV_BIAS, ..Default::default() }.with_header();
+        assert_eq!(Desc::decode(&d.to_bytes()), Ok(Desc::Conv2d(d)));
+        for bad in [
+            Conv2dDesc { stride_w: 2, ..d },
+            Conv2dDesc { dil_h: 2, ..d },
+            Conv2dDesc { groups: 2, ..d },
+            Conv2dDesc { kh: 5, ..d },
+            Conv2dDesc { kw: 1, ..d },
+        ] {
+            assert_eq!(Desc::decode(&bad.to_bytes()), Err(DescError::BadField("conv winograd geometry")), "{bad:?}");
+        }
+        assert!(Desc::decode(&Conv2dDesc { flags: 1 << 6, ..d }.to_bytes()).is_err());
     }
 
     /// The channel-quad order of QCONV weights: index ((c/4·kh + ky)·kw +

@@ -648,8 +648,15 @@ fn conv2d(op: &mut Op<'_, '_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
         return Err(op.bad());
     }
     let cin_g = p.in_channels / p.groups;
+    let winograd = d.flags & ops::CONV_WINOGRAD != 0;
     let n_in = op.volume(&[p.batch, p.in_channels, p.in_h, p.in_w])?;
-    let n_w = op.volume(&[p.out_channels, cin_g, p.kernel[0], p.kernel[1]])?;
+    // CONV_WINOGRAD: 16 matrices [c_out × c_in] (the decoder checked the
+    // geometry: 3×3, stride 1, undilated, one group).
+    let n_w = if winograd {
+        op.volume(&[ops::WINOGRAD_POINTS, p.out_channels, cin_g])?
+    } else {
+        op.volume(&[p.out_channels, cin_g, p.kernel[0], p.kernel[1]])?
+    };
     let n_out = op.volume(&out_shape)?;
     let flops = op.flops(&[2, n_out as u64, cin_g as u64, p.kernel[0] as u64, p.kernel[1] as u64])?;
     let input = op.input(d.input_va, n_in)?;
@@ -657,7 +664,11 @@ fn conv2d(op: &mut Op<'_, '_, '_>, d: &ops::Conv2dDesc) -> R<u64> {
     let bias = if d.flags & ops::CONV_BIAS != 0 { Some(op.input(d.bias_va, p.out_channels)?) } else { None };
     let residual = if d.flags & ops::CONV_RESIDUAL != 0 { Some(op.input(d.residual_va, n_out)?) } else { None };
     op.write_out(d.output_va, n_out, |out| {
-        k::conv2d_residual(&p, &input, &weight, bias.as_deref(), residual.as_deref(), out)
+        if winograd {
+            k::conv2d_winograd(&p, &input, &weight, bias.as_deref(), residual.as_deref(), out)
+        } else {
+            k::conv2d_residual(&p, &input, &weight, bias.as_deref(), residual.as_deref(), out)
+        }
     })?;
     Ok(flops)
 }

@@ -110,6 +110,49 @@ fn conv2d_with_padding_stride_groups() {
     close(&r.get(3, want.len()), &want);
 }
 
+/// CONV_WINOGRAD: the filters transformed by `winograd_weights` give the
+/// plain conv's result (bias, residual, ReLU; 121 tiles over two blocks);
+/// the flag on a geometry F(2×2, 3×3) does not compute is BadDescriptor
+/// and leaves the output untouched.
+#[test]
+fn conv_winograd_matches_plain_conv() {
+    let (c, h, w, co) = (32usize, 22usize, 21usize, 24usize);
+    let x = seq(c * h * w, 0.1);
+    let wt = seq(co * c * 9, 0.05);
+    let b = seq(co, 0.3);
+    let res = seq(co * h * w, 0.2);
+    let mut u = vec![0.0f32; winograd_weights_len(co as u64, c as u64).unwrap() as usize];
+    winograd_weights(&wt, co, c, &mut u);
+    let desc = |flags: u32| {
+        Conv2dDesc {
+            n: 1, c_in: c as u32, h: h as u32, w: w as u32, c_out: co as u32, kh: 3, kw: 3, groups: 1, stride_h: 1, stride_w: 1, dil_h: 1, dil_w: 1,
+            pad_top: 1, pad_left: 1, pad_bottom: 1, pad_right: 1, flags: CONV_BIAS | CONV_RESIDUAL | flags, activation: Unary::Relu as u32,
+            input_va: tva(0), weight_va: tva(1), bias_va: tva(2), output_va: tva(3), residual_va: tva(4), ..Default::default()
+        }
+        .with_header()
+    };
+    let mut outs = Vec::new();
+    for (weights, flags) in [(&wt, 0), (&u, CONV_WINOGRAD)] {
+        let mut r = OpRig::new();
+        r.put(0, &x);
+        r.put(1, weights);
+        r.put(2, &b);
+        r.put(4, &res);
+        assert_eq!(r.run(&desc(flags).to_bytes()), FaultCode::None, "flags {flags:#x}");
+        outs.push(r.get(3, co * h * w));
+    }
+    close(&outs[1], &outs[0]);
+    assert!(outs[0].iter().any(|&v| v > 0.0) && outs[0].contains(&0.0), "ReLU cut some outputs, not all");
+    for bad in [Conv2dDesc { stride_h: 2, ..desc(CONV_WINOGRAD) }, Conv2dDesc { groups: 2, ..desc(CONV_WINOGRAD) }, Conv2dDesc { kw: 1, ..desc(CONV_WINOGRAD) }] {
+        let mut r = OpRig::new();
+        r.put(0, &x);
+        r.put(1, &u);
+        r.rig.write(r.bus[3], &[0x5a; 4096]);
+        assert_eq!(r.run(&bad.with_header().to_bytes()), FaultCode::BadDescriptor, "{bad:?}");
+        assert!(r.rig.read(r.bus[3], 4096).iter().all(|&v| v == 0x5a), "output untouched");
+    }
+}
+
 #[test]
 fn elementwise_softmax_layernorm_reduce_transpose_gather_copy_pool() {
     let mut r = OpRig::new();

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
+use rbln_compile::pack::{count, LayoutKind};
 use rbln_compile::{compile, compile_entries, compile_tflite, parse_input_shape, tflite, CompileError, Compiled, Options, Report};
 
 /// Compile an ONNX or float32 TFLite model into a .rbln file for the rbln NPU.
@@ -177,9 +178,10 @@ fn reports(c: &Compiled) -> Vec<(String, &Report)> {
 fn report_json(r: &Report) -> String {
     let m = &r.memory;
     let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    let (panels, winograd) = (count(&r.layouts, LayoutKind::GemmPanels), count(&r.layouts, LayoutKind::Winograd));
     format!(
-        "\"format\":\"{}\",\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"concats_in_place\":{},\"slices_in_place\":{},\"packed_gemm_weights\":{},\"int8_ops\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{}",
-        r.format.name(), r.onnx_nodes, r.device_op_count(), r.views, r.concats_in_place, r.slices_in_place, r.layouts.len(), r.int8.conv + r.int8.gemm, ops.join(","),
+        "\"format\":\"{}\",\"onnx_nodes\":{},\"device_ops\":{},\"views\":{},\"concats_in_place\":{},\"slices_in_place\":{},\"packed_gemm_weights\":{},\"winograd_convs\":{},\"int8_ops\":{},\"ops\":{{{}}},\"weights_bytes\":{},\"activations_naive_bytes\":{},\"activations_planned_bytes\":{},\"arena_bytes\":{}",
+        r.format.name(), r.onnx_nodes, r.device_op_count(), r.views, r.concats_in_place, r.slices_in_place, panels, winograd, r.int8.conv + r.int8.gemm, ops.join(","),
         m.weights_bytes, m.naive_bytes, m.planned_bytes, m.arena_bytes
     )
 }
@@ -202,8 +204,9 @@ fn print_report(r: &Report, file_len: usize, indent: &str) {
     let ops: Vec<String> = r.device_ops.iter().map(|(k, v)| format!("{k} x{v}")).collect();
     println!("{indent}ops: {}", ops.join(", "));
     println!(
-        "{indent}layouts: {} GEMMs read constant B packed in panels, {} concatenations written in place by their inputs' producers, {} slices read in place (--list names them)",
-        r.layouts.len(),
+        "{indent}layouts: {} GEMMs read constant B packed in panels, {} Conv with filters in Winograd's domain, {} concatenations written in place by their inputs' producers, {} slices read in place (--list names them)",
+        count(&r.layouts, LayoutKind::GemmPanels),
+        count(&r.layouts, LayoutKind::Winograd),
         r.concats_in_place,
         r.slices_in_place
     );

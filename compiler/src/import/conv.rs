@@ -112,6 +112,7 @@ impl Importer {
             pads: win.pad4(),
             residual: None,
             act: Act::NONE,
+            winograd: false,
         };
         let mut out = vec![n, o];
         out.extend(&out_sp[2 - (sx.len() - 2)..]);
@@ -204,6 +205,7 @@ impl Importer {
             pads: win.pad4(),
             residual: None,
             act: Act::NONE,
+            winograd: false,
         };
         let y = self.device_tmp(cx, kind, vec![images, o, out_hw[0], out_hw[1]], "per_frame");
         let y = self.reshaped(cx, y, vec![n, od, o, out_hw[0] * out_hw[1]], Some("per_frame_rows"));
@@ -298,6 +300,7 @@ impl Importer {
             pads: [0; 4],
             residual: None,
             act: Act::NONE,
+            winograd: false,
         };
         let cols = self.device_tmp(cx, kind, vec![n, o * kvol, h, wd], "columns");
         let (blocks, perm, out) = if input.len() == 1 {
@@ -462,6 +465,7 @@ impl Importer {
             pads: [0; 4],
             residual: None,
             act: Act::NONE,
+            winograd: false,
         };
         let mut out = vec![n, o];
         for i in 0..sp {

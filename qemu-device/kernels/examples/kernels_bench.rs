@@ -225,7 +225,16 @@ fn bench_conv(b: &mut Bench, name: &str, p: Conv2dParams, residual: bool) {
     let res = data(bn * co * oh * ow, 7);
     let mut y = vec![0.0f32; bn * co * oh * ow];
     let npos = oh * ow;
+    // Direct-sum FLOPs (a Winograd row's GFLOP/s are comparable with the
+    // direct row's).
     let flops = 2.0 * (bn * co * npos * kdim) as f64;
+    // "... winograd": the filters in CONV_WINOGRAD's layout, as the
+    // compiler stores them.
+    let u = name.ends_with(" winograd").then(|| {
+        let mut u = vec![0.0f32; rbln_hw::ops::WINOGRAD_POINTS * co * cg];
+        rbln_hw::ops::winograd_weights(&w, co, cg, &mut u);
+        u
+    });
     if cg > 1 {
         // Reference: per image and group, one GEMM [co/groups × kdim]·
         // [kdim × npos] on a prebuilt im2col.
@@ -233,7 +242,9 @@ fn bench_conv(b: &mut Bench, name: &str, p: Conv2dParams, residual: bool) {
         let mut dst = vec![0.0f32; co * npos];
         let r = race(
             || {
-                if residual {
+                if let Some(u) = &u {
+                    conv2d_winograd(&p, &x, u, Some(&bias), residual.then_some(&res[..]), &mut y).unwrap();
+                } else if residual {
                     conv2d_residual(&p, &x, &w, Some(&bias), Some(&res), &mut y).unwrap();
                 } else {
                     conv2d(&p, &x, &w, Some(&bias), &mut y).unwrap();
@@ -628,6 +639,11 @@ fn run() {
     ];
     for (name, p, res) in resnet {
         bench_conv(&mut b, name, p, res);
+    }
+    // The stride-1 3×3 ones again with the filters in Winograd's domain
+    // (CONV_WINOGRAD), where the compiler chooses it.
+    for (name, p, res) in resnet.iter().filter(|(_, p, _)| p.kernel == [3, 3] && p.stride == [1, 1] && p.groups == 1) {
+        bench_conv(&mut b, &format!("{name} winograd"), *p, *res);
     }
     // Few output positions, long reductions: SegFormer's patch embeddings
     // (3×3 s2 down to 2×2 and 4×4) and its attention's spatial-reduction

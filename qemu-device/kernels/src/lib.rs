@@ -86,7 +86,7 @@ mod tests;
 pub use activation::{activation_inplace, unary, unary_inplace, Activation, UnaryOp};
 pub use binary::{binary, binary_act, broadcast_shape, BinaryOp};
 pub use cast::{cast, CastDst, CastSrc};
-pub use conv::{conv2d, conv2d_output_shape, conv2d_residual, Conv2dParams, Padding2d};
+pub use conv::{conv2d, conv2d_output_shape, conv2d_residual, conv2d_winograd, Conv2dParams, Padding2d};
 pub use copy::{concat_rows, copy_bytes, permute, strided_copy, ConcatPart, StridedCopy};
 pub use eltwise::{eltwise, EltOperand, EltStep, ELT_MAX_INPUTS, ELT_REGS};
 pub use error::{KernelError, Result};

@@ -180,6 +180,13 @@ fn min_ps(a: f32, b: f32) -> f32 {
     }
 }
 
+/// `min(max(x, lo), hi)` with `maxps`/`minps` semantics (a NaN `x`
+/// becomes `lo`), as the microkernel's clamp.
+#[inline(always)]
+pub(crate) fn clamp_ps(x: f32, lo: f32, hi: f32) -> f32 {
+    min_ps(max_ps(x, lo), hi)
+}
+
 impl TilePost {
     /// Applies it to element `(r, c)` of the tile, value `x`.
     ///

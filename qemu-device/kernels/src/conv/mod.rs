@@ -6,6 +6,7 @@ pub(crate) mod dw_rows;
 pub(crate) mod gemm;
 mod phases;
 pub(crate) mod winograd;
+pub use winograd::conv2d_winograd;
 
 use crate::activation::Activation;
 use crate::error::{KernelError, Result};

@@ -6,34 +6,48 @@
 //! `M[ξ] = U[ξ] · V[ξ]` of `[out_ch × in_ch] · [in_ch × tiles]`, run on the
 //! microkernel.
 //!
-//! Per op the filters are transformed once (`U`, 16·out·in floats) and the
-//! input planes copied zero-padded; tasks are (image, block of whole tile
-//! rows): transform the block's input tiles straight into the rows of
-//! the 16 GEMMs' B matrices, 16 GEMMs into a cache-sized buffer, then the
-//! output transform with bias, residual and activation into the output
-//! rows. F(2×2, 3×3)'s
-//! transforms use only ±1 and ½ coefficients, so its rounding error stays
-//! within a few ulps of direct summation's.
+//! The filters `U = G g Gᵀ` come transformed ([`conv2d_winograd`]: the
+//! hardware contract's `CONV_WINOGRAD` layout, written by the compiler with
+//! `rbln_hw::ops::winograd_weights`), or are transformed per call into
+//! that layout ([`conv`], the path `conv2d` takes on hosts without the
+//! AVX-512 microkernel).
+//!
+//! A task is (image, block of [`BLOCK`] consecutive tiles, block of output
+//! channels): it transforms its tiles' inputs straight from the NCHW
+//! planes into the 16 `V[ξ]` (`in_ch × BLOCK`, in L2), runs the 16 GEMMs
+//! into `M` and transforms `M` back into its output rows, adding the bias
+//! on the way and the residual and activation while the rows are in
+//! cache. The input rows are split into even and odd columns first, so
+//! that both transforms are element-wise operations on contiguous rows
+//! (vectorised), and only the split and the final interleave of output
+//! columns shuffle. F(2×2, 3×3)'s transforms use only ±1 and ½
+//! coefficients, so its rounding error stays within a few ulps of direct
+//! summation's.
 
 use super::{Conv2dParams, Geometry};
-use crate::activation::{epilogue, Bias};
-use crate::microkernel::{gemm_packed, MatA, MatB, NR};
-use crate::fastmath::simd_dispatch;
-use crate::util::{for_each_task, plan_threads, sequential, with_local, with_op_scratch, with_scratch, SendPtr};
-use rayon::prelude::*;
+use crate::activation::{epilogue, Activation, Bias};
+use crate::error::{KernelError, Result};
+use crate::microkernel::{gemm_packed, MatA, MatB, MR, NR};
+use crate::util::{check_len, for_each_task, mul, plan_threads, sequential, volume, with_local, with_op_scratch, with_scratch, SendPtr};
+use rbln_hw::ops::WINOGRAD_POINTS as XI;
 
-/// Winograd's transformed-tile size (4×4 = 16 GEMMs).
-const XI: usize = 16;
-/// Aim for blocks of about this many tiles (a multiple of the panel width
-/// keeps the GEMMs' last panel full).
-const BLOCK_TILES: usize = 64;
+/// `len` rounded up to a multiple of 4 KiB plus one cache line (floats).
+fn skewed(len: usize) -> usize {
+    len.next_multiple_of(1024) + 16
+}
 
-/// Whether `conv2d` takes this path: a shape it suits ([`suits`]) on a
-/// host whose GEMM microkernel is AVX2's. Against the AVX-512 microkernel
-/// (twice the vector width) the direct path's GEMM was as fast at 56×56
-/// and faster at 28×28 (kernels_bench on a Xeon with AVX-512, three runs
-/// each, ms: 3×3 128→128 @28 1.67-1.79 direct vs 2.45-2.56 Winograd,
-/// 128→32 @28 0.52 vs 0.92-0.95, 64→64 @56 1.53-2.03 vs 1.63-1.79).
+/// Tiles per task: the four-panel microkernel's width, so a task's GEMMs
+/// run on whole 6×64 register tiles.
+const BLOCK: usize = 4 * NR;
+/// Fewest output channels a task takes when a conv's tiles make too few
+/// tasks for the threads (late stages: 49 tiles at 14×14).
+const MIN_MB: usize = 4 * MR;
+
+/// Whether `conv2d` (plain weights) takes this path: a shape it suits
+/// ([`suits`]) on a host whose GEMM microkernel is AVX2's. On AVX-512
+/// hosts the compiler chooses it instead, with the filters transformed
+/// once (`CONV_WINOGRAD`); transforming them per call costs as much as it
+/// saves there.
 pub(crate) fn applies(p: &Conv2dParams, g: &Geometry) -> bool {
     suits(p, g) && (!crate::microkernel::has_wide() || forced())
 }
@@ -43,279 +57,530 @@ pub(crate) fn applies(p: &Conv2dParams, g: &Geometry) -> bool {
 /// pay for itself.
 pub(crate) fn suits(p: &Conv2dParams, g: &Geometry) -> bool {
     let tiles = g.h.output.div_ceil(2) * g.w.output.div_ceil(2);
-    p.kernel == [3, 3]
-        && p.stride == [1, 1]
-        && p.dilation == [1, 1]
-        && p.groups == 1
+    geometry_ok(p)
         && g.cg >= 16
         && g.og >= 16
         && tiles >= 100
-        // Every task reads all of U (16·og·cg floats): keep it in cache.
+        // The per-call transform writes all of U (16·og·cg floats).
         && XI * g.og * g.cg <= 1 << 20
 }
 
+/// The geometry F(2×2, 3×3) computes: 3×3, stride 1, undilated, one group
+/// (any padding).
+fn geometry_ok(p: &Conv2dParams) -> bool {
+    p.kernel == [3, 3] && p.stride == [1, 1] && p.dilation == [1, 1] && p.groups == 1
+}
+
+/// `output = act(conv3x3(input) + bias + residual)` with the filters in
+/// the Winograd domain: `u` holds `U[ξ][co][ci]` (16 matrices
+/// `[out_channels × in_channels]`, `rbln_hw::ops::winograd_weights`'
+/// layout). `p` must be 3×3, stride 1, undilated, one group; the other
+/// operands as [`super::conv2d_residual`]'s.
+pub fn conv2d_winograd(
+    p: &Conv2dParams,
+    input: &[f32],
+    u: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    output: &mut [f32],
+) -> Result<()> {
+    let g = super::geometry(p)?;
+    if !geometry_ok(p) {
+        return Err(KernelError::invalid(
+            "conv2d winograd",
+            format!("needs a 3x3 kernel, stride 1, dilation 1 and one group, got {p:?}"),
+        ));
+    }
+    check_len("conv2d input", input.len(), volume("conv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
+    check_len("conv2d winograd weight", u.len(), volume("conv2d winograd weight", &[XI, p.out_channels, p.in_channels])?)?;
+    check_len("conv2d output", output.len(), volume("conv2d output", &[p.batch, p.out_channels, g.out_plane])?)?;
+    if let Some(b) = bias {
+        check_len("conv2d bias", b.len(), p.out_channels)?;
+    }
+    if let Some(r) = residual {
+        check_len("conv2d residual", r.len(), output.len())?;
+    }
+    mul("conv2d winograd tiles", g.h.output.div_ceil(2), g.w.output.div_ceil(2))?;
+    if !output.is_empty() {
+        run(p, &g, input, u, bias, residual, output);
+    }
+    Ok(())
+}
+
 /// `output = act(conv3x3(input) + bias + residual)` for a geometry
-/// [`applies`] accepted.
-pub(super) fn conv(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], bias: Option<&[f32]>, residual: Option<&[f32]>, output: &mut [f32]) {
+/// [`applies`] accepted, the filters transformed for this call.
+pub(crate) fn conv(p: &Conv2dParams, g: &Geometry, input: &[f32], weight: &[f32], bias: Option<&[f32]>, residual: Option<&[f32]>, output: &mut [f32]) {
+    with_op_scratch(XI * g.og * g.cg, |u| {
+        rbln_hw::ops::winograd_weights(weight, g.og, g.cg, u);
+        run(p, g, input, u, bias, residual, output);
+    });
+}
+
+/// The convolution, tasks as the module describes.
+fn run(p: &Conv2dParams, g: &Geometry, input: &[f32], u: &[f32], bias: Option<&[f32]>, residual: Option<&[f32]>, output: &mut [f32]) {
     let (cin, og) = (g.cg, g.og);
-    let (oh, ow) = (g.h.output, g.w.output);
-    let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
-    // Padded planes: every tile's 4×4 window lies inside.
-    let (ph, pw) = (2 * th + 2, 2 * tw + 2);
-    let plane = ph * pw;
-    let planes = p.batch * cin;
-    let us = u_stride(og * cin);
-    let u_len = XI * us;
-    let seq = sequential(2 * XI * og * cin * th * tw * p.batch);
-    with_op_scratch(u_len + planes * plane, |scratch| {
-        let (u, padded) = scratch.split_at_mut(u_len);
-        transform_filters(weight, og * cin, u, seq);
-        let (top, left) = (g.h.pad_before, g.w.pad_before);
-        let fill = |(i, dst): (usize, &mut [f32])| {
-            dst.fill(0.0);
-            let src = &input[i * g.in_plane..][..g.in_plane];
-            for (y, row) in src.chunks_exact(p.in_w).enumerate() {
-                dst[(y + top) * pw + left..][..p.in_w].copy_from_slice(row);
-            }
-        };
-        if seq {
-            padded.chunks_mut(plane).enumerate().for_each(fill);
-        } else {
-            padded.par_chunks_mut(plane).enumerate().for_each(fill);
-        }
-        let (u, padded) = (&*u, &*padded);
-        // Blocks of whole tile rows, about BLOCK_TILES tiles, and enough
-        // of them for every thread (a late helper still gets its share).
-        let threads = plan_threads(seq);
-        let want = if seq { 1 } else { (4 * threads).div_ceil(p.batch) };
-        let rows_per_block = BLOCK_TILES.div_ceil(tw).min(th.div_ceil(want)).clamp(1, th);
-        let blocks = th.div_ceil(rows_per_block);
-        let max_tiles = rows_per_block * tw;
-        // Row stride of the B matrices: whole panels of the largest block.
-        let ld = max_tiles.next_multiple_of(NR);
-        let offs: Vec<isize> = (0..cin).map(|ci| (ci * ld) as isize).collect();
-        let v_len = XI * cin * ld;
-        let m_len = XI * og * max_tiles;
-        let out_ptr = SendPtr(output.as_mut_ptr());
-        for_each_task(p.batch * blocks, seq, |task| {
+    let (th, tw) = (g.h.output.div_ceil(2), g.w.output.div_ceil(2));
+    let tiles = th * tw;
+    let seq = sequential(2 * XI * og * cin * tiles * p.batch);
+    let threads = plan_threads(seq);
+    let blocks = tiles.div_ceil(BLOCK);
+    // Split the output channels where the tiles alone make too few tasks
+    // (a task's GEMMs then read only its rows of U).
+    let want = if seq { 1 } else { 3 * threads };
+    let (mut mb, mut nmb) = (og.max(1), 1);
+    if p.batch * blocks < want && og >= 2 * MIN_MB {
+        nmb = want.div_ceil(p.batch * blocks).min(og / MIN_MB);
+        mb = og.div_ceil(nmb);
+        nmb = og.div_ceil(mb);
+    }
+    // Row stride of a task's V and M rows: whole panels.
+    let ld = BLOCK.min(tiles).next_multiple_of(NR);
+    let offs: Vec<isize> = (0..cin).map(|ci| (ci * ld) as isize).collect();
+    let split = SplitPlanes::new(p, g);
+    // Floats between consecutive points' matrices of V and M: skewed, so
+    // that the 16 streams the transforms write and read do not share
+    // cache sets.
+    let (vs, ms) = (skewed(cin * ld), skewed(mb * ld));
+    let (v_len, m_len) = (XI * vs, XI * ms);
+    let (clamp, rest) = p.activation.as_clamp();
+    let out_ptr = SendPtr(output.as_mut_ptr());
+    with_op_scratch(p.batch * cin * split.plane, |planes| {
+        split.fill(input, planes, seq);
+        let planes = &*planes;
+        for_each_task(p.batch * blocks * nmb, seq, |task| {
+            let (rest_t, mi) = (task / nmb, task % nmb);
+            let (b, blk) = (rest_t / blocks, rest_t % blocks);
+            let (t0, co0) = (blk * BLOCK, mi * mb);
+            let (nb, mbi) = (BLOCK.min(tiles - t0), mb.min(og - co0));
             with_scratch(v_len + m_len, |buf| {
                 let (v, m) = buf.split_at_mut(v_len);
-                let (b, blk) = (task / blocks, task % blocks);
-                let ty0 = blk * rows_per_block;
-                let ty1 = (ty0 + rows_per_block).min(th);
-                let nt = (ty1 - ty0) * tw;
-                let src = &padded[b * cin * plane..][..cin * plane];
-                transform_inputs(src, cin, pw, plane, ty0, ty1, tw, ld, v);
+                transform_inputs(&split, &planes[b * cin * split.plane..][..cin * split.plane], cin, t0, nb, ld, vs, v);
                 for xi in 0..XI {
-                    let a = MatA { ptr: u[xi * us..].as_ptr(), rs: cin as isize, cs: 1 };
-                    let rows = MatB::Rows { base: v[xi * cin * ld..][..cin * ld].as_ptr(), offs: &offs };
-                    // SAFETY: A is U[ξ], [og × cin] row-major inside `u`;
-                    // B row ci is V[ξ] row ci, `ld` (≥ nt rounded up to
-                    // the panel width) readable floats inside `v`; C is
-                    // [og × nt] with row stride nt inside `m`, which
-                    // aliases neither.
-                    unsafe { gemm_packed(og, nt, cin, a, rows, m[xi * og * nt..].as_mut_ptr(), nt, false, None) };
+                    let a = MatA { ptr: u[(xi * og + co0) * cin..].as_ptr(), rs: cin as isize, cs: 1 };
+                    let b_rows = MatB::Rows { base: v[xi * vs..].as_ptr(), offs: &offs };
+                    // SAFETY: A is U[ξ]'s rows co0..co0+mbi, [mbi × cin]
+                    // row-major inside `u`; B row ci is V[ξ] row ci, `ld`
+                    // (≥ nb rounded up to the panel width) readable floats
+                    // inside `v`; C is [mbi × nb] with row stride ld inside
+                    // `m`, which aliases neither.
+                    unsafe { gemm_packed(mbi, nb, cin, a, b_rows, m[xi * ms..].as_mut_ptr(), ld, false, None) };
                 }
-                let (y0, y1) = (2 * ty0, (2 * ty1).min(oh));
-                for co in 0..og {
-                    let off = (b * og + co) * g.out_plane + y0 * ow;
-                    // SAFETY: output rows y0..y1 of plane (b, co): inside
-                    // `output` and written by this task only (blocks
-                    // partition the tile rows).
-                    let out = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(off), (y1 - y0) * ow) };
-                    let bv = bias.map_or(0.0, |bs| bs[co]);
-                    transform_outputs(&m[..XI * og * nt], og, nt, co, tw, ow, y1 - y0, bv, out);
-                    epilogue(out, Bias::None, residual.map(|r| &r[off..off + out.len()]), p.activation);
-                }
+                let out_base = (b * og + co0) * g.out_plane;
+                let post = Post {
+                    bias: bias.map(|bs| &bs[co0..co0 + mbi]),
+                    res: residual.map(|r| &r[out_base..][..mbi * g.out_plane]),
+                    clamp,
+                    rest,
+                };
+                // SAFETY: planes co0..co0+mbi of image b lie inside
+                // `output`; tasks partition (image, tiles, channels), so
+                // this task's positions of them are its own.
+                unsafe { transform_outputs(g, m, mbi, ld, ms, t0, nb, &post, out_ptr.get().add(out_base)) };
             })
         });
     });
 }
 
-/// Floats between consecutive ξ's matrices in U: padded past a multiple
-/// of 4 KiB, so that the 16 streams the filter transform writes do not
-/// all map to the same cache sets.
-fn u_stride(filters: usize) -> usize {
-    filters.next_multiple_of(1024) + 16
+/// The input planes zero-padded to the tiles' windows (`2·th + 2` rows of
+/// `2·tw + 2`), each row stored as its even columns then its odd ones
+/// (`half = tw + 1` each): tap column `c` of every tile of a row is then
+/// one contiguous run, `c / 2` into half `c % 2`.
+struct SplitPlanes {
+    half: usize,
+    rows: usize,
+    plane: usize,
+    top: usize,
+    left: usize,
+    in_h: usize,
+    in_w: usize,
+    in_plane: usize,
 }
 
-/// `U[ξ][co][ci] = (G g Gᵀ)[ξ]` for every filter `g` (3×3 at
-/// `weight[(co·cin + ci)·9]`), with G = [[1,0,0],[½,½,½],[½,-½,½],[0,0,1]].
-fn transform_filters(weight: &[f32], filters: usize, u: &mut [f32], seq: bool) {
-    let us = u_stride(filters);
-    debug_assert!(u.len() >= XI * us);
-    const CHUNK: usize = 2048;
-    let u_ptr = SendPtr(u.as_mut_ptr());
-    for_each_task(filters.div_ceil(CHUNK), seq, |t| {
-        let f0 = t * CHUNK;
-        for (f, g) in weight[f0 * 9..].chunks_exact(9).take(CHUNK.min(filters - f0)).enumerate() {
-            let f = f0 + f;
-            // t = G g (4×3), then t Gᵀ (4×4), each value stored to its ξ's
-            // matrix (16 sequential streams).
-            let cols: [[f32; 4]; 3] = core::array::from_fn(|c| g_times(g[c], g[3 + c], g[6 + c]));
-            for (r, ((&t0, &t1), &t2)) in cols[0].iter().zip(&cols[1]).zip(&cols[2]).enumerate() {
-                for (c, v) in g_times(t0, t1, t2).into_iter().enumerate() {
-                    // SAFETY: (4r + c)·us + f < XI·us ≤ u.len(); tasks
-                    // write disjoint filter ranges f of every row.
-                    unsafe { *u_ptr.get().add((4 * r + c) * us + f) = v };
+impl SplitPlanes {
+    fn new(p: &Conv2dParams, g: &Geometry) -> SplitPlanes {
+        let (th, tw) = (g.h.output.div_ceil(2), g.w.output.div_ceil(2));
+        let (half, rows) = (tw + 1, 2 * th + 2);
+        SplitPlanes { half, rows, plane: rows * 2 * half, top: g.h.pad_before, left: g.w.pad_before, in_h: p.in_h, in_w: p.in_w, in_plane: g.in_plane }
+    }
+
+    /// Splits every input plane of `input` into `planes`.
+    fn fill(&self, input: &[f32], planes: &mut [f32], seq: bool) {
+        let n = planes.len() / self.plane.max(1);
+        let ptr = SendPtr(planes.as_mut_ptr());
+        let per_task = (PLANE_TASK / self.plane.max(1)).max(1);
+        for_each_task(n.div_ceil(per_task), seq, |t| {
+            with_local(&ROW, |stage| {
+                stage.resize(2 * self.half, 0.0);
+                for i in t * per_task..((t + 1) * per_task).min(n) {
+                    // SAFETY: plane i lies inside `planes`; tasks split
+                    // disjoint plane ranges.
+                    let dst = unsafe { core::slice::from_raw_parts_mut(ptr.get().add(i * self.plane), self.plane) };
+                    let src = &input[i * self.in_plane..][..self.in_plane];
+                    self.split(src, dst, stage);
                 }
+            })
+        });
+    }
+
+    fn split(&self, src: &[f32], dst: &mut [f32], stage: &mut [f32]) {
+        let h = self.half;
+        for (r, row) in dst.chunks_exact_mut(2 * h).enumerate() {
+            let y = r as isize - self.top as isize;
+            if y < 0 || y >= self.in_h as isize {
+                row.fill(0.0);
+                continue;
             }
+            // The padded row (2·tw + 2 ≥ left + in_w + right wide).
+            stage.fill(0.0);
+            stage[self.left..self.left + self.in_w].copy_from_slice(&src[y as usize * self.in_w..][..self.in_w]);
+            let (e, o) = row.split_at_mut(h);
+            deinterleave(stage, e, o);
         }
-    });
+        debug_assert_eq!(dst.len() / (2 * h), self.rows);
+    }
 }
 
-/// `G·[g0, g1, g2]ᵀ` with G = [[1,0,0],[½,½,½],[½,-½,½],[0,0,1]].
-#[inline(always)]
-fn g_times(g0: f32, g1: f32, g2: f32) -> [f32; 4] {
-    [g0, 0.5 * (g0 + g1 + g2), 0.5 * (g0 - g1 + g2), g2]
-}
-
-/// `V[ξ] = (Bᵀ d B)[ξ]` for the 4×4 input tile `d` of every channel and
-/// every tile of tile rows `ty0..ty1`: row `ci` of ξ's matrix (row stride
-/// `ld`, a multiple of the panel width) holds the block's tiles, with
-/// Bᵀ = [[1,0,-1,0],[0,1,1,0],[0,-1,1,0],[0,1,0,-1]].
-///
-/// A tile row at a time: the four padded input rows under it are split
-/// into even and odd columns, so that tap column `c` of every tile in the
-/// row is one contiguous slice and the transform runs as vector
-/// operations along the row, stored straight into the matrices.
-#[allow(clippy::too_many_arguments)]
-fn transform_inputs(src: &[f32], cin: usize, pw: usize, plane: usize, ty0: usize, ty1: usize, tw: usize, ld: usize, v: &mut [f32]) {
-    let nt = (ty1 - ty0) * tw;
-    let half = pw / 2;
-    with_local(&ROWS, |buf| {
-        buf.resize(8 * half + XI * tw, 0.0);
-        let (eo, t) = buf.split_at_mut(8 * half);
-        for ci in 0..cin {
-            let pl = &src[ci * plane..][..plane];
-            for ty in ty0..ty1 {
-                for r in 0..4 {
-                    let row = &pl[(2 * ty + r) * pw..][..pw];
-                    let (e, o) = eo[2 * r * half..][..2 * half].split_at_mut(half);
-                    deinterleave(row, e, o);
-                }
-                input_row(eo, half, tw, t, v, cin * ld, ci * ld + (ty - ty0) * tw);
-            }
-            // The GEMMs read whole panels: zero the columns past the block.
-            for xi in 0..XI {
-                v[(xi * cin + ci) * ld + nt..][..ld - nt].fill(0.0);
-            }
-        }
-    });
-}
+/// Floats of split planes one task of [`SplitPlanes::fill`] writes.
+const PLANE_TASK: usize = 1 << 15;
 
 std::thread_local! {
-    static ROWS: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
+    static ROW: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
-/// `e[x] = row[2x]`, `o[x] = row[2x + 1]`.
-fn deinterleave(row: &[f32], e: &mut [f32], o: &mut [f32]) {
-    for ((pair, e), o) in row.chunks_exact(2).zip(e.iter_mut()).zip(o.iter_mut()) {
-        *e = pair[0];
-        *o = pair[1];
-    }
+/// The tile rows `ty` a block of tiles `t0 .. t0 + nb` touches, each with
+/// its range of tile columns and the block-local index of its first tile.
+fn segments(t0: usize, nb: usize, tw: usize) -> impl Iterator<Item = (usize, core::ops::Range<usize>, usize)> {
+    (t0 / tw..(t0 + nb).div_ceil(tw)).map(move |ty| {
+        let (a, b) = (t0.max(ty * tw) - ty * tw, (t0 + nb).min((ty + 1) * tw) - ty * tw);
+        (ty, a..b, ty * tw + a - t0)
+    })
 }
 
-simd_dispatch! {
-    /// One tile row's input transform: `eo` holds rows 0..4 as (even, odd)
-    /// column pairs of `half` values each; `t` is room for 16·tw values;
-    /// V[ξ] of tile tx goes to `v[ξ·stride + at + tx]`.
-    fn input_row(eo: &[f32], half: usize, tw: usize, t: &mut [f32], v: &mut [f32], stride: usize, at: usize) {
-        // d[r][c] of tile tx = column 2tx + c of row r.
-        let col = |r: usize, c: usize| -> &[f32] {
-            let base = 2 * r * half + (c % 2) * half + c / 2;
-            &eo[base..base + tw]
-        };
-        // t[i][c] = (Bᵀ d)[i][c], row i at t[(4i + c)·tw..].
-        for c in 0..4 {
-            bt_rows([col(0, c), col(1, c), col(2, c), col(3, c)], four_rows(&mut t[c * tw..], 4 * tw, tw));
-        }
-        // V[4i + c] = (t B)[i][c].
-        for i in 0..4 {
-            let ti = &t[4 * i * tw..][..4 * tw];
-            let rows: [&[f32]; 4] = core::array::from_fn(|c| &ti[c * tw..][..tw]);
-            bt_rows(rows, four_rows(&mut v[4 * i * stride + at..], stride, tw));
-        }
-    }
-}
-
-/// `out = Bᵀ·[d0, d1, d2, d3]` element-wise along the rows, with
-/// Bᵀ = [[1,0,-1,0],[0,1,1,0],[0,-1,1,0],[0,1,0,-1]].
-#[inline(always)]
-fn bt_rows([d0, d1, d2, d3]: [&[f32]; 4], [o0, o1, o2, o3]: [&mut [f32]; 4]) {
-    for x in 0..o0.len() {
-        o0[x] = d0[x] - d2[x];
-        o1[x] = d1[x] + d2[x];
-        o2[x] = d2[x] - d1[x];
-        o3[x] = d1[x] - d3[x];
-    }
-}
-
-/// Rows `0, stride, 2·stride, 3·stride` of `s`, `len` values each.
-#[inline(always)]
-fn four_rows(s: &mut [f32], stride: usize, len: usize) -> [&mut [f32]; 4] {
-    let (r0, rest) = s.split_at_mut(stride);
-    let (r1, rest) = rest.split_at_mut(stride);
-    let (r2, r3) = rest.split_at_mut(stride);
-    [&mut r0[..len], &mut r1[..len], &mut r2[..len], &mut r3[..len]]
-}
-
-/// Output channel `co`'s rows of a block: `Y = Aᵀ m A + bias` per tile
-/// (`m[ξ]` = `M[ξ][co][tile]`), with Aᵀ = [[1,1,1,0],[0,1,-1,-1]]; tiles
-/// hanging over the output's last row or column write only what exists.
+/// `V[ξ][ci][t] = (Bᵀ d B)[ξ]` for the block's tiles `t` (block-local,
+/// at `v[ξ·stride + ci·ld + t]`, columns `nb..ld` zeroed) of every input channel `ci`
+/// of `planes` (one image's split planes), with
+/// Bᵀ = [[1,0,−1,0],[0,1,1,0],[0,−1,1,0],[0,1,0,−1]].
 #[allow(clippy::too_many_arguments)]
-fn transform_outputs(m: &[f32], og: usize, nt: usize, co: usize, tw: usize, ow: usize, rows: usize, bias: f32, out: &mut [f32]) {
-    with_local(&ROWS, |buf| {
-        buf.resize(4 * tw, 0.0);
-        for ty in 0..nt / tw {
-            output_row(m, og * nt, co * nt + ty * tw, tw, bias, buf);
-            for r in 0..2 {
-                let y = 2 * ty + r;
-                if y >= rows {
-                    continue;
+fn transform_inputs(sp: &SplitPlanes, planes: &[f32], cin: usize, t0: usize, nb: usize, ld: usize, stride: usize, v: &mut [f32]) {
+    let tw = sp.half - 1;
+    for ci in 0..cin {
+        let plane = &planes[ci * sp.plane..][..sp.plane];
+        for (ty, cols, at) in segments(t0, nb, tw) {
+            let d = &plane[2 * ty * 2 * sp.half..][..4 * 2 * sp.half];
+            input_tiles(d, sp.half, cols.start, cols.len(), &mut v[ci * ld + at..], stride);
+        }
+        if nb < ld {
+            for xi in 0..XI {
+                v[xi * stride + ci * ld + nb..][..ld - nb].fill(0.0);
+            }
+        }
+    }
+}
+
+/// One tile row segment's input transform: `d` holds padded rows 0..4
+/// under the row, each as `half` even then `half` odd columns; tile
+/// `cols0 + k` (k < n) of point ξ goes to `v[ξ·stride + k]`.
+#[allow(clippy::needless_range_loop)] // 16 output and 16 input streams
+fn input_tiles(d: &[f32], half: usize, cols0: usize, n: usize, v: &mut [f32], stride: usize) {
+    assert!(d.len() >= 4 * 2 * half && cols0 + n < half && v.len() >= (XI - 1) * stride + n);
+    #[cfg(target_arch = "x86_64")]
+    if crate::fastmath::has_avx512() {
+        // SAFETY: the CPU has AVX-512F; the bounds just checked are the
+        // helper's contract.
+        return unsafe { avx512::input_tiles(d.as_ptr(), half, cols0, n, v.as_mut_ptr(), stride) };
+    }
+    // Columns 2tx .. 2tx+3 of padded row r, as slices over tx = cols0 ..
+    // cols0 + n.
+    let col = |r: usize, c: usize| -> &[f32] { &d[r * 2 * half + (c % 2) * half + cols0 + c / 2..][..n] };
+    let outs = rows_mut::<XI>(v, stride, n);
+    for k in 0..n {
+        // t[i][c] = (Bᵀ d)[i][c], then V[4i + c] = (t B)[i][c].
+        let mut t = [[0.0f32; 4]; 4];
+        for c in 0..4 {
+            let (d0, d1, d2, d3) = (col(0, c)[k], col(1, c)[k], col(2, c)[k], col(3, c)[k]);
+            t[0][c] = d0 - d2;
+            t[1][c] = d1 + d2;
+            t[2][c] = d2 - d1;
+            t[3][c] = d1 - d3;
+        }
+        for (i, [a, b, c, e]) in t.into_iter().enumerate() {
+            outs[4 * i][k] = a - c;
+            outs[4 * i + 1][k] = b + c;
+            outs[4 * i + 2][k] = c - b;
+            outs[4 * i + 3][k] = b - e;
+        }
+    }
+}
+
+/// Rows `0, stride, 2·stride, …` (`R` of them) of `s`, `n` values each.
+#[inline(always)]
+fn rows_mut<const R: usize>(s: &mut [f32], stride: usize, n: usize) -> [&mut [f32]; R] {
+    let mut rest = s;
+    core::array::from_fn(|_| {
+        let r = core::mem::take(&mut rest);
+        let (row, tail) = r.split_at_mut(stride.min(r.len()));
+        rest = tail;
+        &mut row[..n]
+    })
+}
+
+/// What follows the output transform: the bias (added to the tiles), the
+/// residual (planes laid out as the output's), a clamp and any other
+/// activation, in [`epilogue`]'s order.
+struct Post<'a> {
+    bias: Option<&'a [f32]>,
+    res: Option<&'a [f32]>,
+    clamp: Option<(f32, f32)>,
+    rest: Activation,
+}
+
+/// Output channels `0..mb` (of the task's block) at its tiles: `Y = Aᵀ
+/// M A` per tile (`M[ξ][co][t]` at `m[ξ·stride + co·ld + t]`), with
+/// Aᵀ = [[1,1,1,0],[0,1,−1,−1]], then `post`; `out` (and `post.res`)
+/// point at the block's first output plane. Tiles hanging over the last
+/// row or column write only the outputs that exist.
+///
+/// # Safety
+/// `out` is valid for `mb` output planes, and the block's positions of
+/// them are this call's alone (no other reference to them lives).
+#[allow(clippy::too_many_arguments)]
+unsafe fn transform_outputs(g: &Geometry, m: &[f32], mb: usize, ld: usize, stride: usize, t0: usize, nb: usize, post: &Post<'_>, out: *mut f32) {
+    let (oh, ow, tw) = (g.h.output, g.w.output, g.w.output.div_ceil(2));
+    for co in 0..mb {
+        let bias = post.bias.map_or(0.0, |b| b[co]);
+        for (ty, cols, at) in segments(t0, nb, tw) {
+            let (x0, x1) = (2 * cols.start, (2 * cols.end).min(ow));
+            let y = 2 * ty;
+            let rows = if y + 1 < oh { 2 } else { 1 };
+            let off = co * g.out_plane + y * ow + x0;
+            let res = post.res.map(|r| &r[off..off + (rows - 1) * ow + (x1 - x0)]);
+            // SAFETY: rows y and y + 1 (if it exists), columns x0..x1 of
+            // plane co: the block's own positions (contract).
+            unsafe { output_tiles(&m[co * ld + at..], stride, cols.len(), bias, ow, x1 - x0, rows, res, post.clamp, out.add(off)) };
+            if post.rest != Activation::None {
+                for r in 0..rows {
+                    // SAFETY: as above, one row's columns x0..x1.
+                    let row = unsafe { core::slice::from_raw_parts_mut(out.add(off + r * ow), x1 - x0) };
+                    epilogue(row, Bias::None, None, post.rest);
                 }
-                let dst = &mut out[y * ow..][..ow];
-                let (y0, y1) = (&buf[2 * r * tw..][..tw], &buf[(2 * r + 1) * tw..][..tw]);
-                for (x, pair) in dst.chunks_mut(2).enumerate() {
-                    pair[0] = y0[x];
-                    if pair.len() == 2 {
-                        pair[1] = y1[x];
+            }
+        }
+    }
+}
+
+/// One tile row segment's output transform: tile k's `q[ξ]` is
+/// `m[ξ·stride + k]` (k < n); output row r (< `rows`) of the segment,
+/// `width` columns, at `dst[r·ow ..]` gets `Y[r][c] + bias` at column
+/// `2k + c`, then the residual (`res`, laid out as `dst`) and the clamp.
+/// Only those `rows × width` outputs are written.
+///
+/// # Safety
+/// They are writable at `dst` and no reference to them lives.
+#[allow(clippy::too_many_arguments)]
+unsafe fn output_tiles(m: &[f32], stride: usize, n: usize, bias: f32, ow: usize, width: usize, rows: usize, res: Option<&[f32]>, clamp: Option<(f32, f32)>, dst: *mut f32) {
+    let len = (rows - 1) * ow + width;
+    assert!(width <= 2 * n && width + 1 >= 2 * n && (1..=2).contains(&rows) && width <= ow && res.is_none_or(|r| r.len() == len));
+    assert!(n == 0 || m.len() >= (XI - 1) * stride + n);
+    #[cfg(target_arch = "x86_64")]
+    if crate::fastmath::has_avx512() {
+        // SAFETY: the CPU has AVX-512F; the bounds just checked are the
+        // helper's contract.
+        return unsafe { avx512::output_tiles(m.as_ptr(), stride, n, bias, ow, width, rows, res.map_or(core::ptr::null(), |r| r.as_ptr()), clamp, dst) };
+    }
+    let q = |xi: usize, x: usize| m[xi * stride + x];
+    for x in 0..n {
+        // s = Aᵀ q (rows of 4), then Y = s A.
+        let s0: [f32; 4] = core::array::from_fn(|c| q(c, x) + q(4 + c, x) + q(8 + c, x));
+        let s1: [f32; 4] = core::array::from_fn(|c| q(4 + c, x) - q(8 + c, x) - q(12 + c, x));
+        let y = [
+            [s0[0] + s0[1] + s0[2] + bias, s0[1] - s0[2] - s0[3] + bias],
+            [s1[0] + s1[1] + s1[2] + bias, s1[1] - s1[2] - s1[3] + bias],
+        ];
+        for (r, yr) in y.iter().enumerate().take(rows) {
+            for (c, &v) in yr.iter().enumerate() {
+                let col = 2 * x + c;
+                if col < width {
+                    let i = r * ow + col;
+                    let mut v = v + res.map_or(0.0, |rs| rs[i]);
+                    if let Some((lo, hi)) = clamp {
+                        v = crate::microkernel::clamp_ps(v, lo, hi);
+                    }
+                    // SAFETY: output (r, col), r < rows, col < width
+                    // (contract).
+                    unsafe { *dst.add(i) = v };
+                }
+            }
+        }
+    }
+}
+
+/// `e[x] = row[2x]`, `o[x] = row[2x + 1]` (`row` holds `2·e.len()`).
+fn deinterleave(row: &[f32], e: &mut [f32], o: &mut [f32]) {
+    let n = e.len();
+    debug_assert!(o.len() == n && row.len() == 2 * n);
+    let mut x = 0;
+    #[cfg(target_arch = "x86_64")]
+    if crate::fastmath::has_avx512() {
+        // SAFETY: the CPU has AVX-512F; the helper stays inside the slices.
+        x = unsafe { avx512::deinterleave(row, e, o) };
+    }
+    for x in x..n {
+        e[x] = row[2 * x];
+        o[x] = row[2 * x + 1];
+    }
+}
+
+/// AVX-512 bodies of the transforms, 16 tiles per step (the same
+/// operations in the same order as the portable loops: identical
+/// results; the output's columns interleaved with two-source permutes),
+/// and of [`deinterleave`] (16 pairs per step; returns how many it did,
+/// the caller finishes the rest).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::XI;
+    use core::arch::x86_64::*;
+
+    /// Mask of the first `min(left, 16)` lanes.
+    #[inline(always)]
+    fn lanes(left: usize) -> __mmask16 {
+        if left >= 16 {
+            0xffff
+        } else {
+            ((1u32 << left) - 1) as __mmask16
+        }
+    }
+
+    /// [`super::input_tiles`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `d` is readable for `8·half` floats,
+    /// `cols0 + n < half`, `v` writable at `ξ·stride + k` (ξ < 16, k < n).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn input_tiles(d: *const f32, half: usize, cols0: usize, n: usize, v: *mut f32, stride: usize) {
+        let mut k = 0;
+        while k < n {
+            let m = lanes(n - k);
+            // SAFETY (whole step): masked lanes k .. min(k + 16, n) of
+            // columns ≤ cols0 + n < half of rows < 4, and of V's rows
+            // (contract).
+            unsafe {
+                // Tap column c of row r: even half at +0/+1 (c = 0, 2),
+                // odd half at +half/+half+1 (c = 1, 3).
+                let at = [0, half, 1, half + 1];
+                let mut t = [[_mm512_setzero_ps(); 4]; 4];
+                for c in 0..4 {
+                    let p = d.add(cols0 + k + at[c]);
+                    let d0 = _mm512_maskz_loadu_ps(m, p);
+                    let d1 = _mm512_maskz_loadu_ps(m, p.add(2 * half));
+                    let d2 = _mm512_maskz_loadu_ps(m, p.add(4 * half));
+                    let d3 = _mm512_maskz_loadu_ps(m, p.add(6 * half));
+                    t[0][c] = _mm512_sub_ps(d0, d2);
+                    t[1][c] = _mm512_add_ps(d1, d2);
+                    t[2][c] = _mm512_sub_ps(d2, d1);
+                    t[3][c] = _mm512_sub_ps(d1, d3);
+                }
+                let mut dst = v.add(k);
+                for ti in t {
+                    let vs = [_mm512_sub_ps(ti[0], ti[2]), _mm512_add_ps(ti[1], ti[2]), _mm512_sub_ps(ti[2], ti[1]), _mm512_sub_ps(ti[1], ti[3])];
+                    for x in vs {
+                        _mm512_mask_storeu_ps(dst, m, x);
+                        dst = dst.wrapping_add(stride);
                     }
                 }
             }
-        }
-    });
-}
-
-simd_dispatch! {
-    /// One tile row's output transform: tile tx's `q[ξ]` is
-    /// `m[ξ·stride + at + tx]`; `ys[(2r + c)·tw + tx]` gets Y[r][c] + bias.
-    fn output_row(m: &[f32], stride: usize, at: usize, tw: usize, bias: f32, ys: &mut [f32]) {
-        let q = |xi: usize| &m[xi * stride + at..][..tw];
-        let (y00, rest) = ys.split_at_mut(tw);
-        let (y01, rest) = rest.split_at_mut(tw);
-        let (y10, y11) = rest.split_at_mut(tw);
-        let (y00, y01, y10, y11) = (&mut y00[..tw], &mut y01[..tw], &mut y10[..tw], &mut y11[..tw]);
-        // s = Aᵀ q: s0 = q0 + q1 + q2, s1 = q1 - q2 - q3 (rows of 4).
-        let (q0, q1, q2, q3) = (q(0), q(1), q(2), q(3));
-        let (q4, q5, q6, q7) = (q(4), q(5), q(6), q(7));
-        let (q8, q9, q10, q11) = (q(8), q(9), q(10), q(11));
-        let (q12, q13, q14, q15) = (q(12), q(13), q(14), q(15));
-        for x in 0..tw {
-            let s00 = q0[x] + q4[x] + q8[x];
-            let s01 = q1[x] + q5[x] + q9[x];
-            let s02 = q2[x] + q6[x] + q10[x];
-            let s03 = q3[x] + q7[x] + q11[x];
-            let s10 = q4[x] - q8[x] - q12[x];
-            let s11 = q5[x] - q9[x] - q13[x];
-            let s12 = q6[x] - q10[x] - q14[x];
-            let s13 = q7[x] - q11[x] - q15[x];
-            y00[x] = s00 + s01 + s02 + bias;
-            y01[x] = s01 - s02 - s03 + bias;
-            y10[x] = s10 + s11 + s12 + bias;
-            y11[x] = s11 - s12 - s13 + bias;
+            k += 16;
         }
     }
+
+    /// [`super::output_tiles`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `m` readable at `ξ·stride + k` (ξ < 16,
+    /// k < n); `dst` writable (and `res`, unless null, readable) at
+    /// `r·ow + c` for r < rows, c < width; `width ≤ 2n`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    pub(super) unsafe fn output_tiles(m: *const f32, stride: usize, n: usize, bias: f32, ow: usize, width: usize, rows: usize, res: *const f32, clamp: Option<(f32, f32)>, dst: *mut f32) {
+        let bv = _mm512_set1_ps(bias);
+        let (lo, hi) = clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+        let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+        // SAFETY: constant tables.
+        let (il, ih) = unsafe { (_mm512_loadu_si512(LO.as_ptr().cast()), _mm512_loadu_si512(HI.as_ptr().cast())) };
+        let mut k = 0;
+        while k < n {
+            let mk = lanes(n - k);
+            // Output columns 2k .. 2k + 32 of the segment, in two halves.
+            let (m0, m1) = (lanes(width.saturating_sub(2 * k)), lanes(width.saturating_sub(2 * k + 16)));
+            // SAFETY (whole step): masked lanes k .. min(k + 16, n) of M's
+            // 16 rows; masked columns < width of dst's and res's rows
+            // (contract).
+            unsafe {
+                let mut q = [_mm512_setzero_ps(); XI];
+                let mut src = m.add(k);
+                for x in q.iter_mut() {
+                    *x = _mm512_maskz_loadu_ps(mk, src);
+                    src = src.wrapping_add(stride);
+                }
+                let mut s0 = [_mm512_setzero_ps(); 4];
+                let mut s1 = [_mm512_setzero_ps(); 4];
+                for c in 0..4 {
+                    s0[c] = _mm512_add_ps(_mm512_add_ps(q[c], q[4 + c]), q[8 + c]);
+                    s1[c] = _mm512_sub_ps(_mm512_sub_ps(q[4 + c], q[8 + c]), q[12 + c]);
+                }
+                let y = [
+                    [
+                        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s0[0], s0[1]), s0[2]), bv),
+                        _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(s0[1], s0[2]), s0[3]), bv),
+                    ],
+                    [
+                        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s1[0], s1[1]), s1[2]), bv),
+                        _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(s1[1], s1[2]), s1[3]), bv),
+                    ],
+                ];
+                for r in 0..rows {
+                    let [ye, yo] = y[r];
+                    let at = r * ow + 2 * k;
+                    let (mut a, mut b) = (_mm512_permutex2var_ps(ye, il, yo), _mm512_permutex2var_ps(ye, ih, yo));
+                    if !res.is_null() {
+                        a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(m0, res.add(at)));
+                        b = _mm512_add_ps(b, _mm512_maskz_loadu_ps(m1, res.wrapping_add(at + 16)));
+                    }
+                    if clamp.is_some() {
+                        a = _mm512_min_ps(_mm512_max_ps(a, lo), hi);
+                        b = _mm512_min_ps(_mm512_max_ps(b, lo), hi);
+                    }
+                    _mm512_mask_storeu_ps(dst.add(at), m0, a);
+                    _mm512_mask_storeu_ps(dst.wrapping_add(at + 16), m1, b);
+                }
+            }
+            k += 16;
+        }
+    }
+
+    const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
+    const ODD: [i32; 16] = [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31];
+    const LO: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
+    const HI: [i32; 16] = [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31];
+
+    /// # Safety
+    /// The CPU supports AVX-512F; `row.len() ≥ 2·e.len()`, `o.len() ≥ e.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn deinterleave(row: &[f32], e: &mut [f32], o: &mut [f32]) -> usize {
+        let steps = e.len().min(o.len()).min(row.len() / 2) / 16;
+        // SAFETY (whole body): step s reads row[32s .. 32s + 32] and
+        // writes e, o [16s .. 16s + 16], inside the slices (steps).
+        unsafe {
+            let (ie, io) = (_mm512_loadu_si512(EVEN.as_ptr().cast()), _mm512_loadu_si512(ODD.as_ptr().cast()));
+            for s in 0..steps {
+                let a = _mm512_loadu_ps(row.as_ptr().add(32 * s));
+                let b = _mm512_loadu_ps(row.as_ptr().add(32 * s + 16));
+                _mm512_storeu_ps(e.as_mut_ptr().add(16 * s), _mm512_permutex2var_ps(a, ie, b));
+                _mm512_storeu_ps(o.as_mut_ptr().add(16 * s), _mm512_permutex2var_ps(a, io, b));
+            }
+        }
+        16 * steps
+    }
+
 }
 
 #[cfg(test)]

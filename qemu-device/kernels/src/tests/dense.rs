@@ -345,7 +345,7 @@ fn conv2d_pointwise_rows_in_place() {
 /// blocks of tile rows, every activation, bias or not; results within the
 /// direct path's tolerance of the f64 reference.
 #[test]
-fn conv2d_winograd() {
+fn conv2d_winograd_per_call() {
     let mut rng = Rng::new(44);
     let base = Conv2dParams {
         batch: 1,
@@ -399,6 +399,77 @@ fn conv2d_winograd() {
     ] {
         assert!(!suits(&q, &crate::conv::geometry(&q).unwrap()), "{q:?}");
     }
+}
+
+/// `conv2d_winograd` on filters transformed by the hardware contract's
+/// `winograd_weights` (the compiler's CONV_WINOGRAD layout): blocks of 64
+/// tiles cut mid-row (rows of 75 tiles, and blocks spanning rows), odd
+/// output sizes, asymmetric and zero padding, batches, few tiles with the
+/// output channels split between tasks, every activation (a clamp in the
+/// transform, others after it), with and without bias and residual;
+/// within the direct path's tolerance of the f64 reference, and
+/// bit-identical to the per-call Winograd path (same transform, same
+/// tasks).
+#[test]
+fn conv2d_winograd_transformed_filters() {
+    let mut rng = Rng::new(45);
+    let base = Conv2dParams { batch: 1, in_channels: 16, in_h: 20, in_w: 20, out_channels: 16, kernel: [3, 3], padding: Padding2d::uniform(1), ..Default::default() };
+    let cases = [
+        Conv2dParams { in_channels: 24, out_channels: 40, ..base },
+        Conv2dParams { in_h: 23, in_w: 21, batch: 2, ..base },
+        Conv2dParams { in_h: 24, in_w: 25, padding: Padding2d { top: 0, left: 1, bottom: 2, right: 0 }, ..base },
+        Conv2dParams { in_h: 26, in_w: 26, padding: Padding2d::default(), in_channels: 33, out_channels: 17, ..base },
+        Conv2dParams { in_h: 6, in_w: 150, in_channels: 20, out_channels: 19, ..base },
+        Conv2dParams { in_h: 30, in_w: 34, in_channels: 64, out_channels: 64, ..base },
+        // 16 tiles, 100 channels: the channels split between tasks.
+        Conv2dParams { in_h: 7, in_w: 7, in_channels: 40, out_channels: 100, ..base },
+        Conv2dParams { in_h: 1, in_w: 1, padding: Padding2d::uniform(2), ..base },
+    ];
+    for (i, p) in cases.iter().enumerate() {
+        for (j, act) in ACTS.iter().enumerate() {
+            if (i + j) % 3 != 0 && j != 0 {
+                continue;
+            }
+            let p = Conv2dParams { activation: *act, ..*p };
+            let x = rng.vec(p.batch * p.in_channels * p.in_h * p.in_w);
+            let w = rng.vec(p.out_channels * p.in_channels * 9);
+            let mut u = vec![0.0; 16 * p.out_channels * p.in_channels];
+            rbln_hw::ops::winograd_weights(&w, p.out_channels, p.in_channels, &mut u);
+            let bias = rng.vec(p.out_channels);
+            let bias = (j % 2 == 0).then_some(&bias[..]);
+            let [n, c, oh, ow] = conv2d_output_shape(&p).unwrap();
+            let res = rng.vec(n * c * oh * ow);
+            let res = (i % 2 == 1).then_some(&res[..]);
+            let mut y = vec![f32::NAN; n * c * oh * ow];
+            conv2d_winograd(&p, &x, &u, bias, res, &mut y).unwrap();
+            let (lin, scale) = conv_ref(&Conv2dParams { activation: Activation::None, ..p }, &x, &w, bias);
+            let r = |k: usize| res.map_or(0.0, |r| r[k] as f64);
+            let want: Vec<f64> = lin.iter().enumerate().map(|(k, &v)| act_ref(p.activation, v + r(k))).collect();
+            let scale: Vec<f64> = scale.iter().enumerate().map(|(k, &s)| s + r(k).abs()).collect();
+            assert_close(&format!("winograd {p:?}"), &y, &want, Some(&scale), 1e-5);
+            let g = crate::conv::geometry(&p).unwrap();
+            let mut z = vec![f32::NAN; y.len()];
+            crate::conv::winograd::conv(&p, &g, &x, &w, bias, res, &mut z);
+            assert!(y.iter().zip(&z).all(|(a, b)| a.to_bits() == b.to_bits()), "{p:?}: per-call transform differs");
+        }
+    }
+    // No input channels: act(bias).
+    let p = Conv2dParams { in_channels: 0, out_channels: 2, in_h: 3, in_w: 3, activation: Activation::Relu, ..base };
+    let mut y = vec![f32::NAN; 2 * 9];
+    conv2d_winograd(&p, &[], &[], Some(&[1.5, -2.0]), None, &mut y).unwrap();
+    assert_eq!(y, [[1.5; 9], [0.0; 9]].concat());
+    // Geometries it cannot compute, and operands of the wrong length.
+    let x = vec![0.0; 16 * 400];
+    let u = vec![0.0; 16 * 16 * 16];
+    let mut y = vec![0.0; 16 * 400];
+    for q in [Conv2dParams { stride: [2, 2], ..base }, Conv2dParams { dilation: [2, 2], ..base }, Conv2dParams { groups: 2, ..base }, Conv2dParams { kernel: [3, 5], ..base }] {
+        let err = conv2d_winograd(&q, &x, &u, None, None, &mut y).unwrap_err().to_string();
+        assert!(err.contains("3x3 kernel, stride 1"), "{q:?}: {err}");
+    }
+    assert!(conv2d_winograd(&base, &x, &u[1..], None, None, &mut y).unwrap_err().to_string().contains("winograd weight"));
+    assert!(conv2d_winograd(&base, &x[1..], &u, None, None, &mut y).is_err());
+    assert!(conv2d_winograd(&base, &x, &u, Some(&[0.0; 15]), None, &mut y).is_err());
+    assert!(conv2d_winograd(&base, &x, &u, None, Some(&x[1..]), &mut y).is_err());
 }
 
 #[test]
