@@ -28,7 +28,7 @@ use super::{Conv2dParams, Geometry};
 use crate::activation::{epilogue, Activation, Bias};
 use crate::error::{KernelError, Result};
 use crate::microkernel::{gemm_packed, MatA, MatB, MR, NR};
-use crate::util::{check_len, for_each_task, mul, plan_threads, sequential, volume, with_local, with_op_scratch, with_scratch, SendPtr};
+use crate::util::{check_len, for_each_task, plan_threads, sequential, volume, with_local, with_op_scratch, with_scratch, SendPtr};
 use rbln_hw::ops::WINOGRAD_POINTS as XI;
 
 /// `len` rounded up to a multiple of 4 KiB plus one cache line (floats).
@@ -58,11 +58,22 @@ pub(crate) fn applies(p: &Conv2dParams, g: &Geometry) -> bool {
 pub(crate) fn suits(p: &Conv2dParams, g: &Geometry) -> bool {
     let tiles = g.h.output.div_ceil(2) * g.w.output.div_ceil(2);
     geometry_ok(p)
+        && planes_fit(p, g.h.output, g.w.output)
         && g.cg >= 16
         && g.og >= 16
         && tiles >= 100
         // The per-call transform writes all of U (16·og·cg floats).
         && XI * g.og * g.cg <= 1 << 20
+}
+
+/// Whether the split planes (the padded input) stay within a few times
+/// the input and output tensors: a hostile padding, not a model, breaks
+/// this, and the conv's own data then bounds the memory it takes.
+fn planes_fit(p: &Conv2dParams, oh: usize, ow: usize) -> bool {
+    let planes = [p.batch, p.in_channels, 2 * oh.div_ceil(2) + 2, 2 * ow.div_ceil(2) + 2].iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    let vol = |dims: [usize; 4]| dims.iter().fold(1usize, |a, &d| a.saturating_mul(d));
+    let data = vol([p.batch, p.in_channels, p.in_h, p.in_w]).saturating_add(vol([p.batch, p.out_channels, oh, ow]));
+    planes.is_some_and(|n| n <= data.saturating_mul(4).saturating_add(1 << 20))
 }
 
 /// The geometry F(2×2, 3×3) computes: 3×3, stride 1, undilated, one group
@@ -100,7 +111,12 @@ pub fn conv2d_winograd(
     if let Some(r) = residual {
         check_len("conv2d residual", r.len(), output.len())?;
     }
-    mul("conv2d winograd tiles", g.h.output.div_ceil(2), g.w.output.div_ceil(2))?;
+    if !planes_fit(p, g.h.output, g.w.output) {
+        return Err(KernelError::invalid(
+            "conv2d winograd",
+            format!("padding {:?} makes the padded input much larger than the input and output", p.padding),
+        ));
+    }
     if !output.is_empty() {
         run(p, &g, input, u, bias, residual, output);
     }

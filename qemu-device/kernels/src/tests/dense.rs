@@ -467,6 +467,12 @@ fn conv2d_winograd_transformed_filters() {
         assert!(err.contains("3x3 kernel, stride 1"), "{q:?}: {err}");
     }
     assert!(conv2d_winograd(&base, &x, &u[1..], None, None, &mut y).unwrap_err().to_string().contains("winograd weight"));
+    // A padding that would blow the padded planes up far beyond the data.
+    let q = Conv2dParams { in_channels: 64, out_channels: 1, in_h: 1, in_w: 1, padding: Padding2d::uniform(300), ..base };
+    let [_, _, oh, ow] = conv2d_output_shape(&q).unwrap();
+    let mut yq = vec![0.0; oh * ow];
+    let err = conv2d_winograd(&q, &[0.0; 64], &vec![0.0; 16 * 64], None, None, &mut yq).unwrap_err().to_string();
+    assert!(err.contains("padding"), "{err}");
     assert!(conv2d_winograd(&base, &x[1..], &u, None, None, &mut y).is_err());
     assert!(conv2d_winograd(&base, &x, &u, Some(&[0.0; 15]), None, &mut y).is_err());
     assert!(conv2d_winograd(&base, &x, &u, None, Some(&x[1..]), &mut y).is_err());
