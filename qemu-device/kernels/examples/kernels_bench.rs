@@ -591,6 +591,12 @@ fn run() {
         ("conv 1x1 256->64 @56", conv_params(256, 64, 56, 1, 1, 1, Relu), false),
         ("conv 1x1 1024->256 @14", conv_params(1024, 256, 14, 1, 1, 1, Relu), false),
         ("conv 1x1 2048->512 @7", conv_params(2048, 512, 7, 1, 1, 1, Relu), false),
+        // ResNet-50's other bottleneck 1x1s (no residual: comparable with
+        // onnxruntime's Conv+Relu on the shape).
+        ("conv 1x1 64->256 @56", conv_params(64, 256, 56, 1, 1, 1, Relu), false),
+        ("conv 1x1 512->128 @28", conv_params(512, 128, 28, 1, 1, 1, Relu), false),
+        ("conv 1x1 128->512 @28", conv_params(128, 512, 28, 1, 1, 1, Relu), false),
+        ("conv 1x1 256->1024 @14", conv_params(256, 1024, 14, 1, 1, 1, Relu), false),
         ("conv 1x1 512->2048 @7 +res+relu", conv_params(512, 2048, 7, 1, 1, 1, Relu), true),
         ("conv 3x3 s2 128->128 @56", conv_params(128, 128, 56, 3, 2, 1, Relu), false),
         ("conv 1x1 s2 256->512 @56 (proj)", conv_params(256, 512, 56, 1, 2, 1, None), false),
