@@ -221,15 +221,8 @@ pub fn conv2d_residual(
     output: &mut [f32],
 ) -> Result<()> {
     let g = geometry(p)?;
-    check_len("conv2d input", input.len(), volume("conv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
     check_len("conv2d weight", weight.len(), mul("conv2d weight", p.out_channels, g.kdim)?)?;
-    check_len("conv2d output", output.len(), volume("conv2d output", &[p.batch, p.out_channels, g.out_plane])?)?;
-    if let Some(b) = bias {
-        check_len("conv2d bias", b.len(), p.out_channels)?;
-    }
-    if let Some(r) = residual {
-        check_len("conv2d residual", r.len(), output.len())?;
-    }
+    check_operands(p, &g, input, bias, residual, output)?;
     if output.is_empty() {
         return Ok(());
     }
@@ -246,6 +239,20 @@ pub fn conv2d_residual(
         winograd::conv(p, &g, input, weight, bias, residual, output);
     } else {
         gemm::conv_gemm(p, &g, input, weight, bias, residual, output);
+    }
+    Ok(())
+}
+
+/// The lengths of a conv's operands other than its weights (whose layout
+/// depends on the path: [`conv2d_residual`], [`conv2d_winograd`]).
+pub(crate) fn check_operands(p: &Conv2dParams, g: &Geometry, input: &[f32], bias: Option<&[f32]>, residual: Option<&[f32]>, output: &[f32]) -> Result<()> {
+    check_len("conv2d input", input.len(), volume("conv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
+    check_len("conv2d output", output.len(), volume("conv2d output", &[p.batch, p.out_channels, g.out_plane])?)?;
+    if let Some(b) = bias {
+        check_len("conv2d bias", b.len(), p.out_channels)?;
+    }
+    if let Some(r) = residual {
+        check_len("conv2d residual", r.len(), output.len())?;
     }
     Ok(())
 }

@@ -102,15 +102,8 @@ pub fn conv2d_winograd(
             format!("needs a 3x3 kernel, stride 1, dilation 1 and one group, got {p:?}"),
         ));
     }
-    check_len("conv2d input", input.len(), volume("conv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
     check_len("conv2d winograd weight", u.len(), volume("conv2d winograd weight", &[XI, p.out_channels, p.in_channels])?)?;
-    check_len("conv2d output", output.len(), volume("conv2d output", &[p.batch, p.out_channels, g.out_plane])?)?;
-    if let Some(b) = bias {
-        check_len("conv2d bias", b.len(), p.out_channels)?;
-    }
-    if let Some(r) = residual {
-        check_len("conv2d residual", r.len(), output.len())?;
-    }
+    super::check_operands(p, &g, input, bias, residual, output)?;
     if !planes_fit(p, g.h.output, g.w.output) {
         return Err(KernelError::invalid(
             "conv2d winograd",
