@@ -289,15 +289,23 @@ fn transform_inputs(sp: &SplitPlanes, planes: &[f32], cin: usize, t0: usize, nb:
 /// One tile row segment's input transform: `d` holds padded rows 0..4
 /// under the row, each as `half` even then `half` odd columns; tile
 /// `cols0 + k` (k < n) of point ξ goes to `v[ξ·stride + k]`.
-#[allow(clippy::needless_range_loop)] // 16 output and 16 input streams
 fn input_tiles(d: &[f32], half: usize, cols0: usize, n: usize, v: &mut [f32], stride: usize) {
     assert!(d.len() >= 4 * 2 * half && cols0 + n < half && v.len() >= (XI - 1) * stride + n);
     #[cfg(target_arch = "x86_64")]
-    if crate::fastmath::has_avx512() {
+    match isa() {
         // SAFETY: the CPU has AVX-512F; the bounds just checked are the
         // helper's contract.
-        return unsafe { avx512::input_tiles(d.as_ptr(), half, cols0, n, v.as_mut_ptr(), stride) };
+        Isa::Avx512 => return unsafe { avx512::input_tiles(d.as_ptr(), half, cols0, n, v.as_mut_ptr(), stride) },
+        // SAFETY: the CPU has AVX2; the same contract.
+        Isa::Avx2 => return unsafe { avx2::input_tiles(d.as_ptr(), half, cols0, n, v.as_mut_ptr(), stride) },
+        Isa::Portable => {}
     }
+    input_tiles_portable(d, half, cols0, n, v, stride);
+}
+
+/// [`input_tiles`] without SIMD intrinsics (after its bounds check).
+#[allow(clippy::needless_range_loop)] // 16 output and 16 input streams
+fn input_tiles_portable(d: &[f32], half: usize, cols0: usize, n: usize, v: &mut [f32], stride: usize) {
     // Columns 2tx .. 2tx+3 of padded row r, as slices over tx = cols0 ..
     // cols0 + n.
     let col = |r: usize, c: usize| -> &[f32] { &d[r * 2 * half + (c % 2) * half + cols0 + c / 2..][..n] };
@@ -391,11 +399,27 @@ unsafe fn output_tiles(m: &[f32], stride: usize, n: usize, bias: f32, ow: usize,
     assert!(width <= 2 * n && width + 1 >= 2 * n && (1..=2).contains(&rows) && width <= ow && res.is_none_or(|r| r.len() == len));
     assert!(n == 0 || m.len() >= (XI - 1) * stride + n);
     #[cfg(target_arch = "x86_64")]
-    if crate::fastmath::has_avx512() {
-        // SAFETY: the CPU has AVX-512F; the bounds just checked are the
-        // helper's contract.
-        return unsafe { avx512::output_tiles(m.as_ptr(), stride, n, bias, ow, width, rows, res.map_or(core::ptr::null(), |r| r.as_ptr()), clamp, dst) };
+    {
+        let rp = res.map_or(core::ptr::null(), |r| r.as_ptr());
+        match isa() {
+            // SAFETY: the CPU has AVX-512F; the bounds just checked are
+            // the helper's contract.
+            Isa::Avx512 => return unsafe { avx512::output_tiles(m.as_ptr(), stride, n, bias, ow, width, rows, rp, clamp, dst) },
+            // SAFETY: the CPU has AVX2; the same contract.
+            Isa::Avx2 => return unsafe { avx2::output_tiles(m.as_ptr(), stride, n, bias, ow, width, rows, rp, clamp, dst) },
+            Isa::Portable => {}
+        }
     }
+    // SAFETY: the caller's contract, bounds checked above.
+    unsafe { output_tiles_portable(m, stride, n, bias, ow, width, rows, res, clamp, dst) }
+}
+
+/// [`output_tiles`] without SIMD intrinsics (after its bounds check).
+///
+/// # Safety
+/// As [`output_tiles`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn output_tiles_portable(m: &[f32], stride: usize, n: usize, bias: f32, ow: usize, width: usize, rows: usize, res: Option<&[f32]>, clamp: Option<(f32, f32)>, dst: *mut f32) {
     let q = |xi: usize, x: usize| m[xi * stride + x];
     for x in 0..n {
         // s = Aᵀ q (rows of 4), then Y = s A.
@@ -429,13 +453,235 @@ fn deinterleave(row: &[f32], e: &mut [f32], o: &mut [f32]) {
     debug_assert!(o.len() == n && row.len() == 2 * n);
     let mut x = 0;
     #[cfg(target_arch = "x86_64")]
-    if crate::fastmath::has_avx512() {
+    match isa() {
         // SAFETY: the CPU has AVX-512F; the helper stays inside the slices.
-        x = unsafe { avx512::deinterleave(row, e, o) };
+        Isa::Avx512 => x = unsafe { avx512::deinterleave(row, e, o) },
+        // SAFETY: the CPU has AVX2; the helper stays inside the slices.
+        Isa::Avx2 => x = unsafe { avx2::deinterleave(row, e, o) },
+        Isa::Portable => {}
     }
     for x in x..n {
         e[x] = row[2 * x];
         o[x] = row[2 * x + 1];
+    }
+}
+
+/// Which build of the transforms runs: AVX-512's 16 tiles per step,
+/// AVX2's 8, or the portable loops. All compute the same operations in
+/// the same order, so their results are bit-identical.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Isa {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    Portable,
+}
+
+#[cfg(test)]
+std::thread_local! {
+    /// A test's choice of build ([`with_isa`]).
+    static ISA_OVERRIDE: core::cell::Cell<Option<Isa>> = const { core::cell::Cell::new(None) };
+}
+
+fn isa() -> Isa {
+    #[cfg(test)]
+    if let Some(i) = ISA_OVERRIDE.with(|o| o.get()) {
+        return i;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::fastmath::has_avx512() {
+            return Isa::Avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Portable
+}
+
+/// Runs `f` with the transforms' build `i` on this thread (tests; `i`
+/// must be one the CPU supports).
+#[cfg(test)]
+fn with_isa<R>(i: Isa, f: impl FnOnce() -> R) -> R {
+    ISA_OVERRIDE.with(|o| o.set(Some(i)));
+    let r = f();
+    ISA_OVERRIDE.with(|o| o.set(None));
+    r
+}
+
+/// AVX2 bodies of the transforms and of [`deinterleave`]: the AVX-512
+/// ones on 8 lanes (the last, partial step through `vmaskmovps`, whose
+/// masked lanes are neither read nor written), and the output's columns
+/// interleaved with unpack + lane permutes. Hosts whose GEMM microkernel is
+/// the AVX2 one run every 3×3 convolution this path suits through
+/// Winograd, where the portable transforms took about as long as the 16
+/// GEMMs (measured, 64→64 @56 on one thread: 38 % of the time).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::XI;
+    use core::arch::x86_64::*;
+
+    /// Mask of the first `min(left, 8)` lanes.
+    #[inline(always)]
+    unsafe fn lanes(left: usize) -> __m256i {
+        // SAFETY: AVX2 (the callers' target features).
+        unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(left.min(8) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
+    }
+
+    /// [`super::input_tiles`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2; `d` is readable for `8·half` floats,
+    /// `cols0 + n < half`, `v` writable at `ξ·stride + k` (ξ < 16, k < n).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn input_tiles(d: *const f32, half: usize, cols0: usize, n: usize, v: *mut f32, stride: usize) {
+        let mut k = 0;
+        while k < n {
+            // SAFETY (whole step): masked lanes k .. min(k + 8, n) of
+            // columns ≤ cols0 + n < half of rows < 4, and of V's rows
+            // (contract).
+            unsafe {
+                let full = n - k >= 8;
+                let m = lanes(n - k);
+                macro_rules! load {
+                    ($p:expr) => {
+                        if full {
+                            _mm256_loadu_ps($p)
+                        } else {
+                            _mm256_maskload_ps($p, m)
+                        }
+                    };
+                }
+                // Tap column c of row r: even half at +0/+1 (c = 0, 2),
+                // odd half at +half/+half+1 (c = 1, 3).
+                let at = [0, half, 1, half + 1];
+                let mut t = [[_mm256_setzero_ps(); 4]; 4];
+                for c in 0..4 {
+                    let p = d.add(cols0 + k + at[c]);
+                    let (d0, d1, d2, d3) = (load!(p), load!(p.add(2 * half)), load!(p.add(4 * half)), load!(p.add(6 * half)));
+                    t[0][c] = _mm256_sub_ps(d0, d2);
+                    t[1][c] = _mm256_add_ps(d1, d2);
+                    t[2][c] = _mm256_sub_ps(d2, d1);
+                    t[3][c] = _mm256_sub_ps(d1, d3);
+                }
+                let mut dst = v.add(k);
+                for ti in t {
+                    let vs = [_mm256_sub_ps(ti[0], ti[2]), _mm256_add_ps(ti[1], ti[2]), _mm256_sub_ps(ti[2], ti[1]), _mm256_sub_ps(ti[1], ti[3])];
+                    for x in vs {
+                        if full {
+                            _mm256_storeu_ps(dst, x);
+                        } else {
+                            _mm256_maskstore_ps(dst, m, x);
+                        }
+                        dst = dst.wrapping_add(stride);
+                    }
+                }
+            }
+            k += 8;
+        }
+    }
+
+    /// [`super::output_tiles`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2; `m` readable at `ξ·stride + k` (ξ < 16,
+    /// k < n); `dst` writable (and `res`, unless null, readable) at
+    /// `r·ow + c` for r < rows, c < width; `width ≤ 2n`.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    pub(super) unsafe fn output_tiles(m: *const f32, stride: usize, n: usize, bias: f32, ow: usize, width: usize, rows: usize, res: *const f32, clamp: Option<(f32, f32)>, dst: *mut f32) {
+        let bv = _mm256_set1_ps(bias);
+        let (lo, hi) = clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+        let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+        let mut k = 0;
+        while k < n {
+            // SAFETY (whole step): masked lanes k .. min(k + 8, n) of M's
+            // 16 rows; masked columns < width of dst's and res's rows
+            // (contract).
+            unsafe {
+                let mk = lanes(n - k);
+                // Output columns 2k .. 2k + 16 of the segment, in two halves.
+                let (n0, n1) = (width.saturating_sub(2 * k), width.saturating_sub(2 * k + 8));
+                let (m0, m1) = (lanes(n0), lanes(n1));
+                let full = n - k >= 8;
+                let mut q = [_mm256_setzero_ps(); XI];
+                let mut src = m.add(k);
+                for x in q.iter_mut() {
+                    *x = if full { _mm256_loadu_ps(src) } else { _mm256_maskload_ps(src, mk) };
+                    src = src.wrapping_add(stride);
+                }
+                let mut s0 = [_mm256_setzero_ps(); 4];
+                let mut s1 = [_mm256_setzero_ps(); 4];
+                for c in 0..4 {
+                    s0[c] = _mm256_add_ps(_mm256_add_ps(q[c], q[4 + c]), q[8 + c]);
+                    s1[c] = _mm256_sub_ps(_mm256_sub_ps(q[4 + c], q[8 + c]), q[12 + c]);
+                }
+                let y = [
+                    [
+                        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s0[0], s0[1]), s0[2]), bv),
+                        _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s0[1], s0[2]), s0[3]), bv),
+                    ],
+                    [
+                        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s1[0], s1[1]), s1[2]), bv),
+                        _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s1[1], s1[2]), s1[3]), bv),
+                    ],
+                ];
+                for r in 0..rows {
+                    let [ye, yo] = y[r];
+                    let at = r * ow + 2 * k;
+                    // [e0 o0 e1 o1 | e4 o4 e5 o5] and [e2 o2 e3 o3 | e6 o6 e7 o7]
+                    // -> columns 2k .. 2k + 8 and 2k + 8 .. 2k + 16.
+                    let (l, h) = (_mm256_unpacklo_ps(ye, yo), _mm256_unpackhi_ps(ye, yo));
+                    let (mut a, mut b) = (_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
+                    if !res.is_null() {
+                        a = _mm256_add_ps(a, if n0 >= 8 { _mm256_loadu_ps(res.add(at)) } else { _mm256_maskload_ps(res.add(at), m0) });
+                        if n1 > 0 {
+                            let rb = res.wrapping_add(at + 8);
+                            b = _mm256_add_ps(b, if n1 >= 8 { _mm256_loadu_ps(rb) } else { _mm256_maskload_ps(rb, m1) });
+                        }
+                    }
+                    if clamp.is_some() {
+                        a = _mm256_min_ps(_mm256_max_ps(a, lo), hi);
+                        b = _mm256_min_ps(_mm256_max_ps(b, lo), hi);
+                    }
+                    if n0 >= 8 {
+                        _mm256_storeu_ps(dst.add(at), a);
+                    } else {
+                        _mm256_maskstore_ps(dst.add(at), m0, a);
+                    }
+                    if n1 >= 8 {
+                        _mm256_storeu_ps(dst.wrapping_add(at + 8), b);
+                    } else if n1 > 0 {
+                        _mm256_maskstore_ps(dst.wrapping_add(at + 8), m1, b);
+                    }
+                }
+            }
+            k += 8;
+        }
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2; `row.len() ≥ 2·e.len()`, `o.len() ≥ e.len()`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn deinterleave(row: &[f32], e: &mut [f32], o: &mut [f32]) -> usize {
+        let steps = e.len().min(o.len()).min(row.len() / 2) / 8;
+        // SAFETY (whole body): step s reads row[16s .. 16s + 16] and
+        // writes e, o [8s .. 8s + 8], inside the slices (steps).
+        unsafe {
+            for s in 0..steps {
+                let a = _mm256_loadu_ps(row.as_ptr().add(16 * s));
+                let b = _mm256_loadu_ps(row.as_ptr().add(16 * s + 8));
+                // [a0 a2 b0 b2 | a4 a6 b4 b6]: 64-bit lanes 0, 2, 1, 3 put
+                // them in order.
+                let ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+                let od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+                _mm256_storeu_ps(e.as_mut_ptr().add(8 * s), ev);
+                _mm256_storeu_ps(o.as_mut_ptr().add(8 * s), od);
+            }
+        }
+        8 * steps
     }
 }
 
@@ -614,4 +860,94 @@ pub(crate) fn force<R>(f: impl FnOnce() -> R) -> R {
     let r = f();
     FORCED.with(|x| x.set(false));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The builds this CPU can run, the portable one first.
+    fn builds() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                v.push(Isa::Avx2);
+            }
+            if crate::fastmath::has_avx512() {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2001) as f32 / 250.0 - 4.0
+            })
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Every build's transforms give the portable loops' bits, for tile
+    /// counts around the vector widths (partial last steps), offset
+    /// segments, one or two output rows, odd widths, residual and clamp;
+    /// and write nothing outside their outputs.
+    #[test]
+    fn transforms_bit_identical_across_builds() {
+        let builds = builds();
+        for n in [1, 2, 7, 8, 9, 15, 16, 17, 24, 31, 33, 64] {
+            for cols0 in [0, 3] {
+                let half = cols0 + n + 1 + 2;
+                let d = data(8 * half, n as u32 + 7);
+                let stride = n + 5;
+                let run_in = |i: Isa| {
+                    let mut v = vec![f32::NAN; 16 * stride];
+                    with_isa(i, || input_tiles(&d, half, cols0, n, &mut v, stride));
+                    bits(&v)
+                };
+                let want = run_in(Isa::Portable);
+                for &i in &builds[1..] {
+                    assert_eq!(run_in(i), want, "input_tiles {i:?} n {n} cols0 {cols0}");
+                }
+            }
+            let stride = n + 3;
+            let m = data(16 * stride, n as u32);
+            for (width, rows, with_res, clamp) in [(2 * n, 2, false, None), (2 * n - 1, 2, true, Some((-1.5, 2.0))), (2 * n, 1, true, None), (2 * n - 1, 1, false, Some((0.0, f32::INFINITY)))] {
+                let ow = width + 5;
+                let len = (rows - 1) * ow + width;
+                let res = data(len, 99);
+                let run_out = |i: Isa| {
+                    let mut dst = vec![f32::NAN; rows * ow + 16];
+                    let r = with_res.then_some(&res[..]);
+                    // SAFETY: dst holds rows·ow ≥ len floats.
+                    with_isa(i, || unsafe { output_tiles(&m, stride, n, 0.25, ow, width, rows, r, clamp, dst.as_mut_ptr()) });
+                    bits(&dst)
+                };
+                let want = run_out(Isa::Portable);
+                for &i in &builds[1..] {
+                    assert_eq!(run_out(i), want, "output_tiles {i:?} n {n} width {width} rows {rows} res {with_res} clamp {clamp:?}");
+                }
+            }
+            let row = data(2 * n, 5);
+            let run_de = |i: Isa| {
+                let (mut e, mut o) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                with_isa(i, || deinterleave(&row, &mut e, &mut o));
+                (bits(&e), bits(&o))
+            };
+            let want = run_de(Isa::Portable);
+            assert_eq!(want.0, bits(&row.iter().step_by(2).copied().collect::<Vec<_>>()));
+            for &i in &builds[1..] {
+                assert_eq!(run_de(i), want, "deinterleave {i:?} n {n}");
+            }
+        }
+    }
 }
