@@ -845,11 +845,10 @@ fn tiles_to_panels(w: &[u8], blen: usize, k: usize, n: usize, taps: usize, dst: 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn avx2_block(src: &[u8], pan: &mut [u8], kg: usize, taps: usize, blk: usize) {
-    use core::arch::x86_64::*;
     use rbln_hw::ops::{qconv_tile_run, QGEMM_PANEL as PW, QTILE_COLS as TC, QTILE_GROUPS as TG};
     let qn = kg / taps;
     assert!(src.len() >= 4 * TC * kg * (blk + 1) && pan.len() >= 4 * PW * kg * (2 * blk + 2));
-    let (sp, dp) = (src.as_ptr().cast::<u32>(), pan.as_mut_ptr().cast::<u32>());
+    let (sp, dp) = (src.as_ptr().cast::<f32>(), pan.as_mut_ptr().cast::<f32>());
     for s in 0..taps {
         for r in 0..qn.div_ceil(TG) {
             let (run, len) = qconv_tile_run(kg, taps, s, r);
@@ -861,15 +860,14 @@ unsafe fn avx2_block(src: &[u8], pan: &mut [u8], kg: usize, taps: usize, blk: us
                     // Panel 2·blk + half: channels 8·half .. 8·half + 8.
                     let col0 = (2 * blk + half) * PW * kg;
                     if wide {
-                        // SAFETY: rows c of the run, words qq .. qq + 8 <
-                        // len, inside the block's tiles (asserted above).
-                        let row = |c: usize| unsafe { _mm256_loadu_si256(sp.add(base + len * (8 * half + c) + qq).cast()) };
-                        let t = transpose8([row(0), row(1), row(2), row(3), row(4), row(5), row(6), row(7)]);
-                        for (i, v) in t.into_iter().enumerate() {
-                            let g = (TG * r + qq + i) * taps + s;
-                            // SAFETY: panel words g·8 .. g·8 + 8, g < kg.
-                            unsafe { _mm256_storeu_si256(dp.add(col0 + PW * g).cast(), v) };
-                        }
+                        // Rows c (stride len) of quads qq .. qq + 8 become
+                        // the panel's rows of quads g (stride PW·taps).
+                        let g0 = (TG * r + qq) * taps + s;
+                        // SAFETY: rows c < 8 of the run, words qq .. qq + 8
+                        // < len, inside the block's tiles; panel words of
+                        // quads g0 + i·taps < kg (asserted above); the
+                        // words are moved as floats, bit for bit.
+                        unsafe { crate::copy::transpose8x8(sp.add(base + len * 8 * half + qq), len as isize, dp.add(col0 + PW * g0), (PW * taps) as isize) };
                     } else {
                         for i in qq..len {
                             let g = (TG * r + i) * taps + s;
@@ -884,41 +882,6 @@ unsafe fn avx2_block(src: &[u8], pan: &mut [u8], kg: usize, taps: usize, blk: us
             }
         }
     }
-}
-
-/// The 8×8 transpose of 32-bit words held as 8 rows.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn transpose8(r: [core::arch::x86_64::__m256i; 8]) -> [core::arch::x86_64::__m256i; 8] {
-    use core::arch::x86_64::*;
-    let ps = |v: __m256i| _mm256_castsi256_ps(v);
-    let si = |v: __m256| _mm256_castps_si256(v);
-    let t0 = _mm256_unpacklo_ps(ps(r[0]), ps(r[1]));
-    let t1 = _mm256_unpackhi_ps(ps(r[0]), ps(r[1]));
-    let t2 = _mm256_unpacklo_ps(ps(r[2]), ps(r[3]));
-    let t3 = _mm256_unpackhi_ps(ps(r[2]), ps(r[3]));
-    let t4 = _mm256_unpacklo_ps(ps(r[4]), ps(r[5]));
-    let t5 = _mm256_unpackhi_ps(ps(r[4]), ps(r[5]));
-    let t6 = _mm256_unpacklo_ps(ps(r[6]), ps(r[7]));
-    let t7 = _mm256_unpackhi_ps(ps(r[6]), ps(r[7]));
-    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let u1 = _mm256_shuffle_ps::<0xee>(t0, t2);
-    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let u3 = _mm256_shuffle_ps::<0xee>(t1, t3);
-    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let u5 = _mm256_shuffle_ps::<0xee>(t4, t6);
-    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let u7 = _mm256_shuffle_ps::<0xee>(t5, t7);
-    [
-        si(_mm256_permute2f128_ps::<0x20>(u0, u4)),
-        si(_mm256_permute2f128_ps::<0x20>(u1, u5)),
-        si(_mm256_permute2f128_ps::<0x20>(u2, u6)),
-        si(_mm256_permute2f128_ps::<0x20>(u3, u7)),
-        si(_mm256_permute2f128_ps::<0x31>(u0, u4)),
-        si(_mm256_permute2f128_ps::<0x31>(u1, u5)),
-        si(_mm256_permute2f128_ps::<0x31>(u2, u6)),
-        si(_mm256_permute2f128_ps::<0x31>(u3, u7)),
-    ]
 }
 
 /// [`tiles_to_panels`] element by element through the layouts' defining
