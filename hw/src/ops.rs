@@ -439,6 +439,7 @@ pub const fn qconv_tiled_len(k: u64, n: u64) -> Option<u64> {
 /// `taps` taps): its offset in the block and its length in quads (16,
 /// or fewer for a tap's last run); channel `c`'s row starts `4·len·c`
 /// bytes after it. (See [`qconv_tile_offset`].)
+#[inline]
 pub const fn qconv_tile_run(kg: usize, taps: usize, s: usize, r: usize) -> (usize, usize) {
     let qn = kg / taps;
     let rest = qn - QTILE_GROUPS * r;
