@@ -122,7 +122,8 @@ struct Bench {
 
 impl Bench {
     fn wants(&self, name: &str) -> bool {
-        self.filters.is_empty() || self.filters.iter().any(|f| name.contains(f.as_str()))
+        // A filter ending in `$` matches names that end with the rest.
+        self.filters.is_empty() || self.filters.iter().any(|f| f.strip_suffix('$').map_or_else(|| name.contains(f.as_str()), |end| name.ends_with(end)))
     }
 
     fn report_flops(&mut self, name: &str, flops: f64, (to, tr): (f64, f64)) {
