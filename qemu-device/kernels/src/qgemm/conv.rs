@@ -98,6 +98,13 @@ pub(crate) fn qconv2d_impl(
     isa: super::kernel::Isa,
 ) -> Result<()> {
     let g = geometry(p)?;
+    // A strided 1×1 convolution's weights are the same bytes in channel
+    // quads (k = c in both orders): the implicit path's stage reads each
+    // input row once, 0.85-0.87 of the im2col packing's time on ResNet-50's
+    // projections (1×1 s2 256→512 @56, kernels_bench, 9 rounds). (At
+    // stride 1, 1.3-1.9× the direct path's.)
+    let strided_1x1 = p.kernel == [1, 1] && p.stride != [1, 1] && g.cg.is_multiple_of(4);
+    let p = &QConvParams { channel_quads: p.channel_quads || strided_1x1, ..*p };
     check_len("qconv2d input", x.data.len(), volume("qconv2d input", &[p.batch, p.in_channels, g.in_plane])?)?;
     check_zero("qconv2d input zero point", x_zero, x.signed)?;
     let (k, og) = (g.kdim, g.og);
@@ -282,9 +289,9 @@ fn implicit<'w>(x: &[u8], xor: u8, pad: u8, p: &QConvParams, g: &crate::conv::Ge
         let (quad, nph) = (quad_of(&st), st.nry.div_ceil(sh));
         let src = &x[(b * p.in_channels + grp * cg) * g.in_plane..][..cg * g.in_plane];
         // Straight from the input rows into the rewritten stage (through
-        // a 4-row scratch only for strided columns).
+        // a 4-row scratch only for column strides above 2).
         let (phases, rows) = st.reads(&h, &wa);
-        with_bytes2(if sw > 1 { 4 * pxw } else { 0 }, |tmp| {
+        with_bytes2(if sw > 2 { 4 * pxw } else { 0 }, |tmp| {
             for q in q0..q1 {
                 for &yy in &rows {
                     let iy = (st.oy0 * sh + yy) as isize - h.pad_before as isize;
@@ -396,8 +403,8 @@ const PANEL_COLS: usize = super::kernel::PANEL;
 /// One stage row of column phase `ph` for 4 channels: `dst[4x + i]` is
 /// channel i's input at column `x·sw + ph − pad_before` (`^ xor`), `pad`
 /// where that column is padding or the channel is missing (`None`);
-/// `dst` is 4 × the stage's width. Strided columns are gathered into
-/// `tmp` (4 × the width) first.
+/// `dst` is 4 × the stage's width. Columns at strides above 2 are
+/// gathered into `tmp` (4 × the width) first.
 #[cfg(target_arch = "x86_64")]
 fn interleave_row(dst: &mut [u8], rows: [Option<&[u8]>; 4], wa: &Axis, ph: usize, xor: u8, pad: u8, tmp: &mut [u8]) {
     let (sw, pb) = (wa.stride, wa.pad_before);
@@ -412,45 +419,63 @@ fn interleave_row(dst: &mut [u8], rows: [Option<&[u8]>; 4], wa: &Axis, ph: usize
     }
     let (n, first) = (r - l, l * sw + ph - pb);
     let padrow = [pad; 16];
-    if sw == 1 {
-        interleave_body(&mut dst[4 * l..4 * r], core::array::from_fn(|i| rows[i].map(|row| &row[first..first + n])), xor, &padrow);
-    } else {
-        let (t0, rest) = tmp.split_at_mut(n);
-        let (t1, rest) = rest.split_at_mut(n);
-        let (t2, rest) = rest.split_at_mut(n);
-        let t3 = &mut rest[..n];
-        let mut ts = [t0, t1, t2, t3];
-        for (t, row) in ts.iter_mut().zip(rows) {
-            if let Some(row) = row {
-                gather_bytes(t, &row[first..], sw, xor);
+    let dst = &mut dst[4 * l..4 * r];
+    match sw {
+        1 => interleave_body::<1>(dst, core::array::from_fn(|i| rows[i].map(|row| &row[first..first + n])), xor, &padrow),
+        2 => interleave_body::<2>(dst, core::array::from_fn(|i| rows[i].map(|row| &row[first..first + 2 * n - 1])), xor, &padrow),
+        _ => {
+            let (t0, rest) = tmp.split_at_mut(n);
+            let (t1, rest) = rest.split_at_mut(n);
+            let (t2, rest) = rest.split_at_mut(n);
+            let t3 = &mut rest[..n];
+            let mut ts = [t0, t1, t2, t3];
+            for (t, row) in ts.iter_mut().zip(rows) {
+                if let Some(row) = row {
+                    gather_bytes(t, &row[first..], sw, xor);
+                }
             }
+            let [t0, t1, t2, t3] = ts;
+            let gathered = [&*t0, &*t1, &*t2, &*t3];
+            interleave_body::<1>(dst, core::array::from_fn(|i| rows[i].map(|_| gathered[i])), 0, &padrow);
         }
-        let [t0, t1, t2, t3] = ts;
-        let gathered = [&*t0, &*t1, &*t2, &*t3];
-        interleave_body(&mut dst[4 * l..4 * r], core::array::from_fn(|i| rows[i].map(|_| gathered[i])), 0, &padrow);
     }
 }
 
-/// `dst[4x + i] = rows[i][x] ^ xor` (`pad` of `padrow` for a missing
-/// row): 16 columns at a time, each row's 16 bytes one load (SSE2, the
-/// x86-64 baseline) and the four interleaved by byte and word unpacks
-/// (as [`store_interleaved`]). Gathering them byte by byte took 17 % of
-/// a 3×3 64→64 @56 int8 convolution (`perf`, kernels_bench).
+/// `dst[4x + i] = rows[i][S·x] ^ xor` (`pad` of `padrow` for a missing
+/// row; a row holds the `S·(n − 1) + 1` bytes read, `n = dst.len() / 4`):
+/// 16 columns at a time, each row's 16 bytes one load (at stride 2, the
+/// even bytes of two loads, packed), the four interleaved by byte and word
+/// unpacks (as [`store_interleaved`]); SSE2, the x86-64 baseline.
+/// Gathering them byte by byte took 17 % of a 3×3 64→64 @56 int8
+/// convolution, and at stride 2 a separate gathering pass 15 % of a 3×3
+/// s2 128→128 @56 one (`perf`, kernels_bench).
 #[cfg(target_arch = "x86_64")]
-fn interleave_body(dst: &mut [u8], rows: [Option<&[u8]>; 4], xor: u8, padrow: &[u8; 16]) {
+fn interleave_body<const S: usize>(dst: &mut [u8], rows: [Option<&[u8]>; 4], xor: u8, padrow: &[u8; 16]) {
     use core::arch::x86_64::*;
     let n = dst.len() / 4;
-    let rows: [Option<&[u8]>; 4] = core::array::from_fn(|r| rows[r].map(|row| &row[..n]));
-    let body = n / 16 * 16;
+    if n == 0 {
+        return;
+    }
+    let rows: [Option<&[u8]>; 4] = core::array::from_fn(|r| rows[r].map(|row| &row[..S * (n - 1) + 1]));
+    // Whole vectors whose loads (16·S bytes) stay inside every row.
+    let body = if S == 1 { n / 16 * 16 } else { (S * (n - 1) + 1) / (16 * S) * 16 };
     // SAFETY: SSE2 is baseline on x86_64; each load reads 16 bytes of a
-    // row at `i + 16 ≤ n ≤ row.len()` (sliced above) or `padrow`; the
-    // stores write `dst[4i .. 4i + 64]`, inside `dst` (`4n ≤ dst.len()`).
+    // row at `S·i + 16·S ≤ S·(n − 1) + 1 = row.len()` (`i < body`, sliced
+    // above) or `padrow`; the stores write `dst[4i .. 4i + 64]`, inside
+    // `dst` (`i + 16 ≤ body ≤ n`).
     unsafe {
         let x = _mm_set1_epi8(xor as i8);
         let pad = _mm_loadu_si128(padrow.as_ptr() as *const __m128i);
+        let low = _mm_set1_epi16(0xff);
         let mut i = 0;
         while i < body {
-            let ld = |r: usize| rows[r].map_or(pad, |row| _mm_xor_si128(_mm_loadu_si128(row.as_ptr().add(i) as *const __m128i), x));
+            let ld = |r: usize| {
+                rows[r].map_or(pad, |row| {
+                    let p = row.as_ptr().add(S * i) as *const __m128i;
+                    let v = if S == 1 { _mm_loadu_si128(p) } else { _mm_packus_epi16(_mm_and_si128(_mm_loadu_si128(p), low), _mm_and_si128(_mm_loadu_si128(p.add(1)), low)) };
+                    _mm_xor_si128(v, x)
+                })
+            };
             let (a, b, c, d) = (ld(0), ld(1), ld(2), ld(3));
             let (ab_lo, ab_hi) = (_mm_unpacklo_epi8(a, b), _mm_unpackhi_epi8(a, b));
             let (cd_lo, cd_hi) = (_mm_unpacklo_epi8(c, d), _mm_unpackhi_epi8(c, d));
@@ -464,7 +489,7 @@ fn interleave_body(dst: &mut [u8], rows: [Option<&[u8]>; 4], xor: u8, padrow: &[
     }
     for j in body..n {
         for (r, row) in rows.iter().enumerate() {
-            dst[4 * j + r] = row.map_or(padrow[0], |row| row[j] ^ xor);
+            dst[4 * j + r] = row.map_or(padrow[0], |row| row[S * j] ^ xor);
         }
     }
 }
