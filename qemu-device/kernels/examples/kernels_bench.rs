@@ -600,6 +600,8 @@ fn run() {
         ("conv 1x1 256->1024 @14", conv_params(256, 1024, 14, 1, 1, 1, Relu), false),
         ("conv 1x1 512->2048 @7 +res+relu", conv_params(512, 2048, 7, 1, 1, 1, Relu), true),
         ("conv 3x3 s2 128->128 @56", conv_params(128, 128, 56, 3, 2, 1, Relu), false),
+        ("conv 3x3 s2 256->256 @28", conv_params(256, 256, 28, 3, 2, 1, Relu), false),
+        ("conv 3x3 s2 512->512 @14", conv_params(512, 512, 14, 3, 2, 1, Relu), false),
         ("conv 1x1 s2 256->512 @56 (proj)", conv_params(256, 512, 56, 1, 2, 1, None), false),
         ("conv 1x1 s2 1024->2048 @14 (proj)", conv_params(1024, 2048, 14, 1, 2, 1, None), false),
         ("conv 7x7 s2 3->64 @224 (stem)", conv_params(3, 64, 224, 7, 2, 1, Relu), false),
