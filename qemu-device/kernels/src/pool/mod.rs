@@ -329,7 +329,10 @@ simd_dispatch! {
                 reduce_rows(true, dst, src(ky));
             }
         }
-        for oy in (0..h).filter(|&oy| oy < f0 || oy >= f1) {
+        // The rows with partial windows: 0..f0 and f1..h (all of them
+        // when f1 ≤ f0). (Ranges, not a filter over every row: a small
+        // plane's bookkeeping cost as much as its maxima.)
+        for oy in (0..f0.min(h)).chain(f1.max(f0)..h) {
             let lo = oy.saturating_sub(ph);
             let hi = (oy + kh - ph).min(h);
             let dst = &mut v[oy * w..][..w];
@@ -349,8 +352,10 @@ simd_dispatch! {
                 reduce_rows(true, dst, &v[kx..kx + m]);
             }
         }
+        // The columns with partial windows: 0..pw and w − pa..w.
+        let (left, right) = (pw.min(w), w.saturating_sub(pa).max(pw.min(w)));
         for (row, o) in v.chunks_exact(w).zip(out.chunks_exact_mut(w)) {
-            for ox in (0..w).filter(|&ox| ox < pw || ox + pa >= w) {
+            for ox in (0..left).chain(right..w) {
                 let lo = ox.saturating_sub(pw);
                 let hi = (ox + kw - pw).min(w);
                 o[ox] = row[lo + 1..hi].iter().fold(row[lo], |a, &b| a.max(b));
