@@ -257,19 +257,14 @@ unsafe fn tile<const NV: usize, const ZP: bool>(t: &Tile, at: &impl Fn(usize) ->
             // Tap by tap, run by run: quad q of tap s is group q·taps + s;
             // a run's rows are 4·len bytes, this half's 8 rows after the
             // other's.
-            // (Nested loops: `super::tile_runs`' iterator was not inlined
-            // here and cost 6 % of a 3×3 conv.)
-            for s in 0..taps {
-                for r in 0..(t.kg / taps).div_ceil(TILE_RUN) {
-                    let (off, len) = rbln_hw::ops::qconv_tile_run(t.kg, taps, s, r);
-                    let cstr = 4 * len;
-                    let run = t.b.wrapping_add(off + PANEL * t.half * cstr);
-                    for i in 0..len {
-                        let g = (r * TILE_RUN + i) * taps + s;
-                        group!(t.a.wrapping_add(at(g)), run.wrapping_add(4 * i), cstr);
-                    }
+            super::for_each_tile_run(t.kg, taps, |s, r, off, len| {
+                let cstr = 4 * len;
+                let run = t.b.wrapping_add(off + PANEL * t.half * cstr);
+                for i in 0..len {
+                    let g = (r * TILE_RUN + i) * taps + s;
+                    group!(t.a.wrapping_add(at(g)), run.wrapping_add(4 * i), cstr);
                 }
-            }
+            });
         }
     }
     // The accumulators leave their registers through memory: indexed by
