@@ -636,6 +636,10 @@ fn run() {
         ("conv 1x1 96->576 @14 (mbv2)", conv_params(96, 576, 14, 1, 1, 1, Clip { min: 0.0, max: 6.0 }), false),
         ("conv 1x1 32->192 @28 (mbv2)", conv_params(32, 192, 28, 1, 1, 1, Clip { min: 0.0, max: 6.0 }), false),
         ("conv 1x1 960->160 @7 (mbv2)", conv_params(960, 160, 7, 1, 1, 1, None), false),
+        // MobileNetV3-small's late expansions and final conv (HardSwish):
+        // few positions, a short reduction.
+        ("conv 1x1 96->576 @7 (mbv3s)", conv_params(96, 576, 7, 1, 1, 1, HardSwish), false),
+        ("conv 1x1 48->288 @7 (mbv3s)", conv_params(48, 288, 7, 1, 1, 1, HardSwish), false),
         // DenseNet-121: 3x3 convs to 32 channels (growth rate) and 1x1s
         // from the growing concatenation to 128.
         ("conv 3x3 s1 128->32 @56 (densenet)", conv_params(128, 32, 56, 3, 1, 1, None), false),

@@ -595,6 +595,15 @@ fn packed_gemm(
         if let Some(last) = pending {
             multiply(last, panels_of(tile_panels, col, last, ntp), Some(&post));
         }
+        if fused && rest != Activation::None && nt == npos {
+            // Whole planes: the task's rows are one contiguous span, and
+            // one pass over it beats a call per short row (a 7×7 map's
+            // rows are 49 floats: three vectors and a masked tail each).
+            // SAFETY: this task's rows, as above; no other reference to them lives.
+            let span = unsafe { core::slice::from_raw_parts_mut(out_ptr.get().add(out_base), mb * npos) };
+            epilogue(span, Bias::None, None, rest);
+            return;
+        }
         for co in 0..mb {
             let off = out_base + co * npos + t0;
             // SAFETY: this task's rows, as above; no other reference to them lives.
