@@ -626,6 +626,8 @@ fn run() {
         ("conv 3x3 s1 16->32 @112 (unet)", conv_params(16, 32, 112, 3, 1, 1, Relu), false),
         ("conv 3x3 s1 32->64 @112 (unet)", conv_params(32, 64, 112, 3, 1, 1, Relu), false),
         ("conv 3x3 s2 32->64 @160 (yolo)", conv_params(32, 64, 160, 3, 2, 1, Silu), false),
+        ("conv 3x3 s1 128->128 @20 (yolo)", conv_params(128, 128, 20, 3, 1, 1, Silu), false),
+        ("conv 1x1 256->128 @20 (yolo)", conv_params(256, 128, 20, 1, 1, 1, Silu), false),
         // RegNetY-400MF's first stage: narrow 1x1s, a strided projection and
         // grouped 3x3s of group width 8.
         ("conv 1x1 32->48 @112 (regnet)", conv_params(32, 48, 112, 1, 1, 1, Relu), false),
