@@ -207,10 +207,19 @@ impl Buffer {
         Ok(())
     }
 
-    /// `n` elements read from byte `offset`.
+    /// `n` elements read from byte `offset`, copied straight into a new
+    /// vector (no zero-fill first: under TCG, a pass over the bytes costs
+    /// as much as the copy, 4.5 ms for 16 MiB).
     pub fn read_vec<T: Pod>(&self, offset: u64, n: usize) -> Result<Vec<T>> {
-        let mut v = vec![T::zeroed(); n];
-        self.read_slice(offset, &mut v)?;
+        let len = n.checked_mul(size_of::<T>()).ok_or(Error::OutOfBounds { what: "read", offset, len: u64::MAX, size: self.size })?;
+        let (m, off) = self.cpu("read", offset, len)?;
+        let mut v = Vec::<T>::with_capacity(n);
+        // SAFETY: the vector's spare capacity holds n elements (len bytes),
+        // all of which the copy writes; T is Pod, so any bytes are a valid T.
+        unsafe {
+            m.copy_out_raw(off, v.as_mut_ptr().cast::<u8>(), len);
+            v.set_len(n);
+        }
         Ok(v)
     }
 

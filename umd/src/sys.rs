@@ -131,9 +131,19 @@ impl Mapping {
 
     /// Copy the mapping at `off` into `dst` (one `memcpy`, as `copy_in`).
     pub(crate) fn copy_out(&self, off: usize, dst: &mut [u8]) {
-        self.check(off, dst.len());
-        // SAFETY: as in `copy_in`, in the other direction.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+        // SAFETY: `dst` is valid for writes of its length.
+        unsafe { self.copy_out_raw(off, dst.as_mut_ptr(), dst.len()) };
+    }
+
+    /// [`Mapping::copy_out`] into possibly uninitialised memory.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of `len` bytes and overlaps no mapping.
+    pub(crate) unsafe fn copy_out_raw(&self, off: usize, dst: *mut u8, len: usize) {
+        self.check(off, len);
+        // SAFETY: as in `copy_in`, in the other direction; `dst` per the
+        // caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst, len) };
     }
 
     /// A 32-bit store to an MMIO page (the doorbell), after a full fence so
